@@ -1,0 +1,194 @@
+// Package onctl is the operator's CLI: a gRPC client of onc-agent's
+// agent.sock that prints tables or, with -o json, JSON.
+package onctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// DefaultSocket is where onc-agent serves agent.sock.
+const DefaultSocket = "/var/run/onc/agent.sock"
+
+type options struct {
+	socket  string
+	output  string
+	timeout time.Duration
+	out     io.Writer
+}
+
+// NewCommand builds the onctl command tree.
+func NewCommand() *cobra.Command {
+	o := &options{out: os.Stdout}
+	root := &cobra.Command{
+		Use:           "onctl",
+		Short:         "Inspect the ONC agent on this node",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if o.output != "table" && o.output != "json" {
+				return fmt.Errorf("--output %q: must be table or json", o.output)
+			}
+			o.out = cmd.OutOrStdout()
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVarP(&o.socket, "socket", "s", envOr("ONC_AGENT_SOCKET", DefaultSocket), "agent socket (env ONC_AGENT_SOCKET)")
+	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().DurationVar(&o.timeout, "timeout", 10*time.Second, "how long to wait for the agent")
+	root.AddCommand(
+		&cobra.Command{Use: "status", Short: "This node's agent: readiness, pod CIDR, VXLAN", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showStatus) }},
+		&cobra.Command{Use: "pods", Short: "Pods attached on this node", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPods) }},
+		&cobra.Command{Use: "peers", Short: "Other nodes (tunnel endpoints) and whether they are programmed here", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPeers) }},
+	)
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+type view func(ctx context.Context, c apiv1.AgentClient, o *options) error
+
+func (o *options) run(v view) error {
+	if _, err := os.Stat(o.socket); err != nil {
+		return fmt.Errorf("onc-agent is not reachable at %s: %w (is the agent running? set --socket)", o.socket, err)
+	}
+	conn, err := grpc.NewClient("unix://"+o.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	if err := v(ctx, apiv1.NewAgentClient(conn), o); err != nil {
+		return fmt.Errorf("agent at %s: %w", o.socket, err)
+	}
+	return nil
+}
+
+func (o *options) json(m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true, UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(o.out, string(b))
+	return err
+}
+
+// table prints aligned columns.
+func (o *options) table(header []string, rows [][]string) error {
+	w := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	return w.Flush()
+}
+
+func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	st, err := c.GetStatus(ctx, &apiv1.GetStatusRequest{})
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return o.json(st)
+	}
+	ready := "yes"
+	if !st.Ready {
+		ready = "no: " + st.NotReadyReason
+	}
+	rows := [][]string{
+		{"Node:", st.NodeName},
+		{"Ready:", ready},
+		{"Node IP:", st.NodeIp + " (uplink " + st.Uplink + ")"},
+		{"Pod CIDR:", orDash(st.PodCidr) + " (gateway " + orDash(st.Gateway) + ", cluster " + orDash(st.ClusterCidr) + ")"},
+		{"VXLAN:", fmt.Sprintf("%s VNI %d port %d VTEP MAC %s", st.VxlanDevice, st.Vni, st.VxlanPort, st.VtepMac)},
+		{"Pod MTU:", fmt.Sprint(st.PodMtu)},
+		{"Pods:", fmt.Sprint(st.Pods)},
+		{"Peers:", fmt.Sprint(st.Peers)},
+		{"Datastore:", st.Datastore},
+		{"Version:", st.Version},
+		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
+	}
+	w := tabwriter.NewWriter(o.out, 0, 0, 1, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	return w.Flush()
+}
+
+func showPods(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	resp, err := c.ListPods(ctx, &apiv1.ListPodsRequest{})
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return o.json(resp)
+	}
+	var rows [][]string
+	for _, p := range resp.Pods {
+		pod := "-"
+		if p.K8SName != "" {
+			pod = p.K8SNamespace + "/" + p.K8SName
+		}
+		rows = append(rows, []string{p.Ip, short(p.ContainerId), p.Ifname, p.HostIface, p.Mac, pod,
+			time.Unix(p.CreatedUnix, 0).UTC().Format(time.RFC3339)})
+	}
+	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "CREATED"}, rows)
+}
+
+func showPeers(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	resp, err := c.ListPeers(ctx, &apiv1.ListPeersRequest{})
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return o.json(resp)
+	}
+	var rows [][]string
+	for _, p := range resp.Peers {
+		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(p.PodCidr), orDash(p.Gateway), p.VtepMac,
+			yesNo(p.Alive), yesNo(p.Programmed), yesNo(p.FastPath)})
+	}
+	return o.table([]string{"NODE", "NODE-IP", "POD-CIDR", "GATEWAY", "VTEP-MAC", "ALIVE", "PROGRAMMED", "FAST-PATH"}, rows)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}

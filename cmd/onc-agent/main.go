@@ -1,0 +1,60 @@
+// Command onc-agent is ONC's per-node agent.
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/onc-net/onc/agent"
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/internal/cmdutil"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	cfg := agent.DefaultConfig()
+	fs := pflag.NewFlagSet("onc-agent", pflag.ExitOnError)
+	host, _ := os.Hostname()
+	fs.StringVar(&cfg.NodeName, "node-name", envOr("NODE_NAME", host), "this node's name (env NODE_NAME)")
+	nodeIP := fs.String("node-ip", "", "this node's underlay IPv4 address (default: the uplink's first address)")
+	fs.StringVar(&cfg.Iface, "iface", "", "uplink interface (default: the one holding --node-ip, else the default route's)")
+	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "persistent state: VTEP MAC, pod addresses")
+	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "where cni.sock and agent.sock are served")
+	fs.IntVar(&cfg.VNI, "vni", cfg.VNI, "VXLAN network identifier")
+	fs.IntVar(&cfg.Port, "vxlan-port", cfg.Port, "VXLAN UDP port")
+	fs.IntVar(&cfg.MTU, "mtu", 0, "pod MTU (default: uplink MTU − 50)")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "liveness lease TTL")
+	etcd := etcdstore.AddFlags(fs)
+	debug := fs.Bool("debug", false, "debug logging")
+	_ = fs.Parse(os.Args[1:])
+
+	ctx, stop := cmdutil.Setup(*debug)
+	defer stop()
+	if *nodeIP != "" {
+		ip, err := netip.ParseAddr(*nodeIP)
+		if err != nil || !ip.Is4() {
+			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not an IPv4 address", *nodeIP))
+		}
+		cfg.NodeIP = ip
+	}
+	store, err := etcdstore.New(ctx, *etcd)
+	if err != nil {
+		cmdutil.Fatal("cannot open the datastore", err)
+	}
+	defer store.Close()
+	a, err := agent.New(cfg, store)
+	if err != nil {
+		cmdutil.Fatal("cannot start the agent", err)
+	}
+	if err := a.Run(ctx); err != nil {
+		cmdutil.Fatal("agent failed", err)
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,101 @@
+// Command onc-lab brings ONC's local lab up and down (see e2e/lab).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/onc-net/onc/e2e/lab"
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	var o lab.Options
+	var keep bool
+	root := &cobra.Command{Use: "onc-lab", Short: "ONC's local lab: nodes and pods as network namespaces", SilenceUsage: true}
+	root.PersistentFlags().StringVar(&o.Prefix, "prefix", "onclab", "name prefix of everything the lab makes")
+	root.PersistentFlags().StringVar(&o.StateRoot, "state-root", "/run/onc-lab", "where labs keep logs, sockets and state")
+
+	up := &cobra.Command{Use: "up", Short: "Build the lab, show the connectivity matrix, leave it running", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if o.BinDir == "" {
+				exe, _ := os.Executable()
+				o.BinDir = filepath.Dir(exe)
+			}
+			fmt.Printf("Building lab %q: %d nodes × %d pods, controller with embedded etcd...\n", o.Prefix, o.Nodes, o.PodsPerNode)
+			l, err := lab.Up(ctx, o)
+			if err != nil {
+				return err
+			}
+			fmt.Println("Probing every pair (ICMP, TCP, UDP)...")
+			results, err := l.Matrix(ctx)
+			failed := lab.PrintMatrix(os.Stdout, results)
+			if err == nil && failed > 0 {
+				err = fmt.Errorf("%d pairs failed", failed)
+			}
+			if err != nil {
+				if keep {
+					fmt.Printf("\nLab left up for debugging (logs in %s); remove it with: make lab-down\n", l.Dir)
+				} else {
+					_ = l.Down()
+				}
+				return err
+			}
+			printExplore(l)
+			return nil
+		}}
+	up.Flags().IntVar(&o.Nodes, "nodes", 3, "number of nodes")
+	up.Flags().IntVar(&o.PodsPerNode, "pods", 2, "pods per node")
+	up.Flags().StringVar(&o.BinDir, "bin", "", "directory with onc, onc-agent, onc-controller (default: next to onc-lab)")
+	up.Flags().DurationVar(&o.NodeTimeout, "node-timeout", 30*time.Second, "controller --node-timeout")
+	up.Flags().BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
+
+	down := &cobra.Command{Use: "down", Short: "Stop the lab's processes and remove all it made", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lab.DownByName(o.StateRoot, o.Prefix); err != nil {
+				return err
+			}
+			fmt.Printf("lab %q removed\n", o.Prefix)
+			return nil
+		}}
+
+	matrix := &cobra.Command{Use: "matrix", Short: "Probe every pair of a running lab again", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := lab.Load(o.StateRoot, o.Prefix)
+			if err != nil {
+				return fmt.Errorf("lab %q is not up: %w", o.Prefix, err)
+			}
+			results, err := l.Matrix(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if failed := lab.PrintMatrix(os.Stdout, results); failed > 0 {
+				return fmt.Errorf("%d pairs failed", failed)
+			}
+			return nil
+		}}
+	root.AddCommand(up, down, matrix)
+	if err := root.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func printExplore(l *lab.Lab) {
+	n := l.Nodes[0]
+	fmt.Printf(`
+The lab is up. Explore it:
+  %[1]s/onctl -s %[2]s status      # or pods, peers; -o json
+  ip netns exec %[3]s ip route     # a node's routes (onc.vxlan peers)
+  ip netns exec %[4]s ping %[5]s   # from a pod
+  %[1]s/onc-lab matrix --prefix %[6]s
+Logs and state: %[7]s
+Remove it: make lab-down
+`, l.BinDir, n.AgentSocket(), n.Netns, n.Pods[0].Netns, l.Nodes[len(l.Nodes)-1].Pods[0].IP, l.Prefix, l.Dir)
+}

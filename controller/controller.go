@@ -1,0 +1,126 @@
+// Package controller is onc-controller: cluster NodeIPAM. It gives every
+// registered node a pod CIDR, frees the CIDR of a node that is removed, and
+// removes nodes whose agent has been gone for longer than NodeTimeout.
+package controller
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/nodeipam"
+)
+
+// Config of the controller.
+type Config struct {
+	Cluster datastore.ClusterConfig
+	// NodeTimeout: a node whose agent has not held its liveness lease for
+	// this long is deleted and its CIDR freed. 0 keeps nodes forever.
+	NodeTimeout time.Duration
+	// Resync is how often the controller re-reads everything even without
+	// a change notification (liveness timeouts need a clock).
+	Resync time.Duration
+}
+
+// Controller reconciles node CIDRs.
+type Controller struct {
+	cfg      Config
+	store    datastore.Store
+	alloc    *nodeipam.Allocator
+	started  time.Time
+	lastSeen map[string]time.Time
+}
+
+// New validates cfg and records the cluster configuration in the store
+// (or checks it matches what is there).
+func New(ctx context.Context, cfg Config, store datastore.Store) (*Controller, error) {
+	alloc, err := nodeipam.New(cfg.Cluster, store)
+	if err != nil {
+		return nil, err
+	}
+	if err := store.PutClusterConfig(ctx, cfg.Cluster); err != nil {
+		return nil, err
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = 30 * time.Second
+	}
+	return &Controller{cfg: cfg, store: store, alloc: alloc, started: time.Now(), lastSeen: map[string]time.Time{}}, nil
+}
+
+// Run reconciles until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	changes := c.store.Changes(ctx)
+	tick := time.NewTicker(c.cfg.Resync)
+	defer tick.Stop()
+	for {
+		if err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			slog.Error("reconcile failed; retrying", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+		case <-tick.C:
+		}
+	}
+}
+
+// Reconcile makes one pass: allocate, release, expire.
+func (c *Controller) Reconcile(ctx context.Context) error {
+	nodes, err := c.store.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	registered := map[string]bool{}
+	for _, n := range nodes {
+		registered[n.Name] = true
+		if n.Alive {
+			c.lastSeen[n.Name] = now
+		} else if c.expired(n.Name, now) {
+			slog.Info("node gone longer than the node timeout; deleting it", "node", n.Name, "timeout", c.cfg.NodeTimeout)
+			if err := c.store.DeleteNode(ctx, n.Name); err != nil {
+				return err
+			}
+			delete(c.lastSeen, n.Name)
+			delete(registered, n.Name)
+			continue
+		}
+		if !n.PodCIDR.IsValid() {
+			p, err := c.alloc.Allocate(ctx, n.Name)
+			if err != nil {
+				slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
+				continue
+			}
+			slog.Info("allocated pod CIDR", "node", n.Name, "cidr", p)
+		}
+	}
+	allocs, err := c.store.Allocations(ctx)
+	if err != nil {
+		return err
+	}
+	for p, owner := range allocs {
+		if !registered[owner] {
+			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
+			if err := c.store.ReleaseCIDR(ctx, owner); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// expired: a node gets the full timeout from the last time it was seen
+// alive or from the controller's start, whichever is later, so restarting
+// everything never expires a node.
+func (c *Controller) expired(name string, now time.Time) bool {
+	if c.cfg.NodeTimeout <= 0 {
+		return false
+	}
+	since := c.started
+	if t, ok := c.lastSeen[name]; ok && t.After(since) {
+		since = t
+	}
+	return now.Sub(since) > c.cfg.NodeTimeout
+}

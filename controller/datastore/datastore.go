@@ -1,0 +1,83 @@
+// Package datastore is the control plane's state: cluster configuration,
+// node registrations (tunnel endpoints), per-node pod CIDRs and node
+// liveness. The controller allocates CIDRs through it; agents register
+// their node and watch their peers through it. Backends: etcd (etcdstore);
+// Kubernetes comes later behind the same interface.
+package datastore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// ErrNotFound is returned when a node or the cluster config does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrCIDRTaken is returned by ClaimCIDR when another node holds the block.
+var ErrCIDRTaken = errors.New("CIDR already allocated to another node")
+
+// ClusterConfig is written once by the controller and read by every agent.
+type ClusterConfig struct {
+	ClusterCIDR   netip.Prefix `json:"clusterCIDR"`
+	NodePrefixLen int          `json:"nodePrefixLen"`
+}
+
+// NodeSpec is what an agent publishes about its node.
+type NodeSpec struct {
+	Name     string           `json:"name"`
+	IP       netip.Addr       `json:"ip"`
+	VTEPMAC  net.HardwareAddr `json:"-"`
+	FastPath bool             `json:"fastPath"`
+}
+
+// Node is a node's full tunnel-endpoint record: its spec, the pod CIDR the
+// controller gave it (invalid until allocated) and whether its agent holds
+// its liveness lease.
+type Node struct {
+	NodeSpec
+	PodCIDR netip.Prefix
+	Alive   bool
+}
+
+// Store is the datastore. Every method is safe for concurrent use.
+type Store interface {
+	// PutClusterConfig stores cfg, or verifies that the stored one equals
+	// it: the cluster CIDR cannot change under a running cluster.
+	PutClusterConfig(ctx context.Context, cfg ClusterConfig) error
+	ClusterConfig(ctx context.Context) (ClusterConfig, error)
+
+	// RegisterNode creates or updates the node's spec. It leaves the node's
+	// pod CIDR alone.
+	RegisterNode(ctx context.Context, spec NodeSpec) error
+	// KeepAlive marks the node alive until ctx ends or the process dies
+	// (plus ttl). It blocks; it returns ctx.Err() or a datastore error.
+	KeepAlive(ctx context.Context, name string, ttl time.Duration) error
+	// DeleteNode removes the node's registration, liveness and CIDR.
+	DeleteNode(ctx context.Context, name string) error
+
+	// ClaimCIDR atomically gives cidr to node if neither the node nor the
+	// block has an allocation. If the node already has a CIDR it returns
+	// that one (allocation is idempotent); if the block is another node's
+	// it returns ErrCIDRTaken.
+	ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error)
+	// ReleaseCIDR frees the node's CIDR, if it has one.
+	ReleaseCIDR(ctx context.Context, node string) error
+	// Allocations maps every allocated block to its node, registered or not.
+	Allocations(ctx context.Context) (map[netip.Prefix]string, error)
+
+	// Nodes lists every registered node.
+	Nodes(ctx context.Context) ([]Node, error)
+	// Node returns one registered node or ErrNotFound.
+	Node(ctx context.Context, name string) (Node, error)
+	// Changes signals (coalesced, never blocking the store) whenever any node,
+	// allocation or liveness changes, and once right away. It is closed when
+	// ctx ends. Consumers re-read what they need: it is a level trigger.
+	Changes(ctx context.Context) <-chan struct{}
+
+	// Describe names the backend and where it is, for status output.
+	Describe() string
+	Close() error
+}

@@ -1,0 +1,95 @@
+// Package nodeipam splits the cluster CIDR into per-node blocks and hands
+// them out through the datastore, which makes each claim atomic.
+package nodeipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/netip"
+
+	"github.com/onc-net/onc/controller/datastore"
+)
+
+// ErrExhausted is returned when every block of the cluster CIDR is taken.
+var ErrExhausted = errors.New("cluster CIDR exhausted")
+
+// Allocator hands out node blocks of cfg.NodePrefixLen from cfg.ClusterCIDR.
+type Allocator struct {
+	cfg   datastore.ClusterConfig
+	store datastore.Store
+}
+
+// Validate checks a cluster configuration.
+func Validate(cfg datastore.ClusterConfig) error {
+	p := cfg.ClusterCIDR
+	if !p.IsValid() || !p.Addr().Is4() {
+		return fmt.Errorf("cluster CIDR %q: must be an IPv4 prefix", p)
+	}
+	if p.Masked() != p {
+		return fmt.Errorf("cluster CIDR %s: host bits set (did you mean %s?)", p, p.Masked())
+	}
+	if cfg.NodePrefixLen < p.Bits() || cfg.NodePrefixLen > 30 {
+		return fmt.Errorf("node prefix length /%d: must be between the cluster CIDR's /%d and /30", cfg.NodePrefixLen, p.Bits())
+	}
+	return nil
+}
+
+// New returns an allocator; cfg must be valid.
+func New(cfg datastore.ClusterConfig, store datastore.Store) (*Allocator, error) {
+	if err := Validate(cfg); err != nil {
+		return nil, err
+	}
+	return &Allocator{cfg: cfg, store: store}, nil
+}
+
+// Blocks is how many node blocks the cluster CIDR holds.
+func (a *Allocator) Blocks() *big.Int {
+	return new(big.Int).Lsh(big.NewInt(1), uint(a.cfg.NodePrefixLen-a.cfg.ClusterCIDR.Bits()))
+}
+
+// block returns the i-th node block.
+func (a *Allocator) block(i uint64) netip.Prefix {
+	base := a.cfg.ClusterCIDR.Addr().As4()
+	v := uint64(base[0])<<24 | uint64(base[1])<<16 | uint64(base[2])<<8 | uint64(base[3])
+	v += i << (32 - a.cfg.NodePrefixLen)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), a.cfg.NodePrefixLen)
+}
+
+// Allocate returns node's block, claiming the first free one if it has none.
+// Concurrent callers, in this process or others, never get the same block,
+// and the same node always gets the same block until it is released.
+func (a *Allocator) Allocate(ctx context.Context, node string) (netip.Prefix, error) {
+	for {
+		taken, err := a.store.Allocations(ctx)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		for p, owner := range taken {
+			if owner == node {
+				return p, nil
+			}
+		}
+		free, ok := a.firstFree(taken)
+		if !ok {
+			return netip.Prefix{}, fmt.Errorf("node %s: %w: all %s blocks of /%d in %s are allocated",
+				node, ErrExhausted, a.Blocks(), a.cfg.NodePrefixLen, a.cfg.ClusterCIDR)
+		}
+		got, err := a.store.ClaimCIDR(ctx, node, free)
+		if errors.Is(err, datastore.ErrCIDRTaken) {
+			continue // lost a race for this block: read again
+		}
+		return got, err
+	}
+}
+
+func (a *Allocator) firstFree(taken map[netip.Prefix]string) (netip.Prefix, bool) {
+	n := a.Blocks()
+	for i := uint64(0); n.Cmp(new(big.Int).SetUint64(i)) > 0; i++ {
+		if p := a.block(i); taken[p] == "" {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}

@@ -1,0 +1,59 @@
+// Package masq installs ONC's iptables rules: masquerade for pod traffic
+// leaving the cluster CIDR, and FORWARD accepts for pod traffic so hosts
+// whose FORWARD policy is DROP (Docker's, for one) still forward pods.
+// The rules live in ONC's own chains, rewritten whole on every Ensure.
+package masq
+
+import (
+	"fmt"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+const (
+	natChain     = "ONC-POSTROUTING"
+	forwardChain = "ONC-FORWARD"
+)
+
+// Ensure makes the chains hold exactly the rules for clusterCIDR and jumps
+// to them first in POSTROUTING and FORWARD. It is idempotent.
+func Ensure(clusterCIDR string) error {
+	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
+	if err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	nat := [][]string{
+		{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"},
+		{"-s", clusterCIDR, "!", "-d", "224.0.0.0/4", "-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully"},
+	}
+	fwd := [][]string{
+		{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
+		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
+	}
+	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
+}
+
+func fill(ipt *iptables.IPTables, table, chain, parent string, rules [][]string) error {
+	if err := ipt.ClearChain(table, chain); err != nil { // creates it if missing
+		return fmt.Errorf("iptables -t %s -F %s: %w", table, chain, err)
+	}
+	for _, r := range rules {
+		if err := ipt.Append(table, chain, r...); err != nil {
+			return fmt.Errorf("iptables -t %s -A %s %v: %w", table, chain, r, err)
+		}
+	}
+	jump := []string{"-m", "comment", "--comment", "onc", "-j", chain}
+	ok, err := ipt.Exists(table, parent, jump...)
+	if err != nil {
+		return fmt.Errorf("iptables -t %s -C %s: %w", table, parent, err)
+	}
+	if !ok {
+		if err := ipt.Insert(table, parent, 1, jump...); err != nil {
+			return fmt.Errorf("iptables -t %s -I %s: %w", table, parent, err)
+		}
+	}
+	return nil
+}

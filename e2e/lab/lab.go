@@ -1,0 +1,439 @@
+// Package lab builds ONC's local lab: a few "nodes" as network namespaces
+// on a shared underlay bridge, the real onc-controller (embedded etcd) and
+// one real onc-agent per node as processes inside those namespaces, and
+// pods as namespaces attached by invoking the real `onc` CNI binary through
+// libcni, exactly as a container runtime does. The lab is also the
+// end-to-end test bed. All it creates carries its name prefix.
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/internal/atomicfile"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Options of a lab.
+type Options struct {
+	Prefix      string // names every namespace; short, e.g. "onclab"
+	BinDir      string // holds onc, onc-agent, onc-controller
+	Nodes       int
+	PodsPerNode int
+	// NodeTimeout is the controller's --node-timeout: how soon a removed
+	// node's CIDR and tunnel entries go away.
+	NodeTimeout time.Duration
+	StateRoot   string // default /run/onc-lab
+}
+
+// Underlay addressing (inside the lab's own namespaces only).
+var (
+	underlay     = netip.MustParsePrefix("172.31.250.0/24")
+	controllerIP = netip.MustParseAddr("172.31.250.250")
+)
+
+// Lab is a running lab; its JSON form is the state file lab-down reads.
+type Lab struct {
+	Prefix     string  `json:"prefix"`
+	Dir        string  `json:"dir"`
+	BinDir     string  `json:"binDir"`
+	Controller Process `json:"controller"`
+	Nodes      []*Node `json:"nodes"`
+}
+
+// Node is one lab node.
+type Node struct {
+	Name  string     `json:"name"`
+	Netns string     `json:"netns"`
+	IP    netip.Addr `json:"ip"`
+	Dir   string     `json:"dir"`
+	Agent Process    `json:"agent"`
+	Pods  []*Pod     `json:"pods"`
+}
+
+// Pod is one lab pod: a namespace attached through the CNI plugin.
+type Pod struct {
+	Name        string     `json:"name"`
+	Netns       string     `json:"netns"`
+	ContainerID string     `json:"containerID"`
+	IP          netip.Addr `json:"ip"`
+}
+
+// NetnsPath of a named namespace.
+func NetnsPath(name string) string { return "/run/netns/" + name }
+
+func stateDir(root, prefix string) string {
+	if root == "" {
+		root = "/run/onc-lab"
+	}
+	return filepath.Join(root, prefix)
+}
+
+// Up builds the lab. On failure it removes everything it made.
+func Up(ctx context.Context, o Options) (l *Lab, err error) {
+	if o.Prefix == "" || len(o.Prefix) > 10 || strings.ContainsAny(o.Prefix, "/ ") {
+		return nil, fmt.Errorf("prefix %q: 1-10 characters, no '/' or spaces", o.Prefix)
+	}
+	if o.Nodes < 1 || o.Nodes > 200 {
+		return nil, fmt.Errorf("nodes %d: must be 1..200", o.Nodes)
+	}
+	for _, b := range []string{"onc", "onc-agent", "onc-controller"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, o.BinDir, err)
+		}
+	}
+	dir := stateDir(o.StateRoot, o.Prefix)
+	if _, err := os.Stat(filepath.Join(dir, "lab.json")); err == nil {
+		return nil, fmt.Errorf("lab %s is already up (state in %s); take it down first", o.Prefix, dir)
+	}
+	if leftovers := namespaces(o.Prefix); len(leftovers) > 0 {
+		return nil, fmt.Errorf("namespaces of lab %s already exist (%s); take it down first", o.Prefix, strings.Join(leftovers, " "))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir}
+	defer func() {
+		if err != nil {
+			_ = l.Down()
+		}
+	}()
+	if err := l.underlay(); err != nil {
+		return l, err
+	}
+	if err := l.startController(o.NodeTimeout); err != nil {
+		return l, err
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if _, err := l.AddNode(ctx); err != nil {
+			return l, err
+		}
+	}
+	for _, n := range l.Nodes {
+		if err := l.WaitReady(ctx, n); err != nil {
+			return l, err
+		}
+	}
+	for _, n := range l.Nodes {
+		for j := 1; j <= o.PodsPerNode; j++ {
+			if _, err := l.AddPod(ctx, n); err != nil {
+				return l, err
+			}
+		}
+	}
+	return l, l.Save()
+}
+
+// Load reads a running lab's state.
+func Load(root, prefix string) (*Lab, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir(root, prefix), "lab.json"))
+	if err != nil {
+		return nil, err
+	}
+	var l Lab
+	return &l, json.Unmarshal(b, &l)
+}
+
+// Save writes the state file.
+func (l *Lab) Save() error {
+	b, err := json.MarshalIndent(l, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(l.Dir, "lab.json"), b, 0o644)
+}
+
+func (l *Lab) ulNetns() string  { return l.Prefix + "-ul" }
+func (l *Lab) ctlNetns() string { return l.Prefix + "-ctl" }
+
+// EtcdURL is where the lab's agents reach the embedded etcd.
+func (l *Lab) EtcdURL() string { return "http://" + controllerIP.String() + ":2379" }
+
+func (l *Lab) underlay() error {
+	ul := l.ulNetns()
+	return run([][]string{
+		{"ip", "netns", "add", ul},
+		{"ip", "-n", ul, "link", "set", "lo", "up"},
+		{"ip", "-n", ul, "link", "add", "br0", "type", "bridge"},
+		{"ip", "-n", ul, "link", "set", "br0", "up"},
+	})
+}
+
+// attach creates netns name with eth0 on the underlay bridge at ip.
+func (l *Lab) attach(name, port string, ip netip.Addr) error {
+	ul := l.ulNetns()
+	return run([][]string{
+		{"ip", "netns", "add", name},
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+		{"ip", "-n", ul, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"ip", "-n", ul, "link", "set", port, "master", "br0", "up"},
+		{"ip", "-n", name, "addr", "add", netip.PrefixFrom(ip, underlay.Bits()).String(), "dev", "eth0"},
+		{"ip", "-n", name, "link", "set", "eth0", "up"},
+	})
+}
+
+func (l *Lab) startController(nodeTimeout time.Duration) error {
+	if err := l.attach(l.ctlNetns(), "ctl", controllerIP); err != nil {
+		return err
+	}
+	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"),
+		"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"),
+		"--embedded-etcd-listen", l.EtcdURL(),
+		"--node-timeout", nodeTimeout.String())
+	if err != nil {
+		return err
+	}
+	l.Controller = p
+	return l.Save()
+}
+
+// AddNode creates the next node and starts its agent.
+func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
+	i := len(l.Nodes) + 1
+	for _, n := range l.Nodes { // numbers are never reused, even after RemoveNode
+		var k int
+		fmt.Sscanf(strings.TrimPrefix(n.Name, l.Prefix+"-n"), "%d", &k)
+		i = max(i, k+1)
+	}
+	short := fmt.Sprintf("n%d", i)
+	a := underlay.Addr().As4()
+	a[3] = byte(10 + i)
+	n := &Node{Name: l.Prefix + "-" + short, IP: netip.AddrFrom4(a), Dir: filepath.Join(l.Dir, short)}
+	n.Netns = n.Name
+	if err := l.attach(n.Netns, short, n.IP); err != nil {
+		return nil, err
+	}
+	l.Nodes = append(l.Nodes, n)
+	if err := os.MkdirAll(filepath.Join(n.Dir, "net.d"), 0o755); err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.1.0",
+  "name": "onc",
+  "plugins": [{"type": "onc", "agentSocket": %q}]
+}
+`, filepath.Join(n.Dir, "run", "cni.sock"))
+	if err := os.WriteFile(filepath.Join(n.Dir, "net.d", "10-onc.conflist"), []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	if err := l.StartAgent(n); err != nil {
+		return nil, err
+	}
+	return n, l.Save()
+}
+
+// StartAgent (re)starts a node's agent process.
+func (l *Lab) StartAgent(n *Node) error {
+	p, err := start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"),
+		"--node-name", n.Name, "--node-ip", n.IP.String(),
+		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"),
+		"--etcd-endpoints", l.EtcdURL(), "--lease-ttl", "5s")
+	if err != nil {
+		return err
+	}
+	n.Agent = p
+	return l.Save()
+}
+
+// AgentSocket of a node, for onctl.
+func (n *Node) AgentSocket() string { return filepath.Join(n.Dir, "run", "agent.sock") }
+
+// Status asks a node's agent for its status.
+func (n *Node) Status(ctx context.Context) (*apiv1.NodeStatus, error) {
+	conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return apiv1.NewAgentClient(conn).GetStatus(ctx, &apiv1.GetStatusRequest{})
+}
+
+// WaitReady waits until the node's agent reports ready.
+func (l *Lab) WaitReady(ctx context.Context, n *Node) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	last := "agent socket not up"
+	for {
+		if !n.Agent.Alive() {
+			return fmt.Errorf("agent of %s exited; log %s:\n%s", n.Name, n.Agent.Log, tail(n.Agent.Log, 20))
+		}
+		if st, err := n.Status(ctx); err == nil {
+			if st.Ready {
+				return nil
+			}
+			last = st.NotReadyReason
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent of %s not ready after 60s: %s; log %s:\n%s", n.Name, last, n.Agent.Log, tail(n.Agent.Log, 20))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (n *Node) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
+	list, err := libcni.ConfListFromFile(filepath.Join(n.Dir, "net.d", "10-onc.conflist"))
+	if err != nil {
+		return nil, nil, err
+	}
+	return libcni.NewCNIConfigWithCacheDir(nil, filepath.Join(n.Dir, "cni-cache"), nil), list, nil
+}
+
+// RuntimeConf is what a runtime passes for a pod.
+func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{ContainerID: p.ContainerID, NetNS: NetnsPath(p.Netns), IfName: "eth0",
+		Args: [][2]string{{"K8S_POD_NAMESPACE", "lab"}, {"K8S_POD_NAME", p.Name}}}
+}
+
+// AddPod creates a pod namespace on n and attaches it through libcni.
+func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	p := &Pod{Name: fmt.Sprintf("p%d", len(n.Pods)+1), ContainerID: hex.EncodeToString(id)}
+	p.Netns = n.Name + "-" + p.Name
+	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
+		return nil, err
+	}
+	cfg, list, err := n.cni()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Path = []string{l.BinDir}
+	res, err := cfg.AddNetworkList(ctx, list, p.RuntimeConf())
+	if err != nil {
+		_ = run([][]string{{"ip", "netns", "del", p.Netns}})
+		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+	}
+	var parsed struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	raw, _ := json.Marshal(res)
+	if err := json.Unmarshal(raw, &parsed); err != nil || len(parsed.IPs) == 0 {
+		return nil, fmt.Errorf("CNI ADD for %s returned no IP: %s", p.Netns, raw)
+	}
+	pfx, err := netip.ParsePrefix(parsed.IPs[0].Address)
+	if err != nil {
+		return nil, err
+	}
+	p.IP = pfx.Addr()
+	n.Pods = append(n.Pods, p)
+	return p, l.Save()
+}
+
+// DelPod detaches a pod through libcni and removes its namespace.
+func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
+	cfg, list, err := n.cni()
+	if err != nil {
+		return err
+	}
+	cfg.Path = []string{l.BinDir}
+	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
+		return fmt.Errorf("CNI DEL for %s: %w", p.Netns, err)
+	}
+	for i, q := range n.Pods {
+		if q == p {
+			n.Pods = append(n.Pods[:i], n.Pods[i+1:]...)
+			break
+		}
+	}
+	if err := run([][]string{{"ip", "netns", "del", p.Netns}}); err != nil {
+		return err
+	}
+	return l.Save()
+}
+
+// RemoveNode stops a node's agent and deletes the node and its pods, as if
+// the machine were gone. The controller frees its CIDR after NodeTimeout.
+func (l *Lab) RemoveNode(n *Node) error {
+	n.Agent.Stop()
+	var errs []error
+	for _, p := range n.Pods {
+		errs = append(errs, delNetns(p.Netns))
+	}
+	errs = append(errs, delNetns(n.Netns))
+	for i, m := range l.Nodes {
+		if m == n {
+			l.Nodes = append(l.Nodes[:i], l.Nodes[i+1:]...)
+			break
+		}
+	}
+	errs = append(errs, l.Save())
+	return errors.Join(errs...)
+}
+
+// Down stops every process the lab started and removes all it made. It
+// carries on past errors and is safe to call more than once.
+func (l *Lab) Down() error {
+	for _, n := range l.Nodes {
+		n.Agent.Stop()
+	}
+	l.Controller.Stop()
+	var errs []error
+	for _, ns := range namespaces(l.Prefix) {
+		errs = append(errs, delNetns(ns))
+	}
+	errs = append(errs, os.RemoveAll(l.Dir))
+	return errors.Join(errs...)
+}
+
+// Down removes the lab named prefix, also when its state file is gone
+// (then only its namespaces can be found).
+func DownByName(root, prefix string) error {
+	l, err := Load(root, prefix)
+	if err != nil {
+		l = &Lab{Prefix: prefix, Dir: stateDir(root, prefix)}
+	}
+	return l.Down()
+}
+
+// namespaces lists the named namespaces that belong to the lab prefix.
+func namespaces(prefix string) []string {
+	entries, _ := os.ReadDir("/run/netns")
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), prefix+"-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func delNetns(name string) error {
+	if _, err := os.Stat(NetnsPath(name)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return run([][]string{{"ip", "netns", "del", name}})
+}
+
+func run(cmds [][]string) error {
+	for _, c := range cmds {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %w: %s", strings.Join(c, " "), err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

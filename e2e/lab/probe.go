@@ -1,0 +1,301 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/onc-net/onc/datapath/podnet"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// ProbePort is where the matrix's TCP and UDP echo servers listen.
+const ProbePort = 7777
+
+// Endpoint is something the matrix sends from or to: a pod or a node.
+type Endpoint struct {
+	Name  string
+	Netns string
+	IP    netip.Addr
+	Node  string // the node it is on (itself for a node)
+	IsPod bool
+}
+
+// Endpoints lists every node and pod of the lab.
+func (l *Lab) Endpoints() []Endpoint {
+	var eps []Endpoint
+	for _, n := range l.Nodes {
+		eps = append(eps, Endpoint{Name: n.Name, Netns: n.Netns, IP: n.IP, Node: n.Name})
+		for _, p := range n.Pods {
+			eps = append(eps, Endpoint{Name: p.Netns, Netns: p.Netns, IP: p.IP, Node: n.Name, IsPod: true})
+		}
+	}
+	return eps
+}
+
+// Kind of a pair, as the matrix groups them.
+func Kind(from, to Endpoint) string {
+	switch {
+	case from.IsPod && to.IsPod && from.Node == to.Node:
+		return "pod→pod same node"
+	case from.IsPod && to.IsPod:
+		return "pod→pod cross node"
+	case !from.IsPod && to.IsPod:
+		return "node→pod"
+	case from.IsPod && !to.IsPod:
+		return "pod→node"
+	}
+	return "node→node"
+}
+
+// Result of one pair: an error per protocol, nil when it worked.
+type Result struct {
+	From, To Endpoint
+	ICMP     error
+	TCP      error
+	UDP      error
+}
+
+// OK reports whether every protocol worked.
+func (r Result) OK() bool { return r.ICMP == nil && r.TCP == nil && r.UDP == nil }
+
+// Matrix probes every pair except node→node with ICMP, TCP and UDP.
+func (l *Lab) Matrix(ctx context.Context) ([]Result, error) {
+	eps := l.Endpoints()
+	stop, err := serve(eps)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	var out []Result
+	for _, from := range eps {
+		for _, to := range eps {
+			if from.Name == to.Name || (!from.IsPod && !to.IsPod) {
+				continue
+			}
+			r := Result{From: from, To: to}
+			r.ICMP = inNetns(from.Netns, func() error { return pingOnce(to.IP) })
+			r.TCP = inNetnsDial(from.Netns, "tcp", to.IP, echoTCP)
+			r.UDP = inNetnsDial(from.Netns, "udp", to.IP, echoUDP)
+			out = append(out, r)
+		}
+	}
+	return out, ctx.Err()
+}
+
+// PrintMatrix writes one row per pair and a summary per kind; it returns
+// how many pairs failed.
+func PrintMatrix(w io.Writer, results []Result) int {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tFROM\tTO\tICMP\tTCP\tUDP")
+	type count struct{ ok, all int }
+	kinds := map[string]*count{}
+	var order []string
+	failed := 0
+	for _, r := range results {
+		k := Kind(r.From, r.To)
+		if kinds[k] == nil {
+			kinds[k] = &count{}
+			order = append(order, k)
+		}
+		kinds[k].all++
+		if r.OK() {
+			kinds[k].ok++
+		} else {
+			failed++
+		}
+		fmt.Fprintf(tw, "%s\t%s (%s)\t%s (%s)\t%s\t%s\t%s\n", k, r.From.Name, r.From.IP, r.To.Name, r.To.IP, mark(r.ICMP), mark(r.TCP), mark(r.UDP))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, k := range order {
+		fmt.Fprintf(w, "%-20s %d/%d pairs pass\n", k, kinds[k].ok, kinds[k].all)
+	}
+	for _, r := range results {
+		for proto, err := range map[string]error{"ICMP": r.ICMP, "TCP": r.TCP, "UDP": r.UDP} {
+			if err != nil {
+				fmt.Fprintf(w, "FAIL %s %s → %s: %v\n", proto, r.From.Name, r.To.Name, err)
+			}
+		}
+	}
+	return failed
+}
+
+func mark(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return "FAIL"
+}
+
+func inNetns(name string, fn func() error) error {
+	ns, err := podnet.OpenNetns(NetnsPath(name))
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return podnet.InNetns(ns, fn)
+}
+
+// inNetnsDial creates the socket inside the namespace (where it stays) and
+// runs the exchange from any thread.
+func inNetnsDial(netns, network string, ip netip.Addr, exchange func(net.Conn) error) error {
+	var conn net.Conn
+	err := inNetns(netns, func() error {
+		var err error
+		conn, err = net.DialTimeout(network, netip.AddrPortFrom(ip, ProbePort).String(), 2*time.Second)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return exchange(conn)
+}
+
+func token() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "onc-probe-" + hex.EncodeToString(b)
+}
+
+func echoTCP(c net.Conn) error {
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	msg := token()
+	if _, err := fmt.Fprintln(c, msg); err != nil {
+		return err
+	}
+	got, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(got) != msg {
+		return fmt.Errorf("echo mismatch: sent %q, got %q", msg, got)
+	}
+	return nil
+}
+
+func echoUDP(c net.Conn) error {
+	msg := token()
+	buf := make([]byte, 256)
+	for attempt := 0; attempt < 3; attempt++ {
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		n, err := c.Read(buf)
+		if err == nil && string(buf[:n]) == msg {
+			return nil
+		}
+	}
+	return errors.New("no UDP echo in 3 tries")
+}
+
+func pingOnce(dst netip.Addr) error {
+	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	id := os.Getpid() & 0xffff
+	for seq := 1; seq <= 3; seq++ {
+		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("onc")}}
+		b, _ := msg.Marshal(nil)
+		if _, err := c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(time.Second)
+		_ = c.SetReadDeadline(deadline)
+		buf := make([]byte, 1500)
+		for time.Now().Before(deadline) {
+			n, peer, err := c.ReadFrom(buf)
+			if err != nil {
+				break
+			}
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+				continue
+			}
+			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq && peer.String() == dst.String() {
+				return nil
+			}
+		}
+	}
+	return errors.New("no ICMP echo reply in 3 tries")
+}
+
+// serve starts TCP and UDP echo servers in every endpoint's namespace.
+func serve(eps []Endpoint) (func(), error) {
+	var closers []io.Closer
+	var wg sync.WaitGroup
+	stop := func() {
+		for _, c := range closers {
+			c.Close()
+		}
+		wg.Wait()
+	}
+	for _, ep := range eps {
+		var tl net.Listener
+		var ul net.PacketConn
+		err := inNetns(ep.Netns, func() error {
+			var err error
+			if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", ProbePort)); err != nil {
+				return err
+			}
+			ul, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", ProbePort))
+			return err
+		})
+		if tl != nil {
+			closers = append(closers, tl)
+		}
+		if ul != nil {
+			closers = append(closers, ul)
+		}
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("echo server in %s: %w", ep.Netns, err)
+		}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := tl.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+					line, err := bufio.NewReader(c).ReadString('\n')
+					if err == nil {
+						_, _ = io.WriteString(c, line)
+					}
+				}()
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 2048)
+			for {
+				n, addr, err := ul.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = ul.WriteTo(buf[:n], addr)
+			}
+		}()
+	}
+	return stop, nil
+}

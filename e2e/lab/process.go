@@ -1,0 +1,90 @@
+package lab
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Process is a daemon the lab started inside a namespace. It outlives the
+// lab command (own session), so the lab stays up; lab-down stops it by PID,
+// after checking the PID is still that program.
+type Process struct {
+	PID  int    `json:"pid"`
+	Path string `json:"path"`
+	Log  string `json:"log"`
+}
+
+func start(netns, logPath, bin string, args ...string) (Process, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return Process{}, err
+	}
+	defer logf.Close()
+	// `ip netns exec` enters the namespace and execs bin: the PID is bin's.
+	cmd := exec.Command("ip", append([]string{"netns", "exec", netns, bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return Process{}, fmt.Errorf("start %s in %s: %w", bin, netns, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }() // reap it if it exits while we run
+	p := Process{PID: cmd.Process.Pid, Path: bin, Log: logPath}
+	for deadline := time.Now().Add(5 * time.Second); !p.Alive(); { // until `ip` has exec'd bin
+		select {
+		case <-done:
+			return p, fmt.Errorf("%s exited at once; log %s:\n%s", bin, logPath, tail(logPath, 20))
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return p, fmt.Errorf("%s did not start in 5s", bin)
+		}
+	}
+	return p, nil
+}
+
+// Alive reports whether the process is still the program we started.
+func (p Process) Alive() bool {
+	if p.PID <= 0 {
+		return false
+	}
+	exe, err := os.Readlink("/proc/" + strconv.Itoa(p.PID) + "/exe")
+	if err != nil {
+		return false
+	}
+	if exe != p.Path {
+		return false
+	}
+	// A zombie still has /proc/PID, but its state is Z.
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+// Stop sends SIGTERM, waits up to 10s, then SIGKILL.
+func (p Process) Stop() {
+	if !p.Alive() {
+		return
+	}
+	_ = syscall.Kill(p.PID, syscall.SIGTERM)
+	for i := 0; i < 100; i++ {
+		if !p.Alive() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	for i := 0; i < 50 && p.Alive(); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+}
