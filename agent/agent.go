@@ -18,8 +18,8 @@ import (
 	"sync"
 	"time"
 
-	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/agent/ipam"
+	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/controller/datastore"
 	"github.com/onc-net/onc/datapath/masq"
 	"github.com/onc-net/onc/datapath/overlay"

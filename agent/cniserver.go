@@ -13,8 +13,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/agent/ipam"
+	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/podnet"
 )

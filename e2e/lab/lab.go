@@ -37,6 +37,8 @@ type Options struct {
 	// node's CIDR and tunnel entries go away.
 	NodeTimeout time.Duration
 	StateRoot   string // default /run/onc-lab
+	// ControllerArgs are extra onc-controller flags, e.g. --cluster-cidr.
+	ControllerArgs []string
 }
 
 // Underlay addressing (inside the lab's own namespaces only).
@@ -114,7 +116,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := l.underlay(); err != nil {
 		return l, err
 	}
-	if err := l.startController(o.NodeTimeout); err != nil {
+	if err := l.startController(o.NodeTimeout, o.ControllerArgs); err != nil {
 		return l, err
 	}
 	for i := 1; i <= o.Nodes; i++ {
@@ -185,14 +187,15 @@ func (l *Lab) attach(name, port string, ip netip.Addr) error {
 	})
 }
 
-func (l *Lab) startController(nodeTimeout time.Duration) error {
+func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
 	if err := l.attach(l.ctlNetns(), "ctl", controllerIP); err != nil {
 		return err
 	}
-	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"),
+	args := append([]string{
 		"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"),
 		"--embedded-etcd-listen", l.EtcdURL(),
-		"--node-timeout", nodeTimeout.String())
+		"--node-timeout", nodeTimeout.String()}, extra...)
+	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
 	if err != nil {
 		return err
 	}
@@ -200,7 +203,7 @@ func (l *Lab) startController(nodeTimeout time.Duration) error {
 	return l.Save()
 }
 
-// AddNode creates the next node and starts its agent.
+// AddNode creates the next node and starts its agent (not waiting for it).
 func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 	i := len(l.Nodes) + 1
 	for _, n := range l.Nodes { // numbers are never reused, even after RemoveNode

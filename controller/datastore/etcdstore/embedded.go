@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -11,7 +12,8 @@ import (
 // Embedded is an etcd server running inside this process: the lab's default,
 // so that trying ONC needs nothing installed.
 type Embedded struct {
-	etcd *embed.Etcd
+	etcd      *embed.Etcd
+	closeOnce sync.Once
 	// ClientURL is where agents reach it.
 	ClientURL string
 }
@@ -54,5 +56,5 @@ func StartEmbedded(dir, clientURL string) (*Embedded, error) {
 	return &Embedded{etcd: e, ClientURL: cu.Scheme + "://" + e.Clients[0].Addr().String()}, nil
 }
 
-// Close stops the server.
-func (e *Embedded) Close() { e.etcd.Close() }
+// Close stops the server; calling it again does nothing.
+func (e *Embedded) Close() { e.closeOnce.Do(e.etcd.Close) }

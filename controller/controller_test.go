@@ -1,0 +1,108 @@
+package controller_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/controller"
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/internal/testutil"
+)
+
+func setup(t *testing.T, timeout time.Duration) (datastore.Store, *controller.Controller) {
+	e := testutil.EmbeddedEtcd(t, "")
+	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c, err := controller.New(context.Background(), controller.Config{
+		Cluster:     datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24},
+		NodeTimeout: timeout,
+	}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+func register(t *testing.T, s datastore.Store, name string) {
+	err := s.RegisterNode(context.Background(), datastore.NodeSpec{Name: name, IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllocatesRegisteredNodesAndReleasesRemovedOnes(t *testing.T) {
+	s, c := setup(t, 0)
+	ctx := context.Background()
+	register(t, s, "a")
+	register(t, s, "b")
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := s.Node(ctx, "a")
+	b, _ := s.Node(ctx, "b")
+	if !a.PodCIDR.IsValid() || !b.PodCIDR.IsValid() || a.PodCIDR == b.PodCIDR {
+		t.Fatalf("CIDRs a=%v b=%v", a.PodCIDR, b.PodCIDR)
+	}
+	// A node record removed behind the controller's back: its block is freed.
+	if err := s.DeleteNode(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimCIDR(ctx, "orphan", netip.MustParsePrefix("10.244.200.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	allocs, _ := s.Allocations(ctx)
+	if len(allocs) != 1 || allocs[b.PodCIDR] != "b" {
+		t.Fatalf("allocations after removal = %v, want only b's", allocs)
+	}
+}
+
+func TestConfigMismatchRefusesToStart(t *testing.T) {
+	s, _ := setup(t, 0)
+	_, err := controller.New(context.Background(), controller.Config{
+		Cluster: datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.99.0.0/16"), NodePrefixLen: 24}}, s)
+	if err == nil {
+		t.Fatal("a controller with another cluster CIDR started on the same datastore")
+	}
+}
+
+func TestNodeGoneLongerThanTimeoutIsDeleted(t *testing.T) {
+	s, c := setup(t, 2*time.Second)
+	ctx := context.Background()
+	register(t, s, "alive")
+	register(t, s, "dead")
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = s.KeepAlive(kctx, "alive", 2*time.Second) }()
+	for n, _ := s.Node(ctx, "alive"); !n.Alive; n, _ = s.Node(ctx, "alive") {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Node(ctx, "dead"); err != nil {
+		t.Fatal("node deleted before its timeout (counted from the controller's start)")
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Node(ctx, "dead"); err == nil {
+		t.Fatal("node without liveness not deleted after the timeout")
+	}
+	if n, err := s.Node(ctx, "alive"); err != nil || !n.PodCIDR.IsValid() {
+		t.Fatalf("live node: %+v, %v", n, err)
+	}
+	if allocs, _ := s.Allocations(ctx); len(allocs) != 1 {
+		t.Fatalf("allocations = %v, want only the live node's", allocs)
+	}
+}

@@ -1,0 +1,43 @@
+package etcdstore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/controller/datastore/storetest"
+	"github.com/onc-net/onc/internal/testutil"
+)
+
+// open gives each subtest its own prefix on one server, so they start empty.
+func open(t *testing.T, endpoint string) datastore.Store {
+	s, err := etcdstore.New(context.Background(), etcdstore.Options{
+		Endpoints: []string{endpoint}, Prefix: "/" + strings.ReplaceAll(t.Name(), "/", "_") + "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestEmbeddedEtcd(t *testing.T) {
+	e := testutil.EmbeddedEtcd(t, "")
+	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL) })
+}
+
+func TestEtcdServerProcess(t *testing.T) {
+	url := testutil.EtcdServer(t)
+	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, url) })
+}
+
+func TestUnreachableEtcdIsAClearError(t *testing.T) {
+	_, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: 500_000_000})
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("err = %v, want an error naming the endpoint", err)
+	}
+	if _, err := etcdstore.New(context.Background(), etcdstore.Options{}); err == nil {
+		t.Fatal("no endpoints accepted")
+	}
+}

@@ -1,0 +1,210 @@
+// Package storetest is the behaviour every datastore backend must have,
+// as a suite each backend's tests run against a real server.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/controller/datastore"
+)
+
+// Run runs the suite; newStore returns a fresh, empty store each call.
+func Run(t *testing.T, newStore func(t *testing.T) datastore.Store) {
+	t.Run("ClusterConfigIsWrittenOnceAndChecked", func(t *testing.T) { clusterConfig(t, newStore(t)) })
+	t.Run("RegisterAndReadNodes", func(t *testing.T) { registerNodes(t, newStore(t)) })
+	t.Run("ClaimIsAtomicAndIdempotent", func(t *testing.T) { claim(t, newStore(t)) })
+	t.Run("DeleteNodeReleasesItsCIDR", func(t *testing.T) { deleteNode(t, newStore(t)) })
+	t.Run("KeepAliveMarksAliveUntilCancelled", func(t *testing.T) { keepAlive(t, newStore(t)) })
+	t.Run("ChangesSignalsOnEveryKindOfChange", func(t *testing.T) { changes(t, newStore(t)) })
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+var (
+	cfg  = datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	mac1 = net.HardwareAddr{0x02, 0, 0, 0, 0, 1}
+)
+
+func spec(name, ip string) datastore.NodeSpec {
+	return datastore.NodeSpec{Name: name, IP: netip.MustParseAddr(ip), VTEPMAC: mac1}
+}
+
+func clusterConfig(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	if _, err := s.ClusterConfig(c); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("empty store: ClusterConfig err = %v, want ErrNotFound", err)
+	}
+	if err := s.PutClusterConfig(c, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutClusterConfig(c, cfg); err != nil {
+		t.Fatalf("same config again: %v", err)
+	}
+	other := cfg
+	other.NodePrefixLen = 26
+	if err := s.PutClusterConfig(c, other); err == nil {
+		t.Fatal("a different cluster config was accepted over the stored one")
+	}
+	got, err := s.ClusterConfig(c)
+	if err != nil || got != cfg {
+		t.Fatalf("ClusterConfig = %+v, %v; want %+v", got, err, cfg)
+	}
+}
+
+func registerNodes(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	if err := s.RegisterNode(c, spec("a", "192.0.2.1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterNode(c, datastore.NodeSpec{Name: "bad/name"}); err == nil {
+		t.Fatal("node name with '/' accepted")
+	}
+	upd := spec("a", "192.0.2.9")
+	upd.FastPath = true
+	if err := s.RegisterNode(c, upd); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Node(c, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.IP != upd.IP || !n.FastPath || n.VTEPMAC.String() != mac1.String() || n.PodCIDR.IsValid() || n.Alive {
+		t.Fatalf("Node(a) = %+v, want the updated spec, no CIDR, not alive", n)
+	}
+	if _, err := s.Node(c, "nope"); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("Node(nope) err = %v, want ErrNotFound", err)
+	}
+	nodes, err := s.Nodes(c)
+	if err != nil || len(nodes) != 1 || nodes[0].Name != "a" {
+		t.Fatalf("Nodes = %+v, %v", nodes, err)
+	}
+}
+
+func claim(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	p1, p2 := netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("10.244.2.0/24")
+	if got, err := s.ClaimCIDR(c, "a", p1); err != nil || got != p1 {
+		t.Fatalf("claim p1 for a = %v, %v", got, err)
+	}
+	if got, err := s.ClaimCIDR(c, "a", p2); err != nil || got != p1 {
+		t.Fatalf("a claiming a second block got %v, %v; want its first, %v", got, err, p1)
+	}
+	if _, err := s.ClaimCIDR(c, "b", p1); !errors.Is(err, datastore.ErrCIDRTaken) {
+		t.Fatalf("b claiming a's block: err = %v, want ErrCIDRTaken", err)
+	}
+	allocs, err := s.Allocations(c)
+	if err != nil || len(allocs) != 1 || allocs[p1] != "a" {
+		t.Fatalf("Allocations = %v, %v", allocs, err)
+	}
+	if err := s.ReleaseCIDR(c, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseCIDR(c, "a"); err != nil {
+		t.Fatalf("releasing twice: %v", err)
+	}
+	if got, err := s.ClaimCIDR(c, "b", p1); err != nil || got != p1 {
+		t.Fatalf("b claiming the released block = %v, %v", got, err)
+	}
+}
+
+func deleteNode(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	p := netip.MustParsePrefix("10.244.7.0/24")
+	if err := s.RegisterNode(c, spec("gone", "192.0.2.7")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimCIDR(c, "gone", p); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Node(c, "gone"); err != nil || n.PodCIDR != p {
+		t.Fatalf("Node(gone) = %+v, %v; want CIDR %v", n, err, p)
+	}
+	if err := s.DeleteNode(c, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Node(c, "gone"); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("deleted node still there: %v", err)
+	}
+	if allocs, _ := s.Allocations(c); len(allocs) != 0 {
+		t.Fatalf("deleted node's CIDR still allocated: %v", allocs)
+	}
+	if err := s.DeleteNode(c, "gone"); err != nil {
+		t.Fatalf("deleting twice: %v", err)
+	}
+}
+
+func keepAlive(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	if err := s.RegisterNode(c, spec("live", "192.0.2.2")); err != nil {
+		t.Fatal(err)
+	}
+	kctx, cancel := context.WithCancel(c)
+	done := make(chan error, 1)
+	go func() { done <- s.KeepAlive(kctx, "live", 2*time.Second) }()
+	waitFor(t, "node alive", func() bool { n, _ := s.Node(c, "live"); return n.Alive })
+	time.Sleep(3 * time.Second) // beyond the TTL: the lease must be renewed
+	if n, _ := s.Node(c, "live"); !n.Alive {
+		t.Fatal("node not alive after one TTL although KeepAlive runs")
+	}
+	cancel()
+	<-done
+	waitFor(t, "node not alive after KeepAlive ended", func() bool { n, _ := s.Node(c, "live"); return !n.Alive })
+}
+
+func changes(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	ch := s.Changes(c)
+	expect := func(what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no change signal after %s", what)
+		}
+	}
+	drain := func() {
+		time.Sleep(100 * time.Millisecond)
+		for {
+			select {
+			case <-ch:
+			default:
+				return
+			}
+		}
+	}
+	expect("start")
+	drain()
+	if err := s.RegisterNode(c, spec("w", "192.0.2.3")); err != nil {
+		t.Fatal(err)
+	}
+	expect("register")
+	drain()
+	if _, err := s.ClaimCIDR(c, "w", netip.MustParsePrefix("10.244.3.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	expect("claim")
+	drain()
+	if err := s.DeleteNode(c, "w"); err != nil {
+		t.Fatal(err)
+	}
+	expect("delete")
+}
+
+// waitFor polls cond for up to 15s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package nodeipam_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/controller/nodeipam"
+	"github.com/onc-net/onc/internal/testutil"
+)
+
+func store(t *testing.T, url string) datastore.Store {
+	t.Helper()
+	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{url}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func cfg(cidr string, bits int) datastore.ClusterConfig {
+	return datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix(cidr), NodePrefixLen: bits}
+}
+
+// 100 allocators, each with its own etcd client as separate controllers
+// would have, race for blocks: every node gets one, no block twice.
+func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
+	e := testutil.EmbeddedEtcd(t, "")
+	ctx := context.Background()
+	const n = 100
+	got := make([]netip.Prefix, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		a, err := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = a.Allocate(ctx, fmt.Sprintf("node-%d", i))
+		}()
+	}
+	wg.Wait()
+	seen := map[netip.Prefix]int{}
+	for i, p := range got {
+		if errs[i] != nil {
+			t.Fatalf("node-%d: %v", i, errs[i])
+		}
+		if j, dup := seen[p]; dup {
+			t.Fatalf("block %s given to node-%d and node-%d", p, j, i)
+		}
+		seen[p] = i
+	}
+}
+
+// Many allocators for the same node agree on one block.
+func TestSameNodeConcurrentlyGetsOneBlock(t *testing.T) {
+	e := testutil.EmbeddedEtcd(t, "")
+	var wg sync.WaitGroup
+	got := make([]netip.Prefix, 20)
+	for i := range got {
+		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if got[i], err = a.Allocate(context.Background(), "same"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, p := range got {
+		if p != got[0] {
+			t.Fatalf("same node got %s and %s", got[0], p)
+		}
+	}
+	allocs, _ := store(t, e.ClientURL).Allocations(context.Background())
+	if len(allocs) != 1 {
+		t.Fatalf("%d blocks allocated for one node: %v", len(allocs), allocs)
+	}
+}
+
+// Restarting etcd and the allocator on the same data keeps every node's block.
+func TestRestartKeepsBlocks(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	want := map[string]netip.Prefix{}
+	func() {
+		e := testutil.EmbeddedEtcd(t, dir)
+		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		for _, n := range []string{"a", "b", "c"} {
+			p, err := a.Allocate(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want[n] = p
+		}
+		e.Close()
+	}()
+	e := testutil.EmbeddedEtcd(t, dir)
+	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+	for _, n := range []string{"c", "b", "a"} { // other order: must not matter
+		if p, err := a.Allocate(ctx, n); err != nil || p != want[n] {
+			t.Fatalf("after restart %s got %v, %v; want %v", n, p, err, want[n])
+		}
+	}
+}
+
+func TestExhaustionIsAClearError(t *testing.T) {
+	e := testutil.EmbeddedEtcd(t, "")
+	a, _ := nodeipam.New(cfg("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
+	ctx := context.Background()
+	seen := map[netip.Prefix]bool{}
+	for i := 0; i < 4; i++ {
+		p, err := a.Allocate(ctx, fmt.Sprint("n", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[p] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("4 nodes got %d distinct blocks", len(seen))
+	}
+	_, err := a.Allocate(ctx, "n4")
+	if !errors.Is(err, nodeipam.ErrExhausted) {
+		t.Fatalf("5th node: err = %v, want ErrExhausted", err)
+	}
+	t.Logf("exhaustion error: %v", err)
+}
+
+func TestValidateRejectsBadConfig(t *testing.T) {
+	for _, c := range []datastore.ClusterConfig{
+		cfg("10.244.0.0/16", 8),  // node block larger than the cluster
+		cfg("10.244.0.0/16", 31), // too small for a pod
+		cfg("10.244.1.0/16", 24), // host bits
+		cfg("fd00::/64", 80),     // not IPv4
+		{NodePrefixLen: 24},      // no CIDR
+	} {
+		if err := nodeipam.Validate(c); err == nil {
+			t.Errorf("Validate(%+v) accepted", c)
+		}
+	}
+	if err := nodeipam.Validate(cfg("10.244.0.0/16", 24)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,210 @@
+// Package testutil holds what ONC's tests share: the gate for tests that
+// need root or outside programs (which fail instead of skipping under
+// ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers
+// and throwaway network namespaces.
+package testutil
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/e2e/lab"
+)
+
+// Strict reports whether missing prerequisites are failures (CI).
+func Strict() bool { return os.Getenv("ONC_PRIVILEGED") == "1" }
+
+// Require skips the test when ok is false, or fails it under ONC_PRIVILEGED=1.
+func Require(t testing.TB, ok bool, why string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if Strict() {
+		t.Fatalf("cannot run (ONC_PRIVILEGED=1 makes this a failure): %s", why)
+	}
+	t.Skipf("skipped: %s (set ONC_PRIVILEGED=1 to make this a failure)", why)
+}
+
+// Privileged gates tests that need root: netns, veth, VXLAN, iptables.
+func Privileged(t testing.TB) {
+	t.Helper()
+	Require(t, os.Geteuid() == 0, "needs root for network namespaces")
+	for _, bin := range []string{"ip", "iptables"} {
+		_, err := exec.LookPath(bin)
+		Require(t, err == nil, bin+" not installed (make prereqs)")
+	}
+}
+
+// Prefix returns a short name prefix unique to this test run, for
+// namespaces and interfaces ("t" + 5 hex digits).
+func Prefix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return "t" + hex.EncodeToString(b)[:5]
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// Binaries builds ONC's commands once per test process and returns the
+// directory holding them.
+func Binaries(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := moduleRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binDir, buildErr = os.MkdirTemp("", "onc-bin-")
+		if buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/onc", "./cmd/onc-agent", "./cmd/onc-controller", "./cmd/onctl")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// EmbeddedEtcd starts an in-process etcd on loopback; data lives in dir
+// (a new temporary one when empty). It is stopped when the test ends.
+func EmbeddedEtcd(t testing.TB, dir string) *etcdstore.Embedded {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	e, err := etcdstore.StartEmbedded(dir, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// EtcdServer starts Debian's etcd (package etcd-server) as a separate
+// process on loopback and returns its client URL. It is killed (by PID)
+// when the test ends.
+func EtcdServer(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	Require(t, err == nil, "etcd binary not installed (apt-get install etcd-server; make prereqs)")
+	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--name", "onc-test", "--data-dir", dir,
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "onc-test="+peer, "--log-level", "error")
+	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.Dial("tcp", strings.TrimPrefix(client, "http://"))
+		if err == nil {
+			c.Close()
+			return client
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("etcd did not listen on %s in 20s:\n%s", client, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Netns creates a named network namespace removed when the test ends.
+func Netns(t testing.TB, name string) string {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return "/run/netns/" + name
+}
+
+// Lab brings up a lab (see e2e/lab) with a unique prefix in a short
+// temporary state root (unix socket paths are limited to 108 bytes), and
+// takes it down when the test ends, also on failure.
+// Only Nodes, PodsPerNode, NodeTimeout and ControllerArgs of o are used.
+func Lab(t testing.TB, o lab.Options) *lab.Lab {
+	t.Helper()
+	Privileged(t)
+	root, err := os.MkdirTemp("", "onc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Prefix, o.BinDir, o.StateRoot = Prefix(), Binaries(t), root
+	if o.NodeTimeout == 0 {
+		o.NodeTimeout = time.Hour
+	}
+	l, err := lab.Up(context.Background(), o)
+	if err != nil {
+		os.RemoveAll(root)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range l.Nodes {
+				b, _ := os.ReadFile(n.Agent.Log)
+				t.Logf("agent log of %s:\n%s", n.Name, b)
+			}
+		}
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+		os.RemoveAll(root)
+	})
+	return l
+}
