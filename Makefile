@@ -35,9 +35,15 @@ lab-down: build
 test: prereqs verify-generated lint
 	$(GO) test -count=1 -p 1 -timeout 25m ./...
 
-lint:
+STATICCHECK_VERSION := v0.8.2
+
+$(GOBIN_TOOLS)/staticcheck:
+	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+lint: $(GOBIN_TOOLS)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GOBIN_TOOLS)/staticcheck ./...
 
 $(GOBIN_TOOLS)/protoc-gen-go:
 	GOBIN=$(GOBIN_TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -49,11 +50,12 @@ var (
 
 // Lab is a running lab; its JSON form is the state file lab-down reads.
 type Lab struct {
-	Prefix     string  `json:"prefix"`
-	Dir        string  `json:"dir"`
-	BinDir     string  `json:"binDir"`
-	Controller Process `json:"controller"`
-	Nodes      []*Node `json:"nodes"`
+	mu         sync.Mutex // guards the node and pod lists and the state file
+	Prefix     string     `json:"prefix"`
+	Dir        string     `json:"dir"`
+	BinDir     string     `json:"binDir"`
+	Controller Process    `json:"controller"`
+	Nodes      []*Node    `json:"nodes"`
 }
 
 // Node is one lab node.
@@ -64,6 +66,8 @@ type Node struct {
 	Dir   string     `json:"dir"`
 	Agent Process    `json:"agent"`
 	Pods  []*Pod     `json:"pods"`
+	// PodSeq numbers pods; never reused, so names stay unique.
+	PodSeq int `json:"podSeq"`
 }
 
 // Pod is one lab pod: a namespace attached through the CNI plugin.
@@ -151,6 +155,12 @@ func Load(root, prefix string) (*Lab, error) {
 
 // Save writes the state file.
 func (l *Lab) Save() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.save()
+}
+
+func (l *Lab) save() error {
 	b, err := json.MarshalIndent(l, "", "  ")
 	if err != nil {
 		return err
@@ -302,10 +312,14 @@ func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
 }
 
 // AddPod creates a pod namespace on n and attaches it through libcni.
+// Safe to call in parallel.
 func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
-	p := &Pod{Name: fmt.Sprintf("p%d", len(n.Pods)+1), ContainerID: hex.EncodeToString(id)}
+	l.mu.Lock()
+	n.PodSeq++
+	p := &Pod{Name: fmt.Sprintf("p%d", n.PodSeq), ContainerID: hex.EncodeToString(id)}
+	l.mu.Unlock()
 	p.Netns = n.Name + "-" + p.Name
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
 		return nil, err
@@ -334,11 +348,14 @@ func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
 		return nil, err
 	}
 	p.IP = pfx.Addr()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	n.Pods = append(n.Pods, p)
-	return p, l.Save()
+	return p, l.save()
 }
 
-// DelPod detaches a pod through libcni and removes its namespace.
+// DelPod detaches a pod through libcni and removes its namespace. Safe to
+// call in parallel.
 func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	cfg, list, err := n.cni()
 	if err != nil {
@@ -348,16 +365,18 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
 		return fmt.Errorf("CNI DEL for %s: %w", p.Netns, err)
 	}
+	if err := run([][]string{{"ip", "netns", "del", p.Netns}}); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for i, q := range n.Pods {
 		if q == p {
 			n.Pods = append(n.Pods[:i], n.Pods[i+1:]...)
 			break
 		}
 	}
-	if err := run([][]string{{"ip", "netns", "del", p.Netns}}); err != nil {
-		return err
-	}
-	return l.Save()
+	return l.save()
 }
 
 // RemoveNode stops a node's agent and deletes the node and its pods, as if

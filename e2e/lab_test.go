@@ -1,0 +1,205 @@
+// Package e2e holds ONC's end-to-end tests on the lab (see e2e/lab).
+package e2e
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The lab's matrix — pod↔pod on one node and across nodes, node→pod,
+// pod→node, each with ICMP, TCP and UDP — passes on 3 nodes × 2 pods.
+// Then a node is removed: its route, neighbour and FDB entry vanish on
+// the others and the rest keep working.
+func TestLabMatrixAndNodeRemoval(t *testing.T) {
+	l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second})
+	ctx := context.Background()
+	matrix(t, l)
+
+	gone := l.Nodes[2]
+	st, err := gone.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes[:2] {
+		if e := tunnelEntries(t, n, st.PodCidr, st.Gateway, st.VtepMac); e != (entries{true, true, true}) {
+			t.Fatalf("%s lacks entries for %s before removal: %+v", n.Name, gone.Name, e)
+		}
+	}
+	if err := l.RemoveNode(gone); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		deadline := time.Now().Add(30 * time.Second)
+		for tunnelEntries(t, n, st.PodCidr, st.Gateway, st.VtepMac) != (entries{}) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still has tunnel entries for removed %s: %+v", n.Name, gone.Name,
+					tunnelEntries(t, n, st.PodCidr, st.Gateway, st.VtepMac))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	matrix(t, l)
+}
+
+func matrix(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	results, err := l.Matrix(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	failed := lab.PrintMatrix(&out, results)
+	want := 0
+	for _, n := range l.Nodes {
+		want += len(n.Pods)
+	}
+	pods, nodes := want, len(l.Nodes)
+	want = pods*(pods-1) + 2*pods*nodes // pod↔pod, node→pod, pod→node
+	if failed > 0 || len(results) != want {
+		t.Fatalf("%d of %d pairs failed (want %d pairs):\n%s", failed, len(results), want, out.String())
+	}
+}
+
+type entries struct{ route, neigh, fdb bool }
+
+// tunnelEntries reports which of a peer's entries exist on node n.
+func tunnelEntries(t *testing.T, n *lab.Node, cidr, gw, mac string) entries {
+	t.Helper()
+	ns, err := netns.GetFromPath(lab.NetnsPath(n.Netns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName("onc.vxlan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e entries
+	routes, _ := h.RouteList(link, unix.AF_INET)
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.String() == cidr {
+			e.route = true
+		}
+	}
+	neighs, _ := h.NeighList(link.Attrs().Index, unix.AF_INET)
+	for _, nb := range neighs {
+		if nb.IP.String() == gw {
+			e.neigh = true
+		}
+	}
+	fdb, _ := h.NeighList(link.Attrs().Index, unix.AF_BRIDGE)
+	for _, f := range fdb {
+		if f.HardwareAddr.String() == mac {
+			e.fdb = true
+		}
+	}
+	return e
+}
+
+// 50 pods are added and deleted in parallel on one node, three times over:
+// afterwards no address, veth or route is left.
+func TestChurnLeavesNothing(t *testing.T) {
+	l := testutil.Lab(t, lab.Options{Nodes: 1})
+	n := l.Nodes[0]
+	ctx := context.Background()
+	const pods = 50
+	for round := 1; round <= 3; round++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, pods)
+		added := make([]*lab.Pod, pods)
+		for i := 0; i < pods; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p, err := l.AddPod(ctx, n)
+				if err != nil {
+					errs <- err
+					return
+				}
+				added[i] = p
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d ADD: %v", round, err)
+		}
+		seen := map[string]bool{}
+		for _, p := range added {
+			if seen[p.IP.String()] {
+				t.Fatalf("round %d: %s given twice", round, p.IP)
+			}
+			seen[p.IP.String()] = true
+		}
+		errs = make(chan error, pods)
+		for _, p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := l.DelPod(ctx, n, p); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d DEL: %v", round, err)
+		}
+		assertNodeClean(t, n)
+	}
+}
+
+func assertNodeClean(t *testing.T, n *lab.Node) {
+	t.Helper()
+	st, err := n.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pods != 0 {
+		t.Fatalf("%d pod addresses still allocated", st.Pods)
+	}
+	ns, err := netns.GetFromPath(lab.NetnsPath(n.Netns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	links, _ := h.LinkList()
+	for _, link := range links {
+		if link.Type() == "veth" && link.Attrs().Name != "eth0" {
+			t.Fatalf("leaked veth %s", link.Attrs().Name)
+		}
+	}
+	routes, _ := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: 0xb7}, netlink.RT_FILTER_PROTOCOL)
+	if len(routes) != 0 {
+		t.Fatalf("leaked pod routes: %v", routes)
+	}
+	neighs, _ := h.NeighList(0, unix.AF_INET)
+	for _, nb := range neighs {
+		if nb.State == netlink.NUD_PERMANENT && !net.IP(nb.IP).IsUnspecified() {
+			if link, err := h.LinkByIndex(nb.LinkIndex); err == nil && link.Attrs().Name != "onc.vxlan" {
+				t.Fatalf("leaked neighbour %s on %s", nb.IP, link.Attrs().Name)
+			}
+		}
+	}
+}

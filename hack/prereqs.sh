@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ONC's lab and tests use, when missing.
+# Needs root (the lab and the privileged tests do too).
+set -euo pipefail
+
+# command -> Debian package
+declare -A need=(
+  [protoc]=protobuf-compiler   # make generate / verify-generated
+  [ip]=iproute2                # lab namespaces
+  [iptables]=iptables          # agent masquerade rules
+  [etcd]=etcd-server           # datastore tests against a separate etcd process
+  [conntrack]=conntrack        # inspecting flows in the lab
+)
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "missing packages: ${missing[*]}; run as root or: apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts etcd as a service on install; ONC's tests start their own.
+if command -v systemctl >/dev/null 2>&1; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
