@@ -4,6 +4,7 @@ package e2e
 import (
 	"context"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -201,5 +202,51 @@ func assertNodeClean(t *testing.T, n *lab.Node) {
 				t.Fatalf("leaked neighbour %s on %s", nb.IP, link.Attrs().Name)
 			}
 		}
+	}
+}
+
+// Pod traffic leaving the cluster CIDR is masqueraded to the node's IP;
+// pod-to-pod traffic keeps the pod's address.
+func TestMasqueradeOnlyLeavingTheCluster(t *testing.T) {
+	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	src := n1.Pods[0]
+	cases := []struct {
+		name, netns string
+		dst         netip.Addr
+		wantSrc     netip.Addr
+	}{
+		{"pod to remote node", n2.Netns, n2.IP, n1.IP},
+		{"pod to remote pod", n2.Pods[0].Netns, n2.Pods[0].IP, src.IP},
+	}
+	for _, c := range cases {
+		var ln net.Listener
+		if err := lab.InNetns(c.netns, func() (err error) { ln, err = net.Listen("tcp4", ":7878"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		seen := make(chan netip.Addr, 1)
+		go func() {
+			conn, err := ln.Accept()
+			if err != nil {
+				close(seen)
+				return
+			}
+			seen <- conn.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+			conn.Close()
+		}()
+		err := lab.InNetns(src.Netns, func() error {
+			conn, err := net.DialTimeout("tcp4", netip.AddrPortFrom(c.dst, 7878).String(), 3*time.Second)
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := <-seen; got != c.wantSrc {
+			t.Errorf("%s: server saw source %s, want %s", c.name, got, c.wantSrc)
+		}
+		ln.Close()
 	}
 }

@@ -86,7 +86,7 @@ func (l *Lab) Matrix(ctx context.Context) ([]Result, error) {
 				continue
 			}
 			r := Result{From: from, To: to}
-			r.ICMP = inNetns(from.Netns, func() error { return pingOnce(to.IP) })
+			r.ICMP = InNetns(from.Netns, func() error { return pingOnce(to.IP) })
 			r.TCP = inNetnsDial(from.Netns, "tcp", to.IP, echoTCP)
 			r.UDP = inNetnsDial(from.Netns, "udp", to.IP, echoUDP)
 			out = append(out, r)
@@ -140,7 +140,8 @@ func mark(err error) string {
 	return "FAIL"
 }
 
-func inNetns(name string, fn func() error) error {
+// InNetns runs fn inside the named namespace (sockets made there stay there).
+func InNetns(name string, fn func() error) error {
 	ns, err := podnet.OpenNetns(NetnsPath(name))
 	if err != nil {
 		return err
@@ -153,7 +154,7 @@ func inNetns(name string, fn func() error) error {
 // runs the exchange from any thread.
 func inNetnsDial(netns, network string, ip netip.Addr, exchange func(net.Conn) error) error {
 	var conn net.Conn
-	err := inNetns(netns, func() error {
+	err := InNetns(netns, func() error {
 		var err error
 		conn, err = net.DialTimeout(network, netip.AddrPortFrom(ip, ProbePort).String(), 2*time.Second)
 		return err
@@ -249,7 +250,7 @@ func serve(eps []Endpoint) (func(), error) {
 	for _, ep := range eps {
 		var tl net.Listener
 		var ul net.PacketConn
-		err := inNetns(ep.Netns, func() error {
+		err := InNetns(ep.Netns, func() error {
 			var err error
 			if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", ProbePort)); err != nil {
 				return err
