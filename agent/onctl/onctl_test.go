@@ -1,0 +1,79 @@
+package onctl_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/onc-net/onc/agent/onctl"
+	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/internal/testutil"
+)
+
+func run(args ...string) (string, error) {
+	cmd := onctl.NewCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestOnctlAgainstARealAgent(t *testing.T) {
+	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	n := l.Nodes[0]
+	sock := n.AgentSocket()
+
+	out, err := run("-s", sock, "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+
+	out, err = run("-s", sock, "pods", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods struct {
+		Pods []struct {
+			IP      string `json:"ip"`
+			K8sName string `json:"k8s_name"`
+		} `json:"pods"`
+	}
+	if err := json.Unmarshal([]byte(out), &pods); err != nil {
+		t.Fatalf("pods -o json is not JSON: %v\n%s", err, out)
+	}
+	if len(pods.Pods) != 1 || pods.Pods[0].IP != n.Pods[0].IP.String() || pods.Pods[0].K8sName != "p1" {
+		t.Fatalf("pods = %+v, want the lab's pod %s", pods, n.Pods[0].IP)
+	}
+
+	out, err = run("-s", sock, "peers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "NODE") || !strings.Contains(lines[1], l.Nodes[1].Name) {
+		t.Fatalf("peers table:\n%s", out)
+	}
+	// Columns are aligned: every row starts its second column at the same offset.
+	if strings.Index(lines[0], "NODE-IP") != strings.Index(lines[1], l.Nodes[1].IP.String()) {
+		t.Fatalf("peers table not aligned:\n%s", out)
+	}
+	if f := strings.Fields(lines[1]); f[5] != "yes" || f[6] != "yes" {
+		t.Fatalf("peer not alive and programmed:\n%s", out)
+	}
+}
+
+func TestOnctlErrorsAreClear(t *testing.T) {
+	if _, err := run("-s", "/nonexistent/agent.sock", "status"); err == nil || !strings.Contains(err.Error(), "/nonexistent/agent.sock") {
+		t.Fatalf("unreachable agent: err = %v, want one naming the socket", err)
+	}
+	if _, err := run("-o", "yaml", "status"); err == nil || !strings.Contains(err.Error(), "table or json") {
+		t.Fatalf("bad output format: err = %v", err)
+	}
+}
