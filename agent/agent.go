@@ -144,7 +144,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := retry(ctx, "register node", func() error { return a.store.RegisterNode(ctx, spec) }); err != nil {
 		return nil
 	}
-	go func() { _ = a.store.KeepAlive(ctx, a.cfg.NodeName, a.cfg.LeaseTTL) }()
+	alive := make(chan struct{})
+	go func() { _ = a.store.KeepAlive(ctx, a.cfg.NodeName, a.cfg.LeaseTTL); close(alive) }()
+	defer func() { <-alive }() // let a clean stop revoke the lease, so peers see it at once
 	a.setNotReady("waiting for the controller to allocate this node's pod CIDR")
 
 	for range a.store.Changes(ctx) {

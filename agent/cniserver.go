@@ -82,14 +82,25 @@ func k8sArgs(args string) (ns, name string) {
 	return ns, name
 }
 
-func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
+// ready parses the configuration and returns the pod pool if the agent
+// can serve pods; otherwise the response to send.
+func (s *cniServer) ready(req *apiv1.CNIRequest) (*netConf, *ipam.Pool, *apiv1.CNIResponse) {
 	conf, bad := parseConf(req.Config)
 	if bad != nil {
-		return bad, nil
+		return nil, nil, bad
 	}
 	pool, reason := s.a.readyPool()
 	if pool == nil || reason != "" {
-		return fail(errTryAgainLater, "onc-agent is not ready", reason)
+		r, _ := fail(errTryAgainLater, "onc-agent is not ready", reason)
+		return nil, nil, r
+	}
+	return conf, pool, nil
+}
+
+func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
+	conf, pool, bad := s.ready(req)
+	if bad != nil {
+		return bad, nil
 	}
 	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
 	defer s.a.locks.lock(key)()
@@ -207,13 +218,9 @@ func (a *Agent) release(pool *ipam.Pool, key ipam.Key) error {
 }
 
 func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	conf, bad := parseConf(req.Config)
+	conf, pool, bad := s.ready(req)
 	if bad != nil {
 		return bad, nil
-	}
-	pool, reason := s.a.readyPool()
-	if pool == nil || reason != "" {
-		return fail(errTryAgainLater, "onc-agent is not ready", reason)
 	}
 	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
 	defer s.a.locks.lock(key)()

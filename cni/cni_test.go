@@ -23,7 +23,6 @@ import (
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -125,43 +124,14 @@ func (e *env) pods() []*apiv1.Pod {
 	return resp.Pods
 }
 
-func nodeHandle(t *testing.T, name string) *netlink.Handle {
-	ns, err := netns.GetFromPath(lab.NetnsPath(name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return h
-}
-
 // assertClean: no pod attachment, no host veth, no pod route is left.
 func (e *env) assertClean(want int) {
 	e.t.Helper()
 	if got := e.pods(); len(got) != want {
 		e.t.Fatalf("agent holds %d attachments, want %d: %v", len(got), want, got)
 	}
-	h := nodeHandle(e.t, e.node.Netns)
-	links, err := h.LinkList()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	veths := 0
-	for _, l := range links {
-		if l.Type() == "veth" && l.Attrs().Name != "eth0" {
-			veths++
-		}
-	}
-	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: 0xb7}, netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if veths != want || len(routes) != want {
-		e.t.Fatalf("node has %d pod veths and %d pod routes, want %d of each", veths, len(routes), want)
+	if got := testutil.PodStateOf(e.t, e.node.Netns); got != (testutil.PodState{Veths: want, Routes: want, Neighbours: want}) {
+		e.t.Fatalf("node pod state %+v, want %d of each", got, want)
 	}
 }
 
@@ -185,7 +155,7 @@ func TestAddCheckStatusDelThroughTheBinary(t *testing.T) {
 	if pod := r.Interfaces[*r.IPs[0].Interface]; pod.Name != "eth0" || pod.Sandbox != ns || pod.Mac == "" {
 		t.Fatalf("pod interface in result: %+v", pod)
 	}
-	h := nodeHandle(t, filepath.Base(ns))
+	h := testutil.NetlinkAt(t, filepath.Base(ns))
 	eth0, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +242,7 @@ func TestBadInputGetsTheRightCodeAndLeavesNothing(t *testing.T) {
 	t.Run("CHECK finds a broken pod", func(t *testing.T) {
 		e.t = t
 		r := e.add("broken", ns)
-		h := nodeHandle(t, filepath.Base(ns))
+		h := testutil.NetlinkAt(t, filepath.Base(ns))
 		eth0, _ := h.LinkByName("eth0")
 		if err := h.RouteDel(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: r.IPs[0].Gateway}); err != nil {
 			t.Fatal(err)
@@ -299,7 +269,7 @@ func TestAgentDownAndRestart(t *testing.T) {
 		t.Fatalf("ADD with the agent down: code %d, want 11 naming the socket: %s", code, out)
 	}
 	// The failed ADD must not have left an interface in the pod.
-	if _, err := nodeHandle(t, filepath.Base(nsB)).LinkByName("eth0"); err == nil {
+	if _, err := testutil.NetlinkAt(t, filepath.Base(nsB)).LinkByName("eth0"); err == nil {
 		t.Fatal("ADD with the agent down left eth0 in the pod")
 	}
 

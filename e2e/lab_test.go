@@ -12,8 +12,6 @@ import (
 
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/internal/testutil"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,16 +74,7 @@ type entries struct{ route, neigh, fdb bool }
 // tunnelEntries reports which of a peer's entries exist on node n.
 func tunnelEntries(t *testing.T, n *lab.Node, cidr, gw, mac string) entries {
 	t.Helper()
-	ns, err := netns.GetFromPath(lab.NetnsPath(n.Netns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := testutil.NetlinkAt(t, n.Netns)
 	link, err := h.LinkByName("onc.vxlan")
 	if err != nil {
 		t.Fatal(err)
@@ -175,33 +164,8 @@ func assertNodeClean(t *testing.T, n *lab.Node) {
 	if st.Pods != 0 {
 		t.Fatalf("%d pod addresses still allocated", st.Pods)
 	}
-	ns, err := netns.GetFromPath(lab.NetnsPath(n.Netns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	links, _ := h.LinkList()
-	for _, link := range links {
-		if link.Type() == "veth" && link.Attrs().Name != "eth0" {
-			t.Fatalf("leaked veth %s", link.Attrs().Name)
-		}
-	}
-	routes, _ := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: 0xb7}, netlink.RT_FILTER_PROTOCOL)
-	if len(routes) != 0 {
-		t.Fatalf("leaked pod routes: %v", routes)
-	}
-	neighs, _ := h.NeighList(0, unix.AF_INET)
-	for _, nb := range neighs {
-		if nb.State == netlink.NUD_PERMANENT && !net.IP(nb.IP).IsUnspecified() {
-			if link, err := h.LinkByIndex(nb.LinkIndex); err == nil && link.Attrs().Name != "onc.vxlan" {
-				t.Fatalf("leaked neighbour %s on %s", nb.IP, link.Attrs().Name)
-			}
-		}
+	if got := testutil.PodStateOf(t, n.Netns); got != (testutil.PodState{}) {
+		t.Fatalf("leaked pod state: %+v", got)
 	}
 }
 

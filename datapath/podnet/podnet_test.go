@@ -3,6 +3,7 @@ package podnet_test
 import (
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -31,14 +32,7 @@ func pod(path, ifname string) podnet.Pod {
 }
 
 func links(t *testing.T, path string) []string {
-	ns, _ := netns.GetFromPath(path)
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	ls, _ := h.LinkList()
+	ls, _ := testutil.NetlinkAt(t, filepath.Base(path)).LinkList()
 	var names []string
 	for _, l := range ls {
 		names = append(names, l.Attrs().Name)

@@ -19,7 +19,11 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/e2e/lab"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Strict reports whether missing prerequisites are failures (CI).
@@ -207,4 +211,63 @@ func Lab(t testing.TB, o lab.Options) *lab.Lab {
 		os.RemoveAll(root)
 	})
 	return l
+}
+
+// NetlinkAt returns a netlink handle inside the named namespace, closed
+// when the test ends.
+func NetlinkAt(t testing.TB, name string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath("/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// PodState counts what pods leave in a node namespace: host-side veths
+// (every veth but the node's eth0 uplink), ONC pod routes (proto 183 on
+// anything but onc.vxlan) and permanent neighbours (likewise).
+type PodState struct{ Veths, Routes, Neighbours int }
+
+// PodStateOf reads the pod state of the named node namespace.
+func PodStateOf(t testing.TB, node string) PodState {
+	t.Helper()
+	h := NetlinkAt(t, node)
+	var s PodState
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	podLink := map[int]bool{}
+	for _, l := range links {
+		if l.Type() == "veth" && l.Attrs().Name != "eth0" {
+			s.Veths++
+			podLink[l.Attrs().Index] = true
+		}
+	}
+	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: podnet.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		if podLink[r.LinkIndex] || r.Gw == nil {
+			s.Routes++
+		}
+	}
+	neighs, err := h.NeighList(0, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if n.State == netlink.NUD_PERMANENT && podLink[n.LinkIndex] {
+			s.Neighbours++
+		}
+	}
+	return s
 }
