@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -137,6 +138,12 @@ func (e *env) assertClean(want int) {
 
 func TestAddCheckStatusDelThroughTheBinary(t *testing.T) {
 	e := newEnv(t)
+	for _, sock := range []string{"cni.sock", "agent.sock"} {
+		fi, err := os.Stat(filepath.Join(e.node.Dir, "run", sock))
+		if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+			t.Fatalf("%s: %v %v, want a socket with mode 0600", sock, fi.Mode(), err)
+		}
+	}
 	ns := e.pod("a")
 	r := e.add("cid-a", ns)
 
