@@ -51,14 +51,18 @@ $(GOBIN_TOOLS)/protoc-gen-go:
 $(GOBIN_TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(GOBIN_TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
+# Regenerates the gRPC code (protoc) and the eBPF objects and their Go
+# bindings (clang via bpf2go, see datapath/bpf/gen.go).
 generate: $(GOBIN_TOOLS)/protoc-gen-go $(GOBIN_TOOLS)/protoc-gen-go-grpc
 	protoc -I api/v1 --go_out=api/v1 --go_opt=paths=source_relative \
 		--go-grpc_out=api/v1 --go-grpc_opt=paths=source_relative api/v1/onc.proto
+	$(GO) generate ./datapath/bpf/
 
 # Fails when the committed generated code is not what `make generate` makes.
+GENERATED := api/ datapath/bpf/
 verify-generated: generate
-	@git diff --exit-code -- api/ || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- api/)" || { git status --porcelain -- api/; echo "generated code is not committed"; exit 1; }
+	@git diff --exit-code -- $(GENERATED) || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- $(GENERATED))" || { git status --porcelain -- $(GENERATED); echo "generated code is not committed"; exit 1; }
 
 clean:
 	rm -rf $(BIN) $(GOBIN_TOOLS)

@@ -10,11 +10,15 @@ declare -A need=(
   [iptables]=iptables          # agent masquerade rules
   [etcd]=etcd-server           # datastore tests against a separate etcd process
   [conntrack]=conntrack        # inspecting flows in the lab
+  [clang]=clang                # eBPF programs (make generate)
+  [llvm-strip]=llvm            # bpf2go strips the objects
+  [bpftool]=bpftool            # inspecting loaded programs and maps
 )
 missing=()
 for cmd in "${!need[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
+[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

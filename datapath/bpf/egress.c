@@ -1,0 +1,120 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
+ * the pod). On a hit the packet gets the outer headers the kernel's VXLAN
+ * device put on earlier packets of the same destination and is redirected
+ * to the uplink: no routing, no netfilter, no VXLAN device.
+ */
+#include "include/onc.h"
+#include "include/parse.h"
+
+#define ENCAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
+		     BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
+		     BPF_F_ADJ_ROOM_ENCAP_L2(14))
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+SEC("tc")
+int onc_egress_fast(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct onc_config *cfg = config();
+	struct encap_val *encap;
+	struct egress_val *dst;
+	struct cidr_val *peer;
+	struct flow_key key = {};
+	struct iphdr *oip;
+	struct udphdr *oudp;
+	struct l4 p;
+	__u32 hash, sum = 0;
+	__u16 *w;
+
+	if (!cfg)
+		return TC_ACT_OK;
+	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p)) {
+		count(STAT_EGRESS_MISS_NOT_IP);
+		return TC_ACT_OK;
+	}
+	if (p.tcp_flags) {
+		count(STAT_EGRESS_MISS_TCP_FLAGS);
+		return TC_ACT_OK;
+	}
+	if (!cfg->enabled) {
+		count(STAT_EGRESS_MISS_DISABLED);
+		return TC_ACT_OK;
+	}
+	if (bpf_map_lookup_elem(&onc_hosts, &p.ip->daddr)) {
+		count(STAT_EGRESS_MISS_HOST);
+		return TC_ACT_OK;
+	}
+	peer = peer_of(p.ip->daddr);
+	if (!peer) {
+		count(STAT_EGRESS_MISS_NO_PEER);
+		return TC_ACT_OK;
+	}
+	key.local_ip = p.ip->saddr;
+	key.remote_ip = p.ip->daddr;
+	key.local_port = p.sport;
+	key.remote_port = p.dport;
+	key.proto = p.ip->protocol;
+	if (!flow_allowed(&key, cfg->epoch)) {
+		count(STAT_EGRESS_MISS_FLOW);
+		return TC_ACT_OK;
+	}
+	/* The learned node must still own the destination's CIDR: a pod IP
+	 * that moved to another node is never sent to the old one. */
+	dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
+	if (!dst || dst->node_ip != peer->node_ip) {
+		count(STAT_EGRESS_MISS_DEST);
+		return TC_ACT_OK;
+	}
+	encap = bpf_map_lookup_elem(&onc_encap, &dst->node_ip);
+	if (!encap) {
+		count(STAT_EGRESS_MISS_ENCAP);
+		return TC_ACT_OK;
+	}
+	if (p.ip->ttl <= 1) {
+		count(STAT_EGRESS_MISS_TTL); /* the slow path sends time-exceeded */
+		return TC_ACT_OK;
+	}
+	ip_dec_ttl(p.ip);
+
+	hash = bpf_get_hash_recalc(skb);
+	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+		goto err;
+	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))
+		goto err;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	oip = data + sizeof(struct ethhdr);
+	oudp = (void *)(oip + 1);
+	if ((void *)(oudp + 1) > end)
+		goto err;
+	oip->tot_len = bpf_htons(skb->len - sizeof(struct ethhdr));
+	oip->id = 0;
+	oip->check = 0;
+	w = (__u16 *)oip;
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
+		sum += w[i];
+	oip->check = csum_fold(sum);
+	/* Spread flows over the uplink's queues as the kernel does. */
+	oudp->source = bpf_htons(49152 + (hash % 16384));
+	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
+	oudp->check = 0;
+
+	count(STAT_EGRESS_HIT);
+	return bpf_redirect(encap->ifindex, 0);
+err:
+	count(STAT_EGRESS_ERROR);
+	return TC_ACT_SHOT;
+}

@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * ONC flow cache: maps, keys and counters shared by every program.
+ *
+ * Every map is pinned by name under the agent's bpffs directory, so the
+ * four objects (one per attach point) share them, and an agent restart
+ * reuses them without dropping a packet.
+ */
+#ifndef __ONC_H
+#define __ONC_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* Outer Ethernet + IPv4 + UDP + VXLAN, then the inner Ethernet header. */
+#define ONC_ENCAP_LEN 50
+#define ONC_HDR_LEN (ONC_ENCAP_LEN + 14)
+
+/* A flow seen in both directions. local = the pod on this node. */
+struct flow_key {
+	__be32 local_ip;
+	__be32 remote_ip;
+	__be16 local_port;
+	__be16 remote_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The slow path let this flow through as ESTABLISHED in each direction. */
+struct flow_val {
+	__u32 epoch;
+	__u8 egress;  /* local pod -> remote pod went out via onc.vxlan */
+	__u8 ingress; /* remote pod -> local pod came in via onc.vxlan */
+	__u8 pad[2];
+};
+
+/* Remote pod -> the node it was last seen behind. */
+struct egress_val {
+	__be32 node_ip;
+};
+
+/* Remote node -> the headers the kernel put on packets to it. */
+struct encap_val {
+	__u8 hdr[ONC_HDR_LEN];
+	__u32 ifindex; /* the uplink they left by */
+};
+
+/* Local pod -> its host-side veth; written by the agent at CNI ADD. */
+struct local_pod {
+	__u32 ifindex;
+	__u8 pod_mac[6];
+	__u8 host_mac[6];
+};
+
+/* Pod CIDR of a peer that runs the fast path -> that peer's node IP. */
+struct cidr_key {
+	__u32 prefixlen;
+	__be32 addr;
+};
+
+struct cidr_val {
+	__be32 node_ip;
+};
+
+/* Agent-written switches; index 0 of onc_config. */
+struct onc_config {
+	__u32 epoch;      /* filter entries of another epoch are void */
+	__u8 enabled;     /* fast path on */
+	__u8 learning;    /* 0 while the agent evicts */
+	__be16 vxlan_port;
+	__u32 vni;        /* host order */
+	__u32 mark;       /* skb->mark bit the slow path sets on ESTABLISHED */
+};
+
+/* Counters (per CPU); onctl stats decodes them by these names. */
+enum onc_stat {
+	STAT_EGRESS_HIT,
+	STAT_EGRESS_MISS_NOT_IP,      /* not IPv4 TCP/UDP, or fragment */
+	STAT_EGRESS_MISS_TCP_FLAGS,   /* SYN, FIN or RST: conntrack must see it */
+	STAT_EGRESS_MISS_DISABLED,
+	STAT_EGRESS_MISS_HOST,        /* to a node/gateway address */
+	STAT_EGRESS_MISS_NO_PEER,     /* destination not in a fast-path peer's CIDR */
+	STAT_EGRESS_MISS_FLOW,        /* flow not established both ways (or old epoch) */
+	STAT_EGRESS_MISS_DEST,        /* no learned node for the destination, or a stale one */
+	STAT_EGRESS_MISS_ENCAP,       /* no learned header for the node */
+	STAT_EGRESS_MISS_TTL,
+	STAT_EGRESS_ERROR,
+	STAT_INGRESS_HIT,
+	STAT_INGRESS_MISS_NOT_VXLAN,
+	STAT_INGRESS_MISS_TCP_FLAGS,
+	STAT_INGRESS_MISS_DISABLED,
+	STAT_INGRESS_MISS_NO_PEER,    /* inner source not a fast-path peer's, or from another node */
+	STAT_INGRESS_MISS_NO_POD,     /* inner destination not a local pod */
+	STAT_INGRESS_MISS_FLOW,
+	STAT_INGRESS_MISS_TTL,
+	STAT_INGRESS_ERROR,
+	STAT_LEARN_EGRESS,
+	STAT_LEARN_INGRESS,
+	STAT_LEARN_PAUSED,
+	STAT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __be32);
+	__type(value, struct egress_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_egress SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, struct encap_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_encap SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, struct local_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 4096);
+	__type(key, struct cidr_key);
+	__type(value, struct cidr_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_peers SEC(".maps");
+
+/* Node, gateway and tunnel addresses: traffic to them takes the slow path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_hosts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct onc_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, enum onc_stat); /* so the names reach BTF and Go */
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_stats SEC(".maps");
+
+static __always_inline void count(enum onc_stat stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&onc_stats, &stat);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct onc_config *config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&onc_cfg, &zero);
+}
+
+static __always_inline struct cidr_val *peer_of(__be32 addr)
+{
+	struct cidr_key k = { .prefixlen = 32, .addr = addr };
+
+	return bpf_map_lookup_elem(&onc_peers, &k);
+}
+
+/* A flow may take the fast path when the slow path saw it both ways in
+ * this epoch. */
+static __always_inline int flow_allowed(const struct flow_key *k, __u32 epoch)
+{
+	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+
+	return v && v->egress && v->ingress && v->epoch == epoch;
+}
+
+/* Learn one direction of a flow; a flow of an older epoch starts over. */
+static __always_inline void flow_learn(const struct flow_key *k, __u32 epoch, int egress)
+{
+	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+	struct flow_val nv = { .epoch = epoch };
+
+	if (v && v->epoch == epoch) {
+		if (egress)
+			v->egress = 1;
+		else
+			v->ingress = 1;
+		return;
+	}
+	if (egress)
+		nv.egress = 1;
+	else
+		nv.ingress = 1;
+	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#endif /* __ONC_H */

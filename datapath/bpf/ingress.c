@@ -1,0 +1,85 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Ingress fast path: tc ingress of the uplink. A VXLAN packet of a flow the
+ * slow path established, from the node that owns the sender's CIDR, to a
+ * local pod loses its outer headers, gets the pod's MACs and goes straight
+ * into the pod (bpf_redirect_peer): no VXLAN device, no routing, no netfilter.
+ */
+#include "include/onc.h"
+#include "include/parse.h"
+
+SEC("tc")
+int onc_ingress_fast(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct onc_config *cfg = config();
+	struct local_pod *pod;
+	struct cidr_val *peer;
+	struct flow_key key = {};
+	struct iphdr *outer;
+	struct ethhdr *eth;
+	struct l4 p;
+	__u32 ifindex;
+
+	if (!cfg)
+		return TC_ACT_OK;
+	outer = parse_vxlan(data, end, cfg);
+	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
+	    parse_l4(data, end, ONC_HDR_LEN, &p)) {
+		count(STAT_INGRESS_MISS_NOT_VXLAN);
+		return TC_ACT_OK;
+	}
+	if (p.tcp_flags) {
+		count(STAT_INGRESS_MISS_TCP_FLAGS);
+		return TC_ACT_OK;
+	}
+	if (!cfg->enabled) {
+		count(STAT_INGRESS_MISS_DISABLED);
+		return TC_ACT_OK;
+	}
+	peer = peer_of(p.ip->saddr);
+	if (!peer || peer->node_ip != outer->saddr) {
+		count(STAT_INGRESS_MISS_NO_PEER);
+		return TC_ACT_OK;
+	}
+	pod = bpf_map_lookup_elem(&onc_local, &p.ip->daddr);
+	if (!pod) {
+		count(STAT_INGRESS_MISS_NO_POD);
+		return TC_ACT_OK;
+	}
+	key.local_ip = p.ip->daddr;
+	key.remote_ip = p.ip->saddr;
+	key.local_port = p.dport;
+	key.remote_port = p.sport;
+	key.proto = p.ip->protocol;
+	if (!flow_allowed(&key, cfg->epoch)) {
+		count(STAT_INGRESS_MISS_FLOW);
+		return TC_ACT_OK;
+	}
+	if (p.ip->ttl <= 1) {
+		count(STAT_INGRESS_MISS_TTL);
+		return TC_ACT_OK;
+	}
+	ip_dec_ttl(p.ip);
+	ifindex = pod->ifindex;
+
+	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
+		goto err;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		goto err;
+	__builtin_memcpy(eth->h_dest, pod->pod_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	count(STAT_INGRESS_HIT);
+	return bpf_redirect_peer(ifindex, 0);
+err:
+	count(STAT_INGRESS_ERROR);
+	return TC_ACT_SHOT;
+}

@@ -1,0 +1,379 @@
+// Package fastpath loads and drives ONC's eBPF flow cache (datapath/bpf):
+// it pins the maps and links under a bpffs directory so forwarding survives
+// agent restarts (a restarted agent adopts them), attaches the programs to
+// the uplink and to each pod's host veth (tcx, or clsact where the kernel
+// has no tcx), and keeps the control-plane maps — local pods, fast-path
+// peers, host addresses, configuration — in step with the agent.
+package fastpath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Map value and key types, as the C headers define them.
+type (
+	FlowKey   = bpf.EgressFastFlowKey
+	FlowVal   = bpf.EgressFastFlowVal
+	EgressVal = bpf.EgressFastEgressVal
+	EncapVal  = bpf.EgressFastEncapVal
+	LocalPod  = bpf.EgressFastLocalPod
+	cidrKey   = bpf.EgressFastCidrKey
+	cidrVal   = bpf.EgressFastCidrVal
+	config    = bpf.EgressFastOncConfig
+)
+
+// Options of the datapath.
+type Options struct {
+	PinDir string // on a bpffs; mounted there if it is not
+	VNI    int
+	Port   int
+	Mark   uint32 // the skb->mark bit the slow path sets on ESTABLISHED pod traffic
+	Mode   Mode   // how programs attach; ModeAuto picks tcx when the kernel has it
+}
+
+// Datapath is the loaded flow cache.
+type Datapath struct {
+	opts  Options
+	mode  Mode
+	maps  bpf.EgressFastMaps
+	progs struct {
+		egressFast, ingressFast, learnEgress, learnIngress *ebpf.Program
+	}
+	mu      sync.Mutex // serialises configuration writes and evictions
+	closers []interface{ Close() error }
+}
+
+// Open loads the programs, creating or reusing the pinned maps.
+func Open(o Options) (*Datapath, error) {
+	if err := ensureBPFFS(o.PinDir); err != nil {
+		return nil, err
+	}
+	d := &Datapath{opts: o}
+	mode, err := resolveMode(o.Mode)
+	if err != nil {
+		return nil, err
+	}
+	d.mode = mode
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	var eg bpf.EgressFastObjects
+	var ig bpf.IngressFastObjects
+	var le bpf.LearnEgressObjects
+	var li bpf.LearnIngressObjects
+	for _, o := range []struct {
+		load func() error
+		obj  interface{ Close() error }
+	}{
+		{func() error { return bpf.LoadEgressFastObjects(&eg, opts) }, &eg},
+		{func() error { return bpf.LoadIngressFastObjects(&ig, opts) }, &ig},
+		{func() error { return bpf.LoadLearnEgressObjects(&le, opts) }, &le},
+		{func() error { return bpf.LoadLearnIngressObjects(&li, opts) }, &li},
+	} {
+		if err := o.load(); err != nil {
+			d.Close()
+			var ve *ebpf.VerifierError
+			if errors.As(err, &ve) {
+				return nil, fmt.Errorf("load eBPF programs: %+v", ve)
+			}
+			return nil, fmt.Errorf("load eBPF programs: %w", err)
+		}
+		d.closers = append(d.closers, o.obj)
+	}
+	d.maps = eg.EgressFastMaps
+	d.progs.egressFast, d.progs.ingressFast = eg.OncEgressFast, ig.OncIngressFast
+	d.progs.learnEgress, d.progs.learnIngress = le.OncLearnEgress, li.OncLearnIngress
+	return d, nil
+}
+
+// Mode reports how programs are attached.
+func (d *Datapath) Mode() Mode { return d.mode }
+
+// Close releases this process's handles; pinned maps and links stay, so
+// forwarding continues until Remove.
+func (d *Datapath) Close() error {
+	var errs []error
+	for _, c := range d.closers {
+		errs = append(errs, c.Close())
+	}
+	d.closers = nil
+	return errors.Join(errs...)
+}
+
+// ensureBPFFS makes dir a directory on a bpffs, mounting one if needed.
+func ensureBPFFS(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return err
+	}
+	if st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("%s is not on a bpffs and mounting one there failed: %w", dir, err)
+	}
+	return nil
+}
+
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+func addrOf(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
+}
+
+func be16(p int) uint16 { return uint16(p>>8) | uint16(p&0xff)<<8 }
+
+// Configure writes the switches; learning resumes, the epoch is kept.
+func (d *Datapath) Configure(enabled bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, err := d.config()
+	if err != nil {
+		return err
+	}
+	c.Enabled, c.Learning = b2u(enabled), 1
+	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), be16(d.opts.Port), d.opts.Mark
+	return d.maps.OncCfg.Put(uint32(0), c)
+}
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (d *Datapath) config() (config, error) {
+	var c config
+	return c, d.maps.OncCfg.Lookup(uint32(0), &c)
+}
+
+// Enabled reports the fast-path switch.
+func (d *Datapath) Enabled() bool {
+	c, err := d.config()
+	return err == nil && c.Enabled == 1
+}
+
+// SetLocalPod records a pod of this node for the ingress fast path.
+func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.HardwareAddr) error {
+	v := LocalPod{Ifindex: uint32(ifindex)}
+	copy(v.PodMac[:], podMAC)
+	copy(v.HostMac[:], hostMAC)
+	return d.maps.OncLocal.Put(be32(ip), v)
+}
+
+// DeleteLocalPod forgets a pod and every flow it had, with learning paused
+// so no packet in flight can re-insert one.
+func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
+	return d.evict(func() error {
+		if err := d.maps.OncLocal.Delete(be32(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return d.deleteFlows(func(k FlowKey) bool { return k.LocalIp == be32(ip) })
+	})
+}
+
+// Peer is a node running the fast path.
+type Peer struct {
+	PodCIDR netip.Prefix
+	NodeIP  netip.Addr
+}
+
+// SyncPeers makes the fast-path peer set exactly peers. A peer that left or
+// changed loses its learned destinations, headers and flows (learning
+// paused meanwhile); its CIDR leaves the LPM map first, so from that moment
+// no packet takes the fast path towards it.
+func (d *Datapath) SyncPeers(peers []Peer) error {
+	want := map[cidrKey]cidrVal{}
+	for _, p := range peers {
+		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
+	}
+	var stale []Peer
+	var k cidrKey
+	var v cidrVal
+	it := d.maps.OncPeers.Iterate()
+	for it.Next(&k, &v) {
+		if w, ok := want[k]; !ok || w != v {
+			stale = append(stale, Peer{PodCIDR: netip.PrefixFrom(addrOf(k.Addr), int(k.Prefixlen)), NodeIP: addrOf(v.NodeIp)})
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	if len(stale) > 0 {
+		err := d.evict(func() error {
+			for _, s := range stale {
+				key := cidrKey{Prefixlen: uint32(s.PodCIDR.Bits()), Addr: be32(s.PodCIDR.Addr())}
+				if err := d.maps.OncPeers.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return err
+				}
+			}
+			return d.forgetPeers(stale)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for k, v := range want {
+		if err := d.maps.OncPeers.Put(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forgetPeers drops what was learned about the peers' nodes and CIDRs.
+func (d *Datapath) forgetPeers(peers []Peer) error {
+	inAny := func(a netip.Addr) bool {
+		for _, p := range peers {
+			if p.PodCIDR.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	nodes := map[uint32]bool{}
+	for _, p := range peers {
+		nodes[be32(p.NodeIP)] = true
+		if err := d.maps.OncEncap.Delete(be32(p.NodeIP)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	var ip uint32
+	var ev EgressVal
+	var drop []uint32
+	it := d.maps.OncEgress.Iterate()
+	for it.Next(&ip, &ev) {
+		if nodes[ev.NodeIp] || inAny(addrOf(ip)) {
+			drop = append(drop, ip)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, ip := range drop {
+		_ = d.maps.OncEgress.Delete(ip)
+	}
+	return d.deleteFlows(func(k FlowKey) bool { return inAny(addrOf(k.RemoteIp)) })
+}
+
+// SetHosts makes the host-address set (node IPs, gateways) exactly addrs.
+func (d *Datapath) SetHosts(addrs []netip.Addr) error {
+	want := map[uint32]bool{}
+	for _, a := range addrs {
+		want[be32(a)] = true
+		if err := d.maps.OncHosts.Put(be32(a), uint8(1)); err != nil {
+			return err
+		}
+	}
+	var k uint32
+	var v uint8
+	var drop []uint32
+	it := d.maps.OncHosts.Iterate()
+	for it.Next(&k, &v) {
+		if !want[k] {
+			drop = append(drop, k)
+		}
+	}
+	for _, k := range drop {
+		_ = d.maps.OncHosts.Delete(k)
+	}
+	return it.Err()
+}
+
+// Flush forgets every learned verdict at once (a new epoch), then clears
+// the learned maps.
+func (d *Datapath) Flush() error {
+	return d.evict(func() error {
+		c, err := d.config()
+		if err != nil {
+			return err
+		}
+		c.Epoch++
+		if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
+			return err
+		}
+		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEncap, d.maps.OncFilter} {
+			if err := clear(m); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// evict runs fn with learning paused: a packet that was being learned when
+// fn starts has finished (programs run well under the grace period) before
+// fn, and none can re-insert what fn removes.
+func (d *Datapath) evict(fn func() error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, err := d.config()
+	if err != nil {
+		return err
+	}
+	c.Learning = 0
+	if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
+		return err
+	}
+	time.Sleep(inFlightGrace)
+	ferr := fn()
+	c.Learning = 1
+	if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
+		return errors.Join(ferr, err)
+	}
+	return ferr
+}
+
+// inFlightGrace bounds how long one tc program run can take.
+const inFlightGrace = 5 * time.Millisecond
+
+func (d *Datapath) deleteFlows(match func(FlowKey) bool) error {
+	var k FlowKey
+	var v FlowVal
+	var drop []FlowKey
+	it := d.maps.OncFilter.Iterate()
+	for it.Next(&k, &v) {
+		if match(k) {
+			drop = append(drop, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range drop {
+		_ = d.maps.OncFilter.Delete(k)
+	}
+	return nil
+}
+
+func clear(m *ebpf.Map) error {
+	keys := make([][]byte, 0)
+	k := make([]byte, m.KeySize())
+	v := make([]byte, m.ValueSize())
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		_ = m.Delete(key)
+	}
+	return nil
+}

@@ -1,0 +1,366 @@
+package fastpath
+
+// BPF_PROG_RUN tests: each program runs on crafted packets against real
+// maps; the verdict, the packet it leaves and the counters are checked.
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	actOK       = 0
+	actShot     = 2
+	actRedirect = 7
+	mark        = 0x40000
+)
+
+var (
+	localPod  = netip.MustParseAddr("10.244.1.2")
+	remotePod = netip.MustParseAddr("10.244.2.3")
+	localNode = netip.MustParseAddr("192.0.2.1")
+	peerNode  = netip.MustParseAddr("192.0.2.2")
+	otherNode = netip.MustParseAddr("192.0.2.9")
+	peerCIDR  = netip.MustParsePrefix("10.244.2.0/24")
+	podMAC    = net.HardwareAddr{2, 0, 0, 0, 1, 2}
+	hostMAC   = net.HardwareAddr{2, 0, 0, 0, 1, 1}
+	vtepLocal = net.HardwareAddr{2, 0, 0, 0, 0xa, 1}
+	vtepPeer  = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
+	nicLocal  = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
+	nicPeer   = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
+)
+
+func open(t *testing.T) *Datapath {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	if err := d.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum.
+func frame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16, tcpFlags byte, payload int) []byte {
+	l4 := 8
+	if proto == unix.IPPROTO_TCP {
+		l4 = 20
+	}
+	b := make([]byte, 14+20+l4+payload)
+	copy(b[0:6], dstMAC)
+	copy(b[6:12], srcMAC)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0], ip[8], ip[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-14))
+	copy(ip[12:16], src.AsSlice())
+	copy(ip[16:20], dst.AsSlice())
+	binary.BigEndian.PutUint16(ip[10:], ipsum(ip))
+	binary.BigEndian.PutUint16(b[34:], sport)
+	binary.BigEndian.PutUint16(b[36:], dport)
+	if proto == unix.IPPROTO_TCP {
+		b[34+12] = 5 << 4
+		b[34+13] = tcpFlags | 0x10 // ACK
+	} else {
+		binary.BigEndian.PutUint16(b[38:], uint16(8+payload))
+	}
+	return b
+}
+
+func ipsum(h []byte) uint16 {
+	var s uint32
+	for i := 0; i < 20; i += 2 {
+		if i != 10 {
+			s += uint32(binary.BigEndian.Uint16(h[i:]))
+		}
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// vxlan wraps an inner frame as the kernel's VXLAN device would.
+func vxlan(inner []byte, outerSrc, outerDst netip.Addr, vni uint32) []byte {
+	b := make([]byte, 50, 50+len(inner))
+	copy(b[0:6], nicPeer)
+	copy(b[6:12], nicLocal)
+	binary.BigEndian.PutUint16(b[12:], 0x0800)
+	ip := b[14:34]
+	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(ip[2:], uint16(36+len(inner)))
+	copy(ip[12:16], outerSrc.AsSlice())
+	copy(ip[16:20], outerDst.AsSlice())
+	binary.BigEndian.PutUint16(ip[10:], ipsum(ip))
+	binary.BigEndian.PutUint16(b[34:], 50000)
+	binary.BigEndian.PutUint16(b[36:], 4789)
+	binary.BigEndian.PutUint16(b[38:], uint16(16+len(inner)))
+	b[42] = 0x08
+	binary.BigEndian.PutUint32(b[46:], vni<<8)
+	return append(b, inner...)
+}
+
+func run(t *testing.T, p *ebpf.Program, pkt []byte, skbMark uint32) (uint32, []byte) {
+	t.Helper()
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
+	if skbMark != 0 {
+		ctx := make([]byte, 4*48) // struct __sk_buff; mark is the third u32
+		binary.LittleEndian.PutUint32(ctx[8:], skbMark)
+		opts.Context = ctx
+	}
+	ret, err := p.Run(opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+func stat(t *testing.T, d *Datapath, name string) uint64 {
+	t.Helper()
+	st, err := d.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if s.Name == name {
+			return s.Value
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+// established fills the maps as learning would for localPod:40000 <-> remotePod:80.
+func established(t *testing.T, d *Datapath) {
+	t.Helper()
+	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}))
+	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
+	key := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40000), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
+	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
+	must(t, d.maps.OncEgress.Put(be32(remotePod), EgressVal{NodeIp: be32(peerNode)}))
+	var e EncapVal
+	copy(e.Hdr[:], vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 0), localNode, peerNode, 1)[:64])
+	// The learned header is what the kernel sent: our NIC to the peer's.
+	copy(e.Hdr[0:6], nicPeer)
+	copy(e.Hdr[6:12], nicLocal)
+	e.Ifindex = 7
+	must(t, d.maps.OncEncap.Put(be32(peerNode), e))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEgressFastPathHitEncapsulates(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	pkt := frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 100)
+	ret, out := run(t, d.progs.egressFast, pkt, 0)
+	if ret != actRedirect || stat(t, d, "egress_hit") != 1 {
+		t.Fatalf("verdict %d, hits %d; want redirect and one hit", ret, stat(t, d, "egress_hit"))
+	}
+	if len(out) != len(pkt)+50 {
+		t.Fatalf("encapsulated length %d, want %d", len(out), len(pkt)+50)
+	}
+	oip := out[14:34]
+	if netip.AddrFrom4([4]byte(oip[16:20])) != peerNode || netip.AddrFrom4([4]byte(oip[12:16])) != localNode {
+		t.Fatalf("outer IPs %v -> %v", oip[12:16], oip[16:20])
+	}
+	if int(binary.BigEndian.Uint16(oip[2:])) != len(out)-14 || binary.BigEndian.Uint16(oip[10:]) != ipsum(oip) {
+		t.Fatal("outer IP length or checksum wrong")
+	}
+	udp := out[34:42]
+	if sp := binary.BigEndian.Uint16(udp[0:]); sp < 49152 {
+		t.Fatalf("outer UDP source port %d not from the flow-hash range", sp)
+	}
+	if binary.BigEndian.Uint16(udp[2:]) != 4789 || int(binary.BigEndian.Uint16(udp[4:])) != len(out)-34 || binary.BigEndian.Uint16(udp[6:]) != 0 {
+		t.Fatalf("outer UDP header %x", udp)
+	}
+	if net.HardwareAddr(out[50:56]).String() != vtepPeer.String() || net.HardwareAddr(out[56:62]).String() != vtepLocal.String() {
+		t.Fatal("inner MACs are not the VTEP MACs the slow path uses")
+	}
+	inner := out[64:84]
+	if inner[8] != 63 || binary.BigEndian.Uint16(inner[10:]) != ipsum(inner) {
+		t.Fatalf("inner TTL %d (want 63) or checksum wrong", inner[8])
+	}
+}
+
+func TestEgressMissReasons(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	flow := func(src, dst netip.Addr, flags byte) []byte {
+		return frame(hostMAC, podMAC, src, dst, unix.IPPROTO_TCP, 40000, 80, flags, 10)
+	}
+	arp := flow(localPod, remotePod, 0)
+	binary.BigEndian.PutUint16(arp[12:], 0x0806)
+	cases := []struct {
+		name, counter string
+		pkt           []byte
+		setup         func()
+	}{
+		{"ARP", "egress_miss_not_ip", arp, nil},
+		{"SYN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x02), nil},
+		{"FIN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x01), nil},
+		{"RST", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x04), nil},
+		{"to a gateway", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
+			func() { must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")})) }},
+		{"not a fast-path peer", "egress_miss_no_peer", flow(localPod, netip.MustParseAddr("10.244.9.9"), 0), nil},
+		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
+		{"stale destination (CIDR moved to another node)", "egress_miss_dest", flow(localPod, remotePod, 0),
+			func() { must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: be32(peerCIDR.Addr())}, cidrVal{NodeIp: be32(otherNode)})) }},
+		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { must(t, d.Configure(false)) }},
+	}
+	for _, c := range cases {
+		if c.setup != nil {
+			c.setup()
+		}
+		before := stat(t, d, c.counter)
+		if ret, out := run(t, d.progs.egressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
+			t.Errorf("%s: verdict %d, len %d; want pass-through unchanged", c.name, ret, len(out))
+		}
+		if stat(t, d, c.counter) != before+1 {
+			t.Errorf("%s: counter %s did not count it", c.name, c.counter)
+		}
+	}
+	if stat(t, d, "egress_hit") != 0 {
+		t.Fatal("a miss case took the fast path")
+	}
+}
+
+func TestIngressFastPathHitDecapsulates(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	inner := frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 100)
+	ret, out := run(t, d.progs.ingressFast, vxlan(inner, peerNode, localNode, 1), 0)
+	if ret != actRedirect || stat(t, d, "ingress_hit") != 1 {
+		t.Fatalf("verdict %d; want redirect (hits %d)", ret, stat(t, d, "ingress_hit"))
+	}
+	if len(out) != len(inner) {
+		t.Fatalf("decapsulated length %d, want %d", len(out), len(inner))
+	}
+	if net.HardwareAddr(out[0:6]).String() != podMAC.String() || net.HardwareAddr(out[6:12]).String() != hostMAC.String() {
+		t.Fatalf("MACs %x, want pod's and host veth's", out[0:12])
+	}
+	if out[14+8] != 63 || binary.BigEndian.Uint16(out[24:]) != ipsum(out[14:34]) {
+		t.Fatal("inner TTL not decremented or checksum wrong")
+	}
+}
+
+func TestIngressMissReasons(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	in := func(src, dst netip.Addr, flags byte) []byte {
+		return frame(vtepLocal, vtepPeer, src, dst, unix.IPPROTO_TCP, 80, 40000, flags, 10)
+	}
+	cases := []struct {
+		name, counter string
+		pkt           []byte
+	}{
+		{"plain UDP", "ingress_miss_not_vxlan", frame(nicLocal, nicPeer, peerNode, localNode, unix.IPPROTO_UDP, 1, 53, 0, 10)},
+		{"other VNI", "ingress_miss_not_vxlan", vxlan(in(remotePod, localPod, 0), peerNode, localNode, 2)},
+		{"SYN", "ingress_miss_tcp_flags", vxlan(in(remotePod, localPod, 0x02), peerNode, localNode, 1)},
+		{"from a node that does not own the CIDR", "ingress_miss_no_peer", vxlan(in(remotePod, localPod, 0), otherNode, localNode, 1)},
+		{"to no local pod", "ingress_miss_no_pod", vxlan(in(remotePod, netip.MustParseAddr("10.244.1.99"), 0), peerNode, localNode, 1)},
+		{"unlearned flow", "ingress_miss_flow", vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_UDP, 80, 40000, 0, 10), peerNode, localNode, 1)},
+	}
+	for _, c := range cases {
+		before := stat(t, d, c.counter)
+		if ret, out := run(t, d.progs.ingressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
+			t.Errorf("%s: verdict %d; want pass-through unchanged", c.name, ret)
+		}
+		if stat(t, d, c.counter) != before+1 {
+			t.Errorf("%s: counter %s did not count it", c.name, c.counter)
+		}
+	}
+}
+
+func TestLearningNeedsTheEstablishedMark(t *testing.T) {
+	d := open(t)
+	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}))
+	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
+	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
+	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
+
+	run(t, d.progs.learnEgress, out, 0)
+	run(t, d.progs.learnIngress, back, 0)
+	if f, _ := d.Flows(); len(f) != 0 {
+		t.Fatalf("learned without the ESTABLISHED mark: %+v", f)
+	}
+	syn := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 1, 2, 0x02, 0), localNode, peerNode, 1)
+	run(t, d.progs.learnEgress, syn, mark)
+	if f, _ := d.Flows(); len(f) != 0 {
+		t.Fatal("learned from a SYN")
+	}
+
+	run(t, d.progs.learnEgress, out, mark)
+	run(t, d.progs.learnIngress, back, mark)
+	flows, _ := d.Flows()
+	if len(flows) != 1 || !flows[0].Egress || !flows[0].Ingress || !flows[0].Live ||
+		flows[0].Local != netip.AddrPortFrom(localPod, 40000) || flows[0].Remote != netip.AddrPortFrom(remotePod, 53) {
+		t.Fatalf("flows = %+v", flows)
+	}
+	dests, _ := d.Dests()
+	encaps, _ := d.Encaps()
+	if len(dests) != 1 || dests[0].Node != peerNode || len(encaps) != 1 || encaps[0].OuterDIP != peerNode || encaps[0].InnerDst.String() != vtepPeer.String() {
+		t.Fatalf("dests %+v encaps %+v", dests, encaps)
+	}
+	// Now the egress fast path takes the flow.
+	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actRedirect {
+		t.Fatalf("learned flow not fast-pathed: %d", ret)
+	}
+
+	// A flush is one epoch step: the flow is void at once.
+	must(t, d.Flush())
+	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actOK {
+		t.Fatal("flow still fast-pathed after a flush")
+	}
+}
+
+func TestCoherency(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	// The peer leaves: its CIDR, destinations, header and flows go.
+	must(t, d.SyncPeers(nil))
+	flows, _ := d.Flows()
+	dests, _ := d.Dests()
+	encaps, _ := d.Encaps()
+	if len(flows)+len(dests)+len(encaps) != 0 {
+		t.Fatalf("after the peer left: flows %v dests %v encaps %v", flows, dests, encaps)
+	}
+	// A local pod deleted: its flows go with it.
+	established(t, d)
+	must(t, d.DeleteLocalPod(localPod))
+	if flows, _ := d.Flows(); len(flows) != 0 {
+		t.Fatalf("flows of a deleted pod remain: %v", flows)
+	}
+	if l, _ := d.Locals(); len(l) != 0 {
+		t.Fatal("deleted pod still local")
+	}
+	// While learning is paused nothing is learned.
+	established(t, d)
+	c, _ := d.config()
+	c.Learning = 0
+	must(t, d.maps.OncCfg.Put(uint32(0), c))
+	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 1, 2, 0, 0), localNode, peerNode, 1)
+	run(t, d.progs.learnEgress, out, mark)
+	if stat(t, d, "learn_paused") != 1 || stat(t, d, "learn_egress") != 0 {
+		t.Fatal("learning went on while paused")
+	}
+}
