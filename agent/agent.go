@@ -21,7 +21,8 @@ import (
 	"github.com/onc-net/onc/agent/ipam"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/datapath/masq"
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/netfilter"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/internal/atomicfile"
@@ -42,11 +43,17 @@ type Config struct {
 	Port     int
 	MTU      int // pod MTU; 0 = uplink MTU − 50
 	LeaseTTL time.Duration
+
+	FastPath     bool   // start with the fast path on
+	BPFFS        string // where the fast path pins its maps and links
+	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
+	AttachMode   string // auto, tcx or clsact
 }
 
 // DefaultConfig has the production defaults.
 func DefaultConfig() Config {
-	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", VNI: 1, Port: 4789, LeaseTTL: 15 * time.Second}
+	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", VNI: 1, Port: 4789, LeaseTTL: 15 * time.Second,
+		FastPath: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}
 }
 
 // Agent is one node's agent.
@@ -64,6 +71,8 @@ type Agent struct {
 	clusterCIDR netip.Prefix
 	pool        *ipam.Pool
 	ovl         *overlay.Overlay
+	fp          *fastpath.Datapath // nil: slow path only
+	spec        datastore.NodeSpec // as published
 
 	locks keyLocks
 }
@@ -140,7 +149,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 
-	spec := datastore.NodeSpec{Name: a.cfg.NodeName, IP: a.up.NodeIP, VTEPMAC: a.vtepMAC}
+	a.mu.Lock()
+	a.spec = datastore.NodeSpec{Name: a.cfg.NodeName, IP: a.up.NodeIP, VTEPMAC: a.vtepMAC, FastPath: a.cfg.FastPath}
+	spec := a.spec
+	a.mu.Unlock()
 	if err := retry(ctx, "register node", func() error { return a.store.RegisterNode(ctx, spec) }); err != nil {
 		return nil
 	}
@@ -149,8 +161,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() { <-alive }() // let a clean stop revoke the lease, so peers see it at once
 	a.setNotReady("waiting for the controller to allocate this node's pod CIDR")
 
+	defer func() {
+		if a.fp != nil {
+			a.fp.Close() // the pinned maps and links keep forwarding
+		}
+	}()
 	for range a.store.Changes(ctx) {
-		if err := a.reconcile(ctx, spec); err != nil && ctx.Err() == nil {
+		if err := a.reconcile(ctx); err != nil && ctx.Err() == nil {
 			slog.Error("reconcile failed; will retry on the next change", "err", err)
 		}
 	}
@@ -159,7 +176,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // reconcile brings the node up once its CIDR exists, then keeps the peers
 // programmed.
-func (a *Agent) reconcile(ctx context.Context, spec datastore.NodeSpec) error {
+func (a *Agent) reconcile(ctx context.Context) error {
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		return err
@@ -170,8 +187,11 @@ func (a *Agent) reconcile(ctx context.Context, spec datastore.NodeSpec) error {
 			self = &nodes[i]
 		}
 	}
-	if self == nil {
-		slog.Warn("this node's registration vanished; registering again")
+	a.mu.Lock()
+	spec := a.spec
+	a.mu.Unlock()
+	if self == nil || self.FastPath != spec.FastPath {
+		slog.Warn("this node's registration is missing or outdated; registering again")
 		return a.store.RegisterNode(ctx, spec)
 	}
 	if !self.PodCIDR.IsValid() {
@@ -195,7 +215,7 @@ func (a *Agent) reconcile(ctx context.Context, spec datastore.NodeSpec) error {
 			peers = append(peers, overlay.Peer{Name: n.Name, NodeIP: n.IP, VTEPMAC: n.VTEPMAC, PodCIDR: n.PodCIDR})
 		}
 	}
-	err = a.ovl.Sync(peers)
+	err = errors.Join(a.ovl.Sync(peers), a.fpSyncPeers(nodes))
 	if err == nil {
 		a.setNotReady("")
 	}
@@ -217,7 +237,16 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	if err != nil {
 		return err
 	}
-	if err := masq.Ensure(cc.ClusterCIDR.String()); err != nil {
+	fp := a.openFastPath()
+	var mark uint32
+	if fp != nil {
+		mark = a.cfg.FastPathMark
+	} else if a.cfg.FastPath {
+		a.mu.Lock()
+		a.spec.FastPath = false // peers must not fast-path to us
+		a.mu.Unlock()
+	}
+	if err := netfilter.Ensure(cc.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
 		return err
 	}
 	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidr, gw)
@@ -229,8 +258,13 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 		_ = podnet.Teardown(d.HostIface)
 	}
 	a.mu.Lock()
-	a.podCIDR, a.clusterCIDR, a.pool, a.ovl = cidr, cc.ClusterCIDR, pool, ovl
+	a.podCIDR, a.clusterCIDR, a.pool, a.ovl, a.fp = cidr, cc.ClusterCIDR, pool, ovl, fp
 	a.mu.Unlock()
+	for _, att := range pool.List() { // adopt the pods of before a restart
+		if err := a.fpAddPod(att); err != nil {
+			slog.Warn("pod not on the fast path", "pod", att.Key, "err", err)
+		}
+	}
 	slog.Info("node datapath up", "podCIDR", cidr, "gateway", gw, "vxlan", overlay.DeviceName, "podMTU", a.podMTU)
 	return nil
 }

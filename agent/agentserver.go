@@ -27,8 +27,11 @@ func (s *agentServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	if a.podCIDR.IsValid() {
 		st.PodCidr, st.Gateway, st.ClusterCidr = a.podCIDR.String(), overlay.Gateway(a.podCIDR).String(), a.clusterCIDR.String()
 	}
-	pool, ovl := a.pool, a.ovl
+	pool, ovl, fp := a.pool, a.ovl, a.fp
 	a.mu.Unlock()
+	if fp != nil {
+		st.FastPathLoaded, st.FastPath, st.FastPathMode = true, fp.Enabled(), string(fp.Mode())
+	}
 	if pool != nil {
 		st.Pods = uint32(len(pool.List()))
 	}

@@ -124,8 +124,12 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		att.MAC = podMAC.String()
 		err = pool.Update(att)
 	}
+	if err == nil {
+		err = s.a.fpAddPod(att)
+	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
+		_ = s.a.fpDelPod(att)
 		_ = podnet.Teardown(att.HostIface)
 		if _, _, rerr := pool.Release(key); rerr != nil {
 			slog.Error("rollback could not free the pod's address", "pod", key, "ip", att.IP, "err", rerr)
@@ -203,6 +207,9 @@ func (a *Agent) release(pool *ipam.Pool, key ipam.Key) error {
 	hostIface := podnet.HostIfaceName(key.ContainerID, key.IfName)
 	if att, ok := pool.Get(key); ok {
 		hostIface = att.HostIface
+		if err := a.fpDelPod(att); err != nil {
+			return err
+		}
 	}
 	if err := podnet.Teardown(hostIface); err != nil {
 		return err

@@ -280,8 +280,13 @@ type NodeStatus struct {
 	Peers          uint32 `protobuf:"varint,16,opt,name=peers,proto3" json:"peers,omitempty"`
 	Version        string `protobuf:"bytes,17,opt,name=version,proto3" json:"version,omitempty"`
 	StartedUnix    int64  `protobuf:"varint,18,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The fast path is loaded (fast_path_mode says how it attaches: tcx or clsact).
+	FastPathLoaded bool `protobuf:"varint,19,opt,name=fast_path_loaded,json=fastPathLoaded,proto3" json:"fast_path_loaded,omitempty"`
+	// The fast path is on: packets of learned flows bypass the slow path.
+	FastPath      bool   `protobuf:"varint,20,opt,name=fast_path,json=fastPath,proto3" json:"fast_path,omitempty"`
+	FastPathMode  string `protobuf:"bytes,21,opt,name=fast_path_mode,json=fastPathMode,proto3" json:"fast_path_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -438,6 +443,27 @@ func (x *NodeStatus) GetStartedUnix() int64 {
 		return x.StartedUnix
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetFastPathLoaded() bool {
+	if x != nil {
+		return x.FastPathLoaded
+	}
+	return false
+}
+
+func (x *NodeStatus) GetFastPath() bool {
+	if x != nil {
+		return x.FastPath
+	}
+	return false
+}
+
+func (x *NodeStatus) GetFastPathMode() string {
+	if x != nil {
+		return x.FastPathMode
+	}
+	return ""
 }
 
 type ListPodsRequest struct {
@@ -810,6 +836,679 @@ func (x *ListPeersResponse) GetPeers() []*Peer {
 	return nil
 }
 
+type SetFastPathRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFastPathRequest) Reset() {
+	*x = SetFastPathRequest{}
+	mi := &file_onc_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFastPathRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFastPathRequest) ProtoMessage() {}
+
+func (x *SetFastPathRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFastPathRequest.ProtoReflect.Descriptor instead.
+func (*SetFastPathRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetFastPathRequest) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+type ListCacheRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "egress" (destinations and learned headers), "ingress" (local pods),
+	// "filter" (flows); empty lists all.
+	Table         string `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCacheRequest) Reset() {
+	*x = ListCacheRequest{}
+	mi := &file_onc_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCacheRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCacheRequest) ProtoMessage() {}
+
+func (x *ListCacheRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCacheRequest.ProtoReflect.Descriptor instead.
+func (*ListCacheRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListCacheRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+// A remote pod and the node it is reached through.
+type EgressEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodIp         string                 `protobuf:"bytes,1,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
+	NodeIp        string                 `protobuf:"bytes,2,opt,name=node_ip,json=nodeIp,proto3" json:"node_ip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EgressEntry) Reset() {
+	*x = EgressEntry{}
+	mi := &file_onc_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EgressEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EgressEntry) ProtoMessage() {}
+
+func (x *EgressEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
+func (*EgressEntry) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EgressEntry) GetPodIp() string {
+	if x != nil {
+		return x.PodIp
+	}
+	return ""
+}
+
+func (x *EgressEntry) GetNodeIp() string {
+	if x != nil {
+		return x.NodeIp
+	}
+	return ""
+}
+
+// The headers learned for packets to a node.
+type EncapEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeIp        string                 `protobuf:"bytes,1,opt,name=node_ip,json=nodeIp,proto3" json:"node_ip,omitempty"`
+	OuterSrcIp    string                 `protobuf:"bytes,2,opt,name=outer_src_ip,json=outerSrcIp,proto3" json:"outer_src_ip,omitempty"`
+	OuterDstMac   string                 `protobuf:"bytes,3,opt,name=outer_dst_mac,json=outerDstMac,proto3" json:"outer_dst_mac,omitempty"`
+	OuterSrcMac   string                 `protobuf:"bytes,4,opt,name=outer_src_mac,json=outerSrcMac,proto3" json:"outer_src_mac,omitempty"`
+	InnerDstMac   string                 `protobuf:"bytes,5,opt,name=inner_dst_mac,json=innerDstMac,proto3" json:"inner_dst_mac,omitempty"`
+	InnerSrcMac   string                 `protobuf:"bytes,6,opt,name=inner_src_mac,json=innerSrcMac,proto3" json:"inner_src_mac,omitempty"`
+	Uplink        string                 `protobuf:"bytes,7,opt,name=uplink,proto3" json:"uplink,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EncapEntry) Reset() {
+	*x = EncapEntry{}
+	mi := &file_onc_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EncapEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EncapEntry) ProtoMessage() {}
+
+func (x *EncapEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EncapEntry.ProtoReflect.Descriptor instead.
+func (*EncapEntry) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EncapEntry) GetNodeIp() string {
+	if x != nil {
+		return x.NodeIp
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetOuterSrcIp() string {
+	if x != nil {
+		return x.OuterSrcIp
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetOuterDstMac() string {
+	if x != nil {
+		return x.OuterDstMac
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetOuterSrcMac() string {
+	if x != nil {
+		return x.OuterSrcMac
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetInnerDstMac() string {
+	if x != nil {
+		return x.InnerDstMac
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetInnerSrcMac() string {
+	if x != nil {
+		return x.InnerSrcMac
+	}
+	return ""
+}
+
+func (x *EncapEntry) GetUplink() string {
+	if x != nil {
+		return x.Uplink
+	}
+	return ""
+}
+
+// A local pod the ingress fast path delivers to.
+type IngressEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodIp         string                 `protobuf:"bytes,1,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
+	HostIface     string                 `protobuf:"bytes,2,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
+	PodMac        string                 `protobuf:"bytes,3,opt,name=pod_mac,json=podMac,proto3" json:"pod_mac,omitempty"`
+	HostMac       string                 `protobuf:"bytes,4,opt,name=host_mac,json=hostMac,proto3" json:"host_mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngressEntry) Reset() {
+	*x = IngressEntry{}
+	mi := &file_onc_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngressEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngressEntry) ProtoMessage() {}
+
+func (x *IngressEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngressEntry.ProtoReflect.Descriptor instead.
+func (*IngressEntry) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *IngressEntry) GetPodIp() string {
+	if x != nil {
+		return x.PodIp
+	}
+	return ""
+}
+
+func (x *IngressEntry) GetHostIface() string {
+	if x != nil {
+		return x.HostIface
+	}
+	return ""
+}
+
+func (x *IngressEntry) GetPodMac() string {
+	if x != nil {
+		return x.PodMac
+	}
+	return ""
+}
+
+func (x *IngressEntry) GetHostMac() string {
+	if x != nil {
+		return x.HostMac
+	}
+	return ""
+}
+
+// A flow and the directions the slow path established.
+type FlowEntry struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Proto   string                 `protobuf:"bytes,1,opt,name=proto,proto3" json:"proto,omitempty"`
+	Local   string                 `protobuf:"bytes,2,opt,name=local,proto3" json:"local,omitempty"`   // local pod ip:port
+	Remote  string                 `protobuf:"bytes,3,opt,name=remote,proto3" json:"remote,omitempty"` // remote pod ip:port
+	Egress  bool                   `protobuf:"varint,4,opt,name=egress,proto3" json:"egress,omitempty"`
+	Ingress bool                   `protobuf:"varint,5,opt,name=ingress,proto3" json:"ingress,omitempty"`
+	// Of the current epoch (a flush voids the others at once).
+	Live          bool `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowEntry) Reset() {
+	*x = FlowEntry{}
+	mi := &file_onc_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowEntry) ProtoMessage() {}
+
+func (x *FlowEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowEntry.ProtoReflect.Descriptor instead.
+func (*FlowEntry) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *FlowEntry) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+func (x *FlowEntry) GetLocal() string {
+	if x != nil {
+		return x.Local
+	}
+	return ""
+}
+
+func (x *FlowEntry) GetRemote() string {
+	if x != nil {
+		return x.Remote
+	}
+	return ""
+}
+
+func (x *FlowEntry) GetEgress() bool {
+	if x != nil {
+		return x.Egress
+	}
+	return false
+}
+
+func (x *FlowEntry) GetIngress() bool {
+	if x != nil {
+		return x.Ingress
+	}
+	return false
+}
+
+func (x *FlowEntry) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+type ListCacheResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Egress        []*EgressEntry         `protobuf:"bytes,1,rep,name=egress,proto3" json:"egress,omitempty"`
+	Encap         []*EncapEntry          `protobuf:"bytes,2,rep,name=encap,proto3" json:"encap,omitempty"`
+	Ingress       []*IngressEntry        `protobuf:"bytes,3,rep,name=ingress,proto3" json:"ingress,omitempty"`
+	Filter        []*FlowEntry           `protobuf:"bytes,4,rep,name=filter,proto3" json:"filter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCacheResponse) Reset() {
+	*x = ListCacheResponse{}
+	mi := &file_onc_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCacheResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCacheResponse) ProtoMessage() {}
+
+func (x *ListCacheResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCacheResponse.ProtoReflect.Descriptor instead.
+func (*ListCacheResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListCacheResponse) GetEgress() []*EgressEntry {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+func (x *ListCacheResponse) GetEncap() []*EncapEntry {
+	if x != nil {
+		return x.Encap
+	}
+	return nil
+}
+
+func (x *ListCacheResponse) GetIngress() []*IngressEntry {
+	if x != nil {
+		return x.Ingress
+	}
+	return nil
+}
+
+func (x *ListCacheResponse) GetFilter() []*FlowEntry {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+type FlushCacheRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlushCacheRequest) Reset() {
+	*x = FlushCacheRequest{}
+	mi := &file_onc_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlushCacheRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlushCacheRequest) ProtoMessage() {}
+
+func (x *FlushCacheRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlushCacheRequest.ProtoReflect.Descriptor instead.
+func (*FlushCacheRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{18}
+}
+
+type FlushCacheResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlushCacheResponse) Reset() {
+	*x = FlushCacheResponse{}
+	mi := &file_onc_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlushCacheResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlushCacheResponse) ProtoMessage() {}
+
+func (x *FlushCacheResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlushCacheResponse.ProtoReflect.Descriptor instead.
+func (*FlushCacheResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{19}
+}
+
+type GetStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatsRequest) Reset() {
+	*x = GetStatsRequest{}
+	mi := &file_onc_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsRequest) ProtoMessage() {}
+
+func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetStatsRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{20}
+}
+
+type Counter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// egress (fast path out of pods), ingress (fast path into pods) or learn.
+	Program string `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
+	// hit, miss_<reason>, error, egress, ingress, paused
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Value         uint64 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Counter) Reset() {
+	*x = Counter{}
+	mi := &file_onc_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Counter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Counter) ProtoMessage() {}
+
+func (x *Counter) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Counter.ProtoReflect.Descriptor instead.
+func (*Counter) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Counter) GetProgram() string {
+	if x != nil {
+		return x.Program
+	}
+	return ""
+}
+
+func (x *Counter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Counter) GetValue() uint64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+type GetStatsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Counters      []*Counter             `protobuf:"bytes,1,rep,name=counters,proto3" json:"counters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatsResponse) Reset() {
+	*x = GetStatsResponse{}
+	mi := &file_onc_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsResponse) ProtoMessage() {}
+
+func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetStatsResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetStatsResponse) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
 var File_onc_proto protoreflect.FileDescriptor
 
 const file_onc_proto_rawDesc = "" +
@@ -830,7 +1529,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xff\x03\n" +
+	"\x10GetStatusRequest\"\xec\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -852,7 +1551,10 @@ const file_onc_proto_rawDesc = "" +
 	"\x04pods\x18\x0f \x01(\rR\x04pods\x12\x14\n" +
 	"\x05peers\x18\x10 \x01(\rR\x05peers\x12\x18\n" +
 	"\aversion\x18\x11 \x01(\tR\aversion\x12!\n" +
-	"\fstarted_unix\x18\x12 \x01(\x03R\vstartedUnix\"\x11\n" +
+	"\fstarted_unix\x18\x12 \x01(\x03R\vstartedUnix\x12(\n" +
+	"\x10fast_path_loaded\x18\x13 \x01(\bR\x0efastPathLoaded\x12\x1b\n" +
+	"\tfast_path\x18\x14 \x01(\bR\bfastPath\x12$\n" +
+	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\"\x11\n" +
 	"\x0fListPodsRequest\"\xfa\x01\n" +
 	"\x03Pod\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
@@ -880,17 +1582,66 @@ const file_onc_proto_rawDesc = "" +
 	"programmed\x18\b \x01(\bR\n" +
 	"programmed\"7\n" +
 	"\x11ListPeersResponse\x12\"\n" +
-	"\x05peers\x18\x01 \x03(\v2\f.onc.v1.PeerR\x05peers2\xf9\x01\n" +
+	"\x05peers\x18\x01 \x03(\v2\f.onc.v1.PeerR\x05peers\".\n" +
+	"\x12SetFastPathRequest\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\"(\n" +
+	"\x10ListCacheRequest\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\"=\n" +
+	"\vEgressEntry\x12\x15\n" +
+	"\x06pod_ip\x18\x01 \x01(\tR\x05podIp\x12\x17\n" +
+	"\anode_ip\x18\x02 \x01(\tR\x06nodeIp\"\xef\x01\n" +
+	"\n" +
+	"EncapEntry\x12\x17\n" +
+	"\anode_ip\x18\x01 \x01(\tR\x06nodeIp\x12 \n" +
+	"\fouter_src_ip\x18\x02 \x01(\tR\n" +
+	"outerSrcIp\x12\"\n" +
+	"\router_dst_mac\x18\x03 \x01(\tR\vouterDstMac\x12\"\n" +
+	"\router_src_mac\x18\x04 \x01(\tR\vouterSrcMac\x12\"\n" +
+	"\rinner_dst_mac\x18\x05 \x01(\tR\vinnerDstMac\x12\"\n" +
+	"\rinner_src_mac\x18\x06 \x01(\tR\vinnerSrcMac\x12\x16\n" +
+	"\x06uplink\x18\a \x01(\tR\x06uplink\"x\n" +
+	"\fIngressEntry\x12\x15\n" +
+	"\x06pod_ip\x18\x01 \x01(\tR\x05podIp\x12\x1d\n" +
+	"\n" +
+	"host_iface\x18\x02 \x01(\tR\thostIface\x12\x17\n" +
+	"\apod_mac\x18\x03 \x01(\tR\x06podMac\x12\x19\n" +
+	"\bhost_mac\x18\x04 \x01(\tR\ahostMac\"\x95\x01\n" +
+	"\tFlowEntry\x12\x14\n" +
+	"\x05proto\x18\x01 \x01(\tR\x05proto\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\tR\x05local\x12\x16\n" +
+	"\x06remote\x18\x03 \x01(\tR\x06remote\x12\x16\n" +
+	"\x06egress\x18\x04 \x01(\bR\x06egress\x12\x18\n" +
+	"\aingress\x18\x05 \x01(\bR\aingress\x12\x12\n" +
+	"\x04live\x18\x06 \x01(\bR\x04live\"\xc5\x01\n" +
+	"\x11ListCacheResponse\x12+\n" +
+	"\x06egress\x18\x01 \x03(\v2\x13.onc.v1.EgressEntryR\x06egress\x12(\n" +
+	"\x05encap\x18\x02 \x03(\v2\x12.onc.v1.EncapEntryR\x05encap\x12.\n" +
+	"\aingress\x18\x03 \x03(\v2\x14.onc.v1.IngressEntryR\aingress\x12)\n" +
+	"\x06filter\x18\x04 \x03(\v2\x11.onc.v1.FlowEntryR\x06filter\"\x13\n" +
+	"\x11FlushCacheRequest\"\x14\n" +
+	"\x12FlushCacheResponse\"\x11\n" +
+	"\x0fGetStatsRequest\"M\n" +
+	"\aCounter\x12\x18\n" +
+	"\aprogram\x18\x01 \x01(\tR\aprogram\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x04R\x05value\"?\n" +
+	"\x10GetStatsResponse\x12+\n" +
+	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xc3\x01\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xc8\x03\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
-	"\tListPeers\x12\x18.onc.v1.ListPeersRequest\x1a\x19.onc.v1.ListPeersResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"\tListPeers\x12\x18.onc.v1.ListPeersRequest\x1a\x19.onc.v1.ListPeersResponse\x12=\n" +
+	"\vSetFastPath\x12\x1a.onc.v1.SetFastPathRequest\x1a\x12.onc.v1.NodeStatus\x12@\n" +
+	"\tListCache\x12\x18.onc.v1.ListCacheRequest\x1a\x19.onc.v1.ListCacheResponse\x12C\n" +
+	"\n" +
+	"FlushCache\x12\x19.onc.v1.FlushCacheRequest\x1a\x1a.onc.v1.FlushCacheResponse\x12=\n" +
+	"\bGetStats\x12\x17.onc.v1.GetStatsRequest\x1a\x18.onc.v1.GetStatsResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -904,45 +1655,70 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_onc_proto_goTypes = []any{
-	(*CNIRequest)(nil),        // 0: onc.v1.CNIRequest
-	(*CNIResponse)(nil),       // 1: onc.v1.CNIResponse
-	(*CNIError)(nil),          // 2: onc.v1.CNIError
-	(*GetStatusRequest)(nil),  // 3: onc.v1.GetStatusRequest
-	(*NodeStatus)(nil),        // 4: onc.v1.NodeStatus
-	(*ListPodsRequest)(nil),   // 5: onc.v1.ListPodsRequest
-	(*Pod)(nil),               // 6: onc.v1.Pod
-	(*ListPodsResponse)(nil),  // 7: onc.v1.ListPodsResponse
-	(*ListPeersRequest)(nil),  // 8: onc.v1.ListPeersRequest
-	(*Peer)(nil),              // 9: onc.v1.Peer
-	(*ListPeersResponse)(nil), // 10: onc.v1.ListPeersResponse
+	(*CNIRequest)(nil),         // 0: onc.v1.CNIRequest
+	(*CNIResponse)(nil),        // 1: onc.v1.CNIResponse
+	(*CNIError)(nil),           // 2: onc.v1.CNIError
+	(*GetStatusRequest)(nil),   // 3: onc.v1.GetStatusRequest
+	(*NodeStatus)(nil),         // 4: onc.v1.NodeStatus
+	(*ListPodsRequest)(nil),    // 5: onc.v1.ListPodsRequest
+	(*Pod)(nil),                // 6: onc.v1.Pod
+	(*ListPodsResponse)(nil),   // 7: onc.v1.ListPodsResponse
+	(*ListPeersRequest)(nil),   // 8: onc.v1.ListPeersRequest
+	(*Peer)(nil),               // 9: onc.v1.Peer
+	(*ListPeersResponse)(nil),  // 10: onc.v1.ListPeersResponse
+	(*SetFastPathRequest)(nil), // 11: onc.v1.SetFastPathRequest
+	(*ListCacheRequest)(nil),   // 12: onc.v1.ListCacheRequest
+	(*EgressEntry)(nil),        // 13: onc.v1.EgressEntry
+	(*EncapEntry)(nil),         // 14: onc.v1.EncapEntry
+	(*IngressEntry)(nil),       // 15: onc.v1.IngressEntry
+	(*FlowEntry)(nil),          // 16: onc.v1.FlowEntry
+	(*ListCacheResponse)(nil),  // 17: onc.v1.ListCacheResponse
+	(*FlushCacheRequest)(nil),  // 18: onc.v1.FlushCacheRequest
+	(*FlushCacheResponse)(nil), // 19: onc.v1.FlushCacheResponse
+	(*GetStatsRequest)(nil),    // 20: onc.v1.GetStatsRequest
+	(*Counter)(nil),            // 21: onc.v1.Counter
+	(*GetStatsResponse)(nil),   // 22: onc.v1.GetStatsResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
 	6,  // 1: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
 	9,  // 2: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
-	0,  // 3: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 4: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 5: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 6: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 7: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 8: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	5,  // 9: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	8,  // 10: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	1,  // 11: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 12: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 13: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 14: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 15: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 16: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	7,  // 17: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	10, // 18: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	11, // [11:19] is the sub-list for method output_type
-	3,  // [3:11] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	13, // 3: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
+	14, // 4: onc.v1.ListCacheResponse.encap:type_name -> onc.v1.EncapEntry
+	15, // 5: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
+	16, // 6: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
+	21, // 7: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
+	0,  // 8: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 9: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 10: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 11: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 12: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 13: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	5,  // 14: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	8,  // 15: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	11, // 16: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	12, // 17: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	18, // 18: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	20, // 19: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	1,  // 20: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 21: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 22: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 23: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 24: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 25: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	7,  // 26: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	10, // 27: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 28: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	17, // 29: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	19, // 30: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	22, // 31: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	20, // [20:32] is the sub-list for method output_type
+	8,  // [8:20] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -956,7 +1732,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

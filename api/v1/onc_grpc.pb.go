@@ -287,9 +287,13 @@ var CNI_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Agent_GetStatus_FullMethodName = "/onc.v1.Agent/GetStatus"
-	Agent_ListPods_FullMethodName  = "/onc.v1.Agent/ListPods"
-	Agent_ListPeers_FullMethodName = "/onc.v1.Agent/ListPeers"
+	Agent_GetStatus_FullMethodName   = "/onc.v1.Agent/GetStatus"
+	Agent_ListPods_FullMethodName    = "/onc.v1.Agent/ListPods"
+	Agent_ListPeers_FullMethodName   = "/onc.v1.Agent/ListPeers"
+	Agent_SetFastPath_FullMethodName = "/onc.v1.Agent/SetFastPath"
+	Agent_ListCache_FullMethodName   = "/onc.v1.Agent/ListCache"
+	Agent_FlushCache_FullMethodName  = "/onc.v1.Agent/FlushCache"
+	Agent_GetStats_FullMethodName    = "/onc.v1.Agent/GetStats"
 )
 
 // AgentClient is the client API for Agent service.
@@ -302,6 +306,15 @@ type AgentClient interface {
 	GetStatus(ctx context.Context, in *GetStatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
 	ListPods(ctx context.Context, in *ListPodsRequest, opts ...grpc.CallOption) (*ListPodsResponse, error)
 	ListPeers(ctx context.Context, in *ListPeersRequest, opts ...grpc.CallOption) (*ListPeersResponse, error)
+	// Turns this node's fast path on or off at once; peers learn it from
+	// the datastore. FAILED_PRECONDITION if the fast path is not loaded.
+	SetFastPath(ctx context.Context, in *SetFastPathRequest, opts ...grpc.CallOption) (*NodeStatus, error)
+	// The flow cache's tables, decoded.
+	ListCache(ctx context.Context, in *ListCacheRequest, opts ...grpc.CallOption) (*ListCacheResponse, error)
+	// Forgets every learned entry (one epoch step); flows re-learn.
+	FlushCache(ctx context.Context, in *FlushCacheRequest, opts ...grpc.CallOption) (*FlushCacheResponse, error)
+	// Per-program counters: hits, misses by reason, learn events, errors.
+	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
 }
 
 type agentClient struct {
@@ -342,6 +355,46 @@ func (c *agentClient) ListPeers(ctx context.Context, in *ListPeersRequest, opts 
 	return out, nil
 }
 
+func (c *agentClient) SetFastPath(ctx context.Context, in *SetFastPathRequest, opts ...grpc.CallOption) (*NodeStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeStatus)
+	err := c.cc.Invoke(ctx, Agent_SetFastPath_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListCache(ctx context.Context, in *ListCacheRequest, opts ...grpc.CallOption) (*ListCacheResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCacheResponse)
+	err := c.cc.Invoke(ctx, Agent_ListCache_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) FlushCache(ctx context.Context, in *FlushCacheRequest, opts ...grpc.CallOption) (*FlushCacheResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FlushCacheResponse)
+	err := c.cc.Invoke(ctx, Agent_FlushCache_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStatsResponse)
+	err := c.cc.Invoke(ctx, Agent_GetStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -352,6 +405,15 @@ type AgentServer interface {
 	GetStatus(context.Context, *GetStatusRequest) (*NodeStatus, error)
 	ListPods(context.Context, *ListPodsRequest) (*ListPodsResponse, error)
 	ListPeers(context.Context, *ListPeersRequest) (*ListPeersResponse, error)
+	// Turns this node's fast path on or off at once; peers learn it from
+	// the datastore. FAILED_PRECONDITION if the fast path is not loaded.
+	SetFastPath(context.Context, *SetFastPathRequest) (*NodeStatus, error)
+	// The flow cache's tables, decoded.
+	ListCache(context.Context, *ListCacheRequest) (*ListCacheResponse, error)
+	// Forgets every learned entry (one epoch step); flows re-learn.
+	FlushCache(context.Context, *FlushCacheRequest) (*FlushCacheResponse, error)
+	// Per-program counters: hits, misses by reason, learn events, errors.
+	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -370,6 +432,18 @@ func (UnimplementedAgentServer) ListPods(context.Context, *ListPodsRequest) (*Li
 }
 func (UnimplementedAgentServer) ListPeers(context.Context, *ListPeersRequest) (*ListPeersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListPeers not implemented")
+}
+func (UnimplementedAgentServer) SetFastPath(context.Context, *SetFastPathRequest) (*NodeStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetFastPath not implemented")
+}
+func (UnimplementedAgentServer) ListCache(context.Context, *ListCacheRequest) (*ListCacheResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCache not implemented")
+}
+func (UnimplementedAgentServer) FlushCache(context.Context, *FlushCacheRequest) (*FlushCacheResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method FlushCache not implemented")
+}
+func (UnimplementedAgentServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetStats not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -446,6 +520,78 @@ func _Agent_ListPeers_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_SetFastPath_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetFastPathRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetFastPath(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetFastPath_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetFastPath(ctx, req.(*SetFastPathRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListCache_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCacheRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListCache(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListCache_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListCache(ctx, req.(*ListCacheRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_FlushCache_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FlushCacheRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).FlushCache(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_FlushCache_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).FlushCache(ctx, req.(*FlushCacheRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_GetStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).GetStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_GetStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).GetStats(ctx, req.(*GetStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -464,6 +610,22 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPeers",
 			Handler:    _Agent_ListPeers_Handler,
+		},
+		{
+			MethodName: "SetFastPath",
+			Handler:    _Agent_SetFastPath_Handler,
+		},
+		{
+			MethodName: "ListCache",
+			Handler:    _Agent_ListCache_Handler,
+		},
+		{
+			MethodName: "FlushCache",
+			Handler:    _Agent_FlushCache_Handler,
+		},
+		{
+			MethodName: "GetStats",
+			Handler:    _Agent_GetStats_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

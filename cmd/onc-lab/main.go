@@ -16,7 +16,7 @@ import (
 
 func main() {
 	var o lab.Options
-	var keep bool
+	var keep, slow bool
 	root := &cobra.Command{Use: "onc-lab", Short: "ONC's local lab: nodes and pods as network namespaces", SilenceUsage: true}
 	root.PersistentFlags().StringVar(&o.Prefix, "prefix", "onclab", "name prefix of everything the lab makes")
 	root.PersistentFlags().StringVar(&o.StateRoot, "state-root", "/run/onc-lab", "where labs keep logs, sockets and state")
@@ -28,6 +28,9 @@ func main() {
 			if o.BinDir == "" {
 				exe, _ := os.Executable()
 				o.BinDir = filepath.Dir(exe)
+			}
+			if slow {
+				o.AgentArgs = append(o.AgentArgs, "--fast-path=false")
 			}
 			fmt.Printf("Building lab %q: %d nodes × %d pods, controller with embedded etcd...\n", o.Prefix, o.Nodes, o.PodsPerNode)
 			l, err := lab.Up(ctx, o)
@@ -56,6 +59,7 @@ func main() {
 	up.Flags().StringVar(&o.BinDir, "bin", "", "directory with onc, onc-agent, onc-controller (default: next to onc-lab)")
 	up.Flags().DurationVar(&o.NodeTimeout, "node-timeout", 30*time.Second, "controller --node-timeout")
 	up.Flags().BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
+	up.Flags().BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
 
 	down := &cobra.Command{Use: "down", Short: "Stop the lab's processes and remove all it made", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

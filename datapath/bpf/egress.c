@@ -51,7 +51,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 		count(STAT_EGRESS_MISS_DISABLED);
 		return TC_ACT_OK;
 	}
-	if (bpf_map_lookup_elem(&onc_hosts, &p.ip->daddr)) {
+	if (is_host(p.ip->daddr)) {
 		count(STAT_EGRESS_MISS_HOST);
 		return TC_ACT_OK;
 	}

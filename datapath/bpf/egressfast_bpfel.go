@@ -88,15 +88,16 @@ const (
 	EgressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN EgressFastOncStat = 12
 	EgressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS EgressFastOncStat = 13
 	EgressFastOncStatSTAT_INGRESS_MISS_DISABLED  EgressFastOncStat = 14
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER   EgressFastOncStat = 15
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD    EgressFastOncStat = 16
-	EgressFastOncStatSTAT_INGRESS_MISS_FLOW      EgressFastOncStat = 17
-	EgressFastOncStatSTAT_INGRESS_MISS_TTL       EgressFastOncStat = 18
-	EgressFastOncStatSTAT_INGRESS_ERROR          EgressFastOncStat = 19
-	EgressFastOncStatSTAT_LEARN_EGRESS           EgressFastOncStat = 20
-	EgressFastOncStatSTAT_LEARN_INGRESS          EgressFastOncStat = 21
-	EgressFastOncStatSTAT_LEARN_PAUSED           EgressFastOncStat = 22
-	EgressFastOncStatSTAT_MAX                    EgressFastOncStat = 23
+	EgressFastOncStatSTAT_INGRESS_MISS_HOST      EgressFastOncStat = 15
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER   EgressFastOncStat = 16
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD    EgressFastOncStat = 17
+	EgressFastOncStatSTAT_INGRESS_MISS_FLOW      EgressFastOncStat = 18
+	EgressFastOncStatSTAT_INGRESS_MISS_TTL       EgressFastOncStat = 19
+	EgressFastOncStatSTAT_INGRESS_ERROR          EgressFastOncStat = 20
+	EgressFastOncStatSTAT_LEARN_EGRESS           EgressFastOncStat = 21
+	EgressFastOncStatSTAT_LEARN_INGRESS          EgressFastOncStat = 22
+	EgressFastOncStatSTAT_LEARN_PAUSED           EgressFastOncStat = 23
+	EgressFastOncStatSTAT_MAX                    EgressFastOncStat = 24
 )
 
 // Names of all BPF objects in the ELF.

@@ -40,6 +40,10 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		count(STAT_INGRESS_MISS_DISABLED);
 		return TC_ACT_OK;
 	}
+	if (is_host(p.ip->saddr)) {
+		count(STAT_INGRESS_MISS_HOST);
+		return TC_ACT_OK;
+	}
 	peer = peer_of(p.ip->saddr);
 	if (!peer || peer->node_ip != outer->saddr) {
 		count(STAT_INGRESS_MISS_NO_PEER);

@@ -88,15 +88,16 @@ const (
 	IngressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN IngressFastOncStat = 12
 	IngressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS IngressFastOncStat = 13
 	IngressFastOncStatSTAT_INGRESS_MISS_DISABLED  IngressFastOncStat = 14
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER   IngressFastOncStat = 15
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD    IngressFastOncStat = 16
-	IngressFastOncStatSTAT_INGRESS_MISS_FLOW      IngressFastOncStat = 17
-	IngressFastOncStatSTAT_INGRESS_MISS_TTL       IngressFastOncStat = 18
-	IngressFastOncStatSTAT_INGRESS_ERROR          IngressFastOncStat = 19
-	IngressFastOncStatSTAT_LEARN_EGRESS           IngressFastOncStat = 20
-	IngressFastOncStatSTAT_LEARN_INGRESS          IngressFastOncStat = 21
-	IngressFastOncStatSTAT_LEARN_PAUSED           IngressFastOncStat = 22
-	IngressFastOncStatSTAT_MAX                    IngressFastOncStat = 23
+	IngressFastOncStatSTAT_INGRESS_MISS_HOST      IngressFastOncStat = 15
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER   IngressFastOncStat = 16
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD    IngressFastOncStat = 17
+	IngressFastOncStatSTAT_INGRESS_MISS_FLOW      IngressFastOncStat = 18
+	IngressFastOncStatSTAT_INGRESS_MISS_TTL       IngressFastOncStat = 19
+	IngressFastOncStatSTAT_INGRESS_ERROR          IngressFastOncStat = 20
+	IngressFastOncStatSTAT_LEARN_EGRESS           IngressFastOncStat = 21
+	IngressFastOncStatSTAT_LEARN_INGRESS          IngressFastOncStat = 22
+	IngressFastOncStatSTAT_LEARN_PAUSED           IngressFastOncStat = 23
+	IngressFastOncStatSTAT_MAX                    IngressFastOncStat = 24
 )
 
 // Names of all BPF objects in the ELF.

@@ -35,7 +35,7 @@ int onc_learn_egress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	/* Only pod-to-pod flows to a fast-path peer, sent to its owner. */
-	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr))
+	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr) || is_host(p.ip->daddr))
 		return TC_ACT_OK;
 	peer = peer_of(p.ip->daddr);
 	if (!peer || peer->node_ip != outer->daddr)

@@ -88,15 +88,16 @@ const (
 	LearnEgressOncStatSTAT_INGRESS_MISS_NOT_VXLAN LearnEgressOncStat = 12
 	LearnEgressOncStatSTAT_INGRESS_MISS_TCP_FLAGS LearnEgressOncStat = 13
 	LearnEgressOncStatSTAT_INGRESS_MISS_DISABLED  LearnEgressOncStat = 14
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnEgressOncStat = 15
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD    LearnEgressOncStat = 16
-	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW      LearnEgressOncStat = 17
-	LearnEgressOncStatSTAT_INGRESS_MISS_TTL       LearnEgressOncStat = 18
-	LearnEgressOncStatSTAT_INGRESS_ERROR          LearnEgressOncStat = 19
-	LearnEgressOncStatSTAT_LEARN_EGRESS           LearnEgressOncStat = 20
-	LearnEgressOncStatSTAT_LEARN_INGRESS          LearnEgressOncStat = 21
-	LearnEgressOncStatSTAT_LEARN_PAUSED           LearnEgressOncStat = 22
-	LearnEgressOncStatSTAT_MAX                    LearnEgressOncStat = 23
+	LearnEgressOncStatSTAT_INGRESS_MISS_HOST      LearnEgressOncStat = 15
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnEgressOncStat = 16
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD    LearnEgressOncStat = 17
+	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW      LearnEgressOncStat = 18
+	LearnEgressOncStatSTAT_INGRESS_MISS_TTL       LearnEgressOncStat = 19
+	LearnEgressOncStatSTAT_INGRESS_ERROR          LearnEgressOncStat = 20
+	LearnEgressOncStatSTAT_LEARN_EGRESS           LearnEgressOncStat = 21
+	LearnEgressOncStatSTAT_LEARN_INGRESS          LearnEgressOncStat = 22
+	LearnEgressOncStatSTAT_LEARN_PAUSED           LearnEgressOncStat = 23
+	LearnEgressOncStatSTAT_MAX                    LearnEgressOncStat = 24
 )
 
 // Names of all BPF objects in the ELF.

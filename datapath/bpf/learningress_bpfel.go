@@ -88,15 +88,16 @@ const (
 	LearnIngressOncStatSTAT_INGRESS_MISS_NOT_VXLAN LearnIngressOncStat = 12
 	LearnIngressOncStatSTAT_INGRESS_MISS_TCP_FLAGS LearnIngressOncStat = 13
 	LearnIngressOncStatSTAT_INGRESS_MISS_DISABLED  LearnIngressOncStat = 14
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnIngressOncStat = 15
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD    LearnIngressOncStat = 16
-	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW      LearnIngressOncStat = 17
-	LearnIngressOncStatSTAT_INGRESS_MISS_TTL       LearnIngressOncStat = 18
-	LearnIngressOncStatSTAT_INGRESS_ERROR          LearnIngressOncStat = 19
-	LearnIngressOncStatSTAT_LEARN_EGRESS           LearnIngressOncStat = 20
-	LearnIngressOncStatSTAT_LEARN_INGRESS          LearnIngressOncStat = 21
-	LearnIngressOncStatSTAT_LEARN_PAUSED           LearnIngressOncStat = 22
-	LearnIngressOncStatSTAT_MAX                    LearnIngressOncStat = 23
+	LearnIngressOncStatSTAT_INGRESS_MISS_HOST      LearnIngressOncStat = 15
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnIngressOncStat = 16
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD    LearnIngressOncStat = 17
+	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW      LearnIngressOncStat = 18
+	LearnIngressOncStatSTAT_INGRESS_MISS_TTL       LearnIngressOncStat = 19
+	LearnIngressOncStatSTAT_INGRESS_ERROR          LearnIngressOncStat = 20
+	LearnIngressOncStatSTAT_LEARN_EGRESS           LearnIngressOncStat = 21
+	LearnIngressOncStatSTAT_LEARN_INGRESS          LearnIngressOncStat = 22
+	LearnIngressOncStatSTAT_LEARN_PAUSED           LearnIngressOncStat = 23
+	LearnIngressOncStatSTAT_MAX                    LearnIngressOncStat = 24
 )
 
 // Names of all BPF objects in the ELF.

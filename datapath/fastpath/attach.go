@@ -75,8 +75,10 @@ func (d *Datapath) DetachPod(hostIface string) error {
 	return errors.Join(errs...)
 }
 
+// linkPin is flat in the pin directory: the kernel refuses pins in
+// subdirectories made with mkdir(2) on this bpffs.
 func (d *Datapath) linkPin(ifname string, dir direction) string {
-	return filepath.Join(d.opts.PinDir, "links", ifname+"."+dir.name)
+	return filepath.Join(d.opts.PinDir, "link_"+ifname+"_"+dir.name)
 }
 
 func (d *Datapath) attach(ifname string, dir direction, prog *ebpf.Program) error {
@@ -116,9 +118,6 @@ func (d *Datapath) attachTCX(ifindex int, pin string, dir direction, prog *ebpf.
 		return fmt.Errorf("tcx %s on ifindex %d: %w", dir.name, ifindex, err)
 	}
 	defer l.Close()
-	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
-		return err
-	}
 	_ = os.Remove(pin)
 	if err := l.Pin(pin); err != nil {
 		return fmt.Errorf("pin %s: %w", pin, err)

@@ -9,9 +9,12 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,7 +67,38 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	d.mode = mode
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	err = d.load(&ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}})
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// An upgrade changed a map's layout: start the caches afresh (flows
+		// re-learn through the slow path) rather than refuse to start.
+		slog.Warn("pinned eBPF maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
+		if err := removeMapPins(o.PinDir); err != nil {
+			return nil, err
+		}
+		err = d.load(&ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func removeMapPins(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "onc_") {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Datapath) load(opts *ebpf.CollectionOptions) error {
 	var eg bpf.EgressFastObjects
 	var ig bpf.IngressFastObjects
 	var le bpf.LearnEgressObjects
@@ -82,16 +116,16 @@ func Open(o Options) (*Datapath, error) {
 			d.Close()
 			var ve *ebpf.VerifierError
 			if errors.As(err, &ve) {
-				return nil, fmt.Errorf("load eBPF programs: %+v", ve)
+				return fmt.Errorf("load eBPF programs: %+v", ve)
 			}
-			return nil, fmt.Errorf("load eBPF programs: %w", err)
+			return fmt.Errorf("load eBPF programs: %w", err)
 		}
 		d.closers = append(d.closers, o.obj)
 	}
 	d.maps = eg.EgressFastMaps
 	d.progs.egressFast, d.progs.ingressFast = eg.OncEgressFast, ig.OncIngressFast
 	d.progs.learnEgress, d.progs.learnIngress = le.OncLearnEgress, li.OncLearnIngress
-	return d, nil
+	return nil
 }
 
 // Mode reports how programs are attached.

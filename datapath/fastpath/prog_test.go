@@ -36,10 +36,13 @@ var (
 	nicPeer   = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
 )
 
-func open(t *testing.T) *Datapath {
+func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
+
+// openMode loads the datapath on a private bpffs mounted on a temporary dir.
+func openMode(t *testing.T, mode Mode) *Datapath {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark})
+	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +227,9 @@ func TestEgressMissReasons(t *testing.T) {
 		{"not a fast-path peer", "egress_miss_no_peer", flow(localPod, netip.MustParseAddr("10.244.9.9"), 0), nil},
 		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
 		{"stale destination (CIDR moved to another node)", "egress_miss_dest", flow(localPod, remotePod, 0),
-			func() { must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: be32(peerCIDR.Addr())}, cidrVal{NodeIp: be32(otherNode)})) }},
+			func() {
+				must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: be32(peerCIDR.Addr())}, cidrVal{NodeIp: be32(otherNode)}))
+			}},
 		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { must(t, d.Configure(false)) }},
 	}
 	for _, c := range cases {
@@ -266,6 +271,7 @@ func TestIngressFastPathHitDecapsulates(t *testing.T) {
 func TestIngressMissReasons(t *testing.T) {
 	d := open(t)
 	established(t, d)
+	must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}))
 	in := func(src, dst netip.Addr, flags byte) []byte {
 		return frame(vtepLocal, vtepPeer, src, dst, unix.IPPROTO_TCP, 80, 40000, flags, 10)
 	}
@@ -277,6 +283,7 @@ func TestIngressMissReasons(t *testing.T) {
 		{"other VNI", "ingress_miss_not_vxlan", vxlan(in(remotePod, localPod, 0), peerNode, localNode, 2)},
 		{"SYN", "ingress_miss_tcp_flags", vxlan(in(remotePod, localPod, 0x02), peerNode, localNode, 1)},
 		{"from a node that does not own the CIDR", "ingress_miss_no_peer", vxlan(in(remotePod, localPod, 0), otherNode, localNode, 1)},
+		{"from the peer's gateway (host to pod)", "ingress_miss_host", vxlan(in(netip.MustParseAddr("10.244.2.1"), localPod, 0), peerNode, localNode, 1)},
 		{"to no local pod", "ingress_miss_no_pod", vxlan(in(remotePod, netip.MustParseAddr("10.244.1.99"), 0), peerNode, localNode, 1)},
 		{"unlearned flow", "ingress_miss_flow", vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_UDP, 80, 40000, 0, 10), peerNode, localNode, 1)},
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/internal/atomicfile"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -40,6 +41,8 @@ type Options struct {
 	StateRoot   string // default /run/onc-lab
 	// ControllerArgs are extra onc-controller flags, e.g. --cluster-cidr.
 	ControllerArgs []string
+	// AgentArgs are extra onc-agent flags, e.g. --fast-path=false.
+	AgentArgs []string
 }
 
 // Underlay addressing (inside the lab's own namespaces only).
@@ -56,6 +59,7 @@ type Lab struct {
 	BinDir     string     `json:"binDir"`
 	Controller Process    `json:"controller"`
 	Nodes      []*Node    `json:"nodes"`
+	AgentArgs  []string   `json:"agentArgs,omitempty"`
 }
 
 // Node is one lab node.
@@ -111,7 +115,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs}
 	defer func() {
 		if err != nil {
 			_ = l.Down()
@@ -233,6 +237,15 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 	if err := os.MkdirAll(filepath.Join(n.Dir, "net.d"), 0o755); err != nil {
 		return nil, err
 	}
+	// The agent's bpffs is mounted here, in the host's mount namespace:
+	// one the agent mounted itself would vanish with its `ip netns exec`
+	// mount namespace, and pinned maps and links must outlive the agent.
+	if err := os.MkdirAll(n.BPFFS(), 0o700); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount("bpf", n.BPFFS(), "bpf", 0, "mode=0700"); err != nil {
+		return nil, fmt.Errorf("mount bpffs at %s: %w", n.BPFFS(), err)
+	}
 	conf := fmt.Sprintf(`{
   "cniVersion": "1.1.0",
   "name": "onc",
@@ -250,16 +263,19 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 
 // StartAgent (re)starts a node's agent process.
 func (l *Lab) StartAgent(n *Node) error {
-	p, err := start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"),
-		"--node-name", n.Name, "--node-ip", n.IP.String(),
-		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"),
-		"--etcd-endpoints", l.EtcdURL(), "--lease-ttl", "5s")
+	args := append([]string{"--node-name", n.Name, "--node-ip", n.IP.String(),
+		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"), "--bpffs", n.BPFFS(),
+		"--etcd-endpoints", l.EtcdURL(), "--lease-ttl", "5s"}, l.AgentArgs...)
+	p, err := start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
 	if err != nil {
 		return err
 	}
 	n.Agent = p
 	return l.Save()
 }
+
+// BPFFS is where the node's agent pins its eBPF maps and links.
+func (n *Node) BPFFS() string { return filepath.Join(n.Dir, "bpf") }
 
 // AgentSocket of a node, for onctl.
 func (n *Node) AgentSocket() string { return filepath.Join(n.Dir, "run", "agent.sock") }
@@ -387,7 +403,7 @@ func (l *Lab) RemoveNode(n *Node) error {
 	for _, p := range n.Pods {
 		errs = append(errs, delNetns(p.Netns))
 	}
-	errs = append(errs, delNetns(n.Netns))
+	errs = append(errs, delNetns(n.Netns), unmount(n.BPFFS()))
 	for i, m := range l.Nodes {
 		if m == n {
 			l.Nodes = append(l.Nodes[:i], l.Nodes[i+1:]...)
@@ -408,6 +424,9 @@ func (l *Lab) Down() error {
 	var errs []error
 	for _, ns := range namespaces(l.Prefix) {
 		errs = append(errs, delNetns(ns))
+	}
+	for _, mp := range bpfMounts(l.Dir) {
+		errs = append(errs, unmount(mp))
 	}
 	errs = append(errs, os.RemoveAll(l.Dir))
 	return errors.Join(errs...)
@@ -433,6 +452,26 @@ func namespaces(prefix string) []string {
 		}
 	}
 	return out
+}
+
+// bpfMounts lists the bpffs mounts below dir (found even without a state file).
+func bpfMounts(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") && strings.Contains(line, " - bpf ") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+func unmount(dir string) error {
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount %s: %w", dir, err)
+	}
+	return nil
 }
 
 func delNetns(name string) error {

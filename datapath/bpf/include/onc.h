@@ -92,6 +92,7 @@ enum onc_stat {
 	STAT_INGRESS_MISS_NOT_VXLAN,
 	STAT_INGRESS_MISS_TCP_FLAGS,
 	STAT_INGRESS_MISS_DISABLED,
+	STAT_INGRESS_MISS_HOST,       /* from a node/gateway address */
 	STAT_INGRESS_MISS_NO_PEER,    /* inner source not a fast-path peer's, or from another node */
 	STAT_INGRESS_MISS_NO_POD,     /* inner destination not a local pod */
 	STAT_INGRESS_MISS_FLOW,
@@ -182,6 +183,11 @@ static __always_inline struct onc_config *config(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&onc_cfg, &zero);
+}
+
+static __always_inline int is_host(__be32 addr)
+{
+	return bpf_map_lookup_elem(&onc_hosts, &addr) != NULL;
 }
 
 static __always_inline struct cidr_val *peer_of(__be32 addr)

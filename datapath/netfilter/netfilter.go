@@ -1,8 +1,10 @@
-// Package masq installs ONC's iptables rules: masquerade for pod traffic
-// leaving the cluster CIDR, and FORWARD accepts for pod traffic so hosts
-// whose FORWARD policy is DROP (Docker's, for one) still forward pods.
-// The rules live in ONC's own chains, rewritten whole on every Ensure.
-package masq
+// Package netfilter installs ONC's iptables rules: masquerade for pod
+// traffic leaving the cluster CIDR; FORWARD accepts for pod traffic, so
+// hosts whose FORWARD policy is DROP (Docker's, for one) still forward
+// pods; and, for the fast path, a mark on pod traffic that conntrack saw
+// ESTABLISHED, which the learning programs require. The rules live in
+// ONC's own chains, rewritten whole on every Ensure.
+package netfilter
 
 import (
 	"fmt"
@@ -13,11 +15,14 @@ import (
 const (
 	natChain     = "ONC-POSTROUTING"
 	forwardChain = "ONC-FORWARD"
+	markChain    = "ONC-MARK"
 )
 
 // Ensure makes the chains hold exactly the rules for clusterCIDR and jumps
-// to them first in POSTROUTING and FORWARD. It is idempotent.
-func Ensure(clusterCIDR string) error {
+// to them first in POSTROUTING and FORWARD. With mark != 0, pod traffic
+// that crosses onc.vxlan in a flow conntrack saw ESTABLISHED gets that
+// skb->mark bit (never a header bit). It is idempotent.
+func Ensure(clusterCIDR, vxlanDev string, mark uint32) error {
 	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
 	if err != nil {
 		return fmt.Errorf("iptables: %w", err)
@@ -30,7 +35,19 @@ func Ensure(clusterCIDR string) error {
 		{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
 		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
 	}
+	var marks [][]string
+	if mark != 0 {
+		m := fmt.Sprintf("0x%x", mark)
+		est := []string{"-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "MARK", "--or-mark", m}
+		marks = [][]string{
+			append([]string{"-i", "onc+", "-o", vxlanDev, "-m", "comment", "--comment", "onc: established, pod to overlay"}, est...),
+			append([]string{"-i", vxlanDev, "-o", "onc+", "-m", "comment", "--comment", "onc: established, overlay to pod"}, est...),
+		}
+	}
 	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	if err := fill(ipt, "mangle", markChain, "FORWARD", marks); err != nil {
 		return err
 	}
 	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
