@@ -55,8 +55,40 @@ func NewCommand() *cobra.Command {
 			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPods) }},
 		&cobra.Command{Use: "peers", Short: "Other nodes (tunnel endpoints) and whether they are programmed here", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPeers) }},
+		&cobra.Command{Use: "stats", Short: "Fast-path counters per program: hits, misses by reason, learn events, errors", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showStats) }},
+		&cobra.Command{Use: "fastpath on|off", Short: "Switch this node's fast path on or off (peers follow through the datastore)",
+			Args: cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs), ValidArgs: []string{"on", "off"},
+			RunE: func(cmd *cobra.Command, args []string) error { return o.run(setFastPath(args[0] == "on")) }},
+		cacheCommand(o),
 	)
 	return root
+}
+
+func cacheCommand(o *options) *cobra.Command {
+	c := &cobra.Command{Use: "cache", Short: "The fast path's flow cache"}
+	c.AddCommand(
+		&cobra.Command{Use: "list [egress|ingress|filter]", Short: "Decoded cache entries (all tables by default)",
+			Args: cobra.MatchAll(cobra.MaximumNArgs(1), cobra.OnlyValidArgs), ValidArgs: []string{"egress", "ingress", "filter"},
+			RunE: func(cmd *cobra.Command, args []string) error {
+				table := ""
+				if len(args) == 1 {
+					table = args[0]
+				}
+				return o.run(listCache(table))
+			}},
+		&cobra.Command{Use: "flush", Short: "Forget every learned entry; flows learn again through the slow path", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return o.run(func(ctx context.Context, c apiv1.AgentClient, o *options) error {
+					_, err := c.FlushCache(ctx, &apiv1.FlushCacheRequest{})
+					if err == nil && o.output == "table" {
+						fmt.Fprintln(o.out, "flow cache flushed")
+					}
+					return err
+				})
+			}},
+	)
+	return c
 }
 
 func envOr(name, def string) string {
@@ -123,6 +155,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Pod CIDR:", orDash(st.PodCidr) + " (gateway " + orDash(st.Gateway) + ", cluster " + orDash(st.ClusterCidr) + ")"},
 		{"VXLAN:", fmt.Sprintf("%s VNI %d port %d VTEP MAC %s", st.VxlanDevice, st.Vni, st.VxlanPort, st.VtepMac)},
 		{"Pod MTU:", fmt.Sprint(st.PodMtu)},
+		{"Fast path:", fastPathState(st)},
 		{"Pods:", fmt.Sprint(st.Pods)},
 		{"Peers:", fmt.Sprint(st.Peers)},
 		{"Datastore:", st.Datastore},
@@ -191,4 +224,100 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+func fastPathState(st *apiv1.NodeStatus) string {
+	switch {
+	case !st.FastPathLoaded:
+		return "not loaded (slow path only; see the agent log)"
+	case st.FastPath:
+		return "on (" + st.FastPathMode + ")"
+	}
+	return "off (" + st.FastPathMode + ")"
+}
+
+func setFastPath(on bool) view {
+	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
+		st, err := c.SetFastPath(ctx, &apiv1.SetFastPathRequest{Enabled: on})
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return o.json(st)
+		}
+		_, err = fmt.Fprintln(o.out, "fast path:", fastPathState(st))
+		return err
+	}
+}
+
+func showStats(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	resp, err := c.GetStats(ctx, &apiv1.GetStatsRequest{})
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return o.json(resp)
+	}
+	var rows [][]string
+	for _, ctr := range resp.Counters {
+		rows = append(rows, []string{ctr.Program, ctr.Name, fmt.Sprint(ctr.Value)})
+	}
+	return o.table([]string{"PROGRAM", "COUNTER", "VALUE"}, rows)
+}
+
+func listCache(table string) view {
+	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
+		resp, err := c.ListCache(ctx, &apiv1.ListCacheRequest{Table: table})
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return o.json(resp)
+		}
+		section := func(title string, header []string, rows [][]string) error {
+			if table == "" {
+				fmt.Fprintf(o.out, "%s (%d)\n", title, len(rows))
+			}
+			if err := o.table(header, rows); err != nil {
+				return err
+			}
+			if table == "" {
+				fmt.Fprintln(o.out)
+			}
+			return nil
+		}
+		if table == "" || table == "egress" {
+			var rows [][]string
+			for _, e := range resp.Egress {
+				rows = append(rows, []string{e.PodIp, e.NodeIp})
+			}
+			if err := section("Egress: remote pod -> node", []string{"POD", "NODE"}, rows); err != nil {
+				return err
+			}
+			rows = nil
+			for _, e := range resp.Encap {
+				rows = append(rows, []string{e.NodeIp, e.OuterSrcIp, e.Uplink, e.OuterSrcMac, e.OuterDstMac, e.InnerSrcMac, e.InnerDstMac})
+			}
+			if err := section("Egress headers: node -> learned outer headers", []string{"NODE", "FROM", "UPLINK", "OUTER-SRC-MAC", "OUTER-DST-MAC", "INNER-SRC-MAC", "INNER-DST-MAC"}, rows); err != nil {
+				return err
+			}
+		}
+		if table == "" || table == "ingress" {
+			var rows [][]string
+			for _, e := range resp.Ingress {
+				rows = append(rows, []string{e.PodIp, e.HostIface, e.PodMac, e.HostMac})
+			}
+			if err := section("Ingress: local pod -> veth", []string{"POD", "HOST-IFACE", "POD-MAC", "HOST-MAC"}, rows); err != nil {
+				return err
+			}
+		}
+		if table == "" || table == "filter" {
+			var rows [][]string
+			for _, f := range resp.Filter {
+				rows = append(rows, []string{f.Proto, f.Local, f.Remote, yesNo(f.Egress), yesNo(f.Ingress), yesNo(f.Live)})
+			}
+			return section("Filter: flows the slow path established", []string{"PROTO", "LOCAL", "REMOTE", "EGRESS", "INGRESS", "LIVE"}, rows)
+		}
+		return nil
+	}
 }
