@@ -7,9 +7,9 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 GOBIN_TOOLS := $(CURDIR)/.tools
 export PATH := $(GOBIN_TOOLS):$(PATH)
 
-BINARIES := onc onc-agent onc-controller onctl onc-lab
+BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down generate verify-generated lint prereqs clean
+.PHONY: all build test lab lab-down bench generate verify-generated lint prereqs clean
 
 all: build
 
@@ -29,6 +29,12 @@ lab: prereqs build
 
 lab-down: build
 	$(BIN)/onc-lab down $(LAB_ARGS)
+
+# netperf (bare underlay vs slow path vs fast path) on a fresh 2-node lab;
+# writes bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7".
+bench: prereqs build
+	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
+	$(BIN)/onc-bench --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
 # a privileged test that cannot run fails instead of skipping).

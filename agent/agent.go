@@ -249,6 +249,14 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	if err := netfilter.Ensure(cc.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
 		return err
 	}
+	if fp != nil {
+		// Conntrack does not see the data the fast path carries, so its TCP
+		// window falls behind; strict window checks would then mark the
+		// flow's FIN, or its packets after a fast-path switch, INVALID.
+		if err := writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
+			return err
+		}
+	}
 	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidr, gw)
 	if err != nil {
 		return err

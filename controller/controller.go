@@ -28,8 +28,7 @@ type Controller struct {
 	cfg      Config
 	store    datastore.Store
 	alloc    *nodeipam.Allocator
-	started  time.Time
-	lastSeen map[string]time.Time
+	lastSeen map[string]time.Time // last seen alive, or first seen
 }
 
 // New validates cfg and records the cluster configuration in the store
@@ -45,7 +44,7 @@ func New(ctx context.Context, cfg Config, store datastore.Store) (*Controller, e
 	if cfg.Resync == 0 {
 		cfg.Resync = 30 * time.Second
 	}
-	return &Controller{cfg: cfg, store: store, alloc: alloc, started: time.Now(), lastSeen: map[string]time.Time{}}, nil
+	return &Controller{cfg: cfg, store: store, alloc: alloc, lastSeen: map[string]time.Time{}}, nil
 }
 
 // Run reconciles until ctx ends.
@@ -76,7 +75,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	registered := map[string]bool{}
 	for _, n := range nodes {
 		registered[n.Name] = true
-		if n.Alive {
+		if _, known := c.lastSeen[n.Name]; n.Alive || !known {
 			c.lastSeen[n.Name] = now
 		} else if c.expired(n.Name, now) {
 			slog.Info("node gone longer than the node timeout; deleting it", "node", n.Name, "timeout", c.cfg.NodeTimeout)
@@ -111,16 +110,9 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// expired: a node gets the full timeout from the last time it was seen
-// alive or from the controller's start, whichever is later, so restarting
-// everything never expires a node.
+// expired: a node gets the full timeout from the last time this controller
+// saw it alive, or first saw it at all — so neither a new node that has
+// not taken its lease yet nor a restart of everything expires a node.
 func (c *Controller) expired(name string, now time.Time) bool {
-	if c.cfg.NodeTimeout <= 0 {
-		return false
-	}
-	since := c.started
-	if t, ok := c.lastSeen[name]; ok && t.After(since) {
-		since = t
-	}
-	return now.Sub(since) > c.cfg.NodeTimeout
+	return c.cfg.NodeTimeout > 0 && now.Sub(c.lastSeen[name]) > c.cfg.NodeTimeout
 }

@@ -106,3 +106,22 @@ func TestNodeGoneLongerThanTimeoutIsDeleted(t *testing.T) {
 		t.Fatalf("allocations = %v, want only the live node's", allocs)
 	}
 }
+
+// A node that registers long after the controller started, and has not
+// taken its liveness lease yet, gets its full timeout.
+func TestNewNodeGetsItsFullTimeout(t *testing.T) {
+	s, c := setup(t, 2*time.Second)
+	ctx := context.Background()
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond) // the controller has run longer than the timeout
+	register(t, s, "late")
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Node(ctx, "late")
+	if err != nil || !n.PodCIDR.IsValid() {
+		t.Fatalf("a new node was expired or not allocated on first sight: %+v, %v", n, err)
+	}
+}

@@ -200,6 +200,8 @@ func Lab(t testing.TB, o lab.Options) *lab.Lab {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
+			b, _ := os.ReadFile(l.Controller.Log)
+			t.Logf("controller log:\n%s", b)
 			for _, n := range l.Nodes {
 				b, _ := os.ReadFile(n.Agent.Log)
 				t.Logf("agent log of %s:\n%s", n.Name, b)

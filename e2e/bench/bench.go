@@ -1,0 +1,238 @@
+// Package bench measures ONC on the lab with netperf: bare underlay
+// (node to node), pod to pod across nodes on the slow path, and on the fast
+// path — side by side in one run, in interleaved rotations, so the ratios
+// hold on a shared machine even when absolute numbers do not.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/e2e/lab"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Configs, in the order a rotation starts with.
+var Configs = []string{"bare", "slow", "fast"}
+
+// Tests run by default.
+var Tests = []string{"TCP_RR", "UDP_RR", "TCP_CRR", "TCP_STREAM"}
+
+// Options of a run.
+type Options struct {
+	Lab      *lab.Lab // two nodes with a pod each
+	Netperf  string   // directory holding netperf and netserver
+	Tests    []string
+	Reps     int
+	Duration time.Duration
+	Log      io.Writer // progress
+}
+
+// Sample is one netperf run.
+type Sample struct {
+	Test, Config string
+	Value        float64 // transactions/s or 10^6 bits/s
+	Unit         string
+	CPU          float64 // µs of CPU per transaction (RR) or per KB (STREAM), both ends
+	CPUUnit      string
+}
+
+// Run measures every test on every config, Reps times, rotating the
+// config order each repetition.
+func Run(ctx context.Context, o Options) ([]Sample, error) {
+	l := o.Lab
+	if len(l.Nodes) < 2 || len(l.Nodes[0].Pods) == 0 || len(l.Nodes[1].Pods) == 0 {
+		return nil, fmt.Errorf("bench needs a lab with 2 nodes and a pod on each")
+	}
+	client, server := l.Nodes[0], l.Nodes[1]
+	stop, err := netservers(o.Netperf, server.Netns, server.Pods[0].Netns)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	var out []Sample
+	for rep := 0; rep < o.Reps; rep++ {
+		for _, test := range o.Tests {
+			for i := range Configs {
+				cfg := Configs[(i+rep)%len(Configs)]
+				from, to := client.Pods[0].Netns, server.Pods[0].IP.String()
+				if cfg == "bare" {
+					from, to = client.Netns, server.IP.String()
+				} else if err := fastPath(ctx, l, cfg == "fast"); err != nil {
+					return nil, err
+				}
+				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration)
+				if err != nil {
+					return nil, fmt.Errorf("%s %s: %w", test, cfg, err)
+				}
+				s.Config = cfg
+				fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-4s %12.1f %s  cpu %.2f %s\n", rep+1, o.Reps, test, cfg, s.Value, s.Unit, s.CPU, s.CPUUnit)
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+// fastPath switches it on both nodes and waits until each sees the other's flag.
+func fastPath(ctx context.Context, l *lab.Lab, on bool) error {
+	for _, n := range l.Nodes {
+		conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		c := apiv1.NewAgentClient(conn)
+		st, err := c.GetStatus(ctx, &apiv1.GetStatusRequest{})
+		if err == nil && st.FastPath != on {
+			_, err = c.SetFastPath(ctx, &apiv1.SetFastPathRequest{Enabled: on})
+		}
+		if err == nil {
+			err = waitPeers(ctx, c, on)
+		}
+		conn.Close()
+		if err != nil {
+			return fmt.Errorf("fast path on %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func waitPeers(ctx context.Context, c apiv1.AgentClient, on bool) error {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := c.ListPeers(ctx, &apiv1.ListPeersRequest{})
+		if err != nil {
+			return err
+		}
+		done := true
+		for _, p := range resp.Peers {
+			done = done && p.FastPath == on
+		}
+		if done {
+			return nil
+		}
+	}
+	return nil // the peer switches itself; its own wait covers it
+}
+
+// netservers starts one netserver per namespace; stop kills them by PID.
+func netservers(dir string, netns ...string) (stop func(), err error) {
+	var cmds []*exec.Cmd
+	stop = func() {
+		for _, c := range cmds {
+			_ = c.Process.Signal(syscall.SIGTERM)
+			_ = c.Wait()
+		}
+	}
+	for _, ns := range netns {
+		c := exec.Command("ip", "netns", "exec", ns, dir+"/netserver", "-D", "-p", "12865")
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, err
+		}
+		cmds = append(cmds, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	return stop, nil
+}
+
+func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration) (Sample, error) {
+	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", test,
+		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C", "--",
+		"-o", "THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,REMOTE_SD,SD_UNITS"}
+	if test == "TCP_STREAM" {
+		args = append(args, "-m", "65536")
+	}
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return Sample{}, fmt.Errorf("%w: %s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	f := strings.Split(lines[len(lines)-1], ",")
+	if len(f) < 5 {
+		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
+	}
+	v, err1 := strconv.ParseFloat(f[0], 64)
+	lsd, err2 := strconv.ParseFloat(f[2], 64)
+	rsd, err3 := strconv.ParseFloat(f[3], 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
+	}
+	// Both ends share this machine's CPUs, so each side's service demand
+	// already counts the whole machine; report one side's.
+	_ = rsd
+	return Sample{Test: test, Value: v, Unit: f[1], CPU: lsd, CPUUnit: f[4]}, nil
+}
+
+// Summary is the median (with min and max) of one test on one config.
+type Summary struct {
+	Test   string  `json:"test"`
+	Config string  `json:"config"`
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	Unit   string  `json:"unit"`
+	N      int     `json:"n"`
+	// CPU per transaction (µs/Tr) or per KB (µs/KB), median.
+	CPUMedian float64 `json:"cpuMedian"`
+	CPUUnit   string  `json:"cpuUnit"`
+}
+
+// Summarize groups samples by test and config.
+func Summarize(samples []Sample) []Summary {
+	type key struct{ test, cfg string }
+	groups := map[key][]Sample{}
+	var order []key
+	for _, s := range samples {
+		k := key{s.Test, s.Config}
+		if groups[k] == nil {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], s)
+	}
+	sort.SliceStable(order, func(i, j int) bool {
+		if order[i].test != order[j].test {
+			return indexOf(Tests, order[i].test) < indexOf(Tests, order[j].test)
+		}
+		return indexOf(Configs, order[i].cfg) < indexOf(Configs, order[j].cfg)
+	})
+	var out []Summary
+	for _, k := range order {
+		g := groups[k]
+		vals, cpus := make([]float64, len(g)), make([]float64, len(g))
+		for i, s := range g {
+			vals[i], cpus[i] = s.Value, s.CPU
+		}
+		sort.Float64s(vals)
+		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: median(vals), Min: vals[0], Max: vals[len(vals)-1],
+			Unit: g[0].Unit, N: len(g), CPUMedian: median(cpus), CPUUnit: g[0].CPUUnit})
+	}
+	return out
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return len(list)
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}

@@ -1,0 +1,544 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/internal/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func agent(t *testing.T, n *lab.Node) apiv1.AgentClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return apiv1.NewAgentClient(conn)
+}
+
+// stats reads a node's fast-path counters as "program_name" -> value.
+func stats(t *testing.T, n *lab.Node) map[string]uint64 {
+	t.Helper()
+	resp, err := agent(t, n).GetStats(context.Background(), &apiv1.GetStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, c := range resp.Counters {
+		out[c.Program+"_"+c.Name] = c.Value
+	}
+	return out
+}
+
+func setFastPath(t *testing.T, n *lab.Node, on bool) {
+	t.Helper()
+	if _, err := agent(t, n).SetFastPath(context.Background(), &apiv1.SetFastPathRequest{Enabled: on}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listen opens a listener of network ("tcp4"/"udp4") in a namespace.
+func listenTCP(t *testing.T, netns string, port int) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := lab.InNetns(netns, func() (err error) { l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func listenUDP(t *testing.T, netns string, port int) net.PacketConn {
+	t.Helper()
+	var c net.PacketConn
+	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port)); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func dial(t *testing.T, netns, network string, dst netip.Addr, port int) net.Conn {
+	t.Helper()
+	var c net.Conn
+	err := lab.InNetns(netns, func() (err error) {
+		c, err = net.DialTimeout(network, netip.AddrPortFrom(dst, uint16(port)).String(), 3*time.Second)
+		return
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// echoTCP echoes every connection of l.
+func echoTCP(l net.Listener) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+}
+
+func echoUDP(c net.PacketConn) {
+	go func() {
+		buf := make([]byte, 65536)
+		for {
+			n, a, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = c.WriteTo(buf[:n], a)
+		}
+	}()
+}
+
+// rr does n request/response exchanges of 100 bytes on c.
+func rr(c net.Conn, n int) error {
+	buf := make([]byte, 100)
+	for i := 0; i < n; i++ {
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return fmt.Errorf("exchange %d: %w", i, err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return fmt.Errorf("exchange %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// udpRR does n exchanges; a lost datagram is retried, up to n losses.
+func udpRR(c net.Conn, n int) error {
+	buf := make([]byte, 100)
+	lost := 0
+	for i := 0; i < n; i++ {
+		_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+		if _, err := c.Write(buf); err != nil {
+			return err
+		}
+		if _, err := c.Read(buf); err != nil {
+			if lost++; lost > n {
+				return fmt.Errorf("more than %d UDP losses", n)
+			}
+			i--
+		}
+	}
+	return nil
+}
+
+func twoNodes(t *testing.T) (*lab.Lab, *lab.Pod, *lab.Pod) {
+	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	return l, l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
+}
+
+// After the handshake, TCP and UDP between pods on different nodes are
+// carried by the fast path in both directions; node-to-pod traffic is not.
+func TestFastPathCarriesTCPAndUDP(t *testing.T) {
+	l, a, b := twoNodes(t)
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	echoTCP(listenTCP(t, b.Netns, 9000))
+	echoUDP(listenUDP(t, b.Netns, 9001))
+
+	before1, before2 := stats(t, n1), stats(t, n2)
+	if err := rr(dial(t, a.Netns, "tcp4", b.IP, 9000), 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := udpRR(dial(t, a.Netns, "udp4", b.IP, 9001), 2000); err != nil {
+		t.Fatal(err)
+	}
+	after1, after2 := stats(t, n1), stats(t, n2)
+	// 4000 exchanges each way; the first packets of each flow learn.
+	for _, c := range []struct {
+		node    string
+		counter string
+		got     uint64
+	}{
+		{n1.Name, "egress_hit", after1["egress_hit"] - before1["egress_hit"]},
+		{n1.Name, "ingress_hit", after1["ingress_hit"] - before1["ingress_hit"]},
+		{n2.Name, "egress_hit", after2["egress_hit"] - before2["egress_hit"]},
+		{n2.Name, "ingress_hit", after2["ingress_hit"] - before2["ingress_hit"]},
+	} {
+		if c.got < 3900 {
+			t.Errorf("%s %s = %d for 4000 exchanges; want nearly all on the fast path", c.node, c.counter, c.got)
+		}
+	}
+	for _, s := range []map[string]uint64{after1, after2} {
+		if s["egress_error"]+s["ingress_error"] != 0 {
+			t.Fatalf("fast-path errors: %v", s)
+		}
+	}
+
+	// Node to pod: the slow path, always.
+	echoTCP(listenTCP(t, b.Netns, 9002))
+	before2 = stats(t, n2)
+	if err := rr(dial(t, n1.Netns, "tcp4", b.IP, 9002), 500); err != nil {
+		t.Fatal(err)
+	}
+	after2 = stats(t, n2)
+	if after2["ingress_hit"] != before2["ingress_hit"] || after2["ingress_miss_host"]-before2["ingress_miss_host"] < 500 {
+		t.Fatalf("node→pod traffic: ingress hits %d→%d, host misses %d→%d; want no hits",
+			before2["ingress_hit"], after2["ingress_hit"], before2["ingress_miss_host"], after2["ingress_miss_host"])
+	}
+}
+
+// pattern is a deterministic stream of n bytes and its hash.
+func pattern(n int64) (io.Reader, [32]byte) {
+	h := sha256.New()
+	_, _ = io.Copy(h, io.LimitReader(rand.New(rand.NewSource(42)), n))
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return io.LimitReader(rand.New(rand.NewSource(42)), n), sum
+}
+
+// sink hashes everything one connection sends and writes the hash back.
+func sink(l net.Listener) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				h := sha256.New()
+				_, _ = io.Copy(h, c)
+				_, _ = c.Write(h.Sum(nil))
+			}()
+		}
+	}()
+}
+
+// transfer sends size bytes from src to dst:port and returns an error
+// unless dst hashed exactly what was sent.
+func transfer(t *testing.T, srcNetns string, dst netip.Addr, port int, size int64, during func()) error {
+	c := dial(t, srcNetns, "tcp4", dst, port).(*net.TCPConn)
+	data, want := pattern(size)
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, data)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		done <- err
+	}()
+	if during != nil {
+		during()
+	}
+	if err := <-done; err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, want[:]) {
+		return fmt.Errorf("receiver's sha256 %x, sent %x", got, want)
+	}
+	return nil
+}
+
+// A 200 MB transfer arrives intact with the fast path on and off.
+func TestBulkTransferIntegrity(t *testing.T) {
+	l, a, b := twoNodes(t)
+	sink(listenTCP(t, b.Netns, 9100))
+	const size = 200 << 20
+	before := stats(t, l.Nodes[0])
+	if err := transfer(t, a.Netns, b.IP, 9100, size, nil); err != nil {
+		t.Fatalf("fast path on: %v", err)
+	}
+	if hits := stats(t, l.Nodes[0])["egress_hit"] - before["egress_hit"]; hits < 100 {
+		t.Fatalf("200 MB with the fast path on took only %d egress hits", hits)
+	}
+	for _, n := range l.Nodes {
+		setFastPath(t, n, false)
+	}
+	before = stats(t, l.Nodes[0])
+	if err := transfer(t, a.Netns, b.IP, 9100, size, nil); err != nil {
+		t.Fatalf("fast path off: %v", err)
+	}
+	if hits := stats(t, l.Nodes[0])["egress_hit"] - before["egress_hit"]; hits != 0 {
+		t.Fatalf("%d egress hits with the fast path off", hits)
+	}
+}
+
+// established lists the node's ESTABLISHED TCP conntrack entries to ip:port.
+func established(t *testing.T, n *lab.Node, ip netip.Addr, port int) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", n.Netns, "conntrack", "-L", "-p", "tcp", "--state", "ESTABLISHED",
+		"--orig-dst", ip.String(), "--dport", fmt.Sprint(port)).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "0 flow entries") {
+		t.Fatalf("conntrack: %v: %s", err, out)
+	}
+	var lines []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "tcp") {
+			lines = append(lines, line)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// FIN and RST take the slow path, so conntrack on both nodes sees a closed
+// connection close.
+func TestClosedConnectionLeavesNoEstablishedConntrack(t *testing.T) {
+	l, a, b := twoNodes(t)
+	echoTCP(listenTCP(t, b.Netns, 9200))
+	c := dial(t, a.Netns, "tcp4", b.IP, 9200)
+	if err := rr(c, 500); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Nodes {
+		if established(t, n, b.IP, 9200) == "" {
+			t.Fatalf("%s: no ESTABLISHED entry while the connection is open (the test would prove nothing)", n.Name)
+		}
+	}
+	c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, n := range l.Nodes {
+		for e := established(t, n, b.IP, 9200); e != ""; e = established(t, n, b.IP, 9200) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still has an ESTABLISHED entry after close:\n%s", n.Name, e)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// A node with the fast path off and one with it on talk both ways, and
+// the one that is on never fast-paths to the one that is off.
+func TestMixedCluster(t *testing.T) {
+	l, a, b := twoNodes(t)
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	setFastPath(t, n2, false)
+	waitPeerFlag(t, n1, n2.Name, false)
+	echoTCP(listenTCP(t, a.Netns, 9300))
+	echoTCP(listenTCP(t, b.Netns, 9300))
+	echoUDP(listenUDP(t, a.Netns, 9301))
+	echoUDP(listenUDP(t, b.Netns, 9301))
+	before1, before2 := stats(t, n1), stats(t, n2)
+	for _, pair := range [][2]*lab.Pod{{a, b}, {b, a}} {
+		if err := rr(dial(t, pair[0].Netns, "tcp4", pair[1].IP, 9300), 300); err != nil {
+			t.Fatalf("%s → %s TCP: %v", pair[0].Name, pair[1].Name, err)
+		}
+		if err := udpRR(dial(t, pair[0].Netns, "udp4", pair[1].IP, 9301), 300); err != nil {
+			t.Fatalf("%s → %s UDP: %v", pair[0].Name, pair[1].Name, err)
+		}
+	}
+	after1, after2 := stats(t, n1), stats(t, n2)
+	if after1["egress_hit"] != before1["egress_hit"] || after1["ingress_hit"] != before1["ingress_hit"] {
+		t.Fatal("the fast-path node used the fast path towards a slow-path node")
+	}
+	if after1["egress_miss_no_peer"]-before1["egress_miss_no_peer"] < 600 {
+		t.Fatal("the fast-path node did not see the slow-path node's pods as outside the fast path")
+	}
+	if after2["egress_hit"] != before2["egress_hit"] {
+		t.Fatal("the node with the fast path off used it")
+	}
+}
+
+func waitPeerFlag(t *testing.T, n *lab.Node, peer string, fast bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := agent(t, n).ListPeers(context.Background(), &apiv1.ListPeersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range resp.Peers {
+			if p.NodeName == peer && p.FastPath == fast {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never saw %s with fast path %v", n.Name, peer, fast)
+		}
+	}
+}
+
+// An agent restart during a running TCP stream loses no byte and resets
+// nothing, and the fast path still hits afterwards.
+func TestAgentRestartDuringStream(t *testing.T) {
+	l, a, b := twoNodes(t)
+	n1 := l.Nodes[0]
+	sink(listenTCP(t, b.Netns, 9400))
+	err := transfer(t, a.Netns, b.IP, 9400, 300<<20, func() {
+		time.Sleep(200 * time.Millisecond)
+		n1.Agent.Stop()
+		if err := l.StartAgent(n1); err != nil {
+			t.Error(err)
+		}
+		if err := l.WaitReady(context.Background(), n1); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatalf("stream across the restart: %v", err)
+	}
+	echoTCP(listenTCP(t, b.Netns, 9401))
+	before := stats(t, n1)
+	if err := rr(dial(t, a.Netns, "tcp4", b.IP, 9401), 500); err != nil {
+		t.Fatal(err)
+	}
+	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits < 450 {
+		t.Fatalf("after the restart only %d of 500 exchanges hit the fast path", hits)
+	}
+}
+
+// Turning the fast path off and on under a running flow keeps the flow.
+func TestToggleMidFlow(t *testing.T) {
+	l, a, b := twoNodes(t)
+	n1 := l.Nodes[0]
+	echoTCP(listenTCP(t, b.Netns, 9500))
+	c := dial(t, a.Netns, "tcp4", b.IP, 9500)
+	var done atomic.Int64
+	errc := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				errc <- nil
+				return
+			default:
+			}
+			if err := rr(c, 10); err != nil {
+				errc <- err
+				return
+			}
+			done.Add(10)
+		}
+	}()
+	step := func(on bool) {
+		mark := done.Load()
+		setFastPath(t, n1, on)
+		for deadline := time.Now().Add(5 * time.Second); done.Load() < mark+200; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("flow stalled after switching the fast path %v", on)
+			}
+		}
+	}
+	step(false)
+	before := stats(t, n1)
+	step(true)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatalf("flow broke: %v", err)
+	}
+	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {
+		t.Fatal("the flow did not return to the fast path after switching it back on")
+	}
+}
+
+// countingEcho echoes UDP and counts what it received.
+func countingEcho(c net.PacketConn) *atomic.Int64 {
+	var n atomic.Int64
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			k, a, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = c.WriteTo(buf[:k], a)
+		}
+	}()
+	return &n
+}
+
+// A pod IP that moves to another node (its node went, the CIDR was given
+// to a new node) is never delivered to the old location, even from a
+// socket whose flow the fast path had cached; the new pod is reachable.
+func TestPodIPReuseOnAnotherNode(t *testing.T) {
+	ctx := context.Background()
+	l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, NodeTimeout: 2 * time.Second})
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	a, old := n1.Pods[0], n2.Pods[0]
+	oldHits := countingEcho(listenUDP(t, old.Netns, 9600))
+	cached := dial(t, a.Netns, "udp4", old.IP, 9600)
+	before := stats(t, n1)
+	if err := udpRR(cached, 200); err != nil {
+		t.Fatal(err)
+	}
+	if stats(t, n1)["egress_hit"]-before["egress_hit"] < 150 {
+		t.Fatal("the flow to the old pod was not on the fast path (the test would prove nothing)")
+	}
+
+	// The old node's agent stops; its pods and kernel state stay, so a
+	// packet sent to the old location would still be answered there.
+	n2.Agent.Stop()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := agent(t, n1).ListPeers(ctx, &apiv1.ListPeersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone := true
+		for _, p := range resp.Peers {
+			gone = gone && p.NodeName != n2.Name
+		}
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never removed", n2.Name)
+		}
+	}
+	n4, err := l.AddNode(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitReady(ctx, n4); err != nil {
+		t.Fatal(err)
+	}
+	moved, err := l.AddPod(ctx, n4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.IP != old.IP {
+		t.Fatalf("the new pod got %s, not the old pod's %s: the test would prove nothing", moved.IP, old.IP)
+	}
+	newHits := countingEcho(listenUDP(t, moved.Netns, 9600))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if waitErr := udpRR(dial(t, a.Netns, "udp4", moved.IP, 9600), 1); waitErr == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("new location never reachable: %v", waitErr)
+		}
+	}
+	oldHits.Store(0)
+	if err := udpRR(cached, 200); err != nil { // the socket of the cached flow
+		t.Fatalf("cached flow after the move: %v", err)
+	}
+	if err := udpRR(dial(t, a.Netns, "udp4", moved.IP, 9600), 200); err != nil {
+		t.Fatalf("new flow after the move: %v", err)
+	}
+	if got := oldHits.Load(); got != 0 {
+		t.Fatalf("%d packets reached the old location", got)
+	}
+	if got := newHits.Load(); got < 400 {
+		t.Fatalf("the new location got %d of 400 packets", got)
+	}
+}
