@@ -16,12 +16,18 @@ import (
 )
 
 // The lab's matrix — pod↔pod on one node and across nodes, node→pod,
-// pod→node, each with ICMP, TCP and UDP — passes on 3 nodes × 2 pods.
-// Then a node is removed: its route, neighbour and FDB entry vanish on
-// the others and the rest keep working.
+// pod→node, each with ICMP, TCP and UDP — passes on 3 nodes × 2 pods with
+// the fast path on (so host↔pod traffic works beside it). Then a node is
+// removed: its route, neighbour and FDB entry vanish on the others and the
+// rest keep working.
 func TestLabMatrixAndNodeRemoval(t *testing.T) {
 	l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second})
 	ctx := context.Background()
+	for _, n := range l.Nodes {
+		if st, err := n.Status(ctx); err != nil || !st.FastPath {
+			t.Fatalf("%s: fast path not on (%v): the matrix must run beside it", n.Name, err)
+		}
+	}
 	matrix(t, l)
 
 	gone := l.Nodes[2]

@@ -24,14 +24,15 @@ func main() {
 	reps := pflag.Int("reps", 5, "interleaved repetitions per test and configuration")
 	dur := pflag.Duration("duration", 5*time.Second, "length of one netperf run")
 	tests := pflag.StringSlice("tests", bench.Tests, "netperf tests")
+	cpus := pflag.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
 	pflag.Parse()
-	if err := run(*out, *netperf, *reps, *dur, *tests); err != nil {
+	if err := run(*out, *netperf, *reps, *dur, *tests, *cpus); err != nil {
 		fmt.Fprintln(os.Stderr, "onc-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out, netperf string, reps int, dur time.Duration, tests []string) error {
+func run(out, netperf string, reps int, dur time.Duration, tests []string, cpus string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	exe, _ := os.Executable()
@@ -45,13 +46,14 @@ func run(out, netperf string, reps int, dur time.Duration, tests []string) error
 	}
 	defer l.Down()
 	fmt.Printf("lab up; %d × %d tests × %d configs × %s\n", reps, len(tests), len(bench.Configs), dur)
-	samples, err := bench.Run(ctx, bench.Options{Lab: l, Netperf: np, Tests: tests, Reps: reps, Duration: dur, Log: os.Stdout})
+	samples, err := bench.Run(ctx, bench.Options{Lab: l, Netperf: np, Tests: tests, Reps: reps, Duration: dur, CPUs: cpus, Log: os.Stdout})
 	if err != nil {
 		return err
 	}
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	r := bench.NewReport(samples, reps, dur, strings.TrimRight(string(uts.Release[:]), "\x00"))
+	r.CPUs = cpus
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}

@@ -60,11 +60,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 		count(STAT_EGRESS_MISS_NO_PEER);
 		return TC_ACT_OK;
 	}
-	key.local_ip = p.ip->saddr;
-	key.remote_ip = p.ip->daddr;
-	key.local_port = p.sport;
-	key.remote_port = p.dport;
-	key.proto = p.ip->protocol;
+	flow_out(&key, &p);
 	if (!flow_allowed(&key, cfg->epoch)) {
 		count(STAT_EGRESS_MISS_FLOW);
 		return TC_ACT_OK;

@@ -54,11 +54,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		count(STAT_INGRESS_MISS_NO_POD);
 		return TC_ACT_OK;
 	}
-	key.local_ip = p.ip->daddr;
-	key.remote_ip = p.ip->saddr;
-	key.local_port = p.dport;
-	key.remote_port = p.sport;
-	key.proto = p.ip->protocol;
+	flow_in(&key, &p);
 	if (!flow_allowed(&key, cfg->epoch)) {
 		count(STAT_INGRESS_MISS_FLOW);
 		return TC_ACT_OK;

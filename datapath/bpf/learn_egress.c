@@ -48,11 +48,7 @@ int onc_learn_egress(struct __sk_buff *skb)
 	bpf_map_update_elem(&onc_encap, &dst.node_ip, &encap, BPF_ANY);
 	bpf_map_update_elem(&onc_egress, &p.ip->daddr, &dst, BPF_ANY);
 
-	key.local_ip = p.ip->saddr;
-	key.remote_ip = p.ip->daddr;
-	key.local_port = p.sport;
-	key.remote_port = p.dport;
-	key.proto = p.ip->protocol;
+	flow_out(&key, &p);
 	flow_learn(&key, cfg->epoch, 1);
 	count(STAT_LEARN_EGRESS);
 	return TC_ACT_OK;

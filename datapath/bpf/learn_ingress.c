@@ -31,11 +31,7 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	}
 	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
 		return TC_ACT_OK;
-	key.local_ip = p.ip->daddr;
-	key.remote_ip = p.ip->saddr;
-	key.local_port = p.dport;
-	key.remote_port = p.sport;
-	key.proto = p.ip->protocol;
+	flow_in(&key, &p);
 	flow_learn(&key, cfg->epoch, 0);
 	count(STAT_LEARN_INGRESS);
 	return TC_ACT_OK;

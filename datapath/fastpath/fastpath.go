@@ -217,7 +217,7 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 		if err := d.maps.OncLocal.Delete(be32(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
-		return d.deleteFlows(func(k FlowKey) bool { return k.LocalIp == be32(ip) })
+		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return k.LocalIp == be32(ip) })
 	})
 }
 
@@ -287,22 +287,11 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 			return err
 		}
 	}
-	var ip uint32
-	var ev EgressVal
-	var drop []uint32
-	it := d.maps.OncEgress.Iterate()
-	for it.Next(&ip, &ev) {
-		if nodes[ev.NodeIp] || inAny(addrOf(ip)) {
-			drop = append(drop, ip)
-		}
-	}
-	if err := it.Err(); err != nil {
+	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(addrOf(ip)) })
+	if err != nil {
 		return err
 	}
-	for _, ip := range drop {
-		_ = d.maps.OncEgress.Delete(ip)
-	}
-	return d.deleteFlows(func(k FlowKey) bool { return inAny(addrOf(k.RemoteIp)) })
+	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(addrOf(k.RemoteIp)) })
 }
 
 // SetHosts makes the host-address set (node IPs, gateways) exactly addrs.
@@ -314,19 +303,7 @@ func (d *Datapath) SetHosts(addrs []netip.Addr) error {
 			return err
 		}
 	}
-	var k uint32
-	var v uint8
-	var drop []uint32
-	it := d.maps.OncHosts.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			drop = append(drop, k)
-		}
-	}
-	for _, k := range drop {
-		_ = d.maps.OncHosts.Delete(k)
-	}
-	return it.Err()
+	return deleteWhere(d.maps.OncHosts, func(k uint32, _ uint8) bool { return !want[k] })
 }
 
 // Flush forgets every learned verdict at once (a new epoch), then clears
@@ -341,8 +318,9 @@ func (d *Datapath) Flush() error {
 		if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
 			return err
 		}
+		all := func([]byte, []byte) bool { return true }
 		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEncap, d.maps.OncFilter} {
-			if err := clear(m); err != nil {
+			if err := deleteWhere(m, all); err != nil {
 				return err
 			}
 		}
@@ -376,13 +354,15 @@ func (d *Datapath) evict(fn func() error) error {
 // inFlightGrace bounds how long one tc program run can take.
 const inFlightGrace = 5 * time.Millisecond
 
-func (d *Datapath) deleteFlows(match func(FlowKey) bool) error {
-	var k FlowKey
-	var v FlowVal
-	var drop []FlowKey
-	it := d.maps.OncFilter.Iterate()
+// deleteWhere removes the entries of m that match (collected first: a map
+// must not change under its iterator).
+func deleteWhere[K, V any](m *ebpf.Map, match func(K, V) bool) error {
+	var k K
+	var v V
+	var drop []K
+	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if match(k) {
+		if match(k, v) {
 			drop = append(drop, k)
 		}
 	}
@@ -390,24 +370,9 @@ func (d *Datapath) deleteFlows(match func(FlowKey) bool) error {
 		return err
 	}
 	for _, k := range drop {
-		_ = d.maps.OncFilter.Delete(k)
-	}
-	return nil
-}
-
-func clear(m *ebpf.Map) error {
-	keys := make([][]byte, 0)
-	k := make([]byte, m.KeySize())
-	v := make([]byte, m.ValueSize())
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, append([]byte(nil), k...))
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, key := range keys {
-		_ = m.Delete(key)
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
 	}
 	return nil
 }

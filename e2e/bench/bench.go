@@ -34,7 +34,11 @@ type Options struct {
 	Tests    []string
 	Reps     int
 	Duration time.Duration
-	Log      io.Writer // progress
+	// CPUs binds netperf and netserver ("0,1": netperf on CPU 0, netserver
+	// on CPU 1). Unbound, the scheduler's placement of the two swings
+	// results by 2× on a 2-CPU machine, for every config alike.
+	CPUs string
+	Log  io.Writer // progress
 }
 
 // Sample is one netperf run.
@@ -70,7 +74,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 				} else if err := fastPath(ctx, l, cfg == "fast"); err != nil {
 					return nil, err
 				}
-				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration)
+				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", test, cfg, err)
 				}
@@ -144,10 +148,13 @@ func netservers(dir string, netns ...string) (stop func(), err error) {
 	return stop, nil
 }
 
-func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration) (Sample, error) {
+func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string) (Sample, error) {
 	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", test,
-		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C", "--",
-		"-o", "THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,REMOTE_SD,SD_UNITS"}
+		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
+	if cpus != "" {
+		args = append(args, "-T", cpus)
+	}
+	args = append(args, "--", "-o", "THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,REMOTE_SD,SD_UNITS")
 	if test == "TCP_STREAM" {
 		args = append(args, "-m", "65536")
 	}

@@ -62,7 +62,7 @@ func (r Report) JSON(w io.Writer) error {
 
 // Markdown writes the tables docs/performance.md shows.
 func (r Report) Markdown(w io.Writer) {
-	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration.\n\n", r.Date, r.Kernel, r.Reps, r.Duration)
+	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration, netperf -T %q.\n\n", r.Date, r.Kernel, r.Reps, r.Duration, r.CPUs)
 	fmt.Fprintln(w, "| test | config | median | min – max | unit | CPU per unit (median) |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | --- | ---: |")
 	for _, s := range r.Results {

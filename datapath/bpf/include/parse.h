@@ -63,6 +63,26 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 	return -1;
 }
 
+/* flow_out is the key of a packet a local pod sends (local = source). */
+static __always_inline void flow_out(struct flow_key *k, const struct l4 *p)
+{
+	k->local_ip = p->ip->saddr;
+	k->remote_ip = p->ip->daddr;
+	k->local_port = p->sport;
+	k->remote_port = p->dport;
+	k->proto = p->ip->protocol;
+}
+
+/* flow_in is the key of a packet a local pod receives (local = destination). */
+static __always_inline void flow_in(struct flow_key *k, const struct l4 *p)
+{
+	k->local_ip = p->ip->daddr;
+	k->remote_ip = p->ip->saddr;
+	k->local_port = p->dport;
+	k->remote_port = p->sport;
+	k->proto = p->ip->protocol;
+}
+
 /* An Ethernet frame carrying IPv4 at data. */
 static __always_inline int is_ipv4(void *data, void *end)
 {
