@@ -14,6 +14,7 @@ type Report struct {
 	Kernel   string    `json:"kernel"`
 	Reps     int       `json:"reps"`
 	Duration string    `json:"duration"`
+	CPUs     string    `json:"cpus"` // netperf -T
 	Results  []Summary `json:"results"`
 	Ratios   []Ratio   `json:"ratios"`
 	Samples  []Sample  `json:"samples"`
