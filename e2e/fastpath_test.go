@@ -101,18 +101,7 @@ func echoTCP(l net.Listener) {
 	}()
 }
 
-func echoUDP(c net.PacketConn) {
-	go func() {
-		buf := make([]byte, 65536)
-		for {
-			n, a, err := c.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = c.WriteTo(buf[:n], a)
-		}
-	}()
-}
+func echoUDP(c net.PacketConn) { go lab.EchoUDP(c, nil) }
 
 // rr does n request/response exchanges of 100 bytes on c.
 func rr(c net.Conn, n int) error {
@@ -455,17 +444,7 @@ func TestToggleMidFlow(t *testing.T) {
 // countingEcho echoes UDP and counts what it received.
 func countingEcho(c net.PacketConn) *atomic.Int64 {
 	var n atomic.Int64
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			k, a, err := c.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			n.Add(1)
-			_, _ = c.WriteTo(buf[:k], a)
-		}
-	}()
+	go lab.EchoUDP(c, &n)
 	return &n
 }
 

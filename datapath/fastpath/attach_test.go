@@ -6,29 +6,16 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf/link"
-	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 )
 
 // inVethNetns runs fn in a fresh namespace holding veth pair "up0"/"up1".
 func inVethNetns(t *testing.T, fn func()) {
-	path := testutil.Netns(t, testutil.Prefix()+"-fp")
-	ns, err := podnet.OpenNetns(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	err = podnet.InNetns(ns, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}); err != nil {
-			return err
-		}
+	testutil.InNewNetns(t, "fp", func() {
+		must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}))
 		fn()
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func linkID(t *testing.T, pin string) link.ID {

@@ -14,30 +14,19 @@ import (
 
 // inNode runs fn inside a fresh namespace with an uplink "ul0" at 192.0.2.1/24.
 func inNode(t *testing.T, fn func(uplink int)) {
-	testutil.Privileged(t)
-	path := testutil.Netns(t, testutil.Prefix()+"-ovl")
-	ns, err := podnet.OpenNetns(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	err = podnet.InNetns(ns, func() error {
+	testutil.InNewNetns(t, "ovl", func() {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul1"}); err != nil {
-			return err
+			t.Fatal(err)
 		}
 		ul, _ := netlink.LinkByName("ul0")
 		if err := netlink.AddrAdd(ul, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(192, 0, 2, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
-			return err
+			t.Fatal(err)
 		}
 		if err := netlink.LinkSetUp(ul); err != nil {
-			return err
+			t.Fatal(err)
 		}
 		fn(ul.Attrs().Index)
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func peer(name, ip, cidr string, last byte) overlay.Peer {

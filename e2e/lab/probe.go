@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -288,15 +289,24 @@ func serve(eps []Endpoint) (func(), error) {
 		}()
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, 2048)
-			for {
-				n, addr, err := ul.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = ul.WriteTo(buf[:n], addr)
-			}
+			EchoUDP(ul, nil)
 		}()
 	}
 	return stop, nil
+}
+
+// EchoUDP answers every datagram on c with itself until c is closed,
+// counting them in received if it is not nil.
+func EchoUDP(c net.PacketConn, received *atomic.Int64) {
+	buf := make([]byte, 65536)
+	for {
+		n, addr, err := c.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if received != nil {
+			received.Add(1)
+		}
+		_, _ = c.WriteTo(buf[:n], addr)
+	}
 }

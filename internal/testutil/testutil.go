@@ -273,3 +273,18 @@ func PodStateOf(t testing.TB, node string) PodState {
 	}
 	return s
 }
+
+// InNewNetns creates a namespace named with a unique prefix and suffix,
+// runs fn on a thread inside it, and removes it when the test ends.
+func InNewNetns(t testing.TB, suffix string, fn func()) {
+	t.Helper()
+	Privileged(t)
+	ns, err := podnet.OpenNetns(Netns(t, Prefix()+"-"+suffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := podnet.InNetns(ns, func() error { fn(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
