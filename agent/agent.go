@@ -223,7 +223,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 }
 
 // bringUp builds the node's datapath for cidr.
-func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
+func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) (err error) {
 	cc, err := a.store.ClusterConfig(ctx)
 	if err != nil {
 		return fmt.Errorf("read cluster config: %w", err)
@@ -238,6 +238,11 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 		return err
 	}
 	fp := a.openFastPath()
+	defer func() {
+		if err != nil && fp != nil {
+			fp.Close() // the next attempt opens it again
+		}
+	}()
 	var mark uint32
 	if fp != nil {
 		mark = a.cfg.FastPathMark
