@@ -344,11 +344,12 @@ func (d *Datapath) evict(fn func() error) error {
 	}
 	time.Sleep(inFlightGrace)
 	ferr := fn()
-	c.Learning = 1
-	if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
-		return errors.Join(ferr, err)
+	// Re-read: fn may have changed the config (Flush moves the epoch).
+	if c, err = d.config(); err == nil {
+		c.Learning = 1
+		err = d.maps.OncCfg.Put(uint32(0), c)
 	}
-	return ferr
+	return errors.Join(ferr, err)
 }
 
 // inFlightGrace bounds how long one tc program run can take.

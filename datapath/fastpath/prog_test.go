@@ -334,7 +334,11 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	}
 
 	// A flush is one epoch step: the flow is void at once.
+	before, _ := d.config()
 	must(t, d.Flush())
+	if after, _ := d.config(); after.Epoch != before.Epoch+1 || after.Learning != 1 {
+		t.Fatalf("after a flush: epoch %d → %d, learning %d; want one epoch step and learning on", before.Epoch, after.Epoch, after.Learning)
+	}
 	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actOK {
 		t.Fatal("flow still fast-pathed after a flush")
 	}
