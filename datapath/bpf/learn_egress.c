@@ -29,11 +29,12 @@ int onc_learn_egress(struct __sk_buff *skb)
 	outer = parse_vxlan(data, end, cfg);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) || parse_l4(data, end, ONC_HDR_LEN, &p))
 		return TC_ACT_OK;
-	if (p.tcp_flags || !cfg->learning) {
-		if (!cfg->learning)
-			count(STAT_LEARN_PAUSED);
+	if (!cfg->learning) {
+		count(STAT_LEARN_PAUSED);
 		return TC_ACT_OK;
 	}
+	if (p.tcp_flags)
+		return TC_ACT_OK;
 	/* Only pod-to-pod flows to a fast-path peer, sent to its owner. */
 	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr) || is_host(p.ip->daddr))
 		return TC_ACT_OK;

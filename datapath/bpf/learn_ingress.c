@@ -24,11 +24,12 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	skb->mark &= ~cfg->mark; /* ONC's bit never reaches the pod */
 	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
 		return TC_ACT_OK;
-	if (p.tcp_flags || !cfg->learning) {
-		if (!cfg->learning)
-			count(STAT_LEARN_PAUSED);
+	if (!cfg->learning) {
+		count(STAT_LEARN_PAUSED);
 		return TC_ACT_OK;
 	}
+	if (p.tcp_flags)
+		return TC_ACT_OK;
 	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
 		return TC_ACT_OK;
 	flow_in(&key, &p);

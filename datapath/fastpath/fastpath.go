@@ -131,8 +131,8 @@ func (d *Datapath) load(opts *ebpf.CollectionOptions) error {
 // Mode reports how programs are attached.
 func (d *Datapath) Mode() Mode { return d.mode }
 
-// Close releases this process's handles; pinned maps and links stay, so
-// forwarding continues until Remove.
+// Close releases this process's handles; the pinned maps and links stay,
+// so forwarding continues until their pins are removed.
 func (d *Datapath) Close() error {
 	var errs []error
 	for _, c := range d.closers {

@@ -325,7 +325,7 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	}
 	dests, _ := d.Dests()
 	encaps, _ := d.Encaps()
-	if len(dests) != 1 || dests[0].Node != peerNode || len(encaps) != 1 || encaps[0].OuterDIP != peerNode || encaps[0].InnerDst.String() != vtepPeer.String() {
+	if len(dests) != 1 || dests[0].Node != peerNode || len(encaps) != 1 || encaps[0].OuterDstIP != peerNode || encaps[0].InnerDst.String() != vtepPeer.String() {
 		t.Fatalf("dests %+v encaps %+v", dests, encaps)
 	}
 	// Now the egress fast path takes the flow.

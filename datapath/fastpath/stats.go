@@ -72,11 +72,11 @@ type Dest struct {
 
 // Encap is a decoded header entry.
 type Encap struct {
-	Node                 netip.Addr
-	Ifindex              int
-	OuterSrc, OuterDst   net.HardwareAddr
-	InnerSrc, InnerDst   net.HardwareAddr
-	OuterSrcIP, OuterDIP netip.Addr
+	Node                   netip.Addr
+	Ifindex                int
+	OuterSrc, OuterDst     net.HardwareAddr
+	InnerSrc, InnerDst     net.HardwareAddr
+	OuterSrcIP, OuterDstIP netip.Addr
 }
 
 // Local is a decoded local-pod entry.
@@ -141,7 +141,7 @@ func (d *Datapath) Encaps() ([]Encap, error) {
 		out = append(out, Encap{
 			Node: addrOf(k), Ifindex: int(v.Ifindex),
 			OuterDst: net.HardwareAddr(append([]byte(nil), h[0:6]...)), OuterSrc: net.HardwareAddr(append([]byte(nil), h[6:12]...)),
-			OuterSrcIP: netip.AddrFrom4([4]byte(h[26:30])), OuterDIP: netip.AddrFrom4([4]byte(h[30:34])),
+			OuterSrcIP: netip.AddrFrom4([4]byte(h[26:30])), OuterDstIP: netip.AddrFrom4([4]byte(h[30:34])),
 			InnerDst: net.HardwareAddr(append([]byte(nil), h[50:56]...)), InnerSrc: net.HardwareAddr(append([]byte(nil), h[56:62]...)),
 		})
 	}
