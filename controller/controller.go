@@ -1,11 +1,13 @@
 // Package controller is onc-controller: cluster NodeIPAM. It gives every
 // registered node a pod CIDR, frees the CIDR of a node that is removed, and
-// removes nodes whose agent has been gone for longer than NodeTimeout.
+// removes nodes whose agent has been gone for longer than NodeTimeout or,
+// on Kubernetes, whose Node object was deleted.
 package controller
 
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/onc-net/onc/controller/datastore"
@@ -71,10 +73,23 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	members, err := c.members(ctx)
+	if err != nil {
+		return err
+	}
 	now := time.Now()
 	registered := map[string]bool{}
 	for _, n := range nodes {
 		registered[n.Name] = true
+		if _, inCluster := members[n.Name]; members != nil && !inCluster {
+			slog.Info("node left the cluster; deleting it", "node", n.Name)
+			if err := c.store.DeleteNode(ctx, n.Name); err != nil {
+				return err
+			}
+			delete(c.lastSeen, n.Name)
+			delete(registered, n.Name)
+			continue
+		}
 		if _, known := c.lastSeen[n.Name]; n.Alive || !known {
 			c.lastSeen[n.Name] = now
 		} else if c.expired(n.Name, now) {
@@ -87,7 +102,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 			continue
 		}
 		if !n.PodCIDR.IsValid() {
-			p, err := c.alloc.Allocate(ctx, n.Name)
+			p, err := c.alloc.Allocate(ctx, n.Name, members[n.Name])
 			if err != nil {
 				slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
 				continue
@@ -108,6 +123,16 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// members returns the cluster's nodes and their pod CIDRs when the backend
+// knows them (Kubernetes), else nil.
+func (c *Controller) members(ctx context.Context) (map[string]netip.Prefix, error) {
+	m, ok := c.store.(datastore.Membership)
+	if !ok {
+		return nil, nil
+	}
+	return m.ClusterNodes(ctx)
 }
 
 // expired: a node gets the full timeout from the last time this controller

@@ -1,8 +1,8 @@
 // Package datastore is the control plane's state: cluster configuration,
 // node registrations (tunnel endpoints), per-node pod CIDRs and node
 // liveness. The controller allocates CIDRs through it; agents register
-// their node and watch their peers through it. Backends: etcd (etcdstore);
-// Kubernetes comes later behind the same interface.
+// their node and watch their peers through it. Backends: etcd (etcdstore)
+// and Kubernetes (k8sstore).
 package datastore
 
 import (
@@ -80,4 +80,15 @@ type Store interface {
 	// Describe names the backend and where it is, for status output.
 	Describe() string
 	Close() error
+}
+
+// Membership is implemented by backends that know the cluster's nodes apart
+// from ONC's registrations (Kubernetes Nodes). The controller deletes the
+// registration and CIDR of a node that left the cluster at once, instead of
+// after the node timeout, and gives a node the pod CIDR it already carries
+// (set before ONC was installed) when that block is free.
+type Membership interface {
+	// ClusterNodes maps every node of the cluster to the pod CIDR it
+	// carries (the zero Prefix if none).
+	ClusterNodes(ctx context.Context) (map[string]netip.Prefix, error)
 }

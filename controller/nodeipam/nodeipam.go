@@ -49,6 +49,11 @@ func (a *Allocator) Blocks() *big.Int {
 	return new(big.Int).Lsh(big.NewInt(1), uint(a.cfg.NodePrefixLen-a.cfg.ClusterCIDR.Bits()))
 }
 
+// IsBlock reports whether p is one of the cluster CIDR's node blocks.
+func (a *Allocator) IsBlock(p netip.Prefix) bool {
+	return p.IsValid() && p.Bits() == a.cfg.NodePrefixLen && p.Masked() == p && a.cfg.ClusterCIDR.Contains(p.Addr())
+}
+
 // block returns the i-th node block.
 func (a *Allocator) block(i uint64) netip.Prefix {
 	base := a.cfg.ClusterCIDR.Addr().As4()
@@ -57,10 +62,18 @@ func (a *Allocator) block(i uint64) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), a.cfg.NodePrefixLen)
 }
 
-// Allocate returns node's block, claiming the first free one if it has none.
-// Concurrent callers, in this process or others, never get the same block,
-// and the same node always gets the same block until it is released.
-func (a *Allocator) Allocate(ctx context.Context, node string) (netip.Prefix, error) {
+// Allocate returns node's block, claiming one if it has none: prefer if it
+// is a free block of the cluster CIDR (a pod CIDR the node already carries),
+// else the first free one. Concurrent callers, in this process or others,
+// never get the same block, and the same node always gets the same block
+// until it is released.
+func (a *Allocator) Allocate(ctx context.Context, node string, prefer netip.Prefix) (netip.Prefix, error) {
+	if a.IsBlock(prefer) {
+		got, err := a.store.ClaimCIDR(ctx, node, prefer)
+		if !errors.Is(err, datastore.ErrCIDRTaken) {
+			return got, err
+		}
+	}
 	for {
 		taken, err := a.store.Allocations(ctx)
 		if err != nil {

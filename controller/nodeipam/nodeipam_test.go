@@ -45,7 +45,7 @@ func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = a.Allocate(ctx, fmt.Sprintf("node-%d", i))
+			got[i], errs[i] = a.Allocate(ctx, fmt.Sprintf("node-%d", i), netip.Prefix{})
 		}()
 	}
 	wg.Wait()
@@ -72,7 +72,7 @@ func TestSameNodeConcurrentlyGetsOneBlock(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var err error
-			if got[i], err = a.Allocate(context.Background(), "same"); err != nil {
+			if got[i], err = a.Allocate(context.Background(), "same", netip.Prefix{}); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -98,7 +98,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 		e := testutil.EmbeddedEtcd(t, dir)
 		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 		for _, n := range []string{"a", "b", "c"} {
-			p, err := a.Allocate(ctx, n)
+			p, err := a.Allocate(ctx, n, netip.Prefix{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +109,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 	e := testutil.EmbeddedEtcd(t, dir)
 	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 	for _, n := range []string{"c", "b", "a"} { // other order: must not matter
-		if p, err := a.Allocate(ctx, n); err != nil || p != want[n] {
+		if p, err := a.Allocate(ctx, n, netip.Prefix{}); err != nil || p != want[n] {
 			t.Fatalf("after restart %s got %v, %v; want %v", n, p, err, want[n])
 		}
 	}
@@ -121,7 +121,7 @@ func TestExhaustionIsAClearError(t *testing.T) {
 	ctx := context.Background()
 	seen := map[netip.Prefix]bool{}
 	for i := 0; i < 4; i++ {
-		p, err := a.Allocate(ctx, fmt.Sprint("n", i))
+		p, err := a.Allocate(ctx, fmt.Sprint("n", i), netip.Prefix{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +130,7 @@ func TestExhaustionIsAClearError(t *testing.T) {
 	if len(seen) != 4 {
 		t.Fatalf("4 nodes got %d distinct blocks", len(seen))
 	}
-	_, err := a.Allocate(ctx, "n4")
+	_, err := a.Allocate(ctx, "n4", netip.Prefix{})
 	if !errors.Is(err, nodeipam.ErrExhausted) {
 		t.Fatalf("5th node: err = %v, want ErrExhausted", err)
 	}
@@ -151,5 +151,23 @@ func TestValidateRejectsBadConfig(t *testing.T) {
 	}
 	if err := nodeipam.Validate(cfg("10.244.0.0/16", 24)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A node that already carries a pod CIDR (Kubernetes Node.spec.podCIDR set
+// before ONC) keeps it when it is a free block; otherwise it gets a free one.
+func TestAllocatePrefersTheNodesOwnFreeBlock(t *testing.T) {
+	e := testutil.EmbeddedEtcd(t, "")
+	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+	ctx := context.Background()
+	own := netip.MustParsePrefix("10.244.77.0/24")
+	if p, err := a.Allocate(ctx, "kept", own); err != nil || p != own {
+		t.Fatalf("node carrying free %v got %v, %v", own, p, err)
+	}
+	for _, prefer := range []string{"10.244.77.0/24", "10.99.0.0/24", "10.244.5.0/25", "10.244.5.1/24"} {
+		p, err := a.Allocate(ctx, "other-"+prefer, netip.MustParsePrefix(prefer))
+		if err != nil || p == own || !a.IsBlock(p) || p.String() == prefer {
+			t.Fatalf("node preferring unusable %s got %v, %v; want another free block", prefer, p, err)
+		}
 	}
 }

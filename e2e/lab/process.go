@@ -19,6 +19,7 @@ type Process struct {
 	Log  string `json:"log"`
 }
 
+// start runs bin in netns ("" = this process's namespace), logging to logPath.
 func start(netns, logPath, bin string, args ...string) (Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -27,6 +28,9 @@ func start(netns, logPath, bin string, args ...string) (Process, error) {
 	defer logf.Close()
 	// `ip netns exec` enters the namespace and execs bin: the PID is bin's.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", netns, bin}, args...)...)
+	if netns == "" {
+		cmd = exec.Command(bin, args...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

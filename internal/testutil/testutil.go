@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -287,4 +288,23 @@ func InNewNetns(t testing.TB, suffix string, fn func()) {
 	if err := podnet.InNetns(ns, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// KubeAPIServer starts a real kube-apiserver (from $ONC_KUBE_BIN, where
+// `make kube-bins` builds it) on loopback, backed by an embedded etcd, and
+// stops it (by PID) when the test ends.
+func KubeAPIServer(t testing.TB) *lab.APIServer {
+	t.Helper()
+	bin := filepath.Join(os.Getenv("ONC_KUBE_BIN"), "kube-apiserver")
+	_, err := os.Stat(bin)
+	Require(t, os.Getenv("ONC_KUBE_BIN") != "" && err == nil, "kube-apiserver not built: run `make kube-bins` (it sets ONC_KUBE_BIN for make test)")
+	etcd := EmbeddedEtcd(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a, err := lab.StartAPIServer(ctx, "", t.TempDir(), bin, etcd.ClientURL, netip.MustParseAddr("127.0.0.1"), FreePort(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	return a
 }

@@ -1,0 +1,214 @@
+package k8sstore_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/k8sstore"
+	"github.com/onc-net/onc/controller/datastore/storetest"
+	"github.com/onc-net/onc/controller/nodeipam"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/manifests"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+const (
+	agentSA      = "onc-system:onc-agent"
+	controllerSA = "onc-system:onc-controller"
+)
+
+var oncNodes = schema.GroupVersionResource{Group: k8sstore.Group, Version: k8sstore.Version, Resource: "oncnodes"}
+
+// One real kube-apiserver for the whole package: starting one takes seconds.
+func TestKubernetesBackend(t *testing.T) {
+	api := testutil.KubeAPIServer(t)
+	admin := api.RESTConfig()
+	ctx := context.Background()
+	// Exactly what users install, less the workloads (no kubelet here).
+	err := manifests.Apply(ctx, admin, func(u *unstructured.Unstructured) bool {
+		return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(admin)
+	dyn := dynamic.NewForConfigOrDie(admin)
+
+	t.Run("Suite", func(t *testing.T) {
+		n := 0
+		storetest.Run(t, func(t *testing.T) datastore.Store {
+			// A fresh ledger namespace and no ONCNodes: an empty store.
+			n++
+			ns := fmt.Sprintf("suite-%d", n)
+			if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dyn.Resource(oncNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return open(t, admin, ns)
+		})
+	})
+	t.Run("ConcurrentAllocatorsNeverShareABlock", func(t *testing.T) {
+		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "race"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		concurrentAllocators(t, func() datastore.Store { return open(t, admin, "race") })
+	})
+	t.Run("LeastPrivilegeRBAC", func(t *testing.T) { leastPrivilege(t, api.ServiceAccountConfig(agentSA), api.ServiceAccountConfig(controllerSA)) })
+	t.Run("NodePodCIDRWrittenOnceAndAdopted", func(t *testing.T) { nodePodCIDR(t, kube, open(t, admin, "onc-system")) })
+	t.Run("MissingCRDIsNamed", func(t *testing.T) {
+		cfg := api.ServiceAccountConfig("default:nobody")
+		_, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, SyncWait: 2 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "onc.yaml") {
+			t.Fatalf("store without RBAC: err = %v, want one pointing at the manifest", err)
+		}
+	})
+}
+
+func open(t *testing.T, cfg *rest.Config, ns string) *k8sstore.Store {
+	t.Helper()
+	s, err := k8sstore.New(context.Background(), k8sstore.Options{Config: cfg, Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// The manifest's RBAC is enough for each component's job and no more: the
+// agent cannot take a CIDR or delete a node.
+func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
+	ctx := context.Background()
+	ctl := open(t, ctlCfg, "onc-system")
+	cfg := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	if err := ctl.PutClusterConfig(ctx, cfg); err != nil {
+		t.Fatalf("controller writing the cluster config: %v", err)
+	}
+	agent := open(t, agentCfg, "onc-system")
+	if got, err := agent.ClusterConfig(ctx); err != nil || got != cfg {
+		t.Fatalf("agent reading the cluster config: %+v, %v", got, err)
+	}
+	spec := datastore.NodeSpec{Name: "rbac-node", IP: netip.MustParseAddr("192.0.2.50"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x50}, FastPath: true}
+	if err := agent.RegisterNode(ctx, spec); err != nil {
+		t.Fatalf("agent registering: %v", err)
+	}
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = agent.KeepAlive(kctx, spec.Name, 10*time.Second) }()
+	waitFor(t, "heartbeat seen by the controller", func() bool { n, _ := ctl.Node(ctx, spec.Name); return n.Alive })
+	p := netip.MustParsePrefix("10.244.50.0/24")
+	if _, err := agent.ClaimCIDR(ctx, spec.Name, p); !apierrors.IsForbidden(err) {
+		t.Fatalf("agent claiming a CIDR: err = %v, want Forbidden", err)
+	}
+	if got, err := ctl.ClaimCIDR(ctx, spec.Name, p); err != nil || got != p {
+		t.Fatalf("controller claiming: %v, %v", got, err)
+	}
+	waitFor(t, "agent sees its CIDR", func() bool { n, _ := agent.Node(ctx, spec.Name); return n.PodCIDR == p })
+	if err := agent.DeleteNode(ctx, spec.Name); !apierrors.IsForbidden(err) {
+		t.Fatalf("agent deleting a node: err = %v, want Forbidden", err)
+	}
+	if _, err := ctl.ClusterNodes(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.DeleteNode(ctx, spec.Name); err != nil {
+		t.Fatalf("controller deleting a node: %v", err)
+	}
+}
+
+// A claim writes Node.spec.podCIDR(s) once; ClusterNodes reports the
+// CIDR a Node already carries so the controller can adopt it.
+func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
+	ctx := context.Background()
+	mk := func(name, cidr string) {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDR: cidr}}
+		if cidr != "" {
+			n.Spec.PodCIDRs = []string{cidr}
+		}
+		if _, err := kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("fresh", "")
+	mk("preset", "10.244.99.0/24")
+	waitFor(t, "nodes in the cache", func() bool { m, _ := s.ClusterNodes(ctx); return len(m) >= 2 })
+	members, err := s.ClusterNodes(ctx)
+	if err != nil || members["preset"] != netip.MustParsePrefix("10.244.99.0/24") || members["fresh"].IsValid() {
+		t.Fatalf("ClusterNodes = %v, %v", members, err)
+	}
+	p := netip.MustParsePrefix("10.244.60.0/24")
+	if _, err := s.ClaimCIDR(ctx, "fresh", p); err != nil {
+		t.Fatal(err)
+	}
+	n, err := kube.CoreV1().Nodes().Get(ctx, "fresh", metav1.GetOptions{})
+	if err != nil || n.Spec.PodCIDR != p.String() || len(n.Spec.PodCIDRs) != 1 || n.Spec.PodCIDRs[0] != p.String() {
+		t.Fatalf("Node fresh spec = %+v, %v; want podCIDR(s) %v", n.Spec, err, p)
+	}
+	// Kubernetes keeps a Node's podCIDR forever; a release leaves it and
+	// the next claim of the same block for it needs no write.
+	if err := s.ReleaseCIDR(ctx, "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimCIDR(ctx, "fresh", p); err != nil {
+		t.Fatalf("re-claiming the Node's own block: %v", err)
+	}
+	for _, name := range []string{"fresh", "preset"} {
+		if err := kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteNode(ctx, "fresh"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Ten controllers, each with its own client, allocate at once: the
+// ledger's compare-and-swap gives every node its own block.
+func concurrentAllocators(t *testing.T, newStore func() datastore.Store) {
+	const n = 10
+	cfg := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	got := make([]netip.Prefix, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		a, err := nodeipam.New(cfg, newStore())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { got[i], errs[i] = a.Allocate(context.Background(), fmt.Sprint("node-", i), netip.Prefix{}) })
+	}
+	wg.Wait()
+	seen := map[netip.Prefix]int{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("node-%d: %v", i, errs[i])
+		}
+		if j, dup := seen[got[i]]; dup {
+			t.Fatalf("node-%d and node-%d both got %v", i, j, got[i])
+		}
+		seen[got[i]] = i
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

@@ -1,0 +1,146 @@
+package lab
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// APIServer is a real kube-apiserver (built by hack/kube-build.sh) that the
+// lab or a test runs: RBAC on, a static admin token, a self-signed serving
+// certificate and a service-account signing key of its own.
+type APIServer struct {
+	Process
+	URL        string `json:"url"`
+	Token      string `json:"token"`
+	Kubeconfig string `json:"kubeconfig"` // admin kubeconfig, for onc-* and kubectl
+}
+
+// StartAPIServer runs bin in netns ("" = here) on ip:port with its state in
+// dir, backed by the etcd at etcdURL, and waits until it is ready.
+func StartAPIServer(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, port int) (*APIServer, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	a := &APIServer{URL: fmt.Sprintf("https://%s", netip.AddrPortFrom(ip, uint16(port))), Token: hex.EncodeToString(tok),
+		Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+	tokens := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(a.Token+",admin,admin,system:masters\n"), 0o600); err != nil {
+		return nil, err
+	}
+	saKey := filepath.Join(dir, "sa.key")
+	if err := writeRSAKey(saKey); err != nil {
+		return nil, err
+	}
+	if err := a.writeKubeconfig(); err != nil {
+		return nil, err
+	}
+	p, err := start(netns, filepath.Join(dir, "kube-apiserver.log"), bin,
+		"--etcd-servers", etcdURL,
+		"--bind-address", ip.String(), "--advertise-address", ip.String(), "--secure-port", strconv.Itoa(port),
+		"--cert-dir", filepath.Join(dir, "certs"),
+		"--token-auth-file", tokens,
+		"--authorization-mode", "Node,RBAC",
+		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey,
+		"--service-cluster-ip-range", "10.96.0.0/16",
+		"--enable-priority-and-fairness=false")
+	a.Process = p
+	if err != nil {
+		return nil, err
+	}
+	if err := a.waitReady(ctx); err != nil {
+		a.Stop()
+		return nil, err
+	}
+	return a, nil
+}
+
+func writeRSAKey(path string) error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	der := x509.MarshalPKCS1PrivateKey(key)
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+func (a *APIServer) writeKubeconfig() error { return a.WriteKubeconfig(a.Kubeconfig, "") }
+
+// WriteKubeconfig writes a kubeconfig for the admin or, with sa
+// ("namespace:name"), for that service account: the admin token
+// impersonating it, so its RBAC applies as it would to a pod.
+func (a *APIServer) WriteKubeconfig(path, sa string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: a.URL, InsecureSkipTLSVerify: true}
+	user := &clientcmdapi.AuthInfo{Token: a.Token}
+	if sa != "" {
+		as := serviceAccount(sa)
+		user.Impersonate, user.ImpersonateGroups = as.UserName, as.Groups
+	}
+	cfg.AuthInfos["user"] = user
+	cfg.Contexts["lab"] = &clientcmdapi.Context{Cluster: "lab", AuthInfo: "user"}
+	cfg.CurrentContext = "lab"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func serviceAccount(sa string) rest.ImpersonationConfig {
+	ns, _, _ := strings.Cut(sa, ":")
+	return rest.ImpersonationConfig{UserName: "system:serviceaccount:" + sa,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+}
+
+// RESTConfig is an admin client config (reachable from the netns the
+// server runs in).
+func (a *APIServer) RESTConfig() *rest.Config {
+	return &rest.Config{Host: a.URL, BearerToken: a.Token, TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		QPS: 200, Burst: 400}
+}
+
+// ServiceAccountConfig acts as service account sa ("namespace:name").
+func (a *APIServer) ServiceAccountConfig(sa string) *rest.Config {
+	c := a.RESTConfig()
+	c.Impersonate = serviceAccount(sa)
+	return c
+}
+
+func (a *APIServer) waitReady(ctx context.Context) error {
+	cli := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // its own self-signed certificate
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.URL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+a.Token)
+		if resp, err := cli.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !a.Alive() {
+			return fmt.Errorf("kube-apiserver exited; log %s:\n%s", a.Log, tail(a.Log, 30))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("kube-apiserver not ready in 90s; log %s:\n%s", a.Log, tail(a.Log, 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
