@@ -9,7 +9,13 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down bench generate verify-generated lint prereqs clean
+.PHONY: all build test lab lab-down bench generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+
+# Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
+# the Kubernetes datastore tests and the kind bed; the cache outlives clones.
+KUBE_VERSION := $(shell awk '$$1=="require" && $$2=="k8s.io/kubernetes" {print $$3}' e2e/kind/kube/go.mod)
+KUBE_BIN ?= /var/cache/onc/kube/$(KUBE_VERSION)
+export ONC_KUBE_BIN := $(KUBE_BIN)
 
 all: build
 
@@ -38,13 +44,21 @@ bench: prereqs build
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
 # a privileged test that cannot run fails instead of skipping).
-test: prereqs verify-generated lint
+test: prereqs verify-generated lint kube-bins
 	$(GO) test -count=1 -p 1 -timeout 25m ./...
+
+# kube-apiserver for the Kubernetes datastore tests (first build ≈6 min).
+kube-bins:
+	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver
 
 STATICCHECK_VERSION := v0.8.2
 
 $(GOBIN_TOOLS)/staticcheck:
-	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(# kube-apiserver for the Kubernetes datastore tests (first build ≈6 min).
+kube-bins:
+	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver
+
+STATICCHECK_VERSION)
 
 lint: $(GOBIN_TOOLS)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi

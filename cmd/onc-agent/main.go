@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/onc-net/onc/agent"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/controller/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
 )
@@ -16,7 +16,7 @@ func main() {
 	cfg := agent.DefaultConfig()
 	fs := pflag.NewFlagSet("onc-agent", pflag.ExitOnError)
 	host, _ := os.Hostname()
-	fs.StringVar(&cfg.NodeName, "node-name", envOr("NODE_NAME", host), "this node's name (env NODE_NAME)")
+	fs.StringVar(&cfg.NodeName, "node-name", cmdutil.EnvOr("NODE_NAME", host), "this node's name (env NODE_NAME)")
 	nodeIP := fs.String("node-ip", "", "this node's underlay IPv4 address (default: the uplink's first address)")
 	fs.StringVar(&cfg.Iface, "iface", "", "uplink interface (default: the one holding --node-ip, else the default route's)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "persistent state: VTEP MAC, pod addresses")
@@ -29,7 +29,7 @@ func main() {
 	fs.StringVar(&cfg.BPFFS, "bpffs", cfg.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
 	fs.Uint32Var(&cfg.FastPathMark, "fast-path-mark", cfg.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
-	etcd := etcdstore.AddFlags(fs)
+	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
 
@@ -42,23 +42,16 @@ func main() {
 		}
 		cfg.NodeIP = ip
 	}
-	store, err := etcdstore.New(ctx, *etcd)
+	ds, err := store.Open(ctx)
 	if err != nil {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}
-	defer store.Close()
-	a, err := agent.New(cfg, store)
+	defer ds.Close()
+	a, err := agent.New(cfg, ds)
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
 	if err := a.Run(ctx); err != nil {
 		cmdutil.Fatal("agent failed", err)
 	}
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -1,8 +1,10 @@
-// Command onc-controller is ONC's cluster NodeIPAM. With no --etcd-endpoints
-// it runs an embedded etcd and serves it to the agents.
+// Command onc-controller is ONC's cluster NodeIPAM. On etcd without
+// --etcd-endpoints it runs an embedded etcd and serves it to the agents; on
+// Kubernetes its replicas elect a leader through a Lease.
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/backend"
 	"github.com/onc-net/onc/controller/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -21,9 +24,15 @@ func main() {
 	clusterCIDR := fs.String("cluster-cidr", "10.244.0.0/16", "IPv4 range all pod CIDRs come from")
 	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's pod CIDR")
 	nodeTimeout := fs.Duration("node-timeout", 24*time.Hour, "delete a node (and free its CIDR) after its agent has been gone this long; 0 never")
-	embedDir := fs.String("embedded-etcd-dir", "/var/lib/onc/etcd", "data directory of the embedded etcd (used without --etcd-endpoints)")
+	embedDir := fs.String("embedded-etcd-dir", "/var/lib/onc/etcd", "data directory of the embedded etcd (--datastore=etcd without --etcd-endpoints)")
 	embedListen := fs.String("embedded-etcd-listen", "http://127.0.0.1:2379", "client URL the embedded etcd serves agents on")
-	etcd := etcdstore.AddFlags(fs)
+	store := backend.AddFlags(fs)
+	host, _ := os.Hostname()
+	el := controller.Election{}
+	fs.StringVar(&el.Identity, "leader-elect-identity", cmdutil.EnvOr("POD_NAME", host), "this replica's name in the leader Lease (env POD_NAME)")
+	fs.DurationVar(&el.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a silent leader")
+	fs.DurationVar(&el.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before it gives up leading")
+	fs.DurationVar(&el.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
 
@@ -33,29 +42,44 @@ func main() {
 	if err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--cluster-cidr %q: %w", *clusterCIDR, err))
 	}
-	if len(etcd.Endpoints) == 0 {
+	if err := store.Validate(); err != nil {
+		cmdutil.Fatal("bad flag", err)
+	}
+	if store.Kind == backend.Etcd && len(store.Etcd.Endpoints) == 0 {
 		e, err := etcdstore.StartEmbedded(*embedDir, *embedListen)
 		if err != nil {
 			cmdutil.Fatal("cannot start the embedded etcd", err)
 		}
 		defer e.Close()
 		slog.Info("embedded etcd serving", "url", e.ClientURL, "dir", *embedDir)
-		etcd.Endpoints = []string{e.ClientURL}
+		store.Etcd.Endpoints = []string{e.ClientURL}
 	}
-	store, err := etcdstore.New(ctx, *etcd)
+	ds, err := store.Open(ctx)
 	if err != nil {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}
-	defer store.Close()
-	c, err := controller.New(ctx, controller.Config{
-		Cluster:     datastore.ClusterConfig{ClusterCIDR: cidr, NodePrefixLen: *prefixLen},
-		NodeTimeout: *nodeTimeout,
-	}, store)
-	if err != nil {
-		cmdutil.Fatal("cannot start the controller", err)
+	defer ds.Close()
+	run := func(ctx context.Context) error {
+		c, err := controller.New(ctx, controller.Config{
+			Cluster:     datastore.ClusterConfig{ClusterCIDR: cidr, NodePrefixLen: *prefixLen},
+			NodeTimeout: *nodeTimeout,
+		}, ds)
+		if err != nil {
+			return err
+		}
+		slog.Info("controller running", "clusterCIDR", cidr, "nodePrefixLen", *prefixLen, "datastore", ds.Describe())
+		return c.Run(ctx)
 	}
-	slog.Info("controller running", "clusterCIDR", cidr, "nodePrefixLen", *prefixLen, "datastore", store.Describe())
-	if err := c.Run(ctx); err != nil {
+	if store.Kind == backend.Kubernetes {
+		if el.Config, err = store.RESTConfig(); err != nil {
+			cmdutil.Fatal("bad flag", err)
+		}
+		el.Namespace = store.Namespace
+		err = controller.RunElected(ctx, el, run)
+	} else {
+		err = run(ctx)
+	}
+	if err != nil {
 		cmdutil.Fatal("controller failed", err)
 	}
 }

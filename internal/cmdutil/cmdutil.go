@@ -26,3 +26,12 @@ func Fatal(msg string, err error) {
 	slog.Error(msg, "err", err)
 	os.Exit(1)
 }
+
+// EnvOr returns the environment variable name, or def if it is empty: flag
+// defaults a pod spec can set through its env.
+func EnvOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

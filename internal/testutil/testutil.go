@@ -136,15 +136,35 @@ func EtcdServer(t testing.TB) string {
 	Require(t, err == nil, "etcd binary not installed (apt-get install etcd-server; make prereqs)")
 	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
 	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	dir := t.TempDir()
-	cmd := exec.Command(bin, "--name", "onc-test", "--data-dir", dir,
+	log := filepath.Join(t.TempDir(), "etcd.log")
+	Start(t, log, bin, "--name", "onc-test", "--data-dir", t.TempDir(),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "onc-test="+peer, "--log-level", "error")
-	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.Dial("tcp", strings.TrimPrefix(client, "http://"))
+		if err == nil {
+			c.Close()
+			return client
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("etcd did not listen on %s in 20s:\n%s", client, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Start runs bin with its output in log and kills it (by PID) when the
+// test ends, if it still runs.
+func Start(t testing.TB, log, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	logf, err := os.Create(log)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -154,19 +174,7 @@ func EtcdServer(t testing.TB) string {
 		_ = cmd.Wait()
 		logf.Close()
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.Dial("tcp", strings.TrimPrefix(client, "http://"))
-		if err == nil {
-			c.Close()
-			return client
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("etcd did not listen on %s in 20s:\n%s", client, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return cmd
 }
 
 // Netns creates a named network namespace removed when the test ends.

@@ -173,7 +173,9 @@ func (s *Store) Close() error {
 
 // ---- cluster config and ledger ----
 
-func blockKey(p netip.Prefix) string { return blockKeyPrefix + strings.Replace(p.String(), "/", "-", 1) }
+func blockKey(p netip.Prefix) string {
+	return blockKeyPrefix + strings.Replace(p.String(), "/", "-", 1)
+}
 
 func parseBlockKey(k string) (netip.Prefix, bool) {
 	rest, ok := strings.CutPrefix(k, blockKeyPrefix)

@@ -69,7 +69,9 @@ func TestKubernetesBackend(t *testing.T) {
 		}
 		concurrentAllocators(t, func() datastore.Store { return open(t, admin, "race") })
 	})
-	t.Run("LeastPrivilegeRBAC", func(t *testing.T) { leastPrivilege(t, api.ServiceAccountConfig(agentSA), api.ServiceAccountConfig(controllerSA)) })
+	t.Run("LeastPrivilegeRBAC", func(t *testing.T) {
+		leastPrivilege(t, api.ServiceAccountConfig(agentSA), api.ServiceAccountConfig(controllerSA))
+	})
 	t.Run("NodePodCIDRWrittenOnceAndAdopted", func(t *testing.T) { nodePodCIDR(t, kube, open(t, admin, "onc-system")) })
 	t.Run("MissingCRDIsNamed", func(t *testing.T) {
 		cfg := api.ServiceAccountConfig("default:nobody")

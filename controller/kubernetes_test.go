@@ -1,0 +1,135 @@
+package controller_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/controller"
+	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/controller/datastore/k8sstore"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/manifests"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Two real onc-controller replicas, running as the manifest's service
+// account against a real kube-apiserver: one leads; it adopts a pod CIDR a
+// Node already has and allocates the others; when it dies the standby
+// takes over; a deleted Node's CIDR is freed.
+func TestKubernetesControllerReplicas(t *testing.T) {
+	api := testutil.KubeAPIServer(t)
+	bins := testutil.Binaries(t)
+	ctx := context.Background()
+	if err := manifests.Apply(ctx, api.RESTConfig(), func(u *unstructured.Unstructured) bool {
+		return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
+	}); err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "controller.kubeconfig")
+	if err := api.WriteKubeconfig(kubeconfig, "onc-system:onc-controller"); err != nil {
+		t.Fatal(err)
+	}
+	// The agents' side, as the agent service account.
+	agents, err := k8sstore.New(ctx, k8sstore.Options{Config: api.ServiceAccountConfig("onc-system:onc-agent")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agents.Close()
+	join := func(name, podCIDR string, i int) {
+		t.Helper()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if podCIDR != "" {
+			n.Spec.PodCIDR, n.Spec.PodCIDRs = podCIDR, []string{podCIDR}
+		}
+		if _, err := kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		spec := datastore.NodeSpec{Name: name, IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
+		if err := agents.RegisterNode(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cidrOf := func(name string) netip.Prefix { n, _ := agents.Node(ctx, name); return n.PodCIDR }
+
+	join("n1", "", 1)
+	join("n2", "10.244.42.0/24", 2) // e.g. given by kube-controller-manager before ONC
+	replicas := map[string]*os.Process{}
+	for _, id := range []string{"c1", "c2"} {
+		cmd := testutil.Start(t, filepath.Join(dir, id+".log"), filepath.Join(bins, "onc-controller"),
+			"--datastore=kubernetes", "--kubeconfig", kubeconfig, "--leader-elect-identity", id,
+			"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
+			"--cluster-cidr=10.244.0.0/16", "--node-prefix-len=24")
+		replicas[id] = cmd.Process
+	}
+	waitFor(t, "n1 and n2 allocated", func() bool { return cidrOf("n1").IsValid() && cidrOf("n2").IsValid() })
+	if got := cidrOf("n2"); got != netip.MustParsePrefix("10.244.42.0/24") {
+		t.Fatalf("n2 got %v; want the pod CIDR its Node already had", got)
+	}
+	n1, _ := kube.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if n1.Spec.PodCIDR != cidrOf("n1").String() {
+		t.Fatalf("Node n1 spec.podCIDR = %q, want %v", n1.Spec.PodCIDR, cidrOf("n1"))
+	}
+
+	leader := holder(t, kube)
+	t.Logf("leader %s; killing it without a chance to hand over", leader)
+	if err := replicas[leader].Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	join("n3", "", 3)
+	waitFor(t, "the standby to take over and allocate n3", func() bool { return cidrOf("n3").IsValid() })
+	if now := holder(t, kube); now == leader {
+		t.Fatalf("lease still held by the dead %s", leader)
+	}
+
+	gone := cidrOf("n1")
+	if err := kube.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n1's registration and CIDR to go", func() bool {
+		allocs, _ := agents.Allocations(ctx)
+		_, err := agents.Node(ctx, "n1")
+		return allocs[gone] == "" && err != nil
+	})
+	got := map[netip.Prefix]bool{}
+	for _, n := range []string{"n2", "n3"} {
+		if p := cidrOf(n); !p.IsValid() || got[p] {
+			t.Fatalf("%s has %v after the failover; blocks %v", n, p, got)
+		} else {
+			got[p] = true
+		}
+	}
+}
+
+func holder(t *testing.T, kube kubernetes.Interface) string {
+	t.Helper()
+	var id string
+	waitFor(t, "a leader", func() bool {
+		l, err := kube.CoordinationV1().Leases("onc-system").Get(context.Background(), controller.LeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			return false
+		}
+		id = *l.Spec.HolderIdentity
+		return true
+	})
+	return id
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
