@@ -54,11 +54,7 @@ kube-bins:
 STATICCHECK_VERSION := v0.8.2
 
 $(GOBIN_TOOLS)/staticcheck:
-	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(# kube-apiserver for the Kubernetes datastore tests (first build ≈6 min).
-kube-bins:
-	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver
-
-STATICCHECK_VERSION)
+	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 lint: $(GOBIN_TOOLS)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
