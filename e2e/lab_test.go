@@ -13,15 +13,38 @@ import (
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // The lab's matrix — pod↔pod on one node and across nodes, node→pod,
 // pod→node, each with ICMP, TCP and UDP — passes on 3 nodes × 2 pods with
-// the fast path on (so host↔pod traffic works beside it). Then a node is
-// removed: its route, neighbour and FDB entry vanish on the others and the
-// rest keep working.
+// the fast path on (so host↔pod traffic works beside it), on each
+// datastore. Then a node is removed: its route, neighbour and FDB entry
+// vanish on the others and the rest keep working. On etcd the node timeout
+// removes it; on Kubernetes deleting its Node object does, at once.
 func TestLabMatrixAndNodeRemoval(t *testing.T) {
-	l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second})
+	t.Run("etcd", func(t *testing.T) {
+		labMatrixAndNodeRemoval(t, testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second}))
+	})
+	t.Run("kubernetes", func(t *testing.T) {
+		l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: time.Hour, Datastore: "kubernetes"})
+		kube := kubernetes.NewForConfigOrDie(l.APIServer.RESTConfig())
+		for _, n := range l.Nodes {
+			st, err := n.Status(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			node, err := kube.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+			if err != nil || node.Spec.PodCIDR != st.PodCidr {
+				t.Fatalf("Node %s spec.podCIDR = %q (%v); its agent uses %s", n.Name, node.Spec.PodCIDR, err, st.PodCidr)
+			}
+		}
+		labMatrixAndNodeRemoval(t, l)
+	})
+}
+
+func labMatrixAndNodeRemoval(t *testing.T, l *lab.Lab) {
 	ctx := context.Background()
 	for _, n := range l.Nodes {
 		if st, err := n.Status(ctx); err != nil || !st.FastPath {
@@ -40,7 +63,7 @@ func TestLabMatrixAndNodeRemoval(t *testing.T) {
 			t.Fatalf("%s lacks entries for %s before removal: %+v", n.Name, gone.Name, e)
 		}
 	}
-	if err := l.RemoveNode(gone); err != nil {
+	if err := l.RemoveNode(ctx, gone); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range l.Nodes {

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/onc-net/onc/controller/datastore/etcdstore"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/spf13/cobra"
 )
@@ -32,7 +33,7 @@ func main() {
 			if slow {
 				o.AgentArgs = append(o.AgentArgs, "--fast-path=false")
 			}
-			fmt.Printf("Building lab %q: %d nodes × %d pods, controller with embedded etcd...\n", o.Prefix, o.Nodes, o.PodsPerNode)
+			fmt.Printf("Building lab %q: %d nodes × %d pods, datastore %s...\n", o.Prefix, o.Nodes, o.PodsPerNode, o.Datastore)
 			l, err := lab.Up(ctx, o)
 			if err != nil {
 				return err
@@ -60,6 +61,8 @@ func main() {
 	up.Flags().DurationVar(&o.NodeTimeout, "node-timeout", 30*time.Second, "controller --node-timeout")
 	up.Flags().BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
 	up.Flags().BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
+	up.Flags().StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
+	up.Flags().StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
 
 	down := &cobra.Command{Use: "down", Short: "Stop the lab's processes and remove all it made", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -85,7 +88,22 @@ func main() {
 			}
 			return nil
 		}}
-	root.AddCommand(up, down, matrix)
+	var etcdDir, etcdListen string
+	etcd := &cobra.Command{Use: "etcd", Hidden: true, Short: "Serve an embedded etcd (the lab's kube-apiserver store)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			e, err := etcdstore.StartEmbedded(etcdDir, etcdListen)
+			if err != nil {
+				return err
+			}
+			defer e.Close()
+			<-ctx.Done()
+			return nil
+		}}
+	etcd.Flags().StringVar(&etcdDir, "dir", "", "data directory")
+	etcd.Flags().StringVar(&etcdListen, "listen", "http://127.0.0.1:2379", "client URL")
+	root.AddCommand(up, down, matrix, etcd)
 	if err := root.Execute(); err != nil {
 		os.Exit(1)
 	}

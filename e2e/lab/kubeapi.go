@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -30,6 +30,7 @@ type APIServer struct {
 	URL        string `json:"url"`
 	Token      string `json:"token"`
 	Kubeconfig string `json:"kubeconfig"` // admin kubeconfig, for onc-* and kubectl
+	Netns      string `json:"netns,omitempty"`
 }
 
 // StartAPIServer runs bin in netns ("" = here) on ip:port with its state in
@@ -41,7 +42,7 @@ func StartAPIServer(ctx context.Context, netns, dir, bin, etcdURL string, ip net
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
 	a := &APIServer{URL: fmt.Sprintf("https://%s", netip.AddrPortFrom(ip, uint16(port))), Token: hex.EncodeToString(tok),
-		Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+		Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), Netns: netns}
 	tokens := filepath.Join(dir, "tokens.csv")
 	if err := os.WriteFile(tokens, []byte(a.Token+",admin,admin,system:masters\n"), 0o600); err != nil {
 		return nil, err
@@ -108,11 +109,22 @@ func serviceAccount(sa string) rest.ImpersonationConfig {
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
 }
 
-// RESTConfig is an admin client config (reachable from the netns the
-// server runs in).
+// RESTConfig is an admin client config. For a server in a namespace it
+// opens its connections inside that namespace, from any thread.
 func (a *APIServer) RESTConfig() *rest.Config {
-	return &rest.Config{Host: a.URL, BearerToken: a.Token, TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+	c := &rest.Config{Host: a.URL, BearerToken: a.Token, TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS: 200, Burst: 400}
+	if a.Netns != "" {
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := InNetns(a.Netns, func() (err error) {
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		}
+	}
+	return c
 }
 
 // ServiceAccountConfig acts as service account sa ("namespace:name").
@@ -123,12 +135,14 @@ func (a *APIServer) ServiceAccountConfig(sa string) *rest.Config {
 }
 
 func (a *APIServer) waitReady(ctx context.Context) error {
-	cli := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // its own self-signed certificate
+	cli, err := rest.HTTPClientFor(a.RESTConfig())
+	if err != nil {
+		return err
+	}
+	cli.Timeout = 2 * time.Second
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.URL+"/readyz", nil)
-		req.Header.Set("Authorization", "Bearer "+a.Token)
 		if resp, err := cli.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {

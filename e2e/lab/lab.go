@@ -43,6 +43,12 @@ type Options struct {
 	ControllerArgs []string
 	// AgentArgs are extra onc-agent flags, e.g. --fast-path=false.
 	AgentArgs []string
+	// Datastore is "etcd" (default: the controller's embedded etcd) or
+	// "kubernetes": a real kube-apiserver from KubeBin in the controller's
+	// namespace, a Node object per lab node, ONC's CRD and RBAC applied
+	// from manifests/onc.yaml, controller and agents as its service accounts.
+	Datastore string
+	KubeBin   string // directory with kube-apiserver (make kube-bins)
 }
 
 // Underlay addressing (inside the lab's own namespaces only).
@@ -60,6 +66,10 @@ type Lab struct {
 	Controller Process    `json:"controller"`
 	Nodes      []*Node    `json:"nodes"`
 	AgentArgs  []string   `json:"agentArgs,omitempty"`
+	Datastore  string     `json:"datastore"`
+	// The Kubernetes datastore's etcd and kube-apiserver.
+	Etcd      Process    `json:"etcd,omitempty"`
+	APIServer *APIServer `json:"apiServer,omitempty"`
 }
 
 // Node is one lab node.
@@ -100,7 +110,14 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if o.Nodes < 1 || o.Nodes > 200 {
 		return nil, fmt.Errorf("nodes %d: must be 1..200", o.Nodes)
 	}
-	for _, b := range []string{"onc", "onc-agent", "onc-controller"} {
+	switch o.Datastore {
+	case "":
+		o.Datastore = "etcd"
+	case "etcd", "kubernetes":
+	default:
+		return nil, fmt.Errorf("datastore %q: etcd or kubernetes", o.Datastore)
+	}
+	for _, b := range []string{"onc", "onc-agent", "onc-controller", "onc-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, o.BinDir, err)
 		}
@@ -115,7 +132,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore}
 	defer func() {
 		if err != nil {
 			_ = l.Down()
@@ -123,6 +140,14 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}()
 	if err := l.underlay(); err != nil {
 		return l, err
+	}
+	if err := l.attach(l.ctlNetns(), "ctl", controllerIP); err != nil {
+		return l, err
+	}
+	if l.Datastore == "kubernetes" {
+		if err := l.startKubernetes(ctx, o.KubeBin); err != nil {
+			return l, err
+		}
 	}
 	if err := l.startController(o.NodeTimeout, o.ControllerArgs); err != nil {
 		return l, err
@@ -202,13 +227,11 @@ func (l *Lab) attach(name, port string, ip netip.Addr) error {
 }
 
 func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
-	if err := l.attach(l.ctlNetns(), "ctl", controllerIP); err != nil {
-		return err
+	args := []string{"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"), "--embedded-etcd-listen", l.EtcdURL()}
+	if l.Datastore == "kubernetes" {
+		args = []string{"--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-controller")}
 	}
-	args := append([]string{
-		"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"),
-		"--embedded-etcd-listen", l.EtcdURL(),
-		"--node-timeout", nodeTimeout.String()}, extra...)
+	args = append(append(args, "--node-timeout", nodeTimeout.String()), extra...)
 	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
 	if err != nil {
 		return err
@@ -255,6 +278,11 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 	if err := os.WriteFile(filepath.Join(n.Dir, "net.d", "10-onc.conflist"), []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
+	if l.Datastore == "kubernetes" {
+		if err := l.createNode(ctx, n); err != nil {
+			return nil, err
+		}
+	}
 	if err := l.StartAgent(n); err != nil {
 		return nil, err
 	}
@@ -263,9 +291,13 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 
 // StartAgent (re)starts a node's agent process.
 func (l *Lab) StartAgent(n *Node) error {
-	args := append([]string{"--node-name", n.Name, "--node-ip", n.IP.String(),
+	args := []string{"--node-name", n.Name, "--node-ip", n.IP.String(),
 		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"), "--bpffs", n.BPFFS(),
-		"--etcd-endpoints", l.EtcdURL(), "--lease-ttl", "5s"}, l.AgentArgs...)
+		"--lease-ttl", "5s", "--etcd-endpoints", l.EtcdURL()}
+	if l.Datastore == "kubernetes" {
+		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-agent"))
+	}
+	args = append(args, l.AgentArgs...)
 	p, err := start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
 	if err != nil {
 		return err
@@ -396,10 +428,14 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 }
 
 // RemoveNode stops a node's agent and deletes the node and its pods, as if
-// the machine were gone. The controller frees its CIDR after NodeTimeout.
-func (l *Lab) RemoveNode(n *Node) error {
+// the machine were gone. The controller frees its CIDR after NodeTimeout,
+// or at once on Kubernetes, where the Node object is deleted too.
+func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	n.Agent.Stop()
 	var errs []error
+	if l.Datastore == "kubernetes" {
+		errs = append(errs, l.deleteNode(ctx, n))
+	}
 	for _, p := range n.Pods {
 		errs = append(errs, delNetns(p.Netns))
 	}
@@ -421,6 +457,10 @@ func (l *Lab) Down() error {
 		n.Agent.Stop()
 	}
 	l.Controller.Stop()
+	if l.APIServer != nil {
+		l.APIServer.Stop()
+	}
+	l.Etcd.Stop()
 	var errs []error
 	for _, ns := range namespaces(l.Prefix) {
 		errs = append(errs, delNetns(ns))

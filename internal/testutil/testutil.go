@@ -80,7 +80,7 @@ func Binaries(t testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/onc", "./cmd/onc-agent", "./cmd/onc-controller", "./cmd/onctl")
+		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/onc", "./cmd/onc-agent", "./cmd/onc-controller", "./cmd/onctl", "./cmd/onc-lab")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -199,6 +199,11 @@ func Lab(t testing.TB, o lab.Options) *lab.Lab {
 		t.Fatal(err)
 	}
 	o.Prefix, o.BinDir, o.StateRoot = Prefix(), Binaries(t), root
+	if o.Datastore == "kubernetes" {
+		o.KubeBin = os.Getenv("ONC_KUBE_BIN")
+		_, err := os.Stat(filepath.Join(o.KubeBin, "kube-apiserver"))
+		Require(t, err == nil, "kube-apiserver not built: run `make kube-bins` (it sets ONC_KUBE_BIN for make test)")
+	}
 	if o.NodeTimeout == 0 {
 		o.NodeTimeout = time.Hour
 	}
