@@ -51,6 +51,23 @@ test: prereqs verify-generated lint kube-bins
 kube-bins:
 	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver
 
+# ONC's image (Dockerfile). IMAGE_BASE must have iptables or reach Debian.
+IMAGE ?= onc:dev
+IMAGE_BASE ?= debian:bookworm-slim
+DOCKER ?= docker
+image: build
+	$(DOCKER) build --build-arg BASE=$(IMAGE_BASE) -t $(IMAGE) .
+
+# The kind bed (e2e/kind/README.md): a kind cluster with ONC as its only
+# CNI, then the [sig-network] Conformance tests. Offline on this machine:
+# every image is built locally and cached (first run ≈40 min).
+e2e-kind: prereqs build
+	./hack/kube-build.sh $(KUBE_BIN) kubectl kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy e2e.test agnhost
+	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh $(E2E_KIND_ARGS)
+
+e2e-kind-down:
+	./e2e/kind/run.sh down
+
 STATICCHECK_VERSION := v0.8.2
 
 $(GOBIN_TOOLS)/staticcheck:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -45,12 +46,14 @@ func NewCommand() *cobra.Command {
 			return nil
 		},
 	}
-	root.PersistentFlags().StringVarP(&o.socket, "socket", "s", envOr("ONC_AGENT_SOCKET", DefaultSocket), "agent socket (env ONC_AGENT_SOCKET)")
+	root.PersistentFlags().StringVarP(&o.socket, "socket", "s", cmdutil.EnvOr("ONC_AGENT_SOCKET", DefaultSocket), "agent socket (env ONC_AGENT_SOCKET)")
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&o.timeout, "timeout", 10*time.Second, "how long to wait for the agent")
 	root.AddCommand(
 		&cobra.Command{Use: "status", Short: "This node's agent: readiness, pod CIDR, VXLAN", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showStatus) }},
+		&cobra.Command{Use: "ready", Short: "Exit 0 if the agent is ready (it serves CNI ADD), else print why and exit 1: a readiness probe", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(checkReady) }},
 		&cobra.Command{Use: "pods", Short: "Pods attached on this node", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPods) }},
 		&cobra.Command{Use: "peers", Short: "Other nodes (tunnel endpoints) and whether they are programmed here", Args: cobra.NoArgs,
@@ -91,13 +94,6 @@ func cacheCommand(o *options) *cobra.Command {
 	return c
 }
 
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 type view func(ctx context.Context, c apiv1.AgentClient, o *options) error
 
 func (o *options) run(v view) error {
@@ -134,6 +130,18 @@ func (o *options) table(header []string, rows [][]string) error {
 		fmt.Fprintln(w, strings.Join(r, "\t"))
 	}
 	return w.Flush()
+}
+
+func checkReady(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	st, err := c.GetStatus(ctx, &apiv1.GetStatusRequest{})
+	if err != nil {
+		return err
+	}
+	if !st.Ready {
+		return fmt.Errorf("not ready: %s", st.NotReadyReason)
+	}
+	fmt.Fprintln(o.out, "ready")
+	return nil
 }
 
 func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {

@@ -2,6 +2,7 @@ package onctl_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -33,6 +34,20 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
+	}
+
+	if out, err := run("-s", sock, "ready"); err != nil || strings.TrimSpace(out) != "ready" {
+		t.Fatalf("ready on a ready agent: %q, %v", out, err)
+	}
+	n.Agent.Stop()
+	if _, err := run("-s", sock, "ready", "--timeout", "2s"); err == nil {
+		t.Fatal("ready succeeded with the agent stopped")
+	}
+	if err := l.StartAgent(n); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitReady(context.Background(), n); err != nil {
+		t.Fatal(err)
 	}
 
 	out, err = run("-s", sock, "pods", "-o", "json")

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The kind bed: a kind cluster (1 control plane + 1 worker) with ONC as its
+# only CNI and the fast path on, then the [sig-network] Conformance tests.
+# During the run the worker's onc-agent pod is deleted; pods must keep
+# their connectivity. Results (JUnit, e2e log, onctl stats from every node,
+# cluster state) land in $OUT.
+#
+#   run.sh [all|up|test|down]      (make e2e-kind runs "all")
+#
+# Offline (default; this machine has no registry): Docker runs in its own
+# network namespace (dockerd.sh) and every image is built locally
+# (images.sh). ONC_KIND_ONLINE=1 uses the host's Docker, kind's stock node
+# image and registry pulls instead.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+CLUSTER=${CLUSTER:-onc}
+KIND_VERSION=${KIND_VERSION:-v0.33.0}
+KUBE_BIN=${KUBE_BIN:?set by make}
+KUBE_VERSION=${KUBE_VERSION:?set by make}
+CACHE=${CACHE:-/var/cache/onc/kind}
+OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
+FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
+AGENT_KILL_AFTER=${AGENT_KILL_AFTER:-300} # seconds into the test run
+ONLINE=${ONC_KIND_ONLINE:-0}
+export PATH="$KUBE_BIN:$CACHE/bin:$PATH"
+export KUBECONFIG=$CACHE/$CLUSTER.kubeconfig
+if [ "$ONLINE" = 1 ]; then
+  NS=()
+  NODE_IMAGE=
+else
+  NS=(ip netns exec onc-kind)
+  export DOCKER_HOST=unix:///run/onc-kind/docker.sock
+  NODE_IMAGE=onc-kind/node:$KUBE_VERSION
+fi
+in_ns() { "${NS[@]}" "$@"; }
+kc() { in_ns kubectl "$@"; }
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+up() {
+  mkdir -p "$CACHE/bin"
+  [ -x "$CACHE/bin/kind" ] || GOBIN=$CACHE/bin go install "sigs.k8s.io/kind@$KIND_VERSION"
+  if [ "$ONLINE" != 1 ]; then
+    "$here/prereqs.sh"
+    "$here/dockerd.sh" start
+    CACHE=$CACHE KUBE_BIN=$KUBE_BIN KUBE_VERSION=$KUBE_VERSION KIND_VERSION=$KIND_VERSION NODE_IMAGE=$NODE_IMAGE "$here/images.sh"
+    make -C "$root" image IMAGE_BASE=onc-kind/base:bookworm DOCKER="ip netns exec onc-kind docker"
+  else
+    make -C "$root" image
+  fi
+  if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    log "creating kind cluster $CLUSTER"
+    in_ns kind create cluster --name "$CLUSTER" --config "$here/cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
+      --kubeconfig "$KUBECONFIG" --retain
+  fi
+  log "loading the ONC image and applying manifests/onc.yaml"
+  in_ns kind load docker-image onc:dev --name "$CLUSTER"
+  kc apply -f "$root/manifests/onc.yaml"
+  kc -n onc-system rollout status ds/onc-agent --timeout=5m
+  kc -n onc-system rollout status deploy/onc-controller --timeout=5m
+  kc wait --for=condition=Ready nodes --all --timeout=5m
+  kc -n kube-system rollout status deploy/coredns --timeout=5m
+  kc get nodes -o wide
+  kc get oncnodes -o wide
+}
+
+# agent_restart deletes the worker's onc-agent pod mid-run and records
+# when its replacement was ready.
+agent_restart() {
+  sleep "$AGENT_KILL_AFTER"
+  local node pod
+  node=$(kc get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')
+  pod=$(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent --field-selector spec.nodeName="$node" -o jsonpath='{.items[0].metadata.name}')
+  {
+    echo "$(date -u +%FT%TZ) deleting onc-agent pod $pod on $node"
+    kc -n onc-system delete pod "$pod" --wait=true
+    kc -n onc-system rollout status ds/onc-agent --timeout=5m
+    echo "$(date -u +%FT%TZ) replacement ready:"
+    kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent -o wide
+  } > "$OUT/agent-restart.txt" 2>&1
+}
+
+test_() {
+  mkdir -p "$OUT"
+  log "running e2e.test --ginkgo.focus=$FOCUS (results in $OUT)"
+  agent_restart &
+  local killer=$!
+  local rc=0
+  in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" \
+    --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
+  kill "$killer" 2>/dev/null || true
+  wait "$killer" 2>/dev/null || true
+  collect
+  tail -5 "$OUT/e2e.log"
+  return $rc
+}
+
+# collect saves what proves the run: onctl stats and state from each node.
+collect() {
+  local pod node
+  for pod in $(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent -o jsonpath='{.items[*].metadata.name}'); do
+    node=$(kc -n onc-system get pod "$pod" -o jsonpath='{.spec.nodeName}')
+    for what in status stats peers; do
+      kc -n onc-system exec "$pod" -c onc-agent -- onctl "$what" > "$OUT/onctl-$what-$node.txt" 2>&1 || true
+    done
+  done
+  {
+    echo "# kind bed, $(date -u +%F), Kubernetes $KUBE_VERSION, kind $KIND_VERSION"
+    kc version 2>/dev/null || true
+    kc get nodes -o wide
+    kc get oncnodes -o wide
+    kc -n onc-system get pods -o wide
+    kc -n onc-system get configmap onc-ipam -o yaml
+  } > "$OUT/cluster.txt" 2>&1 || true
+  kc -n onc-system logs -l app.kubernetes.io/name=onc-agent --tail=-1 --prefix > "$OUT/onc-agent.log" 2>&1 || true
+  kc -n onc-system logs -l app.kubernetes.io/name=onc-controller --tail=-1 --prefix > "$OUT/onc-controller.log" 2>&1 || true
+}
+
+down() {
+  if [ "$ONLINE" != 1 ] && [ ! -S /run/onc-kind/docker.sock ]; then return 0; fi
+  in_ns kind delete cluster --name "$CLUSTER" || true
+  [ "$ONLINE" = 1 ] || "$here/dockerd.sh" stop
+}
+
+case ${1:-all} in
+  all) up; test_ ;;
+  up) up ;;
+  test) test_ ;;
+  down) down ;;
+  *) echo "usage: $0 [all|up|test|down]" >&2; exit 2 ;;
+esac
