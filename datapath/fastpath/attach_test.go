@@ -3,11 +3,13 @@ package fastpath
 import (
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf/link"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // inVethNetns runs fn in a fresh namespace holding veth pair "up0"/"up1".
@@ -83,4 +85,29 @@ func TestClsactMode(t *testing.T) {
 	if c.Mode() != ModeClsact {
 		t.Fatalf("mode %s", c.Mode())
 	}
+}
+
+// In a container /sys/fs/bpf is sysfs' read-only mount point with no bpffs
+// on it, and the pin directory below it cannot be made: Open mounts a
+// bpffs on the parent, then pins maps and links in the directory it makes.
+func TestOpenMountsBPFFSOnAReadOnlyParent(t *testing.T) {
+	testutil.Privileged(t)
+	parent := t.TempDir()
+	must(t, unix.Mount("tmpfs", parent, "tmpfs", unix.MS_RDONLY, ""))
+	t.Cleanup(func() {
+		for unix.Unmount(parent, unix.MNT_DETACH) == nil {
+		}
+	})
+	d, err := Open(Options{PinDir: filepath.Join(parent, "onc"), VNI: 1, Port: 4789, Mark: mark})
+	must(t, err)
+	defer d.Close()
+	if !onBPFFS(parent) {
+		t.Fatal("no bpffs mounted on the parent")
+	}
+	inVethNetns(t, func() {
+		must(t, d.AttachUplink("up0"))
+		if _, err := os.Stat(d.linkPin("up0", ingress)); err != nil {
+			t.Fatalf("link pin in the made directory: %v", err)
+		}
+	})
 }

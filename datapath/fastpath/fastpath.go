@@ -142,22 +142,35 @@ func (d *Datapath) Close() error {
 	return errors.Join(errs...)
 }
 
-// ensureBPFFS makes dir a directory on a bpffs, mounting one if needed.
+// ensureBPFFS makes dir a directory on a bpffs, mounting one if needed:
+// on dir itself, or on its parent when dir cannot be created there — the
+// usual case in a container, where /sys/fs/bpf is sysfs' bare, read-only
+// mount point until something mounts a bpffs on it.
 func ensureBPFFS(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		parent := filepath.Dir(dir)
+		if onBPFFS(parent) {
+			return err
+		}
+		if merr := unix.Mount("bpf", parent, "bpf", 0, "mode=0700"); merr != nil {
+			return fmt.Errorf("%w; mounting a bpffs on %s failed too: %w", err, parent, merr)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return err
+		}
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return err
-	}
-	if st.Type == unix.BPF_FS_MAGIC {
+	if onBPFFS(dir) {
 		return nil
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("%s is not on a bpffs and mounting one there failed: %w", dir, err)
 	}
 	return nil
+}
+
+func onBPFFS(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.BPF_FS_MAGIC
 }
 
 func be32(a netip.Addr) uint32 {

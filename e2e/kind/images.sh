@@ -16,7 +16,7 @@ KIND_VERSION=${KIND_VERSION:?}
 ETCD_VERSION=3.6.6
 COREDNS_VERSION=1.13.1
 PAUSE_VERSION=3.10.1
-export DOCKER_HOST=unix:///run/onc-kind/docker.sock
+export DOCKER_HOST=unix:///run/onc-kind/docker.sock DOCKER_BUILDKIT=0
 docker() { ip netns exec onc-kind docker "$@"; }
 have() { docker image inspect "$1" >/dev/null 2>&1; }
 log() { echo "== $*"; }
@@ -42,9 +42,13 @@ GOBIN_DIR=$CACHE/gobin
 mkdir -p "$GOBIN_DIR"
 [ -x "$GOBIN_DIR/coredns" ] || { log "building coredns"; GOBIN=$GOBIN_DIR CGO_ENABLED=0 go install "github.com/coredns/coredns@v$COREDNS_VERSION"; }
 [ -x "$GOBIN_DIR/etcd" ] || {
+  # etcd's go.mod has replace directives, so `go install pkg@version`
+  # refuses it: build it as a dependency of a throwaway module.
   log "building etcd"
-  GOBIN=$GOBIN_DIR CGO_ENABLED=0 go install "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-  mv "$GOBIN_DIR/v3" "$GOBIN_DIR/etcd" 2>/dev/null || mv "$GOBIN_DIR/server" "$GOBIN_DIR/etcd"
+  m=$(mktemp -d)
+  (cd "$m" && go mod init etcd-build >/dev/null 2>&1 && go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" >/dev/null 2>&1 \
+    && CGO_ENABLED=0 go build -o "$GOBIN_DIR/etcd" go.etcd.io/etcd/server/v3)
+  rm -rf "$m"
 }
 [ -x "$GOBIN_DIR/pause" ] || { log "building pause"; musl-gcc -static -Os -o "$GOBIN_DIR/pause" "$here/pause.c"; }
 
@@ -130,7 +134,9 @@ find "$R/lib/systemd/system/sysinit.target.wants/" -name systemd-tmpfiles-setup.
 echo "ReadKMsg=no" >> "$R/etc/systemd/journald.conf"
 chroot "$R" systemctl enable containerd.service kubelet.service undo-mount-hacks.service onc-preload-images.service >/dev/null 2>&1
 chroot "$R" systemctl mask systemd-binfmt.service >/dev/null 2>&1
-tar -C "$R" -c . | docker import \
-  --change 'ENV container=docker' --change 'STOPSIGNAL SIGRTMIN+3' \
-  --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' - "$NODE_IMAGE" >/dev/null
+# docker 20.10's import takes no STOPSIGNAL: add it in a build step.
+tar -C "$R" -c . | docker import - "$NODE_IMAGE-rootfs" >/dev/null
+printf '%s\n' "FROM $NODE_IMAGE-rootfs" 'ENV container=docker' 'STOPSIGNAL SIGRTMIN+3' \
+  'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' | docker build -q -t "$NODE_IMAGE" - >/dev/null
+docker rmi "$NODE_IMAGE-rootfs" >/dev/null
 log "built $NODE_IMAGE"

@@ -30,7 +30,7 @@ if [ "$ONLINE" = 1 ]; then
   NODE_IMAGE=
 else
   NS=(ip netns exec onc-kind)
-  export DOCKER_HOST=unix:///run/onc-kind/docker.sock
+  export DOCKER_HOST=unix:///run/onc-kind/docker.sock DOCKER_BUILDKIT=0
   NODE_IMAGE=onc-kind/node:$KUBE_VERSION
 fi
 in_ns() { "${NS[@]}" "$@"; }
@@ -51,11 +51,14 @@ up() {
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "creating kind cluster $CLUSTER"
     in_ns kind create cluster --name "$CLUSTER" --config "$here/cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
-      --kubeconfig "$KUBECONFIG" --retain
+      --kubeconfig "$KUBECONFIG"
   fi
+  in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
   log "loading the ONC image and applying manifests/onc.yaml"
   in_ns kind load docker-image onc:dev --name "$CLUSTER"
   kc apply -f "$root/manifests/onc.yaml"
+  # Same tag, maybe a new image: restart so the pods run what was loaded.
+  kc -n onc-system rollout restart ds/onc-agent deploy/onc-controller
   kc -n onc-system rollout status ds/onc-agent --timeout=5m
   kc -n onc-system rollout status deploy/onc-controller --timeout=5m
   kc wait --for=condition=Ready nodes --all --timeout=5m
