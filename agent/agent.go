@@ -48,6 +48,16 @@ type Config struct {
 	BPFFS        string // where the fast path pins its maps and links
 	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
 	AttachMode   string // auto, tcx or clsact
+
+	// Pods, with the Kubernetes datastore, tells the phase of the pod an
+	// attachment belongs to (onctl pods); nil elsewhere.
+	Pods PodPhases
+}
+
+// PodPhases looks up a pod of this node in the Kubernetes API: its phase,
+// or "gone" if the API has no such pod here.
+type PodPhases interface {
+	Phase(namespace, name string) string
 }
 
 // DefaultConfig has the production defaults.

@@ -48,10 +48,14 @@ func (s *agentServer) ListPods(ctx context.Context, _ *apiv1.ListPodsRequest) (*
 	}
 	var out apiv1.ListPodsResponse
 	for _, att := range pool.List() {
-		out.Pods = append(out.Pods, &apiv1.Pod{
+		pod := &apiv1.Pod{
 			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: att.IP.String(), Mac: att.MAC,
 			HostIface: att.HostIface, K8SNamespace: att.K8sNamespace, K8SName: att.K8sName, CreatedUnix: att.Created.Unix(),
-		})
+		}
+		if s.a.cfg.Pods != nil && att.K8sName != "" {
+			pod.K8SPhase = s.a.cfg.Pods.Phase(att.K8sNamespace, att.K8sName)
+		}
+		out.Pods = append(out.Pods, pod)
 	}
 	return &out, nil
 }

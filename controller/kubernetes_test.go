@@ -72,7 +72,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 			"--cluster-cidr=10.244.0.0/16", "--node-prefix-len=24")
 		replicas[id] = cmd.Process
 	}
-	waitFor(t, "n1 and n2 allocated", func() bool { return cidrOf("n1").IsValid() && cidrOf("n2").IsValid() })
+	testutil.WaitFor(t, "n1 and n2 allocated", 30*time.Second, func() bool { return cidrOf("n1").IsValid() && cidrOf("n2").IsValid() })
 	if got := cidrOf("n2"); got != netip.MustParsePrefix("10.244.42.0/24") {
 		t.Fatalf("n2 got %v; want the pod CIDR its Node already had", got)
 	}
@@ -87,7 +87,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	join("n3", "", 3)
-	waitFor(t, "the standby to take over and allocate n3", func() bool { return cidrOf("n3").IsValid() })
+	testutil.WaitFor(t, "the standby to take over and allocate n3", 30*time.Second, func() bool { return cidrOf("n3").IsValid() })
 	if now := holder(t, kube); now == leader {
 		t.Fatalf("lease still held by the dead %s", leader)
 	}
@@ -96,7 +96,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	if err := kube.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "n1's registration and CIDR to go", func() bool {
+	testutil.WaitFor(t, "n1's registration and CIDR to go", 30*time.Second, func() bool {
 		allocs, _ := agents.Allocations(ctx)
 		_, err := agents.Node(ctx, "n1")
 		return allocs[gone] == "" && err != nil
@@ -114,7 +114,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 func holder(t *testing.T, kube kubernetes.Interface) string {
 	t.Helper()
 	var id string
-	waitFor(t, "a leader", func() bool {
+	testutil.WaitFor(t, "a leader", 30*time.Second, func() bool {
 		l, err := kube.CoordinationV1().Leases("onc-system").Get(context.Background(), controller.LeaseName, metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 			return false
@@ -123,13 +123,4 @@ func holder(t *testing.T, kube kubernetes.Interface) string {
 		return true
 	})
 	return id
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

@@ -191,10 +191,10 @@ func showPods(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		if p.K8SName != "" {
 			pod = p.K8SNamespace + "/" + p.K8SName
 		}
-		rows = append(rows, []string{p.Ip, short(p.ContainerId), p.Ifname, p.HostIface, p.Mac, pod,
+		rows = append(rows, []string{p.Ip, short(p.ContainerId), p.Ifname, p.HostIface, p.Mac, pod, orDash(p.K8SPhase),
 			time.Unix(p.CreatedUnix, 0).UTC().Format(time.RFC3339)})
 	}
-	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "CREATED"}, rows)
+	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "PHASE", "CREATED"}, rows)
 }
 
 func showPeers(ctx context.Context, c apiv1.AgentClient, o *options) error {

@@ -503,16 +503,21 @@ func (*ListPodsRequest) Descriptor() ([]byte, []int) {
 }
 
 type Pod struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Ifname        string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
-	Netns         string                 `protobuf:"bytes,3,opt,name=netns,proto3" json:"netns,omitempty"`
-	Ip            string                 `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
-	Mac           string                 `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
-	HostIface     string                 `protobuf:"bytes,6,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
-	K8SNamespace  string                 `protobuf:"bytes,7,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
-	K8SName       string                 `protobuf:"bytes,8,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
-	CreatedUnix   int64                  `protobuf:"varint,9,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId  string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Ifname       string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
+	Netns        string                 `protobuf:"bytes,3,opt,name=netns,proto3" json:"netns,omitempty"`
+	Ip           string                 `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
+	Mac          string                 `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
+	HostIface    string                 `protobuf:"bytes,6,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
+	K8SNamespace string                 `protobuf:"bytes,7,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
+	K8SName      string                 `protobuf:"bytes,8,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
+	CreatedUnix  int64                  `protobuf:"varint,9,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	// With the Kubernetes datastore: the pod's phase as the API has it on
+	// this node ("Running", "Pending", ...), or "gone" if the API has no
+	// such pod here (the runtime never called DEL: a leaked attachment).
+	// Empty without Kubernetes or for attachments without pod identity.
+	K8SPhase      string `protobuf:"bytes,10,opt,name=k8s_phase,json=k8sPhase,proto3" json:"k8s_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +613,13 @@ func (x *Pod) GetCreatedUnix() int64 {
 		return x.CreatedUnix
 	}
 	return 0
+}
+
+func (x *Pod) GetK8SPhase() string {
+	if x != nil {
+		return x.K8SPhase
+	}
+	return ""
 }
 
 type ListPodsResponse struct {
@@ -1555,7 +1567,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x10fast_path_loaded\x18\x13 \x01(\bR\x0efastPathLoaded\x12\x1b\n" +
 	"\tfast_path\x18\x14 \x01(\bR\bfastPath\x12$\n" +
 	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\"\x11\n" +
-	"\x0fListPodsRequest\"\xfa\x01\n" +
+	"\x0fListPodsRequest\"\x97\x02\n" +
 	"\x03Pod\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
 	"\x06ifname\x18\x02 \x01(\tR\x06ifname\x12\x14\n" +
@@ -1566,7 +1578,9 @@ const file_onc_proto_rawDesc = "" +
 	"host_iface\x18\x06 \x01(\tR\thostIface\x12#\n" +
 	"\rk8s_namespace\x18\a \x01(\tR\fk8sNamespace\x12\x19\n" +
 	"\bk8s_name\x18\b \x01(\tR\ak8sName\x12!\n" +
-	"\fcreated_unix\x18\t \x01(\x03R\vcreatedUnix\"3\n" +
+	"\fcreated_unix\x18\t \x01(\x03R\vcreatedUnix\x12\x1b\n" +
+	"\tk8s_phase\x18\n" +
+	" \x01(\tR\bk8sPhase\"3\n" +
 	"\x10ListPodsResponse\x12\x1f\n" +
 	"\x04pods\x18\x01 \x03(\v2\v.onc.v1.PodR\x04pods\"\x12\n" +
 	"\x10ListPeersRequest\"\xdf\x01\n" +

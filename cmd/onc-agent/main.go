@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/onc-net/onc/agent"
+	"github.com/onc-net/onc/agent/k8spods"
 	"github.com/onc-net/onc/controller/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -47,6 +48,18 @@ func main() {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}
 	defer ds.Close()
+	if store.Kind == backend.Kubernetes {
+		kcfg, err := store.RESTConfig()
+		if err != nil {
+			cmdutil.Fatal("bad flag", err)
+		}
+		pods, err := k8spods.Watch(ctx, kcfg, cfg.NodeName)
+		if err != nil {
+			cmdutil.Fatal("cannot watch this node's pods", err)
+		}
+		defer pods.Close()
+		cfg.Pods = pods
+	}
 	a, err := agent.New(cfg, ds)
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -312,14 +313,23 @@ func (n *Node) BPFFS() string { return filepath.Join(n.Dir, "bpf") }
 // AgentSocket of a node, for onctl.
 func (n *Node) AgentSocket() string { return filepath.Join(n.Dir, "run", "agent.sock") }
 
+// AgentAPI connects to a node's agent API; close the connection after use.
+func (n *Node) AgentAPI() (apiv1.AgentClient, io.Closer, error) {
+	conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return apiv1.NewAgentClient(conn), conn, nil
+}
+
 // Status asks a node's agent for its status.
 func (n *Node) Status(ctx context.Context) (*apiv1.NodeStatus, error) {
-	conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, conn, err := n.AgentAPI()
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	return apiv1.NewAgentClient(conn).GetStatus(ctx, &apiv1.GetStatusRequest{})
+	return c.GetStatus(ctx, &apiv1.GetStatusRequest{})
 }
 
 // WaitReady waits until the node's agent reports ready.

@@ -321,3 +321,13 @@ func KubeAPIServer(t testing.TB) *lab.APIServer {
 	t.Cleanup(a.Stop)
 	return a
 }
+
+// WaitFor polls cond every 50ms until it holds, or fails the test after d.
+func WaitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+	}
+}

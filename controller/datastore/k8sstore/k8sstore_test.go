@@ -112,7 +112,7 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = agent.KeepAlive(kctx, spec.Name, 10*time.Second) }()
-	waitFor(t, "heartbeat seen by the controller", func() bool { n, _ := ctl.Node(ctx, spec.Name); return n.Alive })
+	testutil.WaitFor(t, "heartbeat seen by the controller", 15*time.Second, func() bool { n, _ := ctl.Node(ctx, spec.Name); return n.Alive })
 	p := netip.MustParsePrefix("10.244.50.0/24")
 	if _, err := agent.ClaimCIDR(ctx, spec.Name, p); !apierrors.IsForbidden(err) {
 		t.Fatalf("agent claiming a CIDR: err = %v, want Forbidden", err)
@@ -120,7 +120,7 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	if got, err := ctl.ClaimCIDR(ctx, spec.Name, p); err != nil || got != p {
 		t.Fatalf("controller claiming: %v, %v", got, err)
 	}
-	waitFor(t, "agent sees its CIDR", func() bool { n, _ := agent.Node(ctx, spec.Name); return n.PodCIDR == p })
+	testutil.WaitFor(t, "agent sees its CIDR", 15*time.Second, func() bool { n, _ := agent.Node(ctx, spec.Name); return n.PodCIDR == p })
 	if err := agent.DeleteNode(ctx, spec.Name); !apierrors.IsForbidden(err) {
 		t.Fatalf("agent deleting a node: err = %v, want Forbidden", err)
 	}
@@ -147,7 +147,7 @@ func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
 	}
 	mk("fresh", "")
 	mk("preset", "10.244.99.0/24")
-	waitFor(t, "nodes in the cache", func() bool { m, _ := s.ClusterNodes(ctx); return len(m) >= 2 })
+	testutil.WaitFor(t, "nodes in the cache", 15*time.Second, func() bool { m, _ := s.ClusterNodes(ctx); return len(m) >= 2 })
 	members, err := s.ClusterNodes(ctx)
 	if err != nil || members["preset"] != netip.MustParsePrefix("10.244.99.0/24") || members["fresh"].IsValid() {
 		t.Fatalf("ClusterNodes = %v, %v", members, err)
@@ -203,14 +203,5 @@ func concurrentAllocators(t *testing.T, newStore func() datastore.Store) {
 			t.Fatalf("node-%d and node-%d both got %v", i, j, got[i])
 		}
 		seen[got[i]] = i
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/internal/testutil"
 )
 
 // Run runs the suite; newStore returns a fresh, empty store each call.
@@ -150,14 +151,14 @@ func keepAlive(t *testing.T, s datastore.Store) {
 	kctx, cancel := context.WithCancel(c)
 	done := make(chan error, 1)
 	go func() { done <- s.KeepAlive(kctx, "live", 2*time.Second) }()
-	waitFor(t, "node alive", func() bool { n, _ := s.Node(c, "live"); return n.Alive })
+	testutil.WaitFor(t, "node alive", 15*time.Second, func() bool { n, _ := s.Node(c, "live"); return n.Alive })
 	time.Sleep(3 * time.Second) // beyond the TTL: the lease must be renewed
 	if n, _ := s.Node(c, "live"); !n.Alive {
 		t.Fatal("node not alive after one TTL although KeepAlive runs")
 	}
 	cancel()
 	<-done
-	waitFor(t, "node not alive after KeepAlive ended", func() bool { n, _ := s.Node(c, "live"); return !n.Alive })
+	testutil.WaitFor(t, "node not alive after KeepAlive ended", 15*time.Second, func() bool { n, _ := s.Node(c, "live"); return !n.Alive })
 }
 
 func changes(t *testing.T, s datastore.Store) {
@@ -197,14 +198,4 @@ func changes(t *testing.T, s datastore.Store) {
 		t.Fatal(err)
 	}
 	expect("delete")
-}
-
-// waitFor polls cond for up to 15s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
