@@ -58,9 +58,9 @@ if ! have onc-kind/base:bookworm; then
   tar -C "$CACHE/rootfs-base" -c . | docker import - onc-kind/base:bookworm >/dev/null
 fi
 
-# One image from the base plus one file: name file-in-image [entrypoint]
+# One image from the base plus one file: name file dest [entrypoint [cmd]]
 img() {
-  local name=$1 bin=$2 dest=$3 entry=${4:-}
+  local name=$1 bin=$2 dest=$3 entry=${4:-} cmd=${5:-}
   have "$name" && return 0
   log "image $name"
   local ctx; ctx=$(mktemp -d)
@@ -69,6 +69,7 @@ img() {
     echo "FROM onc-kind/base:bookworm"
     echo "COPY bin $dest"
     [ -n "$entry" ] && echo "ENTRYPOINT [\"$entry\"]"
+    [ -n "$cmd" ] && echo "CMD [\"$cmd\"]"
     true
   } > "$ctx/Dockerfile"
   (cd "$ctx" && tar -c .) | docker build -q -t "$name" - >/dev/null
@@ -80,7 +81,8 @@ done
 img "registry.k8s.io/etcd:$ETCD_VERSION-0" "$GOBIN_DIR/etcd" /usr/local/bin/etcd
 img "registry.k8s.io/coredns/coredns:v$COREDNS_VERSION" "$GOBIN_DIR/coredns" /coredns /coredns
 img "registry.k8s.io/pause:$PAUSE_VERSION" "$GOBIN_DIR/pause" /pause /pause
-img registry.k8s.io/e2e-test-images/agnhost:2.59 "$KUBE_BIN/agnhost" /agnhost /agnhost
+# As upstream's: with no arguments agnhost pauses (the tests' host-exec pods rely on it).
+img registry.k8s.io/e2e-test-images/agnhost:2.59 "$KUBE_BIN/agnhost" /agnhost /agnhost pause
 # busybox, nginx and jessie-dnsutils: the Debian base already has what the
 # tests run in them (sh, wget, nc, nslookup, dig, nginx).
 for t in busybox:1.36.1-1 busybox:1.37.0-1 jessie-dnsutils:1.7; do
@@ -101,7 +103,9 @@ PRELOAD=(registry.k8s.io/kube-apiserver:$KUBE_VERSION registry.k8s.io/kube-contr
 # The kind node image: kind's base files on a Debian root with Debian's
 # containerd 1.6 and runc, the Kubernetes binaries and every image above
 # imported into containerd at first boot, before the kubelet starts.
-have "$NODE_IMAGE" && exit 0
+# Rebuilt when a preloaded image or the node's files change.
+stamp=$({ docker image inspect -f '{{.Id}}' "${PRELOAD[@]}"; cat "$here"/node/* "$0"; } | sha256sum | cut -c1-16)
+[ "$(docker image inspect -f '{{index .Config.Labels "onc.stamp"}}' "$NODE_IMAGE" 2>/dev/null)" = "$stamp" ] && exit 0
 log "node image $NODE_IMAGE"
 kind_files=$(go env GOMODCACHE)/sigs.k8s.io/kind@$KIND_VERSION/images/base/files
 [ -d "$kind_files" ] || (cd /tmp && go mod download "sigs.k8s.io/kind@$KIND_VERSION")
@@ -136,7 +140,7 @@ chroot "$R" systemctl enable containerd.service kubelet.service undo-mount-hacks
 chroot "$R" systemctl mask systemd-binfmt.service >/dev/null 2>&1
 # docker 20.10's import takes no STOPSIGNAL: add it in a build step.
 tar -C "$R" -c . | docker import - "$NODE_IMAGE-rootfs" >/dev/null
-printf '%s\n' "FROM $NODE_IMAGE-rootfs" 'ENV container=docker' 'STOPSIGNAL SIGRTMIN+3' \
+printf '%s\n' "FROM $NODE_IMAGE-rootfs" 'ENV container=docker' 'STOPSIGNAL SIGRTMIN+3' "LABEL onc.stamp=$stamp" \
   'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' | docker build -q -t "$NODE_IMAGE" - >/dev/null
 docker rmi "$NODE_IMAGE-rootfs" >/dev/null
 log "built $NODE_IMAGE"

@@ -5,7 +5,7 @@
 # their connectivity. Results (JUnit, e2e log, onctl stats from every node,
 # cluster state) land in $OUT.
 #
-#   run.sh [all|up|test|down]      (make e2e-kind runs "all")
+#   run.sh [all|up|test|probe|down]   (make e2e-kind runs "all")
 #
 # Offline (default; this machine has no registry): Docker runs in its own
 # network namespace (dockerd.sh) and every image is built locally
@@ -93,9 +93,44 @@ test_() {
     --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   kill "$killer" 2>/dev/null || true
   wait "$killer" 2>/dev/null || true
+  fastpath_probe || true
   collect
   tail -5 "$OUT/e2e.log"
   return $rc
+}
+
+# hits prints the fast path's egress and ingress hit counters of the agent
+# on node $1.
+hits() {
+  local pod
+  pod=$(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent --field-selector spec.nodeName="$1" -o jsonpath='{.items[0].metadata.name}')
+  kc -n onc-system exec "$pod" -c onc-agent -- onctl stats -o json |
+    jq -r '[.counters[] | select(.name == "hit") | "\(.program)=\(.value)"] | join(" ")'
+}
+
+# fastpath_probe sends 200 MB over TCP from a pod on the worker to a pod on
+# the control plane and records the worker's and control plane's hit
+# counters before and after: the fast path carried it if they grew.
+fastpath_probe() {
+  local cp wk ip img=registry.k8s.io/e2e-test-images/agnhost:2.59
+  cp=$(kc get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')
+  wk=$(kc get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')
+  kc delete namespace onc-probe --ignore-not-found --wait=true >/dev/null
+  kc create namespace onc-probe >/dev/null
+  kc -n onc-probe run sink --image=$img --overrides='{"spec":{"nodeName":"'"$cp"'"}}' \
+    --command -- sh -c 'while true; do nc -l 8080 > /dev/null; done' >/dev/null
+  kc -n onc-probe wait --for=condition=Ready pod/sink --timeout=2m >/dev/null
+  ip=$(kc -n onc-probe get pod sink -o jsonpath='{.status.podIP}')
+  {
+    echo "# 200 MB TCP, pod on $wk -> pod $ip on $cp"
+    echo "before: $wk $(hits "$wk") | $cp $(hits "$cp")"
+    kc -n onc-probe run src --image=$img --restart=Never --overrides='{"spec":{"nodeName":"'"$wk"'"}}' \
+      --command -- sh -c "head -c 200000000 /dev/zero | nc -N $ip 8080" >/dev/null
+    kc -n onc-probe wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=5m >/dev/null
+    echo "after:  $wk $(hits "$wk") | $cp $(hits "$cp")"
+  } > "$OUT/fastpath-probe.txt" 2>&1
+  kc delete namespace onc-probe --wait=false >/dev/null
+  cat "$OUT/fastpath-probe.txt"
 }
 
 # collect saves what proves the run: onctl stats and state from each node.
@@ -129,6 +164,7 @@ case ${1:-all} in
   all) up; test_ ;;
   up) up ;;
   test) test_ ;;
+  probe) mkdir -p "$OUT"; fastpath_probe ;;
   down) down ;;
-  *) echo "usage: $0 [all|up|test|down]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|up|test|probe|down]" >&2; exit 2 ;;
 esac
