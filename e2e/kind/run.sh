@@ -5,7 +5,7 @@
 # their connectivity. Results (JUnit, e2e log, onctl stats from every node,
 # cluster state) land in $OUT.
 #
-#   run.sh [all|up|test|probe|down]   (make e2e-kind runs "all")
+#   run.sh [all|up|test|probe|summary|down]   (make e2e-kind runs "all")
 #
 # Offline (default; this machine has no registry): Docker runs in its own
 # network namespace (dockerd.sh) and every image is built locally
@@ -95,8 +95,41 @@ test_() {
   wait "$killer" 2>/dev/null || true
   fastpath_probe || true
   collect
-  tail -5 "$OUT/e2e.log"
+  summarize
   return $rc
+}
+
+# summarize writes summary.md: versions, the result of every spec that ran,
+# the agent restart and the fast-path probe.
+summarize() {
+  local junit=$OUT/junit_01.xml
+  {
+    echo "# [sig-network] Conformance on kind with ONC — $(date -u +%F)"
+    echo
+    echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(git -C "$root" describe --always --dirty),"
+    echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
+    echo
+    echo '```'
+    grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$OUT/e2e.log" || true
+    echo '```'
+    echo
+    echo "| result | spec |"
+    echo "| --- | --- |"
+    grep -o '<testcase name="[^"]*" classname="[^"]*" status="\(passed\|failed\|timedout\|panicked\)"' "$junit" 2>/dev/null |
+      sed -E 's/<testcase name="([^"]*)" classname="[^"]*" status="([a-z]*)"/| \2 | \1 |/' | sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&amp;/\&/g' | sort
+    echo
+    echo "## The worker's onc-agent pod deleted mid-run"
+    echo '```'
+    cat "$OUT/agent-restart.txt" 2>/dev/null
+    echo '```'
+    echo
+    echo "## Fast path: hit counters around a 200 MB transfer across nodes"
+    echo '```'
+    cat "$OUT/fastpath-probe.txt" 2>/dev/null
+    echo '```'
+  } > "$OUT/summary.md"
+  echo "summary: $OUT/summary.md"
+  grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$OUT/e2e.log" || tail -5 "$OUT/e2e.log"
 }
 
 # hits prints the fast path's egress and ingress hit counters of the agent
@@ -165,6 +198,7 @@ case ${1:-all} in
   up) up ;;
   test) test_ ;;
   probe) mkdir -p "$OUT"; fastpath_probe ;;
+  summary) summarize ;;
   down) down ;;
-  *) echo "usage: $0 [all|up|test|probe|down]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|up|test|probe|summary|down]" >&2; exit 2 ;;
 esac

@@ -310,14 +310,17 @@ func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
 	return s.mirrorCIDR(ctx, node, netip.Prefix{})
 }
 
-func (s *Store) Allocations(context.Context) (map[netip.Prefix]string, error) {
+func (s *Store) Allocations(context.Context) (map[netip.Prefix]string, error) { return s.blocks(), nil }
+
+// blocks maps each allocated block to its node, from the cache.
+func (s *Store) blocks() map[netip.Prefix]string {
 	out := map[netip.Prefix]string{}
 	for k, owner := range s.cachedLedger() {
 		if p, ok := parseBlockKey(k); ok {
 			out[p] = owner
 		}
 	}
-	return out, nil
+	return out
 }
 
 // mirrorCIDR copies a node's block into its ONCNode (for kubectl get) and,
@@ -375,7 +378,7 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 	}
 	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
 		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
-	for p, owner := range s.mustAllocations() {
+	for p, owner := range s.blocks() {
 		if owner == spec.Name {
 			n.Spec.PodCIDR = p.String()
 		}
@@ -392,11 +395,6 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 		return err
 	}
 	return s.awaitCache(ctx, s.oncInf, spec.Name, created.GetResourceVersion())
-}
-
-func (s *Store) mustAllocations() map[netip.Prefix]string {
-	a, _ := s.Allocations(context.Background())
-	return a
 }
 
 // patchONCNode merge-patches an ONCNode (or its status subresource) and
@@ -460,7 +458,7 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 // its endpoint (an ONCNode can exist with only a pod CIDR).
 func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 	cidrs := map[string]netip.Prefix{}
-	for p, owner := range s.mustAllocations() {
+	for p, owner := range s.blocks() {
 		cidrs[owner] = p
 	}
 	now := time.Now()
@@ -494,7 +492,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 		return datastore.Node{}, err
 	}
 	var cidr netip.Prefix
-	for p, owner := range s.mustAllocations() {
+	for p, owner := range s.blocks() {
 		if owner == name {
 			cidr = p
 		}
