@@ -58,9 +58,9 @@ if ! have onc-kind/base:bookworm; then
   tar -C "$CACHE/rootfs-base" -c . | docker import - onc-kind/base:bookworm >/dev/null
 fi
 
-# One image from the base plus one file: name file dest [entrypoint [cmd]]
+# One image from the base plus one file: name file dest [entrypoint]
 img() {
-  local name=$1 bin=$2 dest=$3 entry=${4:-} cmd=${5:-}
+  local name=$1 bin=$2 dest=$3 entry=${4:-}
   have "$name" && return 0
   log "image $name"
   local ctx; ctx=$(mktemp -d)
@@ -69,7 +69,6 @@ img() {
     echo "FROM onc-kind/base:bookworm"
     echo "COPY bin $dest"
     [ -n "$entry" ] && echo "ENTRYPOINT [\"$entry\"]"
-    [ -n "$cmd" ] && echo "CMD [\"$cmd\"]"
     true
   } > "$ctx/Dockerfile"
   (cd "$ctx" && tar -c .) | docker build -q -t "$name" - >/dev/null
@@ -81,8 +80,19 @@ done
 img "registry.k8s.io/etcd:$ETCD_VERSION-0" "$GOBIN_DIR/etcd" /usr/local/bin/etcd
 img "registry.k8s.io/coredns/coredns:v$COREDNS_VERSION" "$GOBIN_DIR/coredns" /coredns /coredns
 img "registry.k8s.io/pause:$PAUSE_VERSION" "$GOBIN_DIR/pause" /pause /pause
-# As upstream's: with no arguments agnhost pauses (the tests' host-exec pods rely on it).
-img registry.k8s.io/e2e-test-images/agnhost:2.59 "$KUBE_BIN/agnhost" /agnhost /agnhost pause
+# agnhost as upstream's image has it: with no arguments it pauses (the
+# host-exec pods rely on that), and porter's TLS ports serve the
+# certificate that ships beside its source.
+if ! have registry.k8s.io/e2e-test-images/agnhost:2.59; then
+  log "image registry.k8s.io/e2e-test-images/agnhost:2.59"
+  ctx=$(mktemp -d)
+  src=$(go env GOMODCACHE)/k8s.io/kubernetes@$KUBE_VERSION/test/images/agnhost
+  cp "$KUBE_BIN/agnhost" "$src/porter/localhost.crt" "$src/porter/localhost.key" "$ctx/"
+  printf '%s\n' 'FROM onc-kind/base:bookworm' 'COPY agnhost localhost.crt localhost.key /' 'RUN mkdir /uploads' \
+    'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' > "$ctx/Dockerfile"
+  (cd "$ctx" && tar -c .) | docker build -q -t registry.k8s.io/e2e-test-images/agnhost:2.59 - >/dev/null
+  rm -rf "$ctx"
+fi
 # busybox, nginx and jessie-dnsutils: the Debian base already has what the
 # tests run in them (sh, wget, nc, nslookup, dig, nginx).
 for t in busybox:1.36.1-1 busybox:1.37.0-1 jessie-dnsutils:1.7; do
