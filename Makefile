@@ -66,7 +66,7 @@ e2e-kind: prereqs build
 	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh $(E2E_KIND_ARGS)
 
 e2e-kind-down:
-	./e2e/kind/run.sh down
+	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh down
 
 STATICCHECK_VERSION := v0.8.2
 
