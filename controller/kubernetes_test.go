@@ -17,7 +17,6 @@ import (
 	"github.com/onc-net/onc/manifests"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -29,9 +28,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	api := testutil.KubeAPIServer(t)
 	bins := testutil.Binaries(t)
 	ctx := context.Background()
-	if err := manifests.Apply(ctx, api.RESTConfig(), func(u *unstructured.Unstructured) bool {
-		return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
-	}); err != nil {
+	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {
 		t.Fatal(err)
 	}
 	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())

@@ -108,3 +108,10 @@ func waitEstablished(ctx context.Context, ri dynamic.ResourceInterface, name str
 		return false, nil
 	})
 }
+
+// NotWorkloads selects everything but the Deployment and the DaemonSet: the
+// namespace, CRD, RBAC and config, for API servers without kubelets (the
+// tests' and the lab's).
+func NotWorkloads(u *unstructured.Unstructured) bool {
+	return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
+}

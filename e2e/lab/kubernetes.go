@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -49,9 +48,7 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
 			return err
 		}
 	}
-	return manifests.Apply(ctx, a.RESTConfig(), func(u *unstructured.Unstructured) bool {
-		return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
-	})
+	return manifests.Apply(ctx, a.RESTConfig(), manifests.NotWorkloads)
 }
 
 // kubeconfig of an ONC service account, for the lab's processes.

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -39,9 +38,7 @@ func TestKubernetesBackend(t *testing.T) {
 	admin := api.RESTConfig()
 	ctx := context.Background()
 	// Exactly what users install, less the workloads (no kubelet here).
-	err := manifests.Apply(ctx, admin, func(u *unstructured.Unstructured) bool {
-		return u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet"
-	})
+	err := manifests.Apply(ctx, admin, manifests.NotWorkloads)
 	if err != nil {
 		t.Fatal(err)
 	}
