@@ -46,6 +46,25 @@ func stats(t *testing.T, n *lab.Node) map[string]uint64 {
 	return out
 }
 
+// settled returns n's counters once its fast path has carried nothing for
+// 300 ms, so that a late packet of an earlier flow (a delayed ACK waits up
+// to 200 ms) does not count towards the next measurement.
+func settled(t *testing.T, n *lab.Node) map[string]uint64 {
+	t.Helper()
+	prev, deadline := stats(t, n), time.Now().Add(10*time.Second)
+	for {
+		time.Sleep(300 * time.Millisecond)
+		cur := stats(t, n)
+		if cur["ingress_hit"] == prev["ingress_hit"] && cur["egress_hit"] == prev["egress_hit"] {
+			return cur
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the fast path never went quiet", n.Name)
+		}
+		prev = cur
+	}
+}
+
 func setFastPath(t *testing.T, n *lab.Node, on bool) {
 	t.Helper()
 	if _, err := agent(t, n).SetFastPath(context.Background(), &apiv1.SetFastPathRequest{Enabled: on}); err != nil {
@@ -181,7 +200,7 @@ func TestFastPathCarriesTCPAndUDP(t *testing.T) {
 
 	// Node to pod: the slow path, always.
 	echoTCP(listenTCP(t, b.Netns, 9002))
-	before2 = stats(t, n2)
+	before2 = settled(t, n2)
 	if err := rr(dial(t, n1.Netns, "tcp4", b.IP, 9002), 500); err != nil {
 		t.Fatal(err)
 	}

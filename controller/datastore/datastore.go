@@ -73,8 +73,9 @@ type Store interface {
 	// Node returns one registered node or ErrNotFound.
 	Node(ctx context.Context, name string) (Node, error)
 	// Changes signals (coalesced, never blocking the store) whenever any node,
-	// allocation or liveness changes, and once right away. It is closed when
-	// ctx ends. Consumers re-read what they need: it is a level trigger.
+	// allocation or liveness changes, and once as soon as it watches: every
+	// change after that first signal is signalled. It is closed when ctx
+	// ends. Consumers re-read what they need: it is a level trigger.
 	Changes(ctx context.Context) <-chan struct{}
 
 	// Describe names the backend and where it is, for status output.

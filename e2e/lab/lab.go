@@ -349,7 +349,9 @@ func (l *Lab) WaitReady(ctx context.Context, n *Node) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("agent of %s not ready after 60s: %s; log %s:\n%s", n.Name, last, n.Agent.Log, tail(n.Agent.Log, 20))
+			// Readiness waits on the controller too (the pod CIDR): show both sides.
+			return fmt.Errorf("agent of %s not ready after 60s: %s; log %s:\n%s\ncontroller log %s:\n%s",
+				n.Name, last, n.Agent.Log, tail(n.Agent.Log, 20), l.Controller.Log, tail(l.Controller.Log, 30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -365,25 +365,26 @@ func decodeNode(name string, val []byte) (datastore.NodeSpec, error) {
 
 func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 	out := make(chan struct{}, 1)
-	out <- struct{}{}
+	signal := func() {
+		select {
+		case out <- struct{}{}:
+		default:
+		}
+	}
 	go func() {
 		defer close(out)
 		for ctx.Err() == nil {
-			wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix())
+			// Signal only once the watch exists: a consumer reads on the
+			// signal, and every write after that read must reach the watch.
+			wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
 			for resp := range wch {
 				if resp.Err() != nil {
 					break
 				}
-				select {
-				case out <- struct{}{}:
-				default:
-				}
+				signal()
 			}
-			// The watch broke (compaction, leader loss): re-read from scratch.
-			select {
-			case out <- struct{}{}:
-			default:
-			}
+			// The watch broke (compaction, leader loss): watch again, and
+			// the new watch's creation makes consumers re-read from scratch.
 			select {
 			case <-ctx.Done():
 			case <-time.After(500 * time.Millisecond):

@@ -5,6 +5,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -22,6 +23,7 @@ func Run(t *testing.T, newStore func(t *testing.T) datastore.Store) {
 	t.Run("DeleteNodeReleasesItsCIDR", func(t *testing.T) { deleteNode(t, newStore(t)) })
 	t.Run("KeepAliveMarksAliveUntilCancelled", func(t *testing.T) { keepAlive(t, newStore(t)) })
 	t.Run("ChangesSignalsOnEveryKindOfChange", func(t *testing.T) { changes(t, newStore(t)) })
+	t.Run("ChangesMissesNothingAfterTheFirstSignal", func(t *testing.T) { changesFromTheStart(t, newStore(t)) })
 }
 
 func ctx(t *testing.T) context.Context {
@@ -198,4 +200,26 @@ func changes(t *testing.T, s datastore.Store) {
 		t.Fatal(err)
 	}
 	expect("delete")
+}
+
+// A consumer reads the store on the first signal and waits for the next:
+// a change made right after that read must be signalled, or the consumer
+// waits for ever with stale state (an agent that never sees its CIDR).
+// The window is short, so the suite tries it many times.
+func changesFromTheStart(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	for i := range 20 {
+		wctx, cancel := context.WithCancel(c)
+		ch := s.Changes(wctx)
+		<-ch
+		if err := s.RegisterNode(c, spec(fmt.Sprintf("n%d", i), "192.0.2.3")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("try %d: a node registered right after the first signal was never signalled", i)
+		}
+		cancel()
+	}
 }
