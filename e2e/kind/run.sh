@@ -67,6 +67,25 @@ up() {
   kc get oncnodes -o wide
 }
 
+# Helpers for the bed's own probes: pods of agnhost's image pinned to a node.
+AGNHOST=registry.k8s.io/e2e-test-images/agnhost:2.59
+control_plane() { kc get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}'; }
+worker() { kc get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}'; }
+agent_pod() { # node
+  kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent --field-selector spec.nodeName="$1" -o jsonpath='{.items[0].metadata.name}'
+}
+run_on() { # namespace pod node script
+  kc -n "$1" run "$2" --image=$AGNHOST --restart=Never --overrides='{"spec":{"nodeName":"'"$3"'"}}' --command -- sh -c "$4" >&2
+}
+# serve makes a fresh namespace with a pod "sink" on the node running the
+# script, and prints the pod's IP once it is ready (kubectl's chatter to stderr).
+serve() { # namespace node script
+  # Chained: errexit does not reach into the caller's $(...).
+  kc delete namespace "$1" --ignore-not-found --wait=true >&2 && kc create namespace "$1" >&2 &&
+    run_on "$1" sink "$2" "$3" && kc -n "$1" wait --for=condition=Ready pod/sink --timeout=2m >&2 &&
+    kc -n "$1" get pod sink -o jsonpath='{.status.podIP}'
+}
+
 # agent_restart deletes the worker's onc-agent pod mid-run while traffic
 # crosses that node, and fails unless the traffic never noticed: from a pod
 # on the worker to a pod on the control plane, one TCP connection carrying
@@ -74,23 +93,17 @@ up() {
 # before the deletion and ends after the replacement is ready.
 agent_restart() {
   sleep "$AGENT_KILL_AFTER"
-  local cp wk pod ip img=registry.k8s.io/e2e-test-images/agnhost:2.59 ok=1 got srclog
-  cp=$(kc get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')
-  wk=$(kc get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')
+  local cp wk pod ip ok=1 got srclog
+  cp=$(control_plane)
+  wk=$(worker)
   exec > "$OUT/agent-restart.txt" 2>&1
-  kc delete namespace onc-restart --ignore-not-found --wait=true
-  kc create namespace onc-restart
-  kc -n onc-restart run sink --image=$img --overrides='{"spec":{"nodeName":"'"$cp"'"}}' \
-    --command -- sh -c 'nc -l 8080 | wc -l; sleep infinity'
-  kc -n onc-restart wait --for=condition=Ready pod/sink --timeout=2m
-  ip=$(kc -n onc-restart get pod sink -o jsonpath='{.status.podIP}')
-  kc -n onc-restart run src --image=$img --restart=Never --overrides='{"spec":{"nodeName":"'"$wk"'"}}' \
-    --command -- sh -c "ping -q -i 0.2 -c 300 $ip > /tmp/ping & i=0
+  ip=$(serve onc-restart "$cp" 'nc -l 8080 | wc -l; sleep infinity')
+  run_on onc-restart src "$wk" "ping -q -i 0.2 -c 300 $ip > /tmp/ping & i=0
       while [ \$i -lt 600 ]; do i=\$((i+1)); echo \$i; sleep 0.1; done | nc -N $ip 8080; rc=\$?
       wait; cat /tmp/ping; exit \$rc"
   kc -n onc-restart wait --for=condition=Ready pod/src --timeout=2m
   sleep 10
-  pod=$(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent --field-selector spec.nodeName="$wk" -o jsonpath='{.items[0].metadata.name}')
+  pod=$(agent_pod "$wk")
   echo "$(date -u +%FT%TZ) deleting onc-agent pod $pod on $wk; traffic from $wk to pod $ip on $cp"
   kc -n onc-system delete pod "$pod" --wait=true
   kc -n onc-system rollout status ds/onc-agent --timeout=5m
@@ -161,9 +174,7 @@ summarize() {
 # hits prints the fast path's egress and ingress hit counters of the agent
 # on node $1.
 hits() {
-  local pod
-  pod=$(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent --field-selector spec.nodeName="$1" -o jsonpath='{.items[0].metadata.name}')
-  kc -n onc-system exec "$pod" -c onc-agent -- onctl stats -o json |
+  kc -n onc-system exec "$(agent_pod "$1")" -c onc-agent -- onctl stats -o json |
     jq -r '[.counters[] | select(.name == "hit") | "\(.program)=\(.value)"] | join(" ")'
 }
 
@@ -171,20 +182,14 @@ hits() {
 # the control plane and records the worker's and control plane's hit
 # counters before and after: the fast path carried it if they grew.
 fastpath_probe() {
-  local cp wk ip img=registry.k8s.io/e2e-test-images/agnhost:2.59
-  cp=$(kc get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')
-  wk=$(kc get nodes -l '!node-role.kubernetes.io/control-plane' -o jsonpath='{.items[0].metadata.name}')
-  kc delete namespace onc-probe --ignore-not-found --wait=true >/dev/null
-  kc create namespace onc-probe >/dev/null
-  kc -n onc-probe run sink --image=$img --overrides='{"spec":{"nodeName":"'"$cp"'"}}' \
-    --command -- sh -c 'while true; do nc -l 8080 > /dev/null; done' >/dev/null
-  kc -n onc-probe wait --for=condition=Ready pod/sink --timeout=2m >/dev/null
-  ip=$(kc -n onc-probe get pod sink -o jsonpath='{.status.podIP}')
+  local cp wk ip
+  cp=$(control_plane)
+  wk=$(worker)
+  ip=$(serve onc-probe "$cp" 'while true; do nc -l 8080 > /dev/null; done' 2>/dev/null)
   {
     echo "# 200 MB TCP, pod on $wk -> pod $ip on $cp"
     echo "before: $wk $(hits "$wk") | $cp $(hits "$cp")"
-    kc -n onc-probe run src --image=$img --restart=Never --overrides='{"spec":{"nodeName":"'"$wk"'"}}' \
-      --command -- sh -c "head -c 200000000 /dev/zero | nc -N $ip 8080" >/dev/null
+    run_on onc-probe src "$wk" "head -c 200000000 /dev/zero | nc -N $ip 8080" 2>/dev/null
     kc -n onc-probe wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=5m >/dev/null
     echo "after:  $wk $(hits "$wk") | $cp $(hits "$cp")"
   } > "$OUT/fastpath-probe.txt" 2>&1

@@ -365,12 +365,6 @@ func decodeNode(name string, val []byte) (datastore.NodeSpec, error) {
 
 func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 	out := make(chan struct{}, 1)
-	signal := func() {
-		select {
-		case out <- struct{}{}:
-		default:
-		}
-	}
 	go func() {
 		defer close(out)
 		for ctx.Err() == nil {
@@ -381,7 +375,10 @@ func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 				if resp.Err() != nil {
 					break
 				}
-				signal()
+				select {
+				case out <- struct{}{}:
+				default:
+				}
 			}
 			// The watch broke (compaction, leader loss): watch again, and
 			// the new watch's creation makes consumers re-read from scratch.
