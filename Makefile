@@ -58,7 +58,7 @@ DOCKER ?= docker
 image: build
 	$(DOCKER) build --build-arg BASE=$(IMAGE_BASE) -t $(IMAGE) .
 
-# The kind bed (e2e/kind/README.md): a kind cluster with ONC as its only
+# The kind bed (docs/kind.md): a kind cluster with ONC as its only
 # CNI, then the [sig-network] Conformance tests. Offline on this machine:
 # every image is built locally and cached (first run ≈40 min).
 e2e-kind: prereqs build

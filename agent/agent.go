@@ -1,7 +1,8 @@
 // Package agent is onc-agent, one per node: it registers the node, waits
-// for its pod CIDR, builds the VXLAN slow path and keeps every peer
+// for its pod CIDR, brings the node's datapath up and keeps every peer
 // programmed, and serves the CNI API (cni.sock) and the operator API
-// (agent.sock, for onctl).
+// (agent.sock, for onctl). Everything it does in the kernel goes through
+// one seam, Datapath.
 package agent
 
 import (
@@ -20,11 +21,8 @@ import (
 
 	"github.com/onc-net/onc/agent/ipam"
 	apiv1 "github.com/onc-net/onc/api/v1"
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/datapath/fastpath"
-	"github.com/onc-net/onc/datapath/netfilter"
-	"github.com/onc-net/onc/datapath/overlay"
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/internal/atomicfile"
 	"google.golang.org/grpc"
 )
@@ -35,19 +33,15 @@ var Version = "dev"
 // Config of the agent.
 type Config struct {
 	NodeName string
-	NodeIP   netip.Addr // optional: defaults to the uplink's first address
-	Iface    string     // optional uplink name
-	StateDir string     // persistent: VTEP MAC, pod attachments
-	RunDir   string     // sockets
-	VNI      int
-	Port     int
-	MTU      int // pod MTU; 0 = uplink MTU − 50
+	StateDir string // persistent: VTEP MAC, pod attachments
+	RunDir   string // sockets
+	MTU      int    // pod MTU; 0 = uplink MTU − overlay overhead
 	LeaseTTL time.Duration
+	// Resync is how often every watcher reconciles without a signal, as
+	// insurance against a missed one and against drift in the kernel.
+	Resync time.Duration
 
-	FastPath     bool   // start with the fast path on
-	BPFFS        string // where the fast path pins its maps and links
-	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
-	AttachMode   string // auto, tcx or clsact
+	Datapath datapath.Config
 
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
@@ -62,50 +56,44 @@ type PodPhases interface {
 
 // DefaultConfig has the production defaults.
 func DefaultConfig() Config {
-	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", VNI: 1, Port: 4789, LeaseTTL: 15 * time.Second,
-		FastPath: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}
+	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 15 * time.Second, Resync: time.Minute,
+		Datapath: datapath.Config{VNI: 1, Port: 4789, FastPath: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}}
 }
 
 // Agent is one node's agent.
 type Agent struct {
 	cfg     Config
 	store   datastore.Store
+	dp      Datapath
 	started time.Time
-	up      uplink
+	up      datapath.Uplink
 	vtepMAC net.HardwareAddr
 	podMTU  int
+	peers   *watcher // the node and its peers, from the datastore
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
 	podCIDR     netip.Prefix
 	clusterCIDR netip.Prefix
 	pool        *ipam.Pool
-	ovl         *overlay.Overlay
-	fp          *fastpath.Datapath // nil: slow path only
 	spec        datastore.NodeSpec // as published
 
 	locks keyLocks
 }
 
 // New validates cfg and prepares the agent; Run starts it.
-func New(cfg Config, store datastore.Store) (*Agent, error) {
+func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("node name is required")
 	}
-	if cfg.VNI < 1 || cfg.VNI > 1<<24-1 {
-		return nil, fmt.Errorf("VNI %d: must be 1..16777215", cfg.VNI)
+	if cfg.Resync <= 0 {
+		return nil, fmt.Errorf("resync period %v: must be positive", cfg.Resync)
 	}
-	if cfg.Port < 1 || cfg.Port > 65535 {
-		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
-	}
-	up, err := findUplink(cfg.Iface, cfg.NodeIP)
-	if err != nil {
-		return nil, err
-	}
-	podMTU := up.MTU - overlay.Overhead
+	up := dp.Uplink()
+	podMTU := up.MTU - overlayOverhead
 	if cfg.MTU != 0 {
 		if cfg.MTU < 576 || cfg.MTU > podMTU {
-			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, overlay.Overhead, podMTU)
+			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, overlayOverhead, podMTU)
 		}
 		podMTU = cfg.MTU
 	}
@@ -113,9 +101,15 @@ func New(cfg Config, store datastore.Store) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, store: store, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
-		notReady: "registering the node"}, nil
+	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
+		notReady: "registering the node",
+		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
+	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
+	return a, nil
 }
+
+// overlayOverhead is what VXLAN over IPv4 adds to a frame.
+const overlayOverhead = datapath.OverlayOverhead
 
 // loadVTEPMAC returns the persisted VTEP MAC, creating one on first start:
 // peers' FDB entries stay valid across agent restarts and reboots.
@@ -147,9 +141,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	cniSrv := grpc.NewServer()
 	apiv1.RegisterCNIServer(cniSrv, &cniServer{a: a})
-	agentSrv := grpc.NewServer()
-	apiv1.RegisterAgentServer(agentSrv, &agentServer{a: a})
-	for name, srv := range map[string]*grpc.Server{"cni.sock": cniSrv, "agent.sock": agentSrv} {
+	onctlSrv := grpc.NewServer()
+	apiv1.RegisterAgentServer(onctlSrv, &onctlServer{a: a})
+	for name, srv := range map[string]*grpc.Server{"cni.sock": cniSrv, "agent.sock": onctlSrv} {
 		l, err := listenUnix(filepath.Join(a.cfg.RunDir, name))
 		if err != nil {
 			return err
@@ -160,7 +154,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 
 	a.mu.Lock()
-	a.spec = datastore.NodeSpec{Name: a.cfg.NodeName, IP: a.up.NodeIP, VTEPMAC: a.vtepMAC, FastPath: a.cfg.FastPath}
 	spec := a.spec
 	a.mu.Unlock()
 	if err := retry(ctx, "register node", func() error { return a.store.RegisterNode(ctx, spec) }); err != nil {
@@ -171,21 +164,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() { <-alive }() // let a clean stop revoke the lease, so peers see it at once
 	a.setNotReady("waiting for the controller to allocate this node's pod CIDR")
 
-	defer func() {
-		if a.fp != nil {
-			a.fp.Close() // the pinned maps and links keep forwarding
-		}
-	}()
-	for range a.store.Changes(ctx) {
-		if err := a.reconcile(ctx); err != nil && ctx.Err() == nil {
-			slog.Error("reconcile failed; will retry on the next change", "err", err)
-		}
-	}
+	defer a.dp.Close() // the pinned maps and links keep forwarding
+	a.peers.run(ctx, a.store.Changes(ctx))
 	return nil
 }
 
-// reconcile brings the node up once its CIDR exists, then keeps the peers
-// programmed.
+// reconcile is the peer watcher's: it brings the node up once its CIDR
+// exists, then keeps the peers programmed.
 func (a *Agent) reconcile(ctx context.Context) error {
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
@@ -219,77 +204,63 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
 		return nil
 	}
-	var peers []overlay.Peer
-	for _, n := range nodes {
-		if n.Name != a.cfg.NodeName && n.PodCIDR.IsValid() {
-			peers = append(peers, overlay.Peer{Name: n.Name, NodeIP: n.IP, VTEPMAC: n.VTEPMAC, PodCIDR: n.PodCIDR})
-		}
+	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes); err != nil {
+		return err
 	}
-	err = errors.Join(a.ovl.Sync(peers), a.fpSyncPeers(nodes))
-	if err == nil {
-		a.setNotReady("")
-	}
-	return err
+	a.setNotReady("")
+	return nil
 }
 
-// bringUp builds the node's datapath for cidr.
-func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) (err error) {
+// bringUp builds the node's datapath for cidr and takes over the pods of
+// before a restart.
+func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	cc, err := a.store.ClusterConfig(ctx)
 	if err != nil {
 		return fmt.Errorf("read cluster config: %w", err)
 	}
-	gw := overlay.Gateway(cidr)
-	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+	if err := a.dp.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: cc.ClusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
-	ovl, err := overlay.Ensure(overlay.Config{VNI: a.cfg.VNI, Port: a.cfg.Port, LocalIP: a.up.NodeIP, Uplink: a.up.Index,
-		MAC: a.vtepMAC, MTU: a.up.MTU - overlay.Overhead, Gateway: gw})
-	if err != nil {
-		return err
-	}
-	fp := a.openFastPath()
-	defer func() {
-		if err != nil && fp != nil {
-			fp.Close() // the next attempt opens it again
-		}
-	}()
-	var mark uint32
-	if fp != nil {
-		mark = a.cfg.FastPathMark
-	} else if a.cfg.FastPath {
+	if a.dp.FastPath() == nil && a.cfg.Datapath.FastPath {
 		a.mu.Lock()
 		a.spec.FastPath = false // peers must not fast-path to us
 		a.mu.Unlock()
 	}
-	if err := netfilter.Ensure(cc.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
-		return err
-	}
-	if fp != nil {
-		// Conntrack does not see the data the fast path carries, so its TCP
-		// window falls behind; strict window checks would then mark the
-		// flow's FIN, or its packets after a fast-path switch, INVALID.
-		if err := writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
-			return err
-		}
-	}
+	gw := datapath.Gateway(cidr)
 	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidr, gw)
 	if err != nil {
 		return err
 	}
+	a.mu.Lock()
+	a.podCIDR, a.clusterCIDR, a.pool = cidr, cc.ClusterCIDR, pool
+	a.mu.Unlock()
 	for _, d := range dropped {
 		slog.Warn("dropping a pod attachment outside this node's CIDR", "pod", d.Key, "ip", d.IP)
-		_ = podnet.Teardown(d.HostIface)
+		_ = a.dp.DetachPod(datapath.Pod{HostIface: d.HostIface})
 	}
-	a.mu.Lock()
-	a.podCIDR, a.clusterCIDR, a.pool, a.ovl, a.fp = cidr, cc.ClusterCIDR, pool, ovl, fp
-	a.mu.Unlock()
-	for _, att := range pool.List() { // adopt the pods of before a restart
-		if err := a.fpAddPod(att); err != nil {
+	for _, att := range pool.List() {
+		if err := a.dp.AdoptPod(a.podOf(att)); err != nil {
 			slog.Warn("pod not on the fast path", "pod", att.Key, "err", err)
 		}
 	}
-	slog.Info("node datapath up", "podCIDR", cidr, "gateway", gw, "vxlan", overlay.DeviceName, "podMTU", a.podMTU)
+	slog.Info("node up", "podCIDR", cidr, "gateway", gw, "podMTU", a.podMTU)
 	return nil
+}
+
+// watchers lists the agent's watchers, for status.
+func (a *Agent) watchers() []*watcher { return []*watcher{a.peers} }
+
+// podOf is an attachment as the datapath programs it.
+func (a *Agent) podOf(att ipam.Attachment) datapath.Pod {
+	mac, _ := net.ParseMAC(att.MAC) // empty until AttachPod has run
+	return datapath.Pod{Netns: att.Netns, IfName: att.IfName, HostIface: att.HostIface, IP: att.IP,
+		Gateway: a.gateway(), MTU: a.podMTU, MAC: mac}
+}
+
+func (a *Agent) gateway() netip.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return datapath.Gateway(a.podCIDR)
 }
 
 func (a *Agent) setNotReady(reason string) {
@@ -313,13 +284,6 @@ func (a *Agent) readyPool() (*ipam.Pool, string) {
 		return nil, a.notReady
 	}
 	return a.pool, a.notReady
-}
-
-func writeSysctl(name, val string) error {
-	if err := os.WriteFile(filepath.Join("/proc/sys", name), []byte(val), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), val, err)
-	}
-	return nil
 }
 
 func listenUnix(path string) (net.Listener, error) {
@@ -349,39 +313,5 @@ func retry(ctx context.Context, what string, fn func() error) error {
 			return ctx.Err()
 		case <-time.After(delay):
 		}
-	}
-}
-
-// keyLocks serialises operations on one attachment.
-type keyLocks struct {
-	mu sync.Mutex
-	m  map[ipam.Key]*lockRef
-}
-
-type lockRef struct {
-	sync.Mutex
-	n int
-}
-
-func (k *keyLocks) lock(key ipam.Key) func() {
-	k.mu.Lock()
-	if k.m == nil {
-		k.m = map[ipam.Key]*lockRef{}
-	}
-	l := k.m[key]
-	if l == nil {
-		l = &lockRef{}
-		k.m[key] = l
-	}
-	l.n++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.n--; l.n == 0 {
-			delete(k.m, key)
-		}
-		k.mu.Unlock()
 	}
 }

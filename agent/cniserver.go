@@ -15,8 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/onc-net/onc/agent/ipam"
 	apiv1 "github.com/onc-net/onc/api/v1"
-	"github.com/onc-net/onc/datapath/overlay"
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath"
 )
 
 // ONC's own CNI error codes (the spec leaves 100+ to plugins).
@@ -107,7 +106,7 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 
 	kns, kname := k8sArgs(req.Args)
 	att, err := pool.Allocate(ipam.Attachment{Key: key, Netns: req.Netns,
-		HostIface: podnet.HostIfaceName(key.ContainerID, key.IfName), K8sNamespace: kns, K8sName: kname})
+		HostIface: datapath.HostIfaceName(key.ContainerID, key.IfName), K8sNamespace: kns, K8sName: kname})
 	switch {
 	case errors.Is(err, ipam.ErrExists):
 		return fail(ErrAttachmentExists, fmt.Sprintf("container %s already has interface %s on this network", key.ContainerID, key.IfName),
@@ -117,32 +116,28 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 	case err != nil:
 		return fail(ErrInternal, "cannot record the pod's address", err.Error())
 	}
-	gw := s.a.gateway()
-	p := podnet.Pod{Netns: req.Netns, IfName: req.Ifname, HostIface: att.HostIface, IP: att.IP, Gateway: gw, MTU: s.a.podMTU}
-	podMAC, err := podnet.Setup(p)
+	link, err := s.a.dp.AttachPod(s.a.podOf(att))
 	if err == nil {
-		att.MAC = podMAC.String()
+		att.MAC = link.PodMAC.String()
 		err = pool.Update(att)
-	}
-	if err == nil {
-		err = s.a.fpAddPod(att)
 	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
-		_ = s.a.fpDelPod(att)
-		_ = podnet.Teardown(att.HostIface)
+		if derr := s.a.dp.DetachPod(s.a.podOf(att)); derr != nil {
+			slog.Error("rollback could not remove the pod's interface", "pod", key, "err", derr)
+		}
 		if _, _, rerr := pool.Release(key); rerr != nil {
 			slog.Error("rollback could not free the pod's address", "pod", key, "ip", att.IP, "err", rerr)
 		}
 		switch {
-		case errors.Is(err, podnet.ErrNoNetns):
+		case errors.Is(err, datapath.ErrNoNetns):
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
-		case errors.Is(err, podnet.ErrIfaceExists):
+		case errors.Is(err, datapath.ErrIfaceExists):
 			return fail(ErrAttachmentExists, "the interface already exists in the container", err.Error())
 		}
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
 	}
-	res, err := s.a.result(att, podMAC, conf.CNIVersion)
+	res, err := s.result(att, link, conf.CNIVersion)
 	if err != nil {
 		return fail(ErrInternal, "cannot encode the result", err.Error())
 	}
@@ -151,18 +146,14 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 }
 
 // result renders the ADD result in the configuration's CNI version.
-func (a *Agent) result(att ipam.Attachment, podMAC net.HardwareAddr, cniVersion string) ([]byte, error) {
-	hostMAC := ""
-	if l, err := net.InterfaceByName(att.HostIface); err == nil {
-		hostMAC = l.HardwareAddr.String()
-	}
-	gw := a.gateway()
+func (s *cniServer) result(att ipam.Attachment, link datapath.PodLink, cniVersion string) ([]byte, error) {
+	gw := s.a.gateway()
 	podIdx := 1
 	r := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
-			{Name: att.HostIface, Mac: hostMAC},
-			{Name: att.IfName, Mac: podMAC.String(), Sandbox: att.Netns, Mtu: a.podMTU},
+			{Name: att.HostIface, Mac: link.HostMAC.String()},
+			{Name: att.IfName, Mac: link.PodMAC.String(), Sandbox: att.Netns, Mtu: s.a.podMTU},
 		},
 		IPs: []*current.IPConfig{{
 			Interface: &podIdx,
@@ -178,12 +169,6 @@ func (a *Agent) result(att ipam.Attachment, podMAC net.HardwareAddr, cniVersion 
 	return json.Marshal(out)
 }
 
-func (a *Agent) gateway() netip.Addr {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return overlay.Gateway(a.podCIDR)
-}
-
 func (s *cniServer) Del(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
 	if _, bad := parseConf(req.Config); bad != nil {
 		return bad, nil
@@ -194,24 +179,21 @@ func (s *cniServer) Del(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 	}
 	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
 	defer s.a.locks.lock(key)()
-	if err := s.a.release(pool, key); err != nil {
+	if err := s.release(pool, key); err != nil {
 		return fail(ErrInternal, "cannot remove the pod's interface", err.Error())
 	}
 	return &apiv1.CNIResponse{}, nil
 }
 
-// release removes an attachment's veth, then its address. Missing parts
-// are fine (DEL is idempotent); the address is kept if the veth cannot be
-// removed, so a retry finds everything again.
-func (a *Agent) release(pool *ipam.Pool, key ipam.Key) error {
-	hostIface := podnet.HostIfaceName(key.ContainerID, key.IfName)
+// release removes an attachment's interface, then its address. Missing
+// parts are fine (DEL is idempotent); the address is kept if the interface
+// cannot be removed, so a retry finds everything again.
+func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
+	pod := datapath.Pod{HostIface: datapath.HostIfaceName(key.ContainerID, key.IfName)}
 	if att, ok := pool.Get(key); ok {
-		hostIface = att.HostIface
-		if err := a.fpDelPod(att); err != nil {
-			return err
-		}
+		pod = s.a.podOf(att)
 	}
-	if err := podnet.Teardown(hostIface); err != nil {
+	if err := s.a.dp.DetachPod(pod); err != nil {
 		return err
 	}
 	att, had, err := pool.Release(key)
@@ -254,9 +236,10 @@ func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CN
 	if !found {
 		return fail(ErrCheckFailed, fmt.Sprintf("prevResult does not hold the pod's address %s", att.IP))
 	}
-	p := podnet.Pod{Netns: req.Netns, IfName: req.Ifname, HostIface: att.HostIface, IP: att.IP, Gateway: s.a.gateway(), MTU: s.a.podMTU}
-	if err := podnet.Check(p); err != nil {
-		if errors.Is(err, podnet.ErrNoNetns) {
+	pod := s.a.podOf(att)
+	pod.Netns, pod.IfName = req.Netns, req.Ifname // CHECK asks about the runtime's view
+	if err := s.a.dp.CheckPod(pod); err != nil {
+		if errors.Is(err, datapath.ErrNoNetns) {
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
 		}
 		return fail(ErrCheckFailed, "the pod's network is not as ADD left it", err.Error())
@@ -295,7 +278,7 @@ func (s *cniServer) GC(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIRe
 			continue
 		}
 		unlock := s.a.locks.lock(att.Key)
-		if err := s.a.release(pool, att.Key); err != nil {
+		if err := s.release(pool, att.Key); err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", att.Key, err))
 		} else {
 			slog.Info("garbage-collected a stale pod attachment", "pod", att.Key, "ip", att.IP)

@@ -22,6 +22,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -36,7 +37,7 @@ type env struct {
 }
 
 func newEnv(t *testing.T) *env {
-	l := testutil.Lab(t, lab.Options{Nodes: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 1})
 	return &env{t: t, lab: l, node: l.Nodes[0]}
 }
 
@@ -131,7 +132,7 @@ func (e *env) assertClean(want int) {
 	if got := e.pods(); len(got) != want {
 		e.t.Fatalf("agent holds %d attachments, want %d: %v", len(got), want, got)
 	}
-	if got := testutil.PodStateOf(e.t, e.node.Netns); got != (testutil.PodState{Veths: want, Routes: want, Neighbours: want}) {
+	if got := labtest.PodStateOf(e.t, e.node.Netns); got != (labtest.PodState{Veths: want, Routes: want, Neighbours: want}) {
 		e.t.Fatalf("node pod state %+v, want %d of each", got, want)
 	}
 }
@@ -331,7 +332,7 @@ func TestGCRemovesAttachmentsNotListed(t *testing.T) {
 // A node whose controller cannot give it a CIDR is not ready: STATUS says
 // 50, ADD says 11 (try again later).
 func TestNotReadyNode(t *testing.T) {
-	l := testutil.Lab(t, lab.Options{Nodes: 1, ControllerArgs: []string{"--cluster-cidr", "10.244.0.0/24", "--node-prefix-len", "24"}})
+	l := labtest.Lab(t, lab.Options{Nodes: 1, ControllerArgs: []string{"--cluster-cidr", "10.244.0.0/24", "--node-prefix-len", "24"}})
 	n, err := l.AddNode(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -10,8 +10,8 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore"
 	"github.com/onc-net/onc/controller/nodeipam"
+	"github.com/onc-net/onc/datastore"
 )
 
 // Config of the controller.

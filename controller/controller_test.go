@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/controller"
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/e2e/lab/labtest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -157,7 +157,7 @@ func udpRR(c net.Conn, n int) error {
 }
 
 func twoNodes(t *testing.T) (*lab.Lab, *lab.Pod, *lab.Pod) {
-	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
 	return l, l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
 }
 
@@ -472,7 +472,7 @@ func countingEcho(c net.PacketConn) *atomic.Int64 {
 // socket whose flow the fast path had cached; the new pod is reachable.
 func TestPodIPReuseOnAnotherNode(t *testing.T) {
 	ctx := context.Background()
-	l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, NodeTimeout: 2 * time.Second})
+	l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, NodeTimeout: 2 * time.Second})
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	a, old := n1.Pods[0], n2.Pods[0]
 	oldHits := countingEcho(listenUDP(t, old.Netns, 9600))

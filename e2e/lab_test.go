@@ -12,6 +12,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -27,10 +28,10 @@ import (
 // removes it; on Kubernetes deleting its Node object does, at once.
 func TestLabMatrixAndNodeRemoval(t *testing.T) {
 	t.Run("etcd", func(t *testing.T) {
-		labMatrixAndNodeRemoval(t, testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second}))
+		labMatrixAndNodeRemoval(t, labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second}))
 	})
 	t.Run("kubernetes", func(t *testing.T) {
-		l := testutil.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: time.Hour, Datastore: "kubernetes"})
+		l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: time.Hour, Datastore: "kubernetes"})
 		kube := kubernetes.NewForConfigOrDie(l.APIServer.RESTConfig())
 		for _, n := range l.Nodes {
 			st, err := n.Status(context.Background())
@@ -183,7 +184,7 @@ func tunnelEntries(t *testing.T, n *lab.Node, cidr, gw, mac string) entries {
 // 50 pods are added and deleted in parallel on one node, three times over:
 // afterwards no address, veth or route is left.
 func TestChurnLeavesNothing(t *testing.T) {
-	l := testutil.Lab(t, lab.Options{Nodes: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 1})
 	n := l.Nodes[0]
 	ctx := context.Background()
 	const pods = 50
@@ -243,7 +244,7 @@ func assertNodeClean(t *testing.T, n *lab.Node) {
 	if st.Pods != 0 {
 		t.Fatalf("%d pod addresses still allocated", st.Pods)
 	}
-	if got := testutil.PodStateOf(t, n.Netns); got != (testutil.PodState{}) {
+	if got := labtest.PodStateOf(t, n.Netns); got != (labtest.PodState{}) {
 		t.Fatalf("leaked pod state: %+v", got)
 	}
 }
@@ -251,7 +252,7 @@ func assertNodeClean(t *testing.T, n *lab.Node) {
 // Pod traffic leaving the cluster CIDR is masqueraded to the node's IP;
 // pod-to-pod traffic keeps the pod's address.
 func TestMasqueradeOnlyLeavingTheCluster(t *testing.T) {
-	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	src := n1.Pods[0]
 	cases := []struct {

@@ -170,6 +170,13 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Version:", st.Version},
 		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
 	}
+	for i, wt := range st.Watchers {
+		label := ""
+		if i == 0 {
+			label = "Watchers:"
+		}
+		rows = append(rows, []string{label, wt.Name + ": " + watcherState(wt)})
+	}
 	w := tabwriter.NewWriter(o.out, 0, 0, 1, ' ', 0)
 	for _, r := range rows {
 		fmt.Fprintln(w, strings.Join(r, "\t"))
@@ -211,6 +218,18 @@ func showPeers(ctx context.Context, c apiv1.AgentClient, o *options) error {
 			yesNo(p.Alive), yesNo(p.Programmed), yesNo(p.FastPath)})
 	}
 	return o.table([]string{"NODE", "NODE-IP", "POD-CIDR", "GATEWAY", "VTEP-MAC", "ALIVE", "PROGRAMMED", "FAST-PATH"}, rows)
+}
+
+// watcherState says how far a watcher has applied its input.
+func watcherState(w *apiv1.Watcher) string {
+	s := fmt.Sprintf("applied generation %d of %d", w.Applied, w.Seen)
+	if w.LastAppliedUnix != 0 {
+		s += ", last at " + time.Unix(w.LastAppliedUnix, 0).UTC().Format(time.RFC3339)
+	}
+	if w.LastError != "" {
+		s += "; failing: " + w.LastError
+	}
+	return s
 }
 
 func orDash(s string) string {

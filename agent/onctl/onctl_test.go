@@ -9,7 +9,7 @@ import (
 
 	"github.com/onc-net/onc/agent/onctl"
 	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/e2e/lab/labtest"
 )
 
 func run(args ...string) (string, error) {
@@ -22,7 +22,7 @@ func run(args ...string) (string, error) {
 }
 
 func TestOnctlAgainstARealAgent(t *testing.T) {
-	l := testutil.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
 	n := l.Nodes[0]
 	sock := n.AgentSocket()
 
@@ -30,7 +30,8 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450"} {
+	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450",
+		"Watchers:  peers: applied generation"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}

@@ -283,8 +283,11 @@ type NodeStatus struct {
 	// The fast path is loaded (fast_path_mode says how it attaches: tcx or clsact).
 	FastPathLoaded bool `protobuf:"varint,19,opt,name=fast_path_loaded,json=fastPathLoaded,proto3" json:"fast_path_loaded,omitempty"`
 	// The fast path is on: packets of learned flows bypass the slow path.
-	FastPath      bool   `protobuf:"varint,20,opt,name=fast_path,json=fastPath,proto3" json:"fast_path,omitempty"`
-	FastPathMode  string `protobuf:"bytes,21,opt,name=fast_path_mode,json=fastPathMode,proto3" json:"fast_path_mode,omitempty"`
+	FastPath     bool   `protobuf:"varint,20,opt,name=fast_path,json=fastPath,proto3" json:"fast_path,omitempty"`
+	FastPathMode string `protobuf:"bytes,21,opt,name=fast_path_mode,json=fastPathMode,proto3" json:"fast_path_mode,omitempty"`
+	// The agent's watchers (peers; later policy and Services), each with the
+	// generation of input it has seen and the one it has applied.
+	Watchers      []*Watcher `protobuf:"bytes,22,rep,name=watchers,proto3" json:"watchers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -466,6 +469,91 @@ func (x *NodeStatus) GetFastPathMode() string {
 	return ""
 }
 
+func (x *NodeStatus) GetWatchers() []*Watcher {
+	if x != nil {
+		return x.Watchers
+	}
+	return nil
+}
+
+type Watcher struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Input signals seen, and the one the last successful reconcile covered:
+	// applied < seen means the watcher lags or fails (see last_error).
+	Seen            uint64 `protobuf:"varint,2,opt,name=seen,proto3" json:"seen,omitempty"`
+	Applied         uint64 `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
+	LastAppliedUnix int64  `protobuf:"varint,4,opt,name=last_applied_unix,json=lastAppliedUnix,proto3" json:"last_applied_unix,omitempty"`
+	LastError       string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Watcher) Reset() {
+	*x = Watcher{}
+	mi := &file_onc_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Watcher) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Watcher) ProtoMessage() {}
+
+func (x *Watcher) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Watcher.ProtoReflect.Descriptor instead.
+func (*Watcher) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Watcher) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Watcher) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+func (x *Watcher) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *Watcher) GetLastAppliedUnix() int64 {
+	if x != nil {
+		return x.LastAppliedUnix
+	}
+	return 0
+}
+
+func (x *Watcher) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 type ListPodsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -474,7 +562,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_onc_proto_msgTypes[5]
+	mi := &file_onc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +574,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[5]
+	mi := &file_onc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +587,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{5}
+	return file_onc_proto_rawDescGZIP(), []int{6}
 }
 
 type Pod struct {
@@ -524,7 +612,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_onc_proto_msgTypes[6]
+	mi := &file_onc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +624,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[6]
+	mi := &file_onc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +637,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{6}
+	return file_onc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Pod) GetContainerId() string {
@@ -631,7 +719,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_onc_proto_msgTypes[7]
+	mi := &file_onc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +731,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[7]
+	mi := &file_onc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +744,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{7}
+	return file_onc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListPodsResponse) GetPods() []*Pod {
@@ -674,7 +762,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_onc_proto_msgTypes[8]
+	mi := &file_onc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +774,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[8]
+	mi := &file_onc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +787,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{8}
+	return file_onc_proto_rawDescGZIP(), []int{9}
 }
 
 type Peer struct {
@@ -720,7 +808,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_onc_proto_msgTypes[9]
+	mi := &file_onc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +820,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[9]
+	mi := &file_onc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +833,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{9}
+	return file_onc_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Peer) GetNodeName() string {
@@ -813,7 +901,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_onc_proto_msgTypes[10]
+	mi := &file_onc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +913,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[10]
+	mi := &file_onc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +926,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{10}
+	return file_onc_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListPeersResponse) GetPeers() []*Peer {
@@ -857,7 +945,7 @@ type SetFastPathRequest struct {
 
 func (x *SetFastPathRequest) Reset() {
 	*x = SetFastPathRequest{}
-	mi := &file_onc_proto_msgTypes[11]
+	mi := &file_onc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +957,7 @@ func (x *SetFastPathRequest) String() string {
 func (*SetFastPathRequest) ProtoMessage() {}
 
 func (x *SetFastPathRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[11]
+	mi := &file_onc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +970,7 @@ func (x *SetFastPathRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFastPathRequest.ProtoReflect.Descriptor instead.
 func (*SetFastPathRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{11}
+	return file_onc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetFastPathRequest) GetEnabled() bool {
@@ -903,7 +991,7 @@ type ListCacheRequest struct {
 
 func (x *ListCacheRequest) Reset() {
 	*x = ListCacheRequest{}
-	mi := &file_onc_proto_msgTypes[12]
+	mi := &file_onc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1003,7 @@ func (x *ListCacheRequest) String() string {
 func (*ListCacheRequest) ProtoMessage() {}
 
 func (x *ListCacheRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[12]
+	mi := &file_onc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1016,7 @@ func (x *ListCacheRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheRequest.ProtoReflect.Descriptor instead.
 func (*ListCacheRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{12}
+	return file_onc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListCacheRequest) GetTable() string {
@@ -949,7 +1037,7 @@ type EgressEntry struct {
 
 func (x *EgressEntry) Reset() {
 	*x = EgressEntry{}
-	mi := &file_onc_proto_msgTypes[13]
+	mi := &file_onc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1049,7 @@ func (x *EgressEntry) String() string {
 func (*EgressEntry) ProtoMessage() {}
 
 func (x *EgressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[13]
+	mi := &file_onc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1062,7 @@ func (x *EgressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressEntry.ProtoReflect.Descriptor instead.
 func (*EgressEntry) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{13}
+	return file_onc_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EgressEntry) GetPodIp() string {
@@ -1007,7 +1095,7 @@ type EncapEntry struct {
 
 func (x *EncapEntry) Reset() {
 	*x = EncapEntry{}
-	mi := &file_onc_proto_msgTypes[14]
+	mi := &file_onc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1107,7 @@ func (x *EncapEntry) String() string {
 func (*EncapEntry) ProtoMessage() {}
 
 func (x *EncapEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[14]
+	mi := &file_onc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1120,7 @@ func (x *EncapEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EncapEntry.ProtoReflect.Descriptor instead.
 func (*EncapEntry) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{14}
+	return file_onc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EncapEntry) GetNodeIp() string {
@@ -1097,7 +1185,7 @@ type IngressEntry struct {
 
 func (x *IngressEntry) Reset() {
 	*x = IngressEntry{}
-	mi := &file_onc_proto_msgTypes[15]
+	mi := &file_onc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1197,7 @@ func (x *IngressEntry) String() string {
 func (*IngressEntry) ProtoMessage() {}
 
 func (x *IngressEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[15]
+	mi := &file_onc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1210,7 @@ func (x *IngressEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngressEntry.ProtoReflect.Descriptor instead.
 func (*IngressEntry) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{15}
+	return file_onc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *IngressEntry) GetPodIp() string {
@@ -1169,7 +1257,7 @@ type FlowEntry struct {
 
 func (x *FlowEntry) Reset() {
 	*x = FlowEntry{}
-	mi := &file_onc_proto_msgTypes[16]
+	mi := &file_onc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1269,7 @@ func (x *FlowEntry) String() string {
 func (*FlowEntry) ProtoMessage() {}
 
 func (x *FlowEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[16]
+	mi := &file_onc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1282,7 @@ func (x *FlowEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowEntry.ProtoReflect.Descriptor instead.
 func (*FlowEntry) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{16}
+	return file_onc_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FlowEntry) GetProto() string {
@@ -1251,7 +1339,7 @@ type ListCacheResponse struct {
 
 func (x *ListCacheResponse) Reset() {
 	*x = ListCacheResponse{}
-	mi := &file_onc_proto_msgTypes[17]
+	mi := &file_onc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1351,7 @@ func (x *ListCacheResponse) String() string {
 func (*ListCacheResponse) ProtoMessage() {}
 
 func (x *ListCacheResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[17]
+	mi := &file_onc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1364,7 @@ func (x *ListCacheResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheResponse.ProtoReflect.Descriptor instead.
 func (*ListCacheResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{17}
+	return file_onc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListCacheResponse) GetEgress() []*EgressEntry {
@@ -1315,7 +1403,7 @@ type FlushCacheRequest struct {
 
 func (x *FlushCacheRequest) Reset() {
 	*x = FlushCacheRequest{}
-	mi := &file_onc_proto_msgTypes[18]
+	mi := &file_onc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1415,7 @@ func (x *FlushCacheRequest) String() string {
 func (*FlushCacheRequest) ProtoMessage() {}
 
 func (x *FlushCacheRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[18]
+	mi := &file_onc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1428,7 @@ func (x *FlushCacheRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlushCacheRequest.ProtoReflect.Descriptor instead.
 func (*FlushCacheRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{18}
+	return file_onc_proto_rawDescGZIP(), []int{19}
 }
 
 type FlushCacheResponse struct {
@@ -1351,7 +1439,7 @@ type FlushCacheResponse struct {
 
 func (x *FlushCacheResponse) Reset() {
 	*x = FlushCacheResponse{}
-	mi := &file_onc_proto_msgTypes[19]
+	mi := &file_onc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1451,7 @@ func (x *FlushCacheResponse) String() string {
 func (*FlushCacheResponse) ProtoMessage() {}
 
 func (x *FlushCacheResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[19]
+	mi := &file_onc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1464,7 @@ func (x *FlushCacheResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlushCacheResponse.ProtoReflect.Descriptor instead.
 func (*FlushCacheResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{19}
+	return file_onc_proto_rawDescGZIP(), []int{20}
 }
 
 type GetStatsRequest struct {
@@ -1387,7 +1475,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_onc_proto_msgTypes[20]
+	mi := &file_onc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1399,7 +1487,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[20]
+	mi := &file_onc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1412,7 +1500,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{20}
+	return file_onc_proto_rawDescGZIP(), []int{21}
 }
 
 type Counter struct {
@@ -1428,7 +1516,7 @@ type Counter struct {
 
 func (x *Counter) Reset() {
 	*x = Counter{}
-	mi := &file_onc_proto_msgTypes[21]
+	mi := &file_onc_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1528,7 @@ func (x *Counter) String() string {
 func (*Counter) ProtoMessage() {}
 
 func (x *Counter) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[21]
+	mi := &file_onc_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1541,7 @@ func (x *Counter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Counter.ProtoReflect.Descriptor instead.
 func (*Counter) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{21}
+	return file_onc_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Counter) GetProgram() string {
@@ -1486,7 +1574,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_onc_proto_msgTypes[22]
+	mi := &file_onc_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1586,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[22]
+	mi := &file_onc_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1599,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{22}
+	return file_onc_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetStatsResponse) GetCounters() []*Counter {
@@ -1541,7 +1629,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xec\x04\n" +
+	"\x10GetStatusRequest\"\x99\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -1566,7 +1654,15 @@ const file_onc_proto_rawDesc = "" +
 	"\fstarted_unix\x18\x12 \x01(\x03R\vstartedUnix\x12(\n" +
 	"\x10fast_path_loaded\x18\x13 \x01(\bR\x0efastPathLoaded\x12\x1b\n" +
 	"\tfast_path\x18\x14 \x01(\bR\bfastPath\x12$\n" +
-	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\"\x11\n" +
+	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\x12+\n" +
+	"\bwatchers\x18\x16 \x03(\v2\x0f.onc.v1.WatcherR\bwatchers\"\x96\x01\n" +
+	"\aWatcher\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
+	"\aapplied\x18\x03 \x01(\x04R\aapplied\x12*\n" +
+	"\x11last_applied_unix\x18\x04 \x01(\x03R\x0flastAppliedUnix\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\"\x11\n" +
 	"\x0fListPodsRequest\"\x97\x02\n" +
 	"\x03Pod\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
@@ -1669,70 +1765,72 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),         // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),        // 1: onc.v1.CNIResponse
 	(*CNIError)(nil),           // 2: onc.v1.CNIError
 	(*GetStatusRequest)(nil),   // 3: onc.v1.GetStatusRequest
 	(*NodeStatus)(nil),         // 4: onc.v1.NodeStatus
-	(*ListPodsRequest)(nil),    // 5: onc.v1.ListPodsRequest
-	(*Pod)(nil),                // 6: onc.v1.Pod
-	(*ListPodsResponse)(nil),   // 7: onc.v1.ListPodsResponse
-	(*ListPeersRequest)(nil),   // 8: onc.v1.ListPeersRequest
-	(*Peer)(nil),               // 9: onc.v1.Peer
-	(*ListPeersResponse)(nil),  // 10: onc.v1.ListPeersResponse
-	(*SetFastPathRequest)(nil), // 11: onc.v1.SetFastPathRequest
-	(*ListCacheRequest)(nil),   // 12: onc.v1.ListCacheRequest
-	(*EgressEntry)(nil),        // 13: onc.v1.EgressEntry
-	(*EncapEntry)(nil),         // 14: onc.v1.EncapEntry
-	(*IngressEntry)(nil),       // 15: onc.v1.IngressEntry
-	(*FlowEntry)(nil),          // 16: onc.v1.FlowEntry
-	(*ListCacheResponse)(nil),  // 17: onc.v1.ListCacheResponse
-	(*FlushCacheRequest)(nil),  // 18: onc.v1.FlushCacheRequest
-	(*FlushCacheResponse)(nil), // 19: onc.v1.FlushCacheResponse
-	(*GetStatsRequest)(nil),    // 20: onc.v1.GetStatsRequest
-	(*Counter)(nil),            // 21: onc.v1.Counter
-	(*GetStatsResponse)(nil),   // 22: onc.v1.GetStatsResponse
+	(*Watcher)(nil),            // 5: onc.v1.Watcher
+	(*ListPodsRequest)(nil),    // 6: onc.v1.ListPodsRequest
+	(*Pod)(nil),                // 7: onc.v1.Pod
+	(*ListPodsResponse)(nil),   // 8: onc.v1.ListPodsResponse
+	(*ListPeersRequest)(nil),   // 9: onc.v1.ListPeersRequest
+	(*Peer)(nil),               // 10: onc.v1.Peer
+	(*ListPeersResponse)(nil),  // 11: onc.v1.ListPeersResponse
+	(*SetFastPathRequest)(nil), // 12: onc.v1.SetFastPathRequest
+	(*ListCacheRequest)(nil),   // 13: onc.v1.ListCacheRequest
+	(*EgressEntry)(nil),        // 14: onc.v1.EgressEntry
+	(*EncapEntry)(nil),         // 15: onc.v1.EncapEntry
+	(*IngressEntry)(nil),       // 16: onc.v1.IngressEntry
+	(*FlowEntry)(nil),          // 17: onc.v1.FlowEntry
+	(*ListCacheResponse)(nil),  // 18: onc.v1.ListCacheResponse
+	(*FlushCacheRequest)(nil),  // 19: onc.v1.FlushCacheRequest
+	(*FlushCacheResponse)(nil), // 20: onc.v1.FlushCacheResponse
+	(*GetStatsRequest)(nil),    // 21: onc.v1.GetStatsRequest
+	(*Counter)(nil),            // 22: onc.v1.Counter
+	(*GetStatsResponse)(nil),   // 23: onc.v1.GetStatsResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
-	6,  // 1: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
-	9,  // 2: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
-	13, // 3: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
-	14, // 4: onc.v1.ListCacheResponse.encap:type_name -> onc.v1.EncapEntry
-	15, // 5: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
-	16, // 6: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
-	21, // 7: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
-	0,  // 8: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 9: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 10: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 11: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 12: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 13: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	5,  // 14: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	8,  // 15: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	11, // 16: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	12, // 17: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	18, // 18: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	20, // 19: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	1,  // 20: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 21: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 22: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 23: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 24: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 25: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	7,  // 26: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	10, // 27: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 28: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	17, // 29: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	19, // 30: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	22, // 31: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	20, // [20:32] is the sub-list for method output_type
-	8,  // [8:20] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	5,  // 1: onc.v1.NodeStatus.watchers:type_name -> onc.v1.Watcher
+	7,  // 2: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
+	10, // 3: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
+	14, // 4: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
+	15, // 5: onc.v1.ListCacheResponse.encap:type_name -> onc.v1.EncapEntry
+	16, // 6: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
+	17, // 7: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
+	22, // 8: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
+	0,  // 9: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 10: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 11: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 12: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 13: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 14: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 15: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 16: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 17: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 18: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 19: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 20: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	1,  // 21: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 22: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 23: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 24: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 25: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 26: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 27: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 28: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 29: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 30: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 31: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 32: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	21, // [21:33] is the sub-list for method output_type
+	9,  // [9:21] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -1746,7 +1844,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

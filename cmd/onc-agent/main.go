@@ -8,7 +8,8 @@ import (
 
 	"github.com/onc-net/onc/agent"
 	"github.com/onc-net/onc/agent/k8spods"
-	"github.com/onc-net/onc/controller/datastore/backend"
+	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
 )
@@ -19,17 +20,18 @@ func main() {
 	host, _ := os.Hostname()
 	fs.StringVar(&cfg.NodeName, "node-name", cmdutil.EnvOr("NODE_NAME", host), "this node's name (env NODE_NAME)")
 	nodeIP := fs.String("node-ip", "", "this node's underlay IPv4 address (default: the uplink's first address)")
-	fs.StringVar(&cfg.Iface, "iface", "", "uplink interface (default: the one holding --node-ip, else the default route's)")
+	fs.StringVar(&cfg.Datapath.Iface, "iface", "", "uplink interface (default: the one holding --node-ip, else the default route's)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "persistent state: VTEP MAC, pod addresses")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "where cni.sock and agent.sock are served")
-	fs.IntVar(&cfg.VNI, "vni", cfg.VNI, "VXLAN network identifier")
-	fs.IntVar(&cfg.Port, "vxlan-port", cfg.Port, "VXLAN UDP port")
+	fs.IntVar(&cfg.Datapath.VNI, "vni", cfg.Datapath.VNI, "VXLAN network identifier")
+	fs.IntVar(&cfg.Datapath.Port, "vxlan-port", cfg.Datapath.Port, "VXLAN UDP port")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod MTU (default: uplink MTU − 50)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "liveness lease TTL")
-	fs.BoolVar(&cfg.FastPath, "fast-path", cfg.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
-	fs.StringVar(&cfg.BPFFS, "bpffs", cfg.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
-	fs.Uint32Var(&cfg.FastPathMark, "fast-path-mark", cfg.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
-	fs.StringVar(&cfg.AttachMode, "attach-mode", cfg.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
+	fs.DurationVar(&cfg.Resync, "resync", cfg.Resync, "how often every watcher reconciles without a change, repairing drift in the kernel")
+	fs.BoolVar(&cfg.Datapath.FastPath, "fast-path", cfg.Datapath.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
+	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
+	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
+	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
@@ -41,7 +43,7 @@ func main() {
 		if err != nil || !ip.Is4() {
 			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not an IPv4 address", *nodeIP))
 		}
-		cfg.NodeIP = ip
+		cfg.Datapath.NodeIP = ip
 	}
 	ds, err := store.Open(ctx)
 	if err != nil {
@@ -60,7 +62,11 @@ func main() {
 		defer pods.Close()
 		cfg.Pods = pods
 	}
-	a, err := agent.New(cfg, ds)
+	dp, err := datapath.New(cfg.Datapath)
+	if err != nil {
+		cmdutil.Fatal("cannot start the agent", err)
+	}
+	a, err := agent.New(cfg, ds, dp)
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}

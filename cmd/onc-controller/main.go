@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/controller"
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/backend"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/backend"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
 )

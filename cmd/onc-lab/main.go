@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/spf13/cobra"
 )

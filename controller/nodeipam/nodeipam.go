@@ -9,7 +9,7 @@ import (
 	"math/big"
 	"net/netip"
 
-	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/datastore"
 )
 
 // ErrExhausted is returned when every block of the cluster CIDR is taken.

@@ -8,9 +8,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
 	"github.com/onc-net/onc/controller/nodeipam"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 )
 

@@ -197,6 +197,17 @@ func (d *Datapath) Configure(enabled bool) error {
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 
+// Switch turns the fast path on or off. Turning it on flushes first:
+// verdicts learned while it was off may be stale.
+func (d *Datapath) Switch(enabled bool) error {
+	if enabled && !d.Enabled() {
+		if err := d.Flush(); err != nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+	}
+	return d.Configure(enabled)
+}
+
 func b2u(b bool) uint8 {
 	if b {
 		return 1

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/onc-net/onc/internal/daemon"
+	"github.com/onc-net/onc/internal/kubeapiserver"
 	"github.com/onc-net/onc/manifests"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,7 +26,7 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
 		return fmt.Errorf("kube-apiserver not found in %q (run make kube-bins): %w", kubeBin, err)
 	}
 	etcdURL := "http://127.0.0.1:2379" // loopback of the controller's namespace
-	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "etcd.log"), filepath.Join(l.BinDir, "onc-lab"),
+	p, err := daemon.Start(l.ctlNetns(), filepath.Join(l.Dir, "etcd.log"), filepath.Join(l.BinDir, "onc-lab"),
 		"etcd", "--dir", filepath.Join(l.Dir, "kube-etcd"), "--listen", etcdURL)
 	if err != nil {
 		return err
@@ -33,7 +35,7 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
 	if err := l.Save(); err != nil {
 		return err
 	}
-	a, err := StartAPIServer(ctx, l.ctlNetns(), filepath.Join(l.Dir, "kube"), bin, etcdURL, controllerIP, apiServerPort)
+	a, err := kubeapiserver.Start(ctx, l.ctlNetns(), filepath.Join(l.Dir, "kube"), bin, etcdURL, controllerIP, apiServerPort)
 	if a != nil {
 		l.APIServer = a
 	}

@@ -25,6 +25,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/internal/atomicfile"
+	"github.com/onc-net/onc/internal/daemon"
+	"github.com/onc-net/onc/internal/kubeapiserver"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -60,27 +62,27 @@ var (
 
 // Lab is a running lab; its JSON form is the state file lab-down reads.
 type Lab struct {
-	mu         sync.Mutex // guards the node and pod lists and the state file
-	Prefix     string     `json:"prefix"`
-	Dir        string     `json:"dir"`
-	BinDir     string     `json:"binDir"`
-	Controller Process    `json:"controller"`
-	Nodes      []*Node    `json:"nodes"`
-	AgentArgs  []string   `json:"agentArgs,omitempty"`
-	Datastore  string     `json:"datastore"`
+	mu         sync.Mutex     // guards the node and pod lists and the state file
+	Prefix     string         `json:"prefix"`
+	Dir        string         `json:"dir"`
+	BinDir     string         `json:"binDir"`
+	Controller daemon.Process `json:"controller"`
+	Nodes      []*Node        `json:"nodes"`
+	AgentArgs  []string       `json:"agentArgs,omitempty"`
+	Datastore  string         `json:"datastore"`
 	// The Kubernetes datastore's etcd and kube-apiserver.
-	Etcd      Process    `json:"etcd,omitempty"`
-	APIServer *APIServer `json:"apiServer,omitempty"`
+	Etcd      daemon.Process        `json:"etcd,omitempty"`
+	APIServer *kubeapiserver.Server `json:"apiServer,omitempty"`
 }
 
 // Node is one lab node.
 type Node struct {
-	Name  string     `json:"name"`
-	Netns string     `json:"netns"`
-	IP    netip.Addr `json:"ip"`
-	Dir   string     `json:"dir"`
-	Agent Process    `json:"agent"`
-	Pods  []*Pod     `json:"pods"`
+	Name  string         `json:"name"`
+	Netns string         `json:"netns"`
+	IP    netip.Addr     `json:"ip"`
+	Dir   string         `json:"dir"`
+	Agent daemon.Process `json:"agent"`
+	Pods  []*Pod         `json:"pods"`
 	// PodSeq numbers pods; never reused, so names stay unique.
 	PodSeq int `json:"podSeq"`
 }
@@ -233,7 +235,7 @@ func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
 		args = []string{"--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-controller")}
 	}
 	args = append(append(args, "--node-timeout", nodeTimeout.String()), extra...)
-	p, err := start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
+	p, err := daemon.Start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
 	if err != nil {
 		return err
 	}
@@ -299,7 +301,7 @@ func (l *Lab) StartAgent(n *Node) error {
 		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-agent"))
 	}
 	args = append(args, l.AgentArgs...)
-	p, err := start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
+	p, err := daemon.Start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
 	if err != nil {
 		return err
 	}
@@ -339,7 +341,7 @@ func (l *Lab) WaitReady(ctx context.Context, n *Node) error {
 	last := "agent socket not up"
 	for {
 		if !n.Agent.Alive() {
-			return fmt.Errorf("agent of %s exited; log %s:\n%s", n.Name, n.Agent.Log, tail(n.Agent.Log, 20))
+			return fmt.Errorf("agent of %s exited; log %s:\n%s", n.Name, n.Agent.Log, daemon.Tail(n.Agent.Log, 20))
 		}
 		if st, err := n.Status(ctx); err == nil {
 			if st.Ready {
@@ -351,7 +353,7 @@ func (l *Lab) WaitReady(ctx context.Context, n *Node) error {
 		case <-ctx.Done():
 			// Readiness waits on the controller too (the pod CIDR): show both sides.
 			return fmt.Errorf("agent of %s not ready after 60s: %s; log %s:\n%s\ncontroller log %s:\n%s",
-				n.Name, last, n.Agent.Log, tail(n.Agent.Log, 20), l.Controller.Log, tail(l.Controller.Log, 30))
+				n.Name, last, n.Agent.Log, daemon.Tail(n.Agent.Log, 20), l.Controller.Log, daemon.Tail(l.Controller.Log, 30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -540,13 +542,4 @@ func run(cmds [][]string) error {
 		}
 	}
 	return nil
-}
-
-func tail(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

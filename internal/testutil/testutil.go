@@ -1,7 +1,9 @@
 // Package testutil holds what ONC's tests share: the gate for tests that
 // need root or outside programs (which fail instead of skipping under
-// ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers
-// and throwaway network namespaces.
+// ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers,
+// a real kube-apiserver (internal/kubeapiserver), throwaway network
+// namespaces and polling. The lab's own test helpers are in e2e/lab/labtest;
+// this package does not depend on e2e.
 package testutil
 
 import (
@@ -19,12 +21,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
 	"github.com/onc-net/onc/datapath/podnet"
-	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/internal/kubeapiserver"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 )
 
 // Strict reports whether missing prerequisites are failures (CI).
@@ -187,48 +188,6 @@ func Netns(t testing.TB, name string) string {
 	return "/run/netns/" + name
 }
 
-// Lab brings up a lab (see e2e/lab) with a unique prefix in a short
-// temporary state root (unix socket paths are limited to 108 bytes), and
-// takes it down when the test ends, also on failure.
-// Only Nodes, PodsPerNode, NodeTimeout and ControllerArgs of o are used.
-func Lab(t testing.TB, o lab.Options) *lab.Lab {
-	t.Helper()
-	Privileged(t)
-	root, err := os.MkdirTemp("", "onc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Prefix, o.BinDir, o.StateRoot = Prefix(), Binaries(t), root
-	if o.Datastore == "kubernetes" {
-		o.KubeBin = os.Getenv("ONC_KUBE_BIN")
-		_, err := os.Stat(filepath.Join(o.KubeBin, "kube-apiserver"))
-		Require(t, err == nil, "kube-apiserver not built: run `make kube-bins` (it sets ONC_KUBE_BIN for make test)")
-	}
-	if o.NodeTimeout == 0 {
-		o.NodeTimeout = time.Hour
-	}
-	l, err := lab.Up(context.Background(), o)
-	if err != nil {
-		os.RemoveAll(root)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(l.Controller.Log)
-			t.Logf("controller log:\n%s", b)
-			for _, n := range l.Nodes {
-				b, _ := os.ReadFile(n.Agent.Log)
-				t.Logf("agent log of %s:\n%s", n.Name, b)
-			}
-		}
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-		os.RemoveAll(root)
-	})
-	return l
-}
-
 // NetlinkAt returns a netlink handle inside the named namespace, closed
 // when the test ends.
 func NetlinkAt(t testing.TB, name string) *netlink.Handle {
@@ -244,48 +203,6 @@ func NetlinkAt(t testing.TB, name string) *netlink.Handle {
 	}
 	t.Cleanup(h.Close)
 	return h
-}
-
-// PodState counts what pods leave in a node namespace: host-side veths
-// (every veth but the node's eth0 uplink), ONC pod routes (proto 183 on
-// anything but onc.vxlan) and permanent neighbours (likewise).
-type PodState struct{ Veths, Routes, Neighbours int }
-
-// PodStateOf reads the pod state of the named node namespace.
-func PodStateOf(t testing.TB, node string) PodState {
-	t.Helper()
-	h := NetlinkAt(t, node)
-	var s PodState
-	links, err := h.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
-	podLink := map[int]bool{}
-	for _, l := range links {
-		if l.Type() == "veth" && l.Attrs().Name != "eth0" {
-			s.Veths++
-			podLink[l.Attrs().Index] = true
-		}
-	}
-	routes, err := h.RouteListFiltered(unix.AF_INET, &netlink.Route{Protocol: podnet.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range routes {
-		if podLink[r.LinkIndex] || r.Gw == nil {
-			s.Routes++
-		}
-	}
-	neighs, err := h.NeighList(0, unix.AF_INET)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range neighs {
-		if n.State == netlink.NUD_PERMANENT && podLink[n.LinkIndex] {
-			s.Neighbours++
-		}
-	}
-	return s
 }
 
 // InNewNetns creates a namespace named with a unique prefix and suffix,
@@ -306,7 +223,7 @@ func InNewNetns(t testing.TB, suffix string, fn func()) {
 // KubeAPIServer starts a real kube-apiserver (from $ONC_KUBE_BIN, where
 // `make kube-bins` builds it) on loopback, backed by an embedded etcd, and
 // stops it (by PID) when the test ends.
-func KubeAPIServer(t testing.TB) *lab.APIServer {
+func KubeAPIServer(t testing.TB) *kubeapiserver.Server {
 	t.Helper()
 	bin := filepath.Join(os.Getenv("ONC_KUBE_BIN"), "kube-apiserver")
 	_, err := os.Stat(bin)
@@ -314,7 +231,7 @@ func KubeAPIServer(t testing.TB) *lab.APIServer {
 	etcd := EmbeddedEtcd(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	a, err := lab.StartAPIServer(ctx, "", t.TempDir(), bin, etcd.ClientURL, netip.MustParseAddr("127.0.0.1"), FreePort(t))
+	a, err := kubeapiserver.Start(ctx, "", t.TempDir(), bin, etcd.ClientURL, netip.MustParseAddr("127.0.0.1"), FreePort(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/k8sstore"
-	"github.com/onc-net/onc/controller/datastore/storetest"
 	"github.com/onc-net/onc/controller/nodeipam"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/k8sstore"
+	"github.com/onc-net/onc/datastore/storetest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/manifests"
 	corev1 "k8s.io/api/core/v1"

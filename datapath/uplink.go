@@ -1,4 +1,4 @@
-package agent
+package datapath
 
 import (
 	"errors"
@@ -9,8 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// uplink is the interface the node's overlay traffic leaves by.
-type uplink struct {
+// Uplink is the interface the node's overlay traffic leaves by.
+type Uplink struct {
 	Name   string
 	Index  int
 	MTU    int
@@ -20,28 +20,28 @@ type uplink struct {
 // findUplink picks the uplink: the interface named iface, else the one that
 // holds nodeIP, else the one of the default route. The node IP is nodeIP
 // if given, else the interface's first IPv4 address.
-func findUplink(iface string, nodeIP netip.Addr) (uplink, error) {
+func findUplink(iface string, nodeIP netip.Addr) (Uplink, error) {
 	var link netlink.Link
 	var err error
 	switch {
 	case iface != "":
 		if link, err = netlink.LinkByName(iface); err != nil {
-			return uplink{}, fmt.Errorf("uplink interface %q: %w", iface, err)
+			return Uplink{}, fmt.Errorf("uplink interface %q: %w", iface, err)
 		}
 	case nodeIP.IsValid():
 		if link, err = linkWithAddr(nodeIP); err != nil {
-			return uplink{}, err
+			return Uplink{}, err
 		}
 	default:
 		if link, err = defaultRouteLink(); err != nil {
-			return uplink{}, err
+			return Uplink{}, err
 		}
 	}
 	addrs, err := netlink.AddrList(link, unix.AF_INET)
 	if err != nil {
-		return uplink{}, err
+		return Uplink{}, err
 	}
-	up := uplink{Name: link.Attrs().Name, Index: link.Attrs().Index, MTU: link.Attrs().MTU, NodeIP: nodeIP}
+	up := Uplink{Name: link.Attrs().Name, Index: link.Attrs().Index, MTU: link.Attrs().MTU, NodeIP: nodeIP}
 	for _, a := range addrs {
 		ip, _ := netip.AddrFromSlice(a.IP)
 		if !nodeIP.IsValid() && !up.NodeIP.IsValid() {
@@ -52,10 +52,10 @@ func findUplink(iface string, nodeIP netip.Addr) (uplink, error) {
 		}
 	}
 	if nodeIP.IsValid() {
-		return uplink{}, fmt.Errorf("node IP %s is not an address of uplink %s", nodeIP, up.Name)
+		return Uplink{}, fmt.Errorf("node IP %s is not an address of uplink %s", nodeIP, up.Name)
 	}
 	if !up.NodeIP.IsValid() {
-		return uplink{}, fmt.Errorf("uplink %s has no IPv4 address; set --node-ip", up.Name)
+		return Uplink{}, fmt.Errorf("uplink %s has no IPv4 address; set --node-ip", up.Name)
 	}
 	return up, nil
 }

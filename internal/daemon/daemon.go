@@ -1,4 +1,9 @@
-package lab
+// Package daemon runs programs as daemons, optionally inside a named
+// network namespace: each in its own session, so it outlives its starter,
+// and stopped later by PID after checking the PID is still that program.
+// The lab (e2e/lab) runs its controller, agents, etcd and kube-apiserver
+// this way, and tests run kube-apiserver (internal/kubeapiserver).
+package daemon
 
 import (
 	"bytes"
@@ -6,21 +11,22 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
-// Process is a daemon the lab started inside a namespace. It outlives the
-// lab command (own session), so the lab stays up; lab-down stops it by PID,
-// after checking the PID is still that program.
+// Process is a daemon started inside a namespace. It outlives the command
+// that started it (own session); Stop stops it by PID, after checking the
+// PID is still that program. Its JSON form is kept in the lab's state file.
 type Process struct {
 	PID  int    `json:"pid"`
 	Path string `json:"path"`
 	Log  string `json:"log"`
 }
 
-// start runs bin in netns ("" = this process's namespace), logging to logPath.
-func start(netns, logPath, bin string, args ...string) (Process, error) {
+// Start runs bin in netns ("" = this process's namespace), logging to logPath.
+func Start(netns, logPath, bin string, args ...string) (Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return Process{}, err
@@ -42,7 +48,7 @@ func start(netns, logPath, bin string, args ...string) (Process, error) {
 	for deadline := time.Now().Add(5 * time.Second); !p.Alive(); { // until `ip` has exec'd bin
 		select {
 		case <-done:
-			return p, fmt.Errorf("%s exited at once; log %s:\n%s", bin, logPath, tail(logPath, 20))
+			return p, fmt.Errorf("%s exited at once; log %s:\n%s", bin, logPath, Tail(logPath, 20))
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -91,4 +97,15 @@ func (p Process) Stop() {
 	for i := 0; i < 50 && p.Alive(); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Tail returns the last n lines of the file at path (a log), or "" if it
+// cannot be read.
+func Tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

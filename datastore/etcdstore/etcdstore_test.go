@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
-	"github.com/onc-net/onc/controller/datastore/storetest"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/storetest"
 	"github.com/onc-net/onc/internal/testutil"
 )
 

@@ -6,9 +6,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/onc-net/onc/controller/datastore"
-	"github.com/onc-net/onc/controller/datastore/etcdstore"
-	"github.com/onc-net/onc/controller/datastore/k8sstore"
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"

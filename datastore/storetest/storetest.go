@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/internal/testutil"
 )
 

@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onc-net/onc/controller/datastore"
+	"github.com/onc-net/onc/datastore"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"

@@ -1,4 +1,8 @@
-package lab
+// Package kubeapiserver runs a real kube-apiserver (built by
+// hack/kube-build.sh, `make kube-bins`) as a daemon, optionally inside a
+// network namespace: for the lab's Kubernetes datastore (e2e/lab) and for
+// tests against the Kubernetes API (internal/testutil.KubeAPIServer).
+package kubeapiserver
 
 import (
 	"context"
@@ -17,31 +21,34 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/internal/daemon"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// APIServer is a real kube-apiserver (built by hack/kube-build.sh) that the
+// Server is a real kube-apiserver (built by hack/kube-build.sh) that the
 // lab or a test runs: RBAC on, a static admin token, a self-signed serving
-// certificate and a service-account signing key of its own.
-type APIServer struct {
-	Process
+// certificate and a service-account signing key of its own. Its JSON form
+// is kept in the lab's state file.
+type Server struct {
+	daemon.Process
 	URL        string `json:"url"`
 	Token      string `json:"token"`
 	Kubeconfig string `json:"kubeconfig"` // admin kubeconfig, for onc-* and kubectl
 	Netns      string `json:"netns,omitempty"`
 }
 
-// StartAPIServer runs bin in netns ("" = here) on ip:port with its state in
+// Start runs bin in netns ("" = here) on ip:port with its state in
 // dir, backed by the etcd at etcdURL, and waits until it is ready.
-func StartAPIServer(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, port int) (*APIServer, error) {
+func Start(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, port int) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
-	a := &APIServer{URL: fmt.Sprintf("https://%s", netip.AddrPortFrom(ip, uint16(port))), Token: hex.EncodeToString(tok),
+	a := &Server{URL: fmt.Sprintf("https://%s", netip.AddrPortFrom(ip, uint16(port))), Token: hex.EncodeToString(tok),
 		Kubeconfig: filepath.Join(dir, "admin.kubeconfig"), Netns: netns}
 	tokens := filepath.Join(dir, "tokens.csv")
 	if err := os.WriteFile(tokens, []byte(a.Token+",admin,admin,system:masters\n"), 0o600); err != nil {
@@ -54,7 +61,7 @@ func StartAPIServer(ctx context.Context, netns, dir, bin, etcdURL string, ip net
 	if err := a.writeKubeconfig(); err != nil {
 		return nil, err
 	}
-	p, err := start(netns, filepath.Join(dir, "kube-apiserver.log"), bin,
+	p, err := daemon.Start(netns, filepath.Join(dir, "kube-apiserver.log"), bin,
 		"--etcd-servers", etcdURL,
 		"--bind-address", ip.String(), "--advertise-address", ip.String(), "--secure-port", strconv.Itoa(port),
 		"--cert-dir", filepath.Join(dir, "certs"),
@@ -84,12 +91,12 @@ func writeRSAKey(path string) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: der}), 0o600)
 }
 
-func (a *APIServer) writeKubeconfig() error { return a.WriteKubeconfig(a.Kubeconfig, "") }
+func (a *Server) writeKubeconfig() error { return a.WriteKubeconfig(a.Kubeconfig, "") }
 
 // WriteKubeconfig writes a kubeconfig for the admin or, with sa
 // ("namespace:name"), for that service account: the admin token
 // impersonating it, so its RBAC applies as it would to a pod.
-func (a *APIServer) WriteKubeconfig(path, sa string) error {
+func (a *Server) WriteKubeconfig(path, sa string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: a.URL, InsecureSkipTLSVerify: true}
 	user := &clientcmdapi.AuthInfo{Token: a.Token}
@@ -111,13 +118,13 @@ func serviceAccount(sa string) rest.ImpersonationConfig {
 
 // RESTConfig is an admin client config. For a server in a namespace it
 // opens its connections inside that namespace, from any thread.
-func (a *APIServer) RESTConfig() *rest.Config {
+func (a *Server) RESTConfig() *rest.Config {
 	c := &rest.Config{Host: a.URL, BearerToken: a.Token, TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS: 200, Burst: 400}
 	if a.Netns != "" {
 		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var conn net.Conn
-			err := InNetns(a.Netns, func() (err error) {
+			err := inNetns(a.Netns, func() (err error) {
 				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 				return err
 			})
@@ -128,13 +135,13 @@ func (a *APIServer) RESTConfig() *rest.Config {
 }
 
 // ServiceAccountConfig acts as service account sa ("namespace:name").
-func (a *APIServer) ServiceAccountConfig(sa string) *rest.Config {
+func (a *Server) ServiceAccountConfig(sa string) *rest.Config {
 	c := a.RESTConfig()
 	c.Impersonate = serviceAccount(sa)
 	return c
 }
 
-func (a *APIServer) waitReady(ctx context.Context) error {
+func (a *Server) waitReady(ctx context.Context) error {
 	cli, err := rest.HTTPClientFor(a.RESTConfig())
 	if err != nil {
 		return err
@@ -150,11 +157,21 @@ func (a *APIServer) waitReady(ctx context.Context) error {
 			}
 		}
 		if !a.Alive() {
-			return fmt.Errorf("kube-apiserver exited; log %s:\n%s", a.Log, tail(a.Log, 30))
+			return fmt.Errorf("kube-apiserver exited; log %s:\n%s", a.Log, daemon.Tail(a.Log, 30))
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("kube-apiserver not ready in 90s; log %s:\n%s", a.Log, tail(a.Log, 30))
+			return fmt.Errorf("kube-apiserver not ready in 90s; log %s:\n%s", a.Log, daemon.Tail(a.Log, 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// inNetns runs fn inside the named namespace (sockets made there stay there).
+func inNetns(name string, fn func() error) error {
+	ns, err := podnet.OpenNetns("/run/netns/" + name)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	return podnet.InNetns(ns, fn)
 }

@@ -1,0 +1,263 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/datastore"
+)
+
+func (ta *testAgent) peerIPs() map[string]string {
+	ta.dp.mu.Lock()
+	defer ta.dp.mu.Unlock()
+	out := map[string]string{}
+	for name, n := range ta.dp.peers {
+		out[name] = n.IP.String() + " " + n.PodCIDR.String()
+	}
+	return out
+}
+
+func TestReconcilePeers(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.addNode(t, "node-b", "192.0.2.2", "10.244.2.0/24", true)
+	ta.addNode(t, "node-c", "192.0.2.3", "10.244.3.0/24", false)
+	ta.addNode(t, "node-d", "192.0.2.4", "", true) // no CIDR yet: not a peer
+	ta.bringUp(t, "10.244.1.0/24")
+
+	steps := []struct {
+		name   string
+		change func(t *testing.T)
+		want   map[string]string
+	}{
+		{"initial", func(*testing.T) {}, map[string]string{
+			"node-b": "192.0.2.2 10.244.2.0/24", "node-c": "192.0.2.3 10.244.3.0/24"}},
+		{"a node gets its CIDR", func(t *testing.T) {
+			if _, err := ta.store.ClaimCIDR(ctx(t), "node-d", prefix("10.244.4.0/24")); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]string{
+			"node-b": "192.0.2.2 10.244.2.0/24", "node-c": "192.0.2.3 10.244.3.0/24", "node-d": "192.0.2.4 10.244.4.0/24"}},
+		{"a node moves to another IP", func(t *testing.T) { ta.addNode(t, "node-b", "192.0.2.22", "", true) }, map[string]string{
+			"node-b": "192.0.2.22 10.244.2.0/24", "node-c": "192.0.2.3 10.244.3.0/24", "node-d": "192.0.2.4 10.244.4.0/24"}},
+		{"a node leaves", func(t *testing.T) {
+			if err := ta.store.DeleteNode(ctx(t), "node-c"); err != nil {
+				t.Fatal(err)
+			}
+		}, map[string]string{"node-b": "192.0.2.22 10.244.2.0/24", "node-d": "192.0.2.4 10.244.4.0/24"}},
+	}
+	for _, s := range steps {
+		s.change(t)
+		if err := ta.reconcile(ctx(t)); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := ta.peerIPs(); !maps.Equal(got, s.want) {
+			t.Errorf("%s: peers %v, want %v", s.name, got, s.want)
+		}
+	}
+	// The fast-path flag of a peer reaches the datapath with it.
+	ta.dp.mu.Lock()
+	fp := ta.dp.peers["node-b"].FastPath
+	ta.dp.mu.Unlock()
+	if !fp {
+		t.Error("node-b's fast-path flag was lost")
+	}
+}
+
+func prefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func TestReconcileBringUp(t *testing.T) {
+	t.Run("waits for the CIDR", func(t *testing.T) {
+		ta := newTestAgent(t)
+		ta.addNode(t, self, "192.0.2.1", "", true)
+		if err := ta.reconcile(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if ta.dp.setup != nil {
+			t.Error("brought up without a pod CIDR")
+		}
+		if _, reason := ta.readyPool(); reason == "" {
+			t.Error("ready without a pod CIDR")
+		}
+	})
+	t.Run("registers again when the record is missing", func(t *testing.T) {
+		ta := newTestAgent(t)
+		if err := ta.reconcile(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ta.store.Node(ctx(t), self); err != nil {
+			t.Errorf("the node was not registered again: %v", err)
+		}
+	})
+	t.Run("a failed bring-up is not ready and retried", func(t *testing.T) {
+		ta := newTestAgent(t)
+		ta.dp.setFail("BringUp", errors.New("cannot create onc.vxlan: file exists"))
+		ta.addNode(t, self, "192.0.2.1", "10.244.1.0/24", true)
+		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t)); err == nil {
+			t.Fatal("reconcile hid the bring-up failure")
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "onc.vxlan") {
+			t.Errorf("not-ready reason %q does not say why", reason)
+		}
+		ta.dp.setFail("BringUp", nil)
+		if err := ta.reconcile(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); reason != "" {
+			t.Errorf("still not ready: %s", reason)
+		}
+		if got := ta.dp.setup; got == nil || got.PodCIDR != prefix("10.244.1.0/24") || got.ClusterCIDR != prefix("10.244.0.0/16") ||
+			got.VTEPMAC.String() != ta.vtepMAC.String() {
+			t.Errorf("brought up with %+v", got)
+		}
+	})
+	t.Run("a changed CIDR stops readiness", func(t *testing.T) {
+		ta := newTestAgent(t)
+		ta.bringUp(t, "10.244.1.0/24")
+		if err := ta.store.ReleaseCIDR(ctx(t), self); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ta.store.ClaimCIDR(ctx(t), self, prefix("10.244.9.0/24")); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "10.244.9.0/24") {
+			t.Errorf("not-ready reason %q", reason)
+		}
+	})
+	t.Run("a node without a fast path tells its peers", func(t *testing.T) {
+		ta := newTestAgent(t, func(c *Config) { c.Datapath.FastPath = true }) // the fake loads none
+		ta.bringUp(t, "10.244.1.0/24")
+		if err := ta.reconcile(ctx(t)); err != nil { // publishes the corrected flag
+			t.Fatal(err)
+		}
+		n, err := ta.store.Node(ctx(t), self)
+		if err != nil || n.FastPath {
+			t.Errorf("published fastPath=%v (%v) for a node whose fast path did not load", n.FastPath, err)
+		}
+	})
+}
+
+func TestMTU(t *testing.T) {
+	for _, tc := range []struct {
+		mtu     int
+		want    int
+		wantErr bool
+	}{{0, 1450, false}, {1400, 1400, false}, {1451, 0, true}, {575, 0, true}} {
+		cfg := DefaultConfig()
+		cfg.NodeName, cfg.StateDir, cfg.MTU = self, t.TempDir(), tc.mtu
+		a, err := New(cfg, nil, newFakeDatapath())
+		if (err != nil) != tc.wantErr {
+			t.Errorf("MTU %d: err %v", tc.mtu, err)
+			continue
+		}
+		if err == nil && a.podMTU != tc.want {
+			t.Errorf("MTU %d: pod MTU %d, want %d", tc.mtu, a.podMTU, tc.want)
+		}
+	}
+}
+
+// The watcher's loop: every signal and every resync reconciles, a failure
+// is retried with backoff, and the generations say what was applied.
+func TestWatcher(t *testing.T) {
+	var calls atomic.Int32
+	var failing atomic.Bool
+	w := newWatcher("test", 150*time.Millisecond, func(context.Context) error {
+		calls.Add(1)
+		if failing.Load() {
+			return errors.New("kernel said no")
+		}
+		return nil
+	})
+	trigger := make(chan struct{}, 1)
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.run(c, trigger); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor := func(what string, cond func(WatcherStatus) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(w.Status()); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: status %+v", what, w.Status())
+			}
+		}
+	}
+	trigger <- struct{}{}
+	waitFor("first signal applied", func(s WatcherStatus) bool { return s.Seen == 1 && s.Applied == 1 && s.LastError == "" })
+
+	before := calls.Load()
+	time.Sleep(400 * time.Millisecond)
+	if calls.Load() < before+2 {
+		t.Errorf("resync: %d reconciles in 400ms at a 150ms period", calls.Load()-before)
+	}
+
+	failing.Store(true)
+	trigger <- struct{}{}
+	waitFor("failure recorded", func(s WatcherStatus) bool { return s.Seen == 2 && s.Applied == 1 && s.LastError == "kernel said no" })
+	failing.Store(false)
+	// Retried at the latest on the next resync, without a new signal.
+	waitFor("retried", func(s WatcherStatus) bool { return s.Applied == 2 && s.LastError == "" })
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the watcher did not stop with its context")
+	}
+}
+
+// Run wires the peer watcher to the datastore's changes: a node that
+// appears is programmed without anyone calling reconcile, and the status
+// says which generation is applied.
+func TestRunFollowsTheDatastore(t *testing.T) {
+	ta := newTestAgent(t)
+	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ta.Run(c) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitFor("the node's registration", func() bool { _, err := ta.store.Node(ctx(t), self); return err == nil })
+	if _, err := ta.store.ClaimCIDR(ctx(t), self, prefix("10.244.1.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("readiness", func() bool { _, reason := ta.readyPool(); return reason == "" })
+	ta.addNode(t, "node-b", "192.0.2.2", "10.244.2.0/24", true)
+	waitFor("node-b programmed", func() bool { return ta.dp.ProgrammedPeers()["node-b"] })
+
+	st, err := ta.ctl.GetStatus(ctx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Watchers) != 1 || st.Watchers[0].Name != "peers" || st.Watchers[0].Seen == 0 || st.Watchers[0].LastError != "" {
+		t.Fatalf("watchers in status: %v", st.Watchers)
+	}
+	if !st.Ready || st.Peers != 1 || st.PodCidr != "10.244.1.0/24" {
+		t.Errorf("status: ready=%v peers=%d podCIDR=%s", st.Ready, st.Peers, st.PodCidr)
+	}
+}

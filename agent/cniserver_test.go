@@ -1,0 +1,392 @@
+package agent
+
+// The CNI verbs' logic against the fake datapath: error codes, rollback,
+// idempotent DEL, CHECK mismatches, STATUS and GC. The privileged tests in
+// cni/ run the same verbs through the real binary on a lab node.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/onc-net/onc/agent/ipam"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath"
+)
+
+const conf = `{"cniVersion":"1.1.0","name":"onc","type":"onc"}`
+
+func req(container, netns string) *apiv1.CNIRequest {
+	return &apiv1.CNIRequest{ContainerId: container, Netns: netns, Ifname: "eth0",
+		Args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=" + container, Config: []byte(conf)}
+}
+
+// code is the response's CNI error code, 0 for success.
+func code(t *testing.T, r *apiv1.CNIResponse, err error) uint32 {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("gRPC error instead of a CNI result: %v", err)
+	}
+	if r.Error == nil {
+		return 0
+	}
+	if r.Error.Msg == "" {
+		t.Errorf("CNI error %d has no message", r.Error.Code)
+	}
+	return r.Error.Code
+}
+
+func (ta *testAgent) add(t *testing.T, container, netns string) (*apiv1.CNIResponse, uint32) {
+	t.Helper()
+	r, err := ta.cni.Add(ctx(t), req(container, ta.netns(netns)))
+	return r, code(t, r, err)
+}
+
+// mustAdd adds a pod that must succeed.
+func (ta *testAgent) mustAdd(t *testing.T, container, netns string) *apiv1.CNIResponse {
+	t.Helper()
+	r, c := ta.add(t, container, netns)
+	if c != 0 {
+		t.Fatalf("ADD %s: code %d: %v", container, c, r.Error)
+	}
+	return r
+}
+
+// leftovers says what an attachment left behind: its address in the pool
+// (memory and file) and its interface in the fake kernel.
+func (ta *testAgent) leftovers(t *testing.T, container string) []string {
+	t.Helper()
+	var out []string
+	key := ipam.Key{ContainerID: container, IfName: "eth0"}
+	pool, _ := ta.readyPool()
+	if att, ok := pool.Get(key); ok {
+		out = append(out, "address "+att.IP.String())
+	}
+	if b, err := os.ReadFile(ta.stateFile()); err == nil && strings.Contains(string(b), container) {
+		out = append(out, "address in "+filepath.Base(ta.stateFile()))
+	}
+	ta.dp.mu.Lock()
+	defer ta.dp.mu.Unlock()
+	if _, ok := ta.dp.pods[datapath.HostIfaceName(container, "eth0")]; ok {
+		out = append(out, "interface")
+	}
+	return out
+}
+
+func TestAddResult(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.7.0/24")
+	r := ta.mustAdd(t, "c1", "/run/netns/p1")
+	var res current.Result
+	if err := json.Unmarshal(r.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.244.7.2/32" || res.IPs[0].Gateway.String() != "10.244.7.1" {
+		t.Errorf("IPs = %+v, want 10.244.7.2/32 via 10.244.7.1", res.IPs)
+	}
+	if len(res.Interfaces) != 2 || res.Interfaces[1].Sandbox != "/run/netns/p1" || res.Interfaces[1].Mtu != 1450 ||
+		res.Interfaces[0].Name != datapath.HostIfaceName("c1", "eth0") || res.Interfaces[0].Mac == "" || res.Interfaces[1].Mac == "" {
+		t.Errorf("interfaces = %+v", res.Interfaces)
+	}
+	pool, _ := ta.readyPool()
+	att, ok := pool.Get(ipam.Key{ContainerID: "c1", IfName: "eth0"})
+	if !ok || att.MAC != res.Interfaces[1].Mac || att.K8sName != "c1" || att.K8sNamespace != "default" {
+		t.Errorf("recorded attachment = %+v, %v", att, ok)
+	}
+}
+
+func TestAddErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, ta *testAgent) *apiv1.CNIRequest
+		want  uint32
+	}{
+		{"malformed config", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			r := req("c1", ta.netns("/ns/1"))
+			r.Config = []byte(`{"cniVersion": `)
+			return r
+		}, errDecoding},
+		{"no cniVersion", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			r := req("c1", ta.netns("/ns/1"))
+			r.Config = []byte(`{"name":"onc","type":"onc"}`)
+			return r
+		}, errInvalidConfig},
+		{"agent not ready", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest { return req("c1", ta.netns("/ns/1")) }, errTryAgainLater},
+		{"attachment exists", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			ta.bringUp(t, "10.244.7.0/24")
+			ta.mustAdd(t, "c1", "/ns/1")
+			return req("c1", ta.netns("/ns/1"))
+		}, ErrAttachmentExists},
+		{"interface exists in the container", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			ta.bringUp(t, "10.244.7.0/24")
+			ta.mustAdd(t, "c1", "/ns/1")
+			return req("c2", ta.netns("/ns/1")) // another container, same netns and eth0
+		}, ErrAttachmentExists},
+		{"pool exhausted", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			ta.bringUp(t, "10.244.7.0/30") // one address besides the gateway
+			ta.mustAdd(t, "c1", "/ns/1")
+			return req("c2", ta.netns("/ns/2"))
+		}, ErrPoolExhausted},
+		{"no such netns", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			ta.bringUp(t, "10.244.7.0/24")
+			return req("c1", "/ns/missing")
+		}, errUnknownContainer},
+		{"datapath failure", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+			ta.bringUp(t, "10.244.7.0/24")
+			ta.dp.setFail("AttachPod", errors.New("netlink: operation not permitted"))
+			return req("c1", ta.netns("/ns/1"))
+		}, ErrInternal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ta := newTestAgent(t)
+			r := tc.setup(t, ta)
+			resp, err := ta.cni.Add(ctx(t), r)
+			if got := code(t, resp, err); got != tc.want {
+				t.Fatalf("code %d (%v), want %d", got, resp.Error, tc.want)
+			}
+			if tc.want != ErrAttachmentExists && ta.pool != nil {
+				if left := ta.leftovers(t, r.ContainerId); len(left) > 0 {
+					t.Errorf("a failed ADD left %v behind", left)
+				}
+			}
+		})
+	}
+}
+
+// A failed ADD leaves nothing behind, whichever step fails.
+func TestAddRollsBackEveryStep(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakIt func(ta *testAgent)
+	}{
+		{"interface creation fails", func(ta *testAgent) { ta.dp.setFail("AttachPod", errors.New("boom")) }},
+		{"fast path registration fails after the veth exists", func(ta *testAgent) {
+			ta.dp.setFail("AttachPod.partial", errors.New("map full"))
+		}},
+		{"recording the MAC fails", func(ta *testAgent) {
+			// The state file is replaced by a directory while the interface
+			// is made, so recording the MAC cannot write it; rollback mends
+			// it first, as an operator freeing the disk would.
+			ta.dp.hook["AttachPod"] = func(datapath.Pod) {
+				os.Remove(ta.stateFile())
+				os.MkdirAll(filepath.Join(ta.stateFile(), "blocker"), 0o700)
+			}
+			ta.dp.hook["DetachPod"] = func(datapath.Pod) { os.RemoveAll(ta.stateFile()) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ta := newTestAgent(t)
+			ta.bringUp(t, "10.244.7.0/30") // one pod address: a leaked one blocks the next ADD
+			tc.breakIt(ta)
+			if _, c := ta.add(t, "c1", "/ns/1"); c != ErrInternal {
+				t.Fatalf("code %d, want %d", c, ErrInternal)
+			}
+			if left := ta.leftovers(t, "c1"); len(left) > 0 {
+				t.Fatalf("the failed ADD left %v behind", left)
+			}
+			// The one address is free again: the next pod gets it.
+			ta.dp.setFail("AttachPod", nil)
+			ta.dp.setFail("AttachPod.partial", nil)
+			ta.dp.hook = map[string]func(datapath.Pod){}
+			r := ta.mustAdd(t, "c2", "/ns/2")
+			if !strings.Contains(string(r.Result), `"10.244.7.2/32"`) {
+				t.Errorf("ADD after rollback got %s, want the one address 10.244.7.2", r.Result)
+			}
+		})
+	}
+}
+
+func TestDelIsIdempotent(t *testing.T) {
+	ta := newTestAgent(t)
+	if r, err := ta.cni.Del(ctx(t), req("c1", "/ns/1")); code(t, r, err) != errTryAgainLater {
+		t.Errorf("DEL before the pod state is loaded: %v, want code %d", r.Error, errTryAgainLater)
+	}
+	ta.bringUp(t, "10.244.7.0/24")
+	ta.mustAdd(t, "c1", "/ns/1")
+	for i, r := range []*apiv1.CNIRequest{
+		req("c1", "/ns/1"),
+		req("c1", "/ns/1"),     // again
+		req("c1", ""),          // the runtime lost the netns
+		req("never-added", ""), // never known
+	} {
+		resp, err := ta.cni.Del(ctx(t), r)
+		if c := code(t, resp, err); c != 0 {
+			t.Errorf("DEL %d (%s): code %d %v", i, r.ContainerId, c, resp.Error)
+		}
+	}
+	if left := ta.leftovers(t, "c1"); len(left) > 0 {
+		t.Errorf("DEL left %v", left)
+	}
+	if r, err := ta.cni.Del(ctx(t), &apiv1.CNIRequest{ContainerId: "c1", Ifname: "eth0", Config: []byte("{")}); code(t, r, err) != errDecoding {
+		t.Errorf("DEL with a malformed config: %v", r.Error)
+	}
+}
+
+// A DEL whose interface cannot be removed keeps the address, so the retry
+// finds everything again.
+func TestDelKeepsTheAddressWhenTheInterfaceStays(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.7.0/24")
+	ta.mustAdd(t, "c1", "/ns/1")
+	ta.dp.setFail("DetachPod", errors.New("device busy"))
+	if r, err := ta.cni.Del(ctx(t), req("c1", "/ns/1")); code(t, r, err) != ErrInternal {
+		t.Fatalf("DEL with a stuck interface: %v", r.Error)
+	}
+	if left := ta.leftovers(t, "c1"); len(left) != 3 {
+		t.Fatalf("after a failed DEL: %v, want the address, its record and the interface", left)
+	}
+	ta.dp.setFail("DetachPod", nil)
+	if r, err := ta.cni.Del(ctx(t), req("c1", "/ns/1")); code(t, r, err) != 0 {
+		t.Fatalf("retried DEL: %v", r.Error)
+	}
+	if left := ta.leftovers(t, "c1"); len(left) > 0 {
+		t.Errorf("retried DEL left %v", left)
+	}
+}
+
+// checkReq is a CHECK request whose prevResult is prev ("" for none).
+func checkReq(container, netns, prev string) *apiv1.CNIRequest {
+	r := req(container, netns)
+	if prev != "" {
+		r.Config = []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"onc","type":"onc","prevResult":%s}`, prev))
+	}
+	return r
+}
+
+func TestCheck(t *testing.T) {
+	ta := newTestAgent(t)
+	if r, err := ta.cni.Check(ctx(t), checkReq("c1", "/ns/1", "")); code(t, r, err) != errTryAgainLater {
+		t.Errorf("CHECK before ready: %v", r.Error)
+	}
+	ta.bringUp(t, "10.244.7.0/24")
+	prev := string(ta.mustAdd(t, "c1", "/ns/1").Result)
+	otherIP := strings.Replace(prev, "10.244.7.2/32", "10.244.7.99/32", 1)
+	for _, tc := range []struct {
+		name    string
+		req     *apiv1.CNIRequest
+		breakIt func()
+		want    uint32
+	}{
+		{"as added", checkReq("c1", "/ns/1", prev), nil, 0},
+		{"unknown attachment", checkReq("c9", "/ns/1", prev), nil, ErrCheckFailed},
+		{"no prevResult", checkReq("c1", "/ns/1", ""), nil, errInvalidConfig},
+		{"malformed prevResult", checkReq("c1", "/ns/1", `{"ips":"nope"}`), nil, errDecoding},
+		{"prevResult lacks the pod's address", checkReq("c1", "/ns/1", otherIP), nil, ErrCheckFailed},
+		{"interface changed", checkReq("c1", "/ns/1", prev), func() {
+			ta.dp.broken[datapath.HostIfaceName("c1", "eth0")] = "pod interface eth0 has MTU 9000, want 1450"
+		}, ErrCheckFailed},
+		{"netns gone", checkReq("c1", "/ns/1", prev), func() { delete(ta.dp.netns, "/ns/1") }, errUnknownContainer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.breakIt != nil {
+				ta.dp.mu.Lock()
+				tc.breakIt()
+				ta.dp.mu.Unlock()
+			}
+			r, err := ta.cni.Check(ctx(t), tc.req)
+			if got := code(t, r, err); got != tc.want {
+				t.Errorf("code %d (%v), want %d", got, r.Error, tc.want)
+			}
+		})
+	}
+}
+
+func TestStatusFollowsReadiness(t *testing.T) {
+	ta := newTestAgent(t)
+	status := func() uint32 {
+		r, err := ta.cni.Status(ctx(t), &apiv1.CNIRequest{Config: []byte(conf)})
+		return code(t, r, err)
+	}
+	if c := status(); c != errNotAvailable {
+		t.Errorf("STATUS before the node is up: %d, want %d", c, errNotAvailable)
+	}
+	ta.bringUp(t, "10.244.7.0/24")
+	if c := status(); c != 0 {
+		t.Errorf("STATUS when ready: %d", c)
+	}
+	ta.dp.setFail("SyncPeers", errors.New("netlink: no buffer space"))
+	ta.setNotReady("programming peers failed")
+	if c := status(); c != errNotAvailable {
+		t.Errorf("STATUS when not ready again: %d, want %d", c, errNotAvailable)
+	}
+	if r, err := ta.cni.Status(ctx(t), &apiv1.CNIRequest{Config: []byte("{")}); code(t, r, err) != errDecoding {
+		t.Errorf("STATUS with a malformed config: %v", r.Error)
+	}
+}
+
+func gcReq(valid ...string) *apiv1.CNIRequest {
+	keys := make([]ipam.Key, 0, len(valid))
+	for _, c := range valid {
+		keys = append(keys, ipam.Key{ContainerID: c, IfName: "eth0"})
+	}
+	b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "onc", "type": "onc", "cni.dev/valid-attachments": keys})
+	return &apiv1.CNIRequest{Config: b}
+}
+
+func TestGC(t *testing.T) {
+	ta := newTestAgent(t)
+	if r, err := ta.cni.GC(ctx(t), gcReq()); code(t, r, err) != errTryAgainLater {
+		t.Errorf("GC before the pod state is loaded: %v", r.Error)
+	}
+	ta.bringUp(t, "10.244.7.0/24")
+	for i, c := range []string{"keep1", "stale1", "keep2", "stale2", "stuck"} {
+		ta.mustAdd(t, c, fmt.Sprintf("/ns/%d", i))
+	}
+	stuck := datapath.HostIfaceName("stuck", "eth0")
+	ta.dp.hook["DetachPod"] = func(p datapath.Pod) {
+		if p.HostIface == stuck {
+			ta.dp.fail["DetachPod"] = errors.New("device busy")
+		} else {
+			delete(ta.dp.fail, "DetachPod")
+		}
+	}
+	r, err := ta.cni.GC(ctx(t), gcReq("keep1", "keep2"))
+	if c := code(t, r, err); c != ErrInternal || !strings.Contains(r.Error.Details, "stuck") {
+		t.Fatalf("GC with one stuck attachment: code %d %v, want %d naming it", c, r.Error, ErrInternal)
+	}
+	for c, want := range map[string]bool{"keep1": true, "keep2": true, "stale1": false, "stale2": false, "stuck": true} {
+		if left := len(ta.leftovers(t, c)) > 0; left != want {
+			t.Errorf("%s: still there = %v, want %v", c, left, want)
+		}
+	}
+	ta.dp.hook = map[string]func(datapath.Pod){}
+	ta.dp.setFail("DetachPod", nil)
+	if r, err := ta.cni.GC(ctx(t), gcReq("keep1", "keep2")); code(t, r, err) != 0 {
+		t.Fatalf("second GC: %v", r.Error)
+	}
+	if n := ta.dp.podCount(); n != 2 {
+		t.Errorf("%d pods after GC, want the 2 valid ones", n)
+	}
+}
+
+// A restarted agent takes over the pods it had, and drops those outside a
+// new CIDR.
+func TestBringUpAdoptsPods(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.7.0/24")
+	ta.mustAdd(t, "c1", "/ns/1")
+	cfg := ta.cfg
+	again, err := New(cfg, ta.store, ta.dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.vtepMAC.String() != ta.vtepMAC.String() {
+		t.Errorf("VTEP MAC changed across a restart: %s → %s", ta.vtepMAC, again.vtepMAC)
+	}
+	if err := again.reconcile(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	host := datapath.HostIfaceName("c1", "eth0")
+	if !ta.dp.adopted[host] {
+		t.Errorf("the restarted agent did not adopt %s", host)
+	}
+	pool, reason := again.readyPool()
+	if reason != "" || len(pool.List()) != 1 {
+		t.Errorf("restarted agent: ready=%q, %d pods", reason, len(pool.List()))
+	}
+}

@@ -1,0 +1,34 @@
+package agent
+
+import (
+	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datastore"
+)
+
+// Datapath is the agent's one seam to the kernel: everything the agent's
+// logic asks of it. *datapath.Node implements it; the unit tests use a fake.
+type Datapath interface {
+	// Uplink is the interface overlay traffic leaves by.
+	Uplink() datapath.Uplink
+	// BringUp builds the node's datapath; idempotent, retried on error.
+	BringUp(datapath.NodeSetup) error
+	// SyncPeers programs the other nodes of nodes as peers, exactly.
+	SyncPeers(self string, nodes []datastore.Node) error
+	// ProgrammedPeers names the peers whose entries are in place.
+	ProgrammedPeers() map[string]bool
+
+	// AttachPod makes the pod's interface; on error the caller rolls
+	// back with DetachPod.
+	AttachPod(datapath.Pod) (datapath.PodLink, error)
+	// AdoptPod takes over a pod attached before a restart.
+	AdoptPod(datapath.Pod) error
+	// CheckPod verifies the pod's interface is as AttachPod made it.
+	CheckPod(datapath.Pod) error
+	// DetachPod removes whatever exists of the pod's interface; idempotent.
+	DetachPod(datapath.Pod) error
+
+	// FastPath is the flow cache's controls, nil when it is not loaded.
+	FastPath() datapath.FastPath
+	// Close lets go of the datapath; what is in the kernel stays.
+	Close() error
+}

@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// onctlServer answers onctl on agent.sock.
+type onctlServer struct {
+	apiv1.UnimplementedAgentServer
+	a *Agent
+}
+
+func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) (*apiv1.NodeStatus, error) {
+	a := s.a
+	a.mu.Lock()
+	st := &apiv1.NodeStatus{
+		NodeName: a.cfg.NodeName, NodeIp: a.up.NodeIP.String(), Uplink: a.up.Name,
+		VxlanDevice: datapath.DeviceName, VtepMac: a.vtepMAC.String(), Vni: uint32(a.cfg.Datapath.VNI), VxlanPort: uint32(a.cfg.Datapath.Port),
+		PodMtu: uint32(a.podMTU), Ready: a.notReady == "", NotReadyReason: a.notReady,
+		Datastore: a.store.Describe(), Version: Version, StartedUnix: a.started.Unix(),
+	}
+	if a.podCIDR.IsValid() {
+		st.PodCidr, st.Gateway, st.ClusterCidr = a.podCIDR.String(), datapath.Gateway(a.podCIDR).String(), a.clusterCIDR.String()
+	}
+	pool := a.pool
+	a.mu.Unlock()
+	if fp := a.dp.FastPath(); fp != nil {
+		st.FastPathLoaded, st.FastPath, st.FastPathMode = true, fp.Enabled(), string(fp.Mode())
+	}
+	if pool != nil {
+		st.Pods = uint32(len(pool.List()))
+	}
+	st.Peers = uint32(len(a.dp.ProgrammedPeers()))
+	for _, w := range a.watchers() {
+		ws := w.Status()
+		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
+		if !ws.LastApplied.IsZero() {
+			pw.LastAppliedUnix = ws.LastApplied.Unix()
+		}
+		st.Watchers = append(st.Watchers, pw)
+	}
+	return st, nil
+}
+
+func (s *onctlServer) ListPods(ctx context.Context, _ *apiv1.ListPodsRequest) (*apiv1.ListPodsResponse, error) {
+	pool, _ := s.a.readyPool()
+	if pool == nil {
+		return &apiv1.ListPodsResponse{}, nil
+	}
+	var out apiv1.ListPodsResponse
+	for _, att := range pool.List() {
+		pod := &apiv1.Pod{
+			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: att.IP.String(), Mac: att.MAC,
+			HostIface: att.HostIface, K8SNamespace: att.K8sNamespace, K8SName: att.K8sName, CreatedUnix: att.Created.Unix(),
+		}
+		if s.a.cfg.Pods != nil && att.K8sName != "" {
+			pod.K8SPhase = s.a.cfg.Pods.Phase(att.K8sNamespace, att.K8sName)
+		}
+		out.Pods = append(out.Pods, pod)
+	}
+	return &out, nil
+}
+
+func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) (*apiv1.ListPeersResponse, error) {
+	nodes, err := s.a.store.Nodes(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "datastore (%s): %v", s.a.store.Describe(), err)
+	}
+	programmed := s.a.dp.ProgrammedPeers()
+	var out apiv1.ListPeersResponse
+	for _, n := range nodes {
+		if n.Name == s.a.cfg.NodeName {
+			continue
+		}
+		p := &apiv1.Peer{NodeName: n.Name, NodeIp: n.IP.String(), VtepMac: n.VTEPMAC.String(), FastPath: n.FastPath, Alive: n.Alive}
+		if n.PodCIDR.IsValid() {
+			p.PodCidr, p.Gateway, p.Programmed = n.PodCIDR.String(), datapath.Gateway(n.PodCIDR).String(), programmed[n.Name]
+		}
+		out.Peers = append(out.Peers, p)
+	}
+	return &out, nil
+}
+
+func (s *onctlServer) fastPath() (datapath.FastPath, error) {
+	fp := s.a.dp.FastPath()
+	if fp == nil {
+		return nil, status.Error(codes.FailedPrecondition, "the fast path is not loaded on this node (see the agent log)")
+	}
+	return fp, nil
+}
+
+func (s *onctlServer) SetFastPath(ctx context.Context, req *apiv1.SetFastPathRequest) (*apiv1.NodeStatus, error) {
+	fp, err := s.fastPath()
+	if err != nil {
+		return nil, err
+	}
+	if err := fp.Switch(req.Enabled); err != nil {
+		return nil, status.Errorf(codes.Internal, "switch the fast path: %v", err)
+	}
+	s.a.mu.Lock()
+	s.a.spec.FastPath = req.Enabled
+	spec := s.a.spec
+	s.a.mu.Unlock()
+	if err := s.a.store.RegisterNode(ctx, spec); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "publish the fast-path flag: %v", err)
+	}
+	slog.Info("fast path switched", "enabled", req.Enabled)
+	return s.GetStatus(ctx, nil)
+}
+
+func (s *onctlServer) FlushCache(ctx context.Context, _ *apiv1.FlushCacheRequest) (*apiv1.FlushCacheResponse, error) {
+	fp, err := s.fastPath()
+	if err != nil {
+		return nil, err
+	}
+	if err := fp.Flush(); err != nil {
+		return nil, status.Errorf(codes.Internal, "flush: %v", err)
+	}
+	return &apiv1.FlushCacheResponse{}, nil
+}
+
+func (s *onctlServer) GetStats(ctx context.Context, _ *apiv1.GetStatsRequest) (*apiv1.GetStatsResponse, error) {
+	fp, err := s.fastPath()
+	if err != nil {
+		return nil, err
+	}
+	st, err := fp.Stats()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read counters: %v", err)
+	}
+	var out apiv1.GetStatsResponse
+	for _, c := range st {
+		prog, name, _ := strings.Cut(c.Name, "_")
+		out.Counters = append(out.Counters, &apiv1.Counter{Program: prog, Name: name, Value: c.Value})
+	}
+	return &out, nil
+}
+
+func ifname(index int) string {
+	if l, err := net.InterfaceByIndex(index); err == nil {
+		return l.Name
+	}
+	return fmt.Sprintf("ifindex %d", index)
+}
+
+func (s *onctlServer) ListCache(ctx context.Context, req *apiv1.ListCacheRequest) (*apiv1.ListCacheResponse, error) {
+	fp, err := s.fastPath()
+	if err != nil {
+		return nil, err
+	}
+	switch req.Table {
+	case "", "egress", "ingress", "filter":
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "table %q: must be egress, ingress or filter", req.Table)
+	}
+	var out apiv1.ListCacheResponse
+	if req.Table == "" || req.Table == "egress" {
+		dests, err := fp.Dests()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		for _, d := range dests {
+			out.Egress = append(out.Egress, &apiv1.EgressEntry{PodIp: d.Pod.String(), NodeIp: d.Node.String()})
+		}
+		encaps, err := fp.Encaps()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		for _, e := range encaps {
+			out.Encap = append(out.Encap, &apiv1.EncapEntry{NodeIp: e.Node.String(), OuterSrcIp: e.OuterSrcIP.String(),
+				OuterDstMac: e.OuterDst.String(), OuterSrcMac: e.OuterSrc.String(),
+				InnerDstMac: e.InnerDst.String(), InnerSrcMac: e.InnerSrc.String(), Uplink: ifname(e.Ifindex)})
+		}
+	}
+	if req.Table == "" || req.Table == "ingress" {
+		locals, err := fp.Locals()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		for _, l := range locals {
+			out.Ingress = append(out.Ingress, &apiv1.IngressEntry{PodIp: l.Pod.String(), HostIface: ifname(l.Ifindex),
+				PodMac: l.PodMAC.String(), HostMac: l.HostMAC.String()})
+		}
+	}
+	if req.Table == "" || req.Table == "filter" {
+		flows, err := fp.Flows()
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		for _, f := range flows {
+			out.Filter = append(out.Filter, &apiv1.FlowEntry{Proto: f.Proto, Local: f.Local.String(), Remote: f.Remote.String(),
+				Egress: f.Egress, Ingress: f.Ingress, Live: f.Live})
+		}
+	}
+	return &out, nil
+}

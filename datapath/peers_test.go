@@ -1,0 +1,40 @@
+package datapath
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/onc-net/onc/datastore"
+)
+
+func node(name, ip, cidr string, fastPath bool) datastore.Node {
+	n := datastore.Node{NodeSpec: datastore.NodeSpec{Name: name, IP: netip.MustParseAddr(ip),
+		VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(len(name))}, FastPath: fastPath}}
+	if cidr != "" {
+		n.PodCIDR = netip.MustParsePrefix(cidr)
+	}
+	return n
+}
+
+func TestPeersOf(t *testing.T) {
+	s := peersOf("a", []datastore.Node{
+		node("a", "192.0.2.1", "10.244.1.0/24", true),  // self: hosts only
+		node("b", "192.0.2.2", "10.244.2.0/24", true),  // fast-path peer
+		node("c", "192.0.2.3", "10.244.3.0/24", false), // slow-path-only peer
+		node("d", "192.0.2.4", "", true),               // no CIDR yet: its IP is a host, nothing else
+	})
+	if len(s.overlay) != 2 || s.overlay[0].Name != "b" || s.overlay[1].Name != "c" ||
+		s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || s.overlay[1].NodeIP.String() != "192.0.2.3" ||
+		s.overlay[1].VTEPMAC.String() != "02:00:00:00:00:01" {
+		t.Errorf("overlay peers %+v, want b and c", s.overlay)
+	}
+	if len(s.fastPath) != 1 || s.fastPath[0].PodCIDR.String() != "10.244.2.0/24" || s.fastPath[0].NodeIP.String() != "192.0.2.2" {
+		t.Errorf("fast-path peers %+v, want only b", s.fastPath)
+	}
+	want := "[192.0.2.1 10.244.1.1 192.0.2.2 10.244.2.1 192.0.2.3 10.244.3.1 192.0.2.4]"
+	if got := fmt.Sprint(s.hosts); got != want {
+		t.Errorf("hosts %s, want %s", got, want)
+	}
+}

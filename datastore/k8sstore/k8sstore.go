@@ -1,0 +1,168 @@
+// Package k8sstore is the Kubernetes backend of the datastore. It keeps
+//
+//   - one ONCNode (cluster-scoped custom resource) per node: the tunnel
+//     endpoint its agent publishes, the pod CIDR and the agent's heartbeat;
+//   - the ConfigMap <namespace>/onc-ipam: the cluster configuration and the
+//     ledger of allocated blocks. Every claim is one compare-and-swap update
+//     of it, so a block is never handed out twice and a node never gets
+//     two, even while two controllers overlap during a leader change;
+//   - Node.spec.podCIDR(s), written once when a node gets its block, for
+//     kube-proxy and anything else that reads it.
+//
+// Reads come from informer caches; every write waits until the cache has
+// seen it, so a caller reads its own writes.
+package k8sstore
+
+// This file holds the Store itself: Options, New and the informer
+// plumbing, Describe, Close and awaitCache (read-your-writes for writers).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/onc-net/onc/datastore"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Options configure the backend.
+type Options struct {
+	Config    *rest.Config
+	Namespace string        // where the ledger lives; default "onc-system"
+	SyncWait  time.Duration // how long New waits for the caches; default 60s
+}
+
+// Store implements datastore.Store on the Kubernetes API.
+type Store struct {
+	kube    kubernetes.Interface
+	dyn     dynamic.Interface
+	ns      string
+	desc    string
+	stop    chan struct{}
+	oncInf  cache.SharedIndexInformer
+	ledger  cache.SharedIndexInformer
+	nodeInf cache.SharedIndexInformer
+
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+	poke chan struct{} // wakes the heartbeat-expiry timer
+}
+
+var (
+	_ datastore.Store      = (*Store)(nil)
+	_ datastore.Membership = (*Store)(nil)
+)
+
+// New connects, starts the informers and waits until their caches are
+// filled: a missing CRD or RBAC rule shows up here, named.
+func New(ctx context.Context, o Options) (*Store, error) {
+	if o.Config == nil {
+		return nil, errors.New("kubernetes: no client config")
+	}
+	if o.Namespace == "" {
+		o.Namespace = "onc-system"
+	}
+	if o.SyncWait == 0 {
+		o.SyncWait = 60 * time.Second
+	}
+	kube, err := kubernetes.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		kube: kube, dyn: dyn, ns: o.Namespace,
+		desc: fmt.Sprintf("kubernetes %s (ledger %s/%s)", o.Config.Host, o.Namespace, LedgerName),
+		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{}, poke: make(chan struct{}, 1),
+	}
+	s.oncInf = dynamicinformer.NewFilteredDynamicInformer(dyn, oncNodes, "", 0, cache.Indexers{}, nil).Informer()
+	s.ledger = cache.NewSharedIndexInformer(
+		cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", LedgerName)),
+		&corev1.ConfigMap{}, 0, cache.Indexers{})
+	s.nodeInf = cache.NewSharedIndexInformer(
+		cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "nodes", "", fields.Everything()),
+		&corev1.Node{}, 0, cache.Indexers{})
+	// Only the name and pod CIDR of a Node matter here; drop the rest
+	// (images, conditions) so big clusters cost little memory.
+	if err := s.nodeInf.SetTransform(slimNode); err != nil {
+		return nil, err
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.notify() },
+		UpdateFunc: func(any, any) { s.notify() },
+		DeleteFunc: func(any) { s.notify() },
+	}
+	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf, "ConfigMap " + LedgerName: s.ledger, "Nodes": s.nodeInf}
+	for name, inf := range infs {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return nil, err
+		}
+		inf.SetWatchErrorHandlerWithContext(watchErrorLogger(name))
+		go inf.Run(s.stop)
+	}
+	go s.expiryLoop()
+	sctx, cancel := context.WithTimeout(ctx, o.SyncWait)
+	defer cancel()
+	for name, inf := range infs {
+		if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
+			close(s.stop)
+			return nil, fmt.Errorf("kubernetes %s: cannot list and watch %s within %v: is manifests/onc.yaml applied (CRD, RBAC)? The log shows the API's answer",
+				o.Config.Host, name, o.SyncWait)
+		}
+	}
+	return s, nil
+}
+
+func watchErrorLogger(what string) cache.WatchErrorHandlerWithContext {
+	return func(_ context.Context, _ *cache.Reflector, err error) {
+		slog.Warn("kubernetes watch failed; retrying", "resource", what, "err", err)
+	}
+}
+
+func (s *Store) Describe() string { return s.desc }
+
+func (s *Store) Close() error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	return nil
+}
+
+// awaitCache waits until inf's cache holds key at resourceVersion rv or
+// later, or (rv == "") no longer holds it.
+func (s *Store) awaitCache(ctx context.Context, inf cache.SharedIndexInformer, key, rv string) error {
+	want, _ := strconv.ParseUint(rv, 10, 64)
+	for {
+		obj, ok, _ := inf.GetStore().GetByKey(key)
+		if rv == "" && !ok {
+			return nil
+		}
+		if ok && rv != "" {
+			have := obj.(metav1.Object).GetResourceVersion()
+			if n, err := strconv.ParseUint(have, 10, 64); have == rv || (err == nil && want > 0 && n >= want) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the informer cache to see %s: %w", key, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,178 @@
+package k8sstore
+
+// Cluster config and ledger: the onc-ipam ConfigMap, updated by
+// compare-and-swap, which records the config and every allocated block.
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/onc-net/onc/datastore"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+)
+
+// LedgerName is the ConfigMap holding the cluster config and allocations.
+const LedgerName = "onc-ipam"
+
+// Ledger keys: the config, and one "block.<a.b.c.d-len>" = node per block.
+const (
+	keyClusterCIDR   = "clusterCIDR"
+	keyNodePrefixLen = "nodePrefixLen"
+	blockKeyPrefix   = "block."
+)
+
+func blockKey(p netip.Prefix) string {
+	return blockKeyPrefix + strings.Replace(p.String(), "/", "-", 1)
+}
+
+func parseBlockKey(k string) (netip.Prefix, bool) {
+	rest, ok := strings.CutPrefix(k, blockKeyPrefix)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(strings.Replace(rest, "-", "/", 1))
+	return p, err == nil
+}
+
+// cachedLedger is the ledger's data as the cache has it (nil if none).
+func (s *Store) cachedLedger() map[string]string {
+	obj, ok, _ := s.ledger.GetStore().GetByKey(s.ns + "/" + LedgerName)
+	if !ok {
+		return nil
+	}
+	return obj.(*corev1.ConfigMap).Data
+}
+
+// updateLedger applies fn to a fresh copy of the ledger and writes it back
+// if fn reports a change, retrying on conflicts: a compare-and-swap on the
+// ConfigMap's resourceVersion.
+func (s *Store) updateLedger(ctx context.Context, fn func(data map[string]string) (bool, error)) error {
+	cms := s.kube.CoreV1().ConfigMaps(s.ns)
+	var written string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, LedgerName, metav1.GetOptions{})
+		create := apierrors.IsNotFound(err)
+		if create {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: LedgerName, Namespace: s.ns,
+				Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}}}
+		} else if err != nil {
+			return err
+		}
+		data := make(map[string]string, len(cm.Data)+1)
+		for k, v := range cm.Data {
+			data[k] = v
+		}
+		changed, err := fn(data)
+		if err != nil || !changed {
+			return err
+		}
+		cm.Data = data
+		if create {
+			cm, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return apierrors.NewConflict(corev1.Resource("configmaps"), LedgerName, err)
+			}
+		} else {
+			cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			written = cm.ResourceVersion
+		}
+		return err
+	})
+	if err != nil || written == "" {
+		return err
+	}
+	return s.awaitCache(ctx, s.ledger, s.ns+"/"+LedgerName, written)
+}
+
+func (s *Store) PutClusterConfig(ctx context.Context, cfg datastore.ClusterConfig) error {
+	want := map[string]string{keyClusterCIDR: cfg.ClusterCIDR.String(), keyNodePrefixLen: strconv.Itoa(cfg.NodePrefixLen)}
+	return s.updateLedger(ctx, func(d map[string]string) (bool, error) {
+		if d[keyClusterCIDR] == "" {
+			for k, v := range want {
+				d[k] = v
+			}
+			return true, nil
+		}
+		if d[keyClusterCIDR] != want[keyClusterCIDR] || d[keyNodePrefixLen] != want[keyNodePrefixLen] {
+			return false, fmt.Errorf("the cluster was set up with cluster CIDR %s and node prefix /%s (ConfigMap %s/%s); they cannot change to %s and /%d under a running cluster",
+				d[keyClusterCIDR], d[keyNodePrefixLen], s.ns, LedgerName, cfg.ClusterCIDR, cfg.NodePrefixLen)
+		}
+		return false, nil
+	})
+}
+
+func (s *Store) ClusterConfig(context.Context) (datastore.ClusterConfig, error) {
+	d := s.cachedLedger()
+	if d[keyClusterCIDR] == "" {
+		return datastore.ClusterConfig{}, datastore.ErrNotFound
+	}
+	p, err := netip.ParsePrefix(d[keyClusterCIDR])
+	if err != nil {
+		return datastore.ClusterConfig{}, fmt.Errorf("ConfigMap %s/%s: %s: %w", s.ns, LedgerName, keyClusterCIDR, err)
+	}
+	n, err := strconv.Atoi(d[keyNodePrefixLen])
+	if err != nil {
+		return datastore.ClusterConfig{}, fmt.Errorf("ConfigMap %s/%s: %s: %w", s.ns, LedgerName, keyNodePrefixLen, err)
+	}
+	return datastore.ClusterConfig{ClusterCIDR: p, NodePrefixLen: n}, nil
+}
+
+func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
+	var got netip.Prefix
+	err := s.updateLedger(ctx, func(d map[string]string) (bool, error) {
+		for k, owner := range d {
+			if p, ok := parseBlockKey(k); ok && owner == node {
+				got = p
+				return false, nil
+			}
+		}
+		if owner, ok := d[blockKey(cidr)]; ok {
+			return false, fmt.Errorf("%s held by %s: %w", cidr, owner, datastore.ErrCIDRTaken)
+		}
+		d[blockKey(cidr)] = node
+		got = cidr
+		return true, nil
+	})
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return got, s.mirrorCIDR(ctx, node, got)
+}
+
+func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
+	err := s.updateLedger(ctx, func(d map[string]string) (bool, error) {
+		changed := false
+		for k, owner := range d {
+			if _, ok := parseBlockKey(k); ok && owner == node {
+				delete(d, k)
+				changed = true
+			}
+		}
+		return changed, nil
+	})
+	if err != nil {
+		return err
+	}
+	return s.mirrorCIDR(ctx, node, netip.Prefix{})
+}
+
+func (s *Store) Allocations(context.Context) (map[netip.Prefix]string, error) { return s.blocks(), nil }
+
+// blocks maps each allocated block to its node, from the cache.
+func (s *Store) blocks() map[netip.Prefix]string {
+	out := map[netip.Prefix]string{}
+	for k, owner := range s.cachedLedger() {
+		if p, ok := parseBlockKey(k); ok {
+			out[p] = owner
+		}
+	}
+	return out
+}

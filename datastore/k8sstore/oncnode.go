@@ -1,0 +1,231 @@
+package k8sstore
+
+// Nodes: the ONCNode custom resource (one per node, holding its tunnel
+// endpoint, pod CIDR and heartbeat) and the reads and writes on it.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/onc-net/onc/datastore"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Group and version of ONC's custom resources (manifests/onc.yaml).
+const (
+	Group   = "onc.io"
+	Version = "v1alpha1"
+)
+
+// oncNodes is the ONCNode resource: one cluster-scoped object per node,
+// named after it, holding its tunnel endpoint.
+var oncNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
+
+// oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC and
+// fastPath and the heartbeat; the controller writes podCIDR.
+type oncNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              oncNodeSpec   `json:"spec"`
+	Status            oncNodeStatus `json:"status"`
+}
+
+type oncNodeSpec struct {
+	NodeIP   string `json:"nodeIP,omitempty"`
+	VTEPMAC  string `json:"vtepMAC,omitempty"`
+	PodCIDR  string `json:"podCIDR,omitempty"`
+	FastPath bool   `json:"fastPath"`
+}
+
+type oncNodeStatus struct {
+	// HeartbeatTime (RFC 3339) is renewed by the node's agent; the node
+	// counts as alive until HeartbeatTime + HeartbeatTTLSeconds.
+	HeartbeatTime       string `json:"heartbeatTime,omitempty"`
+	HeartbeatTTLSeconds int64  `json:"heartbeatTTLSeconds,omitempty"`
+}
+
+func (n *oncNode) alive(now time.Time) bool {
+	exp, ok := n.expiry()
+	return ok && now.Before(exp)
+}
+
+// expiry is when the node's heartbeat runs out; false if it has none.
+func (n *oncNode) expiry() (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339Nano, n.Status.HeartbeatTime)
+	if err != nil || n.Status.HeartbeatTTLSeconds <= 0 {
+		return time.Time{}, false
+	}
+	return t.Add(time.Duration(n.Status.HeartbeatTTLSeconds) * time.Second), true
+}
+
+func fromUnstructured(obj any) (*oncNode, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return nil, fmt.Errorf("unexpected %T in the ONCNode cache", obj)
+	}
+	n := &oncNode{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, n); err != nil {
+		return nil, fmt.Errorf("ONCNode %s: %w", u.GetName(), err)
+	}
+	return n, nil
+}
+
+func toUnstructured(n *oncNode) (*unstructured.Unstructured, error) {
+	n.APIVersion, n.Kind = Group+"/"+Version, "ONCNode"
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(n)
+	if err != nil {
+		return nil, err
+	}
+	return &unstructured.Unstructured{Object: m}, nil
+}
+
+func validName(name string) error {
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("invalid node name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error {
+	if err := validName(spec.Name); err != nil {
+		return err
+	}
+	fields := map[string]any{"nodeIP": spec.IP.String(), "vtepMAC": spec.VTEPMAC.String(), "fastPath": spec.FastPath}
+	err := s.patchONCNode(ctx, spec.Name, map[string]any{"spec": fields}, "")
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
+		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
+	for p, owner := range s.blocks() {
+		if owner == spec.Name {
+			n.Spec.PodCIDR = p.String()
+		}
+	}
+	u, err := toUnstructured(n)
+	if err != nil {
+		return err
+	}
+	created, err := s.dyn.Resource(oncNodes).Create(ctx, u, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) { // raced with another writer: patch it
+		return s.RegisterNode(ctx, spec)
+	}
+	if err != nil {
+		return err
+	}
+	return s.awaitCache(ctx, s.oncInf, spec.Name, created.GetResourceVersion())
+}
+
+// patchONCNode merge-patches an ONCNode (or its status subresource) and
+// waits until the cache has the result.
+func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]any, subresource string) error {
+	body, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	var sub []string
+	if subresource != "" {
+		sub = []string{subresource}
+	}
+	u, err := s.dyn.Resource(oncNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, sub...)
+	if err != nil {
+		return err
+	}
+	return s.awaitCache(ctx, s.oncInf, name, u.GetResourceVersion())
+}
+
+func (s *Store) DeleteNode(ctx context.Context, name string) error {
+	err := s.dyn.Resource(oncNodes).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err := s.awaitCache(ctx, s.oncInf, name, ""); err != nil {
+		return err
+	}
+	return s.ReleaseCIDR(ctx, name)
+}
+
+// Nodes lists the registered nodes: ONCNodes whose agent has published
+// its endpoint (an ONCNode can exist with only a pod CIDR).
+func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
+	cidrs := map[string]netip.Prefix{}
+	for p, owner := range s.blocks() {
+		cidrs[owner] = p
+	}
+	now := time.Now()
+	var out []datastore.Node
+	for _, obj := range s.oncInf.GetStore().List() {
+		n, err := fromUnstructured(obj)
+		if err != nil {
+			slog.Warn("ignoring malformed ONCNode", "err", err)
+			continue
+		}
+		dn, err := toNode(n, cidrs[n.Name], now)
+		if err != nil {
+			slog.Warn("ignoring malformed ONCNode", "node", n.Name, "err", err)
+			continue
+		}
+		if dn != nil {
+			out = append(out, *dn)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
+	obj, ok, _ := s.oncInf.GetStore().GetByKey(name)
+	if !ok {
+		return datastore.Node{}, datastore.ErrNotFound
+	}
+	n, err := fromUnstructured(obj)
+	if err != nil {
+		return datastore.Node{}, err
+	}
+	var cidr netip.Prefix
+	for p, owner := range s.blocks() {
+		if owner == name {
+			cidr = p
+		}
+	}
+	dn, err := toNode(n, cidr, time.Now())
+	if err != nil {
+		return datastore.Node{}, fmt.Errorf("ONCNode %s: %w", name, err)
+	}
+	if dn == nil {
+		return datastore.Node{}, datastore.ErrNotFound
+	}
+	return *dn, nil
+}
+
+// toNode converts a registered ONCNode; nil if its agent never registered.
+func toNode(n *oncNode, cidr netip.Prefix, now time.Time) (*datastore.Node, error) {
+	if n.Spec.NodeIP == "" {
+		return nil, nil
+	}
+	ip, err := netip.ParseAddr(n.Spec.NodeIP)
+	if err != nil {
+		return nil, fmt.Errorf("spec.nodeIP: %w", err)
+	}
+	mac, err := net.ParseMAC(n.Spec.VTEPMAC)
+	if err != nil {
+		return nil, fmt.Errorf("spec.vtepMAC: %w", err)
+	}
+	return &datastore.Node{
+		NodeSpec: datastore.NodeSpec{Name: n.Name, IP: ip, VTEPMAC: mac, FastPath: n.Spec.FastPath},
+		PodCIDR:  cidr, Alive: n.alive(now),
+	}, nil
+}
