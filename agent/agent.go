@@ -56,7 +56,7 @@ type PodPhases interface {
 
 // DefaultConfig has the production defaults.
 func DefaultConfig() Config {
-	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 15 * time.Second, Resync: time.Minute,
+	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 40 * time.Second, Resync: time.Minute,
 		Datapath: datapath.Config{VNI: 1, Port: 4789, FastPath: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}}
 }
 
@@ -170,8 +170,9 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // reconcile is the peer watcher's: it brings the node up once its CIDR
-// exists, then keeps the peers programmed.
-func (a *Agent) reconcile(ctx context.Context) error {
+// exists, then keeps the peers programmed. On a resync the datapath also
+// checks the kernel against what it programmed.
+func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	nodes, err := a.store.Nodes(ctx)
 	if err != nil {
 		return err
@@ -204,7 +205,7 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
 		return nil
 	}
-	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes); err != nil {
+	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
 		return err
 	}
 	a.setNotReady("")

@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,7 +55,7 @@ func TestReconcilePeers(t *testing.T) {
 	}
 	for _, s := range steps {
 		s.change(t)
-		if err := ta.reconcile(ctx(t)); err != nil {
+		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
 		if got := ta.peerIPs(); !maps.Equal(got, s.want) {
@@ -75,7 +77,7 @@ func TestReconcileBringUp(t *testing.T) {
 	t.Run("waits for the CIDR", func(t *testing.T) {
 		ta := newTestAgent(t)
 		ta.addNode(t, self, "192.0.2.1", "", true)
-		if err := ta.reconcile(ctx(t)); err != nil {
+		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
 		if ta.dp.setup != nil {
@@ -87,7 +89,7 @@ func TestReconcileBringUp(t *testing.T) {
 	})
 	t.Run("registers again when the record is missing", func(t *testing.T) {
 		ta := newTestAgent(t)
-		if err := ta.reconcile(ctx(t)); err != nil {
+		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := ta.store.Node(ctx(t), self); err != nil {
@@ -101,14 +103,14 @@ func TestReconcileBringUp(t *testing.T) {
 		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
 			t.Fatal(err)
 		}
-		if err := ta.reconcile(ctx(t)); err == nil {
+		if err := ta.reconcile(ctx(t), false); err == nil {
 			t.Fatal("reconcile hid the bring-up failure")
 		}
 		if _, reason := ta.readyPool(); !strings.Contains(reason, "onc.vxlan") {
 			t.Errorf("not-ready reason %q does not say why", reason)
 		}
 		ta.dp.setFail("BringUp", nil)
-		if err := ta.reconcile(ctx(t)); err != nil {
+		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
 		if _, reason := ta.readyPool(); reason != "" {
@@ -128,7 +130,7 @@ func TestReconcileBringUp(t *testing.T) {
 		if _, err := ta.store.ClaimCIDR(ctx(t), self, prefix("10.244.9.0/24")); err != nil {
 			t.Fatal(err)
 		}
-		if err := ta.reconcile(ctx(t)); err != nil {
+		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
 		if _, reason := ta.readyPool(); !strings.Contains(reason, "10.244.9.0/24") {
@@ -138,7 +140,7 @@ func TestReconcileBringUp(t *testing.T) {
 	t.Run("a node without a fast path tells its peers", func(t *testing.T) {
 		ta := newTestAgent(t, func(c *Config) { c.Datapath.FastPath = true }) // the fake loads none
 		ta.bringUp(t, "10.244.1.0/24")
-		if err := ta.reconcile(ctx(t)); err != nil { // publishes the corrected flag
+		if err := ta.reconcile(ctx(t), false); err != nil { // publishes the corrected flag
 			t.Fatal(err)
 		}
 		n, err := ta.store.Node(ctx(t), self)
@@ -170,10 +172,13 @@ func TestMTU(t *testing.T) {
 // The watcher's loop: every signal and every resync reconciles, a failure
 // is retried with backoff, and the generations say what was applied.
 func TestWatcher(t *testing.T) {
-	var calls atomic.Int32
+	var calls, full atomic.Int32
 	var failing atomic.Bool
-	w := newWatcher("test", 150*time.Millisecond, func(context.Context) error {
+	w := newWatcher("test", 150*time.Millisecond, func(_ context.Context, resync bool) error {
 		calls.Add(1)
+		if resync {
+			full.Add(1)
+		}
 		if failing.Load() {
 			return errors.New("kernel said no")
 		}
@@ -195,11 +200,15 @@ func TestWatcher(t *testing.T) {
 	}
 	trigger <- struct{}{}
 	waitFor("first signal applied", func(s WatcherStatus) bool { return s.Seen == 1 && s.Applied == 1 && s.LastError == "" })
+	if full.Load() != 1 {
+		t.Errorf("the first reconcile was not a full one")
+	}
 
-	before := calls.Load()
+	before, fullBefore := calls.Load(), full.Load()
 	time.Sleep(400 * time.Millisecond)
-	if calls.Load() < before+2 {
-		t.Errorf("resync: %d reconciles in 400ms at a 150ms period", calls.Load()-before)
+	if calls.Load() < before+2 || full.Load()-fullBefore != calls.Load()-before {
+		t.Errorf("resync: %d reconciles (%d full) in 400ms at a 150ms period, all should be full",
+			calls.Load()-before, full.Load()-fullBefore)
 	}
 
 	failing.Store(true)
@@ -259,5 +268,35 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 	}
 	if !st.Ready || st.Peers != 1 || st.PodCidr != "10.244.1.0/24" {
 		t.Errorf("status: ready=%v peers=%d podCIDR=%s", st.Ready, st.Peers, st.PodCidr)
+	}
+}
+
+// Only the first reconcile and resyncs re-check the kernel; a signal asks
+// for what changed.
+func TestWatcherSignalsAreIncremental(t *testing.T) {
+	var full []bool
+	var mu sync.Mutex
+	w := newWatcher("test", time.Hour, func(_ context.Context, resync bool) error {
+		mu.Lock()
+		full = append(full, resync)
+		mu.Unlock()
+		return nil
+	})
+	trigger := make(chan struct{}, 1)
+	c, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.run(c, trigger)
+	for i := uint64(1); i <= 3; i++ {
+		trigger <- struct{}{}
+		for deadline := time.Now().Add(5 * time.Second); w.Status().Applied < i; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("signal %d not applied: %+v", i, w.Status())
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(full) != "[true false false]" {
+		t.Errorf("full reconciles per signal: %v, want [true false false]", full)
 	}
 }

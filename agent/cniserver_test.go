@@ -378,7 +378,7 @@ func TestBringUpAdoptsPods(t *testing.T) {
 	if again.vtepMAC.String() != ta.vtepMAC.String() {
 		t.Errorf("VTEP MAC changed across a restart: %s → %s", ta.vtepMAC, again.vtepMAC)
 	}
-	if err := again.reconcile(ctx(t)); err != nil {
+	if err := again.reconcile(ctx(t), false); err != nil {
 		t.Fatal(err)
 	}
 	host := datapath.HostIfaceName("c1", "eth0")

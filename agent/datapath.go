@@ -12,8 +12,10 @@ type Datapath interface {
 	Uplink() datapath.Uplink
 	// BringUp builds the node's datapath; idempotent, retried on error.
 	BringUp(datapath.NodeSetup) error
-	// SyncPeers programs the other nodes of nodes as peers, exactly.
-	SyncPeers(self string, nodes []datastore.Node) error
+	// SyncPeers programs the other nodes of nodes as peers, exactly,
+	// touching only peers that differ from what it programmed last. With
+	// checkKernel it also reads the kernel's entries back and repairs drift.
+	SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error
 	// ProgrammedPeers names the peers whose entries are in place.
 	ProgrammedPeers() map[string]bool
 
@@ -26,6 +28,11 @@ type Datapath interface {
 	CheckPod(datapath.Pod) error
 	// DetachPod removes whatever exists of the pod's interface; idempotent.
 	DetachPod(datapath.Pod) error
+
+	// KernelWrites counts the writes (netlink messages, BPF map updates
+	// and deletes) made to program peers since start: at steady state it
+	// stands still.
+	KernelWrites() uint64
 
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath

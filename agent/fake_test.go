@@ -35,6 +35,7 @@ type fakeDatapath struct {
 	fail    map[string]error                // by method name
 	broken  map[string]string               // CheckPod mismatch, by host interface
 	syncs   int                             // SyncPeers calls
+	checks  int                             // of which with checkKernel
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
 }
 
@@ -58,10 +59,13 @@ func (f *fakeDatapath) BringUp(s datapath.NodeSetup) error {
 	return nil
 }
 
-func (f *fakeDatapath) SyncPeers(self string, nodes []datastore.Node) error {
+func (f *fakeDatapath) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.syncs++
+	if checkKernel {
+		f.checks++
+	}
 	if err := f.fail["SyncPeers"]; err != nil {
 		return err
 	}
@@ -146,6 +150,8 @@ func (f *fakeDatapath) DetachPod(p datapath.Pod) error {
 	delete(f.pods, p.HostIface)
 	return nil
 }
+
+func (f *fakeDatapath) KernelWrites() uint64 { return 0 }
 
 func (f *fakeDatapath) FastPath() datapath.FastPath {
 	f.mu.Lock()
@@ -267,7 +273,7 @@ func (ta *testAgent) bringUp(t *testing.T, cidr string) {
 		t.Fatal(err)
 	}
 	ta.addNode(t, self, "192.0.2.1", cidr, true)
-	if err := ta.reconcile(ctx(t)); err != nil {
+	if err := ta.reconcile(ctx(t), true); err != nil {
 		t.Fatal(err)
 	}
 	if _, reason := ta.readyPool(); reason != "" {

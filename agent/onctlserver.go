@@ -40,6 +40,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 		st.Pods = uint32(len(pool.List()))
 	}
 	st.Peers = uint32(len(a.dp.ProgrammedPeers()))
+	st.PeerKernelWrites = a.dp.KernelWrites()
 	for _, w := range a.watchers() {
 		ws := w.Status()
 		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
@@ -75,13 +76,17 @@ func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) 
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "datastore (%s): %v", s.a.store.Describe(), err)
 	}
+	alive, err := s.a.store.Liveness(ctx) // read now: liveness is never watched
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "datastore (%s): liveness: %v", s.a.store.Describe(), err)
+	}
 	programmed := s.a.dp.ProgrammedPeers()
 	var out apiv1.ListPeersResponse
 	for _, n := range nodes {
 		if n.Name == s.a.cfg.NodeName {
 			continue
 		}
-		p := &apiv1.Peer{NodeName: n.Name, NodeIp: n.IP.String(), VtepMac: n.VTEPMAC.String(), FastPath: n.FastPath, Alive: n.Alive}
+		p := &apiv1.Peer{NodeName: n.Name, NodeIp: n.IP.String(), VtepMac: n.VTEPMAC.String(), FastPath: n.FastPath, Alive: alive[n.Name]}
 		if n.PodCIDR.IsValid() {
 			p.PodCidr, p.Gateway, p.Programmed = n.PodCIDR.String(), datapath.Gateway(n.PodCIDR).String(), programmed[n.Name]
 		}

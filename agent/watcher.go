@@ -23,7 +23,7 @@ import (
 type watcher struct {
 	name      string
 	resync    time.Duration
-	reconcile func(ctx context.Context) error
+	reconcile func(ctx context.Context, resync bool) error
 
 	mu     sync.Mutex
 	status WatcherStatus
@@ -44,17 +44,20 @@ const (
 	retryMax   = 30 * time.Second
 )
 
-func newWatcher(name string, resync time.Duration, reconcile func(context.Context) error) *watcher {
+func newWatcher(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *watcher {
 	return &watcher{name: name, resync: resync, reconcile: reconcile, status: WatcherStatus{Name: name}}
 }
 
 // run reconciles on every signal of trigger, on every resync period and on
-// retries, until ctx ends or trigger is closed.
+// retries, until ctx ends or trigger is closed. The first reconcile and
+// those of a resync are full ones (reconcile's resync argument): they
+// re-check the kernel, not only what changed.
 func (w *watcher) run(ctx context.Context, trigger <-chan struct{}) {
 	resync := time.NewTicker(w.resync)
 	defer resync.Stop()
 	var retry <-chan time.Time
 	backoff := retryFirst
+	full := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -67,10 +70,11 @@ func (w *watcher) run(ctx context.Context, trigger <-chan struct{}) {
 			w.status.Seen++
 			w.mu.Unlock()
 		case <-resync.C:
+			full = true
 		case <-retry:
 		}
-		if w.apply(ctx) {
-			retry, backoff = nil, retryFirst
+		if w.apply(ctx, full) {
+			retry, backoff, full = nil, retryFirst, false
 			continue
 		}
 		if ctx.Err() != nil {
@@ -82,11 +86,11 @@ func (w *watcher) run(ctx context.Context, trigger <-chan struct{}) {
 }
 
 // apply runs reconcile once and records the outcome; true on success.
-func (w *watcher) apply(ctx context.Context) bool {
+func (w *watcher) apply(ctx context.Context, full bool) bool {
 	w.mu.Lock()
 	gen := w.status.Seen
 	w.mu.Unlock()
-	err := w.reconcile(ctx)
+	err := w.reconcile(ctx, full)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {

@@ -31,6 +31,9 @@ type Controller struct {
 	store    datastore.Store
 	alloc    *nodeipam.Allocator
 	lastSeen map[string]time.Time // last seen alive, or first seen
+	// nextExpiry is when the first node not seen alive would time out: the
+	// clock, not the datastore, says when to look again.
+	nextExpiry time.Time
 }
 
 // New validates cfg and records the cluster configuration in the store
@@ -54,15 +57,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	changes := c.store.Changes(ctx)
 	tick := time.NewTicker(c.cfg.Resync)
 	defer tick.Stop()
+	expiry := time.NewTimer(time.Hour)
+	defer expiry.Stop()
 	for {
 		if err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			slog.Error("reconcile failed; retrying", "err", err)
 		}
+		next := c.cfg.Resync
+		if !c.nextExpiry.IsZero() {
+			next = min(next, time.Until(c.nextExpiry)+10*time.Millisecond)
+		}
+		expiry.Reset(next)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changes:
 		case <-tick.C:
+		case <-expiry.C:
 		}
 	}
 }
@@ -77,7 +88,12 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	alive, err := c.store.Liveness(ctx)
+	if err != nil {
+		return err
+	}
 	now := time.Now()
+	c.nextExpiry = time.Time{}
 	registered := map[string]bool{}
 	for _, n := range nodes {
 		registered[n.Name] = true
@@ -90,7 +106,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 			delete(registered, n.Name)
 			continue
 		}
-		if _, known := c.lastSeen[n.Name]; n.Alive || !known {
+		if _, known := c.lastSeen[n.Name]; alive[n.Name] || !known {
 			c.lastSeen[n.Name] = now
 		} else if c.expired(n.Name, now) {
 			slog.Info("node gone longer than the node timeout; deleting it", "node", n.Name, "timeout", c.cfg.NodeTimeout)
@@ -100,6 +116,11 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 			delete(c.lastSeen, n.Name)
 			delete(registered, n.Name)
 			continue
+		}
+		if !alive[n.Name] && c.cfg.NodeTimeout > 0 {
+			if exp := c.lastSeen[n.Name].Add(c.cfg.NodeTimeout); c.nextExpiry.IsZero() || exp.Before(c.nextExpiry) {
+				c.nextExpiry = exp
+			}
 		}
 		if !n.PodCIDR.IsValid() {
 			p, err := c.alloc.Allocate(ctx, n.Name, members[n.Name])

@@ -83,9 +83,7 @@ func TestNodeGoneLongerThanTimeoutIsDeleted(t *testing.T) {
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = s.KeepAlive(kctx, "alive", 2*time.Second) }()
-	for n, _ := s.Node(ctx, "alive"); !n.Alive; n, _ = s.Node(ctx, "alive") {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "the lease of alive", 10*time.Second, func() bool { l, _ := s.Liveness(ctx); return l["alive"] })
 	if err := c.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -123,5 +121,22 @@ func TestNewNodeGetsItsFullTimeout(t *testing.T) {
 	n, err := s.Node(ctx, "late")
 	if err != nil || !n.PodCIDR.IsValid() {
 		t.Fatalf("a new node was expired or not allocated on first sight: %+v, %v", n, err)
+	}
+}
+
+// The controller looks again when a node would time out, not only at its
+// resync (30 s by default): a timeout is kept to the second.
+func TestRunExpiresANodeOnTime(t *testing.T) {
+	s, c := setup(t, time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	register(t, s, "dead")
+	testutil.WaitFor(t, "a CIDR for dead", 5*time.Second, func() bool { n, _ := s.Node(ctx, "dead"); return n.PodCIDR.IsValid() })
+	start := time.Now()
+	testutil.WaitFor(t, "dead deleted", 10*time.Second, func() bool { _, err := s.Node(ctx, "dead"); return err != nil })
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("deleted %v after its 1s timeout", took)
 	}
 }

@@ -38,7 +38,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The agents' side, as the agent service account.
-	agents, err := k8sstore.New(ctx, k8sstore.Options{Config: api.ServiceAccountConfig("onc-system:onc-agent")})
+	agents, err := k8sstore.New(ctx, k8sstore.Options{Config: api.ServiceAccountConfig("onc-system:onc-agent"), Agent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,10 @@ import (
 
 // SyncPeers programs every other node that has a pod CIDR as an overlay
 // peer, and gives the fast path the peers that run it and every node and
-// gateway address (host traffic stays on the slow path).
-func (n *Node) SyncPeers(self string, nodes []datastore.Node) error {
+// gateway address (host traffic stays on the slow path). Only what differs
+// from what was programmed last is written; checkKernel also reads the
+// kernel's entries back and repairs what drifted.
+func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error {
 	n.mu.Lock()
 	ovl, fp := n.ovl, n.fp
 	n.mu.Unlock()
@@ -20,7 +22,7 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node) error {
 		return errNotUp
 	}
 	want := peersOf(self, nodes)
-	err := ovl.Sync(want.overlay)
+	err := ovl.Sync(want.overlay, checkKernel)
 	if fp != nil {
 		err = errors.Join(err, fp.SetHosts(want.hosts), fp.SyncPeers(want.fastPath))
 	}
@@ -52,6 +54,23 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		}
 	}
 	return s
+}
+
+// KernelWrites counts the writes made to program peers since start:
+// netlink messages of the overlay and BPF map updates and deletes of the
+// fast path's peer and host maps.
+func (n *Node) KernelWrites() uint64 {
+	n.mu.Lock()
+	ovl, fp := n.ovl, n.fp
+	n.mu.Unlock()
+	var w uint64
+	if ovl != nil {
+		w += ovl.Writes()
+	}
+	if fp != nil {
+		w += fp.PeerWrites()
+	}
+	return w
 }
 
 // ProgrammedPeers names the peers whose overlay entries are in place.

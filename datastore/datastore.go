@@ -33,13 +33,13 @@ type NodeSpec struct {
 	FastPath bool             `json:"fastPath"`
 }
 
-// Node is a node's full tunnel-endpoint record: its spec, the pod CIDR the
-// controller gave it (invalid until allocated) and whether its agent holds
-// its liveness lease.
+// Node is a node's full tunnel-endpoint record: its spec and the pod CIDR
+// the controller gave it (invalid until allocated). Liveness is not part of
+// it: a record changes only when a tunnel endpoint does, so an agent's
+// heartbeat never wakes the other agents.
 type Node struct {
 	NodeSpec
 	PodCIDR netip.Prefix
-	Alive   bool
 }
 
 // Store is the datastore. Every method is safe for concurrent use.
@@ -54,7 +54,11 @@ type Store interface {
 	RegisterNode(ctx context.Context, spec NodeSpec) error
 	// KeepAlive marks the node alive until ctx ends or the process dies
 	// (plus ttl). It blocks; it returns ctx.Err() or a datastore error.
+	// Renewals are not changes: they signal nobody.
 	KeepAlive(ctx context.Context, name string, ttl time.Duration) error
+	// Liveness reports which nodes' agents hold their liveness lease now.
+	// It is read on demand (onctl peers, the controller's node timeout).
+	Liveness(ctx context.Context) (map[string]bool, error)
 	// DeleteNode removes the node's registration, liveness and CIDR.
 	DeleteNode(ctx context.Context, name string) error
 
@@ -72,10 +76,11 @@ type Store interface {
 	Nodes(ctx context.Context) ([]Node, error)
 	// Node returns one registered node or ErrNotFound.
 	Node(ctx context.Context, name string) (Node, error)
-	// Changes signals (coalesced, never blocking the store) whenever any node,
-	// allocation or liveness changes, and once as soon as it watches: every
-	// change after that first signal is signalled. It is closed when ctx
-	// ends. Consumers re-read what they need: it is a level trigger.
+	// Changes signals (coalesced, never blocking the store) whenever any
+	// node record or allocation changes, and once as soon as it watches:
+	// every change after that first signal is signalled. Liveness does not
+	// signal. It is closed when ctx ends. Consumers re-read what they need:
+	// it is a level trigger.
 	Changes(ctx context.Context) <-chan struct{}
 
 	// Describe names the backend and where it is, for status output.

@@ -287,9 +287,12 @@ type NodeStatus struct {
 	FastPathMode string `protobuf:"bytes,21,opt,name=fast_path_mode,json=fastPathMode,proto3" json:"fast_path_mode,omitempty"`
 	// The agent's watchers (peers; later policy and Services), each with the
 	// generation of input it has seen and the one it has applied.
-	Watchers      []*Watcher `protobuf:"bytes,22,rep,name=watchers,proto3" json:"watchers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Watchers []*Watcher `protobuf:"bytes,22,rep,name=watchers,proto3" json:"watchers,omitempty"`
+	// Kernel writes (netlink messages, BPF map updates and deletes) made to
+	// program peers since the agent started; at steady state it stands still.
+	PeerKernelWrites uint64 `protobuf:"varint,23,opt,name=peer_kernel_writes,json=peerKernelWrites,proto3" json:"peer_kernel_writes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -474,6 +477,13 @@ func (x *NodeStatus) GetWatchers() []*Watcher {
 		return x.Watchers
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetPeerKernelWrites() uint64 {
+	if x != nil {
+		return x.PeerKernelWrites
+	}
+	return 0
 }
 
 type Watcher struct {
@@ -1629,7 +1639,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\x99\x05\n" +
+	"\x10GetStatusRequest\"\xc7\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -1655,7 +1665,8 @@ const file_onc_proto_rawDesc = "" +
 	"\x10fast_path_loaded\x18\x13 \x01(\bR\x0efastPathLoaded\x12\x1b\n" +
 	"\tfast_path\x18\x14 \x01(\bR\bfastPath\x12$\n" +
 	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\x12+\n" +
-	"\bwatchers\x18\x16 \x03(\v2\x0f.onc.v1.WatcherR\bwatchers\"\x96\x01\n" +
+	"\bwatchers\x18\x16 \x03(\v2\x0f.onc.v1.WatcherR\bwatchers\x12,\n" +
+	"\x12peer_kernel_writes\x18\x17 \x01(\x04R\x10peerKernelWrites\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +

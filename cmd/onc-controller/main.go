@@ -54,7 +54,7 @@ func main() {
 		slog.Info("embedded etcd serving", "url", e.ClientURL, "dir", *embedDir)
 		store.Etcd.Endpoints = []string{e.ClientURL}
 	}
-	ds, err := store.Open(ctx)
+	ds, err := store.Open(ctx, backend.ForController)
 	if err != nil {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}

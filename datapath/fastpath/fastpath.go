@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -54,6 +55,8 @@ type Datapath struct {
 	}
 	mu      sync.Mutex // serialises configuration writes and evictions
 	closers []interface{ Close() error }
+	// peerWrites counts SyncPeers' and SetHosts' map writes.
+	peerWrites atomic.Uint64
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -251,32 +254,32 @@ type Peer struct {
 	NodeIP  netip.Addr
 }
 
-// SyncPeers makes the fast-path peer set exactly peers. A peer that left or
-// changed loses its learned destinations, headers and flows (learning
-// paused meanwhile); its CIDR leaves the LPM map first, so from that moment
-// no packet takes the fast path towards it.
+// SyncPeers makes the fast-path peer set exactly peers, writing only what
+// differs from the map. A peer that left or changed loses its learned
+// destinations, headers and flows (learning paused meanwhile); its CIDR
+// leaves the LPM map first, so from that moment no packet takes the fast
+// path towards it.
 func (d *Datapath) SyncPeers(peers []Peer) error {
 	want := map[cidrKey]cidrVal{}
 	for _, p := range peers {
 		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
 	}
+	have, err := contents[cidrKey, cidrVal](d.maps.OncPeers)
+	if err != nil {
+		return err
+	}
 	var stale []Peer
-	var k cidrKey
-	var v cidrVal
-	it := d.maps.OncPeers.Iterate()
-	for it.Next(&k, &v) {
+	for k, v := range have {
 		if w, ok := want[k]; !ok || w != v {
 			stale = append(stale, Peer{PodCIDR: netip.PrefixFrom(addrOf(k.Addr), int(k.Prefixlen)), NodeIP: addrOf(v.NodeIp)})
+			delete(have, k)
 		}
-	}
-	if err := it.Err(); err != nil {
-		return err
 	}
 	if len(stale) > 0 {
 		err := d.evict(func() error {
 			for _, s := range stale {
 				key := cidrKey{Prefixlen: uint32(s.PodCIDR.Bits()), Addr: be32(s.PodCIDR.Addr())}
-				if err := d.maps.OncPeers.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				if err := d.peerWrite(d.maps.OncPeers.Delete(key)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 					return err
 				}
 			}
@@ -287,8 +290,10 @@ func (d *Datapath) SyncPeers(peers []Peer) error {
 		}
 	}
 	for k, v := range want {
-		if err := d.maps.OncPeers.Put(k, v); err != nil {
-			return err
+		if _, ok := have[k]; !ok {
+			if err := d.peerWrite(d.maps.OncPeers.Put(k, v)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -318,16 +323,54 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(addrOf(k.RemoteIp)) })
 }
 
-// SetHosts makes the host-address set (node IPs, gateways) exactly addrs.
+// SetHosts makes the host-address set (node IPs, gateways) exactly addrs,
+// writing only what differs from the map.
 func (d *Datapath) SetHosts(addrs []netip.Addr) error {
 	want := map[uint32]bool{}
 	for _, a := range addrs {
 		want[be32(a)] = true
-		if err := d.maps.OncHosts.Put(be32(a), uint8(1)); err != nil {
-			return err
+	}
+	have, err := contents[uint32, uint8](d.maps.OncHosts)
+	if err != nil {
+		return err
+	}
+	for k := range want {
+		if _, ok := have[k]; !ok {
+			if err := d.peerWrite(d.maps.OncHosts.Put(k, uint8(1))); err != nil {
+				return err
+			}
 		}
 	}
-	return deleteWhere(d.maps.OncHosts, func(k uint32, _ uint8) bool { return !want[k] })
+	for k := range have {
+		if !want[k] {
+			if err := d.peerWrite(d.maps.OncHosts.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// PeerWrites counts the updates and deletes SyncPeers and SetHosts have
+// made to the peer and host maps; at steady state it stays put.
+func (d *Datapath) PeerWrites() uint64 { return d.peerWrites.Load() }
+
+// peerWrite counts a write to the peer or host map and passes its error on.
+func (d *Datapath) peerWrite(err error) error {
+	d.peerWrites.Add(1)
+	return err
+}
+
+// contents reads all of m.
+func contents[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	out := map[K]V{}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
 }
 
 // Flush forgets every learned verdict at once (a new epoch), then clears

@@ -6,13 +6,17 @@
 package overlay
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
-	"sort"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/vishvananda/netlink"
@@ -53,6 +57,11 @@ type Overlay struct {
 	link  netlink.Link
 	mu    sync.Mutex
 	peers map[string]Peer // programmed, by name
+	// inSync holds while peers is what the kernel has: false after Ensure
+	// and after a failed write, when what the kernel holds is unknown, so
+	// the next Sync reads it back; set by a Sync whose writes all succeeded.
+	inSync bool
+	writes atomic.Uint64 // netlink writes made by Sync
 }
 
 // Ensure creates the device, or adopts an existing one whose settings
@@ -130,70 +139,130 @@ func (o *Overlay) Programmed() map[string]Peer {
 	return out
 }
 
+// Writes counts the netlink writes Sync has made; at steady state it stays put.
+func (o *Overlay) Writes() uint64 { return o.writes.Load() }
+
 // Sync makes the device's routes, neighbours and FDB entries exactly those
-// of peers: new peers are added, changed ones replaced, and anything else
-// found on the device (peers that left, also while the agent was down) is
-// removed. It returns the first error but carries on with the other peers.
-func (o *Overlay) Sync(peers []Peer) error {
+// of peers, writing only what differs. Without checkKernel it compares peers
+// with what it programmed last, and makes no syscall when nothing changed.
+// With checkKernel — and on the first Sync after Ensure or after a failed
+// write, whatever the flag — it reads the device's entries back and repairs
+// what drifted: missing or wrong entries are rewritten, and anything of no
+// current peer (peers that left, also while the agent was down) is removed.
+// It returns every error but carries on with the other peers.
+func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var errs []error
-	want := map[string]Peer{}
-	for _, p := range peers {
-		want[p.Name] = p
-	}
-	// Remove what the kernel has and we do not want: first routes, then
-	// neighbours and FDB entries.
-	if err := o.pruneRoutes(want); err != nil {
-		errs = append(errs, err)
-	}
-	for name, have := range o.peers {
-		if p, ok := want[name]; !ok || !samePeer(p, have) {
-			delete(o.peers, name)
+	want, ok, errs := o.entriesOf(peers)
+	var have entries
+	if checkKernel || !o.inSync {
+		var err error
+		if have, err = o.read(); err != nil {
+			return errors.Join(append(errs, err)...)
 		}
+	} else {
+		have, _, _ = o.entriesOf(slices.Collect(maps.Values(o.peers)))
 	}
-	if err := o.pruneNeighbours(want); err != nil {
-		errs = append(errs, err)
-	}
-	names := make([]string, 0, len(want))
-	for n := range want {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := want[n]
-		if err := o.add(p); err != nil {
-			errs = append(errs, fmt.Errorf("peer %s: %w", p.Name, err))
+	failed := o.remove(have, want)
+	programmed := make(map[string]Peer, len(ok))
+	for _, p := range ok {
+		if err := o.add(have, p); err != nil {
+			failed = append(failed, fmt.Errorf("peer %s: %w", p.Name, err))
 			continue
 		}
-		o.peers[p.Name] = p
+		programmed[p.Name] = p
 	}
-	return errors.Join(errs...)
+	o.peers, o.inSync = programmed, len(failed) == 0
+	return errors.Join(append(errs, failed...)...)
 }
 
-func samePeer(a, b Peer) bool {
-	return a.NodeIP == b.NodeIP && a.PodCIDR == b.PodCIDR && a.VTEPMAC.String() == b.VTEPMAC.String()
+// entries are peer entries of the device, each kind keyed as the kernel
+// keys it: what Sync programmed, wants, or read back.
+type entries struct {
+	routes map[routeKey]netlink.Route
+	neighs map[netip.Addr]netlink.Neigh // by gateway
+	fdb    map[string]netlink.Neigh     // by VTEP MAC
+	// strays are FDB entries without a remote, and the further remotes
+	// of a MAC (the kernel appends them only to the all-zero and multicast
+	// MACs of flood entries, which are no peer's): always removed.
+	strays []netlink.Neigh
 }
 
-func (o *Overlay) add(p Peer) error {
-	idx := o.link.Attrs().Index
-	gw := Gateway(p.PodCIDR)
-	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
-		IP: gw.AsSlice(), HardwareAddr: p.VTEPMAC}); err != nil {
-		return fmt.Errorf("neighbour %s: %w", gw, err)
-	}
-	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
-		Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC}); err != nil {
-		return fmt.Errorf("fdb %s: %w", p.VTEPMAC, err)
-	}
-	if err := netlink.RouteReplace(o.route(p)); err != nil {
-		return fmt.Errorf("route %s: %w", p.PodCIDR, err)
-	}
-	return nil
+// routeKey is what tells routes of one table apart.
+type routeKey struct {
+	dst      netip.Prefix
+	tos      int
+	priority int
 }
 
-func (o *Overlay) route(p Peer) *netlink.Route {
-	return &netlink.Route{
+func keyOf(r netlink.Route) routeKey {
+	return routeKey{dst: prefixOf(r.Dst), tos: r.Tos, priority: r.Priority}
+}
+
+func prefixOf(n *net.IPNet) netip.Prefix {
+	bits, _ := n.Mask.Size()
+	return netip.PrefixFrom(addrOf(n.IP), bits)
+}
+
+func addrOf(ip net.IP) netip.Addr {
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+func newEntries() entries {
+	return entries{routes: map[routeKey]netlink.Route{}, neighs: map[netip.Addr]netlink.Neigh{}, fdb: map[string]netlink.Neigh{}}
+}
+
+// entriesOf returns the entries of peers and the peers they hold. A peer
+// whose pod CIDR, gateway or VTEP MAC is another's (the first by name keeps
+// it) is left out with an error: programming both would have them
+// overwrite each other on every Sync.
+func (o *Overlay) entriesOf(peers []Peer) (entries, []Peer, []error) {
+	peers = slices.SortedFunc(slices.Values(peers), func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })
+	e, owner := newEntries(), map[any]string{}
+	var ok []Peer
+	var errs []error
+	for _, p := range peers {
+		n, f, r := o.neigh(p), o.fdb(p), o.route(p)
+		keys := []struct {
+			key  any
+			what string
+		}{
+			{keyOf(r), "pod CIDR " + p.PodCIDR.String()},
+			{Gateway(p.PodCIDR), "gateway " + Gateway(p.PodCIDR).String()},
+			{p.VTEPMAC.String(), "VTEP MAC " + p.VTEPMAC.String()},
+		}
+		var conflict error
+		for _, k := range keys {
+			if other, taken := owner[k.key]; taken {
+				conflict = errors.Join(conflict, fmt.Errorf("peer %s: %s is peer %s's too", p.Name, k.what, other))
+			}
+		}
+		if conflict != nil {
+			errs = append(errs, conflict)
+			continue
+		}
+		for _, k := range keys {
+			owner[k.key] = p.Name
+		}
+		e.routes[keyOf(r)], e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = r, n, f
+		ok = append(ok, p)
+	}
+	return e, ok, errs
+}
+
+func (o *Overlay) neigh(p Peer) netlink.Neigh {
+	return netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: Gateway(p.PodCIDR).AsSlice(), HardwareAddr: p.VTEPMAC}
+}
+
+func (o *Overlay) fdb(p Peer) netlink.Neigh {
+	return netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
+		Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC}
+}
+
+func (o *Overlay) route(p Peer) netlink.Route {
+	return netlink.Route{
 		LinkIndex: o.link.Attrs().Index,
 		Dst:       &net.IPNet{IP: p.PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(p.PodCIDR.Bits(), 32)},
 		Gw:        Gateway(p.PodCIDR).AsSlice(),
@@ -202,60 +271,113 @@ func (o *Overlay) route(p Peer) *netlink.Route {
 	}
 }
 
-func (o *Overlay) pruneRoutes(want map[string]Peer) error {
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: o.link.Attrs().Index}, netlink.RT_FILTER_OIF)
+// read returns ONC's entries on the device as the kernel holds them.
+func (o *Overlay) read() (entries, error) {
+	idx := o.link.Attrs().Index
+	e := newEntries()
+	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: idx}, netlink.RT_FILTER_OIF)
 	if err != nil {
-		return err
+		return e, fmt.Errorf("list routes of %s: %w", DeviceName, err)
 	}
-	keep := map[string]bool{}
-	for _, p := range want {
-		keep[o.route(p).Dst.String()+"|"+Gateway(p.PodCIDR).String()] = true
-	}
-	var errs []error
 	for _, r := range routes {
-		if r.Dst == nil || r.Gw == nil || r.Protocol != podnet.RouteProtocol {
-			continue // kernel routes of the device's own address
+		if r.Dst != nil && r.Protocol == podnet.RouteProtocol { // not the kernel's routes of the device's own address
+			e.routes[keyOf(r)] = r
 		}
-		if keep[r.Dst.String()+"|"+r.Gw.String()] {
+	}
+	neighs, err := netlink.NeighList(idx, unix.AF_INET)
+	if err != nil {
+		return e, fmt.Errorf("list neighbours of %s: %w", DeviceName, err)
+	}
+	for _, n := range neighs {
+		e.neighs[addrOf(n.IP)] = n
+	}
+	fdb, err := netlink.NeighList(idx, unix.AF_BRIDGE)
+	if err != nil {
+		return e, fmt.Errorf("list fdb of %s: %w", DeviceName, err)
+	}
+	for _, n := range fdb {
+		n.Flags |= netlink.NTF_SELF // the VXLAN driver's own table, as written
+		if _, dup := e.fdb[n.HardwareAddr.String()]; dup || n.IP == nil {
+			e.strays = append(e.strays, n)
 			continue
 		}
-		if err := netlink.RouteDel(&r); err != nil {
+		e.fdb[n.HardwareAddr.String()] = n
+	}
+	return e, nil
+}
+
+// remove deletes what have holds and want does not: routes first, then
+// neighbours and FDB entries, so no route is left to a next hop that
+// cannot be resolved.
+func (o *Overlay) remove(have, want entries) []error {
+	var errs []error
+	for _, r := range extra(have.routes, want.routes) {
+		if err := o.write(netlink.RouteDel(&r)); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("delete route %s: %w", r.Dst, err))
 		}
 	}
-	return errors.Join(errs...)
+	for _, n := range slices.Concat(extra(have.neighs, want.neighs), extra(have.fdb, want.fdb), have.strays) {
+		if err := o.write(netlink.NeighDel(&n)); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("delete %s: %w", describe(n), err))
+		}
+	}
+	return errs
 }
 
-func (o *Overlay) pruneNeighbours(want map[string]Peer) error {
-	idx := o.link.Attrs().Index
-	gws, fdb := map[string]bool{}, map[string]bool{}
-	for _, p := range want {
-		gws[Gateway(p.PodCIDR).String()+"|"+p.VTEPMAC.String()] = true
-		fdb[p.VTEPMAC.String()+"|"+p.NodeIP.String()] = true
-	}
-	var errs []error
-	neighs, err := netlink.NeighList(idx, unix.AF_INET)
-	if err != nil {
-		return err
-	}
-	for _, n := range neighs {
-		if !gws[n.IP.String()+"|"+n.HardwareAddr.String()] {
-			if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("delete neighbour %s: %w", n.IP, err))
-			}
+// extra lists the values of have whose keys want lacks.
+func extra[K comparable, V any](have, want map[K]V) []V {
+	var out []V
+	for k, v := range have {
+		if _, ok := want[k]; !ok {
+			out = append(out, v)
 		}
 	}
-	entries, err := netlink.NeighList(idx, unix.AF_BRIDGE)
-	if err != nil {
-		return err
+	return out
+}
+
+func describe(n netlink.Neigh) string {
+	if n.Family == unix.AF_BRIDGE {
+		return fmt.Sprintf("fdb %s dst %s", n.HardwareAddr, n.IP)
 	}
-	for _, n := range entries {
-		if n.IP == nil || !fdb[n.HardwareAddr.String()+"|"+n.IP.String()] {
-			n.Flags |= netlink.NTF_SELF
-			if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("delete fdb %s: %w", n.HardwareAddr, err))
-			}
+	return fmt.Sprintf("neighbour %s", n.IP)
+}
+
+// add writes those of p's entries that have lacks or holds otherwise: the
+// neighbour, the FDB entry, then the route, so the route's next hop
+// resolves before the route exists.
+func (o *Overlay) add(have entries, p Peer) error {
+	n, f, r := o.neigh(p), o.fdb(p), o.route(p)
+	if h, ok := have.neighs[Gateway(p.PodCIDR)]; !ok || !sameNeigh(h, n) {
+		if err := o.write(netlink.NeighSet(&n)); err != nil {
+			return fmt.Errorf("neighbour %s: %w", Gateway(p.PodCIDR), err)
 		}
 	}
-	return errors.Join(errs...)
+	if h, ok := have.fdb[p.VTEPMAC.String()]; !ok || !sameNeigh(h, f) {
+		if err := o.write(netlink.NeighSet(&f)); err != nil {
+			return fmt.Errorf("fdb %s: %w", p.VTEPMAC, err)
+		}
+	}
+	if h, ok := have.routes[keyOf(r)]; !ok || !sameRoute(h, r) {
+		if err := o.write(netlink.RouteReplace(&r)); err != nil {
+			return fmt.Errorf("route %s: %w", p.PodCIDR, err)
+		}
+	}
+	return nil
+}
+
+// sameNeigh compares a neighbour or FDB entry with one of the same key.
+func sameNeigh(a, b netlink.Neigh) bool {
+	return a.IP.Equal(b.IP) && bytes.Equal(a.HardwareAddr, b.HardwareAddr) && a.State == b.State
+}
+
+// sameRoute compares a route with one of the same key.
+func sameRoute(a, b netlink.Route) bool {
+	onlink := int(netlink.FLAG_ONLINK)
+	return a.Gw.Equal(b.Gw) && a.Flags&onlink == b.Flags&onlink && a.Protocol == b.Protocol
+}
+
+// write counts a netlink write and passes its error on.
+func (o *Overlay) write(err error) error {
+	o.writes.Add(1)
+	return err
 }

@@ -1,8 +1,12 @@
 package overlay_test
 
 import (
+	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/onc-net/onc/datapath/overlay"
@@ -29,50 +33,35 @@ func inNode(t *testing.T, fn func(uplink int)) {
 	})
 }
 
+// ensure makes the device as a node at 192.0.2.1 with gateway 10.244.1.1 would.
+func ensure(t *testing.T, uplink int) (*overlay.Overlay, overlay.Config) {
+	t.Helper()
+	cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("192.0.2.1"), Uplink: uplink,
+		MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1450, Gateway: netip.MustParseAddr("10.244.1.1")}
+	o, err := overlay.Ensure(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, cfg
+}
+
 func peer(name, ip, cidr string, last byte) overlay.Peer {
 	return overlay.Peer{Name: name, NodeIP: netip.MustParseAddr(ip), PodCIDR: netip.MustParsePrefix(cidr),
 		VTEPMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, last}}
 }
 
-type state struct{ routes, neighs, fdb int }
-
-func read(t *testing.T) state {
-	l, err := netlink.LinkByName(overlay.DeviceName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s state
-	routes, _ := netlink.RouteList(l, unix.AF_INET)
-	for _, r := range routes {
-		if r.Protocol == podnet.RouteProtocol {
-			s.routes++
-		}
-	}
-	n, _ := netlink.NeighList(l.Attrs().Index, unix.AF_INET)
-	f, _ := netlink.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
-	s.neighs, s.fdb = len(n), len(f)
-	return s
-}
-
 func TestDeviceIsAdoptedOrReplacedAndPeersPruned(t *testing.T) {
 	inNode(t, func(uplink int) {
-		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("192.0.2.1"), Uplink: uplink,
-			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1450, Gateway: netip.MustParseAddr("10.244.1.1")}
-		o, err := overlay.Ensure(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		o, cfg := ensure(t, uplink)
 		v := o.Link().(*netlink.Vxlan)
 		if v.UDPCSum || v.Learning || v.Port != 4789 || v.VxlanId != 1 || v.MTU != 1450 || v.HardwareAddr.String() != cfg.MAC.String() {
 			t.Fatalf("device settings: udpcsum=%v learning=%v port=%d vni=%d mtu=%d mac=%s", v.UDPCSum, v.Learning, v.Port, v.VxlanId, v.MTU, v.HardwareAddr)
 		}
 		a, b := peer("a", "192.0.2.2", "10.244.2.0/24", 2), peer("b", "192.0.2.3", "10.244.3.0/24", 3)
-		if err := o.Sync([]overlay.Peer{a, b}); err != nil {
+		if err := o.Sync([]overlay.Peer{a, b}, false); err != nil {
 			t.Fatal(err)
 		}
-		if s := read(t); s != (state{2, 2, 2}) {
-			t.Fatalf("after 2 peers: %+v", s)
-		}
+		expectKernel(t, "after 2 peers", []overlay.Peer{a, b})
 		// Same settings: adopted, entries kept (an agent restart).
 		o2, err := overlay.Ensure(cfg)
 		if err != nil {
@@ -81,21 +70,13 @@ func TestDeviceIsAdoptedOrReplacedAndPeersPruned(t *testing.T) {
 		if o2.Link().Attrs().Index != o.Link().Attrs().Index {
 			t.Fatal("unchanged device was recreated instead of adopted")
 		}
-		if s := read(t); s != (state{2, 2, 2}) {
-			t.Fatalf("adoption lost entries: %+v", s)
-		}
+		expectKernel(t, "after adoption", []overlay.Peer{a, b})
 		// b left while the agent was down; a moved to another node IP.
 		a.NodeIP = netip.MustParseAddr("192.0.2.9")
-		if err := o2.Sync([]overlay.Peer{a}); err != nil {
+		if err := o2.Sync([]overlay.Peer{a}, false); err != nil {
 			t.Fatal(err)
 		}
-		if s := read(t); s != (state{1, 1, 1}) {
-			t.Fatalf("after b left: %+v", s)
-		}
-		f, _ := netlink.NeighList(o2.Link().Attrs().Index, unix.AF_BRIDGE)
-		if !f[0].IP.Equal(net.IPv4(192, 0, 2, 9)) {
-			t.Fatalf("fdb for a points at %s, want its new node IP", f[0].IP)
-		}
+		expectKernel(t, "after b left and a moved", []overlay.Peer{a})
 		// Another VNI: the device is replaced.
 		cfg.VNI = 7
 		o3, err := overlay.Ensure(cfg)
@@ -105,5 +86,243 @@ func TestDeviceIsAdoptedOrReplacedAndPeersPruned(t *testing.T) {
 		if o3.Link().(*netlink.Vxlan).VxlanId != 7 {
 			t.Fatal("VNI change not applied")
 		}
+	})
+}
+
+// manyPeers are n peers p000…: pod CIDR 10.244.(i+2).0/24, node IP
+// 198.18.(i/256).(i%256), VTEP MAC 02:00:00:00:(i/256):(i%256).
+func manyPeers(n int) []overlay.Peer {
+	out := make([]overlay.Peer, n)
+	for i := range out {
+		out[i] = overlay.Peer{Name: fmt.Sprintf("p%03d", i), NodeIP: netip.AddrFrom4([4]byte{198, 18, byte(i / 256), byte(i)}),
+			PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 2), 0}), 24), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, byte(i / 256), byte(i)}}
+	}
+	return out
+}
+
+// kernel is the device's ONC entries as text: routes by destination,
+// neighbours by IP, FDB entries by MAC.
+type kernel struct{ routes, neighs, fdb map[string]string }
+
+func readKernel(t *testing.T) kernel {
+	t.Helper()
+	l, err := netlink.LinkByName(overlay.DeviceName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
+	routes, err := netlink.RouteList(l, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		if r.Protocol == podnet.RouteProtocol {
+			k.routes[r.Dst.String()] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
+		}
+	}
+	for fam, m := range map[int]map[string]string{unix.AF_INET: k.neighs, unix.AF_BRIDGE: k.fdb} {
+		ns, err := netlink.NeighList(l.Attrs().Index, fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range ns {
+			if fam == unix.AF_INET {
+				m[n.IP.String()] = fmt.Sprintf("%s state=%#x", n.HardwareAddr, n.State)
+			} else {
+				m[n.HardwareAddr.String()] += fmt.Sprintf("dst %s state=%#x;", n.IP, n.State)
+			}
+		}
+	}
+	return k
+}
+
+// wantKernel is what readKernel must find for peers.
+func wantKernel(peers []overlay.Peer) kernel {
+	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
+	for _, p := range peers {
+		gw := overlay.Gateway(p.PodCIDR)
+		k.routes[p.PodCIDR.String()] = fmt.Sprintf("via %s onlink=true", gw)
+		k.neighs[gw.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
+		k.fdb[p.VTEPMAC.String()] = fmt.Sprintf("dst %s state=%#x;", p.NodeIP, netlink.NUD_PERMANENT)
+	}
+	return k
+}
+
+func expectKernel(t *testing.T, when string, peers []overlay.Peer) {
+	t.Helper()
+	got, want := readKernel(t), wantKernel(peers)
+	for _, c := range []struct {
+		kind      string
+		got, want map[string]string
+	}{{"routes", got.routes, want.routes}, {"neighbours", got.neighs, want.neighs}, {"fdb", got.fdb, want.fdb}} {
+		if !maps.Equal(c.got, c.want) {
+			for k, v := range c.got {
+				if c.want[k] != v {
+					t.Errorf("%s: %s %s: kernel has %q, want %q", when, c.kind, k, v, c.want[k])
+				}
+			}
+			for k, v := range c.want {
+				if _, ok := c.got[k]; !ok {
+					t.Errorf("%s: %s %s missing, want %q", when, c.kind, k, v)
+				}
+			}
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// syncWrites runs a Sync and returns how many netlink writes it made.
+func syncWrites(t *testing.T, o *overlay.Overlay, peers []overlay.Peer, checkKernel bool) uint64 {
+	t.Helper()
+	before := o.Writes()
+	if err := o.Sync(peers, checkKernel); err != nil {
+		t.Fatal(err)
+	}
+	return o.Writes() - before
+}
+
+func expectWrites(t *testing.T, what string, got, want uint64) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: %d netlink writes, want %d", what, got, want)
+	}
+}
+
+// At scale a reconcile that changes nothing must write nothing: only what
+// differs from what is programmed is written, and the kernel is read back
+// (and repaired) only when asked.
+func TestSyncWritesOnlyWhatDiffers(t *testing.T) {
+	inNode(t, func(uplink int) {
+		o, _ := ensure(t, uplink)
+		peers := manyPeers(200)
+		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 3*200)
+		expectKernel(t, "first sync", peers)
+		expectWrites(t, "steady state", syncWrites(t, o, peers, false), 0)
+		expectWrites(t, "steady state, kernel checked", syncWrites(t, o, peers, true), 0)
+		if n := len(o.Programmed()); n != 200 {
+			t.Fatalf("%d peers programmed, want 200", n)
+		}
+
+		peers[7].NodeIP = netip.MustParseAddr("198.18.9.9")
+		expectWrites(t, "node IP changed", syncWrites(t, o, peers, false), 1) // the FDB entry
+		expectKernel(t, "node IP changed", peers)
+		peers[8].VTEPMAC = net.HardwareAddr{2, 0, 0, 0, 9, 9}
+		expectWrites(t, "VTEP MAC changed", syncWrites(t, o, peers, false), 3) // neighbour; FDB entry out and in
+		expectKernel(t, "VTEP MAC changed", peers)
+		peers[9].PodCIDR = netip.MustParsePrefix("10.245.0.0/24")
+		expectWrites(t, "pod CIDR changed", syncWrites(t, o, peers, false), 4) // route and neighbour out and in
+		expectKernel(t, "pod CIDR changed", peers)
+		peers = slices.Delete(peers, 10, 11)
+		expectWrites(t, "peer left", syncWrites(t, o, peers, false), 3)
+		expectKernel(t, "peer left", peers)
+
+		// Drift: only a kernel check notices it, and repairs just that.
+		if err := netlink.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 244, 20, 0), Mask: net.CIDRMask(24, 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		expectWrites(t, "route deleted, kernel not checked", syncWrites(t, o, peers, false), 0)
+		expectWrites(t, "route deleted, kernel checked", syncWrites(t, o, peers, true), 1)
+		expectKernel(t, "route restored", peers)
+
+		// Entries of no peer, and wrong ones, are repaired by a kernel check.
+		idx := o.Link().Attrs().Index
+		for _, err := range []error{
+			netlink.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv4(10, 99, 0, 0), Mask: net.CIDRMask(24, 32)},
+				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: podnet.RouteProtocol}),
+			netlink.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: net.IPv4(10, 99, 0, 1), HardwareAddr: net.HardwareAddr{2, 9, 9, 9, 9, 9}}),
+			// A flood entry with two remotes.
+			netlink.NeighAppend(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT, Flags: netlink.NTF_SELF,
+				IP: net.IPv4(198, 18, 99, 1), HardwareAddr: make(net.HardwareAddr, 6)}),
+			netlink.NeighAppend(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT, Flags: netlink.NTF_SELF,
+				IP: net.IPv4(198, 18, 99, 2), HardwareAddr: make(net.HardwareAddr, 6)}),
+			netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+				IP: overlay.Gateway(peers[1].PodCIDR).AsSlice(), HardwareAddr: net.HardwareAddr{2, 9, 9, 9, 9, 8}}),
+			// Right MAC, but not permanent: the kernel may age it out.
+			netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_REACHABLE,
+				IP: overlay.Gateway(peers[2].PodCIDR).AsSlice(), HardwareAddr: peers[2].VTEPMAC}),
+			netlink.RouteReplace(&netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: peers[3].PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)},
+				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: podnet.RouteProtocol}),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fdb := readKernel(t).fdb["00:00:00:00:00:00"]; strings.Count(fdb, "dst") != 2 {
+			t.Fatalf("flood entry: %q, want two remotes", fdb)
+		}
+		expectWrites(t, "strays, kernel not checked", syncWrites(t, o, peers, false), 0)
+		expectWrites(t, "strays, kernel checked", syncWrites(t, o, peers, true), 7)
+		expectKernel(t, "strays removed", peers)
+	})
+}
+
+// A restarted agent's first Sync reads the kernel: entries that are right
+// stay untouched, those of peers that left while it was down go.
+func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
+	inNode(t, func(uplink int) {
+		o, cfg := ensure(t, uplink)
+		peers := manyPeers(200)
+		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 3*200)
+
+		o2, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectWrites(t, "first sync after a restart", syncWrites(t, o2, peers, false), 0)
+		expectKernel(t, "after a restart", peers)
+		if n := len(o2.Programmed()); n != 200 {
+			t.Fatalf("%d peers programmed after a restart, want 200", n)
+		}
+
+		o3, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectWrites(t, "first sync after a restart, a peer gone", syncWrites(t, o3, peers[1:], false), 3)
+		expectKernel(t, "after a restart, a peer gone", peers[1:])
+	})
+}
+
+// Two peers with one VTEP MAC would overwrite each other's FDB entry on
+// every Sync: the second by name is refused instead, and a steady state
+// still writes nothing.
+func TestPeersSharingAKeyAreNotBothProgrammed(t *testing.T) {
+	inNode(t, func(uplink int) {
+		o, _ := ensure(t, uplink)
+		a, b := peer("a", "192.0.2.2", "10.244.2.0/24", 2), peer("b", "192.0.2.3", "10.244.3.0/24", 2)
+		for i, want := range []uint64{3, 0} {
+			before := o.Writes()
+			if err := o.Sync([]overlay.Peer{b, a}, true); err == nil || !strings.Contains(err.Error(), "peer b: VTEP MAC 02:00:00:00:00:02 is peer a's too") {
+				t.Fatalf("sync %d: error %v, want b refused for a's VTEP MAC", i, err)
+			}
+			expectWrites(t, fmt.Sprintf("sync %d", i), o.Writes()-before, want)
+		}
+		expectKernel(t, "a kept", []overlay.Peer{a})
+		if p := o.Programmed(); len(p) != 1 || p["a"].Name != "a" {
+			t.Fatalf("programmed %v, want a only", p)
+		}
+	})
+}
+
+// After a failed write the kernel's state is unknown: the next Sync reads
+// it back, and writes only what is still missing.
+func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {
+	inNode(t, func(uplink int) {
+		o, _ := ensure(t, uplink)
+		a, b := peer("a", "192.0.2.2", "10.244.2.0/24", 2), peer("b", "2001:db8::3", "10.244.3.0/24", 3)
+		if err := o.Sync([]overlay.Peer{a, b}, false); err == nil || !strings.Contains(err.Error(), "peer b: fdb") {
+			t.Fatalf("error %v, want b's FDB entry refused (an IPv6 remote on an IPv4 device)", err)
+		}
+		if p := o.Programmed(); len(p) != 1 || p["a"].Name != "a" {
+			t.Fatalf("programmed %v, want a only", p)
+		}
+		// b's neighbour went in before its FDB entry failed: only the FDB
+		// entry and the route are left to write.
+		b.NodeIP = netip.MustParseAddr("192.0.2.3")
+		expectWrites(t, "after a failed write", syncWrites(t, o, []overlay.Peer{a, b}, false), 2)
+		expectKernel(t, "after a failed write", []overlay.Peer{a, b})
 	})
 }

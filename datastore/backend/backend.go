@@ -20,6 +20,17 @@ const (
 	Kubernetes = "kubernetes"
 )
 
+// Role is who opens the store: an agent needs less of it than the
+// controller (on Kubernetes, neither the cluster's Nodes nor the liveness
+// Leases are watched for it).
+type Role int
+
+// Roles.
+const (
+	ForController Role = iota
+	ForAgent
+)
+
 // Flags select and configure the backend.
 type Flags struct {
 	Kind       string
@@ -71,8 +82,8 @@ func (f *Flags) RESTConfig() (*rest.Config, error) {
 	return c, nil
 }
 
-// Open connects to the backend.
-func (f *Flags) Open(ctx context.Context) (datastore.Store, error) {
+// Open connects to the backend for role.
+func (f *Flags) Open(ctx context.Context, role Role) (datastore.Store, error) {
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -83,5 +94,5 @@ func (f *Flags) Open(ctx context.Context) (datastore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return k8sstore.New(ctx, k8sstore.Options{Config: cfg, Namespace: f.Namespace})
+	return k8sstore.New(ctx, k8sstore.Options{Config: cfg, Namespace: f.Namespace, Agent: role == ForAgent})
 }

@@ -29,7 +29,7 @@ func TestContradictoryFlagsAreNamed(t *testing.T) {
 		{[]string{"--kubeconfig=/k"}, "--kubeconfig"},
 		{[]string{"--datastore=kubernetes", "--etcd-endpoints=http://127.0.0.1:2379"}, "--etcd-endpoints"},
 	} {
-		_, err := flags(t, c.args...).Open(context.Background())
+		_, err := flags(t, c.args...).Open(context.Background(), ForController)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: err = %v, want one naming %s", c.args, err, c.want)
 		}
@@ -42,7 +42,7 @@ func TestContradictoryFlagsAreNamed(t *testing.T) {
 // Kubernetes without --kubeconfig outside a pod says so.
 func TestKubernetesOutsideAPodNeedsAKubeconfig(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
-	_, err := flags(t, "--datastore=kubernetes").Open(context.Background())
+	_, err := flags(t, "--datastore=kubernetes").Open(context.Background(), ForController)
 	if err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
 		t.Fatalf("err = %v, want one pointing at --kubeconfig", err)
 	}

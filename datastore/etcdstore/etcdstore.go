@@ -28,6 +28,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // DefaultPrefix is where ONC keeps its keys.
@@ -40,6 +41,9 @@ type Options struct {
 	// TLS files; all empty means plain HTTP.
 	CAFile, CertFile, KeyFile string
 	DialTimeout               time.Duration
+	// Dial, if set, opens the connections to the endpoints: e.g. from
+	// inside another network namespace (a lab's datastore, from its host).
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Store implements datastore.Store on etcd.
@@ -78,6 +82,7 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		DialTimeout: o.DialTimeout,
 		TLS:         tlsCfg,
 		Logger:      zap.NewNop(),
+		DialOptions: dialOptions(o.Dial),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", o.Endpoints, err)
@@ -89,6 +94,13 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		return nil, fmt.Errorf("etcd %v unreachable: %w", o.Endpoints, err)
 	}
 	return &Store{cli: cli, prefix: o.Prefix, desc: "etcd " + strings.Join(o.Endpoints, ",")}, nil
+}
+
+func dialOptions(dial func(context.Context, string) (net.Conn, error)) []grpc.DialOption {
+	if dial == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithContextDialer(dial)}
 }
 
 func (s *Store) Describe() string { return s.desc }
@@ -292,7 +304,6 @@ func (s *Store) Nodes(ctx context.Context) ([]datastore.Node, error) {
 	}
 	specs := map[string]datastore.NodeSpec{}
 	cidrs := map[string]netip.Prefix{}
-	alive := map[string]bool{}
 	var order []string
 	for _, kv := range resp.Kvs {
 		rest := strings.TrimPrefix(string(kv.Key), s.prefix)
@@ -313,22 +324,34 @@ func (s *Store) Nodes(ctx context.Context) ([]datastore.Node, error) {
 			if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
 				cidrs[name] = p
 			}
-		case "alive":
-			alive[name] = true
 		}
 	}
 	nodes := make([]datastore.Node, 0, len(order))
 	for _, name := range order {
-		nodes = append(nodes, datastore.Node{NodeSpec: specs[name], PodCIDR: cidrs[name], Alive: alive[name]})
+		nodes = append(nodes, datastore.Node{NodeSpec: specs[name], PodCIDR: cidrs[name]})
 	}
 	return nodes, nil
+}
+
+// Liveness lists the alive/ keys: each exists while its agent's etcd lease
+// does.
+func (s *Store) Liveness(ctx context.Context) (map[string]bool, error) {
+	dir := s.key("alive") + "/"
+	resp, err := s.cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]bool, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out[strings.TrimPrefix(string(kv.Key), dir)] = true
+	}
+	return out, nil
 }
 
 func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(s.key("nodes", name)),
-		clientv3.OpGet(s.key("nodecidrs", name)),
-		clientv3.OpGet(s.key("alive", name))).Commit()
+		clientv3.OpGet(s.key("nodecidrs", name))).Commit()
 	if err != nil {
 		return datastore.Node{}, err
 	}
@@ -340,7 +363,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 	if err != nil {
 		return datastore.Node{}, err
 	}
-	n := datastore.Node{NodeSpec: spec, Alive: len(resp.Responses[2].GetResponseRange().Kvs) > 0}
+	n := datastore.Node{NodeSpec: spec}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 		n.PodCIDR, _ = netip.ParsePrefix(string(kvs[0].Value))
 	}
@@ -363,6 +386,18 @@ func decodeNode(name string, val []byte) (datastore.NodeSpec, error) {
 	return datastore.NodeSpec{Name: name, IP: ip, VTEPMAC: mac, FastPath: rec.FastPath}, nil
 }
 
+// onlyLiveness: every event is of an alive/ key. The creation notice has
+// no events and is not one of these.
+func (s *Store) onlyLiveness(events []*clientv3.Event) bool {
+	alive := s.key("alive") + "/"
+	for _, e := range events {
+		if !strings.HasPrefix(string(e.Kv.Key), alive) {
+			return false
+		}
+	}
+	return len(events) > 0
+}
+
 func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 	out := make(chan struct{}, 1)
 	go func() {
@@ -374,6 +409,9 @@ func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 			for resp := range wch {
 				if resp.Err() != nil {
 					break
+				}
+				if s.onlyLiveness(resp.Events) {
+					continue // an agent came or went: no record changed
 				}
 				select {
 				case out <- struct{}{}:

@@ -1,7 +1,11 @@
 // Package k8sstore is the Kubernetes backend of the datastore. It keeps
 //
 //   - one ONCNode (cluster-scoped custom resource) per node: the tunnel
-//     endpoint its agent publishes, the pod CIDR and the agent's heartbeat;
+//     endpoint its agent publishes and the pod CIDR; it changes only when
+//     a tunnel endpoint does;
+//   - one coordination.k8s.io Lease per node in ONC's namespace, renewed by
+//     its agent: liveness, which no agent watches, so a heartbeat wakes
+//     nobody (as kubelets' node Leases);
 //   - the ConfigMap <namespace>/onc-ipam: the cluster configuration and the
 //     ledger of allocated blocks. Every claim is one compare-and-swap update
 //     of it, so a block is never handed out twice and a node never gets
@@ -39,24 +43,28 @@ import (
 // Options configure the backend.
 type Options struct {
 	Config    *rest.Config
-	Namespace string        // where the ledger lives; default "onc-system"
+	Namespace string        // where the ledger and Leases live; default "onc-system"
 	SyncWait  time.Duration // how long New waits for the caches; default 60s
+	// Agent opens the store for an agent: it follows ONCNodes and the
+	// ledger only. The cluster's Nodes and the liveness Leases, which only
+	// the controller needs, are left unwatched; Liveness lists the Leases.
+	Agent bool
 }
 
 // Store implements datastore.Store on the Kubernetes API.
 type Store struct {
-	kube    kubernetes.Interface
-	dyn     dynamic.Interface
-	ns      string
-	desc    string
-	stop    chan struct{}
-	oncInf  cache.SharedIndexInformer
-	ledger  cache.SharedIndexInformer
-	nodeInf cache.SharedIndexInformer
+	kube     kubernetes.Interface
+	dyn      dynamic.Interface
+	ns       string
+	desc     string
+	stop     chan struct{}
+	oncInf   cache.SharedIndexInformer
+	ledger   cache.SharedIndexInformer
+	nodeInf  cache.SharedIndexInformer // nil for an agent
+	leaseInf cache.SharedIndexInformer // nil for an agent
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
-	poke chan struct{} // wakes the heartbeat-expiry timer
 }
 
 var (
@@ -87,34 +95,41 @@ func New(ctx context.Context, o Options) (*Store, error) {
 	s := &Store{
 		kube: kube, dyn: dyn, ns: o.Namespace,
 		desc: fmt.Sprintf("kubernetes %s (ledger %s/%s)", o.Config.Host, o.Namespace, LedgerName),
-		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{}, poke: make(chan struct{}, 1),
+		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{},
 	}
 	s.oncInf = dynamicinformer.NewFilteredDynamicInformer(dyn, oncNodes, "", 0, cache.Indexers{}, nil).Informer()
 	s.ledger = cache.NewSharedIndexInformer(
 		cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", LedgerName)),
 		&corev1.ConfigMap{}, 0, cache.Indexers{})
-	s.nodeInf = cache.NewSharedIndexInformer(
-		cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "nodes", "", fields.Everything()),
-		&corev1.Node{}, 0, cache.Indexers{})
-	// Only the name and pod CIDR of a Node matter here; drop the rest
-	// (images, conditions) so big clusters cost little memory.
-	if err := s.nodeInf.SetTransform(slimNode); err != nil {
-		return nil, err
-	}
-	handler := cache.ResourceEventHandlerFuncs{
+	notify := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.notify() },
 		UpdateFunc: func(any, any) { s.notify() },
 		DeleteFunc: func(any) { s.notify() },
 	}
-	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf, "ConfigMap " + LedgerName: s.ledger, "Nodes": s.nodeInf}
-	for name, inf := range infs {
-		if _, err := inf.AddEventHandler(handler); err != nil {
+	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf, "ConfigMap " + LedgerName: s.ledger}
+	handlers := map[string]cache.ResourceEventHandler{"ONCNodes": notify, "ConfigMap " + LedgerName: notify}
+	if !o.Agent {
+		s.nodeInf = cache.NewSharedIndexInformer(
+			cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "nodes", "", fields.Everything()),
+			&corev1.Node{}, 0, cache.Indexers{})
+		// Only the name and pod CIDR of a Node matter here; drop the rest
+		// (images, conditions) so big clusters cost little memory.
+		if err := s.nodeInf.SetTransform(slimNode); err != nil {
 			return nil, err
+		}
+		s.leaseInf = s.newLeaseInformer()
+		infs["Nodes"], handlers["Nodes"] = s.nodeInf, nodeChanges(s.notify)
+		infs["Leases"] = s.leaseInf // read by Liveness; renewals signal nothing
+	}
+	for name, inf := range infs {
+		if h := handlers[name]; h != nil {
+			if _, err := inf.AddEventHandler(h); err != nil {
+				return nil, err
+			}
 		}
 		inf.SetWatchErrorHandlerWithContext(watchErrorLogger(name))
 		go inf.Run(s.stop)
 	}
-	go s.expiryLoop()
 	sctx, cancel := context.WithTimeout(ctx, o.SyncWait)
 	defer cancel()
 	for name, inf := range infs {

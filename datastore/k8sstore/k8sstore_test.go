@@ -45,21 +45,28 @@ func TestKubernetesBackend(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(admin)
 	dyn := dynamic.NewForConfigOrDie(admin)
 
-	t.Run("Suite", func(t *testing.T) {
-		n := 0
-		storetest.Run(t, func(t *testing.T) datastore.Store {
-			// A fresh ledger namespace and no ONCNodes: an empty store.
-			n++
-			ns := fmt.Sprintf("suite-%d", n)
-			if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := dyn.Resource(oncNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			return open(t, admin, ns)
+	// The suite runs on the store as the controller opens it (Liveness from
+	// its Lease cache) and as an agent does (Liveness lists the Leases).
+	n := 0
+	for _, role := range []struct {
+		name  string
+		agent bool
+	}{{"Suite", false}, {"SuiteAsAgent", true}} {
+		t.Run(role.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) datastore.Store {
+				// A fresh ledger namespace and no ONCNodes: an empty store.
+				n++
+				ns := fmt.Sprintf("suite-%d", n)
+				if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if err := dyn.Resource(oncNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, Agent: role.agent})
+			})
 		})
-	})
+	}
 	t.Run("ConcurrentAllocatorsNeverShareABlock", func(t *testing.T) {
 		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "race"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -81,7 +88,12 @@ func TestKubernetesBackend(t *testing.T) {
 
 func open(t *testing.T, cfg *rest.Config, ns string) *k8sstore.Store {
 	t.Helper()
-	s, err := k8sstore.New(context.Background(), k8sstore.Options{Config: cfg, Namespace: ns})
+	return openWith(t, k8sstore.Options{Config: cfg, Namespace: ns})
+}
+
+func openWith(t *testing.T, o k8sstore.Options) *k8sstore.Store {
+	t.Helper()
+	s, err := k8sstore.New(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +110,7 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	if err := ctl.PutClusterConfig(ctx, cfg); err != nil {
 		t.Fatalf("controller writing the cluster config: %v", err)
 	}
-	agent := open(t, agentCfg, "onc-system")
+	agent := openWith(t, k8sstore.Options{Config: agentCfg, Namespace: "onc-system", Agent: true})
 	if got, err := agent.ClusterConfig(ctx); err != nil || got != cfg {
 		t.Fatalf("agent reading the cluster config: %+v, %v", got, err)
 	}
@@ -109,7 +121,10 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = agent.KeepAlive(kctx, spec.Name, 10*time.Second) }()
-	testutil.WaitFor(t, "heartbeat seen by the controller", 15*time.Second, func() bool { n, _ := ctl.Node(ctx, spec.Name); return n.Alive })
+	testutil.WaitFor(t, "liveness seen by the controller", 15*time.Second, func() bool { l, _ := ctl.Liveness(ctx); return l[spec.Name] })
+	if l, err := agent.Liveness(ctx); err != nil || !l[spec.Name] {
+		t.Fatalf("agent listing liveness (onctl peers): %v, %v", l, err)
+	}
 	p := netip.MustParsePrefix("10.244.50.0/24")
 	if _, err := agent.ClaimCIDR(ctx, spec.Name, p); !apierrors.IsForbidden(err) {
 		t.Fatalf("agent claiming a CIDR: err = %v, want Forbidden", err)
@@ -123,6 +138,9 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	}
 	if _, err := ctl.ClusterNodes(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := kubernetes.NewForConfigOrDie(agentCfg).CoreV1().Nodes().List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("agent listing Nodes: err = %v, want Forbidden (it has no use for them)", err)
 	}
 	if err := ctl.DeleteNode(ctx, spec.Name); err != nil {
 		t.Fatalf("controller deleting a node: %v", err)

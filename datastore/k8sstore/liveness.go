@@ -1,32 +1,61 @@
 package k8sstore
 
-// Liveness and change notification: the agent's heartbeat (KeepAlive),
-// Changes subscriptions, and the timer that signals heartbeat expiry.
+// Liveness and change notification. Each agent renews a coordination.k8s.io
+// Lease of its own in ONC's namespace, as kubelets do in kube-node-lease.
+// No agent watches the Leases, so a renewal wakes nobody; the controller's
+// store caches them for its node timeout, and an agent's lists them on
+// demand (onctl peers). Changes signals changes of the records only.
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
+const (
+	// leasePrefix + node name is a node's liveness Lease.
+	leasePrefix = "onc-node-"
+	// livenessLabel marks them, apart from the controllers' leader Lease.
+	livenessLabel = "onc.io/liveness"
+)
+
+func leaseName(node string) (string, error) {
+	if err := validName(node); err != nil {
+		return "", err
+	}
+	if n := leasePrefix + node; len(n) <= 253 {
+		return n, nil
+	}
+	return "", fmt.Errorf("node name %q: longer than the %d characters its liveness Lease's name leaves", node, 253-len(leasePrefix))
+}
+
+// KeepAlive renews the node's Lease every quarter of ttl (kubelet's ratio:
+// a node survives three lost renewals), and deletes it when ctx ends so the
+// node is seen gone at once, not after ttl.
 func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) error {
-	if err := validName(name); err != nil {
+	lease, err := leaseName(name)
+	if err != nil {
 		return err
 	}
-	secs := max(int64(ttl/time.Second), 1)
-	every := time.Duration(secs) * time.Second / 3
+	secs := int32(max(ttl/time.Second, 1))
+	every := max(time.Duration(secs)*time.Second/4, time.Second)
+	leases := s.kube.CoordinationV1().Leases(s.ns)
 	defer func() {
-		// Say goodbye so peers see the agent go at once, not after the TTL.
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = s.patchONCNode(cctx, name, map[string]any{"status": map[string]any{"heartbeatTime": nil}}, "status")
+		_ = leases.Delete(cctx, lease, metav1.DeleteOptions{})
 	}()
+	var held *coordinationv1.Lease
 	for {
-		hb := map[string]any{"status": map[string]any{
-			"heartbeatTime": time.Now().UTC().Format(time.RFC3339Nano), "heartbeatTTLSeconds": secs}}
 		wait := every
-		if err := s.patchONCNode(ctx, name, hb, "status"); err != nil && ctx.Err() == nil {
-			slog.Warn("node heartbeat failed; retrying", "node", name, "err", err)
+		if held, err = s.renew(ctx, held, lease, name, secs); err != nil && ctx.Err() == nil {
+			slog.Warn("node liveness lease renewal failed; retrying", "node", name, "err", err)
 			wait = time.Second
 		}
 		select {
@@ -35,6 +64,69 @@ func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) e
 		case <-time.After(wait):
 		}
 	}
+}
+
+// renew writes the Lease once: an update of the one it holds (nil: fetch
+// or create it first). A conflict drops what it holds, so the next renewal
+// starts from the API's copy.
+func (s *Store) renew(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
+	leases := s.kube.CoordinationV1().Leases(s.ns)
+	now := metav1.NewMicroTime(time.Now())
+	if held == nil {
+		got, err := leases.Get(ctx, lease, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return leases.Create(ctx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: lease, Namespace: s.ns,
+					Labels: map[string]string{"app.kubernetes.io/part-of": "onc", livenessLabel: "node"}},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
+			}, metav1.CreateOptions{})
+		}
+		if err != nil {
+			return nil, err
+		}
+		held = got
+		held.Spec.HolderIdentity, held.Spec.AcquireTime = &node, &now
+	}
+	l := held.DeepCopy()
+	l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = &now, &secs
+	return leases.Update(ctx, l, metav1.UpdateOptions{})
+}
+
+// Liveness reads the Leases: from the controller's cache, or listed.
+func (s *Store) Liveness(ctx context.Context) (map[string]bool, error) {
+	var leases []*coordinationv1.Lease
+	if s.leaseInf != nil {
+		for _, obj := range s.leaseInf.GetStore().List() {
+			leases = append(leases, obj.(*coordinationv1.Lease))
+		}
+	} else {
+		list, err := s.kube.CoordinationV1().Leases(s.ns).List(ctx, metav1.ListOptions{LabelSelector: livenessLabel})
+		if err != nil {
+			return nil, fmt.Errorf("list liveness Leases in %s: %w", s.ns, err)
+		}
+		for i := range list.Items {
+			leases = append(leases, &list.Items[i])
+		}
+	}
+	now := time.Now()
+	out := map[string]bool{}
+	for _, l := range leases {
+		if h := l.Spec.HolderIdentity; h != nil && leaseAlive(l, now) {
+			out[*h] = true
+		}
+	}
+	return out, nil
+}
+
+func leaseAlive(l *coordinationv1.Lease, now time.Time) bool {
+	r, d := l.Spec.RenewTime, l.Spec.LeaseDurationSeconds
+	return r != nil && d != nil && now.Before(r.Add(time.Duration(*d)*time.Second))
+}
+
+func (s *Store) newLeaseInformer() cache.SharedIndexInformer {
+	lw := cache.NewFilteredListWatchFromClient(s.kube.CoordinationV1().RESTClient(), "leases", s.ns,
+		func(o *metav1.ListOptions) { o.LabelSelector = livenessLabel })
+	return cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
 }
 
 // ---- change notification ----
@@ -60,40 +152,11 @@ func (s *Store) Changes(ctx context.Context) <-chan struct{} {
 
 func (s *Store) notify() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	for ch := range s.subs {
 		select {
 		case ch <- struct{}{}:
 		default:
-		}
-	}
-	s.mu.Unlock()
-	select {
-	case s.poke <- struct{}{}:
-	default:
-	}
-}
-
-// expiryLoop signals a change when a heartbeat runs out: nothing in the
-// API changes then, only the clock.
-func (s *Store) expiryLoop() {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		next := time.Now().Add(time.Hour)
-		for _, obj := range s.oncInf.GetStore().List() {
-			if n, err := fromUnstructured(obj); err == nil {
-				if exp, ok := n.expiry(); ok && exp.After(time.Now()) && exp.Before(next) {
-					next = exp
-				}
-			}
-		}
-		timer.Reset(time.Until(next) + 10*time.Millisecond)
-		select {
-		case <-s.stop:
-			return
-		case <-s.poke:
-		case <-timer.C:
-			s.notify()
 		}
 	}
 }

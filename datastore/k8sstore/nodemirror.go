@@ -6,6 +6,7 @@ package k8sstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 )
 
 func slimNode(obj any) (any, error) {
@@ -25,6 +27,22 @@ func slimNode(obj any) (any, error) {
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, UID: n.UID},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 	}, nil
+}
+
+// nodeChanges signals a Node's arrival, departure and pod CIDR changes,
+// not its status updates, which kubelets make all the time.
+func nodeChanges(notify func()) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { notify() },
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Node)
+			c, ok2 := cur.(*corev1.Node)
+			if !ok1 || !ok2 || o.Spec.PodCIDR != c.Spec.PodCIDR {
+				notify()
+			}
+		},
+		DeleteFunc: func(any) { notify() },
+	}
 }
 
 // mirrorCIDR copies a node's block into its ONCNode (for kubectl get) and,
@@ -39,7 +57,7 @@ func (s *Store) mirrorCIDR(ctx context.Context, node string, p netip.Prefix) err
 			return err
 		}
 	}
-	if !p.IsValid() {
+	if !p.IsValid() || s.nodeInf == nil { // an agent's store claims nothing
 		return nil
 	}
 	obj, ok, _ := s.nodeInf.GetStore().GetByKey(node)
@@ -64,6 +82,9 @@ func (s *Store) mirrorCIDR(ctx context.Context, node string, p netip.Prefix) err
 
 // ClusterNodes lists the cluster's Nodes and the pod CIDR each carries.
 func (s *Store) ClusterNodes(context.Context) (map[string]netip.Prefix, error) {
+	if s.nodeInf == nil {
+		return nil, errors.New("this store was opened for an agent, which does not follow the cluster's Nodes")
+	}
 	out := map[string]netip.Prefix{}
 	for _, obj := range s.nodeInf.GetStore().List() {
 		n := obj.(*corev1.Node)

@@ -1,7 +1,7 @@
 package k8sstore
 
 // Nodes: the ONCNode custom resource (one per node, holding its tunnel
-// endpoint, pod CIDR and heartbeat) and the reads and writes on it.
+// endpoint and pod CIDR) and the reads and writes on it.
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/onc-net/onc/datastore"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,12 +34,11 @@ const (
 var oncNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
 
 // oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC and
-// fastPath and the heartbeat; the controller writes podCIDR.
+// fastPath; the controller writes podCIDR. Liveness is in a Lease.
 type oncNode struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
-	Spec              oncNodeSpec   `json:"spec"`
-	Status            oncNodeStatus `json:"status"`
+	Spec              oncNodeSpec `json:"spec"`
 }
 
 type oncNodeSpec struct {
@@ -48,27 +46,6 @@ type oncNodeSpec struct {
 	VTEPMAC  string `json:"vtepMAC,omitempty"`
 	PodCIDR  string `json:"podCIDR,omitempty"`
 	FastPath bool   `json:"fastPath"`
-}
-
-type oncNodeStatus struct {
-	// HeartbeatTime (RFC 3339) is renewed by the node's agent; the node
-	// counts as alive until HeartbeatTime + HeartbeatTTLSeconds.
-	HeartbeatTime       string `json:"heartbeatTime,omitempty"`
-	HeartbeatTTLSeconds int64  `json:"heartbeatTTLSeconds,omitempty"`
-}
-
-func (n *oncNode) alive(now time.Time) bool {
-	exp, ok := n.expiry()
-	return ok && now.Before(exp)
-}
-
-// expiry is when the node's heartbeat runs out; false if it has none.
-func (n *oncNode) expiry() (time.Time, bool) {
-	t, err := time.Parse(time.RFC3339Nano, n.Status.HeartbeatTime)
-	if err != nil || n.Status.HeartbeatTTLSeconds <= 0 {
-		return time.Time{}, false
-	}
-	return t.Add(time.Duration(n.Status.HeartbeatTTLSeconds) * time.Second), true
 }
 
 func fromUnstructured(obj any) (*oncNode, error) {
@@ -165,7 +142,6 @@ func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 	for p, owner := range s.blocks() {
 		cidrs[owner] = p
 	}
-	now := time.Now()
 	var out []datastore.Node
 	for _, obj := range s.oncInf.GetStore().List() {
 		n, err := fromUnstructured(obj)
@@ -173,7 +149,7 @@ func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 			slog.Warn("ignoring malformed ONCNode", "err", err)
 			continue
 		}
-		dn, err := toNode(n, cidrs[n.Name], now)
+		dn, err := toNode(n, cidrs[n.Name])
 		if err != nil {
 			slog.Warn("ignoring malformed ONCNode", "node", n.Name, "err", err)
 			continue
@@ -201,7 +177,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 			cidr = p
 		}
 	}
-	dn, err := toNode(n, cidr, time.Now())
+	dn, err := toNode(n, cidr)
 	if err != nil {
 		return datastore.Node{}, fmt.Errorf("ONCNode %s: %w", name, err)
 	}
@@ -212,7 +188,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 }
 
 // toNode converts a registered ONCNode; nil if its agent never registered.
-func toNode(n *oncNode, cidr netip.Prefix, now time.Time) (*datastore.Node, error) {
+func toNode(n *oncNode, cidr netip.Prefix) (*datastore.Node, error) {
 	if n.Spec.NodeIP == "" {
 		return nil, nil
 	}
@@ -226,6 +202,6 @@ func toNode(n *oncNode, cidr netip.Prefix, now time.Time) (*datastore.Node, erro
 	}
 	return &datastore.Node{
 		NodeSpec: datastore.NodeSpec{Name: n.Name, IP: ip, VTEPMAC: mac, FastPath: n.Spec.FastPath},
-		PodCIDR:  cidr, Alive: n.alive(now),
+		PodCIDR:  cidr,
 	}, nil
 }

@@ -22,6 +22,7 @@ func Run(t *testing.T, newStore func(t *testing.T) datastore.Store) {
 	t.Run("ClaimIsAtomicAndIdempotent", func(t *testing.T) { claim(t, newStore(t)) })
 	t.Run("DeleteNodeReleasesItsCIDR", func(t *testing.T) { deleteNode(t, newStore(t)) })
 	t.Run("KeepAliveMarksAliveUntilCancelled", func(t *testing.T) { keepAlive(t, newStore(t)) })
+	t.Run("LivenessSignalsNobody", func(t *testing.T) { livenessIsQuiet(t, newStore(t)) })
 	t.Run("ChangesSignalsOnEveryKindOfChange", func(t *testing.T) { changes(t, newStore(t)) })
 	t.Run("ChangesMissesNothingAfterTheFirstSignal", func(t *testing.T) { changesFromTheStart(t, newStore(t)) })
 }
@@ -80,8 +81,11 @@ func registerNodes(t *testing.T, s datastore.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.IP != upd.IP || !n.FastPath || n.VTEPMAC.String() != mac1.String() || n.PodCIDR.IsValid() || n.Alive {
-		t.Fatalf("Node(a) = %+v, want the updated spec, no CIDR, not alive", n)
+	if n.IP != upd.IP || !n.FastPath || n.VTEPMAC.String() != mac1.String() || n.PodCIDR.IsValid() {
+		t.Fatalf("Node(a) = %+v, want the updated spec, no CIDR", n)
+	}
+	if alive(t, s, "a") {
+		t.Fatal("a node whose agent never took its lease is alive")
 	}
 	if _, err := s.Node(c, "nope"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatalf("Node(nope) err = %v, want ErrNotFound", err)
@@ -153,14 +157,47 @@ func keepAlive(t *testing.T, s datastore.Store) {
 	kctx, cancel := context.WithCancel(c)
 	done := make(chan error, 1)
 	go func() { done <- s.KeepAlive(kctx, "live", 2*time.Second) }()
-	testutil.WaitFor(t, "node alive", 15*time.Second, func() bool { n, _ := s.Node(c, "live"); return n.Alive })
+	testutil.WaitFor(t, "node alive", 15*time.Second, func() bool { return alive(t, s, "live") })
 	time.Sleep(3 * time.Second) // beyond the TTL: the lease must be renewed
-	if n, _ := s.Node(c, "live"); !n.Alive {
+	if !alive(t, s, "live") {
 		t.Fatal("node not alive after one TTL although KeepAlive runs")
 	}
 	cancel()
 	<-done
-	testutil.WaitFor(t, "node not alive after KeepAlive ended", 15*time.Second, func() bool { n, _ := s.Node(c, "live"); return !n.Alive })
+	// A clean stop ends the lease at once, well within the TTL.
+	testutil.WaitFor(t, "node not alive after KeepAlive ended", time.Second, func() bool { return !alive(t, s, "live") })
+}
+
+func alive(t *testing.T, s datastore.Store, node string) bool {
+	t.Helper()
+	l, err := s.Liveness(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l[node]
+}
+
+// Heartbeats must not fan out: neither taking the lease nor renewing it
+// wakes a consumer of Changes (every agent is one).
+func livenessIsQuiet(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	if err := s.RegisterNode(c, spec("quiet", "192.0.2.4")); err != nil {
+		t.Fatal(err)
+	}
+	ch := s.Changes(c)
+	<-ch
+	kctx, cancel := context.WithCancel(c)
+	defer cancel()
+	go func() { _ = s.KeepAlive(kctx, "quiet", 2*time.Second) }()
+	testutil.WaitFor(t, "node alive", 15*time.Second, func() bool { return alive(t, s, "quiet") })
+	select {
+	case <-ch:
+		t.Fatal("taking a liveness lease signalled a change")
+	case <-time.After(3 * time.Second): // at least two renewals
+	}
+	if !alive(t, s, "quiet") {
+		t.Fatal("not alive after its renewals")
+	}
 }
 
 func changes(t *testing.T, s datastore.Store) {

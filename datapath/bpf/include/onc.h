@@ -104,6 +104,13 @@ enum onc_stat {
 	STAT_MAX,
 };
 
+/*
+ * Per-node maps are sized for ONC_MAX_NODES nodes: one encap header and one
+ * peer CIDR per remote node, and two host addresses (node IP, gateway) per
+ * node. A cluster beyond it fails loudly in the agent's peer sync.
+ */
+#define ONC_MAX_NODES 16384
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -122,7 +129,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, ONC_MAX_NODES);
 	__type(key, __be32);
 	__type(value, struct encap_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -138,7 +145,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 4096);
+	__uint(max_entries, ONC_MAX_NODES);
 	__type(key, struct cidr_key);
 	__type(value, struct cidr_val);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -148,7 +155,7 @@ struct {
 /* Node, gateway and tunnel addresses: traffic to them takes the slow path. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 2 * ONC_MAX_NODES);
 	__type(key, __be32);
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
