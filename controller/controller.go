@@ -92,6 +92,14 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	allocs, err := c.store.Allocations(ctx)
+	if err != nil {
+		return err
+	}
+	blockOf := make(map[string]netip.Prefix, len(allocs))
+	for p, owner := range allocs {
+		blockOf[owner] = p
+	}
 	now := time.Now()
 	c.nextExpiry = time.Time{}
 	registered := map[string]bool{}
@@ -122,18 +130,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				c.nextExpiry = exp
 			}
 		}
-		if !n.PodCIDR.IsValid() {
-			p, err := c.alloc.Allocate(ctx, n.Name, members[n.Name])
-			if err != nil {
-				slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
-				continue
-			}
-			slog.Info("allocated pod CIDR", "node", n.Name, "cidr", p)
-		}
-	}
-	allocs, err := c.store.Allocations(ctx)
-	if err != nil {
-		return err
+		c.allocate(ctx, n, blockOf[n.Name], members[n.Name])
 	}
 	for p, owner := range allocs {
 		if !registered[owner] {
@@ -144,6 +141,27 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// allocate gives n a block if the ledger has none for it, and makes the
+// CIDR its record shows the ledger's block (a backend whose records carry
+// a copy, Kubernetes, can miss a write of it: claiming the block again
+// writes the copy without taking anything new).
+func (c *Controller) allocate(ctx context.Context, n datastore.Node, block, carried netip.Prefix) {
+	switch {
+	case block.IsValid() && n.PodCIDR == block:
+	case block.IsValid():
+		if _, err := c.store.ClaimCIDR(ctx, n.Name, block); err != nil {
+			slog.Error("cannot record the node's pod CIDR on it", "node", n.Name, "cidr", block, "err", err)
+		}
+	default:
+		p, err := c.alloc.Allocate(ctx, n.Name, carried)
+		if err != nil {
+			slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
+			return
+		}
+		slog.Info("allocated pod CIDR", "node", n.Name, "cidr", p)
+	}
 }
 
 // members returns the cluster's nodes and their pod CIDRs when the backend

@@ -17,6 +17,8 @@ import (
 	"github.com/onc-net/onc/manifests"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -87,6 +89,19 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	testutil.WaitFor(t, "the standby to take over and allocate n3", 30*time.Second, func() bool { return cidrOf("n3").IsValid() })
 	if now := holder(t, kube); now == leader {
 		t.Fatalf("lease still held by the dead %s", leader)
+	}
+
+	// Agents read pod CIDRs from the ONCNodes' copy, never the ledger: a
+	// copy lost (say, a controller killed between the two writes) is
+	// restored from the ledger, and nothing new is taken.
+	n3 := cidrOf("n3")
+	if _, err := dynamic.NewForConfigOrDie(api.RESTConfig()).Resource(k8sstore.ONCNodes).Patch(ctx, "n3", types.MergePatchType,
+		[]byte(`{"spec":{"podCIDR":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "n3's pod CIDR restored on its ONCNode", 30*time.Second, func() bool { return cidrOf("n3") == n3 })
+	if allocs, _ := agents.Allocations(ctx); len(allocs) != 3 {
+		t.Fatalf("allocations after restoring n3's copy: %v, want n1, n2 and n3's", allocs)
 	}
 
 	gone := cidrOf("n1")

@@ -45,9 +45,10 @@ type Options struct {
 	Config    *rest.Config
 	Namespace string        // where the ledger and Leases live; default "onc-system"
 	SyncWait  time.Duration // how long New waits for the caches; default 60s
-	// Agent opens the store for an agent: it follows ONCNodes and the
-	// ledger only. The cluster's Nodes and the liveness Leases, which only
-	// the controller needs, are left unwatched; Liveness lists the Leases.
+	// Agent opens the store for an agent: it follows ONCNodes only (they
+	// carry each node's pod CIDR). The ledger, the cluster's Nodes and the
+	// liveness Leases, which only the controller follows, are read when
+	// asked instead.
 	Agent bool
 }
 
@@ -59,7 +60,7 @@ type Store struct {
 	desc     string
 	stop     chan struct{}
 	oncInf   cache.SharedIndexInformer
-	ledger   cache.SharedIndexInformer
+	ledger   cache.SharedIndexInformer // nil for an agent
 	nodeInf  cache.SharedIndexInformer // nil for an agent
 	leaseInf cache.SharedIndexInformer // nil for an agent
 
@@ -97,18 +98,19 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		desc: fmt.Sprintf("kubernetes %s (ledger %s/%s)", o.Config.Host, o.Namespace, LedgerName),
 		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{},
 	}
-	s.oncInf = dynamicinformer.NewFilteredDynamicInformer(dyn, oncNodes, "", 0, cache.Indexers{}, nil).Informer()
-	s.ledger = cache.NewSharedIndexInformer(
-		cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", LedgerName)),
-		&corev1.ConfigMap{}, 0, cache.Indexers{})
+	s.oncInf = dynamicinformer.NewFilteredDynamicInformer(dyn, ONCNodes, "", 0, cache.Indexers{}, nil).Informer()
 	notify := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.notify() },
 		UpdateFunc: func(any, any) { s.notify() },
 		DeleteFunc: func(any) { s.notify() },
 	}
-	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf, "ConfigMap " + LedgerName: s.ledger}
-	handlers := map[string]cache.ResourceEventHandler{"ONCNodes": notify, "ConfigMap " + LedgerName: notify}
+	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf}
+	handlers := map[string]cache.ResourceEventHandler{"ONCNodes": notify}
 	if !o.Agent {
+		s.ledger = cache.NewSharedIndexInformer(
+			cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", LedgerName)),
+			&corev1.ConfigMap{}, 0, cache.Indexers{})
+		infs["ConfigMap "+LedgerName], handlers["ConfigMap "+LedgerName] = s.ledger, notify
 		s.nodeInf = cache.NewSharedIndexInformer(
 			cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "nodes", "", fields.Everything()),
 			&corev1.Node{}, 0, cache.Indexers{})

@@ -30,7 +30,7 @@ const (
 	controllerSA = "onc-system:onc-controller"
 )
 
-var oncNodes = schema.GroupVersionResource{Group: k8sstore.Group, Version: k8sstore.Version, Resource: "oncnodes"}
+var ONCNodes = schema.GroupVersionResource{Group: k8sstore.Group, Version: k8sstore.Version, Resource: "oncnodes"}
 
 // One real kube-apiserver for the whole package: starting one takes seconds.
 func TestKubernetesBackend(t *testing.T) {
@@ -60,7 +60,7 @@ func TestKubernetesBackend(t *testing.T) {
 				if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				if err := dyn.Resource(oncNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+				if err := dyn.Resource(ONCNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, Agent: role.agent})

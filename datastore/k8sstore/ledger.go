@@ -40,13 +40,27 @@ func parseBlockKey(k string) (netip.Prefix, bool) {
 	return p, err == nil
 }
 
-// cachedLedger is the ledger's data as the cache has it (nil if none).
-func (s *Store) cachedLedger() map[string]string {
+// ledgerData is the ledger's data (nil if none): from the controller's
+// cache, or read when asked by an agent's store, which never watches it.
+// The ledger holds every block, and each claim rewrites it: watched by
+// every agent, a cluster's start would fan out N writes of O(N) bytes to N
+// agents.
+func (s *Store) ledgerData(ctx context.Context) (map[string]string, error) {
+	if s.ledger == nil {
+		cm, err := s.kube.CoreV1().ConfigMaps(s.ns).Get(ctx, LedgerName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ConfigMap %s/%s: %w", s.ns, LedgerName, err)
+		}
+		return cm.Data, nil
+	}
 	obj, ok, _ := s.ledger.GetStore().GetByKey(s.ns + "/" + LedgerName)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	return obj.(*corev1.ConfigMap).Data
+	return obj.(*corev1.ConfigMap).Data, nil
 }
 
 // updateLedger applies fn to a fresh copy of the ledger and writes it back
@@ -86,7 +100,7 @@ func (s *Store) updateLedger(ctx context.Context, fn func(data map[string]string
 		}
 		return err
 	})
-	if err != nil || written == "" {
+	if err != nil || written == "" || s.ledger == nil {
 		return err
 	}
 	return s.awaitCache(ctx, s.ledger, s.ns+"/"+LedgerName, written)
@@ -109,8 +123,11 @@ func (s *Store) PutClusterConfig(ctx context.Context, cfg datastore.ClusterConfi
 	})
 }
 
-func (s *Store) ClusterConfig(context.Context) (datastore.ClusterConfig, error) {
-	d := s.cachedLedger()
+func (s *Store) ClusterConfig(ctx context.Context) (datastore.ClusterConfig, error) {
+	d, err := s.ledgerData(ctx)
+	if err != nil {
+		return datastore.ClusterConfig{}, err
+	}
 	if d[keyClusterCIDR] == "" {
 		return datastore.ClusterConfig{}, datastore.ErrNotFound
 	}
@@ -164,15 +181,17 @@ func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
 	return s.mirrorCIDR(ctx, node, netip.Prefix{})
 }
 
-func (s *Store) Allocations(context.Context) (map[netip.Prefix]string, error) { return s.blocks(), nil }
-
-// blocks maps each allocated block to its node, from the cache.
-func (s *Store) blocks() map[netip.Prefix]string {
+// Allocations maps each allocated block to its node.
+func (s *Store) Allocations(ctx context.Context) (map[netip.Prefix]string, error) {
+	d, err := s.ledgerData(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := map[netip.Prefix]string{}
-	for k, owner := range s.cachedLedger() {
+	for k, owner := range d {
 		if p, ok := parseBlockKey(k); ok {
 			out[p] = owner
 		}
 	}
-	return out
+	return out, nil
 }

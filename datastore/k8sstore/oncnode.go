@@ -29,9 +29,9 @@ const (
 	Version = "v1alpha1"
 )
 
-// oncNodes is the ONCNode resource: one cluster-scoped object per node,
+// ONCNodes is the ONCNode resource: one cluster-scoped object per node,
 // named after it, holding its tunnel endpoint.
-var oncNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
+var ONCNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
 
 // oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC and
 // fastPath; the controller writes podCIDR. Liveness is in a Lease.
@@ -85,18 +85,15 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
+	// A new record has no pod CIDR: the controller mirrors the node's
+	// block into it, also one it had before.
 	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
 		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
-	for p, owner := range s.blocks() {
-		if owner == spec.Name {
-			n.Spec.PodCIDR = p.String()
-		}
-	}
 	u, err := toUnstructured(n)
 	if err != nil {
 		return err
 	}
-	created, err := s.dyn.Resource(oncNodes).Create(ctx, u, metav1.CreateOptions{})
+	created, err := s.dyn.Resource(ONCNodes).Create(ctx, u, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) { // raced with another writer: patch it
 		return s.RegisterNode(ctx, spec)
 	}
@@ -117,7 +114,7 @@ func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]
 	if subresource != "" {
 		sub = []string{subresource}
 	}
-	u, err := s.dyn.Resource(oncNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, sub...)
+	u, err := s.dyn.Resource(ONCNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, sub...)
 	if err != nil {
 		return err
 	}
@@ -125,7 +122,7 @@ func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]
 }
 
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
-	err := s.dyn.Resource(oncNodes).Delete(ctx, name, metav1.DeleteOptions{})
+	err := s.dyn.Resource(ONCNodes).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -136,12 +133,9 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 }
 
 // Nodes lists the registered nodes: ONCNodes whose agent has published
-// its endpoint (an ONCNode can exist with only a pod CIDR).
+// its endpoint (an ONCNode can exist with only a pod CIDR). The pod CIDR
+// is the ONCNode's copy, which the controller keeps equal to the ledger's.
 func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
-	cidrs := map[string]netip.Prefix{}
-	for p, owner := range s.blocks() {
-		cidrs[owner] = p
-	}
 	var out []datastore.Node
 	for _, obj := range s.oncInf.GetStore().List() {
 		n, err := fromUnstructured(obj)
@@ -149,7 +143,7 @@ func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 			slog.Warn("ignoring malformed ONCNode", "err", err)
 			continue
 		}
-		dn, err := toNode(n, cidrs[n.Name])
+		dn, err := toNode(n)
 		if err != nil {
 			slog.Warn("ignoring malformed ONCNode", "node", n.Name, "err", err)
 			continue
@@ -171,13 +165,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 	if err != nil {
 		return datastore.Node{}, err
 	}
-	var cidr netip.Prefix
-	for p, owner := range s.blocks() {
-		if owner == name {
-			cidr = p
-		}
-	}
-	dn, err := toNode(n, cidr)
+	dn, err := toNode(n)
 	if err != nil {
 		return datastore.Node{}, fmt.Errorf("ONCNode %s: %w", name, err)
 	}
@@ -188,9 +176,16 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 }
 
 // toNode converts a registered ONCNode; nil if its agent never registered.
-func toNode(n *oncNode, cidr netip.Prefix) (*datastore.Node, error) {
+func toNode(n *oncNode) (*datastore.Node, error) {
 	if n.Spec.NodeIP == "" {
 		return nil, nil
+	}
+	var cidr netip.Prefix
+	if n.Spec.PodCIDR != "" {
+		var err error
+		if cidr, err = netip.ParsePrefix(n.Spec.PodCIDR); err != nil {
+			return nil, fmt.Errorf("spec.podCIDR: %w", err)
+		}
 	}
 	ip, err := netip.ParseAddr(n.Spec.NodeIP)
 	if err != nil {
