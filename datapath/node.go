@@ -1,0 +1,259 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/netfilter"
+	"github.com/onc-net/onc/datapath/overlay"
+	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datastore"
+	"github.com/vishvananda/netlink"
+)
+
+// Node is the kernel side of one node.
+type Node struct {
+	cfg Config
+	up  Uplink
+
+	mu  sync.Mutex
+	ovl *overlay.Overlay   // nil until BringUp
+	fp  *fastpath.Datapath // nil: slow path only
+}
+
+// New checks cfg and finds the uplink; nothing in the kernel changes until
+// BringUp.
+func New(cfg Config) (*Node, error) {
+	if cfg.VNI < 1 || cfg.VNI > 1<<24-1 {
+		return nil, fmt.Errorf("VNI %d: must be 1..16777215", cfg.VNI)
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
+	}
+	up, err := findUplink(cfg.Iface, cfg.NodeIP)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{cfg: cfg, up: up}, nil
+}
+
+// Uplink is the interface overlay traffic leaves by.
+func (n *Node) Uplink() Uplink { return n.up }
+
+// BringUp builds the node's datapath for its pod CIDR: forwarding, the
+// VXLAN device, the fast path (a node whose fast path cannot load runs the
+// slow path only, and says so in its log) and the iptables rules. It is
+// idempotent, and a failed call leaves nothing open, so the caller retries.
+func (n *Node) BringUp(s NodeSetup) (err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	gw := Gateway(s.PodCIDR)
+	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		return err
+	}
+	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
+		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw})
+	if err != nil {
+		return err
+	}
+	fp := n.fp
+	if fp == nil {
+		fp = n.openFastPath()
+	}
+	defer func() {
+		if err != nil && fp != nil {
+			fp.Close() // the next attempt opens it again
+			fp = nil
+		}
+		n.fp = fp
+	}()
+	var mark uint32
+	if fp != nil {
+		mark = n.cfg.FastPathMark
+	}
+	if err := netfilter.Ensure(s.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
+		return err
+	}
+	if fp != nil {
+		// Conntrack does not see the data the fast path carries, so its TCP
+		// window falls behind; strict window checks would then mark the
+		// flow's FIN, or its packets after a fast-path switch, INVALID.
+		if err := writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
+			return err
+		}
+	}
+	n.ovl = ovl
+	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
+	return nil
+}
+
+// openFastPath loads the flow cache (adopting pinned maps and links) and
+// attaches it to the uplink. Without it the node runs the slow path only.
+func (n *Node) openFastPath() *fastpath.Datapath {
+	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
+		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode)})
+	if err == nil {
+		err = fp.AttachUplink(n.up.Name)
+	}
+	if err == nil {
+		err = fp.Configure(n.cfg.FastPath)
+	}
+	if err != nil {
+		slog.Error("fast path unavailable; this node runs the slow path only", "err", err)
+		if fp != nil {
+			fp.Close()
+		}
+		return nil
+	}
+	slog.Info("fast path loaded", "enabled", n.cfg.FastPath, "attach", fp.Mode(), "pins", n.cfg.BPFFS)
+	return fp
+}
+
+// FastPath is the flow cache, or nil when it is not loaded.
+func (n *Node) FastPath() FastPath {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fp == nil {
+		return nil // not a typed nil: callers compare with nil
+	}
+	return n.fp
+}
+
+func (n *Node) fastPath() *fastpath.Datapath {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.fp
+}
+
+// Close releases the fast path's handles; the pinned maps and links keep
+// forwarding, and everything else stays in the kernel for the next agent.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fp == nil {
+		return nil
+	}
+	err := n.fp.Close()
+	n.fp = nil
+	return err
+}
+
+// SyncPeers programs every other node that has a pod CIDR as an overlay
+// peer, and gives the fast path the peers that run it and every node and
+// gateway address (host traffic stays on the slow path). Only what differs
+// from what was programmed last is written; checkKernel also reads the
+// kernel's entries back and repairs what drifted.
+func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error {
+	n.mu.Lock()
+	ovl, fp := n.ovl, n.fp
+	n.mu.Unlock()
+	if ovl == nil {
+		return errNotUp
+	}
+	want := peersOf(self, nodes)
+	err := ovl.Sync(want.overlay, checkKernel)
+	if fp != nil {
+		err = errors.Join(err, fp.SetHosts(want.hosts), fp.SyncPeers(want.fastPath))
+	}
+	return err
+}
+
+// KernelWrites counts the writes made to program peers since start:
+// netlink messages of the overlay and BPF map updates and deletes of the
+// fast path's peer and host maps.
+func (n *Node) KernelWrites() uint64 {
+	n.mu.Lock()
+	ovl, fp := n.ovl, n.fp
+	n.mu.Unlock()
+	var w uint64
+	if ovl != nil {
+		w += ovl.Writes()
+	}
+	if fp != nil {
+		w += fp.PeerWrites()
+	}
+	return w
+}
+
+// ProgrammedPeers names the peers whose overlay entries are in place.
+func (n *Node) ProgrammedPeers() map[string]bool {
+	n.mu.Lock()
+	ovl := n.ovl
+	n.mu.Unlock()
+	out := map[string]bool{}
+	if ovl != nil {
+		for name := range ovl.Programmed() {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+// AttachPod makes the pod's veth, address and routes, then lets the fast
+// path deliver to it and see its traffic. On error part of it may exist:
+// the caller rolls back with DetachPod.
+func (n *Node) AttachPod(p Pod) (PodLink, error) {
+	podMAC, err := podnet.Setup(p.podnet())
+	if err != nil {
+		return PodLink{}, err
+	}
+	p.MAC = podMAC
+	host, err := netlink.LinkByName(p.HostIface)
+	if err != nil {
+		return PodLink{}, err
+	}
+	if err := n.addToFastPath(p, host); err != nil {
+		return PodLink{}, err
+	}
+	return PodLink{PodMAC: podMAC, HostMAC: host.Attrs().HardwareAddr}, nil
+}
+
+// AdoptPod puts a pod attached before an agent restart back on the fast
+// path; its veth and routes are still in place.
+func (n *Node) AdoptPod(p Pod) error {
+	host, err := netlink.LinkByName(p.HostIface)
+	if err != nil {
+		return err
+	}
+	return n.addToFastPath(p, host)
+}
+
+func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
+	fp := n.fastPath()
+	if fp == nil {
+		return nil
+	}
+	if len(p.MAC) != 6 {
+		return fmt.Errorf("pod %s: no MAC recorded for its interface", p.IP)
+	}
+	if err := fp.SetLocalPod(p.IP, host.Attrs().Index, p.MAC, host.Attrs().HardwareAddr); err != nil {
+		return err
+	}
+	return fp.AttachPod(p.HostIface)
+}
+
+// CheckPod verifies that the pod's network is as AttachPod left it.
+func (n *Node) CheckPod(p Pod) error { return podnet.Check(p.podnet()) }
+
+// DetachPod forgets the pod in the fast path, evicting its flows before its
+// address can be reused, then removes its veth. Missing parts are fine:
+// DEL is idempotent.
+func (n *Node) DetachPod(p Pod) error {
+	if fp := n.fastPath(); fp != nil {
+		var errs []error
+		if p.IP.IsValid() {
+			errs = append(errs, fp.DeleteLocalPod(p.IP))
+		}
+		errs = append(errs, fp.DetachPod(p.HostIface))
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	return podnet.Teardown(p.HostIface)
+}
+
+// errNotUp is returned by calls that need BringUp first.
+var errNotUp = errors.New("the node's datapath is not up yet")
