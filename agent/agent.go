@@ -201,6 +201,14 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			a.setNotReady(err.Error())
 			return err
 		}
+		a.mu.Lock()
+		spec = a.spec
+		a.mu.Unlock()
+		if spec.FastPath != self.FastPath { // it did not load: peers must know now
+			if err := a.store.RegisterNode(ctx, spec); err != nil {
+				return err
+			}
+		}
 	} else if cidr != self.PodCIDR {
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
 		return nil

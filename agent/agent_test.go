@@ -62,12 +62,16 @@ func TestReconcilePeers(t *testing.T) {
 			t.Errorf("%s: peers %v, want %v", s.name, got, s.want)
 		}
 	}
-	// The fast-path flag of a peer reaches the datapath with it.
+	// The fast-path flag of a peer reaches the datapath with it, and only
+	// the full reconcile (bring-up's) asked the datapath to check the kernel.
 	ta.dp.mu.Lock()
-	fp := ta.dp.peers["node-b"].FastPath
+	fp, syncs, checks := ta.dp.peers["node-b"].FastPath, ta.dp.syncs, ta.dp.checks
 	ta.dp.mu.Unlock()
 	if !fp {
 		t.Error("node-b's fast-path flag was lost")
+	}
+	if syncs != 1+len(steps) || checks != 1 {
+		t.Errorf("%d peer syncs, %d checking the kernel; want %d and 1", syncs, checks, 1+len(steps))
 	}
 }
 
@@ -139,10 +143,7 @@ func TestReconcileBringUp(t *testing.T) {
 	})
 	t.Run("a node without a fast path tells its peers", func(t *testing.T) {
 		ta := newTestAgent(t, func(c *Config) { c.Datapath.FastPath = true }) // the fake loads none
-		ta.bringUp(t, "10.244.1.0/24")
-		if err := ta.reconcile(ctx(t), false); err != nil { // publishes the corrected flag
-			t.Fatal(err)
-		}
+		ta.bringUp(t, "10.244.1.0/24")                                        // one reconcile
 		n, err := ta.store.Node(ctx(t), self)
 		if err != nil || n.FastPath {
 			t.Errorf("published fastPath=%v (%v) for a node whose fast path did not load", n.FastPath, err)
@@ -169,27 +170,22 @@ func TestMTU(t *testing.T) {
 	}
 }
 
-// The watcher's loop: every signal and every resync reconciles, a failure
-// is retried with backoff, and the generations say what was applied.
-func TestWatcher(t *testing.T) {
-	var calls, full atomic.Int32
-	var failing atomic.Bool
-	w := newWatcher("test", 150*time.Millisecond, func(_ context.Context, resync bool) error {
-		calls.Add(1)
-		if resync {
-			full.Add(1)
-		}
-		if failing.Load() {
-			return errors.New("kernel said no")
-		}
-		return nil
-	})
+// watcherRun runs a watcher with reconcile until the test ends; it returns
+// the trigger and a wait for the watcher's status.
+func watcherRun(t *testing.T, resync time.Duration, reconcile func(context.Context, bool) error) (*watcher, chan struct{}, func(string, func(WatcherStatus) bool)) {
+	w := newWatcher("test", resync, reconcile)
 	trigger := make(chan struct{}, 1)
 	c, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.run(c, trigger); close(done) }()
-	defer func() { cancel(); <-done }()
-
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			t.Error("the watcher did not stop with its context")
+		}
+	})
 	waitFor := func(what string, cond func(WatcherStatus) bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !cond(w.Status()); time.Sleep(5 * time.Millisecond) {
@@ -198,32 +194,47 @@ func TestWatcher(t *testing.T) {
 			}
 		}
 	}
+	return w, trigger, waitFor
+}
+
+// Every resync period reconciles, fully, without a signal.
+func TestWatcherResyncs(t *testing.T) {
+	var calls, full atomic.Int32
+	_, trigger, waitFor := watcherRun(t, 100*time.Millisecond, func(_ context.Context, resync bool) error {
+		calls.Add(1)
+		if resync {
+			full.Add(1)
+		}
+		return nil
+	})
+	trigger <- struct{}{}
+	waitFor("first signal applied", func(s WatcherStatus) bool { return s.Seen == 1 && s.Applied == 1 })
+	waitFor("three resyncs", func(WatcherStatus) bool { return calls.Load() >= 4 })
+	if c, f := calls.Load(), full.Load(); c != f {
+		t.Errorf("%d reconciles, %d full: the first and every resync must be full", c, f)
+	}
+}
+
+// A failed reconcile is retried with backoff, not left to the next signal
+// or resync (an hour away here), and the generations say what was applied.
+func TestWatcherRetries(t *testing.T) {
+	var calls atomic.Int32
+	var failing atomic.Bool
+	_, trigger, waitFor := watcherRun(t, time.Hour, func(context.Context, bool) error {
+		calls.Add(1)
+		if failing.Load() {
+			return errors.New("kernel said no")
+		}
+		return nil
+	})
 	trigger <- struct{}{}
 	waitFor("first signal applied", func(s WatcherStatus) bool { return s.Seen == 1 && s.Applied == 1 && s.LastError == "" })
-	if full.Load() != 1 {
-		t.Errorf("the first reconcile was not a full one")
-	}
-
-	before, fullBefore := calls.Load(), full.Load()
-	time.Sleep(400 * time.Millisecond)
-	if calls.Load() < before+2 || full.Load()-fullBefore != calls.Load()-before {
-		t.Errorf("resync: %d reconciles (%d full) in 400ms at a 150ms period, all should be full",
-			calls.Load()-before, full.Load()-fullBefore)
-	}
-
 	failing.Store(true)
 	trigger <- struct{}{}
 	waitFor("failure recorded", func(s WatcherStatus) bool { return s.Seen == 2 && s.Applied == 1 && s.LastError == "kernel said no" })
+	waitFor("a retry", func(WatcherStatus) bool { return calls.Load() >= 3 })
 	failing.Store(false)
-	// Retried at the latest on the next resync, without a new signal.
-	waitFor("retried", func(s WatcherStatus) bool { return s.Applied == 2 && s.LastError == "" })
-
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the watcher did not stop with its context")
-	}
+	waitFor("retried until it worked", func(s WatcherStatus) bool { return s.Seen == 2 && s.Applied == 2 && s.LastError == "" })
 }
 
 // Run wires the peer watcher to the datastore's changes: a node that
@@ -276,23 +287,15 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 func TestWatcherSignalsAreIncremental(t *testing.T) {
 	var full []bool
 	var mu sync.Mutex
-	w := newWatcher("test", time.Hour, func(_ context.Context, resync bool) error {
+	_, trigger, waitFor := watcherRun(t, time.Hour, func(_ context.Context, resync bool) error {
 		mu.Lock()
 		full = append(full, resync)
 		mu.Unlock()
 		return nil
 	})
-	trigger := make(chan struct{}, 1)
-	c, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go w.run(c, trigger)
 	for i := uint64(1); i <= 3; i++ {
 		trigger <- struct{}{}
-		for deadline := time.Now().Add(5 * time.Second); w.Status().Applied < i; time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("signal %d not applied: %+v", i, w.Status())
-			}
-		}
+		waitFor(fmt.Sprintf("signal %d applied", i), func(s WatcherStatus) bool { return s.Applied == i })
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/onc-net/onc/agent/ipam"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datastore"
 )
 
 const conf = `{"cniVersion":"1.1.0","name":"onc","type":"onc"}`
@@ -117,7 +119,7 @@ func TestAddErrorCodes(t *testing.T) {
 			return r
 		}, errInvalidConfig},
 		{"agent not ready", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest { return req("c1", ta.netns("/ns/1")) }, errTryAgainLater},
-		{"attachment exists", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest {
+		{"attachment exists", func(t *testing.T, ta *testAgent) *apiv1.CNIRequest { // c1's must stay
 			ta.bringUp(t, "10.244.7.0/24")
 			ta.mustAdd(t, "c1", "/ns/1")
 			return req("c1", ta.netns("/ns/1"))
@@ -149,7 +151,7 @@ func TestAddErrorCodes(t *testing.T) {
 			if got := code(t, resp, err); got != tc.want {
 				t.Fatalf("code %d (%v), want %d", got, resp.Error, tc.want)
 			}
-			if tc.want != ErrAttachmentExists && ta.pool != nil {
+			if tc.name != "attachment exists" && ta.pool != nil {
 				if left := ta.leftovers(t, r.ContainerId); len(left) > 0 {
 					t.Errorf("a failed ADD left %v behind", left)
 				}
@@ -305,14 +307,24 @@ func TestStatusFollowsReadiness(t *testing.T) {
 	if c := status(); c != errNotAvailable {
 		t.Errorf("STATUS before the node is up: %d, want %d", c, errNotAvailable)
 	}
-	ta.bringUp(t, "10.244.7.0/24")
+	// Up, but its first peer sync fails: not ready yet.
+	ta.dp.setFail("SyncPeers", errors.New("netlink: no buffer space"))
+	ta.addNode(t, self, "192.0.2.1", "10.244.7.0/24", false)
+	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ta.reconcile(ctx(t), true); err == nil {
+		t.Fatal("the failed peer sync was not reported")
+	}
+	if c := status(); c != errNotAvailable {
+		t.Errorf("STATUS before the first peer sync: %d, want %d", c, errNotAvailable)
+	}
+	ta.dp.setFail("SyncPeers", nil)
+	if err := ta.reconcile(ctx(t), false); err != nil {
+		t.Fatal(err)
+	}
 	if c := status(); c != 0 {
 		t.Errorf("STATUS when ready: %d", c)
-	}
-	ta.dp.setFail("SyncPeers", errors.New("netlink: no buffer space"))
-	ta.setNotReady("programming peers failed")
-	if c := status(); c != errNotAvailable {
-		t.Errorf("STATUS when not ready again: %d, want %d", c, errNotAvailable)
 	}
 	if r, err := ta.cni.Status(ctx(t), &apiv1.CNIRequest{Config: []byte("{")}); code(t, r, err) != errDecoding {
 		t.Errorf("STATUS with a malformed config: %v", r.Error)
@@ -364,8 +376,7 @@ func TestGC(t *testing.T) {
 	}
 }
 
-// A restarted agent takes over the pods it had, and drops those outside a
-// new CIDR.
+// A restarted agent takes over the pods it had.
 func TestBringUpAdoptsPods(t *testing.T) {
 	ta := newTestAgent(t)
 	ta.bringUp(t, "10.244.7.0/24")
@@ -388,5 +399,32 @@ func TestBringUpAdoptsPods(t *testing.T) {
 	pool, reason := again.readyPool()
 	if reason != "" || len(pool.List()) != 1 {
 		t.Errorf("restarted agent: ready=%q, %d pods", reason, len(pool.List()))
+	}
+}
+
+// A node that comes back with another pod CIDR (its old one was freed
+// while it was away) drops the attachments outside it, interfaces too.
+func TestBringUpDropsPodsOutsideANewCIDR(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.7.0/24")
+	ta.mustAdd(t, "c1", "/ns/1")
+	if err := ta.store.ReleaseCIDR(ctx(t), self); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ta.store.ClaimCIDR(ctx(t), self, netip.MustParsePrefix("10.244.9.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	again, err := New(ta.cfg, ta.store, ta.dp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.reconcile(ctx(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if n := ta.dp.podCount(); n != 0 {
+		t.Errorf("%d pod interfaces left of the old CIDR", n)
+	}
+	if pool, reason := again.readyPool(); reason != "" || len(pool.List()) != 0 {
+		t.Errorf("restarted agent: ready=%q, %d attachments, want none", reason, len(pool.List()))
 	}
 }

@@ -80,6 +80,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // Reconcile makes one pass: allocate, release, expire.
 func (c *Controller) Reconcile(ctx context.Context) error {
+	c.nextExpiry = time.Time{} // a failed pass waits for a change or the resync, not a stale expiry
 	nodes, err := c.store.Nodes(ctx)
 	if err != nil {
 		return err
@@ -101,7 +102,6 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 		blockOf[owner] = p
 	}
 	now := time.Now()
-	c.nextExpiry = time.Time{}
 	registered := map[string]bool{}
 	for _, n := range nodes {
 		registered[n.Name] = true

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -19,9 +20,10 @@ type Node struct {
 	cfg Config
 	up  Uplink
 
-	mu  sync.Mutex
-	ovl *overlay.Overlay   // nil until BringUp
-	fp  *fastpath.Datapath // nil: slow path only
+	mu        sync.Mutex
+	ovl       *overlay.Overlay   // nil until BringUp
+	fp        *fastpath.Datapath // nil: slow path only
+	conflicts string             // the peers left out last time, logged when it changes
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -154,11 +156,25 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 		return errNotUp
 	}
 	want := peersOf(self, nodes)
+	n.logConflicts(want.conflicts)
 	err := ovl.Sync(want.overlay, checkKernel)
 	if fp != nil {
-		err = errors.Join(err, fp.SetHosts(want.hosts), fp.SyncPeers(want.fastPath))
+		err = errors.Join(err, fp.SetHosts(want.hosts, checkKernel), fp.SyncPeers(want.fastPath, checkKernel))
 	}
 	return err
+}
+
+// logConflicts says once which nodes are left out of the peers and why:
+// the records need an operator (a VTEP MAC copied with a cloned disk, say).
+func (n *Node) logConflicts(conflicts []string) {
+	msg := strings.Join(conflicts, "; ")
+	n.mu.Lock()
+	changed := msg != n.conflicts
+	n.conflicts = msg
+	n.mu.Unlock()
+	if changed && msg != "" {
+		slog.Error("nodes left out of the peers: their records conflict; fix or delete them", "conflicts", msg)
+	}
 }
 
 // KernelWrites counts the writes made to program peers since start:

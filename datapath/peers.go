@@ -1,7 +1,10 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
@@ -13,17 +16,42 @@ type peerSet struct {
 	overlay  []overlay.Peer
 	fastPath []fastpath.Peer
 	hosts    []netip.Addr // node and gateway addresses: never fast-pathed
+	// conflicts are the nodes left out because a pod CIDR, gateway or
+	// VTEP MAC of theirs is this node's or an earlier one's (by name):
+	// programming both would send one CIDR's packets two ways.
+	conflicts []string
 }
 
-// peersOf is the one place datastore nodes become peers.
+// peersOf is the one place datastore nodes become peers, for the slow and
+// the fast path alike.
 func peersOf(self string, nodes []datastore.Node) peerSet {
+	nodes = slices.SortedFunc(slices.Values(nodes), func(a, b datastore.Node) int {
+		switch {
+		case a.Name == self:
+			return -1 // this node keeps what is its own
+		case b.Name == self:
+			return 1
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	var s peerSet
+	owner := map[any]string{}
 	for _, nd := range nodes {
 		s.hosts = append(s.hosts, nd.IP)
 		if !nd.PodCIDR.IsValid() {
 			continue
 		}
-		s.hosts = append(s.hosts, Gateway(nd.PodCIDR))
+		gw := Gateway(nd.PodCIDR)
+		s.hosts = append(s.hosts, gw)
+		keys := map[any]string{nd.PodCIDR.Masked(): "pod CIDR " + nd.PodCIDR.String(), gw: "gateway " + gw.String(),
+			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
+		if why := conflict(owner, keys); why != "" {
+			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: %s", nd.Name, why))
+			continue
+		}
+		for k := range keys {
+			owner[k] = nd.Name
+		}
 		if nd.Name == self {
 			continue
 		}
@@ -33,4 +61,16 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		}
 	}
 	return s
+}
+
+// conflict says which of keys another node owns already, "" if none.
+func conflict(owner, keys map[any]string) string {
+	var taken []string
+	for k, what := range keys {
+		if other, ok := owner[k]; ok {
+			taken = append(taken, fmt.Sprintf("its %s is node %s's", what, other))
+		}
+	}
+	slices.Sort(taken)
+	return strings.Join(taken, ", ")
 }

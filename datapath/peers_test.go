@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/onc-net/onc/datastore"
@@ -11,7 +12,7 @@ import (
 
 func node(name, ip, cidr string, fastPath bool) datastore.Node {
 	n := datastore.Node{NodeSpec: datastore.NodeSpec{Name: name, IP: netip.MustParseAddr(ip),
-		VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(len(name))}, FastPath: fastPath}}
+		VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, name[0]}, FastPath: fastPath}}
 	if cidr != "" {
 		n.PodCIDR = netip.MustParsePrefix(cidr)
 	}
@@ -27,7 +28,7 @@ func TestPeersOf(t *testing.T) {
 	})
 	if len(s.overlay) != 2 || s.overlay[0].Name != "b" || s.overlay[1].Name != "c" ||
 		s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || s.overlay[1].NodeIP.String() != "192.0.2.3" ||
-		s.overlay[1].VTEPMAC.String() != "02:00:00:00:00:01" {
+		s.overlay[1].VTEPMAC.String() != "02:00:00:00:00:63" {
 		t.Errorf("overlay peers %+v, want b and c", s.overlay)
 	}
 	if len(s.fastPath) != 1 || s.fastPath[0].PodCIDR.String() != "10.244.2.0/24" || s.fastPath[0].NodeIP.String() != "192.0.2.2" {
@@ -36,5 +37,28 @@ func TestPeersOf(t *testing.T) {
 	want := "[192.0.2.1 10.244.1.1 192.0.2.2 10.244.2.1 192.0.2.3 10.244.3.1 192.0.2.4]"
 	if got := fmt.Sprint(s.hosts); got != want {
 		t.Errorf("hosts %s, want %s", got, want)
+	}
+}
+
+// Records that claim another's pod CIDR, gateway or VTEP MAC are left out
+// of both paths alike: the first by name keeps it, and this node keeps its
+// own.
+func TestPeersOfLeavesConflictsOut(t *testing.T) {
+	b := node("b", "192.0.2.2", "10.244.2.0/24", true)
+	sameMAC := node("c", "192.0.2.3", "10.244.3.0/24", true)
+	sameMAC.VTEPMAC = b.VTEPMAC
+	stealsSelf := node("d", "192.0.2.4", "10.244.1.0/24", true)
+	sameGateway := node("e", "192.0.2.5", "10.244.2.0/25", true) // first address = b's gateway
+	s := peersOf("a", []datastore.Node{sameGateway, stealsSelf, sameMAC, b, node("a", "192.0.2.1", "10.244.1.0/24", true)})
+	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || s.fastPath[0].NodeIP.String() != "192.0.2.2" {
+		t.Errorf("peers %+v / %+v, want only b on both paths", s.overlay, s.fastPath)
+	}
+	want := []string{
+		"node c left out: its VTEP MAC 02:00:00:00:00:62 is node b's",
+		"node d left out: its gateway 10.244.1.1 is node a's, its pod CIDR 10.244.1.0/24 is node a's",
+		"node e left out: its gateway 10.244.2.1 is node b's",
+	}
+	if fmt.Sprint(s.conflicts) != fmt.Sprint(want) {
+		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,8 @@ type Datapath struct {
 	closers []interface{ Close() error }
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
+	peers      mirror[cidrKey, cidrVal] // onc_peers as SyncPeers last wrote it
+	hosts      mirror[uint32, uint8]    // onc_hosts as SetHosts last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -255,48 +258,40 @@ type Peer struct {
 }
 
 // SyncPeers makes the fast-path peer set exactly peers, writing only what
-// differs from the map. A peer that left or changed loses its learned
-// destinations, headers and flows (learning paused meanwhile); its CIDR
-// leaves the LPM map first, so from that moment no packet takes the fast
-// path towards it.
-func (d *Datapath) SyncPeers(peers []Peer) error {
+// differs (see mirror for what it diffs against, and when it reads the map
+// back). A peer that left or changed loses its learned destinations,
+// headers and flows (learning paused meanwhile); its CIDR leaves the LPM
+// map first, so from that moment no packet takes the fast path towards it.
+func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 	want := map[cidrKey]cidrVal{}
 	for _, p := range peers {
 		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
 	}
-	have, err := contents[cidrKey, cidrVal](d.maps.OncPeers)
-	if err != nil {
-		return err
-	}
-	var stale []Peer
-	for k, v := range have {
-		if w, ok := want[k]; !ok || w != v {
-			stale = append(stale, Peer{PodCIDR: netip.PrefixFrom(addrOf(k.Addr), int(k.Prefixlen)), NodeIP: addrOf(v.NodeIp)})
-			delete(have, k)
-		}
-	}
-	if len(stale) > 0 {
-		err := d.evict(func() error {
-			for _, s := range stale {
-				key := cidrKey{Prefixlen: uint32(s.PodCIDR.Bits()), Addr: be32(s.PodCIDR.Addr())}
-				if err := d.peerWrite(d.maps.OncPeers.Delete(key)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					return err
+	return d.peers.sync(d.maps.OncPeers, want, checkKernel, func(have map[cidrKey]cidrVal) error {
+		added, changed, gone := diff(have, want)
+		// A changed peer is evicted like one that left, then re-added.
+		if stale := slices.Concat(changed, gone); len(stale) > 0 {
+			err := d.evict(func() error {
+				var evicted []Peer
+				for _, k := range stale {
+					if err := d.peerWrite(d.maps.OncPeers.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+						return err
+					}
+					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(addrOf(k.Addr), int(k.Prefixlen)), NodeIP: addrOf(have[k].NodeIp)})
 				}
-			}
-			return d.forgetPeers(stale)
-		})
-		if err != nil {
-			return err
-		}
-	}
-	for k, v := range want {
-		if _, ok := have[k]; !ok {
-			if err := d.peerWrite(d.maps.OncPeers.Put(k, v)); err != nil {
+				return d.forgetPeers(evicted)
+			})
+			if err != nil {
 				return err
 			}
 		}
-	}
-	return nil
+		for _, k := range slices.Concat(added, changed) {
+			if err := d.peerWrite(d.maps.OncPeers.Put(k, want[k])); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // forgetPeers drops what was learned about the peers' nodes and CIDRs.
@@ -324,31 +319,82 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 }
 
 // SetHosts makes the host-address set (node IPs, gateways) exactly addrs,
-// writing only what differs from the map.
-func (d *Datapath) SetHosts(addrs []netip.Addr) error {
-	want := map[uint32]bool{}
+// writing only what differs (see mirror). Additions go first, so a failure
+// part-way leaves an address too many on the slow path, never one too few.
+func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {
+	want := map[uint32]uint8{}
 	for _, a := range addrs {
-		want[be32(a)] = true
+		want[be32(a)] = 1
 	}
-	have, err := contents[uint32, uint8](d.maps.OncHosts)
-	if err != nil {
-		return err
-	}
-	for k := range want {
-		if _, ok := have[k]; !ok {
-			if err := d.peerWrite(d.maps.OncHosts.Put(k, uint8(1))); err != nil {
+	return d.hosts.sync(d.maps.OncHosts, want, checkKernel, func(have map[uint32]uint8) error {
+		added, changed, gone := diff(have, want)
+		for _, k := range slices.Concat(added, changed) {
+			if err := d.peerWrite(d.maps.OncHosts.Put(k, want[k])); err != nil {
 				return err
 			}
 		}
-	}
-	for k := range have {
-		if !want[k] {
+		for _, k := range gone {
 			if err := d.peerWrite(d.maps.OncHosts.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
 		}
+		return nil
+	})
+}
+
+// mirror is what SyncPeers or SetHosts last wrote to its map, so that a
+// change signal costs O(changes) syscalls and none when nothing changed.
+type mirror[K, V comparable] struct {
+	// mu serialises syncs of the map. It is taken before Datapath.mu
+	// (SyncPeers evicts while holding it), never after.
+	mu sync.Mutex
+	// have is what the map holds; nil when that is unknown — before the
+	// first sync (pinned maps may hold a previous agent's entries) and
+	// after a failed write — so the next sync reads the map back.
+	have  map[K]V
+	reads int // read-backs, for tests
+}
+
+// sync runs apply, which writes to m what differs between have and want,
+// where have is the map's contents read back (with checkKernel, or while
+// they are unknown) or else what the last sync wrote. want must not change
+// afterwards: it becomes what the map holds.
+func (s *mirror[K, V]) sync(m *ebpf.Map, want map[K]V, checkKernel bool, apply func(have map[K]V) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if checkKernel || s.have == nil {
+		s.reads++
+		have, err := contents[K, V](m)
+		if err != nil {
+			s.have = nil
+			return err
+		}
+		s.have = have
 	}
+	if err := apply(s.have); err != nil {
+		s.have = nil // some writes may have landed: unknown until read back
+		return err
+	}
+	s.have = want
 	return nil
+}
+
+// diff sorts the keys of have and want: added are only in want, changed in
+// both with different values, gone only in have.
+func diff[K, V comparable](have, want map[K]V) (added, changed, gone []K) {
+	for k, w := range want {
+		if h, ok := have[k]; !ok {
+			added = append(added, k)
+		} else if h != w {
+			changed = append(changed, k)
+		}
+	}
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			gone = append(gone, k)
+		}
+	}
+	return added, changed, gone
 }
 
 // PeerWrites counts the updates and deletes SyncPeers and SetHosts have

@@ -150,7 +150,7 @@ func stat(t *testing.T, d *Datapath, name string) uint64 {
 // established fills the maps as learning would for localPod:40000 <-> remotePod:80.
 func established(t *testing.T, d *Datapath) {
 	t.Helper()
-	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}))
+	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
 	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
 	key := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40000), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
 	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
@@ -223,7 +223,7 @@ func TestEgressMissReasons(t *testing.T) {
 		{"FIN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x01), nil},
 		{"RST", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x04), nil},
 		{"to a gateway", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
-			func() { must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")})) }},
+			func() { must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false)) }},
 		{"not a fast-path peer", "egress_miss_no_peer", flow(localPod, netip.MustParseAddr("10.244.9.9"), 0), nil},
 		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
 		{"stale destination (CIDR moved to another node)", "egress_miss_dest", flow(localPod, remotePod, 0),
@@ -271,7 +271,7 @@ func TestIngressFastPathHitDecapsulates(t *testing.T) {
 func TestIngressMissReasons(t *testing.T) {
 	d := open(t)
 	established(t, d)
-	must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}))
+	must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false))
 	in := func(src, dst netip.Addr, flags byte) []byte {
 		return frame(vtepLocal, vtepPeer, src, dst, unix.IPPROTO_TCP, 80, 40000, flags, 10)
 	}
@@ -300,7 +300,7 @@ func TestIngressMissReasons(t *testing.T) {
 
 func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	d := open(t)
-	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}))
+	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
 	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
@@ -348,7 +348,7 @@ func TestCoherency(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	// The peer leaves: its CIDR, destinations, header and flows go.
-	must(t, d.SyncPeers(nil))
+	must(t, d.SyncPeers(nil, false))
 	flows, _ := d.Flows()
 	dests, _ := d.Dests()
 	encaps, _ := d.Encaps()

@@ -3,7 +3,10 @@ package fastpath
 import (
 	"maps"
 	"net/netip"
+	"path/filepath"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // peerWrites runs fn and returns how many peer- and host-map writes it made.
@@ -19,6 +22,35 @@ func expectPeerWrites(t *testing.T, what string, got, want uint64) {
 	if got != want {
 		t.Fatalf("%s: %d map writes, want %d", what, got, want)
 	}
+}
+
+// readBacks counts the times SyncPeers and SetHosts have read their maps.
+func readBacks(d *Datapath) int { return d.peers.reads + d.hosts.reads }
+
+// expectSync runs fn and checks the map writes and read-backs it made.
+func expectSync(t *testing.T, what string, d *Datapath, fn func() error, writes uint64, reads int) {
+	t.Helper()
+	before := readBacks(d)
+	expectPeerWrites(t, what, peerWrites(t, d, fn), writes)
+	if got := readBacks(d) - before; got != reads {
+		t.Fatalf("%s: %d map read-backs, want %d", what, got, reads)
+	}
+}
+
+func peerEntries(peers []Peer) map[cidrKey]cidrVal {
+	m := map[cidrKey]cidrVal{}
+	for _, p := range peers {
+		m[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
+	}
+	return m
+}
+
+func hostEntries(hosts []netip.Addr) map[uint32]uint8 {
+	m := map[uint32]uint8{}
+	for _, h := range hosts {
+		m[be32(h)] = 1
+	}
+	return m
 }
 
 // expectMap checks that have reads exactly want.
@@ -43,24 +75,12 @@ func TestSyncPeersAndSetHostsWriteOnlyWhatDiffers(t *testing.T) {
 		peers = append(peers, Peer{PodCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i), 0}), 24), NodeIP: node})
 		hosts = append(hosts, node, netip.AddrFrom4([4]byte{10, 245, byte(i), 1}))
 	}
-	wantPeers := func() map[cidrKey]cidrVal {
-		m := map[cidrKey]cidrVal{}
-		for _, p := range peers {
-			m[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
-		}
-		return m
-	}
-	wantHosts := func() map[uint32]uint8 {
-		m := map[uint32]uint8{}
-		for _, h := range hosts {
-			m[be32(h)] = 1
-		}
-		return m
-	}
+	wantPeers := func() map[cidrKey]cidrVal { return peerEntries(peers) }
+	wantHosts := func() map[uint32]uint8 { return hostEntries(hosts) }
 	havePeers := func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }
 	haveHosts := func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }
-	syncPeers := func() error { return d.SyncPeers(peers) }
-	setHosts := func() error { return d.SetHosts(hosts) }
+	syncPeers := func() error { return d.SyncPeers(peers, false) }
+	setHosts := func() error { return d.SetHosts(hosts, false) }
 
 	expectPeerWrites(t, "first SyncPeers", peerWrites(t, d, syncPeers), 200) // peerCIDR is in already
 	expectMap(t, "peers", havePeers, wantPeers())
@@ -68,9 +88,15 @@ func TestSyncPeersAndSetHostsWriteOnlyWhatDiffers(t *testing.T) {
 	expectMap(t, "hosts", haveHosts, wantHosts())
 	expectPeerWrites(t, "SyncPeers again", peerWrites(t, d, syncPeers), 0)
 	expectPeerWrites(t, "SetHosts again", peerWrites(t, d, setHosts), 0)
+	// Without checkKernel an unchanged set costs no syscall at all.
+	expectSync(t, "SyncPeers once more", d, syncPeers, 0, 0)
+	expectSync(t, "SetHosts once more", d, setHosts, 0, 0)
 
 	peers[5].NodeIP = otherNode
 	expectPeerWrites(t, "a peer's node IP changed", peerWrites(t, d, syncPeers), 2) // out, then in
+	if readBacks(d) != 2 {
+		t.Fatalf("%d map read-backs, want only the first SyncPeers' and SetHosts'", readBacks(d))
+	}
 	expectMap(t, "peers after a change", havePeers, wantPeers())
 	peers = append(peers[:6], peers[7:]...)
 	expectPeerWrites(t, "a peer left", peerWrites(t, d, syncPeers), 1)
@@ -96,7 +122,119 @@ func TestMapsHoldFiveThousandNodes(t *testing.T) {
 		peers = append(peers, Peer{PodCIDR: cidr, NodeIP: node})
 		hosts = append(hosts, node, cidr.Addr().Next())
 	}
-	must(t, d.SyncPeers(peers))
-	must(t, d.SetHosts(hosts))
-	expectPeerWrites(t, "5,000 peers again", peerWrites(t, d, func() error { return d.SyncPeers(peers) }), 0)
+	must(t, d.SyncPeers(peers, false))
+	must(t, d.SetHosts(hosts, false))
+	expectPeerWrites(t, "5,000 peers again", peerWrites(t, d, func() error { return d.SyncPeers(peers, false) }), 0)
+	expectPeerWrites(t, "5,000 peers read back", peerWrites(t, d, func() error { return d.SyncPeers(peers, true) }), 0)
+}
+
+// cluster is n peers and their node and gateway addresses.
+func cluster(n int) ([]Peer, []netip.Addr) {
+	var peers []Peer
+	var hosts []netip.Addr
+	for i := range n {
+		node := netip.AddrFrom4([4]byte{198, 18, 0, byte(i)})
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(i), 0}), 24)
+		peers = append(peers, Peer{PodCIDR: cidr, NodeIP: node})
+		hosts = append(hosts, node, cidr.Addr().Next())
+	}
+	return peers, hosts
+}
+
+// Without checkKernel a sync trusts what it wrote last, so drift (here an
+// entry deleted behind its back) stays until checkKernel reads the maps
+// back and repairs it with exactly the missing entry.
+func TestSyncRepairsDriftOnlyWithCheckKernel(t *testing.T) {
+	d := open(t)
+	peers, hosts := cluster(3)
+	must(t, d.SyncPeers(peers, false))
+	must(t, d.SetHosts(hosts, false))
+	havePeers := func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }
+	haveHosts := func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }
+
+	lost := peerEntries(peers)
+	delete(lost, cidrKey{Prefixlen: 24, Addr: be32(peers[1].PodCIDR.Addr())})
+	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: be32(peers[1].PodCIDR.Addr())}))
+	must(t, d.maps.OncHosts.Delete(be32(hosts[1])))
+
+	expectSync(t, "SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 0)
+	expectSync(t, "SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 0)
+	expectMap(t, "peers without checkKernel", havePeers, lost)
+	expectMap(t, "hosts without checkKernel", haveHosts, hostEntries(append(hosts[:1:1], hosts[2:]...)))
+
+	expectSync(t, "SyncPeers checking the kernel", d, func() error { return d.SyncPeers(peers, true) }, 1, 1)
+	expectSync(t, "SetHosts checking the kernel", d, func() error { return d.SetHosts(hosts, true) }, 1, 1)
+	expectMap(t, "peers after checkKernel", havePeers, peerEntries(peers))
+	expectMap(t, "hosts after checkKernel", haveHosts, hostEntries(hosts))
+}
+
+// A restarted agent's Datapath finds the pinned maps as the previous one
+// left them: its first sync reads them back, so it rewrites nothing that
+// is right and removes what no longer is (a node gone while it was down).
+func TestFirstSyncAfterOpenReadsPinnedMapsBack(t *testing.T) {
+	old := open(t)
+	peers, hosts := cluster(3)
+	must(t, old.SyncPeers(peers, false))
+	must(t, old.SetHosts(hosts, false))
+	must(t, old.Close())
+
+	reopen := func() *Datapath {
+		t.Helper()
+		d, err := Open(old.opts)
+		must(t, err)
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	d := reopen()
+	expectSync(t, "first SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 1)
+	expectSync(t, "first SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 1)
+	expectSync(t, "second SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 0)
+	expectSync(t, "second SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 0)
+	must(t, d.Close())
+
+	peers, hosts = peers[:2], hosts[:4] // the third node left meanwhile
+	d = reopen()
+	expectSync(t, "first SyncPeers after a node left", d, func() error { return d.SyncPeers(peers, false) }, 1, 1)
+	expectSync(t, "first SetHosts after a node left", d, func() error { return d.SetHosts(hosts, false) }, 2, 1)
+	expectMap(t, "peers", func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }, peerEntries(peers))
+	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries(hosts))
+}
+
+// After a failed write what the map holds is unknown, so the next sync
+// reads it back even without checkKernel: here it restores an entry
+// deleted behind its back meanwhile.
+func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
+	d := open(t)
+	peers, hosts := cluster(3)
+	must(t, d.SyncPeers(peers, false))
+	must(t, d.SetHosts(hosts, false))
+	// Writes through a read-only handle of the same map fail (EPERM).
+	readOnly := func(m **ebpf.Map, pin string) (restore func()) {
+		ro, err := ebpf.LoadPinnedMap(filepath.Join(d.opts.PinDir, pin), &ebpf.LoadPinOptions{ReadOnly: true})
+		must(t, err)
+		rw := *m
+		*m = ro
+		return func() { *m = rw; ro.Close() }
+	}
+
+	restore := readOnly(&d.maps.OncPeers, "onc_peers")
+	more, moreHosts := cluster(4)
+	if err := d.SyncPeers(more, false); err == nil {
+		t.Fatal("SyncPeers wrote through a read-only map")
+	}
+	restore()
+	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: be32(peers[0].PodCIDR.Addr())}))
+	expectSync(t, "SyncPeers after a failed write", d, func() error { return d.SyncPeers(more, false) }, 2, 1)
+	expectMap(t, "peers", func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }, peerEntries(more))
+	expectSync(t, "SyncPeers again", d, func() error { return d.SyncPeers(more, false) }, 0, 0)
+
+	restore = readOnly(&d.maps.OncHosts, "onc_hosts")
+	if err := d.SetHosts(moreHosts, false); err == nil {
+		t.Fatal("SetHosts wrote through a read-only map")
+	}
+	restore()
+	must(t, d.maps.OncHosts.Delete(be32(hosts[0])))
+	expectSync(t, "SetHosts after a failed write", d, func() error { return d.SetHosts(moreHosts, false) }, 3, 1)
+	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries(moreHosts))
+	expectSync(t, "SetHosts again", d, func() error { return d.SetHosts(moreHosts, false) }, 0, 0)
 }

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -143,7 +142,9 @@ func (o *Overlay) Programmed() map[string]Peer {
 func (o *Overlay) Writes() uint64 { return o.writes.Load() }
 
 // Sync makes the device's routes, neighbours and FDB entries exactly those
-// of peers, writing only what differs. Without checkKernel it compares peers
+// of peers, writing only what differs. No two peers may share a pod CIDR,
+// gateway or VTEP MAC (datapath.peersOf sees to it): they would overwrite
+// each other's entries. Without checkKernel it compares peers
 // with what it programmed last, and makes no syscall when nothing changed.
 // With checkKernel — and on the first Sync after Ensure or after a failed
 // write, whatever the flag — it reads the device's entries back and repairs
@@ -153,19 +154,19 @@ func (o *Overlay) Writes() uint64 { return o.writes.Load() }
 func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	want, ok, errs := o.entriesOf(peers)
+	want := o.entriesOf(peers)
 	var have entries
 	if checkKernel || !o.inSync {
 		var err error
 		if have, err = o.read(); err != nil {
-			return errors.Join(append(errs, err)...)
+			return err
 		}
 	} else {
-		have, _, _ = o.entriesOf(slices.Collect(maps.Values(o.peers)))
+		have = o.entriesOf(slices.Collect(maps.Values(o.peers)))
 	}
 	failed := o.remove(have, want)
-	programmed := make(map[string]Peer, len(ok))
-	for _, p := range ok {
+	programmed := make(map[string]Peer, len(peers))
+	for _, p := range peers {
 		if err := o.add(have, p); err != nil {
 			failed = append(failed, fmt.Errorf("peer %s: %w", p.Name, err))
 			continue
@@ -173,7 +174,7 @@ func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 		programmed[p.Name] = p
 	}
 	o.peers, o.inSync = programmed, len(failed) == 0
-	return errors.Join(append(errs, failed...)...)
+	return errors.Join(failed...)
 }
 
 // entries are peer entries of the device, each kind keyed as the kernel
@@ -213,42 +214,14 @@ func newEntries() entries {
 	return entries{routes: map[routeKey]netlink.Route{}, neighs: map[netip.Addr]netlink.Neigh{}, fdb: map[string]netlink.Neigh{}}
 }
 
-// entriesOf returns the entries of peers and the peers they hold. A peer
-// whose pod CIDR, gateway or VTEP MAC is another's (the first by name keeps
-// it) is left out with an error: programming both would have them
-// overwrite each other on every Sync.
-func (o *Overlay) entriesOf(peers []Peer) (entries, []Peer, []error) {
-	peers = slices.SortedFunc(slices.Values(peers), func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })
-	e, owner := newEntries(), map[any]string{}
-	var ok []Peer
-	var errs []error
+// entriesOf returns the entries of peers.
+func (o *Overlay) entriesOf(peers []Peer) entries {
+	e := newEntries()
 	for _, p := range peers {
-		n, f, r := o.neigh(p), o.fdb(p), o.route(p)
-		keys := []struct {
-			key  any
-			what string
-		}{
-			{keyOf(r), "pod CIDR " + p.PodCIDR.String()},
-			{Gateway(p.PodCIDR), "gateway " + Gateway(p.PodCIDR).String()},
-			{p.VTEPMAC.String(), "VTEP MAC " + p.VTEPMAC.String()},
-		}
-		var conflict error
-		for _, k := range keys {
-			if other, taken := owner[k.key]; taken {
-				conflict = errors.Join(conflict, fmt.Errorf("peer %s: %s is peer %s's too", p.Name, k.what, other))
-			}
-		}
-		if conflict != nil {
-			errs = append(errs, conflict)
-			continue
-		}
-		for _, k := range keys {
-			owner[k.key] = p.Name
-		}
-		e.routes[keyOf(r)], e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = r, n, f
-		ok = append(ok, p)
+		r := o.route(p)
+		e.routes[keyOf(r)], e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = r, o.neigh(p), o.fdb(p)
 	}
-	return e, ok, errs
+	return e
 }
 
 func (o *Overlay) neigh(p Peer) netlink.Neigh {

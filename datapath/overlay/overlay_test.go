@@ -286,27 +286,6 @@ func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
 	})
 }
 
-// Two peers with one VTEP MAC would overwrite each other's FDB entry on
-// every Sync: the second by name is refused instead, and a steady state
-// still writes nothing.
-func TestPeersSharingAKeyAreNotBothProgrammed(t *testing.T) {
-	inNode(t, func(uplink int) {
-		o, _ := ensure(t, uplink)
-		a, b := peer("a", "192.0.2.2", "10.244.2.0/24", 2), peer("b", "192.0.2.3", "10.244.3.0/24", 2)
-		for i, want := range []uint64{3, 0} {
-			before := o.Writes()
-			if err := o.Sync([]overlay.Peer{b, a}, true); err == nil || !strings.Contains(err.Error(), "peer b: VTEP MAC 02:00:00:00:00:02 is peer a's too") {
-				t.Fatalf("sync %d: error %v, want b refused for a's VTEP MAC", i, err)
-			}
-			expectWrites(t, fmt.Sprintf("sync %d", i), o.Writes()-before, want)
-		}
-		expectKernel(t, "a kept", []overlay.Peer{a})
-		if p := o.Programmed(); len(p) != 1 || p["a"].Name != "a" {
-			t.Fatalf("programmed %v, want a only", p)
-		}
-	})
-}
-
 // After a failed write the kernel's state is unknown: the next Sync reads
 // it back, and writes only what is still missing.
 func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {

@@ -33,10 +33,11 @@ const (
 
 // Flags select and configure the backend.
 type Flags struct {
-	Kind       string
-	Etcd       *etcdstore.Options
-	Kubeconfig string
-	Namespace  string
+	Kind           string
+	Etcd           *etcdstore.Options
+	Kubeconfig     string
+	Namespace      string
+	LeaseNamespace string
 }
 
 // AddFlags registers the datastore flags.
@@ -46,6 +47,7 @@ func AddFlags(fs *pflag.FlagSet) *Flags {
 	f.Etcd = etcdstore.AddFlags(fs)
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig for --datastore=kubernetes (default: in-cluster service account)")
 	fs.StringVar(&f.Namespace, "namespace", "onc-system", "namespace of ONC's ledger and leader Lease (--datastore=kubernetes)")
+	fs.StringVar(&f.LeaseNamespace, "lease-namespace", k8sstore.DefaultLeaseNamespace, "namespace of the nodes' liveness Leases (--datastore=kubernetes)")
 	return f
 }
 
@@ -94,5 +96,5 @@ func (f *Flags) Open(ctx context.Context, role Role) (datastore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return k8sstore.New(ctx, k8sstore.Options{Config: cfg, Namespace: f.Namespace, Agent: role == ForAgent})
+	return k8sstore.New(ctx, k8sstore.Options{Config: cfg, Namespace: f.Namespace, LeaseNamespace: f.LeaseNamespace, Agent: role == ForAgent})
 }

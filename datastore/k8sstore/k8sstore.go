@@ -18,7 +18,8 @@
 package k8sstore
 
 // This file holds the Store itself: Options, New and the informer
-// plumbing, Describe, Close and awaitCache (read-your-writes for writers).
+// plumbing with its change signals (Changes), Describe, Close and
+// awaitCache (read-your-writes for writers).
 
 import (
 	"context"
@@ -43,8 +44,12 @@ import (
 // Options configure the backend.
 type Options struct {
 	Config    *rest.Config
-	Namespace string        // where the ledger and Leases live; default "onc-system"
-	SyncWait  time.Duration // how long New waits for the caches; default 60s
+	Namespace string // where the ledger lives; default "onc-system"
+	// LeaseNamespace holds the nodes' liveness Leases; default
+	// DefaultLeaseNamespace. Apart from Namespace, so the agents' right to
+	// write them cannot reach the controllers' leader Lease.
+	LeaseNamespace string
+	SyncWait       time.Duration // how long New waits for the caches; default 60s
 	// Agent opens the store for an agent: it follows ONCNodes only (they
 	// carry each node's pod CIDR). The ledger, the cluster's Nodes and the
 	// liveness Leases, which only the controller follows, are read when
@@ -56,7 +61,8 @@ type Options struct {
 type Store struct {
 	kube     kubernetes.Interface
 	dyn      dynamic.Interface
-	ns       string
+	ns       string // the ledger's
+	leaseNS  string // the liveness Leases'
 	desc     string
 	stop     chan struct{}
 	oncInf   cache.SharedIndexInformer
@@ -82,6 +88,9 @@ func New(ctx context.Context, o Options) (*Store, error) {
 	if o.Namespace == "" {
 		o.Namespace = "onc-system"
 	}
+	if o.LeaseNamespace == "" {
+		o.LeaseNamespace = DefaultLeaseNamespace
+	}
 	if o.SyncWait == 0 {
 		o.SyncWait = 60 * time.Second
 	}
@@ -94,7 +103,7 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		kube: kube, dyn: dyn, ns: o.Namespace,
+		kube: kube, dyn: dyn, ns: o.Namespace, leaseNS: o.LeaseNamespace,
 		desc: fmt.Sprintf("kubernetes %s (ledger %s/%s)", o.Config.Host, o.Namespace, LedgerName),
 		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{},
 	}
@@ -180,6 +189,38 @@ func (s *Store) awaitCache(ctx context.Context, inf cache.SharedIndexInformer, k
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for the informer cache to see %s: %w", key, ctx.Err())
 		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Changes signals every ONCNode change (and, for the controller, ledger and
+// Node changes): the informers' handlers call notify.
+func (s *Store) Changes(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	ch <- struct{}{}
+	s.mu.Lock()
+	s.subs[ch] = struct{}{}
+	s.mu.Unlock()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.stop:
+		}
+		s.mu.Lock()
+		delete(s.subs, ch)
+		close(ch)
+		s.mu.Unlock()
+	}()
+	return ch
+}
+
+func (s *Store) notify() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -29,8 +28,6 @@ const (
 	agentSA      = "onc-system:onc-agent"
 	controllerSA = "onc-system:onc-controller"
 )
-
-var ONCNodes = schema.GroupVersionResource{Group: k8sstore.Group, Version: k8sstore.Version, Resource: "oncnodes"}
 
 // One real kube-apiserver for the whole package: starting one takes seconds.
 func TestKubernetesBackend(t *testing.T) {
@@ -60,10 +57,10 @@ func TestKubernetesBackend(t *testing.T) {
 				if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				if err := dyn.Resource(ONCNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+				if err := dyn.Resource(k8sstore.ONCNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, Agent: role.agent})
+				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, LeaseNamespace: ns, Agent: role.agent})
 			})
 		})
 	}

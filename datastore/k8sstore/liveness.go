@@ -1,10 +1,10 @@
 package k8sstore
 
-// Liveness and change notification. Each agent renews a coordination.k8s.io
-// Lease of its own in ONC's namespace, as kubelets do in kube-node-lease.
-// No agent watches the Leases, so a renewal wakes nobody; the controller's
-// store caches them for its node timeout, and an agent's lists them on
-// demand (onctl peers). Changes signals changes of the records only.
+// Liveness. Each agent renews a coordination.k8s.io Lease of its own in
+// ONC's lease namespace, as kubelets do in kube-node-lease. No agent
+// watches the Leases, so a renewal wakes nobody; the controller's store
+// caches them for its node timeout, and an agent's lists them on demand
+// (onctl peers).
 
 import (
 	"context"
@@ -18,10 +18,13 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// DefaultLeaseNamespace holds the liveness Leases (manifests/onc.yaml).
+const DefaultLeaseNamespace = "onc-node-lease"
+
 const (
 	// leasePrefix + node name is a node's liveness Lease.
 	leasePrefix = "onc-node-"
-	// livenessLabel marks them, apart from the controllers' leader Lease.
+	// livenessLabel marks them, should the namespace hold other Leases.
 	livenessLabel = "onc.io/liveness"
 )
 
@@ -45,11 +48,10 @@ func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) e
 	}
 	secs := int32(max(ttl/time.Second, 1))
 	every := max(time.Duration(secs)*time.Second/4, time.Second)
-	leases := s.kube.CoordinationV1().Leases(s.ns)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_ = leases.Delete(cctx, lease, metav1.DeleteOptions{})
+		_ = s.deleteLease(cctx, name)
 	}()
 	var held *coordinationv1.Lease
 	for {
@@ -66,17 +68,30 @@ func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) e
 	}
 }
 
+// deleteLease removes a node's Lease: the node is seen gone at once.
+func (s *Store) deleteLease(ctx context.Context, node string) error {
+	lease, err := leaseName(node)
+	if err != nil {
+		return err
+	}
+	err = s.kube.CoordinationV1().Leases(s.leaseNS).Delete(ctx, lease, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete Lease %s/%s: %w", s.leaseNS, lease, err)
+	}
+	return nil
+}
+
 // renew writes the Lease once: an update of the one it holds (nil: fetch
 // or create it first). A conflict drops what it holds, so the next renewal
 // starts from the API's copy.
 func (s *Store) renew(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
-	leases := s.kube.CoordinationV1().Leases(s.ns)
+	leases := s.kube.CoordinationV1().Leases(s.leaseNS)
 	now := metav1.NewMicroTime(time.Now())
 	if held == nil {
 		got, err := leases.Get(ctx, lease, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return leases.Create(ctx, &coordinationv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Name: lease, Namespace: s.ns,
+				ObjectMeta: metav1.ObjectMeta{Name: lease, Namespace: s.leaseNS,
 					Labels: map[string]string{"app.kubernetes.io/part-of": "onc", livenessLabel: "node"}},
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
 			}, metav1.CreateOptions{})
@@ -100,9 +115,9 @@ func (s *Store) Liveness(ctx context.Context) (map[string]bool, error) {
 			leases = append(leases, obj.(*coordinationv1.Lease))
 		}
 	} else {
-		list, err := s.kube.CoordinationV1().Leases(s.ns).List(ctx, metav1.ListOptions{LabelSelector: livenessLabel})
+		list, err := s.kube.CoordinationV1().Leases(s.leaseNS).List(ctx, metav1.ListOptions{LabelSelector: livenessLabel})
 		if err != nil {
-			return nil, fmt.Errorf("list liveness Leases in %s: %w", s.ns, err)
+			return nil, fmt.Errorf("list liveness Leases in %s: %w", s.leaseNS, err)
 		}
 		for i := range list.Items {
 			leases = append(leases, &list.Items[i])
@@ -124,39 +139,7 @@ func leaseAlive(l *coordinationv1.Lease, now time.Time) bool {
 }
 
 func (s *Store) newLeaseInformer() cache.SharedIndexInformer {
-	lw := cache.NewFilteredListWatchFromClient(s.kube.CoordinationV1().RESTClient(), "leases", s.ns,
+	lw := cache.NewFilteredListWatchFromClient(s.kube.CoordinationV1().RESTClient(), "leases", s.leaseNS,
 		func(o *metav1.ListOptions) { o.LabelSelector = livenessLabel })
 	return cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
-}
-
-// ---- change notification ----
-
-func (s *Store) Changes(ctx context.Context) <-chan struct{} {
-	ch := make(chan struct{}, 1)
-	ch <- struct{}{}
-	s.mu.Lock()
-	s.subs[ch] = struct{}{}
-	s.mu.Unlock()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.stop:
-		}
-		s.mu.Lock()
-		delete(s.subs, ch)
-		close(ch)
-		s.mu.Unlock()
-	}()
-	return ch
-}
-
-func (s *Store) notify() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for ch := range s.subs {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
 }

@@ -53,7 +53,7 @@ func (s *Store) mirrorCIDR(ctx context.Context, node string, p netip.Prefix) err
 		if p.IsValid() {
 			v = p.String()
 		}
-		if err := s.patchONCNode(ctx, node, map[string]any{"spec": map[string]any{"podCIDR": v}}, ""); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.patchONCNode(ctx, node, map[string]any{"spec": map[string]any{"podCIDR": v}}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 	}

@@ -81,7 +81,7 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 		return err
 	}
 	fields := map[string]any{"nodeIP": spec.IP.String(), "vtepMAC": spec.VTEPMAC.String(), "fastPath": spec.FastPath}
-	err := s.patchONCNode(ctx, spec.Name, map[string]any{"spec": fields}, "")
+	err := s.patchONCNode(ctx, spec.Name, map[string]any{"spec": fields})
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -103,18 +103,14 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 	return s.awaitCache(ctx, s.oncInf, spec.Name, created.GetResourceVersion())
 }
 
-// patchONCNode merge-patches an ONCNode (or its status subresource) and
-// waits until the cache has the result.
-func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]any, subresource string) error {
+// patchONCNode merge-patches an ONCNode and waits until the cache has the
+// result.
+func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]any) error {
 	body, err := json.Marshal(patch)
 	if err != nil {
 		return err
 	}
-	var sub []string
-	if subresource != "" {
-		sub = []string{subresource}
-	}
-	u, err := s.dyn.Resource(ONCNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{}, sub...)
+	u, err := s.dyn.Resource(ONCNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
 	if err != nil {
 		return err
 	}
@@ -129,7 +125,10 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	if err := s.awaitCache(ctx, s.oncInf, name, ""); err != nil {
 		return err
 	}
-	return s.ReleaseCIDR(ctx, name)
+	if err := s.ReleaseCIDR(ctx, name); err != nil {
+		return err
+	}
+	return s.deleteLease(ctx, name)
 }
 
 // Nodes lists the registered nodes: ONCNodes whose agent has published

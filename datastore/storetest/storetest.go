@@ -135,8 +135,15 @@ func deleteNode(t *testing.T, s datastore.Store) {
 	if n, err := s.Node(c, "gone"); err != nil || n.PodCIDR != p {
 		t.Fatalf("Node(gone) = %+v, %v; want CIDR %v", n, err, p)
 	}
+	kctx, cancel := context.WithCancel(c)
+	defer cancel()
+	go func() { _ = s.KeepAlive(kctx, "gone", 30*time.Second) }()
+	testutil.WaitFor(t, "gone alive", 15*time.Second, func() bool { return alive(t, s, "gone") })
 	if err := s.DeleteNode(c, "gone"); err != nil {
 		t.Fatal(err)
+	}
+	if alive(t, s, "gone") {
+		t.Fatal("a deleted node is still alive: its liveness must go with it")
 	}
 	if _, err := s.Node(c, "gone"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatalf("deleted node still there: %v", err)
