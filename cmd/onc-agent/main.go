@@ -26,7 +26,7 @@ func main() {
 	fs.IntVar(&cfg.Datapath.VNI, "vni", cfg.Datapath.VNI, "VXLAN network identifier")
 	fs.IntVar(&cfg.Datapath.Port, "vxlan-port", cfg.Datapath.Port, "VXLAN UDP port")
 	fs.IntVar(&cfg.MTU, "mtu", 0, "pod MTU (default: uplink MTU − 50)")
-	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "liveness lease TTL: the node counts as alive this long after a renewal (renewed every quarter of it on Kubernetes, as kubelet does, every third on etcd)")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "liveness lease TTL: the node counts as alive this long after a renewal (renewed every 30 % of it on Kubernetes, every third on etcd)")
 	fs.DurationVar(&cfg.Resync, "resync", cfg.Resync, "how often every watcher reconciles without a change, repairing drift in the kernel")
 	fs.BoolVar(&cfg.Datapath.FastPath, "fast-path", cfg.Datapath.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
 	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")

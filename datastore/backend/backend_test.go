@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -28,6 +29,7 @@ func TestContradictoryFlagsAreNamed(t *testing.T) {
 		{[]string{"--datastore=consul"}, "--datastore"},
 		{[]string{"--kubeconfig=/k"}, "--kubeconfig"},
 		{[]string{"--datastore=kubernetes", "--etcd-endpoints=http://127.0.0.1:2379"}, "--etcd-endpoints"},
+		{[]string{"--datastore=kubernetes", "--kube-api-qps=0"}, "--kube-api-qps"},
 	} {
 		_, err := flags(t, c.args...).Open(context.Background(), ForController)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -45,5 +47,23 @@ func TestKubernetesOutsideAPodNeedsAKubeconfig(t *testing.T) {
 	_, err := flags(t, "--datastore=kubernetes").Open(context.Background(), ForController)
 	if err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
 		t.Fatalf("err = %v, want one pointing at --kubeconfig", err)
+	}
+}
+
+// The client's rate limits come from the flags, not client-go's defaults.
+func TestRESTConfigCarriesTheRateLimits(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := dir + "/kubeconfig"
+	conf := "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: https://127.0.0.1:6443}}]\n" +
+		"users: [{name: u, user: {token: x}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+	if err := os.WriteFile(kubeconfig, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := flags(t, "--datastore=kubernetes", "--kubeconfig="+kubeconfig, "--kube-api-qps=75", "--kube-api-burst=150").RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.QPS != 75 || c.Burst != 150 {
+		t.Errorf("QPS %v, burst %d; want 75, 150", c.QPS, c.Burst)
 	}
 }
