@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down bench generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test lab lab-down bench bench-scale generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -41,6 +41,13 @@ lab-down: build
 bench: prereqs build
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
+
+# The scale bed (docs/performance.md, "Scale"): N simulated nodes in a real
+# datastore (embedded etcd, kube-apiserver), one real agent programming
+# them all; writes bench-results/scale.{json,md,svg}. SCALE_ARGS e.g.
+# "--nodes 100 --datastores etcd" (default: 100, 1000 and 5000 on both).
+bench-scale: prereqs build kube-bins
+	$(BIN)/onc-bench scale --kube-bin $(KUBE_BIN) $(SCALE_ARGS)
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
 # a privileged test that cannot run fails instead of skipping).

@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -54,6 +55,38 @@ func div(a, b float64) float64 {
 	return a / b
 }
 
+// Rendered is a report that bench-results/ holds as JSON, Markdown and SVG.
+type Rendered interface {
+	JSON(io.Writer) error
+	Markdown(io.Writer)
+	SVG(io.Writer)
+}
+
+// WriteFiles writes r as dir/stem.json, stem.md and stem.svg.
+func WriteFiles(dir, stem string, r Rendered) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for ext, write := range map[string]func(io.Writer) error{
+		".json": r.JSON,
+		".md":   func(w io.Writer) error { r.Markdown(w); return nil },
+		".svg":  func(w io.Writer) error { r.SVG(w); return nil },
+	} {
+		f, err := os.Create(filepath.Join(dir, stem+ext))
+		if err != nil {
+			return err
+		}
+		if err := write(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // JSON writes the report.
 func (r Report) JSON(w io.Writer) error {
 	e := json.NewEncoder(w)
@@ -80,59 +113,29 @@ func (r Report) Markdown(w io.Writer) {
 // SVG draws, per test, each config's median relative to bare (bars) with
 // its min–max range (whiskers).
 func (r Report) SVG(w io.Writer) {
-	const width, height, left, top, barW, gap = 720, 360, 60, 40, 40, 30
 	colors := map[string]string{"bare": "#9e9e9e", "slow": "#e57373", "fast": "#43a047"}
+	c := Chart{Title: "ONC: median relative to bare underlay (whiskers: min–max), " + r.Date, YMin: 1.2}
+	for _, cfg := range Configs {
+		c.Series = append(c.Series, Series{Name: cfg, Color: colors[cfg]})
+	}
 	bare := map[string]float64{}
-	maxRel := 1.2
 	for _, s := range r.Results {
 		if s.Config == "bare" {
 			bare[s.Test] = s.Median
 		}
 	}
 	for _, s := range r.Results {
-		if b := bare[s.Test]; b > 0 && s.Max/b > maxRel {
-			maxRel = s.Max / b
-		}
-	}
-	plotH := float64(height - top - 50)
-	y := func(rel float64) float64 { return float64(top) + plotH*(1-rel/maxRel) }
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14">ONC: median relative to bare underlay (whiskers: min–max), %s</text>`+"\n", left, r.Date)
-	for _, g := range []float64{0, 0.25, 0.5, 0.75, 1, 1.25} {
-		if g > maxRel {
-			break
-		}
-		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">%.2f</text>`+"\n",
-			left, width-10, y(g), y(g), left-5, y(g)+4, g)
-	}
-	x := left + 10
-	var test string
-	for _, s := range r.Results {
-		if s.Test != test {
-			if test != "" {
-				x += gap
-			}
-			test = s.Test
-			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", x, height-25, s.Test)
+		if len(c.Groups) == 0 || c.Groups[len(c.Groups)-1].Label != s.Test { // Results are grouped by test
+			c.Groups = append(c.Groups, Group{Label: s.Test})
 		}
 		bv := bare[s.Test]
 		if bv == 0 {
 			continue
 		}
-		rel, lo, hi := s.Median/bv, s.Min/bv, s.Max/bv
-		fmt.Fprintf(&b, `<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="%s"><title>%s %s %.2f</title></rect>`+"\n",
-			x, y(rel), barW, y(0)-y(rel), colors[s.Config], s.Test, s.Config, rel)
-		cx := x + barW/2
-		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#000"/>`+"\n", cx, cx, y(lo), y(hi))
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="middle" font-size="10">%.2f</text>`+"\n", cx, y(hi)-4, rel)
-		x += barW + 4
+		g := &c.Groups[len(c.Groups)-1]
+		rel := s.Median / bv
+		g.Bars = append(g.Bars, Bar{Series: s.Config, Value: rel, Lo: s.Min / bv, Hi: s.Max / bv,
+			Label: fmt.Sprintf("%.2f", rel), Title: fmt.Sprintf("%s %s %.2f", s.Test, s.Config, rel)})
 	}
-	lx := left + 10
-	for _, c := range Configs {
-		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", lx, height-15, colors[c], lx+16, height-5, c)
-		lx += 70
-	}
-	b.WriteString("</svg>\n")
-	_, _ = io.WriteString(w, b.String())
+	c.SVG(w)
 }

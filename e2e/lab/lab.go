@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -205,6 +206,19 @@ func (l *Lab) ctlNetns() string { return l.Prefix + "-ctl" }
 
 // EtcdURL is where the lab's agents reach the embedded etcd.
 func (l *Lab) EtcdURL() string { return "http://" + controllerIP.String() + ":2379" }
+
+// DialDatastore connects to addr from inside the controller's namespace,
+// where the lab's datastore serves (the embedded etcd, or kube-apiserver
+// and its etcd): how a client outside the lab, a test or a benchmark,
+// reaches it. The connection stays there whichever thread uses it.
+func (l *Lab) DialDatastore(ctx context.Context, network, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := InNetns(l.ctlNetns(), func() (err error) {
+		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
+}
 
 func (l *Lab) underlay() error {
 	ul := l.ulNetns()
