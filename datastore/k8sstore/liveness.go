@@ -38,17 +38,23 @@ func leaseName(node string) (string, error) {
 	return "", fmt.Errorf("node name %q: longer than the %d characters its liveness Lease's name leaves", node, 253-len(leasePrefix))
 }
 
-// KeepAlive renews the node's Lease every 30 % of ttl (12 s of the default
-// 40 s: a node survives two lost renewals, and N nodes write N ÷ 12 times
-// a second, under the N ÷ 10 a datastore can be asked to carry), and
-// deletes it when ctx ends so the node is seen gone at once, not after ttl.
+// RenewInterval is how often KeepAlive renews a Lease of ttl: every 30 %
+// of it (12 s of the default 40 s), so a node survives two lost renewals
+// and N nodes write N ÷ 12 times a second, under the N ÷ 10 a datastore can
+// be asked to carry.
+func RenewInterval(ttl time.Duration) time.Duration {
+	return max(ttl.Truncate(time.Second)*3/10, time.Second)
+}
+
+// KeepAlive renews the node's Lease every RenewInterval, and deletes it
+// when ctx ends so the node is seen gone at once, not after ttl.
 func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) error {
 	lease, err := leaseName(name)
 	if err != nil {
 		return err
 	}
 	secs := int32(max(ttl/time.Second, 1))
-	every := max(time.Duration(secs)*time.Second*3/10, time.Second)
+	every := RenewInterval(ttl)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/e2e/lab"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -199,7 +200,7 @@ func HeartbeatRate(datastore string, n int, ttl time.Duration) float64 {
 
 func heartbeatPeriod(datastore string, ttl time.Duration) time.Duration {
 	if datastore == "kubernetes" {
-		return max(ttl/4, time.Second)
+		return k8sstore.RenewInterval(ttl)
 	}
-	return ttl / 3
+	return ttl / 3 // clientv3's keepalive period
 }

@@ -102,8 +102,8 @@ func TestWritesRate(t *testing.T) {
 }
 
 func TestHeartbeatRate(t *testing.T) {
-	if got := HeartbeatRate("kubernetes", 5000, 40*time.Second); got != 500 {
-		t.Fatalf("kubernetes: %v/s, want a renewal per node every 10 s", got)
+	if got := HeartbeatRate("kubernetes", 6000, 40*time.Second); got != 500 {
+		t.Fatalf("kubernetes: %v/s, want a renewal per node every 12 s", got)
 	}
 	if got := HeartbeatRate("etcd", 300, 30*time.Second); got != 30 {
 		t.Fatalf("etcd: %v/s, want a keepalive per node every 10 s", got)
