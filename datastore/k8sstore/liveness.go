@@ -75,7 +75,8 @@ func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) e
 	}
 }
 
-// deleteLease removes a node's Lease: the node is seen gone at once.
+// deleteLease removes a node's Lease: the node is seen gone at once, by
+// this store's Liveness too (it waits for its cache, if it has one).
 func (s *Store) deleteLease(ctx context.Context, node string) error {
 	lease, err := leaseName(node)
 	if err != nil {
@@ -85,7 +86,10 @@ func (s *Store) deleteLease(ctx context.Context, node string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete Lease %s/%s: %w", s.leaseNS, lease, err)
 	}
-	return nil
+	if s.leaseInf == nil {
+		return nil
+	}
+	return s.awaitCache(ctx, s.leaseInf, s.leaseNS+"/"+lease, "")
 }
 
 // renew writes the Lease once: an update of the one it holds (nil: fetch
