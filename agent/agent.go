@@ -90,10 +90,10 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		return nil, fmt.Errorf("resync period %v: must be positive", cfg.Resync)
 	}
 	up := dp.Uplink()
-	podMTU := up.MTU - overlayOverhead
+	podMTU := up.MTU - datapath.OverlayOverhead
 	if cfg.MTU != 0 {
 		if cfg.MTU < 576 || cfg.MTU > podMTU {
-			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, overlayOverhead, podMTU)
+			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, datapath.OverlayOverhead, podMTU)
 		}
 		podMTU = cfg.MTU
 	}
@@ -107,9 +107,6 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
 	return a, nil
 }
-
-// overlayOverhead is what VXLAN over IPv4 adds to a frame.
-const overlayOverhead = datapath.OverlayOverhead
 
 // loadVTEPMAC returns the persisted VTEP MAC, creating one on first start:
 // peers' FDB entries stay valid across agent restarts and reboots.
@@ -153,9 +150,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 
-	a.mu.Lock()
-	spec := a.spec
-	a.mu.Unlock()
+	spec := a.published()
 	if err := retry(ctx, "register node", func() error { return a.store.RegisterNode(ctx, spec) }); err != nil {
 		return nil
 	}
@@ -183,34 +178,32 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			self = &nodes[i]
 		}
 	}
-	a.mu.Lock()
-	spec := a.spec
-	a.mu.Unlock()
-	if self == nil || self.FastPath != spec.FastPath {
-		slog.Warn("this node's registration is missing or outdated; registering again")
-		return a.store.RegisterNode(ctx, spec)
-	}
-	if !self.PodCIDR.IsValid() {
-		return nil
+	if self == nil {
+		slog.Warn("this node's registration is missing; registering again")
+		return a.store.RegisterNode(ctx, a.published())
 	}
 	a.mu.Lock()
 	cidr := a.podCIDR
 	a.mu.Unlock()
-	if !cidr.IsValid() {
+	switch {
+	case !cidr.IsValid() && self.PodCIDR.IsValid():
 		if err := a.bringUp(ctx, self.PodCIDR); err != nil {
 			a.setNotReady(err.Error())
 			return err
 		}
-		a.mu.Lock()
-		spec = a.spec
-		a.mu.Unlock()
-		if spec.FastPath != self.FastPath { // it did not load: peers must know now
-			if err := a.store.RegisterNode(ctx, spec); err != nil {
-				return err
-			}
-		}
-	} else if cidr != self.PodCIDR {
+	case cidr.IsValid() && self.PodCIDR.IsValid() && cidr != self.PodCIDR:
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
+		return nil
+	}
+	// After bring-up too: a fast path that did not load must reach the
+	// peers in this pass.
+	if spec := a.published(); self.FastPath != spec.FastPath {
+		slog.Warn("this node's registration is outdated; registering again", "fastPath", spec.FastPath)
+		if err := a.store.RegisterNode(ctx, spec); err != nil {
+			return err
+		}
+	}
+	if !self.PodCIDR.IsValid() {
 		return nil
 	}
 	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
@@ -218,6 +211,13 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	}
 	a.setNotReady("")
 	return nil
+}
+
+// published is what this node publishes about itself.
+func (a *Agent) published() datastore.NodeSpec {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.spec
 }
 
 // bringUp builds the node's datapath for cidr and takes over the pods of

@@ -116,14 +116,15 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 	case err != nil:
 		return fail(ErrInternal, "cannot record the pod's address", err.Error())
 	}
-	link, err := s.a.dp.AttachPod(s.a.podOf(att))
+	pod := s.a.podOf(att)
+	link, err := s.a.dp.AttachPod(pod)
 	if err == nil {
 		att.MAC = link.PodMAC.String()
 		err = pool.Update(att)
 	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
-		if derr := s.a.dp.DetachPod(s.a.podOf(att)); derr != nil {
+		if derr := s.a.dp.DetachPod(pod); derr != nil {
 			slog.Error("rollback could not remove the pod's interface", "pod", key, "err", derr)
 		}
 		if _, _, rerr := pool.Release(key); rerr != nil {

@@ -297,38 +297,31 @@ func (s *Store) Allocations(ctx context.Context) (map[netip.Prefix]string, error
 }
 
 func (s *Store) Nodes(ctx context.Context) ([]datastore.Node, error) {
-	// One read of the whole prefix: a consistent snapshot.
-	resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
+	// Records and their CIDRs in one transaction: a consistent snapshot
+	// that skips the allocations and liveness keys under the same prefix.
+	nodesDir, cidrsDir := s.key("nodes")+"/", s.key("nodecidrs")+"/"
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(nodesDir, clientv3.WithPrefix()),
+		clientv3.OpGet(cidrsDir, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, err
 	}
-	specs := map[string]datastore.NodeSpec{}
 	cidrs := map[string]netip.Prefix{}
-	var order []string
-	for _, kv := range resp.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), s.prefix)
-		kind, name, ok := strings.Cut(rest, "/")
-		if !ok {
-			continue
-		}
-		switch kind {
-		case "nodes":
-			spec, err := decodeNode(name, kv.Value)
-			if err != nil {
-				slog.Warn("ignoring malformed node record", "node", name, "err", err)
-				continue
-			}
-			specs[name] = spec
-			order = append(order, name)
-		case "nodecidrs":
-			if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
-				cidrs[name] = p
-			}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
+			cidrs[strings.TrimPrefix(string(kv.Key), cidrsDir)] = p
 		}
 	}
-	nodes := make([]datastore.Node, 0, len(order))
-	for _, name := range order {
-		nodes = append(nodes, datastore.Node{NodeSpec: specs[name], PodCIDR: cidrs[name]})
+	recs := resp.Responses[0].GetResponseRange().Kvs
+	nodes := make([]datastore.Node, 0, len(recs))
+	for _, kv := range recs {
+		name := strings.TrimPrefix(string(kv.Key), nodesDir)
+		spec, err := decodeNode(name, kv.Value)
+		if err != nil {
+			slog.Warn("ignoring malformed node record", "node", name, "err", err)
+			continue
+		}
+		nodes = append(nodes, datastore.Node{NodeSpec: spec, PodCIDR: cidrs[name]})
 	}
 	return nodes, nil
 }
