@@ -43,6 +43,10 @@ type Config struct {
 
 	Datapath datapath.Config
 
+	// Policy, with the Kubernetes datastore, is what NetworkPolicy
+	// enforcement reads; nil elsewhere, and then nothing is policed.
+	Policy PolicyInputs
+
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
 	Pods PodPhases
@@ -69,7 +73,8 @@ type Agent struct {
 	up      datapath.Uplink
 	vtepMAC net.HardwareAddr
 	podMTU  int
-	peers   *watcher // the node and its peers, from the datastore
+	peers   *watcher       // the node and its peers, from the datastore
+	policy  *policyWatcher // nil without Config.Policy
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
@@ -105,6 +110,11 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		notReady: "registering the node",
 		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
 	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
+	if cfg.Policy != nil {
+		a.policy = newPolicyWatcher(a, cfg.Policy)
+	} else {
+		slog.Warn("network policy " + policyNeedsKubernetes)
+	}
 	return a, nil
 }
 
@@ -160,6 +170,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.setNotReady("waiting for the controller to allocate this node's pod CIDR")
 
 	defer a.dp.Close() // the pinned maps and links keep forwarding
+	if a.policy != nil {
+		go a.policy.run(ctx)
+	}
 	a.peers.run(ctx, a.store.Changes(ctx))
 	return nil
 }
@@ -253,11 +266,19 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 		}
 	}
 	slog.Info("node up", "podCIDR", cidr, "gateway", gw, "podMTU", a.podMTU)
+	if a.policy != nil {
+		a.policy.signal() // the adopted pods' rules
+	}
 	return nil
 }
 
 // watchers lists the agent's watchers, for status.
-func (a *Agent) watchers() []*watcher { return []*watcher{a.peers} }
+func (a *Agent) watchers() []*watcher {
+	if a.policy != nil {
+		return []*watcher{a.peers, a.policy.w}
+	}
+	return []*watcher{a.peers}
+}
 
 // podOf is an attachment as the datapath programs it.
 func (a *Agent) podOf(att ipam.Attachment) datapath.Pod {

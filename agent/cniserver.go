@@ -122,6 +122,9 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		att.MAC = link.PodMAC.String()
 		err = pool.Update(att)
 	}
+	if err == nil && s.a.policy != nil && kname != "" {
+		err = s.a.policy.await(ctx, kns, kname)
+	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
 		if derr := s.a.dp.DetachPod(pod); derr != nil {
@@ -135,6 +138,8 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
 		case errors.Is(err, datapath.ErrIfaceExists):
 			return fail(ErrAttachmentExists, "the interface already exists in the container", err.Error())
+		case errors.Is(err, errPolicyPending):
+			return fail(errTryAgainLater, "the pod's network policy is not enforced yet", err.Error())
 		}
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
 	}
@@ -203,6 +208,9 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 	}
 	if had {
 		slog.Info("pod deleted", "pod", key, "ip", att.IP)
+		if s.a.policy != nil {
+			s.a.policy.signal() // its rules go
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datastore"
 )
 
@@ -33,6 +34,13 @@ type Datapath interface {
 	// and deletes) made to program peers since start: at steady state it
 	// stands still.
 	KernelWrites() uint64
+
+	// EnforcePolicy makes the kernel enforce rs, ending the connections and
+	// cached verdicts it no longer allows before it returns; checkKernel
+	// rewrites every rule, repairing drift.
+	EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datapath.PolicyChange, error)
+	// PolicyCounters are each local pod's allowed and denied connections.
+	PolicyCounters() (map[string]netpol.Counters, error)
 
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
@@ -37,6 +38,7 @@ type fakeDatapath struct {
 	syncs   int                             // SyncPeers calls
 	checks  int                             // of which with checkKernel
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
+	policy  netpol.Ruleset                  // as last enforced
 }
 
 func newFakeDatapath() *fakeDatapath {
@@ -157,6 +159,20 @@ func (f *fakeDatapath) FastPath() datapath.FastPath {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.fp
+}
+
+func (f *fakeDatapath) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datapath.PolicyChange, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail["EnforcePolicy"]; err != nil {
+		return datapath.PolicyChange{}, err
+	}
+	f.policy = rs
+	return datapath.PolicyChange{}, nil
+}
+
+func (f *fakeDatapath) PolicyCounters() (map[string]netpol.Counters, error) {
+	return map[string]netpol.Counters{}, nil
 }
 
 func (f *fakeDatapath) Close() error { return nil }

@@ -9,6 +9,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/netpol"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -41,6 +42,10 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	}
 	st.Peers = uint32(len(a.dp.ProgrammedPeers()))
 	st.PeerKernelWrites = a.dp.KernelWrites()
+	st.Policy = "enforced"
+	if a.policy == nil {
+		st.Policy = policyNeedsKubernetes
+	}
 	for _, w := range a.watchers() {
 		ws := w.Status()
 		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
@@ -207,4 +212,53 @@ func (s *onctlServer) ListCache(ctx context.Context, req *apiv1.ListCacheRequest
 		}
 	}
 	return &out, nil
+}
+
+func (s *onctlServer) ListPolicy(ctx context.Context, req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
+	p := s.a.policy
+	if p == nil {
+		return nil, status.Error(codes.FailedPrecondition, "network policy "+policyNeedsKubernetes)
+	}
+	ws := p.w.Status()
+	resp := &apiv1.ListPolicyResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
+	rs := p.enforced()
+	counters, err := s.a.dp.PolicyCounters()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read the policy counters: %v", err)
+	}
+	for _, pod := range rs.Pods {
+		if req.Pod != "" && pod.Key != req.Pod && !strings.HasSuffix(pod.Key, "/"+req.Pod) {
+			continue
+		}
+		c := counters[pod.Key]
+		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: pod.IP.String(), HostIface: pod.Iface,
+			Ingress: policyDirection(pod.Ingress, c.IngressAllowed, c.IngressDenied),
+			Egress:  policyDirection(pod.Egress, c.EgressAllowed, c.EgressDenied)})
+	}
+	switch {
+	case req.Pod != "" && len(resp.Pods) == 0:
+		return nil, status.Errorf(codes.NotFound, "no pod %q on this node (onctl pods lists them)", req.Pod)
+	case req.Pod != "" && len(resp.Pods) > 1:
+		return nil, status.Errorf(codes.InvalidArgument, "%d pods are named %q here; give namespace/name", len(resp.Pods), req.Pod)
+	}
+	return resp, nil
+}
+
+func policyDirection(d *netpol.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
+	out := &apiv1.PolicyDirection{Allowed: allowed, Denied: denied}
+	if d == nil {
+		return out
+	}
+	out.Isolated, out.Policies = true, d.Policies
+	for _, r := range d.Rules {
+		pr := &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), NoPort: r.Ports != nil && len(r.Ports) == 0}
+		for _, peer := range r.Peers {
+			pr.Peers = append(pr.Peers, peer.String())
+		}
+		for _, port := range r.Ports {
+			pr.Ports = append(pr.Ports, port.String())
+		}
+		out.Rules = append(out.Rules, pr)
+	}
+	return out
 }

@@ -106,6 +106,29 @@ func (w *watcher) apply(ctx context.Context, full bool) bool {
 	return true
 }
 
+// await calls signal and waits until a reconcile that read the state after
+// the call has succeeded. If ctx ends first it returns the last reconcile
+// error ("" if none); nil on success.
+func (w *watcher) await(ctx context.Context, signal func()) *string {
+	w.mu.Lock()
+	target := w.status.Seen + 1 // the signal's, or a pending one's: both reconcile after now
+	w.mu.Unlock()
+	signal()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st := w.Status()
+		if st.Applied >= target {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return &st.LastError
+		case <-tick.C:
+		}
+	}
+}
+
 // Status reports the watcher's progress.
 func (w *watcher) Status() WatcherStatus {
 	w.mu.Lock()

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
+	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/datastore"
@@ -23,6 +25,8 @@ type Node struct {
 	mu        sync.Mutex
 	ovl       *overlay.Overlay   // nil until BringUp
 	fp        *fastpath.Datapath // nil: slow path only
+	gateway   netip.Addr         // this node's address on the overlay; zero until BringUp
+	policy    *netpol.Enforcer   // nil until the first EnforcePolicy
 	conflicts string             // the peers left out last time, logged when it changes
 }
 
@@ -87,7 +91,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 			return err
 		}
 	}
-	n.ovl = ovl
+	n.ovl, n.gateway = ovl, gw
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
 	return nil
 }
@@ -135,12 +139,16 @@ func (n *Node) fastPath() *fastpath.Datapath {
 func (n *Node) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.fp == nil {
-		return nil
+	var errs []error
+	if n.policy != nil {
+		errs = append(errs, n.policy.Close())
+		n.policy = nil
 	}
-	err := n.fp.Close()
-	n.fp = nil
-	return err
+	if n.fp != nil {
+		errs = append(errs, n.fp.Close())
+		n.fp = nil
+	}
+	return errors.Join(errs...)
 }
 
 // SyncPeers programs every other node that has a pod CIDR as an overlay

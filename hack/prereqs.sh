@@ -8,6 +8,7 @@ declare -A need=(
   [protoc]=protobuf-compiler   # make generate / verify-generated
   [ip]=iproute2                # lab namespaces
   [iptables]=iptables          # agent masquerade rules
+  [nft]=nftables               # NetworkPolicy rules (agent)
   [etcd]=etcd-server           # datastore tests against a separate etcd process
   [conntrack]=conntrack        # inspecting flows in the lab
   [clang]=clang                # eBPF programs (make generate)

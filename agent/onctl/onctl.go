@@ -63,6 +63,14 @@ func NewCommand() *cobra.Command {
 		&cobra.Command{Use: "fastpath on|off", Short: "Switch this node's fast path on or off (peers follow through the datastore)",
 			Args: cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs), ValidArgs: []string{"on", "off"},
 			RunE: func(cmd *cobra.Command, args []string) error { return o.run(setFastPath(args[0] == "on")) }},
+		&cobra.Command{Use: "policy [POD]", Short: "NetworkPolicy of this node's pods: isolation, rules, allowed and denied connections; POD (namespace/name) in detail",
+			Args: cobra.MaximumNArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if len(args) == 1 {
+					return o.run(showPodPolicy(args[0]))
+				}
+				return o.run(showPolicy)
+			}},
 		cacheCommand(o),
 	)
 	return root
@@ -167,6 +175,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Pods:", fmt.Sprint(st.Pods)},
 		{"Peers:", fmt.Sprint(st.Peers)},
 		{"Datastore:", st.Datastore},
+		{"Policy:", orDash(st.Policy)},
 		{"Version:", st.Version},
 		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
 	}
@@ -347,4 +356,99 @@ func listCache(table string) view {
 		}
 		return nil
 	}
+}
+
+func showPolicy(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
+	if err != nil {
+		return err
+	}
+	if o.output == "json" {
+		return o.json(resp)
+	}
+	var rows [][]string
+	for _, p := range resp.Pods {
+		rows = append(rows, []string{p.Key, p.Ip, isolation(p.Ingress), isolation(p.Egress),
+			fmt.Sprintf("%d/%d", p.Ingress.Allowed, p.Egress.Allowed), fmt.Sprintf("%d/%d", p.Ingress.Denied, p.Egress.Denied)})
+	}
+	if err := o.table([]string{"POD", "IP", "INGRESS", "EGRESS", "ALLOWED(IN/EG)", "DENIED(IN/EG)"}, rows); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(o.out, "\nPolicy: "+policyGeneration(resp))
+	return err
+}
+
+func showPodPolicy(pod string) view {
+	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
+		resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: pod})
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return o.json(resp)
+		}
+		p := resp.Pods[0]
+		fmt.Fprintf(o.out, "Pod:     %s (%s, host interface %s)\nPolicy:  %s\n", p.Key, p.Ip, p.HostIface, policyGeneration(resp))
+		for _, d := range []struct {
+			name string
+			dir  *apiv1.PolicyDirection
+			peer string
+		}{{"Ingress", p.Ingress, "FROM"}, {"Egress", p.Egress, "TO"}} {
+			fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, isolation(d.dir), d.dir.Allowed, d.dir.Denied)
+			if !d.dir.Isolated {
+				continue
+			}
+			if len(d.dir.Rules) == 0 {
+				fmt.Fprintln(o.out, "  no rule: every connection is denied")
+				continue
+			}
+			var rows [][]string
+			for _, r := range d.dir.Rules {
+				rows = append(rows, []string{r.Policy, fmt.Sprint(r.Index), orNone(r.Peers), rulePorts(r)})
+			}
+			if err := o.table([]string{"  POLICY", "RULE", d.peer, "PORTS"}, indent(rows)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func isolation(d *apiv1.PolicyDirection) string {
+	if !d.Isolated {
+		return "open"
+	}
+	return "isolated by " + strings.Join(d.Policies, ",")
+}
+
+func policyGeneration(r *apiv1.ListPolicyResponse) string {
+	s := fmt.Sprintf("applied generation %d of %d", r.Applied, r.Seen)
+	if r.LastError != "" {
+		s += "; failing: " + r.LastError
+	}
+	return s
+}
+
+func rulePorts(r *apiv1.PolicyRule) string {
+	switch {
+	case r.NoPort:
+		return "none (unresolved named port)"
+	case len(r.Ports) == 0:
+		return "all"
+	}
+	return strings.Join(r.Ports, ",")
+}
+
+func orNone(peers []string) string {
+	if len(peers) == 0 {
+		return "nobody"
+	}
+	return strings.Join(peers, ",")
+}
+
+func indent(rows [][]string) [][]string {
+	for _, r := range rows {
+		r[0] = "  " + r[0]
+	}
+	return rows
 }

@@ -291,8 +291,10 @@ type NodeStatus struct {
 	// Kernel writes (netlink messages, BPF map updates and deletes) made to
 	// program peers since the agent started; at steady state it stands still.
 	PeerKernelWrites uint64 `protobuf:"varint,23,opt,name=peer_kernel_writes,json=peerKernelWrites,proto3" json:"peer_kernel_writes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// "enforced", or why NetworkPolicy is not.
+	Policy        string `protobuf:"bytes,24,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -484,6 +486,13 @@ func (x *NodeStatus) GetPeerKernelWrites() uint64 {
 		return x.PeerKernelWrites
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
 }
 
 type Watcher struct {
@@ -1619,6 +1628,357 @@ func (x *GetStatsResponse) GetCounters() []*Counter {
 	return nil
 }
 
+type ListPolicyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One pod, "namespace/name" (or "name" when unique); empty for all.
+	Pod           string `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPolicyRequest) Reset() {
+	*x = ListPolicyRequest{}
+	mi := &file_onc_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPolicyRequest) ProtoMessage() {}
+
+func (x *ListPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPolicyRequest.ProtoReflect.Descriptor instead.
+func (*ListPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListPolicyRequest) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+type PolicyRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace/name of the NetworkPolicy, and the rule's index in its
+	// ingress or egress list.
+	Policy string `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	Index  int32  `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	// Peers resolved to CIDRs (pods as /32); empty allows nothing.
+	Peers []string `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
+	// e.g. TCP/80, UDP/5000-5010, SCTP (every port); empty: every protocol
+	// and port.
+	Ports []string `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
+	// The rule names ports but none applies (an unresolved named port).
+	NoPort        bool `protobuf:"varint,5,opt,name=no_port,json=noPort,proto3" json:"no_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyRule) Reset() {
+	*x = PolicyRule{}
+	mi := &file_onc_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyRule) ProtoMessage() {}
+
+func (x *PolicyRule) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyRule.ProtoReflect.Descriptor instead.
+func (*PolicyRule) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PolicyRule) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *PolicyRule) GetPeers() []string {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+func (x *PolicyRule) GetPorts() []string {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+func (x *PolicyRule) GetNoPort() bool {
+	if x != nil {
+		return x.NoPort
+	}
+	return false
+}
+
+type PolicyDirection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Some policy selects the pod in this direction; if not, all is allowed.
+	Isolated bool          `protobuf:"varint,1,opt,name=isolated,proto3" json:"isolated,omitempty"`
+	Policies []string      `protobuf:"bytes,2,rep,name=policies,proto3" json:"policies,omitempty"`
+	Rules    []*PolicyRule `protobuf:"bytes,3,rep,name=rules,proto3" json:"rules,omitempty"`
+	// New connections the pod's rules allowed and denied in this direction
+	// (a retried SYN counts again).
+	Allowed       uint64 `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Denied        uint64 `protobuf:"varint,5,opt,name=denied,proto3" json:"denied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyDirection) Reset() {
+	*x = PolicyDirection{}
+	mi := &file_onc_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyDirection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyDirection) ProtoMessage() {}
+
+func (x *PolicyDirection) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyDirection.ProtoReflect.Descriptor instead.
+func (*PolicyDirection) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PolicyDirection) GetIsolated() bool {
+	if x != nil {
+		return x.Isolated
+	}
+	return false
+}
+
+func (x *PolicyDirection) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetRules() []*PolicyRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetAllowed() uint64 {
+	if x != nil {
+		return x.Allowed
+	}
+	return 0
+}
+
+func (x *PolicyDirection) GetDenied() uint64 {
+	if x != nil {
+		return x.Denied
+	}
+	return 0
+}
+
+type PolicyPod struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Ip            string                 `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	HostIface     string                 `protobuf:"bytes,3,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
+	Ingress       *PolicyDirection       `protobuf:"bytes,4,opt,name=ingress,proto3" json:"ingress,omitempty"`
+	Egress        *PolicyDirection       `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyPod) Reset() {
+	*x = PolicyPod{}
+	mi := &file_onc_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyPod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyPod) ProtoMessage() {}
+
+func (x *PolicyPod) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyPod.ProtoReflect.Descriptor instead.
+func (*PolicyPod) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PolicyPod) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PolicyPod) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *PolicyPod) GetHostIface() string {
+	if x != nil {
+		return x.HostIface
+	}
+	return ""
+}
+
+func (x *PolicyPod) GetIngress() *PolicyDirection {
+	if x != nil {
+		return x.Ingress
+	}
+	return nil
+}
+
+func (x *PolicyPod) GetEgress() *PolicyDirection {
+	if x != nil {
+		return x.Egress
+	}
+	return nil
+}
+
+type ListPolicyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The policy watcher's input generation seen and applied (onctl status).
+	Seen          uint64       `protobuf:"varint,1,opt,name=seen,proto3" json:"seen,omitempty"`
+	Applied       uint64       `protobuf:"varint,2,opt,name=applied,proto3" json:"applied,omitempty"`
+	LastError     string       `protobuf:"bytes,3,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	Pods          []*PolicyPod `protobuf:"bytes,4,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPolicyResponse) Reset() {
+	*x = ListPolicyResponse{}
+	mi := &file_onc_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPolicyResponse) ProtoMessage() {}
+
+func (x *ListPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPolicyResponse.ProtoReflect.Descriptor instead.
+func (*ListPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListPolicyResponse) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+func (x *ListPolicyResponse) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *ListPolicyResponse) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *ListPolicyResponse) GetPods() []*PolicyPod {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
 var File_onc_proto protoreflect.FileDescriptor
 
 const file_onc_proto_rawDesc = "" +
@@ -1639,7 +1999,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xc7\x05\n" +
+	"\x10GetStatusRequest\"\xdf\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -1666,7 +2026,8 @@ const file_onc_proto_rawDesc = "" +
 	"\tfast_path\x18\x14 \x01(\bR\bfastPath\x12$\n" +
 	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\x12+\n" +
 	"\bwatchers\x18\x16 \x03(\v2\x0f.onc.v1.WatcherR\bwatchers\x12,\n" +
-	"\x12peer_kernel_writes\x18\x17 \x01(\x04R\x10peerKernelWrites\"\x96\x01\n" +
+	"\x12peer_kernel_writes\x18\x17 \x01(\x04R\x10peerKernelWrites\x12\x16\n" +
+	"\x06policy\x18\x18 \x01(\tR\x06policy\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
@@ -1747,13 +2108,41 @@ const file_onc_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\x04R\x05value\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
-	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters2\xf9\x01\n" +
+	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"%\n" +
+	"\x11ListPolicyRequest\x12\x10\n" +
+	"\x03pod\x18\x01 \x01(\tR\x03pod\"\x7f\n" +
+	"\n" +
+	"PolicyRule\x12\x16\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x14\n" +
+	"\x05peers\x18\x03 \x03(\tR\x05peers\x12\x14\n" +
+	"\x05ports\x18\x04 \x03(\tR\x05ports\x12\x17\n" +
+	"\ano_port\x18\x05 \x01(\bR\x06noPort\"\xa5\x01\n" +
+	"\x0fPolicyDirection\x12\x1a\n" +
+	"\bisolated\x18\x01 \x01(\bR\bisolated\x12\x1a\n" +
+	"\bpolicies\x18\x02 \x03(\tR\bpolicies\x12(\n" +
+	"\x05rules\x18\x03 \x03(\v2\x12.onc.v1.PolicyRuleR\x05rules\x12\x18\n" +
+	"\aallowed\x18\x04 \x01(\x04R\aallowed\x12\x16\n" +
+	"\x06denied\x18\x05 \x01(\x04R\x06denied\"\xb0\x01\n" +
+	"\tPolicyPod\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x0e\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x1d\n" +
+	"\n" +
+	"host_iface\x18\x03 \x01(\tR\thostIface\x121\n" +
+	"\aingress\x18\x04 \x01(\v2\x17.onc.v1.PolicyDirectionR\aingress\x12/\n" +
+	"\x06egress\x18\x05 \x01(\v2\x17.onc.v1.PolicyDirectionR\x06egress\"\x88\x01\n" +
+	"\x12ListPolicyResponse\x12\x12\n" +
+	"\x04seen\x18\x01 \x01(\x04R\x04seen\x12\x18\n" +
+	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x03 \x01(\tR\tlastError\x12%\n" +
+	"\x04pods\x18\x04 \x03(\v2\x11.onc.v1.PolicyPodR\x04pods2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xc8\x03\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\x8d\x04\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
@@ -1762,7 +2151,9 @@ const file_onc_proto_rawDesc = "" +
 	"\tListCache\x12\x18.onc.v1.ListCacheRequest\x1a\x19.onc.v1.ListCacheResponse\x12C\n" +
 	"\n" +
 	"FlushCache\x12\x19.onc.v1.FlushCacheRequest\x1a\x1a.onc.v1.FlushCacheResponse\x12=\n" +
-	"\bGetStats\x12\x17.onc.v1.GetStatsRequest\x1a\x18.onc.v1.GetStatsResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"\bGetStats\x12\x17.onc.v1.GetStatsRequest\x1a\x18.onc.v1.GetStatsResponse\x12C\n" +
+	"\n" +
+	"ListPolicy\x12\x19.onc.v1.ListPolicyRequest\x1a\x1a.onc.v1.ListPolicyResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -1776,7 +2167,7 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),         // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),        // 1: onc.v1.CNIResponse
@@ -1802,6 +2193,11 @@ var file_onc_proto_goTypes = []any{
 	(*GetStatsRequest)(nil),    // 21: onc.v1.GetStatsRequest
 	(*Counter)(nil),            // 22: onc.v1.Counter
 	(*GetStatsResponse)(nil),   // 23: onc.v1.GetStatsResponse
+	(*ListPolicyRequest)(nil),  // 24: onc.v1.ListPolicyRequest
+	(*PolicyRule)(nil),         // 25: onc.v1.PolicyRule
+	(*PolicyDirection)(nil),    // 26: onc.v1.PolicyDirection
+	(*PolicyPod)(nil),          // 27: onc.v1.PolicyPod
+	(*ListPolicyResponse)(nil), // 28: onc.v1.ListPolicyResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
@@ -1813,35 +2209,41 @@ var file_onc_proto_depIdxs = []int32{
 	16, // 6: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
 	17, // 7: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
 	22, // 8: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
-	0,  // 9: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 10: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 11: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 12: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 13: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 14: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 15: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 16: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 17: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 18: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 19: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 20: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	1,  // 21: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 22: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 23: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 24: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 25: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 26: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 27: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 28: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 29: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 30: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 31: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 32: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	21, // [21:33] is the sub-list for method output_type
-	9,  // [9:21] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	25, // 9: onc.v1.PolicyDirection.rules:type_name -> onc.v1.PolicyRule
+	26, // 10: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
+	26, // 11: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
+	27, // 12: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
+	0,  // 13: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 14: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 15: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 16: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 17: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 18: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 19: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 20: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 21: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 22: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 23: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 24: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 25: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	1,  // 26: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 27: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 28: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 29: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 30: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 31: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 32: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 33: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 34: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 35: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 36: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 37: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 38: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	26, // [26:39] is the sub-list for method output_type
+	13, // [13:26] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -1855,7 +2257,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -294,6 +294,7 @@ const (
 	Agent_ListCache_FullMethodName   = "/onc.v1.Agent/ListCache"
 	Agent_FlushCache_FullMethodName  = "/onc.v1.Agent/FlushCache"
 	Agent_GetStats_FullMethodName    = "/onc.v1.Agent/GetStats"
+	Agent_ListPolicy_FullMethodName  = "/onc.v1.Agent/ListPolicy"
 )
 
 // AgentClient is the client API for Agent service.
@@ -315,6 +316,11 @@ type AgentClient interface {
 	FlushCache(ctx context.Context, in *FlushCacheRequest, opts ...grpc.CallOption) (*FlushCacheResponse, error)
 	// Per-program counters: hits, misses by reason, learn events, errors.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// The NetworkPolicy of this node's pods as enforced: isolation, the
+	// policies, the compiled rules and the connection counters.
+	// NOT_FOUND for an unknown pod; FAILED_PRECONDITION when policy is not
+	// enforced (etcd datastore).
+	ListPolicy(ctx context.Context, in *ListPolicyRequest, opts ...grpc.CallOption) (*ListPolicyResponse, error)
 }
 
 type agentClient struct {
@@ -395,6 +401,16 @@ func (c *agentClient) GetStats(ctx context.Context, in *GetStatsRequest, opts ..
 	return out, nil
 }
 
+func (c *agentClient) ListPolicy(ctx context.Context, in *ListPolicyRequest, opts ...grpc.CallOption) (*ListPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPolicyResponse)
+	err := c.cc.Invoke(ctx, Agent_ListPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -414,6 +430,11 @@ type AgentServer interface {
 	FlushCache(context.Context, *FlushCacheRequest) (*FlushCacheResponse, error)
 	// Per-program counters: hits, misses by reason, learn events, errors.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// The NetworkPolicy of this node's pods as enforced: isolation, the
+	// policies, the compiled rules and the connection counters.
+	// NOT_FOUND for an unknown pod; FAILED_PRECONDITION when policy is not
+	// enforced (etcd datastore).
+	ListPolicy(context.Context, *ListPolicyRequest) (*ListPolicyResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -444,6 +465,9 @@ func (UnimplementedAgentServer) FlushCache(context.Context, *FlushCacheRequest) 
 }
 func (UnimplementedAgentServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedAgentServer) ListPolicy(context.Context, *ListPolicyRequest) (*ListPolicyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListPolicy not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -592,6 +616,24 @@ func _Agent_GetStats_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ListPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListPolicy(ctx, req.(*ListPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -626,6 +668,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStats",
 			Handler:    _Agent_GetStats_Handler,
+		},
+		{
+			MethodName: "ListPolicy",
+			Handler:    _Agent_ListPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/onc-net/onc/agent"
 	"github.com/onc-net/onc/agent/k8spods"
+	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
@@ -61,6 +62,12 @@ func main() {
 		}
 		defer pods.Close()
 		cfg.Pods = pods
+		inputs, err := policy.Watch(ctx, kcfg)
+		if err != nil {
+			cmdutil.Fatal("cannot watch the NetworkPolicy inputs", err)
+		}
+		defer inputs.Close()
+		cfg.Policy = inputs
 	}
 	dp, err := datapath.New(cfg.Datapath)
 	if err != nil {

@@ -251,6 +251,20 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 	})
 }
 
+// EvictFlows forgets every learned verdict of the local pods ips. With
+// learning paused it first runs before (the caller ends connections in
+// conntrack there), then deletes: a packet of a connection that before
+// ended cannot be learned again in between, since the slow path only
+// learns what conntrack sees ESTABLISHED.
+func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, before func() error) error {
+	return d.evict(func() error {
+		if err := before(); err != nil {
+			return err
+		}
+		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return ips[addrOf(k.LocalIp)] })
+	})
+}
+
 // Peer is a node running the fast path.
 type Peer struct {
 	PodCIDR netip.Prefix

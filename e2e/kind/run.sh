@@ -21,6 +21,7 @@ KUBE_VERSION=${KUBE_VERSION:?set by make}
 CACHE=${CACHE:-/var/cache/onc/kind}
 OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
 FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
+SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
 AGENT_KILL_AFTER=${AGENT_KILL_AFTER:-120} # seconds into the test run (of about 6 min)
 ONLINE=${ONC_KIND_ONLINE:-0}
 export PATH="$KUBE_BIN:$CACHE/bin:$PATH"
@@ -122,11 +123,11 @@ agent_restart() {
 
 test_() {
   mkdir -p "$OUT"
-  log "running e2e.test --ginkgo.focus=$FOCUS (results in $OUT)"
+  log "running e2e.test --ginkgo.focus=$FOCUS --ginkgo.skip=$SKIP (results in $OUT)"
   agent_restart &
   local killer=$!
   local rc=0
-  in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" \
+  in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
     --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   # The restart check ends about four minutes in, well before the run.
   wait "$killer" || rc=1
@@ -141,7 +142,9 @@ test_() {
 summarize() {
   local junit=$OUT/junit_01.xml
   {
-    echo "# [sig-network] Conformance on kind with ONC — $(date -u +%F)"
+    echo "# e2e on kind with ONC — $(date -u +%F)"
+    echo
+    echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
     echo
     echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(git -C "$root" describe --always --dirty),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."

@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/onc-net/onc/agent/policy"
+	"github.com/onc-net/onc/datapath/netpol"
+)
+
+// PolicyInputs are the Kubernetes objects NetworkPolicy is about
+// (*policy.Inputs: informers on pods, namespaces and policies).
+type PolicyInputs interface {
+	Snapshot() policy.Snapshot
+	// OnChange registers fn, called after any of them changes.
+	OnChange(fn func())
+	// HasPod reports whether the pod is in the inputs yet.
+	HasPod(namespace, name string) bool
+}
+
+// policyNeedsKubernetes is what the agent says about policy on etcd.
+const policyNeedsKubernetes = "not enforced: NetworkPolicy needs the Kubernetes datastore (--datastore=kubernetes)"
+
+// policyWatcher keeps the kernel enforcing the NetworkPolicies of this
+// node's pods. Its input is level-triggered like every watcher's: an
+// informer event or a pod attached or detached here only signals, and each
+// reconcile compiles the whole ruleset from the informers' caches; the
+// datapath writes only what changed.
+type policyWatcher struct {
+	a       *Agent
+	inputs  PolicyInputs
+	w       *watcher
+	trigger chan struct{}
+
+	mu    sync.Mutex
+	rules netpol.Ruleset // as last enforced
+}
+
+func newPolicyWatcher(a *Agent, in PolicyInputs) *policyWatcher {
+	p := &policyWatcher{a: a, inputs: in, trigger: make(chan struct{}, 1)}
+	p.w = newWatcher("policy", a.cfg.Resync, p.reconcile)
+	in.OnChange(p.signal)
+	return p
+}
+
+func (p *policyWatcher) run(ctx context.Context) { p.w.run(ctx, p.trigger) }
+
+// signal asks for a reconcile; signals coalesce.
+func (p *policyWatcher) signal() {
+	select {
+	case p.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// policyWait bounds how long CNI ADD waits for the new pod's rules (a
+// variable for the tests).
+var policyWait = 10 * time.Second
+
+// errPolicyPending: a new pod's rules could not be enforced in time.
+var errPolicyPending = errors.New("network policy not enforced")
+
+// await waits until the pod namespace/name is in the inputs (its labels
+// decide which policies select it) and a reconcile that read the state
+// after that has been enforced: CNI ADD calls it so that a pod some policy
+// isolates never starts unprotected.
+func (p *policyWatcher) await(ctx context.Context, namespace, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, policyWait)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !p.inputs.HasPod(namespace, name) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: pod %s/%s not in the API after %v", errPolicyPending, namespace, name, policyWait)
+		case <-tick.C:
+		}
+	}
+	if lastErr := p.w.await(ctx, p.signal); lastErr != nil {
+		if *lastErr != "" {
+			return fmt.Errorf("%w after %v: %s", errPolicyPending, policyWait, *lastErr)
+		}
+		return fmt.Errorf("%w after %v", errPolicyPending, policyWait)
+	}
+	return nil
+}
+
+func (p *policyWatcher) reconcile(ctx context.Context, full bool) error {
+	pool, _ := p.a.readyPool()
+	if pool == nil {
+		return nil // no pods before the node is up; bringUp signals
+	}
+	var local []policy.LocalPod
+	seen := make(map[string]bool)
+	for _, att := range pool.List() {
+		key := att.K8sNamespace + "/" + att.K8sName
+		if att.K8sName == "" || seen[key] {
+			continue // not a Kubernetes pod, or its second interface
+		}
+		seen[key] = true
+		local = append(local, policy.LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IP: att.IP})
+	}
+	rs := policy.Compile(p.inputs.Snapshot(), local)
+	ch, err := p.a.dp.EnforcePolicy(rs, full)
+	if err != nil {
+		return err
+	}
+	if len(ch.Pods) > 0 {
+		slog.Info("network policy enforced", "podsChanged", len(ch.Pods), "connectionsEnded", ch.Ended)
+	}
+	p.mu.Lock()
+	p.rules = rs
+	p.mu.Unlock()
+	return nil
+}
+
+// enforced is the ruleset as last enforced.
+func (p *policyWatcher) enforced() netpol.Ruleset {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rules
+}

@@ -1,0 +1,45 @@
+package policy
+
+import (
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The caches keep exactly what the compiler reads.
+func TestTrim(t *testing.T) {
+	meta := metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7", Labels: map[string]string{"app": "web"},
+		Annotations: map[string]string{"big": "blob"}, UID: "u"}
+	full := &corev1.Pod{ObjectMeta: meta,
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true, ServiceAccountName: "sa",
+			Containers: []corev1.Container{{Name: "c", Image: "i", Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP, HostPort: 80}}}, {Name: "sidecar"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}, HostIP: "192.168.0.1"}}
+	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true,
+			Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}, {}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}}}
+	if got, _ := trimPod(full); !reflect.DeepEqual(got, want) {
+		t.Errorf("pod:\n got %+v\nwant %+v", got, want)
+	}
+
+	ns, _ := trimNamespace(&corev1.Namespace{ObjectMeta: meta, Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{"f"}}})
+	if want := (&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web", ResourceVersion: "7", Labels: meta.Labels}}); !reflect.DeepEqual(ns, want) {
+		t.Errorf("namespace: got %+v", ns)
+	}
+
+	spec := networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: meta.Labels},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{}}, PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}
+	np, _ := trimPolicy(&networkingv1.NetworkPolicy{ObjectMeta: meta, Spec: spec})
+	if want := (&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7"}, Spec: spec}); !reflect.DeepEqual(np, want) {
+		t.Errorf("policy: got %+v", np)
+	}
+
+	// Tombstones pass through.
+	if got, _ := trimPod("tombstone"); got != "tombstone" {
+		t.Errorf("tombstone: got %v", got)
+	}
+}
