@@ -171,7 +171,9 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	defer a.dp.Close() // the pinned maps and links keep forwarding
 	if a.policy != nil {
-		go a.policy.run(ctx)
+		done := make(chan struct{})
+		go func() { a.policy.run(ctx); close(done) }()
+		defer func() { <-done }() // before Close: it may be evicting flows
 	}
 	a.peers.run(ctx, a.store.Changes(ctx))
 	return nil

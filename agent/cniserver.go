@@ -133,6 +133,9 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		if _, _, rerr := pool.Release(key); rerr != nil {
 			slog.Error("rollback could not free the pod's address", "pod", key, "ip", att.IP, "err", rerr)
 		}
+		if s.a.policy != nil {
+			s.a.policy.signal() // the rules it may have got go
+		}
 		switch {
 		case errors.Is(err, datapath.ErrNoNetns):
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())

@@ -1,13 +1,16 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/datapath/netpol"
 )
@@ -80,11 +83,8 @@ func (p *policyWatcher) await(ctx context.Context, namespace, name string) error
 		case <-tick.C:
 		}
 	}
-	if lastErr := p.w.await(ctx, p.signal); lastErr != nil {
-		if *lastErr != "" {
-			return fmt.Errorf("%w after %v: %s", errPolicyPending, policyWait, *lastErr)
-		}
-		return fmt.Errorf("%w after %v", errPolicyPending, policyWait)
+	if err := p.w.await(ctx, p.signal); err != nil {
+		return fmt.Errorf("%w after %v: %w", errPolicyPending, policyWait, err)
 	}
 	return nil
 }
@@ -94,17 +94,33 @@ func (p *policyWatcher) reconcile(ctx context.Context, full bool) error {
 	if pool == nil {
 		return nil // no pods before the node is up; bringUp signals
 	}
+	// A pod's first attachment is compiled; any other (a second interface,
+	// or a new sandbox while the old one's DEL is pending) gets the same
+	// rules under its own key, so that every interface of the pod is
+	// policed.
 	var local []policy.LocalPod
+	var extra []ipam.Attachment
 	seen := make(map[string]bool)
 	for _, att := range pool.List() {
 		key := att.K8sNamespace + "/" + att.K8sName
-		if att.K8sName == "" || seen[key] {
-			continue // not a Kubernetes pod, or its second interface
+		switch {
+		case att.K8sName == "":
+			continue // not a Kubernetes pod
+		case seen[key]:
+			extra = append(extra, att)
+			continue
 		}
 		seen[key] = true
 		local = append(local, policy.LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IP: att.IP})
 	}
 	rs := policy.Compile(p.inputs.Snapshot(), local)
+	for _, att := range extra {
+		pod := *rs.Pod(att.K8sNamespace + "/" + att.K8sName)
+		pod.Key = fmt.Sprintf("%s (%s/%s)", pod.Key, att.ContainerID[:min(12, len(att.ContainerID))], att.IfName)
+		pod.Iface, pod.IP = att.HostIface, att.IP
+		rs.Pods = append(rs.Pods, pod)
+	}
+	slices.SortFunc(rs.Pods, func(a, b netpol.Pod) int { return cmp.Compare(a.Key, b.Key) })
 	ch, err := p.a.dp.EnforcePolicy(rs, full)
 	if err != nil {
 		return err

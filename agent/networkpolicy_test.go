@@ -165,3 +165,27 @@ func TestPolicyOnEtcdSaysItNeedsKubernetes(t *testing.T) {
 		t.Errorf("status policy %q, want %q", st.Policy, policyNeedsKubernetes)
 	}
 }
+
+// A new sandbox of a pod whose old one is not yet deleted is policed too.
+func TestEveryAttachmentOfAPodIsPoliced(t *testing.T) {
+	ta, _ := newPolicyAgent(t, denyIngressTo("web"))
+	for _, container := range []string{"sandbox1", "sandbox2"} {
+		r := &apiv1.CNIRequest{ContainerId: container, Netns: ta.netns("/ns/" + container), Ifname: "eth0",
+			Args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web", Config: []byte(conf)}
+		if resp, err := ta.cni.Add(ctx(t), r); code(t, resp, err) != 0 {
+			t.Fatalf("ADD %s: %v", container, resp.Error)
+		}
+	}
+	ta.dp.mu.Lock()
+	defer ta.dp.mu.Unlock()
+	ifaces := map[string]bool{}
+	for _, p := range ta.dp.policy.Pods {
+		if p.Ingress == nil {
+			t.Errorf("%s (%s) is not isolated", p.Key, p.Iface)
+		}
+		ifaces[p.Iface] = true
+	}
+	if len(ifaces) != 2 {
+		t.Fatalf("enforced pods %v: want both sandboxes' interfaces", ta.dp.policy.Pods)
+	}
+}

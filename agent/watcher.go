@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -107,9 +108,9 @@ func (w *watcher) apply(ctx context.Context, full bool) bool {
 }
 
 // await calls signal and waits until a reconcile that read the state after
-// the call has succeeded. If ctx ends first it returns the last reconcile
-// error ("" if none); nil on success.
-func (w *watcher) await(ctx context.Context, signal func()) *string {
+// the call has succeeded. If ctx ends first, the error says why, with the
+// last reconcile's error if there was one.
+func (w *watcher) await(ctx context.Context, signal func()) error {
 	w.mu.Lock()
 	target := w.status.Seen + 1 // the signal's, or a pending one's: both reconcile after now
 	w.mu.Unlock()
@@ -123,7 +124,10 @@ func (w *watcher) await(ctx context.Context, signal func()) *string {
 		}
 		select {
 		case <-ctx.Done():
-			return &st.LastError
+			if st.LastError != "" {
+				return fmt.Errorf("%w; last error: %s", ctx.Err(), st.LastError)
+			}
+			return ctx.Err()
 		case <-tick.C:
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"sync"
 
@@ -22,12 +21,15 @@ type Node struct {
 	cfg Config
 	up  Uplink
 
-	mu        sync.Mutex
-	ovl       *overlay.Overlay   // nil until BringUp
-	fp        *fastpath.Datapath // nil: slow path only
-	gateway   netip.Addr         // this node's address on the overlay; zero until BringUp
-	policy    *netpol.Enforcer   // nil until the first EnforcePolicy
-	conflicts string             // the peers left out last time, logged when it changes
+	mu     sync.Mutex
+	ovl    *overlay.Overlay   // nil until BringUp
+	fp     *fastpath.Datapath // nil: slow path only
+	policy *netpol.Enforcer   // nil until the first EnforcePolicy
+
+	// revokePending are the pods whose rules changed and whose connections
+	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
+	revokePending map[string]bool
+	conflicts     string // the peers left out last time, logged when it changes
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -43,7 +45,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, up: up}, nil
+	return &Node{cfg: cfg, up: up, revokePending: map[string]bool{}}, nil
 }
 
 // Uplink is the interface overlay traffic leaves by.
@@ -91,7 +93,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 			return err
 		}
 	}
-	n.ovl, n.gateway = ovl, gw
+	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
 	return nil
 }

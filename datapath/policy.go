@@ -1,9 +1,13 @@
 package datapath
 
 import (
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/vishvananda/netlink"
 )
 
 // PolicyChange is what one EnforcePolicy did.
@@ -14,11 +18,13 @@ type PolicyChange struct {
 
 // EnforcePolicy makes the kernel enforce rs (datapath/netpol). The rules
 // change in one transaction. Then, for the pods whose rules changed, the
-// connections rs no longer allows end in conntrack and the pods' cached
-// verdicts leave the flow cache, with learning paused in between so that
-// none is learned again. It returns when all of that is done, so the
-// caller may report the change applied. With checkKernel the whole table
-// is rewritten, repairing drift.
+// connections rs no longer allows end in conntrack, and the flow cache
+// forgets those pods' flows except the ones conntrack knows and rs still
+// allows, with learning paused in between so that no ended connection is
+// learned again. It returns when all of that is done, so the caller may
+// report the change applied; pods whose revocation failed are revoked
+// again on the next call. With checkKernel the whole table is rewritten,
+// repairing drift.
 func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange, error) {
 	n.mu.Lock()
 	if n.policy == nil {
@@ -29,28 +35,54 @@ func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange,
 		}
 		n.policy = e
 	}
-	e, fp, hosts := n.policy, n.fp, n.hostAddrs()
+	e, fp := n.policy, n.fp
 	n.mu.Unlock()
 
 	var ch PolicyChange
 	var err error
-	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil || len(ch.Pods) == 0 {
+	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
 		return ch, err
 	}
+	for _, key := range ch.Pods {
+		n.revokePending[key] = true
+	}
+	if len(n.revokePending) == 0 {
+		return ch, nil
+	}
+	pods := slices.Sorted(maps.Keys(n.revokePending))
+	hosts, err := hostAddrs()
+	if err != nil {
+		return ch, err
+	}
+	var r netpol.Revoked
 	revoke := func() (err error) {
-		ch.Ended, err = e.Revoke(rs, ch.Pods, hosts)
+		r, err = e.Revoke(rs, pods, hosts)
+		ch.Ended = r.Ended
 		return err
 	}
 	if fp == nil {
-		return ch, revoke()
-	}
-	ips := make(map[netip.Addr]bool)
-	for _, key := range ch.Pods {
-		if p := rs.Pod(key); p != nil {
-			ips[p.IP] = true
+		err = revoke()
+	} else {
+		ips := make(map[netip.Addr]bool)
+		for _, key := range pods {
+			if p := rs.Pod(key); p != nil {
+				ips[p.IP] = true
+			}
 		}
+		err = fp.EvictFlows(ips, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+			if err := revoke(); err != nil {
+				return nil, err
+			}
+			return func(local, remote netip.AddrPort, proto uint8) bool {
+				return r.Keeps(local, remote, netpol.Proto(proto))
+			}, nil
+		})
 	}
-	return ch, fp.EvictFlows(ips, revoke)
+	if err != nil {
+		return ch, err
+	}
+	clear(n.revokePending)
+	return ch, nil
 }
 
 // PolicyCounters are the connections each local pod's rules allowed and
@@ -65,12 +97,18 @@ func (n *Node) PolicyCounters() (map[string]netpol.Counters, error) {
 	return e.Counters()
 }
 
-// hostAddrs are this node's own addresses: connections from them are never
-// policed (kubelet probes). Called with n.mu held.
-func (n *Node) hostAddrs() []netip.Addr {
-	addrs := []netip.Addr{n.up.NodeIP}
-	if n.gateway.IsValid() {
-		addrs = append(addrs, n.gateway)
+// hostAddrs are the node's own IPv4 addresses: connections it opens leave
+// by OUTPUT, are never policed, and are never ended.
+func hostAddrs() ([]netip.Addr, error) {
+	list, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list the node's addresses: %w", err)
 	}
-	return addrs
+	addrs := make([]netip.Addr, 0, len(list))
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			addrs = append(addrs, ip)
+		}
+	}
+	return addrs, nil
 }

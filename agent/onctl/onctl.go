@@ -432,7 +432,7 @@ func policyGeneration(r *apiv1.ListPolicyResponse) string {
 func rulePorts(r *apiv1.PolicyRule) string {
 	switch {
 	case r.NoPort:
-		return "none (unresolved named port)"
+		return "none (no port applies: an unresolved named port, or an empty range)"
 	case len(r.Ports) == 0:
 		return "all"
 	}

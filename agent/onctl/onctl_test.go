@@ -31,7 +31,7 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450",
-		"Watchers:  peers: applied generation"} {
+		"Watchers:  peers: applied generation", "Policy:    not enforced: NetworkPolicy needs the Kubernetes datastore"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
@@ -82,6 +82,11 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 	}
 	if f := strings.Fields(lines[1]); f[5] != "yes" || f[6] != "yes" {
 		t.Fatalf("peer not alive and programmed:\n%s", out)
+	}
+
+	// The lab runs on etcd: policy is not enforced, and onctl says why.
+	if _, err := run("-s", sock, "policy"); err == nil || !strings.Contains(err.Error(), "needs the Kubernetes datastore") {
+		t.Fatalf("onctl policy on etcd: err = %v, want one saying policy needs the Kubernetes datastore", err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -61,8 +62,12 @@ func Watch(ctx context.Context, cfg *rest.Config) (*Inputs, error) {
 	for i, inf := range informers {
 		// Handlers are added before Run, so no event is missed.
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { in.notify() },
-			UpdateFunc: func(any, any) { in.notify() },
+			AddFunc: func(any) { in.notify() },
+			UpdateFunc: func(old, cur any) {
+				if !sameButVersion(old, cur) {
+					in.notify()
+				}
+			},
 			DeleteFunc: func(any) { in.notify() },
 		}); err != nil {
 			return nil, err
@@ -158,6 +163,20 @@ func (in *Inputs) Snapshot() Snapshot {
 		s.Policies = append(s.Policies, o.(*networkingv1.NetworkPolicy))
 	}
 	return s
+}
+
+// sameButVersion reports whether two trimmed versions of an object differ
+// in their resourceVersion only: a pod's status updates (conditions, a
+// container restart) change nothing policy reads.
+func sameButVersion(old, cur any) bool {
+	o, ok1 := old.(metav1.Object)
+	c, ok2 := cur.(metav1.Object)
+	if !ok1 || !ok2 || o.GetResourceVersion() == c.GetResourceVersion() {
+		return ok1 && ok2 // a resync's update, or not an object: nothing new
+	}
+	oc := old.(runtime.Object).DeepCopyObject().(metav1.Object)
+	oc.SetResourceVersion(c.GetResourceVersion())
+	return equality.Semantic.DeepEqual(oc, cur)
 }
 
 // HasPod reports whether the pod cache holds the pod.

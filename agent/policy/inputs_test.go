@@ -43,3 +43,28 @@ func TestTrim(t *testing.T) {
 		t.Errorf("tombstone: got %v", got)
 	}
 }
+
+// Updates that change nothing the compiler reads do not signal.
+func TestSameButVersion(t *testing.T) {
+	pod := func(rv, ip string, labels map[string]string, cond corev1.ConditionStatus) any {
+		p, _ := trimPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: rv, Labels: labels},
+			Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: ip}}, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: cond}}}})
+		return p
+	}
+	web := map[string]string{"app": "web"}
+	base := pod("1", "10.0.0.1", web, corev1.ConditionFalse)
+	for _, tc := range []struct {
+		name string
+		cur  any
+		same bool
+	}{
+		{"readiness flips", pod("2", "10.0.0.1", web, corev1.ConditionTrue), true},
+		{"resync", pod("1", "10.0.0.1", web, corev1.ConditionFalse), true},
+		{"new address", pod("2", "10.0.0.2", web, corev1.ConditionFalse), false},
+		{"new labels", pod("2", "10.0.0.1", map[string]string{"app": "db"}, corev1.ConditionFalse), false},
+	} {
+		if got := sameButVersion(base, tc.cur); got != tc.same {
+			t.Errorf("%s: sameButVersion = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}

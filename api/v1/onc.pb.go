@@ -1761,8 +1761,10 @@ type PolicyDirection struct {
 	Isolated bool          `protobuf:"varint,1,opt,name=isolated,proto3" json:"isolated,omitempty"`
 	Policies []string      `protobuf:"bytes,2,rep,name=policies,proto3" json:"policies,omitempty"`
 	Rules    []*PolicyRule `protobuf:"bytes,3,rep,name=rules,proto3" json:"rules,omitempty"`
-	// New connections the pod's rules allowed and denied in this direction
-	// (a retried SYN counts again).
+	// Packets the pod's rules judged in this direction, allowed and denied:
+	// the first of each new connection; every packet of a denied one (a
+	// retried SYN counts again), and of a one-way UDP flow until it has a
+	// reply.
 	Allowed       uint64 `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	Denied        uint64 `protobuf:"varint,5,opt,name=denied,proto3" json:"denied,omitempty"`
 	unknownFields protoimpl.UnknownFields

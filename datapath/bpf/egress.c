@@ -29,6 +29,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	struct onc_config *cfg = config();
 	struct encap_val *encap;
 	struct egress_val *dst;
+	struct local_pod *src;
 	struct cidr_val *peer;
 	struct flow_key key = {};
 	struct iphdr *oip;
@@ -49,6 +50,14 @@ int onc_egress_fast(struct __sk_buff *skb)
 	}
 	if (!cfg->enabled) {
 		count(STAT_EGRESS_MISS_DISABLED);
+		return TC_ACT_OK;
+	}
+	/* Only the pod behind this veth may use its address: another pod
+	 * sending with it would ride that pod's cached flows past policy.
+	 * The slow path drops such packets. */
+	src = bpf_map_lookup_elem(&onc_local, &p.ip->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		count(STAT_EGRESS_MISS_SPOOF);
 		return TC_ACT_OK;
 	}
 	if (is_host(p.ip->daddr)) {

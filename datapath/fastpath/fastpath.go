@@ -251,17 +251,22 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 	})
 }
 
-// EvictFlows forgets every learned verdict of the local pods ips. With
-// learning paused it first runs before (the caller ends connections in
-// conntrack there), then deletes: a packet of a connection that before
-// ended cannot be learned again in between, since the slow path only
-// learns what conntrack sees ESTABLISHED.
-func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, before func() error) error {
+// EvictFlows forgets the learned verdicts of the local pods ips that the
+// slow path may no longer allow. With learning paused it first runs
+// decide, which ends connections in conntrack and says which of those
+// flows may stay; then it deletes the others. A packet of a connection
+// decide ended cannot be learned again in between, since the slow path
+// only learns what conntrack sees ESTABLISHED.
+func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func() (keep func(local, remote netip.AddrPort, proto uint8) bool, err error)) error {
 	return d.evict(func() error {
-		if err := before(); err != nil {
+		keep, err := decide()
+		if err != nil {
 			return err
 		}
-		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return ips[addrOf(k.LocalIp)] })
+		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool {
+			local, remote := addrOf(k.LocalIp), addrOf(k.RemoteIp)
+			return ips[local] && !keep(netip.AddrPortFrom(local, port(k.LocalPort)), netip.AddrPortFrom(remote, port(k.RemotePort)), k.Proto)
+		})
 	})
 }
 

@@ -5,6 +5,7 @@ package fastpath
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
 	"net/netip"
 	"testing"
@@ -19,6 +20,9 @@ const (
 	actShot     = 2
 	actRedirect = 7
 	mark        = 0x40000
+	// BPF_PROG_RUN runs a tc program on a packet "received" on loopback,
+	// so the local pod's veth is ifindex 1 in these tests.
+	loIndex = 1
 )
 
 var (
@@ -151,7 +155,7 @@ func stat(t *testing.T, d *Datapath, name string) uint64 {
 func established(t *testing.T, d *Datapath) {
 	t.Helper()
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
+	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	key := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40000), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
 	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
 	must(t, d.maps.OncEgress.Put(be32(remotePod), EgressVal{NodeIp: be32(peerNode)}))
@@ -230,6 +234,10 @@ func TestEgressMissReasons(t *testing.T) {
 			func() {
 				must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: be32(peerCIDR.Addr())}, cidrVal{NodeIp: be32(otherNode)}))
 			}},
+		{"an address no local pod has", "egress_miss_spoof", flow(netip.MustParseAddr("10.244.1.10"), remotePod, 0), nil},
+		// An established flow, sent from another veth than its pod's.
+		{"another pod's address (spoofed)", "egress_miss_spoof", flow(localPod, remotePod, 0),
+			func() { must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC)) }},
 		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { must(t, d.Configure(false)) }},
 	}
 	for _, c := range cases {
@@ -301,7 +309,7 @@ func TestIngressMissReasons(t *testing.T) {
 func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	d := open(t)
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	must(t, d.SetLocalPod(localPod, 42, podMAC, hostMAC))
+	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
 
@@ -373,5 +381,43 @@ func TestCoherency(t *testing.T) {
 	run(t, d.progs.learnEgress, out, mark)
 	if stat(t, d, "learn_paused") != 1 || stat(t, d, "learn_egress") != 0 {
 		t.Fatal("learning went on while paused")
+	}
+}
+
+func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
+	d := open(t)
+	established(t, d) // localPod:40000 <-> remotePod:80
+	other := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40001), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
+	must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
+	kept := netip.AddrPortFrom(localPod, 40000)
+	var learning uint8 = 1
+	must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+		c, _ := d.config()
+		learning = c.Learning
+		return func(local, remote netip.AddrPort, proto uint8) bool {
+			return local == kept && remote == netip.AddrPortFrom(remotePod, 80) && proto == unix.IPPROTO_TCP
+		}, nil
+	}))
+	if learning != 0 {
+		t.Error("decide ran with learning on: a connection it ends could be learned again")
+	}
+	flows, _ := d.Flows()
+	if len(flows) != 1 || flows[0].Local != kept {
+		t.Fatalf("flows after eviction: %v, want only %v's", flows, kept)
+	}
+	// Pods not named are untouched; a failing decide deletes nothing.
+	must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+		return func(netip.AddrPort, netip.AddrPort, uint8) bool { return false }, nil
+	}))
+	if err := d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+		return nil, errors.New("conntrack failed")
+	}); err == nil {
+		t.Fatal("EvictFlows hid decide's error")
+	}
+	if flows, _ := d.Flows(); len(flows) != 1 {
+		t.Fatalf("flows after evictions that must not delete: %v", flows)
+	}
+	if c, _ := d.config(); c.Learning != 1 {
+		t.Fatal("learning not resumed after a failed eviction")
 	}
 }

@@ -25,7 +25,9 @@ const nftTimeout = 30 * time.Second
 // Enforcer keeps the table in line with the Ruleset it is given.
 //
 // The table has two base chains, forward and input (priority filter), that
-// accept established and related packets, drop invalid ones to or from a
+// drop packets from a pod veth whose source is not that pod's address (set
+// pod-addrs: no pod can pass for an allowed peer), accept established and
+// related packets, drop invalid ones to or from a
 // pod veth (set pod-ifaces) and TCP ones that would start a connection
 // without a SYN to or from an isolated pod's (set isolated), and jump
 // through the verdict maps egress (keyed by iifname) and ingress (keyed by
@@ -232,7 +234,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	if err != nil && !knftables.IsNotFound(err) {
 		return nil, fmt.Errorf("list table %s: %w", Table, err)
 	}
-	keep := map[string]bool{"forward": true, "input": true, "pod-ifaces": true, "isolated": true, ingress.vmap: true, egress.vmap: true}
+	keep := map[string]bool{"forward": true, "input": true, "pod-ifaces": true, "pod-addrs": true, "isolated": true, ingress.vmap: true, egress.vmap: true}
 	for _, p := range want {
 		for _, d := range []dir{ingress, egress} {
 			keep[d.chain(p.id)+"-allow"], keep[d.chain(p.id)+"-deny"] = true, true
@@ -322,10 +324,14 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		if old.isolated() && (p == nil || !p.isolated() || p.iface != old.iface) {
 			tx.Delete(isolatedElem(old.iface))
 		}
-		if p == nil {
+		switch {
+		case p == nil:
 			removePod(tx, old)
-		} else if p.iface != old.iface {
+		case p.iface != old.iface:
 			tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(old.iface)}})
+			tx.Delete(podAddrElem(old))
+		case p.ip != old.ip:
+			tx.Delete(podAddrElem(old))
 		}
 	}
 
@@ -335,10 +341,14 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		if had && p.applied == old {
 			continue
 		}
-		if !had {
+		switch {
+		case !had:
 			addPod(tx, p)
-		} else if p.iface != old.iface {
+		case p.iface != old.iface:
 			tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
+			tx.Add(podAddrElem(p.applied))
+		case p.ip != old.ip:
+			tx.Add(podAddrElem(p.applied))
 		}
 		if p.isolated() && (!had || !old.isolated() || p.iface != old.iface) {
 			tx.Add(isolatedElem(p.iface))
@@ -368,6 +378,11 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 
 func ifname(name string) string { return fmt.Sprintf("%q", name) }
 
+// podAddrElem is a pod's interface and the one source address it may use.
+func podAddrElem(a applied) *knftables.Element {
+	return &knftables.Element{Set: "pod-addrs", Key: []string{ifname(a.iface), a.ip.String()}}
+}
+
 // isolatedElem is a pod's interface in the set of isolated pods'.
 func isolatedElem(iface string) *knftables.Element {
 	return &knftables.Element{Set: "isolated", Key: []string{ifname(iface)}}
@@ -376,6 +391,7 @@ func isolatedElem(iface string) *knftables.Element {
 // addBase adds the base chains and the maps and set they use.
 func addBase(tx *knftables.Transaction) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
+	tx.Add(&knftables.Set{Name: "pod-addrs", Type: "ifname . ipv4_addr"})
 	tx.Add(&knftables.Set{Name: "isolated", Type: "ifname"})
 	for _, d := range []dir{ingress, egress} {
 		tx.Add(&knftables.Map{Name: d.vmap, Type: "ifname : verdict"})
@@ -389,6 +405,10 @@ func addBase(tx *knftables.Transaction) {
 			Priority: knftables.PtrTo(knftables.FilterPriority),
 			Policy:   knftables.PtrTo(knftables.AcceptPolicy),
 		})
+		// First, even before conntrack's verdict: a pod sending with
+		// another's address could pass for an allowed peer, or inject
+		// into that peer's connections.
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
 		// Only the first packet of a connection is judged; Revoke ends
 		// connections a change denies.
 		tx.Add(&knftables.Rule{Chain: name, Rule: "ct state established,related accept"})
@@ -414,6 +434,7 @@ func addBase(tx *knftables.Transaction) {
 // counters (kept while the pod stays, isolated or not).
 func addPod(tx *knftables.Transaction, p *plan) {
 	tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
+	tx.Add(podAddrElem(p.applied))
 	for _, d := range []dir{ingress, egress} {
 		tx.Add(&knftables.Counter{Name: d.chain(p.id) + "-allow"})
 		tx.Add(&knftables.Counter{Name: d.chain(p.id) + "-deny"})
@@ -422,6 +443,7 @@ func addPod(tx *knftables.Transaction, p *plan) {
 
 func removePod(tx *knftables.Transaction, a applied) {
 	tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(a.iface)}})
+	tx.Delete(podAddrElem(a))
 	for _, d := range []dir{ingress, egress} {
 		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-allow"})
 		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-deny"})

@@ -4,14 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os/exec"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netns"
 )
 
 func prefixes(ss ...string) []netip.Prefix {
@@ -145,16 +148,28 @@ func TestRevoke(t *testing.T) {
 	// Still allowed: nothing ends.
 	rs := Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow(prefixes("10.99.0.1/32"), PortRange{TCP, 80, 80})), nil), tp.pod("c", nil, nil), tp.pod("d", nil, nil)}}
 	tp.apply(e, rs, "ns/b")
-	if n := tp.revoke(e, rs, "ns/b"); n != 0 || !passes(abClient, abServer) || !passes(abServer, abClient) || !passes(asClient, asServer) {
-		t.Fatalf("revoke after a change that still allows a->b ended %d connections", n)
+	r := tp.revoke(e, rs, "ns/b")
+	if r.Ended != 0 || !passes(abClient, abServer) || !passes(abServer, abClient) || !passes(asClient, asServer) {
+		t.Fatalf("revoke after a change that still allows a->b ended %d connections", r.Ended)
+	}
+	// The flow cache keeps what is still allowed, the Service's included
+	// (it caches b's end, after DNAT); the node's connection is not
+	// policed, so it stays too.
+	if !keeps(r, abClient, abServer) || !keeps(r, asClient, asServer) ||
+		!r.Keeps(netip.AddrPortFrom(b.ip, 8080), netip.MustParseAddrPort(nb.LocalAddr().String()), TCP) {
+		t.Error("revoke does not let the flow cache keep connections still allowed")
 	}
 
 	// Denied: a's connection ends, whichever end talks first; the node's
 	// stays.
 	rs = Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow(prefixes("10.99.0.1/32"), PortRange{TCP, 81, 81})), nil), tp.pod("c", nil, nil), tp.pod("d", nil, nil)}}
 	tp.apply(e, rs, "ns/b")
-	if n := tp.revoke(e, rs, "ns/b"); n != 2 {
-		t.Errorf("revoke ended %d connections, want 2 (a->b, a->svc->b)", n)
+	r = tp.revoke(e, rs, "ns/b")
+	if r.Ended != 2 {
+		t.Errorf("revoke ended %d connections, want 2 (a->b, a->svc->b)", r.Ended)
+	}
+	if keeps(r, abClient, abServer) || keeps(r, asClient, asServer) {
+		t.Error("revoke lets the flow cache keep connections it ended")
 	}
 	if passes(abServer, abClient) || passes(abClient, abServer) {
 		t.Error("a->b still carries data after revoke")
@@ -169,13 +184,13 @@ func TestRevoke(t *testing.T) {
 	// a leaves the ruleset while c stops allowing it: found by the IP a had.
 	rs = Ruleset{Pods: []Pod{tp.pod("b", rs.Pods[1].Ingress, nil), tp.pod("c", isolate(allow(prefixes("10.99.0.1/32"), PortRange{TCP, 81, 81})), nil), tp.pod("d", nil, nil)}}
 	tp.apply(e, rs, "ns/a", "ns/c")
-	if n := tp.revoke(e, rs, "ns/a"); n != 1 {
+	if n := tp.revoke(e, rs, "ns/a").Ended; n != 1 {
 		t.Errorf("revoke of the removed pod a ended %d connections, want 1 (a->c)", n)
 	}
 	if passes(acServer, acClient) || passes(acClient, acServer) {
 		t.Error("a->c still carries data after revoke")
 	}
-	if n := tp.revoke(e, rs, "ns/a"); n != 0 {
+	if n := tp.revoke(e, rs, "ns/a").Ended; n != 0 {
 		t.Errorf("second revoke of the removed pod a ended %d connections", n)
 	}
 
@@ -401,4 +416,66 @@ func sameCompiled(a, b *Direction) bool {
 		return a == b
 	}
 	return reflect.DeepEqual(compile(a), compile(b))
+}
+
+// TestSpoofedSourceIsDropped: a pod sending with another pod's address
+// (it has CAP_NET_RAW, or just adds the address) must not pass for that
+// peer. One-way UDP shows it: the reply would go to the real owner.
+func TestSpoofedSourceIsDropped(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
+	var pc net.PacketConn
+	tp.in(b.ns, func() (err error) {
+		pc, err = net.ListenPacket("udp4", ":5353")
+		return err
+	})
+	defer pc.Close()
+	// received reports whether b gets a datagram from ns sent from src.
+	received := func(ns netns.NsHandle, src netip.Addr) bool {
+		var conn net.Conn
+		tp.in(ns, func() (err error) {
+			d := net.Dialer{LocalAddr: &net.UDPAddr{IP: src.AsSlice()}}
+			conn, err = d.Dial("udp4", netip.AddrPortFrom(b.ip, 5353).String())
+			return err
+		})
+		defer conn.Close()
+		want := fmt.Sprintf("from %s via %s", src, conn.LocalAddr())
+		buf := make([]byte, 64)
+		for range 3 {
+			if _, err := conn.Write([]byte(want)); err != nil {
+				t.Fatal(err)
+			}
+			_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					break
+				}
+				if string(buf[:n]) == want {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	// c also holds a's address, as a pod that added it to its eth0 would.
+	run(t, "ip", "-n", c.netns, "addr", "add", a.ip.String()+"/32", "dev", "eth0")
+
+	e := tp.enforcer()
+	bIn := isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{UDP, 5353, 5353}))
+	for i, rs := range []Ruleset{
+		{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", nil, nil), tp.pod("c", nil, nil)}}, // nobody isolated
+		{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, // b allows only a
+	} {
+		tp.apply(e, rs, [][]string{{"ns/a", "ns/b", "ns/c"}, {"ns/b"}}[i]...)
+		if !received(a.ns, a.ip) {
+			t.Fatalf("b does not get a's own datagram (b %s)", rs.Pod("ns/b").Ingress)
+		}
+		if received(c.ns, a.ip) {
+			t.Fatalf("b got a datagram c sent with a's address (b %s)", rs.Pod("ns/b").Ingress)
+		}
+		if isolated := rs.Pod("ns/b").Ingress != nil; isolated == received(c.ns, c.ip) {
+			t.Fatalf("c's own datagram: received=%v with b isolated=%v", !isolated, isolated)
+		}
+	}
 }

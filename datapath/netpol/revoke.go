@@ -10,17 +10,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Revoked is what one Revoke did.
+type Revoked struct {
+	Ended int // connections ended
+	kept  map[flowID]bool
+}
+
+// flowID is a connection's two ends as they appear on the wire (after
+// DNAT), in either order.
+type flowID struct {
+	lo, hi netip.AddrPort
+	proto  Proto
+}
+
+func newFlowID(a, b netip.AddrPort, proto Proto) flowID {
+	if b.Compare(a) < 0 {
+		a, b = b, a
+	}
+	return flowID{a, b, proto}
+}
+
+// Keeps reports whether a connection between local and remote may stay in
+// the flow cache: conntrack knows it, Revoke judged it, and the ruleset
+// still allows it. A cached flow conntrack no longer knows cannot be judged
+// (its orientation is unknown), so it goes and is learned again from the
+// slow path's verdict.
+func (r Revoked) Keeps(local, remote netip.AddrPort, proto Proto) bool {
+	return r.kept[newFlowID(local, remote, proto)]
+}
+
 // Revoke ends the connections of pods that rs no longer allows, by deleting
 // their conntrack entries: the next packet of such a connection is judged
 // as new, and dropped (kube-network-policies' "strict mode"). pods are the
 // keys Apply returned; a pod no longer in rs is looked up by the IP it last
 // had. Connections from hostAddrs (the node's own addresses, always
 // allowed) and of protocols other than TCP, UDP and SCTP are left alone.
-// It returns how many connections it ended.
-func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (int, error) {
+// The connections of pods it leaves in place are in the result's Keeps.
+func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (Revoked, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	f := &revokeFilter{rs: &rs, pods: map[netip.Addr]bool{}, host: map[netip.Addr]bool{}}
+	f := &revokeFilter{rs: &rs, pods: map[netip.Addr]bool{}, host: map[netip.Addr]bool{}, kept: map[flowID]bool{}}
 	for _, key := range pods {
 		if p := rs.Pod(key); p != nil {
 			f.pods[p.IP.Unmap()] = true
@@ -29,7 +58,7 @@ func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (in
 		}
 	}
 	if len(f.pods) == 0 {
-		return 0, nil
+		return Revoked{}, nil
 	}
 	for _, a := range hostAddrs {
 		f.host[a.Unmap()] = true
@@ -46,19 +75,21 @@ func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (in
 		}
 	}
 	if err != nil {
-		return int(ended), fmt.Errorf("conntrack: %w", err)
+		return Revoked{Ended: int(ended)}, fmt.Errorf("conntrack: %w", err)
 	}
 	for _, key := range pods {
 		delete(e.gone, key)
 	}
-	return int(ended), nil
+	return Revoked{Ended: int(ended), kept: f.kept}, nil
 }
 
-// revokeFilter matches the conntrack entries of pods that rs denies.
+// revokeFilter matches the conntrack entries of pods that rs denies, and
+// records the ones of those pods it keeps.
 type revokeFilter struct {
 	rs   *Ruleset
 	pods map[netip.Addr]bool
 	host map[netip.Addr]bool
+	kept map[flowID]bool
 }
 
 func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -69,15 +100,15 @@ func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 		Proto:  Proto(flow.Forward.Protocol),
 		Port:   flow.Reverse.SrcPort,
 	}
-	switch {
-	case c.Proto != TCP && c.Proto != UDP && c.Proto != SCTP:
-		return false
-	case !f.pods[c.Client] && !f.pods[c.Server]:
-		return false
-	case f.host[c.Client]:
+	if !f.pods[c.Client] && !f.pods[c.Server] {
 		return false
 	}
-	return !f.rs.Allows(c)
+	if f.host[c.Client] || (c.Proto != TCP && c.Proto != UDP && c.Proto != SCTP) || f.rs.Allows(c) {
+		// On the wire, after DNAT: the reply's two ends.
+		f.kept[newFlowID(netip.AddrPortFrom(c.Server, c.Port), netip.AddrPortFrom(addr(flow.Reverse.DstIP), flow.Reverse.DstPort), c.Proto)] = true
+		return false
+	}
+	return true
 }
 
 func addr(ip net.IP) netip.Addr {

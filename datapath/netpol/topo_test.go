@@ -36,6 +36,7 @@ type topo struct {
 
 type tpod struct {
 	key   string
+	netns string
 	ns    netns.NsHandle
 	iface string // host side
 	ip    netip.Addr
@@ -79,6 +80,7 @@ func newTopo(t *testing.T, names ...string) *topo {
 		ns := pre + "-" + name
 		p := &tpod{
 			key:   "ns/" + name,
+			netns: ns,
 			ns:    openNS(t, testutil.Netns(t, ns)),
 			iface: fmt.Sprintf("%sv%d", pre, i),
 			ip:    netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)}),
@@ -141,14 +143,22 @@ func (tp *topo) counters(e *Enforcer) map[string]Counters {
 	return c
 }
 
-func (tp *topo) revoke(e *Enforcer, rs Ruleset, keys ...string) int {
+func (tp *topo) revoke(e *Enforcer, rs Ruleset, keys ...string) Revoked {
 	tp.t.Helper()
-	var n int
+	var r Revoked
 	tp.in(tp.nodeNS, func() (err error) {
-		n, err = e.Revoke(rs, keys, []netip.Addr{nodeAddr, gwAddr})
+		r, err = e.Revoke(rs, keys, []netip.Addr{nodeAddr, gwAddr})
 		return err
 	})
-	return n
+	return r
+}
+
+// keeps asks r whether the flow cache may keep c's flow (client to server
+// as the client sees it; the flow cache sees the server's end).
+func keeps(r Revoked, client, server net.Conn) bool {
+	local := netip.MustParseAddrPort(server.LocalAddr().String())
+	remote := netip.MustParseAddrPort(client.LocalAddr().String())
+	return r.Keeps(local, remote, TCP) && r.Keeps(remote, local, TCP)
 }
 
 // nft runs nft in the node namespace.

@@ -81,6 +81,7 @@ enum onc_stat {
 	STAT_EGRESS_MISS_NOT_IP,      /* not IPv4 TCP/UDP, or fragment */
 	STAT_EGRESS_MISS_TCP_FLAGS,   /* SYN, FIN or RST: conntrack must see it */
 	STAT_EGRESS_MISS_DISABLED,
+	STAT_EGRESS_MISS_SPOOF,       /* source is not the pod behind this veth */
 	STAT_EGRESS_MISS_HOST,        /* to a node/gateway address */
 	STAT_EGRESS_MISS_NO_PEER,     /* destination not in a fast-path peer's CIDR */
 	STAT_EGRESS_MISS_FLOW,        /* flow not established both ways (or old epoch) */
