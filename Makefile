@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down bench bench-scale generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test lab lab-down bench bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -48,6 +48,15 @@ bench: prereqs build
 # "--nodes 100 --datastores etcd" (default: 100, 1000 and 5000 on both).
 bench-scale: prereqs build kube-bins
 	$(BIN)/onc-bench scale --kube-bin $(KUBE_BIN) $(SCALE_ARGS)
+
+# NetworkPolicy (docs/policy.md): rule programming time and memory for
+# 100/1000/5000 pods × 10/100/1000 policies (each in a throwaway network
+# namespace), and TCP_CRR through the slow path with no policy vs 1,000 on
+# a fresh 2-node lab in Kubernetes mode; writes bench-results/policy.{json,md}.
+# POLICY_ARGS e.g. "--crr=false --pods 1000 --policies 1000".
+bench-policy: prereqs build kube-bins
+	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
+	$(BIN)/onc-bench policy --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(POLICY_ARGS)
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
 # a privileged test that cannot run fails instead of skipping).

@@ -15,7 +15,6 @@ import (
 	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -43,32 +42,19 @@ func TestLabMatrixAndNodeRemoval(t *testing.T) {
 				t.Fatalf("Node %s spec.podCIDR = %q (%v); its agent uses %s", n.Name, node.Spec.PodCIDR, err, st.PodCidr)
 			}
 		}
-		podPhases(t, kube, l.Nodes[0])
+		podPhases(t, l, l.Nodes[0])
 		labMatrixAndNodeRemoval(t, l)
 	})
 }
 
 // With Kubernetes the agent watches its node's pods: `onctl pods` shows
-// each attachment's pod phase, and "gone" for one the API does not have
-// (a runtime that never called DEL leaked it).
-func podPhases(t *testing.T, kube kubernetes.Interface, n *lab.Node) {
+// each attachment's pod phase (the lab writes Running, as a kubelet would),
+// and "gone" for one the API does not have (a runtime that never called
+// DEL leaked it).
+func podPhases(t *testing.T, l *lab.Lab, n *lab.Node) {
 	ctx := context.Background()
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "lab"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// No kube-controller-manager here to make the namespace's default account.
-	if _, err := kube.CoreV1().ServiceAccounts("lab").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	known := n.Pods[0]
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: known.Name, Namespace: "lab"},
-		Spec: corev1.PodSpec{NodeName: n.Name, Containers: []corev1.Container{{Name: "c", Image: "pause"}}}}
-	created, err := kube.CoreV1().Pods("lab").Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	created.Status.Phase = corev1.PodRunning
-	if _, err := kube.CoreV1().Pods("lab").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	known, leaked := n.Pods[0], n.Pods[1]
+	if err := l.DeletePodObject(ctx, leaked); err != nil {
 		t.Fatal(err)
 	}
 	agent, conn, err := n.AgentAPI()
@@ -83,16 +69,12 @@ func podPhases(t *testing.T, kube kubernetes.Interface, n *lab.Node) {
 		}
 		out := map[string]string{}
 		for _, p := range resp.Pods {
-			out[p.K8SName] = p.K8SPhase
+			out[p.K8SNamespace+"/"+p.K8SName] = p.K8SPhase
 		}
 		return out
 	}
-	testutil.WaitFor(t, "the agent to see the pod Running", 15*time.Second, func() bool { return phases()[known.Name] == "Running" })
-	for _, p := range n.Pods[1:] {
-		if got := phases()[p.Name]; got != "gone" {
-			t.Errorf("attachment of %s, which the API does not have: phase %q, want gone", p.Name, got)
-		}
-	}
+	testutil.WaitFor(t, "the agent to see the pod Running", 15*time.Second, func() bool { return phases()[known.Key()] == "Running" })
+	testutil.WaitFor(t, "the agent to see the leaked attachment's pod gone", 15*time.Second, func() bool { return phases()[leaked.Key()] == "gone" })
 }
 
 func labMatrixAndNodeRemoval(t *testing.T, l *lab.Lab) {

@@ -1,7 +1,9 @@
 // Command onc-bench runs ONC's benchmarks on fresh labs and writes
 // bench-results/: by default `make bench` (netperf: bare vs slow path vs
-// fast path), and `onc-bench scale`, `make bench-scale` (N simulated nodes
-// in a real datastore, one real agent programming them all).
+// fast path), `onc-bench scale`, `make bench-scale` (N simulated nodes
+// in a real datastore, one real agent programming them all), and
+// `onc-bench policy`, `make bench-policy` (NetworkPolicy: rule programming
+// time and memory, TCP_CRR with and without 1,000 policies).
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 
 	"github.com/onc-net/onc/e2e/bench"
 	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/e2e/policybench"
 	"github.com/onc-net/onc/e2e/scale"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -28,6 +31,8 @@ func main() {
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "scale" {
 		err = scaleMain(ctx, os.Args[2:])
+	} else if len(os.Args) > 1 && os.Args[1] == "policy" {
+		err = policyMain(ctx, os.Args[2:])
 	} else {
 		err = netperfMain(ctx, os.Args[1:])
 	}
@@ -40,7 +45,7 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
@@ -131,6 +136,73 @@ func scaleMain(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+func policyMain(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("onc-bench policy", pflag.ExitOnError)
+	out := fs.String("out", "bench-results", "directory for policy.json and policy.md")
+	pods := fs.IntSlice("pods", []int{100, 1000, 5000}, "cluster sizes (pods) for rule programming")
+	policies := fs.IntSlice("policies", []int{10, 100, 1000}, "policy counts for rule programming; every size × count is measured")
+	changes := fs.Int("changes", 9, "changes of one policy timed per size and count")
+	program := fs.Bool("program", true, "measure rule programming time and memory (root: throwaway network namespaces)")
+	crr := fs.Bool("crr", true, "measure TCP_CRR through the slow path, no policy vs --crr-policies (a 2-node lab in Kubernetes mode)")
+	crrPolicies := fs.Int("crr-policies", 1000, "policies in the TCP_CRR measurement's policy configuration")
+	netperf := fs.String("netperf", ".tools/netperf/usr/bin", "directory holding netperf and netserver (./hack/netperf.sh .tools/netperf)")
+	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver (make kube-bins; env ONC_KUBE_BIN)")
+	reps := fs.Int("reps", 5, "TCP_CRR repetitions, each one run per configuration")
+	dur := fs.Duration("duration", 10*time.Second, "length of one netperf run")
+	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
+	merge := fs.Bool("merge", true, "keep the parts and rows of an earlier policy.json that this run does not measure")
+	_ = fs.Parse(args)
+	if *crr {
+		if _, err := os.Stat(filepath.Join(*kubeBin, "kube-apiserver")); err != nil {
+			return fmt.Errorf("TCP_CRR needs kube-apiserver (make kube-bins, --kube-bin): %w", err)
+		}
+		if _, err := os.Stat(filepath.Join(*netperf, "netperf")); err != nil {
+			return fmt.Errorf("TCP_CRR needs netperf (./hack/netperf.sh .tools/netperf, --netperf): %w", err)
+		}
+	}
+	np, err := filepath.Abs(*netperf)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(*out, "policy.json")
+	var r policybench.Report
+	if *merge {
+		if r, err = policybench.LoadReport(path); err != nil {
+			return fmt.Errorf("%s: %w (--merge=false starts afresh)", path, err)
+		}
+	}
+	r.Date, r.Kernel, r.CPUs, r.Note, r.Changes = time.Now().UTC().Format(time.RFC3339), kernel(), runtime.NumCPU(), policybench.MachineNote, *changes
+	var failed []string
+	if *program {
+		rows := policybench.Program(ctx, policybench.ProgramOptions{Pods: *pods, Policies: *policies, Changes: *changes, Log: os.Stdout})
+		r.Merge(rows)
+		for _, row := range rows {
+			if row.Error != "" {
+				failed = append(failed, fmt.Sprintf("programming %d pods × %d policies", row.Pods, row.Policies))
+			}
+		}
+	}
+	if *crr && ctx.Err() == nil {
+		res, err := policybench.CRR(ctx, policybench.CRROptions{BinDir: binDir(), KubeBin: *kubeBin, Netperf: np, Prefix: "oncpolb",
+			Policies: *crrPolicies, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout})
+		if err != nil {
+			res.Error = err.Error()
+			failed = append(failed, "TCP_CRR: "+err.Error())
+		}
+		r.CRR = &res
+	}
+	if err := r.WriteFiles(*out); err != nil {
+		return err
+	}
+	fmt.Println()
+	r.Markdown(os.Stdout)
+	fmt.Printf("\nwritten: %s/policy.{json,md}\n", *out)
+	if len(failed) > 0 {
+		return fmt.Errorf("failed: %s", strings.Join(failed, "; "))
+	}
+	return ctx.Err()
 }
 
 // binDir holds this binary and its siblings (make build).

@@ -167,17 +167,9 @@ func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration
 	if err != nil {
 		return Sample{}, fmt.Errorf("%w: %s", err, out)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	f := strings.Split(lines[len(lines)-1], ",")
-	if len(f) < 4 {
-		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
-	}
-	v, err1 := strconv.ParseFloat(f[0], 64)
-	sd, err2 := strconv.ParseFloat(f[2], 64)
-	if err1 != nil || err2 != nil {
-		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
-	}
-	return Sample{Test: test, Value: v, Unit: f[1], CPU: sd, CPUUnit: f[3]}, nil
+	sm, err := ParseNetperf(out)
+	sm.Test = test
+	return sm, err
 }
 
 // Summary is the median (with min and max) of one test on one config.
@@ -243,4 +235,20 @@ func median(v []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// ParseNetperf reads the last line of netperf's output asked for with
+// -o THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,SD_UNITS.
+func ParseNetperf(out []byte) (Sample, error) {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	f := strings.Split(lines[len(lines)-1], ",")
+	if len(f) < 4 {
+		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
+	}
+	v, err1 := strconv.ParseFloat(f[0], 64)
+	sd, err2 := strconv.ParseFloat(f[2], 64)
+	if err1 != nil || err2 != nil {
+		return Sample{}, fmt.Errorf("unexpected netperf output: %s", out)
+	}
+	return Sample{Value: v, Unit: f[1], CPU: sd, CPUUnit: f[3]}, nil
 }

@@ -2,8 +2,10 @@
 // on a shared underlay bridge, the real onc-controller (embedded etcd) and
 // one real onc-agent per node as processes inside those namespaces, and
 // pods as namespaces attached by invoking the real `onc` CNI binary through
-// libcni, exactly as a container runtime does. The lab is also the
-// end-to-end test bed. All it creates carries its name prefix.
+// libcni, exactly as a container runtime does; with the Kubernetes
+// datastore each pod is also a Pod object, made and given its status the
+// way a kubelet would (AddPodSpec). The lab is also the end-to-end test
+// bed. All it creates carries its name prefix.
 package lab
 
 import (
@@ -14,11 +16,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +35,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // Options of a lab.
@@ -71,9 +77,16 @@ type Lab struct {
 	Nodes      []*Node        `json:"nodes"`
 	AgentArgs  []string       `json:"agentArgs,omitempty"`
 	Datastore  string         `json:"datastore"`
+	// Namespaces are the pod namespaces the lab made or labelled, with
+	// their labels (on etcd only recorded).
+	Namespaces map[string]map[string]string `json:"namespaces,omitempty"`
 	// The Kubernetes datastore's etcd and kube-apiserver.
 	Etcd      daemon.Process        `json:"etcd,omitempty"`
 	APIServer *kubeapiserver.Server `json:"apiServer,omitempty"`
+
+	kubeOnce sync.Once
+	kube     kubernetes.Interface
+	kubeErr  error
 }
 
 // Node is one lab node.
@@ -88,12 +101,47 @@ type Node struct {
 	PodSeq int `json:"podSeq"`
 }
 
-// Pod is one lab pod: a namespace attached through the CNI plugin.
+// Pod is one lab pod: a namespace attached through the CNI plugin. In
+// Kubernetes mode it is also a Pod object (UID set), made as a kubelet
+// would: created, attached, then its status written Running and Ready
+// with its IP.
 type Pod struct {
 	Name        string     `json:"name"`
 	Netns       string     `json:"netns"`
 	ContainerID string     `json:"containerID"`
 	IP          netip.Addr `json:"ip"`
+	// Namespace is its Kubernetes namespace; "" (older state) is "lab".
+	Namespace string                 `json:"namespace,omitempty"`
+	Node      string                 `json:"node,omitempty"`
+	Labels    map[string]string      `json:"labels,omitempty"`
+	Ports     []corev1.ContainerPort `json:"ports,omitempty"`
+	// UID of its Pod object; empty when the API has none (etcd, or
+	// DeletePodObject).
+	UID string `json:"uid,omitempty"`
+}
+
+// PodSpec is what AddPodSpec makes.
+type PodSpec struct {
+	Namespace string // default "lab"
+	// Name defaults to p<N> (numbered per node) when the pod is not a Pod
+	// object, and to <node>-p<N> when it is, so it is unique in the
+	// namespace.
+	Name   string
+	Labels map[string]string
+	Ports  []corev1.ContainerPort // of its one container, "c"
+}
+
+// DefaultNamespace is where AddPod's pods are.
+const DefaultNamespace = "lab"
+
+// Key is the pod's namespace/name.
+func (p *Pod) Key() string { return p.ns() + "/" + p.Name }
+
+func (p *Pod) ns() string {
+	if p.Namespace == "" {
+		return DefaultNamespace
+	}
+	return p.Namespace
 }
 
 // NetnsPath of a named namespace.
@@ -383,31 +431,69 @@ func (n *Node) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
 
 // RuntimeConf is what a runtime passes for a pod.
 func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
-	return &libcni.RuntimeConf{ContainerID: p.ContainerID, NetNS: NetnsPath(p.Netns), IfName: "eth0",
-		Args: [][2]string{{"K8S_POD_NAMESPACE", "lab"}, {"K8S_POD_NAME", p.Name}}}
+	args := [][2]string{{"K8S_POD_NAMESPACE", p.ns()}, {"K8S_POD_NAME", p.Name}, {"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID}}
+	if p.UID != "" {
+		args = append(args, [2]string{"K8S_POD_UID", p.UID})
+	}
+	return &libcni.RuntimeConf{ContainerID: p.ContainerID, NetNS: NetnsPath(p.Netns), IfName: "eth0", Args: args}
 }
 
-// AddPod creates a pod namespace on n and attaches it through libcni.
+// AddPod creates a pod namespace on n and attaches it through libcni: a
+// pod of namespace "lab" without labels or ports, as AddPodSpec makes it.
 // Safe to call in parallel.
 func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
+	return l.AddPodSpec(ctx, n, PodSpec{})
+}
+
+// AddPodSpec creates pod s on n. In Kubernetes mode it does what the API
+// and a kubelet would: the namespace if missing (with its default
+// ServiceAccount), the Pod object bound to n, then the namespace attached
+// through libcni, then the Pod's status written Running and Ready with the
+// CNI result's IP as status.podIP(s). If any of that fails, what was made
+// is removed. On etcd s is only recorded. Safe to call in parallel.
+func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err error) {
+	object := l.Datastore == "kubernetes"
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
 	l.mu.Lock()
 	n.PodSeq++
-	p := &Pod{Name: fmt.Sprintf("p%d", n.PodSeq), ContainerID: hex.EncodeToString(id)}
+	seq := n.PodSeq
 	l.mu.Unlock()
-	p.Netns = n.Name + "-" + p.Name
+	p := &Pod{Name: s.Name, Namespace: s.Namespace, Node: n.Name, Labels: maps.Clone(s.Labels), Ports: slices.Clone(s.Ports),
+		ContainerID: hex.EncodeToString(id), Netns: fmt.Sprintf("%s-p%d", n.Name, seq)}
+	if p.Namespace == "" {
+		p.Namespace = DefaultNamespace
+	}
+	if p.Name == "" {
+		p.Name = fmt.Sprintf("p%d", seq)
+		if object {
+			p.Name = p.Netns // unique in the namespace across nodes
+		}
+	}
+	if object {
+		if err := l.createPod(ctx, n, p); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, l.deletePod(context.WithoutCancel(ctx), p))
+			}
+		}()
+	} else {
+		l.recordNamespace(p.Namespace, nil)
+	}
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
 		return nil, err
 	}
 	cfg, list, err := n.cni()
 	if err != nil {
+		_ = delNetns(p.Netns)
 		return nil, err
 	}
 	cfg.Path = []string{l.BinDir}
 	res, err := cfg.AddNetworkList(ctx, list, p.RuntimeConf())
 	if err != nil {
-		_ = run([][]string{{"ip", "netns", "del", p.Netns}})
+		_ = delNetns(p.Netns)
 		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
 	}
 	var parsed struct {
@@ -416,22 +502,31 @@ func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
 		} `json:"ips"`
 	}
 	raw, _ := json.Marshal(res)
-	if err := json.Unmarshal(raw, &parsed); err != nil || len(parsed.IPs) == 0 {
-		return nil, fmt.Errorf("CNI ADD for %s returned no IP: %s", p.Netns, raw)
+	pfx, perr := netip.Prefix{}, json.Unmarshal(raw, &parsed)
+	if perr == nil && len(parsed.IPs) == 0 {
+		perr = errors.New("no IP")
 	}
-	pfx, err := netip.ParsePrefix(parsed.IPs[0].Address)
-	if err != nil {
-		return nil, err
+	if perr == nil {
+		pfx, perr = netip.ParsePrefix(parsed.IPs[0].Address)
 	}
-	p.IP = pfx.Addr()
+	if perr == nil {
+		p.IP = pfx.Addr()
+		if object {
+			perr = l.podRunning(ctx, n, p)
+		}
+	}
+	if perr != nil {
+		delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, p.RuntimeConf())
+		return nil, errors.Join(fmt.Errorf("after CNI ADD for %s (result %s): %w", p.Netns, raw, perr), delErr, delNetns(p.Netns))
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n.Pods = append(n.Pods, p)
 	return p, l.save()
 }
 
-// DelPod detaches a pod through libcni and removes its namespace. Safe to
-// call in parallel.
+// DelPod detaches a pod through libcni and removes its namespace, then its
+// Pod object if it has one. Safe to call in parallel.
 func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	cfg, list, err := n.cni()
 	if err != nil {
@@ -444,6 +539,11 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	if err := run([][]string{{"ip", "netns", "del", p.Netns}}); err != nil {
 		return err
 	}
+	if p.UID != "" {
+		if err := l.deletePod(ctx, p); err != nil {
+			return err
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, q := range n.Pods {
@@ -455,9 +555,24 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	return l.save()
 }
 
+// PodByKey finds a pod by namespace/name, and its node.
+func (l *Lab) PodByKey(key string) (*Node, *Pod) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.Nodes {
+		for _, p := range n.Pods {
+			if p.Key() == key {
+				return n, p
+			}
+		}
+	}
+	return nil, nil
+}
+
 // RemoveNode stops a node's agent and deletes the node and its pods, as if
 // the machine were gone. The controller frees its CIDR after NodeTimeout,
-// or at once on Kubernetes, where the Node object is deleted too.
+// or at once on Kubernetes, where the Node object is deleted too, and its
+// pods' objects, as the pod garbage collector would.
 func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	n.Agent.Stop()
 	var errs []error
@@ -465,6 +580,9 @@ func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 		errs = append(errs, l.deleteNode(ctx, n))
 	}
 	for _, p := range n.Pods {
+		if p.UID != "" {
+			errs = append(errs, l.deletePod(ctx, p))
+		}
 		errs = append(errs, delNetns(p.Netns))
 	}
 	errs = append(errs, delNetns(n.Netns), unmount(n.BPFFS()))

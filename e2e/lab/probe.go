@@ -14,12 +14,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/onc-net/onc/datapath/podnet"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 )
 
 // ProbePort is where the matrix's TCP and UDP echo servers listen.
@@ -238,61 +240,175 @@ func pingOnce(dst netip.Addr) error {
 	return errors.New("no ICMP echo reply in 3 tries")
 }
 
-// serve starts TCP and UDP echo servers in every endpoint's namespace.
+// serve starts TCP and UDP echo servers on ProbePort in every endpoint's
+// namespace.
 func serve(eps []Endpoint) (func(), error) {
+	var names []string
+	for _, ep := range eps {
+		names = append(names, ep.Netns)
+	}
+	return ServeEcho(names, []int{ProbePort}, []int{ProbePort})
+}
+
+// ServeEcho starts echo servers in every namespace of netnses: TCP on
+// tcpPorts (each connection gets its first line back) and UDP on udpPorts
+// (each datagram comes back), on every address. stop closes them all.
+func ServeEcho(netnses []string, tcpPorts, udpPorts []int) (stop func(), err error) {
 	var closers []io.Closer
 	var wg sync.WaitGroup
-	stop := func() {
+	stop = func() {
 		for _, c := range closers {
 			c.Close()
 		}
 		wg.Wait()
 	}
-	for _, ep := range eps {
-		var tl net.Listener
-		var ul net.PacketConn
-		err := InNetns(ep.Netns, func() error {
-			var err error
-			if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", ProbePort)); err != nil {
-				return err
+	for _, netns := range netnses {
+		var tls []net.Listener
+		var uls []net.PacketConn
+		err := InNetns(netns, func() error {
+			for _, port := range tcpPorts {
+				l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+				if err != nil {
+					return err
+				}
+				tls, closers = append(tls, l), append(closers, l)
 			}
-			ul, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", ProbePort))
-			return err
+			for _, port := range udpPorts {
+				c, err := net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+				if err != nil {
+					return err
+				}
+				uls, closers = append(uls, c), append(closers, c)
+			}
+			return nil
 		})
-		if tl != nil {
-			closers = append(closers, tl)
-		}
-		if ul != nil {
-			closers = append(closers, ul)
-		}
 		if err != nil {
 			stop()
-			return nil, fmt.Errorf("echo server in %s: %w", ep.Netns, err)
+			return nil, fmt.Errorf("echo server in %s: %w", netns, err)
 		}
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			for {
-				c, err := tl.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-					line, err := bufio.NewReader(c).ReadString('\n')
-					if err == nil {
-						_, _ = io.WriteString(c, line)
+		for _, tl := range tls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					c, err := tl.Accept()
+					if err != nil {
+						return
 					}
-				}()
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			EchoUDP(ul, nil)
-		}()
+					go func() {
+						defer c.Close()
+						_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+						line, err := bufio.NewReader(c).ReadString('\n')
+						if err == nil {
+							_, _ = io.WriteString(c, line)
+						}
+					}()
+				}
+			}()
+		}
+		for _, ul := range uls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				EchoUDP(ul, nil)
+			}()
+		}
 	}
 	return stop, nil
+}
+
+// Probe does one echo exchange from the namespace netns with an echo
+// server (ServeEcho) at ip:port over network "tcp" or "udp", all within
+// timeout, and returns nil if the echo came back. A TCP probe fails when
+// it cannot connect within timeout; a UDP probe sends its datagram three
+// times in timeout and fails if no echo came back. local is the probe's
+// own address, also when it failed (invalid if it never had one): with ip
+// and port it names the flow, e.g. in the flow cache.
+func Probe(netns, network string, ip netip.Addr, port int, timeout time.Duration) (local netip.AddrPort, err error) {
+	deadline := time.Now().Add(timeout)
+	d := net.Dialer{Deadline: deadline}
+	if network == "tcp" {
+		// Bind before connect, so the source port is known even if the
+		// connection never comes up.
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var err error
+			cerr := rc.Control(func(fd uintptr) {
+				if err = unix.Bind(int(fd), &unix.SockaddrInet4{}); err != nil {
+					return
+				}
+				var sa unix.Sockaddr
+				if sa, err = unix.Getsockname(int(fd)); err == nil {
+					if sa4, ok := sa.(*unix.SockaddrInet4); ok {
+						local = netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(sa4.Port))
+					}
+				}
+			})
+			return errors.Join(cerr, err)
+		}
+	}
+	var c net.Conn
+	err = InNetns(netns, func() (err error) {
+		c, err = d.Dial(network+"4", netip.AddrPortFrom(ip, uint16(port)).String())
+		return err
+	})
+	if err != nil {
+		return local, err
+	}
+	defer c.Close()
+	if a, ok := c.LocalAddr().(interface{ AddrPort() netip.AddrPort }); ok {
+		local = a.AddrPort()
+		local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	}
+	_ = c.SetDeadline(deadline)
+	msg := token()
+	if network == "tcp" {
+		if _, err := fmt.Fprintln(c, msg); err != nil {
+			return local, err
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return local, err
+		}
+		if strings.TrimSpace(got) != msg {
+			return local, fmt.Errorf("echo mismatch: sent %q, got %q", msg, got)
+		}
+		return local, nil
+	}
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 256)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				got <- err
+				return
+			}
+			if string(buf[:n]) == msg {
+				got <- nil
+				return
+			}
+		}
+	}()
+	resend := time.NewTicker(timeout / 3)
+	defer resend.Stop()
+	for {
+		if _, err := c.Write([]byte(msg)); err != nil && time.Now().After(deadline) {
+			// Past the deadline the reader has its answer too.
+			break
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				return local, fmt.Errorf("no UDP echo in %v: %w", timeout, err)
+			}
+			return local, nil
+		case <-resend.C:
+		}
+	}
+	if err := <-got; err != nil {
+		return local, fmt.Errorf("no UDP echo in %v: %w", timeout, err)
+	}
+	return local, nil
 }
 
 // EchoUDP answers every datagram on c with itself until c is closed,
