@@ -78,25 +78,6 @@ func NewEnforcer() (*Enforcer, error) {
 // applied, for the next agent to take over.
 func (e *Enforcer) Close() error { return nil }
 
-// Remove deletes the table, and with it all enforcement and counters.
-func (e *Enforcer) Remove() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
-	defer cancel()
-	tx := e.nft.NewTransaction()
-	tx.Delete(&knftables.Table{})
-	if err := e.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
-		return fmt.Errorf("delete table %s: %w", Table, err)
-	}
-	for key, a := range e.pods {
-		e.gone[key] = a.ip
-	}
-	e.pods = map[string]applied{}
-	e.synced = false
-	return nil
-}
-
 // dir is a direction: ingress or egress.
 type dir struct {
 	prefix string // of chain, set and counter names

@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netns"
+	"sigs.k8s.io/knftables"
 )
 
 func prefixes(ss ...string) []netip.Prefix {
@@ -478,4 +480,24 @@ func TestSpoofedSourceIsDropped(t *testing.T) {
 			t.Fatalf("c's own datagram: received=%v with b isolated=%v", !isolated, isolated)
 		}
 	}
+}
+
+// Remove deletes the table, and with it all enforcement and counters (what
+// an uninstall does by hand, docs/install.md).
+func (e *Enforcer) Remove() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	tx := e.nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := e.nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("delete table %s: %w", Table, err)
+	}
+	for key, a := range e.pods {
+		e.gone[key] = a.ip
+	}
+	e.pods = map[string]applied{}
+	e.synced = false
+	return nil
 }
