@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -227,5 +228,23 @@ func TestDisjoint(t *testing.T) {
 	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/23"), netip.MustParsePrefix("10.0.2.0/24")}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("disjoint(%v) = %v, want %v", in, got, want)
+	}
+}
+
+// Apply reuses a direction's elements only for the very same rules: "every
+// port" (nil) and "no port" (empty) must not be mistaken for each other.
+func TestElementsAreReusedOnlyForTheSameRules(t *testing.T) {
+	peers := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
+	e := &Enforcer{}
+	next := map[string]*compiled{}
+	all := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers}}}, next)
+	e.compiled, next = next, map[string]*compiled{}
+	if again := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: slices.Clone(peers)}}}, next); again != all {
+		t.Error("the same rules were compiled again")
+	}
+	e.compiled, next = next, map[string]*compiled{}
+	none := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers, Ports: []PortRange{}}}}, next)
+	if none == all || none.fingerprint == all.fingerprint {
+		t.Fatal("a rule allowing no port reused the elements of one allowing every port")
 	}
 }

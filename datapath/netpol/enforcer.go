@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -49,6 +50,8 @@ type Enforcer struct {
 	synced bool                  // the table holds exactly pods: false until the first Apply, and after a failed one
 	pods   map[string]applied    // by pod key: what the table holds
 	gone   map[string]netip.Addr // removed pods' last IPs, until Revoke has seen them
+	// compiled is the last Apply's set elements, by pod key and direction.
+	compiled map[string]*compiled
 }
 
 // applied is what the table holds for one pod.
@@ -121,8 +124,14 @@ func podID(key string) string {
 	return hex.EncodeToString(sum[:5])
 }
 
-func plans(rs Ruleset) ([]plan, error) {
+// plans turns rs into the desired state of each pod. A direction whose
+// rules are those of the last Apply reuses its elements: turning rules into
+// disjoint set elements is most of an Apply's own work, and a change
+// usually touches a few pods.
+func (e *Enforcer) plans(rs Ruleset) ([]plan, error) {
 	out := make([]plan, 0, len(rs.Pods))
+	next := make(map[string]*compiled, 2*len(rs.Pods))
+	defer func() { e.compiled = next }()
 	keys := map[string]bool{}
 	ids := map[string]string{}
 	ifaces := map[string]string{}
@@ -145,16 +154,42 @@ func plans(rs Ruleset) ([]plan, error) {
 		ifaces[p.Iface] = p.Key
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, ip: p.IP}}
 		if p.Ingress != nil {
-			el := compile(p.Ingress)
-			pl.inEl, pl.in = &el, "in:"+el.fingerprint()
+			c := e.elementsOf(p.Key+" in", p.Ingress, next)
+			pl.inEl, pl.in = &c.el, "in:"+c.fingerprint
 		}
 		if p.Egress != nil {
-			el := compile(p.Egress)
-			pl.egEl, pl.eg = &el, "eg:"+el.fingerprint()
+			c := e.elementsOf(p.Key+" eg", p.Egress, next)
+			pl.egEl, pl.eg = &c.el, "eg:"+c.fingerprint
 		}
 		out = append(out, pl)
 	}
 	return out, nil
+}
+
+// sameRule compares two rules field by field (reflect.DeepEqual would take
+// most of an Apply on rules with thousands of peers).
+func sameRule(a, b Rule) bool {
+	return a.Policy == b.Policy && a.Index == b.Index && slices.Equal(a.Peers, b.Peers) &&
+		slices.Equal(a.Ports, b.Ports) && (a.Ports == nil) == (b.Ports == nil)
+}
+
+// compiled is a direction's rules and the set elements they make.
+type compiled struct {
+	rules       []Rule
+	el          elements
+	fingerprint string
+}
+
+// elementsOf compiles d, or reuses what the last Apply compiled for key
+// from the same rules, and records it in next.
+func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
+	c := e.compiled[key]
+	if c == nil || !slices.EqualFunc(c.rules, d.Rules, sameRule) {
+		el := compile(d)
+		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint()}
+	}
+	next[key] = c
+	return c
 }
 
 // Apply makes the table enforce rs and returns the keys of the pods whose
@@ -167,7 +202,7 @@ func plans(rs Ruleset) ([]plan, error) {
 func (e *Enforcer) Apply(rs Ruleset, rebuild bool) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	want, err := plans(rs)
+	want, err := e.plans(rs)
 	if err != nil {
 		return nil, err
 	}
