@@ -105,7 +105,11 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	registered := map[string]bool{}
 	for _, n := range nodes {
 		registered[n.Name] = true
-		if _, inCluster := members[n.Name]; members != nil && !inCluster {
+		gone, err := c.leftCluster(ctx, members, n.Name)
+		if err != nil {
+			return err
+		}
+		if gone {
 			slog.Info("node left the cluster; deleting it", "node", n.Name)
 			if err := c.store.DeleteNode(ctx, n.Name); err != nil {
 				return err
@@ -162,6 +166,16 @@ func (c *Controller) allocate(ctx context.Context, n datastore.Node, block, carr
 		}
 		slog.Info("allocated pod CIDR", "node", n.Name, "cidr", p)
 	}
+}
+
+// leftCluster reports whether the cluster no longer has node name. The
+// members cache can miss a node created a moment ago, so its absence there
+// is confirmed with the backend before a registration is deleted.
+func (c *Controller) leftCluster(ctx context.Context, members map[string]netip.Prefix, name string) (bool, error) {
+	if _, in := members[name]; members == nil || in {
+		return false, nil
+	}
+	return c.store.(datastore.Membership).NodeGone(ctx, name)
 }
 
 // members returns the cluster's nodes and their pod CIDRs when the backend

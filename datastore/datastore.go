@@ -97,4 +97,7 @@ type Membership interface {
 	// ClusterNodes maps every node of the cluster to the pod CIDR it
 	// carries (the zero Prefix if none).
 	ClusterNodes(ctx context.Context) (map[string]netip.Prefix, error)
+	// NodeGone confirms, past any cache, that the cluster has no node
+	// name: ClusterNodes may not show a node created a moment ago.
+	NodeGone(ctx context.Context, name string) (bool, error)
 }

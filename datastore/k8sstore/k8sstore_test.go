@@ -158,6 +158,14 @@ func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
 		}
 	}
 	mk("fresh", "")
+	// Right after its creation the cache may not show a Node yet; NodeGone
+	// asks the API server, so it never takes a new node for a gone one.
+	if gone, err := s.NodeGone(ctx, "fresh"); gone || err != nil {
+		t.Fatalf("NodeGone(fresh) right after its creation = %v, %v", gone, err)
+	}
+	if gone, err := s.NodeGone(ctx, "never-was"); !gone || err != nil {
+		t.Fatalf("NodeGone(never-was) = %v, %v", gone, err)
+	}
 	mk("preset", "10.244.99.0/24")
 	testutil.WaitFor(t, "nodes in the cache", 15*time.Second, func() bool { m, _ := s.ClusterNodes(ctx); return len(m) >= 2 })
 	members, err := s.ClusterNodes(ctx)

@@ -93,3 +93,16 @@ func (s *Store) ClusterNodes(context.Context) (map[string]netip.Prefix, error) {
 	}
 	return out, nil
 }
+
+// NodeGone reads the Node from the API server itself: the Node cache can
+// lag behind an ONCNode created right after its Node.
+func (s *Store) NodeGone(ctx context.Context, name string) (bool, error) {
+	_, err := s.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get node %s: %w", name, err)
+	}
+	return false, nil
+}
