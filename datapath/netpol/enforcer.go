@@ -262,34 +262,31 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	}
 	tx := e.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
-	for _, name := range existing["chain"] {
-		tx.Flush(&knftables.Chain{Name: name})
+	// Every chain, set and map is flushed, then what want does not need is
+	// deleted (after all flushes: nothing refers to it any more). Counters
+	// are never flushed, so the kept ones keep their values.
+	kinds := []struct {
+		kind  string
+		obj   func(name string) knftables.Object
+		flush bool
+	}{
+		{"chain", func(n string) knftables.Object { return &knftables.Chain{Name: n} }, true},
+		{"set", func(n string) knftables.Object { return &knftables.Set{Name: n} }, true},
+		{"map", func(n string) knftables.Object { return &knftables.Map{Name: n} }, true},
+		{"counter", func(n string) knftables.Object { return &knftables.Counter{Name: n} }, false},
 	}
-	for _, name := range existing["set"] {
-		tx.Flush(&knftables.Set{Name: name})
-	}
-	for _, name := range existing["map"] {
-		tx.Flush(&knftables.Map{Name: name})
-	}
-	// Deleted after all flushes: nothing refers to them any more.
-	for _, name := range existing["chain"] {
-		if !keep[name] {
-			tx.Delete(&knftables.Chain{Name: name})
+	for _, k := range kinds {
+		for _, name := range existing[k.kind] {
+			if k.flush {
+				tx.Flush(k.obj(name))
+			}
 		}
 	}
-	for _, name := range existing["set"] {
-		if !keep[name] {
-			tx.Delete(&knftables.Set{Name: name})
-		}
-	}
-	for _, name := range existing["map"] {
-		if !keep[name] {
-			tx.Delete(&knftables.Map{Name: name})
-		}
-	}
-	for _, name := range existing["counter"] {
-		if !keep[name] {
-			tx.Delete(&knftables.Counter{Name: name})
+	for _, k := range kinds {
+		for _, name := range existing[k.kind] {
+			if !keep[name] {
+				tx.Delete(k.obj(name))
+			}
 		}
 	}
 

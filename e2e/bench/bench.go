@@ -212,8 +212,8 @@ func Summarize(samples []Sample) []Summary {
 			vals[i], cpus[i] = s.Value, s.CPU
 		}
 		sort.Float64s(vals)
-		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: median(vals), Min: vals[0], Max: vals[len(vals)-1],
-			Unit: g[0].Unit, N: len(g), CPUMedian: median(cpus), CPUUnit: g[0].CPUUnit})
+		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: Median(vals), Min: vals[0], Max: vals[len(vals)-1],
+			Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit})
 	}
 	return out
 }
@@ -227,10 +227,14 @@ func indexOf(list []string, s string) int {
 	return len(list)
 }
 
-func median(v []float64) float64 {
+// Median of v (0 for none); v is left as it was.
+func Median(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	n := len(s)
+	if n == 0 {
+		return 0
+	}
 	if n%2 == 1 {
 		return s[n/2]
 	}

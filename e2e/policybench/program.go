@@ -18,6 +18,7 @@ import (
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/e2e/bench"
 )
 
 // ProgramOptions are the programming measurements to make.
@@ -42,20 +43,7 @@ func statOf(ms []float64) Stat {
 	}
 	s := slices.Clone(ms)
 	slices.Sort(s)
-	return Stat{Median: median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n == 0 {
-		return 0
-	}
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+	return Stat{Median: bench.Median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
 }
 
 // Timing is one programming pass split into its parts, in milliseconds:
