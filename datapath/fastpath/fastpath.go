@@ -12,17 +12,13 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
-	"golang.org/x/sys/unix"
 )
 
 // Map value and key types, as the C headers define them.
@@ -64,7 +60,7 @@ type Datapath struct {
 
 // Open loads the programs, creating or reusing the pinned maps.
 func Open(o Options) (*Datapath, error) {
-	if err := ensureBPFFS(o.PinDir); err != nil {
+	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
 	d := &Datapath{opts: o}
@@ -78,7 +74,7 @@ func Open(o Options) (*Datapath, error) {
 		// An upgrade changed a map's layout: start the caches afresh (flows
 		// re-learn through the slow path) rather than refuse to start.
 		slog.Warn("pinned eBPF maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
-		if err := removeMapPins(o.PinDir); err != nil {
+		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadEgressFast); err != nil {
 			return nil, err
 		}
 		err = d.load(&ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}})
@@ -87,21 +83,6 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	return d, nil
-}
-
-func removeMapPins(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "onc_") {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 func (d *Datapath) load(opts *ebpf.CollectionOptions) error {
@@ -148,48 +129,6 @@ func (d *Datapath) Close() error {
 	return errors.Join(errs...)
 }
 
-// ensureBPFFS makes dir a directory on a bpffs, mounting one if needed:
-// on dir itself, or on its parent when dir cannot be created there — the
-// usual case in a container, where /sys/fs/bpf is sysfs' bare, read-only
-// mount point until something mounts a bpffs on it.
-func ensureBPFFS(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		parent := filepath.Dir(dir)
-		if onBPFFS(parent) {
-			return err
-		}
-		if merr := unix.Mount("bpf", parent, "bpf", 0, "mode=0700"); merr != nil {
-			return fmt.Errorf("%w; mounting a bpffs on %s failed too: %w", err, parent, merr)
-		}
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			return err
-		}
-	}
-	if onBPFFS(dir) {
-		return nil
-	}
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("%s is not on a bpffs and mounting one there failed: %w", dir, err)
-	}
-	return nil
-}
-
-func onBPFFS(dir string) bool {
-	var st unix.Statfs_t
-	return unix.Statfs(dir, &st) == nil && st.Type == unix.BPF_FS_MAGIC
-}
-
-func be32(a netip.Addr) uint32 {
-	b := a.As4()
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-}
-
-func addrOf(v uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
-}
-
-func be16(p int) uint16 { return uint16(p>>8) | uint16(p&0xff)<<8 }
-
 // Configure writes the switches; learning resumes, the epoch is kept.
 func (d *Datapath) Configure(enabled bool) error {
 	d.mu.Lock()
@@ -199,7 +138,7 @@ func (d *Datapath) Configure(enabled bool) error {
 		return err
 	}
 	c.Enabled, c.Learning = b2u(enabled), 1
-	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), be16(d.opts.Port), d.opts.Mark
+	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), bpf.NetPort(uint16(d.opts.Port)), d.opts.Mark
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 
@@ -237,17 +176,17 @@ func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.H
 	v := LocalPod{Ifindex: uint32(ifindex)}
 	copy(v.PodMac[:], podMAC)
 	copy(v.HostMac[:], hostMAC)
-	return d.maps.OncLocal.Put(be32(ip), v)
+	return d.maps.OncLocal.Put(bpf.NetIPv4(ip), v)
 }
 
 // DeleteLocalPod forgets a pod and every flow it had, with learning paused
 // so no packet in flight can re-insert one.
 func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 	return d.evict(func() error {
-		if err := d.maps.OncLocal.Delete(be32(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := d.maps.OncLocal.Delete(bpf.NetIPv4(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
-		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return k.LocalIp == be32(ip) })
+		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return k.LocalIp == bpf.NetIPv4(ip) })
 	})
 }
 
@@ -264,8 +203,8 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func() (keep func(
 			return err
 		}
 		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool {
-			local, remote := addrOf(k.LocalIp), addrOf(k.RemoteIp)
-			return ips[local] && !keep(netip.AddrPortFrom(local, port(k.LocalPort)), netip.AddrPortFrom(remote, port(k.RemotePort)), k.Proto)
+			local, remote := bpf.IPv4(k.LocalIp), bpf.IPv4(k.RemoteIp)
+			return ips[local] && !keep(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto)
 		})
 	})
 }
@@ -284,7 +223,7 @@ type Peer struct {
 func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 	want := map[cidrKey]cidrVal{}
 	for _, p := range peers {
-		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
+		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}
 	}
 	return d.peers.sync(d.maps.OncPeers, want, checkKernel, func(have map[cidrKey]cidrVal) error {
 		added, changed, gone := diff(have, want)
@@ -296,7 +235,7 @@ func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 					if err := d.peerWrite(d.maps.OncPeers.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 						return err
 					}
-					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(addrOf(k.Addr), int(k.Prefixlen)), NodeIP: addrOf(have[k].NodeIp)})
+					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen)), NodeIP: bpf.IPv4(have[k].NodeIp)})
 				}
 				return d.forgetPeers(evicted)
 			})
@@ -325,16 +264,16 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 	}
 	nodes := map[uint32]bool{}
 	for _, p := range peers {
-		nodes[be32(p.NodeIP)] = true
-		if err := d.maps.OncEncap.Delete(be32(p.NodeIP)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		nodes[bpf.NetIPv4(p.NodeIP)] = true
+		if err := d.maps.OncEncap.Delete(bpf.NetIPv4(p.NodeIP)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
 	}
-	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(addrOf(ip)) })
+	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(bpf.IPv4(ip)) })
 	if err != nil {
 		return err
 	}
-	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(addrOf(k.RemoteIp)) })
+	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(bpf.IPv4(k.RemoteIp)) })
 }
 
 // SetHosts makes the host-address set (node IPs, gateways) exactly addrs,
@@ -343,7 +282,7 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {
 	want := map[uint32]uint8{}
 	for _, a := range addrs {
-		want[be32(a)] = 1
+		want[bpf.NetIPv4(a)] = 1
 	}
 	return d.hosts.sync(d.maps.OncHosts, want, checkKernel, func(have map[uint32]uint8) error {
 		added, changed, gone := diff(have, want)

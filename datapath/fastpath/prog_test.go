@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -156,16 +157,16 @@ func established(t *testing.T, d *Datapath) {
 	t.Helper()
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
 	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
-	key := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40000), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
+	key := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40000)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
-	must(t, d.maps.OncEgress.Put(be32(remotePod), EgressVal{NodeIp: be32(peerNode)}))
+	must(t, d.maps.OncEgress.Put(bpf.NetIPv4(remotePod), EgressVal{NodeIp: bpf.NetIPv4(peerNode)}))
 	var e EncapVal
 	copy(e.Hdr[:], vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 0), localNode, peerNode, 1)[:64])
 	// The learned header is what the kernel sent: our NIC to the peer's.
 	copy(e.Hdr[0:6], nicPeer)
 	copy(e.Hdr[6:12], nicLocal)
 	e.Ifindex = 7
-	must(t, d.maps.OncEncap.Put(be32(peerNode), e))
+	must(t, d.maps.OncEncap.Put(bpf.NetIPv4(peerNode), e))
 }
 
 func must(t *testing.T, err error) {
@@ -232,7 +233,7 @@ func TestEgressMissReasons(t *testing.T) {
 		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
 		{"stale destination (CIDR moved to another node)", "egress_miss_dest", flow(localPod, remotePod, 0),
 			func() {
-				must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: be32(peerCIDR.Addr())}, cidrVal{NodeIp: be32(otherNode)}))
+				must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peerCIDR.Addr())}, cidrVal{NodeIp: bpf.NetIPv4(otherNode)}))
 			}},
 		{"an address no local pod has", "egress_miss_spoof", flow(netip.MustParseAddr("10.244.1.10"), remotePod, 0), nil},
 		// An established flow, sent from another veth than its pod's.
@@ -387,7 +388,7 @@ func TestCoherency(t *testing.T) {
 func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	d := open(t)
 	established(t, d) // localPod:40000 <-> remotePod:80
-	other := FlowKey{LocalIp: be32(localPod), RemoteIp: be32(remotePod), LocalPort: be16(40001), RemotePort: be16(80), Proto: unix.IPPROTO_TCP}
+	other := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40001)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
 	kept := netip.AddrPortFrom(localPod, 40000)
 	var learning uint8 = 1

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
 )
 
 // peerWrites runs fn and returns how many peer- and host-map writes it made.
@@ -40,7 +41,7 @@ func expectSync(t *testing.T, what string, d *Datapath, fn func() error, writes 
 func peerEntries(peers []Peer) map[cidrKey]cidrVal {
 	m := map[cidrKey]cidrVal{}
 	for _, p := range peers {
-		m[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: be32(p.PodCIDR.Addr())}] = cidrVal{NodeIp: be32(p.NodeIP)}
+		m[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(p.PodCIDR.Addr())}] = cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}
 	}
 	return m
 }
@@ -48,7 +49,7 @@ func peerEntries(peers []Peer) map[cidrKey]cidrVal {
 func hostEntries(hosts []netip.Addr) map[uint32]uint8 {
 	m := map[uint32]uint8{}
 	for _, h := range hosts {
-		m[be32(h)] = 1
+		m[bpf.NetIPv4(h)] = 1
 	}
 	return m
 }
@@ -153,9 +154,9 @@ func TestSyncRepairsDriftOnlyWithCheckKernel(t *testing.T) {
 	haveHosts := func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }
 
 	lost := peerEntries(peers)
-	delete(lost, cidrKey{Prefixlen: 24, Addr: be32(peers[1].PodCIDR.Addr())})
-	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: be32(peers[1].PodCIDR.Addr())}))
-	must(t, d.maps.OncHosts.Delete(be32(hosts[1])))
+	delete(lost, cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[1].PodCIDR.Addr())})
+	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[1].PodCIDR.Addr())}))
+	must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[1])))
 
 	expectSync(t, "SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 0)
 	expectSync(t, "SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 0)
@@ -223,7 +224,7 @@ func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
 		t.Fatal("SyncPeers wrote through a read-only map")
 	}
 	restore()
-	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: be32(peers[0].PodCIDR.Addr())}))
+	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[0].PodCIDR.Addr())}))
 	expectSync(t, "SyncPeers after a failed write", d, func() error { return d.SyncPeers(more, false) }, 2, 1)
 	expectMap(t, "peers", func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }, peerEntries(more))
 	expectSync(t, "SyncPeers again", d, func() error { return d.SyncPeers(more, false) }, 0, 0)
@@ -233,7 +234,7 @@ func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
 		t.Fatal("SetHosts wrote through a read-only map")
 	}
 	restore()
-	must(t, d.maps.OncHosts.Delete(be32(hosts[0])))
+	must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[0])))
 	expectSync(t, "SetHosts after a failed write", d, func() error { return d.SetHosts(moreHosts, false) }, 3, 1)
 	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries(moreHosts))
 	expectSync(t, "SetHosts again", d, func() error { return d.SetHosts(moreHosts, false) }, 0, 0)

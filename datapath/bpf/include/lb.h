@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * ONC socket load balancing: maps and the translation shared by the cgroup
+ * programs (sock_*.c). A ClusterIP:port is rewritten to a backend pod when
+ * a socket connects or sends, and back when it reads a reply or asks for
+ * its peer, so Service traffic is pod-to-pod on the wire.
+ *
+ * Several agents may share one kernel and one cgroup root (the lab, kind),
+ * each with its own maps. A program acts only on sockets whose network
+ * namespace its agent registered in onc_lb_netns: its node's host and pods.
+ */
+#ifndef __ONC_LB_H
+#define __ONC_LB_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ONC_ECONNREFUSED 111
+
+/* The cgroup programs' verdicts: 1 lets the call proceed. */
+#define SYS_PROCEED 1
+#define SYS_REJECT 0
+
+#define LB_MAX_SERVICES 65536
+#define LB_MAX_BACKENDS (2 * 262144) /* two banks */
+
+struct lb_svc_key {
+	__be32 vip;
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+#define LB_SVC_AFFINITY 1
+
+struct lb_svc {
+	__u32 id;           /* stable while the service exists; indexes the maps below */
+	__u16 count;        /* backends in the active bank; 0: refuse */
+	__u8 bank;          /* which of the two backend banks is live */
+	__u8 flags;         /* LB_SVC_* */
+	__u32 aff_timeout;  /* seconds */
+};
+
+/*
+ * A service's backends live in two banks. The agent writes the idle bank
+ * in full, then flips lb_svc.bank and count in one map update: a socket
+ * connecting meanwhile sees the old set or the new, never half of one.
+ */
+struct lb_backend_key {
+	__u32 svc_id;
+	__u16 slot;
+	__u8 bank;
+	__u8 pad;
+};
+
+struct lb_addr {
+	__be32 ip;
+	__be16 port;
+	__u8 pad[2];
+};
+
+/* Is a backend still in an affinity service's set? */
+struct lb_member_key {
+	__u32 svc_id;
+	struct lb_addr be;
+};
+
+/* ClientIP affinity: per client network namespace, as a pod is one client. */
+struct lb_aff_key {
+	__u64 netns;
+	__u32 svc_id;
+	__u32 pad;
+};
+
+struct lb_aff {
+	struct lb_addr be;
+	__u64 last_ns; /* bpf_ktime_get_ns() of the last connection */
+};
+
+/* What a socket's traffic to a backend was addressed to. */
+struct lb_revnat_key {
+	__u64 sock;
+	struct lb_addr be;
+	__u8 proto;
+	__u8 pad[7];
+};
+
+struct lb_revnat {
+	struct lb_addr vip;
+	__u32 svc_id;
+};
+
+struct lb_svc_stat {
+	__u64 translated;
+	__u64 refused;
+};
+
+/* Counters (per CPU); onctl decodes them by these names. */
+enum lb_stat {
+	LB_STAT_CONNECT_TRANSLATED,
+	LB_STAT_CONNECT_REFUSED,
+	LB_STAT_SENDMSG_TRANSLATED,
+	LB_STAT_SENDMSG_REFUSED,
+	LB_STAT_NO_SLOT,          /* a backend slot was missing: left to kube-proxy */
+	LB_STAT_AFFINITY_HIT,
+	LB_STAT_RECVMSG_REVERSED,
+	LB_STAT_GETPEERNAME_REVERSED,
+	LB_STAT_RELEASED,
+	LB_STAT_MAX,
+};
+
+/* Sockets of these network namespaces are this node's (value: unused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __be32); /* the pod's address; 0 for the host */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_netns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_SERVICES);
+	__type(key, struct lb_svc_key);
+	__type(value, struct lb_svc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, struct lb_backend_key);
+	__type(value, struct lb_addr);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_backend SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_BACKENDS / 2);
+	__type(key, struct lb_member_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_member SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct lb_aff_key);
+	__type(value, struct lb_aff);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_aff SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct lb_revnat_key);
+	__type(value, struct lb_revnat);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_revnat SEC(".maps");
+
+/* Indexed by lb_svc.id; shared by CPUs, so updated atomically. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct lb_svc_stat);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_svc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_STAT_MAX);
+	__type(key, enum lb_stat); /* so the names reach BTF and Go */
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_stats SEC(".maps");
+
+static __always_inline void lb_count(enum lb_stat stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&onc_lb_stats, &stat);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void lb_count_svc(__u32 id, int refused)
+{
+	struct lb_svc_stat *s = bpf_map_lookup_elem(&onc_lb_svc_stats, &id);
+
+	if (!s)
+		return;
+	if (refused)
+		__sync_fetch_and_add(&s->refused, 1);
+	else
+		__sync_fetch_and_add(&s->translated, 1);
+}
+
+/* Is the socket in a network namespace of this node? */
+static __always_inline int lb_owned(void *ctx)
+{
+	__u64 netns = bpf_get_netns_cookie(ctx);
+
+	return bpf_map_lookup_elem(&onc_lb_netns, &netns) != NULL;
+}
+
+static __always_inline int lb_balanced_proto(__u32 proto)
+{
+	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+}
+
+/* The backend an affinity entry names, if it is recent and still serves. */
+static __always_inline struct lb_addr *lb_affine(struct lb_aff_key *key,
+						 const struct lb_svc *svc, __u64 now)
+{
+	struct lb_member_key member = { .svc_id = svc->id };
+	struct lb_aff *aff = bpf_map_lookup_elem(&onc_lb_aff, key);
+
+	if (!aff || now - aff->last_ns > (__u64)svc->aff_timeout * 1000000000ULL)
+		return NULL;
+	member.be = aff->be;
+	if (!bpf_map_lookup_elem(&onc_lb_member, &member))
+		return NULL;
+	return &aff->be;
+}
+
+/*
+ * Translates the destination of connect() or sendmsg() when it is a
+ * Service: a backend is picked (by affinity, else at random for TCP and by
+ * socket for UDP, so one socket's datagrams meet one backend) and the
+ * reverse translation recorded for recvmsg() and getpeername(). A Service
+ * without backends refuses at once, as kube-proxy's REJECT does.
+ */
+static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
+					enum lb_stat translated, enum lb_stat refused)
+{
+	struct lb_svc_key key = {
+		.vip = ctx->user_ip4,
+		.port = (__be16)ctx->user_port,
+		.proto = (__u8)ctx->protocol,
+	};
+	struct lb_backend_key slot = {};
+	struct lb_revnat_key rkey = {};
+	struct lb_revnat rval = {};
+	struct lb_aff_key akey = {};
+	struct lb_addr *be = NULL;
+	struct lb_svc *svc;
+	__u64 sock, now;
+
+	if (!lb_balanced_proto(ctx->protocol))
+		return SYS_PROCEED;
+	svc = bpf_map_lookup_elem(&onc_lb_svc, &key);
+	if (!svc || !lb_owned(ctx))
+		return SYS_PROCEED;
+	if (!svc->count) {
+		lb_count(refused);
+		lb_count_svc(svc->id, 1);
+		bpf_set_retval(-ONC_ECONNREFUSED);
+		return SYS_REJECT;
+	}
+	sock = bpf_get_socket_cookie(ctx);
+	now = bpf_ktime_get_ns();
+	if (svc->flags & LB_SVC_AFFINITY) {
+		akey.netns = bpf_get_netns_cookie(ctx);
+		akey.svc_id = svc->id;
+		be = lb_affine(&akey, svc, now);
+		if (be)
+			lb_count(LB_STAT_AFFINITY_HIT);
+	}
+	if (!be) {
+		slot.svc_id = svc->id;
+		slot.bank = svc->bank;
+		slot.slot = (ctx->protocol == IPPROTO_UDP ? (__u32)sock :
+			     bpf_get_prandom_u32()) % svc->count;
+		be = bpf_map_lookup_elem(&onc_lb_backend, &slot);
+		if (!be) {
+			lb_count(LB_STAT_NO_SLOT);
+			return SYS_PROCEED;
+		}
+	}
+	rkey.sock = sock;
+	rkey.be = *be;
+	rkey.proto = key.proto;
+	rval.vip.ip = key.vip;
+	rval.vip.port = key.port;
+	rval.svc_id = svc->id;
+	bpf_map_update_elem(&onc_lb_revnat, &rkey, &rval, BPF_ANY);
+	if (svc->flags & LB_SVC_AFFINITY) {
+		struct lb_aff aff = { .be = *be, .last_ns = now };
+
+		bpf_map_update_elem(&onc_lb_aff, &akey, &aff, BPF_ANY);
+	}
+	ctx->user_ip4 = rkey.be.ip;
+	ctx->user_port = rkey.be.port;
+	lb_count(translated);
+	lb_count_svc(svc->id, 0);
+	return SYS_PROCEED;
+}
+
+/* Makes a backend's address read as the Service's it was dialled by. */
+static __always_inline void lb_reverse(struct bpf_sock_addr *ctx, enum lb_stat reversed)
+{
+	struct lb_revnat_key key = {
+		.be.ip = ctx->user_ip4,
+		.be.port = (__be16)ctx->user_port,
+		.proto = (__u8)ctx->protocol,
+	};
+	struct lb_revnat *rev;
+
+	if (!lb_balanced_proto(ctx->protocol))
+		return;
+	key.sock = bpf_get_socket_cookie(ctx);
+	rev = bpf_map_lookup_elem(&onc_lb_revnat, &key);
+	if (!rev || !lb_owned(ctx))
+		return;
+	ctx->user_ip4 = rev->vip.ip;
+	ctx->user_port = rev->vip.port;
+	lb_count(reversed);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#endif /* __ONC_LB_H */

@@ -1,0 +1,58 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// RemoveMapPins removes the pins of an object's maps from dir, for when
+// an upgrade changed a map's layout and the maps must start afresh. Pins
+// of other objects' maps in the same directory stay.
+func RemoveMapPins(dir string, load func() (*ebpf.CollectionSpec, error)) error {
+	spec, err := load()
+	if err != nil {
+		return err
+	}
+	for name := range spec.Maps {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// EnsurePinDir makes dir a directory on a bpffs, mounting one if needed:
+// on dir itself, or on its parent when dir cannot be created there — the
+// usual case in a container, where /sys/fs/bpf is sysfs' bare, read-only
+// mount point until something mounts a bpffs on it.
+func EnsurePinDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		parent := filepath.Dir(dir)
+		if onBPFFS(parent) {
+			return err
+		}
+		if merr := unix.Mount("bpf", parent, "bpf", 0, "mode=0700"); merr != nil {
+			return fmt.Errorf("%w; mounting a bpffs on %s failed too: %w", err, parent, merr)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return err
+		}
+	}
+	if onBPFFS(dir) {
+		return nil
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("%s is not on a bpffs and mounting one there failed: %w", dir, err)
+	}
+	return nil
+}
+
+func onBPFFS(dir string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(dir, &st) == nil && st.Type == unix.BPF_FS_MAGIC
+}

@@ -1,0 +1,219 @@
+package socklb
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Options of the socket load balancer.
+type Options struct {
+	// PinDir is a directory on a bpffs (the fast path's): maps and links
+	// are pinned there, so an agent restart changes nothing for sockets.
+	PinDir string
+	// Cgroup is the cgroup v2 directory the programs attach to; every
+	// socket created in it or below is balanced. See ResolveCgroup.
+	Cgroup string
+}
+
+// LB is the loaded socket load balancer.
+type LB struct {
+	opts  Options
+	maps  bpf.SockConnect4Maps
+	progs []hook
+
+	closers []interface{ Close() error }
+
+	mu       sync.Mutex // serialises Sync and the netns writes
+	services map[Key]*programmed
+	ids      idPool
+	// banks counts the backends written in each bank of each service id,
+	// so a rewrite deletes exactly the slots beyond the new set.
+	banks map[uint32]*[2]uint16
+}
+
+// hook is one program and the cgroup attach point it serves.
+type hook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   *ebpf.Program
+}
+
+// Open loads the programs, creating or adopting the pinned maps; Attach
+// puts them on the cgroup.
+func Open(o Options) (*LB, error) {
+	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
+		return nil, err
+	}
+	lb := &LB{opts: o, services: map[Key]*programmed{}, banks: map[uint32]*[2]uint16{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	err := lb.load(opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// An upgrade changed a map's layout: start afresh. Sockets already
+		// connected keep their backends; getpeername on them and UDP
+		// replies to them show backend addresses until they close.
+		slog.Warn("pinned socket-LB maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
+		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockConnect4); err != nil {
+			return nil, err
+		}
+		err = lb.load(opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := lb.adopt(); err != nil {
+		lb.Close()
+		return nil, err
+	}
+	return lb, nil
+}
+
+func (lb *LB) load(opts *ebpf.CollectionOptions) error {
+	var c bpf.SockConnect4Objects
+	var s bpf.SockSendmsg4Objects
+	var r bpf.SockRecvmsg4Objects
+	var g bpf.SockGetpeername4Objects
+	var rel bpf.SockReleaseObjects
+	for _, o := range []struct {
+		load func() error
+		obj  interface{ Close() error }
+	}{
+		{func() error { return bpf.LoadSockConnect4Objects(&c, opts) }, &c},
+		{func() error { return bpf.LoadSockSendmsg4Objects(&s, opts) }, &s},
+		{func() error { return bpf.LoadSockRecvmsg4Objects(&r, opts) }, &r},
+		{func() error { return bpf.LoadSockGetpeername4Objects(&g, opts) }, &g},
+		{func() error { return bpf.LoadSockReleaseObjects(&rel, opts) }, &rel},
+	} {
+		if err := o.load(); err != nil {
+			lb.Close()
+			var ve *ebpf.VerifierError
+			if errors.As(err, &ve) {
+				return fmt.Errorf("load socket-LB programs: %+v", ve)
+			}
+			return fmt.Errorf("load socket-LB programs: %w", err)
+		}
+		lb.closers = append(lb.closers, o.obj)
+	}
+	lb.maps = c.SockConnect4Maps
+	lb.progs = []hook{
+		{"connect4", ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
+		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, s.OncSockSendmsg4},
+		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, r.OncSockRecvmsg4},
+		{"getpeername4", ebpf.AttachCgroupInet4GetPeername, g.OncSockGetpeername4},
+		{"sock_release", ebpf.AttachCgroupInetSockRelease, rel.OncSockRelease},
+	}
+	return nil
+}
+
+// Cgroup is where the programs attach.
+func (lb *LB) Cgroup() string { return lb.opts.Cgroup }
+
+// Attach puts every program on the cgroup, or swaps the new programs into
+// the pinned links of an earlier agent (atomically: no socket call misses
+// a program). Other agents' programs on the same cgroup stay: each acts
+// only on its own node's sockets.
+func (lb *LB) Attach() error {
+	cgid, err := cgroupID(lb.opts.Cgroup)
+	if err != nil {
+		return err
+	}
+	for _, h := range lb.progs {
+		if err := lb.attach(h, cgid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (lb *LB) attach(h hook, cgid uint64) error {
+	pin := lb.linkPin(h)
+	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
+		info, ierr := old.Info()
+		if ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgid {
+			err := old.Update(h.prog)
+			old.Close()
+			if err == nil {
+				return nil
+			}
+		} else {
+			old.Close()
+		}
+		// Attached elsewhere (the cgroup setting changed): unpinned and
+		// closed, the old link detaches.
+		if err := os.Remove(pin); err != nil {
+			return err
+		}
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: lb.opts.Cgroup, Attach: h.attach, Program: h.prog})
+	if err != nil {
+		return fmt.Errorf("attach %s to cgroup %s: %w", h.name, lb.opts.Cgroup, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pin %s: %w", pin, err)
+	}
+	return nil
+}
+
+// Detach takes the programs off the cgroup: sockets connect to ClusterIPs
+// as they are, and kube-proxy balances them. Idempotent.
+func (lb *LB) Detach() error {
+	var errs []error
+	for _, h := range lb.progs {
+		if err := os.Remove(lb.linkPin(h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Attached reports whether every program is pinned on the cgroup.
+func (lb *LB) Attached() bool {
+	cgid, err := cgroupID(lb.opts.Cgroup)
+	if err != nil {
+		return false
+	}
+	for _, h := range lb.progs {
+		l, err := link.LoadPinnedLink(lb.linkPin(h), nil)
+		if err != nil {
+			return false
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil || info.Cgroup() == nil || info.Cgroup().CgroupId != cgid {
+			return false
+		}
+	}
+	return true
+}
+
+func (lb *LB) linkPin(h hook) string {
+	return filepath.Join(lb.opts.PinDir, "link_cgroup_"+h.name)
+}
+
+// cgroupID is the kernel's id of a cgroup v2 directory: its inode.
+func cgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// Close releases this process's handles; pinned maps and links stay.
+func (lb *LB) Close() error {
+	var errs []error
+	for _, c := range lb.closers {
+		errs = append(errs, c.Close())
+	}
+	lb.closers = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,621 @@
+package socklb
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The client runs as a child process placed in the test's cgroup (only
+// sockets made there are balanced) and in the test's network namespace:
+// the test binary itself, told what to do through the environment.
+const clientEnv = "ONC_SOCKLB_CLIENT"
+
+func TestMain(m *testing.M) {
+	if req := os.Getenv(clientEnv); req != "" {
+		os.Exit(runClient(req))
+	}
+	os.Exit(m.Run())
+}
+
+var (
+	vip      = netip.MustParseAddr("10.96.0.10")
+	backends = []netip.Addr{netip.MustParseAddr("10.250.0.1"), netip.MustParseAddr("10.250.0.2"), netip.MustParseAddr("10.250.0.3")}
+)
+
+const (
+	svcPort   = 8080 // balanced
+	otherPort = 9090 // served on the VIP itself, never a Service
+)
+
+// clientReq is one client run: Op on Addr, N times.
+type clientReq struct {
+	Op   string // tcp, udp (unconnected), udpconn, hold (tcp, kept open until stdin closes)
+	Addr string
+	N    int
+}
+
+// clientRes is one attempt: the peer as getpeername() or recvfrom() gave
+// it, the server's own address as it sent it, or the error's name.
+type clientRes struct {
+	Peer, Served, Err string
+}
+
+func runClient(raw string) int {
+	var req clientReq
+	if err := json.Unmarshal([]byte(raw), &req); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	dst := netip.MustParseAddrPort(req.Addr)
+	sa := &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}
+	enc := json.NewEncoder(os.Stdout)
+	for range req.N {
+		enc.Encode(attempt(req.Op, sa))
+	}
+	return 0
+}
+
+func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
+	typ := unix.SOCK_STREAM
+	if strings.HasPrefix(op, "udp") {
+		typ = unix.SOCK_DGRAM
+	}
+	fd, err := unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	defer unix.Close(fd)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+	if op == "udp" {
+		if err := unix.Sendto(fd, []byte("hi"), 0, sa); err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		buf := make([]byte, 64)
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		return clientRes{Peer: sockaddrString(from), Served: string(buf[:n])}
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	r.Peer = sockaddrString(peer)
+	if op == "udpconn" {
+		if _, err := unix.Write(fd, []byte("hi")); err != nil {
+			return clientRes{Peer: r.Peer, Err: errName(err)}
+		}
+	}
+	buf := make([]byte, 64)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return clientRes{Peer: r.Peer, Err: errName(err)}
+	}
+	r.Served = string(buf[:n])
+	if op == "hold" {
+		// Report, then wait for the test to restart the programs, then
+		// report the peer again on the same socket.
+		json.NewEncoder(os.Stdout).Encode(r)
+		_, _ = io.ReadAll(os.Stdin)
+		peer, err := unix.Getpeername(fd)
+		if err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		r.Peer = sockaddrString(peer)
+	}
+	return r
+}
+
+func errName(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return unix.ErrnoName(errno)
+	}
+	return err.Error()
+}
+
+func sockaddrString(sa unix.Sockaddr) string {
+	if in, ok := sa.(*unix.SockaddrInet4); ok {
+		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), uint16(in.Port)).String()
+	}
+	return fmt.Sprintf("%v", sa)
+}
+
+// bed is one network namespace with the backends and the VIP on its
+// loopback, each serving TCP and UDP with its own address as the reply.
+type bed struct {
+	t      *testing.T
+	ns     string // name under /run/netns
+	cookie uint64
+	cgroup string
+}
+
+func newBed(t *testing.T, cgroup string) *bed {
+	t.Helper()
+	b := &bed{t: t, ns: testutil.Prefix() + "-lb", cgroup: cgroup}
+	path := testutil.Netns(t, b.ns)
+	h := testutil.NetlinkAt(t, b.ns)
+	lo, err := h.LinkByName("lo")
+	must(t, err)
+	must(t, h.LinkSetUp(lo))
+	for _, a := range append([]netip.Addr{vip}, backends...) {
+		must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
+	}
+	ns, err := podnet.OpenNetns(path)
+	must(t, err)
+	defer ns.Close()
+	must(t, podnet.InNetns(ns, func() error {
+		for _, a := range append([]netip.Addr{vip}, backends...) {
+			for _, port := range []uint16{svcPort, otherPort} {
+				serve(t, netip.AddrPortFrom(a, port))
+			}
+		}
+		return nil
+	}))
+	b.cookie, err = NetnsCookie(path)
+	must(t, err)
+	return b
+}
+
+// serve answers on addr over TCP (writes addr, closes) and UDP (echoes addr).
+func serve(t *testing.T, addr netip.AddrPort) {
+	l, err := net.Listen("tcp4", addr.String())
+	must(t, err)
+	u, err := net.ListenPacket("udp4", addr.String())
+	must(t, err)
+	t.Cleanup(func() { l.Close(); u.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte(addr.String()))
+			c.Close()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := u.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = u.WriteTo([]byte(addr.String()), from)
+		}
+	}()
+}
+
+// client runs a client in the bed's namespace and the test cgroup.
+func (b *bed) client(op string, addr netip.AddrPort, n int) []clientRes {
+	b.t.Helper()
+	cmd, out := b.clientCmd(op, addr, n)
+	must(b.t, cmd.Start())
+	var res []clientRes
+	dec := json.NewDecoder(out)
+	for {
+		var r clientRes
+		if err := dec.Decode(&r); err != nil {
+			break
+		}
+		res = append(res, r)
+	}
+	if err := cmd.Wait(); err != nil {
+		b.t.Fatalf("client %s %s: %v", op, addr, err)
+	}
+	if len(res) != n {
+		b.t.Fatalf("client %s %s: %d results, want %d", op, addr, len(res), n)
+	}
+	return res
+}
+
+func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Reader) {
+	b.t.Helper()
+	req, _ := json.Marshal(clientReq{Op: op, Addr: addr.String(), N: n})
+	cg, err := os.Open(b.cgroup)
+	must(b.t, err)
+	b.t.Cleanup(func() { cg.Close() })
+	cmd := exec.Command("ip", "netns", "exec", b.ns, os.Args[0])
+	cmd.Env = append(os.Environ(), clientEnv+"="+string(req))
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, err := cmd.StdoutPipe()
+	must(b.t, err)
+	return cmd, out
+}
+
+// testCgroup is a fresh child of the cgroup v2 root: attaching there
+// balances only the test's clients, never the machine's sockets.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	testutil.Privileged(t)
+	root, err := ResolveCgroup("")
+	must(t, err)
+	dir := filepath.Join(root, "onc-"+testutil.Prefix())
+	must(t, os.Mkdir(dir, 0o755))
+	t.Cleanup(func() {
+		// Emptied when the clients exit; the links go with their bpffs.
+		for i := 0; i < 50 && os.Remove(dir) != nil; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return dir
+}
+
+// openLB loads a balancer (one agent's) pinned on a private bpffs and
+// attached to cgroup.
+func openLB(t *testing.T, cgroup string) *LB {
+	t.Helper()
+	dir := t.TempDir()
+	lb, err := Open(Options{PinDir: dir, Cgroup: cgroup})
+	must(t, err)
+	t.Cleanup(func() {
+		lb.Close()
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	must(t, lb.Attach())
+	return lb
+}
+
+func service(port uint16, proto Proto, bes ...netip.Addr) Service {
+	s := Service{Name: "default/svc:p", VIP: vip, Port: port, Proto: proto}
+	for _, a := range bes {
+		s.Backends = append(s.Backends, Backend{Addr: netip.AddrPortFrom(a, port), Ready: true})
+	}
+	return s
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func served(res []clientRes) map[string]int {
+	seen := map[string]int{}
+	for _, r := range res {
+		seen[r.Served]++
+	}
+	return seen
+}
+
+func checkAll(t *testing.T, what string, res []clientRes, ok func(clientRes) bool) {
+	t.Helper()
+	for _, r := range res {
+		if !ok(r) {
+			t.Fatalf("%s: %+v", what, r)
+		}
+	}
+}
+
+func isBackend(served string, port uint16) bool {
+	for _, b := range backends {
+		if served == netip.AddrPortFrom(b, port).String() {
+			return true
+		}
+	}
+	return false
+}
+
+func counter(t *testing.T, lb *LB, name string) uint64 {
+	t.Helper()
+	st, err := lb.Stats()
+	must(t, err)
+	for _, c := range st {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+// TCP to a ClusterIP reaches every backend, getpeername() shows the
+// ClusterIP, and everything else — another port of the same address, a
+// backend dialled directly — is left as it is.
+func TestConnectTranslatesToEveryBackend(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}))
+
+	svc := netip.AddrPortFrom(vip, svcPort)
+	res := b.client("tcp", svc, 30)
+	checkAll(t, "balanced connection", res, func(r clientRes) bool {
+		return r.Err == "" && r.Peer == svc.String() && isBackend(r.Served, svcPort)
+	})
+	if seen := served(res); len(seen) != len(backends) {
+		t.Fatalf("30 connections reached %v, want all %d backends", seen, len(backends))
+	}
+	states, err := lb.Services()
+	must(t, err)
+	if len(states) != 1 || states[0].Translated != 30 {
+		t.Fatalf("service counters %+v, want 30 translated", states)
+	}
+
+	other := netip.AddrPortFrom(vip, otherPort)
+	checkAll(t, "another port of the ClusterIP", b.client("tcp", other, 3), func(r clientRes) bool {
+		return r.Peer == other.String() && r.Served == other.String()
+	})
+	direct := netip.AddrPortFrom(backends[1], svcPort)
+	checkAll(t, "a backend dialled directly", b.client("tcp", direct, 3), func(r clientRes) bool {
+		return r.Peer == direct.String() && r.Served == direct.String()
+	})
+	// UDP to a TCP-only Service is not translated: the VIP answers itself.
+	checkAll(t, "UDP to a TCP service port", b.client("udp", svc, 2), func(r clientRes) bool {
+		return r.Peer == svc.String() && r.Served == svc.String()
+	})
+	if got := counter(t, lb, "connect_translated"); got != 30 {
+		t.Fatalf("connect_translated %d, want 30", got)
+	}
+}
+
+// A Service without backends refuses at once, for TCP and UDP alike, as
+// kube-proxy's REJECT does; without the programs the VIP itself would answer.
+func TestNoBackendRefuses(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	for _, op := range []string{"tcp", "udpconn", "udp"} {
+		checkAll(t, op+" to a service without backends", b.client(op, svc, 2), func(r clientRes) bool {
+			return r.Err == "ECONNREFUSED"
+		})
+	}
+	if got := counter(t, lb, "connect_refused"); got != 4 {
+		t.Fatalf("connect_refused %d, want 4", got)
+	}
+	if got := counter(t, lb, "sendmsg_refused"); got != 2 {
+		t.Fatalf("sendmsg_refused %d, want 2", got)
+	}
+}
+
+// UDP, unconnected and connected: datagrams reach backends, and replies
+// read as coming from the ClusterIP:port.
+func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	for _, op := range []string{"udp", "udpconn"} {
+		res := b.client(op, svc, 30)
+		checkAll(t, op, res, func(r clientRes) bool {
+			return r.Err == "" && r.Peer == svc.String() && isBackend(r.Served, svcPort)
+		})
+		if seen := served(res); len(seen) < 2 {
+			t.Fatalf("%s: 30 sockets reached only %v", op, seen)
+		}
+	}
+	if counter(t, lb, "recvmsg_reversed") < 30 || counter(t, lb, "getpeername_reversed") < 30 {
+		t.Fatal("reverse translation counters did not rise")
+	}
+	// Connected sockets took their reverse entries with them when they
+	// closed; the unconnected ones' wait for the LRU.
+	rev, err := lb.RevNATs()
+	must(t, err)
+	if len(rev) != 30 {
+		t.Fatalf("%d reverse entries after the clients exited, want the 30 of unconnected sockets", len(rev))
+	}
+}
+
+// ClientIP affinity keeps a client namespace on one backend, and moves it
+// when that backend leaves the Service.
+func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	pod := netip.MustParseAddr("10.244.0.5")
+	must(t, lb.OwnPod(b.cookie, pod))
+	s := service(svcPort, TCP, backends...)
+	s.Affinity = time.Hour
+	must(t, lb.Sync([]Service{s}))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	seen := served(b.client("tcp", svc, 20))
+	if len(seen) != 1 {
+		t.Fatalf("affinity: 20 connections spread over %v", seen)
+	}
+	var first string
+	for k := range seen {
+		first = k
+	}
+	aff, err := lb.Affinities()
+	must(t, err)
+	if len(aff) != 1 || aff[0].Pod != pod || aff[0].Backend.String() != first || aff[0].Netns != b.cookie {
+		t.Fatalf("affinity entries %+v, want one for %s → %s", aff, pod, first)
+	}
+
+	var rest []netip.Addr
+	for _, a := range backends {
+		if netip.AddrPortFrom(a, svcPort).String() != first {
+			rest = append(rest, a)
+		}
+	}
+	s.Backends = service(svcPort, TCP, rest...).Backends
+	must(t, lb.Sync([]Service{s}))
+	again := served(b.client("tcp", svc, 20))
+	if len(again) != 1 || again[first] != 0 {
+		t.Fatalf("after %s left: %v, want one other backend", first, again)
+	}
+}
+
+// Several agents on one kernel share the cgroup root: each balances only
+// the namespaces it owns, and a namespace no agent owns is untouched.
+func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
+	cg := testCgroup(t)
+	lbA, lbB := openLB(t, cg), openLB(t, cg)
+	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
+	must(t, lbA.OwnHost(bedA.cookie))
+	must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
+	must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}))
+	must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	for _, c := range []struct {
+		bed  *bed
+		want netip.AddrPort
+	}{
+		{bedA, netip.AddrPortFrom(backends[0], svcPort)},
+		{bedB, netip.AddrPortFrom(backends[1], svcPort)},
+		{stranger, svc},
+	} {
+		checkAll(t, "client in "+c.bed.ns, c.bed.client("tcp", svc, 5), func(r clientRes) bool {
+			return r.Served == c.want.String()
+		})
+	}
+}
+
+// A Service rewritten over and over while clients connect never fails a
+// connection nor lets one through untranslated: backends are written to
+// the idle bank before the service flips to it.
+func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	sets := [][]netip.Addr{backends[:2], backends[1:], backends[:1], backends}
+	must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}))
+	done := make(chan error)
+	stop := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := lb.Sync([]Service{service(svcPort, TCP, sets[i%len(sets)]...)}); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	res := b.client("tcp", netip.AddrPortFrom(vip, svcPort), 200)
+	close(stop)
+	must(t, <-done)
+	checkAll(t, "connection during updates", res, func(r clientRes) bool {
+		return r.Err == "" && isBackend(r.Served, svcPort)
+	})
+	if got := counter(t, lb, "no_slot"); got != 0 {
+		t.Fatalf("no_slot %d: a socket found a service pointing at a missing backend", got)
+	}
+}
+
+// A restarted agent adopts the pinned links (no second set of programs on
+// the cgroup) and maps: a socket connected before still reports the
+// ClusterIP, and new ones are still balanced.
+func TestRestartChangesNothingForLiveSockets(t *testing.T) {
+	cg := testCgroup(t)
+	dir := t.TempDir()
+	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
+	must(t, err)
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	must(t, lb.Attach())
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	cmd, out := b.clientCmd("hold", svc, 1)
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	dec := json.NewDecoder(bufio.NewReader(out))
+	var before clientRes
+	must(t, dec.Decode(&before))
+	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
+		t.Fatalf("before the restart: %+v", before)
+	}
+	ids := linkIDs(t, lb)
+	lb.Close()
+
+	again, err := Open(Options{PinDir: dir, Cgroup: cg})
+	must(t, err)
+	defer again.Close()
+	must(t, again.Attach())
+	if got := linkIDs(t, again); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Fatalf("restart made new links %v, want the pinned %v adopted", got, ids)
+	}
+	if n := attachedPrograms(t, cg, ebpf.AttachCGroupInet4Connect); n != 1 {
+		t.Fatalf("%d connect4 programs on the cgroup after restart, want 1", n)
+	}
+	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}))
+	stdin.Close()
+	var after clientRes
+	must(t, dec.Decode(&after))
+	must(t, cmd.Wait())
+	if after.Peer != svc.String() {
+		t.Fatalf("a socket connected before the restart now reports %q", after.Peer)
+	}
+	checkAll(t, "new connection after restart", b.client("tcp", svc, 5), func(r clientRes) bool {
+		return r.Peer == svc.String() && isBackend(r.Served, svcPort)
+	})
+
+	// Detach leaves the cgroup as it was: the ClusterIP answers itself.
+	must(t, again.Detach())
+	if again.Attached() {
+		t.Fatal("Attached after Detach")
+	}
+	checkAll(t, "after detach", b.client("tcp", svc, 2), func(r clientRes) bool {
+		return r.Served == svc.String()
+	})
+}
+
+func linkIDs(t *testing.T, lb *LB) []link.ID {
+	t.Helper()
+	var ids []link.ID
+	for _, h := range lb.progs {
+		l, err := link.LoadPinnedLink(lb.linkPin(h), nil)
+		must(t, err)
+		info, err := l.Info()
+		l.Close()
+		must(t, err)
+		ids = append(ids, info.ID)
+	}
+	return ids
+}
+
+func attachedPrograms(t *testing.T, cgroup string, at ebpf.AttachType) int {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
+	must(t, err)
+	return len(res.Programs)
+}
+
+func cgroupFD(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	must(t, err)
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
