@@ -47,6 +47,10 @@ type Config struct {
 	// enforcement reads; nil elsewhere, and then nothing is policed.
 	Policy PolicyInputs
 
+	// Services, with the Kubernetes datastore, is what the socket load
+	// balancer balances; nil elsewhere.
+	Services ServiceInputs
+
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
 	Pods PodPhases
@@ -73,8 +77,9 @@ type Agent struct {
 	up      datapath.Uplink
 	vtepMAC net.HardwareAddr
 	podMTU  int
-	peers   *watcher       // the node and its peers, from the datastore
-	policy  *policyWatcher // nil without Config.Policy
+	peers   *watcher        // the node and its peers, from the datastore
+	policy  *policyWatcher  // nil without Config.Policy
+	svcs    *serviceWatcher // nil without Config.Services
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
@@ -114,6 +119,9 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		a.policy = newPolicyWatcher(a, cfg.Policy)
 	} else {
 		slog.Warn("network policy " + policyNeedsKubernetes)
+	}
+	if cfg.Services != nil {
+		a.svcs = newServiceWatcher(a, cfg.Services)
 	}
 	return a, nil
 }
@@ -174,6 +182,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		done := make(chan struct{})
 		go func() { a.policy.run(ctx); close(done) }()
 		defer func() { <-done }() // before Close: it may be evicting flows
+	}
+	if a.svcs != nil {
+		done := make(chan struct{})
+		go func() { a.svcs.run(ctx); close(done) }()
+		defer func() { <-done }()
 	}
 	a.peers.run(ctx, a.store.Changes(ctx))
 	return nil
@@ -271,15 +284,22 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	if a.policy != nil {
 		a.policy.signal() // the adopted pods' rules
 	}
+	if a.svcs != nil {
+		a.svcs.signal() // the socket LB is loaded now
+	}
 	return nil
 }
 
 // watchers lists the agent's watchers, for status.
 func (a *Agent) watchers() []*watcher {
+	ws := []*watcher{a.peers}
 	if a.policy != nil {
-		return []*watcher{a.peers, a.policy.w}
+		ws = append(ws, a.policy.w)
 	}
-	return []*watcher{a.peers}
+	if a.svcs != nil {
+		ws = append(ws, a.svcs.w)
+	}
+	return ws
 }
 
 // podOf is an attachment as the datapath programs it.

@@ -3,6 +3,7 @@ package agent
 import (
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/socklb"
 	"github.com/onc-net/onc/datastore"
 )
 
@@ -41,6 +42,13 @@ type Datapath interface {
 	EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datapath.PolicyChange, error)
 	// PolicyCounters are each local pod's allowed and denied connections.
 	PolicyCounters() (map[string]netpol.Counters, error)
+
+	// SyncServices makes the socket programs balance exactly svcs.
+	SyncServices(svcs []socklb.Service) error
+	// SocketLB is the socket load balancer, nil when it is off or not
+	// loaded; SocketLBStatus then says why.
+	SocketLB() datapath.SocketLB
+	SocketLBStatus() string
 
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath

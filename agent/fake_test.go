@@ -15,6 +15,7 @@ import (
 
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/socklb"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
@@ -174,6 +175,11 @@ func (f *fakeDatapath) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datap
 func (f *fakeDatapath) PolicyCounters() (map[string]netpol.Counters, error) {
 	return map[string]netpol.Counters{}, nil
 }
+
+// The fake has no socket load balancer: the lab's tests cover Services.
+func (f *fakeDatapath) SyncServices([]socklb.Service) error { return errors.New("no socket LB") }
+func (f *fakeDatapath) SocketLB() datapath.SocketLB         { return nil }
+func (f *fakeDatapath) SocketLBStatus() string              { return "off" }
 
 func (f *fakeDatapath) Close() error { return nil }
 

@@ -46,6 +46,10 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	if a.policy == nil {
 		st.Policy = policyNeedsKubernetes
 	}
+	st.SocketLb = a.socketLBStatus()
+	if lb := a.dp.SocketLB(); lb != nil {
+		st.SocketLbCgroup = lb.Cgroup()
+	}
 	for _, w := range a.watchers() {
 		ws := w.Status()
 		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}

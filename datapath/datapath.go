@@ -28,6 +28,11 @@ type Config struct {
 	BPFFS        string // where the fast path pins its maps and links
 	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
 	AttachMode   string // auto, tcx or clsact
+	// SocketLB is whose sockets Services are balanced for; SocketLBCgroup
+	// the cgroup v2 directory the programs attach to ("" = the root,
+	// mounting a cgroup2 hierarchy where none is).
+	SocketLB       SocketLBMode
+	SocketLBCgroup string
 }
 
 // NodeSetup is what bringing the node up needs from the control plane.

@@ -12,6 +12,7 @@ import (
 	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath/socklb"
 	"github.com/onc-net/onc/datastore"
 	"github.com/vishvananda/netlink"
 )
@@ -21,10 +22,13 @@ type Node struct {
 	cfg Config
 	up  Uplink
 
-	mu     sync.Mutex
-	ovl    *overlay.Overlay   // nil until BringUp
-	fp     *fastpath.Datapath // nil: slow path only
-	policy *netpol.Enforcer   // nil until the first EnforcePolicy
+	mu      sync.Mutex
+	ovl     *overlay.Overlay   // nil until BringUp
+	fp      *fastpath.Datapath // nil: slow path only
+	policy  *netpol.Enforcer   // nil until the first EnforcePolicy
+	lb      *socklb.LB         // nil: off or not loaded (lbErr says why)
+	lbErr   error
+	lbTried bool
 
 	// revokePending are the pods whose rules changed and whose connections
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
@@ -40,6 +44,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
+	}
+	if cfg.SocketLB == "" {
+		cfg.SocketLB = SocketLBAll
+	}
+	if _, err := ParseSocketLBMode(string(cfg.SocketLB)); err != nil {
+		return nil, err
 	}
 	up, err := findUplink(cfg.Iface, cfg.NodeIP)
 	if err != nil {
@@ -91,6 +101,15 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		// flow's FIN, or its packets after a fast-path switch, INVALID.
 		if err := writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 			return err
+		}
+	}
+	if !n.lbTried {
+		// Once: a node whose socket LB cannot load leaves Services to
+		// kube-proxy rather than failing to come up.
+		n.lbTried = true
+		n.lb, n.lbErr = n.openSocketLB()
+		if n.lbErr != nil {
+			slog.Error("socket load balancing unavailable; kube-proxy balances every Service", "err", n.lbErr)
 		}
 	}
 	n.ovl = ovl
@@ -149,6 +168,10 @@ func (n *Node) Close() error {
 	if n.fp != nil {
 		errs = append(errs, n.fp.Close())
 		n.fp = nil
+	}
+	if n.lb != nil {
+		errs = append(errs, n.lb.Close())
+		n.lb = nil
 	}
 	return errors.Join(errs...)
 }
@@ -234,6 +257,9 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 	if err := n.addToFastPath(p, host); err != nil {
 		return PodLink{}, err
 	}
+	if err := n.ownPodSockets(p); err != nil {
+		return PodLink{}, err
+	}
 	return PodLink{PodMAC: podMAC, HostMAC: host.Attrs().HardwareAddr}, nil
 }
 
@@ -244,7 +270,10 @@ func (n *Node) AdoptPod(p Pod) error {
 	if err != nil {
 		return err
 	}
-	return n.addToFastPath(p, host)
+	if err := n.addToFastPath(p, host); err != nil {
+		return err
+	}
+	return n.ownPodSockets(p)
 }
 
 func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
@@ -268,6 +297,9 @@ func (n *Node) CheckPod(p Pod) error { return podnet.Check(p.podnet()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
+	if err := n.forgetPodSockets(p); err != nil {
+		return err
+	}
 	if fp := n.fastPath(); fp != nil {
 		var errs []error
 		if p.IP.IsValid() {

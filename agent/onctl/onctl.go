@@ -71,6 +71,8 @@ func NewCommand() *cobra.Command {
 				}
 				return o.run(showPolicy)
 			}},
+		&cobra.Command{Use: "services", Short: "Services balanced at the socket: ClusterIP:port → backends, translation counters, ClientIP affinity", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showServices) }},
 		cacheCommand(o),
 	)
 	return root
@@ -176,6 +178,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Peers:", fmt.Sprint(st.Peers)},
 		{"Datastore:", st.Datastore},
 		{"Policy:", orDash(st.Policy)},
+		{"Socket LB:", socketLBState(st)},
 		{"Version:", st.Version},
 		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
 	}

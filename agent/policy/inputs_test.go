@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/onc-net/onc/agent/kubeinformer"
 )
 
 // The caches keep exactly what the compiler reads.
@@ -22,24 +24,24 @@ func TestTrim(t *testing.T) {
 		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true,
 			Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}, {}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1", PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}}}
-	if got, _ := trimPod(full); !reflect.DeepEqual(got, want) {
+	if got := trimPod(full); !reflect.DeepEqual(got, want) {
 		t.Errorf("pod:\n got %+v\nwant %+v", got, want)
 	}
 
-	ns, _ := trimNamespace(&corev1.Namespace{ObjectMeta: meta, Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{"f"}}})
+	ns := trimNamespace(&corev1.Namespace{ObjectMeta: meta, Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{"f"}}})
 	if want := (&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web", ResourceVersion: "7", Labels: meta.Labels}}); !reflect.DeepEqual(ns, want) {
 		t.Errorf("namespace: got %+v", ns)
 	}
 
 	spec := networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: meta.Labels},
 		Ingress: []networkingv1.NetworkPolicyIngressRule{{}}, PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}
-	np, _ := trimPolicy(&networkingv1.NetworkPolicy{ObjectMeta: meta, Spec: spec})
+	np := trimPolicy(&networkingv1.NetworkPolicy{ObjectMeta: meta, Spec: spec})
 	if want := (&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7"}, Spec: spec}); !reflect.DeepEqual(np, want) {
 		t.Errorf("policy: got %+v", np)
 	}
 
 	// Tombstones pass through.
-	if got, _ := trimPod("tombstone"); got != "tombstone" {
+	if got, _ := kubeinformer.Trim(trimPod)("tombstone"); got != "tombstone" {
 		t.Errorf("tombstone: got %v", got)
 	}
 }
@@ -47,9 +49,8 @@ func TestTrim(t *testing.T) {
 // Updates that change nothing the compiler reads do not signal.
 func TestSameButVersion(t *testing.T) {
 	pod := func(rv, ip string, labels map[string]string, cond corev1.ConditionStatus) any {
-		p, _ := trimPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: rv, Labels: labels},
+		return trimPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: rv, Labels: labels},
 			Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: ip}}, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: cond}}}})
-		return p
 	}
 	web := map[string]string{"app": "web"}
 	base := pod("1", "10.0.0.1", web, corev1.ConditionFalse)
@@ -63,8 +64,8 @@ func TestSameButVersion(t *testing.T) {
 		{"new address", pod("2", "10.0.0.2", web, corev1.ConditionFalse), false},
 		{"new labels", pod("2", "10.0.0.1", map[string]string{"app": "db"}, corev1.ConditionFalse), false},
 	} {
-		if got := sameButVersion(base, tc.cur); got != tc.same {
-			t.Errorf("%s: sameButVersion = %v, want %v", tc.name, got, tc.same)
+		if got := kubeinformer.SameButVersion(base, tc.cur); got != tc.same {
+			t.Errorf("%s: SameButVersion = %v, want %v", tc.name, got, tc.same)
 		}
 	}
 }

@@ -292,9 +292,14 @@ type NodeStatus struct {
 	// program peers since the agent started; at steady state it stands still.
 	PeerKernelWrites uint64 `protobuf:"varint,23,opt,name=peer_kernel_writes,json=peerKernelWrites,proto3" json:"peer_kernel_writes,omitempty"`
 	// "enforced", or why NetworkPolicy is not.
-	Policy        string `protobuf:"bytes,24,opt,name=policy,proto3" json:"policy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Policy string `protobuf:"bytes,24,opt,name=policy,proto3" json:"policy,omitempty"`
+	// Services balanced at the socket: "all" (host and pods), "host-only",
+	// or why not ("off ...", the error, or no Kubernetes datastore).
+	SocketLb string `protobuf:"bytes,25,opt,name=socket_lb,json=socketLb,proto3" json:"socket_lb,omitempty"`
+	// The cgroup v2 directory the socket programs are attached to.
+	SocketLbCgroup string `protobuf:"bytes,26,opt,name=socket_lb_cgroup,json=socketLbCgroup,proto3" json:"socket_lb_cgroup,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -491,6 +496,20 @@ func (x *NodeStatus) GetPeerKernelWrites() uint64 {
 func (x *NodeStatus) GetPolicy() string {
 	if x != nil {
 		return x.Policy
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetSocketLb() string {
+	if x != nil {
+		return x.SocketLb
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetSocketLbCgroup() string {
+	if x != nil {
+		return x.SocketLbCgroup
 	}
 	return ""
 }
@@ -1981,6 +2000,371 @@ func (x *ListPolicyResponse) GetPods() []*PolicyPod {
 	return nil
 }
 
+type ListServicesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesRequest) Reset() {
+	*x = ListServicesRequest{}
+	mi := &file_onc_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesRequest) ProtoMessage() {}
+
+func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
+func (*ListServicesRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{29}
+}
+
+type ServiceBackend struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Addr  string                 `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"` // ip:port
+	Pod   string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`   // namespace/name, empty if the endpoint names none
+	Node  string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// false: a serving but terminating endpoint, used because none is ready.
+	Ready         bool `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceBackend) Reset() {
+	*x = ServiceBackend{}
+	mi := &file_onc_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceBackend) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceBackend) ProtoMessage() {}
+
+func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceBackend.ProtoReflect.Descriptor instead.
+func (*ServiceBackend) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ServiceBackend) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *ServiceBackend) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *ServiceBackend) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ServiceBackend) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+type ServiceAffinity struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's network namespace: a pod's IP, or "host".
+	Client  string `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`
+	Backend string `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	// Since the client's last connection through the Service.
+	AgeSeconds    float64 `protobuf:"fixed64,3,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceAffinity) Reset() {
+	*x = ServiceAffinity{}
+	mi := &file_onc_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceAffinity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceAffinity) ProtoMessage() {}
+
+func (x *ServiceAffinity) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceAffinity.ProtoReflect.Descriptor instead.
+func (*ServiceAffinity) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ServiceAffinity) GetClient() string {
+	if x != nil {
+		return x.Client
+	}
+	return ""
+}
+
+func (x *ServiceAffinity) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *ServiceAffinity) GetAgeSeconds() float64 {
+	if x != nil {
+		return x.AgeSeconds
+	}
+	return 0
+}
+
+type BalancedService struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // namespace/name:port-name
+	Vip   string                 `protobuf:"bytes,2,opt,name=vip,proto3" json:"vip,omitempty"`   // ClusterIP:port
+	Proto string                 `protobuf:"bytes,3,opt,name=proto,proto3" json:"proto,omitempty"`
+	// ClientIP affinity timeout; 0 = none.
+	AffinitySeconds uint32 `protobuf:"varint,4,opt,name=affinity_seconds,json=affinitySeconds,proto3" json:"affinity_seconds,omitempty"`
+	// Empty: connect() and sendmsg() fail with ECONNREFUSED.
+	Backends []*ServiceBackend `protobuf:"bytes,5,rep,name=backends,proto3" json:"backends,omitempty"`
+	// connect()s and sendmsg()s sent to a backend, and refused for want of one.
+	Translated    uint64             `protobuf:"varint,6,opt,name=translated,proto3" json:"translated,omitempty"`
+	Refused       uint64             `protobuf:"varint,7,opt,name=refused,proto3" json:"refused,omitempty"`
+	Affinity      []*ServiceAffinity `protobuf:"bytes,8,rep,name=affinity,proto3" json:"affinity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BalancedService) Reset() {
+	*x = BalancedService{}
+	mi := &file_onc_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BalancedService) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BalancedService) ProtoMessage() {}
+
+func (x *BalancedService) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BalancedService.ProtoReflect.Descriptor instead.
+func (*BalancedService) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *BalancedService) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BalancedService) GetVip() string {
+	if x != nil {
+		return x.Vip
+	}
+	return ""
+}
+
+func (x *BalancedService) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+func (x *BalancedService) GetAffinitySeconds() uint32 {
+	if x != nil {
+		return x.AffinitySeconds
+	}
+	return 0
+}
+
+func (x *BalancedService) GetBackends() []*ServiceBackend {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *BalancedService) GetTranslated() uint64 {
+	if x != nil {
+		return x.Translated
+	}
+	return 0
+}
+
+func (x *BalancedService) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *BalancedService) GetAffinity() []*ServiceAffinity {
+	if x != nil {
+		return x.Affinity
+	}
+	return nil
+}
+
+type ListServicesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The services watcher's input generation seen and applied.
+	Seen      uint64             `protobuf:"varint,1,opt,name=seen,proto3" json:"seen,omitempty"`
+	Applied   uint64             `protobuf:"varint,2,opt,name=applied,proto3" json:"applied,omitempty"`
+	LastError string             `protobuf:"bytes,3,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	Mode      string             `protobuf:"bytes,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	Cgroup    string             `protobuf:"bytes,5,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Services  []*BalancedService `protobuf:"bytes,6,rep,name=services,proto3" json:"services,omitempty"`
+	// The programs' counters: connect/sendmsg translated and refused,
+	// recvmsg and getpeername reversed, affinity hits, released sockets.
+	Counters      []*Counter `protobuf:"bytes,7,rep,name=counters,proto3" json:"counters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListServicesResponse) Reset() {
+	*x = ListServicesResponse{}
+	mi := &file_onc_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListServicesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListServicesResponse) ProtoMessage() {}
+
+func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
+func (*ListServicesResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListServicesResponse) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+func (x *ListServicesResponse) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *ListServicesResponse) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *ListServicesResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *ListServicesResponse) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *ListServicesResponse) GetServices() []*BalancedService {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *ListServicesResponse) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
 var File_onc_proto protoreflect.FileDescriptor
 
 const file_onc_proto_rawDesc = "" +
@@ -2001,7 +2385,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xdf\x05\n" +
+	"\x10GetStatusRequest\"\xa6\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2029,7 +2413,9 @@ const file_onc_proto_rawDesc = "" +
 	"\x0efast_path_mode\x18\x15 \x01(\tR\ffastPathMode\x12+\n" +
 	"\bwatchers\x18\x16 \x03(\v2\x0f.onc.v1.WatcherR\bwatchers\x12,\n" +
 	"\x12peer_kernel_writes\x18\x17 \x01(\x04R\x10peerKernelWrites\x12\x16\n" +
-	"\x06policy\x18\x18 \x01(\tR\x06policy\"\x96\x01\n" +
+	"\x06policy\x18\x18 \x01(\tR\x06policy\x12\x1b\n" +
+	"\tsocket_lb\x18\x19 \x01(\tR\bsocketLb\x12(\n" +
+	"\x10socket_lb_cgroup\x18\x1a \x01(\tR\x0esocketLbCgroup\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
@@ -2138,13 +2524,44 @@ const file_onc_proto_rawDesc = "" +
 	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x03 \x01(\tR\tlastError\x12%\n" +
-	"\x04pods\x18\x04 \x03(\v2\x11.onc.v1.PolicyPodR\x04pods2\xf9\x01\n" +
+	"\x04pods\x18\x04 \x03(\v2\x11.onc.v1.PolicyPodR\x04pods\"\x15\n" +
+	"\x13ListServicesRequest\"`\n" +
+	"\x0eServiceBackend\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\bR\x05ready\"d\n" +
+	"\x0fServiceAffinity\x12\x16\n" +
+	"\x06client\x18\x01 \x01(\tR\x06client\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1f\n" +
+	"\vage_seconds\x18\x03 \x01(\x01R\n" +
+	"ageSeconds\"\x9b\x02\n" +
+	"\x0fBalancedService\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x14\n" +
+	"\x05proto\x18\x03 \x01(\tR\x05proto\x12)\n" +
+	"\x10affinity_seconds\x18\x04 \x01(\rR\x0faffinitySeconds\x122\n" +
+	"\bbackends\x18\x05 \x03(\v2\x16.onc.v1.ServiceBackendR\bbackends\x12\x1e\n" +
+	"\n" +
+	"translated\x18\x06 \x01(\x04R\n" +
+	"translated\x12\x18\n" +
+	"\arefused\x18\a \x01(\x04R\arefused\x123\n" +
+	"\baffinity\x18\b \x03(\v2\x17.onc.v1.ServiceAffinityR\baffinity\"\xf1\x01\n" +
+	"\x14ListServicesResponse\x12\x12\n" +
+	"\x04seen\x18\x01 \x01(\x04R\x04seen\x12\x18\n" +
+	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x03 \x01(\tR\tlastError\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x16\n" +
+	"\x06cgroup\x18\x05 \x01(\tR\x06cgroup\x123\n" +
+	"\bservices\x18\x06 \x03(\v2\x17.onc.v1.BalancedServiceR\bservices\x12+\n" +
+	"\bcounters\x18\a \x03(\v2\x0f.onc.v1.CounterR\bcounters2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\x8d\x04\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xd8\x04\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
@@ -2155,7 +2572,8 @@ const file_onc_proto_rawDesc = "" +
 	"FlushCache\x12\x19.onc.v1.FlushCacheRequest\x1a\x1a.onc.v1.FlushCacheResponse\x12=\n" +
 	"\bGetStats\x12\x17.onc.v1.GetStatsRequest\x1a\x18.onc.v1.GetStatsResponse\x12C\n" +
 	"\n" +
-	"ListPolicy\x12\x19.onc.v1.ListPolicyRequest\x1a\x1a.onc.v1.ListPolicyResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"ListPolicy\x12\x19.onc.v1.ListPolicyRequest\x1a\x1a.onc.v1.ListPolicyResponse\x12I\n" +
+	"\fListServices\x12\x1b.onc.v1.ListServicesRequest\x1a\x1c.onc.v1.ListServicesResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -2169,37 +2587,42 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_onc_proto_goTypes = []any{
-	(*CNIRequest)(nil),         // 0: onc.v1.CNIRequest
-	(*CNIResponse)(nil),        // 1: onc.v1.CNIResponse
-	(*CNIError)(nil),           // 2: onc.v1.CNIError
-	(*GetStatusRequest)(nil),   // 3: onc.v1.GetStatusRequest
-	(*NodeStatus)(nil),         // 4: onc.v1.NodeStatus
-	(*Watcher)(nil),            // 5: onc.v1.Watcher
-	(*ListPodsRequest)(nil),    // 6: onc.v1.ListPodsRequest
-	(*Pod)(nil),                // 7: onc.v1.Pod
-	(*ListPodsResponse)(nil),   // 8: onc.v1.ListPodsResponse
-	(*ListPeersRequest)(nil),   // 9: onc.v1.ListPeersRequest
-	(*Peer)(nil),               // 10: onc.v1.Peer
-	(*ListPeersResponse)(nil),  // 11: onc.v1.ListPeersResponse
-	(*SetFastPathRequest)(nil), // 12: onc.v1.SetFastPathRequest
-	(*ListCacheRequest)(nil),   // 13: onc.v1.ListCacheRequest
-	(*EgressEntry)(nil),        // 14: onc.v1.EgressEntry
-	(*EncapEntry)(nil),         // 15: onc.v1.EncapEntry
-	(*IngressEntry)(nil),       // 16: onc.v1.IngressEntry
-	(*FlowEntry)(nil),          // 17: onc.v1.FlowEntry
-	(*ListCacheResponse)(nil),  // 18: onc.v1.ListCacheResponse
-	(*FlushCacheRequest)(nil),  // 19: onc.v1.FlushCacheRequest
-	(*FlushCacheResponse)(nil), // 20: onc.v1.FlushCacheResponse
-	(*GetStatsRequest)(nil),    // 21: onc.v1.GetStatsRequest
-	(*Counter)(nil),            // 22: onc.v1.Counter
-	(*GetStatsResponse)(nil),   // 23: onc.v1.GetStatsResponse
-	(*ListPolicyRequest)(nil),  // 24: onc.v1.ListPolicyRequest
-	(*PolicyRule)(nil),         // 25: onc.v1.PolicyRule
-	(*PolicyDirection)(nil),    // 26: onc.v1.PolicyDirection
-	(*PolicyPod)(nil),          // 27: onc.v1.PolicyPod
-	(*ListPolicyResponse)(nil), // 28: onc.v1.ListPolicyResponse
+	(*CNIRequest)(nil),           // 0: onc.v1.CNIRequest
+	(*CNIResponse)(nil),          // 1: onc.v1.CNIResponse
+	(*CNIError)(nil),             // 2: onc.v1.CNIError
+	(*GetStatusRequest)(nil),     // 3: onc.v1.GetStatusRequest
+	(*NodeStatus)(nil),           // 4: onc.v1.NodeStatus
+	(*Watcher)(nil),              // 5: onc.v1.Watcher
+	(*ListPodsRequest)(nil),      // 6: onc.v1.ListPodsRequest
+	(*Pod)(nil),                  // 7: onc.v1.Pod
+	(*ListPodsResponse)(nil),     // 8: onc.v1.ListPodsResponse
+	(*ListPeersRequest)(nil),     // 9: onc.v1.ListPeersRequest
+	(*Peer)(nil),                 // 10: onc.v1.Peer
+	(*ListPeersResponse)(nil),    // 11: onc.v1.ListPeersResponse
+	(*SetFastPathRequest)(nil),   // 12: onc.v1.SetFastPathRequest
+	(*ListCacheRequest)(nil),     // 13: onc.v1.ListCacheRequest
+	(*EgressEntry)(nil),          // 14: onc.v1.EgressEntry
+	(*EncapEntry)(nil),           // 15: onc.v1.EncapEntry
+	(*IngressEntry)(nil),         // 16: onc.v1.IngressEntry
+	(*FlowEntry)(nil),            // 17: onc.v1.FlowEntry
+	(*ListCacheResponse)(nil),    // 18: onc.v1.ListCacheResponse
+	(*FlushCacheRequest)(nil),    // 19: onc.v1.FlushCacheRequest
+	(*FlushCacheResponse)(nil),   // 20: onc.v1.FlushCacheResponse
+	(*GetStatsRequest)(nil),      // 21: onc.v1.GetStatsRequest
+	(*Counter)(nil),              // 22: onc.v1.Counter
+	(*GetStatsResponse)(nil),     // 23: onc.v1.GetStatsResponse
+	(*ListPolicyRequest)(nil),    // 24: onc.v1.ListPolicyRequest
+	(*PolicyRule)(nil),           // 25: onc.v1.PolicyRule
+	(*PolicyDirection)(nil),      // 26: onc.v1.PolicyDirection
+	(*PolicyPod)(nil),            // 27: onc.v1.PolicyPod
+	(*ListPolicyResponse)(nil),   // 28: onc.v1.ListPolicyResponse
+	(*ListServicesRequest)(nil),  // 29: onc.v1.ListServicesRequest
+	(*ServiceBackend)(nil),       // 30: onc.v1.ServiceBackend
+	(*ServiceAffinity)(nil),      // 31: onc.v1.ServiceAffinity
+	(*BalancedService)(nil),      // 32: onc.v1.BalancedService
+	(*ListServicesResponse)(nil), // 33: onc.v1.ListServicesResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
@@ -2215,37 +2638,43 @@ var file_onc_proto_depIdxs = []int32{
 	26, // 10: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
 	26, // 11: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
 	27, // 12: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
-	0,  // 13: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 14: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 15: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 16: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 17: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 18: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 19: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 20: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 21: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 22: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 23: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 24: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 25: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	1,  // 26: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 27: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 28: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 29: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 30: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 31: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 32: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 33: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 34: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 35: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 36: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 37: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 38: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	26, // [26:39] is the sub-list for method output_type
-	13, // [13:26] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	30, // 13: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
+	31, // 14: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
+	32, // 15: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
+	22, // 16: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
+	0,  // 17: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 18: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 19: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 20: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 21: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 22: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 23: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 24: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 25: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 26: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 27: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 28: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 29: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 30: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	1,  // 31: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 32: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 33: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 34: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 35: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 36: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 37: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 38: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 39: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 40: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 41: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 42: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 43: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 44: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	31, // [31:45] is the sub-list for method output_type
+	17, // [17:31] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -2259,7 +2688,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -287,14 +287,15 @@ var CNI_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Agent_GetStatus_FullMethodName   = "/onc.v1.Agent/GetStatus"
-	Agent_ListPods_FullMethodName    = "/onc.v1.Agent/ListPods"
-	Agent_ListPeers_FullMethodName   = "/onc.v1.Agent/ListPeers"
-	Agent_SetFastPath_FullMethodName = "/onc.v1.Agent/SetFastPath"
-	Agent_ListCache_FullMethodName   = "/onc.v1.Agent/ListCache"
-	Agent_FlushCache_FullMethodName  = "/onc.v1.Agent/FlushCache"
-	Agent_GetStats_FullMethodName    = "/onc.v1.Agent/GetStats"
-	Agent_ListPolicy_FullMethodName  = "/onc.v1.Agent/ListPolicy"
+	Agent_GetStatus_FullMethodName    = "/onc.v1.Agent/GetStatus"
+	Agent_ListPods_FullMethodName     = "/onc.v1.Agent/ListPods"
+	Agent_ListPeers_FullMethodName    = "/onc.v1.Agent/ListPeers"
+	Agent_SetFastPath_FullMethodName  = "/onc.v1.Agent/SetFastPath"
+	Agent_ListCache_FullMethodName    = "/onc.v1.Agent/ListCache"
+	Agent_FlushCache_FullMethodName   = "/onc.v1.Agent/FlushCache"
+	Agent_GetStats_FullMethodName     = "/onc.v1.Agent/GetStats"
+	Agent_ListPolicy_FullMethodName   = "/onc.v1.Agent/ListPolicy"
+	Agent_ListServices_FullMethodName = "/onc.v1.Agent/ListServices"
 )
 
 // AgentClient is the client API for Agent service.
@@ -321,6 +322,11 @@ type AgentClient interface {
 	// NOT_FOUND for an unknown pod; FAILED_PRECONDITION when policy is not
 	// enforced (etcd datastore).
 	ListPolicy(ctx context.Context, in *ListPolicyRequest, opts ...grpc.CallOption) (*ListPolicyResponse, error)
+	// The Services balanced at the socket: each ClusterIP:port/proto with
+	// its backends, translation counters and ClientIP affinity entries.
+	// FAILED_PRECONDITION when socket load balancing is not on (off, failed
+	// to load, or the etcd datastore).
+	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
 }
 
 type agentClient struct {
@@ -411,6 +417,16 @@ func (c *agentClient) ListPolicy(ctx context.Context, in *ListPolicyRequest, opt
 	return out, nil
 }
 
+func (c *agentClient) ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListServicesResponse)
+	err := c.cc.Invoke(ctx, Agent_ListServices_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -435,6 +451,11 @@ type AgentServer interface {
 	// NOT_FOUND for an unknown pod; FAILED_PRECONDITION when policy is not
 	// enforced (etcd datastore).
 	ListPolicy(context.Context, *ListPolicyRequest) (*ListPolicyResponse, error)
+	// The Services balanced at the socket: each ClusterIP:port/proto with
+	// its backends, translation counters and ClientIP affinity entries.
+	// FAILED_PRECONDITION when socket load balancing is not on (off, failed
+	// to load, or the etcd datastore).
+	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -468,6 +489,9 @@ func (UnimplementedAgentServer) GetStats(context.Context, *GetStatsRequest) (*Ge
 }
 func (UnimplementedAgentServer) ListPolicy(context.Context, *ListPolicyRequest) (*ListPolicyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListPolicy not implemented")
+}
+func (UnimplementedAgentServer) ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListServices not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -634,6 +658,24 @@ func _Agent_ListPolicy_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ListServices_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListServicesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListServices(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListServices_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListServices(ctx, req.(*ListServicesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -672,6 +714,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPolicy",
 			Handler:    _Agent_ListPolicy_Handler,
+		},
+		{
+			MethodName: "ListServices",
+			Handler:    _Agent_ListServices_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -9,7 +9,9 @@ import (
 	"github.com/onc-net/onc/agent"
 	"github.com/onc-net/onc/agent/k8spods"
 	"github.com/onc-net/onc/agent/policy"
+	"github.com/onc-net/onc/agent/services"
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/socklb"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -33,12 +35,19 @@ func main() {
 	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
+	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
+	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+socklb.OwnCgroupMount+")")
 	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := cmdutil.Setup(*debug)
 	defer stop()
+	mode, err := datapath.ParseSocketLBMode(*socketLB)
+	if err != nil {
+		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
+	}
+	cfg.Datapath.SocketLB = mode
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
 		if err != nil || !ip.Is4() {
@@ -68,6 +77,14 @@ func main() {
 		}
 		defer inputs.Close()
 		cfg.Policy = inputs
+		svcs, err := services.Watch(ctx, kcfg)
+		if err != nil {
+			cmdutil.Fatal("cannot watch Services and EndpointSlices", err)
+		}
+		defer svcs.Close()
+		cfg.Services = svcs
+	} else {
+		cfg.Datapath.SocketLB = datapath.SocketLBOff // etcd clusters have no Services
 	}
 	dp, err := datapath.New(cfg.Datapath)
 	if err != nil {

@@ -2,8 +2,8 @@
 # The kind bed: a kind cluster (1 control plane + 1 worker) with ONC as its
 # only CNI and the fast path on, then the [sig-network] Conformance tests.
 # During the run the worker's onc-agent pod is deleted; pods must keep
-# their connectivity. Results (JUnit, e2e log, onctl stats from every node,
-# cluster state) land in $OUT.
+# their connectivity. Results (JUnit, e2e log, onctl stats and services
+# from every node, cluster state) land in $OUT.
 #
 #   run.sh [all|up|test|probe|summary|down]   (make e2e-kind runs "all")
 #
@@ -132,6 +132,7 @@ test_() {
   # The restart check ends about four minutes in, well before the run.
   wait "$killer" || rc=1
   fastpath_probe || true
+  service_probe || true
   collect
   summarize
   return $rc
@@ -167,6 +168,11 @@ summarize() {
     echo '```'
     cat "$OUT/fastpath-probe.txt" 2>/dev/null
     echo '```'
+    echo
+    echo "## Services at the socket: the same through a ClusterIP"
+    echo '```'
+    cat "$OUT/service-probe.txt" 2>/dev/null
+    echo '```'
   } > "$OUT/summary.md"
   # The JUnit report less its thousands of skipped specs, small enough to keep.
   awk '/<testcase .*status="skipped"/ {skip = 1} !skip {print} skip && /<\/testcase>/ {skip = 0}' "$junit" > "$OUT/junit-ran.xml"
@@ -175,10 +181,11 @@ summarize() {
 }
 
 # hits prints the fast path's egress and ingress hit counters of the agent
-# on node $1.
+# on node $1, and its egress misses for want of a fast-path peer (what a
+# packet to a ClusterIP would count).
 hits() {
   kc -n onc-system exec "$(agent_pod "$1")" -c onc-agent -- onctl stats -o json |
-    jq -r '[.counters[] | select(.name == "hit") | "\(.program)=\(.value)"] | join(" ")'
+    jq -r '[.counters[] | select(.name == "hit" or .name == "miss_no_peer") | "\(.program)_\(.name)=\(.value)"] | join(" ")'
 }
 
 # fastpath_probe sends 200 MB over TCP from a pod on the worker to a pod on
@@ -200,12 +207,36 @@ fastpath_probe() {
   cat "$OUT/fastpath-probe.txt"
 }
 
+# service_probe is fastpath_probe through a ClusterIP: the socket LB sends
+# the connection to the pod's IP from its first packet, so the fast path
+# carries it and the worker's egress miss_no_peer stays still.
+service_probe() {
+  local cp wk ip vip
+  cp=$(control_plane)
+  wk=$(worker)
+  ip=$(serve onc-svcprobe "$cp" 'while true; do nc -l 8080 > /dev/null; done' 2>/dev/null)
+  kc -n onc-svcprobe expose pod sink --port 80 --target-port 8080 >/dev/null
+  vip=$(kc -n onc-svcprobe get service sink -o jsonpath='{.spec.clusterIP}')
+  sleep 2 # the agents' informers
+  {
+    echo "# 200 MB TCP, pod on $wk -> Service $vip:80 -> pod $ip:8080 on $cp"
+    echo "before: $wk $(hits "$wk") | $cp $(hits "$cp")"
+    run_on onc-svcprobe src "$wk" "head -c 200000000 /dev/zero | nc -N $vip 80" 2>/dev/null
+    kc -n onc-svcprobe wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=5m >/dev/null
+    echo "after:  $wk $(hits "$wk") | $cp $(hits "$cp")"
+    echo "onctl services on $wk:"
+    kc -n onc-system exec "$(agent_pod "$wk")" -c onc-agent -- onctl services | grep -E "^SERVICE|onc-svcprobe|^Socket LB|^Counters"
+  } > "$OUT/service-probe.txt" 2>&1
+  kc delete namespace onc-svcprobe --wait=false >/dev/null
+  cat "$OUT/service-probe.txt"
+}
+
 # collect saves what proves the run: onctl stats and state from each node.
 collect() {
   local pod node
   for pod in $(kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent -o jsonpath='{.items[*].metadata.name}'); do
     node=$(kc -n onc-system get pod "$pod" -o jsonpath='{.spec.nodeName}')
-    for what in status stats peers; do
+    for what in status stats peers services; do
       kc -n onc-system exec "$pod" -c onc-agent -- onctl "$what" > "$OUT/onctl-$what-$node.txt" 2>&1 || true
     done
   done
@@ -231,7 +262,7 @@ case ${1:-all} in
   all) up; test_ ;;
   up) up ;;
   test) test_ ;;
-  probe) mkdir -p "$OUT"; fastpath_probe ;;
+  probe) mkdir -p "$OUT"; fastpath_probe; service_probe ;;
   summary) summarize ;;
   down) down ;;
   *) echo "usage: $0 [all|up|test|probe|summary|down]" >&2; exit 2 ;;

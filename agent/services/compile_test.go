@@ -1,0 +1,319 @@
+package services
+
+import (
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/onc-net/onc/datapath/socklb"
+)
+
+const ns = "app"
+
+// web is the Service most cases use: 10.96.0.10:80/TCP, port "http".
+func web(edit ...func(*corev1.ServiceSpec)) *corev1.Service {
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"},
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80)}}}
+	for _, e := range edit {
+		e(&s.Spec)
+	}
+	return s
+}
+
+func svcPort(name string, proto corev1.Protocol, port int32) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Protocol: proto, Port: port}
+}
+
+func local(s *corev1.ServiceSpec) {
+	s.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+}
+
+// slice is an IPv4 EndpointSlice of Service svc in namespace app.
+func slice(name, svc string, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4, Ports: ports, Endpoints: eps}
+}
+
+func ports(ps ...discoveryv1.EndpointPort) []discoveryv1.EndpointPort { return ps }
+
+func slicePort(name string, proto corev1.Protocol, port int32) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: &name, Protocol: &proto, Port: &port}
+}
+
+// http is the port of web's EndpointSlices: "http" → 8080.
+var http = ports(slicePort("http", corev1.ProtocolTCP, 8080))
+
+// ep is an endpoint on node (none if "") of pod app/pod-<ip>.
+func ep(ip, node string, c discoveryv1.EndpointConditions) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: c,
+		TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "pod-" + ip}}
+	if node != "" {
+		e.NodeName = &node
+	}
+	return e
+}
+
+func conditions(ready, serving, terminating bool) discoveryv1.EndpointConditions {
+	return discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating}
+}
+
+var (
+	ready          = conditions(true, true, false)
+	notReady       = conditions(false, false, false)
+	servingTerm    = conditions(false, true, true)
+	notServingTerm = conditions(false, false, true)
+)
+
+func backend(ip string, port uint16, node string, ready bool) socklb.Backend {
+	return socklb.Backend{Addr: netip.AddrPortFrom(netip.MustParseAddr(ip), port), Pod: ns + "/pod-" + ip, Node: node, Ready: ready}
+}
+
+// webWant is what web compiles to with these backends.
+func webWant(bs ...socklb.Backend) socklb.Service {
+	return socklb.Service{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP, Backends: bs}
+}
+
+func TestCompile(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		services []*corev1.Service
+		slices   []*discoveryv1.EndpointSlice
+		want     []socklb.Service // on node n1
+	}{{
+		name:     "ready endpoints only, on every node",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.1.1", "n1", ready), ep("10.0.2.1", "n2", ready), ep("10.0.2.2", "n2", notReady), ep("10.0.2.3", "n2", servingTerm))},
+		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true))},
+	}, {
+		name:     "conditions unset: ready",
+		services: []*corev1.Service{web()},
+		slices:   []*discoveryv1.EndpointSlice{slice("web-1", "web", http, ep("10.0.2.1", "n2", discoveryv1.EndpointConditions{}))},
+		want:     []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+	}, {
+		name:     "ready and terminating is ready",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.2.1", "n2", conditions(true, true, true)), ep("10.0.2.2", "n2", servingTerm))},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+	}, {
+		name:     "none ready: serving terminating ones",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.2.1", "n2", servingTerm), ep("10.0.2.2", "n2", notServingTerm), ep("10.0.2.3", "n2", notReady),
+			ep("10.0.2.4", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true)}))},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
+	}, {
+		name:     "serving unset is ready: not ready and terminating is not serving",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.2.1", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}))},
+		want: []socklb.Service{webWant()},
+	}, {
+		name:     "no endpoints: refused",
+		services: []*corev1.Service{web()},
+		want:     []socklb.Service{webWant()},
+	}, {
+		name:     "Local: this node's endpoints only",
+		services: []*corev1.Service{web(local)},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.1.1", "n1", ready), ep("10.0.1.2", "n1", servingTerm), ep("10.0.2.1", "n2", ready), ep("10.0.0.1", "", ready))},
+		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", true))},
+	}, {
+		name:     "Local: this node's serving terminating ones though others are ready",
+		services: []*corev1.Service{web(local)},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.1.1", "n1", servingTerm), ep("10.0.1.2", "n1", notServingTerm), ep("10.0.2.1", "n2", ready))},
+		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", false))},
+	}, {
+		name:     "Local: endpoints elsewhere only: left to kube-proxy, which drops",
+		services: []*corev1.Service{web(local)},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.2.1", "n2", ready), ep("10.0.1.1", "n1", notReady))},
+	}, {
+		name:     "Local: serving terminating ones elsewhere only: left to kube-proxy",
+		services: []*corev1.Service{web(local)},
+		slices:   []*discoveryv1.EndpointSlice{slice("web-1", "web", http, ep("10.0.2.1", "n2", servingTerm))},
+	}, {
+		name:     "Local: no usable endpoint anywhere: refused",
+		services: []*corev1.Service{web(local)},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			ep("10.0.2.1", "n2", notReady), ep("10.0.2.2", "n2", notServingTerm))},
+		want: []socklb.Service{webWant()},
+	}, {
+		name: "affinity: the API's default timeout, and an explicit one",
+		services: []*corev1.Service{
+			web(func(s *corev1.ServiceSpec) { s.SessionAffinity = corev1.ServiceAffinityClientIP }),
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sticky"}, Spec: corev1.ServiceSpec{
+				ClusterIP: "10.96.0.11", ClusterIPs: []string{"10.96.0.11"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+				Ports:           []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)},
+				SessionAffinity: corev1.ServiceAffinityClientIP, SessionAffinityConfig: &corev1.SessionAffinityConfig{
+					ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"}, Spec: corev1.ServiceSpec{
+				ClusterIP: "10.96.0.12", ClusterIPs: []string{"10.96.0.12"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+				Ports: []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)}, SessionAffinity: corev1.ServiceAffinityNone}},
+		},
+		want: []socklb.Service{
+			{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP, Affinity: 3 * time.Hour},
+			{Name: "app/sticky:", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: socklb.TCP, Affinity: time.Minute},
+			{Name: "app/none:", VIP: netip.MustParseAddr("10.96.0.12"), Port: 80, Proto: socklb.TCP},
+		},
+	}, {
+		name:     "named target port: each slice's own number",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-1", "web", http, ep("10.0.2.1", "n2", ready)),
+			slice("web-2", "web", ports(slicePort("http", corev1.ProtocolTCP, 9090)), ep("10.0.2.2", "n2", ready)),
+		},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.2", 9090, "n2", true))},
+	}, {
+		name: "ports matched by name and protocol; TCP and UDP; SCTP left to kube-proxy",
+		services: []*corev1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dns"}, Spec: corev1.ServiceSpec{
+			ClusterIP: "10.96.0.53", ClusterIPs: []string{"10.96.0.53"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{svcPort("dns", corev1.ProtocolUDP, 53), svcPort("dns-tcp", corev1.ProtocolTCP, 53),
+				svcPort("metrics", corev1.ProtocolTCP, 9153), svcPort("sctp", corev1.ProtocolSCTP, 53)}}}},
+		slices: []*discoveryv1.EndpointSlice{slice("dns-1", "dns",
+			ports(slicePort("dns", corev1.ProtocolTCP, 5353), slicePort("dns", corev1.ProtocolUDP, 1053),
+				slicePort("dns-tcp", corev1.ProtocolTCP, 1053), slicePort("metrics", corev1.ProtocolTCP, 9153),
+				slicePort("sctp", corev1.ProtocolSCTP, 53)),
+			ep("10.0.2.1", "n2", ready))},
+		want: []socklb.Service{
+			{Name: "app/dns:dns-tcp", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: socklb.TCP,
+				Backends: []socklb.Backend{backend("10.0.2.1", 1053, "n2", true)}},
+			{Name: "app/dns:dns", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: socklb.UDP,
+				Backends: []socklb.Backend{backend("10.0.2.1", 1053, "n2", true)}},
+			{Name: "app/dns:metrics", VIP: netip.MustParseAddr("10.96.0.53"), Port: 9153, Proto: socklb.TCP,
+				Backends: []socklb.Backend{backend("10.0.2.1", 9153, "n2", true)}},
+		},
+	}, {
+		name: "unnamed port: a slice port named \"\"; one without a name or number is invalid",
+		services: []*corev1.Service{web(func(s *corev1.ServiceSpec) {
+			s.Ports = []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)}
+		})},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-1", "web", ports(slicePort("", corev1.ProtocolTCP, 8080)), ep("10.0.2.1", "n2", ready)),
+			slice("web-2", "web", ports(discoveryv1.EndpointPort{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](8080)}), ep("10.0.2.2", "n2", ready)),
+			slice("web-3", "web", ports(discoveryv1.EndpointPort{Name: ptr.To(""), Protocol: ptr.To(corev1.ProtocolTCP)}), ep("10.0.2.3", "n2", ready)),
+			slice("web-4", "web", ports(slicePort("", corev1.ProtocolTCP, 0)), ep("10.0.2.4", "n2", ready)),
+		},
+		want: []socklb.Service{{Name: "app/web:", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP,
+			Backends: []socklb.Backend{backend("10.0.2.1", 8080, "n2", true)}}},
+	}, {
+		name: "not ours: headless, ExternalName, IPv6 only",
+		services: []*corev1.Service{
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "headless"}, Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone,
+				ClusterIPs: []string{corev1.ClusterIPNone}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "unset"}, Spec: corev1.ServiceSpec{Ports: web().Spec.Ports}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "external"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName,
+				ExternalName: "example.com", ClusterIP: "10.96.0.20", ClusterIPs: []string{"10.96.0.20"},
+				IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "v6"}, Spec: corev1.ServiceSpec{ClusterIP: "fd00::10",
+				ClusterIPs: []string{"fd00::10"}, IPFamilies: []corev1.IPFamily{corev1.IPv6Protocol}, Ports: web().Spec.Ports}},
+		},
+		slices: []*discoveryv1.EndpointSlice{slice("headless-1", "headless", http, ep("10.0.2.1", "n2", ready)),
+			slice("external-1", "external", http, ep("10.0.2.2", "n2", ready)), slice("v6-1", "v6", http, ep("10.0.2.3", "n2", ready))},
+	}, {
+		name: "the IPv4 one of dual-stack cluster IPs; a Service from before dual-stack",
+		services: []*corev1.Service{
+			web(func(s *corev1.ServiceSpec) {
+				s.ClusterIP, s.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
+				s.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+			}),
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "old"}, Spec: corev1.ServiceSpec{ClusterIP: "010.096.000.011",
+				Ports: web().Spec.Ports}},
+		},
+		want: []socklb.Service{webWant(),
+			{Name: "app/old:http", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: socklb.TCP}},
+	}, {
+		name:     "only IPv4 EndpointSlices of the Service, in its namespace",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-1", "web", http, ep("10.0.2.1", "n2", ready)),
+			slice("db-1", "db", http, ep("10.0.2.2", "n2", ready)),
+			func() *discoveryv1.EndpointSlice {
+				es := slice("web-2", "web", http, ep("fd00::1", "n2", ready))
+				es.AddressType = discoveryv1.AddressTypeIPv6
+				return es
+			}(),
+			func() *discoveryv1.EndpointSlice {
+				es := slice("web-5", "web", http, ep("10.0.2.5", "n2", ready))
+				es.AddressType = discoveryv1.AddressTypeFQDN
+				return es
+			}(),
+			func() *discoveryv1.EndpointSlice {
+				es := slice("web-3", "web", http, ep("10.0.2.3", "n2", ready))
+				es.Namespace = "other"
+				return es
+			}(),
+			func() *discoveryv1.EndpointSlice {
+				es := slice("web-4", "web", http, ep("10.0.2.4", "n2", ready))
+				es.Labels = nil
+				return es
+			}(),
+		},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+	}, {
+		name:     "an address:port in several slices counts once: the first, unless a later one is here",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{
+			slice("web-1", "web", http, ep("10.0.2.1", "n2", ready), ep("10.0.3.1", "n3", notReady)),
+			slice("web-2", "web", http, ep("10.0.2.1", "n3", notReady), ep("10.0.3.1", "n1", ready)),
+			// The same address behind another port number is another backend.
+			slice("web-3", "web", ports(slicePort("http", corev1.ProtocolTCP, 9090)), ep("10.0.2.1", "n2", ready)),
+		},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.1", 9090, "n2", true),
+			backend("10.0.3.1", 8080, "n1", true))},
+	}, {
+		name:     "a backend's pod is its Pod targetRef",
+		services: []*corev1.Service{web()},
+		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
+			discoveryv1.Endpoint{Addresses: []string{"10.0.2.1"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "n2"}},
+			discoveryv1.Endpoint{Addresses: []string{"10.0.2.2"}})},
+		want: []socklb.Service{webWant(
+			socklb.Backend{Addr: netip.MustParseAddrPort("10.0.2.1:8080"), Ready: true},
+			socklb.Backend{Addr: netip.MustParseAddrPort("10.0.2.2:8080"), Ready: true})},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, "n1")
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The same snapshot gives the same table, whatever the order of the
+// Services and of the maps Compile goes through.
+func TestCompileDeterministic(t *testing.T) {
+	var svcs []*corev1.Service
+	var ess []*discoveryv1.EndpointSlice
+	for _, name := range []string{"a", "b", "c", "d"} {
+		ip := fmt.Sprintf("10.96.1.%d", len(svcs)+1)
+		svcs = append(svcs, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.ServiceSpec{
+			ClusterIP: ip, ClusterIPs: []string{ip}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80), svcPort("dns", corev1.ProtocolUDP, 53)}}})
+		ess = append(ess, slice(name+"-1", name, ports(slicePort("http", corev1.ProtocolTCP, 8080), slicePort("dns", corev1.ProtocolUDP, 53)),
+			ep("10.0.2.9", "n2", ready), ep("10.0.1.5", "n1", ready), ep("10.0.3.7", "n3", servingTerm), ep("10.0.2.1", "n2", ready)))
+	}
+	first := Compile(Snapshot{Services: svcs, EndpointSlices: ess}, "n1")
+	if len(first) != 8 || len(first[0].Backends) != 3 {
+		t.Fatalf("not the table meant: %+v", first)
+	}
+	reversed := slices.Clone(svcs)
+	slices.Reverse(reversed)
+	for range 20 {
+		if got := Compile(Snapshot{Services: reversed, EndpointSlices: ess}, "n1"); !reflect.DeepEqual(got, first) {
+			t.Fatalf("got\n%+v\nthen\n%+v", first, got)
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/socklb"
+)
+
+// SocketLBMode says whose sockets the node balances Services for.
+type SocketLBMode string
+
+const (
+	// SocketLBAll balances the host's sockets and every pod's.
+	SocketLBAll SocketLBMode = "all"
+	// SocketLBHostOnly balances only the host's sockets: pods see the
+	// ClusterIP and kube-proxy balances their traffic, as sidecar meshes
+	// that intercept ClusterIP traffic inside the pod need.
+	SocketLBHostOnly SocketLBMode = "host-only"
+	// SocketLBOff leaves every Service to kube-proxy.
+	SocketLBOff SocketLBMode = "off"
+)
+
+// ParseSocketLBMode checks a --socket-lb value.
+func ParseSocketLBMode(s string) (SocketLBMode, error) {
+	switch m := SocketLBMode(s); m {
+	case SocketLBAll, SocketLBHostOnly, SocketLBOff:
+		return m, nil
+	}
+	return "", fmt.Errorf("socket LB mode %q: must be all, host-only or off", s)
+}
+
+// SocketLB is the socket load balancer's state and tables, as the agent
+// and onctl use them; *socketLB implements it.
+type SocketLB interface {
+	Mode() SocketLBMode
+	Cgroup() string
+	Services() ([]socklb.ServiceState, error)
+	Affinities() ([]socklb.Affinity, error)
+	Stats() ([]bpf.Counter, error)
+}
+
+type socketLB struct {
+	*socklb.LB
+	mode SocketLBMode
+}
+
+func (s socketLB) Mode() SocketLBMode { return s.mode }
+
+// openSocketLB loads the socket programs, attaches them to the configured
+// cgroup (adopting an earlier agent's links) and gives them the host's
+// network namespace; with the mode off it takes an earlier agent's
+// programs off instead. A node whose socket LB cannot load leaves its
+// Services to kube-proxy and says why.
+func (n *Node) openSocketLB() (*socklb.LB, error) {
+	cgroup, err := socklb.ResolveCgroup(n.cfg.SocketLBCgroup)
+	if err != nil {
+		return nil, err
+	}
+	lb, err := socklb.Open(socklb.Options{PinDir: n.cfg.BPFFS, Cgroup: cgroup})
+	if err != nil {
+		return nil, err
+	}
+	if n.cfg.SocketLB == SocketLBOff {
+		err := lb.Detach()
+		lb.Close()
+		return nil, err
+	}
+	host, err := socklb.NetnsCookie("")
+	if err == nil {
+		err = lb.OwnHost(host)
+	}
+	if err == nil && n.cfg.SocketLB == SocketLBHostOnly {
+		err = lb.ForgetPods(func(netip.Addr) bool { return false }) // owned in an earlier mode
+	}
+	if err == nil {
+		err = lb.Attach()
+	}
+	if err != nil {
+		lb.Close()
+		return nil, err
+	}
+	slog.Info("socket load balancing on", "mode", n.cfg.SocketLB, "cgroup", cgroup)
+	return lb, nil
+}
+
+// SocketLB is the socket load balancer, or nil when it is off or failed
+// to load (SocketLBStatus says which).
+func (n *Node) SocketLB() SocketLB {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lb == nil {
+		return nil
+	}
+	return socketLB{n.lb, n.cfg.SocketLB}
+}
+
+// SocketLBStatus says why the node balances no Services at the socket:
+// "" when it does.
+func (n *Node) SocketLBStatus() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.lb != nil:
+		return ""
+	case n.cfg.SocketLB == SocketLBOff:
+		return "off (--socket-lb=off): kube-proxy balances every Service"
+	case n.lbErr != nil:
+		return "failed to load, kube-proxy balances every Service: " + n.lbErr.Error()
+	}
+	return "not up yet"
+}
+
+// SyncServices makes the socket programs balance exactly svcs.
+func (n *Node) SyncServices(svcs []socklb.Service) error {
+	n.mu.Lock()
+	lb := n.lb
+	n.mu.Unlock()
+	if lb == nil {
+		return errNoSocketLB
+	}
+	return lb.Sync(svcs)
+}
+
+var errNoSocketLB = errors.New("socket load balancing is not on")
+
+// ownPodSockets lets the socket programs balance the pod's sockets; it
+// must happen before the pod runs, or its first connections would go to
+// kube-proxy and their getpeername() would differ from later ones'.
+func (n *Node) ownPodSockets(p Pod) error {
+	lb := n.socketLBIfPods()
+	if lb == nil {
+		return nil
+	}
+	cookie, err := socklb.NetnsCookie(p.Netns)
+	if err != nil {
+		return fmt.Errorf("socket LB: %w", err)
+	}
+	return lb.OwnPod(cookie, p.IP)
+}
+
+func (n *Node) forgetPodSockets(p Pod) error {
+	lb := n.socketLBIfPods()
+	if lb == nil || !p.IP.IsValid() {
+		return nil
+	}
+	return lb.ForgetPods(func(a netip.Addr) bool { return a != p.IP })
+}
+
+func (n *Node) socketLBIfPods() *socklb.LB {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cfg.SocketLB != SocketLBAll {
+		return nil
+	}
+	return n.lb
+}
