@@ -34,30 +34,19 @@ const policyNeedsKubernetes = "not enforced: NetworkPolicy needs the Kubernetes 
 // reconcile compiles the whole ruleset from the informers' caches; the
 // datapath writes only what changed.
 type policyWatcher struct {
-	a       *Agent
-	inputs  PolicyInputs
-	w       *watcher
-	trigger chan struct{}
+	a      *Agent
+	inputs PolicyInputs
+	*informed
 
 	mu    sync.Mutex
 	rules netpol.Ruleset // as last enforced
 }
 
 func newPolicyWatcher(a *Agent, in PolicyInputs) *policyWatcher {
-	p := &policyWatcher{a: a, inputs: in, trigger: make(chan struct{}, 1)}
-	p.w = newWatcher("policy", a.cfg.Resync, p.reconcile)
+	p := &policyWatcher{a: a, inputs: in}
+	p.informed = newInformed("policy", a.cfg.Resync, p.reconcile)
 	in.OnChange(p.signal)
 	return p
-}
-
-func (p *policyWatcher) run(ctx context.Context) { p.w.run(ctx, p.trigger) }
-
-// signal asks for a reconcile; signals coalesce.
-func (p *policyWatcher) signal() {
-	select {
-	case p.trigger <- struct{}{}:
-	default:
-	}
 }
 
 // policyWait bounds how long CNI ADD waits for the new pod's rules (a

@@ -28,28 +28,17 @@ const servicesNeedKubernetes = "no Services: they need the Kubernetes datastore 
 // the whole table from the caches; the datapath writes only the services
 // that changed.
 type serviceWatcher struct {
-	a       *Agent
-	inputs  ServiceInputs
-	w       *watcher
-	trigger chan struct{}
-	count   int // service ports last synced, for the log; reconcile's own
+	a      *Agent
+	inputs ServiceInputs
+	*informed
+	count int // service ports last synced, for the log; reconcile's own
 }
 
 func newServiceWatcher(a *Agent, in ServiceInputs) *serviceWatcher {
-	s := &serviceWatcher{a: a, inputs: in, trigger: make(chan struct{}, 1)}
-	s.w = newWatcher("services", a.cfg.Resync, s.reconcile)
+	s := &serviceWatcher{a: a, inputs: in}
+	s.informed = newInformed("services", a.cfg.Resync, s.reconcile)
 	in.OnChange(s.signal)
 	return s
-}
-
-func (s *serviceWatcher) run(ctx context.Context) { s.w.run(ctx, s.trigger) }
-
-// signal asks for a reconcile; signals coalesce.
-func (s *serviceWatcher) signal() {
-	select {
-	case s.trigger <- struct{}{}:
-	default:
-	}
 }
 
 func (s *serviceWatcher) reconcile(ctx context.Context, full bool) error {

@@ -139,3 +139,25 @@ func (w *watcher) Status() WatcherStatus {
 	defer w.mu.Unlock()
 	return w.status
 }
+
+// informed is a watcher signalled by callbacks (informer events, CNI
+// verbs) instead of a channel it is handed; the watchers of Kubernetes
+// objects embed it. Signals coalesce into one pending reconcile.
+type informed struct {
+	w       *watcher
+	trigger chan struct{}
+}
+
+func newInformed(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *informed {
+	return &informed{w: newWatcher(name, resync, reconcile), trigger: make(chan struct{}, 1)}
+}
+
+func (i *informed) run(ctx context.Context) { i.w.run(ctx, i.trigger) }
+
+// signal asks for a reconcile.
+func (i *informed) signal() {
+	select {
+	case i.trigger <- struct{}{}:
+	default:
+	}
+}

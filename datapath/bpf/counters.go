@@ -15,10 +15,10 @@ type Counter struct {
 	Value uint64
 }
 
-// CounterNames reads the names of a counter enum from a program's BTF, so
+// counterNames reads the names of a counter enum from a program's BTF, so
 // they never drift from the C; the last value (prefix + "MAX") is the
 // count, not a counter.
-func CounterNames(spec *ebpf.CollectionSpec, enum, prefix string) ([]string, error) {
+func counterNames(spec *ebpf.CollectionSpec, enum, prefix string) ([]string, error) {
 	var e *btf.Enum
 	if err := spec.Types.TypeByName(enum, &e); err != nil {
 		return nil, fmt.Errorf("counter names: %w", err)
@@ -33,8 +33,21 @@ func CounterNames(spec *ebpf.CollectionSpec, enum, prefix string) ([]string, err
 	return names, nil
 }
 
-// SumCounters reads a per-CPU array holding one counter per name.
-func SumCounters(m *ebpf.Map, names []string) ([]Counter, error) {
+// ReadCounters sums the per-CPU array m, one counter per value of the C
+// enum named in the BTF of the object load returns (prefix + "MAX" ends it).
+func ReadCounters(m *ebpf.Map, load func() (*ebpf.CollectionSpec, error), enum, prefix string) ([]Counter, error) {
+	spec, err := load()
+	if err != nil {
+		return nil, err
+	}
+	names, err := counterNames(spec, enum, prefix)
+	if err != nil {
+		return nil, err
+	}
+	return sumCounters(m, names)
+}
+
+func sumCounters(m *ebpf.Map, names []string) ([]Counter, error) {
 	out := make([]Counter, len(names))
 	for i, n := range names {
 		var per []uint64

@@ -9,6 +9,7 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -51,7 +52,7 @@ type Datapath struct {
 		egressFast, ingressFast, learnEgress, learnIngress *ebpf.Program
 	}
 	mu      sync.Mutex // serialises configuration writes and evictions
-	closers []interface{ Close() error }
+	closers []io.Closer
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
 	peers      mirror[cidrKey, cidrVal] // onc_peers as SyncPeers last wrote it
@@ -90,25 +91,15 @@ func (d *Datapath) load(opts *ebpf.CollectionOptions) error {
 	var ig bpf.IngressFastObjects
 	var le bpf.LearnEgressObjects
 	var li bpf.LearnIngressObjects
-	for _, o := range []struct {
-		load func() error
-		obj  interface{ Close() error }
-	}{
-		{func() error { return bpf.LoadEgressFastObjects(&eg, opts) }, &eg},
-		{func() error { return bpf.LoadIngressFastObjects(&ig, opts) }, &ig},
-		{func() error { return bpf.LoadLearnEgressObjects(&le, opts) }, &le},
-		{func() error { return bpf.LoadLearnIngressObjects(&li, opts) }, &li},
-	} {
-		if err := o.load(); err != nil {
-			d.Close()
-			var ve *ebpf.VerifierError
-			if errors.As(err, &ve) {
-				return fmt.Errorf("load eBPF programs: %+v", ve)
-			}
-			return fmt.Errorf("load eBPF programs: %w", err)
-		}
-		d.closers = append(d.closers, o.obj)
+	closers, err := bpf.LoadObjects("eBPF programs",
+		bpf.Object{Load: func() error { return bpf.LoadEgressFastObjects(&eg, opts) }, Closer: &eg},
+		bpf.Object{Load: func() error { return bpf.LoadIngressFastObjects(&ig, opts) }, Closer: &ig},
+		bpf.Object{Load: func() error { return bpf.LoadLearnEgressObjects(&le, opts) }, Closer: &le},
+		bpf.Object{Load: func() error { return bpf.LoadLearnIngressObjects(&li, opts) }, Closer: &li})
+	if err != nil {
+		return err
 	}
+	d.closers = closers
 	d.maps = eg.EgressFastMaps
 	d.progs.egressFast, d.progs.ingressFast = eg.OncEgressFast, ig.OncIngressFast
 	d.progs.learnEgress, d.progs.learnIngress = le.OncLearnEgress, li.OncLearnIngress

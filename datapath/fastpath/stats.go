@@ -14,15 +14,7 @@ type Stat = bpf.Counter
 
 // Stats sums every counter over the CPUs.
 func (d *Datapath) Stats() ([]Stat, error) {
-	spec, err := bpf.LoadEgressFast()
-	if err != nil {
-		return nil, err
-	}
-	names, err := bpf.CounterNames(spec, "onc_stat", "STAT_")
-	if err != nil {
-		return nil, err
-	}
-	return bpf.SumCounters(d.maps.OncStats, names)
+	return bpf.ReadCounters(d.maps.OncStats, bpf.LoadEgressFast, "onc_stat", "STAT_")
 }
 
 // Flow is a decoded filter entry.

@@ -10,31 +10,22 @@ package netpol
 
 import (
 	"fmt"
+
 	"net/netip"
 	"strings"
+
+	"github.com/onc-net/onc/datapath/l4"
 )
 
 // Proto is an IP protocol number a policy port can name.
-type Proto uint8
+type Proto = l4.Proto
 
 // The protocols NetworkPolicy ports can name.
 const (
-	TCP  Proto = 6
-	UDP  Proto = 17
-	SCTP Proto = 132
+	TCP  = l4.TCP
+	UDP  = l4.UDP
+	SCTP = l4.SCTP
 )
-
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "TCP"
-	case UDP:
-		return "UDP"
-	case SCTP:
-		return "SCTP"
-	}
-	return fmt.Sprintf("proto-%d", uint8(p))
-}
 
 // PortRange is a protocol and an inclusive port range; First == Last for
 // one port, 1..65535 for every port of the protocol.

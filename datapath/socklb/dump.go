@@ -101,13 +101,5 @@ func (lb *LB) RevNATs() ([]RevNAT, error) {
 
 // Stats sums the programs' counters over the CPUs.
 func (lb *LB) Stats() ([]bpf.Counter, error) {
-	spec, err := bpf.LoadSockConnect4()
-	if err != nil {
-		return nil, err
-	}
-	names, err := bpf.CounterNames(spec, "lb_stat", "LB_STAT_")
-	if err != nil {
-		return nil, err
-	}
-	return bpf.SumCounters(lb.maps.OncLbStats, names)
+	return bpf.ReadCounters(lb.maps.OncLbStats, bpf.LoadSockConnect4, "lb_stat", "LB_STAT_")
 }

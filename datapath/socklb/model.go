@@ -6,26 +6,18 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/onc-net/onc/datapath/l4"
 )
 
 // Proto is a Service port's transport; the socket programs balance TCP and
 // UDP (SCTP stays with kube-proxy).
-type Proto uint8
+type Proto = l4.Proto
 
 const (
-	TCP Proto = 6
-	UDP Proto = 17
+	TCP = l4.TCP
+	UDP = l4.UDP
 )
-
-func (p Proto) String() string {
-	switch p {
-	case TCP:
-		return "TCP"
-	case UDP:
-		return "UDP"
-	}
-	return fmt.Sprintf("proto-%d", uint8(p))
-}
 
 // Service is one ClusterIP:port/proto as the socket programs balance it.
 type Service struct {

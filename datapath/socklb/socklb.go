@@ -3,6 +3,7 @@ package socklb
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -30,7 +31,7 @@ type LB struct {
 	maps  bpf.SockConnect4Maps
 	progs []hook
 
-	closers []interface{ Close() error }
+	closers []io.Closer
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -82,26 +83,16 @@ func (lb *LB) load(opts *ebpf.CollectionOptions) error {
 	var r bpf.SockRecvmsg4Objects
 	var g bpf.SockGetpeername4Objects
 	var rel bpf.SockReleaseObjects
-	for _, o := range []struct {
-		load func() error
-		obj  interface{ Close() error }
-	}{
-		{func() error { return bpf.LoadSockConnect4Objects(&c, opts) }, &c},
-		{func() error { return bpf.LoadSockSendmsg4Objects(&s, opts) }, &s},
-		{func() error { return bpf.LoadSockRecvmsg4Objects(&r, opts) }, &r},
-		{func() error { return bpf.LoadSockGetpeername4Objects(&g, opts) }, &g},
-		{func() error { return bpf.LoadSockReleaseObjects(&rel, opts) }, &rel},
-	} {
-		if err := o.load(); err != nil {
-			lb.Close()
-			var ve *ebpf.VerifierError
-			if errors.As(err, &ve) {
-				return fmt.Errorf("load socket-LB programs: %+v", ve)
-			}
-			return fmt.Errorf("load socket-LB programs: %w", err)
-		}
-		lb.closers = append(lb.closers, o.obj)
+	closers, err := bpf.LoadObjects("socket-LB programs",
+		bpf.Object{Load: func() error { return bpf.LoadSockConnect4Objects(&c, opts) }, Closer: &c},
+		bpf.Object{Load: func() error { return bpf.LoadSockSendmsg4Objects(&s, opts) }, Closer: &s},
+		bpf.Object{Load: func() error { return bpf.LoadSockRecvmsg4Objects(&r, opts) }, Closer: &r},
+		bpf.Object{Load: func() error { return bpf.LoadSockGetpeername4Objects(&g, opts) }, Closer: &g},
+		bpf.Object{Load: func() error { return bpf.LoadSockReleaseObjects(&rel, opts) }, Closer: &rel})
+	if err != nil {
+		return err
 	}
+	lb.closers = closers
 	lb.maps = c.SockConnect4Maps
 	lb.progs = []hook{
 		{"connect4", ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
