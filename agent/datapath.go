@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"net/netip"
+
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/socklb"
@@ -43,8 +45,10 @@ type Datapath interface {
 	// PolicyCounters are each local pod's allowed and denied connections.
 	PolicyCounters() (map[string]netpol.Counters, error)
 
-	// SyncServices makes the socket programs balance exactly svcs.
-	SyncServices(svcs []socklb.Service) error
+	// SyncServices makes the socket programs balance exactly svcs; with
+	// checkKernel it also reads the maps back, repairing drift, and
+	// forgets the namespaces of pods not among pods.
+	SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKernel bool) error
 	// SocketLB is the socket load balancer, nil when it is off or not
 	// loaded; SocketLBStatus then says why.
 	SocketLB() datapath.SocketLB

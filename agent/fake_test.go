@@ -177,9 +177,11 @@ func (f *fakeDatapath) PolicyCounters() (map[string]netpol.Counters, error) {
 }
 
 // The fake has no socket load balancer: the lab's tests cover Services.
-func (f *fakeDatapath) SyncServices([]socklb.Service) error { return errors.New("no socket LB") }
-func (f *fakeDatapath) SocketLB() datapath.SocketLB         { return nil }
-func (f *fakeDatapath) SocketLBStatus() string              { return "off" }
+func (f *fakeDatapath) SyncServices([]socklb.Service, []netip.Addr, bool) error {
+	return errors.New("no socket LB")
+}
+func (f *fakeDatapath) SocketLB() datapath.SocketLB { return nil }
+func (f *fakeDatapath) SocketLBStatus() string      { return "off" }
 
 func (f *fakeDatapath) Close() error { return nil }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 
@@ -45,8 +46,16 @@ func (s *serviceWatcher) reconcile(ctx context.Context, full bool) error {
 	if s.a.dp.SocketLB() == nil {
 		return nil // off, failed (status says why) or not up yet: bringUp signals
 	}
+	pool, _ := s.a.readyPool()
+	if pool == nil {
+		return nil // bringUp signals
+	}
+	var pods []netip.Addr
+	for _, att := range pool.List() {
+		pods = append(pods, att.IP)
+	}
 	svcs := services.Compile(s.inputs.Snapshot(), s.a.cfg.NodeName)
-	if err := s.a.dp.SyncServices(svcs); err != nil {
+	if err := s.a.dp.SyncServices(svcs, pods, full); err != nil {
 		return err
 	}
 	if len(svcs) != s.count {
@@ -87,7 +96,10 @@ func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesReq
 	byService := map[socklb.Key][]*apiv1.ServiceAffinity{}
 	for _, a := range affs {
 		client := "host"
-		if a.Pod.IsValid() {
+		switch {
+		case a.Gone:
+			client = fmt.Sprintf("gone (netns %d)", a.Netns)
+		case a.Pod.IsValid():
 			client = a.Pod.String()
 		}
 		byService[a.Service] = append(byService[a.Service], &apiv1.ServiceAffinity{Client: client,

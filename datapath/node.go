@@ -270,10 +270,8 @@ func (n *Node) AdoptPod(p Pod) error {
 	if err != nil {
 		return err
 	}
-	if err := n.addToFastPath(p, host); err != nil {
-		return err
-	}
-	return n.ownPodSockets(p)
+	// Each independently: a pod off the fast path still gets its Services.
+	return errors.Join(n.addToFastPath(p, host), n.ownPodSockets(p))
 }
 
 func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
@@ -297,20 +295,17 @@ func (n *Node) CheckPod(p Pod) error { return podnet.Check(p.podnet()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
-	if err := n.forgetPodSockets(p); err != nil {
-		return err
-	}
+	errs := []error{n.forgetPodSockets(p)}
 	if fp := n.fastPath(); fp != nil {
-		var errs []error
 		if p.IP.IsValid() {
 			errs = append(errs, fp.DeleteLocalPod(p.IP))
 		}
 		errs = append(errs, fp.DetachPod(p.HostIface))
 		if err := errors.Join(errs...); err != nil {
-			return err
+			return err // the veth stays until the flows are gone; DEL is retried
 		}
 	}
-	return podnet.Teardown(p.HostIface)
+	return errors.Join(append(errs, podnet.Teardown(p.HostIface))...)
 }
 
 // errNotUp is returned by calls that need BringUp first.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/socklb"
@@ -52,21 +53,31 @@ func (s socketLB) Mode() SocketLBMode { return s.mode }
 
 // openSocketLB loads the socket programs, attaches them to the configured
 // cgroup (adopting an earlier agent's links) and gives them the host's
-// network namespace; with the mode off it takes an earlier agent's
-// programs off instead. A node whose socket LB cannot load leaves its
-// Services to kube-proxy and says why.
+// network namespace. With the mode off, or when that fails, it removes
+// whatever an earlier agent pinned, so that no program goes on translating
+// with maps nobody updates: the node leaves Services to kube-proxy.
 func (n *Node) openSocketLB() (*socklb.LB, error) {
+	if n.cfg.SocketLB == SocketLBOff {
+		return nil, socklb.Remove(n.cfg.BPFFS)
+	}
+	lb, err := n.attachSocketLB()
+	if err != nil {
+		if rerr := socklb.Remove(n.cfg.BPFFS); rerr != nil {
+			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
+		}
+		return nil, err
+	}
+	slog.Info("socket load balancing on", "mode", n.cfg.SocketLB, "cgroup", lb.Cgroup())
+	return lb, nil
+}
+
+func (n *Node) attachSocketLB() (*socklb.LB, error) {
 	cgroup, err := socklb.ResolveCgroup(n.cfg.SocketLBCgroup)
 	if err != nil {
 		return nil, err
 	}
 	lb, err := socklb.Open(socklb.Options{PinDir: n.cfg.BPFFS, Cgroup: cgroup})
 	if err != nil {
-		return nil, err
-	}
-	if n.cfg.SocketLB == SocketLBOff {
-		err := lb.Detach()
-		lb.Close()
 		return nil, err
 	}
 	host, err := socklb.NetnsCookie("")
@@ -83,7 +94,6 @@ func (n *Node) openSocketLB() (*socklb.LB, error) {
 		lb.Close()
 		return nil, err
 	}
-	slog.Info("socket load balancing on", "mode", n.cfg.SocketLB, "cgroup", cgroup)
 	return lb, nil
 }
 
@@ -114,15 +124,23 @@ func (n *Node) SocketLBStatus() string {
 	return "not up yet"
 }
 
-// SyncServices makes the socket programs balance exactly svcs.
-func (n *Node) SyncServices(svcs []socklb.Service) error {
+// SyncServices makes the socket programs balance exactly svcs. With
+// checkKernel it also reads the maps back, repairing drift, and forgets
+// the namespaces of pods other than pods (a DEL that found no address
+// left its entry behind).
+func (n *Node) SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKernel bool) error {
 	n.mu.Lock()
 	lb := n.lb
 	n.mu.Unlock()
 	if lb == nil {
 		return errNoSocketLB
 	}
-	return lb.Sync(svcs)
+	if checkKernel && n.cfg.SocketLB == SocketLBAll {
+		if err := lb.ForgetPods(func(a netip.Addr) bool { return slices.Contains(pods, a) }); err != nil {
+			return err
+		}
+	}
+	return lb.Sync(svcs, checkKernel)
 }
 
 var errNoSocketLB = errors.New("socket load balancing is not on")

@@ -16,6 +16,8 @@ import (
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/e2e/lab/labtest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +43,7 @@ func TestServices(t *testing.T) {
 	t.Run("NoEndpointsRefused", c.noEndpoints)
 	t.Run("FastPathCarriesServiceTraffic", c.fastPath)
 	t.Run("Onctl", c.onctl)
+	t.Run("Modes", c.modes)
 }
 
 const svcNS = "svc"
@@ -415,10 +418,58 @@ func (c *serviceCluster) onctl(t *testing.T) {
 			spread = s
 		}
 	}
-	// Two pod clients on node 0 and the host: 90 each, translated by node 0.
+	// One pod client on node 0 and node 0's host: 90 each, translated there.
 	if spread == nil || spread.Translated != 180 {
 		t.Fatalf("svc/spread:http on %s: %+v, want 180 translated connections", n.Name, spread)
 	}
+}
+
+// socket-lb host-only balances the host's sockets and leaves the pods'
+// (to kube-proxy in a cluster; in the lab, without one, the ClusterIP
+// leads nowhere); off balances none; both say so. Back on all, the pods
+// attached meanwhile are balanced again.
+func (c *serviceCluster) modes(t *testing.T) {
+	ctx := context.Background()
+	vip := c.service(t, "modes", false, c.backends...)
+	addr := netip.AddrPortFrom(vip, 80)
+	n, pod := c.l.Nodes[0], c.clients[0]
+	restart := func(mode string) *apiv1.NodeStatus {
+		t.Helper()
+		if err := c.l.RestartAgent(ctx, n, "--socket-lb="+mode); err != nil {
+			t.Fatal(err)
+		}
+		st, err := n.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	unbalanced := func(netns string) {
+		t.Helper()
+		if name, _, err := connectTCP(netns, addr); err == nil {
+			t.Fatalf("a connection from %s to %s reached %s: it was balanced", netns, addr, name)
+		}
+	}
+
+	if st := restart("host-only"); st.SocketLb != "host-only" {
+		t.Fatalf("status says socket LB %q, want host-only", st.SocketLb)
+	}
+	requireEven(t, spreadOf(t, n.Netns, addr, 30), c.backends, 30)
+	unbalanced(pod.Netns)
+
+	if st := restart("off"); !strings.HasPrefix(st.SocketLb, "off") || st.SocketLbCgroup != "" {
+		t.Fatalf("status says socket LB %q on %q, want off", st.SocketLb, st.SocketLbCgroup)
+	}
+	if _, err := agent(t, n).ListServices(ctx, &apiv1.ListServicesRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("ListServices with socket LB off: %v, want FailedPrecondition", err)
+	}
+	unbalanced(n.Netns)
+
+	if st := restart("all"); st.SocketLb != "all" {
+		t.Fatalf("status says socket LB %q, want all", st.SocketLb)
+	}
+	c.waitBalanced(t, vip, len(c.backends))
+	requireEven(t, spreadOf(t, pod.Netns, addr, 30), c.backends, 30)
 }
 
 func ref[T any](v T) *T { return &v }

@@ -139,7 +139,7 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 				e := endpoint{
 					Backend: socklb.Backend{Addr: netip.AddrPortFrom(ip, uint16(*p.Port)), Node: ptr.Deref(ep.NodeName, ""), Ready: ready},
 					local:   node != "" && ptr.Deref(ep.NodeName, "") == node,
-					serving: ptr.Deref(ep.Conditions.Serving, ready), terminating: ptr.Deref(ep.Conditions.Terminating, false),
+					serving: ptr.Deref(ep.Conditions.Serving, true), terminating: ptr.Deref(ep.Conditions.Terminating, false),
 				}
 				if ref := ep.TargetRef; ref != nil && ref.Kind == "Pod" {
 					e.Pod = ref.Namespace + "/" + ref.Name

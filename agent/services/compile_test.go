@@ -114,11 +114,11 @@ func TestCompile(t *testing.T) {
 			ep("10.0.2.4", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true)}))},
 		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
 	}, {
-		name:     "serving unset is ready: not ready and terminating is not serving",
+		name:     "serving unset is serving (as kube-proxy reads it): a not-ready terminating endpoint is the fallback",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.2.1", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}))},
-		want: []socklb.Service{webWant()},
+		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
 	}, {
 		name:     "no endpoints: refused",
 		services: []*corev1.Service{web()},

@@ -2107,7 +2107,8 @@ func (x *ServiceBackend) GetReady() bool {
 
 type ServiceAffinity struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The client's network namespace: a pod's IP, or "host".
+	// The client's network namespace: a pod's IP, "host", or "gone (netns N)"
+	// for a pod deleted since.
 	Client  string `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`
 	Backend string `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
 	// Since the client's last connection through the Service.

@@ -13,7 +13,8 @@ int onc_sock_release(struct bpf_sock *sk)
 {
 	struct lb_revnat_key key = {};
 
-	if (!lb_balanced_proto(sk->protocol) || !sk->dst_ip4)
+	if (sk->family != ONC_AF_INET || (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP) ||
+	    !sk->dst_ip4)
 		return SYS_PROCEED;
 	key.sock = bpf_get_socket_cookie(sk);
 	key.be.ip = sk->dst_ip4;

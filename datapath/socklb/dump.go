@@ -38,14 +38,18 @@ func (lb *LB) Services() ([]ServiceState, error) {
 
 // Affinity is a ClientIP affinity entry.
 type Affinity struct {
-	Netns   uint64
-	Pod     netip.Addr // the client pod; the zero Addr for the host or an unknown namespace
+	Netns uint64
+	// Pod is the client pod, the zero Addr for the host; Gone: the
+	// namespace is no longer this node's (the pod was deleted).
+	Pod     netip.Addr
+	Gone    bool
 	Service Key
 	Backend netip.AddrPort
 	Age     time.Duration // since the client's last connection
 }
 
-// Affinities lists the affinity entries of services that still exist.
+// Affinities lists the live affinity entries (of services that exist,
+// within their timeout).
 func (lb *LB) Affinities() ([]Affinity, error) {
 	owned, err := lb.Owned()
 	if err != nil {
@@ -53,8 +57,9 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	}
 	lb.mu.Lock()
 	byID := make(map[uint32]Key, len(lb.services))
+	timeout := make(map[uint32]time.Duration, len(lb.services))
 	for k, p := range lb.services {
-		byID[p.id] = k
+		byID[p.id], timeout[p.id] = k, p.svc.Affinity
 	}
 	lb.mu.Unlock()
 	var ts unix.Timespec
@@ -68,33 +73,12 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	it := lb.maps.OncLbAff.Iterate()
 	for it.Next(&k, &v) {
 		key, ok := byID[k.SvcId]
-		if !ok {
+		age := time.Duration(now - v.LastNs)
+		if !ok || age > timeout[k.SvcId] {
 			continue
 		}
-		out = append(out, Affinity{Netns: k.Netns, Pod: owned[k.Netns], Service: key,
-			Backend: backendAddr(v.Be), Age: time.Duration(now - v.LastNs)})
-	}
-	return out, it.Err()
-}
-
-// RevNAT is a socket's reverse translation: replies from Backend read as
-// from Service.
-type RevNAT struct {
-	Socket  uint64 // the socket's cookie
-	Backend netip.AddrPort
-	Service netip.AddrPort
-	Proto   Proto
-}
-
-// RevNATs lists the reverse translations of open (or recently closed
-// unconnected UDP) sockets.
-func (lb *LB) RevNATs() ([]RevNAT, error) {
-	var out []RevNAT
-	var k bpf.SockConnect4LbRevnatKey
-	var v bpf.SockConnect4LbRevnat
-	it := lb.maps.OncLbRevnat.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, RevNAT{Socket: k.Sock, Backend: backendAddr(k.Be), Service: backendAddr(v.Vip), Proto: Proto(k.Proto)})
+		pod, mine := owned[k.Netns]
+		out = append(out, Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: key, Backend: backendAddr(v.Be), Age: age})
 	}
 	return out, it.Err()
 }

@@ -95,11 +95,11 @@ func (lb *LB) load(opts *ebpf.CollectionOptions) error {
 	lb.closers = closers
 	lb.maps = c.SockConnect4Maps
 	lb.progs = []hook{
-		{"connect4", ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
-		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, s.OncSockSendmsg4},
-		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, r.OncSockRecvmsg4},
-		{"getpeername4", ebpf.AttachCgroupInet4GetPeername, g.OncSockGetpeername4},
-		{"sock_release", ebpf.AttachCgroupInetSockRelease, rel.OncSockRelease},
+		{hookNames[0], ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
+		{hookNames[1], ebpf.AttachCGroupUDP4Sendmsg, s.OncSockSendmsg4},
+		{hookNames[2], ebpf.AttachCGroupUDP4Recvmsg, r.OncSockRecvmsg4},
+		{hookNames[3], ebpf.AttachCgroupInet4GetPeername, g.OncSockGetpeername4},
+		{hookNames[4], ebpf.AttachCgroupInetSockRelease, rel.OncSockRelease},
 	}
 	return nil
 }
@@ -154,41 +154,32 @@ func (lb *LB) attach(h hook, cgid uint64) error {
 	return nil
 }
 
-// Detach takes the programs off the cgroup: sockets connect to ClusterIPs
-// as they are, and kube-proxy balances them. Idempotent.
-func (lb *LB) Detach() error {
+// Remove takes a node's socket programs off their cgroup and drops their
+// maps, from the pins alone (nothing is loaded, nothing mounted): for
+// --socket-lb=off, and for a node whose programs failed to load, so that
+// an earlier agent's programs do not go on translating with maps nobody
+// updates. Connections go to ClusterIPs as they are, and kube-proxy
+// balances them. Idempotent.
+func Remove(pinDir string) error {
 	var errs []error
-	for _, h := range lb.progs {
-		if err := os.Remove(lb.linkPin(h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, h := range hookNames {
+		// Unpinned, and held by no process, a link detaches.
+		if err := os.Remove(linkPin(pinDir, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return bpf.RemoveMapPins(pinDir, bpf.LoadSockConnect4)
 }
 
-// Attached reports whether every program is pinned on the cgroup.
-func (lb *LB) Attached() bool {
-	cgid, err := cgroupID(lb.opts.Cgroup)
-	if err != nil {
-		return false
-	}
-	for _, h := range lb.progs {
-		l, err := link.LoadPinnedLink(lb.linkPin(h), nil)
-		if err != nil {
-			return false
-		}
-		info, err := l.Info()
-		l.Close()
-		if err != nil || info.Cgroup() == nil || info.Cgroup().CgroupId != cgid {
-			return false
-		}
-	}
-	return true
-}
+// hookNames name the link pins, one per program, in the order of LB.progs.
+var hookNames = []string{"connect4", "sendmsg4", "recvmsg4", "getpeername4", "sock_release"}
 
-func (lb *LB) linkPin(h hook) string {
-	return filepath.Join(lb.opts.PinDir, "link_cgroup_"+h.name)
-}
+func (lb *LB) linkPin(h hook) string { return linkPin(lb.opts.PinDir, h.name) }
+
+func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cgroup_"+hook) }
 
 // cgroupID is the kernel's id of a cgroup v2 directory: its inode.
 func cgroupID(path string) (uint64, error) {

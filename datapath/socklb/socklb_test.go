@@ -48,7 +48,7 @@ const (
 
 // clientReq is one client run: Op on Addr, N times.
 type clientReq struct {
-	Op   string // tcp, udp (unconnected), udpconn, hold (tcp, kept open until stdin closes)
+	Op   string // tcp, udp (unconnected), udp6 (unconnected, AF_INET6), udpconn, hold (tcp, kept open until stdin closes)
 	Addr string
 	N    int
 }
@@ -75,18 +75,23 @@ func runClient(raw string) int {
 }
 
 func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
-	typ := unix.SOCK_STREAM
+	typ, family := unix.SOCK_STREAM, unix.AF_INET
 	if strings.HasPrefix(op, "udp") {
 		typ = unix.SOCK_DGRAM
 	}
-	fd, err := unix.Socket(unix.AF_INET, typ|unix.SOCK_CLOEXEC, 0)
+	var to unix.Sockaddr = sa
+	if op == "udp6" { // dual-stack: to the v4-mapped address
+		family = unix.AF_INET6
+		to = &unix.SockaddrInet6{Port: sa.Port, Addr: netip.AddrFrom4(sa.Addr).As16()}
+	}
+	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return clientRes{Err: errName(err)}
 	}
 	defer unix.Close(fd)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
-	if op == "udp" {
-		if err := unix.Sendto(fd, []byte("hi"), 0, sa); err != nil {
+	if op == "udp" || op == "udp6" {
+		if err := unix.Sendto(fd, []byte("hi"), 0, to); err != nil {
 			return clientRes{Err: errName(err)}
 		}
 		buf := make([]byte, 64)
@@ -138,8 +143,11 @@ func errName(err error) string {
 }
 
 func sockaddrString(sa unix.Sockaddr) string {
-	if in, ok := sa.(*unix.SockaddrInet4); ok {
+	switch in := sa.(type) {
+	case *unix.SockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), uint16(in.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(in.Addr), uint16(in.Port)).String()
 	}
 	return fmt.Sprintf("%v", sa)
 }
@@ -342,7 +350,7 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
-	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 
 	svc := netip.AddrPortFrom(vip, svcPort)
 	res := b.client("tcp", svc, 30)
@@ -382,7 +390,7 @@ func TestNoBackendRefuses(t *testing.T) {
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
-	must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}))
+	must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	for _, op := range []string{"tcp", "udpconn", "udp"} {
 		checkAll(t, op+" to a service without backends", b.client(op, svc, 2), func(r clientRes) bool {
@@ -404,7 +412,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
-	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}))
+	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	for _, op := range []string{"udp", "udpconn"} {
 		res := b.client(op, svc, 30)
@@ -420,10 +428,8 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	}
 	// Connected sockets took their reverse entries with them when they
 	// closed; the unconnected ones' wait for the LRU.
-	rev, err := lb.RevNATs()
-	must(t, err)
-	if len(rev) != 30 {
-		t.Fatalf("%d reverse entries after the clients exited, want the 30 of unconnected sockets", len(rev))
+	if n := entries(t, lb.maps.OncLbRevnat); n != 30 {
+		t.Fatalf("%d reverse entries after the clients exited, want the 30 of unconnected sockets", n)
 	}
 }
 
@@ -437,7 +443,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 	must(t, lb.OwnPod(b.cookie, pod))
 	s := service(svcPort, TCP, backends...)
 	s.Affinity = time.Hour
-	must(t, lb.Sync([]Service{s}))
+	must(t, lb.Sync([]Service{s}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	seen := served(b.client("tcp", svc, 20))
@@ -461,7 +467,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 		}
 	}
 	s.Backends = service(svcPort, TCP, rest...).Backends
-	must(t, lb.Sync([]Service{s}))
+	must(t, lb.Sync([]Service{s}, false))
 	again := served(b.client("tcp", svc, 20))
 	if len(again) != 1 || again[first] != 0 {
 		t.Fatalf("after %s left: %v, want one other backend", first, again)
@@ -476,8 +482,8 @@ func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
 	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
 	must(t, lbA.OwnHost(bedA.cookie))
 	must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
-	must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}))
-	must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}))
+	must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}, false))
+	must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	for _, c := range []struct {
@@ -503,7 +509,7 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
 	sets := [][]netip.Addr{backends[:2], backends[1:], backends[:1], backends}
-	must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}, false))
 	done := make(chan error)
 	stop := make(chan struct{})
 	go func() {
@@ -514,7 +520,7 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 				return
 			default:
 			}
-			if err := lb.Sync([]Service{service(svcPort, TCP, sets[i%len(sets)]...)}); err != nil {
+			if err := lb.Sync([]Service{service(svcPort, TCP, sets[i%len(sets)]...)}, false); err != nil {
 				done <- err
 				return
 			}
@@ -543,7 +549,7 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 	must(t, lb.Attach())
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
-	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	cmd, out := b.clientCmd("hold", svc, 1)
@@ -569,7 +575,7 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 	if n := attachedPrograms(t, cg, ebpf.AttachCGroupInet4Connect); n != 1 {
 		t.Fatalf("%d connect4 programs on the cgroup after restart, want 1", n)
 	}
-	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}))
+	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	stdin.Close()
 	var after clientRes
 	must(t, dec.Decode(&after))
@@ -581,14 +587,89 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 		return r.Peer == svc.String() && isBackend(r.Served, svcPort)
 	})
 
-	// Detach leaves the cgroup as it was: the ClusterIP answers itself.
-	must(t, again.Detach())
-	if again.Attached() {
-		t.Fatal("Attached after Detach")
+	// Remove (socket LB off, or failed to load) leaves the cgroup as it
+	// was, from the pins alone: the ClusterIP answers itself.
+	again.Close()
+	must(t, Remove(dir))
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg,
+		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInetSockRelease} {
+		if n := attachedPrograms(t, cg, at); n != 0 {
+			t.Fatalf("%d programs of %s on the cgroup after Remove", n, at)
+		}
 	}
-	checkAll(t, "after detach", b.client("tcp", svc, 2), func(r clientRes) bool {
+	if _, err := os.Stat(filepath.Join(dir, "onc_lb_svc")); !os.IsNotExist(err) {
+		t.Fatalf("the service map's pin outlived Remove: %v", err)
+	}
+	checkAll(t, "after Remove", b.client("tcp", svc, 2), func(r clientRes) bool {
 		return r.Served == svc.String()
 	})
+}
+
+// A removed Service is no longer translated and leaves nothing in the
+// maps; a full Sync repairs entries that drifted in the kernel.
+func TestRemoveAndRepair(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	s := service(svcPort, TCP, backends...)
+	s.Affinity = time.Hour
+	must(t, lb.Sync([]Service{s}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	// Drift: the service's live backends vanish behind the agent's back.
+	must(t, lb.maps.OncLbBackend.Delete(backendKey{SvcId: lb.services[s.Key()].id, Slot: 0, Bank: lb.services[s.Key()].bank}))
+	must(t, lb.Sync([]Service{s}, false))
+	if entries(t, lb.maps.OncLbBackend) != len(backends)-1 {
+		t.Fatal("an incremental Sync rewrote an unchanged service")
+	}
+	must(t, lb.Sync([]Service{s}, true))
+	checkAll(t, "after repair", b.client("tcp", svc, 10), func(r clientRes) bool {
+		return r.Err == "" && isBackend(r.Served, svcPort)
+	})
+	if got := counter(t, lb, "no_slot"); got != 0 {
+		t.Fatalf("no_slot %d after the repair", got)
+	}
+
+	must(t, lb.Sync(nil, false))
+	checkAll(t, "after the Service is removed", b.client("tcp", svc, 3), func(r clientRes) bool {
+		return r.Peer == svc.String() && r.Served == svc.String()
+	})
+	for name, m := range map[string]*ebpf.Map{"service": lb.maps.OncLbSvc, "backend": lb.maps.OncLbBackend, "member": lb.maps.OncLbMember} {
+		if n := entries(t, m); n != 0 {
+			t.Fatalf("%d %s entries left after the Service was removed", n, name)
+		}
+	}
+}
+
+// A dual-stack (AF_INET6) socket is left to kube-proxy whole: its replies
+// would pass recvmsg6, which ONC does not attach, so translating its
+// datagrams would leave the replies coming from the backend.
+func TestDualStackSocketsAreLeftAlone(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
+	mapped := "[::ffff:" + vip.String() + "]:" + fmt.Sprint(svcPort)
+	checkAll(t, "AF_INET6 UDP to a v4-mapped ClusterIP", b.client("udp6", netip.AddrPortFrom(vip, svcPort), 3), func(r clientRes) bool {
+		return r.Err == "" && r.Peer == mapped && r.Served == netip.AddrPortFrom(vip, svcPort).String()
+	})
+	if got := counter(t, lb, "sendmsg_translated"); got != 0 {
+		t.Fatalf("sendmsg_translated %d for AF_INET6 sockets", got)
+	}
+}
+
+func entries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var n int
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	must(t, it.Err())
+	return n
 }
 
 func linkIDs(t *testing.T, lb *LB) []link.ID {
@@ -618,4 +699,26 @@ func cgroupFD(t *testing.T, path string) int {
 	must(t, err)
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
+}
+
+// Unbalance, from the pin alone, leaves a Service untranslated until the
+// next agent's first Sync writes it again.
+func TestUnbalanceUntilTheNextSync(t *testing.T) {
+	cg := testCgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	s := service(svcPort, TCP, backends...)
+	must(t, lb.Sync([]Service{s}, false))
+	lb.Close()
+	must(t, Unbalance(lb.opts.PinDir, s.Key()))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	checkAll(t, "unbalanced", b.client("tcp", svc, 2), func(r clientRes) bool { return r.Served == svc.String() })
+
+	again, err := Open(lb.opts)
+	must(t, err)
+	defer again.Close()
+	must(t, again.Attach())
+	must(t, again.Sync([]Service{s}, false))
+	checkAll(t, "synced again", b.client("tcp", svc, 5), func(r clientRes) bool { return isBackend(r.Served, svcPort) })
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -33,7 +35,7 @@ type programmed struct {
 	id      uint32
 	bank    uint8           // the live bank
 	members map[lbAddr]bool // affinity membership entries written
-	adopted bool            // found pinned at start: contents unknown, rewritten on the first Sync
+	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
 }
 
 func (k Key) mapKey() svcKey {
@@ -121,11 +123,15 @@ func (lb *LB) bankSize(id uint32) *[2]uint16 {
 }
 
 // Sync makes the maps balance exactly svcs, writing only the services
-// that changed. A failed service is reported and the others still written;
-// the caller retries.
-func (lb *LB) Sync(svcs []Service) error {
+// that changed; with verify it also reads every service's entries back and
+// rewrites those that drifted. A failed service is reported and the others
+// still written; the caller retries.
+func (lb *LB) Sync(svcs []Service, verify bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
+	if verify {
+		lb.markDrifted()
+	}
 	want := make(map[Key]Service, len(svcs))
 	for _, s := range svcs {
 		want[s.Key()] = s
@@ -148,6 +154,28 @@ func (lb *LB) Sync(svcs []Service) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// markDrifted marks for rewriting every service whose entry or live
+// backends differ from what was written.
+func (lb *LB) markDrifted() {
+	for k, p := range lb.services {
+		if p.adopted {
+			continue
+		}
+		var v svcVal
+		if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) {
+			p.adopted = true
+			continue
+		}
+		for i, b := range p.svc.Backends {
+			var a lbAddr
+			if lb.maps.OncLbBackend.Lookup(backendKey{SvcId: p.id, Slot: uint16(i), Bank: p.bank}, &a) != nil || a != addrOfBackend(b.Addr) {
+				p.adopted = true
+				break
+			}
+		}
+	}
 }
 
 func sameService(a, b Service) bool {
@@ -176,13 +204,16 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	}
 	idle := p.bank ^ 1
 	size := lb.bankSize(p.id)
+	// Counted before writing, so a write that fails halfway leaves no slot
+	// the next write or a removal would not delete.
+	written := size[idle]
+	size[idle] = max(size[idle], uint16(len(s.Backends)))
 	for i, b := range s.Backends {
 		if err := lb.maps.OncLbBackend.Put(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}, addrOfBackend(b.Addr)); err != nil {
 			return err
 		}
 	}
-	size[idle] = max(size[idle], uint16(len(s.Backends)))
-	for i := len(s.Backends); i < int(size[idle]); i++ {
+	for i := len(s.Backends); i < int(written); i++ {
 		if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}); err != nil && !isNotExist(err) {
 			return err
 		}
@@ -275,3 +306,23 @@ func (p *idPool) take() (uint32, error) {
 }
 
 func (p *idPool) release(id uint32) { delete(p.taken, id) }
+
+// Unbalance deletes one service's entry from the pinned service map, from
+// the pin alone, before an agent has loaded anything: new connections to it
+// go to kube-proxy until the next Sync writes it again. The agent does this
+// for the API server's Service, which it dials through its ClusterIP while
+// the entry an earlier agent left may name API servers that have moved.
+func Unbalance(pinDir string, k Key) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "onc_lb_svc"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := m.Delete(k.mapKey()); err != nil && !isNotExist(err) {
+		return err
+	}
+	return nil
+}

@@ -19,6 +19,7 @@
 #include <bpf/bpf_endian.h>
 
 #define ONC_ECONNREFUSED 111
+#define ONC_AF_INET 2
 
 /* The cgroup programs' verdicts: 1 lets the call proceed. */
 #define SYS_PROCEED 1
@@ -112,20 +113,26 @@ enum lb_stat {
 	LB_STAT_MAX,
 };
 
-/* Sockets of these network namespaces are this node's (value: unused). */
+/* Sockets of these network namespaces are this node's. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, __be32); /* the pod's address; 0 for the host */
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_lb_netns SEC(".maps");
 
+/*
+ * Not preallocated: a preallocated hash recycles an updated element's
+ * memory at once, so a program still reading it could mix two services.
+ * Programs copy the value right after the lookup all the same.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_MAX_SERVICES);
 	__type(key, struct lb_svc_key);
 	__type(value, struct lb_svc);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_lb_svc SEC(".maps");
 
@@ -208,24 +215,43 @@ static __always_inline int lb_owned(void *ctx)
 	return bpf_map_lookup_elem(&onc_lb_netns, &netns) != NULL;
 }
 
-static __always_inline int lb_balanced_proto(__u32 proto)
+/* TCP and UDP of AF_INET sockets only. A dual-stack (AF_INET6) socket's
+ * datagrams to a v4-mapped ClusterIP pass sendmsg4, but their replies pass
+ * recvmsg6, which ONC does not attach: such sockets are left to kube-proxy
+ * whole. */
+static __always_inline int lb_balanced(const struct bpf_sock_addr *ctx)
 {
-	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+	return ctx->family == ONC_AF_INET &&
+	       (ctx->protocol == IPPROTO_TCP || ctx->protocol == IPPROTO_UDP);
 }
 
 /* The backend an affinity entry names, if it is recent and still serves. */
-static __always_inline struct lb_addr *lb_affine(struct lb_aff_key *key,
-						 const struct lb_svc *svc, __u64 now)
+static __always_inline int lb_affine(const struct lb_aff_key *key, const struct lb_svc *svc,
+				     __u64 now, struct lb_aff *out)
 {
 	struct lb_member_key member = { .svc_id = svc->id };
 	struct lb_aff *aff = bpf_map_lookup_elem(&onc_lb_aff, key);
 
-	if (!aff || now - aff->last_ns > (__u64)svc->aff_timeout * 1000000000ULL)
-		return NULL;
-	member.be = aff->be;
-	if (!bpf_map_lookup_elem(&onc_lb_member, &member))
-		return NULL;
-	return &aff->be;
+	if (!aff)
+		return 0;
+	*out = *aff;
+	if (now - out->last_ns > (__u64)svc->aff_timeout * 1000000000ULL)
+		return 0;
+	member.be = out->be;
+	return bpf_map_lookup_elem(&onc_lb_member, &member) != NULL;
+}
+
+/* Records (or refreshes) what a socket's traffic to a backend was
+ * addressed to; written only when it changes, as unconnected UDP comes
+ * here for every datagram. */
+static __always_inline void lb_remember(const struct lb_revnat_key *key, const struct lb_revnat *val)
+{
+	struct lb_revnat *old = bpf_map_lookup_elem(&onc_lb_revnat, key);
+
+	if (old && old->vip.ip == val->vip.ip && old->vip.port == val->vip.port &&
+	    old->svc_id == val->svc_id)
+		return;
+	bpf_map_update_elem(&onc_lb_revnat, key, val, BPF_ANY);
 }
 
 /*
@@ -247,61 +273,72 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 	struct lb_revnat_key rkey = {};
 	struct lb_revnat rval = {};
 	struct lb_aff_key akey = {};
-	struct lb_addr *be = NULL;
-	struct lb_svc *svc;
+	struct lb_aff aff = {};
+	struct lb_addr *be;
+	struct lb_svc *found;
+	struct lb_svc svc;
 	__u64 sock, now;
+	int sticky = 0;
 
-	if (!lb_balanced_proto(ctx->protocol))
+	if (!lb_balanced(ctx))
 		return SYS_PROCEED;
-	svc = bpf_map_lookup_elem(&onc_lb_svc, &key);
-	if (!svc || !lb_owned(ctx))
+	found = bpf_map_lookup_elem(&onc_lb_svc, &key);
+	if (!found || !lb_owned(ctx))
 		return SYS_PROCEED;
-	if (!svc->count) {
+	svc = *found;
+	if (!svc.count) {
 		lb_count(refused);
-		lb_count_svc(svc->id, 1);
+		lb_count_svc(svc.id, 1);
 		bpf_set_retval(-ONC_ECONNREFUSED);
 		return SYS_REJECT;
 	}
 	sock = bpf_get_socket_cookie(ctx);
 	now = bpf_ktime_get_ns();
-	if (svc->flags & LB_SVC_AFFINITY) {
+	if (svc.flags & LB_SVC_AFFINITY) {
 		akey.netns = bpf_get_netns_cookie(ctx);
-		akey.svc_id = svc->id;
-		be = lb_affine(&akey, svc, now);
-		if (be)
+		akey.svc_id = svc.id;
+		sticky = lb_affine(&akey, &svc, now, &aff);
+		if (sticky)
 			lb_count(LB_STAT_AFFINITY_HIT);
 	}
-	if (!be) {
-		slot.svc_id = svc->id;
-		slot.bank = svc->bank;
+	if (!sticky) {
+		slot.svc_id = svc.id;
+		slot.bank = svc.bank;
 		slot.slot = (ctx->protocol == IPPROTO_UDP ? (__u32)sock :
-			     bpf_get_prandom_u32()) % svc->count;
+			     bpf_get_prandom_u32()) % svc.count;
 		be = bpf_map_lookup_elem(&onc_lb_backend, &slot);
 		if (!be) {
 			lb_count(LB_STAT_NO_SLOT);
 			return SYS_PROCEED;
 		}
+		aff.be = *be;
 	}
 	rkey.sock = sock;
-	rkey.be = *be;
+	rkey.be = aff.be;
 	rkey.proto = key.proto;
 	rval.vip.ip = key.vip;
 	rval.vip.port = key.port;
-	rval.svc_id = svc->id;
-	bpf_map_update_elem(&onc_lb_revnat, &rkey, &rval, BPF_ANY);
-	if (svc->flags & LB_SVC_AFFINITY) {
-		struct lb_aff aff = { .be = *be, .last_ns = now };
-
+	rval.svc_id = svc.id;
+	lb_remember(&rkey, &rval);
+	/* A new choice, or a remembered one last refreshed over a second ago:
+	 * datagrams need not rewrite the entry each. */
+	if ((svc.flags & LB_SVC_AFFINITY) && (!sticky || now - aff.last_ns > 1000000000ULL)) {
+		aff.last_ns = now;
 		bpf_map_update_elem(&onc_lb_aff, &akey, &aff, BPF_ANY);
 	}
 	ctx->user_ip4 = rkey.be.ip;
 	ctx->user_port = rkey.be.port;
 	lb_count(translated);
-	lb_count_svc(svc->id, 0);
+	lb_count_svc(svc.id, 0);
 	return SYS_PROCEED;
 }
 
-/* Makes a backend's address read as the Service's it was dialled by. */
+/*
+ * Makes a backend's address read as the Service's it was dialled by. Only
+ * sockets this node translated have entries (socket cookies are unique on
+ * the kernel), so no ownership check: a pod forgotten meanwhile still gets
+ * its replies right.
+ */
 static __always_inline void lb_reverse(struct bpf_sock_addr *ctx, enum lb_stat reversed)
 {
 	struct lb_revnat_key key = {
@@ -311,11 +348,11 @@ static __always_inline void lb_reverse(struct bpf_sock_addr *ctx, enum lb_stat r
 	};
 	struct lb_revnat *rev;
 
-	if (!lb_balanced_proto(ctx->protocol))
+	if (!lb_balanced(ctx))
 		return;
 	key.sock = bpf_get_socket_cookie(ctx);
 	rev = bpf_map_lookup_elem(&onc_lb_revnat, &key);
-	if (!rev || !lb_owned(ctx))
+	if (!rev)
 		return;
 	ctx->user_ip4 = rev->vip.ip;
 	ctx->user_port = rev->vip.port;
