@@ -36,11 +36,14 @@ lab: prereqs build
 lab-down: build
 	$(BIN)/onc-lab down $(LAB_ARGS)
 
-# netperf (bare underlay vs slow path vs fast path) on a fresh 2-node lab;
-# writes bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7".
-bench: prereqs build
+# netperf on a fresh 2-node lab in Kubernetes mode: bare underlay vs slow
+# path vs fast path, then TCP_RR and TCP_CRR to a ClusterIP through socket
+# LB vs kube-proxy (iptables mode) vs the pod IP; writes
+# bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
+# "--services=false", "--pods=false".
+bench: prereqs build kube-bins
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
-	$(BIN)/onc-bench --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
+	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
 
 # The scale bed (docs/performance.md, "Scale"): N simulated nodes in a real
 # datastore (embedded etcd, kube-apiserver), one real agent programming
@@ -63,9 +66,10 @@ bench-policy: prereqs build kube-bins
 test: prereqs verify-generated lint kube-bins
 	$(GO) test -count=1 -p 1 -timeout 25m ./...
 
-# kube-apiserver for the Kubernetes datastore tests (first build ≈6 min).
+# kube-apiserver for the Kubernetes datastore tests and kube-proxy for
+# make bench (first build ≈6 min).
 kube-bins:
-	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver
+	./hack/kube-build.sh $(KUBE_BIN) kube-apiserver kube-proxy
 
 # ONC's image (Dockerfile). IMAGE_BASE must have iptables or reach Debian.
 IMAGE ?= onc:dev

@@ -1,9 +1,10 @@
 // Command onc-bench runs ONC's benchmarks on fresh labs and writes
 // bench-results/: by default `make bench` (netperf: bare vs slow path vs
-// fast path), `onc-bench scale`, `make bench-scale` (N simulated nodes
-// in a real datastore, one real agent programming them all), and
-// `onc-bench policy`, `make bench-policy` (NetworkPolicy: rule programming
-// time and memory, TCP_CRR with and without 1,000 policies).
+// fast path; a ClusterIP through socket LB vs kube-proxy vs the pod IP),
+// `onc-bench scale`, `make bench-scale` (N simulated nodes in a real
+// datastore, one real agent programming them all), and `onc-bench
+// policy`, `make bench-policy` (NetworkPolicy: rule programming time and
+// memory, TCP_CRR with and without 1,000 policies).
 package main
 
 import (
@@ -45,29 +46,58 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path, and a ClusterIP via socket LB vs kube-proxy vs the pod IP (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
 	netperf := fs.String("netperf", ".tools/netperf/usr/bin", "directory holding netperf and netserver")
+	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver and kube-proxy (make kube-bins; env ONC_KUBE_BIN)")
 	reps := fs.Int("reps", 5, "interleaved repetitions per test and configuration")
 	dur := fs.Duration("duration", 5*time.Second, "length of one netperf run")
-	tests := fs.StringSlice("tests", bench.Tests, "netperf tests")
+	tests := fs.StringSlice("tests", bench.Tests, "netperf tests (the Service section runs those of "+strings.Join(bench.ServiceTests, ", ")+")")
 	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
+	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", "))
+	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
 	_ = fs.Parse(args)
 	np, err := filepath.Abs(*netperf)
 	if err != nil {
 		return err
 	}
-	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, PodsPerNode: 1, NodeTimeout: time.Hour})
+	need := []string{"kube-apiserver"}
+	if *services {
+		need = append(need, "kube-proxy")
+	}
+	for _, b := range need {
+		if _, err := os.Stat(filepath.Join(*kubeBin, b)); err != nil {
+			return fmt.Errorf("the bench's lab needs %s (make kube-bins, --kube-bin): %w", b, err)
+		}
+	}
+	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
+		Datastore: "kubernetes", KubeBin: *kubeBin})
 	if err != nil {
 		return err
 	}
 	defer l.Down()
-	fmt.Printf("lab up; %d × %d tests × %d configs × %s\n", *reps, len(*tests), len(bench.Configs), *dur)
-	samples, err := bench.Run(ctx, bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout})
-	if err != nil {
+	if err := bench.AddPods(ctx, l); err != nil {
 		return err
+	}
+	o := bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout}
+	var samples []bench.Sample
+	if *pods {
+		fmt.Printf("lab up; pod to pod: %d × %d tests × %d configs × %s\n", *reps, len(*tests), len(bench.Configs), *dur)
+		s, err := bench.Run(ctx, o)
+		if err != nil {
+			return err
+		}
+		samples = append(samples, s...)
+	}
+	if *services {
+		fmt.Printf("Services: %d × %s × %d configs × %s\n", *reps, strings.Join(bench.ServiceTests, ", "), len(bench.ServiceConfigs), *dur)
+		s, err := bench.RunServices(ctx, o)
+		if err != nil {
+			return err
+		}
+		samples = append(samples, s...)
 	}
 	r := bench.NewReport(samples, *reps, *dur, kernel())
 	r.CPUs = *cpus

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,7 @@ type Options struct {
 // Sample is one netperf run.
 type Sample struct {
 	Test, Config string
+	Rep          int     // 1-based; a repetition's samples are one paired set
 	Value        float64 // transactions/s or 10^6 bits/s
 	Unit         string
 	CPU          float64 // µs of CPU per transaction (RR) or per KB (STREAM), both ends
@@ -54,10 +56,10 @@ type Sample struct {
 // config order each repetition.
 func Run(ctx context.Context, o Options) ([]Sample, error) {
 	l := o.Lab
-	if len(l.Nodes) < 2 || len(l.Nodes[0].Pods) == 0 || len(l.Nodes[1].Pods) == 0 {
-		return nil, fmt.Errorf("bench needs a lab with 2 nodes and a pod on each")
+	client, server, err := pair(l)
+	if err != nil {
+		return nil, err
 	}
-	client, server := l.Nodes[0], l.Nodes[1]
 	stop, err := netservers(o.Netperf, server.Netns, server.Pods[0].Netns)
 	if err != nil {
 		return nil, err
@@ -74,17 +76,25 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 				} else if err := fastPath(ctx, l, cfg == "fast"); err != nil {
 					return nil, err
 				}
-				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs)
+				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs, 0)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", test, cfg, err)
 				}
-				s.Config = cfg
+				s.Config, s.Rep = cfg, rep+1
 				fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-4s %12.1f %s  cpu %.2f %s\n", rep+1, o.Reps, test, cfg, s.Value, s.Unit, s.CPU, s.CPUUnit)
 				out = append(out, s)
 			}
 		}
 	}
 	return out, nil
+}
+
+// pair is the client's node and the server's, each with its pod first.
+func pair(l *lab.Lab) (client, server *lab.Node, err error) {
+	if len(l.Nodes) < 2 || len(l.Nodes[0].Pods) == 0 || len(l.Nodes[1].Pods) == 0 {
+		return nil, nil, fmt.Errorf("bench needs a lab with 2 nodes and a pod on each")
+	}
+	return l.Nodes[0], l.Nodes[1], nil
 }
 
 // fastPath switches it on every node, then waits until each node sees
@@ -151,7 +161,9 @@ func netservers(dir string, netns ...string) (stop func(), err error) {
 	return stop, nil
 }
 
-func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string) (Sample, error) {
+// netperf runs one test; dataPort > 0 fixes the server's data port
+// (0: netserver picks one).
+func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int) (Sample, error) {
 	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", test,
 		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
 	if cpus != "" {
@@ -160,9 +172,16 @@ func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration
 	// Both ends share this machine's CPUs, so one side's service demand
 	// already counts the whole machine.
 	args = append(args, "--", "-o", "THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,SD_UNITS")
+	if dataPort > 0 {
+		args = append(args, "-P", ","+strconv.Itoa(dataPort))
+	}
 	if test == "TCP_STREAM" {
 		args = append(args, "-m", "65536")
 	}
+	// netperf waits for ever on a data connection that lost its packets:
+	// fail the run instead of holding the lab.
+	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
 	if err != nil {
 		return Sample{}, fmt.Errorf("%w: %s", err, out)
@@ -198,11 +217,16 @@ func Summarize(samples []Sample) []Summary {
 		}
 		groups[k] = append(groups[k], s)
 	}
+	configs := append(slices.Clone(Configs), ServiceConfigs...)
 	sort.SliceStable(order, func(i, j int) bool {
-		if order[i].test != order[j].test {
-			return indexOf(Tests, order[i].test) < indexOf(Tests, order[j].test)
+		a, b := order[i], order[j]
+		if sa, sb := isService(a.cfg), isService(b.cfg); sa != sb {
+			return sb // the pod-to-pod rows first
 		}
-		return indexOf(Configs, order[i].cfg) < indexOf(Configs, order[j].cfg)
+		if a.test != b.test {
+			return indexOf(Tests, a.test) < indexOf(Tests, b.test)
+		}
+		return indexOf(configs, a.cfg) < indexOf(configs, b.cfg)
 	})
 	var out []Summary
 	for _, k := range order {
@@ -217,6 +241,8 @@ func Summarize(samples []Sample) []Summary {
 	}
 	return out
 }
+
+func isService(cfg string) bool { return slices.Contains(ServiceConfigs, cfg) }
 
 func indexOf(list []string, s string) int {
 	for i, v := range list {

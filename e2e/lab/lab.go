@@ -83,6 +83,7 @@ type Lab struct {
 	// The Kubernetes datastore's etcd and kube-apiserver.
 	Etcd      daemon.Process        `json:"etcd,omitempty"`
 	APIServer *kubeapiserver.Server `json:"apiServer,omitempty"`
+	KubeBin   string                `json:"kubeBin,omitempty"` // Options.KubeBin, for StartKubeProxy
 
 	kubeOnce sync.Once
 	kube     kubernetes.Interface
@@ -96,7 +97,12 @@ type Node struct {
 	IP    netip.Addr     `json:"ip"`
 	Dir   string         `json:"dir"`
 	Agent daemon.Process `json:"agent"`
-	Pods  []*Pod         `json:"pods"`
+	// AgentArgs are this node's extra onc-agent flags, after the lab's
+	// (RestartAgent sets them).
+	AgentArgs []string `json:"agentArgs,omitempty"`
+	// KubeProxy is its kube-proxy, if StartKubeProxy ran one.
+	KubeProxy daemon.Process `json:"kubeProxy,omitempty"`
+	Pods      []*Pod         `json:"pods"`
 	// PodSeq numbers pods; never reused, so names stay unique.
 	PodSeq int `json:"podSeq"`
 }
@@ -184,7 +190,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore, KubeBin: o.KubeBin}
 	defer func() {
 		if err != nil {
 			_ = l.Down()
@@ -260,8 +266,13 @@ func (l *Lab) EtcdURL() string { return "http://" + controllerIP.String() + ":23
 // and its etcd): how a client outside the lab, a test or a benchmark,
 // reaches it. The connection stays there whichever thread uses it.
 func (l *Lab) DialDatastore(ctx context.Context, network, addr string) (net.Conn, error) {
+	return dialIn(ctx, l.ctlNetns(), network, addr)
+}
+
+// dialIn connects to addr from inside netns.
+func dialIn(ctx context.Context, netns, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err := InNetns(l.ctlNetns(), func() (err error) {
+	err := InNetns(netns, func() (err error) {
 		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 		return err
 	})
@@ -362,13 +373,24 @@ func (l *Lab) StartAgent(n *Node) error {
 	if l.Datastore == "kubernetes" {
 		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-agent"))
 	}
-	args = append(args, l.AgentArgs...)
+	args = append(append(args, l.AgentArgs...), n.AgentArgs...) // the last of a flag wins
 	p, err := daemon.Start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
 	if err != nil {
 		return err
 	}
 	n.Agent = p
 	return l.Save()
+}
+
+// RestartAgent restarts n's agent with extra flags on top of the lab's
+// (none: as the lab started it) and waits until it is ready.
+func (l *Lab) RestartAgent(ctx context.Context, n *Node, extra ...string) error {
+	n.Agent.Stop()
+	n.AgentArgs = extra
+	if err := l.StartAgent(n); err != nil {
+		return err
+	}
+	return l.WaitReady(ctx, n)
 }
 
 // BPFFS is where the node's agent pins its eBPF maps and links.
@@ -575,6 +597,7 @@ func (l *Lab) PodByKey(key string) (*Node, *Pod) {
 // pods' objects, as the pod garbage collector would.
 func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	n.Agent.Stop()
+	n.KubeProxy.Stop()
 	var errs []error
 	if l.Datastore == "kubernetes" {
 		errs = append(errs, l.deleteNode(ctx, n))
@@ -601,6 +624,7 @@ func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 func (l *Lab) Down() error {
 	for _, n := range l.Nodes {
 		n.Agent.Stop()
+		n.KubeProxy.Stop()
 	}
 	l.Controller.Stop()
 	if l.APIServer != nil {

@@ -218,7 +218,7 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 			ratios = append(ratios, p/n)
 		}
 	}
-	res.NoPolicy, res.WithPolicy, res.Ratio = statOf(none), statOf(with), statOf(ratios)
+	res.NoPolicy, res.WithPolicy, res.Ratio = bench.StatOf(none), bench.StatOf(with), bench.StatOf(ratios)
 	if res.NoPolicy.Median > 0 {
 		res.RatioOfMeds = res.WithPolicy.Median / res.NoPolicy.Median
 	}

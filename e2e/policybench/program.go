@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -30,21 +29,7 @@ type ProgramOptions struct {
 }
 
 // Stat is the median and range of some timings, in milliseconds.
-type Stat struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-	N      int     `json:"n"`
-}
-
-func statOf(ms []float64) Stat {
-	if len(ms) == 0 {
-		return Stat{}
-	}
-	s := slices.Clone(ms)
-	slices.Sort(s)
-	return Stat{Median: bench.Median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
-}
+type Stat = bench.Stat
 
 // Timing is one programming pass split into its parts, in milliseconds:
 // Compile (agent/policy: the whole node's ruleset from the snapshot, as
@@ -273,8 +258,8 @@ func programPoint(ctx context.Context, netns string, pods, policies, changes int
 			total, compile, apply, revoke = append(total, t.Total), append(compile, t.Compile), append(apply, t.Apply), append(revoke, t.Revoke)
 			noop = append(noop, t.ApplyNoop)
 		}
-		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = statOf(total), statOf(compile), statOf(apply), statOf(revoke)
-		row.Change.ApplyNoop = statOf(noop)
+		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
+		row.Change.ApplyNoop = bench.StatOf(noop)
 	}
 	runtime.KeepAlive(c)
 	runtime.KeepAlive(rs)

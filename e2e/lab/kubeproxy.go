@@ -1,0 +1,84 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/onc-net/onc/internal/daemon"
+)
+
+const kubeProxyHealthzPort = 10256
+
+// StartKubeProxy runs a real kube-proxy (iptables mode, from the lab's
+// KubeBin) in n's namespace against the lab's kube-apiserver, as the
+// admin, and waits until its health check says it has programmed the
+// rules once. extra are more kube-proxy flags. It runs until
+// n.KubeProxy.Stop() or the lab goes down.
+func (l *Lab) StartKubeProxy(ctx context.Context, n *Node, extra ...string) error {
+	if l.APIServer == nil {
+		return fmt.Errorf("kube-proxy needs the lab's Kubernetes mode (datastore %q)", l.Datastore)
+	}
+	bin := filepath.Join(l.KubeBin, "kube-proxy")
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("kube-proxy not found in %q (run make kube-bins): %w", l.KubeBin, err)
+	}
+	st, err := n.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: agent status: %w", n.Name, err)
+	}
+	healthz := netip.AddrPortFrom(n.IP, kubeProxyHealthzPort).String()
+	args := append([]string{"--kubeconfig", l.APIServer.Kubeconfig, "--proxy-mode", "iptables",
+		"--hostname-override", n.Name, "--bind-address", n.IP.String(), "--cluster-cidr", st.ClusterCidr,
+		"--healthz-bind-address", healthz, "--metrics-bind-address", netip.AddrPortFrom(n.IP, 10249).String(),
+		// A node namespace cannot change the machine's conntrack table size.
+		"--conntrack-max-per-core", "0"}, extra...)
+	p, err := daemon.Start(n.Netns, filepath.Join(n.Dir, "kube-proxy.log"), bin, args...)
+	if p.PID > 0 {
+		n.KubeProxy = p
+	}
+	if err == nil {
+		err = l.Save()
+	}
+	if err != nil {
+		return err
+	}
+	if err := waitHealthy(ctx, n.Netns, "http://"+healthz+"/healthz", 60*time.Second); err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w; log %s:\n%s", n.Name, err, p.Log, daemon.Tail(p.Log, 20))
+	}
+	return nil
+}
+
+// waitHealthy polls url from inside netns until it answers 200.
+func waitHealthy(ctx context.Context, netns, url string, timeout time.Duration) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return dialIn(ctx, netns, network, addr)
+		}}}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := "no answer"
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not healthy after %v: %s", url, timeout, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
