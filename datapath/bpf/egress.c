@@ -45,6 +45,10 @@ int onc_egress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	if (p.tcp_flags) {
+		if (p.tcp_flags & TCP_SYN) {
+			flow_out(&key, &p);
+			flow_forget(&key);
+		}
 		count(STAT_EGRESS_MISS_TCP_FLAGS);
 		return TC_ACT_OK;
 	}

@@ -33,6 +33,10 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	if (p.tcp_flags) {
+		if (p.tcp_flags & TCP_SYN) { /* a SYN-ACK too: the reply of a new connection */
+			flow_in(&key, &p);
+			flow_forget(&key);
+		}
 		count(STAT_INGRESS_MISS_TCP_FLAGS);
 		return TC_ACT_OK;
 	}

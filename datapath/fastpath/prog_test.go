@@ -224,7 +224,9 @@ func TestEgressMissReasons(t *testing.T) {
 		setup         func()
 	}{
 		{"ARP", "egress_miss_not_ip", arp, nil},
-		{"SYN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x02), nil},
+		// Another connection's SYN: one on the established flow's ports
+		// would forget it (TestSYNForgetsTheCachedFlow).
+		{"SYN", "egress_miss_tcp_flags", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40002, 80, 0x02, 10), nil},
 		{"FIN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x01), nil},
 		{"RST", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x04), nil},
 		{"to a gateway", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
@@ -420,5 +422,34 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	}
 	if c, _ := d.config(); c.Learning != 1 {
 		t.Fatal("learning not resumed after a failed eviction")
+	}
+}
+
+// A SYN on a cached flow's addresses and ports starts a new connection,
+// which conntrack may NAT differently from the old one (a clashing source
+// port remapped, a Service connection DNATed): the entry goes, and the new
+// connection takes the slow path until it is learned itself.
+func TestSYNForgetsTheCachedFlow(t *testing.T) {
+	egressData := frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 100)
+	for _, c := range []struct {
+		name string
+		prog func(d *Datapath) *ebpf.Program
+		syn  []byte
+	}{
+		{"a SYN from the pod", func(d *Datapath) *ebpf.Program { return d.progs.egressFast },
+			frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0x02, 0)},
+		{"a SYN-ACK to the pod", func(d *Datapath) *ebpf.Program { return d.progs.ingressFast },
+			vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0x12, 0), peerNode, localNode, 1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := open(t)
+			established(t, d)
+			if ret, _ := run(t, c.prog(d), c.syn, 0); ret != actOK {
+				t.Fatalf("verdict %d for the SYN; want the slow path", ret)
+			}
+			if ret, _ := run(t, d.progs.egressFast, egressData, 0); ret != actOK || stat(t, d, "egress_miss_flow") != 1 {
+				t.Fatalf("after the SYN the old connection's entry still carried data (verdict %d)", ret)
+			}
+		})
 	}
 }

@@ -234,6 +234,18 @@ static __always_inline void flow_learn(const struct flow_key *k, __u32 epoch, in
 	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
 }
 
+/*
+ * A SYN starts a new connection on a flow's addresses and ports: what the
+ * cache holds for them belongs to an old one, and conntrack may treat the
+ * new one differently (NAT a clashing source port to another, or DNAT a
+ * Service connection whose replies then need the slow path's reverse
+ * translation). The new connection learns afresh once established.
+ */
+static __always_inline void flow_forget(const struct flow_key *k)
+{
+	bpf_map_delete_elem(&onc_filter, k);
+}
+
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 #endif /* __ONC_H */
