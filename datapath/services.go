@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
-	"slices"
+	"os"
 
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/socklb"
@@ -136,7 +137,11 @@ func (n *Node) SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKerne
 		return errNoSocketLB
 	}
 	if checkKernel && n.cfg.SocketLB == SocketLBAll {
-		if err := lb.ForgetPods(func(a netip.Addr) bool { return slices.Contains(pods, a) }); err != nil {
+		local := make(map[netip.Addr]bool, len(pods))
+		for _, a := range pods {
+			local[a] = true
+		}
+		if err := lb.ForgetPods(func(a netip.Addr) bool { return local[a] }); err != nil {
 			return err
 		}
 	}
@@ -144,6 +149,24 @@ func (n *Node) SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKerne
 }
 
 var errNoSocketLB = errors.New("socket load balancing is not on")
+
+// UnbalanceAPIServer takes the kubernetes Service's ClusterIP, which an
+// agent in a cluster dials (KUBERNETES_SERVICE_HOST), out of the pinned
+// service map before the agent's first API call: an earlier agent's entry
+// may name API servers that have moved meanwhile, and only this agent
+// could fix it. kube-proxy serves it until the services watcher writes it
+// again.
+func UnbalanceAPIServer(bpffs string) error {
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if host == "" {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
+	if err != nil || !ap.Addr().Is4() {
+		return nil // not an IPv4 ClusterIP: nothing of ONC's
+	}
+	return socklb.Unbalance(bpffs, socklb.Key{VIP: ap.Addr(), Port: ap.Port(), Proto: socklb.TCP})
+}
 
 // ownPodSockets lets the socket programs balance the pod's sockets; it
 // must happen before the pod runs, or its first connections would go to

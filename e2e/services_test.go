@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // Services balanced at the socket, end to end, in the lab's Kubernetes
@@ -131,7 +132,7 @@ func (c *serviceCluster) service(t *testing.T, name string, affinity bool, backe
 		}}}
 	if affinity {
 		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
-		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ref(int32(60))}}
+		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(60))}}
 	}
 	created, err := c.kube.CoreV1().Services(svcNS).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
@@ -155,8 +156,8 @@ func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr,
 		ObjectMeta:  metav1.ObjectMeta{Name: name + "-abc12", Namespace: svcNS, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports: []discoveryv1.EndpointPort{
-			{Name: ref("http"), Protocol: ref(corev1.ProtocolTCP), Port: ref(int32(8080))},
-			{Name: ref("dns"), Protocol: ref(corev1.ProtocolUDP), Port: ref(int32(8053))},
+			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))},
+			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(8053))},
 		}}
 	for _, set := range []struct {
 		pods  []*lab.Pod
@@ -165,8 +166,8 @@ func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr,
 		for _, p := range set.pods {
 			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
 				Addresses:  []string{p.IP.String()},
-				Conditions: discoveryv1.EndpointConditions{Ready: ref(set.ready), Serving: ref(true), Terminating: ref(!set.ready)},
-				NodeName:   ref(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(set.ready), Serving: ptr.To(true), Terminating: ptr.To(!set.ready)},
+				NodeName:   ptr.To(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
 		}
 	}
 	slices := c.kube.DiscoveryV1().EndpointSlices(svcNS)
@@ -471,5 +472,3 @@ func (c *serviceCluster) modes(t *testing.T) {
 	c.waitBalanced(t, vip, len(c.backends))
 	requireEven(t, spreadOf(t, pod.Netns, addr, 30), c.backends, 30)
 }
-
-func ref[T any](v T) *T { return &v }

@@ -425,11 +425,7 @@ func isolation(d *apiv1.PolicyDirection) string {
 }
 
 func policyGeneration(r *apiv1.ListPolicyResponse) string {
-	s := fmt.Sprintf("applied generation %d of %d", r.Applied, r.Seen)
-	if r.LastError != "" {
-		s += "; failing: " + r.LastError
-	}
-	return s
+	return watcherState(&apiv1.Watcher{Applied: r.Applied, Seen: r.Seen, LastError: r.LastError})
 }
 
 func rulePorts(r *apiv1.PolicyRule) string {

@@ -48,10 +48,7 @@ func showServices(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	for _, c := range resp.Counters {
 		counters = append(counters, fmt.Sprintf("%s=%d", c.Name, c.Value))
 	}
-	gen := fmt.Sprintf("applied generation %d of %d", resp.Applied, resp.Seen)
-	if resp.LastError != "" {
-		gen += "; failing: " + resp.LastError
-	}
+	gen := watcherState(&apiv1.Watcher{Applied: resp.Applied, Seen: resp.Seen, LastError: resp.LastError})
 	_, err = fmt.Fprintf(o.out, "\nSocket LB: %s, cgroup %s; %s\nCounters:  %s\n", resp.Mode, resp.Cgroup, gen, strings.Join(counters, " "))
 	return err
 }

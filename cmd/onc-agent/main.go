@@ -3,7 +3,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 
@@ -49,8 +48,10 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
 	}
 	cfg.Datapath.SocketLB = mode
-	if err := unbalanceAPIServer(store, cfg.Datapath.BPFFS); err != nil {
-		cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
+	if store.Kind == backend.Kubernetes {
+		if err := datapath.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
+			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
+		}
 	}
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
@@ -101,21 +102,4 @@ func main() {
 	if err := a.Run(ctx); err != nil {
 		cmdutil.Fatal("agent failed", err)
 	}
-}
-
-// unbalanceAPIServer takes the kubernetes Service's ClusterIP, which the
-// agent dials in a cluster, out of the socket LB's pinned map before the
-// agent's first API call: an earlier agent's entry may name API servers
-// that have moved meanwhile, and only this agent could fix it. kube-proxy
-// serves it until the services watcher writes it again.
-func unbalanceAPIServer(store *backend.Flags, pinDir string) error {
-	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
-	if store.Kind != backend.Kubernetes || host == "" {
-		return nil
-	}
-	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
-	if err != nil || !ap.Addr().Is4() {
-		return nil // not an IPv4 ClusterIP: nothing of ONC's
-	}
-	return socklb.Unbalance(pinDir, socklb.Key{VIP: ap.Addr(), Port: ap.Port(), Proto: socklb.TCP})
 }

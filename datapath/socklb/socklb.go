@@ -36,9 +36,6 @@ type LB struct {
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
 	ids      idPool
-	// banks counts the backends written in each bank of each service id,
-	// so a rewrite deletes exactly the slots beyond the new set.
-	banks map[uint32]*[2]uint16
 }
 
 // hook is one program and the cgroup attach point it serves.
@@ -54,7 +51,7 @@ func Open(o Options) (*LB, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
-	lb := &LB{opts: o, services: map[Key]*programmed{}, banks: map[uint32]*[2]uint16{}}
+	lb := &LB{opts: o, services: map[Key]*programmed{}}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
 	err := lb.load(opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {

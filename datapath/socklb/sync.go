@@ -31,9 +31,12 @@ const (
 
 // programmed is a service as this agent last wrote it.
 type programmed struct {
-	svc     Service
-	id      uint32
-	bank    uint8           // the live bank
+	svc  Service
+	id   uint32
+	bank uint8 // the live bank
+	// banks counts the slots written in each bank, so a rewrite or a
+	// removal deletes exactly those beyond the new set.
+	banks   [2]uint16
 	members map[lbAddr]bool // affinity membership entries written
 	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
 }
@@ -76,11 +79,12 @@ func (lb *LB) adopt() error {
 	var orphans []backendKey
 	bit := lb.maps.OncLbBackend.Iterate()
 	for bit.Next(&bk, &addr) {
-		if byID[bk.SvcId] == nil {
+		p := byID[bk.SvcId]
+		if p == nil {
 			orphans = append(orphans, bk)
 			continue
 		}
-		lb.bankSize(bk.SvcId)[bk.Bank&1] = max(lb.bankSize(bk.SvcId)[bk.Bank&1], bk.Slot+1)
+		p.banks[bk.Bank&1] = max(p.banks[bk.Bank&1], bk.Slot+1)
 	}
 	if err := bit.Err(); err != nil {
 		return fmt.Errorf("read backend map: %w", err)
@@ -112,15 +116,6 @@ func deleteAll[K any](m *ebpf.Map, keys []K) error {
 }
 
 func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
-
-func (lb *LB) bankSize(id uint32) *[2]uint16 {
-	b := lb.banks[id]
-	if b == nil {
-		b = &[2]uint16{}
-		lb.banks[id] = b
-	}
-	return b
-}
 
 // Sync makes the maps balance exactly svcs, writing only the services
 // that changed; with verify it also reads every service's entries back and
@@ -203,7 +198,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 		lb.services[k] = p
 	}
 	idle := p.bank ^ 1
-	size := lb.bankSize(p.id)
+	size := &p.banks
 	// Counted before writing, so a write that fails halfway leaves no slot
 	// the next write or a removal would not delete.
 	written := size[idle]
@@ -261,9 +256,8 @@ func (lb *LB) remove(k Key, p *programmed) error {
 	if err := lb.maps.OncLbSvc.Delete(k.mapKey()); err != nil && !isNotExist(err) {
 		return err
 	}
-	size := lb.bankSize(p.id)
 	for bank := range uint8(2) {
-		for i := range size[bank] {
+		for i := range p.banks[bank] {
 			if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: i, Bank: bank}); err != nil && !isNotExist(err) {
 				return err
 			}
@@ -274,7 +268,6 @@ func (lb *LB) remove(k Key, p *programmed) error {
 			return err
 		}
 	}
-	delete(lb.banks, p.id)
 	delete(lb.services, k)
 	lb.ids.release(p.id)
 	return nil

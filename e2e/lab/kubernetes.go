@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 )
 
 const apiServerPort = 6443
@@ -182,7 +183,7 @@ func (l *Lab) createPod(ctx context.Context, n *Node, p *Pod) error {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: maps.Clone(p.Labels)},
 		Spec: corev1.PodSpec{NodeName: n.Name, Containers: []corev1.Container{{Name: "c", Image: "lab", Ports: slices.Clone(p.Ports)}},
-			TerminationGracePeriodSeconds: ref[int64](0)},
+			TerminationGracePeriodSeconds: ptr.To[int64](0)},
 	}
 	created, err := kube.CoreV1().Pods(p.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -217,7 +218,7 @@ func (l *Lab) podRunning(ctx context.Context, n *Node, p *Pod) error {
 			PodIP: p.IP.String(), PodIPs: []corev1.PodIP{{IP: p.IP.String()}},
 			StartTime: &now,
 			QOSClass:  corev1.PodQOSBestEffort,
-			ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "lab", ImageID: "lab", Ready: true, Started: ref(true),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "lab", ImageID: "lab", Ready: true, Started: ptr.To(true),
 				ContainerID: "onc-lab://" + p.ContainerID, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
 		}
 		_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
@@ -231,7 +232,7 @@ func (l *Lab) deletePod(ctx context.Context, p *Pod) error {
 	if err != nil {
 		return err
 	}
-	err = kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ref[int64](0)})
+	err = kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete pod %s: %w", p.Key(), err)
 	}
@@ -282,5 +283,3 @@ func (l *Lab) SetPodLabels(ctx context.Context, p *Pod, labels map[string]string
 	l.mu.Unlock()
 	return l.Save()
 }
-
-func ref[T any](v T) *T { return &v }

@@ -208,10 +208,8 @@ static __always_inline void lb_count_svc(__u32 id, int refused)
 }
 
 /* Is the socket in a network namespace of this node? */
-static __always_inline int lb_owned(void *ctx)
+static __always_inline int lb_owned(__u64 netns)
 {
-	__u64 netns = bpf_get_netns_cookie(ctx);
-
 	return bpf_map_lookup_elem(&onc_lb_netns, &netns) != NULL;
 }
 
@@ -277,13 +275,16 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 	struct lb_addr *be;
 	struct lb_svc *found;
 	struct lb_svc svc;
-	__u64 sock, now;
+	__u64 sock, now, netns;
 	int sticky = 0;
 
 	if (!lb_balanced(ctx))
 		return SYS_PROCEED;
 	found = bpf_map_lookup_elem(&onc_lb_svc, &key);
-	if (!found || !lb_owned(ctx))
+	if (!found)
+		return SYS_PROCEED;
+	netns = bpf_get_netns_cookie(ctx);
+	if (!lb_owned(netns))
 		return SYS_PROCEED;
 	svc = *found;
 	if (!svc.count) {
@@ -295,7 +296,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 	sock = bpf_get_socket_cookie(ctx);
 	now = bpf_ktime_get_ns();
 	if (svc.flags & LB_SVC_AFFINITY) {
-		akey.netns = bpf_get_netns_cookie(ctx);
+		akey.netns = netns;
 		akey.svc_id = svc.id;
 		sticky = lb_affine(&akey, &svc, now, &aff);
 		if (sticky)
