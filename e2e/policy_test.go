@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +19,8 @@ import (
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/e2e/lab/labtest"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -955,42 +955,9 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 // ---------------------------------------------------------------------
 // onctl policy.
 
-// jsonUint reads a protojson uint64 (a string) or a plain number.
-type jsonUint uint64
-
-func (u *jsonUint) UnmarshalJSON(b []byte) error {
-	v, err := strconv.ParseUint(strings.Trim(string(b), `"`), 10, 64)
-	*u = jsonUint(v)
-	return err
-}
-
-type onctlPolicy struct {
-	Seen    jsonUint `json:"seen"`
-	Applied jsonUint `json:"applied"`
-	Pods    []struct {
-		Key     string               `json:"key"`
-		IP      string               `json:"ip"`
-		Ingress onctlPolicyDirection `json:"ingress"`
-		Egress  onctlPolicyDirection `json:"egress"`
-	} `json:"pods"`
-}
-
-type onctlPolicyDirection struct {
-	Isolated bool     `json:"isolated"`
-	Policies []string `json:"policies"`
-	Rules    []struct {
-		Policy string   `json:"policy"`
-		Index  int      `json:"index"`
-		Peers  []string `json:"peers"`
-		Ports  []string `json:"ports"`
-	} `json:"rules"`
-	Allowed jsonUint `json:"allowed"`
-	Denied  jsonUint `json:"denied"`
-}
-
 // onctlJSON runs the onctl binary against n's agent with -o json and
-// decodes its output into v.
-func (c *policyCluster) onctlJSON(t *testing.T, n *lab.Node, v any, args ...string) {
+// decodes its output into v, the API message it prints.
+func (c *policyCluster) onctlJSON(t *testing.T, n *lab.Node, v proto.Message, args ...string) {
 	t.Helper()
 	args = append([]string{"--socket", n.AgentSocket(), "-o", "json"}, args...)
 	out, err := exec.Command(filepath.Join(c.l.BinDir, "onctl"), args...).Output()
@@ -1001,7 +968,7 @@ func (c *policyCluster) onctlJSON(t *testing.T, n *lab.Node, v any, args ...stri
 		}
 		t.Fatalf("onctl %s: %v: %s%s", strings.Join(args, " "), err, out, stderr)
 	}
-	if err := json.Unmarshal(out, v); err != nil {
+	if err := protojson.Unmarshal(out, v); err != nil {
 		t.Fatalf("onctl %s: %v in:\n%s", strings.Join(args, " "), err, out)
 	}
 }
@@ -1017,15 +984,7 @@ func (c *policyCluster) onctl(t *testing.T) {
 	pols := []*networkingv1.NetworkPolicy{pol}
 	c.set(t, pols)
 
-	var st struct {
-		Policy   string `json:"policy"`
-		Watchers []struct {
-			Name      string   `json:"name"`
-			Seen      jsonUint `json:"seen"`
-			Applied   jsonUint `json:"applied"`
-			LastError string   `json:"lastError"`
-		} `json:"watchers"`
-	}
+	var st apiv1.NodeStatus
 	c.onctlJSON(t, nb, &st, "status")
 	if st.Policy != "enforced" {
 		t.Errorf("onctl status: policy %q, want enforced", st.Policy)
@@ -1043,7 +1002,7 @@ func (c *policyCluster) onctl(t *testing.T) {
 		t.Errorf("onctl status -o json: no watcher named policy in %+v", st.Watchers)
 	}
 
-	var all onctlPolicy
+	var all apiv1.ListPolicyResponse
 	c.onctlJSON(t, nb, &all, "policy")
 	if all.Seen == 0 || all.Applied != all.Seen {
 		t.Errorf("onctl policy: generation applied %d of %d", all.Applied, all.Seen)
@@ -1061,14 +1020,14 @@ func (c *policyCluster) onctl(t *testing.T) {
 		}
 	}
 
-	detail := func() onctlPolicyDirection {
-		var one onctlPolicy
+	detail := func() *apiv1.PolicyDirection {
+		var one apiv1.ListPolicyResponse
 		c.onctlJSON(t, nb, &one, "policy", b.key())
 		if len(one.Pods) != 1 || one.Pods[0].Key != b.key() {
-			t.Fatalf("onctl policy %s: %+v", b.key(), one)
+			t.Fatalf("onctl policy %s: %+v", b.key(), &one)
 		}
-		if one.Pods[0].IP != b.lp.IP.String() || one.Pods[0].Egress.Isolated {
-			t.Errorf("onctl policy %s: ip %s, egress %+v; want %s, not isolated", b.key(), one.Pods[0].IP, one.Pods[0].Egress, b.lp.IP)
+		if one.Pods[0].Ip != b.lp.IP.String() || one.Pods[0].Egress.Isolated {
+			t.Errorf("onctl policy %s: ip %s, egress %+v; want %s, not isolated", b.key(), one.Pods[0].Ip, one.Pods[0].Egress, b.lp.IP)
 		}
 		return one.Pods[0].Ingress
 	}
@@ -1083,7 +1042,7 @@ func (c *policyCluster) onctl(t *testing.T) {
 	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout); err != nil {
 		t.Fatalf("%s → %s TCP/80: %v", a.key(), b.key(), err)
 	}
-	var now onctlPolicyDirection
+	var now *apiv1.PolicyDirection
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		now = detail()
 		if now.Denied > in.Denied && now.Allowed > in.Allowed {

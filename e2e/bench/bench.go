@@ -60,7 +60,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	stop, err := netservers(o.Netperf, server.Netns, server.Pods[0].Netns)
+	stop, err := Netservers(o.Netperf, server.Netns, server.Pods[0].Netns)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 				} else if err := fastPath(ctx, l, cfg == "fast"); err != nil {
 					return nil, err
 				}
-				s, err := netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs, 0)
+				s, err := Netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs, 0)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", test, cfg, err)
 				}
@@ -140,8 +140,8 @@ func waitPeers(ctx context.Context, c apiv1.AgentClient, on bool) error {
 	}
 }
 
-// netservers starts one netserver per namespace; stop kills them by PID.
-func netservers(dir string, netns ...string) (stop func(), err error) {
+// Netservers starts one netserver per namespace; stop kills them by PID.
+func Netservers(dir string, netns ...string) (stop func(), err error) {
 	var cmds []*exec.Cmd
 	stop = func() {
 		for _, c := range cmds {
@@ -161,9 +161,9 @@ func netservers(dir string, netns ...string) (stop func(), err error) {
 	return stop, nil
 }
 
-// netperf runs one test; dataPort > 0 fixes the server's data port
+// Netperf runs one test; dataPort > 0 fixes the server's data port
 // (0: netserver picks one).
-func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int) (Sample, error) {
+func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int) (Sample, error) {
 	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", test,
 		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
 	if cpus != "" {
@@ -186,7 +186,7 @@ func netperf(ctx context.Context, dir, netns, host, test string, d time.Duration
 	if err != nil {
 		return Sample{}, fmt.Errorf("%w: %s", err, out)
 	}
-	sm, err := ParseNetperf(out)
+	sm, err := parseNetperf(out)
 	sm.Test = test
 	return sm, err
 }
@@ -235,8 +235,8 @@ func Summarize(samples []Sample) []Summary {
 		for i, s := range g {
 			vals[i], cpus[i] = s.Value, s.CPU
 		}
-		sort.Float64s(vals)
-		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: Median(vals), Min: vals[0], Max: vals[len(vals)-1],
+		st := StatOf(vals)
+		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: st.Median, Min: st.Min, Max: st.Max,
 			Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit})
 	}
 	return out
@@ -267,9 +267,9 @@ func Median(v []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// ParseNetperf reads the last line of netperf's output asked for with
+// parseNetperf reads the last line of netperf's output asked for with
 // -o THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,SD_UNITS.
-func ParseNetperf(out []byte) (Sample, error) {
+func parseNetperf(out []byte) (Sample, error) {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	f := strings.Split(lines[len(lines)-1], ",")
 	if len(f) < 4 {

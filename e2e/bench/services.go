@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 )
 
 // The Service section's configs: netperf to a ClusterIP balanced by ONC's
@@ -79,7 +80,7 @@ func AddPods(ctx context.Context, l *lab.Lab) error {
 
 func containerPorts(ports []namedPort) []corev1.ContainerPort {
 	var out []corev1.ContainerPort
-	for _, p := range servicePorts {
+	for _, p := range ports {
 		out = append(out, corev1.ContainerPort{Name: p.name, ContainerPort: p.port, Protocol: corev1.ProtocolTCP})
 	}
 	return out
@@ -132,7 +133,7 @@ func RunServices(ctx context.Context, o Options) (out []Sample, err error) {
 	if err := waitKubeProxy(ctx, client.Netns, vip); err != nil {
 		return nil, err
 	}
-	stop, err := netservers(o.Netperf, spod.Netns)
+	stop, err := Netservers(o.Netperf, spod.Netns)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +176,7 @@ func serviceRun(ctx context.Context, o Options, client *lab.Node, cpod *lab.Pod,
 	if err != nil {
 		return Sample{}, err
 	}
-	s, err := netperf(ctx, o.Netperf, cpod.Netns, host.String(), test, o.Duration, o.CPUs, int(dataPorts[cfg].port))
+	s, err := Netperf(ctx, o.Netperf, cpod.Netns, host.String(), test, o.Duration, o.CPUs, int(dataPorts[cfg].port))
 	if err != nil {
 		return Sample{}, err
 	}
@@ -376,25 +377,23 @@ func createService(ctx context.Context, l *lab.Lab, server *lab.Pod) (netip.Addr
 			discoveryv1.LabelServiceName: svcName, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{server.IP.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true), Serving: ptr(true), Terminating: ptr(false)},
-			NodeName:   ptr(server.Node),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To(server.Node),
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: benchNS, Name: server.Name, UID: types.UID(server.UID)}}},
 	}
 	for _, p := range servicePorts {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.name, Protocol: corev1.ProtocolTCP, Port: p.port,
 			TargetPort: intstr.FromString(p.name)})
-		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr(p.name), Protocol: ptr(corev1.ProtocolTCP), Port: ptr(p.port)})
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To(p.name), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(p.port)})
 	}
 	created, err := kube.CoreV1().Services(benchNS).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("service: %w", err)
 	}
 	slice.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svcName, UID: created.UID,
-		Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}
 	if _, err := kube.DiscoveryV1().EndpointSlices(benchNS).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return netip.Addr{}, fmt.Errorf("endpointslice: %w", err)
 	}
 	return netip.ParseAddr(created.Spec.ClusterIP)
 }
-
-func ptr[T any](v T) *T { return &v }

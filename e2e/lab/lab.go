@@ -577,20 +577,6 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 	return l.save()
 }
 
-// PodByKey finds a pod by namespace/name, and its node.
-func (l *Lab) PodByKey(key string) (*Node, *Pod) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.Nodes {
-		for _, p := range n.Pods {
-			if p.Key() == key {
-				return n, p
-			}
-		}
-	}
-	return nil, nil
-}
-
 // RemoveNode stops a node's agent and deletes the node and its pods, as if
 // the machine were gone. The controller frees its CIDR after NodeTimeout,
 // or at once on Kubernetes, where the Node object is deleted too, and its

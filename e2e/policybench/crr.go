@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
-	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
@@ -134,7 +131,7 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 	if _, _, err := w.wait(ctx, 0); err != nil {
 		return res, err
 	}
-	stop, err := netserver(o.Netperf, server.Netns)
+	stop, err := bench.Netservers(o.Netperf, server.Netns)
 	if err != nil {
 		return res, err
 	}
@@ -189,7 +186,8 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 			if err != nil {
 				return res, err
 			}
-			s, err := netperfCRR(ctx, o.Netperf, client.Netns, server.IP.String(), o.Duration, o.CPUs)
+			sm, err := bench.Netperf(ctx, o.Netperf, client.Netns, server.IP.String(), "TCP_CRR", o.Duration, o.CPUs, dataPort)
+			s := CRRSample{Value: sm.Value, CPU: sm.CPU}
 			if err != nil {
 				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
 			}
@@ -390,34 +388,4 @@ func listPolicy(ctx context.Context, n *lab.Node, key string) (*apiv1.ListPolicy
 		return nil, fmt.Errorf("%s: onctl policy %s: no such pod", n.Name, key)
 	}
 	return resp, nil
-}
-
-// netserver starts netserver in netns; stop ends it by PID.
-func netserver(dir, netns string) (stop func(), err error) {
-	c := exec.Command("ip", "netns", "exec", netns, dir+"/netserver", "-D", "-p", strconv.Itoa(ctlPort))
-	if err := c.Start(); err != nil {
-		return nil, err
-	}
-	time.Sleep(300 * time.Millisecond)
-	return func() {
-		_ = c.Process.Signal(syscall.SIGTERM)
-		_ = c.Wait()
-	}, nil
-}
-
-// netperfCRR runs TCP_CRR with the data connections to dataPort, so that
-// a policy can allow them.
-func netperfCRR(ctx context.Context, dir, netns, host string, d time.Duration, cpus string) (CRRSample, error) {
-	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", strconv.Itoa(ctlPort), "-t", "TCP_CRR",
-		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
-	if cpus != "" {
-		args = append(args, "-T", cpus)
-	}
-	args = append(args, "--", "-P", ","+strconv.Itoa(dataPort), "-o", "THROUGHPUT,THROUGHPUT_UNITS,LOCAL_SD,SD_UNITS")
-	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
-	if err != nil {
-		return CRRSample{}, fmt.Errorf("netperf: %w: %s", err, out)
-	}
-	sm, err := bench.ParseNetperf(out)
-	return CRRSample{Value: sm.Value, CPU: sm.CPU}, err
 }
