@@ -90,8 +90,8 @@ func (l *Lab) Matrix(ctx context.Context) ([]Result, error) {
 			}
 			r := Result{From: from, To: to}
 			r.ICMP = InNetns(from.Netns, func() error { return pingOnce(to.IP) })
-			r.TCP = inNetnsDial(from.Netns, "tcp", to.IP, echoTCP)
-			r.UDP = inNetnsDial(from.Netns, "udp", to.IP, echoUDP)
+			_, r.TCP = Probe(from.Netns, "tcp", to.IP, ProbePort, 3*time.Second)
+			_, r.UDP = Probe(from.Netns, "udp", to.IP, ProbePort, 3*time.Second)
 			out = append(out, r)
 		}
 	}
@@ -153,58 +153,10 @@ func InNetns(name string, fn func() error) error {
 	return podnet.InNetns(ns, fn)
 }
 
-// inNetnsDial creates the socket inside the namespace (where it stays) and
-// runs the exchange from any thread.
-func inNetnsDial(netns, network string, ip netip.Addr, exchange func(net.Conn) error) error {
-	var conn net.Conn
-	err := InNetns(netns, func() error {
-		var err error
-		conn, err = net.DialTimeout(network, netip.AddrPortFrom(ip, ProbePort).String(), 2*time.Second)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return exchange(conn)
-}
-
 func token() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return "onc-probe-" + hex.EncodeToString(b)
-}
-
-func echoTCP(c net.Conn) error {
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	msg := token()
-	if _, err := fmt.Fprintln(c, msg); err != nil {
-		return err
-	}
-	got, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(got) != msg {
-		return fmt.Errorf("echo mismatch: sent %q, got %q", msg, got)
-	}
-	return nil
-}
-
-func echoUDP(c net.Conn) error {
-	msg := token()
-	buf := make([]byte, 256)
-	for attempt := 0; attempt < 3; attempt++ {
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		if _, err := c.Write([]byte(msg)); err != nil {
-			return err
-		}
-		n, err := c.Read(buf)
-		if err == nil && string(buf[:n]) == msg {
-			return nil
-		}
-	}
-	return errors.New("no UDP echo in 3 tries")
 }
 
 func pingOnce(dst netip.Addr) error {
