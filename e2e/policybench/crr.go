@@ -171,13 +171,12 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 		time.Sleep(3 * time.Second)
 		return nil
 	}
-	byRep := map[int]map[string]float64{}
+	var runs []bench.Sample // the values alone, for the paired ratio
 	for rep := 0; rep < o.Reps; rep++ {
 		order := []string{NoPolicy, WithPolicy}
 		if rep%2 == 1 {
 			order = []string{WithPolicy, NoPolicy}
 		}
-		byRep[rep] = map[string]float64{}
 		for _, cfg := range order {
 			if err := set(cfg); err != nil {
 				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
@@ -187,10 +186,10 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 				return res, err
 			}
 			sm, err := bench.Netperf(ctx, o.Netperf, client.Netns, server.IP.String(), "TCP_CRR", o.Duration, o.CPUs, dataPort)
-			s := CRRSample{Value: sm.Value, CPU: sm.CPU}
 			if err != nil {
 				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
 			}
+			s := CRRSample{Value: sm.Value, CPU: sm.CPU}
 			after, err := w.serverCounters(ctx)
 			if err != nil {
 				return res, err
@@ -205,18 +204,19 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 			}
 			fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-9s %9.1f Trans/s  cpu %.1f us/Tr  judged %d\n", rep+1, o.Reps, cfg, s.Value, s.CPU, s.Allowed)
 			res.Samples = append(res.Samples, s)
-			byRep[rep][cfg] = s.Value
+			runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: cfg, Rep: s.Rep, Value: s.Value})
 		}
 	}
-	var none, with, ratios []float64
-	for rep := 0; rep < o.Reps; rep++ {
-		n, p := byRep[rep][NoPolicy], byRep[rep][WithPolicy]
-		none, with = append(none, n), append(with, p)
-		if n > 0 {
-			ratios = append(ratios, p/n)
+	var none, with []float64
+	for _, s := range res.Samples {
+		if s.Config == NoPolicy {
+			none = append(none, s.Value)
+		} else {
+			with = append(with, s.Value)
 		}
 	}
-	res.NoPolicy, res.WithPolicy, res.Ratio = bench.StatOf(none), bench.StatOf(with), bench.StatOf(ratios)
+	res.NoPolicy, res.WithPolicy = bench.StatOf(none), bench.StatOf(with)
+	res.Ratio = bench.PairedRatio(runs, "TCP_CRR", WithPolicy, NoPolicy)
 	if res.NoPolicy.Median > 0 {
 		res.RatioOfMeds = res.WithPolicy.Median / res.NoPolicy.Median
 	}
