@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
@@ -39,7 +40,14 @@ type programmed struct {
 	banks   [2]uint16
 	members map[lbAddr]bool // affinity membership entries written
 	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
+	flipped time.Time       // when the live bank last changed
 }
+
+// bankGrace is how long a bank stays untouched after the service flips
+// away from it: a program that read the service entry just before the
+// flip may still look up a slot of the old bank. Programs run for
+// microseconds; a service updated again sooner waits out the rest.
+const bankGrace = 50 * time.Millisecond
 
 func (k Key) mapKey() svcKey {
 	return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: bpf.NetPort(k.Port), Proto: uint8(k.Proto)}
@@ -178,8 +186,9 @@ func sameService(a, b Service) bool {
 }
 
 // write puts s's backends into the idle bank, then flips the service to
-// it in one update; the old bank stays until the next write of s, so a
-// socket that read the old entry still finds its backend.
+// it in one update; the old bank stays until the next write of s, and at
+// least bankGrace, so a socket that read the old entry still finds its
+// backend.
 func (lb *LB) write(k Key, p *programmed, s Service) error {
 	if len(s.Backends) > maxBackends {
 		return fmt.Errorf("%d backends; at most %d are balanced", len(s.Backends), maxBackends)
@@ -198,6 +207,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 		lb.services[k] = p
 	}
 	idle := p.bank ^ 1
+	time.Sleep(time.Until(p.flipped.Add(bankGrace)))
 	size := &p.banks
 	// Counted before writing, so a write that fails halfway leaves no slot
 	// the next write or a removal would not delete.
@@ -235,7 +245,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	if err := lb.maps.OncLbSvc.Put(k.mapKey(), v); err != nil {
 		return err
 	}
-	p.bank = idle
+	p.bank, p.flipped = idle, time.Now()
 	for m := range p.members {
 		if !members[m] {
 			if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
