@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/datapath/socklb"
 )
 
@@ -73,7 +74,7 @@ func (n *Node) openSocketLB() (*socklb.LB, error) {
 }
 
 func (n *Node) attachSocketLB() (*socklb.LB, error) {
-	cgroup, err := socklb.ResolveCgroup(n.cfg.SocketLBCgroup)
+	cgroup, err := bpf.ResolveCgroup(n.cfg.SocketLBCgroup)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +82,7 @@ func (n *Node) attachSocketLB() (*socklb.LB, error) {
 	if err != nil {
 		return nil, err
 	}
-	host, err := socklb.NetnsCookie("")
+	host, err := podnet.NetnsCookie("")
 	if err == nil {
 		err = lb.OwnHost(host)
 	}
@@ -176,7 +177,7 @@ func (n *Node) ownPodSockets(p Pod) error {
 	if lb == nil {
 		return nil
 	}
-	cookie, err := socklb.NetnsCookie(p.Netns)
+	cookie, err := podnet.NetnsCookie(p.Netns)
 	if err != nil {
 		return fmt.Errorf("socket LB: %w", err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -36,7 +36,7 @@ func main() {
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
-	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+socklb.OwnCgroupMount+")")
+	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])

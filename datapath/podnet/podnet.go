@@ -66,6 +66,38 @@ func OpenNetns(path string) (netns.NsHandle, error) {
 	return h, nil
 }
 
+// NetnsCookie is the kernel's cookie of the network namespace at path
+// ("" for the caller's own), as the programs read it from a socket.
+func NetnsCookie(path string) (uint64, error) {
+	if path == "" {
+		return socketNetnsCookie()
+	}
+	ns, err := OpenNetns(path)
+	if err != nil {
+		return 0, err
+	}
+	defer ns.Close()
+	var cookie uint64
+	err = InNetns(ns, func() (err error) {
+		cookie, err = socketNetnsCookie()
+		return err
+	})
+	return cookie, err
+}
+
+func socketNetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("SO_NETNS_COOKIE: %w", err)
+	}
+	return v, nil
+}
+
 // InNetns runs fn on a thread switched into ns, then switches back.
 func InNetns(ns netns.NsHandle, fn func() error) error {
 	runtime.LockOSThread()

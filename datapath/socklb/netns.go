@@ -1,48 +1,13 @@
 package socklb
 
 import (
-	"fmt"
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/podnet"
-	"golang.org/x/sys/unix"
 )
 
-// NetnsCookie is the kernel's cookie of the network namespace at path
-// ("" for the caller's own), as the programs read it from a socket.
-func NetnsCookie(path string) (uint64, error) {
-	if path == "" {
-		return socketNetnsCookie()
-	}
-	ns, err := podnet.OpenNetns(path)
-	if err != nil {
-		return 0, err
-	}
-	defer ns.Close()
-	var cookie uint64
-	err = podnet.InNetns(ns, func() (err error) {
-		cookie, err = socketNetnsCookie()
-		return err
-	})
-	return cookie, err
-}
-
-func socketNetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("SO_NETNS_COOKIE: %w", err)
-	}
-	return v, nil
-}
-
 // OwnHost makes the programs balance the sockets of the host's network
-// namespace (cookie from NetnsCookie("") in the agent's).
+// namespace (cookie from podnet.NetnsCookie("") in the agent's).
 func (lb *LB) OwnHost(cookie uint64) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()

@@ -10,9 +10,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/onc-net/onc/datapath/bpf"
-	"golang.org/x/sys/unix"
 )
 
 // Options of the socket load balancer.
@@ -21,7 +19,7 @@ type Options struct {
 	// are pinned there, so an agent restart changes nothing for sockets.
 	PinDir string
 	// Cgroup is the cgroup v2 directory the programs attach to; every
-	// socket created in it or below is balanced. See ResolveCgroup.
+	// socket created in it or below is balanced. See bpf.ResolveCgroup.
 	Cgroup string
 }
 
@@ -105,48 +103,13 @@ func (lb *LB) load(opts *ebpf.CollectionOptions) error {
 func (lb *LB) Cgroup() string { return lb.opts.Cgroup }
 
 // Attach puts every program on the cgroup, or swaps the new programs into
-// the pinned links of an earlier agent (atomically: no socket call misses
-// a program). Other agents' programs on the same cgroup stay: each acts
-// only on its own node's sockets.
+// the pinned links of an earlier agent. Other agents' programs on the same
+// cgroup stay: each acts only on its own node's sockets.
 func (lb *LB) Attach() error {
-	cgid, err := cgroupID(lb.opts.Cgroup)
-	if err != nil {
-		return err
-	}
 	for _, h := range lb.progs {
-		if err := lb.attach(h, cgid); err != nil {
-			return err
+		if err := bpf.AttachCgroup(linkPin(lb.opts.PinDir, h.name), lb.opts.Cgroup, h.attach, h.prog); err != nil {
+			return fmt.Errorf("%s: %w", h.name, err)
 		}
-	}
-	return nil
-}
-
-func (lb *LB) attach(h hook, cgid uint64) error {
-	pin := lb.linkPin(h)
-	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
-		info, ierr := old.Info()
-		if ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgid {
-			err := old.Update(h.prog)
-			old.Close()
-			if err == nil {
-				return nil
-			}
-		} else {
-			old.Close()
-		}
-		// Attached elsewhere (the cgroup setting changed): unpinned and
-		// closed, the old link detaches.
-		if err := os.Remove(pin); err != nil {
-			return err
-		}
-	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: lb.opts.Cgroup, Attach: h.attach, Program: h.prog})
-	if err != nil {
-		return fmt.Errorf("attach %s to cgroup %s: %w", h.name, lb.opts.Cgroup, err)
-	}
-	defer l.Close()
-	if err := l.Pin(pin); err != nil {
-		return fmt.Errorf("pin %s: %w", pin, err)
 	}
 	return nil
 }
@@ -174,18 +137,7 @@ func Remove(pinDir string) error {
 // hookNames name the link pins, one per program, in the order of LB.progs.
 var hookNames = []string{"connect4", "sendmsg4", "recvmsg4", "getpeername4", "sock_release"}
 
-func (lb *LB) linkPin(h hook) string { return linkPin(lb.opts.PinDir, h.name) }
-
 func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cgroup_"+hook) }
-
-// cgroupID is the kernel's id of a cgroup v2 directory: its inode.
-func cgroupID(path string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("cgroup %s: %w", path, err)
-	}
-	return st.Ino, nil
-}
 
 // Close releases this process's handles; pinned maps and links stay.
 func (lb *LB) Close() error {

@@ -183,7 +183,7 @@ func newBed(t *testing.T, cgroup string) *bed {
 		}
 		return nil
 	}))
-	b.cookie, err = NetnsCookie(path)
+	b.cookie, err = podnet.NetnsCookie(path)
 	must(t, err)
 	return b
 }
@@ -253,24 +253,6 @@ func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Re
 	out, err := cmd.StdoutPipe()
 	must(b.t, err)
 	return cmd, out
-}
-
-// testCgroup is a fresh child of the cgroup v2 root: attaching there
-// balances only the test's clients, never the machine's sockets.
-func testCgroup(t *testing.T) string {
-	t.Helper()
-	testutil.Privileged(t)
-	root, err := ResolveCgroup("")
-	must(t, err)
-	dir := filepath.Join(root, "onc-"+testutil.Prefix())
-	must(t, os.Mkdir(dir, 0o755))
-	t.Cleanup(func() {
-		// Emptied when the clients exit; the links go with their bpffs.
-		for i := 0; i < 50 && os.Remove(dir) != nil; i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-	return dir
 }
 
 // openLB loads a balancer (one agent's) pinned on a private bpffs and
@@ -346,7 +328,7 @@ func counter(t *testing.T, lb *LB, name string) uint64 {
 // ClusterIP, and everything else — another port of the same address, a
 // backend dialled directly — is left as it is.
 func TestConnectTranslatesToEveryBackend(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
@@ -386,7 +368,7 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 // A Service without backends refuses at once, for TCP and UDP alike, as
 // kube-proxy's REJECT does; without the programs the VIP itself would answer.
 func TestNoBackendRefuses(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -408,7 +390,7 @@ func TestNoBackendRefuses(t *testing.T) {
 // UDP, unconnected and connected: datagrams reach backends, and replies
 // read as coming from the ClusterIP:port.
 func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
@@ -436,7 +418,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 // ClientIP affinity keeps a client namespace on one backend, and moves it
 // when that backend leaves the Service.
 func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	pod := netip.MustParseAddr("10.244.0.5")
@@ -477,7 +459,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 // Several agents on one kernel share the cgroup root: each balances only
 // the namespaces it owns, and a namespace no agent owns is untouched.
 func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lbA, lbB := openLB(t, cg), openLB(t, cg)
 	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
 	must(t, lbA.OwnHost(bedA.cookie))
@@ -504,7 +486,7 @@ func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
 // connection nor lets one through untranslated: backends are written to
 // the idle bank before the service flips to it.
 func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -541,7 +523,7 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 // the cgroup) and maps: a socket connected before still reports the
 // ClusterIP, and new ones are still balanced.
 func TestRestartChangesNothingForLiveSockets(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	dir := t.TempDir()
 	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
 	must(t, err)
@@ -616,7 +598,7 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 // A removed Service is no longer translated and leaves nothing in the
 // maps; a full Sync repairs entries that drifted in the kernel.
 func TestRemoveAndRepair(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -654,7 +636,7 @@ func TestRemoveAndRepair(t *testing.T) {
 // would pass recvmsg6, which ONC does not attach, so translating its
 // datagrams would leave the replies coming from the backend.
 func TestDualStackSocketsAreLeftAlone(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -684,7 +666,7 @@ func linkIDs(t *testing.T, lb *LB) []link.ID {
 	t.Helper()
 	var ids []link.ID
 	for _, h := range lb.progs {
-		l, err := link.LoadPinnedLink(lb.linkPin(h), nil)
+		l, err := link.LoadPinnedLink(linkPin(lb.opts.PinDir, h.name), nil)
 		must(t, err)
 		info, err := l.Info()
 		l.Close()
@@ -712,7 +694,7 @@ func cgroupFD(t *testing.T, path string) int {
 // Unbalance, from the pin alone, leaves a Service untranslated until the
 // next agent's first Sync writes it again.
 func TestUnbalanceUntilTheNextSync(t *testing.T) {
-	cg := testCgroup(t)
+	cg := testutil.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))

@@ -1,4 +1,4 @@
-package socklb
+package bpf
 
 import (
 	"bufio"
@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,7 +22,7 @@ const OwnCgroupMount = "/run/onc/cgroupv2"
 func ResolveCgroup(path string) (string, error) {
 	if path != "" {
 		if !onCgroup2(path) {
-			return "", fmt.Errorf("socket-LB cgroup %s: not a cgroup v2 directory", path)
+			return "", fmt.Errorf("cgroup %s: not a cgroup v2 directory", path)
 		}
 		return path, nil
 	}
@@ -70,4 +72,50 @@ func cgroup2Root() (string, error) {
 func onCgroup2(dir string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(dir, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// AttachCgroup puts prog on the cgroup v2 directory through a link pinned
+// at pin, or swaps prog into the link an earlier agent pinned there
+// (atomically: no socket call misses a program). Other programs on the
+// cgroup, other agents' included, stay.
+func AttachCgroup(pin, cgroup string, attach ebpf.AttachType, prog *ebpf.Program) error {
+	cgid, err := cgroupID(cgroup)
+	if err != nil {
+		return err
+	}
+	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
+		info, ierr := old.Info()
+		if ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgid {
+			err := old.Update(prog)
+			old.Close()
+			if err == nil {
+				return nil
+			}
+		} else {
+			old.Close()
+		}
+		// Attached elsewhere (the cgroup setting changed): unpinned and
+		// closed, the old link detaches.
+		if err := os.Remove(pin); err != nil {
+			return err
+		}
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: attach, Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s to cgroup %s: %w", prog, cgroup, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pin %s: %w", pin, err)
+	}
+	return nil
+}
+
+// cgroupID is the kernel's id of a cgroup v2 directory: its inode.
+func cgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("cgroup %s: %w", path, err)
+	}
+	return st.Ino, nil
 }

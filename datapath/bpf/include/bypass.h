@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * ONC intra-node bypass: maps shared by the sockops and sk_msg programs.
+ *
+ * A TCP connection whose two ends are pods of this node is recorded, once
+ * ESTABLISHED, in a SOCKHASH keyed by its addresses and ports. Each send
+ * is then queued straight onto the peer socket's receive queue, skipping
+ * both TCP/IP stacks. The handshake took the stack (and netfilter, so
+ * policy judged it); anything not recorded, and any miss, takes the stack
+ * as before.
+ *
+ * Several agents may share one kernel and one cgroup (the lab, kind), each
+ * with its own pinned maps: a program only records sockets of network
+ * namespaces its agent registered in onc_bp_pods.
+ */
+#ifndef __ONC_BYPASS_H
+#define __ONC_BYPASS_H
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ONC_AF_INET 2
+
+/* One end of a connection as that end sees it; ports in network order. */
+struct bp_key {
+	__be32 local_ip;
+	__be32 remote_ip;
+	__be16 local_port;
+	__be16 remote_port;
+};
+
+/* A recorded socket's metadata, for onctl and revocation. */
+enum bp_role {
+	BP_ROLE_CLIENT = 1, /* it connected */
+	BP_ROLE_SERVER = 2, /* it was accepted */
+};
+
+struct bp_conn {
+	__u64 since_ns; /* bpf_ktime_get_ns() at ESTABLISHED */
+	__u64 cookie;   /* socket cookie: names it to SOCK_DESTROY */
+	__u8 role;      /* enum bp_role */
+	__u8 pad[7];
+};
+
+/*
+ * How one socket sends, decided on its first message and kept: redirected
+ * bytes overtake stack bytes still queued at the peer, so a direction may
+ * go from bypass to stack but never back.
+ */
+enum bp_dir {
+	BP_DIR_UNDECIDED = 0,
+	BP_DIR_BYPASS = 1,
+	BP_DIR_STACK = 2,
+};
+
+struct bp_sock {
+	__u8 dir; /* enum bp_dir */
+};
+
+enum bp_mode {
+	BP_MODE_OFF = 0, /* the zero value: nothing is bypassed until the agent says */
+	BP_MODE_ON = 1,
+	BP_MODE_SIZE = 2, /* a direction is bypassed if its first message is >= min_size */
+};
+
+struct bp_cfg {
+	__u8 mode;   /* enum bp_mode */
+	__u8 paused; /* no new socket is recorded (policy revocation under way) */
+	__u8 pad[2];
+	__u32 min_size;
+};
+
+/* Counters (per CPU); onctl decodes them by these names. */
+enum bp_stat {
+	BP_STAT_RECORDED,          /* sockets added to the map */
+	BP_STAT_RECORD_FAILED,
+	BP_STAT_SKIP_REMOTE,       /* peer not a pod of this node */
+	BP_STAT_SKIP_OFF,          /* bypass off or paused at ESTABLISHED */
+	BP_STAT_SKIP_EARLY_DATA,   /* data already went by the stack (TFO) */
+	BP_STAT_REDIRECTED_MSGS,
+	BP_STAT_REDIRECTED_BYTES,
+	BP_STAT_STACK_MSGS,        /* messages of recorded sockets sent by the stack */
+	BP_STAT_STACK_BYTES,
+	BP_STAT_FALLBACK_MISS,     /* the peer was not in the map at the first send */
+	BP_STAT_FALLBACK_SMALL,    /* first message under the size threshold */
+	BP_STAT_FALLBACK_OFF,      /* bypass switched off: the direction went to the stack */
+	BP_STAT_FALLBACK_STATE,    /* sent after shutdown: the stack gives the error */
+	BP_STAT_MAX,
+};
+
+#define BP_MAX_SOCKETS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, BP_MAX_SOCKETS);
+	__type(key, struct bp_key);
+	__type(value, __u64); /* 8 bytes: a lookup from user space returns the socket cookie */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_sock SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, BP_MAX_SOCKETS);
+	__type(key, struct bp_key);
+	__type(value, struct bp_conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_conn SEC(".maps");
+
+/* This node's pods: address -> cookie of the pod's network namespace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __be32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct bp_sock);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_dir SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct bp_cfg);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, BP_STAT_MAX);
+	__type(key, enum bp_stat); /* so the names reach BTF and Go */
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_stats SEC(".maps");
+
+static __always_inline void bp_count(enum bp_stat stat, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&onc_bp_stats, &stat);
+
+	if (v)
+		*v += n;
+}
+
+static __always_inline struct bp_cfg *bp_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&onc_bp_cfg, &zero);
+}
+
+/*
+ * sock_ops and sk_msg give the remote port in network order in the upper
+ * half of a u32 (on little endian) and the local port in host order.
+ */
+static __always_inline __be16 bp_remote_port(__u32 remote_port)
+{
+	return (__be16)(remote_port >> 16);
+}
+
+static __always_inline __be16 bp_local_port(__u32 local_port)
+{
+	return bpf_htons((__u16)local_port);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#endif /* __ONC_BYPASS_H */

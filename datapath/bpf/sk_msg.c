@@ -1,0 +1,67 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * sk_msg on the bypass map: each send of a recorded socket is queued on
+ * the peer socket's receive queue, or left to the stack. The verdict is
+ * always SK_PASS: a message the program does not redirect is sent as if
+ * no program were there.
+ */
+#include "include/bypass.h"
+
+#define BP_TCP_ESTABLISHED 1
+#define BP_TCP_CLOSE_WAIT 8
+
+static __always_inline int bp_stack(struct sk_msg_md *msg)
+{
+	bp_count(BP_STAT_STACK_MSGS, 1);
+	bp_count(BP_STAT_STACK_BYTES, msg->size);
+	return SK_PASS;
+}
+
+static __always_inline int bp_decide_stack(struct sk_msg_md *msg, struct bp_sock *st, enum bp_stat why)
+{
+	st->dir = BP_DIR_STACK;
+	bp_count(why, 1);
+	return bp_stack(msg);
+}
+
+SEC("sk_msg")
+int onc_sk_msg(struct sk_msg_md *msg)
+{
+	struct bp_key peer = {
+		.local_ip = msg->remote_ip4,
+		.remote_ip = msg->local_ip4,
+		.local_port = bp_remote_port(msg->remote_port),
+		.remote_port = bp_local_port(msg->local_port),
+	};
+	struct bpf_sock *sk = msg->sk;
+	struct bp_cfg *cfg;
+	struct bp_sock *st;
+
+	if (!sk)
+		return SK_PASS;
+	st = bpf_sk_storage_get(&onc_bp_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return bp_stack(msg);
+	if (st->dir == BP_DIR_STACK)
+		return bp_stack(msg);
+	/* tcp_bpf_sendmsg does not check for SHUT_WR: after it, the stack
+	 * must send (and fail with EPIPE), as it would without the bypass. */
+	if (sk->state != BP_TCP_ESTABLISHED && sk->state != BP_TCP_CLOSE_WAIT) {
+		bp_count(BP_STAT_FALLBACK_STATE, 1);
+		return bp_stack(msg);
+	}
+	cfg = bp_config();
+	if (!cfg || cfg->mode == BP_MODE_OFF)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_OFF);
+	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_SMALL);
+	/* On a miss the helper sets no target, and SK_PASS means the stack. */
+	if (bpf_msg_redirect_hash(msg, &onc_bp_sock, &peer, BPF_F_INGRESS) != SK_PASS)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);
+	st->dir = BP_DIR_BYPASS;
+	bp_count(BP_STAT_REDIRECTED_MSGS, 1);
+	bp_count(BP_STAT_REDIRECTED_BYTES, msg->size);
+	return SK_PASS;
+}

@@ -1,0 +1,267 @@
+// Package bypass loads and drives the intra-node TCP bypass: a sockops
+// program records each ESTABLISHED TCP socket whose two ends are pods of
+// this node in a SOCKHASH, and an sk_msg program on that map queues each
+// send straight onto the peer socket's receive queue, skipping both TCP/IP
+// stacks (datapath/bpf/sock_ops.c, sk_msg.c).
+//
+// Everything is pinned: an agent restart, or the bypass switched off,
+// changes nothing for connections already open except that their next
+// sends may take the stack. The agent never deletes a live entry: the
+// kernel would drop the receiver's unread bypassed bytes with it.
+package bypass
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
+)
+
+// Mode says which connections between two pods of the node are bypassed.
+type Mode string
+
+const (
+	// Off bypasses nothing: every byte takes the TCP/IP stack.
+	Off Mode = "off"
+	// On bypasses every TCP connection between two pods of the node.
+	On Mode = "on"
+	// Size bypasses one direction of such a connection when its first
+	// message is at least MinSize bytes; small messages are cheaper by
+	// the stack (docs/bypass.md).
+	Size Mode = "size"
+)
+
+// Config is the bypass's runtime setting.
+type Config struct {
+	Mode    Mode
+	MinSize uint32 // for Size
+}
+
+// ParseConfig reads a setting: "off", "on", or "size" with a minimum of
+// at least 1 byte.
+func ParseConfig(mode string, minSize uint32) (Config, error) {
+	switch m := Mode(mode); m {
+	case Off, On:
+		return Config{Mode: m}, nil
+	case Size:
+		if minSize == 0 {
+			return Config{}, errors.New("bypass mode size: the minimum size must be at least 1 byte")
+		}
+		return Config{Mode: m, MinSize: minSize}, nil
+	}
+	return Config{}, fmt.Errorf("bypass mode %q: must be off, on or size", mode)
+}
+
+func (c Config) String() string {
+	if c.Mode == Size {
+		return "size ≥ " + strconv.FormatUint(uint64(c.MinSize), 10) + " B"
+	}
+	return string(c.Mode)
+}
+
+// Options of the bypass.
+type Options struct {
+	// PinDir is a directory on a bpffs (the fast path's).
+	PinDir string
+	// Cgroup is the cgroup v2 directory the sockops program attaches to
+	// (the socket LB's, see bpf.ResolveCgroup).
+	Cgroup string
+}
+
+// Bypass is the loaded bypass.
+type Bypass struct {
+	opts    Options
+	maps    bpf.SockOpsMaps
+	ops     *ebpf.Program
+	msg     *ebpf.Program
+	closers []io.Closer
+
+	mu    sync.Mutex
+	cfg   Config
+	netns map[netip.Addr]string // pod → network namespace path, for Destroy
+}
+
+// Open loads the programs, creating or adopting the pinned maps; Attach
+// puts them in place.
+func Open(o Options) (*Bypass, error) {
+	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
+		return nil, err
+	}
+	b := &Bypass{opts: o, netns: map[netip.Addr]string{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	err := b.load(opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// An upgrade changed a map's layout: start afresh. Connections
+		// already bypassed keep the old maps through their programs.
+		slog.Warn("pinned bypass maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
+		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockOps); err != nil {
+			return nil, err
+		}
+		err = b.load(opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := b.readConfig()
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.cfg = cfg
+	return b, nil
+}
+
+func (b *Bypass) load(opts *ebpf.CollectionOptions) error {
+	var ops bpf.SockOpsObjects
+	var msg bpf.SkMsgObjects
+	closers, err := bpf.LoadObjects("bypass programs",
+		bpf.Object{Load: func() error { return bpf.LoadSockOpsObjects(&ops, opts) }, Closer: &ops},
+		bpf.Object{Load: func() error { return bpf.LoadSkMsgObjects(&msg, opts) }, Closer: &msg})
+	if err != nil {
+		return err
+	}
+	b.closers = closers
+	b.maps = ops.SockOpsMaps
+	b.ops = ops.OncSockOps
+	b.msg = msg.OncSkMsg
+	return nil
+}
+
+// Cgroup is where the sockops program attaches.
+func (b *Bypass) Cgroup() string { return b.opts.Cgroup }
+
+// Attach puts the sockops program on the cgroup and the sk_msg program on
+// the map, replacing an earlier agent's. Sockets already in the map keep
+// the program they were recorded with.
+func (b *Bypass) Attach() error {
+	if err := bpf.AttachCgroup(sockopsPin(b.opts.PinDir), b.opts.Cgroup, ebpf.AttachCGroupSockOps, b.ops); err != nil {
+		return fmt.Errorf("bypass sockops: %w", err)
+	}
+	// Attached to the map, the program lives as long as the map does;
+	// attaching again replaces it.
+	err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: b.maps.OncBpSock.FD(), Program: b.msg,
+		Attach: ebpf.AttachSkMsgVerdict})
+	if err != nil {
+		return fmt.Errorf("attach the bypass sk_msg program to its map: %w", err)
+	}
+	return nil
+}
+
+// SetConfig switches the bypass at runtime. Connections opened afterwards
+// follow it; switched off, open ones send by the stack from their next
+// message on (always safe: the receiver reads bypassed bytes first).
+func (b *Bypass) SetConfig(c Config) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur, err := b.rawConfig()
+	if err != nil {
+		return err
+	}
+	cur.Mode = modeValue[c.Mode]
+	cur.MinSize = c.MinSize
+	if err := b.maps.OncBpCfg.Put(uint32(0), cur); err != nil {
+		return fmt.Errorf("bypass config: %w", err)
+	}
+	b.cfg = c
+	return nil
+}
+
+// Config is the current setting.
+func (b *Bypass) Config() Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg
+}
+
+// Paused runs fn with recording paused: no socket reaching ESTABLISHED
+// meanwhile is bypassed, so a connection judged under old rules cannot
+// slip into the map while fn revokes (it stays on the stack, where
+// netfilter judges it).
+func (b *Bypass) Paused(fn func() error) error {
+	if err := b.setPaused(true); err != nil {
+		return err
+	}
+	ferr := fn()
+	return errors.Join(ferr, b.setPaused(false))
+}
+
+func (b *Bypass) setPaused(p bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur, err := b.rawConfig()
+	if err != nil {
+		return err
+	}
+	cur.Paused = 0
+	if p {
+		cur.Paused = 1
+	}
+	return b.maps.OncBpCfg.Put(uint32(0), cur)
+}
+
+var modeValue = map[Mode]uint8{Off: 0, On: 1, Size: 2}
+
+func (b *Bypass) rawConfig() (bpf.SockOpsBpCfg, error) {
+	var c bpf.SockOpsBpCfg
+	if err := b.maps.OncBpCfg.Lookup(uint32(0), &c); err != nil {
+		return c, fmt.Errorf("bypass config: %w", err)
+	}
+	return c, nil
+}
+
+func (b *Bypass) readConfig() (Config, error) {
+	c, err := b.rawConfig()
+	if err != nil {
+		return Config{}, err
+	}
+	for m, v := range modeValue {
+		if v == c.Mode {
+			return Config{Mode: m, MinSize: c.MinSize}, nil
+		}
+	}
+	return Config{Mode: Off}, nil
+}
+
+// Remove takes the bypass away from the pins alone (nothing is loaded):
+// the pinned setting goes to off first, so connections already bypassed
+// send by the stack from their next message, then the sockops link and
+// the maps are unpinned. The map lives on, through the programs of the
+// sockets in it, until the last of them closes: no unread byte is lost.
+// Idempotent.
+func Remove(pinDir string) error {
+	cfgPin := filepath.Join(pinDir, bpf.SockOpsMapOncBpCfg)
+	if m, err := ebpf.LoadPinnedMap(cfgPin, nil); err == nil {
+		err := m.Put(uint32(0), bpf.SockOpsBpCfg{})
+		m.Close()
+		if err != nil {
+			return fmt.Errorf("switch the pinned bypass off: %w", err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("pinned bypass config: %w", err)
+	}
+	if err := os.Remove(sockopsPin(pinDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return bpf.RemoveMapPins(pinDir, bpf.LoadSockOps)
+}
+
+func sockopsPin(pinDir string) string { return filepath.Join(pinDir, "link_cgroup_sockops") }
+
+// Close releases this process's handles; pinned maps and links stay.
+func (b *Bypass) Close() error {
+	var errs []error
+	for _, c := range b.closers {
+		errs = append(errs, c.Close())
+	}
+	b.closers = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,164 @@
+package bypass
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// Conn is one bypassed connection: its two sockets in the map, or one,
+// when the other end has not been recorded (a connection still starting,
+// or one this node cannot pair: its sends take the stack).
+type Conn struct {
+	Client, Server netip.AddrPort
+	// ClientCookie and ServerCookie name each end's socket; 0 for an end
+	// not in the map.
+	ClientCookie, ServerCookie uint64
+	Age                        time.Duration
+}
+
+// Paired reports whether both ends are in the map, so sends are bypassed.
+func (c Conn) Paired() bool { return c.ClientCookie != 0 && c.ServerCookie != 0 }
+
+// socket is one entry of the map with its metadata.
+type socket struct {
+	local, remote netip.AddrPort
+	cookie        uint64
+	role          uint8 // enum bp_role
+	since         uint64
+}
+
+const roleServer = 2 // enum bp_role
+
+// Conns lists the open connections in the map, sorted by client then
+// server. A socket that has reached CLOSE (reset, aborted) is left out:
+// the kernel unlinks it only when its file is closed.
+func (b *Bypass) Conns() ([]Conn, error) {
+	socks, err := b.sockets()
+	if err != nil {
+		return nil, err
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		return nil, err
+	}
+	type pair struct{ client, server netip.AddrPort }
+	byPair := map[pair]*Conn{}
+	var order []pair
+	for _, s := range socks {
+		p := pair{s.local, s.remote}
+		if s.role == roleServer {
+			p = pair{s.remote, s.local}
+		}
+		c := byPair[p]
+		if c == nil {
+			c = &Conn{Client: p.client, Server: p.server}
+			byPair[p] = c
+			order = append(order, p)
+		}
+		if p.client == s.local {
+			c.ClientCookie = s.cookie
+		} else {
+			c.ServerCookie = s.cookie
+		}
+		if now > s.since {
+			c.Age = max(c.Age, time.Duration(now-s.since))
+		}
+	}
+	out := make([]Conn, 0, len(order))
+	for _, p := range order {
+		out = append(out, *byPair[p])
+	}
+	slices.SortFunc(out, func(a, b Conn) int {
+		if c := a.Client.Compare(b.Client); c != 0 {
+			return c
+		}
+		return a.Server.Compare(b.Server)
+	})
+	return out, nil
+}
+
+func (b *Bypass) sockets() ([]socket, error) {
+	var key bpf.SockOpsBpKey
+	var keys []bpf.SockOpsBpKey
+	it := b.maps.OncBpSock.Iterate()
+	var cookie uint64
+	for it.Next(&key, &cookie) {
+		keys = append(keys, key)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("bypass map: %w", err)
+	}
+	out := make([]socket, 0, len(keys))
+	for _, k := range keys {
+		s := socket{
+			local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
+			remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
+		}
+		// A socket closing meanwhile is gone: skip it.
+		if err := b.maps.OncBpSock.Lookup(k, &s.cookie); err != nil {
+			if isNotExist(err) {
+				continue
+			}
+			return nil, fmt.Errorf("bypass map: %w", err)
+		}
+		// The metadata goes when the socket reaches CLOSE; the entry only
+		// when its file is closed, which may be much later.
+		var meta bpf.SockOpsBpConn
+		if err := b.maps.OncBpConn.Lookup(k, &meta); isNotExist(err) || meta.Cookie != s.cookie {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("bypass metadata: %w", err)
+		}
+		s.role, s.since = meta.Role, meta.SinceNs
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Stats are the programs' counters, named as in enum bp_stat.
+func (b *Bypass) Stats() ([]bpf.Counter, error) {
+	return bpf.ReadCounters(b.maps.OncBpStats, bpf.LoadSockOps, "bp_stat", "BP_STAT_")
+}
+
+// Sweep drops the metadata of sockets no longer in the map; the programs
+// delete it at close, so only a socket torn down without passing CLOSE
+// leaves any behind.
+func (b *Bypass) Sweep() error {
+	var key bpf.SockOpsBpKey
+	var meta bpf.SockOpsBpConn
+	var stale []bpf.SockOpsBpKey
+	it := b.maps.OncBpConn.Iterate()
+	for it.Next(&key, &meta) {
+		var cookie uint64
+		if err := b.maps.OncBpSock.Lookup(key, &cookie); isNotExist(err) || (err == nil && cookie != meta.Cookie) {
+			stale = append(stale, key)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("bypass metadata: %w", err)
+	}
+	for _, k := range stale {
+		if err := b.maps.OncBpConn.Delete(k); err != nil && !isNotExist(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
+
+// monotonicNow is bpf_ktime_get_ns()'s clock.
+func monotonicNow() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, err
+	}
+	return uint64(ts.Nano()), nil
+}
