@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/onc-net/onc/datapath/bypass"
+
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
 )
@@ -33,6 +35,10 @@ type Config struct {
 	// mounting a cgroup2 hierarchy where none is).
 	SocketLB       SocketLBMode
 	SocketLBCgroup string
+	// Bypass is which connections between two pods of the node skip the
+	// TCP/IP stacks (docs/bypass.md); its programs attach to the socket
+	// LB's cgroup.
+	Bypass bypass.Config
 }
 
 // NodeSetup is what bringing the node up needs from the control plane.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/onc-net/onc/datapath/bypass"
+
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
 	"github.com/onc-net/onc/datapath/netpol"
@@ -29,6 +31,8 @@ type Node struct {
 	lb      *socklb.LB         // nil: off or not loaded (lbErr says why)
 	lbErr   error
 	lbTried bool
+	bp      *bypass.Bypass // nil: not loaded (bpErr says why)
+	bpErr   error
 
 	// revokePending are the pods whose rules changed and whose connections
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
@@ -49,6 +53,12 @@ func New(cfg Config) (*Node, error) {
 		cfg.SocketLB = SocketLBAll
 	}
 	if _, err := ParseSocketLBMode(string(cfg.SocketLB)); err != nil {
+		return nil, err
+	}
+	if cfg.Bypass.Mode == "" {
+		cfg.Bypass.Mode = bypass.Off
+	}
+	if _, err := bypass.ParseConfig(string(cfg.Bypass.Mode), cfg.Bypass.MinSize); err != nil {
 		return nil, err
 	}
 	up, err := findUplink(cfg.Iface, cfg.NodeIP)
@@ -111,6 +121,10 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		if n.lbErr != nil {
 			slog.Error("socket load balancing unavailable; kube-proxy balances every Service", "err", n.lbErr)
 		}
+		n.bp, n.bpErr = n.openBypass()
+		if n.bpErr != nil {
+			slog.Error("intra-node bypass unavailable; every connection takes the TCP/IP stack", "err", n.bpErr)
+		}
 	}
 	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
@@ -172,6 +186,10 @@ func (n *Node) Close() error {
 	if n.lb != nil {
 		errs = append(errs, n.lb.Close())
 		n.lb = nil
+	}
+	if n.bp != nil {
+		errs = append(errs, n.bp.Close())
+		n.bp = nil
 	}
 	return errors.Join(errs...)
 }
@@ -260,6 +278,9 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 	if err := n.ownPodSockets(p); err != nil {
 		return PodLink{}, err
 	}
+	if err := n.ownPodBypass(p); err != nil {
+		return PodLink{}, err
+	}
 	return PodLink{PodMAC: podMAC, HostMAC: host.Attrs().HardwareAddr}, nil
 }
 
@@ -271,7 +292,7 @@ func (n *Node) AdoptPod(p Pod) error {
 		return err
 	}
 	// Each independently: a pod off the fast path still gets its Services.
-	return errors.Join(n.addToFastPath(p, host), n.ownPodSockets(p))
+	return errors.Join(n.addToFastPath(p, host), n.ownPodSockets(p), n.ownPodBypass(p))
 }
 
 func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
@@ -295,7 +316,7 @@ func (n *Node) CheckPod(p Pod) error { return podnet.Check(p.podnet()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
-	errs := []error{n.forgetPodSockets(p)}
+	errs := []error{n.forgetPodSockets(p), n.forgetPodBypass(p)}
 	if fp := n.fastPath(); fp != nil {
 		if p.IP.IsValid() {
 			errs = append(errs, fp.DeleteLocalPod(p.IP))

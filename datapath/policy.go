@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/onc-net/onc/datapath/bypass"
+
 	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/vishvananda/netlink"
 )
@@ -13,18 +15,19 @@ import (
 // PolicyChange is what one EnforcePolicy did.
 type PolicyChange struct {
 	Pods  []string // keys of the pods whose rules changed (added, changed or gone)
-	Ended int      // connections ended in conntrack because rs no longer allows them
+	Ended int      // connections ended (in conntrack, or bypassed ones aborted) because rs no longer allows them
 }
 
 // EnforcePolicy makes the kernel enforce rs (datapath/netpol). The rules
 // change in one transaction. Then, for the pods whose rules changed, the
-// connections rs no longer allows end in conntrack, and the flow cache
-// forgets those pods' flows except the ones conntrack knows and rs still
-// allows, with learning paused in between so that no ended connection is
-// learned again. It returns when all of that is done, so the caller may
-// report the change applied; pods whose revocation failed are revoked
-// again on the next call. With checkKernel the whole table is rewritten,
-// repairing drift.
+// connections rs no longer allows end: in conntrack, and bypassed ones
+// (datapath/bypass) by aborting their sockets. The flow cache forgets
+// those pods' flows except the ones conntrack knows and rs still allows,
+// with learning paused in between so that no ended connection is learned
+// again; the bypass records no new socket meanwhile. It returns when all
+// of that is done, so the caller may report the change applied; pods
+// whose revocation failed are revoked again on the next call. With
+// checkKernel the whole table is rewritten, repairing drift.
 func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange, error) {
 	n.mu.Lock()
 	if n.policy == nil {
@@ -35,9 +38,20 @@ func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange,
 		}
 		n.policy = e
 	}
-	e, fp := n.policy, n.fp
+	e, bp := n.policy, n.bp
 	n.mu.Unlock()
+	if bp == nil {
+		return n.enforcePolicy(e, nil, rs, checkKernel)
+	}
+	var ch PolicyChange
+	err := bp.Paused(func() (err error) {
+		ch, err = n.enforcePolicy(e, bp, rs, checkKernel)
+		return err
+	})
+	return ch, err
+}
 
+func (n *Node) enforcePolicy(e *netpol.Enforcer, bp *bypass.Bypass, rs netpol.Ruleset, checkKernel bool) (PolicyChange, error) {
 	var ch PolicyChange
 	var err error
 	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
@@ -54,21 +68,26 @@ func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange,
 	if err != nil {
 		return ch, err
 	}
+	ips := make(map[netip.Addr]bool)
+	for _, key := range pods {
+		if p := rs.Pod(key); p != nil {
+			ips[p.IP] = true
+		}
+	}
 	var r netpol.Revoked
 	revoke := func() (err error) {
 		r, err = e.Revoke(rs, pods, hosts)
 		ch.Ended = r.Ended
+		if err != nil || bp == nil {
+			return err
+		}
+		ended, err := endDeniedBypassed(bp, rs, ips)
+		ch.Ended += ended
 		return err
 	}
-	if fp == nil {
+	if fp := n.fastPath(); fp == nil {
 		err = revoke()
 	} else {
-		ips := make(map[netip.Addr]bool)
-		for _, key := range pods {
-			if p := rs.Pod(key); p != nil {
-				ips[p.IP] = true
-			}
-		}
 		err = fp.EvictFlows(ips, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
 			if err := revoke(); err != nil {
 				return nil, err

@@ -12,6 +12,40 @@
 #define BP_TCP_ESTABLISHED 1
 #define BP_TCP_CLOSE_WAIT 8
 
+/* The kernel's view, read through BTF (CO-RE): only the fields used. */
+struct sk_psock___bp {
+	__u32 msg_tot_len; /* bytes queued by redirects, unread */
+} __attribute__((preserve_access_index));
+
+struct sock___bp {
+	void *sk_user_data; /* the psock of a socket in a sockmap */
+} __attribute__((preserve_access_index));
+
+struct sk_msg___bp {
+	struct sock___bp *sk_redir;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* Bytes the redirect target holds unread. A redirect charges the receiver
+ * without looking at its receive buffer, so a reader that stalls would let
+ * its peer queue until the whole host's TCP memory runs short. */
+static __always_inline __u32 bp_peer_queued(struct sk_msg_md *md)
+{
+	struct sk_msg___bp *msg = bpf_cast_to_kern_ctx(md);
+	struct sk_psock___bp *psock;
+	struct sock___bp *peer;
+
+	peer = BPF_CORE_READ(msg, sk_redir);
+	if (!peer)
+		return 0;
+	/* The pointer's low bits are flags (SK_USER_DATA_PTRMASK). */
+	psock = (void *)((unsigned long)BPF_CORE_READ(peer, sk_user_data) & ~7UL);
+	if (!psock)
+		return 0;
+	return BPF_CORE_READ(psock, msg_tot_len);
+}
+
 static __always_inline int bp_stack(struct sk_msg_md *msg)
 {
 	bp_count(BP_STAT_STACK_MSGS, 1);
@@ -60,8 +94,15 @@ int onc_sk_msg(struct sk_msg_md *msg)
 	/* On a miss the helper sets no target, and SK_PASS means the stack. */
 	if (bpf_msg_redirect_hash(msg, &onc_bp_sock, &peer, BPF_F_INGRESS) != SK_PASS)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);
-	st->dir = BP_DIR_BYPASS;
 	bp_count(BP_STAT_REDIRECTED_MSGS, 1);
 	bp_count(BP_STAT_REDIRECTED_BYTES, msg->size);
+	/* This message still goes; the next ones take the stack (bypass to
+	 * stack keeps the order), where flow control bounds the queue. */
+	if (cfg->max_queued && bp_peer_queued(msg) + msg->size > cfg->max_queued) {
+		st->dir = BP_DIR_STACK;
+		bp_count(BP_STAT_FALLBACK_PEER_FULL, 1);
+		return SK_PASS;
+	}
+	st->dir = BP_DIR_BYPASS;
 	return SK_PASS;
 }

@@ -14,11 +14,12 @@ import (
 )
 
 type SockOpsBpCfg struct {
-	_       structs.HostLayout
-	Mode    uint8
-	Paused  uint8
-	Pad     [2]uint8
-	MinSize uint32
+	_         structs.HostLayout
+	Mode      uint8
+	Paused    uint8
+	Pad       [2]uint8
+	MinSize   uint32
+	MaxQueued uint32
 }
 
 type SockOpsBpConn struct {
@@ -45,20 +46,21 @@ type SockOpsBpSock struct {
 type SockOpsBpStat uint32
 
 const (
-	SockOpsBpStatBP_STAT_RECORDED         SockOpsBpStat = 0
-	SockOpsBpStatBP_STAT_RECORD_FAILED    SockOpsBpStat = 1
-	SockOpsBpStatBP_STAT_SKIP_REMOTE      SockOpsBpStat = 2
-	SockOpsBpStatBP_STAT_SKIP_OFF         SockOpsBpStat = 3
-	SockOpsBpStatBP_STAT_SKIP_EARLY_DATA  SockOpsBpStat = 4
-	SockOpsBpStatBP_STAT_REDIRECTED_MSGS  SockOpsBpStat = 5
-	SockOpsBpStatBP_STAT_REDIRECTED_BYTES SockOpsBpStat = 6
-	SockOpsBpStatBP_STAT_STACK_MSGS       SockOpsBpStat = 7
-	SockOpsBpStatBP_STAT_STACK_BYTES      SockOpsBpStat = 8
-	SockOpsBpStatBP_STAT_FALLBACK_MISS    SockOpsBpStat = 9
-	SockOpsBpStatBP_STAT_FALLBACK_SMALL   SockOpsBpStat = 10
-	SockOpsBpStatBP_STAT_FALLBACK_OFF     SockOpsBpStat = 11
-	SockOpsBpStatBP_STAT_FALLBACK_STATE   SockOpsBpStat = 12
-	SockOpsBpStatBP_STAT_MAX              SockOpsBpStat = 13
+	SockOpsBpStatBP_STAT_RECORDED           SockOpsBpStat = 0
+	SockOpsBpStatBP_STAT_RECORD_FAILED      SockOpsBpStat = 1
+	SockOpsBpStatBP_STAT_SKIP_REMOTE        SockOpsBpStat = 2
+	SockOpsBpStatBP_STAT_SKIP_OFF           SockOpsBpStat = 3
+	SockOpsBpStatBP_STAT_SKIP_EARLY_DATA    SockOpsBpStat = 4
+	SockOpsBpStatBP_STAT_REDIRECTED_MSGS    SockOpsBpStat = 5
+	SockOpsBpStatBP_STAT_REDIRECTED_BYTES   SockOpsBpStat = 6
+	SockOpsBpStatBP_STAT_STACK_MSGS         SockOpsBpStat = 7
+	SockOpsBpStatBP_STAT_STACK_BYTES        SockOpsBpStat = 8
+	SockOpsBpStatBP_STAT_FALLBACK_MISS      SockOpsBpStat = 9
+	SockOpsBpStatBP_STAT_FALLBACK_SMALL     SockOpsBpStat = 10
+	SockOpsBpStatBP_STAT_FALLBACK_OFF       SockOpsBpStat = 11
+	SockOpsBpStatBP_STAT_FALLBACK_STATE     SockOpsBpStat = 12
+	SockOpsBpStatBP_STAT_FALLBACK_PEER_FULL SockOpsBpStat = 13
+	SockOpsBpStatBP_STAT_MAX                SockOpsBpStat = 14
 )
 
 // Names of all BPF objects in the ELF.

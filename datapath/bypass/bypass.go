@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -168,6 +169,9 @@ func (b *Bypass) SetConfig(c Config) error {
 	}
 	cur.Mode = modeValue[c.Mode]
 	cur.MinSize = c.MinSize
+	if cur.MaxQueued, err = maxQueued(); err != nil {
+		return err
+	}
 	if err := b.maps.OncBpCfg.Put(uint32(0), cur); err != nil {
 		return fmt.Errorf("bypass config: %w", err)
 	}
@@ -206,6 +210,25 @@ func (b *Bypass) setPaused(p bool) error {
 		cur.Paused = 1
 	}
 	return b.maps.OncBpCfg.Put(uint32(0), cur)
+}
+
+// maxQueued bounds what a bypassed receiver may hold unread: as much as
+// TCP's receive buffer may grow to (net.ipv4.tcp_rmem's maximum), so the
+// bypass never holds more per connection than TCP itself would.
+func maxQueued() (uint32, error) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_rmem")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 3 {
+		return 0, fmt.Errorf("net.ipv4.tcp_rmem %q: want three numbers", b)
+	}
+	v, err := strconv.ParseUint(f[2], 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("net.ipv4.tcp_rmem: %w", err)
+	}
+	return uint32(v), nil
 }
 
 var modeValue = map[Mode]uint8{Off: 0, On: 1, Size: 2}

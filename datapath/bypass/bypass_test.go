@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -525,6 +526,52 @@ func TestSplice(t *testing.T) {
 	if relayed[Off] != 24 || relayed[On] != 0 {
 		t.Fatalf("relayed %d bytes with the bypass off, %d with it on; the kernel's splice limit (24, 0) changed", relayed[Off], relayed[On])
 	}
+}
+
+// TestStalledReader: a receiver that stops reading holds back its peer,
+// as TCP's flow control does, instead of letting it queue without bound;
+// when it reads again, every byte arrives in order.
+func TestStalledReader(t *testing.T) {
+	b := newBed(t, "a", "b")
+	limit, err := maxQueued()
+	must(t, err)
+	c, s := b.pair("a", "b")
+	const size = 256 << 20
+	var sent atomic.Int64
+	h := sha256.New()
+	go func() {
+		buf := make([]byte, 64<<10)
+		for sent.Load() < size {
+			_, _ = rand.Read(buf)
+			h.Write(buf)
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+			sent.Add(int64(len(buf)))
+		}
+		_ = c.CloseWrite()
+	}()
+	// Wait until the writer is held back.
+	last := int64(-1)
+	for sent.Load() != last {
+		last = sent.Load()
+		time.Sleep(300 * time.Millisecond)
+	}
+	// The receiver's bypass queue, plus what the stack then buffers in
+	// both sockets.
+	if bound := int64(limit) + 16<<20; last > bound {
+		t.Fatalf("a stalled reader let its peer queue %d MiB (bound %d MiB)", last>>20, bound>>20)
+	}
+	if b.stat("fallback_peer_full") != 1 {
+		t.Fatalf("fallback_peer_full = %d, want 1", b.stat("fallback_peer_full"))
+	}
+	got := sha256.New()
+	n, err := io.Copy(got, s)
+	must(t, err)
+	if n != size || !bytes.Equal(got.Sum(nil), h.Sum(nil)) {
+		t.Fatalf("read %d bytes (want %d), sha256 equal: %v", n, size, bytes.Equal(got.Sum(nil), h.Sum(nil)))
+	}
+	t.Logf("writer held back after %d MiB (limit %d MiB)", last>>20, limit>>20)
 }
 
 func TestSizeThreshold(t *testing.T) {

@@ -20,6 +20,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #define ONC_AF_INET 2
 
@@ -70,6 +71,9 @@ struct bp_cfg {
 	__u8 paused; /* no new socket is recorded (policy revocation under way) */
 	__u8 pad[2];
 	__u32 min_size;
+	/* Bypassed bytes a receiver may hold unread before its peer sends by
+	 * the stack, where TCP flow control holds the sender back. */
+	__u32 max_queued;
 };
 
 /* Counters (per CPU); onctl decodes them by these names. */
@@ -87,6 +91,7 @@ enum bp_stat {
 	BP_STAT_FALLBACK_SMALL,    /* first message under the size threshold */
 	BP_STAT_FALLBACK_OFF,      /* bypass switched off: the direction went to the stack */
 	BP_STAT_FALLBACK_STATE,    /* sent after shutdown: the stack gives the error */
+	BP_STAT_FALLBACK_PEER_FULL, /* the receiver held max_queued unread bytes */
 	BP_STAT_MAX,
 };
 
