@@ -43,7 +43,11 @@ static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 		bp_count(BP_STAT_SKIP_EARLY_DATA, 1);
 		return;
 	}
-	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_NOEXIST)) {
+	/* BPF_ANY: an entry under this key can only be a socket that was reset
+	 * while its application keeps the file open (the kernel unlinks it at
+	 * close); its addresses and ports are free for a new connection. Left
+	 * in place, it would swallow the new peer's sends. */
+	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_ANY)) {
 		bp_count(BP_STAT_RECORD_FAILED, 1);
 		return;
 	}

@@ -574,6 +574,54 @@ func TestStalledReader(t *testing.T) {
 	t.Logf("writer held back after %d MiB (limit %d MiB)", last>>20, limit>>20)
 }
 
+// TestReusedTuple: a socket reset while its application keeps the file
+// open stays in the map (the kernel unlinks it at close), and its address
+// and port pair is free again. A new connection with the same pair must
+// take its place: a send to the dead socket would be lost.
+func TestReusedTuple(t *testing.T) {
+	b := newBed(t, "a", "b")
+	l := b.listen("b", 0)
+	var port int
+	b.inNetns(b.netns["a"], func() error {
+		probe, err := net.Listen("tcp4", b.pods["a"].String()+":0")
+		port = probe.Addr().(*net.TCPAddr).Port
+		probe.Close()
+		return err
+	})
+	dialFrom := func() *net.TCPConn {
+		var c net.Conn
+		b.inNetns(b.netns["a"], func() (err error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: b.pods["a"].AsSlice(), Port: port}, Timeout: 5 * time.Second}
+			c, err = d.Dial("tcp4", l.Addr().String())
+			return err
+		})
+		return c.(*net.TCPConn)
+	}
+	c1 := dialFrom()
+	zombie, err := l.AcceptTCP()
+	must(t, err)
+	t.Cleanup(func() { zombie.Close() })
+	echo(t, c1, zombie, []byte("first"))
+	must(t, c1.SetLinger(0))
+	c1.Close() // a reset: zombie is dead but its file stays open
+	_, err = zombie.Read(make([]byte, 1))
+	if err == nil {
+		t.Fatal("the reset did not reach the server")
+	}
+	c2 := dialFrom()
+	t.Cleanup(func() { c2.Close() })
+	s2, err := l.AcceptTCP()
+	must(t, err)
+	t.Cleanup(func() { s2.Close() })
+	if s2.RemoteAddr().String() != zombie.RemoteAddr().String() {
+		t.Fatalf("the new connection's pair %s differs from the dead one's %s", s2.RemoteAddr(), zombie.RemoteAddr())
+	}
+	echo(t, c2, s2, []byte("second"))
+	if conn, ok := b.conn(c2); !ok || !conn.Paired() {
+		t.Fatalf("the new connection is not bypassed: %+v", conn)
+	}
+}
+
 func TestSizeThreshold(t *testing.T) {
 	b := newBed(t, "a", "b")
 	must(t, b.bp.SetConfig(Config{Mode: Size, MinSize: 1024}))
