@@ -54,6 +54,11 @@ type Datapath interface {
 	SocketLB() datapath.SocketLB
 	SocketLBStatus() string
 
+	// Bypass is the intra-node bypass, nil when it is not loaded;
+	// BypassStatus then says why.
+	Bypass() datapath.Bypass
+	BypassStatus() string
+
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath
 	// Close lets go of the datapath; what is in the kernel stays.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/socklb"
 	"github.com/onc-net/onc/datastore"
@@ -40,6 +42,7 @@ type fakeDatapath struct {
 	checks  int                             // of which with checkKernel
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
 	policy  netpol.Ruleset                  // as last enforced
+	bp      *fakeBypass                     // nil: the bypass did not load
 }
 
 func newFakeDatapath() *fakeDatapath {
@@ -183,7 +186,59 @@ func (f *fakeDatapath) SyncServices([]socklb.Service, []netip.Addr, bool) error 
 func (f *fakeDatapath) SocketLB() datapath.SocketLB { return nil }
 func (f *fakeDatapath) SocketLBStatus() string      { return "off" }
 
+func (f *fakeDatapath) Bypass() datapath.Bypass {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bp == nil {
+		return nil // not a typed nil: the agent tests for nil
+	}
+	return f.bp
+}
+
+func (f *fakeDatapath) BypassStatus() string {
+	if f.Bypass() != nil {
+		return ""
+	}
+	return "failed to load, every connection takes the TCP/IP stack: no sockmap here"
+}
+
 func (f *fakeDatapath) Close() error { return nil }
+
+// fakeBypass is the intra-node bypass: its setting, and the connections
+// and counters the test gives it.
+type fakeBypass struct {
+	mu    sync.Mutex
+	cfg   bypass.Config
+	conns []bypass.Conn
+	stats []bpf.Counter
+}
+
+func (b *fakeBypass) Config() bypass.Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg
+}
+
+func (b *fakeBypass) SetConfig(c bypass.Config) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cfg = c
+	return nil
+}
+
+func (b *fakeBypass) Cgroup() string { return "/sys/fs/cgroup" }
+
+func (b *fakeBypass) Conns() ([]bypass.Conn, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.conns, nil
+}
+
+func (b *fakeBypass) Stats() ([]bpf.Counter, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats, nil
+}
 
 func (f *fakeDatapath) podCount() int {
 	f.mu.Lock()

@@ -50,6 +50,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	if lb := a.dp.SocketLB(); lb != nil {
 		st.SocketLbCgroup = lb.Cgroup()
 	}
+	_, st.Bypass = a.bypassState()
 	for _, w := range a.watchers() {
 		ws := w.Status()
 		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/socklb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -114,12 +115,19 @@ func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesReq
 		}
 		resp.Services = append(resp.Services, bs)
 	}
-	counters, err := lb.Stats()
+	stats, err := lb.Stats()
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "read the socket-LB counters: %v", err)
 	}
-	for _, c := range counters {
-		resp.Counters = append(resp.Counters, &apiv1.Counter{Program: "socklb", Name: c.Name, Value: c.Value})
-	}
+	resp.Counters = counters("socklb", stats)
 	return resp, nil
+}
+
+// counters are a program's counters as onctl shows them.
+func counters(program string, cs []bpf.Counter) []*apiv1.Counter {
+	out := make([]*apiv1.Counter, len(cs))
+	for i, c := range cs {
+		out[i] = &apiv1.Counter{Program: program, Name: c.Name, Value: c.Value}
+	}
+	return out
 }

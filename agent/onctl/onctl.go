@@ -74,6 +74,7 @@ func NewCommand() *cobra.Command {
 		&cobra.Command{Use: "services", Short: "Services balanced at the socket: ClusterIP:port → backends, translation counters, ClientIP affinity", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showServices) }},
 		cacheCommand(o),
+		bypassCommand(o),
 	)
 	return root
 }
@@ -132,10 +133,12 @@ func (o *options) json(m proto.Message) error {
 	return err
 }
 
-// table prints aligned columns.
+// table prints aligned columns, under header unless it is nil.
 func (o *options) table(header []string, rows [][]string) error {
 	w := tabwriter.NewWriter(o.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, strings.Join(header, "\t"))
+	if header != nil {
+		fmt.Fprintln(w, strings.Join(header, "\t"))
+	}
 	for _, r := range rows {
 		fmt.Fprintln(w, strings.Join(r, "\t"))
 	}
@@ -179,6 +182,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Datastore:", st.Datastore},
 		{"Policy:", orDash(st.Policy)},
 		{"Socket LB:", socketLBState(st)},
+		{"Bypass:", bypassState(st.Bypass)},
 		{"Version:", st.Version},
 		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
 	}

@@ -298,8 +298,10 @@ type NodeStatus struct {
 	SocketLb string `protobuf:"bytes,25,opt,name=socket_lb,json=socketLb,proto3" json:"socket_lb,omitempty"`
 	// The cgroup v2 directory the socket programs are attached to.
 	SocketLbCgroup string `protobuf:"bytes,26,opt,name=socket_lb_cgroup,json=socketLbCgroup,proto3" json:"socket_lb_cgroup,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The intra-node bypass: its setting, or why it is unavailable.
+	Bypass        *BypassState `protobuf:"bytes,27,opt,name=bypass,proto3" json:"bypass,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -512,6 +514,13 @@ func (x *NodeStatus) GetSocketLbCgroup() string {
 		return x.SocketLbCgroup
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetBypass() *BypassState {
+	if x != nil {
+		return x.Bypass
+	}
+	return nil
 }
 
 type Watcher struct {
@@ -1543,7 +1552,8 @@ func (*GetStatsRequest) Descriptor() ([]byte, []int) {
 
 type Counter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// egress (fast path out of pods), ingress (fast path into pods) or learn.
+	// egress (fast path out of pods), ingress (fast path into pods), learn,
+	// socklb (ListServices) or bypass (ListBypass).
 	Program string `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
 	// hit, miss_<reason>, error, egress, ingress, paused
 	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
@@ -2366,6 +2376,324 @@ func (x *ListServicesResponse) GetCounters() []*Counter {
 	return nil
 }
 
+// The intra-node bypass's setting, or why the node has none.
+type BypassState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "off", "on" or "size"; empty when the bypass is unavailable.
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// With size: the smallest first message, in bytes, for which a
+	// direction of a connection is bypassed.
+	MinSize uint32 `protobuf:"varint,2,opt,name=min_size,json=minSize,proto3" json:"min_size,omitempty"`
+	// The cgroup v2 directory the sockops program is attached to.
+	Cgroup string `protobuf:"bytes,3,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// Why the bypass is unavailable (failed to load, not up yet); empty
+	// when it is loaded.
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BypassState) Reset() {
+	*x = BypassState{}
+	mi := &file_onc_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BypassState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BypassState) ProtoMessage() {}
+
+func (x *BypassState) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BypassState.ProtoReflect.Descriptor instead.
+func (*BypassState) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *BypassState) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *BypassState) GetMinSize() uint32 {
+	if x != nil {
+		return x.MinSize
+	}
+	return 0
+}
+
+func (x *BypassState) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
+func (x *BypassState) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+type ListBypassRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBypassRequest) Reset() {
+	*x = ListBypassRequest{}
+	mi := &file_onc_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBypassRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBypassRequest) ProtoMessage() {}
+
+func (x *ListBypassRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBypassRequest.ProtoReflect.Descriptor instead.
+func (*ListBypassRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{35}
+}
+
+// A TCP connection between two pods of this node in the bypass's map.
+type BypassConn struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Client string                 `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"` // ip:port
+	Server string                 `protobuf:"bytes,2,opt,name=server,proto3" json:"server,omitempty"` // ip:port
+	// namespace/name of the local pod holding each address; empty if no
+	// attachment names one.
+	ClientPod string `protobuf:"bytes,3,opt,name=client_pod,json=clientPod,proto3" json:"client_pod,omitempty"`
+	ServerPod string `protobuf:"bytes,4,opt,name=server_pod,json=serverPod,proto3" json:"server_pod,omitempty"`
+	// Both ends are in the map, so sends are bypassed; a lone end (a
+	// connection still starting, or one that cannot be paired) sends by
+	// the stack.
+	Paired bool `protobuf:"varint,5,opt,name=paired,proto3" json:"paired,omitempty"`
+	// Since the older end was recorded.
+	AgeSeconds    float64 `protobuf:"fixed64,6,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BypassConn) Reset() {
+	*x = BypassConn{}
+	mi := &file_onc_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BypassConn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BypassConn) ProtoMessage() {}
+
+func (x *BypassConn) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BypassConn.ProtoReflect.Descriptor instead.
+func (*BypassConn) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *BypassConn) GetClient() string {
+	if x != nil {
+		return x.Client
+	}
+	return ""
+}
+
+func (x *BypassConn) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *BypassConn) GetClientPod() string {
+	if x != nil {
+		return x.ClientPod
+	}
+	return ""
+}
+
+func (x *BypassConn) GetServerPod() string {
+	if x != nil {
+		return x.ServerPod
+	}
+	return ""
+}
+
+func (x *BypassConn) GetPaired() bool {
+	if x != nil {
+		return x.Paired
+	}
+	return false
+}
+
+func (x *BypassConn) GetAgeSeconds() float64 {
+	if x != nil {
+		return x.AgeSeconds
+	}
+	return 0
+}
+
+type ListBypassResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State *BypassState           `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	Conns []*BypassConn          `protobuf:"bytes,2,rep,name=conns,proto3" json:"conns,omitempty"`
+	// The programs' counters (program "bypass"): sockets recorded and
+	// skipped, messages and bytes redirected or left to the stack, and
+	// fallbacks to the stack by reason.
+	Counters      []*Counter `protobuf:"bytes,3,rep,name=counters,proto3" json:"counters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBypassResponse) Reset() {
+	*x = ListBypassResponse{}
+	mi := &file_onc_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBypassResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBypassResponse) ProtoMessage() {}
+
+func (x *ListBypassResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBypassResponse.ProtoReflect.Descriptor instead.
+func (*ListBypassResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListBypassResponse) GetState() *BypassState {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ListBypassResponse) GetConns() []*BypassConn {
+	if x != nil {
+		return x.Conns
+	}
+	return nil
+}
+
+func (x *ListBypassResponse) GetCounters() []*Counter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+// A bypass setting, as the agent's --bypass and --bypass-min-size.
+type SetBypassRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`                       // off, on or size
+	MinSize       uint32                 `protobuf:"varint,2,opt,name=min_size,json=minSize,proto3" json:"min_size,omitempty"` // bytes; with size, at least 1
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBypassRequest) Reset() {
+	*x = SetBypassRequest{}
+	mi := &file_onc_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBypassRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBypassRequest) ProtoMessage() {}
+
+func (x *SetBypassRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBypassRequest.ProtoReflect.Descriptor instead.
+func (*SetBypassRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SetBypassRequest) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *SetBypassRequest) GetMinSize() uint32 {
+	if x != nil {
+		return x.MinSize
+	}
+	return 0
+}
+
 var File_onc_proto protoreflect.FileDescriptor
 
 const file_onc_proto_rawDesc = "" +
@@ -2386,7 +2714,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xa6\x06\n" +
+	"\x10GetStatusRequest\"\xd3\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2416,7 +2744,8 @@ const file_onc_proto_rawDesc = "" +
 	"\x12peer_kernel_writes\x18\x17 \x01(\x04R\x10peerKernelWrites\x12\x16\n" +
 	"\x06policy\x18\x18 \x01(\tR\x06policy\x12\x1b\n" +
 	"\tsocket_lb\x18\x19 \x01(\tR\bsocketLb\x12(\n" +
-	"\x10socket_lb_cgroup\x18\x1a \x01(\tR\x0esocketLbCgroup\"\x96\x01\n" +
+	"\x10socket_lb_cgroup\x18\x1a \x01(\tR\x0esocketLbCgroup\x12+\n" +
+	"\x06bypass\x18\x1b \x01(\v2\x13.onc.v1.BypassStateR\x06bypass\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
@@ -2556,13 +2885,37 @@ const file_onc_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x16\n" +
 	"\x06cgroup\x18\x05 \x01(\tR\x06cgroup\x123\n" +
 	"\bservices\x18\x06 \x03(\v2\x17.onc.v1.BalancedServiceR\bservices\x12+\n" +
-	"\bcounters\x18\a \x03(\v2\x0f.onc.v1.CounterR\bcounters2\xf9\x01\n" +
+	"\bcounters\x18\a \x03(\v2\x0f.onc.v1.CounterR\bcounters\"l\n" +
+	"\vBypassState\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x19\n" +
+	"\bmin_size\x18\x02 \x01(\rR\aminSize\x12\x16\n" +
+	"\x06cgroup\x18\x03 \x01(\tR\x06cgroup\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\"\x13\n" +
+	"\x11ListBypassRequest\"\xb3\x01\n" +
+	"\n" +
+	"BypassConn\x12\x16\n" +
+	"\x06client\x18\x01 \x01(\tR\x06client\x12\x16\n" +
+	"\x06server\x18\x02 \x01(\tR\x06server\x12\x1d\n" +
+	"\n" +
+	"client_pod\x18\x03 \x01(\tR\tclientPod\x12\x1d\n" +
+	"\n" +
+	"server_pod\x18\x04 \x01(\tR\tserverPod\x12\x16\n" +
+	"\x06paired\x18\x05 \x01(\bR\x06paired\x12\x1f\n" +
+	"\vage_seconds\x18\x06 \x01(\x01R\n" +
+	"ageSeconds\"\x96\x01\n" +
+	"\x12ListBypassResponse\x12)\n" +
+	"\x05state\x18\x01 \x01(\v2\x13.onc.v1.BypassStateR\x05state\x12(\n" +
+	"\x05conns\x18\x02 \x03(\v2\x12.onc.v1.BypassConnR\x05conns\x12+\n" +
+	"\bcounters\x18\x03 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"A\n" +
+	"\x10SetBypassRequest\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x19\n" +
+	"\bmin_size\x18\x02 \x01(\rR\aminSize2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xd8\x04\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xe0\x05\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
@@ -2574,7 +2927,10 @@ const file_onc_proto_rawDesc = "" +
 	"\bGetStats\x12\x17.onc.v1.GetStatsRequest\x1a\x18.onc.v1.GetStatsResponse\x12C\n" +
 	"\n" +
 	"ListPolicy\x12\x19.onc.v1.ListPolicyRequest\x1a\x1a.onc.v1.ListPolicyResponse\x12I\n" +
-	"\fListServices\x12\x1b.onc.v1.ListServicesRequest\x1a\x1c.onc.v1.ListServicesResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"\fListServices\x12\x1b.onc.v1.ListServicesRequest\x1a\x1c.onc.v1.ListServicesResponse\x12C\n" +
+	"\n" +
+	"ListBypass\x12\x19.onc.v1.ListBypassRequest\x1a\x1a.onc.v1.ListBypassResponse\x12A\n" +
+	"\tSetBypass\x12\x18.onc.v1.SetBypassRequest\x1a\x1a.onc.v1.ListBypassResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -2588,7 +2944,7 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),           // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),          // 1: onc.v1.CNIResponse
@@ -2624,58 +2980,71 @@ var file_onc_proto_goTypes = []any{
 	(*ServiceAffinity)(nil),      // 31: onc.v1.ServiceAffinity
 	(*BalancedService)(nil),      // 32: onc.v1.BalancedService
 	(*ListServicesResponse)(nil), // 33: onc.v1.ListServicesResponse
+	(*BypassState)(nil),          // 34: onc.v1.BypassState
+	(*ListBypassRequest)(nil),    // 35: onc.v1.ListBypassRequest
+	(*BypassConn)(nil),           // 36: onc.v1.BypassConn
+	(*ListBypassResponse)(nil),   // 37: onc.v1.ListBypassResponse
+	(*SetBypassRequest)(nil),     // 38: onc.v1.SetBypassRequest
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
 	5,  // 1: onc.v1.NodeStatus.watchers:type_name -> onc.v1.Watcher
-	7,  // 2: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
-	10, // 3: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
-	14, // 4: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
-	15, // 5: onc.v1.ListCacheResponse.encap:type_name -> onc.v1.EncapEntry
-	16, // 6: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
-	17, // 7: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
-	22, // 8: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
-	25, // 9: onc.v1.PolicyDirection.rules:type_name -> onc.v1.PolicyRule
-	26, // 10: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
-	26, // 11: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
-	27, // 12: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
-	30, // 13: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
-	31, // 14: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
-	32, // 15: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
-	22, // 16: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
-	0,  // 17: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 18: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 19: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 20: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 21: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 22: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 23: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 24: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 25: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 26: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 27: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 28: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 29: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 30: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	1,  // 31: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 32: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 33: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 34: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 35: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 36: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 37: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 38: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 39: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 40: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 41: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 42: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 43: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 44: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	31, // [31:45] is the sub-list for method output_type
-	17, // [17:31] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	34, // 2: onc.v1.NodeStatus.bypass:type_name -> onc.v1.BypassState
+	7,  // 3: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
+	10, // 4: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
+	14, // 5: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
+	15, // 6: onc.v1.ListCacheResponse.encap:type_name -> onc.v1.EncapEntry
+	16, // 7: onc.v1.ListCacheResponse.ingress:type_name -> onc.v1.IngressEntry
+	17, // 8: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
+	22, // 9: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
+	25, // 10: onc.v1.PolicyDirection.rules:type_name -> onc.v1.PolicyRule
+	26, // 11: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
+	26, // 12: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
+	27, // 13: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
+	30, // 14: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
+	31, // 15: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
+	32, // 16: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
+	22, // 17: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
+	34, // 18: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
+	36, // 19: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
+	22, // 20: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
+	0,  // 21: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 22: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 23: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 24: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 25: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 26: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 27: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 28: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 29: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 30: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 31: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 32: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 33: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 34: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	35, // 35: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	38, // 36: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	1,  // 37: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 38: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 39: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 40: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 41: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 42: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 43: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 44: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 45: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 46: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 47: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 48: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 49: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 50: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	37, // 51: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	37, // 52: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	37, // [37:53] is the sub-list for method output_type
+	21, // [21:37] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -2689,7 +3058,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

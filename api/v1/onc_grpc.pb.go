@@ -296,6 +296,8 @@ const (
 	Agent_GetStats_FullMethodName     = "/onc.v1.Agent/GetStats"
 	Agent_ListPolicy_FullMethodName   = "/onc.v1.Agent/ListPolicy"
 	Agent_ListServices_FullMethodName = "/onc.v1.Agent/ListServices"
+	Agent_ListBypass_FullMethodName   = "/onc.v1.Agent/ListBypass"
+	Agent_SetBypass_FullMethodName    = "/onc.v1.Agent/SetBypass"
 )
 
 // AgentClient is the client API for Agent service.
@@ -327,6 +329,16 @@ type AgentClient interface {
 	// FAILED_PRECONDITION when socket load balancing is not on (off, failed
 	// to load, or the etcd datastore).
 	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
+	// The intra-node bypass (docs/bypass.md): its setting, the connections
+	// between two of this node's pods it carries past both TCP/IP stacks,
+	// and its counters. When the bypass is not loaded, only state.status
+	// (why not) is set.
+	ListBypass(ctx context.Context, in *ListBypassRequest, opts ...grpc.CallOption) (*ListBypassResponse, error)
+	// Switches the bypass at once, until the agent restarts (then its
+	// --bypass flags apply again); returns what ListBypass does.
+	// INVALID_ARGUMENT for a bad setting (the message names the field);
+	// FAILED_PRECONDITION when the bypass is not loaded.
+	SetBypass(ctx context.Context, in *SetBypassRequest, opts ...grpc.CallOption) (*ListBypassResponse, error)
 }
 
 type agentClient struct {
@@ -427,6 +439,26 @@ func (c *agentClient) ListServices(ctx context.Context, in *ListServicesRequest,
 	return out, nil
 }
 
+func (c *agentClient) ListBypass(ctx context.Context, in *ListBypassRequest, opts ...grpc.CallOption) (*ListBypassResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBypassResponse)
+	err := c.cc.Invoke(ctx, Agent_ListBypass_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) SetBypass(ctx context.Context, in *SetBypassRequest, opts ...grpc.CallOption) (*ListBypassResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBypassResponse)
+	err := c.cc.Invoke(ctx, Agent_SetBypass_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -456,6 +488,16 @@ type AgentServer interface {
 	// FAILED_PRECONDITION when socket load balancing is not on (off, failed
 	// to load, or the etcd datastore).
 	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
+	// The intra-node bypass (docs/bypass.md): its setting, the connections
+	// between two of this node's pods it carries past both TCP/IP stacks,
+	// and its counters. When the bypass is not loaded, only state.status
+	// (why not) is set.
+	ListBypass(context.Context, *ListBypassRequest) (*ListBypassResponse, error)
+	// Switches the bypass at once, until the agent restarts (then its
+	// --bypass flags apply again); returns what ListBypass does.
+	// INVALID_ARGUMENT for a bad setting (the message names the field);
+	// FAILED_PRECONDITION when the bypass is not loaded.
+	SetBypass(context.Context, *SetBypassRequest) (*ListBypassResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -492,6 +534,12 @@ func (UnimplementedAgentServer) ListPolicy(context.Context, *ListPolicyRequest) 
 }
 func (UnimplementedAgentServer) ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListServices not implemented")
+}
+func (UnimplementedAgentServer) ListBypass(context.Context, *ListBypassRequest) (*ListBypassResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListBypass not implemented")
+}
+func (UnimplementedAgentServer) SetBypass(context.Context, *SetBypassRequest) (*ListBypassResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetBypass not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -676,6 +724,42 @@ func _Agent_ListServices_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ListBypass_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBypassRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListBypass(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListBypass_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListBypass(ctx, req.(*ListBypassRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_SetBypass_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetBypassRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetBypass(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetBypass_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetBypass(ctx, req.(*SetBypassRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -718,6 +802,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListServices",
 			Handler:    _Agent_ListServices_Handler,
+		},
+		{
+			MethodName: "ListBypass",
+			Handler:    _Agent_ListBypass_Handler,
+		},
+		{
+			MethodName: "SetBypass",
+			Handler:    _Agent_SetBypass_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -12,6 +12,7 @@ import (
 	"github.com/onc-net/onc/agent/services"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -37,6 +38,8 @@ func main() {
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
+	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
+	bypassMinSize := fs.Uint32("bypass-min-size", 1024, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
@@ -48,6 +51,9 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
 	}
 	cfg.Datapath.SocketLB = mode
+	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
+		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
+	}
 	if store.Kind == backend.Kubernetes {
 		if err := datapath.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
 			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
