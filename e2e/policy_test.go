@@ -47,14 +47,21 @@ import (
 //     established allowed connection lives on.
 func TestPolicy(t *testing.T) {
 	c := newPolicyCluster(t)
-	t.Run("TruthTable/FastPathOn", func(t *testing.T) { c.truthTable(t, true) })
+	t.Run("TruthTable/FastPathOn", func(t *testing.T) { c.truthTable(t, true, false) })
 	t.Run("TruthTable/FastPathOff", func(t *testing.T) {
 		c.setFastPath(t, false)
 		defer c.setFastPath(t, true)
-		c.truthTable(t, false)
+		c.truthTable(t, false, false)
+	})
+	t.Run("TruthTable/BypassOn", func(t *testing.T) {
+		c.setBypass(t, "on")
+		defer c.setBypass(t, "off")
+		c.truthTable(t, true, true)
 	})
 	t.Run("Onctl", c.onctl)
 	t.Run("StrictRevocation", c.strictRevocation)
+	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)
+	t.Run("Bypass", c.bypassed)
 	t.Run("AgentRestart", c.agentRestart)
 }
 
@@ -760,7 +767,7 @@ type tableStats struct {
 	learnedAllowed int
 }
 
-func (c *policyCluster) truthTable(t *testing.T, fastPath bool) {
+func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool) {
 	for _, n := range c.l.Nodes {
 		st, err := n.Status(context.Background())
 		if err != nil {
@@ -791,6 +798,10 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath bool) {
 		}
 		applied := time.Since(stepStart)
 		cells := c.allCells()
+		var recorded map[*lab.Node]uint64
+		if bypass {
+			recorded = c.bypassCounter(t, "recorded")
+		}
 		got := c.probe(cells, probeTimeout)
 		// A probe the oracle allows must get through at once. One that did
 		// not is tried again, more patiently, only to tell a slow or lossy
@@ -816,6 +827,9 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath bool) {
 		}
 		if fastPath {
 			c.checkCache(t, s, got, &ts)
+		}
+		if bypass {
+			c.checkBypassed(t, s, cells, got, again, recorded)
 		}
 	}
 	t.Logf("truth table (fast path %v): %d steps in %v", fastPath, len(steps), time.Since(start).Round(time.Millisecond))
@@ -1167,18 +1181,28 @@ func (c *policyCluster) fastPathHits(t *testing.T) uint64 {
 // connections work again.
 func (c *policyCluster) strictRevocation(t *testing.T) {
 	a, b := c.pod("x/a"), c.pod("x/b") // nodes 1 and 2
-	c.set(t, nil)
 	c.setFastPath(t, true)
-	echoTCP(listenTCP(t, b.lp.Netns, 90))
-	p := startPinger(t, a, b.lp.IP, 90)
-	p.waitEchoes(t, 20, 5*time.Second)
-	hits := c.fastPathHits(t)
-	p.waitEchoes(t, 100, 5*time.Second)
-	if got := c.fastPathHits(t) - hits; got < 100 {
-		t.Fatalf("100 echoes took only %d fast-path hits: the connection is not on the fast path (the test would prove nothing)", got)
-	}
+	c.revokeRunning(t, a, b, 90, func(p *pinger) {
+		hits := c.fastPathHits(t)
+		p.waitEchoes(t, 100, 5*time.Second)
+		if got := c.fastPathHits(t) - hits; got < 100 {
+			t.Fatalf("100 echoes took only %d fast-path hits: the connection is not on the fast path (the test would prove nothing)", got)
+		}
+	})
+}
 
-	deny := netpol("x", "deny-b", sel("app", "b"), ingressOnly, nil, nil)
+// revokeRunning runs a connection from a to b's port, checks with onPath
+// that it takes the path under test, then applies a policy denying b's
+// ingress: the connection must stop within 1 s of the agents applying it,
+// and new ones fail until the policy goes. It returns the ended pinger.
+func (c *policyCluster) revokeRunning(t *testing.T, a, b *tpod, port int, onPath func(*pinger)) *pinger {
+	c.set(t, nil)
+	echoTCP(listenTCP(t, b.lp.Netns, port))
+	p := startPinger(t, a, b.lp.IP, port)
+	p.waitEchoes(t, 20, 5*time.Second)
+	onPath(p)
+
+	deny := netpol(b.ns, "deny-"+b.name, sel("app", b.labels["app"]), ingressOnly, nil, nil)
 	before := c.seenGenerations(t)
 	created := time.Now()
 	c.apply(t, []*networkingv1.NetworkPolicy{deny})
@@ -1198,7 +1222,7 @@ func (c *policyCluster) strictRevocation(t *testing.T) {
 	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, probeTimeout); err == nil {
 		t.Error("a new connection got through the denying policy")
 	}
-	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 90, probeTimeout); err == nil {
+	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, port, probeTimeout); err == nil {
 		t.Error("a new connection to the pinged port got through the denying policy")
 	}
 	p.stop()
@@ -1207,9 +1231,10 @@ func (c *policyCluster) strictRevocation(t *testing.T) {
 	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout); err != nil {
 		t.Errorf("after the policy was deleted, a new connection failed: %v", err)
 	}
-	q := startPinger(t, a, b.lp.IP, 90)
+	q := startPinger(t, a, b.lp.IP, port)
 	q.waitEchoes(t, 20, 5*time.Second)
 	q.stop()
+	return p
 }
 
 // agentRestart: with a policy letting x/a reach x/b and nothing else,

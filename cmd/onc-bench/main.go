@@ -1,6 +1,7 @@
 // Command onc-bench runs ONC's benchmarks on fresh labs and writes
 // bench-results/: by default `make bench` (netperf: bare vs slow path vs
-// fast path; a ClusterIP through socket LB vs kube-proxy vs the pod IP),
+// fast path; a ClusterIP through socket LB vs kube-proxy vs the pod IP;
+// two pods of one node through the intra-node bypass vs the TCP/IP stack),
 // `onc-bench scale`, `make bench-scale` (N simulated nodes in a real
 // datastore, one real agent programming them all), and `onc-bench
 // policy`, `make bench-policy` (NetworkPolicy: rule programming time and
@@ -46,7 +47,7 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path, and a ClusterIP via socket LB vs kube-proxy vs the pod IP (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
@@ -54,10 +55,12 @@ func netperfMain(ctx context.Context, args []string) error {
 	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver and kube-proxy (make kube-bins; env ONC_KUBE_BIN)")
 	reps := fs.Int("reps", 5, "interleaved repetitions per test and configuration")
 	dur := fs.Duration("duration", 5*time.Second, "length of one netperf run")
-	tests := fs.StringSlice("tests", bench.Tests, "netperf tests (the Service section runs those of "+strings.Join(bench.ServiceTests, ", ")+")")
+	tests := fs.StringSlice("tests", bench.Tests, "netperf tests (the Service section runs those of "+strings.Join(bench.ServiceTests, ", ")+
+		", the intra-node one those of "+strings.Join(bench.IntranodeTests, ", ")+")")
 	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
 	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", "))
 	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
+	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	_ = fs.Parse(args)
 	np, err := filepath.Abs(*netperf)
 	if err != nil {
@@ -94,6 +97,14 @@ func netperfMain(ctx context.Context, args []string) error {
 	if *services {
 		fmt.Printf("Services: %d × %s × %d configs × %s\n", *reps, strings.Join(bench.ServiceTests, ", "), len(bench.ServiceConfigs), *dur)
 		s, err := bench.RunServices(ctx, o)
+		if err != nil {
+			return err
+		}
+		samples = append(samples, s...)
+	}
+	if *intranode {
+		fmt.Printf("intra-node: %d × %d sizes × %s × %d configs × %s\n", *reps, len(bench.IntranodeSizes), strings.Join(bench.IntranodeTests, ", "), len(bench.IntranodeConfigs), *dur)
+		s, err := bench.RunIntranode(ctx, o)
 		if err != nil {
 			return err
 		}

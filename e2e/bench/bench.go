@@ -1,7 +1,9 @@
 // Package bench measures ONC on the lab with netperf: bare underlay
 // (node to node), pod to pod across nodes on the slow path, and on the fast
 // path — side by side in one run, in interleaved rotations, so the ratios
-// hold on a shared machine even when absolute numbers do not.
+// hold on a shared machine even when absolute numbers do not. Services
+// (services.go) and two pods of one node, through the intra-node bypass or
+// the TCP/IP stack (intranode.go), are measured alike.
 package bench
 
 import (
@@ -50,6 +52,11 @@ type Sample struct {
 	Unit         string
 	CPU          float64 // µs of CPU per transaction (RR) or per KB (STREAM), both ends
 	CPUUnit      string
+	// Size is the message size in bytes of the intra-node rows (TCP_RR's
+	// request and response, TCP_STREAM's send); 0: netperf's default.
+	Size int `json:"size,omitempty"`
+	// LatencyUS is TCP_RR's mean latency of the intra-node rows, µs.
+	LatencyUS float64 `json:"latency_us,omitempty"`
 }
 
 // Run measures every test on every config, Reps times, rotating the
@@ -162,8 +169,10 @@ func Netservers(dir string, netns ...string) (stop func(), err error) {
 }
 
 // Netperf runs one test; dataPort > 0 fixes the server's data port
-// (0: netserver picks one).
-func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int) (Sample, error) {
+// (0: netserver picks one). opts are more test-specific options; they come
+// after the defaults, so they override them (netperf keeps an option's
+// last value).
+func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int, opts ...string) (Sample, error) {
 	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", test,
 		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
 	if cpus != "" {
@@ -178,6 +187,7 @@ func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration
 	if test == "TCP_STREAM" {
 		args = append(args, "-m", "65536")
 	}
+	args = append(args, opts...)
 	// netperf waits for ever on a data connection that lost its packets:
 	// fail the run instead of holding the lab.
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
@@ -191,10 +201,12 @@ func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration
 	return sm, err
 }
 
-// Summary is the median (with min and max) of one test on one config.
+// Summary is the median (with min and max) of one test on one config,
+// at one message size.
 type Summary struct {
 	Test   string  `json:"test"`
 	Config string  `json:"config"`
+	Size   int     `json:"size,omitempty"` // bytes, as Sample's
 	Median float64 `json:"median"`
 	Min    float64 `json:"min"`
 	Max    float64 `json:"max"`
@@ -203,46 +215,84 @@ type Summary struct {
 	// CPU per transaction (µs/Tr) or per KB (µs/KB), median.
 	CPUMedian float64 `json:"cpuMedian"`
 	CPUUnit   string  `json:"cpuUnit"`
+	// LatencyUS is the median of the samples' (TCP_RR of the intra-node
+	// rows).
+	LatencyUS float64 `json:"latency_us,omitempty"`
 }
 
-// Summarize groups samples by test and config.
+// Summarize groups samples by test, config and size: the pod-to-pod rows,
+// then the Service rows, then the intra-node rows by test and size.
 func Summarize(samples []Sample) []Summary {
-	type key struct{ test, cfg string }
+	type key struct {
+		test, cfg string
+		size      int
+	}
 	groups := map[key][]Sample{}
 	var order []key
 	for _, s := range samples {
-		k := key{s.Test, s.Config}
+		k := key{s.Test, s.Config, s.Size}
 		if groups[k] == nil {
 			order = append(order, k)
 		}
 		groups[k] = append(groups[k], s)
 	}
-	configs := append(slices.Clone(Configs), ServiceConfigs...)
+	configs := slices.Concat(Configs, ServiceConfigs, IntranodeConfigs)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
-		if sa, sb := isService(a.cfg), isService(b.cfg); sa != sb {
-			return sb // the pod-to-pod rows first
+		if sa, sb := section(a.cfg), section(b.cfg); sa != sb {
+			return sa < sb
 		}
 		if a.test != b.test {
 			return indexOf(Tests, a.test) < indexOf(Tests, b.test)
+		}
+		if a.size != b.size {
+			return a.size < b.size
 		}
 		return indexOf(configs, a.cfg) < indexOf(configs, b.cfg)
 	})
 	var out []Summary
 	for _, k := range order {
 		g := groups[k]
-		vals, cpus := make([]float64, len(g)), make([]float64, len(g))
+		vals, cpus, lats := make([]float64, len(g)), make([]float64, len(g)), make([]float64, len(g))
 		for i, s := range g {
-			vals[i], cpus[i] = s.Value, s.CPU
+			vals[i], cpus[i], lats[i] = s.Value, s.CPU, s.LatencyUS
 		}
 		st := StatOf(vals)
-		out = append(out, Summary{Test: k.test, Config: k.cfg, Median: st.Median, Min: st.Min, Max: st.Max,
-			Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit})
+		out = append(out, Summary{Test: k.test, Config: k.cfg, Size: k.size, Median: st.Median, Min: st.Min, Max: st.Max,
+			Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit, LatencyUS: Median(lats)})
 	}
 	return out
 }
 
-func isService(cfg string) bool { return slices.Contains(ServiceConfigs, cfg) }
+// The report's sections, in their order.
+const (
+	podSection = iota
+	serviceSection
+	intranodeSection
+)
+
+func section(cfg string) int {
+	switch {
+	case slices.Contains(ServiceConfigs, cfg):
+		return serviceSection
+	case slices.Contains(IntranodeConfigs, cfg):
+		return intranodeSection
+	}
+	return podSection
+}
+
+func isService(cfg string) bool { return section(cfg) == serviceSection }
+
+// testsOf are the tests of run that a section runs, in run's order.
+func testsOf(run, section []string) []string {
+	var out []string
+	for _, t := range run {
+		if slices.Contains(section, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
 
 func indexOf(list []string, s string) int {
 	for i, v := range list {

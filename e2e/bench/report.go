@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -22,8 +23,12 @@ type Report struct {
 	Ratios   []Ratio   `json:"ratios"`
 	// The Service section's paired ratios and its bar (absent without it).
 	ServiceRatios []ServiceRatio `json:"serviceRatios,omitempty"`
-	ServiceBar    *ServiceBar    `json:"serviceBar,omitempty"`
-	Samples       []Sample       `json:"samples"`
+	ServiceBar    *BarVerdict    `json:"serviceBar,omitempty"`
+	// The intra-node section's paired ratios by size and its bar (absent
+	// without it).
+	IntranodeRatios []IntranodeRatio `json:"intranodeRatios,omitempty"`
+	IntranodeBar    *BarVerdict      `json:"intranodeBar,omitempty"`
+	Samples         []Sample         `json:"samples"`
 }
 
 // Ratio of medians for one test.
@@ -55,14 +60,19 @@ func StatOf(v []float64) Stat {
 // value ÷ b's: the two ran minutes apart at most, so the ratio holds on a
 // shared machine even when absolute numbers drift between repetitions.
 func PairedRatio(samples []Sample, test, a, b string) Stat {
+	return pairedRatioOf(samples, test, a, b, func(s Sample) float64 { return s.Value })
+}
+
+// pairedRatioOf is PairedRatio of value.
+func pairedRatioOf(samples []Sample, test, a, b string, value func(Sample) float64) Stat {
 	num, den := map[int]float64{}, map[int]float64{}
 	for _, s := range samples {
 		switch {
 		case s.Test != test:
 		case s.Config == a:
-			num[s.Rep] = s.Value
+			num[s.Rep] = value(s)
 		case s.Config == b:
-			den[s.Rep] = s.Value
+			den[s.Rep] = value(s)
 		}
 	}
 	var r []float64
@@ -82,10 +92,20 @@ type ServiceRatio struct {
 	KubeProxyOnPodIP  Stat   `json:"kubeproxyOnPodIP"`
 }
 
-// ServiceBar is the issue's bar for Services: ClusterIP via socket LB at
-// least 0.97 × the pod IP on TCP_RR, and ahead of kube-proxy on TCP_RR and
-// TCP_CRR, each judged on the median of the paired ratios.
-type ServiceBar struct {
+// IntranodeRatio is one size's paired ratios of the intra-node section.
+type IntranodeRatio struct {
+	Size int `json:"size"`
+	// TCP_RR's mean latency and TCP_STREAM's throughput, bypass ÷ stack.
+	Latency    Stat `json:"latencyBypassOnStack"`
+	Throughput Stat `json:"throughputBypassOnStack"`
+}
+
+// BarVerdict is one of the issue's bars, each check judged on the median of
+// paired ratios. Services: ClusterIP via socket LB at least 0.97 × the pod
+// IP on TCP_RR, and ahead of kube-proxy on TCP_RR and TCP_CRR. Intra-node:
+// TCP_RR's latency through the bypass at most 0.6 × the stack's at every
+// size.
+type BarVerdict struct {
 	Checks []BarCheck `json:"checks"`
 	Met    bool       `json:"met"` // every check measured and met
 }
@@ -93,21 +113,43 @@ type ServiceBar struct {
 // BarCheck is one condition of the bar.
 type BarCheck struct {
 	Test  string  `json:"test"`
-	Ratio string  `json:"ratio"` // "a ÷ b"
+	Size  int     `json:"size,omitempty"` // bytes, for the intra-node bar
+	Ratio string  `json:"ratio"`          // "a ÷ b"
 	Stat  Stat    `json:"stat"`
-	Want  string  `json:"want"` // "≥ 0.97", "> 1"
+	Want  string  `json:"want"` // "≥ 0.97", "> 1", "≤ 0.6"
 	Limit float64 `json:"limit"`
 	Met   bool    `json:"met"`
 }
 
 var serviceBar = []struct {
 	test, a, b string
+	op         string // ahead: ">", above the limit, not at it
 	limit      float64
-	strict     bool // ahead: above the limit, not at it
 }{
-	{"TCP_RR", SockLB, PodIP, 0.97, false},
-	{"TCP_RR", SockLB, KubeProxy, 1, true},
-	{"TCP_CRR", SockLB, KubeProxy, 1, true},
+	{"TCP_RR", SockLB, PodIP, "≥", 0.97},
+	{"TCP_RR", SockLB, KubeProxy, ">", 1},
+	{"TCP_CRR", SockLB, KubeProxy, ">", 1},
+}
+
+// IntranodeBarLimit is the most TCP_RR's latency through the bypass may be,
+// relative to the stack's, at any size.
+const IntranodeBarLimit = 0.6
+
+// add judges c's ratio against limit with op (≥, > or ≤), met only if
+// measured, and records it.
+func (b *BarVerdict) add(c BarCheck, op string, limit float64) {
+	c.Want, c.Limit = op+" "+strconv.FormatFloat(limit, 'f', -1, 64), limit
+	switch op {
+	case "≥":
+		c.Met = c.Stat.Median >= limit
+	case ">":
+		c.Met = c.Stat.Median > limit
+	case "≤":
+		c.Met = c.Stat.Median <= limit
+	}
+	c.Met = c.Met && c.Stat.N > 0
+	b.Checks = append(b.Checks, c)
+	b.Met = b.Met && c.Met
 }
 
 // NewReport summarises samples.
@@ -116,13 +158,21 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 		Results: Summarize(samples), Samples: samples}
 	med := map[string]float64{}
 	var tests, svcTests []string
+	var sizes []int
 	for _, s := range r.Results {
-		if isService(s.Config) {
+		switch section(s.Config) {
+		case podSection:
+			if !slices.Contains(tests, s.Test) {
+				tests = append(tests, s.Test)
+			}
+		case serviceSection:
 			if !slices.Contains(svcTests, s.Test) {
 				svcTests = append(svcTests, s.Test)
 			}
-		} else if !slices.Contains(tests, s.Test) {
-			tests = append(tests, s.Test)
+		case intranodeSection:
+			if !slices.Contains(sizes, s.Size) {
+				sizes = append(sizes, s.Size)
+			}
 		}
 		med[s.Test+"/"+s.Config] = s.Median
 	}
@@ -130,23 +180,26 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 		r.Ratios = append(r.Ratios, Ratio{Test: t, FastOnSlow: div(med[t+"/fast"], med[t+"/slow"]),
 			FastOnBare: div(med[t+"/fast"], med[t+"/bare"]), SlowOnBare: div(med[t+"/slow"], med[t+"/bare"])})
 	}
-	if len(svcTests) == 0 {
-		return r
-	}
-	for _, t := range svcTests {
-		r.ServiceRatios = append(r.ServiceRatios, ServiceRatio{Test: t, SockLBOnPodIP: PairedRatio(samples, t, SockLB, PodIP),
-			SockLBOnKubeProxy: PairedRatio(samples, t, SockLB, KubeProxy), KubeProxyOnPodIP: PairedRatio(samples, t, KubeProxy, PodIP)})
-	}
-	r.ServiceBar = &ServiceBar{Met: true}
-	for _, b := range serviceBar {
-		c := BarCheck{Test: b.test, Ratio: b.a + " ÷ " + b.b, Stat: PairedRatio(samples, b.test, b.a, b.b), Want: "≥ ", Limit: b.limit}
-		c.Met = c.Stat.N > 0 && c.Stat.Median >= b.limit
-		if b.strict {
-			c.Want, c.Met = "> ", c.Stat.N > 0 && c.Stat.Median > b.limit
+	if len(svcTests) > 0 {
+		for _, t := range svcTests {
+			r.ServiceRatios = append(r.ServiceRatios, ServiceRatio{Test: t, SockLBOnPodIP: PairedRatio(samples, t, SockLB, PodIP),
+				SockLBOnKubeProxy: PairedRatio(samples, t, SockLB, KubeProxy), KubeProxyOnPodIP: PairedRatio(samples, t, KubeProxy, PodIP)})
 		}
-		c.Want += strconv.FormatFloat(b.limit, 'f', -1, 64)
-		r.ServiceBar.Checks = append(r.ServiceBar.Checks, c)
-		r.ServiceBar.Met = r.ServiceBar.Met && c.Met
+		r.ServiceBar = &BarVerdict{Met: true}
+		for _, b := range serviceBar {
+			r.ServiceBar.add(BarCheck{Test: b.test, Ratio: b.a + " ÷ " + b.b, Stat: PairedRatio(samples, b.test, b.a, b.b)}, b.op, b.limit)
+		}
+	}
+	if len(sizes) > 0 {
+		slices.Sort(sizes)
+		r.IntranodeBar = &BarVerdict{Met: true}
+		for _, size := range sizes {
+			at := slices.DeleteFunc(slices.Clone(samples), func(s Sample) bool { return s.Size != size })
+			x := IntranodeRatio{Size: size, Latency: pairedRatioOf(at, "TCP_RR", IntraBypass, IntraStack, func(s Sample) float64 { return s.LatencyUS }),
+				Throughput: PairedRatio(at, "TCP_STREAM", IntraBypass, IntraStack)}
+			r.IntranodeRatios = append(r.IntranodeRatios, x)
+			r.IntranodeBar.add(BarCheck{Test: "TCP_RR", Size: size, Ratio: "latency " + IntraBypass + " ÷ " + IntraStack, Stat: x.Latency}, "≤", IntranodeBarLimit)
+		}
 	}
 	return r
 }
@@ -199,10 +252,15 @@ func (r Report) JSON(w io.Writer) error {
 
 // Markdown writes the tables docs/performance.md shows.
 func (r Report) Markdown(w io.Writer) {
-	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration, netperf -T %q.\n\n", r.Date, r.Kernel, r.Reps, r.Duration, r.CPUs)
-	fmt.Fprintln(w, "| test | config | median | min – max | unit | CPU per unit (median) |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | --- | ---: |")
-	for _, s := range r.Results {
+	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration, netperf -T %q.\n", r.Date, r.Kernel, r.Reps, r.Duration, r.CPUs)
+	// The intra-node rows have their own table, by size.
+	rows := slices.DeleteFunc(slices.Clone(r.Results), func(s Summary) bool { return section(s.Config) == intranodeSection })
+	if len(rows) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| test | config | median | min – max | unit | CPU per unit (median) |")
+		fmt.Fprintln(w, "| --- | --- | ---: | ---: | --- | ---: |")
+	}
+	for _, s := range rows {
 		fmt.Fprintf(w, "| %s | %s | %.1f | %.1f – %.1f | %s | %.2f %s |\n", s.Test, s.Config, s.Median, s.Min, s.Max, s.Unit, s.CPUMedian, s.CPUUnit)
 	}
 	if len(r.Ratios) > 0 {
@@ -213,9 +271,15 @@ func (r Report) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f |\n", x.Test, x.FastOnSlow, x.FastOnBare, x.SlowOnBare)
 		}
 	}
-	if r.ServiceBar == nil {
-		return
+	if r.ServiceBar != nil {
+		r.servicesMarkdown(w)
 	}
+	if r.IntranodeBar != nil {
+		r.intranodeMarkdown(w)
+	}
+}
+
+func (r Report) servicesMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n## Services\n\n")
 	fmt.Fprintf(w, "Client pod on node 0, netserver pod on node 1, fast path on, kube-proxy (iptables mode) on every node. "+
 		"`%s`: to the ClusterIP, ONC's socket LB on (`--socket-lb=all`, the hybrid with kube-proxy); "+
@@ -228,19 +292,82 @@ func (r Report) Markdown(w io.Writer) {
 	for _, x := range r.ServiceRatios {
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.Test, x.SockLBOnPodIP, x.SockLBOnKubeProxy, x.KubeProxyOnPodIP)
 	}
-	fmt.Fprintf(w, "\nBar:\n\n")
-	for _, c := range r.ServiceBar.Checks {
-		verdict := "not measured"
-		if c.Stat.N > 0 {
-			verdict = map[bool]string{true: "met", false: "**not met**"}[c.Met]
+	r.ServiceBar.markdown(w)
+}
+
+func (r Report) intranodeMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "\n## Intra-node: bypass versus stack\n\n")
+	fmt.Fprintf(w, "Client pod and netserver pod both on node 0. `%s`: the node's bypass off, both TCP/IP stacks carry every byte; "+
+		"`%s`: the bypass on, each send is queued on the peer socket's receive queue. "+
+		"Size: TCP_RR's request and response, TCP_STREAM's send. TCP_RR's latency is its mean round trip (1 ÷ transactions per second, one in flight). "+
+		"Each bypass run is checked to have gone through the bypass (it carried at least half the bytes netperf moved), each stack run not (it carried none). "+
+		"Each ratio is the median of the per-repetition paired ratios (min – max, n repetitions).\n\n", IntraStack, IntraBypass)
+	fmt.Fprintln(w, "| test | size | config | median | min – max | unit | mean latency µs (median) | CPU per unit (median) |")
+	fmt.Fprintln(w, "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |")
+	for _, s := range r.Results {
+		if section(s.Config) != intranodeSection {
+			continue
 		}
-		fmt.Fprintf(w, "- %s %s = %s, want %s: %s\n", c.Test, c.Ratio, c.Stat, c.Want, verdict)
+		lat := "–"
+		if s.LatencyUS > 0 {
+			lat = fmt.Sprintf("%.1f", s.LatencyUS)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.1f | %.1f – %.1f | %s | %s | %.2f %s |\n", s.Test, sizeLabel(s.Size), s.Config, s.Median, s.Min, s.Max, s.Unit, lat, s.CPUMedian, s.CPUUnit)
 	}
-	verdict := map[bool]string{true: "met", false: "not met"}[r.ServiceBar.Met]
-	for _, c := range r.ServiceBar.Checks {
-		if c.Stat.N == 0 {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| size | TCP_RR latency, bypass ÷ stack | TCP_STREAM throughput, bypass ÷ stack |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: |")
+	for _, x := range r.IntranodeRatios {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", sizeLabel(x.Size), x.Latency, x.Throughput)
+	}
+	fmt.Fprintf(w, "\n%s\n", r.throughputLower())
+	r.IntranodeBar.markdown(w)
+}
+
+// throughputLower says plainly at which sizes the bypass's TCP_STREAM
+// throughput is lower than the stack's (median paired ratio below 1).
+func (r Report) throughputLower() string {
+	var lower []string
+	measured := false
+	for _, x := range r.IntranodeRatios {
+		measured = measured || x.Throughput.N > 0
+		if x.Throughput.N > 0 && x.Throughput.Median < 1 {
+			lower = append(lower, fmt.Sprintf("%s (%.2f ×)", sizeLabel(x.Size), x.Throughput.Median))
+		}
+	}
+	switch {
+	case !measured:
+		return "TCP_STREAM was not measured."
+	case len(lower) == 0:
+		return "The bypass's TCP_STREAM throughput is not lower than the stack's at any size measured."
+	}
+	return "**The bypass's TCP_STREAM throughput is lower than the stack's at " + strings.Join(lower, ", ") + ".**"
+}
+
+// sizeLabel is "64 B", or "4 KiB" for whole kibibytes.
+func sizeLabel(n int) string {
+	if n >= 1024 && n%1024 == 0 {
+		return strconv.Itoa(n/1024) + " KiB"
+	}
+	return strconv.Itoa(n) + " B"
+}
+
+// markdown lists the checks, then the verdict.
+func (b *BarVerdict) markdown(w io.Writer) {
+	fmt.Fprintf(w, "\nBar:\n\n")
+	verdict := map[bool]string{true: "met", false: "not met"}[b.Met]
+	for _, c := range b.Checks {
+		what := c.Test
+		if c.Size > 0 {
+			what += " " + sizeLabel(c.Size)
+		}
+		v := "not measured"
+		if c.Stat.N > 0 {
+			v = map[bool]string{true: "met", false: "**not met**"}[c.Met]
+		} else {
 			verdict = "not met: not all of it was measured"
 		}
+		fmt.Fprintf(w, "- %s %s = %s, want %s: %s\n", what, c.Ratio, c.Stat, c.Want, v)
 	}
 	fmt.Fprintf(w, "\n**Bar %s.**\n", verdict)
 }
@@ -253,10 +380,20 @@ func (s Stat) String() string {
 	return fmt.Sprintf("%.3f (%.3f – %.3f, n = %d)", s.Median, s.Min, s.Max, s.N)
 }
 
-// SVG draws, per test, each config's median relative to its section's
-// baseline (bars: bare underlay for the pod-to-pod rows, the pod IP for
-// the Service rows) with its min–max range (whiskers).
+// SVG draws the pod-to-pod and Service rows relative to their sections'
+// baselines, then the intra-node rows by size.
 func (r Report) SVG(w io.Writer) {
+	var charts []Chart
+	if c := r.relativeChart(); len(c.Groups) > 0 {
+		charts = append(charts, c)
+	}
+	Panels(w, append(charts, r.intranodeCharts()...)...)
+}
+
+// relativeChart draws, per test, each config's median relative to its
+// section's baseline (bars: bare underlay for the pod-to-pod rows, the
+// pod IP for the Service rows) with its min–max range (whiskers).
+func (r Report) relativeChart() Chart {
 	colors := map[string]string{"bare": "#9e9e9e", "slow": "#e57373", "fast": "#43a047",
 		SockLB: "#1e88e5", KubeProxy: "#fb8c00", PodIP: "#757575"}
 	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP (whiskers: min–max), " + r.Date, YMin: 1.2}
@@ -274,6 +411,9 @@ func (r Report) SVG(w io.Writer) {
 		}
 	}
 	for _, s := range r.Results {
+		if section(s.Config) == intranodeSection {
+			continue
+		}
 		label := s.Test
 		if isService(s.Config) {
 			label += " Service"
@@ -290,5 +430,39 @@ func (r Report) SVG(w io.Writer) {
 		g.Bars = append(g.Bars, Bar{Series: s.Config, Value: rel, Lo: s.Min / bv, Hi: s.Max / bv,
 			Label: fmt.Sprintf("%.2f", rel), Title: fmt.Sprintf("%s %s %.2f", s.Test, s.Config, rel)})
 	}
-	c.SVG(w)
+	return c
+}
+
+// intranodeCharts are two panels, by size, of the bypass's paired ratio to
+// the stack (the stack's bar: 1): TCP_RR's latency, dashed line at the
+// bar, and TCP_STREAM's throughput. A test not measured has no panel.
+func (r Report) intranodeCharts() []Chart {
+	series := []Series{{Name: IntraStack, Color: "#e57373"}, {Name: IntraBypass, Color: "#8e24aa"}}
+	var out []Chart
+	for _, p := range []struct {
+		test, what, ref string
+		limit           float64
+		ratio           func(IntranodeRatio) Stat
+	}{
+		{"TCP_RR", "latency", "the bar", IntranodeBarLimit, func(x IntranodeRatio) Stat { return x.Latency }},
+		{"TCP_STREAM", "throughput", "1", 1, func(x IntranodeRatio) Stat { return x.Throughput }},
+	} {
+		c := Chart{Title: fmt.Sprintf("Intra-node %s %s, bypass ÷ stack by size (paired, min–max; dashed: %s), %s", p.test, p.what, p.ref, r.Date),
+			Series: series, YMin: 1.2, Ref: p.limit}
+		for _, x := range r.IntranodeRatios {
+			st, size := p.ratio(x), sizeLabel(x.Size)
+			if st.N == 0 {
+				continue
+			}
+			c.Groups = append(c.Groups, Group{Label: size, Bars: []Bar{
+				{Series: IntraStack, Value: 1, Label: "1", Title: p.test + " " + size + " " + IntraStack},
+				{Series: IntraBypass, Value: st.Median, Lo: st.Min, Hi: st.Max, Label: fmt.Sprintf("%.2f", st.Median),
+					Title: fmt.Sprintf("%s %s %s ÷ stack %s", p.test, size, IntraBypass, st)},
+			}})
+		}
+		if len(c.Groups) > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -3,6 +3,8 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,27 +33,15 @@ func TestReportMediansRatiosAndShape(t *testing.T) {
 		t.Fatalf("ratios %+v", r.Ratios)
 	}
 
-	var buf bytes.Buffer
-	if err := r.JSON(&buf); err != nil {
-		t.Fatal(err)
-	}
-	var shape struct {
-		Results []map[string]any `json:"results"`
-	}
-	if err := json.Unmarshal(buf.Bytes(), &shape); err != nil {
-		t.Fatal(err)
-	}
+	results := jsonResults(t, r)
 	for _, k := range []string{"test", "config", "median", "min", "max", "unit"} {
-		if _, ok := shape.Results[0][k]; !ok {
-			t.Fatalf("latest.json result lacks %q: %s", k, buf.String())
+		if _, ok := results[0][k]; !ok {
+			t.Fatalf("latest.json result lacks %q: %v", k, results[0])
 		}
 	}
-	var md, svg strings.Builder
-	r.Markdown(&md)
+	markdown(t, r, "| TCP_RR | 1.65 | 1.32 | 0.80 |")
+	var svg strings.Builder
 	r.SVG(&svg)
-	if !strings.Contains(md.String(), "| TCP_RR | 1.65 | 1.32 | 0.80 |") {
-		t.Fatalf("markdown ratios:\n%s", md.String())
-	}
 	if !strings.HasPrefix(svg.String(), "<svg") || strings.Count(svg.String(), "<rect") < 3 {
 		t.Fatal("chart has no bars")
 	}
@@ -127,18 +117,11 @@ func TestReportServices(t *testing.T) {
 	if !b.Checks[0].Met || !b.Checks[1].Met || b.Checks[2].Met || b.Met {
 		t.Fatalf("bar: ≥ 0.97 at 0.97 is met, > 1 at 1 is not, so the bar is not: %+v", b)
 	}
-	var md strings.Builder
-	r.Markdown(&md)
-	for _, want := range []string{
+	markdown(t, r,
 		"| TCP_RR | 0.970 (0.950 – 1.100, n = 3) | 1.900 (1.833 – 1.940, n = 3) | 0.500 (0.500 – 0.600, n = 3) |",
 		"- TCP_RR service-socklb ÷ service-podip = 0.970 (0.950 – 1.100, n = 3), want ≥ 0.97: met",
 		"- TCP_CRR service-socklb ÷ service-kubeproxy = 1.000 (0.900 – 1.100, n = 3), want > 1: **not met**",
-		"**Bar not met.**",
-	} {
-		if !strings.Contains(md.String(), want) {
-			t.Fatalf("markdown lacks %q:\n%s", want, md.String())
-		}
-	}
+		"**Bar not met.**")
 	var buf bytes.Buffer
 	if err := r.JSON(&buf); err != nil {
 		t.Fatal(err)
@@ -151,4 +134,170 @@ func TestReportServices(t *testing.T) {
 	if !strings.Contains(svg.String(), "TCP_RR Service") || !strings.Contains(svg.String(), "TCP_RR service-socklb 1.10") {
 		t.Fatal("chart has no Service group relative to the pod IP")
 	}
+}
+
+// intranodeSamples are reps of TCP_RR latencies (µs) or TCP_STREAM
+// throughputs at one size, as RunIntranode records them.
+func intranodeSamples(test, cfg string, size int, vals ...float64) []Sample {
+	var out []Sample
+	for i, v := range vals {
+		s := Sample{Test: test, Config: cfg, Rep: i + 1, Size: size, Value: v, Unit: "10^6bits/s"}
+		if test == "TCP_RR" {
+			s.Value, s.LatencyUS, s.Unit = 1e6/v, v, "Trans/s"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func TestReportIntranode(t *testing.T) {
+	samples := slices.Concat(
+		[]Sample{{Test: "TCP_RR", Config: "fast", Rep: 1, Value: 300}},
+		intranodeSamples("TCP_STREAM", IntraStack, 64, 1000, 1000, 1000),
+		intranodeSamples("TCP_STREAM", IntraBypass, 64, 800, 900, 1100), // 0.9: lower
+		intranodeSamples("TCP_RR", IntraBypass, 16384, 70, 100, 80),
+		intranodeSamples("TCP_RR", IntraStack, 16384, 100, 200, 100), // 0.7: above the bar
+		intranodeSamples("TCP_RR", IntraStack, 64, 100, 100, 100),
+		intranodeSamples("TCP_RR", IntraBypass, 64, 60, 50, 70), // 0.6: at the bar
+		intranodeSamples("TCP_STREAM", IntraStack, 16384, 1000, 2000, 1000),
+		intranodeSamples("TCP_STREAM", IntraBypass, 16384, 3000, 5000, 2000), // 2.5
+	)
+	r := NewReport(samples, 3, 5*time.Second, "6.18")
+
+	var rows []string
+	for _, s := range r.Results {
+		rows = append(rows, fmt.Sprintf("%s %d %s n=%d", s.Test, s.Size, s.Config, s.N))
+	}
+	want := []string{"TCP_RR 0 fast n=1",
+		"TCP_RR 64 intranode-stack n=3", "TCP_RR 64 intranode-bypass n=3", "TCP_RR 16384 intranode-stack n=3", "TCP_RR 16384 intranode-bypass n=3",
+		"TCP_STREAM 64 intranode-stack n=3", "TCP_STREAM 64 intranode-bypass n=3", "TCP_STREAM 16384 intranode-stack n=3", "TCP_STREAM 16384 intranode-bypass n=3"}
+	if !slices.Equal(rows, want) {
+		t.Fatalf("results\n%v\nwant (grouped by test, size, config)\n%v", rows, want)
+	}
+	if s := r.Results[4]; s.LatencyUS != 80 || s.Median != 1e6/80 || s.Min != 1e6/100 {
+		t.Fatalf("TCP_RR 16 KiB bypass: latency %v µs, %v (%v – %v) Trans/s; want the median latency 80 µs", s.LatencyUS, s.Median, s.Min, s.Max)
+	}
+	if s := r.Results[5]; s.LatencyUS != 0 {
+		t.Fatalf("TCP_STREAM has a latency: %+v", s)
+	}
+	if len(r.Ratios) != 1 || r.Ratios[0].Test != "TCP_RR" {
+		t.Fatalf("pod-to-pod ratios for the intra-node tests: %+v", r.Ratios)
+	}
+	if want := []IntranodeRatio{
+		{Size: 64, Latency: Stat{Median: 0.6, Min: 0.5, Max: 0.7, N: 3}, Throughput: Stat{Median: 0.9, Min: 0.8, Max: 1.1, N: 3}},
+		{Size: 16384, Latency: Stat{Median: 0.7, Min: 0.5, Max: 0.8, N: 3}, Throughput: Stat{Median: 2.5, Min: 2, Max: 3, N: 3}},
+	}; !slices.Equal(r.IntranodeRatios, want) {
+		t.Fatalf("intra-node ratios\n%+v\nwant\n%+v", r.IntranodeRatios, want)
+	}
+	b := r.IntranodeBar
+	if b == nil || len(b.Checks) != 2 || !b.Checks[0].Met || b.Checks[1].Met || b.Met {
+		t.Fatalf("bar: ≤ 0.6 at 0.6 is met, at 0.7 not, so the bar is not: %+v", b)
+	}
+	if r.ServiceBar != nil {
+		t.Fatalf("a Service bar without Service rows: %+v", r.ServiceBar)
+	}
+
+	results := jsonResults(t, r)
+	if _, ok := results[0]["size"]; ok {
+		t.Fatalf("a pod-to-pod result has a size: %v", results[0])
+	}
+	if got := results[2]; got["config"] != IntraBypass || got["size"] != 64.0 || got["latency_us"] != 60.0 {
+		t.Fatalf("latest.json TCP_RR 64 B bypass result %v, want config, size and latency_us", got)
+	}
+
+	md := markdown(t, r,
+		"| TCP_RR | 64 B | intranode-bypass | 16666.7 | 14285.7 – 20000.0 | Trans/s | 60.0 |",
+		"| 16 KiB | 0.700 (0.500 – 0.800, n = 3) | 2.500 (2.000 – 3.000, n = 3) |",
+		"**The bypass's TCP_STREAM throughput is lower than the stack's at 64 B (0.90 ×).**",
+		"- TCP_RR 64 B latency intranode-bypass ÷ intranode-stack = 0.600 (0.500 – 0.700, n = 3), want ≤ 0.6: met",
+		"- TCP_RR 16 KiB latency intranode-bypass ÷ intranode-stack = 0.700 (0.500 – 0.800, n = 3), want ≤ 0.6: **not met**",
+		"**Bar not met.**")
+	if strings.Contains(md, "| TCP_RR | intranode-") {
+		t.Fatalf("intra-node rows in the pod-to-pod table, without their size:\n%s", md)
+	}
+	var svg strings.Builder
+	r.SVG(&svg)
+	for _, want := range []string{"TCP_RR 64 B intranode-bypass ÷ stack 0.600", "TCP_STREAM 16 KiB intranode-bypass ÷ stack 2.500", ">16 KiB</text>"} {
+		if !strings.Contains(svg.String(), want) {
+			t.Fatalf("chart lacks %q:\n%s", want, svg.String())
+		}
+	}
+	if n := strings.Count(svg.String(), "<g "); n != 3 {
+		t.Fatalf("chart has %d panels, want 3 (pod to pod, intra-node latency and throughput)", n)
+	}
+}
+
+func TestReportIntranodeBarMet(t *testing.T) {
+	samples := slices.Concat(
+		intranodeSamples("TCP_RR", IntraStack, 1, 100, 100, 100),
+		intranodeSamples("TCP_RR", IntraBypass, 1, 40, 50, 30),
+		intranodeSamples("TCP_STREAM", IntraStack, 1, 100, 100, 100),
+		intranodeSamples("TCP_STREAM", IntraBypass, 1, 100, 120, 90), // median 1: not lower
+	)
+	r := NewReport(samples, 3, 5*time.Second, "6.18")
+	if b := r.IntranodeBar; b == nil || len(b.Checks) != 1 || !b.Met {
+		t.Fatalf("bar at 0.4 not met: %+v", b)
+	}
+	md := markdown(t, r, "**Bar met.**", "The bypass's TCP_STREAM throughput is not lower than the stack's at any size measured.")
+	if strings.Contains(md, "| test | config |") {
+		t.Fatalf("an empty pod-to-pod table:\n%s", md)
+	}
+
+	// Without TCP_RR the bar is not measured, so not met.
+	r = NewReport(samples[6:], 3, 5*time.Second, "6.18")
+	markdown(t, r, "**Bar not met: not all of it was measured.**")
+	if r.IntranodeBar.Met {
+		t.Fatalf("bar without TCP_RR met: %+v", r.IntranodeBar)
+	}
+	var svg strings.Builder
+	r.SVG(&svg)
+	if n := strings.Count(svg.String(), "<g "); n != 1 || !strings.Contains(svg.String(), "TCP_STREAM throughput") {
+		t.Fatalf("chart without TCP_RR has %d panels, want the throughput one:\n%s", n, svg.String())
+	}
+}
+
+// The intra-node rows' netperf options, and the bytes a run moved that
+// the bypass must have carried at least half of.
+func TestIntranodeRun(t *testing.T) {
+	if got := sizeOpts("TCP_RR", 64); !slices.Equal(got, []string{"-r", "64,64"}) {
+		t.Fatalf("TCP_RR: %v", got)
+	}
+	if got := sizeOpts("TCP_STREAM", 16384); !slices.Equal(got, []string{"-m", "16384"}) {
+		t.Fatalf("TCP_STREAM: %v", got)
+	}
+	if got := bytesMoved(Sample{Test: "TCP_RR", Size: 64, Value: 1000}, 2*time.Second); got != 256000 {
+		t.Fatalf("TCP_RR of 64 B at 1000 Trans/s for 2 s moved %v bytes, want 256000", got)
+	}
+	if got := bytesMoved(Sample{Test: "TCP_STREAM", Size: 64, Value: 8}, 2*time.Second); got != 2e6 {
+		t.Fatalf("TCP_STREAM at 8 Mb/s for 2 s moved %v bytes, want 2e6", got)
+	}
+}
+
+// markdown is r's latest.md; t fails unless it holds every want.
+func markdown(t *testing.T, r Report, want ...string) string {
+	t.Helper()
+	var md strings.Builder
+	r.Markdown(&md)
+	for _, w := range want {
+		if !strings.Contains(md.String(), w) {
+			t.Fatalf("markdown lacks %q:\n%s", w, md.String())
+		}
+	}
+	return md.String()
+}
+
+// jsonResults are the results of r's latest.json, decoded as maps.
+func jsonResults(t *testing.T, r Report) []map[string]any {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := r.JSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var shape struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &shape); err != nil {
+		t.Fatal(err)
+	}
+	return shape.Results
 }

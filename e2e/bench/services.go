@@ -112,12 +112,7 @@ func RunServices(ctx context.Context, o Options) (out []Sample, err error) {
 			err = errors.Join(err, l.RestartAgent(context.WithoutCancel(ctx), client))
 		}
 	}()
-	var tests []string
-	for _, t := range o.Tests {
-		if slices.Contains(ServiceTests, t) {
-			tests = append(tests, t)
-		}
-	}
+	tests := testsOf(o.Tests, ServiceTests)
 	for _, n := range l.Nodes {
 		// No periodic resync: it would rewrite KUBE-SERVICES and reset the
 		// rule counters that show which path translated.

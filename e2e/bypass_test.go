@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/e2e/lab"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// The intra-node bypass (docs/bypass.md) in the policy lab: the truth
+// table with it on (TestPolicy's TruthTable/BypassOn, checked here by
+// checkBypassed), strict revocation of a bypassed connection, and a
+// bypassed connection in onctl and across an agent restart.
+
+// setBypass switches every node's bypass at runtime.
+func (c *policyCluster) setBypass(t *testing.T, mode string) {
+	t.Helper()
+	for _, n := range c.l.Nodes {
+		resp, err := agent(t, n).SetBypass(context.Background(), &apiv1.SetBypassRequest{Mode: mode})
+		if err != nil {
+			t.Fatalf("%s: set bypass %s: %v", n.Name, mode, err)
+		}
+		if resp.State.GetMode() != mode {
+			t.Fatalf("%s: bypass is %q after setting it %s", n.Name, resp.State.GetMode(), mode)
+		}
+	}
+}
+
+func listBypass(t *testing.T, n *lab.Node) *apiv1.ListBypassResponse {
+	t.Helper()
+	resp, err := agent(t, n).ListBypass(context.Background(), &apiv1.ListBypassRequest{})
+	if err != nil {
+		t.Fatalf("%s: list bypass: %v", n.Name, err)
+	}
+	return resp
+}
+
+// bypassCounter reads one bypass counter on every node.
+func (c *policyCluster) bypassCounter(t *testing.T, name string) map[*lab.Node]uint64 {
+	t.Helper()
+	out := map[*lab.Node]uint64{}
+	for _, n := range c.l.Nodes {
+		found := false
+		for _, ctr := range listBypass(t, n).Counters {
+			if ctr.Name == name {
+				out[n], found = ctr.Value, true
+			}
+		}
+		if !found {
+			t.Fatalf("%s: no bypass counter %s", n.Name, name)
+		}
+	}
+	return out
+}
+
+// checkBypassed: in one probe round, each node recorded exactly both ends
+// of every same-node TCP probe that got through, and nothing else: a
+// connection the policy denies never reaches ESTABLISHED, so never enters
+// the map.
+func (c *policyCluster) checkBypassed(t *testing.T, s policyStep, cells []cell, got, again map[cell]outcome, before map[*lab.Node]uint64) {
+	t.Helper()
+	want := map[*lab.Node]uint64{}
+	for _, ce := range cells {
+		if ce.k.proto != corev1.ProtocolTCP || ce.src == ce.dst || ce.src.node != ce.dst.node {
+			continue
+		}
+		established := got[ce].err == nil
+		if r, ok := again[ce]; ok && r.err == nil {
+			established = true
+		}
+		if established {
+			want[c.node(ce.src)] += 2
+		}
+	}
+	after := c.bypassCounter(t, "recorded")
+	for _, n := range c.l.Nodes {
+		if d := after[n] - before[n]; d != want[n] {
+			t.Errorf("step %q: %s recorded %d sockets in the bypass map, want %d (both ends of each same-node TCP probe that got through)",
+				s.name, n.Name, d, want[n])
+		}
+		if want[n] == 0 {
+			t.Errorf("step %q: no same-node TCP probe got through on %s: the bypass check proves nothing", s.name, n.Name)
+		}
+	}
+}
+
+// bypassConn finds the map's entry for the connection p runs.
+func bypassConn(t *testing.T, n *lab.Node, p *pinger) *apiv1.BypassConn {
+	t.Helper()
+	client := p.conn.LocalAddr().String()
+	for _, bc := range listBypass(t, n).Conns {
+		if bc.Client == client {
+			return bc
+		}
+	}
+	return nil
+}
+
+// strictRevocationBypassed: a policy that denies a bypassed same-node
+// connection ends it within 1 s of the agents applying it.
+func (c *policyCluster) strictRevocationBypassed(t *testing.T) {
+	a, b := c.pod("x/a"), c.pod("x/c") // both on node 1
+	c.setBypass(t, "on")
+	defer c.setBypass(t, "off")
+	n := c.node(a)
+	p := c.revokeRunning(t, a, b, 92, func(p *pinger) {
+		if bc := bypassConn(t, n, p); bc == nil || !bc.Paired {
+			t.Fatalf("the connection is not bypassed (map entry %v): the test would prove nothing", bc)
+		}
+		before := c.bypassCounter(t, "redirected_msgs")[n]
+		p.waitEchoes(t, 100, 5*time.Second)
+		if got := c.bypassCounter(t, "redirected_msgs")[n] - before; got < 100 {
+			t.Fatalf("100 echoes took only %d redirected messages", got)
+		}
+	})
+	if bc := bypassConn(t, n, p); bc != nil {
+		t.Errorf("the revoked connection is still in the bypass map: %v", bc)
+	}
+}
+
+// bypassed: a bypassed connection shows in onctl bypass with both pods
+// named, lives through an agent restart without losing an echo, and is
+// gone from the map once closed.
+func (c *policyCluster) bypassed(t *testing.T) {
+	ctx := context.Background()
+	a, b := c.pod("x/a"), c.pod("y/b") // both on node 1
+	n := c.node(a)
+	c.set(t, nil)
+	c.setBypass(t, "on")
+	defer c.setBypass(t, "off")
+	echoTCP(listenTCP(t, b.lp.Netns, 93))
+	p := startPinger(t, a, b.lp.IP, 93)
+	p.waitEchoes(t, 20, 5*time.Second)
+	bc := bypassConn(t, n, p)
+	if bc == nil || !bc.Paired || bc.ClientPod != a.key() || bc.ServerPod != b.key() {
+		t.Fatalf("onctl's view of the connection: %v; want paired, %s → %s", bc, a.key(), b.key())
+	}
+	out, err := exec.Command(c.l.BinDir+"/onctl", "--socket", n.AgentSocket(), "bypass").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onctl bypass: %v\n%s", err, out)
+	}
+	for _, want := range []string{a.key(), b.key(), bc.Client, bc.Server, "redirected"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("onctl bypass lacks %q:\n%s", want, out)
+		}
+	}
+
+	// The agent restarts (keeping the bypass on) while the pinger runs.
+	if err := c.l.RestartAgent(ctx, n, "--bypass=on"); err != nil {
+		t.Fatal(err)
+	}
+	p.waitEchoes(t, 100, 10*time.Second)
+	if err := p.failed(); err != nil {
+		t.Fatalf("the connection broke across the agent restart: %v", err)
+	}
+	if p.maxGap.Load() > int64(time.Second) {
+		t.Errorf("echoes stalled %v across the restart", time.Duration(p.maxGap.Load()))
+	}
+	if bc := bypassConn(t, n, p); bc == nil || !bc.Paired {
+		t.Fatalf("after the restart the connection is not in the map: %v", bc)
+	}
+	before := c.bypassCounter(t, "redirected_msgs")[n]
+	p.waitEchoes(t, 50, 5*time.Second)
+	if c.bypassCounter(t, "redirected_msgs")[n] == before {
+		t.Error("after the restart the connection's messages are no longer redirected")
+	}
+
+	p.stop()
+	deadline := time.Now().Add(5 * time.Second)
+	for bypassConn(t, n, p) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed connection is still in the map")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The restarted agent runs with --bypass=on; the others were switched
+	// at runtime: make every node's setting what the other subtests expect.
+	if err := c.l.RestartAgent(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+}
