@@ -39,7 +39,7 @@ func main() {
 	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
-	bypassMinSize := fs.Uint32("bypass-min-size", 1024, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
+	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	store := backend.AddFlags(fs)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
