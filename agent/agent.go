@@ -237,6 +237,13 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
 		return err
 	}
+	if resync {
+		// Housekeeping that only needs doing now and then, well within
+		// conntrack's established timeout.
+		if err := a.dp.KeepBypassedConntrack(); err != nil {
+			slog.Warn("intra-node bypass: refreshing conntrack entries failed; retried on the next resync", "err", err)
+		}
+	}
 	a.setNotReady("")
 	return nil
 }

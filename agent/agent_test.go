@@ -65,13 +65,17 @@ func TestReconcilePeers(t *testing.T) {
 	// The fast-path flag of a peer reaches the datapath with it, and only
 	// the full reconcile (bring-up's) asked the datapath to check the kernel.
 	ta.dp.mu.Lock()
-	fp, syncs, checks := ta.dp.peers["node-b"].FastPath, ta.dp.syncs, ta.dp.checks
+	fp, syncs, checks, keptCT := ta.dp.peers["node-b"].FastPath, ta.dp.syncs, ta.dp.checks, ta.dp.keptCT
 	ta.dp.mu.Unlock()
 	if !fp {
 		t.Error("node-b's fast-path flag was lost")
 	}
 	if syncs != 1+len(steps) || checks != 1 {
 		t.Errorf("%d peer syncs, %d checking the kernel; want %d and 1", syncs, checks, 1+len(steps))
+	}
+	// The bypass's conntrack housekeeping rides the resyncs only.
+	if keptCT != 1 {
+		t.Errorf("bypassed conntrack entries refreshed %d times; want once, on the full reconcile", keptCT)
 	}
 }
 

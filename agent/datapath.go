@@ -58,6 +58,9 @@ type Datapath interface {
 	// BypassStatus then says why.
 	Bypass() datapath.Bypass
 	BypassStatus() string
+	// KeepBypassedConntrack keeps bypassed connections' conntrack entries
+	// from expiring; called on every resync.
+	KeepBypassedConntrack() error
 
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath

@@ -40,6 +40,7 @@ type fakeDatapath struct {
 	broken  map[string]string               // CheckPod mismatch, by host interface
 	syncs   int                             // SyncPeers calls
 	checks  int                             // of which with checkKernel
+	keptCT  int                             // KeepBypassedConntrack calls
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
 	policy  netpol.Ruleset                  // as last enforced
 	bp      *fakeBypass                     // nil: the bypass did not load
@@ -193,6 +194,13 @@ func (f *fakeDatapath) Bypass() datapath.Bypass {
 		return nil // not a typed nil: the agent tests for nil
 	}
 	return f.bp
+}
+
+func (f *fakeDatapath) KeepBypassedConntrack() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.keptCT++
+	return nil
 }
 
 func (f *fakeDatapath) BypassStatus() string {

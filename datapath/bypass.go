@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -107,6 +108,7 @@ func endDeniedBypassed(bp *bypass.Bypass, rs netpol.Ruleset, ips map[netip.Addr]
 		return 0, err
 	}
 	ended := 0
+	var errs []error
 	for _, c := range conns {
 		if !ips[c.Client.Addr()] && !ips[c.Server.Addr()] {
 			continue
@@ -114,10 +116,24 @@ func endDeniedBypassed(bp *bypass.Bypass, rs netpol.Ruleset, ips map[netip.Addr]
 		if rs.Allows(netpol.Connection{Client: c.Client.Addr(), Server: c.Server.Addr(), Proto: netpol.TCP, Port: c.Server.Port()}) {
 			continue
 		}
+		// One that fails does not keep the others alive.
 		if err := bp.Destroy(c); err != nil {
-			return ended, err
+			errs = append(errs, err)
+			continue
 		}
 		ended++
 	}
-	return ended, nil
+	return ended, errors.Join(errs...)
+}
+
+// KeepBypassedConntrack keeps the conntrack entries of bypassed
+// connections from expiring (see bypass.KeepConntrack); the agent calls it
+// on every resync.
+func (n *Node) KeepBypassedConntrack() error {
+	bp := n.bypass()
+	if bp == nil {
+		return nil
+	}
+	_, err := bp.KeepConntrack()
+	return err
 }

@@ -287,12 +287,14 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 // AdoptPod puts a pod attached before an agent restart back on the fast
 // path; its veth and routes are still in place.
 func (n *Node) AdoptPod(p Pod) error {
+	// Each independently: a pod off the fast path still gets its Services,
+	// and policy can still end its bypassed connections.
+	errs := []error{n.ownPodSockets(p), n.ownPodBypass(p)}
 	host, err := netlink.LinkByName(p.HostIface)
-	if err != nil {
-		return err
+	if err == nil {
+		err = n.addToFastPath(p, host)
 	}
-	// Each independently: a pod off the fast path still gets its Services.
-	return errors.Join(n.addToFastPath(p, host), n.ownPodSockets(p), n.ownPodBypass(p))
+	return errors.Join(append(errs, err)...)
 }
 
 func (n *Node) addToFastPath(p Pod, host netlink.Link) error {

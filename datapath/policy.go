@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -44,10 +45,19 @@ func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange,
 		return n.enforcePolicy(e, nil, rs, checkKernel)
 	}
 	var ch PolicyChange
-	err := bp.Paused(func() (err error) {
+	var err error
+	perr := bp.Paused(func() error {
 		ch, err = n.enforcePolicy(e, bp, rs, checkKernel)
-		return err
+		return nil
 	})
+	if perr != nil && err == nil {
+		// The rules are in force (or were never stopped from being); only
+		// the pause around them failed. Revoke again on the next call.
+		slog.Error("intra-node bypass: pausing recording around a policy change failed", "err", perr)
+		for _, key := range ch.Pods {
+			n.revokePending[key] = true
+		}
+	}
 	return ch, err
 }
 

@@ -63,19 +63,15 @@ static __always_inline int bp_decide_stack(struct sk_msg_md *msg, struct bp_sock
 SEC("sk_msg")
 int onc_sk_msg(struct sk_msg_md *msg)
 {
-	struct bp_key peer = {
-		.local_ip = msg->remote_ip4,
-		.remote_ip = msg->local_ip4,
-		.local_port = bp_remote_port(msg->remote_port),
-		.remote_port = bp_local_port(msg->local_port),
-	};
 	struct bpf_sock *sk = msg->sk;
+	struct bp_key key = {}, peer;
 	struct bp_cfg *cfg;
 	struct bp_sock *st;
 
-	if (!sk)
+	if (!sk || !bp_key_of(msg, &key))
 		return SK_PASS;
-	st = bpf_sk_storage_get(&onc_bp_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	/* Made when sock_ops recorded the socket. */
+	st = bpf_sk_storage_get(&onc_bp_dir, sk, 0, 0);
 	if (!st)
 		return bp_stack(msg);
 	if (st->dir == BP_DIR_STACK)
@@ -91,6 +87,10 @@ int onc_sk_msg(struct sk_msg_md *msg)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_OFF);
 	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_SMALL);
+	peer.local_ip = key.remote_ip;
+	peer.remote_ip = key.local_ip;
+	peer.local_port = key.remote_port;
+	peer.remote_port = key.local_port;
 	/* On a miss the helper sets no target, and SK_PASS means the stack. */
 	if (bpf_msg_redirect_hash(msg, &onc_bp_sock, &peer, BPF_F_INGRESS) != SK_PASS)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);

@@ -50,17 +50,18 @@ const (
 	SkMsgBpStatBP_STAT_RECORD_FAILED      SkMsgBpStat = 1
 	SkMsgBpStatBP_STAT_SKIP_REMOTE        SkMsgBpStat = 2
 	SkMsgBpStatBP_STAT_SKIP_OFF           SkMsgBpStat = 3
-	SkMsgBpStatBP_STAT_SKIP_EARLY_DATA    SkMsgBpStat = 4
-	SkMsgBpStatBP_STAT_REDIRECTED_MSGS    SkMsgBpStat = 5
-	SkMsgBpStatBP_STAT_REDIRECTED_BYTES   SkMsgBpStat = 6
-	SkMsgBpStatBP_STAT_STACK_MSGS         SkMsgBpStat = 7
-	SkMsgBpStatBP_STAT_STACK_BYTES        SkMsgBpStat = 8
-	SkMsgBpStatBP_STAT_FALLBACK_MISS      SkMsgBpStat = 9
-	SkMsgBpStatBP_STAT_FALLBACK_SMALL     SkMsgBpStat = 10
-	SkMsgBpStatBP_STAT_FALLBACK_OFF       SkMsgBpStat = 11
-	SkMsgBpStatBP_STAT_FALLBACK_STATE     SkMsgBpStat = 12
-	SkMsgBpStatBP_STAT_FALLBACK_PEER_FULL SkMsgBpStat = 13
-	SkMsgBpStatBP_STAT_MAX                SkMsgBpStat = 14
+	SkMsgBpStatBP_STAT_SKIP_PAUSED        SkMsgBpStat = 4
+	SkMsgBpStatBP_STAT_SKIP_EARLY_DATA    SkMsgBpStat = 5
+	SkMsgBpStatBP_STAT_REDIRECTED_MSGS    SkMsgBpStat = 6
+	SkMsgBpStatBP_STAT_REDIRECTED_BYTES   SkMsgBpStat = 7
+	SkMsgBpStatBP_STAT_STACK_MSGS         SkMsgBpStat = 8
+	SkMsgBpStatBP_STAT_STACK_BYTES        SkMsgBpStat = 9
+	SkMsgBpStatBP_STAT_FALLBACK_MISS      SkMsgBpStat = 10
+	SkMsgBpStatBP_STAT_FALLBACK_SMALL     SkMsgBpStat = 11
+	SkMsgBpStatBP_STAT_FALLBACK_OFF       SkMsgBpStat = 12
+	SkMsgBpStatBP_STAT_FALLBACK_STATE     SkMsgBpStat = 13
+	SkMsgBpStatBP_STAT_FALLBACK_PEER_FULL SkMsgBpStat = 14
+	SkMsgBpStatBP_STAT_MAX                SkMsgBpStat = 15
 )
 
 // Names of all BPF objects in the ELF.

@@ -12,16 +12,14 @@
 
 static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 {
-	struct bp_key key = {
-		.local_ip = skops->local_ip4,
-		.remote_ip = skops->remote_ip4,
-		.local_port = bp_local_port(skops->local_port),
-		.remote_port = bp_remote_port(skops->remote_port),
-	};
+	struct bpf_sock *sk = skops->sk;
 	struct bp_conn conn = { .role = role };
+	struct bp_key key = {};
 	struct bp_cfg *cfg;
 	__u64 *owner;
 
+	if (!sk || !bp_key_of(skops, &key))
+		return;
 	/* Only this agent's pods, each in its own namespace: not the host,
 	 * not hostNetwork pods, not another agent's pods on a shared kernel. */
 	owner = bpf_map_lookup_elem(&onc_bp_pods, &key.local_ip);
@@ -35,8 +33,12 @@ static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 		return;
 	}
 	cfg = bp_config();
-	if (!cfg || cfg->mode == BP_MODE_OFF || cfg->paused) {
+	if (!cfg || cfg->mode == BP_MODE_OFF) {
 		bp_count(BP_STAT_SKIP_OFF, 1);
+		return;
+	}
+	if (cfg->paused) {
+		bp_count(BP_STAT_SKIP_PAUSED, 1);
 		return;
 	}
 	if (skops->data_segs_in || skops->data_segs_out) {
@@ -47,34 +49,38 @@ static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 	 * while its application keeps the file open (the kernel unlinks it at
 	 * close); its addresses and ports are free for a new connection. Left
 	 * in place, it would swallow the new peer's sends. */
-	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_ANY)) {
+	/* The direction state sk_msg keeps, made now: a socket sk_msg could not
+	 * remember a decision for might redirect after sending by the stack. */
+	if (!bpf_sk_storage_get(&onc_bp_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE)) {
 		bp_count(BP_STAT_RECORD_FAILED, 1);
 		return;
 	}
 	conn.since_ns = bpf_ktime_get_ns();
 	conn.cookie = bpf_get_socket_cookie(skops);
-	bpf_map_update_elem(&onc_bp_conn, &key, &conn, BPF_ANY);
+	if (bpf_map_update_elem(&onc_bp_conn, &key, &conn, BPF_ANY)) {
+		bp_count(BP_STAT_RECORD_FAILED, 1);
+		return;
+	}
+	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_ANY)) {
+		bpf_map_delete_elem(&onc_bp_conn, &key);
+		bp_count(BP_STAT_RECORD_FAILED, 1);
+		return;
+	}
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	bp_count(BP_STAT_RECORDED, 1);
 }
 
 static __always_inline void bp_closed(struct bpf_sock_ops *skops)
 {
-	struct bp_key key = {
-		.local_ip = skops->local_ip4,
-		.remote_ip = skops->remote_ip4,
-		.local_port = bp_local_port(skops->local_port),
-		.remote_port = bp_remote_port(skops->remote_port),
-	};
+	struct bp_key key = {};
 
-	bpf_map_delete_elem(&onc_bp_conn, &key);
+	if (bp_key_of(skops, &key))
+		bpf_map_delete_elem(&onc_bp_conn, &key);
 }
 
 SEC("sockops")
 int onc_sock_ops(struct bpf_sock_ops *skops)
 {
-	if (skops->family != ONC_AF_INET)
-		return 1;
 	switch (skops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		bp_record(skops, BP_ROLE_CLIENT);

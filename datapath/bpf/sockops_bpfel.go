@@ -50,17 +50,18 @@ const (
 	SockOpsBpStatBP_STAT_RECORD_FAILED      SockOpsBpStat = 1
 	SockOpsBpStatBP_STAT_SKIP_REMOTE        SockOpsBpStat = 2
 	SockOpsBpStatBP_STAT_SKIP_OFF           SockOpsBpStat = 3
-	SockOpsBpStatBP_STAT_SKIP_EARLY_DATA    SockOpsBpStat = 4
-	SockOpsBpStatBP_STAT_REDIRECTED_MSGS    SockOpsBpStat = 5
-	SockOpsBpStatBP_STAT_REDIRECTED_BYTES   SockOpsBpStat = 6
-	SockOpsBpStatBP_STAT_STACK_MSGS         SockOpsBpStat = 7
-	SockOpsBpStatBP_STAT_STACK_BYTES        SockOpsBpStat = 8
-	SockOpsBpStatBP_STAT_FALLBACK_MISS      SockOpsBpStat = 9
-	SockOpsBpStatBP_STAT_FALLBACK_SMALL     SockOpsBpStat = 10
-	SockOpsBpStatBP_STAT_FALLBACK_OFF       SockOpsBpStat = 11
-	SockOpsBpStatBP_STAT_FALLBACK_STATE     SockOpsBpStat = 12
-	SockOpsBpStatBP_STAT_FALLBACK_PEER_FULL SockOpsBpStat = 13
-	SockOpsBpStatBP_STAT_MAX                SockOpsBpStat = 14
+	SockOpsBpStatBP_STAT_SKIP_PAUSED        SockOpsBpStat = 4
+	SockOpsBpStatBP_STAT_SKIP_EARLY_DATA    SockOpsBpStat = 5
+	SockOpsBpStatBP_STAT_REDIRECTED_MSGS    SockOpsBpStat = 6
+	SockOpsBpStatBP_STAT_REDIRECTED_BYTES   SockOpsBpStat = 7
+	SockOpsBpStatBP_STAT_STACK_MSGS         SockOpsBpStat = 8
+	SockOpsBpStatBP_STAT_STACK_BYTES        SockOpsBpStat = 9
+	SockOpsBpStatBP_STAT_FALLBACK_MISS      SockOpsBpStat = 10
+	SockOpsBpStatBP_STAT_FALLBACK_SMALL     SockOpsBpStat = 11
+	SockOpsBpStatBP_STAT_FALLBACK_OFF       SockOpsBpStat = 12
+	SockOpsBpStatBP_STAT_FALLBACK_STATE     SockOpsBpStat = 13
+	SockOpsBpStatBP_STAT_FALLBACK_PEER_FULL SockOpsBpStat = 14
+	SockOpsBpStatBP_STAT_MAX                SockOpsBpStat = 15
 )
 
 // Names of all BPF objects in the ELF.

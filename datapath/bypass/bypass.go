@@ -92,8 +92,12 @@ type Bypass struct {
 }
 
 // Open loads the programs, creating or adopting the pinned maps; Attach
-// puts them in place.
+// puts them in place. It fails, saying why, on a kernel that lacks what
+// the bypass needs to be correct, not only what it needs to load.
 func Open(o Options) (*Bypass, error) {
+	if err := kernelSupports(); err != nil {
+		return nil, err
+	}
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
@@ -102,8 +106,13 @@ func Open(o Options) (*Bypass, error) {
 	err := b.load(opts)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		// An upgrade changed a map's layout: start afresh. Connections
-		// already bypassed keep the old maps through their programs.
+		// already bypassed keep the old maps through their programs; the
+		// old setting goes to off first, so they send by the stack from
+		// their next message rather than by a setting nobody controls.
 		slog.Warn("pinned bypass maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
+		if err := switchOffPinned(o.PinDir); err != nil {
+			return nil, err
+		}
 		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockOps); err != nil {
 			return nil, err
 		}
@@ -112,7 +121,12 @@ func Open(o Options) (*Bypass, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only this agent sets the pinned config: a pause an earlier agent
+	// left, dying in the middle of a policy change, ends here.
 	cfg, err := b.readConfig()
+	if err == nil {
+		err = b.setPaused(false)
+	}
 	if err != nil {
 		b.Close()
 		return nil, err
@@ -190,9 +204,12 @@ func (b *Bypass) Config() Config {
 // meanwhile is bypassed, so a connection judged under old rules cannot
 // slip into the map while fn revokes (it stays on the stack, where
 // netfilter judges it).
+//
+// If pausing fails, fn runs all the same (what it does matters more) and
+// the error is returned with fn's.
 func (b *Bypass) Paused(fn func() error) error {
-	if err := b.setPaused(true); err != nil {
-		return err
+	if perr := b.setPaused(true); perr != nil {
+		return errors.Join(fn(), fmt.Errorf("pause the bypass: %w", perr))
 	}
 	ferr := fn()
 	return errors.Join(ferr, b.setPaused(false))
@@ -261,15 +278,8 @@ func (b *Bypass) readConfig() (Config, error) {
 // sockets in it, until the last of them closes: no unread byte is lost.
 // Idempotent.
 func Remove(pinDir string) error {
-	cfgPin := filepath.Join(pinDir, bpf.SockOpsMapOncBpCfg)
-	if m, err := ebpf.LoadPinnedMap(cfgPin, nil); err == nil {
-		err := m.Put(uint32(0), bpf.SockOpsBpCfg{})
-		m.Close()
-		if err != nil {
-			return fmt.Errorf("switch the pinned bypass off: %w", err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("pinned bypass config: %w", err)
+	if err := switchOffPinned(pinDir); err != nil {
+		return err
 	}
 	if err := os.Remove(sockopsPin(pinDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -277,10 +287,29 @@ func Remove(pinDir string) error {
 	return bpf.RemoveMapPins(pinDir, bpf.LoadSockOps)
 }
 
+// switchOffPinned zeroes the pinned config, whatever its layout: the mode
+// is its first byte in every version, and 0 is off.
+func switchOffPinned(pinDir string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.SockOpsMapOncBpCfg), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pinned bypass config: %w", err)
+	}
+	defer m.Close()
+	if err := m.Put(uint32(0), make([]byte, m.ValueSize())); err != nil {
+		return fmt.Errorf("switch the pinned bypass off: %w", err)
+	}
+	return nil
+}
+
 func sockopsPin(pinDir string) string { return filepath.Join(pinDir, "link_cgroup_sockops") }
 
 // Close releases this process's handles; pinned maps and links stay.
 func (b *Bypass) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	var errs []error
 	for _, c := range b.closers {
 		errs = append(errs, c.Close())

@@ -9,13 +9,17 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -538,20 +542,25 @@ func TestStalledReader(t *testing.T) {
 	c, s := b.pair("a", "b")
 	const size = 256 << 20
 	var sent atomic.Int64
-	h := sha256.New()
+	sum := make(chan []byte, 1)
 	go func() {
+		h := sha256.New()
 		buf := make([]byte, 64<<10)
 		for sent.Load() < size {
 			_, _ = rand.Read(buf)
 			h.Write(buf)
 			if _, err := c.Write(buf); err != nil {
-				return
+				break
 			}
 			sent.Add(int64(len(buf)))
 		}
 		_ = c.CloseWrite()
+		sum <- h.Sum(nil)
 	}()
-	// Wait until the writer is held back.
+	testutil.WaitFor(t, "the receiver's queue to reach its bound", 10*time.Second, func() bool {
+		return b.stat("fallback_peer_full") > 0
+	})
+	// Then the stack's flow control holds the writer back.
 	last := int64(-1)
 	for sent.Load() != last {
 		last = sent.Load()
@@ -562,16 +571,138 @@ func TestStalledReader(t *testing.T) {
 	if bound := int64(limit) + 16<<20; last > bound {
 		t.Fatalf("a stalled reader let its peer queue %d MiB (bound %d MiB)", last>>20, bound>>20)
 	}
-	if b.stat("fallback_peer_full") != 1 {
-		t.Fatalf("fallback_peer_full = %d, want 1", b.stat("fallback_peer_full"))
-	}
 	got := sha256.New()
 	n, err := io.Copy(got, s)
 	must(t, err)
-	if n != size || !bytes.Equal(got.Sum(nil), h.Sum(nil)) {
-		t.Fatalf("read %d bytes (want %d), sha256 equal: %v", n, size, bytes.Equal(got.Sum(nil), h.Sum(nil)))
+	if want := <-sum; n != size || !bytes.Equal(got.Sum(nil), want) {
+		t.Fatalf("read %d bytes (want %d), sha256 equal: %v", n, size, bytes.Equal(got.Sum(nil), want))
+	}
+	if n := b.stat("fallback_peer_full"); n != 1 {
+		t.Fatalf("fallback_peer_full = %d, want 1", n)
 	}
 	t.Logf("writer held back after %d MiB (limit %d MiB)", last>>20, limit>>20)
+}
+
+// TestDualStackServer: a server listening on a dual-stack socket (Go's
+// net.Listen("tcp", ":port")) talks IPv4 through v4-mapped addresses; its
+// connections are bypassed, and ended, like AF_INET ones.
+func TestDualStackServer(t *testing.T) {
+	b := newBed(t, "a", "b")
+	var l net.Listener
+	b.inNetns(b.netns["b"], func() (err error) { l, err = net.Listen("tcp", ":0"); return err })
+	t.Cleanup(func() { l.Close() })
+	port := l.Addr().(*net.TCPAddr).Port
+	c := b.dial(b.netns["a"], &net.TCPAddr{IP: b.pods["b"].AsSlice(), Port: port})
+	sc, err := l.Accept()
+	must(t, err)
+	s := sc.(*net.TCPConn)
+	t.Cleanup(func() { s.Close() })
+	if !s.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Is4In6() {
+		t.Fatalf("the accepted socket is not dual-stack: %s", s.LocalAddr())
+	}
+	conn, ok := b.conn(c)
+	if !ok || !conn.Paired() || conn.Server != netip.AddrPortFrom(b.pods["b"], uint16(port)) {
+		t.Fatalf("dual-stack connection not paired in the map: %+v (ok=%v)", conn, ok)
+	}
+	before := b.stat("redirected_msgs")
+	echo(t, c, s, []byte("both ways"))
+	if b.stat("redirected_msgs")-before != 2 {
+		t.Fatal("the dual-stack connection's sends are not both redirected")
+	}
+	sent, got := transfer(t, c, s, 16<<20, nil)
+	if sent != got {
+		t.Fatal("sha256 differs")
+	}
+	must(t, b.bp.Destroy(conn))
+	if _, err := s.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the dual-stack end survived Destroy")
+	}
+}
+
+// TestConntrackKept: a bypassed connection passes no packet through
+// conntrack, so without KeepConntrack its entry expires and the FIN that
+// ends it is INVALID, which policy drops: the peer would never see EOF.
+func TestConntrackKept(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+			b := newBed(t, "a", "b")
+			node := b.prefix + "-node"
+			run(t, "ip", "netns", "exec", node, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+			run(t, "ip", "netns", "exec", node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_established=2")
+			c, s := b.pair("a", "b")
+			echo(t, c, s, []byte("bypassed"))
+			for range 8 { // 4 s: twice the timeout
+				if keep {
+					b.inNetns(b.node, func() error {
+						n, err := b.bp.KeepConntrack()
+						if err == nil && n != 1 {
+							err = fmt.Errorf("refreshed %d entries, want 1", n)
+						}
+						return err
+					})
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+			echo(t, c, s, []byte("still bypassed"))
+			c.Close()
+			must(t, s.SetReadDeadline(time.Now().Add(3*time.Second)))
+			_, err := s.Read(make([]byte, 1))
+			if keep && !errors.Is(err, io.EOF) {
+				t.Fatalf("the peer read %v, want EOF", err)
+			}
+			if !keep && !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("without refreshing, the FIN still arrived (%v): the test proves nothing", err)
+			}
+		})
+	}
+}
+
+// TestPaused: while a policy change is applied, no new connection is
+// recorded; one opened meanwhile stays on the stack for good.
+func TestPaused(t *testing.T) {
+	b := newBed(t, "a", "b")
+	var during *net.TCPConn
+	must(t, b.bp.Paused(func() error {
+		var s *net.TCPConn
+		during, s = b.pair("a", "b")
+		echo(t, during, s, []byte("paused"))
+		return nil
+	}))
+	if _, ok := b.conn(during); ok {
+		t.Fatal("a connection opened while paused is in the map")
+	}
+	if b.stat("skip_paused") != 2 {
+		t.Fatalf("skip_paused = %d, want both ends", b.stat("skip_paused"))
+	}
+	after, _ := b.pair("a", "b")
+	if conn, ok := b.conn(after); !ok || !conn.Paired() {
+		t.Fatal("recording did not resume")
+	}
+}
+
+// TestUpgradeIncompatiblePins: maps pinned by a version with another
+// layout are replaced, and the old setting is switched off first, so the
+// connections they carry send by the stack rather than by a setting
+// nobody controls.
+func TestUpgradeIncompatiblePins(t *testing.T) {
+	dir := pinDir(t)
+	must(t, bpf.EnsurePinDir(dir))
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "onc_bp_cfg", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	must(t, err)
+	t.Cleanup(func() { old.Close() })
+	must(t, old.Put(uint32(0), uint32(1))) // mode on
+	must(t, old.Pin(filepath.Join(dir, "onc_bp_cfg")))
+	bp, err := Open(Options{PinDir: dir, Cgroup: testutil.Cgroup(t)})
+	must(t, err)
+	t.Cleanup(func() { bp.Close() })
+	var v uint32
+	must(t, old.Lookup(uint32(0), &v))
+	if v != 0 {
+		t.Fatalf("the old pinned setting is %d, want 0 (off)", v)
+	}
+	if bp.Config().Mode != Off {
+		t.Fatalf("the new bypass starts %s, want off until set", bp.Config())
+	}
 }
 
 // TestReusedTuple: a socket reset while its application keeps the file

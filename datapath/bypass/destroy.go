@@ -13,9 +13,10 @@ import (
 
 // Destroy ends a bypassed connection now, both ends: each socket is
 // aborted as `ss -K` does (its calls fail with ECONNABORTED, its peer gets
-// a reset), and the kernel unlinks it from the map. An end no longer there
-// is fine. Bypassed bytes never pass netfilter, so this is how a policy
-// change that denies the pair ends it.
+// a reset). Conns no longer lists it; the kernel unlinks it from the map
+// when its file is closed. An end no longer there is fine. Bypassed bytes
+// never pass netfilter, so this is how a policy change that denies the
+// pair ends it.
 func (b *Bypass) Destroy(c Conn) error {
 	b.mu.Lock()
 	clientNS, serverNS := b.netns[c.Client.Addr()], b.netns[c.Server.Addr()]

@@ -127,31 +127,6 @@ func (b *Bypass) Stats() ([]bpf.Counter, error) {
 	return bpf.ReadCounters(b.maps.OncBpStats, bpf.LoadSockOps, "bp_stat", "BP_STAT_")
 }
 
-// Sweep drops the metadata of sockets no longer in the map; the programs
-// delete it at close, so only a socket torn down without passing CLOSE
-// leaves any behind.
-func (b *Bypass) Sweep() error {
-	var key bpf.SockOpsBpKey
-	var meta bpf.SockOpsBpConn
-	var stale []bpf.SockOpsBpKey
-	it := b.maps.OncBpConn.Iterate()
-	for it.Next(&key, &meta) {
-		var cookie uint64
-		if err := b.maps.OncBpSock.Lookup(key, &cookie); isNotExist(err) || (err == nil && cookie != meta.Cookie) {
-			stale = append(stale, key)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("bypass metadata: %w", err)
-	}
-	for _, k := range stale {
-		if err := b.maps.OncBpConn.Delete(k); err != nil && !isNotExist(err) {
-			return err
-		}
-	}
-	return nil
-}
-
 func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
 
 // monotonicNow is bpf_ktime_get_ns()'s clock.

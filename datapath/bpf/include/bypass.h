@@ -23,8 +23,11 @@
 #include <bpf/bpf_core_read.h>
 
 #define ONC_AF_INET 2
+#define ONC_AF_INET6 10
 
-/* One end of a connection as that end sees it; ports in network order. */
+/* One end of a connection as that end sees it; ports in network order.
+ * A dual-stack (AF_INET6) socket talking IPv4 has the same key as an
+ * AF_INET one: Go servers listening on ":port" are such sockets. */
 struct bp_key {
 	__be32 local_ip;
 	__be32 remote_ip;
@@ -81,7 +84,8 @@ enum bp_stat {
 	BP_STAT_RECORDED,          /* sockets added to the map */
 	BP_STAT_RECORD_FAILED,
 	BP_STAT_SKIP_REMOTE,       /* peer not a pod of this node */
-	BP_STAT_SKIP_OFF,          /* bypass off or paused at ESTABLISHED */
+	BP_STAT_SKIP_OFF,          /* bypass off at ESTABLISHED */
+	BP_STAT_SKIP_PAUSED,       /* a policy change was being applied */
 	BP_STAT_SKIP_EARLY_DATA,   /* data already went by the stack (TFO) */
 	BP_STAT_REDIRECTED_MSGS,
 	BP_STAT_REDIRECTED_BYTES,
@@ -105,8 +109,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_bp_sock SEC(".maps");
 
+/* Not LRU: revocation finds sockets through it, so an entry must not go
+ * while its socket is in onc_bp_sock. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, BP_MAX_SOCKETS);
 	__type(key, struct bp_key);
 	__type(value, struct bp_conn);
@@ -174,6 +180,48 @@ static __always_inline __be16 bp_local_port(__u32 local_port)
 {
 	return bpf_htons((__u16)local_port);
 }
+
+static __always_inline int bp_v4mapped(__u32 w0, __u32 w1, __u32 w2)
+{
+	return w0 == 0 && w1 == 0 && w2 == bpf_htonl(0xffff);
+}
+
+/* A context field read where it is written: clang would otherwise merge
+ * the IPv4 and IPv6 reads below into one load through a computed context
+ * pointer, which the verifier refuses. */
+#define bp_ctx_read(field) (*(volatile __u32 *)&(field))
+
+/* A socket's addresses and ports as a key: IPv4, or IPv4 mapped into a
+ * dual-stack socket; 0 for anything else. ctx is a bpf_sock_ops or an
+ * sk_msg_md, which name these fields alike. */
+#define bp_key_of(ctx, key)                                                             \
+	({                                                                              \
+		__u32 __family = bp_ctx_read((ctx)->family);                            \
+		__u32 __l4 = bp_ctx_read((ctx)->local_ip4);                             \
+		__u32 __r4 = bp_ctx_read((ctx)->remote_ip4);                            \
+		__u32 __l0 = bp_ctx_read((ctx)->local_ip6[0]);                          \
+		__u32 __l1 = bp_ctx_read((ctx)->local_ip6[1]);                          \
+		__u32 __l2 = bp_ctx_read((ctx)->local_ip6[2]);                          \
+		__u32 __l3 = bp_ctx_read((ctx)->local_ip6[3]);                          \
+		__u32 __r0 = bp_ctx_read((ctx)->remote_ip6[0]);                         \
+		__u32 __r1 = bp_ctx_read((ctx)->remote_ip6[1]);                         \
+		__u32 __r2 = bp_ctx_read((ctx)->remote_ip6[2]);                         \
+		__u32 __r3 = bp_ctx_read((ctx)->remote_ip6[3]);                         \
+		int __ok = 1;                                                           \
+		if (__family == ONC_AF_INET) {                                          \
+			(key)->local_ip = __l4;                                         \
+			(key)->remote_ip = __r4;                                        \
+		} else if (__family == ONC_AF_INET6 && bp_v4mapped(__l0, __l1, __l2) && \
+			   bp_v4mapped(__r0, __r1, __r2)) {                             \
+			(key)->local_ip = __l3;                                         \
+			(key)->remote_ip = __r3;                                        \
+		} else {                                                                \
+			__ok = 0;                                                       \
+		}                                                                       \
+		(key)->local_port = bp_local_port(bp_ctx_read((ctx)->local_port));      \
+		(key)->remote_port = bp_remote_port(bp_ctx_read((ctx)->remote_port));   \
+		__ok;                                                                   \
+	})
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
