@@ -83,22 +83,11 @@ func AttachCgroup(pin, cgroup string, attach ebpf.AttachType, prog *ebpf.Program
 	if err != nil {
 		return err
 	}
-	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
-		info, ierr := old.Info()
-		if ierr == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgid {
-			err := old.Update(prog)
-			old.Close()
-			if err == nil {
-				return nil
-			}
-		} else {
-			old.Close()
-		}
-		// Attached elsewhere (the cgroup setting changed): unpinned and
-		// closed, the old link detaches.
-		if err := os.Remove(pin); err != nil {
-			return err
-		}
+	adopted, err := AdoptPinnedLink(pin, func(info *link.Info) bool {
+		return info.Cgroup() != nil && info.Cgroup().CgroupId == cgid
+	}, prog)
+	if err != nil || adopted {
+		return err
 	}
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: attach, Program: prog})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,4 +56,26 @@ func EnsurePinDir(dir string) error {
 func onBPFFS(dir string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(dir, &st) == nil && st.Type == unix.BPF_FS_MAGIC
+}
+
+// AdoptPinnedLink swaps prog into the link an earlier agent pinned at pin,
+// when that link is attached where attachedHere says (atomically: no
+// packet or socket call misses a program), and reports whether it did.
+// Otherwise the pin is removed: unpinned and closed, a link attached
+// elsewhere detaches, and the caller attaches afresh.
+func AdoptPinnedLink(pin string, attachedHere func(*link.Info) bool, prog *ebpf.Program) (bool, error) {
+	old, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		return false, nil // none pinned (or unreadable): attach afresh
+	}
+	info, err := old.Info()
+	if err == nil && attachedHere(info) && old.Update(prog) == nil {
+		old.Close()
+		return true, nil
+	}
+	old.Close()
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, err
+	}
+	return false, nil
 }

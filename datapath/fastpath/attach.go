@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -100,18 +101,12 @@ func (d *Datapath) attach(ifname string, dir direction, prog *ebpf.Program) erro
 // attachTCX adopts the pinned link (swapping in the new program, which is
 // atomic: no packet misses a program) or attaches and pins a new one.
 func (d *Datapath) attachTCX(ifindex int, pin string, dir direction, prog *ebpf.Program) error {
-	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
-		info, ierr := old.Info()
-		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
-			err := old.Update(prog)
-			old.Close()
-			if err == nil {
-				return nil
-			}
-		} else {
-			old.Close()
-		}
-		_ = os.Remove(pin) // a link of an interface that is gone
+	// An error only leaves a stale pin (of an interface that is gone),
+	// which the new link's pin replaces.
+	if adopted, _ := bpf.AdoptPinnedLink(pin, func(info *link.Info) bool {
+		return info.TCX() != nil && int(info.TCX().Ifindex) == ifindex
+	}, prog); adopted {
+		return nil
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: dir.attach})
 	if err != nil {
