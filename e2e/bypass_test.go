@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/e2e/lab"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -144,7 +146,7 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	c.set(t, nil)
 	c.setBypass(t, "on")
 	defer c.setBypass(t, "off")
-	echoTCP(listenTCP(t, b.lp.Netns, 93))
+	bypasstest.ServeEcho(listenTCP(t, b.lp.Netns, 93))
 	p := startPinger(t, a, b.lp.IP, 93)
 	p.waitEchoes(t, 20, 5*time.Second)
 	bc := bypassConn(t, n, p)
@@ -258,5 +260,53 @@ func transferSHA(t *testing.T, from, to string, ip netip.Addr, port, size int) {
 	}
 	if want := hex.EncodeToString(h.Sum(nil)); string(got) != want {
 		t.Fatalf("the server read sha256 %q, sent %s", got, want)
+	}
+}
+
+// bypassSameAsStack: through real agents, half-close and a peer dying
+// mid-stream end the same with the bypass off and on, and 100 connections
+// open at once all echo intact through it.
+func (c *policyCluster) bypassSameAsStack(t *testing.T) {
+	a, b := c.pod("x/a"), c.pod("x/c") // both on node 1
+	n := c.node(a)
+	c.set(t, nil)
+	defer c.setBypass(t, "off")
+	l := listenTCP(t, b.lp.Netns, 0)
+	port := l.Addr().(*net.TCPAddr).Port
+	pair := func() (*net.TCPConn, *net.TCPConn) {
+		cl := dial(t, a.lp.Netns, "tcp4", b.lp.IP, port).(*net.TCPConn)
+		s, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return cl, s.(*net.TCPConn)
+	}
+	for _, sc := range []struct {
+		name string
+		run  func(testing.TB, bypasstest.Pair) bypasstest.Outcome
+	}{{"half-close", bypasstest.HalfClose}, {"peer dies mid-stream", bypasstest.PeerDies}} {
+		c.setBypass(t, "off")
+		off := sc.run(t, pair)
+		c.setBypass(t, "on")
+		before := c.bypassCounter(t, "redirected_msgs")[n]
+		on := sc.run(t, pair)
+		if c.bypassCounter(t, "redirected_msgs")[n] == before {
+			t.Errorf("%s: nothing redirected with the bypass on: the comparison proves nothing", sc.name)
+		}
+		if fmt.Sprint(off) != fmt.Sprint(on) {
+			t.Errorf("%s: outcomes differ:\n off: %v\n on:  %v", sc.name, off, on)
+		}
+	}
+
+	echo := listenTCP(t, b.lp.Netns, 0)
+	bypasstest.ServeEcho(echo)
+	const conns = 100
+	before := c.bypassCounter(t, "recorded")[n]
+	bypasstest.EchoMany(t, conns, func() *net.TCPConn {
+		return dial(t, a.lp.Netns, "tcp4", b.lp.IP, echo.Addr().(*net.TCPAddr).Port).(*net.TCPConn)
+	})
+	if got := c.bypassCounter(t, "recorded")[n] - before; got < 2*conns {
+		t.Errorf("%d sockets recorded for %d connections, want both ends of each", got, conns)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/e2e/lab/labtest"
 	"google.golang.org/grpc"
@@ -107,21 +108,6 @@ func dial(t *testing.T, netns, network string, dst netip.Addr, port int) net.Con
 	return c
 }
 
-// echoTCP echoes every connection of l.
-func echoTCP(l net.Listener) {
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			// Not io.Copy(c, c): that splices, and splice(2) does not see
-			// bytes the intra-node bypass carries (docs/bypass.md).
-			go func() { defer c.Close(); _, _ = io.Copy(c, struct{ io.Reader }{c}) }()
-		}
-	}()
-}
-
 func echoUDP(c net.PacketConn) { go lab.EchoUDP(c, nil) }
 
 // rr does n request/response exchanges of 100 bytes on c.
@@ -168,7 +154,7 @@ func twoNodes(t *testing.T) (*lab.Lab, *lab.Pod, *lab.Pod) {
 func TestFastPathCarriesTCPAndUDP(t *testing.T) {
 	l, a, b := twoNodes(t)
 	n1, n2 := l.Nodes[0], l.Nodes[1]
-	echoTCP(listenTCP(t, b.Netns, 9000))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9000))
 	echoUDP(listenUDP(t, b.Netns, 9001))
 
 	before1, before2 := stats(t, n1), stats(t, n2)
@@ -201,7 +187,7 @@ func TestFastPathCarriesTCPAndUDP(t *testing.T) {
 	}
 
 	// Node to pod: the slow path, always.
-	echoTCP(listenTCP(t, b.Netns, 9002))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9002))
 	before2 = settled(t, n2)
 	if err := rr(dial(t, n1.Netns, "tcp4", b.IP, 9002), 500); err != nil {
 		t.Fatal(err)
@@ -315,7 +301,7 @@ func established(t *testing.T, n *lab.Node, ip netip.Addr, port int) string {
 // connection close.
 func TestClosedConnectionLeavesNoEstablishedConntrack(t *testing.T) {
 	l, a, b := twoNodes(t)
-	echoTCP(listenTCP(t, b.Netns, 9200))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9200))
 	c := dial(t, a.Netns, "tcp4", b.IP, 9200)
 	if err := rr(c, 500); err != nil {
 		t.Fatal(err)
@@ -344,8 +330,8 @@ func TestMixedCluster(t *testing.T) {
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	setFastPath(t, n2, false)
 	waitPeerFlag(t, n1, n2.Name, false)
-	echoTCP(listenTCP(t, a.Netns, 9300))
-	echoTCP(listenTCP(t, b.Netns, 9300))
+	bypasstest.ServeEcho(listenTCP(t, a.Netns, 9300))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9300))
 	echoUDP(listenUDP(t, a.Netns, 9301))
 	echoUDP(listenUDP(t, b.Netns, 9301))
 	before1, before2 := stats(t, n1), stats(t, n2)
@@ -406,7 +392,7 @@ func TestAgentRestartDuringStream(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stream across the restart: %v", err)
 	}
-	echoTCP(listenTCP(t, b.Netns, 9401))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9401))
 	before := stats(t, n1)
 	if err := rr(dial(t, a.Netns, "tcp4", b.IP, 9401), 500); err != nil {
 		t.Fatal(err)
@@ -420,7 +406,7 @@ func TestAgentRestartDuringStream(t *testing.T) {
 func TestToggleMidFlow(t *testing.T) {
 	l, a, b := twoNodes(t)
 	n1 := l.Nodes[0]
-	echoTCP(listenTCP(t, b.Netns, 9500))
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9500))
 	c := dial(t, a.Netns, "tcp4", b.IP, 9500)
 	var done atomic.Int64
 	errc := make(chan error, 1)

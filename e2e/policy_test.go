@@ -17,6 +17,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/e2e/lab/labtest"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -45,6 +46,8 @@ import (
 //   - AgentRestart: with policies in place, restarted agents keep denied
 //     denied and allowed allowed, also while they are down, and an
 //     established allowed connection lives on.
+//   - TruthTable/BypassOn, StrictRevocation/Bypassed, Bypass and
+//     Bypass/SameAsStack: the intra-node bypass (e2e/bypass_test.go).
 func TestPolicy(t *testing.T) {
 	c := newPolicyCluster(t)
 	t.Run("TruthTable/FastPathOn", func(t *testing.T) { c.truthTable(t, true, false) })
@@ -62,6 +65,7 @@ func TestPolicy(t *testing.T) {
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)
 	t.Run("Bypass", c.bypassed)
+	t.Run("Bypass/SameAsStack", c.bypassSameAsStack)
 	t.Run("AgentRestart", c.agentRestart)
 }
 
@@ -1202,7 +1206,7 @@ func (c *policyCluster) strictRevocation(t *testing.T) {
 // ended connection while its sockets are still open.
 func (c *policyCluster) revokeRunning(t *testing.T, a, b *tpod, port int, onPath, ended func(*pinger)) {
 	c.set(t, nil)
-	echoTCP(listenTCP(t, b.lp.Netns, port))
+	bypasstest.ServeEcho(listenTCP(t, b.lp.Netns, port))
 	p := startPinger(t, a, b.lp.IP, port)
 	p.waitEchoes(t, 20, 5*time.Second)
 	onPath(p)
@@ -1255,7 +1259,7 @@ func (c *policyCluster) agentRestart(t *testing.T) {
 	pol := netpol("x", "b-from-a", sel("app", "b"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")})), nil)
 	pols := []*networkingv1.NetworkPolicy{pol}
 	c.set(t, pols)
-	echoTCP(listenTCP(t, b.lp.Netns, 91))
+	bypasstest.ServeEcho(listenTCP(t, b.lp.Netns, 91))
 	p := startPinger(t, a, b.lp.IP, 91)
 	p.waitEchoes(t, 20, 5*time.Second)
 

@@ -12,14 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
@@ -295,40 +294,22 @@ func echo(t *testing.T, c, s *net.TCPConn, msg []byte) {
 	}
 }
 
-// outcome is what each step of a scenario saw, to compare with the bypass
-// on and off.
-type outcome []string
-
-func result(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, io.EOF):
-		return "EOF"
-	case errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNRESET):
-		return "EPIPE/ECONNRESET" // which one depends on timing, with or without the bypass
-	case errors.Is(err, syscall.ECONNABORTED):
-		return "ECONNABORTED"
-	}
-	return err.Error()
-}
-
 // both runs a scenario with the bypass off and on and requires the same
 // outcome, and that the bypass carried bytes when on.
-func both(t *testing.T, scenario func(b *bed) outcome) {
+func both(t *testing.T, scenario func(testing.TB, bypasstest.Pair) bypasstest.Outcome) {
 	t.Helper()
-	var off, on outcome
+	var off, on bypasstest.Outcome
 	t.Run("off", func(t *testing.T) {
 		b := newBed(t, "a", "b")
 		must(t, b.bp.SetConfig(Config{Mode: Off}))
-		off = scenario(b)
+		off = scenario(t, func() (*net.TCPConn, *net.TCPConn) { return b.pair("a", "b") })
 		if n := b.stat("redirected_msgs"); n != 0 {
 			t.Fatalf("%d messages redirected with the bypass off", n)
 		}
 	})
 	t.Run("on", func(t *testing.T) {
 		b := newBed(t, "a", "b")
-		on = scenario(b)
+		on = scenario(t, func() (*net.TCPConn, *net.TCPConn) { return b.pair("a", "b") })
 		if b.stat("redirected_msgs") == 0 {
 			t.Fatal("nothing redirected with the bypass on")
 		}
@@ -339,111 +320,17 @@ func both(t *testing.T, scenario func(b *bed) outcome) {
 	t.Logf("outcome: %v", on)
 }
 
-func TestHalfClose(t *testing.T) {
-	both(t, func(b *bed) outcome {
-		c, s := b.pair("a", "b")
-		var o outcome
-		_, err := c.Write([]byte("request"))
-		o = append(o, "client write: "+result(err))
-		o = append(o, "client shutdown(SHUT_WR): "+result(c.CloseWrite()))
-		_, err = c.Write([]byte("after shutdown"))
-		o = append(o, "client write after SHUT_WR: "+result(err))
-		must(t, s.SetReadDeadline(time.Now().Add(5*time.Second)))
-		req, err := io.ReadAll(s)
-		o = append(o, fmt.Sprintf("server reads %q then %s", req, result(err)))
-		_, err = s.Write([]byte("reply after EOF"))
-		o = append(o, "server write: "+result(err))
-		o = append(o, "server close: "+result(s.Close()))
-		must(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-		rep, err := io.ReadAll(c)
-		o = append(o, fmt.Sprintf("client reads %q then %s", rep, result(err)))
-		return o
-	})
-}
+func TestHalfClose(t *testing.T) { both(t, bypasstest.HalfClose) }
 
-func TestPeerDiesMidStream(t *testing.T) {
-	both(t, func(b *bed) outcome {
-		var o outcome
-		// The reader dies with bytes unread: the writer fails.
-		c, s := b.pair("a", "b")
-		chunk := make([]byte, 16<<10)
-		for range 8 {
-			_, err := c.Write(chunk)
-			must(t, err)
-		}
-		s.Close()
-		var err error
-		deadline := time.Now().Add(5 * time.Second)
-		for err == nil && time.Now().Before(deadline) {
-			_, err = c.Write(chunk)
-			time.Sleep(time.Millisecond)
-		}
-		o = append(o, "writer, reader gone: "+result(err))
-		// The writer dies mid-stream: the reader gets every byte, then EOF.
-		c2, s2 := b.pair("a", "b")
-		for range 8 {
-			_, err := c2.Write(chunk)
-			must(t, err)
-		}
-		c2.Close()
-		must(t, s2.SetReadDeadline(time.Now().Add(5*time.Second)))
-		got, err := io.ReadAll(s2)
-		o = append(o, fmt.Sprintf("reader, writer gone: %d bytes then %s", len(got), result(err)))
-		// The writer aborts (RST): the reader fails.
-		c3, s3 := b.pair("a", "b")
-		_, err = c3.Write(chunk)
-		must(t, err)
-		must(t, s3.SetReadDeadline(time.Now().Add(5*time.Second)))
-		_, err = io.ReadFull(s3, make([]byte, len(chunk)))
-		must(t, err)
-		must(t, c3.SetLinger(0))
-		c3.Close()
-		_, err = s3.Read(make([]byte, 1))
-		o = append(o, "reader, writer reset: "+result(err))
-		return o
-	})
-}
+func TestPeerDiesMidStream(t *testing.T) { both(t, bypasstest.PeerDies) }
 
 func TestManyConnections(t *testing.T) {
 	b := newBed(t, "a", "b")
 	l := b.listen("b", 0)
+	bypasstest.ServeEcho(l)
 	const n = 200
-	go func() {
-		for {
-			s, err := l.AcceptTCP()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer s.Close()
-				// A plain read loop: io.Copy between TCP conns splices,
-				// and splice(2) does not see bypassed bytes (TestSplice).
-				_, _ = io.Copy(s, struct{ io.Reader }{s})
-			}()
-		}
-	}()
 	before := b.stat("recorded")
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	for i := range n {
-		c := b.dial(b.netns["a"], l.Addr())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			msg := bytes.Repeat([]byte{byte(i)}, 64<<10)
-			go func() { _, _ = c.Write(msg); _ = c.CloseWrite() }()
-			got, err := io.ReadAll(c)
-			if err == nil && !bytes.Equal(got, msg) {
-				err = fmt.Errorf("connection %d: echoed %d bytes, not what it sent", i, len(got))
-			}
-			errs <- err
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		must(t, err)
-	}
+	bypasstest.EchoMany(t, n, func() *net.TCPConn { return b.dial(b.netns["a"], l.Addr()) })
 	if rec := b.stat("recorded") - before; rec < 2*n {
 		t.Fatalf("%d sockets recorded for %d connections, want both ends of each", rec, n)
 	}
