@@ -99,8 +99,8 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		n.fp = fp
 	}()
 	var mark uint32
-	if fp != nil {
-		mark = n.cfg.FastPathMark
+	if fp != nil && fp.Enabled() {
+		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
 	}
 	if err := netfilter.Ensure(s.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
 		return err
@@ -160,7 +160,30 @@ func (n *Node) FastPath() FastPath {
 	if n.fp == nil {
 		return nil // not a typed nil: callers compare with nil
 	}
-	return n.fp
+	return nodeFastPath{n.fp, n.cfg.FastPathMark}
+}
+
+// nodeFastPath is the flow cache as the agent drives it: switching it
+// switches the slow path's ESTABLISHED mark too, so that a node with the
+// fast path off neither marks nor learns (the learning programs would
+// otherwise run on every established packet for nothing).
+type nodeFastPath struct {
+	*fastpath.Datapath
+	mark uint32
+}
+
+func (f nodeFastPath) Switch(enabled bool) error {
+	if enabled {
+		// Marks first: the fast path learns from its first packet on.
+		if err := netfilter.EnsureMark(overlay.DeviceName, f.mark); err != nil {
+			return err
+		}
+		return f.Datapath.Switch(true)
+	}
+	if err := f.Datapath.Switch(false); err != nil {
+		return err
+	}
+	return netfilter.EnsureMark(overlay.DeviceName, 0)
 }
 
 func (n *Node) fastPath() *fastpath.Datapath {

@@ -436,8 +436,20 @@ func TestToggleMidFlow(t *testing.T) {
 		}
 	}
 	step(false)
+	// Off, nothing marks the slow path's packets and nothing learns.
+	if r := markRules(t, n1); r != 0 {
+		t.Errorf("%d ESTABLISHED mark rules with the fast path off, want none", r)
+	}
+	learned := learnCounters(stats(t, n1))
+	step(false) // 200 more exchanges, off
+	if got := learnCounters(stats(t, n1)); got != learned {
+		t.Errorf("the learning programs ran with the fast path off: %d → %d packets", learned, got)
+	}
 	before := stats(t, n1)
 	step(true)
+	if r := markRules(t, n1); r != 2 {
+		t.Errorf("%d ESTABLISHED mark rules with the fast path on, want 2", r)
+	}
 	time.Sleep(200 * time.Millisecond)
 	close(stop)
 	if err := <-errc; err != nil {
@@ -446,6 +458,21 @@ func TestToggleMidFlow(t *testing.T) {
 	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {
 		t.Fatal("the flow did not return to the fast path after switching it back on")
 	}
+}
+
+// markRules counts the rules of ONC's ESTABLISHED-mark chain on node n.
+func markRules(t *testing.T, n *lab.Node) int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", n.Netns, "iptables", "-t", "mangle", "-S", "ONC-MARK").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables -t mangle -S ONC-MARK: %v: %s", err, out)
+	}
+	return strings.Count(string(out), "-A ONC-MARK")
+}
+
+// learnCounters sums every packet the learning programs looked at.
+func learnCounters(s map[string]uint64) uint64 {
+	return s["learn_egress"] + s["learn_ingress"] + s["learn_known"] + s["learn_paused"]
 }
 
 // countingEcho echoes UDP and counts what it received.

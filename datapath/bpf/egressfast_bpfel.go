@@ -98,7 +98,8 @@ const (
 	EgressFastOncStatSTAT_LEARN_EGRESS           EgressFastOncStat = 22
 	EgressFastOncStatSTAT_LEARN_INGRESS          EgressFastOncStat = 23
 	EgressFastOncStatSTAT_LEARN_PAUSED           EgressFastOncStat = 24
-	EgressFastOncStatSTAT_MAX                    EgressFastOncStat = 25
+	EgressFastOncStatSTAT_LEARN_KNOWN            EgressFastOncStat = 25
+	EgressFastOncStatSTAT_MAX                    EgressFastOncStat = 26
 )
 
 // Names of all BPF objects in the ELF.

@@ -98,7 +98,8 @@ const (
 	IngressFastOncStatSTAT_LEARN_EGRESS           IngressFastOncStat = 22
 	IngressFastOncStatSTAT_LEARN_INGRESS          IngressFastOncStat = 23
 	IngressFastOncStatSTAT_LEARN_PAUSED           IngressFastOncStat = 24
-	IngressFastOncStatSTAT_MAX                    IngressFastOncStat = 25
+	IngressFastOncStatSTAT_LEARN_KNOWN            IngressFastOncStat = 25
+	IngressFastOncStatSTAT_MAX                    IngressFastOncStat = 26
 )
 
 // Names of all BPF objects in the ELF.

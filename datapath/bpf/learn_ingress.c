@@ -22,7 +22,8 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	if (!cfg || !(skb->mark & cfg->mark))
 		return TC_ACT_OK;
 	skb->mark &= ~cfg->mark; /* ONC's bit never reaches the pod */
-	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
+	/* Off, the fast path learns nothing (it flushes when switched on). */
+	if (!cfg->enabled || !is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
 		return TC_ACT_OK;
 	if (!cfg->learning) {
 		count(STAT_LEARN_PAUSED);
@@ -33,7 +34,6 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
 		return TC_ACT_OK;
 	flow_in(&key, &p);
-	flow_learn(&key, cfg->epoch, 0);
-	count(STAT_LEARN_INGRESS);
+	count(flow_learn(&key, cfg->epoch, 0) ? STAT_LEARN_INGRESS : STAT_LEARN_KNOWN);
 	return TC_ACT_OK;
 }

@@ -98,7 +98,8 @@ const (
 	LearnEgressOncStatSTAT_LEARN_EGRESS           LearnEgressOncStat = 22
 	LearnEgressOncStatSTAT_LEARN_INGRESS          LearnEgressOncStat = 23
 	LearnEgressOncStatSTAT_LEARN_PAUSED           LearnEgressOncStat = 24
-	LearnEgressOncStatSTAT_MAX                    LearnEgressOncStat = 25
+	LearnEgressOncStatSTAT_LEARN_KNOWN            LearnEgressOncStat = 25
+	LearnEgressOncStatSTAT_MAX                    LearnEgressOncStat = 26
 )
 
 // Names of all BPF objects in the ELF.

@@ -98,7 +98,8 @@ const (
 	LearnIngressOncStatSTAT_LEARN_EGRESS           LearnIngressOncStat = 22
 	LearnIngressOncStatSTAT_LEARN_INGRESS          LearnIngressOncStat = 23
 	LearnIngressOncStatSTAT_LEARN_PAUSED           LearnIngressOncStat = 24
-	LearnIngressOncStatSTAT_MAX                    LearnIngressOncStat = 25
+	LearnIngressOncStatSTAT_LEARN_KNOWN            LearnIngressOncStat = 25
+	LearnIngressOncStatSTAT_MAX                    LearnIngressOncStat = 26
 )
 
 // Names of all BPF objects in the ELF.

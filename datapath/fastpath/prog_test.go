@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -352,6 +353,55 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	}
 	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actOK {
 		t.Fatal("flow still fast-pathed after a flush")
+	}
+}
+
+// TestLearningWritesOnlyChanges: every marked packet of a flow reaches
+// the learning programs; once the flow is learned they write nothing (the
+// outer header's per-packet fields do not count as a change), a changed
+// header is written again, and with the fast path off nothing is learned.
+func TestLearningWritesOnlyChanges(t *testing.T) {
+	d := open(t)
+	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
+	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
+	run(t, d.progs.learnEgress, out, mark)
+	run(t, d.progs.learnIngress, back, mark)
+	if stat(t, d, "learn_egress") != 1 || stat(t, d, "learn_ingress") != 1 || stat(t, d, "learn_known") != 0 {
+		t.Fatal("the first packets did not teach the cache")
+	}
+
+	// The same flow again, with what the kernel varies per packet varied:
+	// outer IP id and UDP source port.
+	again := slices.Clone(out)
+	binary.BigEndian.PutUint16(again[18:], 0x4242) // outer IP id
+	binary.BigEndian.PutUint16(again[34:], 61000)  // outer UDP source
+	for range 3 {
+		run(t, d.progs.learnEgress, again, mark)
+		run(t, d.progs.learnIngress, back, mark)
+	}
+	if stat(t, d, "learn_egress") != 1 || stat(t, d, "learn_ingress") != 1 || stat(t, d, "learn_known") != 6 {
+		t.Fatalf("a learned flow was written again: learn_egress %d, learn_ingress %d, learn_known %d",
+			stat(t, d, "learn_egress"), stat(t, d, "learn_ingress"), stat(t, d, "learn_known"))
+	}
+
+	// The peer's VTEP moved (another MAC): a real change is written.
+	moved := slices.Clone(out)
+	copy(moved[0:6], net.HardwareAddr{2, 0, 0, 0, 0xb, 9})
+	run(t, d.progs.learnEgress, moved, mark)
+	encaps, _ := d.Encaps()
+	if stat(t, d, "learn_egress") != 2 || len(encaps) != 1 || encaps[0].OuterDst.String() != "02:00:00:00:0b:09" {
+		t.Fatalf("a changed header was not written: learn_egress %d, encaps %+v", stat(t, d, "learn_egress"), encaps)
+	}
+
+	// Off, the fast path learns nothing, even from marked packets.
+	must(t, d.Configure(false))
+	other := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40001, 53, 0, 10), localNode, peerNode, 1)
+	before := stat(t, d, "learn_egress") + stat(t, d, "learn_known")
+	run(t, d.progs.learnEgress, other, mark)
+	if flows, _ := d.Flows(); len(flows) != 1 || stat(t, d, "learn_egress")+stat(t, d, "learn_known") != before {
+		t.Fatalf("learned with the fast path off: %+v", flows)
 	}
 }
 

@@ -35,6 +35,27 @@ func Ensure(clusterCIDR, vxlanDev string, mark uint32) error {
 		{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
 		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
 	}
+	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	if err := fillMark(ipt, vxlanDev, mark); err != nil {
+		return err
+	}
+	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
+}
+
+// EnsureMark sets (mark != 0) or clears the ESTABLISHED mark alone: the
+// fast path switched off needs no mark, and its learning programs then see
+// no packet at all.
+func EnsureMark(vxlanDev string, mark uint32) error {
+	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
+	if err != nil {
+		return fmt.Errorf("iptables: %w", err)
+	}
+	return fillMark(ipt, vxlanDev, mark)
+}
+
+func fillMark(ipt *iptables.IPTables, vxlanDev string, mark uint32) error {
 	var marks [][]string
 	if mark != 0 {
 		m := fmt.Sprintf("0x%x", mark)
@@ -44,13 +65,7 @@ func Ensure(clusterCIDR, vxlanDev string, mark uint32) error {
 			append([]string{"-i", vxlanDev, "-o", "onc+", "-m", "comment", "--comment", "onc: established, overlay to pod"}, est...),
 		}
 	}
-	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
-		return err
-	}
-	if err := fill(ipt, "mangle", markChain, "FORWARD", marks); err != nil {
-		return err
-	}
-	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
+	return fill(ipt, "mangle", markChain, "FORWARD", marks)
 }
 
 func fill(ipt *iptables.IPTables, table, chain, parent string, rules [][]string) error {

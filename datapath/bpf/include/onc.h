@@ -99,9 +99,10 @@ enum onc_stat {
 	STAT_INGRESS_MISS_FLOW,
 	STAT_INGRESS_MISS_TTL,
 	STAT_INGRESS_ERROR,
-	STAT_LEARN_EGRESS,
+	STAT_LEARN_EGRESS,            /* a marked packet taught the cache something */
 	STAT_LEARN_INGRESS,
 	STAT_LEARN_PAUSED,
+	STAT_LEARN_KNOWN,             /* a marked packet of a flow already learned: nothing written */
 	STAT_MAX,
 };
 
@@ -214,24 +215,32 @@ static __always_inline int flow_allowed(const struct flow_key *k, __u32 epoch)
 	return v && v->egress && v->ingress && v->epoch == epoch;
 }
 
-/* Learn one direction of a flow; a flow of an older epoch starts over. */
-static __always_inline void flow_learn(const struct flow_key *k, __u32 epoch, int egress)
+/*
+ * Learn one direction of a flow; a flow of an older epoch starts over.
+ * Every marked packet of a learned flow comes here: write only what
+ * changes, so a busy flow does not keep dirtying a shared cache line.
+ * Returns whether anything was written.
+ */
+static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int egress)
 {
 	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
 	struct flow_val nv = { .epoch = epoch };
 
 	if (v && v->epoch == epoch) {
+		if (egress ? v->egress : v->ingress)
+			return 0;
 		if (egress)
 			v->egress = 1;
 		else
 			v->ingress = 1;
-		return;
+		return 1;
 	}
 	if (egress)
 		nv.egress = 1;
 	else
 		nv.ingress = 1;
 	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
+	return 1;
 }
 
 /*
