@@ -21,6 +21,8 @@ type Report struct {
 	CPUs     string    `json:"cpus"` // netperf -T
 	Results  []Summary `json:"results"`
 	Ratios   []Ratio   `json:"ratios"`
+	// The pod-to-pod bar (absent without pod rows).
+	PodBar *BarVerdict `json:"podBar,omitempty"`
 	// The Service section's paired ratios and its bar (absent without it).
 	ServiceRatios []ServiceRatio `json:"serviceRatios,omitempty"`
 	ServiceBar    *BarVerdict    `json:"serviceBar,omitempty"`
@@ -31,29 +33,84 @@ type Report struct {
 	Samples         []Sample         `json:"samples"`
 }
 
-// Ratio of medians for one test.
+// Ratio of medians for one test, and its paired ratios.
 type Ratio struct {
 	Test       string  `json:"test"`
 	FastOnSlow float64 `json:"fastOnSlow"`
 	FastOnBare float64 `json:"fastOnBare"`
 	SlowOnBare float64 `json:"slowOnBare"`
+	// Overhead removed: of what the overlay costs (bare → slow), the share
+	// the fast path wins back, (fast − slow) ÷ (bare − slow) per
+	// repetition; on the rate, and on the CPU per transaction or per KB.
+	OverheadRemoved    Stat `json:"overheadRemoved"`
+	OverheadRemovedCPU Stat `json:"overheadRemovedCPU"`
+	PairedFastOnBare   Stat `json:"pairedFastOnBare"`
+	PairedFastOnSlow   Stat `json:"pairedFastOnSlow"`
 }
 
-// Stat is the median and range of some values.
+// overheadRemoved is (fast − slow) ÷ (bare − slow) of value, per
+// repetition that ran all three; the same formula for a rate (higher is
+// better) and for CPU per unit (lower is better). A repetition where the
+// overlay cost nothing (bare = slow) says nothing and is left out.
+func overheadRemoved(samples []Sample, test string, value func(Sample) float64) Stat {
+	by := map[int]map[string]float64{}
+	for _, s := range samples {
+		if s.Test != test || section(s.Config) != podSection {
+			continue
+		}
+		if by[s.Rep] == nil {
+			by[s.Rep] = map[string]float64{}
+		}
+		by[s.Rep][s.Config] = value(s)
+	}
+	var r []float64
+	for _, v := range by {
+		bare, bok := v["bare"]
+		slow, sok := v["slow"]
+		fast, fok := v["fast"]
+		if bok && sok && fok && bare != slow {
+			r = append(r, (fast-slow)/(bare-slow))
+		}
+	}
+	return StatOf(r)
+}
+
+// podBar is the pod-to-pod bar: the overlay's cost removed on request/
+// response, bulk transfer near bare metal, and short connections clearly
+// faster than the slow path.
+var podBar = []struct {
+	test, what string
+	stat       func(Ratio) Stat
+	op         string
+	limit      float64
+}{
+	{"TCP_RR", "overhead removed (rate)", func(r Ratio) Stat { return r.OverheadRemoved }, "≥", 0.9},
+	{"TCP_RR", "overhead removed (CPU)", func(r Ratio) Stat { return r.OverheadRemovedCPU }, "≥", 0.9},
+	{"UDP_RR", "overhead removed (rate)", func(r Ratio) Stat { return r.OverheadRemoved }, "≥", 0.9},
+	{"UDP_RR", "overhead removed (CPU)", func(r Ratio) Stat { return r.OverheadRemovedCPU }, "≥", 0.9},
+	{"TCP_STREAM", "fast ÷ bare", func(r Ratio) Stat { return r.PairedFastOnBare }, "≥", 0.9},
+	{"TCP_CRR", "fast ÷ slow", func(r Ratio) Stat { return r.PairedFastOnSlow }, "≥", 1.1},
+}
+
+// Stat is the median, range and the median's 95 % interval (bootstrap) of
+// some values.
 type Stat struct {
 	Median float64 `json:"median"`
 	Min    float64 `json:"min"`
 	Max    float64 `json:"max"`
 	N      int     `json:"n"`
+	Lo     float64 `json:"ci95Lo"`
+	Hi     float64 `json:"ci95Hi"`
 }
 
-// StatOf is the median and range of v (zero for none).
+// StatOf is the median, range and interval of v (zero for none).
 func StatOf(v []float64) Stat {
 	if len(v) == 0 {
 		return Stat{}
 	}
 	s := slices.Sorted(slices.Values(v))
-	return Stat{Median: Median(s), Min: s[0], Max: s[len(s)-1], N: len(s)}
+	lo, hi := medianInterval(s)
+	return Stat{Median: Median(s), Min: s[0], Max: s[len(s)-1], N: len(s), Lo: lo, Hi: hi}
 }
 
 // PairedRatio is, over the repetitions that ran test on both configs, a's
@@ -118,7 +175,9 @@ type BarCheck struct {
 	Stat  Stat    `json:"stat"`
 	Want  string  `json:"want"` // "≥ 0.97", "> 1", "≤ 0.6"
 	Limit float64 `json:"limit"`
-	Met   bool    `json:"met"`
+	Met   bool    `json:"met"` // by the median
+	// By the 95 % interval: met, not met, or undecided.
+	Confidence Confidence `json:"confidence"`
 }
 
 var serviceBar = []struct {
@@ -148,6 +207,7 @@ func (b *BarVerdict) add(c BarCheck, op string, limit float64) {
 		c.Met = c.Stat.Median <= limit
 	}
 	c.Met = c.Met && c.Stat.N > 0
+	c.Confidence = confidence(c.Stat, op, limit)
 	b.Checks = append(b.Checks, c)
 	b.Met = b.Met && c.Met
 }
@@ -178,7 +238,23 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 	}
 	for _, t := range tests {
 		r.Ratios = append(r.Ratios, Ratio{Test: t, FastOnSlow: div(med[t+"/fast"], med[t+"/slow"]),
-			FastOnBare: div(med[t+"/fast"], med[t+"/bare"]), SlowOnBare: div(med[t+"/slow"], med[t+"/bare"])})
+			FastOnBare: div(med[t+"/fast"], med[t+"/bare"]), SlowOnBare: div(med[t+"/slow"], med[t+"/bare"]),
+			OverheadRemoved:    overheadRemoved(samples, t, func(s Sample) float64 { return s.Value }),
+			OverheadRemovedCPU: overheadRemoved(samples, t, func(s Sample) float64 { return s.CPU }),
+			PairedFastOnBare:   PairedRatio(samples, t, "fast", "bare"),
+			PairedFastOnSlow:   PairedRatio(samples, t, "fast", "slow")})
+	}
+	if len(tests) > 0 {
+		r.PodBar = &BarVerdict{Met: true}
+		for _, b := range podBar {
+			var st Stat
+			for _, x := range r.Ratios {
+				if x.Test == b.test {
+					st = b.stat(x)
+				}
+			}
+			r.PodBar.add(BarCheck{Test: b.test, Ratio: b.what, Stat: st}, b.op, b.limit)
+		}
 	}
 	if len(svcTests) > 0 {
 		for _, t := range svcTests {
@@ -270,6 +346,16 @@ func (r Report) Markdown(w io.Writer) {
 		for _, x := range r.Ratios {
 			fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f |\n", x.Test, x.FastOnSlow, x.FastOnBare, x.SlowOnBare)
 		}
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Overhead removed = (fast − slow) ÷ (bare − slow), per repetition: of what the overlay costs, the share the fast path wins back "+
+			"(1: all of it; on CPU per unit, lower is better and the same formula holds). Each cell: median [bootstrap 95 % interval] (min – max, n).")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| test | overhead removed (rate) | overhead removed (CPU) | fast ÷ bare | fast ÷ slow |")
+		fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
+		for _, x := range r.Ratios {
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", x.Test, x.OverheadRemoved, x.OverheadRemovedCPU, x.PairedFastOnBare, x.PairedFastOnSlow)
+		}
+		r.PodBar.markdown(w)
 	}
 	if r.ServiceBar != nil {
 		r.servicesMarkdown(w)
@@ -363,7 +449,7 @@ func (b *BarVerdict) markdown(w io.Writer) {
 		}
 		v := "not measured"
 		if c.Stat.N > 0 {
-			v = map[bool]string{true: "met", false: "**not met**"}[c.Met]
+			v = map[bool]string{true: "met", false: "**not met**"}[c.Met] + " by the median, " + string(c.Confidence) + " by the 95 % interval"
 		} else {
 			verdict = "not met: not all of it was measured"
 		}
@@ -372,12 +458,12 @@ func (b *BarVerdict) markdown(w io.Writer) {
 	fmt.Fprintf(w, "\n**Bar %s.**\n", verdict)
 }
 
-// String is "median (min – max, n = N)".
+// String is "median [95 % interval] (min – max, n = N)".
 func (s Stat) String() string {
 	if s.N == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.3f (%.3f – %.3f, n = %d)", s.Median, s.Min, s.Max, s.N)
+	return fmt.Sprintf("%.3f [%.3f – %.3f] (%.3f – %.3f, n = %d)", s.Median, s.Lo, s.Hi, s.Min, s.Max, s.N)
 }
 
 // SVG draws the pod-to-pod and Service rows relative to their sections'

@@ -67,7 +67,7 @@ func TestPairedRatio(t *testing.T) {
 	got := PairedRatio(samples, "TCP_RR", SockLB, PodIP)
 	// Ratios 1, 1.5, 0.375; the ratio of the medians would be 150/200,
 	// pairing sorted values 0.75.
-	if want := (Stat{Median: 1, Min: 0.375, Max: 1.5, N: 3}); got != want {
+	if want := (Stat{Median: 1, Min: 0.375, Max: 1.5, N: 3}); spread(got) != want {
 		t.Fatalf("paired ratio %+v, want %+v", got, want)
 	}
 	if got := PairedRatio(samples, "TCP_STREAM", SockLB, PodIP); got.N != 0 {
@@ -106,7 +106,7 @@ func TestReportServices(t *testing.T) {
 		t.Fatalf("service ratios %+v", r.ServiceRatios)
 	}
 	rr := r.ServiceRatios[0]
-	if rr.Test != "TCP_RR" || rr.SockLBOnPodIP != (Stat{Median: 0.97, Min: 0.95, Max: 1.1, N: 3}) ||
+	if rr.Test != "TCP_RR" || spread(rr.SockLBOnPodIP) != (Stat{Median: 0.97, Min: 0.95, Max: 1.1, N: 3}) ||
 		rr.SockLBOnKubeProxy.Median != 1.9 || rr.KubeProxyOnPodIP.Median != 0.5 {
 		t.Fatalf("TCP_RR service ratios %+v", rr)
 	}
@@ -118,9 +118,9 @@ func TestReportServices(t *testing.T) {
 		t.Fatalf("bar: ≥ 0.97 at 0.97 is met, > 1 at 1 is not, so the bar is not: %+v", b)
 	}
 	markdown(t, r,
-		"| TCP_RR | 0.970 (0.950 – 1.100, n = 3) | 1.900 (1.833 – 1.940, n = 3) | 0.500 (0.500 – 0.600, n = 3) |",
-		"- TCP_RR service-socklb ÷ service-podip = 0.970 (0.950 – 1.100, n = 3), want ≥ 0.97: met",
-		"- TCP_CRR service-socklb ÷ service-kubeproxy = 1.000 (0.900 – 1.100, n = 3), want > 1: **not met**",
+		"| TCP_RR | 0.970 [0.950 – 1.100] (0.950 – 1.100, n = 3) | 1.900 [1.833 – 1.940] (1.833 – 1.940, n = 3) | 0.500 [0.500 – 0.600] (0.500 – 0.600, n = 3) |",
+		"- TCP_RR service-socklb ÷ service-podip = 0.970 [0.950 – 1.100] (0.950 – 1.100, n = 3), want ≥ 0.97: met by the median, undecided by the 95 % interval",
+		"- TCP_CRR service-socklb ÷ service-kubeproxy = 1.000 [0.900 – 1.100] (0.900 – 1.100, n = 3), want > 1: **not met** by the median, undecided by the 95 % interval",
 		"**Bar not met.**")
 	var buf bytes.Buffer
 	if err := r.JSON(&buf); err != nil {
@@ -186,7 +186,9 @@ func TestReportIntranode(t *testing.T) {
 	if want := []IntranodeRatio{
 		{Size: 64, Latency: Stat{Median: 0.6, Min: 0.5, Max: 0.7, N: 3}, Throughput: Stat{Median: 0.9, Min: 0.8, Max: 1.1, N: 3}},
 		{Size: 16384, Latency: Stat{Median: 0.7, Min: 0.5, Max: 0.8, N: 3}, Throughput: Stat{Median: 2.5, Min: 2, Max: 3, N: 3}},
-	}; !slices.Equal(r.IntranodeRatios, want) {
+	}; !slices.EqualFunc(r.IntranodeRatios, want, func(a, b IntranodeRatio) bool {
+		return a.Size == b.Size && spread(a.Latency) == b.Latency && spread(a.Throughput) == b.Throughput
+	}) {
 		t.Fatalf("intra-node ratios\n%+v\nwant\n%+v", r.IntranodeRatios, want)
 	}
 	b := r.IntranodeBar
@@ -207,10 +209,10 @@ func TestReportIntranode(t *testing.T) {
 
 	md := markdown(t, r,
 		"| TCP_RR | 64 B | intranode-bypass | 16666.7 | 14285.7 – 20000.0 | Trans/s | 60.0 |",
-		"| 16 KiB | 0.700 (0.500 – 0.800, n = 3) | 2.500 (2.000 – 3.000, n = 3) |",
+		"| 16 KiB | 0.700 [0.500 – 0.800] (0.500 – 0.800, n = 3) | 2.500 [2.000 – 3.000] (2.000 – 3.000, n = 3) |",
 		"**The bypass's TCP_STREAM throughput is lower than the stack's at 64 B (0.90 ×).**",
-		"- TCP_RR 64 B latency intranode-bypass ÷ intranode-stack = 0.600 (0.500 – 0.700, n = 3), want ≤ 0.6: met",
-		"- TCP_RR 16 KiB latency intranode-bypass ÷ intranode-stack = 0.700 (0.500 – 0.800, n = 3), want ≤ 0.6: **not met**",
+		"- TCP_RR 64 B latency intranode-bypass ÷ intranode-stack = 0.600 [0.500 – 0.700] (0.500 – 0.700, n = 3), want ≤ 0.6: met by the median, undecided by the 95 % interval",
+		"- TCP_RR 16 KiB latency intranode-bypass ÷ intranode-stack = 0.700 [0.500 – 0.800] (0.500 – 0.800, n = 3), want ≤ 0.6: **not met** by the median, undecided by the 95 % interval",
 		"**Bar not met.**")
 	if strings.Contains(md, "| TCP_RR | intranode-") {
 		t.Fatalf("intra-node rows in the pod-to-pod table, without their size:\n%s", md)
@@ -300,4 +302,87 @@ func jsonResults(t *testing.T, r Report) []map[string]any {
 		t.Fatal(err)
 	}
 	return shape.Results
+}
+
+// spread is s without its interval, for comparing medians and ranges.
+func spread(s Stat) Stat {
+	s.Lo, s.Hi = 0, 0
+	return s
+}
+
+func TestMedianInterval(t *testing.T) {
+	v := []float64{0.91, 0.93, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0, 1.02, 1.05}
+	s := StatOf(v)
+	if !(s.Lo <= s.Median && s.Median <= s.Hi) || s.Lo < s.Min || s.Hi > s.Max || s.Lo == s.Hi {
+		t.Fatalf("interval [%v, %v] around median %v of %v", s.Lo, s.Hi, s.Median, v)
+	}
+	if again := StatOf(v); again != s {
+		t.Fatalf("the same samples gave another interval: %+v, then %+v", s, again)
+	}
+	// The middle 95 % of resampled medians leaves out the extremes.
+	if s.Lo == s.Min || s.Hi == s.Max {
+		t.Fatalf("interval [%v, %v] reaches the range [%v, %v]", s.Lo, s.Hi, s.Min, s.Max)
+	}
+	if c := StatOf([]float64{2, 2, 2}); c.Lo != 2 || c.Hi != 2 {
+		t.Fatalf("constant samples: interval [%v, %v]", c.Lo, c.Hi)
+	}
+}
+
+func TestConfidence(t *testing.T) {
+	for _, c := range []struct {
+		lo, hi float64
+		op     string
+		want   Confidence
+	}{
+		{0.92, 0.97, "≥", Met},
+		{0.85, 0.95, "≥", Undecided},
+		{0.70, 0.85, "≥", NotMet},
+		{0.50, 0.55, "≤", Met},
+		{0.55, 0.65, "≤", Undecided},
+		{1.00, 1.10, ">", Undecided}, // 1 is not above 1
+	} {
+		if got := confidence(Stat{N: 10, Lo: c.lo, Hi: c.hi}, c.op, map[string]float64{"≥": 0.9, "≤": 0.6, ">": 1}[c.op]); got != c.want {
+			t.Errorf("[%v, %v] %s: %s, want %s", c.lo, c.hi, c.op, got, c.want)
+		}
+	}
+	if got := confidence(Stat{}, "≥", 1); got != Unmeasured {
+		t.Errorf("no samples: %s", got)
+	}
+}
+
+func TestOverheadRemoved(t *testing.T) {
+	var samples []Sample
+	add := func(rep int, cfg string, value, cpu float64) {
+		samples = append(samples, Sample{Test: "TCP_RR", Config: cfg, Rep: rep, Value: value, CPU: cpu})
+	}
+	// Rates: the overlay costs 20 of 100; the fast path wins back 18, 20, 10.
+	// CPU: the overlay adds 10 of 10; the fast path saves 9, 10, 5.
+	for rep, fast := range []float64{98, 100, 90} {
+		add(rep+1, "bare", 100, 10)
+		add(rep+1, "slow", 80, 20)
+		add(rep+1, "fast", fast, 20-(fast-80)/2)
+	}
+	add(4, "bare", 100, 10) // the overlay cost nothing: says nothing
+	add(4, "slow", 100, 10)
+	add(4, "fast", 100, 10)
+	r := NewReport(samples, 4, time.Second, "test")
+	x := r.Ratios[0]
+	if got := spread(x.OverheadRemoved); got != (Stat{Median: 0.9, Min: 0.5, Max: 1, N: 3}) {
+		t.Fatalf("overhead removed by rate %+v", got)
+	}
+	if got := spread(x.OverheadRemovedCPU); got != (Stat{Median: 0.9, Min: 0.5, Max: 1, N: 3}) {
+		t.Fatalf("overhead removed by CPU %+v", got)
+	}
+	if x.PairedFastOnBare.Median != 0.99 || x.PairedFastOnSlow.N != 4 {
+		t.Fatalf("paired fast ÷ bare %+v, fast ÷ slow %+v", x.PairedFastOnBare, x.PairedFastOnSlow)
+	}
+	b := r.PodBar
+	if b == nil || len(b.Checks) != len(podBar) || !b.Checks[0].Met || b.Checks[0].Confidence != Undecided || b.Checks[2].Confidence != Unmeasured || b.Met {
+		t.Fatalf("pod bar %+v", b)
+	}
+	markdown(t, r,
+		"| TCP_RR | 0.900 [",
+		"- TCP_RR overhead removed (rate) = 0.900 [",
+		"want ≥ 0.9: met by the median, undecided by the 95 % interval",
+		"- UDP_RR overhead removed (rate) = –, want ≥ 0.9: not measured")
 }

@@ -1,0 +1,72 @@
+package bench
+
+import (
+	"math/rand/v2"
+	"slices"
+)
+
+// bootstrapResamples is how many resamples estimate a median's interval.
+const bootstrapResamples = 2000
+
+// medianInterval is a percentile-bootstrap 95 % interval of the median of
+// v: resample v with replacement, take each resample's median, and keep
+// the 2.5th and 97.5th percentiles. The seed is fixed, so one set of
+// samples always gives one interval. With few samples the interval is
+// rough (with 5 it can only fall on sample values) and tends to be too
+// narrow; the bench takes at least 10 per configuration for that reason.
+func medianInterval(v []float64) (lo, hi float64) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	meds := make([]float64, bootstrapResamples)
+	re := make([]float64, len(v))
+	for i := range meds {
+		for j := range re {
+			re[j] = v[rng.IntN(len(v))]
+		}
+		slices.Sort(re)
+		meds[i] = Median(re)
+	}
+	slices.Sort(meds)
+	return meds[bootstrapResamples*25/1000], meds[bootstrapResamples*975/1000-1]
+}
+
+// Confidence is how a bar check stands once its interval is known.
+type Confidence string
+
+const (
+	// Met: the whole 95 % interval is on the right side of the limit.
+	Met Confidence = "met"
+	// NotMet: the whole interval is on the wrong side.
+	NotMet Confidence = "not met"
+	// Undecided: the interval straddles the limit; more samples, or a
+	// quieter machine, would tell.
+	Undecided Confidence = "undecided"
+	// Unmeasured: no samples.
+	Unmeasured Confidence = "not measured"
+)
+
+// confidence judges s against limit with op (≥, > or ≤) on its interval.
+func confidence(s Stat, op string, limit float64) Confidence {
+	if s.N == 0 {
+		return Unmeasured
+	}
+	good := func(x float64) bool {
+		switch op {
+		case "≥":
+			return x >= limit
+		case ">":
+			return x > limit
+		default: // ≤
+			return x <= limit
+		}
+	}
+	switch lo, hi := good(s.Lo), good(s.Hi); {
+	case lo && hi:
+		return Met
+	case !lo && !hi:
+		return NotMet
+	}
+	return Undecided
+}
