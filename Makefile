@@ -27,9 +27,10 @@ build:
 prereqs:
 	./hack/prereqs.sh
 
-# Brings up the local lab (3 nodes, 2 pods each, embedded etcd) and prints
-# its connectivity matrix. It stays up: explore with bin/onctl, remove with
-# `make lab-down`.
+# Brings up the local lab (3 nodes, 2 pods each, embedded etcd), prints its
+# connectivity matrix and what the fast path did with the matrix's traffic
+# (hits and misses per node). It stays up: explore with bin/onctl, remove
+# with `make lab-down`.
 lab: prereqs build
 	$(BIN)/onc-lab up --bin $(CURDIR)/$(BIN) $(LAB_ARGS)
 

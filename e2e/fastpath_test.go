@@ -36,15 +36,11 @@ func agent(t *testing.T, n *lab.Node) apiv1.AgentClient {
 // stats reads a node's fast-path counters as "program_name" -> value.
 func stats(t *testing.T, n *lab.Node) map[string]uint64 {
 	t.Helper()
-	resp, err := agent(t, n).GetStats(context.Background(), &apiv1.GetStatsRequest{})
+	s, err := n.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]uint64{}
-	for _, c := range resp.Counters {
-		out[c.Program+"_"+c.Name] = c.Value
-	}
-	return out
+	return s
 }
 
 // settled returns n's counters once its fast path has carried nothing for

@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -39,12 +40,7 @@ func main() {
 				return err
 			}
 			fmt.Println("Probing every pair (ICMP, TCP, UDP)...")
-			results, err := l.Matrix(ctx)
-			failed := lab.PrintMatrix(os.Stdout, results)
-			if err == nil && failed > 0 {
-				err = fmt.Errorf("%d pairs failed", failed)
-			}
-			if err != nil {
+			if err := matrix(ctx, l); err != nil {
 				if keep {
 					fmt.Printf("\nLab left up for debugging (logs in %s); remove it with: make lab-down\n", l.Dir)
 				} else {
@@ -79,14 +75,7 @@ func main() {
 			if err != nil {
 				return fmt.Errorf("lab %q is not up: %w", o.Prefix, err)
 			}
-			results, err := l.Matrix(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if failed := lab.PrintMatrix(os.Stdout, results); failed > 0 {
-				return fmt.Errorf("%d pairs failed", failed)
-			}
-			return nil
+			return matrix(cmd.Context(), l)
 		}}
 	var etcdDir, etcdListen string
 	etcd := &cobra.Command{Use: "etcd", Hidden: true, Short: "Serve an embedded etcd (the lab's kube-apiserver store)", Args: cobra.NoArgs,
@@ -109,11 +98,33 @@ func main() {
 	}
 }
 
+// matrix probes every pair of l and prints the results, then what the
+// probes did to each node's fast-path counters.
+func matrix(ctx context.Context, l *lab.Lab) error {
+	before, statsErr := l.Stats(ctx)
+	results, err := l.Matrix(ctx)
+	failed := lab.PrintMatrix(os.Stdout, results)
+	if err != nil {
+		return err
+	}
+	fmt.Println("\nThe fast path during the matrix (onctl stats, what grew):")
+	after, afterErr := l.Stats(ctx)
+	if statsErr = errors.Join(statsErr, afterErr); statsErr != nil {
+		fmt.Println(statsErr) // the matrix is the verdict; counters only explain it
+	} else {
+		lab.PrintStatsDelta(os.Stdout, lab.StatsDelta(before, after))
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d pairs failed", failed)
+	}
+	return nil
+}
+
 func printExplore(l *lab.Lab) {
 	n := l.Nodes[0]
 	fmt.Printf(`
 The lab is up. Explore it:
-  %[1]s/onctl -s %[2]s status      # or pods, peers; -o json
+  %[1]s/onctl -s %[2]s status      # or pods, peers, stats; -o json
   ip netns exec %[3]s ip route     # a node's routes (onc.vxlan peers)
   ip netns exec %[4]s ping %[5]s   # from a pod
   %[1]s/onc-lab matrix --prefix %[6]s
