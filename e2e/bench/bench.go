@@ -210,8 +210,11 @@ type Summary struct {
 	Median float64 `json:"median"`
 	Min    float64 `json:"min"`
 	Max    float64 `json:"max"`
-	Unit   string  `json:"unit"`
-	N      int     `json:"n"`
+	// The median's bootstrap 95 % interval (see medianInterval).
+	Lo   float64 `json:"ci95Lo"`
+	Hi   float64 `json:"ci95Hi"`
+	Unit string  `json:"unit"`
+	N    int     `json:"n"`
 	// CPU per transaction (µs/Tr) or per KB (µs/KB), median.
 	CPUMedian float64 `json:"cpuMedian"`
 	CPUUnit   string  `json:"cpuUnit"`
@@ -259,7 +262,7 @@ func Summarize(samples []Sample) []Summary {
 		}
 		st := StatOf(vals)
 		out = append(out, Summary{Test: k.test, Config: k.cfg, Size: k.size, Median: st.Median, Min: st.Min, Max: st.Max,
-			Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit, LatencyUS: Median(lats)})
+			Lo: st.Lo, Hi: st.Hi, Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit, LatencyUS: Median(lats)})
 	}
 	return out
 }

@@ -376,6 +376,11 @@ func TestOverheadRemoved(t *testing.T) {
 	if x.PairedFastOnBare.Median != 0.99 || x.PairedFastOnSlow.N != 4 {
 		t.Fatalf("paired fast ÷ bare %+v, fast ÷ slow %+v", x.PairedFastOnBare, x.PairedFastOnSlow)
 	}
+	for _, res := range r.Results {
+		if res.Config == "fast" && !(res.Lo < res.Hi && res.Lo <= res.Median && res.Median <= res.Hi) {
+			t.Fatalf("fast row without its interval: %+v", res)
+		}
+	}
 	b := r.PodBar
 	if b == nil || len(b.Checks) != len(podBar) || !b.Checks[0].Met || b.Checks[0].Confidence != Undecided || b.Checks[2].Confidence != Unmeasured || b.Met {
 		t.Fatalf("pod bar %+v", b)
