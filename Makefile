@@ -39,9 +39,10 @@ lab-down: build
 
 # netperf on a fresh 2-node lab in Kubernetes mode: bare underlay vs slow
 # path vs fast path, then TCP_RR and TCP_CRR to a ClusterIP through socket
-# LB vs kube-proxy (iptables mode) vs the pod IP; writes
+# LB vs kube-proxy (iptables mode) vs the pod IP, then two pods of one node
+# through the intra-node bypass vs the stack at 1 B-16 KiB; writes
 # bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
-# "--services=false", "--pods=false".
+# "--pods=false", "--services=false", "--intranode=false".
 bench: prereqs build kube-bins
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
