@@ -31,8 +31,10 @@ type Node struct {
 	lb      *socklb.LB         // nil: off or not loaded (lbErr says why)
 	lbErr   error
 	lbTried bool
-	bp      *bypass.Bypass // nil: not loaded (bpErr says why)
-	bpErr   error
+	// switchMu serialises fast-path switches (nodeFastPath.Switch).
+	switchMu sync.Mutex
+	bp       *bypass.Bypass // nil: not loaded (bpErr says why)
+	bpErr    error
 
 	// revokePending are the pods whose rules changed and whose connections
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
@@ -160,7 +162,7 @@ func (n *Node) FastPath() FastPath {
 	if n.fp == nil {
 		return nil // not a typed nil: callers compare with nil
 	}
-	return nodeFastPath{n.fp, n.cfg.FastPathMark}
+	return nodeFastPath{n.fp, n.cfg.FastPathMark, &n.switchMu}
 }
 
 // nodeFastPath is the flow cache as the agent drives it: switching it
@@ -170,9 +172,12 @@ func (n *Node) FastPath() FastPath {
 type nodeFastPath struct {
 	*fastpath.Datapath
 	mark uint32
+	mu   *sync.Mutex // one switch at a time: the two steps must not interleave
 }
 
 func (f nodeFastPath) Switch(enabled bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if enabled {
 		// Marks first: the fast path learns from its first packet on.
 		if err := netfilter.EnsureMark(overlay.DeviceName, f.mark); err != nil {
@@ -183,7 +188,12 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	if err := f.Datapath.Switch(false); err != nil {
 		return err
 	}
-	return netfilter.EnsureMark(overlay.DeviceName, 0)
+	// The fast path is off either way: marks left behind cost a rule per
+	// packet but learn nothing (the programs return when disabled).
+	if err := netfilter.EnsureMark(overlay.DeviceName, 0); err != nil {
+		slog.Warn("fast path off, but removing the ESTABLISHED mark rules failed; they stay until the next switch", "err", err)
+	}
+	return nil
 }
 
 func (n *Node) fastPath() *fastpath.Datapath {

@@ -36,6 +36,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	struct udphdr *oudp;
 	struct l4 p;
 	__u32 hash, sum = 0;
+	__u8 ecn;
 	__u16 *w;
 
 	if (!cfg)
@@ -95,6 +96,11 @@ int onc_egress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
+	/* The outer ECN as the kernel's VXLAN device sets it (RFC 6040): the
+	 * inner packet's, with CE sent as ECT(0). */
+	ecn = p.ip->tos & ONC_ECN_MASK;
+	if (ecn == ONC_ECN_MASK)
+		ecn = ONC_ECN_ECT0;
 
 	hash = bpf_get_hash_recalc(skb);
 	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
@@ -109,6 +115,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	if ((void *)(oudp + 1) > end)
 		goto err;
 	oip->tot_len = bpf_htons(skb->len - sizeof(struct ethhdr));
+	oip->tos = (oip->tos & ~ONC_ECN_MASK) | ecn;
 	oip->id = 0;
 	oip->check = 0;
 	w = (__u16 *)oip;

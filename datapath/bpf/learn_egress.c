@@ -11,13 +11,15 @@
 #include "include/parse.h"
 
 /* The outer header as the egress program uses it: the fields it rewrites
- * per packet (IP length, id, checksum; UDP source port, length, checksum)
- * are zeroed, so two packets to one node give the same template. */
+ * per packet (IP length, id, checksum, ECN bits, which the kernel copies
+ * from each inner packet; UDP source port, length, checksum) are zeroed,
+ * so two packets to one node give the same template. */
 static __always_inline void encap_template(struct encap_val *e)
 {
 	struct iphdr *ip = (void *)(e->hdr + sizeof(struct ethhdr));
 	struct udphdr *udp = (void *)(ip + 1);
 
+	ip->tos &= ~ONC_ECN_MASK;
 	ip->tot_len = 0;
 	ip->id = 0;
 	ip->check = 0;

@@ -211,6 +211,26 @@ func TestEgressFastPathHitEncapsulates(t *testing.T) {
 	}
 }
 
+// The outer ECN follows each inner packet, as the kernel's VXLAN device
+// sets it: not the ECN of whatever packet the header was learned from.
+func TestEgressOuterECN(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	for _, c := range []struct{ inner, outer byte }{{0, 0}, {1, 1}, {2, 2}, {3, 2}} { // CE is sent as ECT(0)
+		pkt := frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 100)
+		pkt[15] = 0x20 | c.inner // DSCP kept, ECN varied
+		binary.BigEndian.PutUint16(pkt[24:], 0)
+		binary.BigEndian.PutUint16(pkt[24:], ipsum(pkt[14:34]))
+		ret, out := run(t, d.progs.egressFast, pkt, 0)
+		if ret != actRedirect {
+			t.Fatalf("inner ECN %d: verdict %d", c.inner, ret)
+		}
+		if got := out[15] & 3; got != c.outer || binary.BigEndian.Uint16(out[24:]) != ipsum(out[14:34]) {
+			t.Errorf("inner ECN %d: outer ECN %d (want %d) or outer checksum wrong", c.inner, got, c.outer)
+		}
+	}
+}
+
 func TestEgressMissReasons(t *testing.T) {
 	d := open(t)
 	established(t, d)
@@ -373,8 +393,9 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	}
 
 	// The same flow again, with what the kernel varies per packet varied:
-	// outer IP id and UDP source port.
+	// outer ECN, IP id and UDP source port.
 	again := slices.Clone(out)
+	again[15] |= 2                                 // outer ECN: ECT(0), copied from an inner packet
 	binary.BigEndian.PutUint16(again[18:], 0x4242) // outer IP id
 	binary.BigEndian.PutUint16(again[34:], 61000)  // outer UDP source
 	for range 3 {

@@ -13,7 +13,7 @@ const bootstrapResamples = 2000
 // the 2.5th and 97.5th percentiles. The seed is fixed, so one set of
 // samples always gives one interval. With few samples the interval is
 // rough (with 5 it can only fall on sample values) and tends to be too
-// narrow; the bench takes at least 10 per configuration for that reason.
+// narrow: verdicts need minConfident samples, and ten or more are better.
 func medianInterval(v []float64) (lo, hi float64) {
 	if len(v) == 0 {
 		return 0, 0
@@ -47,10 +47,17 @@ const (
 	Unmeasured Confidence = "not measured"
 )
 
-// confidence judges s against limit with op (≥, > or ≤) on its interval.
+// minConfident is the fewest paired samples an interval is trusted on.
+const minConfident = 5
+
+// confidence judges s against limit with op (≥, > or ≤) on its interval;
+// fewer than minConfident samples decide nothing.
 func confidence(s Stat, op string, limit float64) Confidence {
 	if s.N == 0 {
 		return Unmeasured
+	}
+	if s.N < minConfident {
+		return Undecided
 	}
 	good := func(x float64) bool {
 		switch op {

@@ -348,6 +348,9 @@ func TestConfidence(t *testing.T) {
 	if got := confidence(Stat{}, "≥", 1); got != Unmeasured {
 		t.Errorf("no samples: %s", got)
 	}
+	if got := confidence(Stat{N: 3, Lo: 2, Hi: 3}, "≥", 1); got != Undecided {
+		t.Errorf("three samples decided: %s", got)
+	}
 }
 
 func TestOverheadRemoved(t *testing.T) {

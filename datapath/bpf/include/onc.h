@@ -15,6 +15,10 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
+/* The ECN field of the IP TOS byte; CE is both bits set. */
+#define ONC_ECN_MASK 3
+#define ONC_ECN_ECT0 2
+
 /* Outer Ethernet + IPv4 + UDP + VXLAN, then the inner Ethernet header. */
 #define ONC_ENCAP_LEN 50
 #define ONC_HDR_LEN (ONC_ENCAP_LEN + 14)
