@@ -53,7 +53,7 @@ func netperfMain(ctx context.Context, args []string) error {
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
 	netperf := fs.String("netperf", ".tools/netperf/usr/bin", "directory holding netperf and netserver")
 	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver and kube-proxy (make kube-bins; env ONC_KUBE_BIN)")
-	reps := fs.Int("reps", 5, "interleaved repetitions per test and configuration")
+	reps := fs.Int("reps", 10, "interleaved repetitions per test and configuration (at least 5 for a bar verdict by interval; 10 for a useful one)")
 	dur := fs.Duration("duration", 5*time.Second, "length of one netperf run")
 	tests := fs.StringSlice("tests", bench.Tests, "netperf tests (the Service section runs those of "+strings.Join(bench.ServiceTests, ", ")+
 		", the intra-node one those of "+strings.Join(bench.IntranodeTests, ", ")+")")
