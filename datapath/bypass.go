@@ -81,16 +81,6 @@ func (n *Node) bypass() *bypass.Bypass {
 	return n.bp
 }
 
-// ownPodBypass makes the pod's connections with the node's other pods
-// eligible for the bypass.
-func (n *Node) ownPodBypass(p Pod) error {
-	bp := n.bypass()
-	if bp == nil {
-		return nil
-	}
-	return bp.OwnPod(p.IP, p.Netns)
-}
-
 func (n *Node) forgetPodBypass(p Pod) error {
 	bp := n.bypass()
 	if bp == nil || !p.IP.IsValid() {

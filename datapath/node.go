@@ -311,9 +311,6 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 	if err := n.ownPodSockets(p); err != nil {
 		return PodLink{}, err
 	}
-	if err := n.ownPodBypass(p); err != nil {
-		return PodLink{}, err
-	}
 	return PodLink{PodMAC: podMAC, HostMAC: host.Attrs().HardwareAddr}, nil
 }
 
@@ -322,7 +319,7 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 func (n *Node) AdoptPod(p Pod) error {
 	// Each independently: a pod off the fast path still gets its Services,
 	// and policy can still end its bypassed connections.
-	errs := []error{n.ownPodSockets(p), n.ownPodBypass(p)}
+	errs := []error{n.ownPodSockets(p)}
 	host, err := netlink.LinkByName(p.HostIface)
 	if err == nil {
 		err = n.addToFastPath(p, host)
@@ -342,6 +339,29 @@ func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
 		return err
 	}
 	return fp.AttachPod(p.HostIface)
+}
+
+// ownPodSockets registers the pod's network namespace (by its cookie,
+// read once) with the socket programs that act on pods' sockets: the
+// socket LB in mode all, which must know it before the pod runs or its
+// first connections would go to kube-proxy, and the intra-node bypass.
+func (n *Node) ownPodSockets(p Pod) error {
+	lb, bp := n.socketLBIfPods(), n.bypass()
+	if lb == nil && bp == nil {
+		return nil
+	}
+	cookie, err := podnet.NetnsCookie(p.Netns)
+	if err != nil {
+		return fmt.Errorf("pod sockets: %w", err)
+	}
+	var errs []error
+	if lb != nil {
+		errs = append(errs, lb.OwnPod(cookie, p.IP))
+	}
+	if bp != nil {
+		errs = append(errs, bp.OwnPod(p.IP, p.Netns, cookie))
+	}
+	return errors.Join(errs...)
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.

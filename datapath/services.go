@@ -169,21 +169,6 @@ func UnbalanceAPIServer(bpffs string) error {
 	return socklb.Unbalance(bpffs, socklb.Key{VIP: ap.Addr(), Port: ap.Port(), Proto: socklb.TCP})
 }
 
-// ownPodSockets lets the socket programs balance the pod's sockets; it
-// must happen before the pod runs, or its first connections would go to
-// kube-proxy and their getpeername() would differ from later ones'.
-func (n *Node) ownPodSockets(p Pod) error {
-	lb := n.socketLBIfPods()
-	if lb == nil {
-		return nil
-	}
-	cookie, err := podnet.NetnsCookie(p.Netns)
-	if err != nil {
-		return fmt.Errorf("socket LB: %w", err)
-	}
-	return lb.OwnPod(cookie, p.IP)
-}
-
 func (n *Node) forgetPodSockets(p Pod) error {
 	lb := n.socketLBIfPods()
 	if lb == nil || !p.IP.IsValid() {

@@ -2,13 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"io"
 	"net"
-	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -166,7 +161,10 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	// A large transfer arrives intact, and through the bypass.
 	const size = 64 << 20
 	sent := c.bypassCounter(t, "redirected_bytes")[n]
-	transferSHA(t, a.lp.Netns, b.lp.Netns, b.lp.IP, 94, size)
+	sink(listenTCP(t, b.lp.Netns, 94))
+	if err := transfer(t, a.lp.Netns, b.lp.IP, 94, size, nil); err != nil {
+		t.Fatal(err)
+	}
 	if got := c.bypassCounter(t, "redirected_bytes")[n] - sent; got < size {
 		t.Errorf("the bypass carried %d of the %d bytes transferred", got, size)
 	}
@@ -217,49 +215,6 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	// at runtime: make every node's setting what the other subtests expect.
 	if err := c.l.RestartAgent(ctx, n); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// transferSHA sends size random bytes from a pod to a server in another
-// that answers with the sha256 of what it read; the two must match.
-func transferSHA(t *testing.T, from, to string, ip netip.Addr, port, size int) {
-	t.Helper()
-	l := listenTCP(t, to, port)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		h := sha256.New()
-		// A plain read loop: io.Copy from a TCP conn splices, which does
-		// not see bypassed bytes.
-		if _, err := io.Copy(h, struct{ io.Reader }{c}); err == nil {
-			_, _ = io.WriteString(c, hex.EncodeToString(h.Sum(nil)))
-		}
-	}()
-	conn := dial(t, from, "tcp4", ip, port).(*net.TCPConn)
-	h := sha256.New()
-	buf := make([]byte, 64<<10)
-	for n := 0; n < size; n += len(buf) {
-		_, _ = rand.Read(buf)
-		h.Write(buf)
-		if _, err := conn.Write(buf); err != nil {
-			t.Fatalf("write at %d: %v", n, err)
-		}
-	}
-	if err := conn.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := hex.EncodeToString(h.Sum(nil)); string(got) != want {
-		t.Fatalf("the server read sha256 %q, sent %s", got, want)
 	}
 }
 

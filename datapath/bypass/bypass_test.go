@@ -64,7 +64,7 @@ func newBed(t *testing.T, pods ...string) *bed {
 	b.bp = b.open()
 	must(t, b.bp.SetConfig(Config{Mode: On}))
 	for name, ip := range b.pods {
-		must(t, b.bp.OwnPod(ip, b.netns[name]))
+		b.own(b.bp, name, ip)
 	}
 	return b
 }
@@ -74,6 +74,14 @@ func pinDir(t *testing.T) string {
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir
+}
+
+// own registers pod with bp, as the node does at CNI ADD.
+func (b *bed) own(bp *Bypass, pod string, ip netip.Addr) {
+	b.t.Helper()
+	cookie, err := podnet.NetnsCookie(b.netns[pod])
+	must(b.t, err)
+	must(b.t, bp.OwnPod(ip, b.netns[pod], cookie))
 }
 
 // open loads and attaches a bypass on the bed's pins, as an agent does.
@@ -259,7 +267,7 @@ func TestRestartMidStream(t *testing.T) {
 		must(t, b.bp.Close())
 		b.bp = b.open()
 		for name, ip := range b.pods {
-			must(t, b.bp.OwnPod(ip, b.netns[name]))
+			b.own(b.bp, name, ip)
 		}
 	})
 	if sent != got {
@@ -348,7 +356,7 @@ func TestOnlyPodsOfThisNode(t *testing.T) {
 	must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] }))
 	must(t, other.Attach())
 	must(t, other.SetConfig(Config{Mode: On}))
-	must(t, other.OwnPod(b.pods["c"], b.netns["c"]))
+	b.own(other, "c", b.pods["c"])
 
 	check := func(what string, c, s *net.TCPConn) {
 		t.Helper()

@@ -5,18 +5,14 @@ import (
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/podnet"
 )
 
 // OwnPod makes a pod's connections with the node's other pods eligible:
-// its address and its network namespace (path, as the runtime gave it)
-// are recorded. Sockets of any other namespace using that address (the
-// host, a hostNetwork pod, another agent's pod) are never recorded.
-func (b *Bypass) OwnPod(ip netip.Addr, netns string) error {
-	cookie, err := podnet.NetnsCookie(netns)
-	if err != nil {
-		return fmt.Errorf("bypass: %w", err)
-	}
+// its address and its network namespace (path, as the runtime gave it,
+// and cookie, from podnet.NetnsCookie) are recorded. Sockets of any other
+// namespace using that address (the host, a hostNetwork pod, another
+// agent's pod) are never recorded.
+func (b *Bypass) OwnPod(ip netip.Addr, netns string, cookie uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.maps.OncBpPods.Put(bpf.NetIPv4(ip), cookie); err != nil {

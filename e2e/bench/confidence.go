@@ -59,21 +59,23 @@ func confidence(s Stat, op string, limit float64) Confidence {
 	if s.N < minConfident {
 		return Undecided
 	}
-	good := func(x float64) bool {
-		switch op {
-		case "≥":
-			return x >= limit
-		case ">":
-			return x > limit
-		default: // ≤
-			return x <= limit
-		}
-	}
-	switch lo, hi := good(s.Lo), good(s.Hi); {
+	switch lo, hi := meets(s.Lo, op, limit), meets(s.Hi, op, limit); {
 	case lo && hi:
 		return Met
 	case !lo && !hi:
 		return NotMet
 	}
 	return Undecided
+}
+
+// meets reports whether x is on the right side of limit for op (≥, > or ≤).
+func meets(x float64, op string, limit float64) bool {
+	switch op {
+	case "≥":
+		return x >= limit
+	case ">":
+		return x > limit
+	default: // ≤
+		return x <= limit
+	}
 }

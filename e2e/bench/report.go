@@ -198,15 +198,7 @@ const IntranodeBarLimit = 0.6
 // measured, and records it.
 func (b *BarVerdict) add(c BarCheck, op string, limit float64) {
 	c.Want, c.Limit = op+" "+strconv.FormatFloat(limit, 'f', -1, 64), limit
-	switch op {
-	case "≥":
-		c.Met = c.Stat.Median >= limit
-	case ">":
-		c.Met = c.Stat.Median > limit
-	case "≤":
-		c.Met = c.Stat.Median <= limit
-	}
-	c.Met = c.Met && c.Stat.N > 0
+	c.Met = c.Stat.N > 0 && meets(c.Stat.Median, op, limit)
 	c.Confidence = confidence(c.Stat, op, limit)
 	b.Checks = append(b.Checks, c)
 	b.Met = b.Met && c.Met
