@@ -14,6 +14,7 @@ declare -A need=(
   [clang]=clang                # eBPF programs (make generate)
   [llvm-strip]=llvm            # bpf2go strips the objects
   [bpftool]=bpftool            # inspecting loaded programs and maps
+  [ethtool]=ethtool            # GRO on the lab's direct underlay
 )
 missing=()
 for cmd in "${!need[@]}"; do

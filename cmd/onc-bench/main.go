@@ -60,6 +60,7 @@ func netperfMain(ctx context.Context, args []string) error {
 	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
 	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", "))
 	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
+	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: three veth hops under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	_ = fs.Parse(args)
 	np, err := filepath.Abs(*netperf)
@@ -76,7 +77,7 @@ func netperfMain(ctx context.Context, args []string) error {
 		}
 	}
 	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
-		Datastore: "kubernetes", KubeBin: *kubeBin})
+		Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: *underlay})
 	if err != nil {
 		return err
 	}

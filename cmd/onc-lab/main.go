@@ -58,6 +58,7 @@ func main() {
 	up.Flags().BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
 	up.Flags().BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
 	up.Flags().StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
+	up.Flags().StringVar(&o.Underlay, "underlay", lab.UnderlayBridge, "bridge (every node on one bridge) or direct (2 nodes on one veth pair, as the bench runs)")
 	up.Flags().StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
 
 	down := &cobra.Command{Use: "down", Short: "Stop the lab's processes and remove all it made", Args: cobra.NoArgs,

@@ -59,12 +59,27 @@ type Options struct {
 	// from manifests/onc.yaml, controller and agents as its service accounts.
 	Datastore string
 	KubeBin   string // directory with kube-apiserver (make kube-bins)
+	// Underlay is "bridge" (default: every node's eth0 on one bridge) or
+	// "direct": exactly 2 nodes whose eth0s are the two ends of one veth
+	// pair, as two machines on one cable. The bridge puts three veth hops
+	// under every packet, which dilutes the overlay's share of the cost;
+	// the bench measures on "direct". The controller's namespace is on the
+	// bridge either way, which the nodes join by ctl0 for the control plane.
+	Underlay string
 }
 
 // Underlay addressing (inside the lab's own namespaces only).
 var (
 	underlay     = netip.MustParsePrefix("172.31.250.0/24")
 	controllerIP = netip.MustParseAddr("172.31.250.250")
+	// directUnderlay addresses the direct pair's ends (Underlay "direct").
+	directUnderlay = netip.MustParsePrefix("172.31.251.0/24")
+)
+
+// Underlays of Options.Underlay.
+const (
+	UnderlayBridge = "bridge"
+	UnderlayDirect = "direct"
 )
 
 // Lab is a running lab; its JSON form is the state file lab-down reads.
@@ -77,6 +92,7 @@ type Lab struct {
 	Nodes      []*Node        `json:"nodes"`
 	AgentArgs  []string       `json:"agentArgs,omitempty"`
 	Datastore  string         `json:"datastore"`
+	Underlay   string         `json:"underlay"`
 	// Namespaces are the pod namespaces the lab made or labelled, with
 	// their labels (on etcd only recorded).
 	Namespaces map[string]map[string]string `json:"namespaces,omitempty"`
@@ -175,6 +191,17 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	default:
 		return nil, fmt.Errorf("datastore %q: etcd or kubernetes", o.Datastore)
 	}
+	switch o.Underlay {
+	case "":
+		o.Underlay = UnderlayBridge
+	case UnderlayBridge:
+	case UnderlayDirect:
+		if o.Nodes != 2 {
+			return nil, fmt.Errorf("underlay direct joins exactly 2 nodes, not %d", o.Nodes)
+		}
+	default:
+		return nil, fmt.Errorf("underlay %q: bridge or direct", o.Underlay)
+	}
 	for _, b := range []string{"onc", "onc-agent", "onc-controller", "onc-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, o.BinDir, err)
@@ -190,7 +217,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore, KubeBin: o.KubeBin}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore, KubeBin: o.KubeBin, Underlay: o.Underlay}
 	defer func() {
 		if err != nil {
 			_ = l.Down()
@@ -199,7 +226,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := l.underlay(); err != nil {
 		return l, err
 	}
-	if err := l.attach(l.ctlNetns(), "ctl", controllerIP); err != nil {
+	if err := l.attach(l.ctlNetns(), "ctl", "eth0", controllerIP); err != nil {
 		return l, err
 	}
 	if l.Datastore == "kubernetes" {
@@ -289,17 +316,42 @@ func (l *Lab) underlay() error {
 	})
 }
 
-// attach creates netns name with eth0 on the underlay bridge at ip.
-func (l *Lab) attach(name, port string, ip netip.Addr) error {
+// attach creates netns name with dev on the underlay bridge at ip.
+func (l *Lab) attach(name, port, dev string, ip netip.Addr) error {
 	ul := l.ulNetns()
 	return run([][]string{
 		{"ip", "netns", "add", name},
 		{"ip", "-n", name, "link", "set", "lo", "up"},
-		{"ip", "-n", ul, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name},
+		{"ip", "-n", ul, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", name},
 		{"ip", "-n", ul, "link", "set", port, "master", "br0", "up"},
-		{"ip", "-n", name, "addr", "add", netip.PrefixFrom(ip, underlay.Bits()).String(), "dev", "eth0"},
-		{"ip", "-n", name, "link", "set", "eth0", "up"},
+		{"ip", "-n", name, "addr", "add", netip.PrefixFrom(ip, underlay.Bits()).String(), "dev", dev},
+		{"ip", "-n", name, "link", "set", dev, "up"},
 	})
+}
+
+// directEnd gives node number i (1 or 2) its end of the direct pair as
+// eth0 at ip. Node 1's turn makes the pair and parks the far end in the
+// underlay namespace, where node 2's turn takes it.
+func (l *Lab) directEnd(netns string, i int, ip netip.Addr) error {
+	ul, parked := l.ulNetns(), "direct2"
+	var cmds [][]string
+	switch i {
+	case 1:
+		cmds = [][]string{{"ip", "-n", ul, "link", "add", parked, "type", "veth", "peer", "name", "eth0", "netns", netns}}
+	case 2:
+		cmds = [][]string{
+			{"ip", "-n", ul, "link", "set", parked, "netns", netns},
+			{"ip", "-n", netns, "link", "set", parked, "name", "eth0"},
+		}
+	default:
+		return fmt.Errorf("underlay direct joins exactly 2 nodes; node %d has no cable", i)
+	}
+	// GRO on, as every NIC driver does it (a veth does not by default):
+	// without it a receiver takes each MTU-sized packet through the stack.
+	return run(append(cmds,
+		[]string{"ip", "-n", netns, "addr", "add", netip.PrefixFrom(ip, directUnderlay.Bits()).String(), "dev", "eth0"},
+		[]string{"ip", "netns", "exec", netns, "ethtool", "-K", "eth0", "gro", "on"},
+		[]string{"ip", "-n", netns, "link", "set", "eth0", "up"}))
 }
 
 func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
@@ -325,14 +377,25 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		i = max(i, k+1)
 	}
 	short := fmt.Sprintf("n%d", i)
-	a := underlay.Addr().As4()
-	a[3] = byte(10 + i)
-	n := &Node{Name: l.Prefix + "-" + short, IP: netip.AddrFrom4(a), Dir: filepath.Join(l.Dir, short)}
+	n := &Node{Name: l.Prefix + "-" + short, IP: hostAddr(underlay, 10+i), Dir: filepath.Join(l.Dir, short)}
 	n.Netns = n.Name
-	if err := l.attach(n.Netns, short, n.IP); err != nil {
-		return nil, err
+	if l.Underlay == UnderlayDirect {
+		// The node's address, and so its tunnels, are on the direct
+		// pair; ctl0 carries only the control plane.
+		n.IP = hostAddr(directUnderlay, 10+i)
+		if err := l.attach(n.Netns, short, "ctl0", hostAddr(underlay, 10+i)); err != nil {
+			return nil, err
+		}
+		l.Nodes = append(l.Nodes, n)
+		if err := l.directEnd(n.Netns, i, n.IP); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := l.attach(n.Netns, short, "eth0", n.IP); err != nil {
+			return nil, err
+		}
+		l.Nodes = append(l.Nodes, n)
 	}
-	l.Nodes = append(l.Nodes, n)
 	if err := os.MkdirAll(filepath.Join(n.Dir, "net.d"), 0o755); err != nil {
 		return nil, err
 	}
@@ -363,6 +426,13 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		return nil, err
 	}
 	return n, l.Save()
+}
+
+// hostAddr is host number i of an IPv4 prefix.
+func hostAddr(p netip.Prefix, i int) netip.Addr {
+	a := p.Addr().As4()
+	a[3] = byte(i)
+	return netip.AddrFrom4(a)
 }
 
 // StartAgent (re)starts a node's agent process.

@@ -388,17 +388,26 @@ func echoUDP(c net.Conn, msg string, timeout time.Duration, deadline time.Time) 
 }
 
 // EchoUDP answers every datagram on c with itself until c is closed,
-// counting them in received if it is not nil.
+// counting them in received if it is not nil. The answer leaves from the
+// address the datagram came to, as a connected client needs when c is
+// bound to every address of a node with more than one (ctl0 and eth0 on
+// the direct underlay).
 func EchoUDP(c net.PacketConn, received *atomic.Int64) {
+	pc := ipv4.NewPacketConn(c)
+	withDst := pc.SetControlMessage(ipv4.FlagDst, true) == nil
 	buf := make([]byte, 65536)
 	for {
-		n, addr, err := c.ReadFrom(buf)
+		n, cm, addr, err := pc.ReadFrom(buf)
 		if err != nil {
 			return
 		}
 		if received != nil {
 			received.Add(1)
 		}
-		_, _ = c.WriteTo(buf[:n], addr)
+		var reply *ipv4.ControlMessage
+		if withDst && cm != nil {
+			reply = &ipv4.ControlMessage{Src: cm.Dst}
+		}
+		_, _ = pc.WriteTo(buf[:n], reply, addr)
 	}
 }
