@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down bench bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -43,9 +43,14 @@ lab-down: build
 # through the intra-node bypass vs the stack at 1 B-16 KiB; writes
 # bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
 # "--pods=false", "--services=false", "--intranode=false".
-bench: prereqs build kube-bins
+bench: prereqs build kube-bins flannel-bins
+	./hack/prereqs.sh bench
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
-	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(BENCH_ARGS)
+	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin --flannel $(GOBIN_TOOLS)/flannel $(BENCH_ARGS)
+
+# flanneld and its CNI plugins for the bench's flannel configuration.
+flannel-bins:
+	./hack/flannel-build.sh $(GOBIN_TOOLS)/flannel
 
 # The scale bed (docs/performance.md, "Scale"): N simulated nodes in a real
 # datastore (embedded etcd, kube-apiserver), one real agent programming

@@ -16,11 +16,18 @@ declare -A need=(
   [bpftool]=bpftool            # inspecting loaded programs and maps
   [ethtool]=ethtool            # GRO on the lab's direct underlay
 )
+# `prereqs.sh bench`: what make bench needs on top.
+if [ "${1:-}" = bench ]; then
+  need=(
+    [redis-server]=redis-server      # the bench's application rows
+    [redis-benchmark]=redis-tools
+  )
+fi
 missing=()
 for cmd in "${!need[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
-[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+[ "${1:-}" = bench ] || [ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

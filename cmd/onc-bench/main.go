@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -60,6 +61,8 @@ func netperfMain(ctx context.Context, args []string) error {
 	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
 	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", "))
 	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
+	flannel := fs.String("flannel", ".tools/flannel", `directory holding flanneld and cni/ (make flannel-bins) for the flannel configuration; "" leaves it out`)
+	redis := fs.Int("redis-requests", 100000, "redis-benchmark -n of each of GET and SET per run; 0 leaves the redis rows out")
 	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: three veth hops under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	_ = fs.Parse(args)
@@ -76,16 +79,32 @@ func netperfMain(ctx context.Context, args []string) error {
 			return fmt.Errorf("the bench's lab needs %s (make kube-bins, --kube-bin): %w", b, err)
 		}
 	}
+	if *redis > 0 && *pods {
+		for _, b := range []string{"redis-server", "redis-benchmark", "redis-cli"} {
+			if _, err := exec.LookPath(b); err != nil {
+				return fmt.Errorf("the redis rows need %s (./hack/prereqs.sh bench; --redis-requests 0 leaves them out): %w", b, err)
+			}
+		}
+	}
 	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
 		Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: *underlay})
 	if err != nil {
 		return err
 	}
 	defer l.Down()
+	if *flannel != "" {
+		dir, err := filepath.Abs(*flannel)
+		if err != nil {
+			return err
+		}
+		if err := l.StartFlannel(ctx, dir); err != nil {
+			return err
+		}
+	}
 	if err := bench.AddPods(ctx, l); err != nil {
 		return err
 	}
-	o := bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout}
+	o := bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Log: os.Stdout}
 	var samples []bench.Sample
 	if *pods {
 		fmt.Printf("lab up; pod to pod: %d × %d tests × %d configs × %s\n", *reps, len(*tests), len(bench.Configs), *dur)

@@ -24,8 +24,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// Configs, in the order a rotation starts with.
-var Configs = []string{"bare", "slow", "fast"}
+// Configs, in the order a rotation starts with: node to node; pod to pod
+// through a real Flannel (vxlan) on the same nodes, what a user would run
+// instead; through ONC with the fast path off; and on.
+var Configs = []string{"bare", "flannel", "slow", "fast"}
 
 // Tests run by default.
 var Tests = []string{"TCP_RR", "UDP_RR", "TCP_CRR", "TCP_STREAM"}
@@ -38,10 +40,30 @@ type Options struct {
 	Reps     int
 	Duration time.Duration
 	// CPUs binds netperf and netserver ("0,1": netperf on CPU 0, netserver
-	// on CPU 1). Unbound, the scheduler's placement of the two swings
-	// results by 2× on a 2-CPU machine, for every config alike.
+	// on CPU 1), and redis-benchmark and redis-server alike. Unbound, the
+	// scheduler's placement of the two swings results by 2× on a 2-CPU
+	// machine, for every config alike.
 	CPUs string
-	Log  io.Writer // progress
+	// RedisRequests is redis-benchmark -n of each of GET and SET; 0: no
+	// redis rows.
+	RedisRequests int
+	Log           io.Writer // progress
+}
+
+// configs are Configs without flannel when the lab does not run it.
+func (o Options) configs() []string {
+	if o.Lab.Flannel == nil {
+		return slices.DeleteFunc(slices.Clone(Configs), func(c string) bool { return c == "flannel" })
+	}
+	return Configs
+}
+
+// cpu is the client's (0) or the server's (1) CPU of o.CPUs, or "".
+func (o Options) cpu(i int) string {
+	if f := strings.Split(o.CPUs, ","); len(f) == 2 {
+		return f[i]
+	}
+	return ""
 }
 
 // Sample is one netperf run.
@@ -67,33 +89,70 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	stop, err := Netservers(o.Netperf, server.Netns, server.Pods[0].Netns)
+	configs := o.configs()
+	servers := []string{server.Netns, server.Pods[0].Netns}
+	if slices.Contains(configs, "flannel") {
+		servers = append(servers, server.FlannelPods[0].Netns)
+	}
+	stop, err := Netservers(o.Netperf, servers...)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
+	tests := o.Tests
+	if o.RedisRequests > 0 {
+		stopRedis, err := RedisServers(ctx, o.cpu(1), servers...)
+		if err != nil {
+			return nil, err
+		}
+		defer stopRedis()
+		tests = append(slices.Clone(tests), "REDIS")
+	}
 	var out []Sample
 	for rep := 0; rep < o.Reps; rep++ {
-		for _, test := range o.Tests {
-			for i := range Configs {
-				cfg := Configs[(i+rep)%len(Configs)]
-				from, to := client.Pods[0].Netns, server.Pods[0].IP.String()
-				if cfg == "bare" {
-					from, to = client.Netns, server.IP.String()
-				} else if err := fastPath(ctx, l, cfg == "fast"); err != nil {
-					return nil, err
+		for _, test := range tests {
+			for i := range configs {
+				cfg := configs[(i+rep)%len(configs)]
+				from, to := endpoints(client, server, cfg)
+				// Flannel's packets cross ONC's programs on the node's
+				// eth0 too: they run with the fast path off, as in slow.
+				if cfg != "bare" {
+					if err := fastPath(ctx, l, cfg == "fast"); err != nil {
+						return nil, err
+					}
 				}
-				s, err := Netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs, 0)
+				var ss []Sample
+				if test == "REDIS" {
+					ss, err = Redis(ctx, from, to, o.RedisRequests, o.cpu(0))
+				} else {
+					var s Sample
+					s, err = Netperf(ctx, o.Netperf, from, to, test, o.Duration, o.CPUs, 0)
+					ss = []Sample{s}
+				}
 				if err != nil {
 					return nil, fmt.Errorf("%s %s: %w", test, cfg, err)
 				}
-				s.Config, s.Rep = cfg, rep+1
-				fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-4s %12.1f %s  cpu %.2f %s\n", rep+1, o.Reps, test, cfg, s.Value, s.Unit, s.CPU, s.CPUUnit)
-				out = append(out, s)
+				for _, s := range ss {
+					s.Config, s.Rep = cfg, rep+1
+					fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-7s %12.1f %s  cpu %.2f %s\n", rep+1, o.Reps, s.Test, cfg, s.Value, s.Unit, s.CPU, s.CPUUnit)
+					out = append(out, s)
+				}
 			}
 		}
 	}
 	return out, nil
+}
+
+// endpoints are the namespace a config's client runs in and the address
+// it reaches the server at.
+func endpoints(client, server *lab.Node, cfg string) (from, to string) {
+	switch cfg {
+	case "bare":
+		return client.Netns, server.IP.String()
+	case "flannel":
+		return client.FlannelPods[0].Netns, server.FlannelPods[0].IP.String()
+	}
+	return client.Pods[0].Netns, server.Pods[0].IP.String()
 }
 
 // pair is the client's node and the server's, each with its pod first.
@@ -240,13 +299,14 @@ func Summarize(samples []Sample) []Summary {
 		groups[k] = append(groups[k], s)
 	}
 	configs := slices.Concat(Configs, ServiceConfigs, IntranodeConfigs)
+	allTests := slices.Concat(Tests, RedisTests)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
 		if sa, sb := section(a.cfg), section(b.cfg); sa != sb {
 			return sa < sb
 		}
 		if a.test != b.test {
-			return indexOf(Tests, a.test) < indexOf(Tests, b.test)
+			return indexOf(allTests, a.test) < indexOf(allTests, b.test)
 		}
 		if a.size != b.size {
 			return a.size < b.size

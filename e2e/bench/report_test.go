@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -368,7 +369,13 @@ func TestOverheadRemoved(t *testing.T) {
 	add(4, "bare", 100, 10) // the overlay cost nothing: says nothing
 	add(4, "slow", 100, 10)
 	add(4, "fast", 100, 10)
-	r := NewReport(samples, 4, time.Second, "test")
+	add(5, "bare", 100, 10) // noise: slow beat bare, no overhead to remove
+	add(5, "slow", 101, 9)
+	add(5, "fast", 150, 5)
+	for rep, v := range []float64{80, 80, 72, 100, 75} {
+		add(rep+1, "flannel", v, 20)
+	}
+	r := NewReport(samples, 5, time.Second, "test")
 	x := r.Ratios[0]
 	if got := spread(x.OverheadRemoved); got != (Stat{Median: 0.9, Min: 0.5, Max: 1, N: 3}) {
 		t.Fatalf("overhead removed by rate %+v", got)
@@ -376,8 +383,11 @@ func TestOverheadRemoved(t *testing.T) {
 	if got := spread(x.OverheadRemovedCPU); got != (Stat{Median: 0.9, Min: 0.5, Max: 1, N: 3}) {
 		t.Fatalf("overhead removed by CPU %+v", got)
 	}
-	if x.PairedFastOnBare.Median != 0.99 || x.PairedFastOnSlow.N != 4 {
+	if x.PairedFastOnBare.Median != 1 || x.PairedFastOnSlow.N != 5 {
 		t.Fatalf("paired fast ÷ bare %+v, fast ÷ slow %+v", x.PairedFastOnBare, x.PairedFastOnSlow)
+	}
+	if got := x.PairedFastOnFlannel; got.Median != 1.25 || got.Min != 1 || got.Max != 2 || got.N != 5 {
+		t.Fatalf("paired fast ÷ flannel %+v", got)
 	}
 	for _, res := range r.Results {
 		if res.Config == "fast" && !(res.Lo < res.Hi && res.Lo <= res.Median && res.Median <= res.Hi) {
@@ -392,5 +402,33 @@ func TestOverheadRemoved(t *testing.T) {
 		"| TCP_RR | 0.900 [",
 		"- TCP_RR overhead removed (rate) = 0.900 [",
 		"want ≥ 0.9: met by the median, undecided by the 95 % interval",
-		"- UDP_RR overhead removed (rate) = –, want ≥ 0.9: not measured")
+		"- UDP_RR overhead removed (rate) = –, want ≥ 0.9: not measured",
+		"- TCP_RR paired fast ÷ flannel = 1.250 [",
+		"- REDIS_GET paired fast ÷ bare = –, want ≥ 0.95: not measured",
+		"By the 95 % intervals, of 9 checks: ")
+}
+
+func TestParseRedis(t *testing.T) {
+	out := []byte(`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+"SET","75471.70","0.345","0.096","0.335","0.503","0.615","1.031"
+"GET","78616.35","0.331","0.088","0.327","0.471","0.567","0.943"
+`)
+	got, err := parseRedis(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Sample{{Test: "REDIS_SET", Value: 75471.70, Unit: "requests/s"}, {Test: "REDIS_GET", Value: 78616.35, Unit: "requests/s"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v", got)
+	}
+	for _, bad := range []string{
+		"",                        // nothing
+		`"SET","75471.70"` + "\n", // no header
+		`"test","rps"` + "\n" + `"SET","0"` + "\n",   // no rate
+		`"test","rps"` + "\n" + `"SET","1.5"` + "\n", // GET missing
+	} {
+		if _, err := parseRedis([]byte(bad)); err == nil {
+			t.Errorf("parseRedis(%q) gave no error", bad)
+		}
+	}
 }

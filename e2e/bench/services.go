@@ -65,7 +65,8 @@ var (
 )
 
 // AddPods adds the bench's two pods: the client on node 0 and the netperf
-// server on node 1, the latter with the ports the Service targets.
+// server on node 1, the latter with the ports the Service targets; and,
+// when the lab runs Flannel, a Flannel pod on each of the two nodes.
 func AddPods(ctx context.Context, l *lab.Lab) error {
 	if len(l.Nodes) < 2 {
 		return fmt.Errorf("bench needs a lab with 2 nodes")
@@ -73,9 +74,19 @@ func AddPods(ctx context.Context, l *lab.Lab) error {
 	if _, err := l.AddPodSpec(ctx, l.Nodes[0], lab.PodSpec{Namespace: benchNS, Name: "client", Labels: map[string]string{"app": "client"}}); err != nil {
 		return err
 	}
-	_, err := l.AddPodSpec(ctx, l.Nodes[1], lab.PodSpec{Namespace: benchNS, Name: "server", Labels: map[string]string{"app": "netserver"},
-		Ports: containerPorts(append(slices.Clone(servicePorts), dataPorts[PodIP]))})
-	return err
+	if _, err := l.AddPodSpec(ctx, l.Nodes[1], lab.PodSpec{Namespace: benchNS, Name: "server", Labels: map[string]string{"app": "netserver"},
+		Ports: containerPorts(append(slices.Clone(servicePorts), dataPorts[PodIP]))}); err != nil {
+		return err
+	}
+	if l.Flannel == nil {
+		return nil
+	}
+	for _, n := range l.Nodes[:2] {
+		if _, err := l.AddFlannelPod(ctx, n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func containerPorts(ports []namedPort) []corev1.ContainerPort {

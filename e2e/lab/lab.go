@@ -100,6 +100,8 @@ type Lab struct {
 	Etcd      daemon.Process        `json:"etcd,omitempty"`
 	APIServer *kubeapiserver.Server `json:"apiServer,omitempty"`
 	KubeBin   string                `json:"kubeBin,omitempty"` // Options.KubeBin, for StartKubeProxy
+	// Flannel, if StartFlannel ran it.
+	Flannel *Flannel `json:"flannel,omitempty"`
 
 	kubeOnce sync.Once
 	kube     kubernetes.Interface
@@ -121,6 +123,9 @@ type Node struct {
 	Pods      []*Pod         `json:"pods"`
 	// PodSeq numbers pods; never reused, so names stay unique.
 	PodSeq int `json:"podSeq"`
+	// Flanneld and FlannelPods, if StartFlannel ran.
+	Flanneld    daemon.Process `json:"flanneld,omitempty"`
+	FlannelPods []*Pod         `json:"flannelPods,omitempty"`
 }
 
 // Pod is one lab pod: a namespace attached through the CNI plugin. In
@@ -523,7 +528,7 @@ func (n *Node) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
 
 // RuntimeConf is what a runtime passes for a pod.
 func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
-	args := [][2]string{{"K8S_POD_NAMESPACE", p.ns()}, {"K8S_POD_NAME", p.Name}, {"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID}}
+	args := [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.ns()}, {"K8S_POD_NAME", p.Name}, {"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID}}
 	if p.UID != "" {
 		args = append(args, [2]string{"K8S_POD_UID", p.UID})
 	}
@@ -583,10 +588,28 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 		return nil, err
 	}
 	cfg.Path = []string{l.BinDir}
-	res, err := cfg.AddNetworkList(ctx, list, p.RuntimeConf())
-	if err != nil {
+	if p.IP, err = cniAttach(ctx, cfg, list, p.RuntimeConf()); err != nil {
 		_ = delNetns(p.Netns)
 		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+	}
+	if object {
+		if err := l.podRunning(ctx, n, p); err != nil {
+			delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, p.RuntimeConf())
+			return nil, errors.Join(err, delErr, delNetns(p.Netns))
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n.Pods = append(n.Pods, p)
+	return p, l.save()
+}
+
+// cniAttach runs ADD and returns the result's first IP. When the result
+// has none it runs DEL, so nothing stays half made.
+func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (netip.Addr, error) {
+	res, err := cfg.AddNetworkList(ctx, list, rt)
+	if err != nil {
+		return netip.Addr{}, err
 	}
 	var parsed struct {
 		IPs []struct {
@@ -601,20 +624,11 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	if perr == nil {
 		pfx, perr = netip.ParsePrefix(parsed.IPs[0].Address)
 	}
-	if perr == nil {
-		p.IP = pfx.Addr()
-		if object {
-			perr = l.podRunning(ctx, n, p)
-		}
-	}
 	if perr != nil {
-		delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, p.RuntimeConf())
-		return nil, errors.Join(fmt.Errorf("after CNI ADD for %s (result %s): %w", p.Netns, raw, perr), delErr, delNetns(p.Netns))
+		delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, rt)
+		return netip.Addr{}, errors.Join(fmt.Errorf("result %s: %w", raw, perr), delErr)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n.Pods = append(n.Pods, p)
-	return p, l.save()
+	return pfx.Addr(), nil
 }
 
 // DelPod detaches a pod through libcni and removes its namespace, then its
@@ -654,6 +668,7 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	n.Agent.Stop()
 	n.KubeProxy.Stop()
+	n.Flanneld.Stop()
 	var errs []error
 	if l.Datastore == "kubernetes" {
 		errs = append(errs, l.deleteNode(ctx, n))
@@ -681,6 +696,10 @@ func (l *Lab) Down() error {
 	for _, n := range l.Nodes {
 		n.Agent.Stop()
 		n.KubeProxy.Stop()
+		n.Flanneld.Stop()
+	}
+	if l.Flannel != nil {
+		l.Flannel.Etcd.Stop()
 	}
 	l.Controller.Stop()
 	if l.APIServer != nil {
