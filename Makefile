@@ -16,6 +16,7 @@ BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 KUBE_VERSION := $(shell awk '$$1=="require" && $$2=="k8s.io/kubernetes" {print $$3}' e2e/kind/kube/go.mod)
 KUBE_BIN ?= /var/cache/onc/kube/$(KUBE_VERSION)
 export ONC_KUBE_BIN := $(KUBE_BIN)
+export ONC_FLANNEL_BIN := $(GOBIN_TOOLS)/flannel
 
 all: build
 
@@ -37,18 +38,19 @@ lab: prereqs build
 lab-down: build
 	$(BIN)/onc-lab down $(LAB_ARGS)
 
-# netperf on a fresh 2-node lab in Kubernetes mode: bare underlay vs slow
-# path vs fast path, then TCP_RR and TCP_CRR to a ClusterIP through socket
+# netperf and redis on a fresh 2-node lab in Kubernetes mode, the nodes on
+# a direct veth pair: bare underlay vs Flannel vs slow path vs fast path,
+# then TCP_RR and TCP_CRR to a ClusterIP through socket
 # LB vs kube-proxy (iptables mode) vs the pod IP, then two pods of one node
 # through the intra-node bypass vs the stack at 1 B-16 KiB; writes
 # bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
 # "--pods=false", "--services=false", "--intranode=false".
 bench: prereqs build kube-bins flannel-bins
-	./hack/prereqs.sh bench
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin --flannel $(GOBIN_TOOLS)/flannel $(BENCH_ARGS)
 
-# flanneld and its CNI plugins for the bench's flannel configuration.
+# flanneld and its CNI plugins for the bench's flannel configuration (and
+# its test, TestBenchBed).
 flannel-bins:
 	./hack/flannel-build.sh $(GOBIN_TOOLS)/flannel
 
@@ -70,7 +72,7 @@ bench-policy: prereqs build kube-bins
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
 # a privileged test that cannot run fails instead of skipping).
-test: prereqs verify-generated lint kube-bins
+test: prereqs verify-generated lint kube-bins flannel-bins
 	$(GO) test -count=1 -p 1 -timeout 25m ./...
 
 # kube-apiserver for the Kubernetes datastore tests and kube-proxy for

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds Flannel for the bench's comparison (make flannel-bins) from the Go
 # module proxy into DIR: flanneld, and in DIR/cni the CNI plugins
-# kube-flannel's pods are made with. Skips what is already there.
+# kube-flannel's pods are made with. Skips what is already there (delete
+# DIR after changing a version below). Needs gcc and libc6-dev
+# (make prereqs).
 #  - flanneld v0.26.7 needs cgo (its udp backend has C); later releases
 #    depend on modules the proxy does not serve.
 #  - The flannel CNI plugin moved to flannel-io/cni-plugin, which the proxy
@@ -13,14 +15,10 @@ flannel=v0.26.7 plugin=v0.9.1 plugins=v1.9.1
 mkdir -p "$out/cni"
 out=$(cd "$out" && pwd)
 if [ ! -x "$out/flanneld" ]; then
-  if ! command -v gcc >/dev/null || [ ! -f /usr/include/stdio.h ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null
-  fi
   echo "building flanneld $flannel into $out"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  GOBIN=$tmp CGO_ENABLED=1 GOFLAGS=-mod=mod go install \
+  GOBIN=$tmp CGO_ENABLED=1 go install \
     -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel" "github.com/flannel-io/flannel@$flannel"
   mv "$tmp/flannel" "$out/flanneld"
 fi

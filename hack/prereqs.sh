@@ -15,19 +15,16 @@ declare -A need=(
   [llvm-strip]=llvm            # bpf2go strips the objects
   [bpftool]=bpftool            # inspecting loaded programs and maps
   [ethtool]=ethtool            # GRO on the lab's direct underlay
+  [redis-server]=redis-server  # the bench's application rows (and TestBenchBed)
+  [redis-benchmark]=redis-tools
+  [gcc]=gcc                    # flanneld needs cgo (make flannel-bins)
 )
-# `prereqs.sh bench`: what make bench needs on top.
-if [ "${1:-}" = bench ]; then
-  need=(
-    [redis-server]=redis-server      # the bench's application rows
-    [redis-benchmark]=redis-tools
-  )
-fi
 missing=()
 for cmd in "${!need[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
 done
-[ "${1:-}" = bench ] || [ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+[ -f /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+[ -f /usr/include/stdio.h ] || missing+=(libc6-dev)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -39,5 +36,8 @@ echo "installing: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Debian starts etcd as a service on install; ONC's tests start their own.
-if command -v systemctl >/dev/null 2>&1; then systemctl disable --now etcd >/dev/null 2>&1 || true; fi
+# Debian starts etcd and redis as services on install; ONC's tests and
+# bench start their own.
+if command -v systemctl >/dev/null 2>&1; then
+  for unit in etcd redis-server; do systemctl disable --now "$unit" >/dev/null 2>&1 || true; done
+fi

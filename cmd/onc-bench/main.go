@@ -1,6 +1,6 @@
 // Command onc-bench runs ONC's benchmarks on fresh labs and writes
-// bench-results/: by default `make bench` (netperf: bare vs slow path vs
-// fast path; a ClusterIP through socket LB vs kube-proxy vs the pod IP;
+// bench-results/: by default `make bench` (netperf and redis: bare vs
+// Flannel vs slow path vs fast path; a ClusterIP through socket LB vs kube-proxy vs the pod IP;
 // two pods of one node through the intra-node bypass vs the TCP/IP stack),
 // `onc-bench scale`, `make bench-scale` (N simulated nodes in a real
 // datastore, one real agent programming them all), and `onc-bench
@@ -48,7 +48,7 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf: bare vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf and redis: bare vs Flannel vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
@@ -58,8 +58,8 @@ func netperfMain(ctx context.Context, args []string) error {
 	dur := fs.Duration("duration", 5*time.Second, "length of one netperf run")
 	tests := fs.StringSlice("tests", bench.Tests, "netperf tests (the Service section runs those of "+strings.Join(bench.ServiceTests, ", ")+
 		", the intra-node one those of "+strings.Join(bench.IntranodeTests, ", ")+")")
-	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
-	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", "))
+	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver, and of redis-benchmark and redis-server ("" leaves placement to the scheduler)`)
+	pods := fs.Bool("pods", true, "measure pod to pod: "+strings.Join(bench.Configs, ", ")+" (flannel unless --flannel=)")
 	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
 	flannel := fs.String("flannel", ".tools/flannel", `directory holding flanneld and cni/ (make flannel-bins) for the flannel configuration; "" leaves it out`)
 	redis := fs.Int("redis-requests", 100000, "redis-benchmark -n of each of GET and SET per run; 0 leaves the redis rows out")
@@ -82,7 +82,7 @@ func netperfMain(ctx context.Context, args []string) error {
 	if *redis > 0 && *pods {
 		for _, b := range []string{"redis-server", "redis-benchmark", "redis-cli"} {
 			if _, err := exec.LookPath(b); err != nil {
-				return fmt.Errorf("the redis rows need %s (./hack/prereqs.sh bench; --redis-requests 0 leaves them out): %w", b, err)
+				return fmt.Errorf("the redis rows need %s (make prereqs; --redis-requests 0 leaves them out): %w", b, err)
 			}
 		}
 	}
@@ -107,7 +107,8 @@ func netperfMain(ctx context.Context, args []string) error {
 	o := bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Log: os.Stdout}
 	var samples []bench.Sample
 	if *pods {
-		fmt.Printf("lab up; pod to pod: %d × %d tests × %d configs × %s\n", *reps, len(*tests), len(bench.Configs), *dur)
+		fmt.Printf("lab up; pod to pod: %d × %s%s × %s × %s\n", *reps, strings.Join(*tests, ", "),
+			map[bool]string{true: ", redis", false: ""}[*redis > 0], strings.Join(o.Configs(), ", "), *dur)
 		s, err := bench.Run(ctx, o)
 		if err != nil {
 			return err

@@ -50,9 +50,9 @@ type Options struct {
 	Log           io.Writer // progress
 }
 
-// configs are Configs without flannel when the lab does not run it.
-func (o Options) configs() []string {
-	if o.Lab.Flannel == nil {
+// Configs are the package's Configs without flannel when the lab has no Flannel pods.
+func (o Options) Configs() []string {
+	if l := o.Lab; len(l.Nodes) < 2 || len(l.Nodes[0].FlannelPods) == 0 || len(l.Nodes[1].FlannelPods) == 0 {
 		return slices.DeleteFunc(slices.Clone(Configs), func(c string) bool { return c == "flannel" })
 	}
 	return Configs
@@ -89,7 +89,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	configs := o.configs()
+	configs := o.Configs()
 	servers := []string{server.Netns, server.Pods[0].Netns}
 	if slices.Contains(configs, "flannel") {
 		servers = append(servers, server.FlannelPods[0].Netns)
@@ -208,6 +208,18 @@ func waitPeers(ctx context.Context, c apiv1.AgentClient, on bool) error {
 
 // Netservers starts one netserver per namespace; stop kills them by PID.
 func Netservers(dir string, netns ...string) (stop func(), err error) {
+	stop, err = startIn(netns, func(ns string) []string {
+		return []string{"netns", "exec", ns, dir + "/netserver", "-D", "-p", "12865"}
+	})
+	if err == nil {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return stop, err
+}
+
+// startIn starts `ip args(ns)` for each namespace; stop kills them by PID
+// and reaps them. Started servers are stopped again if one fails.
+func startIn(netns []string, args func(ns string) []string) (stop func(), err error) {
 	var cmds []*exec.Cmd
 	stop = func() {
 		for _, c := range cmds {
@@ -216,14 +228,13 @@ func Netservers(dir string, netns ...string) (stop func(), err error) {
 		}
 	}
 	for _, ns := range netns {
-		c := exec.Command("ip", "netns", "exec", ns, dir+"/netserver", "-D", "-p", "12865")
+		c := exec.Command("ip", args(ns)...)
 		if err := c.Start(); err != nil {
 			stop()
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", c, err)
 		}
 		cmds = append(cmds, c)
 	}
-	time.Sleep(300 * time.Millisecond)
 	return stop, nil
 }
 

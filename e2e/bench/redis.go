@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -24,21 +23,11 @@ const redisPort = "6379"
 // RedisServers starts one redis-server per namespace (no persistence, on
 // every address), on cpu if it is not empty; stop kills them by PID.
 func RedisServers(ctx context.Context, cpu string, netns ...string) (stop func(), err error) {
-	var cmds []*exec.Cmd
-	stop = func() {
-		for _, c := range cmds {
-			_ = c.Process.Signal(syscall.SIGTERM)
-			_ = c.Wait()
-		}
-	}
-	for _, ns := range netns {
-		c := exec.Command("ip", pinned(ns, cpu, "redis-server", "--port", redisPort, "--bind", "0.0.0.0",
-			"--protected-mode", "no", "--save", "", "--appendonly", "no")...)
-		if err := c.Start(); err != nil {
-			stop()
-			return nil, fmt.Errorf("redis-server in %s: %w", ns, err)
-		}
-		cmds = append(cmds, c)
+	stop, err = startIn(netns, func(ns string) []string {
+		return pinned(ns, cpu, "redis-server", "--port", redisPort, "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no")
+	})
+	if err != nil {
+		return nil, err
 	}
 	for _, ns := range netns {
 		if err := redisUp(ctx, ns); err != nil {
@@ -53,7 +42,7 @@ func RedisServers(ctx context.Context, cpu string, netns ...string) (stop func()
 func redisUp(ctx context.Context, netns string) error {
 	var out []byte
 	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
 		out, err = exec.CommandContext(ctx, "ip", "netns", "exec", netns, "redis-cli", "-p", redisPort, "ping").CombinedOutput()
 		if err == nil && strings.TrimSpace(string(out)) == "PONG" {
 			return nil
@@ -79,7 +68,11 @@ func Redis(ctx context.Context, netns, host string, requests int, cpu string) ([
 	out, err := exec.CommandContext(ctx, "ip", pinned(netns, cpu, "redis-benchmark", "-h", host, "-p", redisPort,
 		"-t", "get,set", "-c", strconv.Itoa(RedisClients), "-n", strconv.Itoa(requests), "--csv")...).Output()
 	if err != nil {
-		return nil, fmt.Errorf("redis-benchmark from %s to %s: %w: %s", netns, host, err, out)
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		return nil, fmt.Errorf("redis-benchmark from %s to %s: %w: %s%s", netns, host, err, out, stderr)
 	}
 	return parseRedis(out)
 }

@@ -44,6 +44,17 @@ func (n *Node) flannelDir() string { return filepath.Join(n.Dir, "flannel") }
 // with the network config, then flanneld per node, each waited for until
 // it wrote its subnet file. Down stops it all.
 func (l *Lab) StartFlannel(ctx context.Context, dir string) error {
+	if l.Flannel != nil {
+		return fmt.Errorf("flannel already runs on lab %s", l.Prefix)
+	}
+	// Absolute and resolved: a daemon is known by its /proc/PID/exe.
+	dir, err := filepath.Abs(dir)
+	if err == nil {
+		dir, err = filepath.EvalSymlinks(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("flannel binaries: %w", err)
+	}
 	for _, b := range []string{"flanneld", "cni/flannel", "cni/bridge", "cni/host-local"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return fmt.Errorf("flannel binary %s missing in %s (make flannel-bins): %w", b, dir, err)
@@ -156,7 +167,9 @@ func (l *Lab) AddFlannelPod(ctx context.Context, n *Node) (*Pod, error) {
 	}
 	id := make([]byte, 16)
 	_, _ = rand.Read(id)
+	l.mu.Lock()
 	seq := len(n.FlannelPods) + 1
+	l.mu.Unlock()
 	p := &Pod{Name: fmt.Sprintf("f%d", seq), Node: n.Name, ContainerID: hex.EncodeToString(id), Netns: fmt.Sprintf("%s-f%d", n.Name, seq)}
 	// lo up: a runtime does that apart from the pod network (containerd
 	// with the loopback plugin).
@@ -180,6 +193,8 @@ func (l *Lab) AddFlannelPod(ctx context.Context, n *Node) (*Pod, error) {
 		_ = delNetns(p.Netns)
 		return nil, fmt.Errorf("flannel CNI ADD for %s: %w", p.Netns, err)
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	n.FlannelPods = append(n.FlannelPods, p)
-	return p, l.Save()
+	return p, l.save()
 }

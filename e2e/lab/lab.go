@@ -124,7 +124,7 @@ type Node struct {
 	// PodSeq numbers pods; never reused, so names stay unique.
 	PodSeq int `json:"podSeq"`
 	// Flanneld and FlannelPods, if StartFlannel ran.
-	Flanneld    daemon.Process `json:"flanneld,omitempty"`
+	Flanneld    daemon.Process `json:"flanneld,omitzero"`
 	FlannelPods []*Pod         `json:"flannelPods,omitempty"`
 }
 
@@ -348,7 +348,7 @@ func (l *Lab) directEnd(netns string, i int, ip netip.Addr) error {
 			{"ip", "-n", ul, "link", "set", parked, "netns", netns},
 			{"ip", "-n", netns, "link", "set", parked, "name", "eth0"},
 		}
-	default:
+	default: // AddNode refuses these
 		return fmt.Errorf("underlay direct joins exactly 2 nodes; node %d has no cable", i)
 	}
 	// GRO on, as every NIC driver does it (a veth does not by default):
@@ -384,6 +384,9 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 	short := fmt.Sprintf("n%d", i)
 	n := &Node{Name: l.Prefix + "-" + short, IP: hostAddr(underlay, 10+i), Dir: filepath.Join(l.Dir, short)}
 	n.Netns = n.Name
+	if l.Underlay == UnderlayDirect && i > 2 {
+		return nil, fmt.Errorf("underlay direct joins exactly 2 nodes; node %d has no cable", i)
+	}
 	if l.Underlay == UnderlayDirect {
 		// The node's address, and so its tunnels, are on the direct
 		// pair; ctl0 carries only the control plane.
@@ -528,6 +531,8 @@ func (n *Node) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
 
 // RuntimeConf is what a runtime passes for a pod.
 func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
+	// IgnoreUnknown, as containerd passes it: the reference plugins
+	// (Flannel's chain) reject CNI_ARGS keys they do not know.
 	args := [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", p.ns()}, {"K8S_POD_NAME", p.Name}, {"K8S_POD_INFRA_CONTAINER_ID", p.ContainerID}}
 	if p.UID != "" {
 		args = append(args, [2]string{"K8S_POD_UID", p.UID})
@@ -594,6 +599,7 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	}
 	if object {
 		if err := l.podRunning(ctx, n, p); err != nil {
+			err = fmt.Errorf("after CNI ADD for %s: %w", p.Netns, err)
 			delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, p.RuntimeConf())
 			return nil, errors.Join(err, delErr, delNetns(p.Netns))
 		}
@@ -604,12 +610,13 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	return p, l.save()
 }
 
-// cniAttach runs ADD and returns the result's first IP. When the result
-// has none it runs DEL, so nothing stays half made.
+// cniAttach runs ADD and returns the result's first IP. When ADD fails,
+// or its result has no IP, it runs DEL, as a runtime must, so nothing
+// stays half made.
 func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (netip.Addr, error) {
 	res, err := cfg.AddNetworkList(ctx, list, rt)
 	if err != nil {
-		return netip.Addr{}, err
+		return netip.Addr{}, errors.Join(err, cfg.DelNetworkList(context.WithoutCancel(ctx), list, rt))
 	}
 	var parsed struct {
 		IPs []struct {
@@ -677,6 +684,9 @@ func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 		if p.UID != "" {
 			errs = append(errs, l.deletePod(ctx, p))
 		}
+		errs = append(errs, delNetns(p.Netns))
+	}
+	for _, p := range n.FlannelPods {
 		errs = append(errs, delNetns(p.Netns))
 	}
 	errs = append(errs, delNetns(n.Netns), unmount(n.BPFFS()))

@@ -22,7 +22,8 @@ import (
 // Lab brings up a lab (see e2e/lab) with a unique prefix in a short
 // temporary state root (unix socket paths are limited to 108 bytes), and
 // takes it down when the test ends, also on failure.
-// Only Nodes, PodsPerNode, NodeTimeout and ControllerArgs of o are used.
+// Only Nodes, PodsPerNode, NodeTimeout, ControllerArgs, Datastore and
+// Underlay of o are used.
 func Lab(t testing.TB, o lab.Options) *lab.Lab {
 	t.Helper()
 	testutil.Privileged(t)
@@ -62,7 +63,7 @@ func Lab(t testing.TB, o lab.Options) *lab.Lab {
 }
 
 // PodState counts what pods leave in a node namespace: host-side veths
-// (every veth but the node's eth0 uplink), ONC pod routes (proto 183 on
+// (every veth but the node's uplinks, eth0 and on the direct underlay ctl0), ONC pod routes (proto 183 on
 // anything but onc.vxlan) and permanent neighbours (likewise).
 type PodState struct{ Veths, Routes, Neighbours int }
 
@@ -77,7 +78,7 @@ func PodStateOf(t testing.TB, node string) PodState {
 	}
 	podLink := map[int]bool{}
 	for _, l := range links {
-		if l.Type() == "veth" && l.Attrs().Name != "eth0" {
+		if l.Type() == "veth" && l.Attrs().Name != "eth0" && l.Attrs().Name != "ctl0" {
 			s.Veths++
 			podLink[l.Attrs().Index] = true
 		}
