@@ -278,11 +278,13 @@ func testStore(t *testing.T) datastore.Store {
 			return
 		}
 		var e *etcdstore.Embedded
-		// Left running for the test process: every test of the package uses it.
+		// Every test of the package uses it; it goes after the last.
 		e, etcdErr = etcdstore.StartEmbedded(dir, fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)))
 		if etcdErr == nil {
 			etcdURL = e.ClientURL
+			testutil.AtExit(func() { e.Close() })
 		}
+		testutil.AtExit(func() { os.RemoveAll(dir) })
 	})
 	if etcdErr != nil {
 		t.Fatal(etcdErr)

@@ -63,7 +63,7 @@ func netperfMain(ctx context.Context, args []string) error {
 	services := fs.Bool("services", true, "measure Services: "+strings.Join(bench.ServiceConfigs, ", "))
 	flannel := fs.String("flannel", ".tools/flannel", `directory holding flanneld and cni/ (make flannel-bins) for the flannel configuration; "" leaves it out`)
 	redis := fs.Int("redis-requests", 100000, "redis-benchmark -n of each of GET and SET per run; 0 leaves the redis rows out")
-	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: three veth hops under every packet)")
+	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: two veth pairs and a bridge under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	_ = fs.Parse(args)
 	np, err := filepath.Abs(*netperf)

@@ -61,8 +61,8 @@ type Options struct {
 	KubeBin   string // directory with kube-apiserver (make kube-bins)
 	// Underlay is "bridge" (default: every node's eth0 on one bridge) or
 	// "direct": exactly 2 nodes whose eth0s are the two ends of one veth
-	// pair, as two machines on one cable. The bridge puts three veth hops
-	// under every packet, which dilutes the overlay's share of the cost;
+	// pair, as two machines on one cable. The bridge puts two veth pairs and
+	// a bridge under every packet, which dilutes the overlay's share of the cost;
 	// the bench measures on "direct". The controller's namespace is on the
 	// bridge either way, which the nodes join by ctl0 for the control plane.
 	Underlay string

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,9 @@ var (
 // directory holding them.
 func Binaries(t testing.TB) string {
 	t.Helper()
+	if !inMain.Load() {
+		t.Fatal("testutil.Binaries needs the package's TestMain to call testutil.Main, which removes the binaries afterwards")
+	}
 	buildOnce.Do(func() {
 		root, err := moduleRoot()
 		if err != nil {
@@ -82,6 +86,7 @@ func Binaries(t testing.TB) string {
 		if buildErr != nil {
 			return
 		}
+		AtExit(func() { os.RemoveAll(binDir) })
 		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/onc", "./cmd/onc-agent", "./cmd/onc-controller", "./cmd/onctl", "./cmd/onc-lab")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -93,6 +98,33 @@ func Binaries(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binDir
+}
+
+var (
+	inMain   atomic.Bool
+	atExitMu sync.Mutex
+	atExit   []func()
+)
+
+// Main runs a package's tests (call it from TestMain), then what AtExit
+// registered: what the package's tests share, such as Binaries' build
+// (about 270 MB a run), must not outlive the test process.
+func Main(m *testing.M) {
+	inMain.Store(true)
+	code := m.Run()
+	atExitMu.Lock()
+	for i := len(atExit) - 1; i >= 0; i-- {
+		atExit[i]()
+	}
+	atExitMu.Unlock()
+	os.Exit(code)
+}
+
+// AtExit registers fn to run after all of the package's tests (Main).
+func AtExit(fn func()) {
+	atExitMu.Lock()
+	defer atExitMu.Unlock()
+	atExit = append(atExit, fn)
 }
 
 func moduleRoot() (string, error) {

@@ -1,0 +1,10 @@
+package controller_test
+
+import (
+	"testing"
+
+	"github.com/onc-net/onc/internal/testutil"
+)
+
+// TestMain removes what the tests share (testutil.Main).
+func TestMain(m *testing.M) { testutil.Main(m) }
