@@ -20,8 +20,6 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/e2e/lab"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Configs, in the order a rotation starts with: node to node; pod to pod
@@ -168,12 +166,11 @@ func pair(l *lab.Lab) (client, server *lab.Node, err error) {
 func fastPath(ctx context.Context, l *lab.Lab, on bool) error {
 	var clients []apiv1.AgentClient
 	for _, n := range l.Nodes {
-		conn, err := grpc.NewClient("unix://"+n.AgentSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		c, conn, err := n.AgentAPI()
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		c := apiv1.NewAgentClient(conn)
 		if _, err := c.SetFastPath(ctx, &apiv1.SetFastPathRequest{Enabled: on}); err != nil {
 			return fmt.Errorf("fast path on %s: %w", n.Name, err)
 		}

@@ -2,8 +2,6 @@ package lab
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -165,12 +163,10 @@ func (l *Lab) AddFlannelPod(ctx context.Context, n *Node) (*Pod, error) {
 	if l.Flannel == nil {
 		return nil, fmt.Errorf("flannel is not running on lab %s", l.Prefix)
 	}
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
 	l.mu.Lock()
 	seq := len(n.FlannelPods) + 1
 	l.mu.Unlock()
-	p := &Pod{Name: fmt.Sprintf("f%d", seq), Node: n.Name, ContainerID: hex.EncodeToString(id), Netns: fmt.Sprintf("%s-f%d", n.Name, seq)}
+	p := &Pod{Name: fmt.Sprintf("f%d", seq), Node: n.Name, ContainerID: newContainerID(), Netns: fmt.Sprintf("%s-f%d", n.Name, seq)}
 	// lo up: a runtime does that apart from the pod network (containerd
 	// with the loopback plugin).
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}, {"ip", "-n", p.Netns, "link", "set", "lo", "up"}}); err != nil {

@@ -555,14 +555,12 @@ func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
 // is removed. On etcd s is only recorded. Safe to call in parallel.
 func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err error) {
 	object := l.Datastore == "kubernetes"
-	id := make([]byte, 16)
-	_, _ = rand.Read(id)
 	l.mu.Lock()
 	n.PodSeq++
 	seq := n.PodSeq
 	l.mu.Unlock()
 	p := &Pod{Name: s.Name, Namespace: s.Namespace, Node: n.Name, Labels: maps.Clone(s.Labels), Ports: slices.Clone(s.Ports),
-		ContainerID: hex.EncodeToString(id), Netns: fmt.Sprintf("%s-p%d", n.Name, seq)}
+		ContainerID: newContainerID(), Netns: fmt.Sprintf("%s-p%d", n.Name, seq)}
 	if p.Namespace == "" {
 		p.Namespace = DefaultNamespace
 	}
@@ -608,6 +606,13 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	defer l.mu.Unlock()
 	n.Pods = append(n.Pods, p)
 	return p, l.save()
+}
+
+// newContainerID is a random ID as a runtime gives a pod's sandbox.
+func newContainerID() string {
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	return hex.EncodeToString(id)
 }
 
 // cniAttach runs ADD and returns the result's first IP. When ADD fails,
