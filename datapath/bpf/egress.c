@@ -21,6 +21,27 @@ static __always_inline __u16 csum_fold(__u32 sum)
 	return (__u16)~sum;
 }
 
+/*
+ * The hash that picks the outer UDP source port. A TCP socket stamps one
+ * on each packet it sends; for anything else (UDP) hash the addresses and
+ * ports already parsed, where bpf_get_hash_recalc would run the kernel's
+ * flow dissector over the packet again on every hit.
+ */
+static __always_inline __u32 flow_hash(const struct __sk_buff *skb, const struct l4 *p)
+{
+	__u32 h = skb->hash;
+
+	if (h)
+		return h;
+	h = p->ip->saddr * 0x9e3779b1;
+	h ^= p->ip->daddr;
+	h ^= ((__u32)p->sport << 16 | p->dport) * 0x85ebca6b;
+	h ^= h >> 15; /* murmur3's finaliser: every input bit reaches the low bits */
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
 SEC("tc")
 int onc_egress_fast(struct __sk_buff *skb)
 {
@@ -102,7 +123,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	if (ecn == ONC_ECN_MASK)
 		ecn = ONC_ECN_ECT0;
 
-	hash = bpf_get_hash_recalc(skb);
+	hash = flow_hash(skb, &p);
 	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
 		goto err;
 	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))

@@ -66,7 +66,7 @@ int onc_learn_egress(struct __sk_buff *skb)
 		count(STAT_LEARN_PAUSED);
 		return TC_ACT_OK;
 	}
-	if (p.tcp_flags)
+	if (!learnable(&p))
 		return TC_ACT_OK;
 	/* Only pod-to-pod flows to a fast-path peer, sent to its owner. */
 	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr) || is_host(p.ip->daddr))

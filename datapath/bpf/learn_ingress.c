@@ -29,7 +29,7 @@ int onc_learn_ingress(struct __sk_buff *skb)
 		count(STAT_LEARN_PAUSED);
 		return TC_ACT_OK;
 	}
-	if (p.tcp_flags)
+	if (!learnable(&p))
 		return TC_ACT_OK;
 	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
 		return TC_ACT_OK;

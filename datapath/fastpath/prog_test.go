@@ -62,7 +62,8 @@ func openMode(t *testing.T, mode Mode) *Datapath {
 	return d
 }
 
-// frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum.
+// frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum; TCP gets
+// the ACK flag unless tcpFlags is a lone SYN.
 func frame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16, tcpFlags byte, payload int) []byte {
 	l4 := 8
 	if proto == unix.IPPROTO_TCP {
@@ -82,7 +83,10 @@ func frame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sp
 	binary.BigEndian.PutUint16(b[36:], dport)
 	if proto == unix.IPPROTO_TCP {
 		b[34+12] = 5 << 4
-		b[34+13] = tcpFlags | 0x10 // ACK
+		b[34+13] = tcpFlags
+		if tcpFlags != 0x02 { // every segment but a connection's SYN carries an ACK
+			b[34+13] |= 0x10
+		}
 	} else {
 		binary.BigEndian.PutUint16(b[38:], uint16(8+payload))
 	}
@@ -424,6 +428,76 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	if flows, _ := d.Flows(); len(flows) != 1 || stat(t, d, "learn_egress")+stat(t, d, "learn_known") != before {
 		t.Fatalf("learned with the fast path off: %+v", flows)
 	}
+}
+
+// TestSYNACKTeachesTheReplyDirection: conntrack marks a SYN-ACK
+// ESTABLISHED, so it teaches its direction on both nodes; the handshake's
+// last ACK still takes the slow path (each node's conntrack sees the whole
+// handshake) and teaches the other direction; the connection's first
+// request and response then hit. SYN, FIN and RST teach nothing.
+func TestSYNACKTeachesTheReplyDirection(t *testing.T) {
+	const synAck, ack, finAck, rst = 0x12, 0x10, 0x11, 0x04
+	toPeer := func(sport, dport uint16, flags byte) []byte { // as the uplink sends it
+		return vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, sport, dport, flags, 0), localNode, peerNode, 1)
+	}
+	fromPod := func(sport, dport uint16, flags byte) []byte { // as the pod's veth gets it
+		return frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, sport, dport, flags, 10)
+	}
+	fromPeer := func(sport, dport uint16, flags byte) []byte { // as the uplink gets it
+		return vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, sport, dport, flags, 10), peerNode, localNode, 1)
+	}
+	toPod := func(sport, dport uint16, flags byte) []byte { // as the pod's veth sends it
+		return frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_TCP, sport, dport, flags, 0)
+	}
+	ready := func(t *testing.T) *Datapath {
+		d := open(t)
+		must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+		must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+		return d
+	}
+	verdict := func(t *testing.T, p *ebpf.Program, pkt []byte, want uint32, what string) {
+		t.Helper()
+		if ret, _ := run(t, p, pkt, 0); ret != want {
+			t.Fatalf("%s: verdict %d, want %d", what, ret, want)
+		}
+	}
+
+	t.Run("server's node", func(t *testing.T) { // the local pod accepted on :80
+		d := ready(t)
+		run(t, d.progs.learnEgress, toPeer(80, 40000, synAck), mark)
+		if stat(t, d, "learn_egress") != 1 {
+			t.Fatal("the SYN-ACK taught nothing")
+		}
+		verdict(t, d.progs.ingressFast, fromPeer(40000, 80, ack), actOK, "the handshake's last ACK")
+		if stat(t, d, "ingress_miss_flow") != 1 {
+			t.Fatal("the last ACK missed for another reason than the unlearned direction")
+		}
+		run(t, d.progs.learnIngress, toPod(40000, 80, ack), mark)
+		verdict(t, d.progs.ingressFast, fromPeer(40000, 80, 0), actRedirect, "the request")
+		verdict(t, d.progs.egressFast, fromPod(80, 40000, 0), actRedirect, "the response")
+	})
+	t.Run("client's node", func(t *testing.T) { // the local pod connected from :40000
+		d := ready(t)
+		run(t, d.progs.learnIngress, toPod(80, 40000, synAck), mark)
+		if stat(t, d, "learn_ingress") != 1 {
+			t.Fatal("the SYN-ACK taught nothing")
+		}
+		verdict(t, d.progs.egressFast, fromPod(40000, 80, ack), actOK, "the handshake's last ACK")
+		run(t, d.progs.learnEgress, toPeer(40000, 80, ack), mark)
+		verdict(t, d.progs.egressFast, fromPod(40000, 80, 0), actRedirect, "the request")
+		verdict(t, d.progs.ingressFast, fromPeer(80, 40000, 0), actRedirect, "the response")
+	})
+	t.Run("SYN, FIN and RST", func(t *testing.T) {
+		d := ready(t)
+		for i, flags := range []byte{0x02, finAck, rst, 0x13} {
+			port := uint16(41000 + i)
+			run(t, d.progs.learnEgress, toPeer(port, 80, flags), mark)
+			run(t, d.progs.learnIngress, toPod(80, port, flags), mark)
+		}
+		if f, _ := d.Flows(); len(f) != 0 {
+			t.Fatalf("learned from SYN, FIN or RST: %+v", f)
+		}
+	})
 }
 
 func TestCoherency(t *testing.T) {

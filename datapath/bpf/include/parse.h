@@ -21,11 +21,13 @@ struct l4 {
 	__be16 sport;
 	__be16 dport;
 	__u8 tcp_flags; /* FIN 0x01, SYN 0x02, RST 0x04; 0 for UDP */
+	__u8 syn_ack;   /* SYN and ACK alone: the reply to a connection's SYN */
 };
 
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
+#define TCP_ACK 0x10
 
 /* parse_l4 returns 0 when data+off holds an unfragmented IPv4 TCP/UDP
  * packet without IP options, filling p. */
@@ -42,12 +44,15 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 	p->ip = ip;
 	if (ip->protocol == IPPROTO_TCP) {
 		struct tcphdr *t = (void *)(ip + 1);
+		__u8 flags;
 
 		if ((void *)(t + 1) > end)
 			return -1;
+		flags = ((__u8 *)t)[13];
 		p->sport = t->source;
 		p->dport = t->dest;
-		p->tcp_flags = ((__u8 *)t)[13] & (TCP_FIN | TCP_SYN | TCP_RST);
+		p->tcp_flags = flags & (TCP_FIN | TCP_SYN | TCP_RST);
+		p->syn_ack = p->tcp_flags == TCP_SYN && (flags & TCP_ACK);
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {
@@ -58,9 +63,24 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 		p->sport = u->source;
 		p->dport = u->dest;
 		p->tcp_flags = 0;
+		p->syn_ack = 0;
 		return 0;
 	}
 	return -1;
+}
+
+/*
+ * May a marked packet teach the cache its direction? Data and pure ACKs
+ * may, and so may a SYN-ACK: conntrack marks it ESTABLISHED (it is the
+ * reply its entry waited for), so both nodes learn a connection's reply
+ * direction at the handshake and its first request and response already
+ * take the fast path. The handshake's last ACK still goes slow (it is the
+ * other direction's first marked packet), so each node's conntrack sees
+ * the whole handshake. SYN, FIN and RST teach nothing.
+ */
+static __always_inline int learnable(const struct l4 *p)
+{
+	return !p->tcp_flags || p->syn_ack;
 }
 
 /* flow_out is the key of a packet a local pod sends (local = source). */
