@@ -70,16 +70,17 @@ func DefaultConfig() Config {
 
 // Agent is one node's agent.
 type Agent struct {
-	cfg     Config
-	store   datastore.Store
-	dp      Datapath
-	started time.Time
-	up      datapath.Uplink
-	vtepMAC net.HardwareAddr
-	podMTU  int
-	peers   *watcher        // the node and its peers, from the datastore
-	policy  *policyWatcher  // nil without Config.Policy
-	svcs    *serviceWatcher // nil without Config.Services
+	cfg      Config
+	store    datastore.Store
+	dp       Datapath
+	started  time.Time
+	up       datapath.Uplink
+	vtepMAC  net.HardwareAddr
+	podMTU   int
+	peers    *watcher        // the node and its peers, from the datastore
+	policy   *policyWatcher  // nil without Config.Policy
+	svcs     *serviceWatcher // nil without Config.Services
+	underlay *underlayWatcher
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
@@ -115,6 +116,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		notReady: "registering the node",
 		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
 	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
+	a.underlay = newUnderlayWatcher(a)
 	if cfg.Policy != nil {
 		a.policy = newPolicyWatcher(a, cfg.Policy)
 	} else {
@@ -188,6 +190,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { a.svcs.run(ctx); close(done) }()
 		defer func() { <-done }()
 	}
+	underlayDone := make(chan struct{})
+	go func() { a.underlay.run(ctx); close(underlayDone) }()
+	defer func() { <-underlayDone }() // before Close: it may be evicting headers
 	a.peers.run(ctx, a.store.Changes(ctx))
 	return nil
 }
@@ -299,7 +304,7 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 
 // watchers lists the agent's watchers, for status.
 func (a *Agent) watchers() []*watcher {
-	ws := []*watcher{a.peers}
+	ws := []*watcher{a.peers, a.underlay.w}
 	if a.policy != nil {
 		ws = append(ws, a.policy.w)
 	}

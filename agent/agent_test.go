@@ -278,7 +278,8 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Watchers) != 1 || st.Watchers[0].Name != "peers" || st.Watchers[0].Seen == 0 || st.Watchers[0].LastError != "" {
+	if len(st.Watchers) != 2 || st.Watchers[0].Name != "peers" || st.Watchers[0].Seen == 0 || st.Watchers[0].LastError != "" ||
+		st.Watchers[1].Name != "underlay" || st.Watchers[1].LastError != "" {
 		t.Fatalf("watchers in status: %v", st.Watchers)
 	}
 	if !st.Ready || st.Peers != 1 || st.PodCidr != "10.244.1.0/24" {

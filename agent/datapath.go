@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath"
@@ -64,6 +65,13 @@ type Datapath interface {
 
 	// FastPath is the flow cache's controls, nil when it is not loaded.
 	FastPath() datapath.FastPath
+	// WatchUnderlay calls changed after each route, uplink or neighbour
+	// change that can make a learned outer header stale, until ctx ends or
+	// its subscription fails.
+	WatchUnderlay(ctx context.Context, changed func()) error
+	// EvictStaleHeaders removes the learned outer headers that no longer
+	// match the underlay or the peers; it returns how many.
+	EvictStaleHeaders() (int, error)
 	// Close lets go of the datapath; what is in the kernel stays.
 	Close() error
 }

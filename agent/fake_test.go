@@ -210,6 +210,13 @@ func (f *fakeDatapath) BypassStatus() string {
 	return "failed to load, every connection takes the TCP/IP stack: no sockmap here"
 }
 
+func (f *fakeDatapath) WatchUnderlay(ctx context.Context, _ func()) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (f *fakeDatapath) EvictStaleHeaders() (int, error) { return 0, nil }
+
 func (f *fakeDatapath) Close() error { return nil }
 
 // fakeBypass is the intra-node bypass: its setting, and the connections

@@ -1,9 +1,13 @@
 package datapath
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 
@@ -40,6 +44,9 @@ type Node struct {
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
 	revokePending map[string]bool
 	conflicts     string // the peers left out last time, logged when it changes
+	// vteps is each peer's VTEP MAC as last synced (node IP -> MAC): a
+	// learned header must carry it (EvictStaleHeaders).
+	vteps map[netip.Addr]net.HardwareAddr
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -82,6 +89,12 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	defer n.mu.Unlock()
 	gw := Gateway(s.PodCIDR)
 	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		return err
+	}
+	// Peers' learned headers hold this uplink's MAC: if it changes, tell
+	// them at once (gratuitous ARP), so their agents evict those headers
+	// (EvictStaleHeaders) instead of their kernels finding out seconds later.
+	if err := writeSysctl("net/ipv4/conf/"+n.up.Name+"/arp_notify", "1"); err != nil {
 		return err
 	}
 	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
@@ -242,8 +255,23 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	want := peersOf(self, nodes)
 	n.logConflicts(want.conflicts)
 	err := ovl.Sync(want.overlay, checkKernel)
-	if fp != nil {
-		err = errors.Join(err, fp.SetHosts(want.hosts, checkKernel), fp.SyncPeers(want.fastPath, checkKernel))
+	if fp == nil {
+		return err
+	}
+	err = errors.Join(err, fp.SetHosts(want.hosts, checkKernel), fp.SyncPeers(want.fastPath, checkKernel))
+	vteps := map[netip.Addr]net.HardwareAddr{}
+	for _, p := range want.overlay {
+		vteps[p.NodeIP] = p.VTEPMAC
+	}
+	n.mu.Lock()
+	moved := !maps.EqualFunc(n.vteps, vteps, func(a, b net.HardwareAddr) bool { return bytes.Equal(a, b) })
+	n.vteps = vteps
+	n.mu.Unlock()
+	// A peer on a new machine (same name and IP, new VTEP MAC) needs its
+	// header relearned, like an underlay change.
+	if moved || checkKernel {
+		_, herr := n.EvictStaleHeaders()
+		err = errors.Join(err, herr)
 	}
 	return err
 }

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -549,5 +550,97 @@ func TestPodIPReuseOnAnotherNode(t *testing.T) {
 	}
 	if got := newHits.Load(); got < 400 {
 		t.Fatalf("the new location got %d of 400 packets", got)
+	}
+}
+
+// A peer node's uplink MAC changes under a flow the fast path carries (a
+// new NIC, a VM moved): the learned header froze the old MAC, so the
+// sender's agent evicts it and the flow relearns through the slow path
+// within a second instead of being black-holed, then hits again.
+func TestUnderlayMACChange(t *testing.T) {
+	l, a, b := twoNodes(t)
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9700))
+	c := dial(t, a.Netns, "tcp4", b.IP, 9700)
+	if err := rr(c, 100); err != nil {
+		t.Fatal(err)
+	}
+	header := func() *apiv1.EncapEntry {
+		t.Helper()
+		resp, err := agent(t, n1).ListCache(context.Background(), &apiv1.ListCacheRequest{Table: "egress"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range resp.Encap {
+			if e.NodeIp == n2.IP.String() {
+				return e
+			}
+		}
+		return nil
+	}
+	if h := header(); h == nil {
+		t.Fatalf("%s learned no header for %s", n1.Name, n2.Name)
+	}
+
+	// Exchanges run back to back; the longest pause between two is the
+	// outage the change caused.
+	var (
+		mu       sync.Mutex
+		last     = time.Now()
+		longest  time.Duration
+		finished atomic.Int64
+	)
+	errc := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				errc <- nil
+				return
+			default:
+			}
+			if err := rr(c, 1); err != nil {
+				errc <- err
+				return
+			}
+			mu.Lock()
+			longest, last = max(longest, time.Since(last)), time.Now()
+			mu.Unlock()
+			finished.Add(1)
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	longest = 0
+	mu.Unlock()
+	const newMAC = "02:00:00:00:77:02"
+	if out, err := exec.Command("ip", "-n", n2.Netns, "link", "set", "eth0", "address", newMAC).CombinedOutput(); err != nil {
+		t.Fatalf("changing %s's uplink MAC: %v: %s", n2.Name, err, out)
+	}
+	changed := finished.Load()
+	for deadline := time.Now().Add(5 * time.Second); finished.Load() < changed+300; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatalf("the flow stalled after %s's uplink MAC changed (%d exchanges since)", n2.Name, finished.Load()-changed)
+		}
+	}
+	before := stats(t, n1)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatalf("flow broke: %v", err)
+	}
+	mu.Lock()
+	outage := longest
+	mu.Unlock()
+	if outage > time.Second {
+		t.Errorf("the flow paused %v after the MAC change; want under 1 s", outage)
+	}
+	if h := header(); h == nil || h.OuterDstMac != newMAC {
+		t.Errorf("%s's header for %s after the change: %+v; want outer destination %s", n1.Name, n2.Name, h, newMAC)
+	}
+	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {
+		t.Error("the flow did not return to the fast path after the change")
 	}
 }

@@ -390,6 +390,28 @@ func (d *Datapath) Flush() error {
 	})
 }
 
+// EvictEncaps removes the learned headers stale says no longer hold (the
+// underlay under them changed), with learning paused so that a packet
+// encapsulated before the change cannot learn the old header back. Their
+// flows take the slow path once and learn the current header.
+func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
+	have, err := d.Encaps()
+	if err != nil || !slices.ContainsFunc(have, stale) {
+		return 0, err // most calls: nothing to evict, and learning need not pause
+	}
+	n := 0
+	err = d.evict(func() error {
+		return deleteWhere(d.maps.OncEncap, func(k uint32, v EncapVal) bool {
+			if stale(decodeEncap(k, &v)) {
+				n++
+				return true
+			}
+			return false
+		})
+	})
+	return n, err
+}
+
 // evict runs fn with learning paused: a packet that was being learned when
 // fn starts has finished (programs run well under the grace period) before
 // fn, and none can re-insert what fn removes.

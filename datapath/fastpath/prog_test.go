@@ -598,3 +598,30 @@ func TestSYNForgetsTheCachedFlow(t *testing.T) {
 		})
 	}
 }
+
+// EvictEncaps removes exactly the headers the predicate calls stale and
+// resumes learning; the flow whose header went takes the slow path until
+// it learns the new one.
+func TestEvictEncapsRemovesOnlyStale(t *testing.T) {
+	d := open(t)
+	established(t, d) // a header to peerNode
+	var e EncapVal
+	e.Ifindex = 7
+	must(t, d.maps.OncEncap.Put(bpf.NetIPv4(otherNode), e))
+	n, err := d.EvictEncaps(func(e Encap) bool { return e.Node == peerNode })
+	if err != nil || n != 1 {
+		t.Fatalf("EvictEncaps = %d, %v; want 1 evicted", n, err)
+	}
+	if encaps, _ := d.Encaps(); len(encaps) != 1 || encaps[0].Node != otherNode {
+		t.Fatalf("headers left: %+v; want only %s's", encaps, otherNode)
+	}
+	if c, _ := d.config(); c.Learning != 1 {
+		t.Fatal("learning not resumed after the eviction")
+	}
+	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 10), 0); ret != actOK || stat(t, d, "egress_miss_encap") != 1 {
+		t.Fatalf("verdict %d after its header was evicted; want the slow path (miss_encap)", ret)
+	}
+	if n, err := d.EvictEncaps(func(Encap) bool { return false }); n != 0 || err != nil {
+		t.Fatalf("nothing stale: EvictEncaps = %d, %v", n, err)
+	}
+}

@@ -94,15 +94,19 @@ func (d *Datapath) Encaps() ([]Encap, error) {
 	var v EncapVal
 	it := d.maps.OncEncap.Iterate()
 	for it.Next(&k, &v) {
-		h := v.Hdr[:]
-		out = append(out, Encap{
-			Node: bpf.IPv4(k), Ifindex: int(v.Ifindex),
-			OuterDst: net.HardwareAddr(append([]byte(nil), h[0:6]...)), OuterSrc: net.HardwareAddr(append([]byte(nil), h[6:12]...)),
-			OuterSrcIP: netip.AddrFrom4([4]byte(h[26:30])), OuterDstIP: netip.AddrFrom4([4]byte(h[30:34])),
-			InnerDst: net.HardwareAddr(append([]byte(nil), h[50:56]...)), InnerSrc: net.HardwareAddr(append([]byte(nil), h[56:62]...)),
-		})
+		out = append(out, decodeEncap(k, &v))
 	}
 	return out, it.Err()
+}
+
+func decodeEncap(k uint32, v *EncapVal) Encap {
+	h := v.Hdr[:]
+	return Encap{
+		Node: bpf.IPv4(k), Ifindex: int(v.Ifindex),
+		OuterDst: net.HardwareAddr(append([]byte(nil), h[0:6]...)), OuterSrc: net.HardwareAddr(append([]byte(nil), h[6:12]...)),
+		OuterSrcIP: netip.AddrFrom4([4]byte(h[26:30])), OuterDstIP: netip.AddrFrom4([4]byte(h[30:34])),
+		InnerDst: net.HardwareAddr(append([]byte(nil), h[50:56]...)), InnerSrc: net.HardwareAddr(append([]byte(nil), h[56:62]...)),
+	}
 }
 
 // Locals lists the local pods the ingress fast path delivers to.

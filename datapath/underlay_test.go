@@ -1,0 +1,86 @@
+package datapath
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestHeaderStale checks a learned header against the kernel's real routes,
+// neighbours and links in a throwaway namespace: a header stays while the
+// underlay matches it, and goes when the peer's or the gateway's MAC, the
+// uplink's MAC, the route's interface or the peer's VTEP MAC changes, or the
+// next hop is no longer resolved.
+func TestHeaderStale(t *testing.T) {
+	var (
+		direct  = netip.MustParseAddr("192.0.2.2")    // a peer on the uplink's subnet
+		routed  = netip.MustParseAddr("198.51.100.7") // a peer behind a gateway
+		gateway = net.ParseIP("192.0.2.254")
+		nodeMAC = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
+		peerMAC = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
+		gwMAC   = net.HardwareAddr{2, 0, 0, 0, 0xb, 0xfe}
+		vtep    = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
+	)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.InNewNetns(t, "ul", func() {
+		veth := func(name, peer string, mac net.HardwareAddr) netlink.Link {
+			must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac}, PeerName: peer}))
+			l, err := netlink.LinkByName(name)
+			must(err)
+			must(netlink.LinkSetUp(l))
+			return l
+		}
+		up := veth("up0", "up1", nodeMAC)
+		must(netlink.AddrAdd(up, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.0.2.1"), Mask: net.CIDRMask(24, 32)}}))
+		neigh := func(ip net.IP, mac net.HardwareAddr) {
+			must(netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: ip, HardwareAddr: mac}))
+		}
+		neigh(direct.AsSlice(), peerMAC)
+		neigh(gateway, gwMAC)
+		viaGateway := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.0"), Mask: net.CIDRMask(24, 32)}, Gw: gateway, LinkIndex: up.Attrs().Index}
+		must(netlink.RouteAdd(viaGateway))
+
+		header := func(node netip.Addr, next net.HardwareAddr) fastpath.Encap {
+			return fastpath.Encap{Node: node, Ifindex: up.Attrs().Index, OuterSrc: nodeMAC, OuterDst: next, InnerDst: vtep}
+		}
+		expect := func(what string, e fastpath.Encap, vtepNow net.HardwareAddr, wantStale, wantMoved bool) {
+			t.Helper()
+			if stale, moved := headerStale(e, vtepNow); stale != wantStale || moved != wantMoved {
+				t.Errorf("%s, header to %s: stale %v, moved %v; want %v, %v", what, e.Node, stale, moved, wantStale, wantMoved)
+			}
+		}
+
+		expect("unchanged underlay", header(direct, peerMAC), vtep, false, false)
+		expect("unchanged underlay", header(routed, gwMAC), vtep, false, false)
+		expect("peer on a new machine", header(direct, peerMAC), net.HardwareAddr{2, 0, 0, 0, 0xa, 9}, true, true)
+		expect("VTEP MAC unknown", header(direct, peerMAC), nil, false, false)
+
+		neigh(direct.AsSlice(), net.HardwareAddr{2, 0, 0, 0, 0xb, 9})
+		expect("peer's MAC changed", header(direct, peerMAC), vtep, true, false)
+		expect("peer's MAC changed", header(routed, gwMAC), vtep, false, false)
+		neigh(gateway, net.HardwareAddr{2, 0, 0, 0, 0xb, 0xfd})
+		expect("gateway's MAC changed", header(routed, gwMAC), vtep, true, false)
+
+		must(netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, IP: gateway}))
+		expect("next hop unresolved", header(routed, gwMAC), vtep, true, false)
+
+		other := veth("up2", "up3", nodeMAC) // same MAC too: only the interface differs
+		must(netlink.RouteReplace(&netlink.Route{Dst: viaGateway.Dst, LinkIndex: other.Attrs().Index, Scope: netlink.SCOPE_LINK}))
+		// Resolved there with the old next hop's MAC.
+		must(netlink.NeighSet(&netlink.Neigh{LinkIndex: other.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: routed.AsSlice(), HardwareAddr: gwMAC}))
+		expect("route moved to another interface", header(routed, gwMAC), vtep, true, false)
+
+		must(netlink.LinkSetHardwareAddr(up, net.HardwareAddr{2, 0, 0, 0, 0xb, 0x11}))
+		expect("uplink's MAC changed", header(direct, net.HardwareAddr{2, 0, 0, 0, 0xb, 9}), vtep, true, false)
+	})
+}
