@@ -35,6 +35,8 @@ prereqs:
 lab: prereqs build
 	$(BIN)/onc-lab up --bin $(CURDIR)/$(BIN) $(LAB_ARGS)
 
+# Removes the lab. It takes the LAB_ARGS `make lab` took; only --prefix and
+# --state-root matter to it.
 lab-down: build
 	$(BIN)/onc-lab down $(LAB_ARGS)
 

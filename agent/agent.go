@@ -152,16 +152,18 @@ func loadVTEPMAC(path string) (net.HardwareAddr, error) {
 }
 
 // Run serves the sockets and brings the node up; it returns when ctx ends.
-func (a *Agent) Run(ctx context.Context) error {
-	if err := os.MkdirAll(a.cfg.RunDir, 0o755); err != nil {
-		return err
+// lock is the node's (LockNode): only its holder may replace and remove
+// the sockets in the run directory.
+func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
+	if lock == nil || lock.runDir != a.cfg.RunDir {
+		return fmt.Errorf("run directory %s is not locked by this agent (LockNode)", a.cfg.RunDir)
 	}
 	cniSrv := grpc.NewServer()
 	apiv1.RegisterCNIServer(cniSrv, &cniServer{a: a})
 	onctlSrv := grpc.NewServer()
 	apiv1.RegisterAgentServer(onctlSrv, &onctlServer{a: a})
 	for name, srv := range map[string]*grpc.Server{"cni.sock": cniSrv, "agent.sock": onctlSrv} {
-		l, err := listenUnix(filepath.Join(a.cfg.RunDir, name))
+		l, err := lock.listen(name)
 		if err != nil {
 			return err
 		}
@@ -348,21 +350,6 @@ func (a *Agent) readyPool() (*ipam.Pool, string) {
 		return nil, a.notReady
 	}
 	return a.pool, a.notReady
-}
-
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
 }
 
 func retry(ctx context.Context, what string, fn func() error) error {

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/internal/testutil"
 )
 
 func (ta *testAgent) peerIPs() map[string]string {
@@ -249,15 +253,7 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
 		t.Fatal(err)
 	}
-	c, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ta.Run(c) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	ta.run(t)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
@@ -284,6 +280,59 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 	}
 	if !st.Ready || st.Peers != 1 || st.PodCidr != "10.244.1.0/24" {
 		t.Errorf("status: ready=%v peers=%d podCIDR=%s", st.Ready, st.Peers, st.PodCidr)
+	}
+}
+
+// run runs the agent under its node lock until the returned stop, which
+// waits for Run to return and checks its error; the test's end stops it too.
+func (ta *testAgent) run(t *testing.T) (stop func()) {
+	lock := lockNode(t, ta.cfg)
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ta.Run(c, lock) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// A stopping agent removes the sockets it made, and only those: a socket
+// that replaced its agent.sock (another agent's) stays.
+func TestStopRemovesOnlyItsOwnSockets(t *testing.T) {
+	ta := newTestAgent(t)
+	stop := ta.run(t)
+	agentSock, cniSock := filepath.Join(ta.cfg.RunDir, "agent.sock"), filepath.Join(ta.cfg.RunDir, "cni.sock")
+	testutil.WaitFor(t, "the agent's sockets", 10*time.Second, func() bool {
+		_, errA := os.Stat(agentSock)
+		_, errC := os.Stat(cniSock)
+		return errA == nil && errC == nil
+	})
+	if err := os.Remove(agentSock); err != nil {
+		t.Fatal(err)
+	}
+	other, err := net.Listen("unix", agentSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	others, err := os.Stat(agentSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stop()
+	if fi, err := os.Stat(agentSock); err != nil || !os.SameFile(fi, others) {
+		t.Errorf("the stopped agent removed or replaced another agent's agent.sock (%v)", err)
+	}
+	if _, err := os.Stat(cniSock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the stopped agent left its cni.sock behind (%v)", err)
 	}
 }
 

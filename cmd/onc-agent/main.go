@@ -46,6 +46,12 @@ func main() {
 
 	ctx, stop := cmdutil.Setup(*debug)
 	defer stop()
+	// First: a second agent on this node must not touch anything.
+	lock, err := agent.LockNode(cfg)
+	if err != nil {
+		cmdutil.Fatal("cannot start the agent", err)
+	}
+	defer lock.Close()
 	mode, err := datapath.ParseSocketLBMode(*socketLB)
 	if err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
@@ -105,7 +111,7 @@ func main() {
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
-	if err := a.Run(ctx); err != nil {
+	if err := a.Run(ctx, lock); err != nil {
 		cmdutil.Fatal("agent failed", err)
 	}
 }

@@ -14,9 +14,17 @@ import (
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func main() {
+	if err := newRoot().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+// newRoot builds onc-lab and its commands.
+func newRoot() *cobra.Command {
 	var o lab.Options
 	var keep, slow bool
 	root := &cobra.Command{Use: "onc-lab", Short: "ONC's local lab: nodes and pods as network namespaces", SilenceUsage: true}
@@ -51,17 +59,21 @@ func main() {
 			printExplore(l)
 			return nil
 		}}
-	up.Flags().IntVar(&o.Nodes, "nodes", 3, "number of nodes")
-	up.Flags().IntVar(&o.PodsPerNode, "pods", 2, "pods per node")
-	up.Flags().StringVar(&o.BinDir, "bin", "", "directory with onc, onc-agent, onc-controller (default: next to onc-lab)")
-	up.Flags().DurationVar(&o.NodeTimeout, "node-timeout", 30*time.Second, "controller --node-timeout")
-	up.Flags().BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
-	up.Flags().BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
-	up.Flags().StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
-	up.Flags().StringVar(&o.Underlay, "underlay", lab.UnderlayBridge, "bridge (every node on one bridge) or direct (2 nodes on one veth pair, as the bench runs)")
-	up.Flags().StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
+	upFlags := pflag.NewFlagSet("up", pflag.ContinueOnError)
+	upFlags.IntVar(&o.Nodes, "nodes", 3, "number of nodes")
+	upFlags.IntVar(&o.PodsPerNode, "pods", 2, "pods per node")
+	upFlags.StringVar(&o.BinDir, "bin", "", "directory with onc, onc-agent, onc-controller (default: next to onc-lab)")
+	upFlags.DurationVar(&o.NodeTimeout, "node-timeout", 30*time.Second, "controller --node-timeout")
+	upFlags.BoolVar(&keep, "keep-on-failure", false, "leave the lab up when the matrix fails")
+	upFlags.BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
+	upFlags.StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
+	upFlags.StringVar(&o.Underlay, "underlay", lab.UnderlayBridge, "bridge (every node on one bridge) or direct (2 nodes on one veth pair, as the bench runs)")
+	upFlags.StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
+	up.Flags().AddFlagSet(upFlags)
 
 	down := &cobra.Command{Use: "down", Short: "Stop the lab's processes and remove all it made", Args: cobra.NoArgs,
+		Long: "Stop the lab's processes and remove all it made. It also accepts, and ignores, every flag of up,\n" +
+			"so `make lab-down` takes the LAB_ARGS `make lab` took; only --prefix and --state-root matter to it.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := lab.DownByName(o.StateRoot, o.Prefix); err != nil {
 				return err
@@ -69,6 +81,7 @@ func main() {
 			fmt.Printf("lab %q removed\n", o.Prefix)
 			return nil
 		}}
+	acceptHidden(down, upFlags)
 
 	matrix := &cobra.Command{Use: "matrix", Short: "Probe every pair of a running lab again", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -94,9 +107,17 @@ func main() {
 	etcd.Flags().StringVar(&etcdDir, "dir", "", "data directory")
 	etcd.Flags().StringVar(&etcdListen, "listen", "http://127.0.0.1:2379", "client URL")
 	root.AddCommand(up, down, matrix, etcd)
-	if err := root.Execute(); err != nil {
-		os.Exit(1)
-	}
+	return root
+}
+
+// acceptHidden makes cmd parse the flags of fs, out of its help: their
+// values go where fs's do, and cmd ignores them.
+func acceptHidden(cmd *cobra.Command, fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		hidden := *f // fs's own flag stays in up's help
+		hidden.Hidden = true
+		cmd.Flags().AddFlag(&hidden)
+	})
 }
 
 // matrix probes every pair of l and prints the results, then what the
