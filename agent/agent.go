@@ -90,6 +90,8 @@ type Agent struct {
 	spec        datastore.NodeSpec // as published
 
 	locks keyLocks
+
+	metrics *agentMetrics
 }
 
 // New validates cfg and prepares the agent; Run starts it.
@@ -116,6 +118,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		notReady: "registering the node",
 		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
 	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
+	a.metrics = newAgentMetrics(a)
 	a.underlay = newUnderlayWatcher(a)
 	if cfg.Policy != nil {
 		a.policy = newPolicyWatcher(a, cfg.Policy)
@@ -158,7 +161,7 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 	if lock == nil || lock.runDir != a.cfg.RunDir {
 		return fmt.Errorf("run directory %s is not locked by this agent (LockNode)", a.cfg.RunDir)
 	}
-	cniSrv := grpc.NewServer()
+	cniSrv := grpc.NewServer(grpc.UnaryInterceptor(a.metrics.observeCNI))
 	apiv1.RegisterCNIServer(cniSrv, &cniServer{a: a})
 	onctlSrv := grpc.NewServer()
 	apiv1.RegisterAgentServer(onctlSrv, &onctlServer{a: a})
@@ -217,6 +220,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 		slog.Warn("this node's registration is missing; registering again")
 		return a.store.RegisterNode(ctx, a.published())
 	}
+	a.metrics.registeredPeers.Store(int64(len(nodes) - 1))
 	a.mu.Lock()
 	cidr := a.podCIDR
 	a.mu.Unlock()

@@ -27,7 +27,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 		NodeName: a.cfg.NodeName, NodeIp: a.up.NodeIP.String(), Uplink: a.up.Name,
 		VxlanDevice: datapath.DeviceName, VtepMac: a.vtepMAC.String(), Vni: uint32(a.cfg.Datapath.VNI), VxlanPort: uint32(a.cfg.Datapath.Port),
 		PodMtu: uint32(a.podMTU), Ready: a.notReady == "", NotReadyReason: a.notReady,
-		Datastore: a.store.Describe(), Version: Version, StartedUnix: a.started.Unix(),
+		Datastore: a.store.Describe(), Version: Version, StartedUnix: a.started.Unix(), MetricsAddr: a.metrics.address(),
 	}
 	if a.podCIDR.IsValid() {
 		st.PodCidr, st.Gateway, st.ClusterCidr = a.podCIDR.String(), datapath.Gateway(a.podCIDR).String(), a.clusterCIDR.String()

@@ -6,6 +6,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -23,6 +24,9 @@ type Config struct {
 	// Resync is how often the controller re-reads everything even without
 	// a change notification (liveness timeouts need a clock).
 	Resync time.Duration
+	// Metrics are where it reports (NewMetrics); nil: metrics of its own,
+	// served nowhere.
+	Metrics *Metrics
 }
 
 // Controller reconciles node CIDRs.
@@ -49,11 +53,18 @@ func New(ctx context.Context, cfg Config, store datastore.Store) (*Controller, e
 	if cfg.Resync == 0 {
 		cfg.Resync = 30 * time.Second
 	}
+	if cfg.Metrics == nil {
+		if cfg.Metrics, err = NewMetrics(cfg.Cluster, store); err != nil {
+			return nil, err
+		}
+	}
 	return &Controller{cfg: cfg, store: store, alloc: alloc, lastSeen: map[string]time.Time{}}, nil
 }
 
 // Run reconciles until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
+	c.cfg.Metrics.leader.Set(1)
+	defer c.cfg.Metrics.leader.Set(0)
 	changes := c.store.Changes(ctx)
 	tick := time.NewTicker(c.cfg.Resync)
 	defer tick.Stop()
@@ -61,6 +72,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer expiry.Stop()
 	for {
 		if err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			c.cfg.Metrics.storeErrors.Inc()
 			slog.Error("reconcile failed; retrying", "err", err)
 		}
 		next := c.cfg.Resync
@@ -156,11 +168,15 @@ func (c *Controller) allocate(ctx context.Context, n datastore.Node, block, carr
 	case block.IsValid() && n.PodCIDR == block:
 	case block.IsValid():
 		if _, err := c.store.ClaimCIDR(ctx, n.Name, block); err != nil {
+			c.cfg.Metrics.storeErrors.Inc()
 			slog.Error("cannot record the node's pod CIDR on it", "node", n.Name, "cidr", block, "err", err)
 		}
 	default:
 		p, err := c.alloc.Allocate(ctx, n.Name, carried)
 		if err != nil {
+			if !errors.Is(err, nodeipam.ErrExhausted) {
+				c.cfg.Metrics.storeErrors.Inc()
+			}
 			slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
 			return
 		}

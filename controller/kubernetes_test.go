@@ -68,7 +68,8 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 		cmd := testutil.Start(t, filepath.Join(dir, id+".log"), filepath.Join(bins, "onc-controller"),
 			"--datastore=kubernetes", "--kubeconfig", kubeconfig, "--leader-elect-identity", id,
 			"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
-			"--cluster-cidr=10.244.0.0/16", "--node-prefix-len=24")
+			"--cluster-cidr=10.244.0.0/16", "--node-prefix-len=24",
+			"--metrics-addr=127.0.0.1:0") // both replicas share this host's network
 		replicas[id] = cmd.Process
 	}
 	testutil.WaitFor(t, "n1 and n2 allocated", 30*time.Second, func() bool { return cidrOf("n1").IsValid() && cidrOf("n2").IsValid() })

@@ -68,6 +68,7 @@ type FastPath interface {
 	Switch(enabled bool) error
 	Flush() error
 	Stats() ([]fastpath.Stat, error)
+	CacheEntries() (map[string]int, error)
 	Dests() ([]fastpath.Dest, error)
 	Encaps() ([]fastpath.Encap, error)
 	Locals() ([]fastpath.Local, error)

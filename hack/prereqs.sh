@@ -18,6 +18,7 @@ declare -A need=(
   [redis-server]=redis-server  # the bench's application rows (and TestBenchBed)
   [redis-benchmark]=redis-tools
   [gcc]=gcc                    # flanneld needs cgo (make flannel-bins)
+  [promtool]=prometheus        # the metrics tests check every scrape (promtool check metrics)
 )
 missing=()
 for cmd in "${!need[@]}"; do
@@ -36,8 +37,9 @@ echo "installing: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Debian starts etcd and redis as services on install; ONC's tests and
-# bench start their own.
+# Debian starts etcd, redis and prometheus as services on install; ONC's
+# tests and bench start their own etcd and redis, and use only prometheus's
+# promtool.
 if command -v systemctl >/dev/null 2>&1; then
-  for unit in etcd redis-server; do systemctl disable --now "$unit" >/dev/null 2>&1 || true; done
+  for unit in etcd redis-server prometheus; do systemctl disable --now "$unit" >/dev/null 2>&1 || true; done
 fi

@@ -183,6 +183,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		{"Policy:", orDash(st.Policy)},
 		{"Socket LB:", socketLBState(st)},
 		{"Bypass:", bypassState(st.Bypass)},
+		{"Metrics:", metricsState(st)},
 		{"Version:", st.Version},
 		{"Up since:", time.Unix(st.StartedUnix, 0).UTC().Format(time.RFC3339)},
 	}
@@ -267,6 +268,14 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// metricsState is where the agent serves its metrics, or off.
+func metricsState(st *apiv1.NodeStatus) string {
+	if u := st.MetricsURL(); u != "" {
+		return u
+	}
+	return "off"
 }
 
 func fastPathState(st *apiv1.NodeStatus) string {

@@ -31,10 +31,19 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450",
-		"Watchers:  peers: applied generation", "Policy:    not enforced: NetworkPolicy needs the Kubernetes datastore"} {
+		"Watchers:  peers: applied generation", "Policy:    not enforced: NetworkPolicy needs the Kubernetes datastore",
+		"Metrics:   http://" + n.IP.String() + ":9967/metrics"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
+	}
+
+	out, err = run("-s", sock, "status", "-o", "json")
+	var st struct {
+		MetricsAddr string `json:"metrics_addr"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.MetricsAddr != ":9967" {
+		t.Errorf("status -o json: metrics_addr %q (%v), want the agent's default :9967:\n%s", st.MetricsAddr, err, out)
 	}
 
 	if out, err := run("-s", sock, "ready"); err != nil || strings.TrimSpace(out) != "ready" {

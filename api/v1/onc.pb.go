@@ -299,7 +299,10 @@ type NodeStatus struct {
 	// The cgroup v2 directory the socket programs are attached to.
 	SocketLbCgroup string `protobuf:"bytes,26,opt,name=socket_lb_cgroup,json=socketLbCgroup,proto3" json:"socket_lb_cgroup,omitempty"`
 	// The intra-node bypass: its setting, or why it is unavailable.
-	Bypass        *BypassState `protobuf:"bytes,27,opt,name=bypass,proto3" json:"bypass,omitempty"`
+	Bypass *BypassState `protobuf:"bytes,27,opt,name=bypass,proto3" json:"bypass,omitempty"`
+	// Where the agent serves its Prometheus metrics (/metrics), as it
+	// listens: host (empty: every address) and port; empty when it serves none.
+	MetricsAddr   string `protobuf:"bytes,28,opt,name=metrics_addr,json=metricsAddr,proto3" json:"metrics_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +524,13 @@ func (x *NodeStatus) GetBypass() *BypassState {
 		return x.Bypass
 	}
 	return nil
+}
+
+func (x *NodeStatus) GetMetricsAddr() string {
+	if x != nil {
+		return x.MetricsAddr
+	}
+	return ""
 }
 
 type Watcher struct {
@@ -2714,7 +2724,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xd3\x06\n" +
+	"\x10GetStatusRequest\"\xf6\x06\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2745,7 +2755,8 @@ const file_onc_proto_rawDesc = "" +
 	"\x06policy\x18\x18 \x01(\tR\x06policy\x12\x1b\n" +
 	"\tsocket_lb\x18\x19 \x01(\tR\bsocketLb\x12(\n" +
 	"\x10socket_lb_cgroup\x18\x1a \x01(\tR\x0esocketLbCgroup\x12+\n" +
-	"\x06bypass\x18\x1b \x01(\v2\x13.onc.v1.BypassStateR\x06bypass\"\x96\x01\n" +
+	"\x06bypass\x18\x1b \x01(\v2\x13.onc.v1.BypassStateR\x06bypass\x12!\n" +
+	"\fmetrics_addr\x18\x1c \x01(\tR\vmetricsAddr\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +

@@ -41,6 +41,7 @@ func main() {
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	store := backend.AddFlags(fs)
+	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
 
@@ -109,6 +110,9 @@ func main() {
 	}
 	a, err := agent.New(cfg, ds, dp)
 	if err != nil {
+		cmdutil.Fatal("cannot start the agent", err)
+	}
+	if err := a.ServeMetrics(ctx, *metricsAddr); err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
 	if err := a.Run(ctx, lock); err != nil {

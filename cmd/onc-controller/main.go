@@ -33,6 +33,7 @@ func main() {
 	fs.DurationVar(&el.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a silent leader")
 	fs.DurationVar(&el.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before it gives up leading")
 	fs.DurationVar(&el.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
+	metricsAddr := fs.String("metrics-addr", controller.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
 	_ = fs.Parse(os.Args[1:])
 
@@ -59,11 +60,19 @@ func main() {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}
 	defer ds.Close()
+	cluster := datastore.ClusterConfig{ClusterCIDR: cidr, NodePrefixLen: *prefixLen}
+	// Before the election: a standby serves its metrics too.
+	metrics, err := controller.NewMetrics(cluster, ds)
+	if err != nil {
+		cmdutil.Fatal("bad flag", err)
+	}
+	if addr, err := metrics.Serve(ctx, *metricsAddr); err != nil {
+		cmdutil.Fatal("cannot serve metrics", err)
+	} else if addr != "" {
+		slog.Info("serving metrics", "addr", addr)
+	}
 	run := func(ctx context.Context) error {
-		c, err := controller.New(ctx, controller.Config{
-			Cluster:     datastore.ClusterConfig{ClusterCIDR: cidr, NodePrefixLen: *prefixLen},
-			NodeTimeout: *nodeTimeout,
-		}, ds)
+		c, err := controller.New(ctx, controller.Config{Cluster: cluster, NodeTimeout: *nodeTimeout, Metrics: metrics}, ds)
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,7 @@ func newRoot() *cobra.Command {
 				}
 				return err
 			}
-			printExplore(l)
+			printExplore(ctx, l)
 			return nil
 		}}
 	upFlags := pflag.NewFlagSet("up", pflag.ContinueOnError)
@@ -142,7 +142,7 @@ func matrix(ctx context.Context, l *lab.Lab) error {
 	return nil
 }
 
-func printExplore(l *lab.Lab) {
+func printExplore(ctx context.Context, l *lab.Lab) {
 	n := l.Nodes[0]
 	fmt.Printf(`
 The lab is up. Explore it:
@@ -150,7 +150,21 @@ The lab is up. Explore it:
   ip netns exec %[3]s ip route     # a node's routes (onc.vxlan peers)
   ip netns exec %[4]s ping %[5]s   # from a pod
   %[1]s/onc-lab matrix --prefix %[6]s
-Logs and state: %[7]s
-Remove it: make lab-down
-`, l.BinDir, n.AgentSocket(), n.Netns, n.Pods[0].Netns, l.Nodes[len(l.Nodes)-1].Pods[0].IP, l.Prefix, l.Dir)
+`, l.BinDir, n.AgentSocket(), n.Netns, n.Pods[0].Netns, l.Nodes[len(l.Nodes)-1].Pods[0].IP, l.Prefix)
+	printMetrics(ctx, l)
+	fmt.Printf("Logs and state: %s\nRemove it: make lab-down\n", l.Dir)
+}
+
+// printMetrics says how to scrape every agent's and the controller's
+// Prometheus metrics.
+func printMetrics(ctx context.Context, l *lab.Lab) {
+	targets, err := l.MetricsTargets(ctx)
+	if err != nil {
+		fmt.Println("Metrics:", err)
+		return
+	}
+	fmt.Println("Prometheus metrics (docs/metrics.md), each served in its daemon's namespace:")
+	for _, t := range targets {
+		fmt.Printf("  %s   # %s\n", t.Command(), t.Name)
+	}
 }

@@ -49,6 +49,21 @@ func (a *Allocator) Blocks() *big.Int {
 	return new(big.Int).Lsh(big.NewInt(1), uint(a.cfg.NodePrefixLen-a.cfg.ClusterCIDR.Bits()))
 }
 
+// Usage counts the cluster CIDR's node blocks that are allocated (to any
+// node, registered or not) and free.
+func (a *Allocator) Usage(ctx context.Context) (allocated, free uint64, err error) {
+	taken, err := a.store.Allocations(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for p := range taken {
+		if a.IsBlock(p) {
+			allocated++
+		}
+	}
+	return allocated, a.Blocks().Uint64() - allocated, nil
+}
+
 // IsBlock reports whether p is one of the cluster CIDR's node blocks.
 func (a *Allocator) IsBlock(p netip.Prefix) bool {
 	return p.IsValid() && p.Bits() == a.cfg.NodePrefixLen && p.Masked() == p && a.cfg.ClusterCIDR.Contains(p.Addr())

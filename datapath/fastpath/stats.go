@@ -1,10 +1,12 @@
 package fastpath
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
 )
 
@@ -15,6 +17,45 @@ type Stat = bpf.Counter
 // Stats sums every counter over the CPUs.
 func (d *Datapath) Stats() ([]Stat, error) {
 	return bpf.ReadCounters(d.maps.OncStats, bpf.LoadEgressFast, "onc_stat", "STAT_")
+}
+
+// CacheEntries counts the entries of each cache map, by its name without
+// "onc_": filter (flows), egress (remote pods), encap (headers), local
+// (local pods).
+func (d *Datapath) CacheEntries() (map[string]int, error) {
+	out := map[string]int{}
+	for name, count := range map[string]func() (int, error){
+		"filter": func() (int, error) { return entries[FlowKey, FlowVal](d.maps.OncFilter) },
+		"egress": func() (int, error) { return entries[uint32, EgressVal](d.maps.OncEgress) },
+		"encap":  func() (int, error) { return entries[uint32, EncapVal](d.maps.OncEncap) },
+		"local":  func() (int, error) { return entries[uint32, LocalPod](d.maps.OncLocal) },
+	} {
+		n, err := count()
+		if err != nil {
+			return nil, fmt.Errorf("count the entries of onc_%s: %w", name, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// entries counts m's entries in batches: unlike key-by-key iteration,
+// which restarts when its cursor key is deleted meanwhile, it cannot count
+// an entry twice while the datapath learns and evicts.
+func entries[K, V any](m *ebpf.Map) (int, error) {
+	keys, vals := make([]K, 256), make([]V, 256)
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		total += n
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist): // the end
+			return total, nil
+		case err != nil:
+			return 0, err
+		}
+	}
 }
 
 // Flow is a decoded filter entry.

@@ -1,0 +1,324 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/internal/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+)
+
+// DefaultMetricsAddr is where the agent serves /metrics unless
+// --metrics-addr says otherwise (docs/metrics.md). The agent runs in the
+// host network: 9967 is clear of kube-proxy's, node-exporter's and
+// Cilium's ports.
+const DefaultMetricsAddr = ":9967"
+
+// The agent's metrics (docs/metrics.md lists them). Everything but the CNI
+// server's counters is read when scraped, so nothing polls and nothing
+// can be stale.
+var (
+	descReady = prometheus.NewDesc("onc_agent_ready",
+		"1 if the agent is ready to serve pods (onctl ready), else 0.", nil, nil)
+	descPods = prometheus.NewDesc("onc_pods",
+		"Pod attachments on this node.", nil, nil)
+	descPeers = prometheus.NewDesc("onc_peers",
+		"Other nodes by state: programmed (their routes and tunnel entries are in place), pending (registered, not programmed: no pod CIDR yet, or programming failed).",
+		[]string{"state"}, nil)
+	descFastPathPackets = prometheus.NewDesc("onc_fastpath_packets_total",
+		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit, miss, error) and reason of a miss.",
+		[]string{"program", "result", "reason"}, nil)
+	descFastPathLearn = prometheus.NewDesc("onc_fastpath_learn_total",
+		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while a policy change held learning.",
+		[]string{"event"}, nil)
+	descCacheEntries = prometheus.NewDesc("onc_fastpath_cache_entries",
+		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods).",
+		[]string{"map"}, nil)
+	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
+		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
+		[]string{"direction", "verdict"}, nil)
+	descSocketLBTranslations = prometheus.NewDesc("onc_socklb_translations_total",
+		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg).",
+		[]string{"hook"}, nil)
+	descSocketLBRefusals = prometheus.NewDesc("onc_socklb_refusals_total",
+		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg).",
+		[]string{"hook"}, nil)
+	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
+		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
+	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
+		"Bytes the intra-node bypass queued straight onto the peer socket.", nil, nil)
+	descBypassFallbacks = prometheus.NewDesc("onc_bypass_fallbacks_total",
+		"Directions of bypass-recorded connections that took the TCP/IP stack, by reason (docs/bypass.md).",
+		[]string{"reason"}, nil)
+)
+
+// Sources of onc_scrape_errors_total (metrics.NewScrapeErrors).
+const (
+	sourceFastPath = "fastpath"
+	sourceCache    = "fastpath_cache"
+	sourceSocketLB = "socklb"
+	sourceBypass   = "bypass"
+	sourcePolicy   = "policy"
+)
+
+// agentMetrics is the agent's Prometheus side: its own registry, the CNI
+// server's counters, and a collector for everything else.
+type agentMetrics struct {
+	a            *Agent
+	reg          *prometheus.Registry
+	cniRequests  *prometheus.CounterVec
+	cniDuration  *prometheus.HistogramVec
+	scrapeErrors *prometheus.CounterVec
+	policy       policyTotals
+	// registeredPeers is how many other nodes the peer watcher's last
+	// reconcile read from the datastore.
+	registeredPeers atomic.Int64
+
+	mu   sync.Mutex
+	addr string // where ServeMetrics listens; "" when it does not
+}
+
+func newAgentMetrics(a *Agent) *agentMetrics {
+	m := &agentMetrics{a: a, reg: metrics.NewRegistry(),
+		cniRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onc_cni_requests_total",
+			Help: "CNI requests the agent answered, by verb and CNI result code (0: success; docs/cni.md lists the others)."},
+			[]string{"verb", "code"}),
+		cniDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "onc_cni_request_duration_seconds",
+			Help: "How long the agent took to answer a CNI request, by verb.",
+			// ADD may wait up to 10 s for the pod's policy.
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
+			[]string{"verb"}),
+		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceSocketLB, sourceBypass, sourcePolicy),
+	}
+	m.reg.MustRegister(m, m.cniRequests, m.cniDuration)
+	return m
+}
+
+// ServeMetrics serves the agent's metrics on addr until ctx ends
+// (docs/metrics.md); "" serves none.
+func (a *Agent) ServeMetrics(ctx context.Context, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	bound, err := metrics.Serve(ctx, addr, a.metrics.reg)
+	if err != nil {
+		return err
+	}
+	a.metrics.mu.Lock()
+	a.metrics.addr = bound
+	a.metrics.mu.Unlock()
+	slog.Info("serving metrics", "addr", bound)
+	return nil
+}
+
+// address is where the metrics are served, for onctl status.
+func (m *agentMetrics) address() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addr
+}
+
+// observeCNI counts and times every CNI request, as the CNI server's
+// interceptor.
+func (m *agentMetrics) observeCNI(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	verb := strings.ToUpper(path.Base(info.FullMethod)) // "/onc.v1.CNI/Add": ADD
+	m.cniDuration.WithLabelValues(verb).Observe(time.Since(start).Seconds())
+	m.cniRequests.WithLabelValues(verb, cniCode(resp, err)).Inc()
+	return resp, err
+}
+
+// cniCode is the CNI result code of a response, or rpc_error when the
+// handler failed without one.
+func cniCode(resp any, err error) string {
+	if err != nil {
+		return "rpc_error"
+	}
+	if r, ok := resp.(*apiv1.CNIResponse); ok && r.GetError() != nil {
+		return strconv.FormatUint(uint64(r.GetError().GetCode()), 10)
+	}
+	return "0"
+}
+
+func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descFastPathLearn, descCacheEntries,
+		descPolicy, descSocketLBTranslations, descSocketLBRefusals, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		ch <- d
+	}
+	m.scrapeErrors.Describe(ch)
+}
+
+// Collect reads the agent's state and the kernel's counters now. A source
+// that is not loaded, or whose read fails, contributes nothing: a missing
+// series, never a wrong number.
+func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
+	a := m.a
+	pool, notReady := a.readyPool()
+	ch <- gauge(descReady, b2f(notReady == ""))
+	if pool != nil {
+		ch <- gauge(descPods, float64(len(pool.List())))
+	}
+	programmed := int64(len(a.dp.ProgrammedPeers()))
+	ch <- gauge(descPeers, float64(programmed), "programmed")
+	ch <- gauge(descPeers, float64(max(0, m.registeredPeers.Load()-programmed)), "pending")
+
+	var sources []counterSource
+	if fp := a.dp.FastPath(); fp != nil {
+		sources = append(sources, counterSource{sourceFastPath, fp.Stats, fastPathSample})
+		if n, err := fp.CacheEntries(); m.ok(sourceCache, err) {
+			for name, v := range n {
+				ch <- gauge(descCacheEntries, float64(v), name)
+			}
+		}
+	}
+	if lb := a.dp.SocketLB(); lb != nil {
+		sources = append(sources, counterSource{sourceSocketLB, lb.Stats, socketLBSample})
+	}
+	if bp := a.dp.Bypass(); bp != nil {
+		sources = append(sources, counterSource{sourceBypass, bp.Stats, bypassSample})
+	}
+	for _, s := range sources {
+		if counters, err := s.read(); m.ok(s.name, err) {
+			for _, c := range counters {
+				if desc, labels := s.sample(c.Name); desc != nil {
+					ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(c.Value), labels...)
+				}
+			}
+		}
+	}
+	if a.policy != nil {
+		if pods, err := a.dp.PolicyCounters(); m.ok(sourcePolicy, err) {
+			totals := m.policy.add(pods)
+			for i, s := range policySeries {
+				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
+			}
+		}
+	}
+	m.scrapeErrors.Collect(ch)
+}
+
+// ok counts a failed read of source, logging it, and reports success.
+func (m *agentMetrics) ok(source string, err error) bool {
+	if err != nil {
+		m.scrapeErrors.WithLabelValues(source).Inc()
+		slog.Warn("metrics: left out of this scrape", "source", source, "err", err)
+	}
+	return err == nil
+}
+
+func gauge(d *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
+	return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// counterSource is a set of eBPF programs' per-CPU counters, summed over
+// the CPUs and named by their C enum (bpf.Counter).
+type counterSource struct {
+	name   string // of onc_scrape_errors_total
+	read   func() ([]bpf.Counter, error)
+	sample func(counter string) (*prometheus.Desc, []string)
+}
+
+// The sample functions are the one place counter names become metrics: the
+// metric and label values of a counter, or a nil Desc for one not exported.
+
+// fastPathSample maps enum onc_stat: <program>_hit, <program>_error,
+// <program>_miss_<reason> and learn_<event>.
+func fastPathSample(counter string) (*prometheus.Desc, []string) {
+	prog, rest, _ := strings.Cut(counter, "_")
+	switch {
+	case prog == "learn":
+		return descFastPathLearn, []string{rest}
+	case rest == "hit" || rest == "error":
+		return descFastPathPackets, []string{prog, rest, ""}
+	case strings.HasPrefix(rest, "miss_"):
+		return descFastPathPackets, []string{prog, "miss", strings.TrimPrefix(rest, "miss_")}
+	}
+	return nil, nil
+}
+
+// socketLBSample maps enum lb_stat's <hook>_translated and <hook>_refused.
+func socketLBSample(counter string) (*prometheus.Desc, []string) {
+	hook, what, _ := strings.Cut(counter, "_")
+	switch what {
+	case "translated":
+		return descSocketLBTranslations, []string{hook}
+	case "refused":
+		return descSocketLBRefusals, []string{hook}
+	}
+	return nil, nil
+}
+
+// bypassSample maps enum bp_stat's redirected_msgs, redirected_bytes and
+// fallback_<reason>.
+func bypassSample(counter string) (*prometheus.Desc, []string) {
+	switch {
+	case counter == "redirected_msgs":
+		return descBypassMessages, nil
+	case counter == "redirected_bytes":
+		return descBypassBytes, nil
+	case strings.HasPrefix(counter, "fallback_"):
+		return descBypassFallbacks, []string{strings.TrimPrefix(counter, "fallback_")}
+	}
+	return nil, nil
+}
+
+// policySeries are the series of onc_policy_connections_total, in the
+// order of policyTotals' values.
+var policySeries = [4]struct {
+	direction, verdict string
+	of                 func(netpol.Counters) uint64
+}{
+	{"ingress", "allowed", func(c netpol.Counters) uint64 { return c.IngressAllowed }},
+	{"ingress", "denied", func(c netpol.Counters) uint64 { return c.IngressDenied }},
+	{"egress", "allowed", func(c netpol.Counters) uint64 { return c.EgressAllowed }},
+	{"egress", "denied", func(c netpol.Counters) uint64 { return c.EgressDenied }},
+}
+
+// policyTotals sums the pods' policy counters into totals that never go
+// down, as counters must. A pod's counters reset when it leaves the
+// ruleset, so the values a pod last showed stay in gone when it goes or
+// its counter shrinks; what it counted since the scrape before is lost.
+type policyTotals struct {
+	mu   sync.Mutex
+	last map[string]netpol.Counters // by pod, as last scraped
+	gone [4]uint64
+}
+
+func (p *policyTotals) add(pods map[string]netpol.Counters) [4]uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for key, was := range p.last {
+		now, still := pods[key]
+		for i, s := range policySeries {
+			if !still || s.of(now) < s.of(was) {
+				p.gone[i] += s.of(was)
+			}
+		}
+	}
+	p.last = pods
+	totals := p.gone
+	for _, c := range pods {
+		for i, s := range policySeries {
+			totals[i] += s.of(c)
+		}
+	}
+	return totals
+}

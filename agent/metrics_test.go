@@ -1,0 +1,293 @@
+package agent
+
+// The agent's metrics against the fake datapath: what each counter of the
+// eBPF programs becomes, that a failed read leaves its metrics out, that
+// policy totals never go down, and the CNI requests' counters.
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bypass"
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+)
+
+// fakeFastPath has the counters and cache sizes a test gives it; err
+// fails both reads.
+type fakeFastPath struct {
+	datapath.FastPath // the rest: the metrics call nothing else
+	stats             []fastpath.Stat
+	entries           map[string]int
+	err               error
+}
+
+func (f *fakeFastPath) Stats() ([]fastpath.Stat, error)       { return f.stats, f.err }
+func (f *fakeFastPath) CacheEntries() (map[string]int, error) { return f.entries, f.err }
+
+// scrape serves the agent's metrics, as onc-agent does, and reads them
+// over HTTP, parsed and checked by promtool.
+func (ta *testAgent) scrape(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	if ta.metrics.address() == "" {
+		if err := ta.ServeMetrics(t.Context(), "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := "http://" + ta.metrics.address() + "/metrics"
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	// Served anyway, without what failed: gathering again says if anything did.
+	if _, err := ta.metrics.reg.Gather(); err != nil {
+		t.Fatalf("gathering failed: %v", err)
+	}
+	return testutil.ParseMetrics(t, body)
+}
+
+// want checks one counter or gauge; labels alternate names and values.
+func want(t *testing.T, mfs map[string]*dto.MetricFamily, family string, v float64, labels ...string) {
+	t.Helper()
+	ls := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		ls[labels[i]] = labels[i+1]
+	}
+	if got, ok := testutil.MetricValue(mfs, family, ls); !ok || got != v {
+		t.Errorf("%s%v = %v (present: %v), want %v", family, ls, got, ok, v)
+	}
+}
+
+// enumCounters names the counters of a C enum as Stats does (bpf.Counter).
+func enumCounters(t *testing.T, load func() (*ebpf.CollectionSpec, error), enum, prefix string) []string {
+	t.Helper()
+	spec, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName(enum, &e); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, v := range e.Values {
+		if v.Name != prefix+"MAX" {
+			names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
+		}
+	}
+	return names
+}
+
+type sampleFunc = func(counter string) (*prometheus.Desc, []string)
+
+// Every counter of the fast path's enum becomes a sample; those of the
+// socket LB and the bypass that docs/metrics.md lists do, and nothing else.
+func TestMetricsMapTheProgramsCounters(t *testing.T) {
+	for _, c := range []struct {
+		sample  sampleFunc
+		counter string
+		desc    *prometheus.Desc
+		labels  []string
+	}{
+		{fastPathSample, "egress_hit", descFastPathPackets, []string{"egress", "hit", ""}},
+		{fastPathSample, "ingress_error", descFastPathPackets, []string{"ingress", "error", ""}},
+		{fastPathSample, "egress_miss_tcp_flags", descFastPathPackets, []string{"egress", "miss", "tcp_flags"}},
+		{fastPathSample, "ingress_miss_no_pod", descFastPathPackets, []string{"ingress", "miss", "no_pod"}},
+		{fastPathSample, "learn_known", descFastPathLearn, []string{"known"}},
+		{socketLBSample, "connect_translated", descSocketLBTranslations, []string{"connect"}},
+		{socketLBSample, "sendmsg_refused", descSocketLBRefusals, []string{"sendmsg"}},
+		{socketLBSample, "no_slot", nil, nil},
+		{socketLBSample, "recvmsg_reversed", nil, nil},
+		{bypassSample, "redirected_msgs", descBypassMessages, nil},
+		{bypassSample, "redirected_bytes", descBypassBytes, nil},
+		{bypassSample, "fallback_peer_full", descBypassFallbacks, []string{"peer_full"}},
+		{bypassSample, "stack_msgs", nil, nil},
+	} {
+		if d, labels := c.sample(c.counter); d != c.desc || !slices.Equal(labels, c.labels) {
+			t.Errorf("%s: %v %q, want %v %q", c.counter, d, labels, c.desc, c.labels)
+		}
+	}
+
+	// The enums as compiled: a counter added to the C is exported (the fast
+	// path's) or must be looked at here.
+	for _, name := range enumCounters(t, bpf.LoadEgressFast, "onc_stat", "STAT_") {
+		if d, _ := fastPathSample(name); d == nil {
+			t.Errorf("fast-path counter %s is not exported", name)
+		}
+	}
+	exported := map[*prometheus.Desc]int{}
+	for _, src := range []struct {
+		sample       sampleFunc
+		load         func() (*ebpf.CollectionSpec, error)
+		enum, prefix string
+	}{
+		{socketLBSample, bpf.LoadSockConnect4, "lb_stat", "LB_STAT_"},
+		{bypassSample, bpf.LoadSockOps, "bp_stat", "BP_STAT_"},
+	} {
+		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
+			if d, _ := src.sample(name); d != nil {
+				exported[d]++
+			}
+		}
+	}
+	for d, n := range map[*prometheus.Desc]int{descSocketLBTranslations: 2, descSocketLBRefusals: 2,
+		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
+		if exported[d] != n {
+			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)
+		}
+	}
+}
+
+func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.addNode(t, "node-b", "192.0.2.2", "10.244.2.0/24", true)
+	ta.addNode(t, "node-c", "192.0.2.3", "", true) // no pod CIDR yet: pending
+	mfs := ta.scrape(t)
+	want(t, mfs, "onc_agent_ready", 0)
+	if _, ok := mfs["onc_pods"]; ok {
+		t.Error("onc_pods before the pod state is loaded")
+	}
+
+	ta.bringUp(t, "10.244.1.0/24")
+	ta.mustAdd(t, "c1", "/ns/c1")
+	ta.dp.mu.Lock()
+	ta.dp.fp = &fakeFastPath{
+		stats:   []fastpath.Stat{{Name: "egress_hit", Value: 7}, {Name: "egress_miss_flow", Value: 3}, {Name: "learn_egress", Value: 2}},
+		entries: map[string]int{"filter": 4, "egress": 1, "encap": 1, "local": 1},
+	}
+	ta.dp.mu.Unlock()
+	bp := ta.withBypass(bypass.Config{})
+	bp.stats = []bpf.Counter{{Name: "redirected_msgs", Value: 10}, {Name: "redirected_bytes", Value: 1000},
+		{Name: "fallback_small", Value: 1}, {Name: "stack_msgs", Value: 5}}
+
+	mfs = ta.scrape(t)
+	want(t, mfs, "onc_agent_ready", 1)
+	want(t, mfs, "onc_pods", 1)
+	want(t, mfs, "onc_peers", 1, "state", "programmed")
+	want(t, mfs, "onc_peers", 1, "state", "pending")
+	want(t, mfs, "onc_fastpath_packets_total", 7, "program", "egress", "result", "hit", "reason", "")
+	want(t, mfs, "onc_fastpath_packets_total", 3, "program", "egress", "result", "miss", "reason", "flow")
+	want(t, mfs, "onc_fastpath_learn_total", 2, "event", "egress")
+	want(t, mfs, "onc_fastpath_cache_entries", 4, "map", "filter")
+	want(t, mfs, "onc_bypass_redirected_messages_total", 10)
+	want(t, mfs, "onc_bypass_redirected_bytes_total", 1000)
+	want(t, mfs, "onc_bypass_fallbacks_total", 1, "reason", "small")
+	want(t, mfs, "onc_scrape_errors_total", 0, "source", sourceFastPath)
+	for _, family := range []string{"onc_socklb_translations_total", "onc_policy_connections_total"} {
+		if _, ok := mfs[family]; ok {
+			t.Errorf("%s without the socket LB or policy", family)
+		}
+	}
+	if _, ok := mfs["go_goroutines"]; !ok {
+		t.Error("no Go runtime metrics")
+	}
+}
+
+// A counter read that fails leaves out that source's metrics, and only
+// those: never zeros in their place.
+func TestMetricsFailedReadEmitsNothing(t *testing.T) {
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.1.0/24")
+	ta.dp.mu.Lock()
+	ta.dp.fp = &fakeFastPath{stats: []fastpath.Stat{{Name: "egress_hit", Value: 7}}, err: errors.New("map read failed")}
+	ta.dp.mu.Unlock()
+	ta.withBypass(bypass.Config{}).stats = []bpf.Counter{{Name: "redirected_msgs", Value: 10}}
+
+	mfs := ta.scrape(t)
+	for _, family := range []string{"onc_fastpath_packets_total", "onc_fastpath_learn_total", "onc_fastpath_cache_entries"} {
+		if _, ok := mfs[family]; ok {
+			t.Errorf("%s despite the failed read: %v", family, mfs[family])
+		}
+	}
+	want(t, mfs, "onc_scrape_errors_total", 1, "source", sourceFastPath)
+	want(t, mfs, "onc_scrape_errors_total", 1, "source", sourceCache)
+	want(t, mfs, "onc_bypass_redirected_messages_total", 10)
+	want(t, mfs, "onc_pods", 0)
+}
+
+// Pods' policy counters reset when a pod leaves; the totals go on.
+func TestPolicyTotalsNeverGoDown(t *testing.T) {
+	var p policyTotals
+	steps := []struct {
+		pods map[string]netpol.Counters
+		want [4]uint64
+	}{
+		{map[string]netpol.Counters{"a": {IngressAllowed: 5, EgressDenied: 1}, "b": {IngressAllowed: 2}}, [4]uint64{7, 0, 0, 1}},
+		{map[string]netpol.Counters{"a": {IngressAllowed: 6, EgressDenied: 1}}, [4]uint64{8, 0, 0, 1}},         // b went
+		{map[string]netpol.Counters{"a": {IngressAllowed: 1}, "b": {IngressDenied: 3}}, [4]uint64{9, 3, 0, 1}}, // a came back anew
+	}
+	for i, s := range steps {
+		if got := p.add(s.pods); got != s.want {
+			t.Errorf("step %d: totals %v, want %v", i, got, s.want)
+		}
+	}
+}
+
+func TestMetricsCountCNIRequests(t *testing.T) {
+	ta := newTestAgent(t)
+	call := func(method string, r *apiv1.CNIRequest, h func(context.Context, *apiv1.CNIRequest) (*apiv1.CNIResponse, error)) {
+		t.Helper()
+		_, err := ta.metrics.observeCNI(ctx(t), r, &grpc.UnaryServerInfo{FullMethod: method},
+			func(ctx context.Context, req any) (any, error) { return h(ctx, req.(*apiv1.CNIRequest)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	call(apiv1.CNI_Add_FullMethodName, req("c1", ta.netns("/ns/c1")), ta.cni.Add) // not ready: 11
+	ta.bringUp(t, "10.244.1.0/24")
+	call(apiv1.CNI_Add_FullMethodName, req("c1", ta.netns("/ns/c1")), ta.cni.Add)
+	call(apiv1.CNI_Del_FullMethodName, req("c1", "/ns/c1"), ta.cni.Del)
+
+	mfs := ta.scrape(t)
+	want(t, mfs, "onc_cni_requests_total", 1, "verb", "ADD", "code", "11")
+	want(t, mfs, "onc_cni_requests_total", 1, "verb", "ADD", "code", "0")
+	want(t, mfs, "onc_cni_requests_total", 1, "verb", "DEL", "code", "0")
+	for _, m := range mfs["onc_cni_request_duration_seconds"].GetMetric() {
+		verb, n := m.GetLabel()[0].GetValue(), m.GetHistogram().GetSampleCount()
+		if (verb == "ADD" && n != 2) || (verb == "DEL" && n != 1) {
+			t.Errorf("onc_cni_request_duration_seconds{verb=%q} has %d samples", verb, n)
+		}
+	}
+}
+
+func TestServeMetrics(t *testing.T) {
+	ta := newTestAgent(t)
+	st, err := ta.ctl.GetStatus(ctx(t), nil)
+	if err != nil || st.MetricsAddr != "" || st.MetricsURL() != "" {
+		t.Fatalf("status before ServeMetrics: %q %q %v", st.GetMetricsAddr(), st.MetricsURL(), err)
+	}
+	if err := ta.ServeMetrics(t.Context(), "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = ta.ctl.GetStatus(ctx(t), nil)
+	if !strings.HasPrefix(st.MetricsAddr, "127.0.0.1:") || st.MetricsAddr == "127.0.0.1:0" {
+		t.Fatalf("status: metrics_addr %q, want the port bound", st.MetricsAddr)
+	}
+	resp, err := http.Get("http://" + st.MetricsAddr + "/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if err := ta.ServeMetrics(t.Context(), st.MetricsAddr); err == nil {
+		t.Fatal("a second server on the same address started")
+	}
+}
