@@ -28,7 +28,8 @@ import (
 // time most of the matrix's own pod↔pod packets hit the fast path.
 func TestLabMatrixAndNodeRemoval(t *testing.T) {
 	t.Run("etcd", func(t *testing.T) {
-		labMatrixAndNodeRemoval(t, labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: 2 * time.Second}))
+		// An hour: the removal is onc-controller remove-node's, not the timeout's.
+		labMatrixAndNodeRemoval(t, labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: time.Hour}))
 	})
 	t.Run("kubernetes", func(t *testing.T) {
 		l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 2, NodeTimeout: time.Hour, Datastore: "kubernetes"})
@@ -110,6 +111,14 @@ func labMatrixAndNodeRemoval(t *testing.T, l *lab.Lab) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
+	// Its pod CIDR is free again: the controller counts one block per node left.
+	targets, err := l.MetricsTargets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantValues(t, "controller", scrape(t, targets[len(targets)-1]), []metricWant{
+		{"onc_controller_cidrs", map[string]string{"state": "allocated"}, float64(len(l.Nodes))},
+	})
 	matrix(t, l)
 }
 

@@ -1,6 +1,7 @@
 // Command onc-controller is ONC's cluster NodeIPAM. On etcd without
 // --etcd-endpoints it runs an embedded etcd and serves it to the agents; on
-// Kubernetes its replicas elect a leader through a Lease.
+// Kubernetes its replicas elect a leader through a Lease. On etcd,
+// `onc-controller remove-node NAME` removes a node at once.
 package main
 
 import (
@@ -19,13 +20,19 @@ import (
 	"github.com/spf13/pflag"
 )
 
+// defaultEmbeddedListen is where the embedded etcd serves by default.
+const defaultEmbeddedListen = "http://127.0.0.1:2379"
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "remove-node" {
+		os.Exit(removeNode(os.Args[2:]))
+	}
 	fs := pflag.NewFlagSet("onc-controller", pflag.ExitOnError)
 	clusterCIDR := fs.String("cluster-cidr", "10.244.0.0/16", "IPv4 range all pod CIDRs come from")
 	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's pod CIDR")
 	nodeTimeout := fs.Duration("node-timeout", 24*time.Hour, "delete a node (and free its CIDR) after its agent has been gone this long; 0 never")
 	embedDir := fs.String("embedded-etcd-dir", "/var/lib/onc/etcd", "data directory of the embedded etcd (--datastore=etcd without --etcd-endpoints)")
-	embedListen := fs.String("embedded-etcd-listen", "http://127.0.0.1:2379", "client URL the embedded etcd serves agents on")
+	embedListen := fs.String("embedded-etcd-listen", defaultEmbeddedListen, "client URL the embedded etcd serves agents on")
 	store := backend.AddFlags(fs)
 	host, _ := os.Hostname()
 	el := controller.Election{}

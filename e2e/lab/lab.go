@@ -674,9 +674,10 @@ func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
 }
 
 // RemoveNode stops a node's agent and deletes the node and its pods, as if
-// the machine were gone. The controller frees its CIDR after NodeTimeout,
-// or at once on Kubernetes, where the Node object is deleted too, and its
-// pods' objects, as the pod garbage collector would.
+// the machine were gone, and removes it as an operator would: on etcd with
+// `onc-controller remove-node`, on Kubernetes by deleting the Node object
+// (and its pods' objects, as the pod garbage collector would). Its CIDR is
+// free at once.
 func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	n.Agent.Stop()
 	n.KubeProxy.Stop()
@@ -684,6 +685,9 @@ func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	var errs []error
 	if l.Datastore == "kubernetes" {
 		errs = append(errs, l.deleteNode(ctx, n))
+	} else {
+		errs = append(errs, run([][]string{{"ip", "netns", "exec", l.ctlNetns(),
+			filepath.Join(l.BinDir, "onc-controller"), "remove-node", n.Name, "--etcd-endpoints", l.EtcdURL()}}))
 	}
 	for _, p := range n.Pods {
 		if p.UID != "" {

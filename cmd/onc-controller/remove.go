@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/onc-net/onc/controller"
+	"github.com/onc-net/onc/datastore/backend"
+	"github.com/spf13/pflag"
+)
+
+// removeNode is `onc-controller remove-node NAME`: the etcd datastore's way
+// to remove a node at once (docs/operations.md, "Removing a node"). It
+// returns the process's exit code.
+func removeNode(args []string) int {
+	fs := pflag.NewFlagSet("onc-controller remove-node", pflag.ContinueOnError)
+	store := backend.AddFlags(fs)
+	embedded := fs.String("embedded-etcd-listen", defaultEmbeddedListen, "the controller's embedded etcd, used when --etcd-endpoints is not given")
+	force := fs.Bool("force", false, "remove the node although its agent is alive (it registers the node again unless stopped)")
+	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: onc-controller remove-node NAME [flags]\n\n"+
+			"Removes the node's registration and liveness and releases its pod CIDR in one transaction;\n"+
+			"every agent then takes it off its peers. Stop the node's agent first.\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	name := fs.Arg(0)
+	if store.Kind == backend.Kubernetes {
+		fmt.Fprintf(os.Stderr, "onc-controller remove-node: on Kubernetes, delete the Node instead (kubectl delete node %s): the controller then frees its pod CIDR at once\n", name)
+		return 2
+	}
+	if len(store.Etcd.Endpoints) == 0 {
+		store.Etcd.Endpoints = []string{*embedded}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	ds, err := store.Open(ctx, backend.ForController)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "onc-controller remove-node: datastore: %v\n", err)
+		return 1
+	}
+	defer ds.Close()
+	cidr, err := controller.RemoveNode(ctx, ds, name, *force)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "onc-controller remove-node: %v\n", err)
+		return 1
+	}
+	if cidr.IsValid() {
+		fmt.Printf("node %s removed; pod CIDR %s released\n", name, cidr)
+	} else {
+		fmt.Printf("node %s removed (it had no pod CIDR)\n", name)
+	}
+	return 0
+}

@@ -1,0 +1,60 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/onc-net/onc/datastore"
+)
+
+// ErrNodeAlive is RemoveNode's refusal of a node whose agent still holds
+// its liveness lease: that agent would register the node again at once.
+var ErrNodeAlive = errors.New("its agent is alive and would register it again: stop the agent first, or force")
+
+// RemoveNode is the operator's removal of a node on the etcd datastore (on
+// Kubernetes, deleting the Node does it): its registration, liveness and
+// pod CIDR go in one transaction, and every agent, watching, takes it off
+// its peers. It returns the CIDR it released (invalid if it had none). A
+// node that is neither registered nor holds a CIDR is datastore.ErrNotFound;
+// a live one is refused unless force.
+func RemoveNode(ctx context.Context, store datastore.Store, name string, force bool) (netip.Prefix, error) {
+	if name == "" {
+		return netip.Prefix{}, errors.New("node name is required")
+	}
+	var cidr netip.Prefix
+	n, err := store.Node(ctx, name)
+	switch {
+	case err == nil:
+		cidr = n.PodCIDR
+	case !errors.Is(err, datastore.ErrNotFound):
+		return netip.Prefix{}, err
+	default: // not registered: maybe only its block is left
+		allocs, err := store.Allocations(ctx)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		for p, owner := range allocs {
+			if owner == name {
+				cidr = p
+			}
+		}
+		if !cidr.IsValid() {
+			return netip.Prefix{}, fmt.Errorf("node %s: %w: neither registered nor holding a pod CIDR", name, datastore.ErrNotFound)
+		}
+	}
+	if !force {
+		live, err := store.Liveness(ctx)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		if live[name] {
+			return netip.Prefix{}, fmt.Errorf("node %s: %w", name, ErrNodeAlive)
+		}
+	}
+	if err := store.DeleteNode(ctx, name); err != nil {
+		return netip.Prefix{}, fmt.Errorf("remove node %s: %w", name, err)
+	}
+	return cidr, nil
+}
