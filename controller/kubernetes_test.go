@@ -36,10 +36,10 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "controller.kubeconfig")
-	if err := api.WriteKubeconfig(kubeconfig, "onc-system:onc-controller"); err != nil {
+	if err := api.WriteKubeconfig(kubeconfig, "onc-system:onc-controller", ""); err != nil {
 		t.Fatal(err)
 	}
-	// The agents' side, as the agent service account.
+	// The agents' side as onctl reads it, as the agent service account.
 	agents, err := k8sstore.New(ctx, k8sstore.Options{Config: api.ServiceAccountConfig("onc-system:onc-agent"), Agent: true})
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,13 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 		spec := datastore.NodeSpec{Name: name, IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i)}}
-		if err := agents.RegisterNode(ctx, spec); err != nil {
+		// The node's own agent: ONC's admission policy lets it write only its ONCNode.
+		agent, err := k8sstore.New(ctx, k8sstore.Options{Config: api.ServiceAccountOnNode("onc-system:onc-agent", name), Agent: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer agent.Close()
+		if err := agent.RegisterNode(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
 	}

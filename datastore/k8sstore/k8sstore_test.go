@@ -71,8 +71,9 @@ func TestKubernetesBackend(t *testing.T) {
 		concurrentAllocators(t, func() datastore.Store { return open(t, admin, "race") })
 	})
 	t.Run("LeastPrivilegeRBAC", func(t *testing.T) {
-		leastPrivilege(t, api.ServiceAccountConfig(agentSA), api.ServiceAccountConfig(controllerSA))
+		leastPrivilege(t, api.ServiceAccountOnNode(agentSA, "rbac-node"), api.ServiceAccountConfig(controllerSA))
 	})
+	t.Run("AgentWritesOnlyItsOwnONCNode", func(t *testing.T) { agentWritesOnlyItsOwnONCNode(t, api) })
 	t.Run("NodePodCIDRWrittenOnceAndAdopted", func(t *testing.T) { nodePodCIDR(t, kube, open(t, admin, "onc-system")) })
 	t.Run("MissingCRDIsNamed", func(t *testing.T) {
 		cfg := api.ServiceAccountConfig("default:nobody")

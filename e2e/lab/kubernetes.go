@@ -50,16 +50,23 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
 	if err := l.Save(); err != nil {
 		return err
 	}
-	for _, sa := range []string{"onc-controller", "onc-agent"} {
-		if err := a.WriteKubeconfig(l.kubeconfig(sa), "onc-system:"+sa); err != nil {
-			return err
-		}
+	if err := a.WriteKubeconfig(l.controllerKubeconfig(), "onc-system:onc-controller", ""); err != nil {
+		return err
 	}
 	return manifests.Apply(ctx, a.RESTConfig(), manifests.NotWorkloads)
 }
 
-// kubeconfig of an ONC service account, for the lab's processes.
-func (l *Lab) kubeconfig(sa string) string { return filepath.Join(l.Dir, "kube", sa+".kubeconfig") }
+// controllerKubeconfig is the controller's, as its service account.
+func (l *Lab) controllerKubeconfig() string {
+	return filepath.Join(l.Dir, "kube", "onc-controller.kubeconfig")
+}
+
+// agentKubeconfig writes n's agent's kubeconfig: the agent's service
+// account as a pod on n, with the node claim ONC's admission policy checks.
+func (l *Lab) agentKubeconfig(n *Node) (string, error) {
+	path := filepath.Join(n.Dir, "agent.kubeconfig")
+	return path, l.APIServer.WriteKubeconfig(path, "onc-system:onc-agent", n.Name)
+}
 
 // createNode registers n as a Kubernetes Node, as its kubelet would.
 func (l *Lab) createNode(ctx context.Context, n *Node) error {

@@ -362,7 +362,7 @@ func (l *Lab) directEnd(netns string, i int, ip netip.Addr) error {
 func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
 	args := []string{"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"), "--embedded-etcd-listen", l.EtcdURL()}
 	if l.Datastore == "kubernetes" {
-		args = []string{"--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-controller")}
+		args = []string{"--datastore=kubernetes", "--kubeconfig", l.controllerKubeconfig()}
 	}
 	args = append(append(args, "--node-timeout", nodeTimeout.String()), extra...)
 	p, err := daemon.Start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
@@ -449,7 +449,11 @@ func (l *Lab) StartAgent(n *Node) error {
 		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"), "--bpffs", n.BPFFS(),
 		"--lease-ttl", "5s", "--etcd-endpoints", l.EtcdURL()}
 	if l.Datastore == "kubernetes" {
-		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", l.kubeconfig("onc-agent"))
+		kubeconfig, err := l.agentKubeconfig(n)
+		if err != nil {
+			return err
+		}
+		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", kubeconfig)
 	}
 	args = append(append(args, l.AgentArgs...), n.AgentArgs...) // the last of a flag wins
 	p, err := daemon.Start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)

@@ -91,18 +91,20 @@ func writeRSAKey(path string) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: der}), 0o600)
 }
 
-func (a *Server) writeKubeconfig() error { return a.WriteKubeconfig(a.Kubeconfig, "") }
+func (a *Server) writeKubeconfig() error { return a.WriteKubeconfig(a.Kubeconfig, "", "") }
 
 // WriteKubeconfig writes a kubeconfig for the admin or, with sa
 // ("namespace:name"), for that service account: the admin token
-// impersonating it, so its RBAC applies as it would to a pod.
-func (a *Server) WriteKubeconfig(path, sa string) error {
+// impersonating it, so its RBAC applies as it would to a pod. With node,
+// it also carries the node claim a token bound to a pod on that node has
+// (ServiceAccountOnNode).
+func (a *Server) WriteKubeconfig(path, sa, node string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: a.URL, InsecureSkipTLSVerify: true}
 	user := &clientcmdapi.AuthInfo{Token: a.Token}
 	if sa != "" {
-		as := serviceAccount(sa)
-		user.Impersonate, user.ImpersonateGroups = as.UserName, as.Groups
+		as := serviceAccount(sa, node)
+		user.Impersonate, user.ImpersonateGroups, user.ImpersonateUserExtra = as.UserName, as.Groups, as.Extra
 	}
 	cfg.AuthInfos["user"] = user
 	cfg.Contexts["lab"] = &clientcmdapi.Context{Cluster: "lab", AuthInfo: "user"}
@@ -110,10 +112,18 @@ func (a *Server) WriteKubeconfig(path, sa string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-func serviceAccount(sa string) rest.ImpersonationConfig {
+// NodeClaim is the user extra a service account token bound to a pod
+// carries: the pod's node (ONC's admission policy reads it).
+const NodeClaim = "authentication.kubernetes.io/node-name"
+
+func serviceAccount(sa, node string) rest.ImpersonationConfig {
 	ns, _, _ := strings.Cut(sa, ":")
-	return rest.ImpersonationConfig{UserName: "system:serviceaccount:" + sa,
+	c := rest.ImpersonationConfig{UserName: "system:serviceaccount:" + sa,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}}
+	if node != "" {
+		c.Extra = map[string][]string{NodeClaim: {node}}
+	}
+	return c
 }
 
 // RESTConfig is an admin client config. For a server in a namespace it
@@ -135,9 +145,13 @@ func (a *Server) RESTConfig() *rest.Config {
 }
 
 // ServiceAccountConfig acts as service account sa ("namespace:name").
-func (a *Server) ServiceAccountConfig(sa string) *rest.Config {
+func (a *Server) ServiceAccountConfig(sa string) *rest.Config { return a.ServiceAccountOnNode(sa, "") }
+
+// ServiceAccountOnNode acts as service account sa in a pod on node, as the
+// pod's bound token does: with the node claim (NodeClaim).
+func (a *Server) ServiceAccountOnNode(sa, node string) *rest.Config {
 	c := a.RESTConfig()
-	c.Impersonate = serviceAccount(sa)
+	c.Impersonate = serviceAccount(sa, node)
 	return c
 }
 

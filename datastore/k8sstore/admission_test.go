@@ -1,0 +1,95 @@
+package k8sstore_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/k8sstore"
+	"github.com/onc-net/onc/internal/kubeapiserver"
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// A node cannot redirect another node's traffic: the manifest's
+// ValidatingAdmissionPolicy lets an agent write only its own node's ONCNode
+// (the node claim of its token) and never a pod CIDR. Checked with a real
+// token bound to a pod on the node, as a DaemonSet pod has, and with the
+// impersonated claim the lab's agents use.
+func agentWritesOnlyItsOwnONCNode(t *testing.T, api *kubeapiserver.Server) {
+	ctx := context.Background()
+	spec := func(name string, i byte) datastore.NodeSpec {
+		return datastore.NodeSpec{Name: name, IP: netip.AddrFrom4([4]byte{192, 0, 2, 100 + i}), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 1, i}}
+	}
+	agentOn := func(cfg *rest.Config) *k8sstore.Store {
+		return openWith(t, k8sstore.Options{Config: cfg, Namespace: "onc-system", Agent: true})
+	}
+	forbidden := func(what string, err error, mentions string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), mentions) {
+			t.Errorf("%s: err = %v; want Forbidden naming %q", what, err, mentions)
+		}
+	}
+
+	// The token a DaemonSet pod on node vap-a gets: bound to the pod.
+	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
+	pod, err := kube.CoreV1().Pods("onc-system").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "onc-agent-vap-a"},
+		Spec: corev1.PodSpec{NodeName: "vap-a", ServiceAccountName: "onc-agent",
+			Containers: []corev1.Container{{Name: "agent", Image: "onc:dev"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := kube.CoreV1().ServiceAccounts("onc-system").CreateToken(ctx, "onc-agent", &authv1.TokenRequest{
+		Spec: authv1.TokenRequestSpec{BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podToken := rest.AnonymousClientConfig(api.RESTConfig())
+	podToken.BearerToken = tok.Status.Token
+	a := agentOn(podToken)
+
+	if err := a.RegisterNode(ctx, spec("vap-a", 1)); err != nil {
+		t.Fatalf("the agent on vap-a registering vap-a: %v", err)
+	}
+	if err := a.RegisterNode(ctx, spec("vap-a", 1)); err != nil {
+		t.Fatalf("the agent on vap-a updating vap-a: %v", err)
+	}
+	b := agentOn(api.ServiceAccountOnNode(agentSA, "vap-b"))
+	if err := b.RegisterNode(ctx, spec("vap-b", 2)); err != nil {
+		t.Fatalf("the agent on vap-b registering vap-b: %v", err)
+	}
+	// vap-a's agent rewriting vap-b's tunnel endpoint (a patch), or making a
+	// node that is not its own (a create).
+	forbidden("the agent on vap-a patching vap-b", a.RegisterNode(ctx, spec("vap-b", 1)), "may write only ONCNode vap-a, not vap-b")
+	forbidden("the agent on vap-a creating vap-c", a.RegisterNode(ctx, spec("vap-c", 3)), "not vap-c")
+	// A token without a node claim (not a pod's) writes nothing.
+	forbidden("a token naming no node", agentOn(api.ServiceAccountConfig(agentSA)).RegisterNode(ctx, spec("vap-a", 1)), "names no node")
+
+	// Its own ONCNode's pod CIDR is the controller's to write.
+	oncnodes := dynamic.NewForConfigOrDie(podToken).Resource(k8sstore.ONCNodes)
+	_, err = oncnodes.Patch(ctx, "vap-a", types.MergePatchType, []byte(`{"spec":{"podCIDR":"10.244.77.0/24"}}`), metav1.PatchOptions{})
+	forbidden("the agent setting its own pod CIDR", err, "may not set an ONCNode's pod CIDR")
+	ctl := dynamic.NewForConfigOrDie(api.ServiceAccountConfig(controllerSA)).Resource(k8sstore.ONCNodes)
+	if _, err := ctl.Patch(ctx, "vap-a", types.MergePatchType, []byte(`{"spec":{"podCIDR":"10.244.77.0/24"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("the controller setting a pod CIDR: %v", err)
+	}
+	// Once set, the agent's own updates, which leave it alone, still pass.
+	if err := a.RegisterNode(ctx, spec("vap-a", 4)); err != nil {
+		t.Fatalf("the agent on vap-a updating vap-a after its CIDR was set: %v", err)
+	}
+	if n, err := b.Node(ctx, "vap-b"); err != nil || n.IP != spec("vap-b", 2).IP {
+		t.Fatalf("vap-b after the refused writes: %+v, %v; want its own endpoint", n, err)
+	}
+}
