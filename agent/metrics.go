@@ -39,7 +39,7 @@ var (
 		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit, miss, error) and reason of a miss.",
 		[]string{"program", "result", "reason"}, nil)
 	descFastPathLearn = prometheus.NewDesc("onc_fastpath_learn_total",
-		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while a policy change held learning.",
+		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning.",
 		[]string{"event"}, nil)
 	descCacheEntries = prometheus.NewDesc("onc_fastpath_cache_entries",
 		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods).",

@@ -31,18 +31,27 @@ func (u *underlayWatcher) reconcile(context.Context, bool) error {
 }
 
 // run reconciles until ctx ends, fed by the datapath's netlink watch, which
-// is started again if its subscription fails.
+// is started again (with backoff) if its subscription fails.
 func (u *underlayWatcher) run(ctx context.Context) {
+	watching := make(chan struct{})
 	go func() {
-		for ctx.Err() == nil {
-			if err := u.a.dp.WatchUnderlay(ctx, u.signal); err != nil {
-				slog.Warn("watching the underlay; retrying", "err", err)
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Second):
-				}
+		defer close(watching)
+		for backoff := retryFirst; ctx.Err() == nil; backoff = min(2*backoff, retryMax) {
+			start := time.Now()
+			err := u.a.dp.WatchUnderlay(ctx, u.signal)
+			if err == nil {
+				return // ctx ended
+			}
+			if time.Since(start) > retryMax {
+				backoff = retryFirst // it had been working: a new failure
+			}
+			slog.Warn("watching the underlay; retrying", "err", err, "in", backoff)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
 			}
 		}
 	}()
 	u.informed.run(ctx)
+	<-watching
 }

@@ -148,6 +148,14 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 		}
 		c.allocate(ctx, n, blockOf[n.Name], members[n.Name])
 	}
+	// A node removed from outside (onc-controller remove-node, a deleted
+	// record) is forgotten too: registered again later, it is a new node
+	// with its full timeout, not one long gone.
+	for name := range c.lastSeen {
+		if !registered[name] {
+			delete(c.lastSeen, name)
+		}
+	}
 	for p, owner := range allocs {
 		if !registered[owner] {
 			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)

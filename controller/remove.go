@@ -10,16 +10,18 @@ import (
 )
 
 // ErrNodeAlive is RemoveNode's refusal of a node whose agent still holds
-// its liveness lease: that agent would register the node again at once.
-var ErrNodeAlive = errors.New("its agent is alive and would register it again: stop the agent first, or force")
+// its liveness lease: that agent would register the node again at once,
+// without its liveness record, and the controller would then expire a
+// running node.
+var ErrNodeAlive = errors.New("its agent is alive and would register it again: stop the agent first")
 
 // RemoveNode is the operator's removal of a node on the etcd datastore (on
 // Kubernetes, deleting the Node does it): its registration, liveness and
 // pod CIDR go in one transaction, and every agent, watching, takes it off
 // its peers. It returns the CIDR it released (invalid if it had none). A
 // node that is neither registered nor holds a CIDR is datastore.ErrNotFound;
-// a live one is refused unless force.
-func RemoveNode(ctx context.Context, store datastore.Store, name string, force bool) (netip.Prefix, error) {
+// a live one is refused.
+func RemoveNode(ctx context.Context, store datastore.Store, name string) (netip.Prefix, error) {
 	if name == "" {
 		return netip.Prefix{}, errors.New("node name is required")
 	}
@@ -44,14 +46,12 @@ func RemoveNode(ctx context.Context, store datastore.Store, name string, force b
 			return netip.Prefix{}, fmt.Errorf("node %s: %w: neither registered nor holding a pod CIDR", name, datastore.ErrNotFound)
 		}
 	}
-	if !force {
-		live, err := store.Liveness(ctx)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		if live[name] {
-			return netip.Prefix{}, fmt.Errorf("node %s: %w", name, ErrNodeAlive)
-		}
+	live, err := store.Liveness(ctx)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if live[name] {
+		return netip.Prefix{}, fmt.Errorf("node %s: %w", name, ErrNodeAlive)
 	}
 	if err := store.DeleteNode(ctx, name); err != nil {
 		return netip.Prefix{}, fmt.Errorf("remove node %s: %w", name, err)

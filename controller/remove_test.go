@@ -12,9 +12,9 @@ import (
 )
 
 // RemoveNode (onc-controller remove-node) on a real etcd: a stopped node's
-// registration and pod CIDR go in one step; a live one is refused unless
-// forced; a block left without a registration is released; an unknown
-// name is ErrNotFound.
+// registration and pod CIDR go in one step; a live one is refused; a block
+// left without a registration is released; an unknown name is ErrNotFound;
+// a removed name registered again later is a new node, not an expired one.
 func TestRemoveNode(t *testing.T) {
 	s, c := setup(t, 0)
 	ctx := context.Background()
@@ -36,7 +36,7 @@ func TestRemoveNode(t *testing.T) {
 		}
 	}
 
-	got, err := controller.RemoveNode(ctx, s, "stopped", false)
+	got, err := controller.RemoveNode(ctx, s, "stopped")
 	if err != nil || got != stopped.PodCIDR || !got.IsValid() {
 		t.Fatalf("RemoveNode(stopped) = %v, %v; want its CIDR %v released", got, err, stopped.PodCIDR)
 	}
@@ -46,28 +46,51 @@ func TestRemoveNode(t *testing.T) {
 	if allocs, _ := s.Allocations(ctx); allocs[stopped.PodCIDR] != "" {
 		t.Fatalf("its CIDR is still allocated: %v", allocs)
 	}
-	if _, err := controller.RemoveNode(ctx, s, "stopped", false); !errors.Is(err, datastore.ErrNotFound) {
+	if _, err := controller.RemoveNode(ctx, s, "stopped"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatalf("removing it again: %v, want ErrNotFound", err)
 	}
 
-	if _, err := controller.RemoveNode(ctx, s, "live", false); !errors.Is(err, controller.ErrNodeAlive) {
+	if _, err := controller.RemoveNode(ctx, s, "live"); !errors.Is(err, controller.ErrNodeAlive) {
 		t.Fatalf("removing a live node: %v, want ErrNodeAlive", err)
 	}
 	if _, err := s.Node(ctx, "live"); err != nil {
 		t.Fatalf("a refused removal removed the node: %v", err)
-	}
-	if _, err := controller.RemoveNode(ctx, s, "live", true); err != nil {
-		t.Fatalf("forced removal: %v", err)
 	}
 
 	orphan := netip.MustParsePrefix("10.244.200.0/24")
 	if _, err := s.ClaimCIDR(ctx, "ghost", orphan); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := controller.RemoveNode(ctx, s, "ghost", false); err != nil || got != orphan {
+	if got, err := controller.RemoveNode(ctx, s, "ghost"); err != nil || got != orphan {
 		t.Fatalf("RemoveNode(ghost) = %v, %v; want its block %v released", got, err, orphan)
 	}
-	if allocs, _ := s.Allocations(ctx); len(allocs) != 0 {
-		t.Fatalf("allocations left: %v", allocs)
+	if allocs, _ := s.Allocations(ctx); len(allocs) != 1 || allocs[orphan] != "" {
+		t.Fatalf("allocations left: %v, want only the live node's", allocs)
+	}
+}
+
+// A node removed from outside and registered again later is a new node:
+// the controller forgot when it last saw the old one, so it does not expire
+// the new one at once.
+func TestRemovedNodeRegisteredAgainIsNew(t *testing.T) {
+	s, c := setup(t, 200*time.Millisecond)
+	ctx := context.Background()
+	register(t, s, "again")
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := controller.RemoveNode(ctx, s, "again"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reconcile(ctx); err != nil { // the removal's change signal
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // longer than the node timeout
+	register(t, s, "again")
+	if err := c.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Node(ctx, "again"); err != nil || !n.PodCIDR.IsValid() {
+		t.Fatalf("the node registered again: %+v, %v; want it kept and given a CIDR", n, err)
 	}
 }

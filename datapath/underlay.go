@@ -10,6 +10,7 @@ import (
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -23,15 +24,32 @@ import (
 // the slow path once and learn the new header from the kernel.
 
 // WatchUnderlay calls changed after each change in the node's network
-// namespace that can make a learned header stale: a route or the uplink
-// changed, or a neighbour on the uplink changed its address, failed or went
-// away. It returns when ctx ends (nil) or a subscription fails.
+// namespace that can make a learned header stale: a route other than ONC's
+// own (pod and overlay routes) changed, the uplink changed, or a neighbour
+// on the uplink got another address, failed or went away. It returns when
+// ctx ends (nil) or a subscription fails.
 func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 	done := make(chan struct{})
-	defer close(done)
 	neighs := make(chan netlink.NeighUpdate, 256)
 	routes := make(chan netlink.RouteUpdate, 256)
 	links := make(chan netlink.LinkUpdate, 16)
+	defer func() {
+		close(done)
+		// The subscriptions' goroutines may be blocked sending: let them
+		// finish (they close their channels when they see done).
+		go func() {
+			for range neighs {
+			}
+		}()
+		go func() {
+			for range routes {
+			}
+		}()
+		go func() {
+			for range links {
+			}
+		}()
+	}()
 	failed := make(chan error, 3)
 	onErr := func(err error) {
 		select {
@@ -49,13 +67,15 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 		return fmt.Errorf("watch links: %w", err)
 	}
 	// A neighbour's state moves between REACHABLE and STALE all the time;
-	// only a new address, a failure or a removal matters.
+	// only another address, a failure or a removal matters.
+	have, err := netlink.NeighList(n.up.Index, unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("list the uplink's neighbours: %w", err)
+	}
 	seen := map[netip.Addr]string{}
-	if have, err := netlink.NeighList(n.up.Index, unix.AF_INET); err == nil {
-		for _, nb := range have {
-			if ip, ok := netip.AddrFromSlice(nb.IP); ok {
-				seen[ip.Unmap()] = nb.HardwareAddr.String()
-			}
+	for _, nb := range have {
+		if ip, ok := netip.AddrFromSlice(nb.IP); ok && nb.HardwareAddr != nil {
+			seen[ip.Unmap()] = nb.HardwareAddr.String()
 		}
 	}
 	changed() // what happened before the subscriptions
@@ -69,32 +89,15 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: neighbour subscription closed")
 			}
-			ip, _ := netip.AddrFromSlice(u.IP)
-			if u.LinkIndex != n.up.Index || !ip.Is4() && !ip.Is4In6() {
-				continue
+			if ip, ok := netip.AddrFromSlice(u.IP); ok && u.LinkIndex == n.up.Index && ip.Unmap().Is4() &&
+				neighbourChanged(seen, ip.Unmap(), u) {
+				changed()
 			}
-			ip = ip.Unmap()
-			mac, known := seen[ip]
-			switch {
-			case u.Type == unix.RTM_DELNEIGH:
-				delete(seen, ip)
-			case u.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0:
-				delete(seen, ip)
-			case known && mac == u.HardwareAddr.String():
-				continue
-			default:
-				seen[ip] = u.HardwareAddr.String()
-				if !known {
-					continue // a neighbour resolved for the first time invalidates no header
-				}
-			}
-			changed()
 		case u, ok := <-routes:
 			if !ok {
 				return errors.New("underlay watch: route subscription closed")
 			}
-			// Pod and overlay routes (veths, onc.vxlan) do not carry headers.
-			if u.LinkIndex == n.up.Index || u.LinkIndex == 0 {
+			if u.Family == unix.AF_INET && u.Protocol != podnet.RouteProtocol {
 				changed()
 			}
 		case u, ok := <-links:
@@ -108,10 +111,32 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 	}
 }
 
+// neighbourChanged records u in seen (each neighbour's last address) and
+// says whether it can make a header stale: another address than seen, a
+// failure or a removal. State changes alone (REACHABLE, STALE, a probe
+// under way) cannot.
+func neighbourChanged(seen map[netip.Addr]string, ip netip.Addr, u netlink.NeighUpdate) bool {
+	switch {
+	case u.Type == unix.RTM_DELNEIGH || u.State&netlink.NUD_FAILED != 0:
+		delete(seen, ip)
+		return true
+	case u.HardwareAddr == nil: // being resolved: no address yet
+		return false
+	case seen[ip] == u.HardwareAddr.String():
+		return false
+	}
+	seen[ip] = u.HardwareAddr.String()
+	return true
+}
+
 // EvictStaleHeaders removes the learned outer headers that no longer match
 // the underlay or the peers: the route to the peer's node IP leaves by
-// another interface, the uplink's MAC or the next hop's changed (or the next hop is unresolved), or the peer's VTEP MAC is
-// not the one its record has now. It returns how many it removed.
+// another interface, the uplink's MAC or the next hop's changed, the next
+// hop failed to resolve, or the peer's VTEP MAC is not the one its record
+// has now. A next hop the kernel holds no entry for (its idle entries are
+// garbage-collected) keeps its header: the pass asks the kernel to resolve
+// it (NTF_USE), and the answer, if it is another MAC, is a change that
+// evicts. It returns how many headers it removed.
 func (n *Node) EvictStaleHeaders() (int, error) {
 	fp := n.fastPath()
 	if fp == nil {
@@ -120,9 +145,10 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 	n.mu.Lock()
 	vteps := n.vteps
 	n.mu.Unlock()
+	view := underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
 	var reborn []netip.Addr // peers on a new machine: their old neighbour entry is stale too
 	evicted, err := fp.EvictEncaps(func(e fastpath.Encap) bool {
-		stale, moved := headerStale(e, vteps[e.Node])
+		stale, moved := view.headerStale(e, vteps[e.Node])
 		if moved {
 			reborn = append(reborn, e.Node)
 		}
@@ -134,77 +160,123 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 	return evicted, err
 }
 
+// underlayView is the kernel's links and neighbours as one pass reads them:
+// each link's neighbour table is dumped once, however many headers use it.
+type underlayView struct {
+	links  map[int]net.HardwareAddr
+	neighs map[int]map[netip.Addr]netlink.Neigh
+}
+
 // headerStale says whether a learned header no longer matches how the
 // kernel would send to its node now, and whether that is because the peer
 // has a new VTEP MAC (vtep; nil if unknown), that is, it is a new machine.
-func headerStale(e fastpath.Encap, vtep net.HardwareAddr) (stale, moved bool) {
+func (v *underlayView) headerStale(e fastpath.Encap, vtep net.HardwareAddr) (stale, moved bool) {
 	if vtep != nil && !bytes.Equal(vtep, e.InnerDst) {
 		return true, true
 	}
-	want, err := underlayTo(e.Node)
+	ifindex, next, err := nextHop(e.Node)
 	if err != nil {
-		slog.Warn("fast path: evicting the header of a node the kernel has no usable next hop for", "node", e.Node, "err", err)
+		slog.Warn("fast path: evicting the header of a node the kernel has no route to", "node", e.Node, "err", err)
 		return true, false
 	}
-	return want.ifindex != e.Ifindex || !bytes.Equal(want.src, e.OuterSrc) || !bytes.Equal(want.dst, e.OuterDst), false
-}
-
-// hop is how the kernel would send to a node now. (The outer source IP is
-// the VXLAN device's fixed local address, whatever the route prefers.)
-type hop struct {
-	ifindex  int
-	src, dst net.HardwareAddr
-}
-
-func underlayTo(node netip.Addr) (hop, error) {
-	routes, err := netlink.RouteGet(node.AsSlice())
-	if err != nil || len(routes) == 0 {
-		return hop{}, fmt.Errorf("no route: %v", err)
+	if ifindex != e.Ifindex {
+		return true, false
 	}
-	r := routes[0]
-	h := hop{ifindex: r.LinkIndex}
-	link, err := netlink.LinkByIndex(r.LinkIndex)
-	if err != nil {
-		return hop{}, err
+	src, err := v.link(ifindex)
+	if err != nil || !bytes.Equal(src, e.OuterSrc) {
+		return true, false
 	}
-	h.src = link.Attrs().HardwareAddr
-	next := node
-	if gw, ok := netip.AddrFromSlice(r.Gw); ok {
-		next = gw.Unmap()
+	nb, known, err := v.neighbour(ifindex, next)
+	switch {
+	case err != nil || known && nb.State&netlink.NUD_FAILED != 0:
+		return true, false
+	case !known || nb.State&usableNeighbour == 0: // collected, or being resolved
+		resolve(ifindex, next)
+		return false, false
 	}
-	neighs, err := netlink.NeighList(r.LinkIndex, unix.AF_INET)
-	if err != nil {
-		return hop{}, err
-	}
-	for _, nb := range neighs {
-		if ip, _ := netip.AddrFromSlice(nb.IP); ip.Unmap() == next && nb.State&usableNeighbour != 0 {
-			h.dst = nb.HardwareAddr
-			return h, nil
-		}
-	}
-	return hop{}, fmt.Errorf("next hop %s unresolved", next)
+	return !bytes.Equal(nb.HardwareAddr, e.OuterDst), false
 }
 
 const usableNeighbour = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE |
 	netlink.NUD_PERMANENT | netlink.NUD_NOARP
 
+// nextHop is the interface and next hop (the gateway, or the node itself
+// on-link) the kernel routes node by. (The outer source IP is the VXLAN
+// device's fixed local address, whatever the route prefers.)
+func nextHop(node netip.Addr) (int, netip.Addr, error) {
+	routes, err := netlink.RouteGet(node.AsSlice())
+	if err != nil {
+		return 0, netip.Addr{}, err
+	}
+	if len(routes) == 0 {
+		return 0, netip.Addr{}, errors.New("no route")
+	}
+	r := routes[0]
+	if gw, ok := netip.AddrFromSlice(r.Gw); ok {
+		return r.LinkIndex, gw.Unmap(), nil
+	}
+	if r.Via != nil {
+		return 0, netip.Addr{}, fmt.Errorf("next hop %s is not IPv4: not supported", r.Via)
+	}
+	return r.LinkIndex, node, nil
+}
+
+func (v *underlayView) link(ifindex int) (net.HardwareAddr, error) {
+	if mac, ok := v.links[ifindex]; ok {
+		return mac, nil
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	v.links[ifindex] = l.Attrs().HardwareAddr
+	return v.links[ifindex], nil
+}
+
+func (v *underlayView) neighbour(ifindex int, ip netip.Addr) (netlink.Neigh, bool, error) {
+	table, ok := v.neighs[ifindex]
+	if !ok {
+		list, err := netlink.NeighList(ifindex, unix.AF_INET)
+		if err != nil {
+			return netlink.Neigh{}, false, err
+		}
+		table = make(map[netip.Addr]netlink.Neigh, len(list))
+		for _, nb := range list {
+			if a, ok := netip.AddrFromSlice(nb.IP); ok {
+				table[a.Unmap()] = nb
+			}
+		}
+		v.neighs[ifindex] = table
+	}
+	nb, known := table[ip]
+	return nb, known, nil
+}
+
+// resolve asks the kernel to resolve a next hop the fast path sends to
+// (NTF_USE), as slow-path traffic to it would: its entry is made or kept
+// in use, and its address confirmed.
+func resolve(ifindex int, ip netip.Addr) {
+	err := netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: unix.AF_INET, IP: ip.AsSlice(), Flags: netlink.NTF_USE})
+	if err != nil {
+		slog.Warn("fast path: cannot ask the kernel to resolve a next hop", "ip", ip, "err", err)
+	}
+}
+
 // forgetNeighbour drops the kernel's learned (not permanent) neighbour entry
 // for a node that moved to a new machine, so the slow path resolves the new
 // machine's address at once instead of probing the old one for seconds.
 func forgetNeighbour(node netip.Addr) {
-	routes, err := netlink.RouteGet(node.AsSlice())
-	if err != nil || len(routes) == 0 || routes[0].Gw != nil {
+	ifindex, next, err := nextHop(node)
+	if err != nil || next != node {
 		return // behind a gateway: the gateway's entry is still right
 	}
-	neighs, err := netlink.NeighList(routes[0].LinkIndex, unix.AF_INET)
-	if err != nil {
+	var v underlayView
+	v.neighs = map[int]map[netip.Addr]netlink.Neigh{}
+	nb, known, err := v.neighbour(ifindex, node)
+	if err != nil || !known || nb.State&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
 		return
 	}
-	for _, nb := range neighs {
-		if ip, _ := netip.AddrFromSlice(nb.IP); ip.Unmap() == node && nb.State&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) == 0 {
-			if err := netlink.NeighDel(&nb); err != nil {
-				slog.Warn("could not forget a moved node's neighbour entry", "node", node, "err", err)
-			}
-		}
+	if err := netlink.NeighDel(&nb); err != nil {
+		slog.Warn("could not forget a moved node's neighbour entry", "node", node, "err", err)
 	}
 }

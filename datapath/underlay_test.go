@@ -13,9 +13,10 @@ import (
 
 // TestHeaderStale checks a learned header against the kernel's real routes,
 // neighbours and links in a throwaway namespace: a header stays while the
-// underlay matches it, and goes when the peer's or the gateway's MAC, the
-// uplink's MAC, the route's interface or the peer's VTEP MAC changes, or the
-// next hop is no longer resolved.
+// underlay matches it (or the kernel merely collected the next hop's entry,
+// which it is then asked to resolve), and goes when the peer's or the
+// gateway's MAC, the uplink's MAC, the route's interface or the peer's VTEP
+// MAC changes, or the next hop failed to resolve.
 func TestHeaderStale(t *testing.T) {
 	var (
 		direct  = netip.MustParseAddr("192.0.2.2")    // a peer on the uplink's subnet
@@ -55,7 +56,8 @@ func TestHeaderStale(t *testing.T) {
 		}
 		expect := func(what string, e fastpath.Encap, vtepNow net.HardwareAddr, wantStale, wantMoved bool) {
 			t.Helper()
-			if stale, moved := headerStale(e, vtepNow); stale != wantStale || moved != wantMoved {
+			view := underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
+			if stale, moved := view.headerStale(e, vtepNow); stale != wantStale || moved != wantMoved {
 				t.Errorf("%s, header to %s: stale %v, moved %v; want %v, %v", what, e.Node, stale, moved, wantStale, wantMoved)
 			}
 		}
@@ -71,8 +73,15 @@ func TestHeaderStale(t *testing.T) {
 		neigh(gateway, net.HardwareAddr{2, 0, 0, 0, 0xb, 0xfd})
 		expect("gateway's MAC changed", header(routed, gwMAC), vtep, true, false)
 
+		// An entry the kernel collected says nothing changed: the header
+		// stays, and the kernel is asked to resolve the next hop again.
 		must(netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, IP: gateway}))
-		expect("next hop unresolved", header(routed, gwMAC), vtep, true, false)
+		expect("next hop's entry collected", header(routed, gwMAC), vtep, false, false)
+		if !hasNeighbour(t, up.Attrs().Index, gateway) {
+			t.Error("the kernel was not asked to resolve the collected next hop")
+		}
+		must(netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_FAILED, IP: gateway}))
+		expect("next hop failed", header(routed, gwMAC), vtep, true, false)
 
 		other := veth("up2", "up3", nodeMAC) // same MAC too: only the interface differs
 		must(netlink.RouteReplace(&netlink.Route{Dst: viaGateway.Dst, LinkIndex: other.Attrs().Index, Scope: netlink.SCOPE_LINK}))
@@ -83,4 +92,18 @@ func TestHeaderStale(t *testing.T) {
 		must(netlink.LinkSetHardwareAddr(up, net.HardwareAddr{2, 0, 0, 0, 0xb, 0x11}))
 		expect("uplink's MAC changed", header(direct, net.HardwareAddr{2, 0, 0, 0, 0xb, 9}), vtep, true, false)
 	})
+}
+
+func hasNeighbour(t *testing.T, ifindex int, ip net.IP) bool {
+	t.Helper()
+	list, err := netlink.NeighList(ifindex, unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nb := range list {
+		if nb.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
 }

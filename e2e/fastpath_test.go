@@ -578,9 +578,11 @@ func TestUnderlayMACChange(t *testing.T) {
 		}
 		return nil
 	}
-	if h := header(); h == nil {
+	h := header()
+	if h == nil {
 		t.Fatalf("%s learned no header for %s", n1.Name, n2.Name)
 	}
+	oldMAC := h.OuterDstMac
 
 	// Exchanges run back to back; the longest pause between two is the
 	// outage the change caused.
@@ -615,6 +617,15 @@ func TestUnderlayMACChange(t *testing.T) {
 	longest = 0
 	mu.Unlock()
 	const newMAC = "02:00:00:00:77:02"
+	// The switch then drops frames to the old MAC, as a real one does once
+	// no port has it (a veth would take them, and so hide a stale header).
+	blackHole := fmt.Sprintf("add table bridge onctest\nadd chain bridge onctest blackhole { type filter hook forward priority 0 ; }\n"+
+		"add rule bridge onctest blackhole ether daddr %s drop\n", oldMAC)
+	nft := exec.Command("ip", "netns", "exec", l.UnderlayNetns(), "nft", "-f", "-")
+	nft.Stdin = strings.NewReader(blackHole)
+	if out, err := nft.CombinedOutput(); err != nil {
+		t.Fatalf("dropping frames to the old MAC on the underlay: %v: %s", err, out)
+	}
 	if out, err := exec.Command("ip", "-n", n2.Netns, "link", "set", "eth0", "address", newMAC).CombinedOutput(); err != nil {
 		t.Fatalf("changing %s's uplink MAC: %v: %s", n2.Name, err, out)
 	}
@@ -637,7 +648,7 @@ func TestUnderlayMACChange(t *testing.T) {
 	if outage > time.Second {
 		t.Errorf("the flow paused %v after the MAC change; want under 1 s", outage)
 	}
-	if h := header(); h == nil || h.OuterDstMac != newMAC {
+	if h = header(); h == nil || h.OuterDstMac != newMAC {
 		t.Errorf("%s's header for %s after the change: %+v; want outer destination %s", n1.Name, n2.Name, h, newMAC)
 	}
 	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {

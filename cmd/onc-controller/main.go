@@ -42,6 +42,9 @@ func main() {
 	fs.DurationVar(&el.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
 	metricsAddr := fs.String("metrics-addr", controller.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: onc-controller [flags]\n       onc-controller remove-node NAME [flags]   (etcd datastore; --help for its flags)\n\n%s", fs.FlagUsages())
+	}
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := cmdutil.Setup(*debug)

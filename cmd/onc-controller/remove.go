@@ -18,7 +18,6 @@ func removeNode(args []string) int {
 	fs := pflag.NewFlagSet("onc-controller remove-node", pflag.ContinueOnError)
 	store := backend.AddFlags(fs)
 	embedded := fs.String("embedded-etcd-listen", defaultEmbeddedListen, "the controller's embedded etcd, used when --etcd-endpoints is not given")
-	force := fs.Bool("force", false, "remove the node although its agent is alive (it registers the node again unless stopped)")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: onc-controller remove-node NAME [flags]\n\n"+
@@ -48,7 +47,7 @@ func removeNode(args []string) int {
 		return 1
 	}
 	defer ds.Close()
-	cidr, err := controller.RemoveNode(ctx, ds, name, *force)
+	cidr, err := controller.RemoveNode(ctx, ds, name)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: %v\n", err)
 		return 1

@@ -393,23 +393,30 @@ func (d *Datapath) Flush() error {
 // EvictEncaps removes the learned headers stale says no longer hold (the
 // underlay under them changed), with learning paused so that a packet
 // encapsulated before the change cannot learn the old header back. Their
-// flows take the slow path once and learn the current header.
+// flows take the slow path once and learn the current header. stale runs
+// once per header; with none stale, learning is not paused.
 func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
 	have, err := d.Encaps()
-	if err != nil || !slices.ContainsFunc(have, stale) {
-		return 0, err // most calls: nothing to evict, and learning need not pause
+	if err != nil {
+		return 0, err
 	}
-	n := 0
-	err = d.evict(func() error {
-		return deleteWhere(d.maps.OncEncap, func(k uint32, v EncapVal) bool {
-			if stale(decodeEncap(k, &v)) {
-				n++
-				return true
+	var nodes []uint32
+	for _, e := range have {
+		if stale(e) {
+			nodes = append(nodes, bpf.NetIPv4(e.Node))
+		}
+	}
+	if len(nodes) == 0 {
+		return 0, nil
+	}
+	return len(nodes), d.evict(func() error {
+		for _, k := range nodes {
+			if err := d.maps.OncEncap.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
 			}
-			return false
-		})
+		}
+		return nil
 	})
-	return n, err
 }
 
 // evict runs fn with learning paused: a packet that was being learned when

@@ -290,6 +290,10 @@ func (l *Lab) save() error {
 func (l *Lab) ulNetns() string  { return l.Prefix + "-ul" }
 func (l *Lab) ctlNetns() string { return l.Prefix + "-ctl" }
 
+// UnderlayNetns is the namespace of the underlay: its bridge (br0), or the
+// parked end of the direct pair. Tests change the underlay there.
+func (l *Lab) UnderlayNetns() string { return l.ulNetns() }
+
 // EtcdURL is where the lab's agents reach the embedded etcd.
 func (l *Lab) EtcdURL() string { return "http://" + controllerIP.String() + ":2379" }
 
