@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test fuzz lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -73,9 +73,18 @@ bench-policy: prereqs build kube-bins
 	$(BIN)/onc-bench policy --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(POLICY_ARGS)
 
 # Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
-# a privileged test that cannot run fails instead of skipping).
+# a privileged test that cannot run fails instead of skipping), then every
+# fuzz target for a short budget (make fuzz).
 test: prereqs verify-generated lint kube-bins flannel-bins
 	$(GO) test -count=1 -p 1 -timeout 25m ./...
+	$(MAKE) fuzz
+
+# Every fuzz target (go test -fuzz) for FUZZ_EXECS executions (10000),
+# about 2-3 min; fails on a crash, which is kept in the package's
+# testdata/fuzz/ (README, "Fuzzing").
+FUZZ_EXECS ?= 10000
+fuzz:
+	GO=$(GO) FUZZ_EXECS=$(FUZZ_EXECS) ./hack/fuzz.sh
 
 # kube-apiserver for the Kubernetes datastore tests and kube-proxy for
 # make bench (first build ≈6 min).

@@ -73,6 +73,10 @@ func (s *onctlServer) SetBypass(ctx context.Context, req *apiv1.SetBypassRequest
 		}
 		return nil, status.Errorf(codes.InvalidArgument, "%s: %v", field, err)
 	}
+	// The flags may carry a minimum for any mode; a request means it.
+	if cfg.Mode != bypass.Size && req.MinSize != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "min_size: %d is only for mode size, not %s", req.MinSize, cfg.Mode)
+	}
 	bp := s.a.dp.Bypass()
 	if bp == nil {
 		return nil, status.Error(codes.FailedPrecondition, "the intra-node bypass is unavailable: "+s.a.dp.BypassStatus())

@@ -106,6 +106,8 @@ func TestSetBypassRejectsBadSettings(t *testing.T) {
 		{&apiv1.SetBypassRequest{Mode: "fast"}, "mode"},
 		{&apiv1.SetBypassRequest{}, "mode"},
 		{&apiv1.SetBypassRequest{Mode: "size"}, "min_size"},
+		// Found by FuzzSetBypass: a minimum with another mode was dropped.
+		{&apiv1.SetBypassRequest{Mode: "on", MinSize: 87}, "min_size"},
 	} {
 		_, err := ta.ctl.SetBypass(ctx(t), tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tc.field+":") {

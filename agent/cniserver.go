@@ -8,14 +8,18 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/onc-net/onc/agent/ipam"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // ONC's own CNI error codes (the spec leaves 100+ to plugins).
@@ -33,12 +37,26 @@ const (
 
 // Spec codes used here.
 const (
-	errUnknownContainer uint32 = 3
-	errDecoding         uint32 = 6
-	errInvalidConfig    uint32 = 7
-	errTryAgainLater    uint32 = 11
-	errNotAvailable     uint32 = 50
+	errIncompatibleVersion uint32 = 1
+	errUnknownContainer    uint32 = 3
+	errInvalidEnv          uint32 = 4
+	errDecoding            uint32 = 6
+	errInvalidConfig       uint32 = 7
+	errTryAgainLater       uint32 = 11
+	errNotAvailable        uint32 = 50
 )
+
+// The CNI verbs, as the spec names them.
+const (
+	verbAdd    = "ADD"
+	verbDel    = "DEL"
+	verbCheck  = "CHECK"
+	verbStatus = "STATUS"
+	verbGC     = "GC"
+)
+
+// minVersion is the first cniVersion that has a verb (ADD and DEL: all).
+var minVersion = map[string]string{verbCheck: "0.4.0", verbStatus: "1.1.0", verbGC: "1.1.0"}
 
 type cniServer struct {
 	apiv1.UnimplementedCNIServer
@@ -47,64 +65,189 @@ type cniServer struct {
 
 type netConf struct {
 	types.NetConf
-	ValidAttachments []ipam.Key `json:"cni.dev/valid-attachments,omitempty"`
+	ValidAttachments validAttachments `json:"cni.dev/valid-attachments"`
 }
 
+// validAttachments is GC's cni.dev/valid-attachments. GC needs it given
+// (null, as libcni sends for none, is an empty list): without it every
+// attachment would count as stale.
+type validAttachments struct {
+	given bool
+	keys  []ipam.Key
+}
+
+func (v *validAttachments) UnmarshalJSON(b []byte) error {
+	v.given = true
+	return json.Unmarshal(b, &v.keys)
+}
+
+// request is a CNI request checked for its verb: what the verb reads of
+// it is well-formed.
+type request struct {
+	conf *netConf
+	key  ipam.Key
+	// The pod CNI_ARGS name (ADD); both empty for none.
+	k8sNamespace, k8sName string
+	prev                  *current.Result // CHECK's prevResult
+}
+
+func failure(code uint32, msg string, details ...string) *apiv1.CNIResponse {
+	return &apiv1.CNIResponse{Error: &apiv1.CNIError{Code: code, Msg: msg, Details: strings.Join(details, "; ")}}
+}
+
+// fail is failure as a handler returns it.
 func fail(code uint32, msg string, details ...string) (*apiv1.CNIResponse, error) {
-	return &apiv1.CNIResponse{Error: &apiv1.CNIError{Code: code, Msg: msg, Details: strings.Join(details, "; ")}}, nil
+	return failure(code, msg, details...), nil
+}
+
+// parse checks req for verb before anything is looked up or changed, so
+// malformed input gets its own CNI error (naming the variable or field)
+// whatever the agent's state, and nothing of it is ever half done.
+func parse(verb string, req *apiv1.CNIRequest) (request, *apiv1.CNIResponse) {
+	conf, bad := parseConf(req.Config)
+	if bad != nil {
+		return request{}, bad
+	}
+	r := request{conf: conf, key: ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}}
+	if since := minVersion[verb]; since != "" {
+		if ok, _ := version.GreaterThanOrEqualTo(conf.CNIVersion, since); !ok {
+			return request{}, failure(errIncompatibleVersion, fmt.Sprintf("network configuration: cniVersion %s has no %s (it came in %s)", conf.CNIVersion, verb, since))
+		}
+	}
+	switch verb {
+	case verbAdd, verbCheck, verbDel:
+		if bad := checkAttachment(req, verb != verbDel); bad != nil {
+			return request{}, bad
+		}
+	}
+	switch verb {
+	case verbAdd:
+		var err error
+		if r.k8sNamespace, r.k8sName, err = k8sArgs(req.Args); err != nil {
+			return request{}, failure(errInvalidEnv, err.Error())
+		}
+	case verbCheck:
+		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+			return request{}, failure(errDecoding, "network configuration: cannot decode prevResult", err.Error())
+		}
+		if conf.PrevResult == nil {
+			return request{}, failure(errInvalidConfig, "network configuration: CHECK needs prevResult")
+		}
+		prev, err := current.NewResultFromResult(conf.PrevResult)
+		if err != nil {
+			return request{}, failure(errDecoding, "network configuration: cannot convert prevResult", err.Error())
+		}
+		r.prev = prev
+	case verbGC:
+		if !conf.ValidAttachments.given {
+			return request{}, failure(errInvalidConfig, "network configuration: GC needs cni.dev/valid-attachments (an empty list to remove every attachment)")
+		}
+		for i, k := range conf.ValidAttachments.keys {
+			if k.ContainerID == "" || k.IfName == "" {
+				return request{}, failure(errInvalidConfig, fmt.Sprintf("network configuration: cni.dev/valid-attachments[%d] needs containerID and ifname", i))
+			}
+		}
+	}
+	return r, nil
 }
 
 func parseConf(raw []byte) (*netConf, *apiv1.CNIResponse) {
 	var c netConf
 	if err := json.Unmarshal(raw, &c); err != nil {
-		r, _ := fail(errDecoding, "cannot decode the network configuration", err.Error())
-		return nil, r
+		return nil, failure(errDecoding, "cannot decode the network configuration", err.Error())
 	}
 	if c.CNIVersion == "" {
-		r, _ := fail(errInvalidConfig, "network configuration: cniVersion is missing")
-		return nil, r
+		return nil, failure(errInvalidConfig, "network configuration: cniVersion is missing")
+	}
+	// The result is rendered in this version: one it cannot be rendered in
+	// must fail before the pod is made.
+	if supported := version.All.SupportedVersions(); !slices.Contains(supported, c.CNIVersion) {
+		return nil, failure(errIncompatibleVersion, fmt.Sprintf("network configuration: cniVersion %q is not supported", c.CNIVersion),
+			"supported: "+strings.Join(supported, ", "))
 	}
 	return &c, nil
 }
 
-// k8sArgs picks the pod identity out of CNI_ARGS ("K=V;K=V").
-func k8sArgs(args string) (ns, name string) {
-	for _, kv := range strings.Split(args, ";") {
-		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "K8S_POD_NAMESPACE":
-			ns = v
-		case "K8S_POD_NAME":
-			name = v
-		}
+// checkAttachment checks the attachment's identity as the spec (and the
+// plugin's skel) does; the agent is also reachable without the plugin.
+func checkAttachment(req *apiv1.CNIRequest, needNetns bool) *apiv1.CNIResponse {
+	if req.ContainerId == "" {
+		return failure(errInvalidEnv, "CNI_CONTAINERID is missing")
 	}
-	return ns, name
+	if e := utils.ValidateContainerID(req.ContainerId); e != nil {
+		return failure(errInvalidEnv, "CNI_CONTAINERID: "+e.Msg, e.Details)
+	}
+	if e := utils.ValidateInterfaceName(req.Ifname); e != nil {
+		return failure(errInvalidEnv, "CNI_IFNAME: "+e.Msg, e.Details)
+	}
+	// The agent opens the namespace: a relative path would be the agent's.
+	if needNetns && !filepath.IsAbs(req.Netns) {
+		return failure(errInvalidEnv, fmt.Sprintf("CNI_NETNS %q: need the absolute path of the container's network namespace", req.Netns))
+	}
+	return nil
 }
 
-// ready parses the configuration and returns the pod pool if the agent
-// can serve pods; otherwise the response to send.
-func (s *cniServer) ready(req *apiv1.CNIRequest) (*netConf, *ipam.Pool, *apiv1.CNIResponse) {
-	conf, bad := parseConf(req.Config)
-	if bad != nil {
-		return nil, nil, bad
+// k8sArgs picks the pod out of CNI_ARGS ("K=V;K=V"; other keys are the
+// runtime's). Its namespace/name keys the pod's policy and names it to
+// onctl, so both or neither, and each a valid Kubernetes name: a
+// malformed one could alias another pod's, or name a pod that never
+// appears, for which ADD would wait on policy in vain.
+func k8sArgs(args string) (ns, name string, err error) {
+	if args == "" {
+		return "", "", nil
 	}
+	given := map[string]bool{}
+	for _, kv := range strings.Split(args, ";") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return "", "", fmt.Errorf("CNI_ARGS: %q is not KEY=VALUE", kv)
+		}
+		var check func(string) []string
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			ns, check = v, validation.IsDNS1123Label
+		case "K8S_POD_NAME":
+			name, check = v, validation.IsDNS1123Subdomain
+		default:
+			continue
+		}
+		if given[k] {
+			return "", "", fmt.Errorf("CNI_ARGS: %s is given twice", k)
+		}
+		given[k] = true
+		if errs := check(v); len(errs) > 0 {
+			return "", "", fmt.Errorf("CNI_ARGS: %s %q: %s", k, v, strings.Join(errs, "; "))
+		}
+	}
+	if given["K8S_POD_NAMESPACE"] != given["K8S_POD_NAME"] {
+		return "", "", errors.New("CNI_ARGS: K8S_POD_NAMESPACE and K8S_POD_NAME go together")
+	}
+	return ns, name, nil
+}
+
+// readyPool returns the pod pool if the agent can serve pods; otherwise
+// the response to send.
+func (s *cniServer) readyPool() (*ipam.Pool, *apiv1.CNIResponse) {
 	pool, reason := s.a.readyPool()
 	if pool == nil || reason != "" {
-		r, _ := fail(errTryAgainLater, "onc-agent is not ready", reason)
-		return nil, nil, r
+		return nil, failure(errTryAgainLater, "onc-agent is not ready", reason)
 	}
-	return conf, pool, nil
+	return pool, nil
 }
 
 func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	conf, pool, bad := s.ready(req)
+	r, bad := parse(verbAdd, req)
 	if bad != nil {
 		return bad, nil
 	}
-	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
+	pool, bad := s.readyPool()
+	if bad != nil {
+		return bad, nil
+	}
+	key := r.key
 	defer s.a.locks.lock(key)()
 
-	kns, kname := k8sArgs(req.Args)
+	kns, kname := r.k8sNamespace, r.k8sName
 	att, err := pool.Allocate(ipam.Attachment{Key: key, Netns: req.Netns,
 		HostIface: datapath.HostIfaceName(key.ContainerID, key.IfName), K8sNamespace: kns, K8sName: kname})
 	switch {
@@ -124,6 +267,12 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 	}
 	if err == nil && s.a.policy != nil && kname != "" {
 		err = s.a.policy.await(ctx, kns, kname)
+	}
+	var res []byte
+	if err == nil {
+		if res, err = s.result(att, link, r.conf.CNIVersion); err != nil {
+			err = fmt.Errorf("encode the result: %w", err)
+		}
 	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
@@ -145,10 +294,6 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 			return fail(errTryAgainLater, "the pod's network policy is not enforced yet", err.Error())
 		}
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
-	}
-	res, err := s.result(att, link, conf.CNIVersion)
-	if err != nil {
-		return fail(ErrInternal, "cannot encode the result", err.Error())
 	}
 	slog.Info("pod added", "pod", key, "ip", att.IP, "k8s", kns+"/"+kname)
 	return &apiv1.CNIResponse{Result: res}, nil
@@ -179,16 +324,16 @@ func (s *cniServer) result(att ipam.Attachment, link datapath.PodLink, cniVersio
 }
 
 func (s *cniServer) Del(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	if _, bad := parseConf(req.Config); bad != nil {
+	r, bad := parse(verbDel, req)
+	if bad != nil {
 		return bad, nil
 	}
 	pool, _ := s.a.readyPool()
 	if pool == nil {
 		return fail(errTryAgainLater, "onc-agent has not loaded its pod state yet")
 	}
-	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
-	defer s.a.locks.lock(key)()
-	if err := s.release(pool, key); err != nil {
+	defer s.a.locks.lock(r.key)()
+	if err := s.release(pool, r.key); err != nil {
 		return fail(ErrInternal, "cannot remove the pod's interface", err.Error())
 	}
 	return &apiv1.CNIResponse{}, nil
@@ -219,28 +364,22 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 }
 
 func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	conf, pool, bad := s.ready(req)
+	r, bad := parse(verbCheck, req)
 	if bad != nil {
 		return bad, nil
 	}
-	key := ipam.Key{ContainerID: req.ContainerId, IfName: req.Ifname}
+	pool, bad := s.readyPool()
+	if bad != nil {
+		return bad, nil
+	}
+	key := r.key
 	defer s.a.locks.lock(key)()
 	att, ok := pool.Get(key)
 	if !ok {
 		return fail(ErrCheckFailed, fmt.Sprintf("container %s has no interface %s on this network", key.ContainerID, key.IfName))
 	}
-	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
-		return fail(errDecoding, "cannot decode prevResult", err.Error())
-	}
-	if conf.PrevResult == nil {
-		return fail(errInvalidConfig, "CHECK needs prevResult in the network configuration")
-	}
-	prev, err := current.NewResultFromResult(conf.PrevResult)
-	if err != nil {
-		return fail(errDecoding, "cannot convert prevResult", err.Error())
-	}
 	found := false
-	for _, ip := range prev.IPs {
+	for _, ip := range r.prev.IPs {
 		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap() == att.IP {
 			found = true
 		}
@@ -260,7 +399,7 @@ func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CN
 }
 
 func (s *cniServer) Status(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	if _, bad := parseConf(req.Config); bad != nil {
+	if _, bad := parse(verbStatus, req); bad != nil {
 		return bad, nil
 	}
 	if pool, reason := s.a.readyPool(); pool == nil || reason != "" {
@@ -272,7 +411,7 @@ func (s *cniServer) Status(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.C
 // GC removes every attachment the runtime no longer lists as valid. It
 // carries on past failures and reports them all.
 func (s *cniServer) GC(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	conf, bad := parseConf(req.Config)
+	r, bad := parse(verbGC, req)
 	if bad != nil {
 		return bad, nil
 	}
@@ -281,7 +420,7 @@ func (s *cniServer) GC(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIRe
 		return fail(errTryAgainLater, "onc-agent has not loaded its pod state yet")
 	}
 	valid := map[ipam.Key]bool{}
-	for _, k := range conf.ValidAttachments {
+	for _, k := range r.conf.ValidAttachments.keys {
 		valid[k] = true
 	}
 	var errs []string

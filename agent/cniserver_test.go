@@ -5,6 +5,7 @@ package agent
 // cni/ run the same verbs through the real binary on a lab node.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -262,7 +263,7 @@ func checkReq(container, netns, prev string) *apiv1.CNIRequest {
 
 func TestCheck(t *testing.T) {
 	ta := newTestAgent(t)
-	if r, err := ta.cni.Check(ctx(t), checkReq("c1", "/ns/1", "")); code(t, r, err) != errTryAgainLater {
+	if r, err := ta.cni.Check(ctx(t), checkReq("c1", "/ns/1", `{"ips":[{"address":"10.244.7.2/32"}]}`)); code(t, r, err) != errTryAgainLater {
 		t.Errorf("CHECK before ready: %v", r.Error)
 	}
 	ta.bringUp(t, "10.244.7.0/24")
@@ -426,5 +427,124 @@ func TestBringUpDropsPodsOutsideANewCIDR(t *testing.T) {
 	}
 	if pool, reason := again.readyPool(); reason != "" || len(pool.List()) != 0 {
 		t.Errorf("restarted agent: ready=%q, %d attachments, want none", reason, len(pool.List()))
+	}
+}
+
+// Found by FuzzCNIRequest: ADD in a cniVersion no result can be rendered
+// in (".1.0") made the pod, then failed (999) and left its address and
+// interface behind. Such a configuration is refused before anything.
+func TestAddInAnUnsupportedVersionMakesNothing(t *testing.T) {
+	ta := newReadyAgent(t)
+	r := req("c1", ta.netns("/ns/1"))
+	r.Config = []byte(`{"cniVersion":".1.0","name":"onc","type":"onc"}`)
+	if resp, err := ta.cni.Add(ctx(t), r); code(t, resp, err) != errIncompatibleVersion {
+		t.Fatalf("ADD in cniVersion .1.0: %v, want code %d", resp.Error, errIncompatibleVersion)
+	}
+	if left := ta.leftovers(t, "c1"); len(left) > 0 {
+		t.Fatalf("the refused ADD left %v behind", left)
+	}
+}
+
+// Found by FuzzCNIRequest: GC without cni.dev/valid-attachments took every
+// attachment for stale and removed it. JSON null, which libcni sends for
+// no valid attachment, is still an empty list.
+func TestGCNeedsValidAttachments(t *testing.T) {
+	ta := newReadyAgent(t)
+	ta.mustAdd(t, "c1", "/ns/1")
+	resp, err := ta.cni.GC(ctx(t), &apiv1.CNIRequest{Config: []byte(conf)})
+	if code(t, resp, err) != errInvalidConfig || !strings.Contains(resp.Error.Msg, "cni.dev/valid-attachments") {
+		t.Fatalf("GC without valid attachments: %v, want code %d naming the field", resp.Error, errInvalidConfig)
+	}
+	if left := ta.leftovers(t, "c1"); len(left) != 3 {
+		t.Fatalf("after the refused GC: %v, want the pod whole", left)
+	}
+	resp, err = ta.cni.GC(ctx(t), &apiv1.CNIRequest{Config: confWith(map[string]any{"cni.dev/valid-attachments": nil})})
+	if c := code(t, resp, err); c != 0 {
+		t.Fatalf("GC with null valid attachments: %v", resp.Error)
+	}
+	if left := ta.leftovers(t, "c1"); len(left) > 0 {
+		t.Fatalf("GC with none valid left %v", left)
+	}
+}
+
+// Found by FuzzCNIArgs: CNI_ARGS was read loosely (a pair without "=",
+// only a name, a name given twice, a namespace with "/"), so a pod could
+// be keyed as another ("a/b" + "c" and "a" + "b/c"), or as one ADD would
+// wait on policy for in vain.
+func TestAddRejectsMalformedCNIArgs(t *testing.T) {
+	ta := newReadyAgent(t)
+	for _, args := range []string{
+		"K8S_POD_NAME",
+		"K8S_POD_NAME=",
+		"K8S_POD_NAME=web",
+		"K8S_POD_NAMESPACE=A;K8S_POD_NAME=web",
+		"K8S_POD_NAMESPACE=a/b;K8S_POD_NAME=c",
+		"K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_NAME=db",
+	} {
+		r := req("c1", ta.netns("/ns/1"))
+		r.Args = args
+		resp, err := ta.cni.Add(ctx(t), r)
+		if code(t, resp, err) != errInvalidEnv || !strings.HasPrefix(resp.Error.Msg, "CNI_ARGS: ") {
+			t.Errorf("CNI_ARGS %q: %v, want code %d naming CNI_ARGS", args, resp.Error, errInvalidEnv)
+		}
+		if left := ta.leftovers(t, "c1"); len(left) > 0 {
+			t.Fatalf("the refused ADD left %v behind", left)
+		}
+	}
+}
+
+// Found by FuzzCNIRequest: the attachment's identity was taken as given,
+// so DEL of container " " succeeded; the spec's checks (as skel makes
+// them) now apply to every verb that has one.
+func TestVerbsRejectMalformedAttachments(t *testing.T) {
+	ta := newReadyAgent(t)
+	for _, tc := range []struct {
+		verb                     func(context.Context, *apiv1.CNIRequest) (*apiv1.CNIResponse, error)
+		container, netns, ifname string
+		variable                 string
+	}{
+		{ta.cni.Del, " ", "", "eth0", "CNI_CONTAINERID"},
+		{ta.cni.Add, "", "/ns/1", "eth0", "CNI_CONTAINERID"},
+		{ta.cni.Add, "c1", "/ns/1", "", "CNI_IFNAME"},
+		{ta.cni.Add, "c1", "/ns/1", "eth0/1", "CNI_IFNAME"},
+		{ta.cni.Add, "c1", "/ns/1", "a-very-long-ifname", "CNI_IFNAME"},
+		{ta.cni.Add, "c1", "ns/1", "eth0", "CNI_NETNS"},
+		{ta.cni.Check, "c1", "", "eth0", "CNI_NETNS"},
+	} {
+		r := &apiv1.CNIRequest{ContainerId: tc.container, Netns: tc.netns, Ifname: tc.ifname, Config: []byte(conf)}
+		resp, err := tc.verb(ctx(t), r)
+		if code(t, resp, err) != errInvalidEnv || !strings.HasPrefix(resp.Error.Msg, tc.variable) {
+			t.Errorf("container %q, netns %q, ifname %q: %v, want code %d naming %s", tc.container, tc.netns, tc.ifname, resp.Error, errInvalidEnv, tc.variable)
+		}
+	}
+	if n := ta.dp.podCount(); n != 0 {
+		t.Errorf("%d pod interfaces made", n)
+	}
+}
+
+// CHECK, STATUS and GC came in CNI 0.4.0, 1.1.0 and 1.1.0: a configuration
+// of an earlier version is refused as the spec says (1).
+func TestVerbsNeedTheirCNIVersion(t *testing.T) {
+	ta := newReadyAgent(t)
+	ta.mustAdd(t, "c1", "/ns/1")
+	for _, tc := range []struct {
+		verb    func(context.Context, *apiv1.CNIRequest) (*apiv1.CNIResponse, error)
+		name    string
+		version string
+	}{
+		{ta.cni.Check, "CHECK", "0.3.1"},
+		{ta.cni.Status, "STATUS", "1.0.0"},
+		{ta.cni.GC, "GC", "1.0.0"},
+	} {
+		r := req("c1", "/ns/1")
+		r.Config = confWith(map[string]any{"cniVersion": tc.version, "cni.dev/valid-attachments": []ipam.Key{},
+			"prevResult": map[string]any{"ips": []map[string]any{{"version": "4", "address": "10.244.7.2/32"}}}})
+		resp, err := tc.verb(ctx(t), r)
+		if code(t, resp, err) != errIncompatibleVersion || !strings.Contains(resp.Error.Msg, tc.name) {
+			t.Errorf("%s in cniVersion %s: %v, want code %d", tc.name, tc.version, resp.Error, errIncompatibleVersion)
+		}
+	}
+	if left := ta.leftovers(t, "c1"); len(left) != 3 {
+		t.Errorf("after refused verbs: %v, want the pod whole", left)
 	}
 }

@@ -321,17 +321,22 @@ const self = "node-a"
 // turns it on.
 func newTestAgent(t *testing.T, edit ...func(*Config)) *testAgent {
 	t.Helper()
+	return newAgentOn(t, testStore(t), edit...)
+}
+
+// newAgentOn is newTestAgent on store.
+func newAgentOn(tb testing.TB, store datastore.Store, edit ...func(*Config)) *testAgent {
+	tb.Helper()
 	cfg := DefaultConfig()
-	cfg.NodeName, cfg.StateDir, cfg.RunDir = self, t.TempDir(), t.TempDir()
+	cfg.NodeName, cfg.StateDir, cfg.RunDir = self, tb.TempDir(), tb.TempDir()
 	cfg.Datapath.FastPath = false
 	for _, e := range edit {
 		e(&cfg)
 	}
 	dp := newFakeDatapath()
-	store := testStore(t)
 	a, err := New(cfg, store, dp)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	return &testAgent{Agent: a, dp: dp, store: store, cni: &cniServer{a: a}, ctl: &onctlServer{a: a}}
 }

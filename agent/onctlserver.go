@@ -168,14 +168,15 @@ func ifname(index int) string {
 }
 
 func (s *onctlServer) ListCache(ctx context.Context, req *apiv1.ListCacheRequest) (*apiv1.ListCacheResponse, error) {
-	fp, err := s.fastPath()
-	if err != nil {
-		return nil, err
-	}
+	// A bad argument is one whatever the node's state.
 	switch req.Table {
 	case "", "egress", "ingress", "filter":
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "table %q: must be egress, ingress or filter", req.Table)
+	}
+	fp, err := s.fastPath()
+	if err != nil {
+		return nil, err
 	}
 	var out apiv1.ListCacheResponse
 	if req.Table == "" || req.Table == "egress" {

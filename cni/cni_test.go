@@ -214,7 +214,7 @@ func TestBadInputGetsTheRightCodeAndLeavesNothing(t *testing.T) {
 		{"unknown cniVersion", e.conf("9.9.9"), vars("ADD", "x", ns), 1},
 		{"missing CNI_NETNS", e.conf("1.1.0"), vars("ADD", "x", ""), 4},
 		{"netns does not exist", e.conf("1.1.0"), vars("ADD", "x", "/run/netns/onc-no-such-ns"), 3},
-		{"CHECK of an unknown container", e.conf("1.1.0"), vars("CHECK", "nope", ns), 102},
+		{"CHECK of an unknown container", e.withPrev(&current.Result{CNIVersion: "1.1.0"}), vars("CHECK", "nope", ns), 102},
 		{"bad timeout in config", strings.Replace(e.conf("1.1.0"), `"type"`, `"timeout":"soon","type"`, 1), vars("ADD", "x", ns), 7},
 	}
 	for _, c := range cases {

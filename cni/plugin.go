@@ -7,8 +7,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -68,29 +72,60 @@ var stdinCopy []byte
 
 type rpc func(apiv1.CNIClient, context.Context, *apiv1.CNIRequest, ...grpc.CallOption) (*apiv1.CNIResponse, error)
 
+// agentCall is how the plugin calls the agent: where and for how long.
+type agentCall struct {
+	socket  string
+	timeout time.Duration
+}
+
+// maxSocketPath is the longest path a unix socket address holds (sun_path
+// without its NUL); a longer one could never be dialled.
+const maxSocketPath = 107
+
+// parseConf reads the plugin's part of the network configuration. A
+// socket that cannot be dialled is the configuration's error (7), not an
+// agent that is down (11): the runtime would retry it forever.
+func parseConf(stdin []byte) (agentCall, *types.Error) {
+	var conf pluginConf
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		return agentCall{}, types.NewError(types.ErrDecodingFailure, "cannot decode the network configuration", err.Error())
+	}
+	c := agentCall{socket: DefaultSocket, timeout: 2 * time.Minute}
+	if conf.AgentSocket != "" {
+		if !filepath.IsAbs(conf.AgentSocket) || strings.ContainsRune(conf.AgentSocket, 0) || len(conf.AgentSocket) > maxSocketPath {
+			return agentCall{}, types.NewError(types.ErrInvalidNetworkConfig,
+				fmt.Sprintf("agentSocket %q: need an absolute path of at most %d bytes", conf.AgentSocket, maxSocketPath), "")
+		}
+		c.socket = conf.AgentSocket
+	}
+	if conf.Timeout != "" {
+		d, err := time.ParseDuration(conf.Timeout)
+		if err != nil || d <= 0 {
+			return agentCall{}, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("timeout %q: not a positive duration", conf.Timeout), "")
+		}
+		c.timeout = d
+	}
+	return c, nil
+}
+
+// target is the socket as a gRPC target; escaped, since gRPC parses it as
+// a URL, and a path with "?", "#" or "%" would name another socket.
+func (c agentCall) target() string {
+	return (&url.URL{Scheme: "unix", Path: c.socket}).String()
+}
+
 func call(method rpc, printResult bool) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		stdinCopy = args.StdinData
-		var conf pluginConf
-		if err := json.Unmarshal(args.StdinData, &conf); err != nil {
-			return types.NewError(types.ErrDecodingFailure, "cannot decode the network configuration", err.Error())
+		c, cerr := parseConf(args.StdinData)
+		if cerr != nil {
+			return cerr
 		}
-		sock := conf.AgentSocket
-		if sock == "" {
-			sock = DefaultSocket
+		req, rerr := request(args)
+		if rerr != nil {
+			return rerr
 		}
-		timeout := 2 * time.Minute
-		if conf.Timeout != "" {
-			d, err := time.ParseDuration(conf.Timeout)
-			if err != nil || d <= 0 {
-				return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("timeout %q: not a positive duration", conf.Timeout), "")
-			}
-			timeout = d
-		}
-		resp, err := invoke(sock, timeout, method, &apiv1.CNIRequest{
-			ContainerId: args.ContainerID, Netns: args.Netns, Ifname: args.IfName,
-			Args: args.Args, Path: args.Path, Config: args.StdinData,
-		})
+		resp, err := invoke(c, method, req)
 		if err != nil {
 			return err
 		}
@@ -107,16 +142,33 @@ func call(method rpc, printResult bool) func(*skel.CmdArgs) error {
 	}
 }
 
-func invoke(sock string, timeout time.Duration, method rpc, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
+// request is the runtime's request as the agent takes it. gRPC carries
+// strings only as UTF-8: a variable that is not would fail in transit as
+// an internal error (999), when it is the runtime's (4).
+func request(args *skel.CmdArgs) (*apiv1.CNIRequest, *types.Error) {
+	for _, v := range []struct{ name, value string }{
+		{"CNI_CONTAINERID", args.ContainerID}, {"CNI_NETNS", args.Netns}, {"CNI_IFNAME", args.IfName},
+		{"CNI_ARGS", args.Args}, {"CNI_PATH", args.Path},
+	} {
+		if !utf8.ValidString(v.value) {
+			return nil, types.NewError(types.ErrInvalidEnvironmentVariables, v.name+" is not UTF-8", fmt.Sprintf("%q", v.value))
+		}
+	}
+	return &apiv1.CNIRequest{ContainerId: args.ContainerID, Netns: args.Netns, Ifname: args.IfName,
+		Args: args.Args, Path: args.Path, Config: args.StdinData}, nil
+}
+
+func invoke(c agentCall, method rpc, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
+	sock := c.socket
 	if _, err := os.Stat(sock); err != nil {
 		return nil, types.NewError(types.ErrTryAgainLater, "onc-agent is not reachable at "+sock, err.Error())
 	}
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, types.NewError(types.ErrTryAgainLater, "onc-agent is not reachable at "+sock, err.Error())
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	resp, err := method(apiv1.NewCNIClient(conn), ctx, req)
 	if err != nil {

@@ -48,6 +48,13 @@ func (b *Bypass) Conns() ([]Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return pairConns(socks, now), nil
+}
+
+// pairConns pairs the sockets of each connection, by their role: an
+// address comparison would take a server socket whose two ends are equal
+// for a client.
+func pairConns(socks []socket, now uint64) []Conn {
 	type pair struct{ client, server netip.AddrPort }
 	byPair := map[pair]*Conn{}
 	var order []pair
@@ -62,10 +69,10 @@ func (b *Bypass) Conns() ([]Conn, error) {
 			byPair[p] = c
 			order = append(order, p)
 		}
-		if p.client == s.local {
-			c.ClientCookie = s.cookie
-		} else {
+		if s.role == roleServer {
 			c.ServerCookie = s.cookie
+		} else {
+			c.ClientCookie = s.cookie
 		}
 		if now > s.since {
 			c.Age = max(c.Age, time.Duration(now-s.since))
@@ -81,7 +88,7 @@ func (b *Bypass) Conns() ([]Conn, error) {
 		}
 		return a.Server.Compare(b.Server)
 	})
-	return out, nil
+	return out
 }
 
 func (b *Bypass) sockets() ([]socket, error) {

@@ -107,13 +107,19 @@ func (d *Datapath) Flows() ([]Flow, error) {
 	var v FlowVal
 	it := d.maps.OncFilter.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Flow{
-			Local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
-			Remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
-			Proto:  protoName(k.Proto), Egress: v.Egress == 1, Ingress: v.Ingress == 1, Live: v.Epoch == c.Epoch,
-		})
+		out = append(out, decodeFlow(k, v, c.Epoch))
 	}
 	return out, it.Err()
+}
+
+// decodeFlow is a filter entry as onctl shows it; a direction is learned
+// when its byte is not 0, as the programs read it (onc.h, flow_hit).
+func decodeFlow(k FlowKey, v FlowVal, epoch uint32) Flow {
+	return Flow{
+		Local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
+		Remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
+		Proto:  protoName(k.Proto), Egress: v.Egress != 0, Ingress: v.Ingress != 0, Live: v.Epoch == epoch,
+	}
 }
 
 // Dests lists the egress cache.
@@ -123,9 +129,13 @@ func (d *Datapath) Dests() ([]Dest, error) {
 	var v EgressVal
 	it := d.maps.OncEgress.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Dest{Pod: bpf.IPv4(k), Node: bpf.IPv4(v.NodeIp)})
+		out = append(out, decodeDest(k, v))
 	}
 	return out, it.Err()
+}
+
+func decodeDest(k uint32, v EgressVal) Dest {
+	return Dest{Pod: bpf.IPv4(k), Node: bpf.IPv4(v.NodeIp)}
 }
 
 // Encaps lists the learned headers.
@@ -157,8 +167,12 @@ func (d *Datapath) Locals() ([]Local, error) {
 	var v LocalPod
 	it := d.maps.OncLocal.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, Local{Pod: bpf.IPv4(k), Ifindex: int(v.Ifindex),
-			PodMAC: net.HardwareAddr(append([]byte(nil), v.PodMac[:]...)), HostMAC: net.HardwareAddr(append([]byte(nil), v.HostMac[:]...))})
+		out = append(out, decodeLocal(k, &v))
 	}
 	return out, it.Err()
+}
+
+func decodeLocal(k uint32, v *LocalPod) Local {
+	return Local{Pod: bpf.IPv4(k), Ifindex: int(v.Ifindex),
+		PodMAC: net.HardwareAddr(append([]byte(nil), v.PodMac[:]...)), HostMAC: net.HardwareAddr(append([]byte(nil), v.HostMac[:]...))}
 }

@@ -56,10 +56,9 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 		return nil, err
 	}
 	lb.mu.Lock()
-	byID := make(map[uint32]Key, len(lb.services))
-	timeout := make(map[uint32]time.Duration, len(lb.services))
+	byID := make(map[uint32]affinityService, len(lb.services))
 	for k, p := range lb.services {
-		byID[p.id], timeout[p.id] = k, p.svc.Affinity
+		byID[p.id] = affinityService{k, p.svc.Affinity}
 	}
 	lb.mu.Unlock()
 	var ts unix.Timespec
@@ -72,15 +71,34 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	var v bpf.SockConnect4LbAff
 	it := lb.maps.OncLbAff.Iterate()
 	for it.Next(&k, &v) {
-		key, ok := byID[k.SvcId]
-		age := time.Duration(now - v.LastNs)
-		if !ok || age > timeout[k.SvcId] {
-			continue
+		if a, live := decodeAffinity(k, v, now, byID, owned); live {
+			out = append(out, a)
 		}
-		pod, mine := owned[k.Netns]
-		out = append(out, Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: key, Backend: backendAddr(v.Be), Age: age})
 	}
 	return out, it.Err()
+}
+
+// affinityService is what an affinity entry's service id names.
+type affinityService struct {
+	service Key
+	timeout time.Duration
+}
+
+// decodeAffinity is an affinity entry as onctl shows it, read at now;
+// live is false for one of no service, or past its service's timeout. A
+// program may have stamped it after now was read: its age is then 0.
+func decodeAffinity(k bpf.SockConnect4LbAffKey, v bpf.SockConnect4LbAff, now uint64, byID map[uint32]affinityService,
+	owned map[uint64]netip.Addr) (a Affinity, live bool) {
+	of, ok := byID[k.SvcId]
+	var age time.Duration
+	if now > v.LastNs {
+		age = time.Duration(now - v.LastNs)
+	}
+	if !ok || age > of.timeout {
+		return Affinity{}, false
+	}
+	pod, mine := owned[k.Netns]
+	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
 }
 
 // Stats sums the programs' counters over the CPUs.
