@@ -141,6 +141,37 @@ func udpRR(c net.Conn, n int) error {
 	return nil
 }
 
+// exchanges runs rr(c, batch) back to back in the background, calling
+// each after every batch, until the returned stop (also run at the test's
+// end), which says how the exchanges ended.
+func exchanges(t *testing.T, c net.Conn, batch int, each func()) (stop func() error) {
+	errc := make(chan error, 1)
+	quit := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-quit:
+				errc <- nil
+				return
+			default:
+			}
+			if err := rr(c, batch); err != nil {
+				errc <- err
+				return
+			}
+			each()
+		}
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { close(quit); err = <-errc })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
 func twoNodes(t *testing.T) (*lab.Lab, *lab.Pod, *lab.Pod) {
 	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
 	return l, l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
@@ -406,23 +437,7 @@ func TestToggleMidFlow(t *testing.T) {
 	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9500))
 	c := dial(t, a.Netns, "tcp4", b.IP, 9500)
 	var done atomic.Int64
-	errc := make(chan error, 1)
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				errc <- nil
-				return
-			default:
-			}
-			if err := rr(c, 10); err != nil {
-				errc <- err
-				return
-			}
-			done.Add(10)
-		}
-	}()
+	stop := exchanges(t, c, 10, func() { done.Add(10) })
 	step := func(on bool) {
 		mark := done.Load()
 		setFastPath(t, n1, on)
@@ -448,8 +463,7 @@ func TestToggleMidFlow(t *testing.T) {
 		t.Errorf("%d ESTABLISHED mark rules with the fast path on, want 2", r)
 	}
 	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	if err := <-errc; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("flow broke: %v", err)
 	}
 	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {
@@ -592,26 +606,12 @@ func TestUnderlayMACChange(t *testing.T) {
 		longest  time.Duration
 		finished atomic.Int64
 	)
-	errc := make(chan error, 1)
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stop:
-				errc <- nil
-				return
-			default:
-			}
-			if err := rr(c, 1); err != nil {
-				errc <- err
-				return
-			}
-			mu.Lock()
-			longest, last = max(longest, time.Since(last)), time.Now()
-			mu.Unlock()
-			finished.Add(1)
-		}
-	}()
+	stop := exchanges(t, c, 1, func() {
+		mu.Lock()
+		longest, last = max(longest, time.Since(last)), time.Now()
+		mu.Unlock()
+		finished.Add(1)
+	})
 	time.Sleep(100 * time.Millisecond)
 	mu.Lock()
 	longest = 0
@@ -632,14 +632,12 @@ func TestUnderlayMACChange(t *testing.T) {
 	changed := finished.Load()
 	for deadline := time.Now().Add(5 * time.Second); finished.Load() < changed+300; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(stop)
 			t.Fatalf("the flow stalled after %s's uplink MAC changed (%d exchanges since)", n2.Name, finished.Load()-changed)
 		}
 	}
 	before := stats(t, n1)
 	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	if err := <-errc; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("flow broke: %v", err)
 	}
 	mu.Lock()

@@ -50,37 +50,41 @@ func FuzzPairConns(f *testing.F) {
 		}) {
 			t.Fatalf("not sorted: %v", conns)
 		}
-		// What bp_role says: a client socket's local end is the client.
-		type ends struct{ client, server netip.AddrPort }
-		want := map[ends]*Conn{}
+		// Checked socket by socket, not by pairing them again: each is the
+		// end its role says of exactly one listed connection, under its
+		// cookie, and no older than that connection's age says.
+		index := map[[2]netip.AddrPort]int{}
+		for i, c := range conns {
+			k := [2]netip.AddrPort{c.Client, c.Server}
+			if _, dup := index[k]; dup {
+				t.Fatalf("connection %s listed twice", describe(c))
+			}
+			index[k] = i
+		}
+		witnessed := make([]bool, len(conns))
 		for _, s := range socks {
-			e := ends{s.local, s.remote}
-			if s.role == roleServer {
-				e = ends{s.remote, s.local}
+			k, server := [2]netip.AddrPort{s.local, s.remote}, s.role == roleServer // bp_role: a client's local end is the client
+			if server {
+				k = [2]netip.AddrPort{s.remote, s.local}
 			}
-			c := want[e]
-			if c == nil {
-				c = &Conn{Client: e.client, Server: e.server}
-				want[e] = c
+			i, ok := index[k]
+			if !ok {
+				t.Fatalf("sockets %v: %s is in no connection", describeSockets(socks), describeSockets([]socket{s}))
 			}
-			if s.role == roleServer {
-				c.ServerCookie = s.cookie
-			} else {
-				c.ClientCookie = s.cookie
+			c := conns[i]
+			if cookie := map[bool]uint64{true: c.ServerCookie, false: c.ClientCookie}[server]; cookie != s.cookie {
+				t.Fatalf("sockets %v: connection %s does not carry %s's cookie", describeSockets(socks), describe(c), describeSockets([]socket{s}))
 			}
-			if now > s.since {
-				c.Age = max(c.Age, time.Duration(now-s.since))
+			if now > s.since && c.Age < time.Duration(now-s.since) {
+				t.Fatalf("connection %s younger than its socket %s", describe(c), describeSockets([]socket{s}))
+			}
+			if c.Age == 0 || now > s.since && c.Age == time.Duration(now-s.since) {
+				witnessed[i] = true // the socket the age is from (or none is older than now)
 			}
 		}
-		if len(conns) != len(want) {
-			t.Fatalf("%d connections from sockets %v, want %d: %v", len(conns), describeSockets(socks), len(want), conns)
-		}
-		for _, c := range conns {
-			switch w := want[ends{c.Client, c.Server}]; {
-			case w == nil:
-				t.Fatalf("sockets %v: connection %s has none of them", describeSockets(socks), describe(c))
-			case c != *w:
-				t.Fatalf("sockets %v: connection %s, want %s", describeSockets(socks), describe(c), describe(*w))
+		for i, c := range conns {
+			if !witnessed[i] {
+				t.Fatalf("sockets %v: connection %s has no socket of its age (or none at all)", describeSockets(socks), describe(c))
 			}
 		}
 	})
