@@ -7,7 +7,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -49,21 +48,12 @@ func (ta *testAgent) scrape(t *testing.T) map[string]*dto.MetricFamily {
 			t.Fatal(err)
 		}
 	}
-	url := "http://" + ta.metrics.address() + "/metrics"
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
-	}
+	families := testutil.ScrapeMetrics(t, "http://"+ta.metrics.address()+"/metrics")
 	// Served anyway, without what failed: gathering again says if anything did.
 	if _, err := ta.metrics.reg.Gather(); err != nil {
 		t.Fatalf("gathering failed: %v", err)
 	}
-	return testutil.ParseMetrics(t, body)
+	return families
 }
 
 // want checks one counter or gauge; labels alternate names and values.

@@ -3,8 +3,6 @@ package controller_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net/http"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -64,16 +62,7 @@ func served(t *testing.T) (*flakyStore, *controller.Controller, func() map[strin
 	}
 	return store, c, func() map[string]*dto.MetricFamily {
 		t.Helper()
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return testutil.ParseMetrics(t, body)
+		return testutil.ScrapeMetrics(t, "http://"+addr+"/metrics")
 	}
 }
 

@@ -2,6 +2,8 @@ package testutil
 
 import (
 	"bytes"
+	"io"
+	"net/http"
 	"os/exec"
 	"testing"
 
@@ -27,6 +29,22 @@ func ParseMetrics(t testing.TB, body []byte) map[string]*dto.MetricFamily {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 	return families
+}
+
+// ScrapeMetrics GETs url (a /metrics endpoint this process can reach) and
+// parses it as ParseMetrics does.
+func ScrapeMetrics(t testing.TB, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	return ParseMetrics(t, body)
 }
 
 // MetricValue is the value of the counter or gauge of family whose labels
