@@ -264,12 +264,13 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 		vteps[p.NodeIP] = p.VTEPMAC
 	}
 	n.mu.Lock()
-	moved := !maps.EqualFunc(n.vteps, vteps, func(a, b net.HardwareAddr) bool { return bytes.Equal(a, b) })
+	vtepsChanged := !maps.EqualFunc(n.vteps, vteps, func(a, b net.HardwareAddr) bool { return bytes.Equal(a, b) })
 	n.vteps = vteps
 	n.mu.Unlock()
 	// A peer on a new machine (same name and IP, new VTEP MAC) needs its
-	// header relearned, like an underlay change.
-	if moved || checkKernel {
+	// header relearned, like an underlay change. (The underlay watcher
+	// checks every header on its own resync; this pass is for the change.)
+	if vtepsChanged {
 		_, herr := n.EvictStaleHeaders()
 		err = errors.Join(err, herr)
 	}
