@@ -30,6 +30,10 @@ type Config struct {
 	BPFFS        string // where the fast path pins its maps and links
 	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
 	AttachMode   string // auto, tcx or clsact
+	// ProcSys is where sysctls are written, "" = /proc/sys. A container's
+	// /proc/sys is read-only unless privileged, so the DaemonSet mounts
+	// the host's /proc/sys/net elsewhere (everything ONC writes is under net/).
+	ProcSys string
 	// SocketLB is whose sockets Services are balanced for; SocketLBCgroup
 	// the cgroup v2 directory the programs attach to ("" = the root,
 	// mounting a cgroup2 hierarchy where none is).
@@ -75,8 +79,12 @@ type FastPath interface {
 	Flows() ([]fastpath.Flow, error)
 }
 
-func writeSysctl(name, val string) error {
-	if err := os.WriteFile(filepath.Join("/proc/sys", name), []byte(val), 0o644); err != nil {
+func (n *Node) writeSysctl(name, val string) error {
+	dir := n.cfg.ProcSys
+	if dir == "" {
+		dir = "/proc/sys"
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(val), 0o644); err != nil {
 		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), val, err)
 	}
 	return nil

@@ -88,13 +88,13 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	gw := Gateway(s.PodCIDR)
-	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+	if err := n.writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
 	// Peers' learned headers hold this uplink's MAC: if it changes, tell
 	// them at once (gratuitous ARP), so their agents evict those headers
 	// (EvictStaleHeaders) instead of their kernels finding out seconds later.
-	if err := writeSysctl("net/ipv4/conf/"+n.up.Name+"/arp_notify", "1"); err != nil {
+	if err := n.writeSysctl("net/ipv4/conf/"+n.up.Name+"/arp_notify", "1"); err != nil {
 		return err
 	}
 	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
@@ -124,7 +124,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		// Conntrack does not see the data the fast path carries, so its TCP
 		// window falls behind; strict window checks would then mark the
 		// flow's FIN, or its packets after a fast-path switch, INVALID.
-		if err := writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
+		if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 			return err
 		}
 	}

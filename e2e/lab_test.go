@@ -3,18 +3,23 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	policytable "github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/e2e/lab"
 	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -200,34 +205,43 @@ func tunnelEntries(t *testing.T, n *lab.Node, cidr, gw, mac string) entries {
 	return e
 }
 
-// 50 pods are added and deleted in parallel on one node, three times over:
-// afterwards no address, veth or route is left.
+// 200 pods are added, then deleted, in parallel on one node, three times
+// over, each made isolated by a NetworkPolicy: afterwards no address, veth,
+// route, neighbour, fast-path cache entry or policy chain is left.
 func TestChurnLeavesNothing(t *testing.T) {
-	l := labtest.Lab(t, lab.Options{Nodes: 1})
+	l := labtest.Lab(t, lab.Options{Nodes: 1, Datastore: "kubernetes"})
 	n := l.Nodes[0]
 	ctx := context.Background()
-	const pods = 50
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetNamespace(ctx, lab.DefaultNamespace, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Every pod of the namespace isolated both ways: each gets its chains.
+	everyPod := []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}
+	isolate := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "churn", Namespace: lab.DefaultNamespace},
+		Spec: networkingv1.NetworkPolicySpec{
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: everyPod}},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: everyPod}},
+		}}
+	if _, err := kube.NetworkingV1().NetworkPolicies(lab.DefaultNamespace).Create(ctx, isolate, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	client, closer, err := n.AgentAPI()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	const pods = 200
 	for round := 1; round <= 3; round++ {
-		var wg sync.WaitGroup
-		errs := make(chan error, pods)
 		added := make([]*lab.Pod, pods)
-		for i := 0; i < pods; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p, err := l.AddPod(ctx, n)
-				if err != nil {
-					errs <- err
-					return
-				}
-				added[i] = p
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("round %d ADD: %v", round, err)
-		}
+		parallel(t, fmt.Sprintf("round %d ADD", round), pods, func(i int) (err error) {
+			added[i], err = l.AddPod(ctx, n)
+			return err
+		})
 		seen := map[string]bool{}
 		for _, p := range added {
 			if seen[p.IP.String()] {
@@ -235,23 +249,67 @@ func TestChurnLeavesNothing(t *testing.T) {
 			}
 			seen[p.IP.String()] = true
 		}
-		errs = make(chan error, pods)
-		for _, p := range added {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := l.DelPod(ctx, n, p); err != nil {
-					errs <- err
-				}
-			}()
+		// The state the check below must find gone is there.
+		if got := cacheAndPolicy(t, client, n); got != (podEntries{pods, pods, 2 * pods}) {
+			t.Fatalf("round %d, %d pods: %+v", round, pods, got)
 		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("round %d DEL: %v", round, err)
-		}
+		parallel(t, fmt.Sprintf("round %d DEL", round), pods, func(i int) error { return l.DelPod(ctx, n, added[i]) })
 		assertNodeClean(t, n)
+		if got := cacheAndPolicy(t, client, n); got != (podEntries{}) {
+			t.Fatalf("round %d, every pod deleted: %+v left", round, got)
+		}
 	}
+}
+
+// parallel runs f(0) … f(count-1) at once and fails on the first error.
+func parallel(t *testing.T, what string, count int, f func(i int) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, count)
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(i); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// podEntries counts a node's per-pod state outside the kernel's links and
+// routes: fast-path ingress entries, pods the policy enforcer holds, and
+// the nftables chains it made for them.
+type podEntries struct{ Ingress, PolicyPods, PolicyChains int }
+
+// cacheAndPolicy waits for the policy enforcer to settle (it follows pods
+// through the API) and counts n's podEntries.
+func cacheAndPolicy(t *testing.T, client apiv1.AgentClient, n *lab.Node) podEntries {
+	t.Helper()
+	ctx := context.Background()
+	testutil.WaitFor(t, "policy applied", 60*time.Second, func() bool {
+		r, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
+		return err == nil && r.Seen == r.Applied && r.LastError == ""
+	})
+	cache, err := client.ListCache(ctx, &apiv1.ListCacheRequest{Table: "ingress"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("ip", "netns", "exec", n.Netns, "nft", "list", "table", "ip", policytable.Table).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list table: %v: %s", err, out)
+	}
+	chains := regexp.MustCompile(`(?m)^\s*chain (in|eg)-`).FindAll(out, -1)
+	return podEntries{len(cache.Ingress), len(pol.Pods), len(chains)}
 }
 
 func assertNodeClean(t *testing.T, n *lab.Node) {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
 )
 
 //go:embed onc.yaml
@@ -48,6 +49,10 @@ func Objects() ([]*unstructured.Unstructured, error) {
 // Apply server-side-applies the objects of onc.yaml for which keep returns
 // true (all if nil), in file order, and waits for each CRD to be served.
 func Apply(ctx context.Context, cfg *rest.Config, keep func(*unstructured.Unstructured) bool) error {
+	return apply(ctx, cfg, keep, metav1.PatchOptions{FieldManager: "onc", Force: ptr.To(true)})
+}
+
+func apply(ctx context.Context, cfg *rest.Config, keep func(*unstructured.Unstructured) bool, opts metav1.PatchOptions) error {
 	objs, err := Objects()
 	if err != nil {
 		return err
@@ -77,8 +82,7 @@ func Apply(ctx context.Context, cfg *rest.Config, keep func(*unstructured.Unstru
 		if err != nil {
 			return err
 		}
-		force := true
-		if _, err := ri.Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "onc", Force: &force}); err != nil {
+		if _, err := ri.Patch(ctx, u.GetName(), types.ApplyPatchType, body, opts); err != nil {
 			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
 		}
 		if u.GetKind() == "CustomResourceDefinition" {

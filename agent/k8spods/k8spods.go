@@ -47,7 +47,7 @@ func Watch(ctx context.Context, cfg *rest.Config, node string) (*Pods, error) {
 	defer cancel()
 	if !cache.WaitForCacheSync(sctx.Done(), inf.HasSynced) {
 		p.Close()
-		return nil, fmt.Errorf("cannot list and watch the pods of node %s (RBAC: pods get/list/watch)", node)
+		return nil, fmt.Errorf("cannot list and watch the pods of node %s (RBAC: pods list and watch)", node)
 	}
 	return p, nil
 }

@@ -81,7 +81,7 @@ func Start(ctx context.Context, sources ...Source) (*Set, error) {
 	defer cancel()
 	if !cache.WaitForCacheSync(sctx.Done(), synced...) {
 		s.Close()
-		return nil, fmt.Errorf("cannot list and watch %s (RBAC: get/list/watch on each)", strings.Join(names, ", "))
+		return nil, fmt.Errorf("cannot list and watch %s (RBAC: list and watch on each)", strings.Join(names, ", "))
 	}
 	return s, nil
 }

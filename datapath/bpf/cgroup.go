@@ -3,7 +3,9 @@ package bpf
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -40,33 +42,55 @@ func ResolveCgroup(path string) (string, error) {
 	return OwnCgroupMount, nil
 }
 
-// cgroup2Root is the mount point of the cgroup v2 hierarchy's root in
-// this mount namespace, "" if none is mounted.
+// cgroup2Root is the mount point of the highest cgroup v2 directory this
+// mount namespace sees, "" if no cgroup v2 hierarchy is mounted.
 func cgroup2Root() (string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
+	return highestCgroup2(f)
+}
+
+// highestCgroup2 picks, from mountinfo, the cgroup v2 mount whose root is
+// highest in the hierarchy. A container in its own cgroup namespace sees
+// its own cgroup mounted with root "/", and the host's hierarchy (when the
+// DaemonSet mounts it) with root "/../../..", above its namespace's root:
+// attaching at the first would balance only the agent's own sockets.
+// Mounts of a cgroup beside or below the namespace's root are not
+// candidates.
+func highestCgroup2(mountinfo io.Reader) (string, error) {
+	best, bestHeight := "", -1
+	sc := bufio.NewScanner(mountinfo)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint options... - fstype source super
 		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+1 >= len(fields) || fields[sep+1] != "cgroup2" {
 			continue
 		}
-		if fields[sep+1] == "cgroup2" && fields[3] == "/" {
-			return fields[4], nil
+		if h, ok := cgroupHeight(fields[3]); ok && h > bestHeight {
+			best, bestHeight = fields[4], h
 		}
 	}
-	return "", sc.Err()
+	return best, sc.Err()
+}
+
+// cgroupHeight is how many levels above the cgroup namespace's root a
+// mount's root is: 0 for "/", 2 for "/../..", not ok for any other path.
+func cgroupHeight(root string) (int, bool) {
+	if root == "/" {
+		return 0, true
+	}
+	h := 0
+	for rest := root; rest != ""; h++ {
+		var ok bool
+		if rest, ok = strings.CutPrefix(rest, "/.."); !ok {
+			return 0, false
+		}
+	}
+	return h, true
 }
 
 func onCgroup2(dir string) bool {

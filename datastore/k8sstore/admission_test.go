@@ -11,6 +11,7 @@ import (
 	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/internal/kubeapiserver"
 	authv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,7 +26,7 @@ import (
 // (the node claim of its token) and never a pod CIDR. Checked with a real
 // token bound to a pod on the node, as a DaemonSet pod has, and with the
 // impersonated claim the lab's agents use.
-func agentWritesOnlyItsOwnONCNode(t *testing.T, api *kubeapiserver.Server) {
+func agentWritesOnlyItsOwnONCNodeAndLease(t *testing.T, api *kubeapiserver.Server) {
 	ctx := context.Background()
 	spec := func(name string, i byte) datastore.NodeSpec {
 		return datastore.NodeSpec{Name: name, IP: netip.AddrFrom4([4]byte{192, 0, 2, 100 + i}), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 1, i}}
@@ -91,5 +92,24 @@ func agentWritesOnlyItsOwnONCNode(t *testing.T, api *kubeapiserver.Server) {
 	}
 	if n, err := b.Node(ctx, "vap-b"); err != nil || n.IP != spec("vap-b", 2).IP {
 		t.Fatalf("vap-b after the refused writes: %+v, %v; want its own endpoint", n, err)
+	}
+
+	// Liveness: its own Lease only, so it cannot make vap-b look dead (or
+	// alive) either.
+	leases := kubernetes.NewForConfigOrDie(podToken).CoordinationV1().Leases(k8sstore.DefaultLeaseNamespace)
+	lease := func(node string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "onc-node-" + node}}
+	}
+	if _, err := leases.Create(ctx, lease("vap-a"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the agent on vap-a creating its Lease: %v", err)
+	}
+	if _, err := kube.CoordinationV1().Leases(k8sstore.DefaultLeaseNamespace).Create(ctx, lease("vap-b"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = leases.Create(ctx, lease("vap-c"), metav1.CreateOptions{})
+	forbidden("the agent on vap-a creating vap-c's Lease", err, "may write only Lease onc-node-vap-a, not onc-node-vap-c")
+	forbidden("the agent on vap-a deleting vap-b's Lease", leases.Delete(ctx, "onc-node-vap-b", metav1.DeleteOptions{}), "not onc-node-vap-b")
+	if err := leases.Delete(ctx, "onc-node-vap-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("the agent on vap-a deleting its Lease: %v", err)
 	}
 }

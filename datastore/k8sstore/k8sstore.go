@@ -3,9 +3,9 @@
 //   - one ONCNode (cluster-scoped custom resource) per node: the tunnel
 //     endpoint its agent publishes and the pod CIDR; it changes only when
 //     a tunnel endpoint does;
-//   - one coordination.k8s.io Lease per node in ONC's namespace, renewed by
-//     its agent: liveness, which no agent watches, so a heartbeat wakes
-//     nobody (as kubelets' node Leases);
+//   - one coordination.k8s.io Lease per node in a namespace of their own
+//     (onc-node-lease), renewed by its agent: liveness, which no agent
+//     watches, so a heartbeat wakes nobody (as kubelets' node Leases);
 //   - the ConfigMap <namespace>/onc-ipam: the cluster configuration and the
 //     ledger of allocated blocks. Every claim is one compare-and-swap update
 //     of it, so a block is never handed out twice and a node never gets

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 )
 
 const (
@@ -73,8 +74,9 @@ func TestKubernetesBackend(t *testing.T) {
 	t.Run("LeastPrivilegeRBAC", func(t *testing.T) {
 		leastPrivilege(t, api.ServiceAccountOnNode(agentSA, "rbac-node"), api.ServiceAccountConfig(controllerSA))
 	})
-	t.Run("AgentWritesOnlyItsOwnONCNode", func(t *testing.T) { agentWritesOnlyItsOwnONCNode(t, api) })
+	t.Run("AgentWritesOnlyItsOwnONCNodeAndLease", func(t *testing.T) { agentWritesOnlyItsOwnONCNodeAndLease(t, api) })
 	t.Run("NodePodCIDRWrittenOnceAndAdopted", func(t *testing.T) { nodePodCIDR(t, kube, open(t, admin, "onc-system")) })
+	t.Run("LeaseRenewedAfterAConflict", func(t *testing.T) { leaseRenewedAfterAConflict(t, kube, admin) })
 	t.Run("MissingCRDIsNamed", func(t *testing.T) {
 		cfg := api.ServiceAccountConfig("default:nobody")
 		_, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, SyncWait: 2 * time.Second})
@@ -225,4 +227,41 @@ func concurrentAllocators(t *testing.T, newStore func() datastore.Store) {
 		}
 		seen[got[i]] = i
 	}
+}
+
+// A renewal that fails (here a conflict: someone else wrote the Lease) does
+// not stop the next ones: the node stays alive.
+func leaseRenewedAfterAConflict(t *testing.T, kube kubernetes.Interface, admin *rest.Config) {
+	ctx := context.Background()
+	const ns, node = "renewal", "renewal-node"
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openWith(t, k8sstore.Options{Config: admin, Namespace: ns, LeaseNamespace: ns, Agent: true})
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = s.KeepAlive(kctx, node, 2*time.Second) }() // renewed every second
+	leases := kube.CoordinationV1().Leases(ns)
+	renewed := func() time.Time {
+		l, err := leases.Get(ctx, "onc-node-"+node, metav1.GetOptions{})
+		if err != nil || l.Spec.RenewTime == nil {
+			return time.Time{}
+		}
+		return l.Spec.RenewTime.Time
+	}
+	testutil.WaitFor(t, "the Lease", 10*time.Second, func() bool { return !renewed().IsZero() })
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, "onc-node-"+node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		l.Annotations = map[string]string{"touched-by": "someone else"}
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	touched := time.Now()
+	testutil.WaitFor(t, "renewals after the conflict", 10*time.Second, func() bool { return renewed().After(touched.Add(time.Second)) })
 }

@@ -93,9 +93,19 @@ func (s *Store) deleteLease(ctx context.Context, node string) error {
 }
 
 // renew writes the Lease once: an update of the one it holds (nil: fetch
-// or create it first). A conflict drops what it holds, so the next renewal
-// starts from the API's copy.
+// or create it first). Any failure drops what it holds, so the next
+// renewal starts from the API's copy.
 func (s *Store) renew(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
+	l, err := s.writeLease(ctx, held, lease, node, secs)
+	if err != nil {
+		// client-go returns an empty Lease beside the error: holding it
+		// would fail every later renewal ("resource name may not be empty").
+		return nil, err
+	}
+	return l, nil
+}
+
+func (s *Store) writeLease(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
 	leases := s.kube.CoordinationV1().Leases(s.leaseNS)
 	now := metav1.NewMicroTime(time.Now())
 	if held == nil {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The kind bed: a kind cluster (1 control plane + 1 worker) with ONC as its
 # only CNI and the fast path on, then the [sig-network] Conformance tests.
-# During the run the worker's onc-agent pod is deleted; pods must keep
-# their connectivity. Results (JUnit, e2e log, onctl stats and services
+# During the run the agent DaemonSet and the controller Deployment are
+# restarted (rolling); pods must keep their connectivity, and an agent's
+# token must not patch another node's ONCNode. Results (JUnit, e2e log, onctl stats and services
 # from every node, cluster state) land in $OUT.
 #
 #   run.sh [all|up|test|probe|summary|down]   (make e2e-kind runs "all")
@@ -22,7 +23,7 @@ CACHE=${CACHE:-/var/cache/onc/kind}
 OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
 FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
 SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
-AGENT_KILL_AFTER=${AGENT_KILL_AFTER:-120} # seconds into the test run (of about 6 min)
+RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 ONLINE=${ONC_KIND_ONLINE:-0}
 export PATH="$KUBE_BIN:$CACHE/bin:$PATH"
 export KUBECONFIG=$CACHE/$CLUSTER.kubeconfig
@@ -55,6 +56,12 @@ up() {
       --kubeconfig "$KUBECONFIG"
   fi
   in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
+  # A machine's systemd mounts a bpffs at /sys/fs/bpf; a kind node's (a
+  # container) does not, and the agent needs one (docs/install.md).
+  local node
+  for node in $(in_ns kind get nodes --name "$CLUSTER"); do
+    in_ns docker exec "$node" sh -c 'mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf'
+  done
   log "loading the ONC image and applying manifests/onc.yaml"
   in_ns kind load docker-image onc:dev --name "$CLUSTER"
   kc apply -f "$root/manifests/onc.yaml"
@@ -87,50 +94,98 @@ serve() { # namespace node script
     kc -n "$1" get pod sink -o jsonpath='{.status.podIP}'
 }
 
-# agent_restart deletes the worker's onc-agent pod mid-run while traffic
-# crosses that node, and fails unless the traffic never noticed: from a pod
-# on the worker to a pod on the control plane, one TCP connection carrying
-# a line every 0.1 s and a ping every 0.2 s, for a minute that starts
-# before the deletion and ends after the replacement is ready.
-agent_restart() {
-  sleep "$AGENT_KILL_AFTER"
-  local cp wk pod ip ok=1 got srclog
+# rolling_restart restarts the whole agent DaemonSet, then the controller
+# Deployment, as an upgrade does, while traffic crosses both ways between
+# the nodes, and fails unless the traffic never noticed: from a pod on each
+# node to a pod on the other, one TCP connection carrying a line every
+# 0.1 s and a ping every 0.2 s, for two minutes that start before the first
+# restart and end after both rollouts are done.
+rolling_restart() {
+  sleep "$RESTART_AFTER"
+  local cp wk ok=1 from to ns ip
   cp=$(control_plane)
   wk=$(worker)
-  exec > "$OUT/agent-restart.txt" 2>&1
-  ip=$(serve onc-restart "$cp" 'nc -l 8080 | wc -l; sleep infinity')
-  run_on onc-restart src "$wk" "ping -q -i 0.2 -c 300 $ip > /tmp/ping & i=0
-      while [ \$i -lt 600 ]; do i=\$((i+1)); echo \$i; sleep 0.1; done | nc -N $ip 8080; rc=\$?
+  exec > "$OUT/rolling-restart.txt" 2>&1
+  for ns in onc-restart-to-cp onc-restart-to-wk; do
+    if [ "$ns" = onc-restart-to-cp ]; then from=$wk to=$cp; else from=$cp to=$wk; fi
+    ip=$(serve "$ns" "$to" 'nc -l 8080 | wc -l; sleep infinity')
+    echo "traffic from $from to pod $ip on $to (namespace $ns)"
+    run_on "$ns" src "$from" "ping -q -i 0.2 -c 600 $ip > /tmp/ping & i=0
+      while [ \$i -lt 1200 ]; do i=\$((i+1)); echo \$i; sleep 0.1; done | nc -N $ip 8080; rc=\$?
       wait; cat /tmp/ping; exit \$rc"
-  kc -n onc-restart wait --for=condition=Ready pod/src --timeout=2m
+  done
+  kc -n onc-restart-to-cp wait --for=condition=Ready pod/src --timeout=2m
+  kc -n onc-restart-to-wk wait --for=condition=Ready pod/src --timeout=2m
   sleep 10
-  pod=$(agent_pod "$wk")
-  echo "$(date -u +%FT%TZ) deleting onc-agent pod $pod on $wk; traffic from $wk to pod $ip on $cp"
-  kc -n onc-system delete pod "$pod" --wait=true
+  echo "$(date -u +%FT%TZ) rollout restart ds/onc-agent"
+  kc -n onc-system rollout restart ds/onc-agent
   kc -n onc-system rollout status ds/onc-agent --timeout=5m
-  echo "$(date -u +%FT%TZ) replacement ready:"
-  kc -n onc-system get pods -l app.kubernetes.io/name=onc-agent -o wide
-  kc -n onc-restart wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=3m || ok=0
-  srclog=$(kc -n onc-restart logs src)
-  got=$(kc -n onc-restart logs sink)
-  echo "$(date -u +%FT%TZ) traffic across the restart: ping from $wk: $srclog"
-  echo "lines the server received on the one TCP connection: $got of 600"
-  [ "$got" = 600 ] || ok=0
-  grep -q ' 0% packet loss' <<<"$srclog" || ok=0
-  kc delete namespace onc-restart --wait=false
-  if [ "$ok" = 1 ]; then echo "PASS: no packet lost, the connection carried on"; else echo "FAIL: traffic broke across the agent restart"; return 1; fi
+  echo "$(date -u +%FT%TZ) rollout restart deploy/onc-controller"
+  kc -n onc-system rollout restart deploy/onc-controller
+  kc -n onc-system rollout status deploy/onc-controller --timeout=5m
+  echo "$(date -u +%FT%TZ) both rollouts done:"
+  kc -n onc-system get pods -o wide
+  for ns in onc-restart-to-cp onc-restart-to-wk; do
+    kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=3m || ok=0
+    local srclog got
+    srclog=$(kc -n "$ns" logs src)
+    got=$(kc -n "$ns" logs sink)
+    echo "$(date -u +%FT%TZ) $ns: ping: $srclog"
+    echo "$ns: lines the server received on the one TCP connection: $got of 1200"
+    [ "$got" = 1200 ] || ok=0
+    grep -q ' 0% packet loss' <<<"$srclog" || ok=0
+    kc delete namespace "$ns" --wait=false
+  done
+  if [ "$ok" = 1 ]; then echo "PASS: no packet lost, both connections carried on"; else echo "FAIL: traffic broke across the rolling restarts"; return 1; fi
+}
+
+# admission_probe checks, with a token as the worker's agent holds it (its
+# service account's, bound to its pod, so it carries the node claim), that
+# patching the control plane's ONCNode is refused and its own is not.
+admission_probe() {
+  local cp wk pod tok server out fp ok=1
+  cp=$(control_plane)
+  wk=$(worker)
+  pod=$(agent_pod "$wk")
+  tok=$(kc -n onc-system create token onc-agent --bound-object-kind=Pod --bound-object-name="$pod" --duration=10m)
+  server=$(kc config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+  # A merge patch as the agent sends it (kubectl patch would GET first,
+  # which the agent's role does not allow: it only lists and watches).
+  # Prints the HTTP status and the API's message.
+  patch_as_agent() { # node json
+    local body code
+    body=$(mktemp)
+    code=$(in_ns curl -sS -k -o "$body" -w '%{http_code}' -X PATCH -H "Authorization: Bearer $tok" \
+      -H 'Content-Type: application/merge-patch+json' "$server/apis/onc.io/v1alpha1/oncnodes/$1" -d "$2")
+    echo "$code $(jq -r '.message // "ok"' "$body")"
+    rm -f "$body"
+  }
+  {
+    echo "# as system:serviceaccount:onc-system:onc-agent, token bound to pod $pod on $wk"
+    out=$(patch_as_agent "$cp" '{"spec":{"nodeIP":"192.0.2.66"}}')
+    echo "patching $cp's ONCNode: HTTP $out"
+    [[ "$out" == "403 "*"may write only ONCNode $wk, not $cp" ]] || { echo "FAIL: not refused"; ok=0; }
+    fp=$(kc get oncnode "$wk" -o jsonpath='{.spec.fastPath}')
+    out=$(patch_as_agent "$wk" "{\"spec\":{\"fastPath\":$fp}}")
+    echo "patching its own ONCNode ($wk), fastPath to its value, $fp: HTTP $out"
+    [[ "$out" == "200 "* ]] || { echo "FAIL: refused"; ok=0; }
+    if [ "$ok" = 1 ]; then echo "PASS"; fi
+  } > "$OUT/admission-probe.txt" 2>&1
+  cat "$OUT/admission-probe.txt"
+  [ "$ok" = 1 ]
 }
 
 test_() {
   mkdir -p "$OUT"
   log "running e2e.test --ginkgo.focus=$FOCUS --ginkgo.skip=$SKIP (results in $OUT)"
-  agent_restart &
+  rolling_restart &
   local killer=$!
   local rc=0
   in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
     --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
-  # The restart check ends about four minutes in, well before the run.
+  # The restart check ends about five minutes in, before the run does.
   wait "$killer" || rc=1
+  admission_probe || rc=1
   fastpath_probe || true
   service_probe || true
   collect
@@ -159,9 +214,14 @@ summarize() {
     grep -o '<testcase name="[^"]*" classname="[^"]*" status="\(passed\|failed\|timedout\|panicked\)"' "$junit" 2>/dev/null |
       sed -E 's/<testcase name="([^"]*)" classname="[^"]*" status="([a-z]*)"/| \2 | \1 |/' | sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&amp;/\&/g' | sort
     echo
-    echo "## The worker's onc-agent pod deleted mid-run"
+    echo "## Rolling restarts of the agent DaemonSet and the controller Deployment mid-run"
     echo '```'
-    cat "$OUT/agent-restart.txt" 2>/dev/null
+    cat "$OUT/rolling-restart.txt" 2>/dev/null
+    echo '```'
+    echo
+    echo "## An agent's token patching ONCNodes"
+    echo '```'
+    cat "$OUT/admission-probe.txt" 2>/dev/null
     echo '```'
     echo
     echo "## Fast path: hit counters around a 200 MB transfer across nodes"
@@ -262,7 +322,7 @@ case ${1:-all} in
   all) up; test_ ;;
   up) up ;;
   test) test_ ;;
-  probe) mkdir -p "$OUT"; fastpath_probe; service_probe ;;
+  probe) mkdir -p "$OUT"; admission_probe; fastpath_probe; service_probe ;;
   summary) summarize ;;
   down) down ;;
   *) echo "usage: $0 [all|up|test|probe|summary|down]" >&2; exit 2 ;;

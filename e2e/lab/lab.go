@@ -89,10 +89,12 @@ type Lab struct {
 	Dir        string         `json:"dir"`
 	BinDir     string         `json:"binDir"`
 	Controller daemon.Process `json:"controller"`
-	Nodes      []*Node        `json:"nodes"`
-	AgentArgs  []string       `json:"agentArgs,omitempty"`
-	Datastore  string         `json:"datastore"`
-	Underlay   string         `json:"underlay"`
+	// ControllerArgs are the controller's flags, for RestartController.
+	ControllerArgs []string `json:"controllerArgs"`
+	Nodes          []*Node  `json:"nodes"`
+	AgentArgs      []string `json:"agentArgs,omitempty"`
+	Datastore      string   `json:"datastore"`
+	Underlay       string   `json:"underlay"`
 	// Namespaces are the pod namespaces the lab made or labelled, with
 	// their labels (on etcd only recorded).
 	Namespaces map[string]map[string]string `json:"namespaces,omitempty"`
@@ -156,6 +158,9 @@ type PodSpec struct {
 	Name   string
 	Labels map[string]string
 	Ports  []corev1.ContainerPort // of its one container, "c"
+	// WithoutObject, in Kubernetes mode: CNI ADD only, no Pod object, as
+	// for a sandbox the kubelet sets up while the API server is away.
+	WithoutObject bool
 }
 
 // DefaultNamespace is where AddPod's pods are.
@@ -368,8 +373,15 @@ func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
 	if l.Datastore == "kubernetes" {
 		args = []string{"--datastore=kubernetes", "--kubeconfig", l.controllerKubeconfig()}
 	}
-	args = append(append(args, "--node-timeout", nodeTimeout.String()), extra...)
-	p, err := daemon.Start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), args...)
+	l.ControllerArgs = append(append(args, "--node-timeout", nodeTimeout.String()), extra...)
+	return l.RestartController()
+}
+
+// RestartController stops the controller (on etcd: and the datastore it
+// embeds) if it runs, and starts it again with the same flags.
+func (l *Lab) RestartController() error {
+	l.Controller.Stop()
+	p, err := daemon.Start(l.ctlNetns(), filepath.Join(l.Dir, "controller.log"), filepath.Join(l.BinDir, "onc-controller"), l.ControllerArgs...)
 	if err != nil {
 		return err
 	}
@@ -529,12 +541,26 @@ func (l *Lab) WaitReady(ctx context.Context, n *Node) error {
 	}
 }
 
-func (n *Node) cni() (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
+// cni is what a runtime on n calls plugins with: the lab's binaries, n's
+// network configuration and cache.
+func (l *Lab) cni(n *Node) (*libcni.CNIConfig, *libcni.NetworkConfigList, error) {
 	list, err := libcni.ConfListFromFile(filepath.Join(n.Dir, "net.d", "10-onc.conflist"))
 	if err != nil {
 		return nil, nil, err
 	}
-	return libcni.NewCNIConfigWithCacheDir(nil, filepath.Join(n.Dir, "cni-cache"), nil), list, nil
+	return libcni.NewCNIConfigWithCacheDir([]string{l.BinDir}, filepath.Join(n.Dir, "cni-cache"), nil), list, nil
+}
+
+// detach runs CNI DEL for p and removes its network namespace.
+func (l *Lab) detach(ctx context.Context, n *Node, p *Pod) error {
+	cfg, list, err := l.cni(n)
+	if err != nil {
+		return err
+	}
+	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
+		return fmt.Errorf("CNI DEL for %s: %w", p.Netns, err)
+	}
+	return delNetns(p.Netns)
 }
 
 // RuntimeConf is what a runtime passes for a pod.
@@ -562,7 +588,7 @@ func (l *Lab) AddPod(ctx context.Context, n *Node) (*Pod, error) {
 // CNI result's IP as status.podIP(s). If any of that fails, what was made
 // is removed. On etcd s is only recorded. Safe to call in parallel.
 func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err error) {
-	object := l.Datastore == "kubernetes"
+	object := l.Datastore == "kubernetes" && !s.WithoutObject
 	l.mu.Lock()
 	n.PodSeq++
 	seq := n.PodSeq
@@ -593,12 +619,11 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
 		return nil, err
 	}
-	cfg, list, err := n.cni()
+	cfg, list, err := l.cni(n)
 	if err != nil {
 		_ = delNetns(p.Netns)
 		return nil, err
 	}
-	cfg.Path = []string{l.BinDir}
 	if p.IP, err = cniAttach(ctx, cfg, list, p.RuntimeConf()); err != nil {
 		_ = delNetns(p.Netns)
 		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
@@ -614,6 +639,33 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	defer l.mu.Unlock()
 	n.Pods = append(n.Pods, p)
 	return p, l.save()
+}
+
+// ReattachPod recreates p's sandbox as a runtime does after it died: CNI
+// DEL, then a fresh network namespace and container ID, and CNI ADD. A Pod
+// object keeps its status (its kubelet would rewrite the IP later).
+func (l *Lab) ReattachPod(ctx context.Context, n *Node, p *Pod) error {
+	if err := l.detach(ctx, n, p); err != nil {
+		return err
+	}
+	cfg, list, err := l.cni(n)
+	if err != nil {
+		return err
+	}
+	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	p.ContainerID = newContainerID()
+	l.mu.Unlock()
+	ip, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
+	if err != nil {
+		return fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.IP = ip
+	return l.save()
 }
 
 // newContainerID is a random ID as a runtime gives a pod's sandbox.
@@ -654,15 +706,7 @@ func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkC
 // DelPod detaches a pod through libcni and removes its namespace, then its
 // Pod object if it has one. Safe to call in parallel.
 func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
-	cfg, list, err := n.cni()
-	if err != nil {
-		return err
-	}
-	cfg.Path = []string{l.BinDir}
-	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
-		return fmt.Errorf("CNI DEL for %s: %w", p.Netns, err)
-	}
-	if err := run([][]string{{"ip", "netns", "del", p.Netns}}); err != nil {
+	if err := l.detach(ctx, n, p); err != nil {
 		return err
 	}
 	if p.UID != "" {

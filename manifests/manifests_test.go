@@ -1,0 +1,89 @@
+package manifests
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/onc-net/onc/internal/testutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+// The API server accepts the DaemonSet and the Deployment as written (a
+// dry run: this API server has no kubelets). It rejects, for example, a
+// Bidirectional mount in a container that is not privileged.
+func TestWorkloadsPassTheAPIServer(t *testing.T) {
+	api := testutil.KubeAPIServer(t)
+	ctx := context.Background()
+	if err := Apply(ctx, api.RESTConfig(), NotWorkloads); err != nil {
+		t.Fatal(err)
+	}
+	workloads := func(u *unstructured.Unstructured) bool { return !NotWorkloads(u) }
+	opts := metav1.PatchOptions{FieldManager: "onc", Force: ptr.To(true), DryRun: []string{metav1.DryRunAll}}
+	if err := apply(ctx, api.RESTConfig(), workloads, opts); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The agent runs as root with three capabilities, not privileged; the
+// controller runs as nobody with none.
+func TestLeastPrivilege(t *testing.T) {
+	var agent appsv1.DaemonSet
+	var controller appsv1.Deployment
+	decode(t, "DaemonSet", "onc-agent", &agent)
+	decode(t, "Deployment", "onc-controller", &controller)
+
+	agentCaps := []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "NET_RAW"}
+	pod := agent.Spec.Template.Spec
+	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+		sc := c.SecurityContext
+		if sc == nil || sc.Capabilities == nil {
+			t.Fatalf("agent container %s: no securityContext capabilities", c.Name)
+		}
+		if ptr.Deref(sc.Privileged, false) {
+			t.Errorf("agent container %s is privileged", c.Name)
+		}
+		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("agent container %s drops %v, want ALL", c.Name, sc.Capabilities.Drop)
+		}
+		for _, add := range sc.Capabilities.Add {
+			if c.Name != "onc-agent" || !slices.Contains(agentCaps, add) {
+				t.Errorf("container %s adds %s", c.Name, add)
+			}
+		}
+		for _, m := range c.VolumeMounts {
+			if ptr.Deref(m.MountPropagation, "") == corev1.MountPropagationBidirectional {
+				t.Errorf("container %s mounts %s Bidirectional: its mounts would reach the host", c.Name, m.MountPath)
+			}
+		}
+	}
+	for _, c := range controller.Spec.Template.Spec.Containers {
+		sc := c.SecurityContext
+		if sc == nil || !ptr.Deref(sc.RunAsNonRoot, false) || sc.Capabilities == nil || len(sc.Capabilities.Add) > 0 ||
+			ptr.Deref(sc.AllowPrivilegeEscalation, true) {
+			t.Errorf("controller container %s: %+v, want non-root, no capabilities, no privilege escalation", c.Name, sc)
+		}
+	}
+}
+
+func decode(t *testing.T, kind, name string, into any) {
+	t.Helper()
+	objs, err := Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("onc.yaml has no %s %s", kind, name)
+}
