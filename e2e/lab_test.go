@@ -250,14 +250,10 @@ func TestChurnLeavesNothing(t *testing.T) {
 			seen[p.IP.String()] = true
 		}
 		// The state the check below must find gone is there.
-		if got := cacheAndPolicy(t, client, n); got != (podEntries{pods, pods, 2 * pods}) {
-			t.Fatalf("round %d, %d pods: %+v", round, pods, got)
-		}
+		waitPodEntries(t, client, n, fmt.Sprintf("round %d, %d pods", round, pods), podEntries{pods, pods, 2 * pods})
 		parallel(t, fmt.Sprintf("round %d DEL", round), pods, func(i int) error { return l.DelPod(ctx, n, added[i]) })
 		assertNodeClean(t, n)
-		if got := cacheAndPolicy(t, client, n); got != (podEntries{}) {
-			t.Fatalf("round %d, every pod deleted: %+v left", round, got)
-		}
+		waitPodEntries(t, client, n, fmt.Sprintf("round %d, every pod deleted", round), podEntries{})
 	}
 }
 
@@ -287,29 +283,36 @@ func parallel(t *testing.T, what string, count int, f func(i int) error) {
 // the nftables chains it made for them.
 type podEntries struct{ Ingress, PolicyPods, PolicyChains int }
 
-// cacheAndPolicy waits for the policy enforcer to settle (it follows pods
-// through the API) and counts n's podEntries.
-func cacheAndPolicy(t *testing.T, client apiv1.AgentClient, n *lab.Node) podEntries {
+// waitPodEntries waits up to a minute for n's podEntries to be want: the
+// policy enforcer follows pods through the API, a little behind CNI.
+func waitPodEntries(t *testing.T, client apiv1.AgentClient, n *lab.Node, when string, want podEntries) {
 	t.Helper()
+	var got podEntries
+	var err error
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if got, err = countPodEntries(client, n); err == nil && got == want {
+			return
+		}
+	}
+	t.Fatalf("%s: %+v (%v), want %+v", when, got, err, want)
+}
+
+func countPodEntries(client apiv1.AgentClient, n *lab.Node) (podEntries, error) {
 	ctx := context.Background()
-	testutil.WaitFor(t, "policy applied", 60*time.Second, func() bool {
-		r, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
-		return err == nil && r.Seen == r.Applied && r.LastError == ""
-	})
 	cache, err := client.ListCache(ctx, &apiv1.ListCacheRequest{Table: "ingress"})
 	if err != nil {
-		t.Fatal(err)
+		return podEntries{}, err
 	}
 	pol, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
 	if err != nil {
-		t.Fatal(err)
+		return podEntries{}, err
 	}
 	out, err := exec.Command("ip", "netns", "exec", n.Netns, "nft", "list", "table", "ip", policytable.Table).CombinedOutput()
 	if err != nil {
-		t.Fatalf("nft list table: %v: %s", err, out)
+		return podEntries{}, fmt.Errorf("nft list table: %w: %s", err, out)
 	}
 	chains := regexp.MustCompile(`(?m)^\s*chain (in|eg)-`).FindAll(out, -1)
-	return podEntries{len(cache.Ingress), len(pol.Pods), len(chains)}
+	return podEntries{len(cache.Ingress), len(pol.Pods), len(chains)}, nil
 }
 
 func assertNodeClean(t *testing.T, n *lab.Node) {

@@ -62,7 +62,11 @@ func datastoreOutage(t *testing.T, store string) {
 		}
 	}
 	stop(syscall.SIGSTOP) // hung, not gone: every request waits for its timeout
-	t.Cleanup(func() { _ = syscall.Kill(datastore.PID, syscall.SIGCONT) })
+	t.Cleanup(func() {
+		if datastore.Alive() { // not a PID reused since
+			_ = syscall.Kill(datastore.PID, syscall.SIGCONT)
+		}
+	})
 	back := time.Now().Add(outage)
 	hits := [3]uint64{stats(t, n1)["egress_hit"], stats(t, n2)["egress_hit"], stats(t, n3)["egress_hit"]}
 

@@ -30,8 +30,9 @@ func TestWorkloadsPassTheAPIServer(t *testing.T) {
 	}
 }
 
-// The agent runs as root with three capabilities, not privileged; the
-// controller runs as nobody with none.
+// The agent runs as root with three capabilities, not privileged, on a
+// read-only root and the runtime's seccomp profile; its init containers
+// have none; the controller runs as a non-root user with none.
 func TestLeastPrivilege(t *testing.T) {
 	var agent appsv1.DaemonSet
 	var controller appsv1.Deployment
@@ -40,6 +41,13 @@ func TestLeastPrivilege(t *testing.T) {
 
 	agentCaps := []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "NET_RAW"}
 	pod := agent.Spec.Template.Spec
+	for _, c := range pod.Containers {
+		if sc := c.SecurityContext; c.Name != "onc-agent" || sc == nil || sc.Capabilities == nil ||
+			!slices.Equal(sc.Capabilities.Add, agentCaps) || !ptr.Deref(sc.ReadOnlyRootFilesystem, false) ||
+			sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("agent container %s: %+v, want onc-agent with %v, a read-only root and the runtime's seccomp profile", c.Name, sc, agentCaps)
+		}
+	}
 	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
 		sc := c.SecurityContext
 		if sc == nil || sc.Capabilities == nil {
@@ -65,7 +73,7 @@ func TestLeastPrivilege(t *testing.T) {
 	for _, c := range controller.Spec.Template.Spec.Containers {
 		sc := c.SecurityContext
 		if sc == nil || !ptr.Deref(sc.RunAsNonRoot, false) || sc.Capabilities == nil || len(sc.Capabilities.Add) > 0 ||
-			ptr.Deref(sc.AllowPrivilegeEscalation, true) {
+			!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || ptr.Deref(sc.AllowPrivilegeEscalation, true) {
 			t.Errorf("controller container %s: %+v, want non-root, no capabilities, no privilege escalation", c.Name, sc)
 		}
 	}

@@ -38,7 +38,7 @@ func main() {
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
-	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB programs attach to (default: the cgroup v2 root; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
+	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	store := backend.AddFlags(fs)

@@ -28,9 +28,10 @@ func RemoveMapPins(dir string, load func() (*ebpf.CollectionSpec, error)) error 
 }
 
 // EnsurePinDir makes dir a directory on a bpffs, mounting one if needed:
-// on dir itself, or on its parent when dir cannot be created there — the
-// usual case in a container, where /sys/fs/bpf is sysfs' bare, read-only
-// mount point until something mounts a bpffs on it.
+// on dir itself, or on its parent when dir cannot be created there, as
+// when /sys/fs/bpf is sysfs' bare, read-only mount point. (The DaemonSet
+// never gets here: a mount from its container would die with it, so its
+// init container requires the node's bpffs.)
 func EnsurePinDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		parent := filepath.Dir(dir)

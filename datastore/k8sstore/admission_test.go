@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 )
 
 // A node cannot redirect another node's traffic: the manifest's
@@ -109,6 +110,13 @@ func agentWritesOnlyItsOwnONCNodeAndLease(t *testing.T, api *kubeapiserver.Serve
 	_, err = leases.Create(ctx, lease("vap-c"), metav1.CreateOptions{})
 	forbidden("the agent on vap-a creating vap-c's Lease", err, "may write only Lease onc-node-vap-a, not onc-node-vap-c")
 	forbidden("the agent on vap-a deleting vap-b's Lease", leases.Delete(ctx, "onc-node-vap-b", metav1.DeleteOptions{}), "not onc-node-vap-b")
+	b2, err := leases.Get(ctx, "onc-node-vap-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2.Spec.HolderIdentity = ptr.To("vap-a")
+	_, err = leases.Update(ctx, b2, metav1.UpdateOptions{})
+	forbidden("the agent on vap-a renewing vap-b's Lease", err, "not onc-node-vap-b")
 	if err := leases.Delete(ctx, "onc-node-vap-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("the agent on vap-a deleting its Lease: %v", err)
 	}

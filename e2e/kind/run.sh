@@ -116,6 +116,7 @@ rolling_restart() {
   done
   kc -n onc-restart-to-cp wait --for=condition=Ready pod/src --timeout=2m
   kc -n onc-restart-to-wk wait --for=condition=Ready pod/src --timeout=2m
+  local started=$SECONDS
   sleep 10
   echo "$(date -u +%FT%TZ) rollout restart ds/onc-agent"
   kc -n onc-system rollout restart ds/onc-agent
@@ -123,8 +124,10 @@ rolling_restart() {
   echo "$(date -u +%FT%TZ) rollout restart deploy/onc-controller"
   kc -n onc-system rollout restart deploy/onc-controller
   kc -n onc-system rollout status deploy/onc-controller --timeout=5m
-  echo "$(date -u +%FT%TZ) both rollouts done:"
+  echo "$(date -u +%FT%TZ) both rollouts done, $((SECONDS - started)) s after the traffic started:"
   kc -n onc-system get pods -o wide
+  # The traffic lasts 120 s: the rollouts must end inside it to count.
+  [ $((SECONDS - started)) -lt 110 ] || { echo "FAIL: the rollouts outlasted the traffic"; ok=0; }
   for ns in onc-restart-to-cp onc-restart-to-wk; do
     kc -n "$ns" wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=3m || ok=0
     local srclog got
