@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"time"
 
@@ -126,8 +127,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 			if err := c.store.DeleteNode(ctx, n.Name); err != nil {
 				return err
 			}
-			delete(c.lastSeen, n.Name)
-			delete(registered, n.Name)
+			delete(registered, n.Name) // and from lastSeen below
 			continue
 		}
 		if _, known := c.lastSeen[n.Name]; alive[n.Name] || !known {
@@ -137,8 +137,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 			if err := c.store.DeleteNode(ctx, n.Name); err != nil {
 				return err
 			}
-			delete(c.lastSeen, n.Name)
-			delete(registered, n.Name)
+			delete(registered, n.Name) // and from lastSeen below
 			continue
 		}
 		if !alive[n.Name] && c.cfg.NodeTimeout > 0 {
@@ -151,11 +150,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	// A node removed from outside (onc-controller remove-node, a deleted
 	// record) is forgotten too: registered again later, it is a new node
 	// with its full timeout, not one long gone.
-	for name := range c.lastSeen {
-		if !registered[name] {
-			delete(c.lastSeen, name)
-		}
-	}
+	maps.DeleteFunc(c.lastSeen, func(name string, _ time.Time) bool { return !registered[name] })
 	for p, owner := range allocs {
 		if !registered[owner] {
 			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)

@@ -145,7 +145,7 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 	n.mu.Lock()
 	vteps := n.vteps
 	n.mu.Unlock()
-	view := underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
+	view := newUnderlayView()
 	var reborn []netip.Addr // peers on a new machine: their old neighbour entry is stale too
 	evicted, err := fp.EvictEncaps(func(e fastpath.Encap) bool {
 		stale, moved := view.headerStale(e, vteps[e.Node])
@@ -155,7 +155,7 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 		return stale
 	})
 	for _, ip := range reborn {
-		forgetNeighbour(ip)
+		view.forgetNeighbour(ip)
 	}
 	return evicted, err
 }
@@ -165,6 +165,10 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 type underlayView struct {
 	links  map[int]net.HardwareAddr
 	neighs map[int]map[netip.Addr]netlink.Neigh
+}
+
+func newUnderlayView() *underlayView {
+	return &underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
 }
 
 // headerStale says whether a learned header no longer matches how the
@@ -265,13 +269,11 @@ func resolve(ifindex int, ip netip.Addr) {
 // forgetNeighbour drops the kernel's learned (not permanent) neighbour entry
 // for a node that moved to a new machine, so the slow path resolves the new
 // machine's address at once instead of probing the old one for seconds.
-func forgetNeighbour(node netip.Addr) {
+func (v *underlayView) forgetNeighbour(node netip.Addr) {
 	ifindex, next, err := nextHop(node)
 	if err != nil || next != node {
 		return // behind a gateway: the gateway's entry is still right
 	}
-	var v underlayView
-	v.neighs = map[int]map[netip.Addr]netlink.Neigh{}
 	nb, known, err := v.neighbour(ifindex, node)
 	if err != nil || !known || nb.State&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
 		return

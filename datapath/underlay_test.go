@@ -56,7 +56,7 @@ func TestHeaderStale(t *testing.T) {
 		}
 		expect := func(what string, e fastpath.Encap, vtepNow net.HardwareAddr, wantStale, wantMoved bool) {
 			t.Helper()
-			view := underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
+			view := newUnderlayView()
 			if stale, moved := view.headerStale(e, vtepNow); stale != wantStale || moved != wantMoved {
 				t.Errorf("%s, header to %s: stale %v, moved %v; want %v, %v", what, e.Node, stale, moved, wantStale, wantMoved)
 			}

@@ -297,6 +297,9 @@ func waitPodEntries(t *testing.T, client apiv1.AgentClient, n *lab.Node, when st
 	t.Fatalf("%s: %+v (%v), want %+v", when, got, err, want)
 }
 
+// podChain is a pod's ingress or egress chain in `nft list table`.
+var podChain = regexp.MustCompile(`(?m)^\s*chain (in|eg)-`)
+
 func countPodEntries(client apiv1.AgentClient, n *lab.Node) (podEntries, error) {
 	ctx := context.Background()
 	cache, err := client.ListCache(ctx, &apiv1.ListCacheRequest{Table: "ingress"})
@@ -311,7 +314,7 @@ func countPodEntries(client apiv1.AgentClient, n *lab.Node) (podEntries, error) 
 	if err != nil {
 		return podEntries{}, fmt.Errorf("nft list table: %w: %s", err, out)
 	}
-	chains := regexp.MustCompile(`(?m)^\s*chain (in|eg)-`).FindAll(out, -1)
+	chains := podChain.FindAll(out, -1)
 	return podEntries{len(cache.Ingress), len(pol.Pods), len(chains)}, nil
 }
 

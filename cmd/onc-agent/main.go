@@ -34,7 +34,7 @@ func main() {
 	fs.DurationVar(&cfg.Resync, "resync", cfg.Resync, "how often every watcher reconciles without a change, repairing drift in the kernel")
 	fs.BoolVar(&cfg.Datapath.FastPath, "fast-path", cfg.Datapath.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
 	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
-	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "/proc/sys", "where the host's sysctls are written (its net/ subtree); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
+	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "", "where the host's sysctls are written (its net/ subtree; default /proc/sys); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")

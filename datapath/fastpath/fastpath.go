@@ -396,27 +396,47 @@ func (d *Datapath) Flush() error {
 // flows take the slow path once and learn the current header. stale runs
 // once per header; with none stale, learning is not paused.
 func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
-	have, err := d.Encaps()
-	if err != nil {
+	type header struct {
+		node uint32
+		val  EncapVal
+	}
+	verdicts := map[header]bool{}
+	judge := func(k uint32, v EncapVal) bool {
+		h := header{k, v}
+		s, ok := verdicts[h]
+		if !ok {
+			s = stale(decodeEncap(k, &v))
+			verdicts[h] = s
+		}
+		return s
+	}
+	// A first look, unpaused: nothing stale, nothing to do.
+	anyStale := false
+	var k uint32
+	var v EncapVal
+	it := d.maps.OncEncap.Iterate()
+	for it.Next(&k, &v) {
+		anyStale = judge(k, v) || anyStale
+	}
+	if err := it.Err(); err != nil {
 		return 0, err
 	}
-	var nodes []uint32
-	for _, e := range have {
-		if stale(e) {
-			nodes = append(nodes, bpf.NetIPv4(e.Node))
-		}
-	}
-	if len(nodes) == 0 {
+	if !anyStale {
 		return 0, nil
 	}
-	return len(nodes), d.evict(func() error {
-		for _, k := range nodes {
-			if err := d.maps.OncEncap.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return err
+	// Paused, on the map as it is then: a header learned since the first
+	// look is judged too.
+	evicted := 0
+	err := d.evict(func() error {
+		return deleteWhere(d.maps.OncEncap, func(k uint32, v EncapVal) bool {
+			s := judge(k, v)
+			if s {
+				evicted++
 			}
-		}
-		return nil
+			return s
+		})
 	})
+	return evicted, err
 }
 
 // evict runs fn with learning paused: a packet that was being learned when

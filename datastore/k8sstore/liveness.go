@@ -63,9 +63,15 @@ func (s *Store) KeepAlive(ctx context.Context, name string, ttl time.Duration) e
 	var held *coordinationv1.Lease
 	for {
 		wait := every
-		if held, err = s.renew(ctx, held, lease, name, secs); err != nil && ctx.Err() == nil {
-			slog.Warn("node liveness lease renewal failed; retrying", "node", name, "err", err)
-			wait = time.Second
+		if held, err = s.renew(ctx, held, lease, name, secs); err != nil {
+			// client-go returns an empty Lease beside the error: holding
+			// it would fail every later renewal ("resource name may not
+			// be empty"). The next one starts from the API's copy.
+			held = nil
+			if ctx.Err() == nil {
+				slog.Warn("node liveness lease renewal failed; retrying", "node", name, "err", err)
+				wait = time.Second
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -93,19 +99,8 @@ func (s *Store) deleteLease(ctx context.Context, node string) error {
 }
 
 // renew writes the Lease once: an update of the one it holds (nil: fetch
-// or create it first). Any failure drops what it holds, so the next
-// renewal starts from the API's copy.
+// or create it first).
 func (s *Store) renew(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
-	l, err := s.writeLease(ctx, held, lease, node, secs)
-	if err != nil {
-		// client-go returns an empty Lease beside the error: holding it
-		// would fail every later renewal ("resource name may not be empty").
-		return nil, err
-	}
-	return l, nil
-}
-
-func (s *Store) writeLease(ctx context.Context, held *coordinationv1.Lease, lease, node string, secs int32) (*coordinationv1.Lease, error) {
 	leases := s.kube.CoordinationV1().Leases(s.leaseNS)
 	now := metav1.NewMicroTime(time.Now())
 	if held == nil {

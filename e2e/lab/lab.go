@@ -552,11 +552,7 @@ func (l *Lab) cni(n *Node) (*libcni.CNIConfig, *libcni.NetworkConfigList, error)
 }
 
 // detach runs CNI DEL for p and removes its network namespace.
-func (l *Lab) detach(ctx context.Context, n *Node, p *Pod) error {
-	cfg, list, err := l.cni(n)
-	if err != nil {
-		return err
-	}
+func detach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, p *Pod) error {
 	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
 		return fmt.Errorf("CNI DEL for %s: %w", p.Netns, err)
 	}
@@ -645,11 +641,11 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 // DEL, then a fresh network namespace and container ID, and CNI ADD. A Pod
 // object keeps its status (its kubelet would rewrite the IP later).
 func (l *Lab) ReattachPod(ctx context.Context, n *Node, p *Pod) error {
-	if err := l.detach(ctx, n, p); err != nil {
-		return err
-	}
 	cfg, list, err := l.cni(n)
 	if err != nil {
+		return err
+	}
+	if err := detach(ctx, cfg, list, p); err != nil {
 		return err
 	}
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
@@ -706,7 +702,11 @@ func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkC
 // DelPod detaches a pod through libcni and removes its namespace, then its
 // Pod object if it has one. Safe to call in parallel.
 func (l *Lab) DelPod(ctx context.Context, n *Node, p *Pod) error {
-	if err := l.detach(ctx, n, p); err != nil {
+	cfg, list, err := l.cni(n)
+	if err != nil {
+		return err
+	}
+	if err := detach(ctx, cfg, list, p); err != nil {
 		return err
 	}
 	if p.UID != "" {
