@@ -14,10 +14,14 @@ import (
 
 	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/internal/daemon"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
+
+// failedLogLines is how much of each daemon's log a failed test prints.
+const failedLogLines = 20
 
 // Lab brings up a lab (see e2e/lab) with a unique prefix in a short
 // temporary state root (unix socket paths are limited to 108 bytes), and
@@ -47,11 +51,11 @@ func Lab(t testing.TB, o lab.Options) *lab.Lab {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			b, _ := os.ReadFile(l.Controller.Log)
-			t.Logf("controller log:\n%s", b)
+			// Tails only: a CI report shows the end of a failing test's
+			// output, and whole logs would push its failure out of it.
+			t.Logf("controller log, last %d lines:\n%s", failedLogLines, daemon.Tail(l.Controller.Log, failedLogLines))
 			for _, n := range l.Nodes {
-				b, _ := os.ReadFile(n.Agent.Log)
-				t.Logf("agent log of %s:\n%s", n.Name, b)
+				t.Logf("agent log of %s, last %d lines:\n%s", n.Name, failedLogLines, daemon.Tail(n.Agent.Log, failedLogLines))
 			}
 		}
 		if err := l.Down(); err != nil {
