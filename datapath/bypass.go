@@ -26,7 +26,7 @@ type Bypass interface {
 // configured setting. They are loaded even when the setting is off, so
 // that `onctl bypass on` needs no restart; off, they record nothing.
 func (n *Node) openBypass() (*bypass.Bypass, error) {
-	cgroup, err := bpf.ResolveCgroup(n.cfg.SocketLBCgroup)
+	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, err
 	}

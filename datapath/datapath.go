@@ -35,8 +35,8 @@ type Config struct {
 	// the host's /proc/sys/net elsewhere (everything ONC writes is under net/).
 	ProcSys string
 	// SocketLB is whose sockets Services are balanced for; SocketLBCgroup
-	// the cgroup v2 directory the programs attach to ("" = the root,
-	// mounting a cgroup2 hierarchy where none is).
+	// the cgroup v2 directory the programs attach to ("" = the highest one
+	// mounted, mounting a cgroup2 hierarchy where none is; bpf.ResolveCgroup).
 	SocketLB       SocketLBMode
 	SocketLBCgroup string
 	// Bypass is which connections between two pods of the node skip the

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -39,6 +40,9 @@ type Node struct {
 	switchMu sync.Mutex
 	bp       *bypass.Bypass // nil: not loaded (bpErr says why)
 	bpErr    error
+	// cgroup is where the socket LB and the bypass attach, resolved once
+	// for both (resolving may mount a cgroup v2 hierarchy).
+	cgroup func() (string, error)
 
 	// revokePending are the pods whose rules changed and whose connections
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
@@ -74,7 +78,9 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, up: up, revokePending: map[string]bool{}}, nil
+	n := &Node{cfg: cfg, up: up, revokePending: map[string]bool{}}
+	n.cgroup = sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.SocketLBCgroup) })
+	return n, nil
 }
 
 // Uplink is the interface overlay traffic leaves by.

@@ -74,7 +74,7 @@ func (n *Node) openSocketLB() (*socklb.LB, error) {
 }
 
 func (n *Node) attachSocketLB() (*socklb.LB, error) {
-	cgroup, err := bpf.ResolveCgroup(n.cfg.SocketLBCgroup)
+	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, err
 	}

@@ -19,8 +19,8 @@ import (
 const OwnCgroupMount = "/run/onc/cgroupv2"
 
 // ResolveCgroup returns the cgroup v2 directory to attach to: path if it
-// is one, else the root of a mounted cgroup v2 hierarchy, mounting one at
-// OwnCgroupMount where none is.
+// is one, else the highest mounted cgroup v2 directory (cgroup2Root),
+// mounting a hierarchy at OwnCgroupMount where none is.
 func ResolveCgroup(path string) (string, error) {
 	if path != "" {
 		if !onCgroup2(path) {
