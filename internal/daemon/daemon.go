@@ -72,30 +72,48 @@ func (p Process) Alive() bool {
 	}
 	// A zombie still has /proc/PID, but its state is Z.
 	stat, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/stat")
+	return err == nil && !dead(stat)
+}
+
+// dead reports whether a task's /proc stat says it has exited (Z or X).
+func dead(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && (stat[i+2] == 'Z' || stat[i+2] == 'X')
+}
+
+// exited reports whether every thread of the process has exited. Alive
+// turns false sooner, once the main thread has let go of the program's
+// memory, while other threads may still hold its files: the lock or the
+// socket that its successor is about to take.
+func (p Process) exited() bool {
+	dir := "/proc/" + strconv.Itoa(p.PID) + "/task/"
+	tasks, err := os.ReadDir(dir)
 	if err != nil {
-		return false
+		return true
 	}
-	if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-		return false
+	for _, t := range tasks {
+		if stat, err := os.ReadFile(dir + t.Name() + "/stat"); err == nil && !dead(stat) {
+			return false
+		}
 	}
 	return true
 }
 
-// Stop sends SIGTERM, waits up to 10s, then SIGKILL.
+// Stop sends SIGTERM, waits up to 10s, then SIGKILL, and returns once the
+// process's last thread is gone (or after another 5s).
 func (p Process) Stop() {
 	if !p.Alive() {
 		return
 	}
 	_ = syscall.Kill(p.PID, syscall.SIGTERM)
-	for i := 0; i < 100; i++ {
-		if !p.Alive() {
-			return
-		}
+	for i := 0; i < 100 && p.Alive(); i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
-	_ = syscall.Kill(p.PID, syscall.SIGKILL)
-	for i := 0; i < 50 && p.Alive(); i++ {
-		time.Sleep(100 * time.Millisecond)
+	if p.Alive() {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	for i := 0; i < 500 && !p.exited(); i++ {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
