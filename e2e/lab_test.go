@@ -137,24 +137,10 @@ func matrix(t *testing.T, l *lab.Lab) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, err := l.Matrix(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	allPairsPass(t, l, "the matrix")
 	after, err := l.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var out strings.Builder
-	failed := lab.PrintMatrix(&out, results)
-	want := 0
-	for _, n := range l.Nodes {
-		want += len(n.Pods)
-	}
-	pods, nodes := want, len(l.Nodes)
-	want = pods*(pods-1) + 2*pods*nodes // pod↔pod, node→pod, pod→node
-	if failed > 0 || len(results) != want {
-		t.Fatalf("%d of %d pairs failed (want %d pairs):\n%s", failed, len(results), want, out.String())
 	}
 	deltas := lab.StatsDelta(before, after)
 	grew := map[string]uint64{} // by "node program counter"
@@ -164,12 +150,32 @@ func matrix(t *testing.T, l *lab.Lab) {
 	for _, n := range l.Nodes {
 		for _, prog := range []string{"egress", "ingress"} {
 			if hits, unlearned := grew[n.Name+" "+prog+" hit"], grew[n.Name+" "+prog+" miss_flow"]; hits <= unlearned {
-				out.Reset()
+				var out strings.Builder
 				lab.PrintStatsDelta(&out, deltas)
 				t.Fatalf("%s %s: %d hits, %d misses of flows not learned yet: most of the matrix's pod↔pod packets should hit:\n%s",
 					n.Name, prog, hits, unlearned, out.String())
 			}
 		}
+	}
+}
+
+// allPairsPass runs the lab's matrix and fails unless it probed every pair
+// (pod↔pod, node→pod, pod→node) and each one worked.
+func allPairsPass(t *testing.T, l *lab.Lab, when string) {
+	t.Helper()
+	results, err := l.Matrix(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	failed := lab.PrintMatrix(&out, results)
+	pods := 0
+	for _, n := range l.Nodes {
+		pods += len(n.Pods)
+	}
+	want := pods*(pods-1) + 2*pods*len(l.Nodes)
+	if failed > 0 || len(results) != want {
+		t.Fatalf("%s: %d of %d pairs failed (want %d pairs):\n%s", when, failed, len(results), want, out.String())
 	}
 }
 

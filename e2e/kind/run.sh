@@ -182,12 +182,12 @@ test_() {
   mkdir -p "$OUT"
   log "running e2e.test --ginkgo.focus=$FOCUS --ginkgo.skip=$SKIP (results in $OUT)"
   rolling_restart &
-  local killer=$!
+  local restarts=$!
   local rc=0
   in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
     --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   # The restart check ends about five minutes in, before the run does.
-  wait "$killer" || rc=1
+  wait "$restarts" || rc=1
   admission_probe || rc=1
   fastpath_probe || true
   service_probe || true

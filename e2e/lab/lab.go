@@ -551,6 +551,20 @@ func (l *Lab) cni(n *Node) (*libcni.CNIConfig, *libcni.NetworkConfigList, error)
 	return libcni.NewCNIConfigWithCacheDir([]string{l.BinDir}, filepath.Join(n.Dir, "cni-cache"), nil), list, nil
 }
 
+// attach makes p's network namespace and runs CNI ADD for it; if ADD
+// fails, the namespace is removed again.
+func attach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, p *Pod) (netip.Addr, error) {
+	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
+		return netip.Addr{}, err
+	}
+	ip, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
+	if err != nil {
+		_ = delNetns(p.Netns)
+		return netip.Addr{}, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+	}
+	return ip, nil
+}
+
 // detach runs CNI DEL for p and removes its network namespace.
 func detach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, p *Pod) error {
 	if err := cfg.DelNetworkList(ctx, list, p.RuntimeConf()); err != nil {
@@ -612,17 +626,12 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	} else {
 		l.recordNamespace(p.Namespace, nil)
 	}
-	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
-		return nil, err
-	}
 	cfg, list, err := l.cni(n)
 	if err != nil {
-		_ = delNetns(p.Netns)
 		return nil, err
 	}
-	if p.IP, err = cniAttach(ctx, cfg, list, p.RuntimeConf()); err != nil {
-		_ = delNetns(p.Netns)
-		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+	if p.IP, err = attach(ctx, cfg, list, p); err != nil {
+		return nil, err
 	}
 	if object {
 		if err := l.podRunning(ctx, n, p); err != nil {
@@ -648,15 +657,12 @@ func (l *Lab) ReattachPod(ctx context.Context, n *Node, p *Pod) error {
 	if err := detach(ctx, cfg, list, p); err != nil {
 		return err
 	}
-	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
-		return err
-	}
 	l.mu.Lock()
 	p.ContainerID = newContainerID()
 	l.mu.Unlock()
-	ip, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
+	ip, err := attach(ctx, cfg, list, p)
 	if err != nil {
-		return fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
