@@ -276,6 +276,22 @@ func TestIntranodeRun(t *testing.T) {
 	}
 }
 
+// The pinned stream row is netperf's TCP_STREAM with both ends' buffers
+// pinned; the plain row leaves them to the kernel's autotuning.
+func TestNetperfTest(t *testing.T) {
+	name, opts := netperfTest(PinnedStream)
+	if name != "TCP_STREAM" || !slices.Equal(opts, []string{"-m", "65536", "-s", "4M", "-S", "4M"}) {
+		t.Fatalf("%s: netperf -t %s %v", PinnedStream, name, opts)
+	}
+	name, opts = netperfTest("TCP_STREAM")
+	if name != "TCP_STREAM" || slices.Contains(opts, "-s") || slices.Contains(opts, "-S") {
+		t.Fatalf("TCP_STREAM: netperf -t %s %v", name, opts)
+	}
+	if name, opts = netperfTest("UDP_RR"); name != "UDP_RR" || opts != nil {
+		t.Fatalf("UDP_RR: netperf -t %s %v", name, opts)
+	}
+}
+
 // markdown is r's latest.md; t fails unless it holds every want.
 func markdown(t *testing.T, r Report, want ...string) string {
 	t.Helper()
