@@ -14,7 +14,6 @@ package etcdstore
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,7 +24,6 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datastore"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -36,11 +34,10 @@ const DefaultPrefix = "/onc/"
 
 // Options configure the connection.
 type Options struct {
-	Endpoints []string
-	Prefix    string // default DefaultPrefix
-	// TLS files; all empty means plain HTTP.
-	CAFile, CertFile, KeyFile string
-	DialTimeout               time.Duration
+	Endpoints   []string
+	Prefix      string // default DefaultPrefix
+	TLSFiles           // all empty: plain HTTP
+	DialTimeout time.Duration
 	// Dial, if set, opens the connections to the endpoints: e.g. from
 	// inside another network namespace (a lab's datastore, from its host).
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
@@ -69,13 +66,9 @@ func New(ctx context.Context, o Options) (*Store, error) {
 	if o.DialTimeout == 0 {
 		o.DialTimeout = 5 * time.Second
 	}
-	var tlsCfg *tls.Config
-	if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
-		info := transport.TLSInfo{TrustedCAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile}
-		var err error
-		if tlsCfg, err = info.ClientConfig(); err != nil {
-			return nil, fmt.Errorf("etcd TLS: %w", err)
-		}
+	tlsCfg, err := o.TLSFiles.Config()
+	if err != nil {
+		return nil, err
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   o.Endpoints,
@@ -156,8 +149,8 @@ func (s *Store) ClusterConfig(ctx context.Context) (datastore.ClusterConfig, err
 }
 
 func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error {
-	if spec.Name == "" || strings.Contains(spec.Name, "/") {
-		return fmt.Errorf("invalid node name %q", spec.Name)
+	if err := ValidNodeName(spec.Name); err != nil {
+		return err
 	}
 	val, err := json.Marshal(nodeRecord{IP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath})
 	if err != nil {

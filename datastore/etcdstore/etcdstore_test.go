@@ -12,9 +12,9 @@ import (
 )
 
 // open gives each subtest its own prefix on one server, so they start empty.
-func open(t *testing.T, endpoint string) datastore.Store {
+func open(t *testing.T, endpoint string, creds etcdstore.TLSFiles) datastore.Store {
 	s, err := etcdstore.New(context.Background(), etcdstore.Options{
-		Endpoints: []string{endpoint}, Prefix: "/" + strings.ReplaceAll(t.Name(), "/", "_") + "/"})
+		Endpoints: []string{endpoint}, Prefix: "/" + strings.ReplaceAll(t.Name(), "/", "_") + "/", TLSFiles: creds})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,12 +24,19 @@ func open(t *testing.T, endpoint string) datastore.Store {
 
 func TestEmbeddedEtcd(t *testing.T) {
 	e := testutil.EmbeddedEtcd(t, "")
-	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL) })
+	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL, etcdstore.TLSFiles{}) })
+}
+
+// The controller's embedded etcd (mutual TLS, authentication) with the
+// controller's credentials, root: every call of the store works.
+func TestEmbeddedEtcdTLS(t *testing.T) {
+	e := testutil.SecureEtcd(t)
+	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL, e.PKI.Controller()) })
 }
 
 func TestEtcdServerProcess(t *testing.T) {
 	url := testutil.EtcdServer(t)
-	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, url) })
+	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, url, etcdstore.TLSFiles{}) })
 }
 
 func TestUnreachableEtcdIsAClearError(t *testing.T) {

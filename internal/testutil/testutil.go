@@ -161,6 +161,19 @@ func EmbeddedEtcd(t testing.TB, dir string) *etcdstore.Embedded {
 	return e
 }
 
+// SecureEtcd starts an in-process etcd as the controller runs it (mutual
+// TLS, authentication; its PKI in a new temporary directory) on loopback.
+// It is stopped when the test ends.
+func SecureEtcd(t testing.TB) *etcdstore.Embedded {
+	t.Helper()
+	e, err := etcdstore.StartEmbeddedTLS(t.TempDir(), fmt.Sprintf("https://127.0.0.1:%d", FreePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
 // EtcdServer starts Debian's etcd (package etcd-server) as a separate
 // process on loopback and returns its client URL. It is killed (by PID)
 // when the test ends.
