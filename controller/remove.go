@@ -15,13 +15,32 @@ import (
 // running node.
 var ErrNodeAlive = errors.New("its agent is alive and would register it again: stop the agent first")
 
+// Revoker revokes a node's datastore credentials: the embedded etcd's
+// per-node users (etcdstore.Store).
+type Revoker interface {
+	RevokeNode(ctx context.Context, node string) error
+}
+
 // RemoveNode is the operator's removal of a node on the etcd datastore (on
 // Kubernetes, deleting the Node does it): its registration, liveness and
 // pod CIDR go in one transaction, and every agent, watching, takes it off
-// its peers. It returns the CIDR it released (invalid if it had none). A
-// node that is neither registered nor holds a CIDR is datastore.ErrNotFound;
-// a live one is refused.
-func RemoveNode(ctx context.Context, store datastore.Store, name string) (netip.Prefix, error) {
+// its peers; then creds, if not nil, revokes the node's credentials. It
+// returns the CIDR it released (invalid if it had none). A node that is
+// neither registered nor holds a CIDR is datastore.ErrNotFound (its
+// credentials are revoked all the same); a live one is refused.
+func RemoveNode(ctx context.Context, store datastore.Store, creds Revoker, name string) (netip.Prefix, error) {
+	cidr, err := removeRecords(ctx, store, name)
+	if creds == nil || err != nil && !errors.Is(err, datastore.ErrNotFound) {
+		return cidr, err
+	}
+	if rerr := creds.RevokeNode(ctx, name); rerr != nil {
+		return cidr, errors.Join(err, fmt.Errorf("node %s: revoke its datastore credentials: %w", name, rerr))
+	}
+	return cidr, err
+}
+
+// removeRecords is RemoveNode's datastore side.
+func removeRecords(ctx context.Context, store datastore.Store, name string) (netip.Prefix, error) {
 	if name == "" {
 		return netip.Prefix{}, errors.New("node name is required")
 	}

@@ -3,12 +3,15 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/internal/testutil"
 )
 
 // RemoveNode (onc-controller remove-node) on a real etcd: a stopped node's
@@ -36,7 +39,7 @@ func TestRemoveNode(t *testing.T) {
 		}
 	}
 
-	got, err := controller.RemoveNode(ctx, s, "stopped")
+	got, err := controller.RemoveNode(ctx, s, nil, "stopped")
 	if err != nil || got != stopped.PodCIDR || !got.IsValid() {
 		t.Fatalf("RemoveNode(stopped) = %v, %v; want its CIDR %v released", got, err, stopped.PodCIDR)
 	}
@@ -46,11 +49,11 @@ func TestRemoveNode(t *testing.T) {
 	if allocs, _ := s.Allocations(ctx); allocs[stopped.PodCIDR] != "" {
 		t.Fatalf("its CIDR is still allocated: %v", allocs)
 	}
-	if _, err := controller.RemoveNode(ctx, s, "stopped"); !errors.Is(err, datastore.ErrNotFound) {
+	if _, err := controller.RemoveNode(ctx, s, nil, "stopped"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatalf("removing it again: %v, want ErrNotFound", err)
 	}
 
-	if _, err := controller.RemoveNode(ctx, s, "live"); !errors.Is(err, controller.ErrNodeAlive) {
+	if _, err := controller.RemoveNode(ctx, s, nil, "live"); !errors.Is(err, controller.ErrNodeAlive) {
 		t.Fatalf("removing a live node: %v, want ErrNodeAlive", err)
 	}
 	if _, err := s.Node(ctx, "live"); err != nil {
@@ -61,7 +64,7 @@ func TestRemoveNode(t *testing.T) {
 	if _, err := s.ClaimCIDR(ctx, "ghost", orphan); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := controller.RemoveNode(ctx, s, "ghost"); err != nil || got != orphan {
+	if got, err := controller.RemoveNode(ctx, s, nil, "ghost"); err != nil || got != orphan {
 		t.Fatalf("RemoveNode(ghost) = %v, %v; want its block %v released", got, err, orphan)
 	}
 	if allocs, _ := s.Allocations(ctx); len(allocs) != 1 || allocs[orphan] != "" {
@@ -79,7 +82,7 @@ func TestRemovedNodeRegisteredAgainIsNew(t *testing.T) {
 	if err := c.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := controller.RemoveNode(ctx, s, "again"); err != nil {
+	if _, err := controller.RemoveNode(ctx, s, nil, "again"); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Reconcile(ctx); err != nil { // the removal's change signal
@@ -92,5 +95,61 @@ func TestRemovedNodeRegisteredAgainIsNew(t *testing.T) {
 	}
 	if n, err := s.Node(ctx, "again"); err != nil || !n.PodCIDR.IsValid() {
 		t.Fatalf("the node registered again: %+v, %v; want it kept and given a CIDR", n, err)
+	}
+}
+
+// On the controller's embedded etcd, RemoveNode also deletes the node's
+// etcd user and role: its certificate then reads and writes nothing. A
+// node that never registered has its credentials revoked all the same; a
+// live one keeps them.
+func TestRemoveNodeRevokesItsCredentials(t *testing.T) {
+	e := testutil.SecureEtcd(t)
+	ctx := context.Background()
+	open := func(files etcdstore.TLSFiles) *etcdstore.Store {
+		s, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	ctl := open(e.PKI.Controller())
+	agent := func(name string) *etcdstore.Store {
+		if err := ctl.AuthorizeNode(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		files, err := e.PKI.IssueNode(name, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return open(files)
+	}
+	gone, never, live := agent("gone"), agent("never"), agent("live")
+	register(t, gone, "gone")
+	register(t, live, "live")
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = live.KeepAlive(kctx, "live", time.Minute) }()
+	testutil.WaitFor(t, "live's lease", 10*time.Second, func() bool { l, _ := ctl.Liveness(ctx); return l["live"] })
+
+	if _, err := controller.RemoveNode(ctx, ctl, ctl, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := controller.RemoveNode(ctx, ctl, ctl, "never"); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("removing a node that never registered: %v, want ErrNotFound", err)
+	}
+	if _, err := controller.RemoveNode(ctx, ctl, ctl, "live"); !errors.Is(err, controller.ErrNodeAlive) {
+		t.Fatalf("removing a live node: %v, want ErrNodeAlive", err)
+	}
+	for name, s := range map[string]*etcdstore.Store{"gone": gone, "never": never} {
+		if _, err := s.Nodes(ctx); err == nil {
+			t.Errorf("%s's credentials still read after its removal", name)
+		}
+		if err := s.RegisterNode(ctx, datastore.NodeSpec{Name: name, IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}); err == nil {
+			t.Errorf("%s's credentials still write after its removal", name)
+		}
+	}
+	if _, err := live.Nodes(ctx); err != nil {
+		t.Fatalf("a refused removal took the live node's credentials: %v", err)
 	}
 }

@@ -1,7 +1,8 @@
 // Command onc-controller is ONC's cluster NodeIPAM. On etcd without
-// --etcd-endpoints it runs an embedded etcd and serves it to the agents; on
-// Kubernetes its replicas elect a leader through a Lease. On etcd,
-// `onc-controller remove-node NAME` removes a node at once.
+// --etcd-endpoints it runs an embedded etcd and serves it to the agents
+// (mutual TLS; `onc-controller node-cert NAME` issues an agent's
+// credentials); on Kubernetes its replicas elect a leader through a Lease.
+// On etcd, `onc-controller remove-node NAME` removes a node at once.
 package main
 
 import (
@@ -20,19 +21,20 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// defaultEmbeddedListen is where the embedded etcd serves by default.
-const defaultEmbeddedListen = "http://127.0.0.1:2379"
-
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "remove-node" {
-		os.Exit(removeNode(os.Args[2:]))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "remove-node":
+			os.Exit(removeNode(os.Args[2:]))
+		case "node-cert":
+			os.Exit(nodeCert(os.Args[2:]))
+		}
 	}
 	fs := pflag.NewFlagSet("onc-controller", pflag.ExitOnError)
 	clusterCIDR := fs.String("cluster-cidr", "10.244.0.0/16", "IPv4 range all pod CIDRs come from")
 	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's pod CIDR")
 	nodeTimeout := fs.Duration("node-timeout", 24*time.Hour, "delete a node (and free its CIDR) after its agent has been gone this long; 0 never")
-	embedDir := fs.String("embedded-etcd-dir", "/var/lib/onc/etcd", "data directory of the embedded etcd (--datastore=etcd without --etcd-endpoints)")
-	embedListen := fs.String("embedded-etcd-listen", defaultEmbeddedListen, "client URL the embedded etcd serves agents on")
+	emb := addEmbeddedFlags(fs)
 	store := backend.AddFlags(fs)
 	host, _ := os.Hostname()
 	el := controller.Election{}
@@ -43,7 +45,9 @@ func main() {
 	metricsAddr := fs.String("metrics-addr", controller.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: onc-controller [flags]\n       onc-controller remove-node NAME [flags]   (etcd datastore; --help for its flags)\n\n%s", fs.FlagUsages())
+		fmt.Fprintf(os.Stderr, "Usage: onc-controller [flags]\n"+
+			"       onc-controller node-cert NAME --out DIR   (embedded etcd: a node's agent credentials; --help for its flags)\n"+
+			"       onc-controller remove-node NAME [flags]   (etcd datastore; --help for its flags)\n\n%s", fs.FlagUsages())
 	}
 	_ = fs.Parse(os.Args[1:])
 
@@ -57,13 +61,13 @@ func main() {
 		cmdutil.Fatal("bad flag", err)
 	}
 	if store.Kind == backend.Etcd && len(store.Etcd.Endpoints) == 0 {
-		e, err := etcdstore.StartEmbedded(*embedDir, *embedListen)
+		e, err := etcdstore.StartEmbeddedTLS(emb.dir, emb.listen)
 		if err != nil {
-			cmdutil.Fatal("cannot start the embedded etcd", err)
+			cmdutil.Fatal("cannot start the embedded etcd", fmt.Errorf("--embedded-etcd-dir %s, --embedded-etcd-listen %s: %w", emb.dir, emb.listen, err))
 		}
 		defer e.Close()
-		slog.Info("embedded etcd serving", "url", e.ClientURL, "dir", *embedDir)
-		store.Etcd.Endpoints = []string{e.ClientURL}
+		slog.Info("embedded etcd serving (mutual TLS)", "url", e.ClientURL, "dir", emb.dir, "pki", e.PKI.Dir)
+		store.Etcd.Endpoints, store.Etcd.TLSFiles = []string{e.ClientURL}, e.PKI.Controller()
 	}
 	ds, err := store.Open(ctx, backend.ForController)
 	if err != nil {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/onc-net/onc/controller"
+	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/backend"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/spf13/pflag"
 )
 
@@ -17,12 +20,14 @@ import (
 func removeNode(args []string) int {
 	fs := pflag.NewFlagSet("onc-controller remove-node", pflag.ContinueOnError)
 	store := backend.AddFlags(fs)
-	embedded := fs.String("embedded-etcd-listen", defaultEmbeddedListen, "the controller's embedded etcd, used when --etcd-endpoints is not given")
+	emb := addEmbeddedFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: onc-controller remove-node NAME [flags]\n\n"+
 			"Removes the node's registration and liveness and releases its pod CIDR in one transaction;\n"+
-			"every agent then takes it off its peers. Stop the node's agent first.\n\n%s", fs.FlagUsages())
+			"every agent then takes it off its peers. Stop the node's agent first. Without --etcd-endpoints\n"+
+			"it acts on the controller's embedded etcd, with the controller's credentials from\n"+
+			"--embedded-etcd-dir, and also deletes the node's etcd user and role.\n\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -36,18 +41,26 @@ func removeNode(args []string) int {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: on Kubernetes, delete the Node instead (kubectl delete node %s): the controller then frees its pod CIDR at once\n", name)
 		return 2
 	}
-	if len(store.Etcd.Endpoints) == 0 {
-		store.Etcd.Endpoints = []string{*embedded}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	ds, err := store.Open(ctx, backend.ForController)
+	var ds datastore.Store
+	var creds controller.Revoker
+	var err error
+	if len(store.Etcd.Endpoints) == 0 {
+		s, _, openErr := emb.open(ctx, *store.Etcd)
+		ds, creds, err = s, s, openErr
+	} else {
+		ds, err = store.Open(ctx, backend.ForController)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: datastore: %v\n", err)
 		return 1
 	}
 	defer ds.Close()
-	cidr, err := controller.RemoveNode(ctx, ds, name)
+	cidr, err := controller.RemoveNode(ctx, ds, creds, name)
+	if creds != nil && errors.Is(err, datastore.ErrNotFound) {
+		err = fmt.Errorf("%w; its etcd user %s, if it had one, is deleted", err, etcdstore.NodeUser(name))
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: %v\n", err)
 		return 1
