@@ -234,8 +234,8 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
 		return nil
 	}
-	// After bring-up too: a fast path that did not load must reach the
-	// peers in this pass.
+	// A registration that differs from what this agent publishes (an
+	// older agent's, say) is corrected in this pass.
 	if spec := a.published(); self.FastPath != spec.FastPath {
 		slog.Warn("this node's registration is outdated; registering again", "fastPath", spec.FastPath)
 		if err := a.store.RegisterNode(ctx, spec); err != nil {
@@ -275,11 +275,6 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	}
 	if err := a.dp.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: cc.ClusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
-	}
-	if a.dp.FastPath() == nil && a.cfg.Datapath.FastPath {
-		a.mu.Lock()
-		a.spec.FastPath = false // peers must not fast-path to us
-		a.mu.Unlock()
 	}
 	gw := datapath.Gateway(cidr)
 	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidr, gw)

@@ -149,14 +149,6 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("not-ready reason %q", reason)
 		}
 	})
-	t.Run("a node without a fast path tells its peers", func(t *testing.T) {
-		ta := newTestAgent(t, func(c *Config) { c.Datapath.FastPath = true }) // the fake loads none
-		ta.bringUp(t, "10.244.1.0/24")                                        // one reconcile
-		n, err := ta.store.Node(ctx(t), self)
-		if err != nil || n.FastPath {
-			t.Errorf("published fastPath=%v (%v) for a node whose fast path did not load", n.FastPath, err)
-		}
-	})
 }
 
 func TestMTU(t *testing.T) {

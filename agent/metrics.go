@@ -38,6 +38,9 @@ var (
 	descFastPathPackets = prometheus.NewDesc("onc_fastpath_packets_total",
 		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit, miss, error) and reason of a miss.",
 		[]string{"program", "result", "reason"}, nil)
+	descOverlayDrops = prometheus.NewDesc("onc_overlay_dropped_packets_total",
+		"VXLAN frames the overlay guard dropped, by reason: unknown_sender (not from a peer's tunnel endpoint), inner_source (a peer speaking for a source not its own), malformed (a fragment, IP options, another VNI or destination, an inner packet not IPv4), from_pod (a pod sending to the VXLAN port).",
+		[]string{"reason"}, nil)
 	descFastPathLearn = prometheus.NewDesc("onc_fastpath_learn_total",
 		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning.",
 		[]string{"event"}, nil)
@@ -152,7 +155,7 @@ func cniCode(resp any, err error) string {
 }
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descFastPathLearn, descCacheEntries,
+	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
 		descPolicy, descSocketLBTranslations, descSocketLBRefusals, descBypassMessages, descBypassBytes, descBypassFallbacks} {
 		ch <- d
 	}
@@ -240,12 +243,15 @@ type counterSource struct {
 // metric and label values of a counter, or a nil Desc for one not exported.
 
 // fastPathSample maps enum onc_stat: <program>_hit, <program>_error,
-// <program>_miss_<reason> and learn_<event>.
+// <program>_miss_<reason>, learn_<event> and the overlay guard's
+// overlay_drop_<reason>.
 func fastPathSample(counter string) (*prometheus.Desc, []string) {
 	prog, rest, _ := strings.Cut(counter, "_")
 	switch {
 	case prog == "learn":
 		return descFastPathLearn, []string{rest}
+	case prog == "overlay" && strings.HasPrefix(rest, "drop_"):
+		return descOverlayDrops, []string{strings.TrimPrefix(rest, "drop_")}
 	case rest == "hit" || rest == "error":
 		return descFastPathPackets, []string{prog, rest, ""}
 	case strings.HasPrefix(rest, "miss_"):

@@ -104,6 +104,8 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{fastPathSample, "egress_miss_tcp_flags", descFastPathPackets, []string{"egress", "miss", "tcp_flags"}},
 		{fastPathSample, "ingress_miss_no_pod", descFastPathPackets, []string{"ingress", "miss", "no_pod"}},
 		{fastPathSample, "learn_known", descFastPathLearn, []string{"known"}},
+		{fastPathSample, "overlay_drop_inner_source", descOverlayDrops, []string{"inner_source"}},
+		{fastPathSample, "overlay_drop_from_pod", descOverlayDrops, []string{"from_pod"}},
 		{socketLBSample, "connect_translated", descSocketLBTranslations, []string{"connect"}},
 		{socketLBSample, "sendmsg_refused", descSocketLBRefusals, []string{"sendmsg"}},
 		{socketLBSample, "no_slot", nil, nil},

@@ -31,7 +31,7 @@ type Node struct {
 
 	mu      sync.Mutex
 	ovl     *overlay.Overlay   // nil until BringUp
-	fp      *fastpath.Datapath // nil: slow path only
+	fp      *fastpath.Datapath // nil until BringUp
 	policy  *netpol.Enforcer   // nil until the first EnforcePolicy
 	lb      *socklb.LB         // nil: off or not loaded (lbErr says why)
 	lbErr   error
@@ -48,6 +48,8 @@ type Node struct {
 	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
 	revokePending map[string]bool
 	conflicts     string // the peers left out last time, logged when it changes
+	// uplinkAttached: the uplink's programs are attached (attachUplink).
+	uplinkAttached bool
 	// vteps is each peer's VTEP MAC as last synced (node IP -> MAC): a
 	// learned header must carry it (EvictStaleHeaders).
 	vteps map[netip.Addr]net.HardwareAddr
@@ -110,29 +112,29 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	}
 	fp := n.fp
 	if fp == nil {
-		fp = n.openFastPath()
+		if fp, err = n.openFastPath(); err != nil {
+			return err
+		}
 	}
 	defer func() {
-		if err != nil && fp != nil {
+		if err != nil {
 			fp.Close() // the next attempt opens it again
 			fp = nil
 		}
 		n.fp = fp
 	}()
 	var mark uint32
-	if fp != nil && fp.Enabled() {
+	if fp.Enabled() {
 		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
 	}
 	if err := netfilter.Ensure(s.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
 		return err
 	}
-	if fp != nil {
-		// Conntrack does not see the data the fast path carries, so its TCP
-		// window falls behind; strict window checks would then mark the
-		// flow's FIN, or its packets after a fast-path switch, INVALID.
-		if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
-			return err
-		}
+	// Conntrack does not see the data the fast path carries, so its TCP
+	// window falls behind; strict window checks would then mark the
+	// flow's FIN, or its packets after a fast-path switch, INVALID.
+	if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
+		return err
 	}
 	if !n.lbTried {
 		// Once: a node whose socket LB cannot load leaves Services to
@@ -152,26 +154,24 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	return nil
 }
 
-// openFastPath loads the flow cache (adopting pinned maps and links) and
-// attaches it to the uplink. Without it the node runs the slow path only.
-func (n *Node) openFastPath() *fastpath.Datapath {
+// openFastPath loads the eBPF datapath (adopting pinned maps and links).
+// A node cannot run without it, fast path on or off: its programs guard
+// the overlay (datapath/bpf/include/overlay.h) and the pods' veths. They
+// go on the uplink at the first SyncPeers, once the guard knows the peers.
+func (n *Node) openFastPath() (*fastpath.Datapath, error) {
 	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
-		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode)})
-	if err == nil {
-		err = fp.AttachUplink(n.up.Name)
-	}
+		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP})
 	if err == nil {
 		err = fp.Configure(n.cfg.FastPath)
 	}
 	if err != nil {
-		slog.Error("fast path unavailable; this node runs the slow path only", "err", err)
 		if fp != nil {
 			fp.Close()
 		}
-		return nil
+		return nil, fmt.Errorf("eBPF datapath (it guards the overlay, so the node cannot run without it): %w", err)
 	}
-	slog.Info("fast path loaded", "enabled", n.cfg.FastPath, "attach", fp.Mode(), "pins", n.cfg.BPFFS)
-	return fp
+	slog.Info("eBPF datapath loaded", "fastPath", n.cfg.FastPath, "attach", fp.Mode(), "pins", n.cfg.BPFFS)
+	return fp, nil
 }
 
 // FastPath is the flow cache, or nil when it is not loaded.
@@ -260,10 +260,15 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	}
 	want := peersOf(self, nodes)
 	n.logConflicts(want.conflicts)
-	err := ovl.Sync(want.overlay, checkKernel)
-	if fp == nil {
+	// The guard first: a peer that left is refused before its routes go,
+	// one that came is accepted before traffic is routed to it.
+	if err := fp.SyncSenders(want.senders, checkKernel); err != nil {
+		return fmt.Errorf("overlay guard: %w", err)
+	}
+	if err := n.attachUplink(fp); err != nil {
 		return err
 	}
+	err := ovl.Sync(want.overlay, checkKernel)
 	err = errors.Join(err, fp.SetHosts(want.hosts, checkKernel), fp.SyncPeers(want.fastPath, checkKernel))
 	vteps := map[netip.Addr]net.HardwareAddr{}
 	for _, p := range want.overlay {
@@ -281,6 +286,23 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 		err = errors.Join(err, herr)
 	}
 	return err
+}
+
+// attachUplink puts the guard and the ingress fast path on the uplink once
+// the guard knows the peers: attached with an empty sender set (the first
+// start of a version that adds the guard), it would drop every frame until
+// then. Later calls do nothing; the pinned link outlives the agent.
+func (n *Node) attachUplink(fp *fastpath.Datapath) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.uplinkAttached {
+		return nil
+	}
+	if err := fp.AttachUplink(n.up.Name); err != nil {
+		return fmt.Errorf("attach the overlay guard to %s: %w", n.up.Name, err)
+	}
+	n.uplinkAttached = true
+	return nil
 }
 
 // logConflicts says once which nodes are left out of the peers and why:

@@ -16,6 +16,9 @@ type peerSet struct {
 	overlay  []overlay.Peer
 	fastPath []fastpath.Peer
 	hosts    []netip.Addr // node and gateway addresses: never fast-pathed
+	// senders are the peers the overlay guard accepts frames from, each
+	// speaking for its pod CIDR and its node address.
+	senders []fastpath.Sender
 	// conflicts are the nodes left out because a pod CIDR, gateway or
 	// VTEP MAC of theirs is this node's or an earlier one's (by name):
 	// programming both would send one CIDR's packets two ways.
@@ -56,6 +59,7 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 			continue
 		}
 		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: nd.PodCIDR})
+		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: []netip.Prefix{nd.PodCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}})
 		if nd.FastPath {
 			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: nd.PodCIDR, NodeIP: nd.IP})
 		}

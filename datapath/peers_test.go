@@ -38,6 +38,12 @@ func TestPeersOf(t *testing.T) {
 	if got := fmt.Sprint(s.hosts); got != want {
 		t.Errorf("hosts %s, want %s", got, want)
 	}
+	// Every overlay peer, fast path or not, may send for its pods and its
+	// node address; nobody else (not this node, not a node without pods).
+	want = "[{192.0.2.2 [10.244.2.0/24 192.0.2.2/32]} {192.0.2.3 [10.244.3.0/24 192.0.2.3/32]}]"
+	if got := fmt.Sprint(s.senders); got != want {
+		t.Errorf("overlay senders %s, want %s", got, want)
+	}
 }
 
 // Records that claim another's pod CIDR, gateway or VTEP MAC are left out
@@ -50,8 +56,9 @@ func TestPeersOfLeavesConflictsOut(t *testing.T) {
 	stealsSelf := node("d", "192.0.2.4", "10.244.1.0/24", true)
 	sameGateway := node("e", "192.0.2.5", "10.244.2.0/25", true) // first address = b's gateway
 	s := peersOf("a", []datastore.Node{sameGateway, stealsSelf, sameMAC, b, node("a", "192.0.2.1", "10.244.1.0/24", true)})
-	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || s.fastPath[0].NodeIP.String() != "192.0.2.2" {
-		t.Errorf("peers %+v / %+v, want only b on both paths", s.overlay, s.fastPath)
+	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || s.fastPath[0].NodeIP.String() != "192.0.2.2" ||
+		len(s.senders) != 1 || s.senders[0].NodeIP.String() != "192.0.2.2" {
+		t.Errorf("peers %+v / %+v / senders %+v, want only b on both paths and in the guard", s.overlay, s.fastPath, s.senders)
 	}
 	want := []string{
 		"node c left out: its VTEP MAC 02:00:00:00:00:62 is node b's",

@@ -62,6 +62,7 @@ func TestPolicy(t *testing.T) {
 		defer c.setBypass(t, "off")
 		c.truthTable(t, true, true)
 	})
+	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)

@@ -281,7 +281,7 @@ func metricsState(st *apiv1.NodeStatus) string {
 func fastPathState(st *apiv1.NodeStatus) string {
 	switch {
 	case !st.FastPathLoaded:
-		return "not loaded (slow path only; see the agent log)"
+		return "not loaded yet (the node is not up; see the agent log)"
 	case st.FastPath:
 		return "on (" + st.FastPathMode + ")"
 	}

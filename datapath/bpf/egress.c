@@ -5,9 +5,12 @@
  * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
  * the pod). On a hit the packet gets the outer headers the kernel's VXLAN
  * device put on earlier packets of the same destination and is redirected
- * to the uplink: no routing, no netfilter, no VXLAN device.
+ * to the uplink: no routing, no netfilter, no VXLAN device. Whatever the
+ * fast path's state, a packet for a VXLAN port is dropped here, before
+ * masquerade could make it its node's (overlay.h).
  */
 #include "include/onc.h"
+#include "include/overlay.h"
 #include "include/parse.h"
 
 #define ENCAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
@@ -62,6 +65,10 @@ int onc_egress_fast(struct __sk_buff *skb)
 
 	if (!cfg)
 		return TC_ACT_OK;
+	if (from_pod_to_vxlan(data, end, cfg)) {
+		count(STAT_OVERLAY_DROP_FROM_POD);
+		return TC_ACT_SHOT;
+	}
 	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p)) {
 		count(STAT_EGRESS_MISS_NOT_IP);
 		return TC_ACT_OK;

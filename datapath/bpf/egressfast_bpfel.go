@@ -68,39 +68,56 @@ type EgressFastOncConfig struct {
 	VxlanPort uint16
 	Vni       uint32
 	Mark      uint32
+	NodeIp    uint32
 }
 
 type EgressFastOncStat uint32
 
 const (
-	EgressFastOncStatSTAT_EGRESS_HIT             EgressFastOncStat = 0
-	EgressFastOncStatSTAT_EGRESS_MISS_NOT_IP     EgressFastOncStat = 1
-	EgressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS  EgressFastOncStat = 2
-	EgressFastOncStatSTAT_EGRESS_MISS_DISABLED   EgressFastOncStat = 3
-	EgressFastOncStatSTAT_EGRESS_MISS_SPOOF      EgressFastOncStat = 4
-	EgressFastOncStatSTAT_EGRESS_MISS_HOST       EgressFastOncStat = 5
-	EgressFastOncStatSTAT_EGRESS_MISS_NO_PEER    EgressFastOncStat = 6
-	EgressFastOncStatSTAT_EGRESS_MISS_FLOW       EgressFastOncStat = 7
-	EgressFastOncStatSTAT_EGRESS_MISS_DEST       EgressFastOncStat = 8
-	EgressFastOncStatSTAT_EGRESS_MISS_ENCAP      EgressFastOncStat = 9
-	EgressFastOncStatSTAT_EGRESS_MISS_TTL        EgressFastOncStat = 10
-	EgressFastOncStatSTAT_EGRESS_ERROR           EgressFastOncStat = 11
-	EgressFastOncStatSTAT_INGRESS_HIT            EgressFastOncStat = 12
-	EgressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN EgressFastOncStat = 13
-	EgressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS EgressFastOncStat = 14
-	EgressFastOncStatSTAT_INGRESS_MISS_DISABLED  EgressFastOncStat = 15
-	EgressFastOncStatSTAT_INGRESS_MISS_HOST      EgressFastOncStat = 16
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER   EgressFastOncStat = 17
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD    EgressFastOncStat = 18
-	EgressFastOncStatSTAT_INGRESS_MISS_FLOW      EgressFastOncStat = 19
-	EgressFastOncStatSTAT_INGRESS_MISS_TTL       EgressFastOncStat = 20
-	EgressFastOncStatSTAT_INGRESS_ERROR          EgressFastOncStat = 21
-	EgressFastOncStatSTAT_LEARN_EGRESS           EgressFastOncStat = 22
-	EgressFastOncStatSTAT_LEARN_INGRESS          EgressFastOncStat = 23
-	EgressFastOncStatSTAT_LEARN_PAUSED           EgressFastOncStat = 24
-	EgressFastOncStatSTAT_LEARN_KNOWN            EgressFastOncStat = 25
-	EgressFastOncStatSTAT_MAX                    EgressFastOncStat = 26
+	EgressFastOncStatSTAT_EGRESS_HIT                  EgressFastOncStat = 0
+	EgressFastOncStatSTAT_EGRESS_MISS_NOT_IP          EgressFastOncStat = 1
+	EgressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS       EgressFastOncStat = 2
+	EgressFastOncStatSTAT_EGRESS_MISS_DISABLED        EgressFastOncStat = 3
+	EgressFastOncStatSTAT_EGRESS_MISS_SPOOF           EgressFastOncStat = 4
+	EgressFastOncStatSTAT_EGRESS_MISS_HOST            EgressFastOncStat = 5
+	EgressFastOncStatSTAT_EGRESS_MISS_NO_PEER         EgressFastOncStat = 6
+	EgressFastOncStatSTAT_EGRESS_MISS_FLOW            EgressFastOncStat = 7
+	EgressFastOncStatSTAT_EGRESS_MISS_DEST            EgressFastOncStat = 8
+	EgressFastOncStatSTAT_EGRESS_MISS_ENCAP           EgressFastOncStat = 9
+	EgressFastOncStatSTAT_EGRESS_MISS_TTL             EgressFastOncStat = 10
+	EgressFastOncStatSTAT_EGRESS_ERROR                EgressFastOncStat = 11
+	EgressFastOncStatSTAT_INGRESS_HIT                 EgressFastOncStat = 12
+	EgressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN      EgressFastOncStat = 13
+	EgressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS      EgressFastOncStat = 14
+	EgressFastOncStatSTAT_INGRESS_MISS_DISABLED       EgressFastOncStat = 15
+	EgressFastOncStatSTAT_INGRESS_MISS_HOST           EgressFastOncStat = 16
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER        EgressFastOncStat = 17
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD         EgressFastOncStat = 18
+	EgressFastOncStatSTAT_INGRESS_MISS_FLOW           EgressFastOncStat = 19
+	EgressFastOncStatSTAT_INGRESS_MISS_TTL            EgressFastOncStat = 20
+	EgressFastOncStatSTAT_INGRESS_ERROR               EgressFastOncStat = 21
+	EgressFastOncStatSTAT_LEARN_EGRESS                EgressFastOncStat = 22
+	EgressFastOncStatSTAT_LEARN_INGRESS               EgressFastOncStat = 23
+	EgressFastOncStatSTAT_LEARN_PAUSED                EgressFastOncStat = 24
+	EgressFastOncStatSTAT_LEARN_KNOWN                 EgressFastOncStat = 25
+	EgressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER EgressFastOncStat = 26
+	EgressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   EgressFastOncStat = 27
+	EgressFastOncStatSTAT_OVERLAY_DROP_MALFORMED      EgressFastOncStat = 28
+	EgressFastOncStatSTAT_OVERLAY_DROP_FROM_POD       EgressFastOncStat = 29
+	EgressFastOncStatSTAT_MAX                         EgressFastOncStat = 30
 )
+
+type EgressFastSenderKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     uint32
+}
+
+type EgressFastSenderVal struct {
+	_       structs.HostLayout
+	MaySend uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -113,6 +130,7 @@ const (
 	EgressFastMapOncHosts       = "onc_hosts"
 	EgressFastMapOncLocal       = "onc_local"
 	EgressFastMapOncPeers       = "onc_peers"
+	EgressFastMapOncSenders     = "onc_senders"
 	EgressFastMapOncStats       = "onc_stats"
 	EgressFastProgOncEgressFast = "onc_egress_fast"
 )
@@ -166,14 +184,15 @@ type EgressFastProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type EgressFastMapSpecs struct {
-	OncCfg    *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEncap  *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncHosts  *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.MapSpec `ebpf:"onc_local"`
-	OncPeers  *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncStats  *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // EgressFastVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,14 +221,15 @@ func (o *EgressFastObjects) Close() error {
 //
 // It can be passed to LoadEgressFastObjects or ebpf.CollectionSpec.LoadAndAssign.
 type EgressFastMaps struct {
-	OncCfg    *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress *ebpf.Map `ebpf:"onc_egress"`
-	OncEncap  *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter *ebpf.Map `ebpf:"onc_filter"`
-	OncHosts  *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.Map `ebpf:"onc_local"`
-	OncPeers  *ebpf.Map `ebpf:"onc_peers"`
-	OncStats  *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders *ebpf.Map `ebpf:"onc_senders"`
+	OncStats   *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *EgressFastMaps) Close() error {
@@ -221,6 +241,7 @@ func (m *EgressFastMaps) Close() error {
 		m.OncHosts,
 		m.OncLocal,
 		m.OncPeers,
+		m.OncSenders,
 		m.OncStats,
 	)
 }

@@ -6,8 +6,11 @@
  * slow path established, from the node that owns the sender's CIDR, to a
  * local pod loses its outer headers, gets the pod's MACs and goes straight
  * into the pod (bpf_redirect_peer): no VXLAN device, no routing, no netfilter.
+ * Before anything else, every frame for the VXLAN port passes the overlay
+ * guard (overlay.h), which drops what no peer may send.
  */
 #include "include/onc.h"
+#include "include/overlay.h"
 #include "include/parse.h"
 
 SEC("tc")
@@ -23,9 +26,15 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	struct ethhdr *eth;
 	struct l4 p;
 	__u32 ifindex;
+	int drop;
 
 	if (!cfg)
 		return TC_ACT_OK;
+	drop = overlay_guard(data, end, cfg);
+	if (drop) {
+		count(drop);
+		return TC_ACT_SHOT;
+	}
 	outer = parse_vxlan(data, end, cfg);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
 	    parse_l4(data, end, ONC_HDR_LEN, &p)) {

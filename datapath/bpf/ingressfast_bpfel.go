@@ -68,39 +68,56 @@ type IngressFastOncConfig struct {
 	VxlanPort uint16
 	Vni       uint32
 	Mark      uint32
+	NodeIp    uint32
 }
 
 type IngressFastOncStat uint32
 
 const (
-	IngressFastOncStatSTAT_EGRESS_HIT             IngressFastOncStat = 0
-	IngressFastOncStatSTAT_EGRESS_MISS_NOT_IP     IngressFastOncStat = 1
-	IngressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS  IngressFastOncStat = 2
-	IngressFastOncStatSTAT_EGRESS_MISS_DISABLED   IngressFastOncStat = 3
-	IngressFastOncStatSTAT_EGRESS_MISS_SPOOF      IngressFastOncStat = 4
-	IngressFastOncStatSTAT_EGRESS_MISS_HOST       IngressFastOncStat = 5
-	IngressFastOncStatSTAT_EGRESS_MISS_NO_PEER    IngressFastOncStat = 6
-	IngressFastOncStatSTAT_EGRESS_MISS_FLOW       IngressFastOncStat = 7
-	IngressFastOncStatSTAT_EGRESS_MISS_DEST       IngressFastOncStat = 8
-	IngressFastOncStatSTAT_EGRESS_MISS_ENCAP      IngressFastOncStat = 9
-	IngressFastOncStatSTAT_EGRESS_MISS_TTL        IngressFastOncStat = 10
-	IngressFastOncStatSTAT_EGRESS_ERROR           IngressFastOncStat = 11
-	IngressFastOncStatSTAT_INGRESS_HIT            IngressFastOncStat = 12
-	IngressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN IngressFastOncStat = 13
-	IngressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS IngressFastOncStat = 14
-	IngressFastOncStatSTAT_INGRESS_MISS_DISABLED  IngressFastOncStat = 15
-	IngressFastOncStatSTAT_INGRESS_MISS_HOST      IngressFastOncStat = 16
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER   IngressFastOncStat = 17
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD    IngressFastOncStat = 18
-	IngressFastOncStatSTAT_INGRESS_MISS_FLOW      IngressFastOncStat = 19
-	IngressFastOncStatSTAT_INGRESS_MISS_TTL       IngressFastOncStat = 20
-	IngressFastOncStatSTAT_INGRESS_ERROR          IngressFastOncStat = 21
-	IngressFastOncStatSTAT_LEARN_EGRESS           IngressFastOncStat = 22
-	IngressFastOncStatSTAT_LEARN_INGRESS          IngressFastOncStat = 23
-	IngressFastOncStatSTAT_LEARN_PAUSED           IngressFastOncStat = 24
-	IngressFastOncStatSTAT_LEARN_KNOWN            IngressFastOncStat = 25
-	IngressFastOncStatSTAT_MAX                    IngressFastOncStat = 26
+	IngressFastOncStatSTAT_EGRESS_HIT                  IngressFastOncStat = 0
+	IngressFastOncStatSTAT_EGRESS_MISS_NOT_IP          IngressFastOncStat = 1
+	IngressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS       IngressFastOncStat = 2
+	IngressFastOncStatSTAT_EGRESS_MISS_DISABLED        IngressFastOncStat = 3
+	IngressFastOncStatSTAT_EGRESS_MISS_SPOOF           IngressFastOncStat = 4
+	IngressFastOncStatSTAT_EGRESS_MISS_HOST            IngressFastOncStat = 5
+	IngressFastOncStatSTAT_EGRESS_MISS_NO_PEER         IngressFastOncStat = 6
+	IngressFastOncStatSTAT_EGRESS_MISS_FLOW            IngressFastOncStat = 7
+	IngressFastOncStatSTAT_EGRESS_MISS_DEST            IngressFastOncStat = 8
+	IngressFastOncStatSTAT_EGRESS_MISS_ENCAP           IngressFastOncStat = 9
+	IngressFastOncStatSTAT_EGRESS_MISS_TTL             IngressFastOncStat = 10
+	IngressFastOncStatSTAT_EGRESS_ERROR                IngressFastOncStat = 11
+	IngressFastOncStatSTAT_INGRESS_HIT                 IngressFastOncStat = 12
+	IngressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN      IngressFastOncStat = 13
+	IngressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS      IngressFastOncStat = 14
+	IngressFastOncStatSTAT_INGRESS_MISS_DISABLED       IngressFastOncStat = 15
+	IngressFastOncStatSTAT_INGRESS_MISS_HOST           IngressFastOncStat = 16
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER        IngressFastOncStat = 17
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD         IngressFastOncStat = 18
+	IngressFastOncStatSTAT_INGRESS_MISS_FLOW           IngressFastOncStat = 19
+	IngressFastOncStatSTAT_INGRESS_MISS_TTL            IngressFastOncStat = 20
+	IngressFastOncStatSTAT_INGRESS_ERROR               IngressFastOncStat = 21
+	IngressFastOncStatSTAT_LEARN_EGRESS                IngressFastOncStat = 22
+	IngressFastOncStatSTAT_LEARN_INGRESS               IngressFastOncStat = 23
+	IngressFastOncStatSTAT_LEARN_PAUSED                IngressFastOncStat = 24
+	IngressFastOncStatSTAT_LEARN_KNOWN                 IngressFastOncStat = 25
+	IngressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER IngressFastOncStat = 26
+	IngressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   IngressFastOncStat = 27
+	IngressFastOncStatSTAT_OVERLAY_DROP_MALFORMED      IngressFastOncStat = 28
+	IngressFastOncStatSTAT_OVERLAY_DROP_FROM_POD       IngressFastOncStat = 29
+	IngressFastOncStatSTAT_MAX                         IngressFastOncStat = 30
 )
+
+type IngressFastSenderKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     uint32
+}
+
+type IngressFastSenderVal struct {
+	_       structs.HostLayout
+	MaySend uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -113,6 +130,7 @@ const (
 	IngressFastMapOncHosts        = "onc_hosts"
 	IngressFastMapOncLocal        = "onc_local"
 	IngressFastMapOncPeers        = "onc_peers"
+	IngressFastMapOncSenders      = "onc_senders"
 	IngressFastMapOncStats        = "onc_stats"
 	IngressFastProgOncIngressFast = "onc_ingress_fast"
 )
@@ -166,14 +184,15 @@ type IngressFastProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type IngressFastMapSpecs struct {
-	OncCfg    *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEncap  *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncHosts  *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.MapSpec `ebpf:"onc_local"`
-	OncPeers  *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncStats  *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // IngressFastVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,14 +221,15 @@ func (o *IngressFastObjects) Close() error {
 //
 // It can be passed to LoadIngressFastObjects or ebpf.CollectionSpec.LoadAndAssign.
 type IngressFastMaps struct {
-	OncCfg    *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress *ebpf.Map `ebpf:"onc_egress"`
-	OncEncap  *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter *ebpf.Map `ebpf:"onc_filter"`
-	OncHosts  *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.Map `ebpf:"onc_local"`
-	OncPeers  *ebpf.Map `ebpf:"onc_peers"`
-	OncStats  *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders *ebpf.Map `ebpf:"onc_senders"`
+	OncStats   *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *IngressFastMaps) Close() error {
@@ -221,6 +241,7 @@ func (m *IngressFastMaps) Close() error {
 		m.OncHosts,
 		m.OncLocal,
 		m.OncPeers,
+		m.OncSenders,
 		m.OncStats,
 	)
 }

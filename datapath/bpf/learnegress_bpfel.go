@@ -68,39 +68,56 @@ type LearnEgressOncConfig struct {
 	VxlanPort uint16
 	Vni       uint32
 	Mark      uint32
+	NodeIp    uint32
 }
 
 type LearnEgressOncStat uint32
 
 const (
-	LearnEgressOncStatSTAT_EGRESS_HIT             LearnEgressOncStat = 0
-	LearnEgressOncStatSTAT_EGRESS_MISS_NOT_IP     LearnEgressOncStat = 1
-	LearnEgressOncStatSTAT_EGRESS_MISS_TCP_FLAGS  LearnEgressOncStat = 2
-	LearnEgressOncStatSTAT_EGRESS_MISS_DISABLED   LearnEgressOncStat = 3
-	LearnEgressOncStatSTAT_EGRESS_MISS_SPOOF      LearnEgressOncStat = 4
-	LearnEgressOncStatSTAT_EGRESS_MISS_HOST       LearnEgressOncStat = 5
-	LearnEgressOncStatSTAT_EGRESS_MISS_NO_PEER    LearnEgressOncStat = 6
-	LearnEgressOncStatSTAT_EGRESS_MISS_FLOW       LearnEgressOncStat = 7
-	LearnEgressOncStatSTAT_EGRESS_MISS_DEST       LearnEgressOncStat = 8
-	LearnEgressOncStatSTAT_EGRESS_MISS_ENCAP      LearnEgressOncStat = 9
-	LearnEgressOncStatSTAT_EGRESS_MISS_TTL        LearnEgressOncStat = 10
-	LearnEgressOncStatSTAT_EGRESS_ERROR           LearnEgressOncStat = 11
-	LearnEgressOncStatSTAT_INGRESS_HIT            LearnEgressOncStat = 12
-	LearnEgressOncStatSTAT_INGRESS_MISS_NOT_VXLAN LearnEgressOncStat = 13
-	LearnEgressOncStatSTAT_INGRESS_MISS_TCP_FLAGS LearnEgressOncStat = 14
-	LearnEgressOncStatSTAT_INGRESS_MISS_DISABLED  LearnEgressOncStat = 15
-	LearnEgressOncStatSTAT_INGRESS_MISS_HOST      LearnEgressOncStat = 16
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnEgressOncStat = 17
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD    LearnEgressOncStat = 18
-	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW      LearnEgressOncStat = 19
-	LearnEgressOncStatSTAT_INGRESS_MISS_TTL       LearnEgressOncStat = 20
-	LearnEgressOncStatSTAT_INGRESS_ERROR          LearnEgressOncStat = 21
-	LearnEgressOncStatSTAT_LEARN_EGRESS           LearnEgressOncStat = 22
-	LearnEgressOncStatSTAT_LEARN_INGRESS          LearnEgressOncStat = 23
-	LearnEgressOncStatSTAT_LEARN_PAUSED           LearnEgressOncStat = 24
-	LearnEgressOncStatSTAT_LEARN_KNOWN            LearnEgressOncStat = 25
-	LearnEgressOncStatSTAT_MAX                    LearnEgressOncStat = 26
+	LearnEgressOncStatSTAT_EGRESS_HIT                  LearnEgressOncStat = 0
+	LearnEgressOncStatSTAT_EGRESS_MISS_NOT_IP          LearnEgressOncStat = 1
+	LearnEgressOncStatSTAT_EGRESS_MISS_TCP_FLAGS       LearnEgressOncStat = 2
+	LearnEgressOncStatSTAT_EGRESS_MISS_DISABLED        LearnEgressOncStat = 3
+	LearnEgressOncStatSTAT_EGRESS_MISS_SPOOF           LearnEgressOncStat = 4
+	LearnEgressOncStatSTAT_EGRESS_MISS_HOST            LearnEgressOncStat = 5
+	LearnEgressOncStatSTAT_EGRESS_MISS_NO_PEER         LearnEgressOncStat = 6
+	LearnEgressOncStatSTAT_EGRESS_MISS_FLOW            LearnEgressOncStat = 7
+	LearnEgressOncStatSTAT_EGRESS_MISS_DEST            LearnEgressOncStat = 8
+	LearnEgressOncStatSTAT_EGRESS_MISS_ENCAP           LearnEgressOncStat = 9
+	LearnEgressOncStatSTAT_EGRESS_MISS_TTL             LearnEgressOncStat = 10
+	LearnEgressOncStatSTAT_EGRESS_ERROR                LearnEgressOncStat = 11
+	LearnEgressOncStatSTAT_INGRESS_HIT                 LearnEgressOncStat = 12
+	LearnEgressOncStatSTAT_INGRESS_MISS_NOT_VXLAN      LearnEgressOncStat = 13
+	LearnEgressOncStatSTAT_INGRESS_MISS_TCP_FLAGS      LearnEgressOncStat = 14
+	LearnEgressOncStatSTAT_INGRESS_MISS_DISABLED       LearnEgressOncStat = 15
+	LearnEgressOncStatSTAT_INGRESS_MISS_HOST           LearnEgressOncStat = 16
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER        LearnEgressOncStat = 17
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD         LearnEgressOncStat = 18
+	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW           LearnEgressOncStat = 19
+	LearnEgressOncStatSTAT_INGRESS_MISS_TTL            LearnEgressOncStat = 20
+	LearnEgressOncStatSTAT_INGRESS_ERROR               LearnEgressOncStat = 21
+	LearnEgressOncStatSTAT_LEARN_EGRESS                LearnEgressOncStat = 22
+	LearnEgressOncStatSTAT_LEARN_INGRESS               LearnEgressOncStat = 23
+	LearnEgressOncStatSTAT_LEARN_PAUSED                LearnEgressOncStat = 24
+	LearnEgressOncStatSTAT_LEARN_KNOWN                 LearnEgressOncStat = 25
+	LearnEgressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER LearnEgressOncStat = 26
+	LearnEgressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   LearnEgressOncStat = 27
+	LearnEgressOncStatSTAT_OVERLAY_DROP_MALFORMED      LearnEgressOncStat = 28
+	LearnEgressOncStatSTAT_OVERLAY_DROP_FROM_POD       LearnEgressOncStat = 29
+	LearnEgressOncStatSTAT_MAX                         LearnEgressOncStat = 30
 )
+
+type LearnEgressSenderKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     uint32
+}
+
+type LearnEgressSenderVal struct {
+	_       structs.HostLayout
+	MaySend uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -113,6 +130,7 @@ const (
 	LearnEgressMapOncHosts        = "onc_hosts"
 	LearnEgressMapOncLocal        = "onc_local"
 	LearnEgressMapOncPeers        = "onc_peers"
+	LearnEgressMapOncSenders      = "onc_senders"
 	LearnEgressMapOncStats        = "onc_stats"
 	LearnEgressProgOncLearnEgress = "onc_learn_egress"
 )
@@ -166,14 +184,15 @@ type LearnEgressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LearnEgressMapSpecs struct {
-	OncCfg    *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEncap  *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncHosts  *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.MapSpec `ebpf:"onc_local"`
-	OncPeers  *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncStats  *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // LearnEgressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,14 +221,15 @@ func (o *LearnEgressObjects) Close() error {
 //
 // It can be passed to LoadLearnEgressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LearnEgressMaps struct {
-	OncCfg    *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress *ebpf.Map `ebpf:"onc_egress"`
-	OncEncap  *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter *ebpf.Map `ebpf:"onc_filter"`
-	OncHosts  *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.Map `ebpf:"onc_local"`
-	OncPeers  *ebpf.Map `ebpf:"onc_peers"`
-	OncStats  *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders *ebpf.Map `ebpf:"onc_senders"`
+	OncStats   *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *LearnEgressMaps) Close() error {
@@ -221,6 +241,7 @@ func (m *LearnEgressMaps) Close() error {
 		m.OncHosts,
 		m.OncLocal,
 		m.OncPeers,
+		m.OncSenders,
 		m.OncStats,
 	)
 }

@@ -68,39 +68,56 @@ type LearnIngressOncConfig struct {
 	VxlanPort uint16
 	Vni       uint32
 	Mark      uint32
+	NodeIp    uint32
 }
 
 type LearnIngressOncStat uint32
 
 const (
-	LearnIngressOncStatSTAT_EGRESS_HIT             LearnIngressOncStat = 0
-	LearnIngressOncStatSTAT_EGRESS_MISS_NOT_IP     LearnIngressOncStat = 1
-	LearnIngressOncStatSTAT_EGRESS_MISS_TCP_FLAGS  LearnIngressOncStat = 2
-	LearnIngressOncStatSTAT_EGRESS_MISS_DISABLED   LearnIngressOncStat = 3
-	LearnIngressOncStatSTAT_EGRESS_MISS_SPOOF      LearnIngressOncStat = 4
-	LearnIngressOncStatSTAT_EGRESS_MISS_HOST       LearnIngressOncStat = 5
-	LearnIngressOncStatSTAT_EGRESS_MISS_NO_PEER    LearnIngressOncStat = 6
-	LearnIngressOncStatSTAT_EGRESS_MISS_FLOW       LearnIngressOncStat = 7
-	LearnIngressOncStatSTAT_EGRESS_MISS_DEST       LearnIngressOncStat = 8
-	LearnIngressOncStatSTAT_EGRESS_MISS_ENCAP      LearnIngressOncStat = 9
-	LearnIngressOncStatSTAT_EGRESS_MISS_TTL        LearnIngressOncStat = 10
-	LearnIngressOncStatSTAT_EGRESS_ERROR           LearnIngressOncStat = 11
-	LearnIngressOncStatSTAT_INGRESS_HIT            LearnIngressOncStat = 12
-	LearnIngressOncStatSTAT_INGRESS_MISS_NOT_VXLAN LearnIngressOncStat = 13
-	LearnIngressOncStatSTAT_INGRESS_MISS_TCP_FLAGS LearnIngressOncStat = 14
-	LearnIngressOncStatSTAT_INGRESS_MISS_DISABLED  LearnIngressOncStat = 15
-	LearnIngressOncStatSTAT_INGRESS_MISS_HOST      LearnIngressOncStat = 16
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER   LearnIngressOncStat = 17
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD    LearnIngressOncStat = 18
-	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW      LearnIngressOncStat = 19
-	LearnIngressOncStatSTAT_INGRESS_MISS_TTL       LearnIngressOncStat = 20
-	LearnIngressOncStatSTAT_INGRESS_ERROR          LearnIngressOncStat = 21
-	LearnIngressOncStatSTAT_LEARN_EGRESS           LearnIngressOncStat = 22
-	LearnIngressOncStatSTAT_LEARN_INGRESS          LearnIngressOncStat = 23
-	LearnIngressOncStatSTAT_LEARN_PAUSED           LearnIngressOncStat = 24
-	LearnIngressOncStatSTAT_LEARN_KNOWN            LearnIngressOncStat = 25
-	LearnIngressOncStatSTAT_MAX                    LearnIngressOncStat = 26
+	LearnIngressOncStatSTAT_EGRESS_HIT                  LearnIngressOncStat = 0
+	LearnIngressOncStatSTAT_EGRESS_MISS_NOT_IP          LearnIngressOncStat = 1
+	LearnIngressOncStatSTAT_EGRESS_MISS_TCP_FLAGS       LearnIngressOncStat = 2
+	LearnIngressOncStatSTAT_EGRESS_MISS_DISABLED        LearnIngressOncStat = 3
+	LearnIngressOncStatSTAT_EGRESS_MISS_SPOOF           LearnIngressOncStat = 4
+	LearnIngressOncStatSTAT_EGRESS_MISS_HOST            LearnIngressOncStat = 5
+	LearnIngressOncStatSTAT_EGRESS_MISS_NO_PEER         LearnIngressOncStat = 6
+	LearnIngressOncStatSTAT_EGRESS_MISS_FLOW            LearnIngressOncStat = 7
+	LearnIngressOncStatSTAT_EGRESS_MISS_DEST            LearnIngressOncStat = 8
+	LearnIngressOncStatSTAT_EGRESS_MISS_ENCAP           LearnIngressOncStat = 9
+	LearnIngressOncStatSTAT_EGRESS_MISS_TTL             LearnIngressOncStat = 10
+	LearnIngressOncStatSTAT_EGRESS_ERROR                LearnIngressOncStat = 11
+	LearnIngressOncStatSTAT_INGRESS_HIT                 LearnIngressOncStat = 12
+	LearnIngressOncStatSTAT_INGRESS_MISS_NOT_VXLAN      LearnIngressOncStat = 13
+	LearnIngressOncStatSTAT_INGRESS_MISS_TCP_FLAGS      LearnIngressOncStat = 14
+	LearnIngressOncStatSTAT_INGRESS_MISS_DISABLED       LearnIngressOncStat = 15
+	LearnIngressOncStatSTAT_INGRESS_MISS_HOST           LearnIngressOncStat = 16
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER        LearnIngressOncStat = 17
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD         LearnIngressOncStat = 18
+	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW           LearnIngressOncStat = 19
+	LearnIngressOncStatSTAT_INGRESS_MISS_TTL            LearnIngressOncStat = 20
+	LearnIngressOncStatSTAT_INGRESS_ERROR               LearnIngressOncStat = 21
+	LearnIngressOncStatSTAT_LEARN_EGRESS                LearnIngressOncStat = 22
+	LearnIngressOncStatSTAT_LEARN_INGRESS               LearnIngressOncStat = 23
+	LearnIngressOncStatSTAT_LEARN_PAUSED                LearnIngressOncStat = 24
+	LearnIngressOncStatSTAT_LEARN_KNOWN                 LearnIngressOncStat = 25
+	LearnIngressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER LearnIngressOncStat = 26
+	LearnIngressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   LearnIngressOncStat = 27
+	LearnIngressOncStatSTAT_OVERLAY_DROP_MALFORMED      LearnIngressOncStat = 28
+	LearnIngressOncStatSTAT_OVERLAY_DROP_FROM_POD       LearnIngressOncStat = 29
+	LearnIngressOncStatSTAT_MAX                         LearnIngressOncStat = 30
 )
+
+type LearnIngressSenderKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     uint32
+}
+
+type LearnIngressSenderVal struct {
+	_       structs.HostLayout
+	MaySend uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -113,6 +130,7 @@ const (
 	LearnIngressMapOncHosts         = "onc_hosts"
 	LearnIngressMapOncLocal         = "onc_local"
 	LearnIngressMapOncPeers         = "onc_peers"
+	LearnIngressMapOncSenders       = "onc_senders"
 	LearnIngressMapOncStats         = "onc_stats"
 	LearnIngressProgOncLearnIngress = "onc_learn_ingress"
 )
@@ -166,14 +184,15 @@ type LearnIngressProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LearnIngressMapSpecs struct {
-	OncCfg    *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEncap  *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncHosts  *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.MapSpec `ebpf:"onc_local"`
-	OncPeers  *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncStats  *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // LearnIngressVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,14 +221,15 @@ func (o *LearnIngressObjects) Close() error {
 //
 // It can be passed to LoadLearnIngressObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LearnIngressMaps struct {
-	OncCfg    *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress *ebpf.Map `ebpf:"onc_egress"`
-	OncEncap  *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter *ebpf.Map `ebpf:"onc_filter"`
-	OncHosts  *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal  *ebpf.Map `ebpf:"onc_local"`
-	OncPeers  *ebpf.Map `ebpf:"onc_peers"`
-	OncStats  *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders *ebpf.Map `ebpf:"onc_senders"`
+	OncStats   *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *LearnIngressMaps) Close() error {
@@ -221,6 +241,7 @@ func (m *LearnIngressMaps) Close() error {
 		m.OncHosts,
 		m.OncLocal,
 		m.OncPeers,
+		m.OncSenders,
 		m.OncStats,
 	)
 }

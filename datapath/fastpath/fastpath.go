@@ -31,6 +31,8 @@ type (
 	LocalPod  = bpf.EgressFastLocalPod
 	cidrKey   = bpf.EgressFastCidrKey
 	cidrVal   = bpf.EgressFastCidrVal
+	senderKey = bpf.EgressFastSenderKey
+	senderVal = bpf.EgressFastSenderVal
 	config    = bpf.EgressFastOncConfig
 )
 
@@ -41,6 +43,9 @@ type Options struct {
 	Port   int
 	Mark   uint32 // the skb->mark bit the slow path sets on ESTABLISHED pod traffic
 	Mode   Mode   // how programs attach; ModeAuto picks tcx when the kernel has it
+	// NodeIP is this node's tunnel endpoint: the only outer destination
+	// the overlay guard lets VXLAN frames have.
+	NodeIP netip.Addr
 }
 
 // Datapath is the loaded flow cache.
@@ -55,14 +60,18 @@ type Datapath struct {
 	closers []io.Closer
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
-	peers      mirror[cidrKey, cidrVal] // onc_peers as SyncPeers last wrote it
-	hosts      mirror[uint32, uint8]    // onc_hosts as SetHosts last wrote it
+	peers      mirror[cidrKey, cidrVal]     // onc_peers as SyncPeers last wrote it
+	hosts      mirror[uint32, uint8]        // onc_hosts as SetHosts last wrote it
+	senders    mirror[senderKey, senderVal] // onc_senders as SyncSenders last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
 func Open(o Options) (*Datapath, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
+	}
+	if !o.NodeIP.Is4() {
+		return nil, fmt.Errorf("node IP %v: the overlay guard needs this node's IPv4 tunnel endpoint", o.NodeIP)
 	}
 	d := &Datapath{opts: o}
 	mode, err := resolveMode(o.Mode)
@@ -130,6 +139,7 @@ func (d *Datapath) Configure(enabled bool) error {
 	}
 	c.Enabled, c.Learning = b2u(enabled), 1
 	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), bpf.NetPort(uint16(d.opts.Port)), d.opts.Mark
+	c.NodeIp = bpf.NetIPv4(d.opts.NodeIP)
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 
@@ -276,19 +286,25 @@ func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {
 		want[bpf.NetIPv4(a)] = 1
 	}
 	return d.hosts.sync(d.maps.OncHosts, want, checkKernel, func(have map[uint32]uint8) error {
-		added, changed, gone := diff(have, want)
-		for _, k := range slices.Concat(added, changed) {
-			if err := d.peerWrite(d.maps.OncHosts.Put(k, want[k])); err != nil {
-				return err
-			}
-		}
-		for _, k := range gone {
-			if err := d.peerWrite(d.maps.OncHosts.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return err
-			}
-		}
-		return nil
+		return putThenDelete(d, d.maps.OncHosts, have, want)
 	})
+}
+
+// putThenDelete writes to m what want adds or changes against have, then
+// deletes what want no longer holds, counting each write (peerWrite).
+func putThenDelete[K, V comparable](d *Datapath, m *ebpf.Map, have, want map[K]V) error {
+	added, changed, gone := diff(have, want)
+	for _, k := range slices.Concat(added, changed) {
+		if err := d.peerWrite(m.Put(k, want[k])); err != nil {
+			return err
+		}
+	}
+	for _, k := range gone {
+		if err := d.peerWrite(m.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // mirror is what SyncPeers or SetHosts last wrote to its map, so that a
@@ -346,8 +362,8 @@ func diff[K, V comparable](have, want map[K]V) (added, changed, gone []K) {
 	return added, changed, gone
 }
 
-// PeerWrites counts the updates and deletes SyncPeers and SetHosts have
-// made to the peer and host maps; at steady state it stays put.
+// PeerWrites counts the updates and deletes SyncPeers, SetHosts and
+// SyncSenders have made to the peer, host and sender maps; at steady state it stays put.
 func (d *Datapath) PeerWrites() uint64 { return d.peerWrites.Load() }
 
 // peerWrite counts a write to the peer or host map and passes its error on.

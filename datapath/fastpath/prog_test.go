@@ -33,13 +33,18 @@ var (
 	localNode = netip.MustParseAddr("192.0.2.1")
 	peerNode  = netip.MustParseAddr("192.0.2.2")
 	otherNode = netip.MustParseAddr("192.0.2.9")
+	otherPod  = netip.MustParseAddr("10.244.9.3")
 	peerCIDR  = netip.MustParsePrefix("10.244.2.0/24")
-	podMAC    = net.HardwareAddr{2, 0, 0, 0, 1, 2}
-	hostMAC   = net.HardwareAddr{2, 0, 0, 0, 1, 1}
-	vtepLocal = net.HardwareAddr{2, 0, 0, 0, 0xa, 1}
-	vtepPeer  = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
-	nicLocal  = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
-	nicPeer   = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
+	// peerSender is what the control plane lets peerNode speak for.
+	peerSender = Sender{NodeIP: peerNode, Sources: []netip.Prefix{peerCIDR, netip.PrefixFrom(peerNode, 32)}}
+	// otherSender is a peer whose agent runs no fast path.
+	otherSender = Sender{NodeIP: otherNode, Sources: []netip.Prefix{netip.MustParsePrefix("10.244.9.0/24"), netip.PrefixFrom(otherNode, 32)}}
+	podMAC      = net.HardwareAddr{2, 0, 0, 0, 1, 2}
+	hostMAC     = net.HardwareAddr{2, 0, 0, 0, 1, 1}
+	vtepLocal   = net.HardwareAddr{2, 0, 0, 0, 0xa, 1}
+	vtepPeer    = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
+	nicLocal    = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
+	nicPeer     = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
 )
 
 func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
@@ -48,7 +53,7 @@ func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
 func openMode(t *testing.T, mode Mode) *Datapath {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode})
+	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode, NodeIP: localNode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +166,7 @@ func stat(t *testing.T, d *Datapath, name string) uint64 {
 func established(t *testing.T, d *Datapath) {
 	t.Helper()
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	must(t, d.SyncSenders([]Sender{peerSender}, false))
 	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	key := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40000)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
@@ -308,6 +314,7 @@ func TestIngressMissReasons(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false))
+	must(t, d.SyncSenders([]Sender{peerSender, otherSender}, false))
 	in := func(src, dst netip.Addr, flags byte) []byte {
 		return frame(vtepLocal, vtepPeer, src, dst, unix.IPPROTO_TCP, 80, 40000, flags, 10)
 	}
@@ -316,9 +323,8 @@ func TestIngressMissReasons(t *testing.T) {
 		pkt           []byte
 	}{
 		{"plain UDP", "ingress_miss_not_vxlan", frame(nicLocal, nicPeer, peerNode, localNode, unix.IPPROTO_UDP, 1, 53, 0, 10)},
-		{"other VNI", "ingress_miss_not_vxlan", vxlan(in(remotePod, localPod, 0), peerNode, localNode, 2)},
 		{"SYN", "ingress_miss_tcp_flags", vxlan(in(remotePod, localPod, 0x02), peerNode, localNode, 1)},
-		{"from a node that does not own the CIDR", "ingress_miss_no_peer", vxlan(in(remotePod, localPod, 0), otherNode, localNode, 1)},
+		{"from a peer that does not run the fast path", "ingress_miss_no_peer", vxlan(in(otherPod, localPod, 0), otherNode, localNode, 1)},
 		{"from the peer's gateway (host to pod)", "ingress_miss_host", vxlan(in(netip.MustParseAddr("10.244.2.1"), localPod, 0), peerNode, localNode, 1)},
 		{"to no local pod", "ingress_miss_no_pod", vxlan(in(remotePod, netip.MustParseAddr("10.244.1.99"), 0), peerNode, localNode, 1)},
 		{"unlearned flow", "ingress_miss_flow", vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_UDP, 80, 40000, 0, 10), peerNode, localNode, 1)},
@@ -337,6 +343,7 @@ func TestIngressMissReasons(t *testing.T) {
 func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	d := open(t)
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	must(t, d.SyncSenders([]Sender{peerSender}, false))
 	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
@@ -387,6 +394,7 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 func TestLearningWritesOnlyChanges(t *testing.T) {
 	d := open(t)
 	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	must(t, d.SyncSenders([]Sender{peerSender}, false))
 	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
@@ -452,6 +460,7 @@ func TestSYNACKTeachesTheReplyDirection(t *testing.T) {
 	ready := func(t *testing.T) *Datapath {
 		d := open(t)
 		must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+		must(t, d.SyncSenders([]Sender{peerSender}, false))
 		must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 		return d
 	}

@@ -77,6 +77,7 @@ struct onc_config {
 	__be16 vxlan_port;
 	__u32 vni;        /* host order */
 	__u32 mark;       /* skb->mark bit the slow path sets on ESTABLISHED */
+	__be32 node_ip;   /* this node's tunnel endpoint */
 };
 
 /* Counters (per CPU); onctl stats decodes them by these names. */
@@ -107,6 +108,11 @@ enum onc_stat {
 	STAT_LEARN_INGRESS,
 	STAT_LEARN_PAUSED,
 	STAT_LEARN_KNOWN,             /* a marked packet of a flow already learned: nothing written */
+	/* The overlay guard's drops (overlay.h), fast path on or off. */
+	STAT_OVERLAY_DROP_UNKNOWN_SENDER, /* outer source not a peer's tunnel endpoint */
+	STAT_OVERLAY_DROP_INNER_SOURCE,   /* inner source the sending peer may not speak for */
+	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, other VNI or destination, inner not IPv4 */
+	STAT_OVERLAY_DROP_FROM_POD,       /* a pod sent to the VXLAN port */
 	STAT_MAX,
 };
 
@@ -166,6 +172,34 @@ struct {
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_hosts SEC(".maps");
+
+/*
+ * Who may send on the overlay: a peer's tunnel endpoint followed by an
+ * inner source prefix it may speak for (its pod CIDR, its node address),
+ * looked up longest-prefix with the frame's outer and inner sources. Each
+ * peer also has an entry of its endpoint alone (prefixlen 32, may_send 0),
+ * so a miss tells an unknown sender from a known one speaking for others.
+ */
+struct sender_key {
+	__u32 prefixlen; /* 32 + the inner prefix's length */
+	__be32 peer;     /* outer source: the peer's tunnel endpoint */
+	__be32 inner;    /* inner source prefix */
+};
+
+struct sender_val {
+	__u8 may_send;
+};
+
+#define ONC_SENDERS_PER_NODE 3
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
+	__type(key, struct sender_key);
+	__type(value, struct sender_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_senders SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
