@@ -106,6 +106,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{fastPathSample, "learn_known", descFastPathLearn, []string{"known"}},
 		{fastPathSample, "overlay_drop_inner_source", descOverlayDrops, []string{"inner_source"}},
 		{fastPathSample, "overlay_drop_from_pod", descOverlayDrops, []string{"from_pod"}},
+		{fastPathSample, "overlay_drop_other_interface", descOverlayDrops, []string{"other_interface"}},
 		{socketLBSample, "connect_translated", descSocketLBTranslations, []string{"connect"}},
 		{socketLBSample, "sendmsg_refused", descSocketLBRefusals, []string{"sendmsg"}},
 		{socketLBSample, "no_slot", nil, nil},

@@ -127,7 +127,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if fp.Enabled() {
 		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
 	}
-	if err := netfilter.Ensure(s.ClusterCIDR.String(), overlay.DeviceName, mark); err != nil {
+	if err := netfilter.Ensure(s.ClusterCIDR.String(), netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}, mark); err != nil {
 		return err
 	}
 	// Conntrack does not see the data the fast path carries, so its TCP
@@ -213,6 +213,21 @@ func (f nodeFastPath) Switch(enabled bool) error {
 		slog.Warn("fast path off, but removing the ESTABLISHED mark rules failed; they stay until the next switch", "err", err)
 	}
 	return nil
+}
+
+// Stats adds to the programs' counters the overlay guard's drop in
+// netfilter: frames for the VXLAN port that came in by another interface
+// than the uplink, whose programs judge the rest.
+func (f nodeFastPath) Stats() ([]fastpath.Stat, error) {
+	st, err := f.Datapath.Stats()
+	if err != nil {
+		return nil, err
+	}
+	elsewhere, err := netfilter.VXLANElsewhereDropped()
+	if err != nil {
+		return nil, err
+	}
+	return append(st, fastpath.Stat{Name: "overlay_drop_other_interface", Value: elsewhere}), nil
 }
 
 func (n *Node) fastPath() *fastpath.Datapath {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -100,13 +101,33 @@ func newInjector(t *testing.T, node *lab.Node, target *lab.Pod) *injector {
 }
 
 // send sends a few frames (UDP may lose one) from netns, with the inner
-// source src, to the target node's VXLAN port, and reports whether the
-// target pod received any of them within a second.
-func (in *injector) send(t *testing.T, netns string, src netip.Addr) bool {
+// source src, to the VXLAN port of the target node's address to, and
+// reports whether the target pod received any of them within a second.
+func (in *injector) send(t *testing.T, netns string, src, to netip.Addr) bool {
 	t.Helper()
 	payload := fmt.Sprintf("injected %s from %s %d", src, netns, time.Now().UnixNano())
 	frame := vxlanFrame(in.vtep, src, in.target.IP, payload)
-	return in.sendUntilArrived(t, netns, netip.AddrPortFrom(in.node.IP, vxlanPort), frame, payload)
+	return in.sendUntilArrived(t, netns, netip.AddrPortFrom(to, vxlanPort), frame, payload)
+}
+
+// secondCable joins namespace from to node's namespace with a veth pair of
+// their own, /30 addresses on it, and returns node's end's address. The
+// pair goes with from's namespace.
+func secondCable(t *testing.T, from, node string) netip.Addr {
+	t.Helper()
+	nodeEnd := netip.MustParseAddr("172.31.252.2")
+	for _, cmd := range [][]string{
+		{"ip", "-n", from, "link", "add", "side0", "type", "veth", "peer", "name", "side1", "netns", node},
+		{"ip", "-n", from, "addr", "add", "172.31.252.1/30", "dev", "side0"},
+		{"ip", "-n", node, "addr", "add", nodeEnd.String() + "/30", "dev", "side1"},
+		{"ip", "-n", from, "link", "set", "side0", "up"},
+		{"ip", "-n", node, "link", "set", "side1", "up"},
+	} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	return nodeEnd
 }
 
 // sendPlain sends an ordinary datagram from netns to the target pod and
@@ -164,26 +185,32 @@ type injection struct {
 	reason    string // "" for the control, which must arrive
 }
 
-// expectInjections sends every case and checks what arrived and what each
-// drop counted. The control case goes first: it shows the frames are
-// deliverable, so a missing one was dropped.
+// expectInjections sends every case to the target node's tunnel endpoint
+// and checks what arrived and what each drop counted. The control cases go
+// first: they show the frames are deliverable, so a missing one was dropped.
 func expectInjections(t *testing.T, in *injector, cases []injection) {
 	t.Helper()
 	for _, c := range cases {
-		var before map[string]uint64
-		if c.countedOn != nil {
-			before = guardDrops(t, c.countedOn)
-		}
-		arrived := in.send(t, c.netns, c.src)
-		switch {
-		case c.reason == "" && !arrived:
-			t.Errorf("%s: a frame a peer may send was not delivered", c.name)
-		case c.reason != "" && arrived:
-			t.Errorf("%s: the injected packet reached %s", c.name, in.target.IP)
-		case c.reason != "":
-			if after := guardDrops(t, c.countedOn); after[c.reason] <= before[c.reason] {
-				t.Errorf("%s: %s counted no %s drop (before %v, after %v)", c.name, c.countedOn.Name, c.reason, before, after)
-			}
+		expectInjection(t, in, c, in.node.IP)
+	}
+}
+
+// expectInjection sends c's frames to the target node's address to.
+func expectInjection(t *testing.T, in *injector, c injection, to netip.Addr) {
+	t.Helper()
+	var before map[string]uint64
+	if c.countedOn != nil {
+		before = guardDrops(t, c.countedOn)
+	}
+	arrived := in.send(t, c.netns, c.src, to)
+	switch {
+	case c.reason == "" && !arrived:
+		t.Errorf("%s: a frame a peer may send was not delivered", c.name)
+	case c.reason != "" && arrived:
+		t.Errorf("%s: the injected packet reached %s", c.name, in.target.IP)
+	case c.reason != "":
+		if after := guardDrops(t, c.countedOn); after[c.reason] <= before[c.reason] {
+			t.Errorf("%s: %s counted no %s drop (before %v, after %v)", c.name, c.countedOn.Name, c.reason, before, after)
 		}
 	}
 }
@@ -203,6 +230,9 @@ func TestOverlayGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cleanup)
+	// The outsider also has a cable straight into node 2, whose kernel's
+	// VXLAN socket listens on that address too.
+	sideAddr := secondCable(t, outsider, n2.Netns)
 	cases := []injection{
 		{"a peer speaking for its own pod (control)", n1.Netns, p1.IP, nil, ""},
 		{"a peer's host speaking for its node address (control)", n1.Netns, n1.IP, nil, ""},
@@ -213,12 +243,15 @@ func TestOverlayGuard(t *testing.T) {
 		{"a peer speaking for the target node's own pod CIDR", n1.Netns, n2.Pods[0].IP.Next(), n2, "inner_source"},
 		{"a peer speaking for an address outside the cluster", n1.Netns, netip.MustParseAddr("203.0.113.9"), n2, "inner_source"},
 	}
+	// A host by another interface than the uplink.
+	elsewhere := injection{"a host by another interface than the uplink", outsider, p1.IP, n2, "other_interface"}
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprintf("FastPath=%v", on), func(t *testing.T) {
 			for _, n := range l.Nodes {
 				setFastPath(t, n, on)
 			}
 			expectInjections(t, in, cases)
+			expectInjection(t, in, elsewhere, sideAddr)
 		})
 	}
 	for _, n := range l.Nodes {

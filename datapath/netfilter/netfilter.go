@@ -1,13 +1,17 @@
 // Package netfilter installs ONC's iptables rules: masquerade for pod
 // traffic leaving the cluster CIDR; FORWARD accepts for pod traffic, so
 // hosts whose FORWARD policy is DROP (Docker's, for one) still forward
-// pods; and, for the fast path, a mark on pod traffic that conntrack saw
-// ESTABLISHED, which the learning programs require. The rules live in
-// ONC's own chains, rewritten whole on every Ensure.
+// pods; a drop of VXLAN frames that come in by another interface than the
+// uplink, where the overlay guard runs; and, for the fast path, a mark on
+// pod traffic that conntrack saw ESTABLISHED, which the learning programs
+// require. The rules live in ONC's own chains, rewritten whole on every
+// Ensure.
 package netfilter
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/coreos/go-iptables/iptables"
 )
@@ -16,17 +20,35 @@ const (
 	natChain     = "ONC-POSTROUTING"
 	forwardChain = "ONC-FORWARD"
 	markChain    = "ONC-MARK"
+	rawChain     = "ONC-PREROUTING"
 )
 
-// Ensure makes the chains hold exactly the rules for clusterCIDR and jumps
-// to them first in POSTROUTING and FORWARD. With mark != 0, pod traffic
-// that crosses onc.vxlan in a flow conntrack saw ESTABLISHED gets that
-// skb->mark bit (never a header bit). It is idempotent.
-func Ensure(clusterCIDR, vxlanDev string, mark uint32) error {
-	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
+// Overlay is what the overlay's rules need to know.
+type Overlay struct {
+	Device string // the VXLAN device
+	Uplink string // the only interface VXLAN frames may come in by
+	Port   int    // the VXLAN UDP port
+}
+
+// Ensure makes the chains hold exactly the rules for clusterCIDR and ovl,
+// and jumps to them first in POSTROUTING, FORWARD and raw PREROUTING. With
+// mark != 0, pod traffic that crosses the VXLAN device in a flow conntrack
+// saw ESTABLISHED gets that skb->mark bit (never a header bit). It is
+// idempotent.
+func Ensure(clusterCIDR string, ovl Overlay, mark uint32) error {
+	ipt, err := newIPv4()
 	if err != nil {
-		return fmt.Errorf("iptables: %w", err)
+		return err
 	}
+	// The kernel's VXLAN socket listens on every address: a frame that
+	// came in by another interface (a second NIC, loopback) would skip the
+	// overlay guard on the uplink.
+	raw := [][]string{{"!", "-i", ovl.Uplink, "-p", "udp", "--dport", strconv.Itoa(ovl.Port),
+		"-m", "comment", "--comment", vxlanElsewhere, "-j", "DROP"}}
+	if err := fill(ipt, "raw", rawChain, "PREROUTING", raw); err != nil {
+		return err
+	}
+	vxlanDev := ovl.Device
 	nat := [][]string{
 		{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"},
 		{"-s", clusterCIDR, "!", "-d", "224.0.0.0/4", "-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully"},
@@ -48,11 +70,42 @@ func Ensure(clusterCIDR, vxlanDev string, mark uint32) error {
 // fast path switched off needs no mark, and its learning programs then see
 // no packet at all.
 func EnsureMark(vxlanDev string, mark uint32) error {
-	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
+	ipt, err := newIPv4()
 	if err != nil {
-		return fmt.Errorf("iptables: %w", err)
+		return err
 	}
 	return fillMark(ipt, vxlanDev, mark)
+}
+
+// vxlanElsewhere is the comment, and so the name, of the rule that drops
+// VXLAN frames from another interface than the uplink.
+const vxlanElsewhere = "onc: VXLAN only by the uplink"
+
+// VXLANElsewhereDropped counts the frames for the VXLAN port that came in
+// by another interface than the uplink and were dropped.
+func VXLANElsewhereDropped() (uint64, error) {
+	ipt, err := newIPv4()
+	if err != nil {
+		return 0, err
+	}
+	stats, err := ipt.StructuredStats("raw", rawChain)
+	if err != nil {
+		return 0, fmt.Errorf("iptables -t raw -L %s: %w", rawChain, err)
+	}
+	for _, s := range stats {
+		if strings.Contains(s.Options, "/* "+vxlanElsewhere+" */") {
+			return s.Packets, nil
+		}
+	}
+	return 0, fmt.Errorf("iptables -t raw %s has no rule %q", rawChain, vxlanElsewhere)
+}
+
+func newIPv4() (*iptables.IPTables, error) {
+	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Timeout(10))
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
+	return ipt, nil
 }
 
 func fillMark(ipt *iptables.IPTables, vxlanDev string, mark uint32) error {
