@@ -126,8 +126,16 @@ func (p *PKI) valid(certName, keyName string, hosts []string) bool {
 func (p *PKI) path(name string) string { return filepath.Join(p.Dir, name) }
 
 // Controller is the controller's credentials: etcd's root user.
-func (p *PKI) Controller() TLSFiles {
-	return TLSFiles{CAFile: p.path(caCert), CertFile: p.path(controllerCert), KeyFile: p.path(controllerKey)}
+func (p *PKI) Controller() TLSFiles { return ControllerFiles(p.Dir) }
+
+// ControllerFiles are the controller's credentials in the PKI in dir.
+func ControllerFiles(dir string) TLSFiles {
+	return TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, controllerCert), KeyFile: filepath.Join(dir, controllerKey)}
+}
+
+// NodeFiles are the credentials IssueNode writes into dir.
+func NodeFiles(dir string) TLSFiles {
+	return TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, nodeCert), KeyFile: filepath.Join(dir, nodeKey)}
 }
 
 // IssueNode writes node's agent credentials into dir: ca.crt, client.crt
@@ -141,7 +149,7 @@ func (p *PKI) IssueNode(node, dir string) (TLSFiles, error) {
 	if err != nil {
 		return TLSFiles{}, err
 	}
-	f := TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, nodeCert), KeyFile: filepath.Join(dir, nodeKey)}
+	f := NodeFiles(dir)
 	if err := atomicfile.Write(f.CAFile, caPEM, 0o644); err != nil {
 		return TLSFiles{}, err
 	}

@@ -58,7 +58,7 @@ func (l *Lab) StartKubeProxy(ctx context.Context, n *Node, extra ...string) erro
 func waitHealthy(ctx context.Context, netns, url string, timeout time.Duration) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialIn(ctx, netns, network, addr)
+			return DialIn(ctx, netns, network, addr)
 		}}}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

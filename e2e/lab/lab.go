@@ -29,6 +29,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/atomicfile"
 	"github.com/onc-net/onc/internal/daemon"
 	"github.com/onc-net/onc/internal/kubeapiserver"
@@ -247,6 +248,11 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := l.startController(o.NodeTimeout, o.ControllerArgs); err != nil {
 		return l, err
 	}
+	if l.Datastore == "etcd" {
+		if err := l.waitEtcd(ctx); err != nil {
+			return l, err
+		}
+	}
 	for i := 1; i <= o.Nodes; i++ {
 		if _, err := l.AddNode(ctx); err != nil {
 			return l, err
@@ -300,18 +306,60 @@ func (l *Lab) ctlNetns() string { return l.Prefix + "-ctl" }
 func (l *Lab) UnderlayNetns() string { return l.ulNetns() }
 
 // EtcdURL is where the lab's agents reach the embedded etcd.
-func (l *Lab) EtcdURL() string { return "http://" + controllerIP.String() + ":2379" }
+func (l *Lab) EtcdURL() string { return "https://" + controllerIP.String() + ":2379" }
+
+// etcdDir is the controller's --embedded-etcd-dir: its data and PKI.
+func (l *Lab) etcdDir() string { return filepath.Join(l.Dir, "etcd") }
+
+// EtcdAdmin connects a client outside the lab (a test, a benchmark) to
+// the embedded etcd as the controller: its credentials, etcd's root user,
+// dialled from the controller's namespace.
+func (l *Lab) EtcdAdmin() etcdstore.Options {
+	return etcdstore.Options{Endpoints: []string{l.EtcdURL()}, TLSFiles: etcdstore.ControllerFiles(etcdstore.PKIDir(l.etcdDir())),
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) { return l.DialDatastore(ctx, "tcp", addr) }}
+}
+
+// EtcdFiles are the node's agent's credentials for the embedded etcd,
+// which AddNode has the controller issue (onc-controller node-cert).
+func (n *Node) EtcdFiles() etcdstore.TLSFiles { return etcdstore.NodeFiles(n.etcdDir()) }
+
+func (n *Node) etcdDir() string { return filepath.Join(n.Dir, "etcd") }
+
+// embeddedEtcdArgs name the controller's embedded etcd to onc-controller
+// and its subcommands.
+func (l *Lab) embeddedEtcdArgs() []string {
+	return []string{"--embedded-etcd-dir", l.etcdDir(), "--embedded-etcd-listen", l.EtcdURL()}
+}
+
+// waitEtcd waits until the controller's embedded etcd answers its
+// controller: before that, no node can get its credentials.
+func (l *Lab) waitEtcd(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	o := l.EtcdAdmin()
+	o.DialTimeout = time.Second
+	for {
+		s, err := etcdstore.New(ctx, o)
+		if err == nil {
+			return s.Close()
+		}
+		if !l.Controller.Alive() || ctx.Err() != nil {
+			return fmt.Errorf("the controller's embedded etcd does not answer: %w; controller log %s:\n%s", err, l.Controller.Log, daemon.Tail(l.Controller.Log, 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
 
 // DialDatastore connects to addr from inside the controller's namespace,
 // where the lab's datastore serves (the embedded etcd, or kube-apiserver
 // and its etcd): how a client outside the lab, a test or a benchmark,
 // reaches it. The connection stays there whichever thread uses it.
 func (l *Lab) DialDatastore(ctx context.Context, network, addr string) (net.Conn, error) {
-	return dialIn(ctx, l.ctlNetns(), network, addr)
+	return DialIn(ctx, l.ctlNetns(), network, addr)
 }
 
 // dialIn connects to addr from inside netns.
-func dialIn(ctx context.Context, netns, network, addr string) (net.Conn, error) {
+func DialIn(ctx context.Context, netns, network, addr string) (net.Conn, error) {
 	var conn net.Conn
 	err := InNetns(netns, func() (err error) {
 		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -369,7 +417,7 @@ func (l *Lab) directEnd(netns string, i int, ip netip.Addr) error {
 }
 
 func (l *Lab) startController(nodeTimeout time.Duration, extra []string) error {
-	args := []string{"--embedded-etcd-dir", filepath.Join(l.Dir, "etcd"), "--embedded-etcd-listen", l.EtcdURL()}
+	args := l.embeddedEtcdArgs()
 	if l.Datastore == "kubernetes" {
 		args = []string{"--datastore=kubernetes", "--kubeconfig", l.controllerKubeconfig()}
 	}
@@ -445,6 +493,8 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		if err := l.createNode(ctx, n); err != nil {
 			return nil, err
 		}
+	} else if err := l.nodeCert(n); err != nil {
+		return nil, err
 	}
 	if err := l.StartAgent(n); err != nil {
 		return nil, err
@@ -459,17 +509,27 @@ func hostAddr(p netip.Prefix, i int) netip.Addr {
 	return netip.AddrFrom4(a)
 }
 
+// nodeCert has the controller issue n's etcd credentials, as an
+// operator would: onc-controller node-cert where the controller runs.
+func (l *Lab) nodeCert(n *Node) error {
+	return run([][]string{append([]string{"ip", "netns", "exec", l.ctlNetns(),
+		filepath.Join(l.BinDir, "onc-controller"), "node-cert", n.Name, "--out", n.etcdDir()}, l.embeddedEtcdArgs()...)})
+}
+
 // StartAgent (re)starts a node's agent process.
 func (l *Lab) StartAgent(n *Node) error {
 	args := []string{"--node-name", n.Name, "--node-ip", n.IP.String(),
 		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"), "--bpffs", n.BPFFS(),
-		"--lease-ttl", "5s", "--etcd-endpoints", l.EtcdURL()}
+		"--lease-ttl", "5s"}
 	if l.Datastore == "kubernetes" {
 		kubeconfig, err := l.agentKubeconfig(n)
 		if err != nil {
 			return err
 		}
-		args = append(args[:len(args)-2], "--datastore=kubernetes", "--kubeconfig", kubeconfig)
+		args = append(args, "--datastore=kubernetes", "--kubeconfig", kubeconfig)
+	} else {
+		f := n.EtcdFiles()
+		args = append(args, "--etcd-endpoints", l.EtcdURL(), "--etcd-cafile", f.CAFile, "--etcd-certfile", f.CertFile, "--etcd-keyfile", f.KeyFile)
 	}
 	args = append(append(args, l.AgentArgs...), n.AgentArgs...) // the last of a flag wins
 	p, err := daemon.Start(n.Netns, filepath.Join(n.Dir, "agent.log"), filepath.Join(l.BinDir, "onc-agent"), args...)
@@ -744,8 +804,8 @@ func (l *Lab) RemoveNode(ctx context.Context, n *Node) error {
 	if l.Datastore == "kubernetes" {
 		errs = append(errs, l.deleteNode(ctx, n))
 	} else {
-		errs = append(errs, run([][]string{{"ip", "netns", "exec", l.ctlNetns(),
-			filepath.Join(l.BinDir, "onc-controller"), "remove-node", n.Name, "--etcd-endpoints", l.EtcdURL()}}))
+		errs = append(errs, run([][]string{append([]string{"ip", "netns", "exec", l.ctlNetns(),
+			filepath.Join(l.BinDir, "onc-controller"), "remove-node", n.Name}, l.embeddedEtcdArgs()...)}))
 	}
 	for _, p := range n.Pods {
 		if p.UID != "" {

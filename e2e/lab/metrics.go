@@ -51,7 +51,7 @@ func (t MetricsTarget) Command() string {
 func (t MetricsTarget) Scrape(ctx context.Context) ([]byte, error) {
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialIn(ctx, t.Netns, network, addr)
+			return DialIn(ctx, t.Netns, network, addr)
 		}}}
 	defer c.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)

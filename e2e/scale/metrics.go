@@ -154,8 +154,12 @@ func NewWriteCounter(l *lab.Lab) (*WriteCounter, error) {
 			parse: apiserverWrites,
 		}, nil
 	}
+	tlsCfg, err := l.EtcdAdmin().TLSFiles.Config()
+	if err != nil {
+		return nil, err
+	}
 	cli := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: l.DialDatastore, DisableKeepAlives: true}}
+		DialContext: l.DialDatastore, TLSClientConfig: tlsCfg, DisableKeepAlives: true}}
 	url := l.EtcdURL() + "/metrics"
 	return &WriteCounter{
 		heartbeat: etcdHeartbeat,

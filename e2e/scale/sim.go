@@ -100,8 +100,8 @@ func NewSim(ctx context.Context, l *lab.Lab, o SimOptions) (*Sim, error) {
 		}
 		s.store, err = k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: true})
 	default:
-		s.store, err = etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{l.EtcdURL()},
-			Dial: func(ctx context.Context, addr string) (net.Conn, error) { return l.DialDatastore(ctx, "tcp", addr) }})
+		// As the controller: one client writes every simulated node's records.
+		s.store, err = etcdstore.New(ctx, l.EtcdAdmin())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("simulator's datastore client: %w", err)
