@@ -66,16 +66,15 @@ func StartEmbeddedTLS(dir, clientURL string) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd PKI: %w", err)
 	}
-	files := pki.Controller()
 	e, err := start(dir, cu, &transport.TLSInfo{CertFile: pki.path(serverCert), KeyFile: pki.path(serverKey),
-		TrustedCAFile: files.CAFile, ClientCertAuth: true})
+		TrustedCAFile: pki.path(caCert), ClientCertAuth: true})
 	if err != nil {
 		return nil, err
 	}
 	e.PKI = pki
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := enableAuth(ctx, e.ClientURL, files); err != nil {
+	if err := enableAuth(ctx, e.ClientURL, pki.Controller()); err != nil {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd authentication: %w", err)
 	}
