@@ -335,7 +335,7 @@ func (n *Node) logConflicts(conflicts []string) {
 
 // KernelWrites counts the writes made to program peers since start:
 // netlink messages of the overlay and BPF map updates and deletes of the
-// fast path's peer and host maps.
+// fast path's peer and host maps and of the overlay guard's sender map.
 func (n *Node) KernelWrites() uint64 {
 	n.mu.Lock()
 	ovl, fp := n.ovl, n.fp
