@@ -107,6 +107,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{fastPathSample, "overlay_drop_inner_source", descOverlayDrops, []string{"inner_source"}},
 		{fastPathSample, "overlay_drop_from_pod", descOverlayDrops, []string{"from_pod"}},
 		{fastPathSample, "overlay_drop_other_interface", descOverlayDrops, []string{"other_interface"}},
+		{fastPathSample, "overlay_drop_forwarded", descOverlayDrops, []string{"forwarded"}},
 		{socketLBSample, "connect_translated", descSocketLBTranslations, []string{"connect"}},
 		{socketLBSample, "sendmsg_refused", descSocketLBRefusals, []string{"sendmsg"}},
 		{socketLBSample, "no_slot", nil, nil},

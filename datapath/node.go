@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 
@@ -88,14 +89,37 @@ func New(cfg Config) (*Node, error) {
 // Uplink is the interface overlay traffic leaves by.
 func (n *Node) Uplink() Uplink { return n.up }
 
-// BringUp builds the node's datapath for its pod CIDR: forwarding, the
-// VXLAN device, the fast path (a node whose fast path cannot load runs the
-// slow path only, and says so in its log) and the iptables rules. It is
-// idempotent, and a failed call leaves nothing open, so the caller retries.
+// BringUp builds the node's datapath for its pod CIDR: the eBPF datapath
+// (without which the node does not come up: it guards the overlay),
+// forwarding, the VXLAN device and the iptables rules. It is idempotent,
+// and a failed call leaves nothing open, so the caller retries.
 func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	gw := Gateway(s.PodCIDR)
+	fp := n.fp
+	if fp == nil {
+		if fp, err = n.openFastPath(s.PodCIDR); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		if err != nil {
+			fp.Close() // the next attempt opens it again
+			fp = nil
+			n.uplinkAttached = false
+		}
+		n.fp = fp
+	}()
+	// A fresh node: nothing listens on the VXLAN port yet, so the guard
+	// goes on the uplink before the device does, dropping every frame
+	// until it knows the peers. On a restart or upgrade the uplink's
+	// programs stay as they are until the first peer sync (attachUplink).
+	if !overlay.Present() {
+		if err := n.attachUplinkLocked(fp); err != nil {
+			return err
+		}
+	}
 	if err := n.writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
@@ -110,24 +134,11 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err != nil {
 		return err
 	}
-	fp := n.fp
-	if fp == nil {
-		if fp, err = n.openFastPath(); err != nil {
-			return err
-		}
-	}
-	defer func() {
-		if err != nil {
-			fp.Close() // the next attempt opens it again
-			fp = nil
-		}
-		n.fp = fp
-	}()
 	var mark uint32
 	if fp.Enabled() {
 		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
 	}
-	if err := netfilter.Ensure(s.ClusterCIDR.String(), netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}, mark); err != nil {
+	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark); err != nil {
 		return err
 	}
 	// Conntrack does not see the data the fast path carries, so its TCP
@@ -156,11 +167,10 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 
 // openFastPath loads the eBPF datapath (adopting pinned maps and links).
 // A node cannot run without it, fast path on or off: its programs guard
-// the overlay (datapath/bpf/include/overlay.h) and the pods' veths. They
-// go on the uplink at the first SyncPeers, once the guard knows the peers.
-func (n *Node) openFastPath() (*fastpath.Datapath, error) {
+// the overlay (datapath/bpf/include/overlay.h) and the pods' veths.
+func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
-		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP})
+		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: podCIDR})
 	if err == nil {
 		err = fp.Configure(n.cfg.FastPath)
 	}
@@ -174,6 +184,11 @@ func (n *Node) openFastPath() (*fastpath.Datapath, error) {
 	return fp, nil
 }
 
+// netfilterOverlay is what the overlay's iptables rules need.
+func (n *Node) netfilterOverlay() netfilter.Overlay {
+	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}
+}
+
 // FastPath is the flow cache, or nil when it is not loaded.
 func (n *Node) FastPath() FastPath {
 	n.mu.Lock()
@@ -181,7 +196,7 @@ func (n *Node) FastPath() FastPath {
 	if n.fp == nil {
 		return nil // not a typed nil: callers compare with nil
 	}
-	return nodeFastPath{n.fp, n.cfg.FastPathMark, &n.switchMu}
+	return nodeFastPath{n.fp, n.netfilterOverlay(), n.cfg.FastPathMark, &n.switchMu}
 }
 
 // nodeFastPath is the flow cache as the agent drives it: switching it
@@ -190,8 +205,9 @@ func (n *Node) FastPath() FastPath {
 // otherwise run on every established packet for nothing).
 type nodeFastPath struct {
 	*fastpath.Datapath
-	mark uint32
-	mu   *sync.Mutex // one switch at a time: the two steps must not interleave
+	overlay netfilter.Overlay // for the overlay guard's netfilter counters
+	mark    uint32
+	mu      *sync.Mutex // one switch at a time: the two steps must not interleave
 }
 
 func (f nodeFastPath) Switch(enabled bool) error {
@@ -215,19 +231,21 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	return nil
 }
 
-// Stats adds to the programs' counters the overlay guard's drop in
-// netfilter: frames for the VXLAN port that came in by another interface
-// than the uplink, whose programs judge the rest.
+// Stats adds to the programs' counters the overlay guard's drops in
+// netfilter, as overlay_drop_<reason>.
 func (f nodeFastPath) Stats() ([]fastpath.Stat, error) {
 	st, err := f.Datapath.Stats()
 	if err != nil {
 		return nil, err
 	}
-	elsewhere, err := netfilter.VXLANElsewhereDropped()
+	drops, err := netfilter.GuardDrops(f.overlay)
 	if err != nil {
 		return nil, err
 	}
-	return append(st, fastpath.Stat{Name: "overlay_drop_other_interface", Value: elsewhere}), nil
+	for _, reason := range slices.Sorted(maps.Keys(drops)) {
+		st = append(st, fastpath.Stat{Name: "overlay_drop_" + reason, Value: drops[reason]})
+	}
+	return st, nil
 }
 
 func (n *Node) fastPath() *fastpath.Datapath {
@@ -303,13 +321,18 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	return err
 }
 
-// attachUplink puts the guard and the ingress fast path on the uplink once
-// the guard knows the peers: attached with an empty sender set (the first
-// start of a version that adds the guard), it would drop every frame until
-// then. Later calls do nothing; the pinned link outlives the agent.
+// attachUplink puts the guard and the ingress fast path on the uplink, on
+// a restarted agent once the guard knows the peers: swapped in with an
+// empty sender set (the first start of a version that adds the guard), it
+// would drop every frame until then. Later calls do nothing; the pinned
+// link outlives the agent.
 func (n *Node) attachUplink(fp *fastpath.Datapath) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.attachUplinkLocked(fp)
+}
+
+func (n *Node) attachUplinkLocked(fp *fastpath.Datapath) error {
 	if n.uplinkAttached {
 		return nil
 	}

@@ -21,7 +21,8 @@ type peerSet struct {
 	senders []fastpath.Sender
 	// conflicts are the nodes left out because a pod CIDR, gateway or
 	// VTEP MAC of theirs is this node's or an earlier one's (by name):
-	// programming both would send one CIDR's packets two ways.
+	// programming both would send one CIDR's packets two ways; and those
+	// whose address is not IPv4.
 	conflicts []string
 }
 
@@ -40,6 +41,12 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 	var s peerSet
 	owner := map[any]string{}
 	for _, nd := range nodes {
+		// The overlay, and so the guard, is IPv4: one record with another
+		// address must not stop every peer's programming.
+		if !nd.IP.Is4() || (nd.PodCIDR.IsValid() && !nd.PodCIDR.Addr().Is4()) {
+			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s or pod CIDR %s is not IPv4", nd.Name, nd.IP, nd.PodCIDR))
+			continue
+		}
 		s.hosts = append(s.hosts, nd.IP)
 		if !nd.PodCIDR.IsValid() {
 			continue

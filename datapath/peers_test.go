@@ -69,3 +69,25 @@ func TestPeersOfLeavesConflictsOut(t *testing.T) {
 		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A record whose address is not IPv4 (a node may write its own) is left
+// out, and the others are still programmed: one such record must not stop
+// every peer's sync, nor the overlay guard's.
+func TestPeersOfLeavesNonIPv4Out(t *testing.T) {
+	v6 := node("c", "2001:db8::3", "10.244.3.0/24", true)
+	mapped := node("d", "::ffff:192.0.2.4", "10.244.4.0/24", true)
+	s := peersOf("a", []datastore.Node{node("a", "192.0.2.1", "10.244.1.0/24", true), node("b", "192.0.2.2", "10.244.2.0/24", true), v6, mapped})
+	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.senders) != 1 || len(s.fastPath) != 1 {
+		t.Errorf("peers %+v / senders %+v, want only b", s.overlay, s.senders)
+	}
+	if want := "[192.0.2.1 10.244.1.1 192.0.2.2 10.244.2.1]"; fmt.Sprint(s.hosts) != want {
+		t.Errorf("hosts %v, want %s", s.hosts, want)
+	}
+	want := []string{
+		"node c left out: its address 2001:db8::3 or pod CIDR 10.244.3.0/24 is not IPv4",
+		"node d left out: its address ::ffff:192.0.2.4 or pod CIDR 10.244.4.0/24 is not IPv4",
+	}
+	if fmt.Sprint(s.conflicts) != fmt.Sprint(want) {
+		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -105,9 +105,23 @@ func newInjector(t *testing.T, node *lab.Node, target *lab.Pod) *injector {
 // reports whether the target pod received any of them within a second.
 func (in *injector) send(t *testing.T, netns string, src, to netip.Addr) bool {
 	t.Helper()
+	return in.sendTo(t, netns, src, netip.AddrPortFrom(to, vxlanPort))
+}
+
+// sendTo is send to any address and port.
+func (in *injector) sendTo(t *testing.T, netns string, src netip.Addr, to netip.AddrPort) bool {
+	t.Helper()
 	payload := fmt.Sprintf("injected %s from %s %d", src, netns, time.Now().UnixNano())
 	frame := vxlanFrame(in.vtep, src, in.target.IP, payload)
-	return in.sendUntilArrived(t, netns, netip.AddrPortFrom(to, vxlanPort), frame, payload)
+	return in.sendUntilArrived(t, netns, to, frame, payload)
+}
+
+// mustRun runs a command, failing the test if it fails.
+func mustRun(t *testing.T, cmd []string) {
+	t.Helper()
+	if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", cmd, err, out)
+	}
 }
 
 // secondCable joins namespace from to node's namespace with a veth pair of
@@ -123,9 +137,7 @@ func secondCable(t *testing.T, from, node string) netip.Addr {
 		{"ip", "-n", from, "link", "set", "side0", "up"},
 		{"ip", "-n", node, "link", "set", "side1", "up"},
 	} {
-		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd, err, out)
-		}
+		mustRun(t, cmd)
 	}
 	return nodeEnd
 }
@@ -191,18 +203,18 @@ type injection struct {
 func expectInjections(t *testing.T, in *injector, cases []injection) {
 	t.Helper()
 	for _, c := range cases {
-		expectInjection(t, in, c, in.node.IP)
+		expectInjection(t, in, c, in.node.IP, vxlanPort)
 	}
 }
 
-// expectInjection sends c's frames to the target node's address to.
-func expectInjection(t *testing.T, in *injector, c injection, to netip.Addr) {
+// expectInjection sends c's frames to address to, port.
+func expectInjection(t *testing.T, in *injector, c injection, to netip.Addr, port uint16) {
 	t.Helper()
 	var before map[string]uint64
 	if c.countedOn != nil {
 		before = guardDrops(t, c.countedOn)
 	}
-	arrived := in.send(t, c.netns, c.src, to)
+	arrived := in.sendTo(t, c.netns, c.src, netip.AddrPortFrom(to, port))
 	switch {
 	case c.reason == "" && !arrived:
 		t.Errorf("%s: a frame a peer may send was not delivered", c.name)
@@ -251,17 +263,56 @@ func TestOverlayGuard(t *testing.T) {
 				setFastPath(t, n, on)
 			}
 			expectInjections(t, in, cases)
-			expectInjection(t, in, elsewhere, sideAddr)
+			expectInjection(t, in, elsewhere, sideAddr, vxlanPort)
 		})
 	}
 	for _, n := range l.Nodes {
 		setFastPath(t, n, true)
 	}
 	t.Run("AcrossAgentRestart", func(t *testing.T) {
+		// While the agent is down, its pinned programs and map guard on.
+		n2.Agent.Stop()
+		if in.send(t, outsider, p1.IP, n2.IP) || in.send(t, n1.Netns, p3.IP, n2.IP) {
+			t.Error("with the target's agent down, a frame the guard refuses was delivered")
+		}
+		if !in.send(t, n1.Netns, p1.IP, n2.IP) {
+			t.Error("with the target's agent down, a peer's frame for its own pod was not delivered")
+		}
 		if err := l.RestartAgent(context.Background(), n2); err != nil {
 			t.Fatal(err)
 		}
 		expectInjections(t, in, cases)
+	})
+	// Address translation (kube-proxy's NodePorts, externalIPs, Service
+	// endpoints) may lead a datagram to a VXLAN port that the programs saw
+	// going elsewhere: here a DNAT rule as a Service endpoint at a node's
+	// VXLAN port would make.
+	t.Run("AddressTranslation", func(t *testing.T) {
+		const viaPort = 9999
+		dnat := func(netns string, match []string, to netip.Addr) {
+			rule := append(append([]string{"-t", "nat", "-I", "PREROUTING"}, match...),
+				"-p", "udp", "--dport", fmt.Sprint(viaPort), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(to, vxlanPort).String())
+			mustRun(t, append([]string{"ip", "netns", "exec", netns, "iptables"}, rule...))
+			t.Cleanup(func() {
+				rule[2] = "-D"
+				mustRun(t, append([]string{"ip", "netns", "exec", netns, "iptables"}, rule...))
+			})
+		}
+		// A pod's datagram to an address its node translates to a peer's
+		// VXLAN port would leave masqueraded as the node.
+		dnat(n1.Netns, []string{"-s", p1.IP.String()}, n2.IP)
+		// An outside host's datagram to a port the target node translates
+		// to its own VXLAN port would come by the uplink.
+		dnat(n2.Netns, []string{"-d", n2.IP.String()}, n2.IP)
+		for _, c := range []struct {
+			injection
+			to netip.Addr
+		}{
+			{injection{"a pod, through its node's address translation", p1.Netns, p1.IP, n1, "forwarded"}, netip.MustParseAddr("172.31.253.9")},
+			{injection{"a host that is no node, through the target's address translation", outsider, p1.IP, n2, "translated"}, n2.IP},
+		} {
+			expectInjection(t, in, c.injection, c.to, viaPort)
+		}
 	})
 	t.Run("RemovedNodeRefusedAtOnce", func(t *testing.T) {
 		ip := n3.IP

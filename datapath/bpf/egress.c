@@ -48,8 +48,7 @@ static __always_inline __u32 flow_hash(const struct __sk_buff *skb, const struct
 SEC("tc")
 int onc_egress_fast(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
+	void *data, *end;
 	struct onc_config *cfg = config();
 	struct encap_val *encap;
 	struct egress_val *dst;
@@ -65,10 +64,13 @@ int onc_egress_fast(struct __sk_buff *skb)
 
 	if (!cfg)
 		return TC_ACT_OK;
-	if (from_pod_to_vxlan(data, end, cfg)) {
+	if (from_pod_to_vxlan(skb, cfg)) {
 		count(STAT_OVERLAY_DROP_FROM_POD);
 		return TC_ACT_SHOT;
 	}
+	/* After the guard, which may have pulled data. */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
 	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p)) {
 		count(STAT_EGRESS_MISS_NOT_IP);
 		return TC_ACT_OK;

@@ -69,42 +69,45 @@ type EgressFastOncConfig struct {
 	Vni       uint32
 	Mark      uint32
 	NodeIp    uint32
+	PodNet    uint32
+	PodMask   uint32
 }
 
 type EgressFastOncStat uint32
 
 const (
-	EgressFastOncStatSTAT_EGRESS_HIT                  EgressFastOncStat = 0
-	EgressFastOncStatSTAT_EGRESS_MISS_NOT_IP          EgressFastOncStat = 1
-	EgressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS       EgressFastOncStat = 2
-	EgressFastOncStatSTAT_EGRESS_MISS_DISABLED        EgressFastOncStat = 3
-	EgressFastOncStatSTAT_EGRESS_MISS_SPOOF           EgressFastOncStat = 4
-	EgressFastOncStatSTAT_EGRESS_MISS_HOST            EgressFastOncStat = 5
-	EgressFastOncStatSTAT_EGRESS_MISS_NO_PEER         EgressFastOncStat = 6
-	EgressFastOncStatSTAT_EGRESS_MISS_FLOW            EgressFastOncStat = 7
-	EgressFastOncStatSTAT_EGRESS_MISS_DEST            EgressFastOncStat = 8
-	EgressFastOncStatSTAT_EGRESS_MISS_ENCAP           EgressFastOncStat = 9
-	EgressFastOncStatSTAT_EGRESS_MISS_TTL             EgressFastOncStat = 10
-	EgressFastOncStatSTAT_EGRESS_ERROR                EgressFastOncStat = 11
-	EgressFastOncStatSTAT_INGRESS_HIT                 EgressFastOncStat = 12
-	EgressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN      EgressFastOncStat = 13
-	EgressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS      EgressFastOncStat = 14
-	EgressFastOncStatSTAT_INGRESS_MISS_DISABLED       EgressFastOncStat = 15
-	EgressFastOncStatSTAT_INGRESS_MISS_HOST           EgressFastOncStat = 16
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER        EgressFastOncStat = 17
-	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD         EgressFastOncStat = 18
-	EgressFastOncStatSTAT_INGRESS_MISS_FLOW           EgressFastOncStat = 19
-	EgressFastOncStatSTAT_INGRESS_MISS_TTL            EgressFastOncStat = 20
-	EgressFastOncStatSTAT_INGRESS_ERROR               EgressFastOncStat = 21
-	EgressFastOncStatSTAT_LEARN_EGRESS                EgressFastOncStat = 22
-	EgressFastOncStatSTAT_LEARN_INGRESS               EgressFastOncStat = 23
-	EgressFastOncStatSTAT_LEARN_PAUSED                EgressFastOncStat = 24
-	EgressFastOncStatSTAT_LEARN_KNOWN                 EgressFastOncStat = 25
-	EgressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER EgressFastOncStat = 26
-	EgressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   EgressFastOncStat = 27
-	EgressFastOncStatSTAT_OVERLAY_DROP_MALFORMED      EgressFastOncStat = 28
-	EgressFastOncStatSTAT_OVERLAY_DROP_FROM_POD       EgressFastOncStat = 29
-	EgressFastOncStatSTAT_MAX                         EgressFastOncStat = 30
+	EgressFastOncStatSTAT_EGRESS_HIT                     EgressFastOncStat = 0
+	EgressFastOncStatSTAT_EGRESS_MISS_NOT_IP             EgressFastOncStat = 1
+	EgressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS          EgressFastOncStat = 2
+	EgressFastOncStatSTAT_EGRESS_MISS_DISABLED           EgressFastOncStat = 3
+	EgressFastOncStatSTAT_EGRESS_MISS_SPOOF              EgressFastOncStat = 4
+	EgressFastOncStatSTAT_EGRESS_MISS_HOST               EgressFastOncStat = 5
+	EgressFastOncStatSTAT_EGRESS_MISS_NO_PEER            EgressFastOncStat = 6
+	EgressFastOncStatSTAT_EGRESS_MISS_FLOW               EgressFastOncStat = 7
+	EgressFastOncStatSTAT_EGRESS_MISS_DEST               EgressFastOncStat = 8
+	EgressFastOncStatSTAT_EGRESS_MISS_ENCAP              EgressFastOncStat = 9
+	EgressFastOncStatSTAT_EGRESS_MISS_TTL                EgressFastOncStat = 10
+	EgressFastOncStatSTAT_EGRESS_ERROR                   EgressFastOncStat = 11
+	EgressFastOncStatSTAT_INGRESS_HIT                    EgressFastOncStat = 12
+	EgressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN         EgressFastOncStat = 13
+	EgressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS         EgressFastOncStat = 14
+	EgressFastOncStatSTAT_INGRESS_MISS_DISABLED          EgressFastOncStat = 15
+	EgressFastOncStatSTAT_INGRESS_MISS_HOST              EgressFastOncStat = 16
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_PEER           EgressFastOncStat = 17
+	EgressFastOncStatSTAT_INGRESS_MISS_NO_POD            EgressFastOncStat = 18
+	EgressFastOncStatSTAT_INGRESS_MISS_FLOW              EgressFastOncStat = 19
+	EgressFastOncStatSTAT_INGRESS_MISS_TTL               EgressFastOncStat = 20
+	EgressFastOncStatSTAT_INGRESS_ERROR                  EgressFastOncStat = 21
+	EgressFastOncStatSTAT_LEARN_EGRESS                   EgressFastOncStat = 22
+	EgressFastOncStatSTAT_LEARN_INGRESS                  EgressFastOncStat = 23
+	EgressFastOncStatSTAT_LEARN_PAUSED                   EgressFastOncStat = 24
+	EgressFastOncStatSTAT_LEARN_KNOWN                    EgressFastOncStat = 25
+	EgressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER    EgressFastOncStat = 26
+	EgressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE      EgressFastOncStat = 27
+	EgressFastOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION EgressFastOncStat = 28
+	EgressFastOncStatSTAT_OVERLAY_DROP_MALFORMED         EgressFastOncStat = 29
+	EgressFastOncStatSTAT_OVERLAY_DROP_FROM_POD          EgressFastOncStat = 30
+	EgressFastOncStatSTAT_MAX                            EgressFastOncStat = 31
 )
 
 type EgressFastSenderKey struct {

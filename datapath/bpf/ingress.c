@@ -16,8 +16,7 @@
 SEC("tc")
 int onc_ingress_fast(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
+	void *data, *end;
 	struct onc_config *cfg = config();
 	struct local_pod *pod;
 	struct cidr_val *peer;
@@ -30,11 +29,14 @@ int onc_ingress_fast(struct __sk_buff *skb)
 
 	if (!cfg)
 		return TC_ACT_OK;
-	drop = overlay_guard(data, end, cfg);
+	drop = overlay_guard(skb, cfg);
 	if (drop) {
 		count(drop);
 		return TC_ACT_SHOT;
 	}
+	/* After the guard, which may have pulled data. */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
 	outer = parse_vxlan(data, end, cfg);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
 	    parse_l4(data, end, ONC_HDR_LEN, &p)) {

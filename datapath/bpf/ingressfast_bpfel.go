@@ -69,42 +69,45 @@ type IngressFastOncConfig struct {
 	Vni       uint32
 	Mark      uint32
 	NodeIp    uint32
+	PodNet    uint32
+	PodMask   uint32
 }
 
 type IngressFastOncStat uint32
 
 const (
-	IngressFastOncStatSTAT_EGRESS_HIT                  IngressFastOncStat = 0
-	IngressFastOncStatSTAT_EGRESS_MISS_NOT_IP          IngressFastOncStat = 1
-	IngressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS       IngressFastOncStat = 2
-	IngressFastOncStatSTAT_EGRESS_MISS_DISABLED        IngressFastOncStat = 3
-	IngressFastOncStatSTAT_EGRESS_MISS_SPOOF           IngressFastOncStat = 4
-	IngressFastOncStatSTAT_EGRESS_MISS_HOST            IngressFastOncStat = 5
-	IngressFastOncStatSTAT_EGRESS_MISS_NO_PEER         IngressFastOncStat = 6
-	IngressFastOncStatSTAT_EGRESS_MISS_FLOW            IngressFastOncStat = 7
-	IngressFastOncStatSTAT_EGRESS_MISS_DEST            IngressFastOncStat = 8
-	IngressFastOncStatSTAT_EGRESS_MISS_ENCAP           IngressFastOncStat = 9
-	IngressFastOncStatSTAT_EGRESS_MISS_TTL             IngressFastOncStat = 10
-	IngressFastOncStatSTAT_EGRESS_ERROR                IngressFastOncStat = 11
-	IngressFastOncStatSTAT_INGRESS_HIT                 IngressFastOncStat = 12
-	IngressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN      IngressFastOncStat = 13
-	IngressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS      IngressFastOncStat = 14
-	IngressFastOncStatSTAT_INGRESS_MISS_DISABLED       IngressFastOncStat = 15
-	IngressFastOncStatSTAT_INGRESS_MISS_HOST           IngressFastOncStat = 16
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER        IngressFastOncStat = 17
-	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD         IngressFastOncStat = 18
-	IngressFastOncStatSTAT_INGRESS_MISS_FLOW           IngressFastOncStat = 19
-	IngressFastOncStatSTAT_INGRESS_MISS_TTL            IngressFastOncStat = 20
-	IngressFastOncStatSTAT_INGRESS_ERROR               IngressFastOncStat = 21
-	IngressFastOncStatSTAT_LEARN_EGRESS                IngressFastOncStat = 22
-	IngressFastOncStatSTAT_LEARN_INGRESS               IngressFastOncStat = 23
-	IngressFastOncStatSTAT_LEARN_PAUSED                IngressFastOncStat = 24
-	IngressFastOncStatSTAT_LEARN_KNOWN                 IngressFastOncStat = 25
-	IngressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER IngressFastOncStat = 26
-	IngressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   IngressFastOncStat = 27
-	IngressFastOncStatSTAT_OVERLAY_DROP_MALFORMED      IngressFastOncStat = 28
-	IngressFastOncStatSTAT_OVERLAY_DROP_FROM_POD       IngressFastOncStat = 29
-	IngressFastOncStatSTAT_MAX                         IngressFastOncStat = 30
+	IngressFastOncStatSTAT_EGRESS_HIT                     IngressFastOncStat = 0
+	IngressFastOncStatSTAT_EGRESS_MISS_NOT_IP             IngressFastOncStat = 1
+	IngressFastOncStatSTAT_EGRESS_MISS_TCP_FLAGS          IngressFastOncStat = 2
+	IngressFastOncStatSTAT_EGRESS_MISS_DISABLED           IngressFastOncStat = 3
+	IngressFastOncStatSTAT_EGRESS_MISS_SPOOF              IngressFastOncStat = 4
+	IngressFastOncStatSTAT_EGRESS_MISS_HOST               IngressFastOncStat = 5
+	IngressFastOncStatSTAT_EGRESS_MISS_NO_PEER            IngressFastOncStat = 6
+	IngressFastOncStatSTAT_EGRESS_MISS_FLOW               IngressFastOncStat = 7
+	IngressFastOncStatSTAT_EGRESS_MISS_DEST               IngressFastOncStat = 8
+	IngressFastOncStatSTAT_EGRESS_MISS_ENCAP              IngressFastOncStat = 9
+	IngressFastOncStatSTAT_EGRESS_MISS_TTL                IngressFastOncStat = 10
+	IngressFastOncStatSTAT_EGRESS_ERROR                   IngressFastOncStat = 11
+	IngressFastOncStatSTAT_INGRESS_HIT                    IngressFastOncStat = 12
+	IngressFastOncStatSTAT_INGRESS_MISS_NOT_VXLAN         IngressFastOncStat = 13
+	IngressFastOncStatSTAT_INGRESS_MISS_TCP_FLAGS         IngressFastOncStat = 14
+	IngressFastOncStatSTAT_INGRESS_MISS_DISABLED          IngressFastOncStat = 15
+	IngressFastOncStatSTAT_INGRESS_MISS_HOST              IngressFastOncStat = 16
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_PEER           IngressFastOncStat = 17
+	IngressFastOncStatSTAT_INGRESS_MISS_NO_POD            IngressFastOncStat = 18
+	IngressFastOncStatSTAT_INGRESS_MISS_FLOW              IngressFastOncStat = 19
+	IngressFastOncStatSTAT_INGRESS_MISS_TTL               IngressFastOncStat = 20
+	IngressFastOncStatSTAT_INGRESS_ERROR                  IngressFastOncStat = 21
+	IngressFastOncStatSTAT_LEARN_EGRESS                   IngressFastOncStat = 22
+	IngressFastOncStatSTAT_LEARN_INGRESS                  IngressFastOncStat = 23
+	IngressFastOncStatSTAT_LEARN_PAUSED                   IngressFastOncStat = 24
+	IngressFastOncStatSTAT_LEARN_KNOWN                    IngressFastOncStat = 25
+	IngressFastOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER    IngressFastOncStat = 26
+	IngressFastOncStatSTAT_OVERLAY_DROP_INNER_SOURCE      IngressFastOncStat = 27
+	IngressFastOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION IngressFastOncStat = 28
+	IngressFastOncStatSTAT_OVERLAY_DROP_MALFORMED         IngressFastOncStat = 29
+	IngressFastOncStatSTAT_OVERLAY_DROP_FROM_POD          IngressFastOncStat = 30
+	IngressFastOncStatSTAT_MAX                            IngressFastOncStat = 31
 )
 
 type IngressFastSenderKey struct {

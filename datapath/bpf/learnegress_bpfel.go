@@ -69,42 +69,45 @@ type LearnEgressOncConfig struct {
 	Vni       uint32
 	Mark      uint32
 	NodeIp    uint32
+	PodNet    uint32
+	PodMask   uint32
 }
 
 type LearnEgressOncStat uint32
 
 const (
-	LearnEgressOncStatSTAT_EGRESS_HIT                  LearnEgressOncStat = 0
-	LearnEgressOncStatSTAT_EGRESS_MISS_NOT_IP          LearnEgressOncStat = 1
-	LearnEgressOncStatSTAT_EGRESS_MISS_TCP_FLAGS       LearnEgressOncStat = 2
-	LearnEgressOncStatSTAT_EGRESS_MISS_DISABLED        LearnEgressOncStat = 3
-	LearnEgressOncStatSTAT_EGRESS_MISS_SPOOF           LearnEgressOncStat = 4
-	LearnEgressOncStatSTAT_EGRESS_MISS_HOST            LearnEgressOncStat = 5
-	LearnEgressOncStatSTAT_EGRESS_MISS_NO_PEER         LearnEgressOncStat = 6
-	LearnEgressOncStatSTAT_EGRESS_MISS_FLOW            LearnEgressOncStat = 7
-	LearnEgressOncStatSTAT_EGRESS_MISS_DEST            LearnEgressOncStat = 8
-	LearnEgressOncStatSTAT_EGRESS_MISS_ENCAP           LearnEgressOncStat = 9
-	LearnEgressOncStatSTAT_EGRESS_MISS_TTL             LearnEgressOncStat = 10
-	LearnEgressOncStatSTAT_EGRESS_ERROR                LearnEgressOncStat = 11
-	LearnEgressOncStatSTAT_INGRESS_HIT                 LearnEgressOncStat = 12
-	LearnEgressOncStatSTAT_INGRESS_MISS_NOT_VXLAN      LearnEgressOncStat = 13
-	LearnEgressOncStatSTAT_INGRESS_MISS_TCP_FLAGS      LearnEgressOncStat = 14
-	LearnEgressOncStatSTAT_INGRESS_MISS_DISABLED       LearnEgressOncStat = 15
-	LearnEgressOncStatSTAT_INGRESS_MISS_HOST           LearnEgressOncStat = 16
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER        LearnEgressOncStat = 17
-	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD         LearnEgressOncStat = 18
-	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW           LearnEgressOncStat = 19
-	LearnEgressOncStatSTAT_INGRESS_MISS_TTL            LearnEgressOncStat = 20
-	LearnEgressOncStatSTAT_INGRESS_ERROR               LearnEgressOncStat = 21
-	LearnEgressOncStatSTAT_LEARN_EGRESS                LearnEgressOncStat = 22
-	LearnEgressOncStatSTAT_LEARN_INGRESS               LearnEgressOncStat = 23
-	LearnEgressOncStatSTAT_LEARN_PAUSED                LearnEgressOncStat = 24
-	LearnEgressOncStatSTAT_LEARN_KNOWN                 LearnEgressOncStat = 25
-	LearnEgressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER LearnEgressOncStat = 26
-	LearnEgressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   LearnEgressOncStat = 27
-	LearnEgressOncStatSTAT_OVERLAY_DROP_MALFORMED      LearnEgressOncStat = 28
-	LearnEgressOncStatSTAT_OVERLAY_DROP_FROM_POD       LearnEgressOncStat = 29
-	LearnEgressOncStatSTAT_MAX                         LearnEgressOncStat = 30
+	LearnEgressOncStatSTAT_EGRESS_HIT                     LearnEgressOncStat = 0
+	LearnEgressOncStatSTAT_EGRESS_MISS_NOT_IP             LearnEgressOncStat = 1
+	LearnEgressOncStatSTAT_EGRESS_MISS_TCP_FLAGS          LearnEgressOncStat = 2
+	LearnEgressOncStatSTAT_EGRESS_MISS_DISABLED           LearnEgressOncStat = 3
+	LearnEgressOncStatSTAT_EGRESS_MISS_SPOOF              LearnEgressOncStat = 4
+	LearnEgressOncStatSTAT_EGRESS_MISS_HOST               LearnEgressOncStat = 5
+	LearnEgressOncStatSTAT_EGRESS_MISS_NO_PEER            LearnEgressOncStat = 6
+	LearnEgressOncStatSTAT_EGRESS_MISS_FLOW               LearnEgressOncStat = 7
+	LearnEgressOncStatSTAT_EGRESS_MISS_DEST               LearnEgressOncStat = 8
+	LearnEgressOncStatSTAT_EGRESS_MISS_ENCAP              LearnEgressOncStat = 9
+	LearnEgressOncStatSTAT_EGRESS_MISS_TTL                LearnEgressOncStat = 10
+	LearnEgressOncStatSTAT_EGRESS_ERROR                   LearnEgressOncStat = 11
+	LearnEgressOncStatSTAT_INGRESS_HIT                    LearnEgressOncStat = 12
+	LearnEgressOncStatSTAT_INGRESS_MISS_NOT_VXLAN         LearnEgressOncStat = 13
+	LearnEgressOncStatSTAT_INGRESS_MISS_TCP_FLAGS         LearnEgressOncStat = 14
+	LearnEgressOncStatSTAT_INGRESS_MISS_DISABLED          LearnEgressOncStat = 15
+	LearnEgressOncStatSTAT_INGRESS_MISS_HOST              LearnEgressOncStat = 16
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_PEER           LearnEgressOncStat = 17
+	LearnEgressOncStatSTAT_INGRESS_MISS_NO_POD            LearnEgressOncStat = 18
+	LearnEgressOncStatSTAT_INGRESS_MISS_FLOW              LearnEgressOncStat = 19
+	LearnEgressOncStatSTAT_INGRESS_MISS_TTL               LearnEgressOncStat = 20
+	LearnEgressOncStatSTAT_INGRESS_ERROR                  LearnEgressOncStat = 21
+	LearnEgressOncStatSTAT_LEARN_EGRESS                   LearnEgressOncStat = 22
+	LearnEgressOncStatSTAT_LEARN_INGRESS                  LearnEgressOncStat = 23
+	LearnEgressOncStatSTAT_LEARN_PAUSED                   LearnEgressOncStat = 24
+	LearnEgressOncStatSTAT_LEARN_KNOWN                    LearnEgressOncStat = 25
+	LearnEgressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER    LearnEgressOncStat = 26
+	LearnEgressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE      LearnEgressOncStat = 27
+	LearnEgressOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION LearnEgressOncStat = 28
+	LearnEgressOncStatSTAT_OVERLAY_DROP_MALFORMED         LearnEgressOncStat = 29
+	LearnEgressOncStatSTAT_OVERLAY_DROP_FROM_POD          LearnEgressOncStat = 30
+	LearnEgressOncStatSTAT_MAX                            LearnEgressOncStat = 31
 )
 
 type LearnEgressSenderKey struct {

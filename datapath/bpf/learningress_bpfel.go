@@ -69,42 +69,45 @@ type LearnIngressOncConfig struct {
 	Vni       uint32
 	Mark      uint32
 	NodeIp    uint32
+	PodNet    uint32
+	PodMask   uint32
 }
 
 type LearnIngressOncStat uint32
 
 const (
-	LearnIngressOncStatSTAT_EGRESS_HIT                  LearnIngressOncStat = 0
-	LearnIngressOncStatSTAT_EGRESS_MISS_NOT_IP          LearnIngressOncStat = 1
-	LearnIngressOncStatSTAT_EGRESS_MISS_TCP_FLAGS       LearnIngressOncStat = 2
-	LearnIngressOncStatSTAT_EGRESS_MISS_DISABLED        LearnIngressOncStat = 3
-	LearnIngressOncStatSTAT_EGRESS_MISS_SPOOF           LearnIngressOncStat = 4
-	LearnIngressOncStatSTAT_EGRESS_MISS_HOST            LearnIngressOncStat = 5
-	LearnIngressOncStatSTAT_EGRESS_MISS_NO_PEER         LearnIngressOncStat = 6
-	LearnIngressOncStatSTAT_EGRESS_MISS_FLOW            LearnIngressOncStat = 7
-	LearnIngressOncStatSTAT_EGRESS_MISS_DEST            LearnIngressOncStat = 8
-	LearnIngressOncStatSTAT_EGRESS_MISS_ENCAP           LearnIngressOncStat = 9
-	LearnIngressOncStatSTAT_EGRESS_MISS_TTL             LearnIngressOncStat = 10
-	LearnIngressOncStatSTAT_EGRESS_ERROR                LearnIngressOncStat = 11
-	LearnIngressOncStatSTAT_INGRESS_HIT                 LearnIngressOncStat = 12
-	LearnIngressOncStatSTAT_INGRESS_MISS_NOT_VXLAN      LearnIngressOncStat = 13
-	LearnIngressOncStatSTAT_INGRESS_MISS_TCP_FLAGS      LearnIngressOncStat = 14
-	LearnIngressOncStatSTAT_INGRESS_MISS_DISABLED       LearnIngressOncStat = 15
-	LearnIngressOncStatSTAT_INGRESS_MISS_HOST           LearnIngressOncStat = 16
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER        LearnIngressOncStat = 17
-	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD         LearnIngressOncStat = 18
-	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW           LearnIngressOncStat = 19
-	LearnIngressOncStatSTAT_INGRESS_MISS_TTL            LearnIngressOncStat = 20
-	LearnIngressOncStatSTAT_INGRESS_ERROR               LearnIngressOncStat = 21
-	LearnIngressOncStatSTAT_LEARN_EGRESS                LearnIngressOncStat = 22
-	LearnIngressOncStatSTAT_LEARN_INGRESS               LearnIngressOncStat = 23
-	LearnIngressOncStatSTAT_LEARN_PAUSED                LearnIngressOncStat = 24
-	LearnIngressOncStatSTAT_LEARN_KNOWN                 LearnIngressOncStat = 25
-	LearnIngressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER LearnIngressOncStat = 26
-	LearnIngressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE   LearnIngressOncStat = 27
-	LearnIngressOncStatSTAT_OVERLAY_DROP_MALFORMED      LearnIngressOncStat = 28
-	LearnIngressOncStatSTAT_OVERLAY_DROP_FROM_POD       LearnIngressOncStat = 29
-	LearnIngressOncStatSTAT_MAX                         LearnIngressOncStat = 30
+	LearnIngressOncStatSTAT_EGRESS_HIT                     LearnIngressOncStat = 0
+	LearnIngressOncStatSTAT_EGRESS_MISS_NOT_IP             LearnIngressOncStat = 1
+	LearnIngressOncStatSTAT_EGRESS_MISS_TCP_FLAGS          LearnIngressOncStat = 2
+	LearnIngressOncStatSTAT_EGRESS_MISS_DISABLED           LearnIngressOncStat = 3
+	LearnIngressOncStatSTAT_EGRESS_MISS_SPOOF              LearnIngressOncStat = 4
+	LearnIngressOncStatSTAT_EGRESS_MISS_HOST               LearnIngressOncStat = 5
+	LearnIngressOncStatSTAT_EGRESS_MISS_NO_PEER            LearnIngressOncStat = 6
+	LearnIngressOncStatSTAT_EGRESS_MISS_FLOW               LearnIngressOncStat = 7
+	LearnIngressOncStatSTAT_EGRESS_MISS_DEST               LearnIngressOncStat = 8
+	LearnIngressOncStatSTAT_EGRESS_MISS_ENCAP              LearnIngressOncStat = 9
+	LearnIngressOncStatSTAT_EGRESS_MISS_TTL                LearnIngressOncStat = 10
+	LearnIngressOncStatSTAT_EGRESS_ERROR                   LearnIngressOncStat = 11
+	LearnIngressOncStatSTAT_INGRESS_HIT                    LearnIngressOncStat = 12
+	LearnIngressOncStatSTAT_INGRESS_MISS_NOT_VXLAN         LearnIngressOncStat = 13
+	LearnIngressOncStatSTAT_INGRESS_MISS_TCP_FLAGS         LearnIngressOncStat = 14
+	LearnIngressOncStatSTAT_INGRESS_MISS_DISABLED          LearnIngressOncStat = 15
+	LearnIngressOncStatSTAT_INGRESS_MISS_HOST              LearnIngressOncStat = 16
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_PEER           LearnIngressOncStat = 17
+	LearnIngressOncStatSTAT_INGRESS_MISS_NO_POD            LearnIngressOncStat = 18
+	LearnIngressOncStatSTAT_INGRESS_MISS_FLOW              LearnIngressOncStat = 19
+	LearnIngressOncStatSTAT_INGRESS_MISS_TTL               LearnIngressOncStat = 20
+	LearnIngressOncStatSTAT_INGRESS_ERROR                  LearnIngressOncStat = 21
+	LearnIngressOncStatSTAT_LEARN_EGRESS                   LearnIngressOncStat = 22
+	LearnIngressOncStatSTAT_LEARN_INGRESS                  LearnIngressOncStat = 23
+	LearnIngressOncStatSTAT_LEARN_PAUSED                   LearnIngressOncStat = 24
+	LearnIngressOncStatSTAT_LEARN_KNOWN                    LearnIngressOncStat = 25
+	LearnIngressOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER    LearnIngressOncStat = 26
+	LearnIngressOncStatSTAT_OVERLAY_DROP_INNER_SOURCE      LearnIngressOncStat = 27
+	LearnIngressOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION LearnIngressOncStat = 28
+	LearnIngressOncStatSTAT_OVERLAY_DROP_MALFORMED         LearnIngressOncStat = 29
+	LearnIngressOncStatSTAT_OVERLAY_DROP_FROM_POD          LearnIngressOncStat = 30
+	LearnIngressOncStatSTAT_MAX                            LearnIngressOncStat = 31
 )
 
 type LearnIngressSenderKey struct {

@@ -108,7 +108,9 @@ func (d *Datapath) attachTCX(ifindex int, pin string, dir direction, prog *ebpf.
 	}, prog); adopted {
 		return nil
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: dir.attach})
+	// First in line: a program before ours returning TCX_PASS would let a
+	// frame skip the overlay guard.
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: dir.attach, Anchor: link.Head()})
 	if err != nil {
 		return fmt.Errorf("tcx %s on ifindex %d: %w", dir.name, ifindex, err)
 	}

@@ -98,7 +98,7 @@ func TestOpenMountsBPFFSOnAReadOnlyParent(t *testing.T) {
 		for unix.Unmount(parent, unix.MNT_DETACH) == nil {
 		}
 	})
-	d, err := Open(Options{PinDir: filepath.Join(parent, "onc"), VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode})
+	d, err := Open(Options{PinDir: filepath.Join(parent, "onc"), VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode, PodCIDR: localCIDR})
 	must(t, err)
 	defer d.Close()
 	var st unix.Statfs_t

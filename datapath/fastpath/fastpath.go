@@ -43,9 +43,10 @@ type Options struct {
 	Port   int
 	Mark   uint32 // the skb->mark bit the slow path sets on ESTABLISHED pod traffic
 	Mode   Mode   // how programs attach; ModeAuto picks tcx when the kernel has it
-	// NodeIP is this node's tunnel endpoint: the only outer destination
-	// the overlay guard lets VXLAN frames have.
-	NodeIP netip.Addr
+	// NodeIP is this node's tunnel endpoint and PodCIDR its pods': the
+	// only outer and inner destinations the overlay guard lets frames have.
+	NodeIP  netip.Addr
+	PodCIDR netip.Prefix
 }
 
 // Datapath is the loaded flow cache.
@@ -70,8 +71,8 @@ func Open(o Options) (*Datapath, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
-	if !o.NodeIP.Is4() {
-		return nil, fmt.Errorf("node IP %v: the overlay guard needs this node's IPv4 tunnel endpoint", o.NodeIP)
+	if !o.NodeIP.Is4() || !o.PodCIDR.Addr().Is4() {
+		return nil, fmt.Errorf("node IP %v, pod CIDR %v: the overlay guard needs this node's IPv4 tunnel endpoint and pod CIDR", o.NodeIP, o.PodCIDR)
 	}
 	d := &Datapath{opts: o}
 	mode, err := resolveMode(o.Mode)
@@ -140,6 +141,8 @@ func (d *Datapath) Configure(enabled bool) error {
 	c.Enabled, c.Learning = b2u(enabled), 1
 	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), bpf.NetPort(uint16(d.opts.Port)), d.opts.Mark
 	c.NodeIp = bpf.NetIPv4(d.opts.NodeIP)
+	c.PodNet = bpf.NetIPv4(d.opts.PodCIDR.Masked().Addr())
+	c.PodMask = bpf.NetIPv4(netip.AddrFrom4([4]byte(net.CIDRMask(d.opts.PodCIDR.Bits(), 32))))
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 

@@ -35,6 +35,7 @@ var (
 	otherNode = netip.MustParseAddr("192.0.2.9")
 	otherPod  = netip.MustParseAddr("10.244.9.3")
 	peerCIDR  = netip.MustParsePrefix("10.244.2.0/24")
+	localCIDR = netip.MustParsePrefix("10.244.1.0/24")
 	// peerSender is what the control plane lets peerNode speak for.
 	peerSender = Sender{NodeIP: peerNode, Sources: []netip.Prefix{peerCIDR, netip.PrefixFrom(peerNode, 32)}}
 	// otherSender is a peer whose agent runs no fast path.
@@ -53,7 +54,7 @@ func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
 func openMode(t *testing.T, mode Mode) *Datapath {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode, NodeIP: localNode})
+	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode, NodeIP: localNode, PodCIDR: localCIDR})
 	if err != nil {
 		t.Fatal(err)
 	}

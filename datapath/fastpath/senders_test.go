@@ -38,6 +38,14 @@ func guardCases() []guardCase {
 			binary.BigEndian.PutUint16(ip[2:], binary.BigEndian.Uint16(ip[2:])+4)
 		})
 	}
+	toDst := func(dst netip.Addr) []byte {
+		return vxlan(frame(vtepLocal, vtepPeer, remotePod, dst, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1)
+	}
+	// The outer frame with a VLAN tag left in its data (the kernel strips
+	// a priority tag of VLAN 0, and the tag under it, after tc).
+	tagged := func(pkt []byte) []byte {
+		return append(append(append([]byte{}, pkt[:12]...), 0x81, 0x00, 0x00, 0x00), pkt[12:]...)
+	}
 	arp := fromPeer(remotePod)
 	binary.BigEndian.PutUint16(arp[50+12:], unix.ETH_P_ARP)
 	return []guardCase{
@@ -50,7 +58,12 @@ func guardCases() []guardCase {
 		{"a peer speaking for this node's pod", fromPeer(netip.MustParseAddr("10.244.1.9")), "overlay_drop_inner_source"},
 		{"a peer speaking for an address outside the cluster", fromPeer(netip.MustParseAddr("203.0.113.5")), "overlay_drop_inner_source"},
 		{"a peer speaking for another node's address", fromPeer(otherNode), "overlay_drop_inner_source"},
+		{"a peer to this node's gateway", toDst(netip.MustParseAddr("10.244.1.1")), ""},
+		{"a peer to another node's pod (a relay)", toDst(otherPod), "overlay_drop_inner_destination"},
+		{"a peer to an address outside the cluster (a relay)", toDst(netip.MustParseAddr("203.0.113.5")), "overlay_drop_inner_destination"},
 		{"another VNI", vxlan(in(remotePod), peerNode, localNode, 2), "overlay_drop_malformed"},
+		{"a VLAN tag left in the data", tagged(fromPeer(remotePod)), "overlay_drop_malformed"},
+		{"two VLAN tags left in the data", tagged(tagged(fromPeer(remotePod))), "overlay_drop_malformed"},
 		{"to another address of this node", vxlan(in(remotePod), peerNode, netip.MustParseAddr("192.0.2.100"), 1), "overlay_drop_malformed"},
 		{"a first fragment", withOuter(fromPeer(remotePod), func(ip []byte) { ip[6] |= 0x20 }), "overlay_drop_malformed"},
 		{"IP options", withOptions(fromPeer(remotePod)), "overlay_drop_malformed"},
@@ -91,7 +104,8 @@ func TestOverlayGuardOnTheUplink(t *testing.T) {
 	}
 }
 
-var guardCounters = []string{"overlay_drop_unknown_sender", "overlay_drop_inner_source", "overlay_drop_malformed", "overlay_drop_from_pod"}
+var guardCounters = []string{"overlay_drop_unknown_sender", "overlay_drop_inner_source", "overlay_drop_inner_destination",
+	"overlay_drop_malformed", "overlay_drop_from_pod"}
 
 // A peer that leaves is refused from its next frame on, a source it loses
 // too; a later fragment is left to the kernel, which cannot reassemble it
@@ -139,6 +153,7 @@ func TestOverlayGuardOnPods(t *testing.T) {
 				{"to this node's VXLAN port", toPort(localNode, 4789), "overlay_drop_from_pod"},
 				{"to a VXLAN port outside the cluster", toPort(netip.MustParseAddr("203.0.113.5"), 4789), "overlay_drop_from_pod"},
 				{"a first fragment to the VXLAN port", firstFragment, "overlay_drop_from_pod"},
+				{"a VLAN-tagged frame to a peer's VXLAN port", append(append(append([]byte{}, toPort(peerNode, 4789)[:12]...), 0x81, 0x00, 0, 0), toPort(peerNode, 4789)[12:]...), "overlay_drop_from_pod"},
 				{"to another UDP port", toPort(peerNode, 4790), ""},
 				{"TCP to port 4789", frame(hostMAC, podMAC, localPod, peerNode, unix.IPPROTO_TCP, 40000, 4789, 0, 10), ""},
 			} {

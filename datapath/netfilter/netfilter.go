@@ -1,11 +1,11 @@
 // Package netfilter installs ONC's iptables rules: masquerade for pod
 // traffic leaving the cluster CIDR; FORWARD accepts for pod traffic, so
 // hosts whose FORWARD policy is DROP (Docker's, for one) still forward
-// pods; a drop of VXLAN frames that come in by another interface than the
-// uplink, where the overlay guard runs; and, for the fast path, a mark on
-// pod traffic that conntrack saw ESTABLISHED, which the learning programs
-// require. The rules live in ONC's own chains, rewritten whole on every
-// Ensure.
+// pods; the overlay guard's rules, which drop VXLAN frames that did not
+// reach the VXLAN socket by the uplink, where its eBPF program runs; and,
+// for the fast path, a mark on pod traffic that conntrack saw ESTABLISHED,
+// which the learning programs require. The rules live in ONC's own
+// chains, rewritten whole on every Ensure.
 package netfilter
 
 import (
@@ -17,10 +17,11 @@ import (
 )
 
 const (
-	natChain     = "ONC-POSTROUTING"
-	forwardChain = "ONC-FORWARD"
-	markChain    = "ONC-MARK"
-	rawChain     = "ONC-PREROUTING"
+	natChain          = "ONC-POSTROUTING"
+	forwardChain      = "ONC-FORWARD"
+	markChain         = "ONC-MARK"
+	guardInputChain   = "ONC-GUARD-INPUT"
+	guardForwardChain = "ONC-GUARD-FORWARD"
 )
 
 // Overlay is what the overlay's rules need to know.
@@ -30,22 +31,52 @@ type Overlay struct {
 	Port   int    // the VXLAN UDP port
 }
 
+// guardRule is one of the overlay guard's drops: its reason (a counter of
+// onctl stats) is its comment, after "onc: overlay guard, ".
+type guardRule struct {
+	chain, reason string
+	match         []string
+}
+
+// guardRules are the overlay guard's netfilter half. They sit in mangle,
+// after address translation (kube-proxy's NodePorts, externalIPs and
+// Service endpoints could otherwise lead a packet to the VXLAN port that
+// the eBPF programs saw going elsewhere) and after reassembly, and before
+// any filter chain's ACCEPT.
+func guardRules(ovl Overlay) []guardRule {
+	port := []string{"-p", "udp", "--dport", strconv.Itoa(ovl.Port)}
+	return []guardRule{
+		// The kernel's VXLAN socket listens on every address: a frame by
+		// another interface (a second NIC, loopback, a pod's veth) skips
+		// the uplink's program.
+		{guardInputChain, "other_interface", append([]string{"!", "-i", ovl.Uplink}, port...)},
+		{guardInputChain, "translated", append(port, "-m", "conntrack", "--ctstate", "DNAT")},
+		// Real frames end at a node; one forwarded would leave as this
+		// node's, a trusted sender.
+		{guardForwardChain, "forwarded", port},
+	}
+}
+
+func (r guardRule) comment() string { return "onc: overlay guard, " + r.reason }
+
 // Ensure makes the chains hold exactly the rules for clusterCIDR and ovl,
-// and jumps to them first in POSTROUTING, FORWARD and raw PREROUTING. With
-// mark != 0, pod traffic that crosses the VXLAN device in a flow conntrack
-// saw ESTABLISHED gets that skb->mark bit (never a header bit). It is
-// idempotent.
+// and jumps to them first in POSTROUTING, FORWARD and mangle's INPUT and
+// FORWARD. With mark != 0, pod traffic that crosses the VXLAN device in a
+// flow conntrack saw ESTABLISHED gets that skb->mark bit (never a header
+// bit). It is idempotent.
 func Ensure(clusterCIDR string, ovl Overlay, mark uint32) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
 	}
-	// The kernel's VXLAN socket listens on every address: a frame that
-	// came in by another interface (a second NIC, loopback) would skip the
-	// overlay guard on the uplink.
-	raw := [][]string{{"!", "-i", ovl.Uplink, "-p", "udp", "--dport", strconv.Itoa(ovl.Port),
-		"-m", "comment", "--comment", vxlanElsewhere, "-j", "DROP"}}
-	if err := fill(ipt, "raw", rawChain, "PREROUTING", raw); err != nil {
+	guard := map[string][][]string{guardInputChain: nil, guardForwardChain: nil}
+	for _, r := range guardRules(ovl) {
+		guard[r.chain] = append(guard[r.chain], append(r.match, "-m", "comment", "--comment", r.comment(), "-j", "DROP"))
+	}
+	if err := fill(ipt, "mangle", guardInputChain, "INPUT", guard[guardInputChain]); err != nil {
+		return err
+	}
+	if err := fill(ipt, "mangle", guardForwardChain, "FORWARD", guard[guardForwardChain]); err != nil {
 		return err
 	}
 	vxlanDev := ovl.Device
@@ -77,27 +108,33 @@ func EnsureMark(vxlanDev string, mark uint32) error {
 	return fillMark(ipt, vxlanDev, mark)
 }
 
-// vxlanElsewhere is the comment, and so the name, of the rule that drops
-// VXLAN frames from another interface than the uplink.
-const vxlanElsewhere = "onc: VXLAN only by the uplink"
-
-// VXLANElsewhereDropped counts the frames for the VXLAN port that came in
-// by another interface than the uplink and were dropped.
-func VXLANElsewhereDropped() (uint64, error) {
+// GuardDrops counts the packets each of the overlay guard's rules dropped,
+// by reason.
+func GuardDrops(ovl Overlay) (map[string]uint64, error) {
 	ipt, err := newIPv4()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	stats, err := ipt.StructuredStats("raw", rawChain)
-	if err != nil {
-		return 0, fmt.Errorf("iptables -t raw -L %s: %w", rawChain, err)
-	}
-	for _, s := range stats {
-		if strings.Contains(s.Options, "/* "+vxlanElsewhere+" */") {
-			return s.Packets, nil
+	out := map[string]uint64{}
+	for _, chain := range []string{guardInputChain, guardForwardChain} {
+		stats, err := ipt.StructuredStats("mangle", chain)
+		if err != nil {
+			return nil, fmt.Errorf("iptables -t mangle -L %s: %w", chain, err)
+		}
+		for _, r := range guardRules(ovl) {
+			for _, s := range stats {
+				if r.chain == chain && strings.Contains(s.Options, "/* "+r.comment()+" */") {
+					out[r.reason] = s.Packets
+				}
+			}
 		}
 	}
-	return 0, fmt.Errorf("iptables -t raw %s has no rule %q", rawChain, vxlanElsewhere)
+	for _, r := range guardRules(ovl) {
+		if _, ok := out[r.reason]; !ok {
+			return nil, fmt.Errorf("iptables -t mangle %s has no rule %q", r.chain, r.comment())
+		}
+	}
+	return out, nil
 }
 
 func newIPv4() (*iptables.IPTables, error) {

@@ -63,6 +63,13 @@ type Overlay struct {
 	writes atomic.Uint64 // netlink writes made by Sync
 }
 
+// Present says whether the device exists: a node that has none yet has
+// nothing listening on the VXLAN port.
+func Present() bool {
+	_, err := netlink.LinkByName(DeviceName)
+	return err == nil
+}
+
 // Ensure creates the device, or adopts an existing one whose settings
 // match (a restarted agent keeps forwarding), or replaces one that does not.
 func Ensure(cfg Config) (*Overlay, error) {

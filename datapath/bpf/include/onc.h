@@ -78,6 +78,8 @@ struct onc_config {
 	__u32 vni;        /* host order */
 	__u32 mark;       /* skb->mark bit the slow path sets on ESTABLISHED */
 	__be32 node_ip;   /* this node's tunnel endpoint */
+	__be32 pod_net;   /* this node's pod CIDR: the only inner destinations */
+	__be32 pod_mask;  /* of frames from peers (the overlay guard) */
 };
 
 /* Counters (per CPU); onctl stats decodes them by these names. */
@@ -111,7 +113,8 @@ enum onc_stat {
 	/* The overlay guard's drops (overlay.h), fast path on or off. */
 	STAT_OVERLAY_DROP_UNKNOWN_SENDER, /* outer source not a peer's tunnel endpoint */
 	STAT_OVERLAY_DROP_INNER_SOURCE,   /* inner source the sending peer may not speak for */
-	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, other VNI or destination, inner not IPv4 */
+	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination not in this node's pod CIDR */
+	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, VLAN tag, other VNI or destination, inner not IPv4 */
 	STAT_OVERLAY_DROP_FROM_POD,       /* a pod sent to the VXLAN port */
 	STAT_MAX,
 };
