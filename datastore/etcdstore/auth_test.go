@@ -208,6 +208,9 @@ func TestNodeCredentials(t *testing.T) {
 		{"AnothersBlock", "/onc/nodecidrs/n2"},
 		{"Config", "/onc/config"},
 		{"ARecordBelowItsOwn", "/onc/nodes/n1/x"},
+		// Keys that share its name as a prefix: its grants are exact keys.
+		{"ASiblingsRecord", "/onc/nodes/n1x"},
+		{"ASiblingsLiveness", "/onc/alive/n1x"},
 		{"OutsideThePrefix", "/elsewhere"},
 	} {
 		t.Run("Refused"+k.name, func(t *testing.T) {
@@ -242,6 +245,9 @@ func TestNodeCredentials(t *testing.T) {
 		}
 		if _, err := n1.Get(short(t), "/onc/config"); err == nil {
 			t.Fatal("a revoked node's credentials still read")
+		}
+		if _, err := n1.Put(short(t), "/onc/nodes/n1", "{}"); err == nil {
+			t.Fatal("a revoked node's credentials still write its own record")
 		}
 	})
 	for k, v := range map[string]string{"/onc/config": "{}", "/onc/nodes/n2": "{}", "/onc/cidrs/10.244.1.0-24": "n2",
@@ -384,6 +390,7 @@ func TestEmbeddedEtcdPKI(t *testing.T) {
 		"http://127.0.0.1:2379": "only https",
 		"https://0.0.0.0:2379":  "not a wildcard",
 		"https://[::]:2379":     "not a wildcard",
+		"https://:2379":         "not a wildcard", // no host: every address
 	} {
 		if _, err := etcdstore.StartEmbeddedTLS(t.TempDir(), listen); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("StartEmbeddedTLS(%s) = %v, want an error saying %q", listen, err, want)

@@ -55,7 +55,7 @@ func StartEmbeddedTLS(dir, clientURL string) (*Embedded, error) {
 		return nil, fmt.Errorf("embedded etcd client URL %q: it serves only https (mutual TLS), e.g. https://%s", clientURL, cu.Host)
 	}
 	host := cu.Hostname()
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		return nil, fmt.Errorf("embedded etcd client URL %q: name the address agents reach it on, not a wildcard: its certificate names it", clientURL)
 	}
 	hosts := []string{"127.0.0.1", "::1", "localhost"}
