@@ -15,10 +15,12 @@ import (
 // running node.
 var ErrNodeAlive = errors.New("its agent is alive and would register it again: stop the agent first")
 
-// Revoker revokes a node's datastore credentials: the embedded etcd's
-// per-node users (etcdstore.Store).
+// Revoker is the embedded etcd's root (etcdstore.Store): it revokes a
+// node's datastore credentials (its per-node user) and ends its liveness
+// (revokes its lease), whoever keeps that alive.
 type Revoker interface {
 	RevokeNode(ctx context.Context, node string) error
+	EndLiveness(ctx context.Context, node string) error
 }
 
 // RemoveNode is the operator's removal of a node on the etcd datastore (on
@@ -39,10 +41,39 @@ func RemoveNode(ctx context.Context, store datastore.Store, creds Revoker, name 
 	return cidr, err
 }
 
+// RemoveNodeEvenIfAlive is RemoveNode for a node that may look alive:
+// anyone may renew a node's liveness lease (etcd checks no permission on
+// renewal), so another node, or a revoked certificate, can keep it alive.
+// creds, required, first revokes the node's credentials, so that its own
+// agent, if it runs, can write nothing from then on; then ends its
+// liveness; then its records go and its CIDR is released as in RemoveNode.
+func RemoveNodeEvenIfAlive(ctx context.Context, store datastore.Store, creds Revoker, name string) (netip.Prefix, error) {
+	if creds == nil {
+		return netip.Prefix{}, errors.New("removing a node even if it is alive needs the embedded etcd's root credentials")
+	}
+	if err := requireName(name); err != nil {
+		return netip.Prefix{}, err
+	}
+	if err := creds.RevokeNode(ctx, name); err != nil {
+		return netip.Prefix{}, fmt.Errorf("node %s: revoke its datastore credentials: %w", name, err)
+	}
+	if err := creds.EndLiveness(ctx, name); err != nil {
+		return netip.Prefix{}, fmt.Errorf("node %s: end its liveness: %w", name, err)
+	}
+	return removeRecords(ctx, store, name)
+}
+
+func requireName(name string) error {
+	if name == "" {
+		return errors.New("node name is required")
+	}
+	return nil
+}
+
 // removeRecords is RemoveNode's datastore side.
 func removeRecords(ctx context.Context, store datastore.Store, name string) (netip.Prefix, error) {
-	if name == "" {
-		return netip.Prefix{}, errors.New("node name is required")
+	if err := requireName(name); err != nil {
+		return netip.Prefix{}, err
 	}
 	var cidr netip.Prefix
 	n, err := store.Node(ctx, name)

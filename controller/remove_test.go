@@ -3,8 +3,10 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +14,8 @@ import (
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // RemoveNode (onc-controller remove-node) on a real etcd: a stopped node's
@@ -103,28 +107,11 @@ func TestRemovedNodeRegisteredAgainIsNew(t *testing.T) {
 // node that never registered has its credentials revoked all the same; a
 // live one keeps them.
 func TestRemoveNodeRevokesItsCredentials(t *testing.T) {
-	e := testutil.SecureEtcd(t)
+	ctl, agent := secureEtcd(t)
 	ctx := context.Background()
-	open := func(files etcdstore.TLSFiles) *etcdstore.Store {
-		s, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	ctl := open(e.PKI.Controller())
-	agent := func(name string) *etcdstore.Store {
-		if err := ctl.AuthorizeNode(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		files, err := e.PKI.IssueNode(name, t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return open(files)
-	}
-	gone, never, live := agent("gone"), agent("never"), agent("live")
+	gone, _ := agent("gone")
+	never, _ := agent("never")
+	live, _ := agent("live")
 	register(t, gone, "gone")
 	register(t, live, "live")
 	kctx, cancel := context.WithCancel(ctx)
@@ -151,5 +138,178 @@ func TestRemoveNodeRevokesItsCredentials(t *testing.T) {
 	}
 	if _, err := live.Nodes(ctx); err != nil {
 		t.Fatalf("a refused removal took the live node's credentials: %v", err)
+	}
+}
+
+// secureEtcd starts an etcd as the controller runs it and returns the
+// controller's store on it (root), and agent, which makes a node's etcd
+// user and returns its agent's store and a raw client with its
+// certificate.
+func secureEtcd(t *testing.T) (*etcdstore.Store, func(name string) (*etcdstore.Store, *clientv3.Client)) {
+	e := testutil.SecureEtcd(t)
+	ctx := context.Background()
+	open := func(files etcdstore.TLSFiles) *etcdstore.Store {
+		s, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	ctl := open(e.PKI.Controller())
+	return ctl, func(name string) (*etcdstore.Store, *clientv3.Client) {
+		if err := ctl.AuthorizeNode(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		files, err := e.PKI.IssueNode(name, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tlsCfg, err := files.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL}, TLS: tlsCfg, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return open(files), cli
+	}
+}
+
+// revoker records the order of RemoveNodeEvenIfAlive's steps: each step
+// must find the node's records still there (they go last), and the
+// credentials must go before its liveness ends.
+type revoker struct {
+	controller.Revoker
+	store datastore.Store
+	t     *testing.T
+	steps []string
+}
+
+func (r *revoker) step(ctx context.Context, name, what string) {
+	if _, err := r.store.Node(ctx, name); err != nil {
+		r.t.Errorf("%s: the node's records went before it (%v)", what, err)
+	}
+	r.steps = append(r.steps, what)
+}
+
+func (r *revoker) RevokeNode(ctx context.Context, name string) error {
+	r.step(ctx, name, "revoke")
+	return r.Revoker.RevokeNode(ctx, name)
+}
+
+func (r *revoker) EndLiveness(ctx context.Context, name string) error {
+	r.step(ctx, name, "end liveness")
+	return r.Revoker.EndLiveness(ctx, name)
+}
+
+// A node whose liveness lease another node keeps alive (etcd checks no
+// permission on renewal) is refused by RemoveNode; RemoveNodeEvenIfAlive
+// revokes its credentials, ends the lease and removes it. It removes a
+// node that is not alive as well, and keeps a real agent that still runs
+// from coming back; without the embedded etcd's credentials it is refused.
+func TestRemoveNodeEvenIfAlive(t *testing.T) {
+	ctl, agent := secureEtcd(t)
+	ctx := context.Background()
+	cidrOf := map[string]netip.Prefix{}
+	node := func(name string, i int) (*etcdstore.Store, *clientv3.Client) {
+		s, cli := agent(name)
+		register(t, s, name)
+		cidrOf[name] = netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i))
+		if _, err := ctl.ClaimCIDR(ctx, name, cidrOf[name]); err != nil {
+			t.Fatal(err)
+		}
+		return s, cli
+	}
+	kept, keptCli := node("kept", 1)
+	_, keeper := node("keeper", 2)
+	idle, _ := node("idle", 3)
+	live, _ := node("live", 4)
+	untouched, _ := node("untouched", 5)
+
+	// kept's agent takes its lease and goes without revoking it; keeper
+	// renews it from then on, with its own certificate.
+	lease, err := keptCli.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keptCli.Put(ctx, "/onc/alive/kept", "1", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	keptCli.Close()
+	got, err := keeper.Get(ctx, "/onc/alive/kept")
+	if err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("keeper reads kept's liveness: %v, %v", got, err)
+	}
+	id := clientv3.LeaseID(got.Kvs[0].Lease)
+	renew := func() error { _, err := keeper.KeepAliveOnce(ctx, id); return err }
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for kctx.Err() == nil {
+			_ = renew()
+			time.Sleep(300 * time.Millisecond)
+		}
+	}()
+	time.Sleep(3 * time.Second) // longer than the lease's TTL
+	if l, _ := ctl.Liveness(ctx); !l["kept"] {
+		t.Fatal("keeper did not keep kept's lease alive: the premise is gone")
+	}
+
+	if _, err := controller.RemoveNode(ctx, ctl, ctl, "kept"); !errors.Is(err, controller.ErrNodeAlive) {
+		t.Fatalf("RemoveNode of a node kept alive: %v, want ErrNodeAlive", err)
+	}
+	r := &revoker{Revoker: ctl, store: ctl, t: t}
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, r, "kept"); err != nil || got != cidrOf["kept"] {
+		t.Fatalf("RemoveNodeEvenIfAlive(kept) = %v, %v; want its CIDR %v released", got, err, cidrOf["kept"])
+	}
+	if want := []string{"revoke", "end liveness"}; !slices.Equal(r.steps, want) {
+		t.Errorf("steps %q, want %q", r.steps, want)
+	}
+	if err := renew(); err == nil {
+		t.Error("keeper still renews kept's lease after its removal")
+	}
+
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "idle"); err != nil || got != cidrOf["idle"] {
+		t.Fatalf("RemoveNodeEvenIfAlive(idle), not alive = %v, %v; want its CIDR %v released", got, err, cidrOf["idle"])
+	}
+
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	go func() { _ = live.KeepAlive(lctx, "live", time.Minute) }()
+	testutil.WaitFor(t, "live's lease", 10*time.Second, func() bool { l, _ := ctl.Liveness(ctx); return l["live"] })
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "live"); err != nil || got != cidrOf["live"] {
+		t.Fatalf("RemoveNodeEvenIfAlive(live), its agent running = %v, %v; want its CIDR %v released", got, err, cidrOf["live"])
+	}
+	time.Sleep(1500 * time.Millisecond) // the agent takes a new lease after a second
+
+	for name, s := range map[string]*etcdstore.Store{"kept": kept, "idle": idle, "live": live} {
+		if _, err := ctl.Node(ctx, name); !errors.Is(err, datastore.ErrNotFound) {
+			t.Errorf("%s is still registered (%v)", name, err)
+		}
+		if l, _ := ctl.Liveness(ctx); l[name] {
+			t.Errorf("%s still looks alive", name)
+		}
+		if allocs, _ := ctl.Allocations(ctx); allocs[cidrOf[name]] != "" {
+			t.Errorf("%s's CIDR %v is still allocated", name, cidrOf[name])
+		}
+		if _, err := s.Nodes(ctx); err == nil {
+			t.Errorf("%s's credentials still read after its removal", name)
+		}
+		if err := s.RegisterNode(ctx, datastore.NodeSpec{Name: name, IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}); err == nil {
+			t.Errorf("%s's credentials still write after its removal", name)
+		}
+	}
+
+	if _, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, nil, "untouched"); err == nil {
+		t.Fatal("RemoveNodeEvenIfAlive without the embedded etcd's credentials: no error")
+	}
+	if _, err := ctl.Node(ctx, "untouched"); err != nil {
+		t.Fatalf("a refused removal removed the node: %v", err)
+	}
+	if _, err := untouched.Nodes(ctx); err != nil {
+		t.Fatalf("a refused removal took the node's credentials: %v", err)
 	}
 }

@@ -22,12 +22,14 @@ func removeNode(args []string) int {
 	store := backend.AddFlags(fs)
 	emb := addEmbeddedFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
+	evenIfAlive := fs.Bool("even-if-alive", false, "remove the node even if its liveness lease is held (by anyone: another node can renew it): first delete its etcd user and role, then revoke that lease; the embedded etcd only")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: onc-controller remove-node NAME [flags]\n\n"+
 			"Removes the node's registration and liveness and releases its pod CIDR in one transaction;\n"+
 			"every agent then takes it off its peers. Stop the node's agent first. Without --etcd-endpoints\n"+
 			"it acts on the controller's embedded etcd, with the controller's credentials from\n"+
-			"--embedded-etcd-dir, and also deletes the node's etcd user and role.\n\n%s", fs.FlagUsages())
+			"--embedded-etcd-dir, and also deletes the node's etcd user and role; there --even-if-alive\n"+
+			"removes a node that still looks alive.\n\n%s", fs.FlagUsages())
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -39,6 +41,10 @@ func removeNode(args []string) int {
 	name := fs.Arg(0)
 	if store.Kind == backend.Kubernetes {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: on Kubernetes, delete the Node instead (kubectl delete node %s): the controller then frees its pod CIDR at once\n", name)
+		return 2
+	}
+	if *evenIfAlive && len(store.Etcd.Endpoints) > 0 {
+		fmt.Fprintf(os.Stderr, "onc-controller remove-node: --even-if-alive is only for the embedded etcd (without --etcd-endpoints), where it has the controller's root credentials; on an external etcd, revoke the lease of %salive/%s with etcdctl\n", store.Etcd.Prefix, name)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -57,13 +63,23 @@ func removeNode(args []string) int {
 		return 1
 	}
 	defer ds.Close()
-	cidr, err := controller.RemoveNode(ctx, ds, creds, name)
-	if creds != nil && errors.Is(err, datastore.ErrNotFound) {
+	remove := controller.RemoveNode
+	if *evenIfAlive {
+		remove = controller.RemoveNodeEvenIfAlive
+	}
+	cidr, err := remove(ctx, ds, creds, name)
+	switch {
+	case creds != nil && errors.Is(err, datastore.ErrNotFound):
 		err = fmt.Errorf("%w; its etcd user %s, if it had one, is deleted", err, etcdstore.NodeUser(name))
+	case errors.Is(err, controller.ErrNodeAlive):
+		err = fmt.Errorf("%w; if it stays alive with its agent stopped (anyone can renew its lease), --even-if-alive removes it anyway on the embedded etcd", err)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onc-controller remove-node: %v\n", err)
 		return 1
+	}
+	if *evenIfAlive {
+		fmt.Printf("node %s: etcd user and role %s deleted; liveness ended (its lease revoked)\n", name, etcdstore.NodeUser(name))
 	}
 	if cidr.IsValid() {
 		fmt.Printf("node %s removed; pod CIDR %s released\n", name, cidr)

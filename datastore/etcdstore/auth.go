@@ -115,3 +115,29 @@ func (s *Store) RevokeNode(ctx context.Context, node string) error {
 	}
 	return nil
 }
+
+// EndLiveness ends node's liveness: it revokes the lease its alive/<node>
+// key is bound to, which deletes the key (and any other key on that
+// lease), then deletes the key in case it had no lease. etcd checks no
+// permission on renewing a lease, so any client may keep a node's lease
+// alive; revoking it needs write access to its keys, root's. A missing
+// key, or a lease already gone, is fine.
+func (s *Store) EndLiveness(ctx context.Context, node string) error {
+	if err := ValidNodeName(node); err != nil {
+		return err
+	}
+	k := s.key("alive", node)
+	resp, err := s.cli.Get(ctx, k)
+	if err != nil || len(resp.Kvs) == 0 {
+		return err
+	}
+	if id := clientv3.LeaseID(resp.Kvs[0].Lease); id != clientv3.NoLease {
+		if _, err := s.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return fmt.Errorf("revoke lease %x of %s: %w", int64(id), k, err)
+		}
+	}
+	if _, err := s.cli.Delete(ctx, k); err != nil {
+		return fmt.Errorf("delete %s: %w", k, err)
+	}
+	return nil
+}

@@ -410,3 +410,60 @@ func TestEmbeddedEtcdPKI(t *testing.T) {
 		t.Errorf("node key: %v, %v; want mode 0600", st, err)
 	}
 }
+
+// EndLiveness, as root, revokes the lease a node's alive/ key is bound to
+// (whoever renews it) or deletes a key bound to none; a missing key is
+// fine. A node's credentials cannot end another's liveness.
+func TestEndLiveness(t *testing.T) {
+	e := testutil.SecureEtcd(t)
+	ctx := context.Background()
+	admin, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: e.PKI.Controller()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.AuthorizeNode(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	files, err := e.PKI.IssueNode("n1", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n1.Close()
+	root, n1Cli := clientWith(t, e.ClientURL, e.PKI.Controller()), clientWith(t, e.ClientURL, files)
+	lease, err := root.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.Put(ctx, "/onc/alive/leased", "1", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.Put(ctx, "/onc/alive/leaseless", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n1Cli.KeepAliveOnce(ctx, lease.ID); err != nil {
+		t.Fatalf("another node renews the lease: %v", err)
+	}
+
+	if err := n1.EndLiveness(ctx, "leased"); err == nil {
+		t.Error("a node's credentials ended another's liveness")
+	}
+	for _, name := range []string{"leased", "leaseless", "missing"} {
+		if err := admin.EndLiveness(ctx, name); err != nil {
+			t.Errorf("EndLiveness(%s): %v", name, err)
+		}
+	}
+	if live, err := admin.Liveness(ctx); err != nil || len(live) != 0 {
+		t.Errorf("liveness left: %v, %v", live, err)
+	}
+	if _, err := n1Cli.KeepAliveOnce(ctx, lease.ID); !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		t.Errorf("renewing the ended lease: %v, want ErrLeaseNotFound", err)
+	}
+	if err := admin.EndLiveness(ctx, "a/b"); err == nil || !strings.Contains(err.Error(), "invalid node name") {
+		t.Errorf("EndLiveness(a/b): %v", err)
+	}
+}
