@@ -191,13 +191,14 @@ test_() {
   admission_probe || rc=1
   fastpath_probe || true
   service_probe || true
+  overlay_probe || rc=1
   collect
   summarize
   return $rc
 }
 
 # summarize writes summary.md: versions, the result of every spec that ran,
-# the agent restart and the fast-path probe.
+# the agent restart and the probes.
 summarize() {
   local junit=$OUT/junit_01.xml
   {
@@ -235,6 +236,11 @@ summarize() {
     echo "## Services at the socket: the same through a ClusterIP"
     echo '```'
     cat "$OUT/service-probe.txt" 2>/dev/null
+    echo '```'
+    echo
+    echo "## The overlay guard: VXLAN frames crafted by a pod"
+    echo '```'
+    cat "$OUT/overlay-probe.txt" 2>/dev/null
     echo '```'
   } > "$OUT/summary.md"
   # The JUnit report less its thousands of skipped specs, small enough to keep.
@@ -294,6 +300,81 @@ service_probe() {
   cat "$OUT/service-probe.txt"
 }
 
+# vxlan_frame prints, as printf's octal escapes, the payload of a VXLAN datagram
+# as a peer's kernel builds it (VNI 1): an Ethernet frame to the VTEP MAC
+# $1 carrying a UDP datagram from $2 to $3:7999 whose payload is $4.
+vxlan_frame() { # vtep-mac inner-src inner-dst payload
+  local mac=$1 src=$2 dst=$3 payload=$4 hex ip sum=0 i w
+  local len=$((20 + 8 + ${#payload}))
+  hx() { printf '%02x' "$@"; }
+  ip="4500$(printf '%04x' "$len")0000000040110000$(hx ${src//./ })$(hx ${dst//./ })"
+  for ((i = 0; i < 40; i += 4)); do w=$((16#${ip:i:4})); sum=$((sum + w)); done
+  while ((sum > 0xffff)); do sum=$(((sum & 0xffff) + (sum >> 16))); done
+  ip="${ip:0:20}$(printf '%04x' $((~sum & 0xffff)))${ip:24}"
+  hex="0800000000000100${mac//:/}02beef000001""0800$ip""9c401f3f$(printf '%04x' $((8 + ${#payload})))0000"
+  hex+=$(printf '%s' "$payload" | od -An -tx1 | tr -d ' \n')
+  # Octal escapes: the pods' sh (dash) has no \x in printf.
+  for ((i = 0; i < ${#hex}; i += 2)); do printf '\\%03o' "0x${hex:i:2}"; done
+}
+
+# overlay_probe: a pod on the worker crafts VXLAN frames in user space and
+# sends them with an ordinary UDP socket to the control plane's VXLAN port,
+# the inner packet addressed to a pod there, its source another pod's. The
+# worker's agent must drop them (overlay_drop_from_pod) and the pod there
+# receive nothing. Then the worker itself, a peer speaking for its own pod,
+# sends the same kind of frame: that one arrives, so the frames are good.
+# It fails unless all three hold.
+overlay_probe() {
+  local cp wk ip cpip mac victim f before after got ok=1
+  cp=$(control_plane)
+  wk=$(worker)
+  ip=$(serve onc-overlayprobe "$cp" 'nc -u -l 7999 > /tmp/got; sleep infinity' 2>/dev/null)
+  cpip=$(kc get oncnode "$cp" -o jsonpath='{.spec.nodeIP}')
+  mac=$(kc get oncnode "$cp" -o jsonpath='{.spec.vtepMAC}')
+  run_on onc-overlayprobe victim "$wk" 'sleep infinity' 2>/dev/null
+  kc -n onc-overlayprobe wait --for=condition=Ready pod/victim --timeout=2m >/dev/null
+  victim=$(kc -n onc-overlayprobe get pod victim -o jsonpath='{.status.podIP}')
+  {
+    echo "# VXLAN frames from a pod on $wk to $cp ($cpip:4789), inner $victim -> pod $ip:7999"
+    before=$(drops "$wk")
+    echo "before: $wk $before"
+    f=$(vxlan_frame "$mac" "$victim" "$ip" "injected-by-a-pod")
+    # From a file: one read, one datagram (printf may write in pieces).
+    run_on onc-overlayprobe injector "$wk" "printf '$f' > /tmp/frame; for i in 1 2 3 4 5; do nc -u -w1 $cpip 4789 < /tmp/frame; done" 2>/dev/null
+    kc -n onc-overlayprobe wait --for=jsonpath='{.status.phase}'=Succeeded pod/injector --timeout=2m >/dev/null
+    after=$(drops "$wk")
+    echo "after:  $wk $after"
+    got=$(kc -n onc-overlayprobe exec sink -- cat /tmp/got)
+    echo "the pod on $cp received: [$got]"
+    [ -z "$got" ] || { echo "FAIL: the pod's frames were delivered"; ok=0; }
+    [ "$(drop_count "$after" from_pod)" -ge $(($(drop_count "$before" from_pod) + 5)) ] ||
+      { echo "FAIL: $wk did not count the pod's 5 frames as from_pod"; ok=0; }
+    f=$(vxlan_frame "$mac" "$victim" "$ip" "sent-by-the-node")
+    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:$cpip:4789; sleep 0.2; done; rm /tmp/onc-frame"
+    sleep 1
+    got=$(kc -n onc-overlayprobe exec sink -- cat /tmp/got)
+    echo "control, the same frame from $wk itself: the pod on $cp received: [$got]"
+    [[ $got == *sent-by-the-node* ]] || { echo "FAIL: the node's own frame was not delivered: the probe proves nothing"; ok=0; }
+    [ $ok = 1 ] && echo PASS
+  } > "$OUT/overlay-probe.txt" 2>&1
+  kc delete namespace onc-overlayprobe --wait=false >/dev/null
+  cat "$OUT/overlay-probe.txt"
+  grep -qx PASS "$OUT/overlay-probe.txt"
+}
+
+# drops prints the overlay guard's counters of the agent on node $1.
+drops() {
+  kc -n onc-system exec "$(agent_pod "$1")" -c onc-agent -- onctl stats -o json |
+    jq -r '[.counters[] | select(.program == "overlay") | "\(.name)=\(.value)"] | join(" ")'
+}
+
+# drop_count prints counter drop_$2 of a drops line $1 (0 if absent).
+drop_count() {
+  local v
+  v=$(tr ' ' '\n' <<<"$1" | sed -n "s/^drop_$2=//p")
+  echo "${v:-0}"
+}
+
 # collect saves what proves the run: onctl stats and state from each node.
 collect() {
   local pod node
@@ -325,7 +406,7 @@ case ${1:-all} in
   all) up; test_ ;;
   up) up ;;
   test) test_ ;;
-  probe) mkdir -p "$OUT"; admission_probe; fastpath_probe; service_probe ;;
+  probe) mkdir -p "$OUT"; admission_probe; fastpath_probe; service_probe; overlay_probe ;;
   summary) summarize ;;
   down) down ;;
   *) echo "usage: $0 [all|up|test|probe|summary|down]" >&2; exit 2 ;;
