@@ -15,7 +15,6 @@ import (
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // RemoveNode (onc-controller remove-node) on a real etcd: a stopped node's
@@ -147,34 +146,9 @@ func TestRemoveNodeRevokesItsCredentials(t *testing.T) {
 // certificate.
 func secureEtcd(t *testing.T) (*etcdstore.Store, func(name string) (*etcdstore.Store, *clientv3.Client)) {
 	e := testutil.SecureEtcd(t)
-	ctx := context.Background()
-	open := func(files etcdstore.TLSFiles) *etcdstore.Store {
-		s, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	ctl := open(e.PKI.Controller())
-	return ctl, func(name string) (*etcdstore.Store, *clientv3.Client) {
-		if err := ctl.AuthorizeNode(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		files, err := e.PKI.IssueNode(name, t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tlsCfg, err := files.Config()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL}, TLS: tlsCfg, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		return open(files), cli
+	return testutil.SecureEtcdStore(t, e, e.PKI.Controller()), func(name string) (*etcdstore.Store, *clientv3.Client) {
+		files := testutil.SecureEtcdNode(t, e, name)
+		return testutil.SecureEtcdStore(t, e, files), testutil.SecureEtcdClient(t, e, files)
 	}
 }
 

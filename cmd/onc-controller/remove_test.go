@@ -16,7 +16,6 @@ import (
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 func TestMain(m *testing.M) { testutil.Main(m) }
@@ -65,29 +64,9 @@ func TestRemoveNodeEvenIfAliveCommand(t *testing.T) {
 	}
 	t.Cleanup(e.Close)
 	ctx := context.Background()
-	ctl, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: e.PKI.Controller()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
+	ctl := testutil.SecureEtcdStore(t, e, e.PKI.Controller())
 	client := func(name string) *clientv3.Client {
-		if err := ctl.AuthorizeNode(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		files, err := e.PKI.IssueNode(name, t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tlsCfg, err := files.Config()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL}, TLS: tlsCfg, Logger: zap.NewNop()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
-		return cli
+		return testutil.SecureEtcdClient(t, e, testutil.SecureEtcdNode(t, e, name))
 	}
 	if err := ctl.RegisterNode(ctx, datastore.NodeSpec{Name: "kept", IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}); err != nil {
 		t.Fatal(err)

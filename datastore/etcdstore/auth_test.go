@@ -264,23 +264,8 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 	e := testutil.SecureEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ctl, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: e.PKI.Controller()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
-	if err := ctl.AuthorizeNode(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	files, err := e.PKI.IssueNode("n1", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close()
+	ctl := testutil.SecureEtcdStore(t, e, e.PKI.Controller())
+	agent := testutil.SecureEtcdStore(t, e, testutil.SecureEtcdNode(t, e, "n1"))
 	cluster := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
 	if err := ctl.PutClusterConfig(ctx, cluster); err != nil {
 		t.Fatal(err)
@@ -417,23 +402,9 @@ func TestEmbeddedEtcdPKI(t *testing.T) {
 func TestEndLiveness(t *testing.T) {
 	e := testutil.SecureEtcd(t)
 	ctx := context.Background()
-	admin, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: e.PKI.Controller()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.AuthorizeNode(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	files, err := e.PKI.IssueNode("n1", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n1, err := etcdstore.New(ctx, etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n1.Close()
+	admin := testutil.SecureEtcdStore(t, e, e.PKI.Controller())
+	files := testutil.SecureEtcdNode(t, e, "n1")
+	n1 := testutil.SecureEtcdStore(t, e, files)
 	root, n1Cli := clientWith(t, e.ClientURL, e.PKI.Controller()), clientWith(t, e.ClientURL, files)
 	lease, err := root.Grant(ctx, 60)
 	if err != nil {

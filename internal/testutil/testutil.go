@@ -28,6 +28,8 @@ import (
 	"github.com/onc-net/onc/internal/kubeapiserver"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Strict reports whether missing prerequisites are failures (CI).
@@ -172,6 +174,49 @@ func SecureEtcd(t testing.TB) *etcdstore.Embedded {
 	}
 	t.Cleanup(e.Close)
 	return e
+}
+
+// SecureEtcdStore opens ONC's store on e with files' credentials; it is
+// closed when the test ends.
+func SecureEtcdStore(t testing.TB, e *etcdstore.Embedded, files etcdstore.TLSFiles) *etcdstore.Store {
+	t.Helper()
+	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// SecureEtcdNode makes node name's etcd user and role on e, as the
+// controller does (onc-controller node-cert), and returns its agent's
+// credentials.
+func SecureEtcdNode(t testing.TB, e *etcdstore.Embedded, name string) etcdstore.TLSFiles {
+	t.Helper()
+	if err := SecureEtcdStore(t, e, e.PKI.Controller()).AuthorizeNode(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	files, err := e.PKI.IssueNode(name, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// SecureEtcdClient is a raw etcd client of e with files' credentials,
+// closed when the test ends.
+func SecureEtcdClient(t testing.TB, e *etcdstore.Embedded, files etcdstore.TLSFiles) *clientv3.Client {
+	t.Helper()
+	cfg, err := files.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL}, TLS: cfg, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // EtcdServer starts Debian's etcd (package etcd-server) as a separate
