@@ -244,7 +244,7 @@ func samples(mfs map[string]*dto.MetricFamily, into map[string]uint64, family st
 }
 
 // fastPathCounters names each fast-path sample as onctl stats names its
-// counter (egress_hit, ingress_miss_flow, learn_known).
+// counter (egress_hit, ingress_miss_flow, learn_known, overlay_drop_from_pod).
 func fastPathCounters(t *testing.T, mfs map[string]*dto.MetricFamily) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
@@ -258,6 +258,7 @@ func fastPathCounters(t *testing.T, mfs map[string]*dto.MetricFamily) map[string
 		return l["program"] + "_" + l["result"]
 	})
 	samples(mfs, out, "onc_fastpath_learn_total", func(l map[string]string) string { return "learn_" + l["event"] })
+	samples(mfs, out, "onc_overlay_dropped_packets_total", func(l map[string]string) string { return "overlay_drop_" + l["reason"] })
 	return out
 }
 
