@@ -10,6 +10,7 @@ package netfilter
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -115,24 +116,19 @@ func GuardDrops(ovl Overlay) (map[string]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]uint64{}
+	stats := map[string][]iptables.Stat{}
 	for _, chain := range []string{guardInputChain, guardForwardChain} {
-		stats, err := ipt.StructuredStats("mangle", chain)
-		if err != nil {
+		if stats[chain], err = ipt.StructuredStats("mangle", chain); err != nil {
 			return nil, fmt.Errorf("iptables -t mangle -L %s: %w", chain, err)
 		}
-		for _, r := range guardRules(ovl) {
-			for _, s := range stats {
-				if r.chain == chain && strings.Contains(s.Options, "/* "+r.comment()+" */") {
-					out[r.reason] = s.Packets
-				}
-			}
-		}
 	}
+	out := map[string]uint64{}
 	for _, r := range guardRules(ovl) {
-		if _, ok := out[r.reason]; !ok {
+		i := slices.IndexFunc(stats[r.chain], func(s iptables.Stat) bool { return strings.Contains(s.Options, "/* "+r.comment()+" */") })
+		if i < 0 {
 			return nil, fmt.Errorf("iptables -t mangle %s has no rule %q", r.chain, r.comment())
 		}
+		out[r.reason] = stats[r.chain][i].Packets
 	}
 	return out, nil
 }
