@@ -5,8 +5,8 @@ import (
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/netpol"
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 )
 
@@ -42,14 +42,14 @@ type Datapath interface {
 	// EnforcePolicy makes the kernel enforce rs, ending the connections and
 	// cached verdicts it no longer allows before it returns; checkKernel
 	// rewrites every rule, repairing drift.
-	EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datapath.PolicyChange, error)
+	EnforcePolicy(rs policy.Ruleset, checkKernel bool) (datapath.PolicyChange, error)
 	// PolicyCounters are each local pod's allowed and denied connections.
-	PolicyCounters() (map[string]netpol.Counters, error)
+	PolicyCounters() (map[string]policy.Counters, error)
 
 	// SyncServices makes the socket programs balance exactly svcs; with
 	// checkKernel it also reads the maps back, repairing drift, and
 	// forgets the namespaces of pods not among pods.
-	SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKernel bool) error
+	SyncServices(svcs []services.Service, pods []netip.Addr, checkKernel bool) error
 	// SocketLB is the socket load balancer, nil when it is off or not
 	// loaded; SocketLBStatus then says why.
 	SocketLB() datapath.SocketLB

@@ -16,8 +16,8 @@ import (
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
-	"github.com/onc-net/onc/datapath/netpol"
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
@@ -42,7 +42,7 @@ type fakeDatapath struct {
 	checks  int                             // of which with checkKernel
 	keptCT  int                             // KeepBypassedConntrack calls
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
-	policy  netpol.Ruleset                  // as last enforced
+	policy  policy.Ruleset                  // as last enforced
 	bp      *fakeBypass                     // nil: the bypass did not load
 }
 
@@ -166,7 +166,7 @@ func (f *fakeDatapath) FastPath() datapath.FastPath {
 	return f.fp
 }
 
-func (f *fakeDatapath) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datapath.PolicyChange, error) {
+func (f *fakeDatapath) EnforcePolicy(rs policy.Ruleset, checkKernel bool) (datapath.PolicyChange, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail["EnforcePolicy"]; err != nil {
@@ -176,12 +176,12 @@ func (f *fakeDatapath) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (datap
 	return datapath.PolicyChange{}, nil
 }
 
-func (f *fakeDatapath) PolicyCounters() (map[string]netpol.Counters, error) {
-	return map[string]netpol.Counters{}, nil
+func (f *fakeDatapath) PolicyCounters() (map[string]policy.Counters, error) {
+	return map[string]policy.Counters{}, nil
 }
 
 // The fake has no socket load balancer: the lab's tests cover Services.
-func (f *fakeDatapath) SyncServices([]socklb.Service, []netip.Addr, bool) error {
+func (f *fakeDatapath) SyncServices([]services.Service, []netip.Addr, bool) error {
 	return errors.New("no socket LB")
 }
 func (f *fakeDatapath) SocketLB() datapath.SocketLB { return nil }

@@ -12,7 +12,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -290,12 +290,12 @@ func bypassSample(counter string) (*prometheus.Desc, []string) {
 // order of policyTotals' values.
 var policySeries = [4]struct {
 	direction, verdict string
-	of                 func(netpol.Counters) uint64
+	of                 func(policy.Counters) uint64
 }{
-	{"ingress", "allowed", func(c netpol.Counters) uint64 { return c.IngressAllowed }},
-	{"ingress", "denied", func(c netpol.Counters) uint64 { return c.IngressDenied }},
-	{"egress", "allowed", func(c netpol.Counters) uint64 { return c.EgressAllowed }},
-	{"egress", "denied", func(c netpol.Counters) uint64 { return c.EgressDenied }},
+	{"ingress", "allowed", func(c policy.Counters) uint64 { return c.IngressAllowed }},
+	{"ingress", "denied", func(c policy.Counters) uint64 { return c.IngressDenied }},
+	{"egress", "allowed", func(c policy.Counters) uint64 { return c.EgressAllowed }},
+	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
 }
 
 // policyTotals sums the pods' policy counters into totals that never go
@@ -304,11 +304,11 @@ var policySeries = [4]struct {
 // its counter shrinks; what it counted since the scrape before is lost.
 type policyTotals struct {
 	mu   sync.Mutex
-	last map[string]netpol.Counters // by pod, as last scraped
+	last map[string]policy.Counters // by pod, as last scraped
 	gone [4]uint64
 }
 
-func (p *policyTotals) add(pods map[string]netpol.Counters) [4]uint64 {
+func (p *policyTotals) add(pods map[string]policy.Counters) [4]uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for key, was := range p.last {

@@ -20,7 +20,7 @@ import (
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -223,12 +223,12 @@ func TestMetricsFailedReadEmitsNothing(t *testing.T) {
 func TestPolicyTotalsNeverGoDown(t *testing.T) {
 	var p policyTotals
 	steps := []struct {
-		pods map[string]netpol.Counters
+		pods map[string]policy.Counters
 		want [4]uint64
 	}{
-		{map[string]netpol.Counters{"a": {IngressAllowed: 5, EgressDenied: 1}, "b": {IngressAllowed: 2}}, [4]uint64{7, 0, 0, 1}},
-		{map[string]netpol.Counters{"a": {IngressAllowed: 6, EgressDenied: 1}}, [4]uint64{8, 0, 0, 1}},         // b went
-		{map[string]netpol.Counters{"a": {IngressAllowed: 1}, "b": {IngressDenied: 3}}, [4]uint64{9, 3, 0, 1}}, // a came back anew
+		{map[string]policy.Counters{"a": {IngressAllowed: 5, EgressDenied: 1}, "b": {IngressAllowed: 2}}, [4]uint64{7, 0, 0, 1}},
+		{map[string]policy.Counters{"a": {IngressAllowed: 6, EgressDenied: 1}}, [4]uint64{8, 0, 0, 1}},         // b went
+		{map[string]policy.Counters{"a": {IngressAllowed: 1}, "b": {IngressDenied: 3}}, [4]uint64{9, 3, 0, 1}}, // a came back anew
 	}
 	for i, s := range steps {
 		if got := p.add(s.pods); got != s.want {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/policy"
-	"github.com/onc-net/onc/datapath/netpol"
+	dppolicy "github.com/onc-net/onc/datapath/policy"
 )
 
 // PolicyInputs are the Kubernetes objects NetworkPolicy is about
@@ -39,7 +39,7 @@ type policyWatcher struct {
 	*informed
 
 	mu    sync.Mutex
-	rules netpol.Ruleset // as last enforced
+	rules dppolicy.Ruleset // as last enforced
 }
 
 func newPolicyWatcher(a *Agent, in PolicyInputs) *policyWatcher {
@@ -109,7 +109,7 @@ func (p *policyWatcher) reconcile(ctx context.Context, full bool) error {
 		pod.Iface, pod.IP = att.HostIface, att.IP
 		rs.Pods = append(rs.Pods, pod)
 	}
-	slices.SortFunc(rs.Pods, func(a, b netpol.Pod) int { return cmp.Compare(a.Key, b.Key) })
+	slices.SortFunc(rs.Pods, func(a, b dppolicy.Pod) int { return cmp.Compare(a.Key, b.Key) })
 	ch, err := p.a.dp.EnforcePolicy(rs, full)
 	if err != nil {
 		return err
@@ -124,7 +124,7 @@ func (p *policyWatcher) reconcile(ctx context.Context, full bool) error {
 }
 
 // enforced is the ruleset as last enforced.
-func (p *policyWatcher) enforced() netpol.Ruleset {
+func (p *policyWatcher) enforced() dppolicy.Ruleset {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.rules

@@ -9,7 +9,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -250,7 +250,7 @@ func (s *onctlServer) ListPolicy(ctx context.Context, req *apiv1.ListPolicyReque
 	return resp, nil
 }
 
-func policyDirection(d *netpol.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
+func policyDirection(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
 	out := &apiv1.PolicyDirection{Allowed: allowed, Denied: denied}
 	if d == nil {
 		return out

@@ -9,7 +9,7 @@ import (
 	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/socklb"
+	dpservices "github.com/onc-net/onc/datapath/services"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -94,7 +94,7 @@ func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesReq
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "read the affinity map: %v", err)
 	}
-	byService := map[socklb.Key][]*apiv1.ServiceAffinity{}
+	byService := map[dpservices.Key][]*apiv1.ServiceAffinity{}
 	for _, a := range affs {
 		client := "host"
 		switch {

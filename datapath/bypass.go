@@ -8,7 +8,7 @@ import (
 
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 )
 
 // Bypass is the intra-node bypass's setting and tables, as the agent and
@@ -92,7 +92,7 @@ func (n *Node) forgetPodBypass(p Pod) error {
 // endDeniedBypassed ends the bypassed connections of the pods at ips
 // that rs no longer allows: their bytes never pass netfilter, so deleting
 // conntrack entries would not stop them. It returns how many it ended.
-func endDeniedBypassed(bp *bypass.Bypass, rs netpol.Ruleset, ips map[netip.Addr]bool) (int, error) {
+func endDeniedBypassed(bp *bypass.Bypass, rs policy.Ruleset, ips map[netip.Addr]bool) (int, error) {
 	conns, err := bp.Conns()
 	if err != nil {
 		return 0, err
@@ -103,7 +103,7 @@ func endDeniedBypassed(bp *bypass.Bypass, rs netpol.Ruleset, ips map[netip.Addr]
 		if !ips[c.Client.Addr()] && !ips[c.Server.Addr()] {
 			continue
 		}
-		if rs.Allows(netpol.Connection{Client: c.Client.Addr(), Server: c.Server.Addr(), Proto: netpol.TCP, Port: c.Server.Port()}) {
+		if rs.Allows(policy.Connection{Client: c.Client.Addr(), Server: c.Server.Addr(), Proto: policy.TCP, Port: c.Server.Port()}) {
 			continue
 		}
 		// One that fails does not keep the others alive.

@@ -12,15 +12,17 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/onc-net/onc/internal/netns"
+
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
-	"github.com/onc-net/onc/datapath/netpol"
 	"github.com/onc-net/onc/datapath/overlay"
-	"github.com/onc-net/onc/datapath/podnet"
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/pods"
+	"github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 	"github.com/vishvananda/netlink"
 )
@@ -33,8 +35,8 @@ type Node struct {
 	mu      sync.Mutex
 	ovl     *overlay.Overlay   // nil until BringUp
 	fp      *fastpath.Datapath // nil until BringUp
-	policy  *netpol.Enforcer   // nil until the first EnforcePolicy
-	lb      *socklb.LB         // nil: off or not loaded (lbErr says why)
+	policy  *policy.Enforcer   // nil until the first EnforcePolicy
+	lb      *services.LB       // nil: off or not loaded (lbErr says why)
 	lbErr   error
 	lbTried bool
 	// switchMu serialises fast-path switches (nodeFastPath.Switch).
@@ -391,7 +393,7 @@ func (n *Node) ProgrammedPeers() map[string]bool {
 // path deliver to it and see its traffic. On error part of it may exist:
 // the caller rolls back with DetachPod.
 func (n *Node) AttachPod(p Pod) (PodLink, error) {
-	podMAC, err := podnet.Setup(p.podnet())
+	podMAC, err := pods.Setup(p.podnet())
 	if err != nil {
 		return PodLink{}, err
 	}
@@ -445,7 +447,7 @@ func (n *Node) ownPodSockets(p Pod) error {
 	if lb == nil && bp == nil {
 		return nil
 	}
-	cookie, err := podnet.NetnsCookie(p.Netns)
+	cookie, err := netns.Cookie(p.Netns)
 	if err != nil {
 		return fmt.Errorf("pod sockets: %w", err)
 	}
@@ -460,7 +462,7 @@ func (n *Node) ownPodSockets(p Pod) error {
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.
-func (n *Node) CheckPod(p Pod) error { return podnet.Check(p.podnet()) }
+func (n *Node) CheckPod(p Pod) error { return pods.Check(p.podnet()) }
 
 // DetachPod forgets the pod in the fast path, evicting its flows before its
 // address can be reused, then removes its veth. Missing parts are fine:
@@ -476,7 +478,7 @@ func (n *Node) DetachPod(p Pod) error {
 			return err // the veth stays until the flows are gone; DEL is retried
 		}
 	}
-	return errors.Join(append(errs, podnet.Teardown(p.HostIface))...)
+	return errors.Join(append(errs, pods.Teardown(p.HostIface))...)
 }
 
 // errNotUp is returned by calls that need BringUp first.

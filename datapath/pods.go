@@ -4,13 +4,15 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/internal/netns"
+
+	"github.com/onc-net/onc/datapath/pods"
 )
 
 // Errors of AttachPod and CheckPod that the CNI maps to its own codes.
 var (
-	ErrNoNetns     = podnet.ErrNoNetns
-	ErrIfaceExists = podnet.ErrIfaceExists
+	ErrNoNetns     = netns.ErrNotExist
+	ErrIfaceExists = pods.ErrIfaceExists
 )
 
 // Pod is one attachment as the datapath programs it.
@@ -33,9 +35,9 @@ type PodLink struct {
 // HostIfaceName is the host end's name for an attachment: stable, so a
 // retried ADD or a DEL after a restart finds it.
 func HostIfaceName(containerID, ifname string) string {
-	return podnet.HostIfaceName(containerID, ifname)
+	return pods.HostIfaceName(containerID, ifname)
 }
 
-func (p Pod) podnet() podnet.Pod {
-	return podnet.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IP: p.IP, Gateway: p.Gateway, MTU: p.MTU}
+func (p Pod) podnet() pods.Pod {
+	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IP: p.IP, Gateway: p.Gateway, MTU: p.MTU}
 }

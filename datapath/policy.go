@@ -9,7 +9,7 @@ import (
 
 	"github.com/onc-net/onc/datapath/bypass"
 
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 	"github.com/vishvananda/netlink"
 )
 
@@ -19,7 +19,7 @@ type PolicyChange struct {
 	Ended int      // connections ended (in conntrack, or bypassed ones aborted) because rs no longer allows them
 }
 
-// EnforcePolicy makes the kernel enforce rs (datapath/netpol). The rules
+// EnforcePolicy makes the kernel enforce rs (datapath/policy). The rules
 // change in one transaction. Then, for the pods whose rules changed, the
 // connections rs no longer allows end: in conntrack, and bypassed ones
 // (datapath/bypass) by aborting their sockets. The flow cache forgets
@@ -29,10 +29,10 @@ type PolicyChange struct {
 // of that is done, so the caller may report the change applied; pods
 // whose revocation failed are revoked again on the next call. With
 // checkKernel the whole table is rewritten, repairing drift.
-func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange, error) {
+func (n *Node) EnforcePolicy(rs policy.Ruleset, checkKernel bool) (PolicyChange, error) {
 	n.mu.Lock()
 	if n.policy == nil {
-		e, err := netpol.NewEnforcer()
+		e, err := policy.NewEnforcer()
 		if err != nil {
 			n.mu.Unlock()
 			return PolicyChange{}, err
@@ -61,7 +61,7 @@ func (n *Node) EnforcePolicy(rs netpol.Ruleset, checkKernel bool) (PolicyChange,
 	return ch, err
 }
 
-func (n *Node) enforcePolicy(e *netpol.Enforcer, bp *bypass.Bypass, rs netpol.Ruleset, checkKernel bool) (PolicyChange, error) {
+func (n *Node) enforcePolicy(e *policy.Enforcer, bp *bypass.Bypass, rs policy.Ruleset, checkKernel bool) (PolicyChange, error) {
 	var ch PolicyChange
 	var err error
 	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
@@ -84,7 +84,7 @@ func (n *Node) enforcePolicy(e *netpol.Enforcer, bp *bypass.Bypass, rs netpol.Ru
 			ips[p.IP] = true
 		}
 	}
-	var r netpol.Revoked
+	var r policy.Revoked
 	revoke := func() (err error) {
 		r, err = e.Revoke(rs, pods, hosts)
 		ch.Ended = r.Ended
@@ -103,7 +103,7 @@ func (n *Node) enforcePolicy(e *netpol.Enforcer, bp *bypass.Bypass, rs netpol.Ru
 				return nil, err
 			}
 			return func(local, remote netip.AddrPort, proto uint8) bool {
-				return r.Keeps(local, remote, netpol.Proto(proto))
+				return r.Keeps(local, remote, policy.Proto(proto))
 			}, nil
 		})
 	}
@@ -116,12 +116,12 @@ func (n *Node) enforcePolicy(e *netpol.Enforcer, bp *bypass.Bypass, rs netpol.Ru
 
 // PolicyCounters are the connections each local pod's rules allowed and
 // denied, by pod key; empty before the first EnforcePolicy.
-func (n *Node) PolicyCounters() (map[string]netpol.Counters, error) {
+func (n *Node) PolicyCounters() (map[string]policy.Counters, error) {
 	n.mu.Lock()
 	e := n.policy
 	n.mu.Unlock()
 	if e == nil {
-		return map[string]netpol.Counters{}, nil
+		return map[string]policy.Counters{}, nil
 	}
 	return e.Counters()
 }

@@ -8,9 +8,10 @@ import (
 	"net/netip"
 	"os"
 
+	"github.com/onc-net/onc/internal/netns"
+
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/podnet"
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/services"
 )
 
 // SocketLBMode says whose sockets the node balances Services for.
@@ -41,13 +42,13 @@ func ParseSocketLBMode(s string) (SocketLBMode, error) {
 type SocketLB interface {
 	Mode() SocketLBMode
 	Cgroup() string
-	Services() ([]socklb.ServiceState, error)
-	Affinities() ([]socklb.Affinity, error)
+	Services() ([]services.ServiceState, error)
+	Affinities() ([]services.Affinity, error)
 	Stats() ([]bpf.Counter, error)
 }
 
 type socketLB struct {
-	*socklb.LB
+	*services.LB
 	mode SocketLBMode
 }
 
@@ -58,13 +59,13 @@ func (s socketLB) Mode() SocketLBMode { return s.mode }
 // network namespace. With the mode off, or when that fails, it removes
 // whatever an earlier agent pinned, so that no program goes on translating
 // with maps nobody updates: the node leaves Services to kube-proxy.
-func (n *Node) openSocketLB() (*socklb.LB, error) {
+func (n *Node) openSocketLB() (*services.LB, error) {
 	if n.cfg.SocketLB == SocketLBOff {
-		return nil, socklb.Remove(n.cfg.BPFFS)
+		return nil, services.Remove(n.cfg.BPFFS)
 	}
 	lb, err := n.attachSocketLB()
 	if err != nil {
-		if rerr := socklb.Remove(n.cfg.BPFFS); rerr != nil {
+		if rerr := services.Remove(n.cfg.BPFFS); rerr != nil {
 			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
 		}
 		return nil, err
@@ -73,16 +74,16 @@ func (n *Node) openSocketLB() (*socklb.LB, error) {
 	return lb, nil
 }
 
-func (n *Node) attachSocketLB() (*socklb.LB, error) {
+func (n *Node) attachSocketLB() (*services.LB, error) {
 	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, err
 	}
-	lb, err := socklb.Open(socklb.Options{PinDir: n.cfg.BPFFS, Cgroup: cgroup})
+	lb, err := services.Open(services.Options{PinDir: n.cfg.BPFFS, Cgroup: cgroup})
 	if err != nil {
 		return nil, err
 	}
-	host, err := podnet.NetnsCookie("")
+	host, err := netns.Cookie("")
 	if err == nil {
 		err = lb.OwnHost(host)
 	}
@@ -130,7 +131,7 @@ func (n *Node) SocketLBStatus() string {
 // checkKernel it also reads the maps back, repairing drift, and forgets
 // the namespaces of pods other than pods (a DEL that found no address
 // left its entry behind).
-func (n *Node) SyncServices(svcs []socklb.Service, pods []netip.Addr, checkKernel bool) error {
+func (n *Node) SyncServices(svcs []services.Service, pods []netip.Addr, checkKernel bool) error {
 	n.mu.Lock()
 	lb := n.lb
 	n.mu.Unlock()
@@ -166,7 +167,7 @@ func UnbalanceAPIServer(bpffs string) error {
 	if err != nil || !ap.Addr().Is4() {
 		return nil // not an IPv4 ClusterIP: nothing of ONC's
 	}
-	return socklb.Unbalance(bpffs, socklb.Key{VIP: ap.Addr(), Port: ap.Port(), Proto: socklb.TCP})
+	return services.Unbalance(bpffs, services.Key{VIP: ap.Addr(), Port: ap.Port(), Proto: services.TCP})
 }
 
 func (n *Node) forgetPodSockets(p Pod) error {
@@ -177,7 +178,7 @@ func (n *Node) forgetPodSockets(p Pod) error {
 	return lb.ForgetPods(func(a netip.Addr) bool { return a != p.IP })
 }
 
-func (n *Node) socketLBIfPods() *socklb.LB {
+func (n *Node) socketLBIfPods() *services.LB {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cfg.SocketLB != SocketLBAll {

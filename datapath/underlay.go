@@ -10,7 +10,7 @@ import (
 	"net/netip"
 
 	"github.com/onc-net/onc/datapath/fastpath"
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath/pods"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -97,7 +97,7 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: route subscription closed")
 			}
-			if u.Family == unix.AF_INET && u.Protocol != podnet.RouteProtocol {
+			if u.Family == unix.AF_INET && u.Protocol != pods.RouteProtocol {
 				changed()
 			}
 		case u, ok := <-links:

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/e2e/bench"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/bench"
+	"github.com/onc-net/onc/lab/labtest"
 	"github.com/vishvananda/netlink"
 )
 

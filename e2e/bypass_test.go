@@ -11,7 +11,7 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
-	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/lab"
 	corev1 "k8s.io/api/core/v1"
 )
 

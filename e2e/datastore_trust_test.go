@@ -14,8 +14,8 @@ import (
 
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"

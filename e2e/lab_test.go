@@ -1,4 +1,4 @@
-// Package e2e holds ONC's end-to-end tests on the lab (see e2e/lab).
+// Package e2e holds ONC's end-to-end tests on the lab (see lab).
 package e2e
 
 import (
@@ -14,10 +14,10 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
-	policytable "github.com/onc-net/onc/datapath/netpol"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
+	policytable "github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 	"golang.org/x/sys/unix"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -11,9 +11,9 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -10,9 +10,9 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 )
 
 // The datastore stops for a minute: etcd (embedded in the controller) or

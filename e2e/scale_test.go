@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/e2e/lab/labtest"
-	"github.com/onc-net/onc/e2e/scale"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab/labtest"
+	"github.com/onc-net/onc/lab/scale"
 )
 
 // 200 simulated peers (the scale bed's simulator: records, liveness

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/onc-net/onc/agent/onctl"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/lab/labtest"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 )
 
 func run(args ...string) (string, error) {

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 )
 
 // LocalPod is a pod attached on this node, as the agent knows it.
@@ -31,17 +31,17 @@ var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 // A local pod the snapshot does not hold yet has no labels to select it
 // by, so it is not isolated until the informer sees it (and a recompile
 // follows).
-func Compile(s Snapshot, local []LocalPod) netpol.Ruleset {
+func Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	c := newCompiler(s, local)
-	rs := netpol.Ruleset{Pods: make([]netpol.Pod, 0, len(local))}
+	rs := policy.Ruleset{Pods: make([]policy.Pod, 0, len(local))}
 	for _, lp := range local {
-		p := netpol.Pod{Key: lp.Namespace + "/" + lp.Name, Iface: lp.Iface, IP: lp.IP}
+		p := policy.Pod{Key: lp.Namespace + "/" + lp.Name, Iface: lp.Iface, IP: lp.IP}
 		if pod := c.pods[p.Key]; pod != nil {
 			c.compilePod(&p, pod)
 		}
 		rs.Pods = append(rs.Pods, p)
 	}
-	slices.SortFunc(rs.Pods, func(a, b netpol.Pod) int { return cmp.Compare(a.Key, b.Key) })
+	slices.SortFunc(rs.Pods, func(a, b policy.Pod) int { return cmp.Compare(a.Key, b.Key) })
 	return rs
 }
 
@@ -49,12 +49,12 @@ type compiler struct {
 	namespaces map[string]labels.Set
 	pods       map[string]*corev1.Pod // every pod of the snapshot, by namespace/name
 	peers      []peerPod              // the pods a rule can select
-	policies   []policy               // sorted by namespace/name
+	policies   []networkPolicy        // sorted by namespace/name
 
 	// Peers and egress rules do not depend on the local pod: memoized by
 	// policy and rule index.
 	ingressPeers map[[2]int][]netip.Prefix
-	egressRules  map[[2]int][]netpol.Rule
+	egressRules  map[[2]int][]policy.Rule
 }
 
 // peerPod is a pod that can be a rule's peer: it has an IPv4 address and
@@ -64,7 +64,7 @@ type peerPod struct {
 	addrs []netip.Prefix // its /32s
 }
 
-type policy struct {
+type networkPolicy struct {
 	np              *networkingv1.NetworkPolicy
 	key             string
 	selector        labels.Selector
@@ -76,7 +76,7 @@ func newCompiler(s Snapshot, local []LocalPod) *compiler {
 		namespaces:   make(map[string]labels.Set, len(s.Namespaces)),
 		pods:         make(map[string]*corev1.Pod, len(s.Pods)),
 		ingressPeers: map[[2]int][]netip.Prefix{},
-		egressRules:  map[[2]int][]netpol.Rule{},
+		egressRules:  map[[2]int][]policy.Rule{},
 	}
 	for _, ns := range s.Namespaces {
 		c.namespaces[ns.Name] = ns.Labels
@@ -97,12 +97,12 @@ func newCompiler(s Snapshot, local []LocalPod) *compiler {
 	}
 	for _, np := range s.Policies {
 		in, eg := isolates(&np.Spec)
-		c.policies = append(c.policies, policy{
+		c.policies = append(c.policies, networkPolicy{
 			np: np, key: np.Namespace + "/" + np.Name, selector: selector(&np.Spec.PodSelector), ingress: in, egress: eg,
 		})
 	}
-	slices.SortFunc(c.policies, func(a, b policy) int { return cmp.Compare(a.key, b.key) })
-	c.policies = slices.CompactFunc(c.policies, func(a, b policy) bool { return a.key == b.key })
+	slices.SortFunc(c.policies, func(a, b networkPolicy) int { return cmp.Compare(a.key, b.key) })
+	c.policies = slices.CompactFunc(c.policies, func(a, b networkPolicy) bool { return a.key == b.key })
 	return c
 }
 
@@ -152,7 +152,7 @@ func selector(ls *metav1.LabelSelector) labels.Selector {
 	return sel
 }
 
-func (c *compiler) compilePod(p *netpol.Pod, pod *corev1.Pod) {
+func (c *compiler) compilePod(p *policy.Pod, pod *corev1.Pod) {
 	for pi := range c.policies {
 		pol := &c.policies[pi]
 		if pol.np.Namespace != pod.Namespace || !pol.selector.Matches(labels.Set(pod.Labels)) {
@@ -175,9 +175,9 @@ func (c *compiler) compilePod(p *netpol.Pod, pod *corev1.Pod) {
 
 // isolate adds a policy to a direction, isolating it if it was not.
 // Policies come sorted and unique, so the list stays so.
-func isolate(d *netpol.Direction, key string) *netpol.Direction {
+func isolate(d *policy.Direction, key string) *policy.Direction {
 	if d == nil {
-		d = &netpol.Direction{}
+		d = &policy.Direction{}
 	}
 	d.Policies = append(d.Policies, key)
 	return d
@@ -185,7 +185,7 @@ func isolate(d *netpol.Direction, key string) *netpol.Direction {
 
 // ingressRule compiles ingress rule ri of policy pi for pod: its named
 // ports are the pod's own.
-func (c *compiler) ingressRule(pi, ri int, pod *corev1.Pod) netpol.Rule {
+func (c *compiler) ingressRule(pi, ri int, pod *corev1.Pod) policy.Rule {
 	pol := &c.policies[pi]
 	rule := &pol.np.Spec.Ingress[ri]
 	peers, ok := c.ingressPeers[[2]int{pi, ri}]
@@ -193,7 +193,7 @@ func (c *compiler) ingressRule(pi, ri int, pod *corev1.Pod) netpol.Rule {
 		peers = c.selectPeers(pol.np.Namespace, rule.From).prefixes
 		c.ingressPeers[[2]int{pi, ri}] = peers
 	}
-	r := netpol.Rule{Policy: pol.key, Index: ri, Peers: peers}
+	r := policy.Rule{Policy: pol.key, Index: ri, Peers: peers}
 	if len(rule.Ports) > 0 {
 		ranges, named := splitPorts(rule.Ports)
 		r.Ports = append(ranges, resolve(named, pod)...)
@@ -205,19 +205,19 @@ func (c *compiler) ingressRule(pi, ri int, pod *corev1.Pod) netpol.Rule {
 // each destination pod's: the rule splits into one rule for its numeric
 // ports, for every peer, and one per resolved port, for the pods that
 // resolve to it. The first is left out when only named ports resolved.
-func (c *compiler) egressRule(pi, ri int) []netpol.Rule {
+func (c *compiler) egressRule(pi, ri int) []policy.Rule {
 	if rules, ok := c.egressRules[[2]int{pi, ri}]; ok {
 		return rules
 	}
 	pol := &c.policies[pi]
 	rule := &pol.np.Spec.Egress[ri]
 	peers := c.selectPeers(pol.np.Namespace, rule.To)
-	var rules []netpol.Rule
+	var rules []policy.Rule
 	if len(rule.Ports) == 0 {
-		rules = []netpol.Rule{{Policy: pol.key, Index: ri, Peers: peers.prefixes}}
+		rules = []policy.Rule{{Policy: pol.key, Index: ri, Peers: peers.prefixes}}
 	} else {
 		ranges, named := splitPorts(rule.Ports)
-		groups := map[netpol.PortRange][]netip.Prefix{}
+		groups := map[policy.PortRange][]netip.Prefix{}
 		if len(named) > 0 {
 			for _, pp := range peers.pods {
 				for _, pr := range resolve(named, pp.pod) {
@@ -226,15 +226,15 @@ func (c *compiler) egressRule(pi, ri int) []netpol.Rule {
 			}
 		}
 		if len(ranges) > 0 || len(groups) == 0 {
-			rules = append(rules, netpol.Rule{Policy: pol.key, Index: ri, Peers: peers.prefixes, Ports: ranges})
+			rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: peers.prefixes, Ports: ranges})
 		}
-		resolved := make([]netpol.PortRange, 0, len(groups))
+		resolved := make([]policy.PortRange, 0, len(groups))
 		for pr := range groups {
 			resolved = append(resolved, pr)
 		}
 		slices.SortFunc(resolved, comparePorts)
 		for _, pr := range resolved {
-			rules = append(rules, netpol.Rule{Policy: pol.key, Index: ri, Peers: sortPrefixes(groups[pr]), Ports: []netpol.PortRange{pr}})
+			rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: sortPrefixes(groups[pr]), Ports: []policy.PortRange{pr}})
 		}
 	}
 	c.egressRules[[2]int{pi, ri}] = rules
@@ -335,20 +335,20 @@ func subtract(p netip.Prefix, except []netip.Prefix) []netip.Prefix {
 // against a pod's container ports.
 type namedPort struct {
 	name  string
-	proto netpol.Proto
+	proto policy.Proto
 }
 
 // splitPorts separates a rule's numeric ports, resolved to ranges, from
 // its named ones. ranges is never nil: a nil Ports would allow every port.
 // Ports that can match nothing (unknown protocol, bad range) are dropped.
-func splitPorts(ports []networkingv1.NetworkPolicyPort) (ranges []netpol.PortRange, named []namedPort) {
-	ranges = []netpol.PortRange{}
+func splitPorts(ports []networkingv1.NetworkPolicyPort) (ranges []policy.PortRange, named []namedPort) {
+	ranges = []policy.PortRange{}
 	for _, p := range ports {
 		proto, ok := protocol(p.Protocol)
 		switch {
 		case !ok:
 		case p.Port == nil:
-			ranges = append(ranges, netpol.PortRange{Proto: proto, First: 1, Last: 65535})
+			ranges = append(ranges, policy.PortRange{Proto: proto, First: 1, Last: 65535})
 		case p.Port.Type == intstr.String:
 			named = append(named, namedPort{name: p.Port.StrVal, proto: proto})
 		default:
@@ -357,7 +357,7 @@ func splitPorts(ports []networkingv1.NetworkPolicyPort) (ranges []netpol.PortRan
 				last = *p.EndPort
 			}
 			if first >= 1 && first <= last && last <= 65535 {
-				ranges = append(ranges, netpol.PortRange{Proto: proto, First: uint16(first), Last: uint16(last)})
+				ranges = append(ranges, policy.PortRange{Proto: proto, First: uint16(first), Last: uint16(last)})
 			}
 		}
 	}
@@ -365,31 +365,31 @@ func splitPorts(ports []networkingv1.NetworkPolicyPort) (ranges []netpol.PortRan
 }
 
 // protocol maps a policy or container port's protocol, TCP if unset.
-func protocol(p *corev1.Protocol) (netpol.Proto, bool) {
+func protocol(p *corev1.Protocol) (policy.Proto, bool) {
 	if p == nil {
-		return netpol.TCP, true
+		return policy.TCP, true
 	}
 	switch *p {
 	case corev1.ProtocolTCP, "":
-		return netpol.TCP, true
+		return policy.TCP, true
 	case corev1.ProtocolUDP:
-		return netpol.UDP, true
+		return policy.UDP, true
 	case corev1.ProtocolSCTP:
-		return netpol.SCTP, true
+		return policy.SCTP, true
 	}
 	return 0, false
 }
 
 // resolve is the numbers the named ports have among pod's container ports
 // (name and protocol both match).
-func resolve(named []namedPort, pod *corev1.Pod) []netpol.PortRange {
-	var out []netpol.PortRange
+func resolve(named []namedPort, pod *corev1.Pod) []policy.PortRange {
+	var out []policy.PortRange
 	for _, np := range named {
 		for _, ctr := range pod.Spec.Containers {
 			for _, cp := range ctr.Ports {
 				proto, ok := protocol(&cp.Protocol)
 				if ok && cp.Name == np.name && proto == np.proto && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
-					out = append(out, netpol.PortRange{Proto: proto, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
+					out = append(out, policy.PortRange{Proto: proto, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
 				}
 			}
 		}
@@ -397,6 +397,6 @@ func resolve(named []namedPort, pod *corev1.Pod) []netpol.PortRange {
 	return out
 }
 
-func comparePorts(a, b netpol.PortRange) int {
+func comparePorts(a, b policy.PortRange) int {
 	return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.First, b.First), cmp.Compare(a.Last, b.Last))
 }

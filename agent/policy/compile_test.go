@@ -10,7 +10,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/onc-net/onc/datapath/netpol"
+	"github.com/onc-net/onc/datapath/policy"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,7 +57,7 @@ var (
 	dual, legacy, host, done   = addr("10.0.2.21"), addr("10.0.2.22"), addr("192.168.0.5"), addr("10.0.1.99")
 	failed, outside, inExcept  = addr("10.0.1.98"), addr("8.8.8.8"), addr("10.1.2.3")
 	webKey, dbKey, newKey      = "app/web", "app/db", "app/new"
-	tcp, udp, sctp             = netpol.TCP, netpol.UDP, netpol.SCTP
+	tcp, udp, sctp             = policy.TCP, policy.UDP, policy.SCTP
 	protoTCP, protoUDP, protoS = corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP
 )
 
@@ -149,12 +149,12 @@ func egressTo(peers ...networkingv1.NetworkPolicyPeer) networkingv1.NetworkPolic
 // verdict is one connection a direction must allow or deny.
 type verdict struct {
 	ip    netip.Addr
-	proto netpol.Proto
+	proto policy.Proto
 	port  uint16
 	allow bool
 }
 
-func checkVerdicts(t *testing.T, what string, d *netpol.Direction, vs []verdict) {
+func checkVerdicts(t *testing.T, what string, d *policy.Direction, vs []verdict) {
 	t.Helper()
 	if d == nil {
 		t.Fatalf("%s: not isolated", what)
@@ -166,17 +166,17 @@ func checkVerdicts(t *testing.T, what string, d *netpol.Direction, vs []verdict)
 	}
 }
 
-func checkRules(t *testing.T, what string, d *netpol.Direction, want []netpol.Rule) {
+func checkRules(t *testing.T, what string, d *policy.Direction, want []policy.Rule) {
 	t.Helper()
 	if d == nil {
 		t.Fatalf("%s: not isolated", what)
 	}
 	if !reflect.DeepEqual(d.Rules, want) {
-		t.Errorf("%s rules:\n got %s\nwant %s", what, d, &netpol.Direction{Policies: d.Policies, Rules: want})
+		t.Errorf("%s rules:\n got %s\nwant %s", what, d, &policy.Direction{Policies: d.Policies, Rules: want})
 	}
 }
 
-func compile(policies ...*networkingv1.NetworkPolicy) netpol.Ruleset {
+func compile(policies ...*networkingv1.NetworkPolicy) policy.Ruleset {
 	return Compile(Snapshot{Pods: pods, Namespaces: namespaces, Policies: policies}, local)
 }
 
@@ -187,11 +187,11 @@ func TestCompile(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		policies []*networkingv1.NetworkPolicy
-		check    func(t *testing.T, rs netpol.Ruleset)
+		check    func(t *testing.T, rs policy.Ruleset)
 	}{{
 		name: "no policy isolates nothing",
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			want := []netpol.Pod{
+		check: func(t *testing.T, rs policy.Ruleset) {
+			want := []policy.Pod{
 				{Key: dbKey, Iface: "veth-db", IP: db},
 				{Key: newKey, Iface: "veth-new", IP: newPod},
 				{Key: webKey, Iface: "veth-web", IP: web},
@@ -204,15 +204,15 @@ func TestCompile(t *testing.T) {
 		name: "deny-all ingress with empty podSelector",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("deny", networkingv1.NetworkPolicySpec{
 			PodSelector: all, PolicyTypes: types(ingressT)})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			for _, key := range []string{webKey, dbKey, newKey} {
 				p := rs.Pod(key)
-				if p.Egress != nil || !reflect.DeepEqual(p.Ingress, &netpol.Direction{Policies: []string{"app/deny"}}) {
+				if p.Egress != nil || !reflect.DeepEqual(p.Ingress, &policy.Direction{Policies: []string{"app/deny"}}) {
 					t.Errorf("%s: ingress %s, egress %s", key, p.Ingress, p.Egress)
 				}
 				checkVerdicts(t, key, p.Ingress, []verdict{{api, tcp, 80, false}, {web, udp, 53, false}})
 			}
-			if !rs.Allows(netpol.Connection{Client: web, Server: outside, Proto: tcp, Port: 443}) {
+			if !rs.Allows(policy.Connection{Client: web, Server: outside, Proto: tcp, Port: 443}) {
 				t.Error("egress of web denied though only ingress is isolated")
 			}
 		},
@@ -220,7 +220,7 @@ func TestCompile(t *testing.T) {
 		name: "no policyTypes and ingress rules only: ingress only",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: all, Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(podPeer(labelsel("app", "api")))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
 			if p.Egress != nil {
 				t.Errorf("egress isolated: %s", p.Egress)
@@ -231,7 +231,7 @@ func TestCompile(t *testing.T) {
 		name: "no policyTypes and no rules at all: ingress deny-all",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: all})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
 			if p.Egress != nil || p.Ingress == nil || len(p.Ingress.Rules) != 0 {
 				t.Errorf("got ingress %s, egress %s", p.Ingress, p.Egress)
@@ -241,7 +241,7 @@ func TestCompile(t *testing.T) {
 		name: "no policyTypes and egress rules: both directions",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: all, Egress: []networkingv1.NetworkPolicyEgressRule{egressTo(podPeer(labelsel("app", "api")))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
 			checkVerdicts(t, "ingress", p.Ingress, []verdict{{api, tcp, 80, false}})
 			checkVerdicts(t, "egress", p.Egress, []verdict{{api, tcp, 80, true}, {outside, udp, 53, false}})
@@ -252,15 +252,15 @@ func TestCompile(t *testing.T) {
 			PodSelector: all, PolicyTypes: types(egressT),
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{}},
 		})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
 			if p.Ingress != nil {
 				t.Errorf("ingress isolated: %s", p.Ingress)
 			}
-			if !reflect.DeepEqual(p.Egress, &netpol.Direction{Policies: []string{"app/p"}}) {
+			if !reflect.DeepEqual(p.Egress, &policy.Direction{Policies: []string{"app/p"}}) {
 				t.Errorf("egress %s, want deny-all", p.Egress)
 			}
-			if rs.Allows(netpol.Connection{Client: web, Server: db, Proto: tcp, Port: 5432}) {
+			if rs.Allows(policy.Connection{Client: web, Server: db, Proto: tcp, Port: 5432}) {
 				t.Error("web -> db allowed by a deny-all egress")
 			}
 		},
@@ -268,7 +268,7 @@ func TestCompile(t *testing.T) {
 		name: "explicit Ingress and Egress without rules: deny all both ways",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: all, PolicyTypes: types(ingressT, egressT)})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(dbKey)
 			checkVerdicts(t, "ingress", p.Ingress, []verdict{{web, tcp, 5432, false}})
 			checkVerdicts(t, "egress", p.Egress, []verdict{{web, tcp, 8080, false}})
@@ -277,7 +277,7 @@ func TestCompile(t *testing.T) {
 		name: "podSelector selects some local pods only",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), PolicyTypes: types(ingressT)})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			if rs.Pod(webKey).Ingress == nil {
 				t.Error("web not isolated")
 			}
@@ -289,7 +289,7 @@ func TestCompile(t *testing.T) {
 		name: "a policy of another namespace does not select local pods",
 		policies: []*networkingv1.NetworkPolicy{inNamespace(netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: all, PolicyTypes: types(ingressT, egressT)}), "other")},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			for _, p := range rs.Pods {
 				if p.Isolated() {
 					t.Errorf("%s isolated by other/p", p.Key)
@@ -300,7 +300,7 @@ func TestCompile(t *testing.T) {
 		name: "invalid podSelector selects nothing",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *expr("app", "Bogus", "web"), PolicyTypes: types(ingressT)})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			for _, p := range rs.Pods {
 				if p.Isolated() {
 					t.Errorf("%s isolated by an invalid selector", p.Key)
@@ -315,7 +315,7 @@ func TestCompile(t *testing.T) {
 			netPolicy("exists", networkingv1.NetworkPolicySpec{PodSelector: *expr("tier", metav1.LabelSelectorOpExists), PolicyTypes: types(egressT)}),
 			netPolicy("doesnotexist", networkingv1.NetworkPolicySpec{PodSelector: *expr("tier", metav1.LabelSelectorOpDoesNotExist), PolicyTypes: types(egressT)}),
 		},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			for key, want := range map[string][2][]string{
 				webKey: {{"app/in"}, {"app/exists"}},
 				dbKey:  {{"app/notin"}, {"app/doesnotexist"}},
@@ -331,9 +331,9 @@ func TestCompile(t *testing.T) {
 		name: "absent from allows every address",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), Ingress: []networkingv1.NetworkPolicyIngressRule{{}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []netpol.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
 			checkVerdicts(t, "ingress", d, []verdict{{outside, udp, 1, true}, {client, sctp, 9, true}})
 		},
 	}, {
@@ -342,22 +342,22 @@ func TestCompile(t *testing.T) {
 			PodSelector: *labelsel("app", "web"),
 			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{}}},
 			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{}}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
-			checkRules(t, "ingress", p.Ingress, []netpol.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
-			checkRules(t, "egress", p.Egress, []netpol.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
+			checkRules(t, "ingress", p.Ingress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
+			checkRules(t, "egress", p.Egress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
 		},
 	}, {
 		name: "podSelector peer: pods of the policy's namespace",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(podPeer(labelsel("app", "web")))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(dbKey).Ingress
 			// Not other/web, nor the host-network, finished or address-less app=web pods.
-			checkRules(t, "ingress", d, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32")}})
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32")}})
 			checkVerdicts(t, "ingress", d, []verdict{{web, tcp, 5432, true}, {otherWeb, tcp, 5432, false},
 				{host, tcp, 5432, false}, {done, tcp, 5432, false}, {failed, tcp, 5432, false}})
-			if !rs.Allows(netpol.Connection{Client: web, Server: db, Proto: tcp, Port: 5432}) {
+			if !rs.Allows(policy.Connection{Client: web, Server: db, Proto: tcp, Port: 5432}) {
 				t.Error("web -> db denied")
 			}
 		},
@@ -365,9 +365,9 @@ func TestCompile(t *testing.T) {
 		name: "empty podSelector peer: every pod of the namespace, IPv4 and podIP fallbacks",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(podPeer(&all))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			// new has no API address: its LocalPod one; dual: only its IPv4; legacy: status.podIP.
-			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []netpol.Rule{{Policy: "app/p",
+			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []policy.Rule{{Policy: "app/p",
 				Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32", "10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32")}})
 			checkVerdicts(t, "ingress", rs.Pod(dbKey).Ingress, []verdict{{dual, tcp, 1, true}, {addr("fd00::21"), tcp, 1, false},
 				{legacy, tcp, 1, true}, {newPod, tcp, 1, true}, {otherWeb, tcp, 1, false}})
@@ -381,9 +381,9 @@ func TestCompile(t *testing.T) {
 				ingressFrom(podPeer(labelsel("app", "pending"))),
 				ingressFrom(networkingv1.NetworkPolicyPeer{}), // the API rejects it
 			}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []netpol.Rule{{Policy: "app/p", Index: 0}, {Policy: "app/p", Index: 1}, {Policy: "app/p", Index: 2}, {Policy: "app/p", Index: 3}})
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0}, {Policy: "app/p", Index: 1}, {Policy: "app/p", Index: 2}, {Policy: "app/p", Index: 3}})
 			checkVerdicts(t, "ingress", d, []verdict{{db, tcp, 80, false}, {outside, tcp, 80, false}})
 		},
 	}, {
@@ -391,23 +391,23 @@ func TestCompile(t *testing.T) {
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(
 				podPeer(labelsel("app", "web")), podPeer(labelsel("tier", "front")), block("10.0.1.10/32"), block("10.0.1.10/31", "10.0.1.11/32"))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32")}})
+		check: func(t *testing.T, rs policy.Ruleset) {
+			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32")}})
 		},
 	}, {
 		name: "namespaceSelector peer: every pod of the matching namespaces",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(nsPeer(labelsel("team", "b")))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			checkRules(t, "ingress", rs.Pod(webKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.3.30/32", "10.0.3.31/32")}})
+		check: func(t *testing.T, rs policy.Ruleset) {
+			checkRules(t, "ingress", rs.Pod(webKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.3.30/32", "10.0.3.31/32")}})
 		},
 	}, {
 		name: "empty namespaceSelector peer: every pod of every namespace",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(nsPeer(&all))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32",
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32",
 				"10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32", "10.0.3.30/32", "10.0.3.31/32", "10.0.4.40/32")}})
 			checkVerdicts(t, "ingress", d, []verdict{{thirdX, tcp, 80, true}, {outside, tcp, 80, false}, {host, tcp, 80, false}})
 		},
@@ -416,8 +416,8 @@ func TestCompile(t *testing.T) {
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{
 				ingressFrom(networkingv1.NetworkPolicyPeer{NamespaceSelector: labelsel("env", "dev"), PodSelector: labelsel("app", "web")})}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.3.31/32")}})
+		check: func(t *testing.T, rs policy.Ruleset) {
+			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.3.31/32")}})
 		},
 	}, {
 		name: "matchExpressions on peers",
@@ -429,8 +429,8 @@ func TestCompile(t *testing.T) {
 				ingressFrom(networkingv1.NetworkPolicyPeer{NamespaceSelector: expr("team", metav1.LabelSelectorOpExists),
 					PodSelector: expr("app", metav1.LabelSelectorOpDoesNotExist)}),
 			}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []netpol.Rule{
+		check: func(t *testing.T, rs policy.Ruleset) {
+			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []policy.Rule{
 				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.2.20/32", "10.0.2.22/32")},
 				{Policy: "app/p", Index: 1, Peers: prefixes("10.0.4.40/32")},
 				{Policy: "app/p", Index: 2, Peers: prefixes("10.0.1.10/32", "10.0.2.20/32")},
@@ -442,9 +442,9 @@ func TestCompile(t *testing.T) {
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), PolicyTypes: types(egressT),
 			Egress: []networkingv1.NetworkPolicyEgressRule{egressTo(block("10.0.0.0/8", "10.1.0.0/16"))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Egress
-			checkRules(t, "egress", d, []netpol.Rule{{Policy: "app/p", Peers: prefixes("10.0.0.0/16", "10.2.0.0/15", "10.4.0.0/14",
+			checkRules(t, "egress", d, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.0.0/16", "10.2.0.0/15", "10.4.0.0/14",
 				"10.8.0.0/13", "10.16.0.0/12", "10.32.0.0/11", "10.64.0.0/10", "10.128.0.0/9")}})
 			checkVerdicts(t, "egress", d, []verdict{{inExcept, tcp, 80, false}, {addr("10.1.0.0"), tcp, 80, false},
 				{addr("10.1.255.255"), tcp, 80, false}, {addr("10.0.255.255"), tcp, 80, true}, {addr("10.2.0.0"), tcp, 80, true},
@@ -462,8 +462,8 @@ func TestCompile(t *testing.T) {
 				egressTo(block("172.16.0.1/32", "172.16.0.1/32")),
 				egressTo(block("0.0.0.0/0", "0.0.0.0/1")),
 			}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
-			checkRules(t, "egress", rs.Pod(webKey).Egress, []netpol.Rule{
+		check: func(t *testing.T, rs policy.Ruleset) {
+			checkRules(t, "egress", rs.Pod(webKey).Egress, []policy.Rule{
 				{Policy: "app/p", Index: 0, Peers: prefixes("192.168.1.64/26")},
 				{Policy: "app/p", Index: 1},
 				{Policy: "app/p", Index: 2},
@@ -475,12 +475,12 @@ func TestCompile(t *testing.T) {
 		name: "ipBlock containing pod IPs applies to them like any address",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(block("10.0.1.0/24", "10.0.1.12/32"))}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			for _, v := range []struct {
 				client netip.Addr
 				allow  bool
 			}{{web, true}, {newPod, false}, {api, false}} {
-				if got := rs.Allows(netpol.Connection{Client: v.client, Server: db, Proto: tcp, Port: 5432}); got != v.allow {
+				if got := rs.Allows(policy.Connection{Client: v.client, Server: db, Proto: tcp, Port: 5432}); got != v.allow {
 					t.Errorf("%s -> db: %v, want %v", v.client, got, v.allow)
 				}
 			}
@@ -500,12 +500,12 @@ func TestCompile(t *testing.T) {
 					withEnd(port(protoTCP, num(9000)), 8999), // endPort < port
 					port("ICMP", num(1)),                     // unknown protocol
 				}}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []netpol.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0"), Ports: []netpol.PortRange{
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0"), Ports: []policy.PortRange{
 				{Proto: tcp, First: 80, Last: 80}, {Proto: udp, First: 53, Last: 53}, {Proto: sctp, First: 3868, Last: 3868},
 				{Proto: udp, First: 1, Last: 65535}, {Proto: tcp, First: 8000, Last: 8100},
-			}}, {Policy: "app/p", Index: 1, Peers: prefixes("0.0.0.0/0"), Ports: []netpol.PortRange{}}})
+			}}, {Policy: "app/p", Index: 1, Peers: prefixes("0.0.0.0/0"), Ports: []policy.PortRange{}}})
 			checkVerdicts(t, "ingress", d, []verdict{
 				{api, tcp, 80, true}, {api, tcp, 81, false}, {api, udp, 80, true}, {api, sctp, 3868, true}, {api, sctp, 53, false},
 				{api, tcp, 7999, false}, {api, tcp, 8000, true}, {api, tcp, 8100, true}, {api, tcp, 8101, false},
@@ -525,13 +525,13 @@ func TestCompile(t *testing.T) {
 					port(protoTCP, named("bad")), // must not wrap to 4464
 					port(protoTCP, named("zero")),
 				}}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			peers := prefixes("10.0.2.20/32")
-			checkRules(t, "web", rs.Pod(webKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: peers,
-				Ports: []netpol.PortRange{{Proto: tcp, First: 8080, Last: 8080}, {Proto: udp, First: 53, Last: 53}}}})
-			checkRules(t, "db", rs.Pod(dbKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: peers,
-				Ports: []netpol.PortRange{{Proto: tcp, First: 8081, Last: 8081}}}})
-			checkRules(t, "new", rs.Pod(newKey).Ingress, []netpol.Rule{{Policy: "app/p", Peers: peers, Ports: []netpol.PortRange{}}})
+			checkRules(t, "web", rs.Pod(webKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: peers,
+				Ports: []policy.PortRange{{Proto: tcp, First: 8080, Last: 8080}, {Proto: udp, First: 53, Last: 53}}}})
+			checkRules(t, "db", rs.Pod(dbKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: peers,
+				Ports: []policy.PortRange{{Proto: tcp, First: 8081, Last: 8081}}}})
+			checkRules(t, "new", rs.Pod(newKey).Ingress, []policy.Rule{{Policy: "app/p", Peers: peers, Ports: []policy.PortRange{}}})
 			checkVerdicts(t, "web", rs.Pod(webKey).Ingress, []verdict{{api, tcp, 8080, true}, {api, tcp, 8081, false},
 				{api, udp, 53, true}, {api, sctp, 3868, false}, {api, tcp, 4464, false}})
 			checkVerdicts(t, "new", rs.Pod(newKey).Ingress, []verdict{{api, tcp, 8080, false}})
@@ -552,17 +552,17 @@ func TestCompile(t *testing.T) {
 				To:    []networkingv1.NetworkPolicyPeer{podPeer(labelsel("app", "web"))},
 				Ports: []networkingv1.NetworkPolicyPort{port(protoUDP, named("dns")), port(protoS, named("sig"))},
 			}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(newKey).Egress
-			checkRules(t, "egress", d, []netpol.Rule{
-				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.1.10/32", "10.0.2.20/32"), Ports: []netpol.PortRange{{Proto: tcp, First: 8080, Last: 8080}}},
-				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.1.11/32"), Ports: []netpol.PortRange{{Proto: tcp, First: 8081, Last: 8081}}},
-				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.3.30/32"), Ports: []netpol.PortRange{{Proto: tcp, First: 9000, Last: 9000}}},
-				{Policy: "app/p", Index: 1, Peers: prefixes("10.0.2.20/32", "192.0.2.0/24"), Ports: []netpol.PortRange{{Proto: tcp, First: 443, Last: 443}}},
-				{Policy: "app/p", Index: 1, Peers: prefixes("10.0.2.20/32"), Ports: []netpol.PortRange{{Proto: tcp, First: 8080, Last: 8080}}},
-				{Policy: "app/p", Index: 2, Peers: prefixes("192.0.2.0/24"), Ports: []netpol.PortRange{}},
-				{Policy: "app/p", Index: 3, Peers: prefixes("10.0.1.10/32"), Ports: []netpol.PortRange{{Proto: udp, First: 53, Last: 53}}},
-				{Policy: "app/p", Index: 3, Peers: prefixes("10.0.1.10/32"), Ports: []netpol.PortRange{{Proto: sctp, First: 3868, Last: 3868}}},
+			checkRules(t, "egress", d, []policy.Rule{
+				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.1.10/32", "10.0.2.20/32"), Ports: []policy.PortRange{{Proto: tcp, First: 8080, Last: 8080}}},
+				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.1.11/32"), Ports: []policy.PortRange{{Proto: tcp, First: 8081, Last: 8081}}},
+				{Policy: "app/p", Index: 0, Peers: prefixes("10.0.3.30/32"), Ports: []policy.PortRange{{Proto: tcp, First: 9000, Last: 9000}}},
+				{Policy: "app/p", Index: 1, Peers: prefixes("10.0.2.20/32", "192.0.2.0/24"), Ports: []policy.PortRange{{Proto: tcp, First: 443, Last: 443}}},
+				{Policy: "app/p", Index: 1, Peers: prefixes("10.0.2.20/32"), Ports: []policy.PortRange{{Proto: tcp, First: 8080, Last: 8080}}},
+				{Policy: "app/p", Index: 2, Peers: prefixes("192.0.2.0/24"), Ports: []policy.PortRange{}},
+				{Policy: "app/p", Index: 3, Peers: prefixes("10.0.1.10/32"), Ports: []policy.PortRange{{Proto: udp, First: 53, Last: 53}}},
+				{Policy: "app/p", Index: 3, Peers: prefixes("10.0.1.10/32"), Ports: []policy.PortRange{{Proto: sctp, First: 3868, Last: 3868}}},
 			})
 			checkVerdicts(t, "egress", d, []verdict{
 				{db, tcp, 8081, true}, {db, tcp, 8080, false}, {client, tcp, 9000, true}, {client, tcp, 8080, false},
@@ -574,7 +574,7 @@ func TestCompile(t *testing.T) {
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), PolicyTypes: types(egressT), Egress: []networkingv1.NetworkPolicyEgressRule{{
 				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr(named("http"))}}}}})},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			checkVerdicts(t, "egress", rs.Pod(dbKey).Egress, []verdict{
 				{web, tcp, 8080, true}, {api, tcp, 8080, true}, {client, tcp, 9000, true}, {db, tcp, 8081, true},
 				{client, tcp, 8080, false}, {outside, tcp, 8080, false}, {thirdX, tcp, 8080, false},
@@ -590,23 +590,23 @@ func TestCompile(t *testing.T) {
 				Egress: []networkingv1.NetworkPolicyEgressRule{egressTo(block("192.0.2.0/24"))}}),
 			b,
 		},
-		check: func(t *testing.T, rs netpol.Ruleset) {
+		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
 			if !slices.Equal(p.Ingress.Policies, []string{"app/a", "app/b"}) || !slices.Equal(p.Egress.Policies, []string{"app/a", "app/b"}) {
 				t.Errorf("policies: ingress %v, egress %v", p.Ingress.Policies, p.Egress.Policies)
 			}
-			checkRules(t, "ingress", p.Ingress, []netpol.Rule{
-				{Policy: "app/a", Index: 0, Peers: prefixes("10.0.3.30/32", "10.0.3.31/32"), Ports: []netpol.PortRange{{Proto: tcp, First: 80, Last: 80}}},
+			checkRules(t, "ingress", p.Ingress, []policy.Rule{
+				{Policy: "app/a", Index: 0, Peers: prefixes("10.0.3.30/32", "10.0.3.31/32"), Ports: []policy.PortRange{{Proto: tcp, First: 80, Last: 80}}},
 				{Policy: "app/b", Index: 0, Peers: prefixes("10.0.1.11/32")},
 				{Policy: "app/b", Index: 1, Peers: prefixes("10.0.2.20/32")},
 			})
 			checkVerdicts(t, "ingress", p.Ingress, []verdict{{client, tcp, 80, true}, {client, tcp, 81, false},
 				{db, udp, 5, true}, {api, tcp, 81, true}, {thirdX, tcp, 80, false}})
-			checkRules(t, "egress", p.Egress, []netpol.Rule{
+			checkRules(t, "egress", p.Egress, []policy.Rule{
 				{Policy: "app/a", Index: 0, Peers: prefixes("192.0.2.0/24")},
 				{Policy: "app/b", Index: 0, Peers: prefixes("10.0.2.20/32")},
 			})
-			checkRules(t, "db egress", rs.Pod(dbKey).Egress, []netpol.Rule{{Policy: "app/a", Index: 0, Peers: prefixes("192.0.2.0/24")}})
+			checkRules(t, "db egress", rs.Pod(dbKey).Egress, []policy.Rule{{Policy: "app/a", Index: 0, Peers: prefixes("192.0.2.0/24")}})
 			if !slices.Equal(rs.Pod(dbKey).Ingress.Policies, []string{"app/a"}) {
 				t.Errorf("db policies %v", rs.Pod(dbKey).Ingress.Policies)
 			}
@@ -634,7 +634,7 @@ func TestCompileUnknownLocalPod(t *testing.T) {
 	rs := Compile(Snapshot{Namespaces: namespaces, Policies: []*networkingv1.NetworkPolicy{
 		netPolicy("deny", networkingv1.NetworkPolicySpec{PodSelector: all, PolicyTypes: types(ingressT, egressT)})}},
 		[]LocalPod{{Namespace: "app", Name: "ghost", Iface: "veth-ghost", IP: addr("10.0.1.50")}})
-	want := []netpol.Pod{{Key: "app/ghost", Iface: "veth-ghost", IP: addr("10.0.1.50")}}
+	want := []policy.Pod{{Key: "app/ghost", Iface: "veth-ghost", IP: addr("10.0.1.50")}}
 	if !reflect.DeepEqual(rs.Pods, want) {
 		t.Errorf("got %+v, want %+v", rs.Pods, want)
 	}

@@ -1,5 +1,5 @@
 // Package policy compiles the cluster's NetworkPolicies into the rules of
-// the pods attached on this node (datapath/netpol's model): informers on
+// the pods attached on this node (datapath/policy's model): informers on
 // the inputs, and a pure compiler from a snapshot of them.
 package policy
 

@@ -10,7 +10,7 @@ import (
 	utilnet "k8s.io/utils/net"
 	"k8s.io/utils/ptr"
 
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/services"
 )
 
 // Compile resolves the Services of snap into the socket load balancer's
@@ -23,7 +23,7 @@ import (
 // hints (trafficDistribution, topology-aware routing) are ignored: kube-proxy
 // would prefer the endpoints of this zone or node, the table balances over
 // all of them.
-func Compile(snap Snapshot, node string) []socklb.Service {
+func Compile(snap Snapshot, node string) []services.Service {
 	byService := map[string][]*discoveryv1.EndpointSlice{}
 	for _, es := range snap.EndpointSlices {
 		name := es.Labels[discoveryv1.LabelServiceName]
@@ -31,7 +31,7 @@ func Compile(snap Snapshot, node string) []socklb.Service {
 			byService[es.Namespace+"/"+name] = append(byService[es.Namespace+"/"+name], es)
 		}
 	}
-	var out []socklb.Service
+	var out []services.Service
 	for _, svc := range snap.Services {
 		vip, ok := clusterIPv4(svc)
 		if !ok {
@@ -53,15 +53,15 @@ func Compile(snap Snapshot, node string) []socklb.Service {
 				// leaves it to kube-proxy's DROP rule.
 				continue
 			}
-			out = append(out, socklb.Service{Name: key + ":" + p.Name, VIP: vip, Port: uint16(p.Port), Proto: proto,
+			out = append(out, services.Service{Name: key + ":" + p.Name, VIP: vip, Port: uint16(p.Port), Proto: proto,
 				Affinity: affinity(svc), Backends: backends})
 		}
 	}
-	socklb.SortServices(out)
+	services.SortServices(out)
 	return out
 }
 
-var protos = map[corev1.Protocol]socklb.Proto{corev1.ProtocolTCP: socklb.TCP, corev1.ProtocolUDP: socklb.UDP}
+var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP, corev1.ProtocolUDP: services.UDP}
 
 // clusterIPv4 is the Service's IPv4 cluster IP, chosen as kube-proxy does
 // (pkg/proxy/util: ShouldSkipService, GetClusterIPByFamily): none for an
@@ -107,7 +107,7 @@ type portName struct {
 }
 
 type endpoint struct {
-	socklb.Backend
+	services.Backend
 	local, serving, terminating bool
 }
 
@@ -137,7 +137,7 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 				}
 				ready := ptr.Deref(ep.Conditions.Ready, true)
 				e := endpoint{
-					Backend: socklb.Backend{Addr: netip.AddrPortFrom(ip, uint16(*p.Port)), Node: ptr.Deref(ep.NodeName, ""), Ready: ready},
+					Backend: services.Backend{Addr: netip.AddrPortFrom(ip, uint16(*p.Port)), Node: ptr.Deref(ep.NodeName, ""), Ready: ready},
 					local:   node != "" && ptr.Deref(ep.NodeName, "") == node,
 					serving: ptr.Deref(ep.Conditions.Serving, true), terminating: ptr.Deref(ep.Conditions.Terminating, false),
 				}
@@ -159,7 +159,7 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 // those on this node. No backends: kube-proxy REJECTs. ok is false where
 // it DROPs instead (pkg/proxy/iptables/proxier.go): Local, and the Service
 // has usable endpoints, but not here.
-func usable(eps map[netip.AddrPort]endpoint, local bool) (backends []socklb.Backend, ok bool) {
+func usable(eps map[netip.AddrPort]endpoint, local bool) (backends []services.Backend, ok bool) {
 	pick := func(keep func(endpoint) bool) {
 		for _, e := range eps {
 			if (!local || e.local) && keep(e) {

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/services"
 )
 
 const ns = "app"
@@ -74,13 +74,13 @@ var (
 	notServingTerm = conditions(false, false, true)
 )
 
-func backend(ip string, port uint16, node string, ready bool) socklb.Backend {
-	return socklb.Backend{Addr: netip.AddrPortFrom(netip.MustParseAddr(ip), port), Pod: ns + "/pod-" + ip, Node: node, Ready: ready}
+func backend(ip string, port uint16, node string, ready bool) services.Backend {
+	return services.Backend{Addr: netip.AddrPortFrom(netip.MustParseAddr(ip), port), Pod: ns + "/pod-" + ip, Node: node, Ready: ready}
 }
 
 // webWant is what web compiles to with these backends.
-func webWant(bs ...socklb.Backend) socklb.Service {
-	return socklb.Service{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP, Backends: bs}
+func webWant(bs ...services.Backend) services.Service {
+	return services.Service{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: services.TCP, Backends: bs}
 }
 
 func TestCompile(t *testing.T) {
@@ -88,53 +88,53 @@ func TestCompile(t *testing.T) {
 		name     string
 		services []*corev1.Service
 		slices   []*discoveryv1.EndpointSlice
-		want     []socklb.Service // on node n1
+		want     []services.Service // on node n1
 	}{{
 		name:     "ready endpoints only, on every node",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.1.1", "n1", ready), ep("10.0.2.1", "n2", ready), ep("10.0.2.2", "n2", notReady), ep("10.0.2.3", "n2", servingTerm))},
-		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true))},
+		want: []services.Service{webWant(backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true))},
 	}, {
 		name:     "conditions unset: ready",
 		services: []*corev1.Service{web()},
 		slices:   []*discoveryv1.EndpointSlice{slice("web-1", "web", http, ep("10.0.2.1", "n2", discoveryv1.EndpointConditions{}))},
-		want:     []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+		want:     []services.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
 	}, {
 		name:     "ready and terminating is ready",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.2.1", "n2", conditions(true, true, true)), ep("10.0.2.2", "n2", servingTerm))},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
 	}, {
 		name:     "none ready: serving terminating ones",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.2.1", "n2", servingTerm), ep("10.0.2.2", "n2", notServingTerm), ep("10.0.2.3", "n2", notReady),
 			ep("10.0.2.4", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true)}))},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
 	}, {
 		name:     "serving unset is serving (as kube-proxy reads it): a not-ready terminating endpoint is the fallback",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.2.1", "n2", discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}))},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", false))},
 	}, {
 		name:     "no endpoints: refused",
 		services: []*corev1.Service{web()},
-		want:     []socklb.Service{webWant()},
+		want:     []services.Service{webWant()},
 	}, {
 		name:     "Local: this node's endpoints only",
 		services: []*corev1.Service{web(local)},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.1.1", "n1", ready), ep("10.0.1.2", "n1", servingTerm), ep("10.0.2.1", "n2", ready), ep("10.0.0.1", "", ready))},
-		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", true))},
+		want: []services.Service{webWant(backend("10.0.1.1", 8080, "n1", true))},
 	}, {
 		name:     "Local: this node's serving terminating ones though others are ready",
 		services: []*corev1.Service{web(local)},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.1.1", "n1", servingTerm), ep("10.0.1.2", "n1", notServingTerm), ep("10.0.2.1", "n2", ready))},
-		want: []socklb.Service{webWant(backend("10.0.1.1", 8080, "n1", false))},
+		want: []services.Service{webWant(backend("10.0.1.1", 8080, "n1", false))},
 	}, {
 		name:     "Local: endpoints elsewhere only: left to kube-proxy, which drops",
 		services: []*corev1.Service{web(local)},
@@ -149,7 +149,7 @@ func TestCompile(t *testing.T) {
 		services: []*corev1.Service{web(local)},
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			ep("10.0.2.1", "n2", notReady), ep("10.0.2.2", "n2", notServingTerm))},
-		want: []socklb.Service{webWant()},
+		want: []services.Service{webWant()},
 	}, {
 		name: "affinity: the API's default timeout, and an explicit one",
 		services: []*corev1.Service{
@@ -163,10 +163,10 @@ func TestCompile(t *testing.T) {
 				ClusterIP: "10.96.0.12", ClusterIPs: []string{"10.96.0.12"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
 				Ports: []corev1.ServicePort{svcPort("", corev1.ProtocolTCP, 80)}, SessionAffinity: corev1.ServiceAffinityNone}},
 		},
-		want: []socklb.Service{
-			{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP, Affinity: 3 * time.Hour},
-			{Name: "app/sticky:", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: socklb.TCP, Affinity: time.Minute},
-			{Name: "app/none:", VIP: netip.MustParseAddr("10.96.0.12"), Port: 80, Proto: socklb.TCP},
+		want: []services.Service{
+			{Name: "app/web:http", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: services.TCP, Affinity: 3 * time.Hour},
+			{Name: "app/sticky:", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: services.TCP, Affinity: time.Minute},
+			{Name: "app/none:", VIP: netip.MustParseAddr("10.96.0.12"), Port: 80, Proto: services.TCP},
 		},
 	}, {
 		name:     "named target port: each slice's own number",
@@ -175,7 +175,7 @@ func TestCompile(t *testing.T) {
 			slice("web-1", "web", http, ep("10.0.2.1", "n2", ready)),
 			slice("web-2", "web", ports(slicePort("http", corev1.ProtocolTCP, 9090)), ep("10.0.2.2", "n2", ready)),
 		},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.2", 9090, "n2", true))},
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.2", 9090, "n2", true))},
 	}, {
 		name: "ports matched by name and protocol; TCP and UDP; SCTP left to kube-proxy",
 		services: []*corev1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dns"}, Spec: corev1.ServiceSpec{
@@ -187,13 +187,13 @@ func TestCompile(t *testing.T) {
 				slicePort("dns-tcp", corev1.ProtocolTCP, 1053), slicePort("metrics", corev1.ProtocolTCP, 9153),
 				slicePort("sctp", corev1.ProtocolSCTP, 53)),
 			ep("10.0.2.1", "n2", ready))},
-		want: []socklb.Service{
-			{Name: "app/dns:dns-tcp", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: socklb.TCP,
-				Backends: []socklb.Backend{backend("10.0.2.1", 1053, "n2", true)}},
-			{Name: "app/dns:dns", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: socklb.UDP,
-				Backends: []socklb.Backend{backend("10.0.2.1", 1053, "n2", true)}},
-			{Name: "app/dns:metrics", VIP: netip.MustParseAddr("10.96.0.53"), Port: 9153, Proto: socklb.TCP,
-				Backends: []socklb.Backend{backend("10.0.2.1", 9153, "n2", true)}},
+		want: []services.Service{
+			{Name: "app/dns:dns-tcp", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: services.TCP,
+				Backends: []services.Backend{backend("10.0.2.1", 1053, "n2", true)}},
+			{Name: "app/dns:dns", VIP: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: services.UDP,
+				Backends: []services.Backend{backend("10.0.2.1", 1053, "n2", true)}},
+			{Name: "app/dns:metrics", VIP: netip.MustParseAddr("10.96.0.53"), Port: 9153, Proto: services.TCP,
+				Backends: []services.Backend{backend("10.0.2.1", 9153, "n2", true)}},
 		},
 	}, {
 		name: "unnamed port: a slice port named \"\"; one without a name or number is invalid",
@@ -206,8 +206,8 @@ func TestCompile(t *testing.T) {
 			slice("web-3", "web", ports(discoveryv1.EndpointPort{Name: ptr.To(""), Protocol: ptr.To(corev1.ProtocolTCP)}), ep("10.0.2.3", "n2", ready)),
 			slice("web-4", "web", ports(slicePort("", corev1.ProtocolTCP, 0)), ep("10.0.2.4", "n2", ready)),
 		},
-		want: []socklb.Service{{Name: "app/web:", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: socklb.TCP,
-			Backends: []socklb.Backend{backend("10.0.2.1", 8080, "n2", true)}}},
+		want: []services.Service{{Name: "app/web:", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: services.TCP,
+			Backends: []services.Backend{backend("10.0.2.1", 8080, "n2", true)}}},
 	}, {
 		name: "not ours: headless, ExternalName, IPv6 only",
 		services: []*corev1.Service{
@@ -232,8 +232,8 @@ func TestCompile(t *testing.T) {
 			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "old"}, Spec: corev1.ServiceSpec{ClusterIP: "010.096.000.011",
 				Ports: web().Spec.Ports}},
 		},
-		want: []socklb.Service{webWant(),
-			{Name: "app/old:http", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: socklb.TCP}},
+		want: []services.Service{webWant(),
+			{Name: "app/old:http", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: services.TCP}},
 	}, {
 		name:     "only IPv4 EndpointSlices of the Service, in its namespace",
 		services: []*corev1.Service{web()},
@@ -261,7 +261,7 @@ func TestCompile(t *testing.T) {
 				return es
 			}(),
 		},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", true))},
 	}, {
 		name:     "an address:port in several slices counts once: the first, unless a later one is here",
 		services: []*corev1.Service{web()},
@@ -271,7 +271,7 @@ func TestCompile(t *testing.T) {
 			// The same address behind another port number is another backend.
 			slice("web-3", "web", ports(slicePort("http", corev1.ProtocolTCP, 9090)), ep("10.0.2.1", "n2", ready)),
 		},
-		want: []socklb.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.1", 9090, "n2", true),
+		want: []services.Service{webWant(backend("10.0.2.1", 8080, "n2", true), backend("10.0.2.1", 9090, "n2", true),
 			backend("10.0.3.1", 8080, "n1", true))},
 	}, {
 		name:     "a backend's pod is its Pod targetRef",
@@ -279,9 +279,9 @@ func TestCompile(t *testing.T) {
 		slices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http,
 			discoveryv1.Endpoint{Addresses: []string{"10.0.2.1"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "n2"}},
 			discoveryv1.Endpoint{Addresses: []string{"10.0.2.2"}})},
-		want: []socklb.Service{webWant(
-			socklb.Backend{Addr: netip.MustParseAddrPort("10.0.2.1:8080"), Ready: true},
-			socklb.Backend{Addr: netip.MustParseAddrPort("10.0.2.2:8080"), Ready: true})},
+		want: []services.Service{webWant(
+			services.Backend{Addr: netip.MustParseAddrPort("10.0.2.1:8080"), Ready: true},
+			services.Backend{Addr: netip.MustParseAddrPort("10.0.2.2:8080"), Ready: true})},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, "n1")

@@ -1,5 +1,5 @@
 // Package services compiles the cluster's Services and EndpointSlices into
-// the table the socket load balancer serves on this node (datapath/socklb's
+// the table the socket load balancer serves on this node (datapath/services's
 // model), as kube-proxy's iptables mode would for ClusterIP traffic:
 // informers on the inputs, and a pure compiler from a snapshot of them.
 package services

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/onc-net/onc/datapath/socklb"
+	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/manifests"
 )
@@ -77,9 +77,9 @@ func TestInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	vip := netip.MustParseAddr(created.Spec.ClusterIP)
-	want := socklb.Service{Name: "app/web:http", VIP: vip, Port: 80, Proto: socklb.TCP,
-		Backends: []socklb.Backend{backend("10.0.2.1", 8080, "n2", true)}}
-	table := func() []socklb.Service { return Compile(inApp(in.Snapshot()), "n1") }
+	want := services.Service{Name: "app/web:http", VIP: vip, Port: 80, Proto: services.TCP,
+		Backends: []services.Backend{backend("10.0.2.1", 8080, "n2", true)}}
+	table := func() []services.Service { return Compile(inApp(in.Snapshot()), "n1") }
 	var snap Snapshot
 	testutil.WaitFor(t, "web and web-1", 10*time.Second, func() bool {
 		snap = inApp(in.Snapshot())
@@ -89,7 +89,7 @@ func TestInputs(t *testing.T) {
 	if len(snap.Services) != 1 || len(snap.EndpointSlices) != 1 {
 		t.Fatalf("the informers hold %+v, want web and web-1 only", snap)
 	}
-	if got := Compile(snap, "n1"); !reflect.DeepEqual(got, []socklb.Service{want}) {
+	if got := Compile(snap, "n1"); !reflect.DeepEqual(got, []services.Service{want}) {
 		t.Errorf("table:\n%+v\nwant\n%+v", got, want)
 	}
 	// Trimmed to what Compile reads.
@@ -115,7 +115,7 @@ func TestInputs(t *testing.T) {
 		noop()
 		change()
 		testutil.WaitFor(t, what, 10*time.Second, func() bool {
-			return reflect.DeepEqual(table(), []socklb.Service{want}) && signals.Load() > before
+			return reflect.DeepEqual(table(), []services.Service{want}) && signals.Load() > before
 		})
 		time.Sleep(200 * time.Millisecond)
 		if n := signals.Load() - before; n != 1 {

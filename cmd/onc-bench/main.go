@@ -20,10 +20,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onc-net/onc/e2e/bench"
-	"github.com/onc-net/onc/e2e/lab"
-	"github.com/onc-net/onc/e2e/policybench"
-	"github.com/onc-net/onc/e2e/scale"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/bench"
+	"github.com/onc-net/onc/lab/policybench"
+	"github.com/onc-net/onc/lab/scale"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 )

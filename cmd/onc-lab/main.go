@@ -1,4 +1,4 @@
-// Command onc-lab brings ONC's local lab up and down (see e2e/lab).
+// Command onc-lab brings ONC's local lab up and down (see lab).
 package main
 
 import (
@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datastore/etcdstore"
-	"github.com/onc-net/onc/e2e/lab"
+	"github.com/onc-net/onc/lab"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )

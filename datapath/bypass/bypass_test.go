@@ -16,16 +16,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/datapath/pods"
+
+	"github.com/onc-net/onc/internal/netns"
+
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
-	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
 // bed is one node as ONC wires it: a node namespace that routes between
-// pod namespaces over veths (podnet.Setup), a bypass loaded on a private
+// pod namespaces over veths (pods.Setup), a bypass loaded on a private
 // bpffs and attached to a throwaway cgroup this test process joins, so
 // it acts on the test's sockets only.
 type bed struct {
@@ -41,7 +44,7 @@ type bed struct {
 
 var gateway = netip.MustParseAddr("10.77.0.1")
 
-func newBed(t *testing.T, pods ...string) *bed {
+func newBed(t *testing.T, names ...string) *bed {
 	t.Helper()
 	testutil.Privileged(t)
 	b := &bed{t: t, prefix: testutil.Prefix(), pods: map[string]netip.Addr{}, netns: map[string]string{}}
@@ -50,11 +53,11 @@ func newBed(t *testing.T, pods ...string) *bed {
 	b.node = testutil.Netns(t, b.prefix+"-node")
 	run(t, "ip", "netns", "exec", b.prefix+"-node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	run(t, "ip", "-n", b.prefix+"-node", "link", "set", "lo", "up")
-	for i, name := range pods {
+	for i, name := range names {
 		ip := netip.AddrFrom4([4]byte{10, 77, 0, byte(2 + i)})
 		ns := testutil.Netns(t, b.prefix+"-"+name)
 		b.inNetns(b.node, func() error {
-			_, err := podnet.Setup(podnet.Pod{Netns: ns, IfName: "eth0", HostIface: b.prefix + name,
+			_, err := pods.Setup(pods.Pod{Netns: ns, IfName: "eth0", HostIface: b.prefix + name,
 				IP: ip, Gateway: gateway, MTU: 1500})
 			return err
 		})
@@ -79,7 +82,7 @@ func pinDir(t *testing.T) string {
 // own registers pod with bp, as the node does at CNI ADD.
 func (b *bed) own(bp *Bypass, pod string, ip netip.Addr) {
 	b.t.Helper()
-	cookie, err := podnet.NetnsCookie(b.netns[pod])
+	cookie, err := netns.Cookie(b.netns[pod])
 	must(b.t, err)
 	must(b.t, bp.OwnPod(ip, b.netns[pod], cookie))
 }
@@ -96,10 +99,10 @@ func (b *bed) open() *Bypass {
 
 func (b *bed) inNetns(path string, fn func() error) {
 	b.t.Helper()
-	ns, err := podnet.OpenNetns(path)
+	ns, err := netns.Open(path)
 	must(b.t, err)
 	defer ns.Close()
-	must(b.t, podnet.InNetns(ns, fn))
+	must(b.t, netns.Do(ns, fn))
 }
 
 // listen opens a TCP listener in pod's namespace on port (0: any).

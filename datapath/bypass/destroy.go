@@ -7,7 +7,8 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/internal/netns"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -38,15 +39,15 @@ func destroyIn(path string, local, remote netip.AddrPort, cookie uint64) error {
 	if path == "" {
 		return fmt.Errorf("bypass: no network namespace known for pod %s", local.Addr())
 	}
-	ns, err := podnet.OpenNetns(path)
+	ns, err := netns.Open(path)
 	if err != nil {
-		if errors.Is(err, podnet.ErrNoNetns) {
+		if errors.Is(err, netns.ErrNotExist) {
 			return nil // the pod is gone, and its sockets with it
 		}
 		return err
 	}
 	defer ns.Close()
-	err = podnet.InNetns(ns, func() error { return sockDestroy(local, remote, cookie) })
+	err = netns.Do(ns, func() error { return sockDestroy(local, remote, cookie) })
 	if err != nil {
 		return fmt.Errorf("bypass: end %s -> %s: %w", local, remote, err)
 	}

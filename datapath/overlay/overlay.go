@@ -17,7 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath/pods"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -247,7 +247,7 @@ func (o *Overlay) route(p Peer) netlink.Route {
 		Dst:       &net.IPNet{IP: p.PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(p.PodCIDR.Bits(), 32)},
 		Gw:        Gateway(p.PodCIDR).AsSlice(),
 		Flags:     int(netlink.FLAG_ONLINK),
-		Protocol:  podnet.RouteProtocol,
+		Protocol:  pods.RouteProtocol,
 	}
 }
 
@@ -260,7 +260,7 @@ func (o *Overlay) read() (entries, error) {
 		return e, fmt.Errorf("list routes of %s: %w", DeviceName, err)
 	}
 	for _, r := range routes {
-		if r.Dst != nil && r.Protocol == podnet.RouteProtocol { // not the kernel's routes of the device's own address
+		if r.Dst != nil && r.Protocol == pods.RouteProtocol { // not the kernel's routes of the device's own address
 			e.routes[keyOf(r)] = r
 		}
 	}

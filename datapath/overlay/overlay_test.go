@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/onc-net/onc/datapath/overlay"
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/datapath/pods"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -116,7 +116,7 @@ func readKernel(t *testing.T) kernel {
 		t.Fatal(err)
 	}
 	for _, r := range routes {
-		if r.Protocol == podnet.RouteProtocol {
+		if r.Protocol == pods.RouteProtocol {
 			k.routes[r.Dst.String()] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
 		}
 	}
@@ -230,7 +230,7 @@ func TestSyncWritesOnlyWhatDiffers(t *testing.T) {
 		idx := o.Link().Attrs().Index
 		for _, err := range []error{
 			netlink.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv4(10, 99, 0, 0), Mask: net.CIDRMask(24, 32)},
-				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: podnet.RouteProtocol}),
+				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: pods.RouteProtocol}),
 			netlink.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
 				IP: net.IPv4(10, 99, 0, 1), HardwareAddr: net.HardwareAddr{2, 9, 9, 9, 9, 9}}),
 			// A flood entry with two remotes.
@@ -244,7 +244,7 @@ func TestSyncWritesOnlyWhatDiffers(t *testing.T) {
 			netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_REACHABLE,
 				IP: overlay.Gateway(peers[2].PodCIDR).AsSlice(), HardwareAddr: peers[2].VTEPMAC}),
 			netlink.RouteReplace(&netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: peers[3].PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)},
-				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: podnet.RouteProtocol}),
+				Gw: net.IPv4(10, 99, 0, 1), Flags: int(netlink.FLAG_ONLINK), Protocol: pods.RouteProtocol}),
 		} {
 			if err != nil {
 				t.Fatal(err)

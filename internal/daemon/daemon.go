@@ -1,7 +1,7 @@
 // Package daemon runs programs as daemons, optionally inside a named
 // network namespace: each in its own session, so it outlives its starter,
 // and stopped later by PID after checking the PID is still that program.
-// The lab (e2e/lab) runs its controller, agents, etcd and kube-apiserver
+// The lab (lab) runs its controller, agents, etcd and kube-apiserver
 // this way, and tests run kube-apiserver (internal/kubeapiserver).
 package daemon
 

@@ -1,6 +1,6 @@
 // Package kubeapiserver runs a real kube-apiserver (built by
 // hack/kube-build.sh, `make kube-bins`) as a daemon, optionally inside a
-// network namespace: for the lab's Kubernetes datastore (e2e/lab) and for
+// network namespace: for the lab's Kubernetes datastore (lab) and for
 // tests against the Kubernetes API (internal/testutil.KubeAPIServer).
 package kubeapiserver
 
@@ -21,7 +21,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onc-net/onc/datapath/podnet"
+	"github.com/onc-net/onc/internal/netns"
+
 	"github.com/onc-net/onc/internal/daemon"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -182,10 +183,10 @@ func (a *Server) waitReady(ctx context.Context) error {
 
 // inNetns runs fn inside the named namespace (sockets made there stay there).
 func inNetns(name string, fn func() error) error {
-	ns, err := podnet.OpenNetns("/run/netns/" + name)
+	ns, err := netns.Open("/run/netns/" + name)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	return podnet.InNetns(ns, fn)
+	return netns.Do(ns, fn)
 }

@@ -2,7 +2,7 @@
 // need root or outside programs (which fail instead of skipping under
 // ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers,
 // a real kube-apiserver (internal/kubeapiserver), throwaway network
-// namespaces and polling. The lab's own test helpers are in e2e/lab/labtest;
+// namespaces and polling. The lab's own test helpers are in lab/labtest;
 // this package does not depend on e2e.
 package testutil
 
@@ -23,11 +23,10 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/podnet"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/kubeapiserver"
+	"github.com/onc-net/onc/internal/netns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -283,7 +282,7 @@ func Netns(t testing.TB, name string) string {
 // when the test ends.
 func NetlinkAt(t testing.TB, name string) *netlink.Handle {
 	t.Helper()
-	ns, err := netns.GetFromPath("/run/netns/" + name)
+	ns, err := netns.Open("/run/netns/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,12 +300,12 @@ func NetlinkAt(t testing.TB, name string) *netlink.Handle {
 func InNewNetns(t testing.TB, suffix string, fn func()) {
 	t.Helper()
 	Privileged(t)
-	ns, err := podnet.OpenNetns(Netns(t, Prefix()+"-"+suffix))
+	ns, err := netns.Open(Netns(t, Prefix()+"-"+suffix))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	if err := podnet.InNetns(ns, func() error { fn(); return nil }); err != nil {
+	if err := netns.Do(ns, func() error { fn(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 }

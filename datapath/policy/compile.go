@@ -1,0 +1,164 @@
+package policy
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+)
+
+// elements are a Direction's rules as the contents of its two nft sets.
+// nft rejects overlapping elements (pipapo and the ipv4 interval set alike),
+// so both lists are disjoint: no address (or address, protocol and port) is
+// in two elements.
+type elements struct {
+	all   []netip.Prefix // peers allowed on every protocol and port
+	ports []portElem     // peer . protocol . port range
+}
+
+type portElem struct {
+	peer        netip.Prefix
+	proto       Proto
+	first, last uint16
+}
+
+// key renders e as an element of a set of type
+// ipv4_addr . inet_proto . inet_service.
+func (e portElem) key() []string {
+	port := strconv.Itoa(int(e.first))
+	if e.first != e.last {
+		port += "-" + strconv.Itoa(int(e.last))
+	}
+	return []string{e.peer.String(), strconv.Itoa(int(e.proto)), port}
+}
+
+// compile normalizes d into disjoint set elements equivalent to d.Allows
+// for IPv4 peers.
+func compile(d *Direction) elements {
+	type span struct {
+		first, last uint16
+		peers       []netip.Prefix
+	}
+	var all []netip.Prefix
+	spans := map[Proto][]span{}
+	for _, r := range d.Rules {
+		peers := ipv4Prefixes(r.Peers)
+		if len(peers) == 0 {
+			continue
+		}
+		if r.Ports == nil {
+			all = append(all, peers...)
+			continue
+		}
+		for _, pr := range r.Ports {
+			if pr.First <= pr.Last {
+				spans[pr.Proto] = append(spans[pr.Proto], span{pr.First, pr.Last, peers})
+			}
+		}
+	}
+	el := elements{all: disjoint(all)}
+	protos := make([]Proto, 0, len(spans))
+	for p := range spans {
+		protos = append(protos, p)
+	}
+	slices.Sort(protos)
+	for _, proto := range protos {
+		// Cut the port space at every range boundary: each elementary
+		// segment is either inside or outside each range.
+		var cuts []uint32
+		for _, s := range spans[proto] {
+			cuts = append(cuts, uint32(s.first), uint32(s.last)+1)
+		}
+		slices.Sort(cuts)
+		cuts = slices.Compact(cuts)
+		// Segments are contiguous: run holds the peers of the last ones,
+		// merged.
+		var run []netip.Prefix
+		var runFirst, runLast uint16
+		flush := func() {
+			for _, p := range run {
+				el.ports = append(el.ports, portElem{p, proto, runFirst, runLast})
+			}
+		}
+		for i := 0; i+1 < len(cuts); i++ {
+			lo, hi := uint16(cuts[i]), uint16(cuts[i+1]-1)
+			var peers []netip.Prefix
+			for _, s := range spans[proto] {
+				if s.first <= lo && hi <= s.last {
+					peers = append(peers, s.peers...)
+				}
+			}
+			peers = disjoint(peers)
+			// Neighbouring segments with the same peers become one range.
+			if len(run) > 0 && slices.Equal(run, peers) {
+				runLast = hi
+				continue
+			}
+			flush()
+			run, runFirst, runLast = peers, lo, hi
+		}
+		flush()
+	}
+	return el
+}
+
+// ipv4Prefixes returns the IPv4 prefixes of ps, masked. Others can never
+// match an IPv4 packet.
+func ipv4Prefixes(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if p.IsValid() && p.Addr().Is4() {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+// disjoint returns the smallest sorted list of disjoint prefixes covering
+// the same addresses as ps (masked IPv4): contained prefixes are dropped
+// and sibling pairs merged into their parent.
+func disjoint(ps []netip.Prefix) []netip.Prefix {
+	sorted := slices.Clone(ps)
+	// By address, shorter first, so a prefix comes before those it contains.
+	slices.SortFunc(sorted, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Bits(), b.Bits())
+	})
+	var out []netip.Prefix
+	for _, p := range sorted {
+		if n := len(out); n > 0 && out[n-1].Bits() <= p.Bits() && out[n-1].Contains(p.Addr()) {
+			continue
+		}
+		out = append(out, p)
+		for n := len(out); n >= 2 && siblings(out[n-2], out[n-1]); n = len(out) {
+			out = append(out[:n-2], parent(out[n-2]))
+		}
+	}
+	return out
+}
+
+func parent(p netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(p.Addr(), p.Bits()-1).Masked()
+}
+
+func siblings(a, b netip.Prefix) bool {
+	return a.Bits() == b.Bits() && a.Bits() > 0 && parent(a) == parent(b)
+}
+
+// fingerprint identifies the compiled contents of a direction's sets.
+func (el elements) fingerprint() string {
+	h := sha256.New()
+	for _, p := range el.all {
+		fmt.Fprintln(h, p)
+	}
+	fmt.Fprintln(h, "ports")
+	for _, e := range el.ports {
+		fmt.Fprintln(h, e.key())
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

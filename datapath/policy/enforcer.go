@@ -1,0 +1,537 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// Table is the nftables table (family ip) the Enforcer owns. It coexists
+// with ONC's iptables-nft rules: a drop here is final, an accept is not, so
+// it drops what policy denies and lets everything else fall through.
+const Table = "onc-policy"
+
+// nftTimeout bounds one nft command.
+const nftTimeout = 30 * time.Second
+
+// Enforcer keeps the table in line with the Ruleset it is given.
+//
+// The table has two base chains, forward and input (priority filter), that
+// drop packets from a pod veth whose source is not that pod's address (set
+// pod-addrs: no pod can pass for an allowed peer), accept established and
+// related packets, drop invalid ones to or from a
+// pod veth (set pod-ifaces) and TCP ones that would start a connection
+// without a SYN to or from an isolated pod's (set isolated), and jump
+// through the verdict maps egress (keyed by iifname) and ingress (keyed by
+// oifname) to the chain of the isolated pod the packet leaves or reaches. Those chains, in-<id> and
+// eg-<id>, return when the set <chain>-ports (peer . proto . port) or
+// <chain>-all (peer) holds the packet and drop otherwise, counting both
+// with the named counters <chain>-allow and <chain>-deny. Returning instead
+// of accepting lets same-node traffic pass the sender's egress and then the
+// receiver's ingress chain. Traffic from the node to its pods leaves by
+// OUTPUT and is never policed.
+//
+// Every Apply is one nft transaction, so the kernel never sees a partial
+// policy. Methods run nft (forked from the calling thread) and netlink in
+// the network namespace of the calling thread: a caller in another
+// namespace must lock its goroutine to a thread there.
+type Enforcer struct {
+	mu     sync.Mutex
+	nft    knftables.Interface
+	synced bool                  // the table holds exactly pods: false until the first Apply, and after a failed one
+	pods   map[string]applied    // by pod key: what the table holds
+	gone   map[string]netip.Addr // removed pods' last IPs, until Revoke has seen them
+	// compiled is the last Apply's set elements, by pod key and direction.
+	compiled map[string]*compiled
+}
+
+// applied is what the table holds for one pod.
+type applied struct {
+	id     string // the pod key's short hash, in its chain, set and counter names
+	iface  string
+	ip     netip.Addr
+	in, eg string // fingerprint of each direction's sets; "" when not isolated
+}
+
+func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
+
+// NewEnforcer checks that nft works here. It does not touch the table
+// until the first Apply.
+func NewEnforcer() (*Enforcer, error) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, fmt.Errorf("NetworkPolicy needs the nft command (install the nftables package): %w", err)
+	}
+	nft, err := knftables.New(knftables.IPv4Family, Table)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return &Enforcer{nft: nft, pods: map[string]applied{}, gone: map[string]netip.Addr{}}, nil
+}
+
+// Close releases the Enforcer. The table stays, enforcing the last Ruleset
+// applied, for the next agent to take over.
+func (e *Enforcer) Close() error { return nil }
+
+// dir is a direction: ingress or egress.
+type dir struct {
+	prefix string // of chain, set and counter names
+	vmap   string // the verdict map jumping to the pod's chain
+	peer   string // the packet's peer address
+}
+
+var (
+	ingress = dir{"in", "ingress", "ip saddr"}
+	egress  = dir{"eg", "egress", "ip daddr"}
+)
+
+func (d dir) chain(id string) string { return d.prefix + "-" + id }
+
+// fingerprint picks a's fingerprint in direction d.
+func (d dir) fingerprint(a applied) string {
+	if d == ingress {
+		return a.in
+	}
+	return a.eg
+}
+
+// plan is the desired state of one pod.
+type plan struct {
+	applied
+	key        string
+	inEl, egEl *elements // nil when not isolated
+}
+
+func (p *plan) elements(d dir) *elements {
+	if d == ingress {
+		return p.inEl
+	}
+	return p.egEl
+}
+
+// podID is a short stable id for a pod key: nft names are at most 31
+// characters ("in-<id>-ports" is 19).
+func podID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:5])
+}
+
+// plans turns rs into the desired state of each pod. A direction whose
+// rules are those of the last Apply reuses its elements: turning rules into
+// disjoint set elements is most of an Apply's own work, and a change
+// usually touches a few pods.
+func (e *Enforcer) plans(rs Ruleset) ([]plan, error) {
+	out := make([]plan, 0, len(rs.Pods))
+	next := make(map[string]*compiled, 2*len(rs.Pods))
+	defer func() { e.compiled = next }()
+	keys := map[string]bool{}
+	ids := map[string]string{}
+	ifaces := map[string]string{}
+	for _, p := range rs.Pods {
+		if keys[p.Key] {
+			return nil, fmt.Errorf("pod %s twice in the ruleset", p.Key)
+		}
+		keys[p.Key] = true
+		id := podID(p.Key)
+		if other, dup := ids[id]; dup {
+			return nil, fmt.Errorf("pods %s and %s hash to the same id %s", other, p.Key, id)
+		}
+		ids[id] = p.Key
+		if p.Iface == "" {
+			return nil, fmt.Errorf("pod %s has no interface", p.Key)
+		}
+		if other, dup := ifaces[p.Iface]; dup {
+			return nil, fmt.Errorf("pods %s and %s have the same interface %s", other, p.Key, p.Iface)
+		}
+		ifaces[p.Iface] = p.Key
+		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, ip: p.IP}}
+		if p.Ingress != nil {
+			c := e.elementsOf(p.Key+" in", p.Ingress, next)
+			pl.inEl, pl.in = &c.el, "in:"+c.fingerprint
+		}
+		if p.Egress != nil {
+			c := e.elementsOf(p.Key+" eg", p.Egress, next)
+			pl.egEl, pl.eg = &c.el, "eg:"+c.fingerprint
+		}
+		out = append(out, pl)
+	}
+	return out, nil
+}
+
+// sameRule compares two rules field by field (reflect.DeepEqual would take
+// most of an Apply on rules with thousands of peers).
+func sameRule(a, b Rule) bool {
+	return a.Policy == b.Policy && a.Index == b.Index && slices.Equal(a.Peers, b.Peers) &&
+		slices.Equal(a.Ports, b.Ports) && (a.Ports == nil) == (b.Ports == nil)
+}
+
+// compiled is a direction's rules and the set elements they make.
+type compiled struct {
+	rules       []Rule
+	el          elements
+	fingerprint string
+}
+
+// elementsOf compiles d, or reuses what the last Apply compiled for key
+// from the same rules, and records it in next.
+func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
+	c := e.compiled[key]
+	if c == nil || !slices.EqualFunc(c.rules, d.Rules, sameRule) {
+		el := compile(d)
+		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint()}
+	}
+	next[key] = c
+	return c
+}
+
+// Apply makes the table enforce rs and returns the keys of the pods whose
+// enforcement changed (added, rules changed, removed), sorted: the caller
+// should Revoke their connections. With rebuild, and on the first Apply
+// and the first after a failure, it rewrites the whole table, taking over
+// one an earlier agent left (or repairing drift) with no gap and keeping
+// the counters; otherwise it touches only the changed pods. Either way it
+// is one nft transaction.
+func (e *Enforcer) Apply(rs Ruleset, rebuild bool) ([]string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	want, err := e.plans(rs)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	var tx *knftables.Transaction
+	if e.synced && !rebuild {
+		tx = e.update(want)
+	} else if tx, err = e.rebuild(ctx, want); err != nil {
+		return nil, err
+	}
+	if tx.NumOperations() > 0 {
+		if err := e.nft.Run(ctx, tx); err != nil {
+			e.synced = false
+			return nil, fmt.Errorf("nft: %w", err)
+		}
+	}
+	e.synced = true
+
+	var changed []string
+	next := make(map[string]applied, len(want))
+	for _, p := range want {
+		if old, ok := e.pods[p.key]; !ok || old != p.applied {
+			changed = append(changed, p.key)
+		}
+		next[p.key] = p.applied
+		delete(e.gone, p.key)
+	}
+	for key, old := range e.pods {
+		if _, ok := next[key]; !ok {
+			changed = append(changed, key)
+			e.gone[key] = old.ip
+		}
+	}
+	e.pods = next
+	sort.Strings(changed)
+	return changed, nil
+}
+
+// rebuild returns a transaction that flushes every chain, set and map of
+// the table, deletes what want does not need and adds everything back.
+// Named counters are only added, so existing ones keep their values.
+func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transaction, error) {
+	existing, err := e.nft.ListAll(ctx)
+	if err != nil && !knftables.IsNotFound(err) {
+		return nil, fmt.Errorf("list table %s: %w", Table, err)
+	}
+	keep := map[string]bool{"forward": true, "input": true, "pod-ifaces": true, "pod-addrs": true, "isolated": true, ingress.vmap: true, egress.vmap: true}
+	for _, p := range want {
+		for _, d := range []dir{ingress, egress} {
+			keep[d.chain(p.id)+"-allow"], keep[d.chain(p.id)+"-deny"] = true, true
+			if p.elements(d) != nil {
+				c := d.chain(p.id)
+				keep[c], keep[c+"-ports"], keep[c+"-all"] = true, true, true
+			}
+		}
+	}
+	tx := e.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	// Every chain, set and map is flushed, then what want does not need is
+	// deleted (after all flushes: nothing refers to it any more). Counters
+	// are never flushed, so the kept ones keep their values.
+	kinds := []struct {
+		kind  string
+		obj   func(name string) knftables.Object
+		flush bool
+	}{
+		{"chain", func(n string) knftables.Object { return &knftables.Chain{Name: n} }, true},
+		{"set", func(n string) knftables.Object { return &knftables.Set{Name: n} }, true},
+		{"map", func(n string) knftables.Object { return &knftables.Map{Name: n} }, true},
+		{"counter", func(n string) knftables.Object { return &knftables.Counter{Name: n} }, false},
+	}
+	for _, k := range kinds {
+		for _, name := range existing[k.kind] {
+			if k.flush {
+				tx.Flush(k.obj(name))
+			}
+		}
+	}
+	for _, k := range kinds {
+		for _, name := range existing[k.kind] {
+			if !keep[name] {
+				tx.Delete(k.obj(name))
+			}
+		}
+	}
+
+	addBase(tx)
+	for i := range want {
+		p := &want[i]
+		addPod(tx, p)
+		if p.isolated() {
+			tx.Add(isolatedElem(p.iface))
+		}
+		for _, d := range []dir{ingress, egress} {
+			if el := p.elements(d); el != nil {
+				addDir(tx, d, p.id, p.iface, el)
+			}
+		}
+	}
+	return tx, nil
+}
+
+// update returns a transaction taking the table from e.pods to want. It
+// deletes before it adds, so an interface moving between pods is free
+// before it is reused.
+func (e *Enforcer) update(want []plan) *knftables.Transaction {
+	tx := e.nft.NewTransaction()
+	byKey := make(map[string]*plan, len(want))
+	for i := range want {
+		byKey[want[i].key] = &want[i]
+	}
+	oldKeys := make([]string, 0, len(e.pods))
+	for key := range e.pods {
+		oldKeys = append(oldKeys, key)
+	}
+	sort.Strings(oldKeys)
+	for _, key := range oldKeys {
+		old, p := e.pods[key], byKey[key]
+		if p != nil && p.applied == old {
+			continue
+		}
+		for _, d := range []dir{ingress, egress} {
+			was := d.fingerprint(old) != ""
+			switch {
+			case was && (p == nil || p.elements(d) == nil):
+				removeDir(tx, d, old.id, old.iface)
+			case was && p.iface != old.iface:
+				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
+			}
+		}
+		if old.isolated() && (p == nil || !p.isolated() || p.iface != old.iface) {
+			tx.Delete(isolatedElem(old.iface))
+		}
+		switch {
+		case p == nil:
+			removePod(tx, old)
+		case p.iface != old.iface:
+			tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(old.iface)}})
+			tx.Delete(podAddrElem(old))
+		case p.ip != old.ip:
+			tx.Delete(podAddrElem(old))
+		}
+	}
+
+	for i := range want {
+		p := &want[i]
+		old, had := e.pods[p.key]
+		if had && p.applied == old {
+			continue
+		}
+		switch {
+		case !had:
+			addPod(tx, p)
+		case p.iface != old.iface:
+			tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
+			tx.Add(podAddrElem(p.applied))
+		case p.ip != old.ip:
+			tx.Add(podAddrElem(p.applied))
+		}
+		if p.isolated() && (!had || !old.isolated() || p.iface != old.iface) {
+			tx.Add(isolatedElem(p.iface))
+		}
+		for _, d := range []dir{ingress, egress} {
+			el := p.elements(d)
+			was := had && d.fingerprint(old) != ""
+			switch {
+			case el == nil:
+			case !was:
+				addDir(tx, d, p.id, p.iface, el)
+			default:
+				if d.fingerprint(p.applied) != d.fingerprint(old) {
+					c := d.chain(p.id)
+					tx.Flush(&knftables.Set{Name: c + "-ports"})
+					tx.Flush(&knftables.Set{Name: c + "-all"})
+					addElements(tx, c, el)
+				}
+				if p.iface != old.iface {
+					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
+				}
+			}
+		}
+	}
+	return tx
+}
+
+func ifname(name string) string { return fmt.Sprintf("%q", name) }
+
+// podAddrElem is a pod's interface and the one source address it may use.
+func podAddrElem(a applied) *knftables.Element {
+	return &knftables.Element{Set: "pod-addrs", Key: []string{ifname(a.iface), a.ip.String()}}
+}
+
+// isolatedElem is a pod's interface in the set of isolated pods'.
+func isolatedElem(iface string) *knftables.Element {
+	return &knftables.Element{Set: "isolated", Key: []string{ifname(iface)}}
+}
+
+// addBase adds the base chains and the maps and set they use.
+func addBase(tx *knftables.Transaction) {
+	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
+	tx.Add(&knftables.Set{Name: "pod-addrs", Type: "ifname . ipv4_addr"})
+	tx.Add(&knftables.Set{Name: "isolated", Type: "ifname"})
+	for _, d := range []dir{ingress, egress} {
+		tx.Add(&knftables.Map{Name: d.vmap, Type: "ifname : verdict"})
+	}
+	for _, hook := range []knftables.BaseChainHook{knftables.ForwardHook, knftables.InputHook} {
+		name := string(hook)
+		tx.Add(&knftables.Chain{
+			Name:     name,
+			Type:     knftables.PtrTo(knftables.FilterType),
+			Hook:     knftables.PtrTo(hook),
+			Priority: knftables.PtrTo(knftables.FilterPriority),
+			Policy:   knftables.PtrTo(knftables.AcceptPolicy),
+		})
+		// First, even before conntrack's verdict: a pod sending with
+		// another's address could pass for an allowed peer, or inject
+		// into that peer's connections.
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
+		// Only the first packet of a connection is judged; Revoke ends
+		// connections a change denies.
+		tx.Add(&knftables.Rule{Chain: name, Rule: "ct state established,related accept"})
+		// Conntrack picks up a TCP connection it does not know (as after
+		// Revoke) from any packet, so one from the server would revive it
+		// with the roles swapped, judged as the server's: to or from an
+		// isolated pod, only a SYN may start one.
+		for _, drop := range [][2]string{{"ct state invalid", "pod-ifaces"}, {"ct state new tcp flags & (fin|syn|rst|ack) != syn", "isolated"}} {
+			tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s iifname @%s drop", drop[0], drop[1])})
+			if hook == knftables.ForwardHook {
+				tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s oifname @%s drop", drop[0], drop[1])})
+			}
+		}
+		// A pod's egress to the node itself arrives at input.
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname vmap @" + egress.vmap})
+		if hook == knftables.ForwardHook {
+			tx.Add(&knftables.Rule{Chain: name, Rule: "oifname vmap @" + ingress.vmap})
+		}
+	}
+}
+
+// addPod adds what every pod has: its interface in pod-ifaces and its
+// counters (kept while the pod stays, isolated or not).
+func addPod(tx *knftables.Transaction, p *plan) {
+	tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
+	tx.Add(podAddrElem(p.applied))
+	for _, d := range []dir{ingress, egress} {
+		tx.Add(&knftables.Counter{Name: d.chain(p.id) + "-allow"})
+		tx.Add(&knftables.Counter{Name: d.chain(p.id) + "-deny"})
+	}
+}
+
+func removePod(tx *knftables.Transaction, a applied) {
+	tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(a.iface)}})
+	tx.Delete(podAddrElem(a))
+	for _, d := range []dir{ingress, egress} {
+		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-allow"})
+		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-deny"})
+	}
+}
+
+// addDir adds the chain isolating a pod in direction d, its sets, and the
+// map element jumping to it.
+func addDir(tx *knftables.Transaction, d dir, id, iface string, el *elements) {
+	c := d.chain(id)
+	tx.Add(&knftables.Set{Name: c + "-ports", Type: "ipv4_addr . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	tx.Add(&knftables.Set{Name: c + "-all", Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	addElements(tx, c, el)
+	tx.Add(&knftables.Chain{Name: c})
+	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s-ports counter name %q return", d.peer, c, c+"-allow")})
+	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("%s @%s-all counter name %q return", d.peer, c, c+"-allow")})
+	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("counter name %q drop", c+"-deny")})
+	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + c}})
+}
+
+func addElements(tx *knftables.Transaction, chain string, el *elements) {
+	for _, p := range el.all {
+		tx.Add(&knftables.Element{Set: chain + "-all", Key: []string{p.String()}})
+	}
+	for _, pe := range el.ports {
+		tx.Add(&knftables.Element{Set: chain + "-ports", Key: pe.key()})
+	}
+}
+
+// removeDir undoes addDir (the counters stay with the pod).
+func removeDir(tx *knftables.Transaction, d dir, id, iface string) {
+	c := d.chain(id)
+	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
+	tx.Flush(&knftables.Chain{Name: c})
+	tx.Delete(&knftables.Chain{Name: c})
+	tx.Delete(&knftables.Set{Name: c + "-ports"})
+	tx.Delete(&knftables.Set{Name: c + "-all"})
+}
+
+// Counters are one pod's policy counters: packets its chains judged, which
+// are only packets conntrack sees as NEW (the first of a connection, and
+// every packet of a denied one, since a dropped packet leaves no
+// connection behind) – so roughly connection attempts, counting each
+// retransmission of a denied one. They survive rule changes and agent
+// restarts, and reset when the pod leaves the ruleset.
+type Counters struct {
+	IngressAllowed, IngressDenied, EgressAllowed, EgressDenied uint64
+}
+
+// Counters returns the counters of every pod of the last Ruleset applied,
+// by pod key.
+func (e *Enforcer) Counters() (map[string]Counters, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	list, err := e.nft.ListCounters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list counters: %w", err)
+	}
+	packets := make(map[string]uint64, len(list))
+	for _, c := range list {
+		if c.Packets != nil {
+			packets[c.Name] = *c.Packets
+		}
+	}
+	out := make(map[string]Counters, len(e.pods))
+	for key, a := range e.pods {
+		in, eg := ingress.chain(a.id), egress.chain(a.id)
+		out[key] = Counters{
+			IngressAllowed: packets[in+"-allow"],
+			IngressDenied:  packets[in+"-deny"],
+			EgressAllowed:  packets[eg+"-allow"],
+			EgressDenied:   packets[eg+"-deny"],
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,107 @@
+package services
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/onc-net/onc/datapath/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// ServiceState is a service as programmed, with its counters.
+type ServiceState struct {
+	Service
+	// Translated counts connect()s and sendmsg()s sent to a backend;
+	// Refused those failed with ECONNREFUSED for want of one.
+	Translated, Refused uint64
+}
+
+// Services lists what the programs balance, in key order. A service
+// adopted from an earlier agent and not yet rewritten shows no backends.
+func (lb *LB) Services() ([]ServiceState, error) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	out := make([]ServiceState, 0, len(lb.services))
+	for k, p := range lb.services {
+		var st svcStat
+		if err := lb.maps.OncLbSvcStats.Lookup(p.id, &st); err != nil {
+			return nil, err
+		}
+		s := p.svc
+		s.VIP, s.Port, s.Proto = k.VIP, k.Port, k.Proto
+		out = append(out, ServiceState{Service: s, Translated: st.Translated, Refused: st.Refused})
+	}
+	slices.SortFunc(out, func(a, b ServiceState) int { return a.Key().Compare(b.Key()) })
+	return out, nil
+}
+
+// Affinity is a ClientIP affinity entry.
+type Affinity struct {
+	Netns uint64
+	// Pod is the client pod, the zero Addr for the host; Gone: the
+	// namespace is no longer this node's (the pod was deleted).
+	Pod     netip.Addr
+	Gone    bool
+	Service Key
+	Backend netip.AddrPort
+	Age     time.Duration // since the client's last connection
+}
+
+// Affinities lists the live affinity entries (of services that exist,
+// within their timeout).
+func (lb *LB) Affinities() ([]Affinity, error) {
+	owned, err := lb.Owned()
+	if err != nil {
+		return nil, err
+	}
+	lb.mu.Lock()
+	byID := make(map[uint32]affinityService, len(lb.services))
+	for k, p := range lb.services {
+		byID[p.id] = affinityService{k, p.svc.Affinity}
+	}
+	lb.mu.Unlock()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, err
+	}
+	now := uint64(ts.Nano())
+	var out []Affinity
+	var k bpf.SockConnect4LbAffKey
+	var v bpf.SockConnect4LbAff
+	it := lb.maps.OncLbAff.Iterate()
+	for it.Next(&k, &v) {
+		if a, live := decodeAffinity(k, v, now, byID, owned); live {
+			out = append(out, a)
+		}
+	}
+	return out, it.Err()
+}
+
+// affinityService is what an affinity entry's service id names.
+type affinityService struct {
+	service Key
+	timeout time.Duration
+}
+
+// decodeAffinity is an affinity entry as onctl shows it, read at now;
+// live is false for one of no service, or past its service's timeout. A
+// program may have stamped it after now was read: its age is then 0.
+func decodeAffinity(k bpf.SockConnect4LbAffKey, v bpf.SockConnect4LbAff, now uint64, byID map[uint32]affinityService,
+	owned map[uint64]netip.Addr) (a Affinity, live bool) {
+	of, ok := byID[k.SvcId]
+	var age time.Duration
+	if now > v.LastNs {
+		age = time.Duration(now - v.LastNs)
+	}
+	if !ok || age > of.timeout {
+		return Affinity{}, false
+	}
+	pod, mine := owned[k.Netns]
+	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
+}
+
+// Stats sums the programs' counters over the CPUs.
+func (lb *LB) Stats() ([]bpf.Counter, error) {
+	return bpf.ReadCounters(lb.maps.OncLbStats, bpf.LoadSockConnect4, "lb_stat", "LB_STAT_")
+}

@@ -1,0 +1,150 @@
+package services
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
+)
+
+// Options of the socket load balancer.
+type Options struct {
+	// PinDir is a directory on a bpffs (the fast path's): maps and links
+	// are pinned there, so an agent restart changes nothing for sockets.
+	PinDir string
+	// Cgroup is the cgroup v2 directory the programs attach to; every
+	// socket created in it or below is balanced. See bpf.ResolveCgroup.
+	Cgroup string
+}
+
+// LB is the loaded socket load balancer.
+type LB struct {
+	opts  Options
+	maps  bpf.SockConnect4Maps
+	progs []hook
+
+	closers []io.Closer
+
+	mu       sync.Mutex // serialises Sync and the netns writes
+	services map[Key]*programmed
+	ids      idPool
+}
+
+// hook is one program and the cgroup attach point it serves.
+type hook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   *ebpf.Program
+}
+
+// Open loads the programs, creating or adopting the pinned maps; Attach
+// puts them on the cgroup.
+func Open(o Options) (*LB, error) {
+	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
+		return nil, err
+	}
+	lb := &LB{opts: o, services: map[Key]*programmed{}}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
+	err := lb.load(opts)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		// An upgrade changed a map's layout: start afresh. Sockets already
+		// connected keep their backends; getpeername on them and UDP
+		// replies to them show backend addresses until they close.
+		slog.Warn("pinned socket-LB maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
+		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockConnect4); err != nil {
+			return nil, err
+		}
+		err = lb.load(opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := lb.adopt(); err != nil {
+		lb.Close()
+		return nil, err
+	}
+	return lb, nil
+}
+
+func (lb *LB) load(opts *ebpf.CollectionOptions) error {
+	var c bpf.SockConnect4Objects
+	var s bpf.SockSendmsg4Objects
+	var r bpf.SockRecvmsg4Objects
+	var g bpf.SockGetpeername4Objects
+	var rel bpf.SockReleaseObjects
+	closers, err := bpf.LoadObjects("socket-LB programs",
+		bpf.Object{Load: func() error { return bpf.LoadSockConnect4Objects(&c, opts) }, Closer: &c},
+		bpf.Object{Load: func() error { return bpf.LoadSockSendmsg4Objects(&s, opts) }, Closer: &s},
+		bpf.Object{Load: func() error { return bpf.LoadSockRecvmsg4Objects(&r, opts) }, Closer: &r},
+		bpf.Object{Load: func() error { return bpf.LoadSockGetpeername4Objects(&g, opts) }, Closer: &g},
+		bpf.Object{Load: func() error { return bpf.LoadSockReleaseObjects(&rel, opts) }, Closer: &rel})
+	if err != nil {
+		return err
+	}
+	lb.closers = closers
+	lb.maps = c.SockConnect4Maps
+	lb.progs = []hook{
+		{hookNames[0], ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
+		{hookNames[1], ebpf.AttachCGroupUDP4Sendmsg, s.OncSockSendmsg4},
+		{hookNames[2], ebpf.AttachCGroupUDP4Recvmsg, r.OncSockRecvmsg4},
+		{hookNames[3], ebpf.AttachCgroupInet4GetPeername, g.OncSockGetpeername4},
+		{hookNames[4], ebpf.AttachCgroupInetSockRelease, rel.OncSockRelease},
+	}
+	return nil
+}
+
+// Cgroup is where the programs attach.
+func (lb *LB) Cgroup() string { return lb.opts.Cgroup }
+
+// Attach puts every program on the cgroup, or swaps the new programs into
+// the pinned links of an earlier agent. Other agents' programs on the same
+// cgroup stay: each acts only on its own node's sockets.
+func (lb *LB) Attach() error {
+	for _, h := range lb.progs {
+		if err := bpf.AttachCgroup(linkPin(lb.opts.PinDir, h.name), lb.opts.Cgroup, h.attach, h.prog); err != nil {
+			return fmt.Errorf("%s: %w", h.name, err)
+		}
+	}
+	return nil
+}
+
+// Remove takes a node's socket programs off their cgroup and drops their
+// maps, from the pins alone (nothing is loaded, nothing mounted): for
+// --socket-lb=off, and for a node whose programs failed to load, so that
+// an earlier agent's programs do not go on translating with maps nobody
+// updates. Connections go to ClusterIPs as they are, and kube-proxy
+// balances them. Idempotent.
+func Remove(pinDir string) error {
+	var errs []error
+	for _, h := range hookNames {
+		// Unpinned, and held by no process, a link detaches.
+		if err := os.Remove(linkPin(pinDir, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return bpf.RemoveMapPins(pinDir, bpf.LoadSockConnect4)
+}
+
+// hookNames name the link pins, one per program, in the order of LB.progs.
+var hookNames = []string{"connect4", "sendmsg4", "recvmsg4", "getpeername4", "sock_release"}
+
+func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cgroup_"+hook) }
+
+// Close releases this process's handles; pinned maps and links stay.
+func (lb *LB) Close() error {
+	var errs []error
+	for _, c := range lb.closers {
+		errs = append(errs, c.Close())
+	}
+	lb.closers = nil
+	return errors.Join(errs...)
+}

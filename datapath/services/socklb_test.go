@@ -1,0 +1,715 @@
+package services
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/internal/netns"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The client runs as a child process placed in the test's cgroup (only
+// sockets made there are balanced) and in the test's network namespace:
+// the test binary itself, told what to do through the environment.
+const clientEnv = "ONC_SOCKLB_CLIENT"
+
+func TestMain(m *testing.M) {
+	if req := os.Getenv(clientEnv); req != "" {
+		os.Exit(runClient(req))
+	}
+	os.Exit(m.Run())
+}
+
+var (
+	vip      = netip.MustParseAddr("10.96.0.10")
+	backends = []netip.Addr{netip.MustParseAddr("10.250.0.1"), netip.MustParseAddr("10.250.0.2"), netip.MustParseAddr("10.250.0.3")}
+)
+
+const (
+	svcPort   = 8080 // balanced
+	otherPort = 9090 // served on the VIP itself, never a Service
+)
+
+// clientReq is one client run: Op on Addr, N times.
+type clientReq struct {
+	Op   string // tcp, udp (unconnected), udp6 (unconnected, AF_INET6), udpconn, hold (tcp, kept open until stdin closes)
+	Addr string
+	N    int
+}
+
+// clientRes is one attempt: the peer as getpeername() or recvfrom() gave
+// it, the server's own address as it sent it, or the error's name.
+type clientRes struct {
+	Peer, Served, Err string
+}
+
+func runClient(raw string) int {
+	var req clientReq
+	if err := json.Unmarshal([]byte(raw), &req); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	dst := netip.MustParseAddrPort(req.Addr)
+	sa := &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}
+	enc := json.NewEncoder(os.Stdout)
+	for range req.N {
+		enc.Encode(attempt(req.Op, sa))
+	}
+	return 0
+}
+
+func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
+	typ, family := unix.SOCK_STREAM, unix.AF_INET
+	if strings.HasPrefix(op, "udp") {
+		typ = unix.SOCK_DGRAM
+	}
+	var to unix.Sockaddr = sa
+	if op == "udp6" { // dual-stack: to the v4-mapped address
+		family = unix.AF_INET6
+		to = &unix.SockaddrInet6{Port: sa.Port, Addr: netip.AddrFrom4(sa.Addr).As16()}
+	}
+	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	defer unix.Close(fd)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
+	if op == "udp" || op == "udp6" {
+		if err := unix.Sendto(fd, []byte("hi"), 0, to); err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		buf := make([]byte, 64)
+		n, from, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		return clientRes{Peer: sockaddrString(from), Served: string(buf[:n])}
+	}
+	if err := unix.Connect(fd, sa); err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		return clientRes{Err: errName(err)}
+	}
+	r.Peer = sockaddrString(peer)
+	if op == "udpconn" {
+		if _, err := unix.Write(fd, []byte("hi")); err != nil {
+			return clientRes{Peer: r.Peer, Err: errName(err)}
+		}
+	}
+	buf := make([]byte, 64)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return clientRes{Peer: r.Peer, Err: errName(err)}
+	}
+	r.Served = string(buf[:n])
+	if op == "hold" {
+		// Report, then wait for the test to restart the programs, then
+		// report the peer again on the same socket.
+		json.NewEncoder(os.Stdout).Encode(r)
+		_, _ = io.ReadAll(os.Stdin)
+		peer, err := unix.Getpeername(fd)
+		if err != nil {
+			return clientRes{Err: errName(err)}
+		}
+		r.Peer = sockaddrString(peer)
+	}
+	return r
+}
+
+func errName(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return unix.ErrnoName(errno)
+	}
+	return err.Error()
+}
+
+func sockaddrString(sa unix.Sockaddr) string {
+	switch in := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), uint16(in.Port)).String()
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(in.Addr), uint16(in.Port)).String()
+	}
+	return fmt.Sprintf("%v", sa)
+}
+
+// bed is one network namespace with the backends and the VIP on its
+// loopback, each serving TCP and UDP with its own address as the reply.
+type bed struct {
+	t      *testing.T
+	ns     string // name under /run/netns
+	cookie uint64
+	cgroup string
+}
+
+func newBed(t *testing.T, cgroup string) *bed {
+	t.Helper()
+	b := &bed{t: t, ns: testutil.Prefix() + "-lb", cgroup: cgroup}
+	path := testutil.Netns(t, b.ns)
+	h := testutil.NetlinkAt(t, b.ns)
+	lo, err := h.LinkByName("lo")
+	must(t, err)
+	must(t, h.LinkSetUp(lo))
+	for _, a := range append([]netip.Addr{vip}, backends...) {
+		must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
+	}
+	ns, err := netns.Open(path)
+	must(t, err)
+	defer ns.Close()
+	must(t, netns.Do(ns, func() error {
+		for _, a := range append([]netip.Addr{vip}, backends...) {
+			for _, port := range []uint16{svcPort, otherPort} {
+				serve(t, netip.AddrPortFrom(a, port))
+			}
+		}
+		return nil
+	}))
+	b.cookie, err = netns.Cookie(path)
+	must(t, err)
+	return b
+}
+
+// serve answers on addr over TCP (writes addr, closes) and UDP (echoes addr).
+func serve(t *testing.T, addr netip.AddrPort) {
+	l, err := net.Listen("tcp4", addr.String())
+	must(t, err)
+	u, err := net.ListenPacket("udp4", addr.String())
+	must(t, err)
+	t.Cleanup(func() { l.Close(); u.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte(addr.String()))
+			c.Close()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := u.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = u.WriteTo([]byte(addr.String()), from)
+		}
+	}()
+}
+
+// client runs a client in the bed's namespace and the test cgroup.
+func (b *bed) client(op string, addr netip.AddrPort, n int) []clientRes {
+	b.t.Helper()
+	cmd, out := b.clientCmd(op, addr, n)
+	must(b.t, cmd.Start())
+	var res []clientRes
+	dec := json.NewDecoder(out)
+	for {
+		var r clientRes
+		if err := dec.Decode(&r); err != nil {
+			break
+		}
+		res = append(res, r)
+	}
+	if err := cmd.Wait(); err != nil {
+		b.t.Fatalf("client %s %s: %v", op, addr, err)
+	}
+	if len(res) != n {
+		b.t.Fatalf("client %s %s: %d results, want %d", op, addr, len(res), n)
+	}
+	return res
+}
+
+func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Reader) {
+	b.t.Helper()
+	req, _ := json.Marshal(clientReq{Op: op, Addr: addr.String(), N: n})
+	cg, err := os.Open(b.cgroup)
+	must(b.t, err)
+	b.t.Cleanup(func() { cg.Close() })
+	cmd := exec.Command("ip", "netns", "exec", b.ns, os.Args[0])
+	cmd.Env = append(os.Environ(), clientEnv+"="+string(req))
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, err := cmd.StdoutPipe()
+	must(b.t, err)
+	return cmd, out
+}
+
+// openLB loads a balancer (one agent's) pinned on a private bpffs and
+// attached to cgroup.
+func openLB(t *testing.T, cgroup string) *LB {
+	t.Helper()
+	dir := t.TempDir()
+	lb, err := Open(Options{PinDir: dir, Cgroup: cgroup})
+	must(t, err)
+	t.Cleanup(func() {
+		lb.Close()
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	must(t, lb.Attach())
+	return lb
+}
+
+func service(port uint16, proto Proto, bes ...netip.Addr) Service {
+	s := Service{Name: "default/svc:p", VIP: vip, Port: port, Proto: proto}
+	for _, a := range bes {
+		s.Backends = append(s.Backends, Backend{Addr: netip.AddrPortFrom(a, port), Ready: true})
+	}
+	return s
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func served(res []clientRes) map[string]int {
+	seen := map[string]int{}
+	for _, r := range res {
+		seen[r.Served]++
+	}
+	return seen
+}
+
+func checkAll(t *testing.T, what string, res []clientRes, ok func(clientRes) bool) {
+	t.Helper()
+	for _, r := range res {
+		if !ok(r) {
+			t.Fatalf("%s: %+v", what, r)
+		}
+	}
+}
+
+func isBackend(served string, port uint16) bool {
+	for _, b := range backends {
+		if served == netip.AddrPortFrom(b, port).String() {
+			return true
+		}
+	}
+	return false
+}
+
+func counter(t *testing.T, lb *LB, name string) uint64 {
+	t.Helper()
+	st, err := lb.Stats()
+	must(t, err)
+	for _, c := range st {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+// TCP to a ClusterIP reaches every backend, getpeername() shows the
+// ClusterIP, and everything else — another port of the same address, a
+// backend dialled directly — is left as it is.
+func TestConnectTranslatesToEveryBackend(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+
+	svc := netip.AddrPortFrom(vip, svcPort)
+	res := b.client("tcp", svc, 30)
+	checkAll(t, "balanced connection", res, func(r clientRes) bool {
+		return r.Err == "" && r.Peer == svc.String() && isBackend(r.Served, svcPort)
+	})
+	if seen := served(res); len(seen) != len(backends) {
+		t.Fatalf("30 connections reached %v, want all %d backends", seen, len(backends))
+	}
+	states, err := lb.Services()
+	must(t, err)
+	if len(states) != 1 || states[0].Translated != 30 {
+		t.Fatalf("service counters %+v, want 30 translated", states)
+	}
+
+	other := netip.AddrPortFrom(vip, otherPort)
+	checkAll(t, "another port of the ClusterIP", b.client("tcp", other, 3), func(r clientRes) bool {
+		return r.Peer == other.String() && r.Served == other.String()
+	})
+	direct := netip.AddrPortFrom(backends[1], svcPort)
+	checkAll(t, "a backend dialled directly", b.client("tcp", direct, 3), func(r clientRes) bool {
+		return r.Peer == direct.String() && r.Served == direct.String()
+	})
+	// UDP to a TCP-only Service is not translated: the VIP answers itself.
+	checkAll(t, "UDP to a TCP service port", b.client("udp", svc, 2), func(r clientRes) bool {
+		return r.Peer == svc.String() && r.Served == svc.String()
+	})
+	if got := counter(t, lb, "connect_translated"); got != 30 {
+		t.Fatalf("connect_translated %d, want 30", got)
+	}
+}
+
+// A Service without backends refuses at once, for TCP and UDP alike, as
+// kube-proxy's REJECT does; without the programs the VIP itself would answer.
+func TestNoBackendRefuses(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	for _, op := range []string{"tcp", "udpconn", "udp"} {
+		checkAll(t, op+" to a service without backends", b.client(op, svc, 2), func(r clientRes) bool {
+			return r.Err == "ECONNREFUSED"
+		})
+	}
+	if got := counter(t, lb, "connect_refused"); got != 4 {
+		t.Fatalf("connect_refused %d, want 4", got)
+	}
+	if got := counter(t, lb, "sendmsg_refused"); got != 2 {
+		t.Fatalf("sendmsg_refused %d, want 2", got)
+	}
+}
+
+// UDP, unconnected and connected: datagrams reach backends, and replies
+// read as coming from the ClusterIP:port.
+func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	for _, op := range []string{"udp", "udpconn"} {
+		res := b.client(op, svc, 30)
+		checkAll(t, op, res, func(r clientRes) bool {
+			return r.Err == "" && r.Peer == svc.String() && isBackend(r.Served, svcPort)
+		})
+		if seen := served(res); len(seen) < 2 {
+			t.Fatalf("%s: 30 sockets reached only %v", op, seen)
+		}
+	}
+	if counter(t, lb, "recvmsg_reversed") < 30 || counter(t, lb, "getpeername_reversed") < 30 {
+		t.Fatal("reverse translation counters did not rise")
+	}
+	// Connected sockets took their reverse entries with them when they
+	// closed; the unconnected ones' wait for the LRU.
+	if n := entries(t, lb.maps.OncLbRevnat); n != 30 {
+		t.Fatalf("%d reverse entries after the clients exited, want the 30 of unconnected sockets", n)
+	}
+}
+
+// ClientIP affinity keeps a client namespace on one backend, and moves it
+// when that backend leaves the Service.
+func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	pod := netip.MustParseAddr("10.244.0.5")
+	must(t, lb.OwnPod(b.cookie, pod))
+	s := service(svcPort, TCP, backends...)
+	s.Affinity = time.Hour
+	must(t, lb.Sync([]Service{s}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	seen := served(b.client("tcp", svc, 20))
+	if len(seen) != 1 {
+		t.Fatalf("affinity: 20 connections spread over %v", seen)
+	}
+	var first string
+	for k := range seen {
+		first = k
+	}
+	aff, err := lb.Affinities()
+	must(t, err)
+	if len(aff) != 1 || aff[0].Pod != pod || aff[0].Backend.String() != first || aff[0].Netns != b.cookie {
+		t.Fatalf("affinity entries %+v, want one for %s → %s", aff, pod, first)
+	}
+
+	var rest []netip.Addr
+	for _, a := range backends {
+		if netip.AddrPortFrom(a, svcPort).String() != first {
+			rest = append(rest, a)
+		}
+	}
+	s.Backends = service(svcPort, TCP, rest...).Backends
+	must(t, lb.Sync([]Service{s}, false))
+	again := served(b.client("tcp", svc, 20))
+	if len(again) != 1 || again[first] != 0 {
+		t.Fatalf("after %s left: %v, want one other backend", first, again)
+	}
+}
+
+// Several agents on one kernel share the cgroup root: each balances only
+// the namespaces it owns, and a namespace no agent owns is untouched.
+func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lbA, lbB := openLB(t, cg), openLB(t, cg)
+	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
+	must(t, lbA.OwnHost(bedA.cookie))
+	must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
+	must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}, false))
+	must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	for _, c := range []struct {
+		bed  *bed
+		want netip.AddrPort
+	}{
+		{bedA, netip.AddrPortFrom(backends[0], svcPort)},
+		{bedB, netip.AddrPortFrom(backends[1], svcPort)},
+		{stranger, svc},
+	} {
+		checkAll(t, "client in "+c.bed.ns, c.bed.client("tcp", svc, 5), func(r clientRes) bool {
+			return r.Served == c.want.String()
+		})
+	}
+}
+
+// A Service rewritten over and over while clients connect never fails a
+// connection nor lets one through untranslated: backends are written to
+// the idle bank before the service flips to it.
+func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	sets := [][]netip.Addr{backends[:2], backends[1:], backends[:1], backends}
+	must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}, false))
+	done := make(chan error)
+	stop := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := lb.Sync([]Service{service(svcPort, TCP, sets[i%len(sets)]...)}, false); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	res := b.client("tcp", netip.AddrPortFrom(vip, svcPort), 200)
+	close(stop)
+	must(t, <-done)
+	checkAll(t, "connection during updates", res, func(r clientRes) bool {
+		return r.Err == "" && isBackend(r.Served, svcPort)
+	})
+	if got := counter(t, lb, "no_slot"); got != 0 {
+		t.Fatalf("no_slot %d: a socket found a service pointing at a missing backend", got)
+	}
+}
+
+// A restarted agent adopts the pinned links (no second set of programs on
+// the cgroup) and maps: a socket connected before still reports the
+// ClusterIP, and new ones are still balanced.
+func TestRestartChangesNothingForLiveSockets(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	dir := t.TempDir()
+	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
+	must(t, err)
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	must(t, lb.Attach())
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	cmd, out := b.clientCmd("hold", svc, 1)
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	dec := json.NewDecoder(bufio.NewReader(out))
+	var before clientRes
+	must(t, dec.Decode(&before))
+	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
+		t.Fatalf("before the restart: %+v", before)
+	}
+	ids := linkIDs(t, lb)
+	lb.Close()
+
+	again, err := Open(Options{PinDir: dir, Cgroup: cg})
+	must(t, err)
+	defer again.Close()
+	must(t, again.Attach())
+	if got := linkIDs(t, again); fmt.Sprint(got) != fmt.Sprint(ids) {
+		t.Fatalf("restart made new links %v, want the pinned %v adopted", got, ids)
+	}
+	if n := attachedPrograms(t, cg, ebpf.AttachCGroupInet4Connect); n != 1 {
+		t.Fatalf("%d connect4 programs on the cgroup after restart, want 1", n)
+	}
+	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	stdin.Close()
+	var after clientRes
+	must(t, dec.Decode(&after))
+	must(t, cmd.Wait())
+	if after.Peer != svc.String() {
+		t.Fatalf("a socket connected before the restart now reports %q", after.Peer)
+	}
+	checkAll(t, "new connection after restart", b.client("tcp", svc, 5), func(r clientRes) bool {
+		return r.Peer == svc.String() && isBackend(r.Served, svcPort)
+	})
+
+	// Remove (socket LB off, or failed to load) leaves the cgroup as it
+	// was, from the pins alone: the ClusterIP answers itself. The kernel
+	// releases an unpinned link after an RCU grace period, so the
+	// programs leave the cgroup a moment after Remove returns.
+	again.Close()
+	must(t, Remove(dir))
+	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg,
+		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInetSockRelease} {
+		for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+			n := attachedPrograms(t, cg, at)
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d programs of %s on the cgroup a second after Remove", n, at)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "onc_lb_svc")); !os.IsNotExist(err) {
+		t.Fatalf("the service map's pin outlived Remove: %v", err)
+	}
+	checkAll(t, "after Remove", b.client("tcp", svc, 2), func(r clientRes) bool {
+		return r.Served == svc.String()
+	})
+}
+
+// A removed Service is no longer translated and leaves nothing in the
+// maps; a full Sync repairs entries that drifted in the kernel.
+func TestRemoveAndRepair(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	s := service(svcPort, TCP, backends...)
+	s.Affinity = time.Hour
+	must(t, lb.Sync([]Service{s}, false))
+	svc := netip.AddrPortFrom(vip, svcPort)
+
+	// Drift: the service's live backends vanish behind the agent's back.
+	must(t, lb.maps.OncLbBackend.Delete(backendKey{SvcId: lb.services[s.Key()].id, Slot: 0, Bank: lb.services[s.Key()].bank}))
+	must(t, lb.Sync([]Service{s}, false))
+	if entries(t, lb.maps.OncLbBackend) != len(backends)-1 {
+		t.Fatal("an incremental Sync rewrote an unchanged service")
+	}
+	must(t, lb.Sync([]Service{s}, true))
+	checkAll(t, "after repair", b.client("tcp", svc, 10), func(r clientRes) bool {
+		return r.Err == "" && isBackend(r.Served, svcPort)
+	})
+	if got := counter(t, lb, "no_slot"); got != 0 {
+		t.Fatalf("no_slot %d after the repair", got)
+	}
+
+	must(t, lb.Sync(nil, false))
+	checkAll(t, "after the Service is removed", b.client("tcp", svc, 3), func(r clientRes) bool {
+		return r.Peer == svc.String() && r.Served == svc.String()
+	})
+	for name, m := range map[string]*ebpf.Map{"service": lb.maps.OncLbSvc, "backend": lb.maps.OncLbBackend, "member": lb.maps.OncLbMember} {
+		if n := entries(t, m); n != 0 {
+			t.Fatalf("%d %s entries left after the Service was removed", n, name)
+		}
+	}
+}
+
+// A dual-stack (AF_INET6) socket is left to kube-proxy whole: its replies
+// would pass recvmsg6, which ONC does not attach, so translating its
+// datagrams would leave the replies coming from the backend.
+func TestDualStackSocketsAreLeftAlone(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
+	mapped := "[::ffff:" + vip.String() + "]:" + fmt.Sprint(svcPort)
+	checkAll(t, "AF_INET6 UDP to a v4-mapped ClusterIP", b.client("udp6", netip.AddrPortFrom(vip, svcPort), 3), func(r clientRes) bool {
+		return r.Err == "" && r.Peer == mapped && r.Served == netip.AddrPortFrom(vip, svcPort).String()
+	})
+	if got := counter(t, lb, "sendmsg_translated"); got != 0 {
+		t.Fatalf("sendmsg_translated %d for AF_INET6 sockets", got)
+	}
+}
+
+func entries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var n int
+	it := m.Iterate()
+	var k, v []byte
+	for it.Next(&k, &v) {
+		n++
+	}
+	must(t, it.Err())
+	return n
+}
+
+func linkIDs(t *testing.T, lb *LB) []link.ID {
+	t.Helper()
+	var ids []link.ID
+	for _, h := range lb.progs {
+		l, err := link.LoadPinnedLink(linkPin(lb.opts.PinDir, h.name), nil)
+		must(t, err)
+		info, err := l.Info()
+		l.Close()
+		must(t, err)
+		ids = append(ids, info.ID)
+	}
+	return ids
+}
+
+func attachedPrograms(t *testing.T, cgroup string, at ebpf.AttachType) int {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
+	must(t, err)
+	return len(res.Programs)
+}
+
+func cgroupFD(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	must(t, err)
+	t.Cleanup(func() { f.Close() })
+	return int(f.Fd())
+}
+
+// Unbalance, from the pin alone, leaves a Service untranslated until the
+// next agent's first Sync writes it again.
+func TestUnbalanceUntilTheNextSync(t *testing.T) {
+	cg := testutil.Cgroup(t)
+	lb := openLB(t, cg)
+	b := newBed(t, cg)
+	must(t, lb.OwnHost(b.cookie))
+	s := service(svcPort, TCP, backends...)
+	must(t, lb.Sync([]Service{s}, false))
+	lb.Close()
+	must(t, Unbalance(lb.opts.PinDir, s.Key()))
+	svc := netip.AddrPortFrom(vip, svcPort)
+	checkAll(t, "unbalanced", b.client("tcp", svc, 2), func(r clientRes) bool { return r.Served == svc.String() })
+
+	again, err := Open(lb.opts)
+	must(t, err)
+	defer again.Close()
+	must(t, again.Attach())
+	must(t, again.Sync([]Service{s}, false))
+	checkAll(t, "synced again", b.client("tcp", svc, 5), func(r clientRes) bool { return isBackend(r.Served, svcPort) })
+}

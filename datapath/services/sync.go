@@ -1,0 +1,331 @@
+package services
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
+)
+
+// Map value and key types, as datapath/bpf/include/lb.h defines them.
+type (
+	svcKey     = bpf.SockConnect4LbSvcKey
+	svcVal     = bpf.SockConnect4LbSvc
+	backendKey = bpf.SockConnect4LbBackendKey
+	lbAddr     = bpf.SockConnect4LbAddr
+	memberKey  = bpf.SockConnect4LbMemberKey
+	svcStat    = bpf.SockConnect4LbSvcStat
+)
+
+const (
+	flagAffinity = 1              // LB_SVC_AFFINITY
+	maxServices  = 65536          // LB_MAX_SERVICES
+	maxBackends  = math.MaxUint16 // lb_svc.count is 16 bits
+)
+
+// programmed is a service as this agent last wrote it.
+type programmed struct {
+	svc  Service
+	id   uint32
+	bank uint8 // the live bank
+	// banks counts the slots written in each bank, so a rewrite or a
+	// removal deletes exactly those beyond the new set.
+	banks   [2]uint16
+	members map[lbAddr]bool // affinity membership entries written
+	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
+	flipped time.Time       // when the live bank last changed
+}
+
+// bankGrace is how long a bank stays untouched after the service flips
+// away from it: a program that read the service entry just before the
+// flip may still look up a slot of the old bank. Programs run for
+// microseconds; a service updated again sooner waits out the rest.
+const bankGrace = 50 * time.Millisecond
+
+func (k Key) mapKey() svcKey {
+	return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: bpf.NetPort(k.Port), Proto: uint8(k.Proto)}
+}
+
+func keyOf(k svcKey) Key {
+	return Key{VIP: bpf.IPv4(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto)}
+}
+
+func addrOfBackend(a netip.AddrPort) lbAddr {
+	return lbAddr{Ip: bpf.NetIPv4(a.Addr()), Port: bpf.NetPort(a.Port())}
+}
+
+func backendAddr(a lbAddr) netip.AddrPort {
+	return netip.AddrPortFrom(bpf.IPv4(a.Ip), bpf.NetPort(a.Port))
+}
+
+// adopt reads what an earlier agent left in the pinned maps, so ids and
+// banks carry on and stale entries can be removed.
+func (lb *LB) adopt() error {
+	var k svcKey
+	var v svcVal
+	it := lb.maps.OncLbSvc.Iterate()
+	for it.Next(&k, &v) {
+		lb.services[keyOf(k)] = &programmed{id: v.Id, bank: v.Bank, members: map[lbAddr]bool{}, adopted: true}
+		lb.ids.used(v.Id)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read service map: %w", err)
+	}
+	byID := map[uint32]*programmed{}
+	for _, p := range lb.services {
+		byID[p.id] = p
+	}
+	var bk backendKey
+	var addr lbAddr
+	var orphans []backendKey
+	bit := lb.maps.OncLbBackend.Iterate()
+	for bit.Next(&bk, &addr) {
+		p := byID[bk.SvcId]
+		if p == nil {
+			orphans = append(orphans, bk)
+			continue
+		}
+		p.banks[bk.Bank&1] = max(p.banks[bk.Bank&1], bk.Slot+1)
+	}
+	if err := bit.Err(); err != nil {
+		return fmt.Errorf("read backend map: %w", err)
+	}
+	var mk memberKey
+	var one uint8
+	var strays []memberKey
+	mit := lb.maps.OncLbMember.Iterate()
+	for mit.Next(&mk, &one) {
+		if p := byID[mk.SvcId]; p != nil {
+			p.members[mk.Be] = true
+		} else {
+			strays = append(strays, mk)
+		}
+	}
+	if err := mit.Err(); err != nil {
+		return fmt.Errorf("read member map: %w", err)
+	}
+	return errors.Join(deleteAll(lb.maps.OncLbBackend, orphans), deleteAll(lb.maps.OncLbMember, strays))
+}
+
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !isNotExist(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
+
+// Sync makes the maps balance exactly svcs, writing only the services
+// that changed; with verify it also reads every service's entries back and
+// rewrites those that drifted. A failed service is reported and the others
+// still written; the caller retries.
+func (lb *LB) Sync(svcs []Service, verify bool) error {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if verify {
+		lb.markDrifted()
+	}
+	want := make(map[Key]Service, len(svcs))
+	for _, s := range svcs {
+		want[s.Key()] = s
+	}
+	var errs []error
+	for k, p := range lb.services {
+		if _, ok := want[k]; !ok {
+			if err := lb.remove(k, p); err != nil {
+				errs = append(errs, fmt.Errorf("remove service %s: %w", k, err))
+			}
+		}
+	}
+	for k, s := range want {
+		p := lb.services[k]
+		if p != nil && !p.adopted && sameService(p.svc, s) {
+			continue
+		}
+		if err := lb.write(k, p, s); err != nil {
+			errs = append(errs, fmt.Errorf("service %s (%s): %w", k, s.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// markDrifted marks for rewriting every service whose entry or live
+// backends differ from what was written.
+func (lb *LB) markDrifted() {
+	for k, p := range lb.services {
+		if p.adopted {
+			continue
+		}
+		var v svcVal
+		if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) {
+			p.adopted = true
+			continue
+		}
+		for i, b := range p.svc.Backends {
+			var a lbAddr
+			if lb.maps.OncLbBackend.Lookup(backendKey{SvcId: p.id, Slot: uint16(i), Bank: p.bank}, &a) != nil || a != addrOfBackend(b.Addr) {
+				p.adopted = true
+				break
+			}
+		}
+	}
+}
+
+func sameService(a, b Service) bool {
+	return a.Name == b.Name && a.Affinity == b.Affinity && slices.Equal(a.Backends, b.Backends)
+}
+
+// write puts s's backends into the idle bank, then flips the service to
+// it in one update; the old bank stays until the next write of s, and at
+// least bankGrace, so a socket that read the old entry still finds its
+// backend.
+func (lb *LB) write(k Key, p *programmed, s Service) error {
+	if len(s.Backends) > maxBackends {
+		return fmt.Errorf("%d backends; at most %d are balanced", len(s.Backends), maxBackends)
+	}
+	if p == nil {
+		id, err := lb.ids.take()
+		if err != nil {
+			return err
+		}
+		// The id may have served a removed service: its counters start afresh.
+		if err := lb.maps.OncLbSvcStats.Put(id, svcStat{}); err != nil {
+			lb.ids.release(id)
+			return err
+		}
+		p = &programmed{id: id, bank: 1, members: map[lbAddr]bool{}}
+		lb.services[k] = p
+	}
+	idle := p.bank ^ 1
+	time.Sleep(time.Until(p.flipped.Add(bankGrace)))
+	size := &p.banks
+	// Counted before writing, so a write that fails halfway leaves no slot
+	// the next write or a removal would not delete.
+	written := size[idle]
+	size[idle] = max(size[idle], uint16(len(s.Backends)))
+	for i, b := range s.Backends {
+		if err := lb.maps.OncLbBackend.Put(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}, addrOfBackend(b.Addr)); err != nil {
+			return err
+		}
+	}
+	for i := len(s.Backends); i < int(written); i++ {
+		if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}); err != nil && !isNotExist(err) {
+			return err
+		}
+	}
+	size[idle] = uint16(len(s.Backends))
+	members := map[lbAddr]bool{}
+	var flags uint8
+	if s.Affinity > 0 {
+		flags |= flagAffinity
+		for _, b := range s.Backends {
+			members[addrOfBackend(b.Addr)] = true
+		}
+	}
+	for m := range members {
+		if !p.members[m] {
+			if err := lb.maps.OncLbMember.Put(memberKey{SvcId: p.id, Be: m}, uint8(1)); err != nil {
+				return err
+			}
+			p.members[m] = true
+		}
+	}
+	v := svcVal{Id: p.id, Count: uint16(len(s.Backends)), Bank: idle, Flags: flags,
+		AffTimeout: uint32(min(s.Affinity.Seconds(), math.MaxUint32))}
+	if err := lb.maps.OncLbSvc.Put(k.mapKey(), v); err != nil {
+		return err
+	}
+	p.bank, p.flipped = idle, time.Now()
+	for m := range p.members {
+		if !members[m] {
+			if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
+				return err
+			}
+			delete(p.members, m)
+		}
+	}
+	p.svc = s
+	p.svc.Backends = slices.Clone(s.Backends)
+	p.adopted = false
+	return nil
+}
+
+// remove deletes the service entry first, so no socket picks a slot of a
+// bank that is going.
+func (lb *LB) remove(k Key, p *programmed) error {
+	if err := lb.maps.OncLbSvc.Delete(k.mapKey()); err != nil && !isNotExist(err) {
+		return err
+	}
+	for bank := range uint8(2) {
+		for i := range p.banks[bank] {
+			if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: i, Bank: bank}); err != nil && !isNotExist(err) {
+				return err
+			}
+		}
+	}
+	for m := range p.members {
+		if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
+			return err
+		}
+	}
+	delete(lb.services, k)
+	lb.ids.release(p.id)
+	return nil
+}
+
+// idPool hands out service ids, 1 to maxServices-1; 0 is never used, so
+// a zeroed entry names no service.
+type idPool struct {
+	taken map[uint32]bool
+	next  uint32
+}
+
+func (p *idPool) used(id uint32) {
+	if p.taken == nil {
+		p.taken = map[uint32]bool{}
+	}
+	p.taken[id] = true
+}
+
+func (p *idPool) take() (uint32, error) {
+	for range maxServices {
+		p.next = p.next%(maxServices-1) + 1
+		if !p.taken[p.next] {
+			p.used(p.next)
+			return p.next, nil
+		}
+	}
+	return 0, fmt.Errorf("more than %d services", maxServices-1)
+}
+
+func (p *idPool) release(id uint32) { delete(p.taken, id) }
+
+// Unbalance deletes one service's entry from the pinned service map, from
+// the pin alone, before an agent has loaded anything: new connections to it
+// go to kube-proxy until the next Sync writes it again. The agent does this
+// for the API server's Service, which it dials through its ClusterIP while
+// the entry an earlier agent left may name API servers that have moved.
+func Unbalance(pinDir string, k Key) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "onc_lb_svc"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	if err := m.Delete(k.mapKey()); err != nil && !isNotExist(err) {
+		return err
+	}
+	return nil
+}

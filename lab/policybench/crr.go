@@ -1,0 +1,391 @@
+package policybench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/bench"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+)
+
+// CRROptions are the TCP_CRR measurement's.
+type CRROptions struct {
+	BinDir   string // onc, onc-agent, onc-controller, onc-lab
+	KubeBin  string // kube-apiserver
+	Netperf  string // directory holding netperf and netserver
+	Prefix   string // the lab's name prefix
+	Policies int    // in the "policy" configuration
+	Reps     int
+	Duration time.Duration
+	CPUs     string // netperf -T
+	Log      io.Writer
+}
+
+// The configurations, and the names of the bench's objects.
+const (
+	NoPolicy   = "no-policy"
+	WithPolicy = "policy"
+
+	benchNS     = "bench"
+	peersNS     = "peers"
+	policyLabel = "onc-bench"
+	ctlPort     = 12865 // netperf's control connection
+	dataPort    = 12866 // its data connections (netperf's -P)
+)
+
+// CRRSample is one netperf run.
+type CRRSample struct {
+	Rep    int     `json:"rep"`
+	Config string  `json:"config"`
+	Value  float64 `json:"transPerSec"`
+	CPU    float64 `json:"cpuUsPerTrans"` // netperf's service demand, both ends on this machine
+	// New connections the server's ingress rules allowed and denied during
+	// the run (policy only): every one was judged against the ruleset.
+	Allowed uint64 `json:"allowed,omitempty"`
+	Denied  uint64 `json:"denied,omitempty"`
+}
+
+// CRRResult is the measurement.
+type CRRResult struct {
+	Date     string `json:"date"` // when it ended
+	Policies int    `json:"policies"`
+	Reps     int    `json:"reps"`
+	Duration string `json:"duration"`
+	CPUs     string `json:"cpus"`
+	// Per configuration: median and range of transactions/s.
+	NoPolicy   Stat `json:"noPolicy"`
+	WithPolicy Stat `json:"policy"`
+	// Ratio policy ÷ no policy of each repetition's two adjacent runs:
+	// median and range; Cost is 1 - the median ratio, in %.
+	Ratio       Stat        `json:"ratio"`
+	RatioOfMeds float64     `json:"ratioOfMedians"`
+	CostPercent float64     `json:"costPercent"`
+	Samples     []CRRSample `json:"samples"`
+	// Seconds from the first policy created to both agents enforcing all
+	// of them, each time (API writes included).
+	ProgramSeconds []float64 `json:"programSeconds"`
+	// The server's ingress and the client's egress rules with the policies
+	// in place, as the agents report them.
+	ServerRules int    `json:"serverRules"`
+	ClientRules int    `json:"clientRules"`
+	Error       string `json:"error,omitempty"`
+}
+
+// CRR brings up a 2-node lab in Kubernetes mode with the fast path off, a
+// client pod on one node and a server pod on the other, and runs netperf
+// TCP_CRR from client to server Reps times in each configuration, ABBA…
+// (the policies are created or deleted between the two runs of a
+// repetition, so each repetition has one adjacent pair).
+func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
+	res = CRRResult{Policies: o.Policies, Reps: o.Reps, Duration: o.Duration.String(), CPUs: o.CPUs}
+	l, err := lab.Up(ctx, lab.Options{Prefix: o.Prefix, BinDir: o.BinDir, Nodes: 2, NodeTimeout: time.Hour,
+		AgentArgs: []string{"--fast-path=false"}, Datastore: "kubernetes", KubeBin: o.KubeBin})
+	if err != nil {
+		return res, fmt.Errorf("lab: %w", err)
+	}
+	defer func() {
+		if derr := l.Down(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
+		}
+	}()
+	kube, err := l.Kube()
+	if err != nil {
+		return res, err
+	}
+	for ns, labels := range map[string]map[string]string{benchNS: {"purpose": "bench"}, peersNS: {"team": "peers"}} {
+		if err := l.SetNamespace(ctx, ns, labels); err != nil {
+			return res, err
+		}
+	}
+	clientNode, serverNode := l.Nodes[0], l.Nodes[1]
+	client, err := l.AddPodSpec(ctx, clientNode, lab.PodSpec{Namespace: benchNS, Name: "client", Labels: map[string]string{"app": "client"}})
+	if err != nil {
+		return res, err
+	}
+	server, err := l.AddPodSpec(ctx, serverNode, lab.PodSpec{Namespace: benchNS, Name: "server", Labels: map[string]string{"app": "server"},
+		Ports: []corev1.ContainerPort{
+			{Name: "np-ctl", ContainerPort: ctlPort, Protocol: corev1.ProtocolTCP},
+			{Name: "np-data", ContainerPort: dataPort, Protocol: corev1.ProtocolTCP},
+		}})
+	if err != nil {
+		return res, err
+	}
+	// A few more pods for the policies' pod selectors to find, on both nodes.
+	for i := 0; i < 4; i++ {
+		if _, err := l.AddPodSpec(ctx, l.Nodes[i%2], lab.PodSpec{Namespace: peersNS, Name: fmt.Sprintf("peer-%d", i),
+			Labels: map[string]string{"role": fmt.Sprintf("peer-%d", i%2)}}); err != nil {
+			return res, err
+		}
+	}
+	w := waiter{client: clientNode, server: serverNode, clientKey: client.Key(), serverKey: server.Key()}
+	if _, _, err := w.wait(ctx, 0); err != nil {
+		return res, err
+	}
+	stop, err := bench.Netservers(o.Netperf, server.Netns)
+	if err != nil {
+		return res, err
+	}
+	defer stop()
+
+	state := NoPolicy
+	set := func(cfg string) error {
+		if cfg == state {
+			return nil
+		}
+		if cfg == WithPolicy {
+			start := time.Now()
+			if err := createPolicies(ctx, kube, o.Policies); err != nil {
+				return err
+			}
+			rules, done, err := w.wait(ctx, o.Policies)
+			if err != nil {
+				return err
+			}
+			secs := done.Sub(start).Seconds()
+			res.ProgramSeconds = append(res.ProgramSeconds, secs)
+			res.ServerRules, res.ClientRules = rules[0], rules[1]
+			fmt.Fprintf(o.Log, "  %d policies created and enforced on both nodes in %.1fs (server ingress %d rules, client egress %d rules)\n",
+				o.Policies, secs, rules[0], rules[1])
+		} else {
+			err := kube.NetworkingV1().NetworkPolicies(benchNS).DeleteCollection(ctx, metav1.DeleteOptions{},
+				metav1.ListOptions{LabelSelector: policyLabel + "=policy"})
+			if err != nil {
+				return fmt.Errorf("delete the policies: %w", err)
+			}
+			if _, _, err := w.wait(ctx, 0); err != nil {
+				return err
+			}
+		}
+		state = cfg
+		// Let the API server, its etcd and the agents settle.
+		time.Sleep(3 * time.Second)
+		return nil
+	}
+	var runs []bench.Sample // the values alone, for the paired ratio
+	for rep := 0; rep < o.Reps; rep++ {
+		order := []string{NoPolicy, WithPolicy}
+		if rep%2 == 1 {
+			order = []string{WithPolicy, NoPolicy}
+		}
+		for _, cfg := range order {
+			if err := set(cfg); err != nil {
+				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
+			}
+			before, err := w.serverCounters(ctx)
+			if err != nil {
+				return res, err
+			}
+			sm, err := bench.Netperf(ctx, o.Netperf, client.Netns, server.IP.String(), "TCP_CRR", o.Duration, o.CPUs, dataPort)
+			if err != nil {
+				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
+			}
+			s := CRRSample{Value: sm.Value, CPU: sm.CPU}
+			after, err := w.serverCounters(ctx)
+			if err != nil {
+				return res, err
+			}
+			s.Rep, s.Config = rep+1, cfg
+			s.Allowed, s.Denied = after.Allowed-before.Allowed, after.Denied-before.Denied
+			if cfg == WithPolicy && s.Allowed == 0 {
+				return res, fmt.Errorf("rep %d: the server's ingress rules judged no connection", rep+1)
+			}
+			if s.Denied != 0 {
+				return res, fmt.Errorf("rep %d, %s: the server's ingress rules denied %d connections", rep+1, cfg, s.Denied)
+			}
+			fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-9s %9.1f Trans/s  cpu %.1f us/Tr  judged %d\n", rep+1, o.Reps, cfg, s.Value, s.CPU, s.Allowed)
+			res.Samples = append(res.Samples, s)
+			runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: cfg, Rep: s.Rep, Value: s.Value})
+		}
+	}
+	var none, with []float64
+	for _, s := range res.Samples {
+		if s.Config == NoPolicy {
+			none = append(none, s.Value)
+		} else {
+			with = append(with, s.Value)
+		}
+	}
+	res.NoPolicy, res.WithPolicy = bench.StatOf(none), bench.StatOf(with)
+	res.Ratio = bench.PairedRatio(runs, "TCP_CRR", WithPolicy, NoPolicy)
+	if res.NoPolicy.Median > 0 {
+		res.RatioOfMeds = res.WithPolicy.Median / res.NoPolicy.Median
+	}
+	res.CostPercent = (1 - res.Ratio.Median) * 100
+	res.Date = time.Now().UTC().Format(time.RFC3339)
+	return res, nil
+}
+
+// createPolicies creates n policies in the bench namespace, with a few
+// API clients at once.
+func createPolicies(ctx context.Context, kube kubernetes.Interface, n int) error {
+	nps := kube.NetworkingV1().NetworkPolicies(benchNS)
+	jobs := make(chan int)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				if _, err := nps.Create(ctx, BenchPolicy(i), metav1.CreateOptions{}); err != nil {
+					select {
+					case errs <- fmt.Errorf("create policy %d: %w", i, err):
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// BenchPolicy is policy i of the CRR benchmark's. Every one selects both
+// the client and the server (app In (client, server)) and isolates both
+// directions; each allows its own peers: a /24 of its own in 100.64.0.0/10
+// on TCP and UDP port 1000+i, the peers namespace's pods of one role
+// (namespaceSelector and podSelector) on TCP 2000+i, and in egress a /24
+// of its own in 100.96.0.0/11 on TCP 443. Policy 0 also allows the client
+// to reach the server on netperf's ports: named (np-ctl, np-data) for the
+// server's ingress, a numeric range for the client's egress.
+func BenchPolicy(i int) *networkingv1.NetworkPolicy {
+	port := intstr.FromInt32(int32(1000 + i%30000))
+	np := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%04d", i), Namespace: benchNS, Labels: map[string]string{policyLabel: "policy"}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"client", "server"}}}},
+			PolicyTypes: bothWays,
+			Ingress: []networkingv1.NetworkPolicyIngressRule{
+				{
+					From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: fmt.Sprintf("100.%d.%d.0/24", 64+(i/256)%32, i%256)}}},
+					Ports: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, port, 0), npPort(corev1.ProtocolUDP, port, 0)},
+				},
+				{
+					From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: labels("team", "peers"),
+						PodSelector: labels("role", fmt.Sprintf("peer-%d", i%2))}},
+					Ports: []networkingv1.NetworkPolicyPort{tcp(2000 + i%30000)},
+				},
+			},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: fmt.Sprintf("100.%d.%d.0/24", 96+(i/256)%32, i%256)}}},
+				Ports: []networkingv1.NetworkPolicyPort{tcp(443)},
+			}},
+		},
+	}
+	if i == 0 {
+		s := &np.Spec
+		s.Ingress = append(s.Ingress, networkingv1.NetworkPolicyIngressRule{
+			From: []networkingv1.NetworkPolicyPeer{{PodSelector: labels("app", "client")}},
+			Ports: []networkingv1.NetworkPolicyPort{
+				npPort(corev1.ProtocolTCP, intstr.FromString("np-ctl"), 0), npPort(corev1.ProtocolTCP, intstr.FromString("np-data"), 0)},
+		})
+		s.Egress = append(s.Egress, networkingv1.NetworkPolicyEgressRule{
+			To:    []networkingv1.NetworkPolicyPeer{{PodSelector: labels("app", "server")}},
+			Ports: []networkingv1.NetworkPolicyPort{npPort(corev1.ProtocolTCP, intstr.FromInt32(ctlPort), dataPort)},
+		})
+	}
+	return np
+}
+
+// waiter waits until both agents enforce a number of policies.
+type waiter struct {
+	client, server       *lab.Node
+	clientKey, serverKey string
+}
+
+// wait returns when the server's agent isolates the server's ingress by
+// exactly n policies and the client's agent the client's egress (n = 0: not
+// isolated), both watchers have applied all they have seen without error,
+// and that holds for a second; it returns the two directions' rule counts
+// and when that began to hold.
+func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	var stable time.Time
+	last := "no answer yet"
+	for {
+		var rules [2]int
+		ok := true
+		for i, side := range []struct {
+			node *lab.Node
+			key  string
+		}{{w.server, w.serverKey}, {w.client, w.clientKey}} {
+			resp, err := listPolicy(ctx, side.node, side.key)
+			if err != nil {
+				ok, last = false, err.Error()
+				break
+			}
+			d := resp.Pods[0].Ingress
+			if i == 1 {
+				d = resp.Pods[0].Egress
+			}
+			switch {
+			case resp.LastError != "":
+				ok, last = false, fmt.Sprintf("%s: policy watcher: %s", side.node.Name, resp.LastError)
+			case resp.Applied < resp.Seen:
+				ok, last = false, fmt.Sprintf("%s: policy watcher applied %d of %d", side.node.Name, resp.Applied, resp.Seen)
+			case len(d.Policies) != n || d.Isolated != (n > 0):
+				ok, last = false, fmt.Sprintf("%s: %s isolated by %d policies, want %d", side.node.Name, side.key, len(d.Policies), n)
+			}
+			rules[i] = len(d.Rules)
+		}
+		switch {
+		case !ok:
+			stable = time.Time{}
+		case stable.IsZero():
+			stable = time.Now()
+		case time.Since(stable) >= time.Second:
+			return rules, stable, nil
+		}
+		select {
+		case <-ctx.Done():
+			return rules, stable, fmt.Errorf("agents did not enforce %d policies: %s", n, last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// serverCounters are the server's ingress counters.
+func (w waiter) serverCounters(ctx context.Context) (*apiv1.PolicyDirection, error) {
+	resp, err := listPolicy(ctx, w.server, w.serverKey)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Pods[0].Ingress, nil
+}
+
+func listPolicy(ctx context.Context, n *lab.Node, key string) (*apiv1.ListPolicyResponse, error) {
+	c, conn, err := n.AgentAPI()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: key})
+	if err != nil {
+		return nil, fmt.Errorf("%s: onctl policy %s: %w", n.Name, key, err)
+	}
+	if len(resp.Pods) != 1 || resp.Pods[0].Ingress == nil || resp.Pods[0].Egress == nil {
+		return nil, fmt.Errorf("%s: onctl policy %s: no such pod", n.Name, key)
+	}
+	return resp, nil
+}

@@ -1,0 +1,310 @@
+package policybench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/onc-net/onc/internal/netns"
+
+	"github.com/onc-net/onc/agent/policy"
+	dppolicy "github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/lab/bench"
+)
+
+// ProgramOptions are the programming measurements to make.
+type ProgramOptions struct {
+	Pods     []int // cluster sizes
+	Policies []int // policy counts; every pair is measured
+	Changes  int   // changes of one policy timed per pair
+	Log      io.Writer
+}
+
+// Stat is the median and range of some timings, in milliseconds.
+type Stat = bench.Stat
+
+// Timing is one programming pass split into its parts, in milliseconds:
+// Compile (agent/policy: the whole node's ruleset from the snapshot, as
+// every reconcile does), Apply (datapath/policy: set elements, the nft
+// transaction and nft's run of it) and Revoke (conntrack for the changed
+// pods; the throwaway namespace has no connections, so this is its floor).
+// ApplyNoop, not part of Total, is Apply of the same ruleset once more:
+// the enforcer's own work (every local pod's set elements and their
+// fingerprints, the diff) without an nft run, so Apply - ApplyNoop is
+// about what nft and the kernel take.
+type Timing struct {
+	Compile   float64 `json:"compileMs"`
+	Apply     float64 `json:"applyMs"`
+	Revoke    float64 `json:"revokeMs"`
+	Total     float64 `json:"totalMs"`
+	ApplyNoop float64 `json:"applyNoopMs"`
+}
+
+// ChangeTiming is the timings of the changes of one policy.
+type ChangeTiming struct {
+	Total       Stat `json:"totalMs"`
+	Compile     Stat `json:"compileMs"`
+	Apply       Stat `json:"applyMs"`
+	Revoke      Stat `json:"revokeMs"`
+	ApplyNoop   Stat `json:"applyNoopMs"`
+	PodsChanged int  `json:"podsChanged"` // local pods whose rules each change rewrote
+}
+
+// Memory is what one programmed node holds. Go heap figures are live
+// bytes after a GC (runtime.MemStats.HeapAlloc): the snapshot as the
+// informers would hold it (trimmed objects), the compiled ruleset, and
+// what the enforcer keeps (its record of the table, and knftables' command
+// buffer, which it reuses and which grows by doubling to the largest
+// transaction's text); CompileAlloc is what one Compile allocates in all
+// (garbage included). Kernel figures are counted in the nft table.
+type Memory struct {
+	SnapshotBytes     uint64 `json:"snapshotBytes"`
+	RulesetBytes      uint64 `json:"rulesetBytes"`
+	EnforcerBytes     uint64 `json:"enforcerBytes"`
+	CompileAllocBytes uint64 `json:"compileAllocBytes"`
+	Chains            int    `json:"nftChains"`
+	Rules             int    `json:"nftRules"`
+	Sets              int    `json:"nftSets"`
+	SetElements       int    `json:"nftSetElements"` // in the pods' peer sets and the interface sets
+	MapElements       int    `json:"nftMapElements"` // interface → chain jumps
+	Counters          int    `json:"nftCounters"`
+}
+
+// ProgramRow is one cluster size and policy count.
+type ProgramRow struct {
+	Pods      int `json:"pods"`
+	Policies  int `json:"policies"`
+	LocalPods int `json:"localPods"`
+	// Local pods isolated in each direction, and the compiled rules of all
+	// local pods (dppolicy.Rule, peers resolved).
+	IsolatedIngress int          `json:"isolatedIngress"`
+	IsolatedEgress  int          `json:"isolatedEgress"`
+	CompiledRules   int          `json:"compiledRules"`
+	Initial         Timing       `json:"initial"`
+	Change          ChangeTiming `json:"change"`
+	Memory          Memory       `json:"memory"`
+	Error           string       `json:"error,omitempty"`
+}
+
+// Program measures every pair of o.Pods × o.Policies, each in a fresh
+// network namespace removed afterwards. A pair that fails is reported in
+// its row; Program carries on with the next.
+func Program(ctx context.Context, o ProgramOptions) []ProgramRow {
+	prefix := netnsPrefix()
+	var rows []ProgramRow
+	for _, n := range o.Pods {
+		for _, p := range o.Policies {
+			if ctx.Err() != nil {
+				return rows
+			}
+			start := time.Now()
+			row, err := programPoint(ctx, fmt.Sprintf("%s-%dx%d", prefix, n, p), n, p, o.Changes)
+			if err != nil {
+				row.Error = err.Error()
+				fmt.Fprintf(o.Log, "program %5d pods × %4d policies: FAILED: %v\n", n, p, err)
+			} else {
+				fmt.Fprintf(o.Log, "program %5d pods × %4d policies: initial %.0f ms (compile %.0f, apply %.0f), change median %.1f ms (%.1f–%.1f), %d set elements; %.1fs\n",
+					n, p, row.Initial.Total, row.Initial.Compile, row.Initial.Apply, row.Change.Total.Median, row.Change.Total.Min, row.Change.Total.Max,
+					row.Memory.SetElements, time.Since(start).Seconds())
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// netnsPrefix names this run's namespaces: "oncpb-" and 6 hex digits.
+func netnsPrefix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return "oncpb-" + hex.EncodeToString(b)
+}
+
+// heap is the Go heap in use after a full GC.
+func heap() runtime.MemStats {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m
+}
+
+func sub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func programPoint(ctx context.Context, nsName string, pods, policies, changes int) (row ProgramRow, err error) {
+	row = ProgramRow{Pods: pods, Policies: policies}
+	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", nsName).CombinedOutput(); err != nil {
+		return row, fmt.Errorf("ip netns add %s: %w: %s", nsName, err, strings.TrimSpace(string(out)))
+	}
+	defer func() {
+		// Not ctx: the namespace goes even when the run is interrupted.
+		if out, derr := exec.Command("ip", "netns", "del", nsName).CombinedOutput(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("ip netns del %s: %w: %s", nsName, derr, strings.TrimSpace(string(out))))
+		}
+	}()
+	ns, err := netns.Open("/run/netns/" + nsName)
+	if err != nil {
+		return row, err
+	}
+	defer ns.Close()
+
+	m0 := heap()
+	c := NewCluster(pods, policies)
+	m1 := heap()
+	row.LocalPods = len(c.Local)
+	row.Memory.SnapshotBytes = sub(m1.HeapAlloc, m0.HeapAlloc)
+
+	var rs dppolicy.Ruleset
+	var e *dppolicy.Enforcer
+	hosts := []netip.Addr{netip.MustParseAddr("172.31.0.1"), netip.MustParseAddr("10.244.0.1")}
+	// One pass: Compile, then Apply and Revoke in the namespace (nft and
+	// conntrack act in the calling thread's).
+	pass := func(rebuild bool) (t Timing, changed []string, err error) {
+		t0 := time.Now()
+		rs = policy.Compile(c.Snapshot, c.Local)
+		t1 := time.Now()
+		err = netns.Do(ns, func() error {
+			if e == nil {
+				if e, err = dppolicy.NewEnforcer(); err != nil {
+					return err
+				}
+				t1 = time.Now() // not the enforcer's start-up
+			}
+			if changed, err = e.Apply(rs, rebuild); err != nil {
+				return err
+			}
+			t2 := time.Now()
+			if _, err = e.Revoke(rs, changed, hosts); err != nil {
+				return fmt.Errorf("revoke: %w", err)
+			}
+			t3 := time.Now()
+			again, err := e.Apply(rs, false)
+			if err != nil {
+				return fmt.Errorf("apply again: %w", err)
+			}
+			if len(again) > 0 {
+				return fmt.Errorf("applying the same ruleset again changed %d pods", len(again))
+			}
+			t = Timing{Compile: ms(t1.Sub(t0)), Apply: ms(t2.Sub(t1)), Revoke: ms(t3.Sub(t2)), Total: ms(t3.Sub(t0)), ApplyNoop: ms(time.Since(t3))}
+			return nil
+		})
+		return t, changed, err
+	}
+
+	// The allocations of one Compile, on their own.
+	before := heap()
+	rs = policy.Compile(c.Snapshot, c.Local)
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	row.Memory.CompileAllocBytes = after.TotalAlloc - before.TotalAlloc
+	rs = dppolicy.Ruleset{}
+
+	if row.Initial, _, err = pass(true); err != nil {
+		return row, fmt.Errorf("initial programming: %w", err)
+	}
+	m2 := heap()
+	for _, p := range rs.Pods {
+		if p.Ingress != nil {
+			row.IsolatedIngress++
+			row.CompiledRules += len(p.Ingress.Rules)
+		}
+		if p.Egress != nil {
+			row.IsolatedEgress++
+			row.CompiledRules += len(p.Egress.Rules)
+		}
+	}
+	// The ruleset alone: drop it and see what goes (each change compiles
+	// it again).
+	rs = dppolicy.Ruleset{}
+	m3 := heap()
+	row.Memory.RulesetBytes = sub(m2.HeapAlloc, m3.HeapAlloc)
+	row.Memory.EnforcerBytes = sub(m3.HeapAlloc, m1.HeapAlloc) // the enforcer's record and knftables' buffer
+
+	if err := countTable(ctx, nsName, &row.Memory); err != nil {
+		return row, err
+	}
+
+	// Changes: np-0 alternates between its changed and its original form.
+	if policies > 0 {
+		orig, changedNP := c.Snapshot.Policies[0], Changed(c)
+		var total, compile, apply, revoke, noop []float64
+		for k := 1; k <= changes && ctx.Err() == nil; k++ {
+			c.Snapshot.Policies[0] = changedNP
+			if k%2 == 0 {
+				c.Snapshot.Policies[0] = orig
+			}
+			t, changed, err := pass(false)
+			if err != nil {
+				return row, fmt.Errorf("change %d: %w", k, err)
+			}
+			if len(changed) == 0 {
+				return row, fmt.Errorf("change %d rewrote no pod's rules", k)
+			}
+			row.Change.PodsChanged = len(changed)
+			total, compile, apply, revoke = append(total, t.Total), append(compile, t.Compile), append(apply, t.Apply), append(revoke, t.Revoke)
+			noop = append(noop, t.ApplyNoop)
+		}
+		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
+		row.Change.ApplyNoop = bench.StatOf(noop)
+	}
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(rs)
+	return row, nil
+}
+
+// countTable counts the nft table's chains, rules, sets, elements and
+// counters in netns.
+func countTable(ctx context.Context, netns string, m *Memory) error {
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, "nft", "-j", "list", "table", "ip", dppolicy.Table).Output()
+	if err != nil {
+		return fmt.Errorf("nft list table: %w", err)
+	}
+	var list struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil {
+		return fmt.Errorf("nft -j list table: %w", err)
+	}
+	var withElems struct {
+		Elem []json.RawMessage `json:"elem"`
+	}
+	for _, obj := range list.Nftables {
+		for kind, raw := range obj {
+			switch kind {
+			case "chain":
+				m.Chains++
+			case "rule":
+				m.Rules++
+			case "counter":
+				m.Counters++
+			case "set", "map":
+				withElems.Elem = nil
+				if err := json.Unmarshal(raw, &withElems); err != nil {
+					return fmt.Errorf("nft -j: %s: %w", kind, err)
+				}
+				if kind == "set" {
+					m.Sets++
+					m.SetElements += len(withElems.Elem)
+				} else {
+					m.MapElements += len(withElems.Elem)
+				}
+			}
+		}
+	}
+	return nil
+}

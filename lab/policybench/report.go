@@ -1,0 +1,194 @@
+package policybench
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// MachineNote is said in every report.
+const MachineNote = "Absolute numbers are from a shared 2-core VM and are noise: " +
+	"another VM's load moves them by 2× from run to run. The TCP_CRR ratio is what holds, measured side by side " +
+	"in interleaved runs; its spread (min–max of the per-repetition ratios) says how far it holds. " +
+	"The programming times are single-threaded wall times on the same VM: read them against the aim with that margin."
+
+// Report is what bench-results/policy.json holds.
+type Report struct {
+	Date    string       `json:"date"` // of the programming rows (and of the file)
+	Kernel  string       `json:"kernel"`
+	CPUs    int          `json:"cpus"`
+	Note    string       `json:"note"`
+	Changes int          `json:"changes"` // per programming row
+	Program []ProgramRow `json:"program"`
+	CRR     *CRRResult   `json:"crr,omitempty"`
+}
+
+// LoadReport reads an earlier report; a missing file is an empty one.
+func LoadReport(path string) (Report, error) {
+	var r Report
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+// Merge replaces the rows of the same size and policy count by rows, and
+// keeps the others, sorted.
+func (r *Report) Merge(rows []ProgramRow) {
+	for _, row := range rows {
+		r.Program = slices.DeleteFunc(r.Program, func(x ProgramRow) bool { return x.Pods == row.Pods && x.Policies == row.Policies })
+		r.Program = append(r.Program, row)
+	}
+	slices.SortFunc(r.Program, func(a, b ProgramRow) int {
+		return cmp.Or(cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Policies, b.Policies))
+	})
+}
+
+// WriteFiles writes r as dir/policy.json and dir/policy.md.
+func (r Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policy.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "policy.md"))
+	if err != nil {
+		return err
+	}
+	r.Markdown(f)
+	return f.Close()
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
+
+func rangeMs(s Stat) string {
+	if s.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f (%.1f – %.1f)", s.Median, s.Min, s.Max)
+}
+
+// Markdown writes the report's tables.
+func (r Report) Markdown(w io.Writer) {
+	fmt.Fprintf(w, "# NetworkPolicy benchmark\n\nRun %s, kernel %s, %d CPUs.\n\n**Machine.** %s\n\n", r.Date, r.Kernel, r.CPUs, r.Note)
+	if len(r.Program) > 0 {
+		fmt.Fprintf(w, "## Rule programming\n\n")
+		fmt.Fprintf(w, "A synthetic cluster (lab/policybench: 10 namespaces, 20 apps, 3 tiers, named container ports; policies of 8 shapes: "+
+			"podSelector, namespaceSelector, both, ipBlock with except, numeric, named and endPort ports, ingress and egress). "+
+			"The node under test holds min(pods, %d) local pods, a full node at kubelet's default max-pods. "+
+			"Each row runs in a fresh network namespace: the initial programming is agent/policy.Compile of the whole node, "+
+			"then policy.Enforcer.Apply rebuilding the nft table (one transaction) and Revoke; a change is one policy (np-0) "+
+			"alternating between two versions (other peers, one more port), %d times, each a full Compile and an incremental Apply. "+
+			"Times in ms; change: median (min – max). Revoke acts on an empty conntrack table here, so it is its floor. "+
+			"Apply is netpol's own work (every local pod's set elements and fingerprints, the diff) plus nft's run of the transaction; "+
+			"\"no-op apply\" is Apply of the same ruleset again, netpol's work alone with no nft run, so apply − no-op apply is about what nft and the kernel take.\n\n", MaxLocalPods, r.Changes)
+		fmt.Fprintln(w, "| pods | policies | local | isolated in / eg | compiled rules | initial total | initial compile | initial apply | change total | change compile | change apply | change no-op apply | change revoke | pods changed |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+		for _, x := range r.Program {
+			if x.Error != "" {
+				fmt.Fprintf(w, "| %d | %d | %d | failed: %s ||||||||||||\n", x.Pods, x.Policies, x.LocalPods, x.Error)
+				continue
+			}
+			fmt.Fprintf(w, "| %d | %d | %d | %d / %d | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n",
+				x.Pods, x.Policies, x.LocalPods, x.IsolatedIngress, x.IsolatedEgress, x.CompiledRules,
+				x.Initial.Total, x.Initial.Compile, x.Initial.Apply,
+				rangeMs(x.Change.Total), rangeMs(x.Change.Compile), rangeMs(x.Change.Apply), rangeMs(x.Change.ApplyNoop),
+				rangeMs(x.Change.Revoke), x.Change.PodsChanged)
+		}
+		fmt.Fprintf(w, "\n### Memory\n\n"+
+			"Go heap: live bytes after a GC (HeapAlloc deltas) of the snapshot (the objects as the agent's informers hold them, trimmed), "+
+			"the compiled ruleset of the local pods, and what the enforcer keeps (its record of the table and knftables' reused command buffer, "+
+			"which grows by doubling to the largest transaction's text: hence the powers of two); \"compile allocs\" is all one Compile allocates, garbage included. "+
+			"Kernel: objects counted in `nft -j list table ip onc-policy` (set elements: the pods' peer sets and the interface sets; "+
+			"map elements: interface → pod chain). The kernel's own bytes for them are not measured.\n\n")
+		fmt.Fprintln(w, "| pods | policies | snapshot MiB | ruleset MiB | enforcer MiB | compile allocs MiB | nft chains | nft rules | nft sets | nft set elements | nft map elements | nft counters |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+		for _, x := range r.Program {
+			if x.Error != "" {
+				continue
+			}
+			m := x.Memory
+			fmt.Fprintf(w, "| %d | %d | %s | %s | %s | %s | %d | %d | %d | %d | %d | %d |\n", x.Pods, x.Policies,
+				mib(m.SnapshotBytes), mib(m.RulesetBytes), mib(m.EnforcerBytes), mib(m.CompileAllocBytes),
+				m.Chains, m.Rules, m.Sets, m.SetElements, m.MapElements, m.Counters)
+		}
+		for _, x := range r.Program {
+			if x.Pods == 1000 && x.Policies == 1000 && x.Error == "" {
+				verdict := "met"
+				if x.Change.Total.Median >= 1000 {
+					verdict = "not met"
+				}
+				fmt.Fprintf(w, "\n**Aim: a change in under 1 s at 1,000 pods × 1,000 policies: %s** (median %.1f ms, max %.1f ms).\n",
+					verdict, x.Change.Total.Median, x.Change.Total.Max)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if c := r.CRR; c != nil {
+		fmt.Fprintf(w, "## TCP_CRR through the slow path: no policy vs %d policies\n\n", c.Policies)
+		if c.Date != "" {
+			fmt.Fprintf(w, "Run %s.\n\n", c.Date)
+		}
+		fmt.Fprintf(w, "A 2-node lab in Kubernetes mode (real kube-apiserver), fast path off (`--fast-path=false`), client and server pods on different nodes; "+
+			"netperf TCP_CRR from client to server, %d repetitions of %s, netperf -T %q, the two configurations adjacent in each repetition (ABBA…). "+
+			"\"policy\": %d NetworkPolicies in the pods' namespace, each selecting both the client and the server in both directions "+
+			"with peers of their own (ipBlocks, namespace and pod selectors, ports), one also allowing client → server on netperf's control and data ports "+
+			"(named ports on the ingress side), so every connection passes the client's egress and the server's ingress chain "+
+			"(server ingress: %d compiled rules, client egress: %d). "+
+			"\"no policy\": the same agents with policy on and no NetworkPolicy (the nft table is there, no pod is isolated). "+
+			"The policies are created and deleted through the API between runs.\n\n",
+			c.Reps, c.Duration, c.CPUs, c.Policies, c.ServerRules, c.ClientRules)
+		if c.Error != "" {
+			fmt.Fprintf(w, "**Failed:** %s\n\n", c.Error)
+		}
+		if c.Ratio.N > 0 {
+			fmt.Fprintln(w, "| config | median Trans/s | min – max |")
+			fmt.Fprintln(w, "| --- | ---: | ---: |")
+			fmt.Fprintf(w, "| no policy | %.1f | %.1f – %.1f |\n", c.NoPolicy.Median, c.NoPolicy.Min, c.NoPolicy.Max)
+			fmt.Fprintf(w, "| %d policies | %.1f | %.1f – %.1f |\n\n", c.Policies, c.WithPolicy.Median, c.WithPolicy.Min, c.WithPolicy.Max)
+			fmt.Fprintln(w, "| ratio policy ÷ no policy | median of per-rep ratios | min – max | ratio of medians | cost |")
+			fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
+			fmt.Fprintf(w, "| TCP_CRR | %.3f | %.3f – %.3f | %.3f | %.1f %% |\n\n", c.Ratio.Median, c.Ratio.Min, c.Ratio.Max, c.RatioOfMeds, c.CostPercent)
+			verdict := "met"
+			if c.CostPercent > 5 {
+				verdict = "not met"
+			}
+			fmt.Fprintf(w, "**Aim: CRR cost within 5 %% of no policy: %s** (median cost %.1f %%; per-repetition ratios %.3f – %.3f).\n\n",
+				verdict, c.CostPercent, c.Ratio.Min, c.Ratio.Max)
+			fmt.Fprintln(w, "| rep | config | Trans/s | CPU µs/Tr | connections judged by the server's rules |")
+			fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: |")
+			for _, s := range c.Samples {
+				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed)
+			}
+			if len(c.ProgramSeconds) > 0 {
+				fmt.Fprintf(w, "\nCreating the %d policies through the API until both agents enforced them took %s s (each time).\n", c.Policies, secs(c.ProgramSeconds))
+			}
+		}
+	}
+}
+
+func secs(v []float64) string {
+	s := ""
+	for i, x := range v {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%.1f", x)
+	}
+	return s
+}
