@@ -2,7 +2,8 @@
 // for its pod CIDR, brings the node's datapath up and keeps every peer
 // programmed, and serves the CNI API (cni.sock) and the operator API
 // (agent.sock, for onctl). Everything it does in the kernel goes through
-// one seam, Datapath.
+// Datapath, one part per feature; each feature's watcher lives in its own
+// package (agent/policy, agent/services, agent/underlay, agent/bypass).
 package agent
 
 import (
@@ -19,7 +20,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onc-net/onc/agent/bypass"
 	"github.com/onc-net/onc/agent/ipam"
+	"github.com/onc-net/onc/agent/policy"
+	"github.com/onc-net/onc/agent/services"
+	"github.com/onc-net/onc/agent/underlay"
+	"github.com/onc-net/onc/agent/watch"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datastore"
@@ -45,11 +51,11 @@ type Config struct {
 
 	// Policy, with the Kubernetes datastore, is what NetworkPolicy
 	// enforcement reads; nil elsewhere, and then nothing is policed.
-	Policy PolicyInputs
+	Policy policy.Sources
 
 	// Services, with the Kubernetes datastore, is what the socket load
 	// balancer balances; nil elsewhere.
-	Services ServiceInputs
+	Services services.Sources
 
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
@@ -77,10 +83,10 @@ type Agent struct {
 	up       datapath.Uplink
 	vtepMAC  net.HardwareAddr
 	podMTU   int
-	peers    *watcher        // the node and its peers, from the datastore
-	policy   *policyWatcher  // nil without Config.Policy
-	svcs     *serviceWatcher // nil without Config.Services
-	underlay *underlayWatcher
+	peers    *watch.Watcher    // the node and its peers, from the datastore
+	policy   *policy.Watcher   // nil without Config.Policy
+	svcs     *services.Watcher // nil without Config.Services
+	underlay *underlay.Watcher
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
@@ -102,7 +108,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	if cfg.Resync <= 0 {
 		return nil, fmt.Errorf("resync period %v: must be positive", cfg.Resync)
 	}
-	up := dp.Uplink()
+	up := dp.Node.Uplink()
 	podMTU := up.MTU - datapath.OverlayOverhead
 	if cfg.MTU != 0 {
 		if cfg.MTU < 576 || cfg.MTU > podMTU {
@@ -117,16 +123,16 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
 		notReady: "registering the node",
 		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
-	a.peers = newWatcher("peers", cfg.Resync, a.reconcile)
+	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
-	a.underlay = newUnderlayWatcher(a)
+	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
 	if cfg.Policy != nil {
-		a.policy = newPolicyWatcher(a, cfg.Policy)
+		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
 	} else {
-		slog.Warn("network policy " + policyNeedsKubernetes)
+		slog.Warn("network policy " + policy.NeedsKubernetes)
 	}
 	if cfg.Services != nil {
-		a.svcs = newServiceWatcher(a, cfg.Services)
+		a.svcs = services.NewWatcher(dp.Services, cfg.Services, cfg.NodeName, a.attachments, cfg.Resync)
 	}
 	return a, nil
 }
@@ -184,22 +190,29 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 	defer func() { <-alive }() // let a clean stop revoke the lease, so peers see it at once
 	a.setNotReady("waiting for the controller to allocate this node's pod CIDR")
 
-	defer a.dp.Close() // the pinned maps and links keep forwarding
+	// The watchers run until ctx ends; every one has stopped before the
+	// datapath closes, since they may be evicting flows or headers. The
+	// pinned maps and links keep forwarding after Close.
+	var running sync.WaitGroup
+	for _, run := range a.runners() {
+		running.Go(func() { run(ctx) })
+	}
+	a.peers.Run(ctx, a.store.Changes(ctx))
+	running.Wait()
+	return a.dp.Node.Close()
+}
+
+// runners are the watchers that run beside the peer watcher, in the order
+// they start.
+func (a *Agent) runners() []func(context.Context) {
+	rs := []func(context.Context){a.underlay.Run}
 	if a.policy != nil {
-		done := make(chan struct{})
-		go func() { a.policy.run(ctx); close(done) }()
-		defer func() { <-done }() // before Close: it may be evicting flows
+		rs = append(rs, a.policy.Run)
 	}
 	if a.svcs != nil {
-		done := make(chan struct{})
-		go func() { a.svcs.run(ctx); close(done) }()
-		defer func() { <-done }()
+		rs = append(rs, a.svcs.Run)
 	}
-	underlayDone := make(chan struct{})
-	go func() { a.underlay.run(ctx); close(underlayDone) }()
-	defer func() { <-underlayDone }() // before Close: it may be evicting headers
-	a.peers.run(ctx, a.store.Changes(ctx))
-	return nil
+	return rs
 }
 
 // reconcile is the peer watcher's: it brings the node up once its CIDR
@@ -245,15 +258,13 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	if !self.PodCIDR.IsValid() {
 		return nil
 	}
-	if err := a.dp.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
+	if err := a.dp.Node.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
 		return err
 	}
 	if resync {
 		// Housekeeping that only needs doing now and then, well within
 		// conntrack's established timeout.
-		if err := a.dp.KeepBypassedConntrack(); err != nil {
-			slog.Warn("intra-node bypass: refreshing conntrack entries failed; retried on the next resync", "err", err)
-		}
+		bypass.KeepConntrack(a.dp.Bypass)
 	}
 	a.setNotReady("")
 	return nil
@@ -273,7 +284,7 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("read cluster config: %w", err)
 	}
-	if err := a.dp.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: cc.ClusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
+	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: cc.ClusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
 	gw := datapath.Gateway(cidr)
@@ -286,33 +297,42 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	a.mu.Unlock()
 	for _, d := range dropped {
 		slog.Warn("dropping a pod attachment outside this node's CIDR", "pod", d.Key, "ip", d.IP)
-		_ = a.dp.DetachPod(datapath.Pod{HostIface: d.HostIface})
+		_ = a.dp.Pods.DetachPod(datapath.Pod{HostIface: d.HostIface})
 	}
 	for _, att := range pool.List() {
-		if err := a.dp.AdoptPod(a.podOf(att)); err != nil {
+		if err := a.dp.Pods.AdoptPod(a.podOf(att)); err != nil {
 			slog.Warn("pod not on the fast path", "pod", att.Key, "err", err)
 		}
 	}
 	slog.Info("node up", "podCIDR", cidr, "gateway", gw, "podMTU", a.podMTU)
 	if a.policy != nil {
-		a.policy.signal() // the adopted pods' rules
+		a.policy.Signal() // the adopted pods' rules
 	}
 	if a.svcs != nil {
-		a.svcs.signal() // the socket LB is loaded now
+		a.svcs.Signal() // the socket LB is loaded now
 	}
 	return nil
 }
 
 // watchers lists the agent's watchers, for status.
-func (a *Agent) watchers() []*watcher {
-	ws := []*watcher{a.peers, a.underlay.w}
+func (a *Agent) watchers() []*watch.Watcher {
+	ws := []*watch.Watcher{a.peers, a.underlay.Watcher()}
 	if a.policy != nil {
-		ws = append(ws, a.policy.w)
+		ws = append(ws, a.policy.Watcher())
 	}
 	if a.svcs != nil {
-		ws = append(ws, a.svcs.w)
+		ws = append(ws, a.svcs.Watcher())
 	}
 	return ws
+}
+
+// attachments are this node's pod attachments, nil before it is up.
+func (a *Agent) attachments() []ipam.Attachment {
+	pool, _ := a.readyPool()
+	if pool == nil {
+		return nil
+	}
+	return append([]ipam.Attachment{}, pool.List()...) // not nil once up, even without pods
 }
 
 // podOf is an attachment as the datapath programs it.

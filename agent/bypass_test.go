@@ -6,6 +6,7 @@ package agent
 import (
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,12 +19,73 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// withBypass gives the agent's fake datapath a loaded bypass set to cfg.
+// fakeBypass is the intra-node bypass: not loaded until withBypass, then
+// its setting, and the connections and counters the test gives it.
+type fakeBypass struct {
+	mu     sync.Mutex
+	loaded bool
+	cfg    bypass.Config
+	conns  []bypass.Conn
+	stats  []bpf.Counter
+	keptCT int // KeepConntrack calls
+}
+
+func (b *fakeBypass) Controls() bypass.Controls {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.loaded {
+		return nil // not a typed nil: the agent tests for nil
+	}
+	return b
+}
+
+func (b *fakeBypass) Status() string {
+	if b.Controls() != nil {
+		return ""
+	}
+	return "failed to load, every connection takes the TCP/IP stack: no sockmap here"
+}
+
+func (b *fakeBypass) KeepConntrack() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.keptCT++
+	return nil
+}
+
+func (b *fakeBypass) Config() bypass.Config {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cfg
+}
+
+func (b *fakeBypass) SetConfig(c bypass.Config) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cfg = c
+	return nil
+}
+
+func (b *fakeBypass) Cgroup() string { return "/sys/fs/cgroup" }
+
+func (b *fakeBypass) Conns() ([]bypass.Conn, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.conns, nil
+}
+
+func (b *fakeBypass) Stats() ([]bpf.Counter, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats, nil
+}
+
+// withBypass loads the agent's fake bypass, set to cfg.
 func (ta *testAgent) withBypass(cfg bypass.Config) *fakeBypass {
-	bp := &fakeBypass{cfg: cfg}
-	ta.dp.mu.Lock()
-	defer ta.dp.mu.Unlock()
-	ta.dp.bp = bp
+	bp := ta.bypassDP
+	bp.mu.Lock()
+	defer bp.mu.Unlock()
+	bp.loaded, bp.cfg = true, cfg
 	return bp
 }
 
@@ -123,7 +185,7 @@ func TestSetBypassRejectsBadSettings(t *testing.T) {
 // saying so too.
 func TestBypassUnavailable(t *testing.T) {
 	ta := newTestAgent(t)
-	why := ta.dp.BypassStatus()
+	why := ta.bypassDP.Status()
 	resp, err := ta.ctl.ListBypass(ctx(t), &apiv1.ListBypassRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/onc-net/onc/agent/ipam"
+	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -260,13 +261,13 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		return fail(ErrInternal, "cannot record the pod's address", err.Error())
 	}
 	pod := s.a.podOf(att)
-	link, err := s.a.dp.AttachPod(pod)
+	link, err := s.a.dp.Pods.AttachPod(pod)
 	if err == nil {
 		att.MAC = link.PodMAC.String()
 		err = pool.Update(att)
 	}
 	if err == nil && s.a.policy != nil && kname != "" {
-		err = s.a.policy.await(ctx, kns, kname)
+		err = s.a.policy.AwaitPod(ctx, kns, kname)
 	}
 	var res []byte
 	if err == nil {
@@ -276,21 +277,21 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 	}
 	if err != nil {
 		// Roll back: nothing of this ADD may stay behind.
-		if derr := s.a.dp.DetachPod(pod); derr != nil {
+		if derr := s.a.dp.Pods.DetachPod(pod); derr != nil {
 			slog.Error("rollback could not remove the pod's interface", "pod", key, "err", derr)
 		}
 		if _, _, rerr := pool.Release(key); rerr != nil {
 			slog.Error("rollback could not free the pod's address", "pod", key, "ip", att.IP, "err", rerr)
 		}
 		if s.a.policy != nil {
-			s.a.policy.signal() // the rules it may have got go
+			s.a.policy.Signal() // the rules it may have got go
 		}
 		switch {
 		case errors.Is(err, datapath.ErrNoNetns):
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
 		case errors.Is(err, datapath.ErrIfaceExists):
 			return fail(ErrAttachmentExists, "the interface already exists in the container", err.Error())
-		case errors.Is(err, errPolicyPending):
+		case errors.Is(err, policy.ErrPending):
 			return fail(errTryAgainLater, "the pod's network policy is not enforced yet", err.Error())
 		}
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
@@ -347,7 +348,7 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 	if att, ok := pool.Get(key); ok {
 		pod = s.a.podOf(att)
 	}
-	if err := s.a.dp.DetachPod(pod); err != nil {
+	if err := s.a.dp.Pods.DetachPod(pod); err != nil {
 		return err
 	}
 	att, had, err := pool.Release(key)
@@ -357,7 +358,7 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 	if had {
 		slog.Info("pod deleted", "pod", key, "ip", att.IP)
 		if s.a.policy != nil {
-			s.a.policy.signal() // its rules go
+			s.a.policy.Signal() // its rules go
 		}
 	}
 	return nil
@@ -389,7 +390,7 @@ func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CN
 	}
 	pod := s.a.podOf(att)
 	pod.Netns, pod.IfName = req.Netns, req.Ifname // CHECK asks about the runtime's view
-	if err := s.a.dp.CheckPod(pod); err != nil {
+	if err := s.a.dp.Pods.CheckPod(pod); err != nil {
 		if errors.Is(err, datapath.ErrNoNetns) {
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
 		}

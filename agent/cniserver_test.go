@@ -383,7 +383,7 @@ func TestBringUpAdoptsPods(t *testing.T) {
 	ta.bringUp(t, "10.244.7.0/24")
 	ta.mustAdd(t, "c1", "/ns/1")
 	cfg := ta.cfg
-	again, err := New(cfg, ta.store, ta.dp)
+	again, err := New(cfg, ta.store, ta.parts())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +415,7 @@ func TestBringUpDropsPodsOutsideANewCIDR(t *testing.T) {
 	if _, err := ta.store.ClaimCIDR(ctx(t), self, netip.MustParsePrefix("10.244.9.0/24")); err != nil {
 		t.Fatal(err)
 	}
-	again, err := New(ta.cfg, ta.store, ta.dp)
+	again, err := New(ta.cfg, ta.store, ta.parts())
 	if err != nil {
 		t.Fatal(err)
 	}

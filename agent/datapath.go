@@ -1,18 +1,35 @@
 package agent
 
 import (
-	"context"
-	"net/netip"
-
+	"github.com/onc-net/onc/agent/bypass"
+	"github.com/onc-net/onc/agent/policy"
+	"github.com/onc-net/onc/agent/services"
+	"github.com/onc-net/onc/agent/underlay"
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/policy"
-	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 )
 
-// Datapath is the agent's one seam to the kernel: everything the agent's
-// logic asks of it. *datapath.Node implements it; the unit tests use a fake.
-type Datapath interface {
+// Datapath is the kernel side as the agent drives it: the node and its
+// overlay, and one part per feature, each typed by the interface of the
+// watcher that uses it (so each is faked next to that watcher's tests).
+// KernelDatapath builds it from a *datapath.Node.
+type Datapath struct {
+	Node     Node
+	Pods     Pods
+	Policy   policy.Datapath
+	Services services.Datapath
+	Bypass   bypass.Datapath
+	Underlay underlay.Datapath
+}
+
+// KernelDatapath is n's parts.
+func KernelDatapath(n *datapath.Node) Datapath {
+	return Datapath{Node: n, Pods: n, Policy: n.Policy(), Services: n.Services(), Bypass: n.Bypass(), Underlay: n}
+}
+
+// Node is the node's datapath as a whole and its overlay: what the peer
+// watcher, onctl status and the metrics need.
+type Node interface {
 	// Uplink is the interface overlay traffic leaves by.
 	Uplink() datapath.Uplink
 	// BringUp builds the node's datapath; idempotent, retried on error.
@@ -23,7 +40,18 @@ type Datapath interface {
 	SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error
 	// ProgrammedPeers names the peers whose entries are in place.
 	ProgrammedPeers() map[string]bool
+	// KernelWrites counts the writes (netlink messages, BPF map updates
+	// and deletes) made to program peers since start: at steady state it
+	// stands still.
+	KernelWrites() uint64
+	// FastPath is the flow cache's controls, nil when it is not loaded.
+	FastPath() datapath.FastPath
+	// Close lets go of the datapath; what is in the kernel stays.
+	Close() error
+}
 
+// Pods is what the CNI server needs of the kernel.
+type Pods interface {
 	// AttachPod makes the pod's interface; on error the caller rolls
 	// back with DetachPod.
 	AttachPod(datapath.Pod) (datapath.PodLink, error)
@@ -33,45 +61,4 @@ type Datapath interface {
 	CheckPod(datapath.Pod) error
 	// DetachPod removes whatever exists of the pod's interface; idempotent.
 	DetachPod(datapath.Pod) error
-
-	// KernelWrites counts the writes (netlink messages, BPF map updates
-	// and deletes) made to program peers since start: at steady state it
-	// stands still.
-	KernelWrites() uint64
-
-	// EnforcePolicy makes the kernel enforce rs, ending the connections and
-	// cached verdicts it no longer allows before it returns; checkKernel
-	// rewrites every rule, repairing drift.
-	EnforcePolicy(rs policy.Ruleset, checkKernel bool) (datapath.PolicyChange, error)
-	// PolicyCounters are each local pod's allowed and denied connections.
-	PolicyCounters() (map[string]policy.Counters, error)
-
-	// SyncServices makes the socket programs balance exactly svcs; with
-	// checkKernel it also reads the maps back, repairing drift, and
-	// forgets the namespaces of pods not among pods.
-	SyncServices(svcs []services.Service, pods []netip.Addr, checkKernel bool) error
-	// SocketLB is the socket load balancer, nil when it is off or not
-	// loaded; SocketLBStatus then says why.
-	SocketLB() datapath.SocketLB
-	SocketLBStatus() string
-
-	// Bypass is the intra-node bypass, nil when it is not loaded;
-	// BypassStatus then says why.
-	Bypass() datapath.Bypass
-	BypassStatus() string
-	// KeepBypassedConntrack keeps bypassed connections' conntrack entries
-	// from expiring; called on every resync.
-	KeepBypassedConntrack() error
-
-	// FastPath is the flow cache's controls, nil when it is not loaded.
-	FastPath() datapath.FastPath
-	// WatchUnderlay calls changed after each route, uplink or neighbour
-	// change that can make a learned outer header stale, until ctx ends or
-	// its subscription fails.
-	WatchUnderlay(ctx context.Context, changed func()) error
-	// EvictStaleHeaders removes the learned outer headers that no longer
-	// match the underlay or the peers; it returns how many.
-	EvictStaleHeaders() (int, error)
-	// Close lets go of the datapath; what is in the kernel stays.
-	Close() error
 }

@@ -14,9 +14,6 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datapath/bypass"
-	"github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/etcdstore"
@@ -40,10 +37,7 @@ type fakeDatapath struct {
 	broken  map[string]string               // CheckPod mismatch, by host interface
 	syncs   int                             // SyncPeers calls
 	checks  int                             // of which with checkKernel
-	keptCT  int                             // KeepBypassedConntrack calls
 	hook    map[string]func(p datapath.Pod) // runs inside the named call
-	policy  policy.Ruleset                  // as last enforced
-	bp      *fakeBypass                     // nil: the bypass did not load
 }
 
 func newFakeDatapath() *fakeDatapath {
@@ -166,94 +160,28 @@ func (f *fakeDatapath) FastPath() datapath.FastPath {
 	return f.fp
 }
 
-func (f *fakeDatapath) EnforcePolicy(rs policy.Ruleset, checkKernel bool) (datapath.PolicyChange, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.fail["EnforcePolicy"]; err != nil {
-		return datapath.PolicyChange{}, err
-	}
-	f.policy = rs
-	return datapath.PolicyChange{}, nil
-}
+func (f *fakeDatapath) Close() error { return nil }
 
-func (f *fakeDatapath) PolicyCounters() (map[string]policy.Counters, error) {
-	return map[string]policy.Counters{}, nil
-}
+// noServices is a node without a socket load balancer: the lab's tests
+// cover Services.
+type noServices struct{}
 
-// The fake has no socket load balancer: the lab's tests cover Services.
-func (f *fakeDatapath) SyncServices([]services.Service, []netip.Addr, bool) error {
+func (noServices) Tables() services.Tables { return nil }
+func (noServices) Status() string          { return "off" }
+func (noServices) Mode() services.Mode     { return services.Off }
+func (noServices) Sync([]services.Service, []netip.Addr, bool) error {
 	return errors.New("no socket LB")
 }
-func (f *fakeDatapath) SocketLB() datapath.SocketLB { return nil }
-func (f *fakeDatapath) SocketLBStatus() string      { return "off" }
 
-func (f *fakeDatapath) Bypass() datapath.Bypass {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.bp == nil {
-		return nil // not a typed nil: the agent tests for nil
-	}
-	return f.bp
-}
+// quietUnderlay is an underlay that never changes.
+type quietUnderlay struct{}
 
-func (f *fakeDatapath) KeepBypassedConntrack() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.keptCT++
-	return nil
-}
-
-func (f *fakeDatapath) BypassStatus() string {
-	if f.Bypass() != nil {
-		return ""
-	}
-	return "failed to load, every connection takes the TCP/IP stack: no sockmap here"
-}
-
-func (f *fakeDatapath) WatchUnderlay(ctx context.Context, _ func()) error {
+func (quietUnderlay) WatchUnderlay(ctx context.Context, _ func()) error {
 	<-ctx.Done()
 	return nil
 }
 
-func (f *fakeDatapath) EvictStaleHeaders() (int, error) { return 0, nil }
-
-func (f *fakeDatapath) Close() error { return nil }
-
-// fakeBypass is the intra-node bypass: its setting, and the connections
-// and counters the test gives it.
-type fakeBypass struct {
-	mu    sync.Mutex
-	cfg   bypass.Config
-	conns []bypass.Conn
-	stats []bpf.Counter
-}
-
-func (b *fakeBypass) Config() bypass.Config {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.cfg
-}
-
-func (b *fakeBypass) SetConfig(c bypass.Config) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cfg = c
-	return nil
-}
-
-func (b *fakeBypass) Cgroup() string { return "/sys/fs/cgroup" }
-
-func (b *fakeBypass) Conns() ([]bypass.Conn, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.conns, nil
-}
-
-func (b *fakeBypass) Stats() ([]bpf.Counter, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stats, nil
-}
+func (quietUnderlay) EvictStaleHeaders() (int, error) { return 0, nil }
 
 func (f *fakeDatapath) podCount() int {
 	f.mu.Lock()
@@ -308,10 +236,12 @@ func testStore(t *testing.T) datastore.Store {
 // testAgent is an agent on a fake datapath and a real datastore.
 type testAgent struct {
 	*Agent
-	dp    *fakeDatapath
-	store datastore.Store
-	cni   *cniServer
-	ctl   *onctlServer
+	dp       *fakeDatapath
+	policyDP *fakePolicy
+	bypassDP *fakeBypass
+	store    datastore.Store
+	cni      *cniServer
+	ctl      *onctlServer
 }
 
 const self = "node-a"
@@ -333,12 +263,17 @@ func newAgentOn(tb testing.TB, store datastore.Store, edit ...func(*Config)) *te
 	for _, e := range edit {
 		e(&cfg)
 	}
-	dp := newFakeDatapath()
-	a, err := New(cfg, store, dp)
+	dp, pol, bp := newFakeDatapath(), &fakePolicy{}, &fakeBypass{}
+	a, err := New(cfg, store, fakeParts(dp, pol, bp))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &testAgent{Agent: a, dp: dp, store: store, cni: &cniServer{a: a}, ctl: &onctlServer{a: a}}
+	return &testAgent{Agent: a, dp: dp, policyDP: pol, bypassDP: bp, store: store, cni: &cniServer{a: a}, ctl: &onctlServer{a: a}}
+}
+
+// fakeParts is the agent's datapath made of fakes.
+func fakeParts(dp *fakeDatapath, pol *fakePolicy, bp *fakeBypass) Datapath {
+	return Datapath{Node: dp, Pods: dp, Policy: pol, Services: noServices{}, Bypass: bp, Underlay: quietUnderlay{}}
 }
 
 // ctx is a test's context with a deadline.
@@ -392,3 +327,7 @@ func (ta *testAgent) netns(path string) string {
 
 // stateFile is the pod IPAM's file.
 func (ta *testAgent) stateFile() string { return filepath.Join(ta.cfg.StateDir, "ipam.json") }
+
+// parts is the test agent's datapath, for another agent on the same
+// "kernel" (a restart).
+func (ta *testAgent) parts() Datapath { return fakeParts(ta.dp, ta.policyDP, ta.bypassDP) }

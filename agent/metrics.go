@@ -172,12 +172,12 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	if pool != nil {
 		ch <- gauge(descPods, float64(len(pool.List())))
 	}
-	programmed := int64(len(a.dp.ProgrammedPeers()))
+	programmed := int64(len(a.dp.Node.ProgrammedPeers()))
 	ch <- gauge(descPeers, float64(programmed), "programmed")
 	ch <- gauge(descPeers, float64(max(0, m.registeredPeers.Load()-programmed)), "pending")
 
 	var sources []counterSource
-	if fp := a.dp.FastPath(); fp != nil {
+	if fp := a.dp.Node.FastPath(); fp != nil {
 		sources = append(sources, counterSource{sourceFastPath, fp.Stats, fastPathSample})
 		if n, err := fp.CacheEntries(); m.ok(sourceCache, err) {
 			for name, v := range n {
@@ -185,10 +185,10 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if lb := a.dp.SocketLB(); lb != nil {
+	if lb := a.dp.Services.Tables(); lb != nil {
 		sources = append(sources, counterSource{sourceSocketLB, lb.Stats, socketLBSample})
 	}
-	if bp := a.dp.Bypass(); bp != nil {
+	if bp := a.dp.Bypass.Controls(); bp != nil {
 		sources = append(sources, counterSource{sourceBypass, bp.Stats, bypassSample})
 	}
 	for _, s := range sources {
@@ -201,7 +201,7 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if a.policy != nil {
-		if pods, err := a.dp.PolicyCounters(); m.ok(sourcePolicy, err) {
+		if pods, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
 			totals := m.policy.add(pods)
 			for i, s := range policySeries {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)

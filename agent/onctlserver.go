@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 
+	"github.com/onc-net/onc/agent/bypass"
+	"github.com/onc-net/onc/agent/policy"
+	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/policy"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -34,23 +37,26 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	}
 	pool := a.pool
 	a.mu.Unlock()
-	if fp := a.dp.FastPath(); fp != nil {
+	if fp := a.dp.Node.FastPath(); fp != nil {
 		st.FastPathLoaded, st.FastPath, st.FastPathMode = true, fp.Enabled(), string(fp.Mode())
 	}
 	if pool != nil {
 		st.Pods = uint32(len(pool.List()))
 	}
-	st.Peers = uint32(len(a.dp.ProgrammedPeers()))
-	st.PeerKernelWrites = a.dp.KernelWrites()
+	st.Peers = uint32(len(a.dp.Node.ProgrammedPeers()))
+	st.PeerKernelWrites = a.dp.Node.KernelWrites()
 	st.Policy = "enforced"
 	if a.policy == nil {
-		st.Policy = policyNeedsKubernetes
+		st.Policy = policy.NeedsKubernetes
 	}
-	st.SocketLb = a.socketLBStatus()
-	if lb := a.dp.SocketLB(); lb != nil {
+	st.SocketLb = services.NeedKubernetes
+	if a.svcs != nil {
+		st.SocketLb = services.Status(a.dp.Services)
+	}
+	if lb := a.dp.Services.Tables(); lb != nil {
 		st.SocketLbCgroup = lb.Cgroup()
 	}
-	_, st.Bypass = a.bypassState()
+	st.Bypass = bypass.State(a.dp.Bypass)
 	for _, w := range a.watchers() {
 		ws := w.Status()
 		pw := &apiv1.Watcher{Name: ws.Name, Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
@@ -90,7 +96,7 @@ func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) 
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "datastore (%s): liveness: %v", s.a.store.Describe(), err)
 	}
-	programmed := s.a.dp.ProgrammedPeers()
+	programmed := s.a.dp.Node.ProgrammedPeers()
 	var out apiv1.ListPeersResponse
 	for _, n := range nodes {
 		if n.Name == s.a.cfg.NodeName {
@@ -106,7 +112,7 @@ func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) 
 }
 
 func (s *onctlServer) fastPath() (datapath.FastPath, error) {
-	fp := s.a.dp.FastPath()
+	fp := s.a.dp.Node.FastPath()
 	if fp == nil {
 		return nil, status.Error(codes.FailedPrecondition, "the fast path is not loaded on this node (see the agent log)")
 	}
@@ -221,50 +227,38 @@ func (s *onctlServer) ListCache(ctx context.Context, req *apiv1.ListCacheRequest
 }
 
 func (s *onctlServer) ListPolicy(ctx context.Context, req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
-	p := s.a.policy
-	if p == nil {
-		return nil, status.Error(codes.FailedPrecondition, "network policy "+policyNeedsKubernetes)
+	if s.a.policy == nil {
+		return nil, status.Error(codes.FailedPrecondition, "network policy "+policy.NeedsKubernetes)
 	}
-	ws := p.w.Status()
-	resp := &apiv1.ListPolicyResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
-	rs := p.enforced()
-	counters, err := s.a.dp.PolicyCounters()
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "read the policy counters: %v", err)
-	}
-	for _, pod := range rs.Pods {
-		if req.Pod != "" && pod.Key != req.Pod && !strings.HasSuffix(pod.Key, "/"+req.Pod) {
-			continue
-		}
-		c := counters[pod.Key]
-		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: pod.IP.String(), HostIface: pod.Iface,
-			Ingress: policyDirection(pod.Ingress, c.IngressAllowed, c.IngressDenied),
-			Egress:  policyDirection(pod.Egress, c.EgressAllowed, c.EgressDenied)})
-	}
-	switch {
-	case req.Pod != "" && len(resp.Pods) == 0:
-		return nil, status.Errorf(codes.NotFound, "no pod %q on this node (onctl pods lists them)", req.Pod)
-	case req.Pod != "" && len(resp.Pods) > 1:
-		return nil, status.Errorf(codes.InvalidArgument, "%d pods are named %q here; give namespace/name", len(resp.Pods), req.Pod)
-	}
-	return resp, nil
+	return s.a.policy.List(req)
 }
 
-func policyDirection(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
-	out := &apiv1.PolicyDirection{Allowed: allowed, Denied: denied}
-	if d == nil {
-		return out
+func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesRequest) (*apiv1.ListServicesResponse, error) {
+	if s.a.svcs == nil {
+		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+services.NeedKubernetes)
 	}
-	out.Isolated, out.Policies = true, d.Policies
-	for _, r := range d.Rules {
-		pr := &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), NoPort: r.Ports != nil && len(r.Ports) == 0}
-		for _, peer := range r.Peers {
-			pr.Peers = append(pr.Peers, peer.String())
-		}
-		for _, port := range r.Ports {
-			pr.Ports = append(pr.Ports, port.String())
-		}
-		out.Rules = append(out.Rules, pr)
+	return s.a.svcs.List()
+}
+
+func (s *onctlServer) ListBypass(ctx context.Context, _ *apiv1.ListBypassRequest) (*apiv1.ListBypassResponse, error) {
+	return bypass.List(s.a.dp.Bypass, s.a.podNames())
+}
+
+func (s *onctlServer) SetBypass(ctx context.Context, req *apiv1.SetBypassRequest) (*apiv1.ListBypassResponse, error) {
+	if err := bypass.Set(s.a.dp.Bypass, req); err != nil {
+		return nil, err
 	}
-	return out
+	return s.ListBypass(ctx, nil)
+}
+
+// podNames names this node's pods (namespace/name) by address, from
+// their attachments; attachments without a pod name are left out.
+func (a *Agent) podNames() map[netip.Addr]string {
+	names := map[netip.Addr]string{}
+	for _, att := range a.attachments() {
+		if att.K8sName != "" {
+			names[att.IP] = att.K8sNamespace + "/" + att.K8sName
+		}
+	}
+	return names
 }

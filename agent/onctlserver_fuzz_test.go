@@ -119,10 +119,11 @@ func FuzzSetBypass(f *testing.F) {
 			return // gRPC cannot carry it
 		}
 		good := (mode == "off" || mode == "on") && minSize == 0 || mode == "size" && minSize > 0
-		for _, bp := range []*fakeBypass{nil, {cfg: bypass.Config{Mode: bypass.Off}}} {
-			ta.dp.mu.Lock()
-			ta.dp.bp = bp
-			ta.dp.mu.Unlock()
+		for _, loaded := range []bool{false, true} {
+			bp := ta.bypassDP
+			bp.mu.Lock()
+			bp.loaded, bp.cfg = loaded, bypass.Config{Mode: bypass.Off}
+			bp.mu.Unlock()
 			resp, err := ta.ctl.SetBypass(onctlCtx(t), req)
 			switch {
 			case !good:
@@ -131,10 +132,10 @@ func FuzzSetBypass(f *testing.F) {
 					field = "min_size"
 				}
 				wantCode(t, "bypass "+mode, err, codes.InvalidArgument, field)
-				if bp != nil && bp.Config() != (bypass.Config{Mode: bypass.Off}) {
+				if bp.Config() != (bypass.Config{Mode: bypass.Off}) {
 					t.Fatalf("a rejected %v switched the bypass to %v", req, bp.Config())
 				}
-			case bp == nil:
+			case !loaded:
 				wantCode(t, "bypass "+mode+" where it did not load", err, codes.FailedPrecondition, "")
 			case err != nil:
 				t.Fatalf("%v: %v", req, err)
@@ -161,7 +162,11 @@ func FuzzListPolicy(f *testing.F) {
 			f.Fatalf("pod %d: %v", i, err)
 		}
 	}
-	if err := withPolicy.policy.reconcile(context.Background(), true); err != nil {
+	run, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { withPolicy.policy.Run(run); close(done) }()
+	f.Cleanup(func() { stop(); <-done })
+	if err := withPolicy.policy.Await(context.Background()); err != nil {
 		f.Fatal(err)
 	}
 	all, err := withPolicy.ctl.ListPolicy(context.Background(), &apiv1.ListPolicyRequest{})

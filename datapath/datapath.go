@@ -18,6 +18,7 @@ import (
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
+	"github.com/onc-net/onc/datapath/services"
 )
 
 // Config of a node's datapath.
@@ -37,7 +38,7 @@ type Config struct {
 	// SocketLB is whose sockets Services are balanced for; SocketLBCgroup
 	// the cgroup v2 directory the programs attach to ("" = the highest one
 	// mounted, mounting a cgroup2 hierarchy where none is; bpf.ResolveCgroup).
-	SocketLB       SocketLBMode
+	SocketLB       services.Mode
 	SocketLBCgroup string
 	// Bypass is which connections between two pods of the node skip the
 	// TCP/IP stacks (docs/bypass.md); its programs attach to the socket

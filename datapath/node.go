@@ -32,25 +32,17 @@ type Node struct {
 	cfg Config
 	up  Uplink
 
-	mu      sync.Mutex
-	ovl     *overlay.Overlay   // nil until BringUp
-	fp      *fastpath.Datapath // nil until BringUp
-	policy  *policy.Enforcer   // nil until the first EnforcePolicy
-	lb      *services.LB       // nil: off or not loaded (lbErr says why)
-	lbErr   error
-	lbTried bool
+	mu  sync.Mutex
+	ovl *overlay.Overlay   // nil until BringUp
+	fp  *fastpath.Datapath // nil until BringUp
 	// switchMu serialises fast-path switches (nodeFastPath.Switch).
 	switchMu sync.Mutex
-	bp       *bypass.Bypass // nil: not loaded (bpErr says why)
-	bpErr    error
-	// cgroup is where the socket LB and the bypass attach, resolved once
-	// for both (resolving may mount a cgroup v2 hierarchy).
-	cgroup func() (string, error)
 
-	// revokePending are the pods whose rules changed and whose connections
-	// are not yet revoked; only EnforcePolicy (one watcher) uses it.
-	revokePending map[string]bool
-	conflicts     string // the peers left out last time, logged when it changes
+	policy   *policy.Node
+	services *services.Node
+	bypass   *bypass.Node
+
+	conflicts string // the peers left out last time, logged when it changes
 	// uplinkAttached: the uplink's programs are attached (attachUplink).
 	uplinkAttached bool
 	// vteps is each peer's VTEP MAC as last synced (node IP -> MAC): a
@@ -68,23 +60,22 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
 	}
 	if cfg.SocketLB == "" {
-		cfg.SocketLB = SocketLBAll
-	}
-	if _, err := ParseSocketLBMode(string(cfg.SocketLB)); err != nil {
-		return nil, err
+		cfg.SocketLB = services.All
 	}
 	if cfg.Bypass.Mode == "" {
 		cfg.Bypass.Mode = bypass.Off
-	}
-	if _, err := bypass.ParseConfig(string(cfg.Bypass.Mode), cfg.Bypass.MinSize); err != nil {
-		return nil, err
 	}
 	up, err := findUplink(cfg.Iface, cfg.NodeIP)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, up: up, revokePending: map[string]bool{}}
-	n.cgroup = sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.SocketLBCgroup) })
+	n := &Node{cfg: cfg, up: up}
+	// The socket LB and the bypass attach to one cgroup, resolved once for
+	// both (resolving may mount a cgroup v2 hierarchy).
+	cgroup := sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.SocketLBCgroup) })
+	n.services = services.NewNode(cfg.SocketLB, cfg.BPFFS, cgroup)
+	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
+	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
 	return n, nil
 }
 
@@ -149,19 +140,8 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 		return err
 	}
-	if !n.lbTried {
-		// Once: a node whose socket LB cannot load leaves Services to
-		// kube-proxy rather than failing to come up.
-		n.lbTried = true
-		n.lb, n.lbErr = n.openSocketLB()
-		if n.lbErr != nil {
-			slog.Error("socket load balancing unavailable; kube-proxy balances every Service", "err", n.lbErr)
-		}
-		n.bp, n.bpErr = n.openBypass()
-		if n.bpErr != nil {
-			slog.Error("intra-node bypass unavailable; every connection takes the TCP/IP stack", "err", n.bpErr)
-		}
-	}
+	n.services.Load()
+	n.bypass.Load()
 	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
 	return nil
@@ -190,6 +170,15 @@ func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 func (n *Node) netfilterOverlay() netfilter.Overlay {
 	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}
 }
+
+// Policy is the node's NetworkPolicy enforcement.
+func (n *Node) Policy() *policy.Node { return n.policy }
+
+// Services is the node's socket load balancer.
+func (n *Node) Services() *services.Node { return n.services }
+
+// Bypass is the node's intra-node bypass.
+func (n *Node) Bypass() *bypass.Node { return n.bypass }
 
 // FastPath is the flow cache, or nil when it is not loaded.
 func (n *Node) FastPath() FastPath {
@@ -261,22 +250,10 @@ func (n *Node) fastPath() *fastpath.Datapath {
 func (n *Node) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var errs []error
-	if n.policy != nil {
-		errs = append(errs, n.policy.Close())
-		n.policy = nil
-	}
+	errs := []error{n.policy.Close(), n.services.Close(), n.bypass.Close()}
 	if n.fp != nil {
 		errs = append(errs, n.fp.Close())
 		n.fp = nil
-	}
-	if n.lb != nil {
-		errs = append(errs, n.lb.Close())
-		n.lb = nil
-	}
-	if n.bp != nil {
-		errs = append(errs, n.bp.Close())
-		n.bp = nil
 	}
 	return errors.Join(errs...)
 }
@@ -393,22 +370,18 @@ func (n *Node) ProgrammedPeers() map[string]bool {
 // path deliver to it and see its traffic. On error part of it may exist:
 // the caller rolls back with DetachPod.
 func (n *Node) AttachPod(p Pod) (PodLink, error) {
-	podMAC, err := pods.Setup(p.podnet())
+	link, err := pods.Setup(p.podnet())
 	if err != nil {
 		return PodLink{}, err
 	}
-	p.MAC = podMAC
-	host, err := netlink.LinkByName(p.HostIface)
-	if err != nil {
+	p.MAC = link.PodMAC
+	if err := n.addToFastPath(p, link.HostIndex, link.HostMAC); err != nil {
 		return PodLink{}, err
 	}
-	if err := n.addToFastPath(p, host); err != nil {
+	if err := n.ownPodSockets(p, link.NetnsCookie); err != nil {
 		return PodLink{}, err
 	}
-	if err := n.ownPodSockets(p); err != nil {
-		return PodLink{}, err
-	}
-	return PodLink{PodMAC: podMAC, HostMAC: host.Attrs().HardwareAddr}, nil
+	return PodLink{PodMAC: link.PodMAC, HostMAC: link.HostMAC}, nil
 }
 
 // AdoptPod puts a pod attached before an agent restart back on the fast
@@ -416,15 +389,22 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 func (n *Node) AdoptPod(p Pod) error {
 	// Each independently: a pod off the fast path still gets its Services,
 	// and policy can still end its bypassed connections.
-	errs := []error{n.ownPodSockets(p)}
+	var errs []error
+	if n.services.BalancesPods() || n.bypass.Loaded() != nil {
+		cookie, err := netns.Cookie(p.Netns)
+		if err == nil {
+			err = n.ownPodSockets(p, cookie)
+		}
+		errs = append(errs, err)
+	}
 	host, err := netlink.LinkByName(p.HostIface)
 	if err == nil {
-		err = n.addToFastPath(p, host)
+		err = n.addToFastPath(p, host.Attrs().Index, host.Attrs().HardwareAddr)
 	}
 	return errors.Join(append(errs, err)...)
 }
 
-func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
+func (n *Node) addToFastPath(p Pod, hostIndex int, hostMAC net.HardwareAddr) error {
 	fp := n.fastPath()
 	if fp == nil {
 		return nil
@@ -432,33 +412,18 @@ func (n *Node) addToFastPath(p Pod, host netlink.Link) error {
 	if len(p.MAC) != 6 {
 		return fmt.Errorf("pod %s: no MAC recorded for its interface", p.IP)
 	}
-	if err := fp.SetLocalPod(p.IP, host.Attrs().Index, p.MAC, host.Attrs().HardwareAddr); err != nil {
+	if err := fp.SetLocalPod(p.IP, hostIndex, p.MAC, hostMAC); err != nil {
 		return err
 	}
 	return fp.AttachPod(p.HostIface)
 }
 
-// ownPodSockets registers the pod's network namespace (by its cookie,
-// read once) with the socket programs that act on pods' sockets: the
-// socket LB in mode all, which must know it before the pod runs or its
-// first connections would go to kube-proxy, and the intra-node bypass.
-func (n *Node) ownPodSockets(p Pod) error {
-	lb, bp := n.socketLBIfPods(), n.bypass()
-	if lb == nil && bp == nil {
-		return nil
-	}
-	cookie, err := netns.Cookie(p.Netns)
-	if err != nil {
-		return fmt.Errorf("pod sockets: %w", err)
-	}
-	var errs []error
-	if lb != nil {
-		errs = append(errs, lb.OwnPod(cookie, p.IP))
-	}
-	if bp != nil {
-		errs = append(errs, bp.OwnPod(p.IP, p.Netns, cookie))
-	}
-	return errors.Join(errs...)
+// ownPodSockets registers the pod's network namespace, by its cookie,
+// with the socket programs that act on pods' sockets: the socket LB in
+// mode all, which must know it before the pod runs or its first
+// connections would go to kube-proxy, and the intra-node bypass.
+func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
+	return errors.Join(n.services.OwnPod(cookie, p.IP), n.bypass.OwnPod(p.IP, p.Netns, cookie))
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.
@@ -468,7 +433,7 @@ func (n *Node) CheckPod(p Pod) error { return pods.Check(p.podnet()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
-	errs := []error{n.forgetPodSockets(p), n.forgetPodBypass(p)}
+	errs := []error{n.services.ForgetPod(p.IP), n.bypass.ForgetPod(p.IP)}
 	if fp := n.fastPath(); fp != nil {
 		if p.IP.IsValid() {
 			errs = append(errs, fp.DeleteLocalPod(p.IP))

@@ -13,6 +13,7 @@ import (
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
+	dpservices "github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
@@ -37,7 +38,7 @@ func main() {
 	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "", "where the host's sysctls are written (its net/ subtree; default /proc/sys); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
-	socketLB := fs.String("socket-lb", string(datapath.SocketLBAll), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
+	socketLB := fs.String("socket-lb", string(dpservices.All), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
@@ -54,7 +55,7 @@ func main() {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
 	defer lock.Close()
-	mode, err := datapath.ParseSocketLBMode(*socketLB)
+	mode, err := dpservices.ParseMode(*socketLB)
 	if err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
 	}
@@ -63,7 +64,7 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
 	}
 	if store.Kind == backend.Kubernetes {
-		if err := datapath.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
+		if err := dpservices.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
 			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
 		}
 	}
@@ -103,13 +104,13 @@ func main() {
 		defer svcs.Close()
 		cfg.Services = svcs
 	} else {
-		cfg.Datapath.SocketLB = datapath.SocketLBOff // etcd clusters have no Services
+		cfg.Datapath.SocketLB = dpservices.Off // etcd clusters have no Services
 	}
 	dp, err := datapath.New(cfg.Datapath)
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
-	a, err := agent.New(cfg, ds, dp)
+	a, err := agent.New(cfg, ds, agent.KernelDatapath(dp))
 	if err != nil {
 		cmdutil.Fatal("cannot start the agent", err)
 	}

@@ -49,21 +49,28 @@ func fnv32(s string) uint32 {
 	return h
 }
 
-// Setup creates the pod's interface. On any failure everything it made is
-// removed again. It returns the pod interface's MAC.
-func Setup(p Pod) (net.HardwareAddr, error) {
+// Link is what Setup made.
+type Link struct {
+	PodMAC, HostMAC net.HardwareAddr
+	HostIndex       int    // the host end's ifindex
+	NetnsCookie     uint64 // the pod namespace's, as the socket programs read it
+}
+
+// Setup creates the pod's interface, opening the pod's namespace once for
+// all of it. On any failure everything it made is removed again.
+func Setup(p Pod) (Link, error) {
 	ns, err := netns.Open(p.Netns)
 	if err != nil {
-		return nil, err
+		return Link{}, err
 	}
 	defer ns.Close()
 	nh, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return nil, err
+		return Link{}, err
 	}
 	defer nh.Close()
 	if _, err := nh.LinkByName(p.IfName); err == nil {
-		return nil, fmt.Errorf("%w: %s in %s", ErrIfaceExists, p.IfName, p.Netns)
+		return Link{}, fmt.Errorf("%w: %s in %s", ErrIfaceExists, p.IfName, p.Netns)
 	}
 	if l, err := netlink.LinkByName(p.HostIface); err == nil {
 		// A leftover of an earlier, interrupted attachment with the same key.
@@ -80,32 +87,35 @@ func Setup(p Pod) (net.HardwareAddr, error) {
 		PeerMTU:       uint32(p.MTU),
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("create veth %s: %w", p.HostIface, err)
+		return Link{}, fmt.Errorf("create veth %s: %w", p.HostIface, err)
 	}
-	mac, err := setup(p, nh, tmp)
+	link, err := setup(p, nh, tmp)
+	if err == nil {
+		link.NetnsCookie, err = netns.CookieOf(ns)
+	}
 	if err != nil {
 		if l, lerr := netlink.LinkByName(p.HostIface); lerr == nil {
 			_ = netlink.LinkDel(l) // takes the pod end with it
 		}
-		return nil, err
+		return Link{}, err
 	}
-	return mac, nil
+	return link, nil
 }
 
-func setup(p Pod, nh *netlink.Handle, tmp string) (net.HardwareAddr, error) {
+func setup(p Pod, nh *netlink.Handle, tmp string) (Link, error) {
 	host, err := netlink.LinkByName(p.HostIface)
 	if err != nil {
-		return nil, err
+		return Link{}, err
 	}
 	pod, err := nh.LinkByName(tmp)
 	if err != nil {
-		return nil, fmt.Errorf("pod end of veth: %w", err)
+		return Link{}, fmt.Errorf("pod end of veth: %w", err)
 	}
 	if err := nh.LinkSetName(pod, p.IfName); err != nil {
-		return nil, fmt.Errorf("rename pod interface to %s: %w", p.IfName, err)
+		return Link{}, fmt.Errorf("rename pod interface to %s: %w", p.IfName, err)
 	}
 	if pod, err = nh.LinkByName(p.IfName); err != nil {
-		return nil, err
+		return Link{}, err
 	}
 	podMAC := pod.Attrs().HardwareAddr
 	hostMAC := host.Attrs().HardwareAddr
@@ -113,38 +123,38 @@ func setup(p Pod, nh *netlink.Handle, tmp string) (net.HardwareAddr, error) {
 	// Pod side.
 	if lo, err := nh.LinkByName("lo"); err == nil {
 		if err := nh.LinkSetUp(lo); err != nil {
-			return nil, fmt.Errorf("pod lo up: %w", err)
+			return Link{}, fmt.Errorf("pod lo up: %w", err)
 		}
 	}
 	if err := nh.AddrAdd(pod, &netlink.Addr{IPNet: host32(p.IP)}); err != nil {
-		return nil, fmt.Errorf("pod address %s: %w", p.IP, err)
+		return Link{}, fmt.Errorf("pod address %s: %w", p.IP, err)
 	}
 	if err := nh.LinkSetUp(pod); err != nil {
-		return nil, fmt.Errorf("pod %s up: %w", p.IfName, err)
+		return Link{}, fmt.Errorf("pod %s up: %w", p.IfName, err)
 	}
 	if err := nh.NeighAdd(&netlink.Neigh{LinkIndex: pod.Attrs().Index, State: netlink.NUD_PERMANENT,
 		IP: p.Gateway.AsSlice(), HardwareAddr: hostMAC, Family: unix.AF_INET}); err != nil {
-		return nil, fmt.Errorf("pod neighbour for gateway: %w", err)
+		return Link{}, fmt.Errorf("pod neighbour for gateway: %w", err)
 	}
 	if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: host32(p.Gateway)}); err != nil {
-		return nil, fmt.Errorf("pod route to gateway: %w", err)
+		return Link{}, fmt.Errorf("pod route to gateway: %w", err)
 	}
 	if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: p.Gateway.AsSlice()}); err != nil {
-		return nil, fmt.Errorf("pod default route: %w", err)
+		return Link{}, fmt.Errorf("pod default route: %w", err)
 	}
 
 	// Host side.
 	if err := netlink.LinkSetUp(host); err != nil {
-		return nil, fmt.Errorf("host %s up: %w", p.HostIface, err)
+		return Link{}, fmt.Errorf("host %s up: %w", p.HostIface, err)
 	}
 	if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: host.Attrs().Index, State: netlink.NUD_PERMANENT,
 		IP: p.IP.AsSlice(), HardwareAddr: podMAC, Family: unix.AF_INET}); err != nil {
-		return nil, fmt.Errorf("host neighbour for pod: %w", err)
+		return Link{}, fmt.Errorf("host neighbour for pod: %w", err)
 	}
 	if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, p.IP)); err != nil {
-		return nil, fmt.Errorf("host route to pod %s: %w", p.IP, err)
+		return Link{}, fmt.Errorf("host route to pod %s: %w", p.IP, err)
 	}
-	return podMAC, nil
+	return Link{PodMAC: podMAC, HostMAC: hostMAC, HostIndex: host.Attrs().Index}, nil
 }
 
 func hostRoute(ifindex int, ip netip.Addr) *netlink.Route {

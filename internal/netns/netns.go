@@ -41,8 +41,13 @@ func Cookie(path string) (uint64, error) {
 		return 0, err
 	}
 	defer ns.Close()
+	return CookieOf(ns)
+}
+
+// CookieOf is the cookie of the open namespace ns.
+func CookieOf(ns Handle) (uint64, error) {
 	var cookie uint64
-	err = Do(ns, func() (err error) {
+	err := Do(ns, func() (err error) {
 		cookie, err = socketNetnsCookie()
 		return err
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
+	dppolicy "github.com/onc-net/onc/datapath/policy"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -65,15 +66,43 @@ func newPolicyAgent(t *testing.T, snap policy.Snapshot) (*testAgent, *fakeInputs
 	ta.bringUp(t, "10.244.7.0/24")
 	run, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { ta.policy.run(run); close(done) }()
+	go func() { ta.policy.Run(run); close(done) }()
 	t.Cleanup(func() { stop(); <-done })
 	return ta, in
 }
 
-func (f *fakeDatapath) enforced(key string) (isolatedIngress, present bool) {
+// fakePolicy is the kernel's policy enforcement: the ruleset last
+// enforced, or the error the test makes it fail with.
+type fakePolicy struct {
+	mu    sync.Mutex
+	rules dppolicy.Ruleset
+	fail  error
+}
+
+func (f *fakePolicy) Enforce(rs dppolicy.Ruleset, checkKernel bool) (dppolicy.Change, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	p := f.policy.Pod(key)
+	if f.fail != nil {
+		return dppolicy.Change{}, f.fail
+	}
+	f.rules = rs
+	return dppolicy.Change{}, nil
+}
+
+func (f *fakePolicy) Counters() (map[string]dppolicy.Counters, error) {
+	return map[string]dppolicy.Counters{}, nil
+}
+
+func (f *fakePolicy) setFail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = err
+}
+
+func (f *fakePolicy) enforced(key string) (isolatedIngress, present bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.rules.Pod(key)
 	return p != nil && p.Ingress != nil, p != nil
 }
 
@@ -81,7 +110,7 @@ func TestAddReturnsOnlyOnceThePodsPolicyIsEnforced(t *testing.T) {
 	ta, _ := newPolicyAgent(t, denyIngressTo("c1"))
 	ta.mustAdd(t, "c1", "/ns/1")
 	// No waiting: ADD itself waited for the policy watcher.
-	if isolated, present := ta.dp.enforced("default/c1"); !present || !isolated {
+	if isolated, present := ta.policyDP.enforced("default/c1"); !present || !isolated {
 		t.Fatalf("after ADD the datapath has pod default/c1 present=%v isolated=%v; want its deny-all enforced", present, isolated)
 	}
 
@@ -105,7 +134,7 @@ func TestAddReturnsOnlyOnceThePodsPolicyIsEnforced(t *testing.T) {
 		t.Fatalf("DEL: %v", r.Error)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for _, present := ta.dp.enforced("default/c1"); present; _, present = ta.dp.enforced("default/c1") {
+	for _, present := ta.policyDP.enforced("default/c1"); present; _, present = ta.policyDP.enforced("default/c1") {
 		if time.Now().After(deadline) {
 			t.Fatal("the deleted pod's rules are still enforced")
 		}
@@ -114,10 +143,10 @@ func TestAddReturnsOnlyOnceThePodsPolicyIsEnforced(t *testing.T) {
 }
 
 func TestAddFailsAndRollsBackWhenPolicyCannotBeEnforced(t *testing.T) {
-	defer func(d time.Duration) { policyWait = d }(policyWait)
-	policyWait = 300 * time.Millisecond
+	defer func(d time.Duration) { policy.Wait = d }(policy.Wait)
+	policy.Wait = 300 * time.Millisecond
 	ta, _ := newPolicyAgent(t, denyIngressTo("c1"))
-	ta.dp.setFail("EnforcePolicy", errors.New("nft: no such table"))
+	ta.policyDP.setFail(errors.New("nft: no such table"))
 	for _, pod := range []string{"c1", "not-in-the-api"} {
 		r, c := ta.add(t, pod, "/ns/"+pod)
 		if c != errTryAgainLater {
@@ -127,7 +156,7 @@ func TestAddFailsAndRollsBackWhenPolicyCannotBeEnforced(t *testing.T) {
 			t.Fatalf("the failed ADD of %s left %v behind", pod, left)
 		}
 	}
-	ta.dp.setFail("EnforcePolicy", nil)
+	ta.policyDP.setFail(nil)
 	ta.mustAdd(t, "c1", "/ns/c1")
 }
 
@@ -136,7 +165,7 @@ func TestInformerChangesReachTheDatapath(t *testing.T) {
 	noPolicy.Policies = nil
 	ta, in := newPolicyAgent(t, noPolicy)
 	ta.mustAdd(t, "c1", "/ns/1")
-	if isolated, _ := ta.dp.enforced("default/c1"); isolated {
+	if isolated, _ := ta.policyDP.enforced("default/c1"); isolated {
 		t.Fatal("isolated with no policy")
 	}
 	in.mu.Lock()
@@ -144,7 +173,7 @@ func TestInformerChangesReachTheDatapath(t *testing.T) {
 	in.mu.Unlock()
 	in.onChange()
 	deadline := time.Now().Add(5 * time.Second)
-	for isolated, _ := ta.dp.enforced("default/c1"); !isolated; isolated, _ = ta.dp.enforced("default/c1") {
+	for isolated, _ := ta.policyDP.enforced("default/c1"); !isolated; isolated, _ = ta.policyDP.enforced("default/c1") {
 		if time.Now().After(deadline) {
 			t.Fatal("a new policy did not reach the datapath")
 		}
@@ -161,8 +190,8 @@ func TestPolicyOnEtcdSaysItNeedsKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Policy != policyNeedsKubernetes {
-		t.Errorf("status policy %q, want %q", st.Policy, policyNeedsKubernetes)
+	if st.Policy != policy.NeedsKubernetes {
+		t.Errorf("status policy %q, want %q", st.Policy, policy.NeedsKubernetes)
 	}
 }
 
@@ -176,16 +205,16 @@ func TestEveryAttachmentOfAPodIsPoliced(t *testing.T) {
 			t.Fatalf("ADD %s: %v", container, resp.Error)
 		}
 	}
-	ta.dp.mu.Lock()
-	defer ta.dp.mu.Unlock()
+	ta.policyDP.mu.Lock()
+	defer ta.policyDP.mu.Unlock()
 	ifaces := map[string]bool{}
-	for _, p := range ta.dp.policy.Pods {
+	for _, p := range ta.policyDP.rules.Pods {
 		if p.Ingress == nil {
 			t.Errorf("%s (%s) is not isolated", p.Key, p.Iface)
 		}
 		ifaces[p.Iface] = true
 	}
 	if len(ifaces) != 2 {
-		t.Fatalf("enforced pods %v: want both sandboxes' interfaces", ta.dp.policy.Pods)
+		t.Fatalf("enforced pods %v: want both sandboxes' interfaces", ta.policyDP.rules.Pods)
 	}
 }

@@ -1,4 +1,6 @@
-package agent
+// Package watch is the reconcile loop every watcher of the agent runs
+// (docs/architecture.md, "Watchers").
+package watch
 
 import (
 	"context"
@@ -8,7 +10,7 @@ import (
 	"time"
 )
 
-// watcher runs one capability's reconcile loop, the pattern every watcher
+// Watcher runs one capability's reconcile loop, the pattern every watcher
 // of the agent follows (docs/architecture.md):
 //   - its input is level-triggered: a signal (datastore Changes, informer
 //     events) says only "something changed", and reconcile reads the whole
@@ -21,17 +23,17 @@ import (
 //     change;
 //   - it reports the generation of input it has seen and the one it has
 //     applied (onctl status), so an operator sees a watcher that lags.
-type watcher struct {
+type Watcher struct {
 	name      string
 	resync    time.Duration
 	reconcile func(ctx context.Context, resync bool) error
 
 	mu     sync.Mutex
-	status WatcherStatus
+	status Status
 }
 
-// WatcherStatus is what a watcher reports.
-type WatcherStatus struct {
+// Status is what a watcher reports.
+type Status struct {
 	Name string
 	// Seen counts input signals; Applied is the Seen value that the last
 	// successful reconcile covered (it read the state after that signal).
@@ -41,23 +43,25 @@ type WatcherStatus struct {
 }
 
 const (
-	retryFirst = 200 * time.Millisecond
-	retryMax   = 30 * time.Second
+	// RetryFirst and RetryMax bound the backoff of a failing reconcile.
+	RetryFirst = 200 * time.Millisecond
+	RetryMax   = 30 * time.Second
 )
 
-func newWatcher(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *watcher {
-	return &watcher{name: name, resync: resync, reconcile: reconcile, status: WatcherStatus{Name: name}}
+// New is a watcher named name that runs reconcile.
+func New(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *Watcher {
+	return &Watcher{name: name, resync: resync, reconcile: reconcile, status: Status{Name: name}}
 }
 
-// run reconciles on every signal of trigger, on every resync period and on
+// Run reconciles on every signal of trigger, on every resync period and on
 // retries, until ctx ends or trigger is closed. The first reconcile and
 // those of a resync are full ones (reconcile's resync argument): they
 // re-check the kernel, not only what changed.
-func (w *watcher) run(ctx context.Context, trigger <-chan struct{}) {
+func (w *Watcher) Run(ctx context.Context, trigger <-chan struct{}) {
 	resync := time.NewTicker(w.resync)
 	defer resync.Stop()
 	var retry <-chan time.Time
-	backoff := retryFirst
+	backoff := RetryFirst
 	full := true
 	for {
 		select {
@@ -75,19 +79,19 @@ func (w *watcher) run(ctx context.Context, trigger <-chan struct{}) {
 		case <-retry:
 		}
 		if w.apply(ctx, full) {
-			retry, backoff, full = nil, retryFirst, false
+			retry, backoff, full = nil, RetryFirst, false
 			continue
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		retry = time.After(backoff)
-		backoff = min(2*backoff, retryMax)
+		backoff = min(2*backoff, RetryMax)
 	}
 }
 
 // apply runs reconcile once and records the outcome; true on success.
-func (w *watcher) apply(ctx context.Context, full bool) bool {
+func (w *Watcher) apply(ctx context.Context, full bool) bool {
 	w.mu.Lock()
 	gen := w.status.Seen
 	w.mu.Unlock()
@@ -107,10 +111,10 @@ func (w *watcher) apply(ctx context.Context, full bool) bool {
 	return true
 }
 
-// await calls signal and waits until a reconcile that read the state after
+// Await calls signal and waits until a reconcile that read the state after
 // the call has succeeded. If ctx ends first, the error says why, with the
 // last reconcile's error if there was one.
-func (w *watcher) await(ctx context.Context, signal func()) error {
+func (w *Watcher) Await(ctx context.Context, signal func()) error {
 	w.mu.Lock()
 	target := w.status.Seen + 1 // the signal's, or a pending one's: both reconcile after now
 	w.mu.Unlock()
@@ -134,30 +138,39 @@ func (w *watcher) await(ctx context.Context, signal func()) error {
 }
 
 // Status reports the watcher's progress.
-func (w *watcher) Status() WatcherStatus {
+func (w *Watcher) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.status
 }
 
-// informed is a watcher signalled by callbacks (informer events, CNI
+// Informed is a watcher signalled by callbacks (informer events, CNI
 // verbs) instead of a channel it is handed; the watchers of Kubernetes
-// objects embed it. Signals coalesce into one pending reconcile.
-type informed struct {
-	w       *watcher
+// objects use it. Signals coalesce into one pending reconcile.
+type Informed struct {
+	w       *Watcher
 	trigger chan struct{}
 }
 
-func newInformed(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *informed {
-	return &informed{w: newWatcher(name, resync, reconcile), trigger: make(chan struct{}, 1)}
+// NewInformed is an informed watcher named name that runs reconcile.
+func NewInformed(name string, resync time.Duration, reconcile func(ctx context.Context, resync bool) error) *Informed {
+	return &Informed{w: New(name, resync, reconcile), trigger: make(chan struct{}, 1)}
 }
 
-func (i *informed) run(ctx context.Context) { i.w.run(ctx, i.trigger) }
+// Run reconciles on every Signal until ctx ends.
+func (i *Informed) Run(ctx context.Context) { i.w.Run(ctx, i.trigger) }
 
-// signal asks for a reconcile.
-func (i *informed) signal() {
+// Signal asks for a reconcile.
+func (i *Informed) Signal() {
 	select {
 	case i.trigger <- struct{}{}:
 	default:
 	}
 }
+
+// Await signals and waits until a reconcile that read the state after the
+// signal has succeeded (Watcher.Await).
+func (i *Informed) Await(ctx context.Context) error { return i.w.Await(ctx, i.Signal) }
+
+// Watcher is the loop underneath, for status.
+func (i *Informed) Watcher() *Watcher { return i.w }

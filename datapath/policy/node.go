@@ -1,25 +1,47 @@
-package datapath
+package policy
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
 
-	"github.com/onc-net/onc/datapath/bypass"
+	"sync"
 
-	"github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/datapath/bypass"
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/vishvananda/netlink"
 )
 
-// PolicyChange is what one EnforcePolicy did.
-type PolicyChange struct {
+// Node is a node's policy enforcement: the nft table (Enforcer), and the
+// revocation that goes with each change, across conntrack, the flow cache
+// and the bypass.
+type Node struct {
+	fastPath func() *fastpath.Datapath // nil when not loaded
+	bypass   func() *bypass.Bypass     // nil when not loaded
+
+	mu sync.Mutex
+	e  *Enforcer // nil until the first Enforce
+	// revokePending are the pods whose rules changed and whose connections
+	// are not yet revoked; only Enforce (one watcher) uses it.
+	revokePending map[string]bool
+}
+
+// NewNode is the node's policy; fastPath and bypass return those
+// features' tables, or nil while they are not loaded.
+func NewNode(fastPath func() *fastpath.Datapath, bypass func() *bypass.Bypass) *Node {
+	return &Node{fastPath: fastPath, bypass: bypass, revokePending: map[string]bool{}}
+}
+
+// Change is what one Enforce did.
+type Change struct {
 	Pods  []string // keys of the pods whose rules changed (added, changed or gone)
 	Ended int      // connections ended (in conntrack, or bypassed ones aborted) because rs no longer allows them
 }
 
-// EnforcePolicy makes the kernel enforce rs (datapath/policy). The rules
+// Enforce makes the kernel enforce rs. The rules
 // change in one transaction. Then, for the pods whose rules changed, the
 // connections rs no longer allows end: in conntrack, and bypassed ones
 // (datapath/bypass) by aborting their sockets. The flow cache forgets
@@ -29,25 +51,26 @@ type PolicyChange struct {
 // of that is done, so the caller may report the change applied; pods
 // whose revocation failed are revoked again on the next call. With
 // checkKernel the whole table is rewritten, repairing drift.
-func (n *Node) EnforcePolicy(rs policy.Ruleset, checkKernel bool) (PolicyChange, error) {
+func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	n.mu.Lock()
-	if n.policy == nil {
-		e, err := policy.NewEnforcer()
+	if n.e == nil {
+		e, err := NewEnforcer()
 		if err != nil {
 			n.mu.Unlock()
-			return PolicyChange{}, err
+			return Change{}, err
 		}
-		n.policy = e
+		n.e = e
 	}
-	e, bp := n.policy, n.bp
+	e := n.e
 	n.mu.Unlock()
+	bp := n.bypass()
 	if bp == nil {
-		return n.enforcePolicy(e, nil, rs, checkKernel)
+		return n.enforce(e, nil, rs, checkKernel)
 	}
-	var ch PolicyChange
+	var ch Change
 	var err error
 	perr := bp.Paused(func() error {
-		ch, err = n.enforcePolicy(e, bp, rs, checkKernel)
+		ch, err = n.enforce(e, bp, rs, checkKernel)
 		return nil
 	})
 	if perr != nil && err == nil {
@@ -61,8 +84,8 @@ func (n *Node) EnforcePolicy(rs policy.Ruleset, checkKernel bool) (PolicyChange,
 	return ch, err
 }
 
-func (n *Node) enforcePolicy(e *policy.Enforcer, bp *bypass.Bypass, rs policy.Ruleset, checkKernel bool) (PolicyChange, error) {
-	var ch PolicyChange
+func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel bool) (Change, error) {
+	var ch Change
 	var err error
 	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
 		return ch, err
@@ -84,7 +107,7 @@ func (n *Node) enforcePolicy(e *policy.Enforcer, bp *bypass.Bypass, rs policy.Ru
 			ips[p.IP] = true
 		}
 	}
-	var r policy.Revoked
+	var r Revoked
 	revoke := func() (err error) {
 		r, err = e.Revoke(rs, pods, hosts)
 		ch.Ended = r.Ended
@@ -103,7 +126,7 @@ func (n *Node) enforcePolicy(e *policy.Enforcer, bp *bypass.Bypass, rs policy.Ru
 				return nil, err
 			}
 			return func(local, remote netip.AddrPort, proto uint8) bool {
-				return r.Keeps(local, remote, policy.Proto(proto))
+				return r.Keeps(local, remote, Proto(proto))
 			}, nil
 		})
 	}
@@ -114,16 +137,55 @@ func (n *Node) enforcePolicy(e *policy.Enforcer, bp *bypass.Bypass, rs policy.Ru
 	return ch, nil
 }
 
-// PolicyCounters are the connections each local pod's rules allowed and
-// denied, by pod key; empty before the first EnforcePolicy.
-func (n *Node) PolicyCounters() (map[string]policy.Counters, error) {
+// Counters are the connections each local pod's rules allowed and
+// denied, by pod key; empty before the first Enforce.
+func (n *Node) Counters() (map[string]Counters, error) {
 	n.mu.Lock()
-	e := n.policy
+	e := n.e
 	n.mu.Unlock()
 	if e == nil {
-		return map[string]policy.Counters{}, nil
+		return map[string]Counters{}, nil
 	}
 	return e.Counters()
+}
+
+// Close lets go of the nft connection; the table stays in force.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.e == nil {
+		return nil
+	}
+	err := n.e.Close()
+	n.e = nil
+	return err
+}
+
+// endDeniedBypassed ends the bypassed connections of the pods at ips
+// that rs no longer allows: their bytes never pass netfilter, so deleting
+// conntrack entries would not stop them. It returns how many it ended.
+func endDeniedBypassed(bp *bypass.Bypass, rs Ruleset, ips map[netip.Addr]bool) (int, error) {
+	conns, err := bp.Conns()
+	if err != nil {
+		return 0, err
+	}
+	ended := 0
+	var errs []error
+	for _, c := range conns {
+		if !ips[c.Client.Addr()] && !ips[c.Server.Addr()] {
+			continue
+		}
+		if rs.Allows(Connection{Client: c.Client.Addr(), Server: c.Server.Addr(), Proto: TCP, Port: c.Server.Port()}) {
+			continue
+		}
+		// One that fails does not keep the others alive.
+		if err := bp.Destroy(c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ended++
+	}
+	return ended, errors.Join(errs...)
 }
 
 // hostAddrs are the node's own IPv4 addresses: connections it opens leave

@@ -1,0 +1,196 @@
+package policy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onc-net/onc/agent/ipam"
+	"github.com/onc-net/onc/agent/watch"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// NeedsKubernetes is what the agent says about policy on etcd.
+const NeedsKubernetes = "not enforced: NetworkPolicy needs the Kubernetes datastore (--datastore=kubernetes)"
+
+// Datapath is what the policy watcher needs of the kernel;
+// *datapath/policy.Node implements it.
+type Datapath interface {
+	// Enforce makes the kernel enforce rs, ending the connections and
+	// cached verdicts it no longer allows before it returns; checkKernel
+	// rewrites every rule, repairing drift.
+	Enforce(rs policy.Ruleset, checkKernel bool) (policy.Change, error)
+	// Counters are each local pod's allowed and denied connections.
+	Counters() (map[string]policy.Counters, error)
+}
+
+// Sources are the Kubernetes objects NetworkPolicy is about (*Inputs:
+// informers on pods, namespaces and policies).
+type Sources interface {
+	Snapshot() Snapshot
+	// OnChange registers fn, called after any of them changes.
+	OnChange(fn func())
+	// HasPod reports whether the pod is in the inputs yet.
+	HasPod(namespace, name string) bool
+}
+
+// Watcher keeps the kernel enforcing the NetworkPolicies of this node's
+// pods. Its input is level-triggered like every watcher's: an informer
+// event or a pod attached or detached here only signals, and each
+// reconcile compiles the whole ruleset from the informers' caches; the
+// datapath writes only what changed.
+type Watcher struct {
+	*watch.Informed
+	dp     Datapath
+	inputs Sources
+	pods   func() []ipam.Attachment // this node's; nil until it is up
+
+	mu    sync.Mutex
+	rules policy.Ruleset // as last enforced
+}
+
+// NewWatcher is the policy watcher; pods lists the node's attachments, nil
+// before the node is up.
+func NewWatcher(dp Datapath, in Sources, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
+	w := &Watcher{dp: dp, inputs: in, pods: pods}
+	w.Informed = watch.NewInformed("policy", resync, w.reconcile)
+	in.OnChange(w.Signal)
+	return w
+}
+
+// Wait bounds how long CNI ADD waits for the new pod's rules (a variable
+// for the tests).
+var Wait = 10 * time.Second
+
+// ErrPending: a new pod's rules could not be enforced in time.
+var ErrPending = errors.New("network policy not enforced")
+
+// AwaitPod waits until the pod namespace/name is in the inputs (its labels
+// decide which policies select it) and a reconcile that read the state
+// after that has been enforced: CNI ADD calls it so that a pod some policy
+// isolates never starts unprotected.
+func (w *Watcher) AwaitPod(ctx context.Context, namespace, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, Wait)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !w.inputs.HasPod(namespace, name) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: pod %s/%s not in the API after %v", ErrPending, namespace, name, Wait)
+		case <-tick.C:
+		}
+	}
+	if err := w.Await(ctx); err != nil {
+		return fmt.Errorf("%w after %v: %w", ErrPending, Wait, err)
+	}
+	return nil
+}
+
+func (w *Watcher) reconcile(ctx context.Context, full bool) error {
+	atts := w.pods()
+	if atts == nil {
+		return nil // no pods before the node is up; the agent signals then
+	}
+	// A pod's first attachment is compiled; any other (a second interface,
+	// or a new sandbox while the old one's DEL is pending) gets the same
+	// rules under its own key, so that every interface of the pod is
+	// policed.
+	var local []LocalPod
+	var extra []ipam.Attachment
+	seen := make(map[string]bool)
+	for _, att := range atts {
+		key := att.K8sNamespace + "/" + att.K8sName
+		switch {
+		case att.K8sName == "":
+			continue // not a Kubernetes pod
+		case seen[key]:
+			extra = append(extra, att)
+			continue
+		}
+		seen[key] = true
+		local = append(local, LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IP: att.IP})
+	}
+	rs := Compile(w.inputs.Snapshot(), local)
+	for _, att := range extra {
+		pod := *rs.Pod(att.K8sNamespace + "/" + att.K8sName)
+		pod.Key = fmt.Sprintf("%s (%s/%s)", pod.Key, att.ContainerID[:min(12, len(att.ContainerID))], att.IfName)
+		pod.Iface, pod.IP = att.HostIface, att.IP
+		rs.Pods = append(rs.Pods, pod)
+	}
+	slices.SortFunc(rs.Pods, func(a, b policy.Pod) int { return cmp.Compare(a.Key, b.Key) })
+	ch, err := w.dp.Enforce(rs, full)
+	if err != nil {
+		return err
+	}
+	if len(ch.Pods) > 0 {
+		slog.Info("network policy enforced", "podsChanged", len(ch.Pods), "connectionsEnded", ch.Ended)
+	}
+	w.mu.Lock()
+	w.rules = rs
+	w.mu.Unlock()
+	return nil
+}
+
+// Enforced is the ruleset as last enforced.
+func (w *Watcher) Enforced() policy.Ruleset {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.rules
+}
+
+// List answers onctl policy: every local pod's isolation, rules and
+// counters, or the one pod req names (namespace/name, or name if unique).
+func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
+	ws := w.Watcher().Status()
+	resp := &apiv1.ListPolicyResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
+	rs := w.Enforced()
+	counters, err := w.dp.Counters()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read the policy counters: %v", err)
+	}
+	for _, pod := range rs.Pods {
+		if req.Pod != "" && pod.Key != req.Pod && !strings.HasSuffix(pod.Key, "/"+req.Pod) {
+			continue
+		}
+		c := counters[pod.Key]
+		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: pod.IP.String(), HostIface: pod.Iface,
+			Ingress: direction(pod.Ingress, c.IngressAllowed, c.IngressDenied),
+			Egress:  direction(pod.Egress, c.EgressAllowed, c.EgressDenied)})
+	}
+	switch {
+	case req.Pod != "" && len(resp.Pods) == 0:
+		return nil, status.Errorf(codes.NotFound, "no pod %q on this node (onctl pods lists them)", req.Pod)
+	case req.Pod != "" && len(resp.Pods) > 1:
+		return nil, status.Errorf(codes.InvalidArgument, "%d pods are named %q here; give namespace/name", len(resp.Pods), req.Pod)
+	}
+	return resp, nil
+}
+
+func direction(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
+	out := &apiv1.PolicyDirection{Allowed: allowed, Denied: denied}
+	if d == nil {
+		return out
+	}
+	out.Isolated, out.Policies = true, d.Policies
+	for _, r := range d.Rules {
+		pr := &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), NoPort: r.Ports != nil && len(r.Ports) == 0}
+		for _, peer := range r.Peers {
+			pr.Peers = append(pr.Peers, peer.String())
+		}
+		for _, port := range r.Ports {
+			pr.Ports = append(pr.Ports, port.String())
+		}
+		out.Rules = append(out.Rules, pr)
+	}
+	return out
+}

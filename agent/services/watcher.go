@@ -1,0 +1,143 @@
+package services
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/onc-net/onc/agent/ipam"
+	"github.com/onc-net/onc/agent/report"
+	"github.com/onc-net/onc/agent/watch"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/services"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// NeedKubernetes is what the agent says about Services on etcd.
+const NeedKubernetes = "no Services: they need the Kubernetes datastore (--datastore=kubernetes)"
+
+// Datapath is what the services watcher needs of the kernel;
+// *datapath/services.Node implements it.
+type Datapath interface {
+	// Tables are the loaded socket LB's, nil when it is off or not loaded;
+	// Status then says why.
+	Tables() services.Tables
+	Status() string
+	Mode() services.Mode
+	// Sync makes the socket programs balance exactly svcs; with
+	// checkKernel it also reads the maps back, repairing drift, and
+	// forgets the namespaces of pods not among pods.
+	Sync(svcs []services.Service, pods []netip.Addr, checkKernel bool) error
+}
+
+// Sources are the Kubernetes objects Services are balanced from (*Inputs:
+// informers on Services and EndpointSlices).
+type Sources interface {
+	Snapshot() Snapshot
+	// OnChange registers fn, called after any of them changes.
+	OnChange(fn func())
+}
+
+// Watcher keeps the socket programs balancing the cluster's Services:
+// every informer event only signals, and each reconcile compiles the whole
+// table from the caches; the datapath writes only the services that
+// changed.
+type Watcher struct {
+	*watch.Informed
+	dp     Datapath
+	inputs Sources
+	node   string
+	pods   func() []ipam.Attachment // this node's; nil until it is up
+	count  int                      // service ports last synced, for the log; reconcile's own
+}
+
+// NewWatcher is the services watcher of node; pods lists the node's
+// attachments, nil before the node is up.
+func NewWatcher(dp Datapath, in Sources, node string, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
+	w := &Watcher{dp: dp, inputs: in, node: node, pods: pods}
+	w.Informed = watch.NewInformed("services", resync, w.reconcile)
+	in.OnChange(w.Signal)
+	return w
+}
+
+func (w *Watcher) reconcile(ctx context.Context, full bool) error {
+	if w.dp.Tables() == nil {
+		return nil // off, failed (status says why) or not up yet: the agent signals at bring-up
+	}
+	atts := w.pods()
+	if atts == nil {
+		return nil
+	}
+	pods := make([]netip.Addr, 0, len(atts))
+	for _, att := range atts {
+		pods = append(pods, att.IP)
+	}
+	svcs := Compile(w.inputs.Snapshot(), w.node)
+	if err := w.dp.Sync(svcs, pods, full); err != nil {
+		return err
+	}
+	if len(svcs) != w.count {
+		w.count = len(svcs)
+		slog.Info("services balanced at the socket", "servicePorts", len(svcs))
+	}
+	return nil
+}
+
+// Status is onctl status's line: the mode, or why nothing is balanced at
+// the socket.
+func Status(dp Datapath) string {
+	if dp.Tables() != nil {
+		return string(dp.Mode())
+	}
+	return dp.Status()
+}
+
+// List answers onctl services: every Service balanced at the socket, its
+// backends, affinities and the translation counters.
+func (w *Watcher) List() (*apiv1.ListServicesResponse, error) {
+	lb := w.dp.Tables()
+	if lb == nil {
+		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+w.dp.Status())
+	}
+	ws := w.Watcher().Status()
+	resp := &apiv1.ListServicesResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError,
+		Mode: string(w.dp.Mode()), Cgroup: lb.Cgroup()}
+	states, err := lb.Services()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read the service map: %v", err)
+	}
+	affs, err := lb.Affinities()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read the affinity map: %v", err)
+	}
+	byService := map[services.Key][]*apiv1.ServiceAffinity{}
+	for _, a := range affs {
+		client := "host"
+		switch {
+		case a.Gone:
+			client = fmt.Sprintf("gone (netns %d)", a.Netns)
+		case a.Pod.IsValid():
+			client = a.Pod.String()
+		}
+		byService[a.Service] = append(byService[a.Service], &apiv1.ServiceAffinity{Client: client,
+			Backend: a.Backend.String(), AgeSeconds: a.Age.Seconds()})
+	}
+	for _, st := range states {
+		bs := &apiv1.BalancedService{Name: st.Name, Vip: netip.AddrPortFrom(st.VIP, st.Port).String(), Proto: st.Proto.String(),
+			AffinitySeconds: uint32(st.Affinity.Seconds()), Translated: st.Translated, Refused: st.Refused,
+			Affinity: byService[st.Key()]}
+		for _, b := range st.Backends {
+			bs.Backends = append(bs.Backends, &apiv1.ServiceBackend{Addr: b.Addr.String(), Pod: b.Pod, Node: b.Node, Ready: b.Ready})
+		}
+		resp.Services = append(resp.Services, bs)
+	}
+	stats, err := lb.Stats()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read the socket-LB counters: %v", err)
+	}
+	resp.Counters = report.Counters("services", stats)
+	return resp, nil
+}

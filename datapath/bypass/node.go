@@ -1,0 +1,153 @@
+package bypass
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/onc-net/onc/datapath/bpf"
+)
+
+// Node is a node's intra-node bypass: loaded once at bring-up, or failed
+// to load (Status says why).
+type Node struct {
+	cfg    Config
+	pinDir string
+	cgroup func() (string, error)
+
+	mu     sync.Mutex
+	bp     *Bypass // nil: not loaded yet or failed (err says why)
+	err    error
+	loaded bool // Load ran
+}
+
+// NewNode is the node's bypass with setting cfg, pinned under pinDir,
+// attached to the cgroup v2 directory cgroup returns; nothing loads until
+// Load.
+func NewNode(cfg Config, pinDir string, cgroup func() (string, error)) *Node {
+	return &Node{cfg: cfg, pinDir: pinDir, cgroup: cgroup}
+}
+
+// Load loads the bypass programs and attaches them to the cgroup,
+// adopting an earlier agent's pins, and applies the setting. They are
+// loaded even when the setting is off, so that `onctl bypass on` needs no
+// restart; off, they record nothing. It runs once: a node without the
+// bypass still comes up, every connection taking the TCP/IP stack.
+func (n *Node) Load() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.loaded {
+		return
+	}
+	n.loaded = true
+	n.bp, n.err = n.load()
+	if n.err != nil {
+		slog.Error("intra-node bypass unavailable; every connection takes the TCP/IP stack", "err", n.err)
+	}
+}
+
+func (n *Node) load() (*Bypass, error) {
+	cgroup, err := n.cgroup()
+	if err != nil {
+		return nil, err
+	}
+	bp, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup})
+	if err == nil {
+		err = bp.Attach()
+		if err == nil {
+			err = bp.SetConfig(n.cfg)
+		}
+		if err != nil {
+			bp.Close()
+		}
+	}
+	if err != nil {
+		// No program may go on redirecting by a setting nobody controls.
+		if rerr := Remove(n.pinDir); rerr != nil {
+			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
+		}
+		return nil, err
+	}
+	slog.Info("intra-node bypass loaded", "setting", n.cfg, "cgroup", cgroup)
+	return bp, nil
+}
+
+// Controls are the bypass's setting and tables as onctl and the metrics use
+// them; *Bypass implements it.
+type Controls interface {
+	Config() Config
+	SetConfig(Config) error
+	Cgroup() string
+	Conns() ([]Conn, error)
+	Stats() ([]bpf.Counter, error)
+}
+
+// Controls is the loaded bypass, or nil (Status says why).
+func (n *Node) Controls() Controls {
+	if bp := n.Loaded(); bp != nil {
+		return bp
+	}
+	return nil // not a typed nil: callers compare with nil
+}
+
+// Loaded is the bypass, or nil when it is not loaded (Status says why).
+func (n *Node) Loaded() *Bypass {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.bp
+}
+
+// Status says why the node has no bypass: "" when it has one.
+func (n *Node) Status() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.bp != nil:
+		return ""
+	case n.err != nil:
+		return "failed to load, every connection takes the TCP/IP stack: " + n.err.Error()
+	}
+	return "not up yet"
+}
+
+// OwnPod registers the pod at ip, its namespace at path netns with cookie;
+// nothing when the bypass is not loaded.
+func (n *Node) OwnPod(ip netip.Addr, netns string, cookie uint64) error {
+	if bp := n.Loaded(); bp != nil {
+		return bp.OwnPod(ip, netns, cookie)
+	}
+	return nil
+}
+
+// ForgetPod forgets the pod at ip.
+func (n *Node) ForgetPod(ip netip.Addr) error {
+	bp := n.Loaded()
+	if bp == nil || !ip.IsValid() {
+		return nil
+	}
+	return bp.ForgetPods(func(a netip.Addr) bool { return a != ip })
+}
+
+// KeepConntrack keeps the conntrack entries of bypassed connections from
+// expiring (Bypass.KeepConntrack); the agent calls it on every resync.
+func (n *Node) KeepConntrack() error {
+	bp := n.Loaded()
+	if bp == nil {
+		return nil
+	}
+	_, err := bp.KeepConntrack()
+	return err
+}
+
+// Close releases the programs' handles; the pinned links stay.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.bp == nil {
+		return nil
+	}
+	err := n.bp.Close()
+	n.bp = nil
+	return err
+}

@@ -1,0 +1,243 @@
+package services
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+
+	"sync"
+
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/internal/netns"
+)
+
+// Mode says whose sockets the node balances Services for.
+type Mode string
+
+const (
+	// All balances the host's sockets and every pod's.
+	All Mode = "all"
+	// HostOnly balances only the host's sockets: pods see the
+	// ClusterIP and kube-proxy balances their traffic, as sidecar meshes
+	// that intercept ClusterIP traffic inside the pod need.
+	HostOnly Mode = "host-only"
+	// Off leaves every Service to kube-proxy.
+	Off Mode = "off"
+)
+
+// ParseMode checks a --socket-lb value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case All, HostOnly, Off:
+		return m, nil
+	}
+	return "", fmt.Errorf("socket LB mode %q: must be all, host-only or off", s)
+}
+
+// Tables are the socket load balancer's state and tables, as onctl and
+// the metrics read them; *LB implements it.
+type Tables interface {
+	Cgroup() string
+	Services() ([]ServiceState, error)
+	Affinities() ([]Affinity, error)
+	Stats() ([]bpf.Counter, error)
+}
+
+// Node is a node's socket load balancer: off, loaded once at bring-up, or
+// failed to load (Status says which).
+type Node struct {
+	mode   Mode
+	pinDir string
+	cgroup func() (string, error)
+
+	mu     sync.Mutex
+	lb     *LB // nil: off, not loaded yet or failed (err says why)
+	err    error
+	loaded bool // Load ran
+}
+
+// NewNode is the node's socket LB in mode, pinned under pinDir, attached
+// to the cgroup v2 directory cgroup returns; nothing loads until Load.
+func NewNode(mode Mode, pinDir string, cgroup func() (string, error)) *Node {
+	return &Node{mode: mode, pinDir: pinDir, cgroup: cgroup}
+}
+
+// Mode is whose sockets the node balances for.
+func (n *Node) Mode() Mode { return n.mode }
+
+// Load loads the socket programs, attaches them to the configured
+// cgroup (adopting an earlier agent's links) and gives them the host's
+// network namespace. With the mode off, or when that fails, it removes
+// whatever an earlier agent pinned, so that no program goes on translating
+// with maps nobody updates: the node leaves Services to kube-proxy. It
+// runs once: a node whose socket LB cannot load leaves Services to
+// kube-proxy rather than failing to come up.
+func (n *Node) Load() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.loaded {
+		return
+	}
+	n.loaded = true
+	n.lb, n.err = n.load()
+	if n.err != nil {
+		slog.Error("socket load balancing unavailable; kube-proxy balances every Service", "err", n.err)
+	}
+}
+
+func (n *Node) load() (*LB, error) {
+	if n.mode == Off {
+		return nil, Remove(n.pinDir)
+	}
+	lb, err := n.attach()
+	if err != nil {
+		if rerr := Remove(n.pinDir); rerr != nil {
+			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
+		}
+		return nil, err
+	}
+	slog.Info("socket load balancing on", "mode", n.mode, "cgroup", lb.Cgroup())
+	return lb, nil
+}
+
+func (n *Node) attach() (*LB, error) {
+	cgroup, err := n.cgroup()
+	if err != nil {
+		return nil, err
+	}
+	lb, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup})
+	if err != nil {
+		return nil, err
+	}
+	host, err := netns.Cookie("")
+	if err == nil {
+		err = lb.OwnHost(host)
+	}
+	if err == nil && n.mode == HostOnly {
+		err = lb.ForgetPods(func(netip.Addr) bool { return false }) // owned in an earlier mode
+	}
+	if err == nil {
+		err = lb.Attach()
+	}
+	if err != nil {
+		lb.Close()
+		return nil, err
+	}
+	return lb, nil
+}
+
+// Tables are the loaded socket LB's tables, or nil when it is off or failed
+// to load (Status says which).
+func (n *Node) Tables() Tables {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lb == nil {
+		return nil // not a typed nil: callers compare with nil
+	}
+	return n.lb
+}
+
+// Status says why the node balances no Services at the socket: "" when
+// it does.
+func (n *Node) Status() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case n.lb != nil:
+		return ""
+	case n.mode == Off:
+		return "off (--socket-lb=off): kube-proxy balances every Service"
+	case n.err != nil:
+		return "failed to load, kube-proxy balances every Service: " + n.err.Error()
+	}
+	return "not up yet"
+}
+
+// Sync makes the socket programs balance exactly svcs. With
+// checkKernel it also reads the maps back, repairing drift, and forgets
+// the namespaces of pods other than pods (a DEL that found no address
+// left its entry behind).
+func (n *Node) Sync(svcs []Service, pods []netip.Addr, checkKernel bool) error {
+	n.mu.Lock()
+	lb := n.lb
+	n.mu.Unlock()
+	if lb == nil {
+		return errNotOn
+	}
+	if checkKernel && n.mode == All {
+		local := make(map[netip.Addr]bool, len(pods))
+		for _, a := range pods {
+			local[a] = true
+		}
+		if err := lb.ForgetPods(func(a netip.Addr) bool { return local[a] }); err != nil {
+			return err
+		}
+	}
+	return lb.Sync(svcs, checkKernel)
+}
+
+var errNotOn = errors.New("socket load balancing is not on")
+
+// UnbalanceAPIServer takes the kubernetes Service's ClusterIP, which an
+// agent in a cluster dials (KUBERNETES_SERVICE_HOST), out of the pinned
+// service map before the agent's first API call: an earlier agent's entry
+// may name API servers that have moved meanwhile, and only this agent
+// could fix it. kube-proxy serves it until the services watcher writes it
+// again.
+func UnbalanceAPIServer(bpffs string) error {
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if host == "" {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
+	if err != nil || !ap.Addr().Is4() {
+		return nil // not an IPv4 ClusterIP: nothing of ONC's
+	}
+	return Unbalance(bpffs, Key{VIP: ap.Addr(), Port: ap.Port(), Proto: TCP})
+}
+
+// OwnPod registers a pod's network namespace (by its cookie) in mode all,
+// before the pod runs: its first connections would otherwise go to
+// kube-proxy. Other modes and an unloaded LB ignore it.
+func (n *Node) OwnPod(cookie uint64, ip netip.Addr) error {
+	if lb := n.podsLB(); lb != nil {
+		return lb.OwnPod(cookie, ip)
+	}
+	return nil
+}
+
+// ForgetPod forgets the namespace of the pod at ip.
+func (n *Node) ForgetPod(ip netip.Addr) error {
+	lb := n.podsLB()
+	if lb == nil || !ip.IsValid() {
+		return nil
+	}
+	return lb.ForgetPods(func(a netip.Addr) bool { return a != ip })
+}
+
+// BalancesPods says whether pods' sockets are balanced (mode all, loaded).
+func (n *Node) BalancesPods() bool { return n.podsLB() != nil }
+
+func (n *Node) podsLB() *LB {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.mode != All {
+		return nil
+	}
+	return n.lb
+}
+
+// Close releases the programs' handles; the pinned links keep balancing.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lb == nil {
+		return nil
+	}
+	err := n.lb.Close()
+	n.lb = nil
+	return err
+}
