@@ -24,7 +24,7 @@ type Datapath struct {
 
 // KernelDatapath is n's parts.
 func KernelDatapath(n *datapath.Node) Datapath {
-	return Datapath{Node: n, Pods: n, Policy: n.Policy(), Services: n.Services(), Bypass: n.Bypass(), Underlay: n}
+	return Datapath{Node: n, Pods: n, Policy: n.Policy(), Services: n.Services(), Bypass: n.Bypass(), Underlay: n.Underlay()}
 }
 
 // Node is the node's datapath as a whole and its overlay: what the peer

@@ -176,7 +176,7 @@ func (noServices) Sync([]services.Service, []netip.Addr, bool) error {
 // quietUnderlay is an underlay that never changes.
 type quietUnderlay struct{}
 
-func (quietUnderlay) WatchUnderlay(ctx context.Context, _ func()) error {
+func (quietUnderlay) Watch(ctx context.Context, _ func()) error {
 	<-ctx.Done()
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
+	"github.com/onc-net/onc/datapath/underlay"
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
@@ -41,6 +42,7 @@ type Node struct {
 	policy   *policy.Node
 	services *services.Node
 	bypass   *bypass.Node
+	underlay *underlay.Node
 
 	conflicts string // the peers left out last time, logged when it changes
 	// uplinkAttached: the uplink's programs are attached (attachUplink).
@@ -76,6 +78,7 @@ func New(cfg Config) (*Node, error) {
 	n.services = services.NewNode(cfg.SocketLB, cfg.BPFFS, cgroup)
 	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
 	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
+	n.underlay = underlay.NewNode(up.Index, n.fastPath, n.peerVTEPs)
 	return n, nil
 }
 
@@ -179,6 +182,17 @@ func (n *Node) Services() *services.Node { return n.services }
 
 // Bypass is the node's intra-node bypass.
 func (n *Node) Bypass() *bypass.Node { return n.bypass }
+
+// Underlay keeps the fast path's learned headers true to the underlay.
+func (n *Node) Underlay() *underlay.Node { return n.underlay }
+
+// peerVTEPs is each peer's VTEP MAC as last synced (node IP -> MAC): a
+// learned header must carry it.
+func (n *Node) peerVTEPs() map[netip.Addr]net.HardwareAddr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.vteps
+}
 
 // FastPath is the flow cache, or nil when it is not loaded.
 func (n *Node) FastPath() FastPath {
@@ -294,7 +308,7 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	// header relearned, like an underlay change. (The underlay watcher
 	// checks every header on its own resync; this pass is for the change.)
 	if vtepsChanged {
-		_, herr := n.EvictStaleHeaders()
+		_, herr := n.underlay.EvictStaleHeaders()
 		err = errors.Join(err, herr)
 	}
 	return err

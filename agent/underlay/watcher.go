@@ -11,12 +11,12 @@ import (
 )
 
 // Datapath is what the underlay watcher needs of the kernel;
-// *datapath.Node implements it.
+// *datapath/underlay.Node implements it.
 type Datapath interface {
-	// WatchUnderlay calls changed after each route, uplink or neighbour
+	// Watch calls changed after each route, uplink or neighbour
 	// change that can make a learned outer header stale, until ctx ends or
 	// its subscription fails.
-	WatchUnderlay(ctx context.Context, changed func()) error
+	Watch(ctx context.Context, changed func()) error
 	// EvictStaleHeaders removes the learned outer headers that no longer
 	// match the underlay or the peers; it returns how many.
 	EvictStaleHeaders() (int, error)
@@ -54,7 +54,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		defer close(watching)
 		for backoff := watch.RetryFirst; ctx.Err() == nil; backoff = min(2*backoff, watch.RetryMax) {
 			start := time.Now()
-			err := w.dp.WatchUnderlay(ctx, w.Signal)
+			err := w.dp.Watch(ctx, w.Signal)
 			if err == nil {
 				return // ctx ended
 			}

@@ -1,4 +1,7 @@
-package datapath
+// Package underlay keeps the fast path's learned outer headers true to the
+// underlay: it watches routes, the uplink and its neighbours, and evicts
+// the headers that no longer match.
+package underlay
 
 import (
 	"bytes"
@@ -19,16 +22,30 @@ import (
 // the uplink and its MAC, the next hop's MAC, and the peer's VTEP MAC. The
 // kernel keeps its own view current (ARP, routes), but fast-path hits never
 // consult it, so a header that no longer matches would black-hole its
-// flows. The agent watches the underlay (WatchUnderlay) and evicts exactly
-// the headers that no longer match (EvictStaleHeaders); their flows take
-// the slow path once and learn the new header from the kernel.
+// flows. The agent watches the underlay (Watch) and evicts exactly the
+// headers that no longer match (EvictStaleHeaders); their flows take the
+// slow path once and learn the new header from the kernel.
 
-// WatchUnderlay calls changed after each change in the node's network
+// Node is a node's underlay as the fast path depends on it.
+type Node struct {
+	uplink   int                                    // the uplink's ifindex
+	fastPath func() *fastpath.Datapath              // nil when not loaded
+	vteps    func() map[netip.Addr]net.HardwareAddr // each peer's VTEP MAC, by node IP
+}
+
+// NewNode is the underlay of the node whose uplink has ifindex uplink;
+// fastPath returns the flow cache (nil when not loaded), vteps each peer's
+// VTEP MAC as last synced.
+func NewNode(uplink int, fastPath func() *fastpath.Datapath, vteps func() map[netip.Addr]net.HardwareAddr) *Node {
+	return &Node{uplink: uplink, fastPath: fastPath, vteps: vteps}
+}
+
+// Watch calls changed after each change in the node's network
 // namespace that can make a learned header stale: a route other than ONC's
 // own (pod and overlay routes) changed, the uplink changed, or a neighbour
 // on the uplink got another address, failed or went away. It returns when
 // ctx ends (nil) or a subscription fails.
-func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
+func (n *Node) Watch(ctx context.Context, changed func()) error {
 	done := make(chan struct{})
 	neighs := make(chan netlink.NeighUpdate, 256)
 	routes := make(chan netlink.RouteUpdate, 256)
@@ -68,7 +85,7 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 	}
 	// A neighbour's state moves between REACHABLE and STALE all the time;
 	// only another address, a failure or a removal matters.
-	have, err := netlink.NeighList(n.up.Index, unix.AF_INET)
+	have, err := netlink.NeighList(n.uplink, unix.AF_INET)
 	if err != nil {
 		return fmt.Errorf("list the uplink's neighbours: %w", err)
 	}
@@ -89,7 +106,7 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: neighbour subscription closed")
 			}
-			if ip, ok := netip.AddrFromSlice(u.IP); ok && u.LinkIndex == n.up.Index && ip.Unmap().Is4() &&
+			if ip, ok := netip.AddrFromSlice(u.IP); ok && u.LinkIndex == n.uplink && ip.Unmap().Is4() &&
 				neighbourChanged(seen, ip.Unmap(), u) {
 				changed()
 			}
@@ -104,7 +121,7 @@ func (n *Node) WatchUnderlay(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: link subscription closed")
 			}
-			if int(u.Index) == n.up.Index {
+			if int(u.Index) == n.uplink {
 				changed()
 			}
 		}
@@ -142,9 +159,7 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 	if fp == nil {
 		return 0, nil
 	}
-	n.mu.Lock()
-	vteps := n.vteps
-	n.mu.Unlock()
+	vteps := n.vteps()
 	view := newUnderlayView()
 	var reborn []netip.Addr // peers on a new machine: their old neighbour entry is stale too
 	evicted, err := fp.EvictEncaps(func(e fastpath.Encap) bool {
