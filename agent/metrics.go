@@ -50,10 +50,10 @@ var (
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
-	descSocketLBTranslations = prometheus.NewDesc("onc_socklb_translations_total",
+	descSocketLBTranslations = prometheus.NewDesc("onc_services_translations_total",
 		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg).",
 		[]string{"hook"}, nil)
-	descSocketLBRefusals = prometheus.NewDesc("onc_socklb_refusals_total",
+	descSocketLBRefusals = prometheus.NewDesc("onc_services_refusals_total",
 		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg).",
 		[]string{"hook"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
@@ -69,7 +69,7 @@ var (
 const (
 	sourceFastPath = "fastpath"
 	sourceCache    = "fastpath_cache"
-	sourceSocketLB = "socklb"
+	sourceServices = "services"
 	sourceBypass   = "bypass"
 	sourcePolicy   = "policy"
 )
@@ -101,7 +101,7 @@ func newAgentMetrics(a *Agent) *agentMetrics {
 			// ADD may wait up to 10 s for the pod's policy.
 			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
 			[]string{"verb"}),
-		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceSocketLB, sourceBypass, sourcePolicy),
+		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceServices, sourceBypass, sourcePolicy),
 	}
 	m.reg.MustRegister(m, m.cniRequests, m.cniDuration)
 	return m
@@ -186,7 +186,7 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if lb := a.dp.Services.Tables(); lb != nil {
-		sources = append(sources, counterSource{sourceSocketLB, lb.Stats, socketLBSample})
+		sources = append(sources, counterSource{sourceServices, lb.Stats, socketLBSample})
 	}
 	if bp := a.dp.Bypass.Controls(); bp != nil {
 		sources = append(sources, counterSource{sourceBypass, bp.Stats, bypassSample})

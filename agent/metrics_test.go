@@ -187,7 +187,7 @@ func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
 	want(t, mfs, "onc_bypass_redirected_bytes_total", 1000)
 	want(t, mfs, "onc_bypass_fallbacks_total", 1, "reason", "small")
 	want(t, mfs, "onc_scrape_errors_total", 0, "source", sourceFastPath)
-	for _, family := range []string{"onc_socklb_translations_total", "onc_policy_connections_total"} {
+	for _, family := range []string{"onc_services_translations_total", "onc_policy_connections_total"} {
 		if _, ok := mfs[family]; ok {
 			t.Errorf("%s without the socket LB or policy", family)
 		}

@@ -35,15 +35,15 @@ type Config struct {
 	// /proc/sys is read-only unless privileged, so the DaemonSet mounts
 	// the host's /proc/sys/net elsewhere (everything ONC writes is under net/).
 	ProcSys string
-	// SocketLB is whose sockets Services are balanced for; SocketLBCgroup
-	// the cgroup v2 directory the programs attach to ("" = the highest one
-	// mounted, mounting a cgroup2 hierarchy where none is; bpf.ResolveCgroup).
-	SocketLB       services.Mode
-	SocketLBCgroup string
+	// Services is whose sockets Services are balanced for (the socket LB).
+	Services services.Mode
 	// Bypass is which connections between two pods of the node skip the
-	// TCP/IP stacks (docs/bypass.md); its programs attach to the socket
-	// LB's cgroup.
+	// TCP/IP stacks (docs/bypass.md).
 	Bypass bypass.Config
+	// Cgroup is the cgroup v2 directory the services and bypass programs
+	// attach to ("" = the highest one mounted, mounting a cgroup2
+	// hierarchy where none is; bpf.ResolveCgroup).
+	Cgroup string
 }
 
 // NodeSetup is what bringing the node up needs from the control plane.

@@ -61,8 +61,8 @@ func New(cfg Config) (*Node, error) {
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
 	}
-	if cfg.SocketLB == "" {
-		cfg.SocketLB = services.All
+	if cfg.Services == "" {
+		cfg.Services = services.All
 	}
 	if cfg.Bypass.Mode == "" {
 		cfg.Bypass.Mode = bypass.Off
@@ -74,8 +74,8 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, up: up}
 	// The socket LB and the bypass attach to one cgroup, resolved once for
 	// both (resolving may mount a cgroup v2 hierarchy).
-	cgroup := sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.SocketLBCgroup) })
-	n.services = services.NewNode(cfg.SocketLB, cfg.BPFFS, cgroup)
+	cgroup := sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.Cgroup) })
+	n.services = services.NewNode(cfg.Services, cfg.BPFFS, cgroup)
 	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
 	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
 	n.underlay = underlay.NewNode(up.Index, n.fastPath, n.peerVTEPs)

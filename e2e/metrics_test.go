@@ -189,14 +189,14 @@ func TestMetricsPolicyServicesBypass(t *testing.T) {
 	after := read()
 	got := map[string]uint64{}
 	samples(mfs, got, "onc_policy_connections_total", func(l map[string]string) string { return "policy_" + l["direction"] + "_" + l["verdict"] })
-	samples(mfs, got, "onc_socklb_translations_total", func(l map[string]string) string { return "socklb_" + l["hook"] + "_translated" })
-	samples(mfs, got, "onc_socklb_refusals_total", func(l map[string]string) string { return "socklb_" + l["hook"] + "_refused" })
+	samples(mfs, got, "onc_services_translations_total", func(l map[string]string) string { return "services_" + l["hook"] + "_translated" })
+	samples(mfs, got, "onc_services_refusals_total", func(l map[string]string) string { return "services_" + l["hook"] + "_refused" })
 	samples(mfs, got, "onc_bypass_redirected_messages_total", func(map[string]string) string { return "bypass_redirected_msgs" })
 	samples(mfs, got, "onc_bypass_redirected_bytes_total", func(map[string]string) string { return "bypass_redirected_bytes" })
 	samples(mfs, got, "onc_bypass_fallbacks_total", func(l map[string]string) string { return "bypass_fallback_" + l["reason"] })
 	between(t, n.Name, got, before, after)
 	for name, least := range map[string]uint64{"policy_ingress_allowed": 1, "policy_ingress_denied": 1,
-		"socklb_connect_refused": 1, "bypass_redirected_msgs": 100, "bypass_redirected_bytes": 100 * 100} {
+		"services_connect_refused": 1, "bypass_redirected_msgs": 100, "bypass_redirected_bytes": 100 * 100} {
 		if got[name] < least {
 			t.Errorf("%s = %d in the metrics, want at least %d (onctl: %d)", name, got[name], least, after[name])
 		}

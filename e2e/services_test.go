@@ -425,7 +425,7 @@ func (c *serviceCluster) onctl(t *testing.T) {
 	}
 }
 
-// socket-lb host-only balances the host's sockets and leaves the pods'
+// --services=host-only balances the host's sockets and leaves the pods'
 // (to kube-proxy in a cluster; in the lab, without one, the ClusterIP
 // leads nowhere); off balances none; both say so. Back on all, the pods
 // attached meanwhile are balanced again.
@@ -436,7 +436,7 @@ func (c *serviceCluster) modes(t *testing.T) {
 	n, pod := c.l.Nodes[0], c.clients[0]
 	restart := func(mode string) *apiv1.NodeStatus {
 		t.Helper()
-		if err := c.l.RestartAgent(ctx, n, "--socket-lb="+mode); err != nil {
+		if err := c.l.RestartAgent(ctx, n, "--services="+mode); err != nil {
 			t.Fatal(err)
 		}
 		st, err := n.Status(ctx)

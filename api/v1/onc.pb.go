@@ -1563,7 +1563,7 @@ func (*GetStatsRequest) Descriptor() ([]byte, []int) {
 type Counter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// egress (fast path out of pods), ingress (fast path into pods), learn,
-	// socklb (ListServices) or bypass (ListBypass).
+	// services (ListServices) or bypass (ListBypass).
 	Program string `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
 	// hit, miss_<reason>, error, egress, ingress, paused
 	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`

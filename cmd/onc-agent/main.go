@@ -38,8 +38,12 @@ func main() {
 	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "", "where the host's sysctls are written (its net/ subtree; default /proc/sys); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
-	socketLB := fs.String("socket-lb", string(dpservices.All), "whose sockets Services are balanced for at connect(): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
-	fs.StringVar(&cfg.Datapath.SocketLBCgroup, "socket-lb-cgroup", "", "cgroup v2 directory the socket-LB and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
+	servicesMode := fs.String("services", string(dpservices.All), "whose sockets Services are balanced for at connect() (the socket LB): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
+	fs.StringVar(servicesMode, "socket-lb", string(dpservices.All), "")
+	_ = fs.MarkDeprecated("socket-lb", "use --services")
+	fs.StringVar(&cfg.Datapath.Cgroup, "cgroup", "", "cgroup v2 directory the services and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
+	fs.StringVar(&cfg.Datapath.Cgroup, "socket-lb-cgroup", "", "")
+	_ = fs.MarkDeprecated("socket-lb-cgroup", "use --cgroup")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	store := backend.AddFlags(fs)
@@ -55,11 +59,11 @@ func main() {
 		cmdutil.Fatal("cannot start the agent", err)
 	}
 	defer lock.Close()
-	mode, err := dpservices.ParseMode(*socketLB)
+	mode, err := dpservices.ParseMode(*servicesMode)
 	if err != nil {
-		cmdutil.Fatal("bad flag", fmt.Errorf("--socket-lb: %w", err))
+		cmdutil.Fatal("bad flag", fmt.Errorf("--services: %w", err))
 	}
-	cfg.Datapath.SocketLB = mode
+	cfg.Datapath.Services = mode
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
 	}
@@ -104,7 +108,7 @@ func main() {
 		defer svcs.Close()
 		cfg.Services = svcs
 	} else {
-		cfg.Datapath.SocketLB = dpservices.Off // etcd clusters have no Services
+		cfg.Datapath.Services = dpservices.Off // etcd clusters have no Services
 	}
 	dp, err := datapath.New(cfg.Datapath)
 	if err != nil {

@@ -28,7 +28,7 @@ const (
 	Off Mode = "off"
 )
 
-// ParseMode checks a --socket-lb value.
+// ParseMode checks a --services value.
 func ParseMode(s string) (Mode, error) {
 	switch m := Mode(s); m {
 	case All, HostOnly, Off:
@@ -149,7 +149,7 @@ func (n *Node) Status() string {
 	case n.lb != nil:
 		return ""
 	case n.mode == Off:
-		return "off (--socket-lb=off): kube-proxy balances every Service"
+		return "off (--services=off): kube-proxy balances every Service"
 	case n.err != nil:
 		return "failed to load, kube-proxy balances every Service: " + n.err.Error()
 	}

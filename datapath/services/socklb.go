@@ -116,7 +116,7 @@ func (lb *LB) Attach() error {
 
 // Remove takes a node's socket programs off their cgroup and drops their
 // maps, from the pins alone (nothing is loaded, nothing mounted): for
-// --socket-lb=off, and for a node whose programs failed to load, so that
+// --services=off, and for a node whose programs failed to load, so that
 // an earlier agent's programs do not go on translating with maps nobody
 // updates. Connections go to ClusterIPs as they are, and kube-proxy
 // balances them. Idempotent.

@@ -374,7 +374,7 @@ func (r Report) Markdown(w io.Writer) {
 func (r Report) servicesMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n## Services\n\n")
 	fmt.Fprintf(w, "Client pod on node 0, netserver pod on node 1, fast path on, kube-proxy (iptables mode) on every node. "+
-		"`%s`: to the ClusterIP, ONC's socket LB on (`--socket-lb=all`, the hybrid with kube-proxy); "+
+		"`%s`: to the ClusterIP, ONC's socket LB on (`--services=all`, the hybrid with kube-proxy); "+
 		"`%s`: to the ClusterIP, socket LB off on the client's node, so kube-proxy translates; "+
 		"`%s`: to the server pod's IP (socket LB on). Each measurement starts with the client node's flow cache and the client pod's conntrack entries flushed, "+
 		"so that no config inherits another's connections. Each ratio is the median of the per-repetition paired ratios (min – max, n repetitions).\n\n",

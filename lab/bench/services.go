@@ -97,7 +97,7 @@ func containerPorts(ports []namedPort) []corev1.ContainerPort {
 	return out
 }
 
-// socketLBMode is the client node's --socket-lb in each config. The pod IP
+// socketLBMode is the client node's --services in each config. The pod IP
 // baseline runs with it on, as the nodes of a cluster that uses it are.
 func socketLBMode(cfg string) string {
 	if cfg == KubeProxy {
@@ -237,7 +237,7 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 		return err
 	}
 	if socketLBOf(st) != mode {
-		if err := l.RestartAgent(ctx, n, "--socket-lb="+mode); err != nil {
+		if err := l.RestartAgent(ctx, n, "--services="+mode); err != nil {
 			return err
 		}
 		if err := fastPath(ctx, l, true); err != nil {
@@ -249,7 +249,7 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 		return err
 	}
 	if socketLBOf(st) != mode {
-		return fmt.Errorf("%s: socket LB %q after restart with --socket-lb=%s", n.Name, st.SocketLb, mode)
+		return fmt.Errorf("%s: socket LB %q after restart with --services=%s", n.Name, st.SocketLb, mode)
 	}
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		svcs, err := listServices(ctx, n)
@@ -271,7 +271,7 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 }
 
 // socketLBOf is the mode in a status's socket-LB line ("all", or "off
-// (--socket-lb=off): ...").
+// (--services=off): ...").
 func socketLBOf(st *apiv1.NodeStatus) string {
 	mode, _, _ := strings.Cut(st.SocketLb, " ")
 	return mode
