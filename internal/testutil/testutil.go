@@ -2,8 +2,9 @@
 // need root or outside programs (which fail instead of skipping under
 // ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers,
 // a real kube-apiserver (internal/kubeapiserver), throwaway network
-// namespaces and polling. The lab's own test helpers are in lab/labtest;
-// this package does not depend on e2e.
+// namespaces and polling. The lab's own test helpers are in lab/labtest,
+// those of the cgroup programs in datapath/bpf/bpftest; this package does
+// not depend on e2e.
 package testutil
 
 import (
@@ -22,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/kubeapiserver"
 	"github.com/onc-net/onc/internal/netns"
@@ -337,56 +337,4 @@ func WaitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 	}
-}
-
-// Cgroup is a fresh child of the cgroup v2 root, removed when the test
-// ends: programs attached there act only on the test's own sockets, never
-// the machine's.
-func Cgroup(t testing.TB) string {
-	t.Helper()
-	Privileged(t)
-	root, err := bpf.ResolveCgroup("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "onc-"+Prefix())
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Removable once its processes have left or exited.
-		for i := 0; i < 50 && os.Remove(dir) != nil; i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-	return dir
-}
-
-// JoinCgroup moves this test process into the cgroup dir until the test
-// ends, so that every socket it makes, in any namespace, belongs to dir.
-func JoinCgroup(t testing.TB, dir string) {
-	t.Helper()
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orig := "/" // the v2 line is "0::/path", beside any v1 ones
-	for _, line := range strings.Split(string(self), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			orig = p
-		}
-	}
-	root, err := bpf.ResolveCgroup("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := []byte(fmt.Sprint(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
-		t.Fatalf("join cgroup %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(filepath.Join(root, orig, "cgroup.procs"), pid, 0); err != nil {
-			t.Errorf("leave cgroup %s for %s: %v", dir, orig, err)
-		}
-	})
 }
