@@ -16,6 +16,7 @@ import (
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 )
@@ -212,9 +213,9 @@ func testStore(t *testing.T) datastore.Store {
 			etcdErr = err
 			return
 		}
-		var e *etcdstore.Embedded
+		var e *etcdserver.Server
 		// Every test of the package uses it; it goes after the last.
-		e, etcdErr = etcdstore.StartEmbedded(dir, fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)))
+		e, etcdErr = etcdserver.Start(dir, fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)))
 		if etcdErr == nil {
 			etcdURL = e.ClientURL
 			testutil.AtExit(func() { e.Close() })

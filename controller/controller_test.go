@@ -9,12 +9,13 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 )
 
 func setup(t *testing.T, timeout time.Duration) (datastore.Store, *controller.Controller) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}})
 	if err != nil {
 		t.Fatal(err)

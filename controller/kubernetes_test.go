@@ -12,6 +12,7 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/manifests"
@@ -27,7 +28,7 @@ import (
 // Node already has and allocates the others; when it dies the standby
 // takes over; a deleted Node's CIDR is freed.
 func TestKubernetesControllerReplicas(t *testing.T) {
-	api := testutil.KubeAPIServer(t)
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
 	bins := testutil.Binaries(t)
 	ctx := context.Background()
 	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {

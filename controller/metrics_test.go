@@ -10,6 +10,7 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -40,7 +41,7 @@ func (s *flakyStore) Allocations(ctx context.Context) (map[netip.Prefix]string, 
 // served is a controller of 10.244.0.0/16 in /24 blocks (256) on a fresh
 // etcd, its metrics served as onc-controller serves them.
 func served(t *testing.T) (*flakyStore, *controller.Controller, func() map[string]*dto.MetricFamily) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -145,10 +146,10 @@ func TestRemoveNodeRevokesItsCredentials(t *testing.T) {
 // user and returns its agent's store and a raw client with its
 // certificate.
 func secureEtcd(t *testing.T) (*etcdstore.Store, func(name string) (*etcdstore.Store, *clientv3.Client)) {
-	e := testutil.SecureEtcd(t)
-	return testutil.SecureEtcdStore(t, e, e.PKI.Controller()), func(name string) (*etcdstore.Store, *clientv3.Client) {
-		files := testutil.SecureEtcdNode(t, e, name)
-		return testutil.SecureEtcdStore(t, e, files), testutil.SecureEtcdClient(t, e, files)
+	e := etcdtest.Secure(t)
+	return etcdtest.Store(t, e, e.PKI.Controller()), func(name string) (*etcdstore.Store, *clientv3.Client) {
+		files := etcdtest.Node(t, e, name)
+		return etcdtest.Store(t, e, files), etcdtest.Client(t, e, files)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
@@ -47,7 +48,7 @@ func TestEmbeddedEtcdAnswersOnlyTheCluster(t *testing.T) {
 	if err != nil || len(before) != 2 {
 		t.Fatalf("the lab's nodes: %+v, %v", before, err)
 	}
-	foreign, err := etcdstore.EnsurePKI(t.TempDir(), []string{"127.0.0.1"})
+	foreign, err := etcdserver.EnsurePKI(t.TempDir(), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}

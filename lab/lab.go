@@ -29,6 +29,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/atomicfile"
 	"github.com/onc-net/onc/internal/daemon"
@@ -315,13 +316,13 @@ func (l *Lab) etcdDir() string { return filepath.Join(l.Dir, "etcd") }
 // the embedded etcd as the controller: its credentials, etcd's root user,
 // dialled from the controller's namespace.
 func (l *Lab) EtcdAdmin() etcdstore.Options {
-	return etcdstore.Options{Endpoints: []string{l.EtcdURL()}, TLSFiles: etcdstore.ControllerFiles(etcdstore.PKIDir(l.etcdDir())),
+	return etcdstore.Options{Endpoints: []string{l.EtcdURL()}, TLSFiles: etcdserver.ControllerFiles(etcdserver.PKIDir(l.etcdDir())),
 		Dial: func(ctx context.Context, addr string) (net.Conn, error) { return l.DialDatastore(ctx, "tcp", addr) }}
 }
 
 // EtcdFiles are the node's agent's credentials for the embedded etcd,
 // which AddNode has the controller issue (onc-controller node-cert).
-func (n *Node) EtcdFiles() etcdstore.TLSFiles { return etcdstore.NodeFiles(n.etcdDir()) }
+func (n *Node) EtcdFiles() etcdstore.TLSFiles { return etcdserver.NodeFiles(n.etcdDir()) }
 
 func (n *Node) etcdDir() string { return filepath.Join(n.Dir, "etcd") }
 

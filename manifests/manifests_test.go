@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/internal/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +19,7 @@ import (
 // dry run: this API server has no kubelets). It rejects, for example, a
 // Bidirectional mount in a container that is not privileged.
 func TestWorkloadsPassTheAPIServer(t *testing.T) {
-	api := testutil.KubeAPIServer(t)
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
 	ctx := context.Background()
 	if err := Apply(ctx, api.RESTConfig(), NotWorkloads); err != nil {
 		t.Fatal(err)

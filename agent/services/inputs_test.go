@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/onc-net/onc/datapath/services"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/manifests"
 )
@@ -25,7 +26,7 @@ import (
 // The informers against a real kube-apiserver: they see what kube-proxy
 // sees, trimmed, and signal every change Compile reads, and only those.
 func TestInputs(t *testing.T) {
-	api := testutil.KubeAPIServer(t)
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
 	ctx := context.Background()
 	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/spf13/pflag"
 )
@@ -23,8 +24,8 @@ func addEmbeddedFlags(fs *pflag.FlagSet) *embedded {
 
 // open connects to the running embedded etcd as the controller, with the
 // credentials in its PKI (etcd's root user); o gives the rest.
-func (e *embedded) open(ctx context.Context, o etcdstore.Options) (*etcdstore.Store, *etcdstore.PKI, error) {
-	pki, err := etcdstore.OpenPKI(etcdstore.PKIDir(e.dir))
+func (e *embedded) open(ctx context.Context, o etcdstore.Options) (*etcdstore.Store, *etcdserver.PKI, error) {
+	pki, err := etcdserver.OpenPKI(etcdserver.PKIDir(e.dir))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/backend"
-	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/internal/cmdutil"
 	"github.com/spf13/pflag"
 )
@@ -61,7 +61,7 @@ func main() {
 		cmdutil.Fatal("bad flag", err)
 	}
 	if store.Kind == backend.Etcd && len(store.Etcd.Endpoints) == 0 {
-		e, err := etcdstore.StartEmbeddedTLS(emb.dir, emb.listen)
+		e, err := etcdserver.StartTLS(emb.dir, emb.listen)
 		if err != nil {
 			cmdutil.Fatal("cannot start the embedded etcd", fmt.Errorf("--embedded-etcd-dir %s, --embedded-etcd-listen %s: %w", emb.dir, emb.listen, err))
 		}

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/datastore"
-	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/etcdserver"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -58,15 +59,15 @@ func TestRemoveNodeEvenIfAliveOnlyOnTheEmbeddedEtcd(t *testing.T) {
 // output says what was revoked.
 func TestRemoveNodeEvenIfAliveCommand(t *testing.T) {
 	dir := t.TempDir()
-	e, err := etcdstore.StartEmbeddedTLS(dir, fmt.Sprintf("https://127.0.0.1:%d", testutil.FreePort(t)))
+	e, err := etcdserver.StartTLS(dir, fmt.Sprintf("https://127.0.0.1:%d", testutil.FreePort(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
 	ctx := context.Background()
-	ctl := testutil.SecureEtcdStore(t, e, e.PKI.Controller())
+	ctl := etcdtest.Store(t, e, e.PKI.Controller())
 	client := func(name string) *clientv3.Client {
-		return testutil.SecureEtcdClient(t, e, testutil.SecureEtcdNode(t, e, name))
+		return etcdtest.Client(t, e, etcdtest.Node(t, e, name))
 	}
 	if err := ctl.RegisterNode(ctx, datastore.NodeSpec{Name: "kept", IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/onc-net/onc/datastore/etcdstore"
+	"github.com/onc-net/onc/datastore/etcdserver"
 	"github.com/onc-net/onc/lab"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -96,7 +96,7 @@ func newRoot() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			e, err := etcdstore.StartEmbedded(etcdDir, etcdListen)
+			e, err := etcdserver.Start(etcdDir, etcdListen)
 			if err != nil {
 				return err
 			}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/onc-net/onc/controller/nodeipam"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/etcdstore"
-	"github.com/onc-net/onc/internal/testutil"
 )
 
 func store(t *testing.T, url string) datastore.Store {
@@ -31,7 +31,7 @@ func cfg(cidr string, bits int) datastore.ClusterConfig {
 // 100 allocators, each with its own etcd client as separate controllers
 // would have, race for blocks: every node gets one, no block twice.
 func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	ctx := context.Background()
 	const n = 100
 	got := make([]netip.Prefix, n)
@@ -63,7 +63,7 @@ func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
 
 // Many allocators for the same node agree on one block.
 func TestSameNodeConcurrentlyGetsOneBlock(t *testing.T) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	var wg sync.WaitGroup
 	got := make([]netip.Prefix, 20)
 	for i := range got {
@@ -95,7 +95,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 	ctx := context.Background()
 	want := map[string]netip.Prefix{}
 	func() {
-		e := testutil.EmbeddedEtcd(t, dir)
+		e := etcdtest.Embedded(t, dir)
 		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 		for _, n := range []string{"a", "b", "c"} {
 			p, err := a.Allocate(ctx, n, netip.Prefix{})
@@ -106,7 +106,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 		}
 		e.Close()
 	}()
-	e := testutil.EmbeddedEtcd(t, dir)
+	e := etcdtest.Embedded(t, dir)
 	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 	for _, n := range []string{"c", "b", "a"} { // other order: must not matter
 		if p, err := a.Allocate(ctx, n, netip.Prefix{}); err != nil || p != want[n] {
@@ -116,7 +116,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 }
 
 func TestExhaustionIsAClearError(t *testing.T) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	a, _ := nodeipam.New(cfg("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
 	ctx := context.Background()
 	seen := map[netip.Prefix]bool{}
@@ -157,7 +157,7 @@ func TestValidateRejectsBadConfig(t *testing.T) {
 // A node that already carries a pod CIDR (Kubernetes Node.spec.podCIDR set
 // before ONC) keeps it when it is a free block; otherwise it gets a free one.
 func TestAllocatePrefersTheNodesOwnFreeBlock(t *testing.T) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 	ctx := context.Background()
 	own := netip.MustParsePrefix("10.244.77.0/24")

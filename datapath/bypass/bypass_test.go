@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	"github.com/onc-net/onc/datapath/pods"
 
 	"github.com/onc-net/onc/internal/netns"
@@ -48,8 +49,8 @@ func newBed(t *testing.T, names ...string) *bed {
 	t.Helper()
 	testutil.Privileged(t)
 	b := &bed{t: t, prefix: testutil.Prefix(), pods: map[string]netip.Addr{}, netns: map[string]string{}}
-	b.cgroup = testutil.Cgroup(t)
-	testutil.JoinCgroup(t, b.cgroup)
+	b.cgroup = bpftest.Cgroup(t)
+	bpftest.JoinCgroup(t, b.cgroup)
 	b.node = testutil.Netns(t, b.prefix+"-node")
 	run(t, "ip", "netns", "exec", b.prefix+"-node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	run(t, "ip", "-n", b.prefix+"-node", "link", "set", "lo", "up")
@@ -590,7 +591,7 @@ func TestUpgradeIncompatiblePins(t *testing.T) {
 	t.Cleanup(func() { old.Close() })
 	must(t, old.Put(uint32(0), uint32(1))) // mode on
 	must(t, old.Pin(filepath.Join(dir, "onc_bp_cfg")))
-	bp, err := Open(Options{PinDir: dir, Cgroup: testutil.Cgroup(t)})
+	bp, err := Open(Options{PinDir: dir, Cgroup: bpftest.Cgroup(t)})
 	must(t, err)
 	t.Cleanup(func() { bp.Close() })
 	var v uint32

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	"github.com/onc-net/onc/internal/netns"
 
 	"github.com/cilium/ebpf"
@@ -329,7 +330,7 @@ func counter(t *testing.T, lb *LB, name string) uint64 {
 // ClusterIP, and everything else — another port of the same address, a
 // backend dialled directly — is left as it is.
 func TestConnectTranslatesToEveryBackend(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
@@ -369,7 +370,7 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 // A Service without backends refuses at once, for TCP and UDP alike, as
 // kube-proxy's REJECT does; without the programs the VIP itself would answer.
 func TestNoBackendRefuses(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -391,7 +392,7 @@ func TestNoBackendRefuses(t *testing.T) {
 // UDP, unconnected and connected: datagrams reach backends, and replies
 // read as coming from the ClusterIP:port.
 func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
@@ -419,7 +420,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 // ClientIP affinity keeps a client namespace on one backend, and moves it
 // when that backend leaves the Service.
 func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	pod := netip.MustParseAddr("10.244.0.5")
@@ -460,7 +461,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 // Several agents on one kernel share the cgroup root: each balances only
 // the namespaces it owns, and a namespace no agent owns is untouched.
 func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lbA, lbB := openLB(t, cg), openLB(t, cg)
 	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
 	must(t, lbA.OwnHost(bedA.cookie))
@@ -487,7 +488,7 @@ func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
 // connection nor lets one through untranslated: backends are written to
 // the idle bank before the service flips to it.
 func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -524,7 +525,7 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 // the cgroup) and maps: a socket connected before still reports the
 // ClusterIP, and new ones are still balanced.
 func TestRestartChangesNothingForLiveSockets(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	dir := t.TempDir()
 	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
 	must(t, err)
@@ -599,7 +600,7 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 // A removed Service is no longer translated and leaves nothing in the
 // maps; a full Sync repairs entries that drifted in the kernel.
 func TestRemoveAndRepair(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -637,7 +638,7 @@ func TestRemoveAndRepair(t *testing.T) {
 // would pass recvmsg6, which ONC does not attach, so translating its
 // datagrams would leave the replies coming from the backend.
 func TestDualStackSocketsAreLeftAlone(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
@@ -695,7 +696,7 @@ func cgroupFD(t *testing.T, path string) int {
 // Unbalance, from the pin alone, leaves a Service untranslated until the
 // next agent's first Sync writes it again.
 func TestUnbalanceUntilTheNextSync(t *testing.T) {
-	cg := testutil.Cgroup(t)
+	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))

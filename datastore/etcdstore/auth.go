@@ -9,7 +9,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // RootUser is etcd's superuser, the controller's certificate's common name.
@@ -26,29 +25,6 @@ func ValidNodeName(name string) error {
 		return fmt.Errorf("invalid node name %q: must be non-empty and without '/'", name)
 	}
 	return nil
-}
-
-// enableAuth turns on etcd's authentication with the controller's
-// certificate as root, once; again it changes nothing.
-func enableAuth(ctx context.Context, endpoint string, files TLSFiles) error {
-	tlsCfg, err := files.Config()
-	if err != nil {
-		return err
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: tlsCfg, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	// No password: the only way to be root is the controller's certificate.
-	if _, err := cli.UserAddWithOptions(ctx, RootUser, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
-		return fmt.Errorf("add user %s: %w", RootUser, err)
-	}
-	if _, err := cli.UserGrantRole(ctx, RootUser, "root"); err != nil {
-		return fmt.Errorf("grant user %s the root role: %w", RootUser, err)
-	}
-	_, err = cli.AuthEnable(ctx)
-	return err
 }
 
 type permission struct {

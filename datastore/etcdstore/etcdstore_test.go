@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/datastore/storetest"
-	"github.com/onc-net/onc/internal/testutil"
 )
 
 // open gives each subtest its own prefix on one server, so they start empty.
@@ -23,19 +23,19 @@ func open(t *testing.T, endpoint string, creds etcdstore.TLSFiles) datastore.Sto
 }
 
 func TestEmbeddedEtcd(t *testing.T) {
-	e := testutil.EmbeddedEtcd(t, "")
+	e := etcdtest.Embedded(t, "")
 	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL, etcdstore.TLSFiles{}) })
 }
 
 // The controller's embedded etcd (mutual TLS, authentication) with the
 // controller's credentials, root: every call of the store works.
 func TestEmbeddedEtcdTLS(t *testing.T) {
-	e := testutil.SecureEtcd(t)
+	e := etcdtest.Secure(t)
 	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, e.ClientURL, e.PKI.Controller()) })
 }
 
 func TestEtcdServerProcess(t *testing.T) {
-	url := testutil.EtcdServer(t)
+	url := etcdtest.Process(t)
 	storetest.Run(t, func(t *testing.T) datastore.Store { return open(t, url, etcdstore.TLSFiles{}) })
 }
 

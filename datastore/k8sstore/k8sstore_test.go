@@ -12,6 +12,7 @@ import (
 
 	"github.com/onc-net/onc/controller/nodeipam"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/datastore/storetest"
 	"github.com/onc-net/onc/internal/testutil"
@@ -32,7 +33,7 @@ const (
 
 // One real kube-apiserver for the whole package: starting one takes seconds.
 func TestKubernetesBackend(t *testing.T) {
-	api := testutil.KubeAPIServer(t)
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
 	admin := api.RESTConfig()
 	ctx := context.Background()
 	// Exactly what users install, less the workloads (no kubelet here).

@@ -1,9 +1,11 @@
 // Package testutil holds what ONC's tests share: the gate for tests that
 // need root or outside programs (which fail instead of skipping under
-// ONC_PRIVILEGED=1, as CI sets it), the real binaries, real etcd servers,
-// a real kube-apiserver (internal/kubeapiserver), throwaway network
-// namespaces and polling. The lab's own test helpers are in lab/labtest;
-// this package does not depend on e2e.
+// ONC_PRIVILEGED=1, as CI sets it), the real binaries, a real
+// kube-apiserver (internal/kubeapiserver), throwaway network namespaces and
+// polling. It imports no other ONC package but internal ones, so any
+// package's tests may use it: the helpers that start a datastore backend's
+// server are beside it (datastore/etcdserver/etcdtest), the datapath's
+// beside the datapath (datapath/bpf/bpftest), the lab's in lab/labtest.
 package testutil
 
 import (
@@ -22,13 +24,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onc-net/onc/datapath/bpf"
-	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/kubeapiserver"
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/vishvananda/netlink"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // Strict reports whether missing prerequisites are failures (CI).
@@ -136,6 +134,28 @@ func moduleRoot() (string, error) {
 	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
+// Deps lists the packages that patterns (as go list takes them, from the
+// module's root) import, directly or not, themselves included: for tests
+// of what may import what.
+func Deps(t testing.TB, patterns ...string) []string {
+	t.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", append([]string{"list", "-deps"}, patterns...)...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps %v: %v\n%s", patterns, err, stderr)
+	}
+	return strings.Fields(string(out))
+}
+
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
@@ -145,106 +165,6 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// EmbeddedEtcd starts an in-process etcd on loopback; data lives in dir
-// (a new temporary one when empty). It is stopped when the test ends.
-func EmbeddedEtcd(t testing.TB, dir string) *etcdstore.Embedded {
-	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	e, err := etcdstore.StartEmbedded(dir, fmt.Sprintf("http://127.0.0.1:%d", FreePort(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
-}
-
-// SecureEtcd starts an in-process etcd as the controller runs it (mutual
-// TLS, authentication; its PKI in a new temporary directory) on loopback.
-// It is stopped when the test ends.
-func SecureEtcd(t testing.TB) *etcdstore.Embedded {
-	t.Helper()
-	e, err := etcdstore.StartEmbeddedTLS(t.TempDir(), fmt.Sprintf("https://127.0.0.1:%d", FreePort(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
-}
-
-// SecureEtcdStore opens ONC's store on e with files' credentials; it is
-// closed when the test ends.
-func SecureEtcdStore(t testing.TB, e *etcdstore.Embedded, files etcdstore.TLSFiles) *etcdstore.Store {
-	t.Helper()
-	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}, TLSFiles: files})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-// SecureEtcdNode makes node name's etcd user and role on e, as the
-// controller does (onc-controller node-cert), and returns its agent's
-// credentials.
-func SecureEtcdNode(t testing.TB, e *etcdstore.Embedded, name string) etcdstore.TLSFiles {
-	t.Helper()
-	if err := SecureEtcdStore(t, e, e.PKI.Controller()).AuthorizeNode(context.Background(), name); err != nil {
-		t.Fatal(err)
-	}
-	files, err := e.PKI.IssueNode(name, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
-}
-
-// SecureEtcdClient is a raw etcd client of e with files' credentials,
-// closed when the test ends.
-func SecureEtcdClient(t testing.TB, e *etcdstore.Embedded, files etcdstore.TLSFiles) *clientv3.Client {
-	t.Helper()
-	cfg, err := files.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.ClientURL}, TLS: cfg, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// EtcdServer starts Debian's etcd (package etcd-server) as a separate
-// process on loopback and returns its client URL. It is killed (by PID)
-// when the test ends.
-func EtcdServer(t testing.TB) string {
-	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	Require(t, err == nil, "etcd binary not installed (apt-get install etcd-server; make prereqs)")
-	client := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", FreePort(t))
-	log := filepath.Join(t.TempDir(), "etcd.log")
-	Start(t, log, bin, "--name", "onc-test", "--data-dir", t.TempDir(),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "onc-test="+peer, "--log-level", "error")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.Dial("tcp", strings.TrimPrefix(client, "http://"))
-		if err == nil {
-			c.Close()
-			return client
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(log)
-			t.Fatalf("etcd did not listen on %s in 20s:\n%s", client, b)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // Start runs bin with its output in log and kills it (by PID) when the
@@ -311,17 +231,17 @@ func InNewNetns(t testing.TB, suffix string, fn func()) {
 }
 
 // KubeAPIServer starts a real kube-apiserver (from $ONC_KUBE_BIN, where
-// `make kube-bins` builds it) on loopback, backed by an embedded etcd, and
-// stops it (by PID) when the test ends.
-func KubeAPIServer(t testing.TB) *kubeapiserver.Server {
+// `make kube-bins` builds it) on loopback, backed by the etcd at etcdURL
+// (datastore/etcdserver/etcdtest.Embedded's, say), and stops it (by PID)
+// when the test ends.
+func KubeAPIServer(t testing.TB, etcdURL string) *kubeapiserver.Server {
 	t.Helper()
 	bin := filepath.Join(os.Getenv("ONC_KUBE_BIN"), "kube-apiserver")
 	_, err := os.Stat(bin)
 	Require(t, os.Getenv("ONC_KUBE_BIN") != "" && err == nil, "kube-apiserver not built: run `make kube-bins` (it sets ONC_KUBE_BIN for make test)")
-	etcd := EmbeddedEtcd(t, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	a, err := kubeapiserver.Start(ctx, "", t.TempDir(), bin, etcd.ClientURL, netip.MustParseAddr("127.0.0.1"), FreePort(t))
+	a, err := kubeapiserver.Start(ctx, "", t.TempDir(), bin, etcdURL, netip.MustParseAddr("127.0.0.1"), FreePort(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,56 +257,4 @@ func WaitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
 	}
-}
-
-// Cgroup is a fresh child of the cgroup v2 root, removed when the test
-// ends: programs attached there act only on the test's own sockets, never
-// the machine's.
-func Cgroup(t testing.TB) string {
-	t.Helper()
-	Privileged(t)
-	root, err := bpf.ResolveCgroup("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, "onc-"+Prefix())
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Removable once its processes have left or exited.
-		for i := 0; i < 50 && os.Remove(dir) != nil; i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
-	return dir
-}
-
-// JoinCgroup moves this test process into the cgroup dir until the test
-// ends, so that every socket it makes, in any namespace, belongs to dir.
-func JoinCgroup(t testing.TB, dir string) {
-	t.Helper()
-	self, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orig := "/" // the v2 line is "0::/path", beside any v1 ones
-	for _, line := range strings.Split(string(self), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			orig = p
-		}
-	}
-	root, err := bpf.ResolveCgroup("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := []byte(fmt.Sprint(os.Getpid()))
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), pid, 0); err != nil {
-		t.Fatalf("join cgroup %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := os.WriteFile(filepath.Join(root, orig, "cgroup.procs"), pid, 0); err != nil {
-			t.Errorf("leave cgroup %s for %s: %v", dir, orig, err)
-		}
-	})
 }

@@ -1,8 +1,7 @@
 // Package labtest holds the test helpers for the lab (see lab): a lab
 // brought up for one test and taken down when it ends, and the count of
 // what pods leave behind in a lab node's namespace. The helpers every test
-// shares (the root gate, binaries, etcd, namespaces) are in
-// internal/testutil.
+// shares (the root gate, binaries, namespaces) are in internal/testutil.
 package labtest
 
 import (

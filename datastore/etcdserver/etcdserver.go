@@ -1,7 +1,17 @@
-package etcdstore
+// Package etcdserver is the etcd ONC embeds: a single-member server in the
+// calling process, and the PKI that makes the controller's answer only the
+// cluster (a CA, the server's and the controller's certificates, each
+// node's agent's; etcd's authentication on). It is the etcd datastore's
+// server half; datastore/etcdstore is the client half, the only one an
+// agent links, so onc-agent carries no etcd server. It sits beside
+// etcdstore rather than under controller/ because it is etcd's, not the
+// controller's: the lab serves the stores of its kube-apiserver and of
+// Flannel with it, and tests start it.
+package etcdserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -9,28 +19,32 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onc-net/onc/datastore/etcdstore"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
-// Embedded is an etcd server running inside this process: the lab's default,
-// so that trying ONC needs nothing installed.
-type Embedded struct {
+// Server is an etcd server running inside this process: the controller's
+// store, and the lab's default, so that trying ONC needs nothing installed.
+type Server struct {
 	etcd      *embed.Etcd
 	closeOnce sync.Once
 	// ClientURL is where agents reach it.
 	ClientURL string
-	// PKI signed its certificate and its clients' (StartEmbeddedTLS); nil
+	// PKI signed its certificate and its clients' (StartTLS); nil
 	// when it serves plain HTTP.
 	PKI *PKI
 }
 
-// StartEmbedded starts a single-member etcd with its data in dir, serving
+// Start starts a single-member etcd with its data in dir, serving
 // plain HTTP without authentication on clientURL (e.g.
 // http://127.0.0.1:2379): for tests, and the lab's stores of other programs
-// (Flannel's, kube-apiserver's). ONC's controller uses StartEmbeddedTLS.
+// (Flannel's, kube-apiserver's). ONC's controller uses StartTLS.
 // The data survives a restart with the same dir.
-func StartEmbedded(dir, clientURL string) (*Embedded, error) {
+func Start(dir, clientURL string) (*Server, error) {
 	cu, err := url.Parse(clientURL)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd client URL %q: %w", clientURL, err)
@@ -38,15 +52,15 @@ func StartEmbedded(dir, clientURL string) (*Embedded, error) {
 	return start(dir, cu, nil)
 }
 
-// StartEmbeddedTLS starts the controller's etcd: it serves https on
+// StartTLS starts the controller's etcd: it serves https on
 // clientURL (e.g. https://192.0.2.1:2379) and only to clients with a
 // certificate of its own CA, and runs etcd's authentication with the
 // certificate's common name as the user. On first start it makes its PKI
 // (PKIDir(dir)): a CA, a server certificate for clientURL's address and
 // loopback, and the controller's client certificate, etcd's root user.
 // Agents get theirs from PKI.IssueNode, their users from
-// Store.AuthorizeNode.
-func StartEmbeddedTLS(dir, clientURL string) (*Embedded, error) {
+// etcdstore.Store.AuthorizeNode.
+func StartTLS(dir, clientURL string) (*Server, error) {
 	cu, err := url.Parse(clientURL)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd client URL %q: %w", clientURL, err)
@@ -82,7 +96,7 @@ func StartEmbeddedTLS(dir, clientURL string) (*Embedded, error) {
 }
 
 // start runs the server; tls, if not nil, is its client side's.
-func start(dir string, cu *url.URL, tls *transport.TLSInfo) (*Embedded, error) {
+func start(dir string, cu *url.URL, tls *transport.TLSInfo) (*Server, error) {
 	// The peer URL is only for members, of which there is one: loopback, port 0 is not allowed.
 	pu, _ := url.Parse("http://127.0.0.1:0")
 	cfg := embed.NewConfig()
@@ -116,8 +130,31 @@ func start(dir string, cu *url.URL, tls *transport.TLSInfo) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd: %w", err)
 	}
-	return &Embedded{etcd: e, ClientURL: cu.Scheme + "://" + e.Clients[0].Addr().String()}, nil
+	return &Server{etcd: e, ClientURL: cu.Scheme + "://" + e.Clients[0].Addr().String()}, nil
 }
 
 // Close stops the server; calling it again does nothing.
-func (e *Embedded) Close() { e.closeOnce.Do(e.etcd.Close) }
+func (e *Server) Close() { e.closeOnce.Do(e.etcd.Close) }
+
+// enableAuth turns on etcd's authentication with the controller's
+// certificate as root, once; again it changes nothing.
+func enableAuth(ctx context.Context, endpoint string, files etcdstore.TLSFiles) error {
+	tlsCfg, err := files.Config()
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: tlsCfg, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	// No password: the only way to be root is the controller's certificate.
+	if _, err := cli.UserAddWithOptions(ctx, etcdstore.RootUser, "", &clientv3.UserAddOptions{NoPassword: true}); err != nil && !errors.Is(err, rpctypes.ErrUserAlreadyExist) {
+		return fmt.Errorf("add user %s: %w", etcdstore.RootUser, err)
+	}
+	if _, err := cli.UserGrantRole(ctx, etcdstore.RootUser, "root"); err != nil {
+		return fmt.Errorf("grant user %s the root role: %w", etcdstore.RootUser, err)
+	}
+	_, err = cli.AuthEnable(ctx)
+	return err
+}

@@ -1,4 +1,4 @@
-package etcdstore
+package etcdserver
 
 import (
 	"crypto"
@@ -17,8 +17,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/onc-net/onc/datastore/etcdstore"
 	"github.com/onc-net/onc/internal/atomicfile"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 )
 
 // The embedded etcd's PKI: one directory with the CA, the server's
@@ -37,24 +37,6 @@ const (
 	// before they expire.
 	renewBefore = 30 * 24 * time.Hour
 )
-
-// TLSFiles are a client's TLS credentials: the CA bundle that verifies the
-// server, and the client's certificate and key. All empty is plain HTTP.
-type TLSFiles struct {
-	CAFile, CertFile, KeyFile string
-}
-
-// Config is the client TLS configuration of f, nil when f is empty.
-func (f TLSFiles) Config() (*tls.Config, error) {
-	if f == (TLSFiles{}) {
-		return nil, nil
-	}
-	cfg, err := transport.TLSInfo{TrustedCAFile: f.CAFile, CertFile: f.CertFile, KeyFile: f.KeyFile}.ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("etcd TLS: %w", err)
-	}
-	return cfg, nil
-}
 
 // PKI is the embedded etcd's certificate authority and what it signed.
 type PKI struct {
@@ -96,7 +78,7 @@ func EnsurePKI(dir string, hosts []string) (*PKI, error) {
 		}
 	}
 	if !p.valid(controllerCert, controllerKey, nil) {
-		if err := p.issue(controllerCert, controllerKey, dir, clientTemplate(RootUser)); err != nil {
+		if err := p.issue(controllerCert, controllerKey, dir, clientTemplate(etcdstore.RootUser)); err != nil {
 			return nil, err
 		}
 	}
@@ -126,35 +108,35 @@ func (p *PKI) valid(certName, keyName string, hosts []string) bool {
 func (p *PKI) path(name string) string { return filepath.Join(p.Dir, name) }
 
 // Controller is the controller's credentials: etcd's root user.
-func (p *PKI) Controller() TLSFiles { return ControllerFiles(p.Dir) }
+func (p *PKI) Controller() etcdstore.TLSFiles { return ControllerFiles(p.Dir) }
 
 // ControllerFiles are the controller's credentials in the PKI in dir.
-func ControllerFiles(dir string) TLSFiles {
-	return TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, controllerCert), KeyFile: filepath.Join(dir, controllerKey)}
+func ControllerFiles(dir string) etcdstore.TLSFiles {
+	return etcdstore.TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, controllerCert), KeyFile: filepath.Join(dir, controllerKey)}
 }
 
 // NodeFiles are the credentials IssueNode writes into dir.
-func NodeFiles(dir string) TLSFiles {
-	return TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, nodeCert), KeyFile: filepath.Join(dir, nodeKey)}
+func NodeFiles(dir string) etcdstore.TLSFiles {
+	return etcdstore.TLSFiles{CAFile: filepath.Join(dir, caCert), CertFile: filepath.Join(dir, nodeCert), KeyFile: filepath.Join(dir, nodeKey)}
 }
 
 // IssueNode writes node's agent credentials into dir: ca.crt, client.crt
-// (etcd user NodeUser(node)) and client.key. It does not make the user
-// (Store.AuthorizeNode does).
-func (p *PKI) IssueNode(node, dir string) (TLSFiles, error) {
-	if err := ValidNodeName(node); err != nil {
-		return TLSFiles{}, err
+// (etcd user etcdstore.NodeUser(node)) and client.key. It does not make the
+// user (etcdstore.Store.AuthorizeNode does).
+func (p *PKI) IssueNode(node, dir string) (etcdstore.TLSFiles, error) {
+	if err := etcdstore.ValidNodeName(node); err != nil {
+		return etcdstore.TLSFiles{}, err
 	}
 	caPEM, err := os.ReadFile(p.path(caCert))
 	if err != nil {
-		return TLSFiles{}, err
+		return etcdstore.TLSFiles{}, err
 	}
 	f := NodeFiles(dir)
 	if err := atomicfile.Write(f.CAFile, caPEM, 0o644); err != nil {
-		return TLSFiles{}, err
+		return etcdstore.TLSFiles{}, err
 	}
-	if err := p.issue(nodeCert, nodeKey, dir, clientTemplate(NodeUser(node))); err != nil {
-		return TLSFiles{}, err
+	if err := p.issue(nodeCert, nodeKey, dir, clientTemplate(etcdstore.NodeUser(node))); err != nil {
+		return etcdstore.TLSFiles{}, err
 	}
 	return f, nil
 }
