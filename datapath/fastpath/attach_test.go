@@ -54,7 +54,7 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 		must(t, err)
 		info, _ := l.Info()
 		l.Close()
-		progInfo, _ := again.progs.ingressFast.Info()
+		progInfo, _ := again.progs.OncIngressFast.Info()
 		if id, _ := progInfo.ID(); info.Program != id {
 			t.Fatal("adopted link does not run the new program")
 		}
