@@ -123,27 +123,6 @@ func entries(t *testing.T, m *ebpf.Map) int {
 	return n
 }
 
-// Each feature's counters are named from its enum, in index order.
-func TestCounterNames(t *testing.T) {
-	for _, c := range []struct {
-		spec        func() (*ebpf.CollectionSpec, error)
-		m           string
-		first, last string
-	}{
-		{bpf.LoadFastpath, bpf.FastpathMapOncStats, "egress_hit", "overlay_drop_from_pod"},
-		{bpf.LoadServices, bpf.ServicesMapOncLbStats, "connect_translated", "released"},
-		{bpf.LoadBypass, bpf.BypassMapOncBpStats, "recorded", "fallback_peer_full"},
-	} {
-		s, err := c.spec()
-		must(t, err)
-		names, err := bpf.CounterNames(s.Maps[c.m])
-		must(t, err)
-		if len(names) != int(s.Maps[c.m].MaxEntries) || names[0] != c.first || names[len(names)-1] != c.last {
-			t.Errorf("%s: %q, want %d names from %s to %s", c.m, names, s.Maps[c.m].MaxEntries, c.first, c.last)
-		}
-	}
-}
-
 func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
