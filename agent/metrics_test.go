@@ -124,7 +124,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 
 	// The enums as compiled: a counter added to the C is exported (the fast
 	// path's) or must be looked at here.
-	for _, name := range enumCounters(t, bpf.LoadEgressFast, "onc_stat", "STAT_") {
+	for _, name := range enumCounters(t, bpf.LoadFastpath, "onc_stat", "STAT_") {
 		if d, _ := fastPathSample(name); d == nil {
 			t.Errorf("fast-path counter %s is not exported", name)
 		}
@@ -135,8 +135,8 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		load         func() (*ebpf.CollectionSpec, error)
 		enum, prefix string
 	}{
-		{socketLBSample, bpf.LoadSockConnect4, "lb_stat", "LB_STAT_"},
-		{bypassSample, bpf.LoadSockOps, "bp_stat", "BP_STAT_"},
+		{socketLBSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
+		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
 			if d, _ := src.sample(name); d != nil {

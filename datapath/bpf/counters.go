@@ -9,49 +9,63 @@ import (
 )
 
 // Counter is one per-CPU counter summed over the CPUs, named as in its C
-// enum without the prefix, in lower case (egress_hit, connect_refused).
+// enum without the prefix up to "STAT_", in lower case (egress_hit,
+// connect_refused, redirected_msgs).
 type Counter struct {
 	Name  string
 	Value uint64
 }
 
-// counterNames reads the names of a counter enum from a program's BTF, so
-// they never drift from the C; the last value (prefix + "MAX") is the
-// count, not a counter.
-func counterNames(spec *ebpf.CollectionSpec, enum, prefix string) ([]string, error) {
-	var e *btf.Enum
-	if err := spec.Types.TypeByName(enum, &e); err != nil {
-		return nil, fmt.Errorf("counter names: %w", err)
+// Counters are a feature's counters: the per-CPU array ONC_COUNTERS
+// declares (include/common.h), one counter per value of the C enum that
+// is its key.
+type Counters struct {
+	m     *ebpf.Map
+	names []string
+}
+
+// NewCounters reads the counters' names from the BTF of m's spec, so they
+// never drift from the C.
+func NewCounters(m *ebpf.Map, spec *ebpf.MapSpec) (*Counters, error) {
+	names, err := CounterNames(spec)
+	if err != nil {
+		return nil, err
 	}
-	names := make([]string, 0, len(e.Values))
+	return &Counters{m: m, names: names}, nil
+}
+
+// CounterNames names the counters of a counters map's spec, in index order.
+func CounterNames(spec *ebpf.MapSpec) ([]string, error) {
+	e, ok := btf.UnderlyingType(spec.Key).(*btf.Enum)
+	if !ok {
+		return nil, fmt.Errorf("counters %s: the key is %v, not an enum", spec.Name, spec.Key)
+	}
+	names := make([]string, spec.MaxEntries)
 	for _, v := range e.Values {
-		if v.Name == prefix+"MAX" {
+		// The last value (..._MAX) is the count, not a counter.
+		if v.Value >= uint64(spec.MaxEntries) {
 			continue
 		}
-		names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
+		_, name, ok := strings.Cut(v.Name, "STAT_")
+		if !ok {
+			return nil, fmt.Errorf("counters %s: %s is not named ..STAT_<name>", spec.Name, v.Name)
+		}
+		names[v.Value] = strings.ToLower(name)
+	}
+	for i, n := range names {
+		if n == "" {
+			return nil, fmt.Errorf("counters %s: no name for counter %d", spec.Name, i)
+		}
 	}
 	return names, nil
 }
 
-// ReadCounters sums the per-CPU array m, one counter per value of the C
-// enum named in the BTF of the object load returns (prefix + "MAX" ends it).
-func ReadCounters(m *ebpf.Map, load func() (*ebpf.CollectionSpec, error), enum, prefix string) ([]Counter, error) {
-	spec, err := load()
-	if err != nil {
-		return nil, err
-	}
-	names, err := counterNames(spec, enum, prefix)
-	if err != nil {
-		return nil, err
-	}
-	return sumCounters(m, names)
-}
-
-func sumCounters(m *ebpf.Map, names []string) ([]Counter, error) {
-	out := make([]Counter, len(names))
-	for i, n := range names {
+// Read sums every counter over the CPUs.
+func (c *Counters) Read() ([]Counter, error) {
+	out := make([]Counter, len(c.names))
+	for i, n := range c.names {
 		var per []uint64
-		if err := m.Lookup(uint32(i), &per); err != nil {
+		if err := c.m.Lookup(uint32(i), &per); err != nil {
 			return nil, fmt.Errorf("counter %s: %w", n, err)
 		}
 		out[i].Name = n

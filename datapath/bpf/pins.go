@@ -11,15 +11,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RemoveMapPins removes the pins of an object's maps from dir, for when
-// an upgrade changed a map's layout and the maps must start afresh. Pins
-// of other objects' maps in the same directory stay.
-func RemoveMapPins(dir string, load func() (*ebpf.CollectionSpec, error)) error {
-	spec, err := load()
-	if err != nil {
-		return err
-	}
-	for name := range spec.Maps {
+// RemoveMapPins removes the pins of an object's maps from dir: for when
+// an upgrade changed a map's layout and the maps must start afresh, and
+// for a feature switched off. Pins of other objects' maps in the same
+// directory stay.
+func RemoveMapPins(dir string, spec *ebpf.CollectionSpec) error {
+	for name, m := range spec.Maps {
+		if m.Pinning != ebpf.PinByName {
+			continue // .rodata and the like: never pinned
+		}
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}

@@ -2,7 +2,7 @@
 // program records each ESTABLISHED TCP socket whose two ends are pods of
 // this node in a SOCKHASH, and an sk_msg program on that map queues each
 // send straight onto the peer socket's receive queue, skipping both TCP/IP
-// stacks (datapath/bpf/sock_ops.c, sk_msg.c).
+// stacks (datapath/bpf/bypass.c).
 //
 // Everything is pinned: an agent restart, or the bypass switched off,
 // changes nothing for connections already open except that their next
@@ -13,8 +13,6 @@ package bypass
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -80,11 +78,10 @@ type Options struct {
 
 // Bypass is the loaded bypass.
 type Bypass struct {
-	opts    Options
-	maps    bpf.SockOpsMaps
-	ops     *ebpf.Program
-	msg     *ebpf.Program
-	closers []io.Closer
+	opts     Options
+	objs     bpf.BypassObjects
+	maps     *bpf.BypassMaps
+	counters *bpf.Counters
 
 	mu    sync.Mutex
 	cfg   Config
@@ -102,28 +99,25 @@ func Open(o Options) (*Bypass, error) {
 		return nil, err
 	}
 	b := &Bypass{opts: o, netns: map[netip.Addr]string{}}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
-	err := b.load(opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// An upgrade changed a map's layout: start afresh. Connections
-		// already bypassed keep the old maps through their programs; the
-		// old setting goes to off first, so they send by the stack from
-		// their next message rather than by a setting nobody controls.
-		slog.Warn("pinned bypass maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
-		if err := switchOffPinned(o.PinDir); err != nil {
-			return nil, err
-		}
-		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockOps); err != nil {
-			return nil, err
-		}
-		err = b.load(opts)
-	}
+	spec, err := bpf.LoadBypass()
 	if err != nil {
 		return nil, err
 	}
+	// An upgrade that changed a map's layout starts afresh. Connections
+	// already bypassed keep the old maps through their programs; the old
+	// setting goes to off first, so they send by the stack from their next
+	// message rather than by a setting nobody controls.
+	if err := bpf.LoadPinned("bypass", spec, o.PinDir, &b.objs, func() error { return switchOffPinned(o.PinDir) }); err != nil {
+		return nil, err
+	}
+	b.maps = &b.objs.BypassMaps
+	b.counters, err = bpf.NewCounters(b.maps.OncBpStats, spec.Maps[bpf.BypassMapOncBpStats])
 	// Only this agent sets the pinned config: a pause an earlier agent
 	// left, dying in the middle of a policy change, ends here.
-	cfg, err := b.readConfig()
+	var cfg Config
+	if err == nil {
+		cfg, err = b.readConfig()
+	}
 	if err == nil {
 		err = b.setPaused(false)
 	}
@@ -135,22 +129,6 @@ func Open(o Options) (*Bypass, error) {
 	return b, nil
 }
 
-func (b *Bypass) load(opts *ebpf.CollectionOptions) error {
-	var ops bpf.SockOpsObjects
-	var msg bpf.SkMsgObjects
-	closers, err := bpf.LoadObjects("bypass programs",
-		bpf.Object{Load: func() error { return bpf.LoadSockOpsObjects(&ops, opts) }, Closer: &ops},
-		bpf.Object{Load: func() error { return bpf.LoadSkMsgObjects(&msg, opts) }, Closer: &msg})
-	if err != nil {
-		return err
-	}
-	b.closers = closers
-	b.maps = ops.SockOpsMaps
-	b.ops = ops.OncSockOps
-	b.msg = msg.OncSkMsg
-	return nil
-}
-
 // Cgroup is where the sockops program attaches.
 func (b *Bypass) Cgroup() string { return b.opts.Cgroup }
 
@@ -158,12 +136,12 @@ func (b *Bypass) Cgroup() string { return b.opts.Cgroup }
 // the map, replacing an earlier agent's. Sockets already in the map keep
 // the program they were recorded with.
 func (b *Bypass) Attach() error {
-	if err := bpf.AttachCgroup(sockopsPin(b.opts.PinDir), b.opts.Cgroup, ebpf.AttachCGroupSockOps, b.ops); err != nil {
+	if err := bpf.AttachCgroup(sockopsPin(b.opts.PinDir), b.opts.Cgroup, ebpf.AttachCGroupSockOps, b.objs.OncSockOps); err != nil {
 		return fmt.Errorf("bypass sockops: %w", err)
 	}
 	// Attached to the map, the program lives as long as the map does;
 	// attaching again replaces it.
-	err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: b.maps.OncBpSock.FD(), Program: b.msg,
+	err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: b.maps.OncBpSock.FD(), Program: b.objs.OncSkMsg,
 		Attach: ebpf.AttachSkMsgVerdict})
 	if err != nil {
 		return fmt.Errorf("attach the bypass sk_msg program to its map: %w", err)
@@ -250,8 +228,8 @@ func maxQueued() (uint32, error) {
 
 var modeValue = map[Mode]uint8{Off: 0, On: 1, Size: 2}
 
-func (b *Bypass) rawConfig() (bpf.SockOpsBpCfg, error) {
-	var c bpf.SockOpsBpCfg
+func (b *Bypass) rawConfig() (bpf.BypassBpCfg, error) {
+	var c bpf.BypassBpCfg
 	if err := b.maps.OncBpCfg.Lookup(uint32(0), &c); err != nil {
 		return c, fmt.Errorf("bypass config: %w", err)
 	}
@@ -284,13 +262,17 @@ func Remove(pinDir string) error {
 	if err := os.Remove(sockopsPin(pinDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return bpf.RemoveMapPins(pinDir, bpf.LoadSockOps)
+	spec, err := bpf.LoadBypass()
+	if err != nil {
+		return err
+	}
+	return bpf.RemoveMapPins(pinDir, spec)
 }
 
 // switchOffPinned zeroes the pinned config, whatever its layout: the mode
 // is its first byte in every version, and 0 is off.
 func switchOffPinned(pinDir string) error {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.SockOpsMapOncBpCfg), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.BypassMapOncBpCfg), nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -310,10 +292,5 @@ func sockopsPin(pinDir string) string { return filepath.Join(pinDir, "link_cgrou
 func (b *Bypass) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var errs []error
-	for _, c := range b.closers {
-		errs = append(errs, c.Close())
-	}
-	b.closers = nil
-	return errors.Join(errs...)
+	return b.objs.Close()
 }

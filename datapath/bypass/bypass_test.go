@@ -22,6 +22,7 @@ import (
 	"github.com/onc-net/onc/internal/netns"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/internal/testutil"
@@ -47,6 +48,19 @@ var gateway = netip.MustParseAddr("10.77.0.1")
 
 func newBed(t *testing.T, names ...string) *bed {
 	t.Helper()
+	b := newPods(t, names...)
+	b.pinDir = pinDir(t)
+	b.bp = b.open()
+	must(t, b.bp.SetConfig(Config{Mode: On}))
+	for name, ip := range b.pods {
+		b.own(b.bp, name, ip)
+	}
+	return b
+}
+
+// newPods is a bed without a bypass.
+func newPods(t *testing.T, names ...string) *bed {
+	t.Helper()
 	testutil.Privileged(t)
 	b := &bed{t: t, prefix: testutil.Prefix(), pods: map[string]netip.Addr{}, netns: map[string]string{}}
 	b.cgroup = bpftest.Cgroup(t)
@@ -63,12 +77,6 @@ func newBed(t *testing.T, names ...string) *bed {
 			return err
 		})
 		b.pods[name], b.netns[name] = ip, ns
-	}
-	b.pinDir = pinDir(t)
-	b.bp = b.open()
-	must(t, b.bp.SetConfig(Config{Mode: On}))
-	for name, ip := range b.pods {
-		b.own(b.bp, name, ip)
 	}
 	return b
 }
@@ -289,6 +297,87 @@ func TestRestartMidStream(t *testing.T) {
 	if b.stat("redirected_msgs") == before {
 		t.Fatal("sends after the restart not redirected")
 	}
+}
+
+// An agent of this version on a v0 agent's pins (one object per
+// program): the maps kept their layout and are adopted, so a connection
+// the v0 programs bypass streams on intact across the upgrade and stays
+// in the map, the setting carries over, and new connections are bypassed
+// by the new programs.
+func TestUpgradeFromV0MidStream(t *testing.T) {
+	b := newPods(t, "a", "b")
+	b.pinDir = pinDir(t)
+	must(t, bpf.EnsurePinDir(b.pinDir))
+	// The v0 agent, attached and switched on.
+	ops, msg := bpftest.LoadV0(t, bpftest.V0SockOps, b.pinDir), bpftest.LoadV0(t, bpftest.V0SkMsg, b.pinDir)
+	must(t, bpf.AttachCgroup(sockopsPin(b.pinDir), b.cgroup, ebpf.AttachCGroupSockOps, ops.Programs["onc_sock_ops"]))
+	must(t, link.RawAttachProgram(link.RawAttachProgramOptions{Target: ops.Maps["onc_bp_sock"].FD(),
+		Program: msg.Programs["onc_sk_msg"], Attach: ebpf.AttachSkMsgVerdict}))
+	limit, err := maxQueued()
+	must(t, err)
+	must(t, ops.Maps["onc_bp_cfg"].Put(uint32(0), bpf.BypassBpCfg{Mode: modeValue[On], MaxQueued: limit}))
+	for name, ip := range b.pods {
+		cookie, err := netns.Cookie(b.netns[name])
+		must(t, err)
+		must(t, ops.Maps["onc_bp_pods"].Put(bpf.NetIPv4(ip), cookie))
+	}
+	sockops := sockopsLinkID(t, b.pinDir)
+
+	c, s := b.pair("a", "b")
+	if n := mapEntries(t, ops.Maps["onc_bp_conn"]); n != 2 {
+		t.Fatalf("the v0 programs recorded %d sockets, want both ends", n)
+	}
+	sent, got := transfer(t, c, s, 64<<20, func() {
+		ops.Close()
+		msg.Close()
+		b.bp = b.open()
+		for name, ip := range b.pods {
+			b.own(b.bp, name, ip)
+		}
+	})
+	if sent != got {
+		t.Fatal("sha256 differs across the upgrade")
+	}
+	if b.bp.Config().Mode != On {
+		t.Fatalf("the upgrade lost the setting: %s", b.bp.Config())
+	}
+	if conn, ok := b.conn(c); !ok || !conn.Paired() {
+		t.Fatal("the connection the v0 programs recorded is gone from the map")
+	}
+	if sockopsLinkID(t, b.pinDir) != sockops {
+		t.Fatal("the upgrade attached a new sockops link, want the v0 one adopted")
+	}
+	c2, s2 := b.pair("a", "b")
+	if conn, ok := b.conn(c2); !ok || !conn.Paired() {
+		t.Fatal("a connection opened after the upgrade is not bypassed")
+	}
+	before := b.stat("redirected_msgs")
+	echo(t, c2, s2, []byte("after the upgrade"))
+	if b.stat("redirected_msgs") == before {
+		t.Fatal("sends after the upgrade not redirected")
+	}
+}
+
+func sockopsLinkID(t *testing.T, pinDir string) link.ID {
+	t.Helper()
+	l, err := link.LoadPinnedLink(sockopsPin(pinDir), nil)
+	must(t, err)
+	defer l.Close()
+	info, err := l.Info()
+	must(t, err)
+	return info.ID
+}
+
+func mapEntries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	var k, v []byte
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	must(t, it.Err())
+	return n
 }
 
 // echo writes msg on c and expects to read it on s, then the other way.

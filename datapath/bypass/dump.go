@@ -92,8 +92,8 @@ func pairConns(socks []socket, now uint64) []Conn {
 }
 
 func (b *Bypass) sockets() ([]socket, error) {
-	var key bpf.SockOpsBpKey
-	var keys []bpf.SockOpsBpKey
+	var key bpf.BypassBpKey
+	var keys []bpf.BypassBpKey
 	it := b.maps.OncBpSock.Iterate()
 	var cookie uint64
 	for it.Next(&key, &cookie) {
@@ -117,7 +117,7 @@ func (b *Bypass) sockets() ([]socket, error) {
 		}
 		// The metadata goes when the socket reaches CLOSE; the entry only
 		// when its file is closed, which may be much later.
-		var meta bpf.SockOpsBpConn
+		var meta bpf.BypassBpConn
 		if err := b.maps.OncBpConn.Lookup(k, &meta); isNotExist(err) || meta.Cookie != s.cookie {
 			continue
 		} else if err != nil {
@@ -131,7 +131,7 @@ func (b *Bypass) sockets() ([]socket, error) {
 
 // Stats are the programs' counters, named as in enum bp_stat.
 func (b *Bypass) Stats() ([]bpf.Counter, error) {
-	return bpf.ReadCounters(b.maps.OncBpStats, bpf.LoadSockOps, "bp_stat", "BP_STAT_")
+	return b.counters.Read()
 }
 
 func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }

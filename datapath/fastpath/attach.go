@@ -50,18 +50,18 @@ var (
 
 // AttachUplink puts the ingress fast path and egress learning on the uplink.
 func (d *Datapath) AttachUplink(ifname string) error {
-	if err := d.attach(ifname, ingress, d.progs.ingressFast); err != nil {
+	if err := d.attach(ifname, ingress, d.progs.OncIngressFast); err != nil {
 		return err
 	}
-	return d.attach(ifname, egress, d.progs.learnEgress)
+	return d.attach(ifname, egress, d.progs.OncLearnEgress)
 }
 
 // AttachPod puts the egress fast path and ingress learning on a pod's host veth.
 func (d *Datapath) AttachPod(hostIface string) error {
-	if err := d.attach(hostIface, ingress, d.progs.egressFast); err != nil {
+	if err := d.attach(hostIface, ingress, d.progs.OncEgressFast); err != nil {
 		return err
 	}
-	return d.attach(hostIface, egress, d.progs.learnIngress)
+	return d.attach(hostIface, egress, d.progs.OncLearnIngress)
 }
 
 // DetachPod forgets a pod's links. The kernel detaches them when the veth

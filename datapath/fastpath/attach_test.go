@@ -5,8 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -54,7 +58,7 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 		must(t, err)
 		info, _ := l.Info()
 		l.Close()
-		progInfo, _ := again.progs.ingressFast.Info()
+		progInfo, _ := again.progs.OncIngressFast.Info()
 		if id, _ := progInfo.ID(); info.Program != id {
 			t.Fatal("adopted link does not run the new program")
 		}
@@ -65,6 +69,81 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 				t.Fatalf("pin of up1 %s left after DetachPod", dir.name)
 			}
 		}
+	})
+}
+
+// An agent of this version on a v0 agent's pins (one object per attach
+// point, the VNI, port, mark and addresses in onc_config): the fast-path
+// maps are replaced, as the config's layout changed, and the pod's pinned
+// links are adopted and given the new programs, so no packet passes the
+// veth unguarded. The agent then puts the pod back (AdoptPod) and flows
+// learn again through the slow path.
+func TestUpgradeFromV0Pins(t *testing.T) {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	must(t, bpf.EnsurePinDir(dir))
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	inVethNetns(t, func() {
+		// The v0 agent attached its pod programs through pinned tcx links.
+		eg, li := bpftest.LoadV0(t, bpftest.V0EgressFast, dir), bpftest.LoadV0(t, bpftest.V0LearnIngress, dir)
+		up1, err := net.InterfaceByName("up1")
+		must(t, err)
+		for _, a := range []struct {
+			prog *ebpf.Program
+			dir  direction
+		}{{eg.Programs["onc_egress_fast"], ingress}, {li.Programs["onc_learn_ingress"], egress}} {
+			l, err := link.AttachTCX(link.TCXOptions{Interface: up1.Index, Program: a.prog, Attach: a.dir.attach, Anchor: link.Head()})
+			must(t, err)
+			must(t, l.Pin(filepath.Join(dir, "link_up1_"+a.dir.name)))
+			l.Close()
+		}
+		must(t, eg.Maps["onc_local"].Put(bpf.NetIPv4(localPod), LocalPod{Ifindex: uint32(up1.Index)}))
+		in, out := linkID(t, filepath.Join(dir, "link_up1_ingress")), linkID(t, filepath.Join(dir, "link_up1_egress"))
+		eg.Close()
+		li.Close()
+
+		d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode, PodCIDR: localCIDR})
+		must(t, err)
+		defer d.Close()
+		must(t, d.Configure(true))
+		if locals, err := d.Locals(); err != nil || len(locals) != 0 {
+			t.Fatalf("local pods %v (%v) after the upgrade, want the maps replaced", locals, err)
+		}
+		must(t, d.AttachPod("up1"))
+		for _, l := range []struct {
+			dir  direction
+			id   link.ID
+			prog *ebpf.Program
+		}{{ingress, in, d.progs.OncEgressFast}, {egress, out, d.progs.OncLearnIngress}} {
+			pinned, err := link.LoadPinnedLink(d.linkPin("up1", l.dir), nil)
+			must(t, err)
+			info, err := pinned.Info()
+			pinned.Close()
+			must(t, err)
+			progInfo, err := l.prog.Info()
+			must(t, err)
+			if id, _ := progInfo.ID(); info.ID != l.id || info.Program != id {
+				t.Fatalf("%s: link %d running program %d, want the v0 link %d adopted with the new program %d", l.dir.name, info.ID, info.Program, l.id, id)
+			}
+		}
+		// The new program guards the veth with the constants Open set: a
+		// frame the pod sends to the VXLAN port is dropped.
+		for _, name := range []string{"up0", "up1"} {
+			l, err := netlink.LinkByName(name)
+			must(t, err)
+			must(t, netlink.LinkSetUp(l))
+		}
+		up0, err := net.InterfaceByName("up0")
+		must(t, err)
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		must(t, err)
+		defer unix.Close(fd)
+		toVXLAN := frame(up1.HardwareAddr, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 4789, 0, 10)
+		// Sent until the veth carries it: it has just come up.
+		testutil.WaitFor(t, "the pod's frame to the VXLAN port dropped", 2*time.Second, func() bool {
+			must(t, unix.Sendto(fd, toVXLAN, 0, &unix.SockaddrLinklayer{Ifindex: up0.Index}))
+			return stat(t, d, "overlay_drop_from_pod") > 0
+		})
 	})
 }
 

@@ -9,8 +9,6 @@ package fastpath
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
@@ -24,19 +22,20 @@ import (
 
 // Map value and key types, as the C headers define them.
 type (
-	FlowKey   = bpf.EgressFastFlowKey
-	FlowVal   = bpf.EgressFastFlowVal
-	EgressVal = bpf.EgressFastEgressVal
-	EncapVal  = bpf.EgressFastEncapVal
-	LocalPod  = bpf.EgressFastLocalPod
-	cidrKey   = bpf.EgressFastCidrKey
-	cidrVal   = bpf.EgressFastCidrVal
-	senderKey = bpf.EgressFastSenderKey
-	senderVal = bpf.EgressFastSenderVal
-	config    = bpf.EgressFastOncConfig
+	FlowKey   = bpf.FastpathFlowKey
+	FlowVal   = bpf.FastpathFlowVal
+	EgressVal = bpf.FastpathEgressVal
+	EncapVal  = bpf.FastpathEncapVal
+	LocalPod  = bpf.FastpathLocalPod
+	cidrKey   = bpf.FastpathCidrKey
+	cidrVal   = bpf.FastpathCidrVal
+	senderKey = bpf.FastpathSenderKey
+	senderVal = bpf.FastpathSenderVal
+	config    = bpf.FastpathOncConfig
 )
 
-// Options of the datapath.
+// Options of the datapath. All but PinDir and Mode are constants of the
+// programs, fixed when Open loads them.
 type Options struct {
 	PinDir string // on a bpffs; mounted there if it is not
 	VNI    int
@@ -51,14 +50,13 @@ type Options struct {
 
 // Datapath is the loaded flow cache.
 type Datapath struct {
-	opts  Options
-	mode  Mode
-	maps  bpf.EgressFastMaps
-	progs struct {
-		egressFast, ingressFast, learnEgress, learnIngress *ebpf.Program
-	}
-	mu      sync.Mutex // serialises configuration writes and evictions
-	closers []io.Closer
+	opts     Options
+	mode     Mode
+	objs     bpf.FastpathObjects
+	maps     *bpf.FastpathMaps
+	progs    *bpf.FastpathPrograms
+	counters *bpf.Counters
+	mu       sync.Mutex // serialises configuration writes and evictions
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
 	peers      mirror[cidrKey, cidrVal]     // onc_peers as SyncPeers last wrote it
@@ -80,40 +78,42 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	d.mode = mode
-	err = d.load(&ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}})
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// An upgrade changed a map's layout: start the caches afresh (flows
-		// re-learn through the slow path) rather than refuse to start.
-		slog.Warn("pinned eBPF maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
-		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadEgressFast); err != nil {
-			return nil, err
-		}
-		err = d.load(&ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}})
-	}
+	spec, err := bpf.LoadFastpath()
 	if err != nil {
+		return nil, err
+	}
+	var specs bpf.FastpathSpecs
+	if err := spec.Assign(&specs); err != nil {
+		return nil, err
+	}
+	if err := setConstants(&specs.FastpathVariableSpecs, o); err != nil {
+		return nil, err
+	}
+	// An upgrade that changed a map's layout starts the caches afresh:
+	// flows re-learn through the slow path. The agent puts the local pods
+	// and peers back (AdoptPod, SyncPeers), and attaches the uplink's
+	// program, the overlay guard, only once it knows the peers.
+	if err := bpf.LoadPinned("fast path", spec, o.PinDir, &d.objs, nil); err != nil {
+		return nil, err
+	}
+	d.maps, d.progs = &d.objs.FastpathMaps, &d.objs.FastpathPrograms
+	if d.counters, err = bpf.NewCounters(d.maps.OncStats, specs.OncStats); err != nil {
+		d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-func (d *Datapath) load(opts *ebpf.CollectionOptions) error {
-	var eg bpf.EgressFastObjects
-	var ig bpf.IngressFastObjects
-	var le bpf.LearnEgressObjects
-	var li bpf.LearnIngressObjects
-	closers, err := bpf.LoadObjects("eBPF programs",
-		bpf.Object{Load: func() error { return bpf.LoadEgressFastObjects(&eg, opts) }, Closer: &eg},
-		bpf.Object{Load: func() error { return bpf.LoadIngressFastObjects(&ig, opts) }, Closer: &ig},
-		bpf.Object{Load: func() error { return bpf.LoadLearnEgressObjects(&le, opts) }, Closer: &le},
-		bpf.Object{Load: func() error { return bpf.LoadLearnIngressObjects(&li, opts) }, Closer: &li})
-	if err != nil {
-		return err
-	}
-	d.closers = closers
-	d.maps = eg.EgressFastMaps
-	d.progs.egressFast, d.progs.ingressFast = eg.OncEgressFast, ig.OncIngressFast
-	d.progs.learnEgress, d.progs.learnIngress = le.OncLearnEgress, li.OncLearnIngress
-	return nil
+// setConstants writes this node's settings into the programs.
+func setConstants(v *bpf.FastpathVariableSpecs, o Options) error {
+	mask := netip.AddrFrom4([4]byte(net.CIDRMask(o.PodCIDR.Bits(), 32)))
+	return errors.Join(
+		v.OncVni.Set(uint32(o.VNI)),
+		v.OncVxlanPort.Set(bpf.NetPort(uint16(o.Port))),
+		v.OncMark.Set(o.Mark),
+		v.OncNodeIp.Set(bpf.NetIPv4(o.NodeIP)),
+		v.OncPodNet.Set(bpf.NetIPv4(o.PodCIDR.Masked().Addr())),
+		v.OncPodMask.Set(bpf.NetIPv4(mask)))
 }
 
 // Mode reports how programs are attached.
@@ -122,12 +122,7 @@ func (d *Datapath) Mode() Mode { return d.mode }
 // Close releases this process's handles; the pinned maps and links stay,
 // so forwarding continues until their pins are removed.
 func (d *Datapath) Close() error {
-	var errs []error
-	for _, c := range d.closers {
-		errs = append(errs, c.Close())
-	}
-	d.closers = nil
-	return errors.Join(errs...)
+	return d.objs.Close()
 }
 
 // Configure writes the switches; learning resumes, the epoch is kept.
@@ -139,10 +134,6 @@ func (d *Datapath) Configure(enabled bool) error {
 		return err
 	}
 	c.Enabled, c.Learning = b2u(enabled), 1
-	c.Vni, c.VxlanPort, c.Mark = uint32(d.opts.VNI), bpf.NetPort(uint16(d.opts.Port)), d.opts.Mark
-	c.NodeIp = bpf.NetIPv4(d.opts.NodeIP)
-	c.PodNet = bpf.NetIPv4(d.opts.PodCIDR.Masked().Addr())
-	c.PodMask = bpf.NetIPv4(netip.AddrFrom4([4]byte(net.CIDRMask(d.opts.PodCIDR.Bits(), 32))))
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 

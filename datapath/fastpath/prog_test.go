@@ -192,7 +192,7 @@ func TestEgressFastPathHitEncapsulates(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	pkt := frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 100)
-	ret, out := run(t, d.progs.egressFast, pkt, 0)
+	ret, out := run(t, d.progs.OncEgressFast, pkt, 0)
 	if ret != actRedirect || stat(t, d, "egress_hit") != 1 {
 		t.Fatalf("verdict %d, hits %d; want redirect and one hit", ret, stat(t, d, "egress_hit"))
 	}
@@ -232,7 +232,7 @@ func TestEgressOuterECN(t *testing.T) {
 		pkt[15] = 0x20 | c.inner // DSCP kept, ECN varied
 		binary.BigEndian.PutUint16(pkt[24:], 0)
 		binary.BigEndian.PutUint16(pkt[24:], ipsum(pkt[14:34]))
-		ret, out := run(t, d.progs.egressFast, pkt, 0)
+		ret, out := run(t, d.progs.OncEgressFast, pkt, 0)
 		if ret != actRedirect {
 			t.Fatalf("inner ECN %d: verdict %d", c.inner, ret)
 		}
@@ -280,7 +280,7 @@ func TestEgressMissReasons(t *testing.T) {
 			c.setup()
 		}
 		before := stat(t, d, c.counter)
-		if ret, out := run(t, d.progs.egressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
+		if ret, out := run(t, d.progs.OncEgressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
 			t.Errorf("%s: verdict %d, len %d; want pass-through unchanged", c.name, ret, len(out))
 		}
 		if stat(t, d, c.counter) != before+1 {
@@ -296,7 +296,7 @@ func TestIngressFastPathHitDecapsulates(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	inner := frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 100)
-	ret, out := run(t, d.progs.ingressFast, vxlan(inner, peerNode, localNode, 1), 0)
+	ret, out := run(t, d.progs.OncIngressFast, vxlan(inner, peerNode, localNode, 1), 0)
 	if ret != actRedirect || stat(t, d, "ingress_hit") != 1 {
 		t.Fatalf("verdict %d; want redirect (hits %d)", ret, stat(t, d, "ingress_hit"))
 	}
@@ -332,7 +332,7 @@ func TestIngressMissReasons(t *testing.T) {
 	}
 	for _, c := range cases {
 		before := stat(t, d, c.counter)
-		if ret, out := run(t, d.progs.ingressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
+		if ret, out := run(t, d.progs.OncIngressFast, c.pkt, 0); ret != actOK || len(out) != len(c.pkt) {
 			t.Errorf("%s: verdict %d; want pass-through unchanged", c.name, ret)
 		}
 		if stat(t, d, c.counter) != before+1 {
@@ -349,19 +349,19 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
 
-	run(t, d.progs.learnEgress, out, 0)
-	run(t, d.progs.learnIngress, back, 0)
+	run(t, d.progs.OncLearnEgress, out, 0)
+	run(t, d.progs.OncLearnIngress, back, 0)
 	if f, _ := d.Flows(); len(f) != 0 {
 		t.Fatalf("learned without the ESTABLISHED mark: %+v", f)
 	}
 	syn := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 1, 2, 0x02, 0), localNode, peerNode, 1)
-	run(t, d.progs.learnEgress, syn, mark)
+	run(t, d.progs.OncLearnEgress, syn, mark)
 	if f, _ := d.Flows(); len(f) != 0 {
 		t.Fatal("learned from a SYN")
 	}
 
-	run(t, d.progs.learnEgress, out, mark)
-	run(t, d.progs.learnIngress, back, mark)
+	run(t, d.progs.OncLearnEgress, out, mark)
+	run(t, d.progs.OncLearnIngress, back, mark)
 	flows, _ := d.Flows()
 	if len(flows) != 1 || !flows[0].Egress || !flows[0].Ingress || !flows[0].Live ||
 		flows[0].Local != netip.AddrPortFrom(localPod, 40000) || flows[0].Remote != netip.AddrPortFrom(remotePod, 53) {
@@ -373,7 +373,7 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 		t.Fatalf("dests %+v encaps %+v", dests, encaps)
 	}
 	// Now the egress fast path takes the flow.
-	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actRedirect {
+	if ret, _ := run(t, d.progs.OncEgressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actRedirect {
 		t.Fatalf("learned flow not fast-pathed: %d", ret)
 	}
 
@@ -383,7 +383,7 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	if after, _ := d.config(); after.Epoch != before.Epoch+1 || after.Learning != 1 {
 		t.Fatalf("after a flush: epoch %d → %d, learning %d; want one epoch step and learning on", before.Epoch, after.Epoch, after.Learning)
 	}
-	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actOK {
+	if ret, _ := run(t, d.progs.OncEgressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), 0); ret != actOK {
 		t.Fatal("flow still fast-pathed after a flush")
 	}
 }
@@ -399,8 +399,8 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
-	run(t, d.progs.learnEgress, out, mark)
-	run(t, d.progs.learnIngress, back, mark)
+	run(t, d.progs.OncLearnEgress, out, mark)
+	run(t, d.progs.OncLearnIngress, back, mark)
 	if stat(t, d, "learn_egress") != 1 || stat(t, d, "learn_ingress") != 1 || stat(t, d, "learn_known") != 0 {
 		t.Fatal("the first packets did not teach the cache")
 	}
@@ -412,8 +412,8 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	binary.BigEndian.PutUint16(again[18:], 0x4242) // outer IP id
 	binary.BigEndian.PutUint16(again[34:], 61000)  // outer UDP source
 	for range 3 {
-		run(t, d.progs.learnEgress, again, mark)
-		run(t, d.progs.learnIngress, back, mark)
+		run(t, d.progs.OncLearnEgress, again, mark)
+		run(t, d.progs.OncLearnIngress, back, mark)
 	}
 	if stat(t, d, "learn_egress") != 1 || stat(t, d, "learn_ingress") != 1 || stat(t, d, "learn_known") != 6 {
 		t.Fatalf("a learned flow was written again: learn_egress %d, learn_ingress %d, learn_known %d",
@@ -423,7 +423,7 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	// The peer's VTEP moved (another MAC): a real change is written.
 	moved := slices.Clone(out)
 	copy(moved[0:6], net.HardwareAddr{2, 0, 0, 0, 0xb, 9})
-	run(t, d.progs.learnEgress, moved, mark)
+	run(t, d.progs.OncLearnEgress, moved, mark)
 	encaps, _ := d.Encaps()
 	if stat(t, d, "learn_egress") != 2 || len(encaps) != 1 || encaps[0].OuterDst.String() != "02:00:00:00:0b:09" {
 		t.Fatalf("a changed header was not written: learn_egress %d, encaps %+v", stat(t, d, "learn_egress"), encaps)
@@ -433,7 +433,7 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	must(t, d.Configure(false))
 	other := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40001, 53, 0, 10), localNode, peerNode, 1)
 	before := stat(t, d, "learn_egress") + stat(t, d, "learn_known")
-	run(t, d.progs.learnEgress, other, mark)
+	run(t, d.progs.OncLearnEgress, other, mark)
 	if flows, _ := d.Flows(); len(flows) != 1 || stat(t, d, "learn_egress")+stat(t, d, "learn_known") != before {
 		t.Fatalf("learned with the fast path off: %+v", flows)
 	}
@@ -474,35 +474,35 @@ func TestSYNACKTeachesTheReplyDirection(t *testing.T) {
 
 	t.Run("server's node", func(t *testing.T) { // the local pod accepted on :80
 		d := ready(t)
-		run(t, d.progs.learnEgress, toPeer(80, 40000, synAck), mark)
+		run(t, d.progs.OncLearnEgress, toPeer(80, 40000, synAck), mark)
 		if stat(t, d, "learn_egress") != 1 {
 			t.Fatal("the SYN-ACK taught nothing")
 		}
-		verdict(t, d.progs.ingressFast, fromPeer(40000, 80, ack), actOK, "the handshake's last ACK")
+		verdict(t, d.progs.OncIngressFast, fromPeer(40000, 80, ack), actOK, "the handshake's last ACK")
 		if stat(t, d, "ingress_miss_flow") != 1 {
 			t.Fatal("the last ACK missed for another reason than the unlearned direction")
 		}
-		run(t, d.progs.learnIngress, toPod(40000, 80, ack), mark)
-		verdict(t, d.progs.ingressFast, fromPeer(40000, 80, 0), actRedirect, "the request")
-		verdict(t, d.progs.egressFast, fromPod(80, 40000, 0), actRedirect, "the response")
+		run(t, d.progs.OncLearnIngress, toPod(40000, 80, ack), mark)
+		verdict(t, d.progs.OncIngressFast, fromPeer(40000, 80, 0), actRedirect, "the request")
+		verdict(t, d.progs.OncEgressFast, fromPod(80, 40000, 0), actRedirect, "the response")
 	})
 	t.Run("client's node", func(t *testing.T) { // the local pod connected from :40000
 		d := ready(t)
-		run(t, d.progs.learnIngress, toPod(80, 40000, synAck), mark)
+		run(t, d.progs.OncLearnIngress, toPod(80, 40000, synAck), mark)
 		if stat(t, d, "learn_ingress") != 1 {
 			t.Fatal("the SYN-ACK taught nothing")
 		}
-		verdict(t, d.progs.egressFast, fromPod(40000, 80, ack), actOK, "the handshake's last ACK")
-		run(t, d.progs.learnEgress, toPeer(40000, 80, ack), mark)
-		verdict(t, d.progs.egressFast, fromPod(40000, 80, 0), actRedirect, "the request")
-		verdict(t, d.progs.ingressFast, fromPeer(80, 40000, 0), actRedirect, "the response")
+		verdict(t, d.progs.OncEgressFast, fromPod(40000, 80, ack), actOK, "the handshake's last ACK")
+		run(t, d.progs.OncLearnEgress, toPeer(40000, 80, ack), mark)
+		verdict(t, d.progs.OncEgressFast, fromPod(40000, 80, 0), actRedirect, "the request")
+		verdict(t, d.progs.OncIngressFast, fromPeer(80, 40000, 0), actRedirect, "the response")
 	})
 	t.Run("SYN, FIN and RST", func(t *testing.T) {
 		d := ready(t)
 		for i, flags := range []byte{0x02, finAck, rst, 0x13} {
 			port := uint16(41000 + i)
-			run(t, d.progs.learnEgress, toPeer(port, 80, flags), mark)
-			run(t, d.progs.learnIngress, toPod(80, port, flags), mark)
+			run(t, d.progs.OncLearnEgress, toPeer(port, 80, flags), mark)
+			run(t, d.progs.OncLearnIngress, toPod(80, port, flags), mark)
 		}
 		if f, _ := d.Flows(); len(f) != 0 {
 			t.Fatalf("learned from SYN, FIN or RST: %+v", f)
@@ -536,7 +536,7 @@ func TestCoherency(t *testing.T) {
 	c.Learning = 0
 	must(t, d.maps.OncCfg.Put(uint32(0), c))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 1, 2, 0, 0), localNode, peerNode, 1)
-	run(t, d.progs.learnEgress, out, mark)
+	run(t, d.progs.OncLearnEgress, out, mark)
 	if stat(t, d, "learn_paused") != 1 || stat(t, d, "learn_egress") != 0 {
 		t.Fatal("learning went on while paused")
 	}
@@ -591,9 +591,9 @@ func TestSYNForgetsTheCachedFlow(t *testing.T) {
 		prog func(d *Datapath) *ebpf.Program
 		syn  []byte
 	}{
-		{"a SYN from the pod", func(d *Datapath) *ebpf.Program { return d.progs.egressFast },
+		{"a SYN from the pod", func(d *Datapath) *ebpf.Program { return d.progs.OncEgressFast },
 			frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0x02, 0)},
-		{"a SYN-ACK to the pod", func(d *Datapath) *ebpf.Program { return d.progs.ingressFast },
+		{"a SYN-ACK to the pod", func(d *Datapath) *ebpf.Program { return d.progs.OncIngressFast },
 			vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0x12, 0), peerNode, localNode, 1)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -602,7 +602,7 @@ func TestSYNForgetsTheCachedFlow(t *testing.T) {
 			if ret, _ := run(t, c.prog(d), c.syn, 0); ret != actOK {
 				t.Fatalf("verdict %d for the SYN; want the slow path", ret)
 			}
-			if ret, _ := run(t, d.progs.egressFast, egressData, 0); ret != actOK || stat(t, d, "egress_miss_flow") != 1 {
+			if ret, _ := run(t, d.progs.OncEgressFast, egressData, 0); ret != actOK || stat(t, d, "egress_miss_flow") != 1 {
 				t.Fatalf("after the SYN the old connection's entry still carried data (verdict %d)", ret)
 			}
 		})
@@ -628,7 +628,7 @@ func TestEvictEncapsRemovesOnlyStale(t *testing.T) {
 	if c, _ := d.config(); c.Learning != 1 {
 		t.Fatal("learning not resumed after the eviction")
 	}
-	if ret, _ := run(t, d.progs.egressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 10), 0); ret != actOK || stat(t, d, "egress_miss_encap") != 1 {
+	if ret, _ := run(t, d.progs.OncEgressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 10), 0); ret != actOK || stat(t, d, "egress_miss_encap") != 1 {
 		t.Fatalf("verdict %d after its header was evicted; want the slow path (miss_encap)", ret)
 	}
 	if n, err := d.EvictEncaps(func(Encap) bool { return false }); n != 0 || err != nil {

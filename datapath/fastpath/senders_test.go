@@ -83,7 +83,7 @@ func TestOverlayGuardOnTheUplink(t *testing.T) {
 				for _, n := range guardCounters {
 					before[n] = stat(t, d, n)
 				}
-				ret, _ := run(t, d.progs.ingressFast, c.pkt, 0)
+				ret, _ := run(t, d.progs.OncIngressFast, c.pkt, 0)
 				if c.drop == "" && ret == actShot {
 					t.Errorf("%s: dropped; want it let on", c.name)
 				}
@@ -114,23 +114,23 @@ func TestOverlayGuardFollowsThePeers(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	pkt := vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1)
-	if ret, _ := run(t, d.progs.ingressFast, pkt, 0); ret != actRedirect {
+	if ret, _ := run(t, d.progs.OncIngressFast, pkt, 0); ret != actRedirect {
 		t.Fatalf("a learned flow from the peer: verdict %d, want redirect", ret)
 	}
 	narrowed := Sender{NodeIP: peerNode, Sources: []netip.Prefix{netip.MustParsePrefix("10.244.2.128/25")}}
 	must(t, d.SyncSenders([]Sender{narrowed}, false))
-	if ret, _ := run(t, d.progs.ingressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_inner_source") != 1 {
+	if ret, _ := run(t, d.progs.OncIngressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_inner_source") != 1 {
 		t.Fatalf("a source the peer lost: verdict %d, want dropped as inner_source", ret)
 	}
 	must(t, d.SyncSenders(nil, false))
-	if ret, _ := run(t, d.progs.ingressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_unknown_sender") != 1 {
+	if ret, _ := run(t, d.progs.OncIngressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_unknown_sender") != 1 {
 		t.Fatalf("a peer that left: verdict %d, want dropped as unknown_sender", ret)
 	}
 	later := append([]byte{}, pkt...)
 	binary.BigEndian.PutUint16(later[20:], 100) // fragment offset 800: no UDP header here
 	binary.BigEndian.PutUint16(later[24:], 0)
 	binary.BigEndian.PutUint16(later[24:], ipsum(later[14:34]))
-	if ret, _ := run(t, d.progs.ingressFast, later, 0); ret == actShot {
+	if ret, _ := run(t, d.progs.OncIngressFast, later, 0); ret == actShot {
 		t.Fatal("a later fragment was dropped: the guard cannot read its port")
 	}
 }
@@ -158,7 +158,7 @@ func TestOverlayGuardOnPods(t *testing.T) {
 				{"TCP to port 4789", frame(hostMAC, podMAC, localPod, peerNode, unix.IPPROTO_TCP, 40000, 4789, 0, 10), ""},
 			} {
 				before := stat(t, d, "overlay_drop_from_pod")
-				ret, _ := run(t, d.progs.egressFast, c.pkt, 0)
+				ret, _ := run(t, d.progs.OncEgressFast, c.pkt, 0)
 				dropped := ret == actShot && stat(t, d, "overlay_drop_from_pod") == before+1
 				if dropped != (c.drop != "") {
 					t.Errorf("%s: verdict %d, from_pod %d -> %d; want dropped=%v", c.name, ret, before, stat(t, d, "overlay_drop_from_pod"), c.drop != "")

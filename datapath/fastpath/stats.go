@@ -16,7 +16,7 @@ type Stat = bpf.Counter
 
 // Stats sums every counter over the CPUs.
 func (d *Datapath) Stats() ([]Stat, error) {
-	return bpf.ReadCounters(d.maps.OncStats, bpf.LoadEgressFast, "onc_stat", "STAT_")
+	return d.counters.Read()
 }
 
 // CacheEntries counts the entries of each cache map, by its name without
@@ -113,7 +113,7 @@ func (d *Datapath) Flows() ([]Flow, error) {
 }
 
 // decodeFlow is a filter entry as onctl shows it; a direction is learned
-// when its byte is not 0, as the programs read it (onc.h, flow_hit).
+// when its byte is not 0, as the programs read it (include/fastpath.h, flow_allowed).
 func decodeFlow(k FlowKey, v FlowVal, epoch uint32) Flow {
 	return Flow{
 		Local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),

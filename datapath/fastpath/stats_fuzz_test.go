@@ -2,7 +2,7 @@ package fastpath
 
 // Fuzz targets for the flow cache's decoders (onctl cache list): any bytes
 // a map entry may hold decode, without panic, into exactly what the C
-// structs (include/onc.h) and headers say they mean. The expected values
+// structs (include/fastpath.h) and headers say they mean. The expected values
 // are read from the raw bytes at the C offsets, not through the Go types.
 
 import (

@@ -67,8 +67,8 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	}
 	now := uint64(ts.Nano())
 	var out []Affinity
-	var k bpf.SockConnect4LbAffKey
-	var v bpf.SockConnect4LbAff
+	var k bpf.ServicesLbAffKey
+	var v bpf.ServicesLbAff
 	it := lb.maps.OncLbAff.Iterate()
 	for it.Next(&k, &v) {
 		if a, live := decodeAffinity(k, v, now, byID, owned); live {
@@ -87,7 +87,7 @@ type affinityService struct {
 // decodeAffinity is an affinity entry as onctl shows it, read at now;
 // live is false for one of no service, or past its service's timeout. A
 // program may have stamped it after now was read: its age is then 0.
-func decodeAffinity(k bpf.SockConnect4LbAffKey, v bpf.SockConnect4LbAff, now uint64, byID map[uint32]affinityService,
+func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byID map[uint32]affinityService,
 	owned map[uint64]netip.Addr) (a Affinity, live bool) {
 	of, ok := byID[k.SvcId]
 	var age time.Duration
@@ -103,5 +103,5 @@ func decodeAffinity(k bpf.SockConnect4LbAffKey, v bpf.SockConnect4LbAff, now uin
 
 // Stats sums the programs' counters over the CPUs.
 func (lb *LB) Stats() ([]bpf.Counter, error) {
-	return bpf.ReadCounters(lb.maps.OncLbStats, bpf.LoadSockConnect4, "lb_stat", "LB_STAT_")
+	return lb.counters.Read()
 }

@@ -13,7 +13,7 @@ import (
 
 // FuzzDecodeAffinity: struct lb_aff_key {__u64 netns; __u32 svc_id; pad}
 // and struct lb_aff {struct lb_addr be {__be32 ip; __be16 port; pad};
-// __u64 last_ns} (include/lb.h) decode, read at now, into the entry of
+// __u64 last_ns} (include/services.h) decode, read at now, into the entry of
 // that service, client and backend, never older than now allows; one of
 // no service or past its service's timeout is not shown.
 func FuzzDecodeAffinity(f *testing.F) {
@@ -26,8 +26,8 @@ func FuzzDecodeAffinity(f *testing.F) {
 	owned := map[uint64]netip.Addr{1: {}, 5: netip.MustParseAddr("10.244.7.2")}
 	f.Fuzz(func(t *testing.T, key, val []byte, now uint64) {
 		now &= math.MaxInt64 // a monotonic clock in ns (292 years) stays below 2^63
-		key, k := testutil.MapEntry[bpf.SockConnect4LbAffKey](t, key)
-		val, v := testutil.MapEntry[bpf.SockConnect4LbAff](t, val)
+		key, k := testutil.MapEntry[bpf.ServicesLbAffKey](t, key)
+		val, v := testutil.MapEntry[bpf.ServicesLbAff](t, val)
 		got, live := decodeAffinity(k, v, now, services, owned)
 		netns, last := binary.NativeEndian.Uint64(key), binary.NativeEndian.Uint64(val[8:])
 		svc, known := services[binary.NativeEndian.Uint32(key[8:])]

@@ -3,8 +3,6 @@ package services
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -25,11 +23,11 @@ type Options struct {
 
 // LB is the loaded socket load balancer.
 type LB struct {
-	opts  Options
-	maps  bpf.SockConnect4Maps
-	progs []hook
-
-	closers []io.Closer
+	opts     Options
+	objs     bpf.ServicesObjects
+	maps     *bpf.ServicesMaps
+	progs    []hook
+	counters *bpf.Counters
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -50,53 +48,33 @@ func Open(o Options) (*LB, error) {
 		return nil, err
 	}
 	lb := &LB{opts: o, services: map[Key]*programmed{}}
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: o.PinDir}}
-	err := lb.load(opts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) {
-		// An upgrade changed a map's layout: start afresh. Sockets already
-		// connected keep their backends; getpeername on them and UDP
-		// replies to them show backend addresses until they close.
-		slog.Warn("pinned socket-LB maps do not fit this version; recreating them", "dir", o.PinDir, "err", err)
-		if err := bpf.RemoveMapPins(o.PinDir, bpf.LoadSockConnect4); err != nil {
-			return nil, err
-		}
-		err = lb.load(opts)
-	}
+	spec, err := bpf.LoadServices()
 	if err != nil {
 		return nil, err
 	}
-	if err := lb.adopt(); err != nil {
+	// An upgrade that changed a map's layout starts afresh: sockets already
+	// connected keep their backends; getpeername on them and UDP replies
+	// to them show backend addresses until they close.
+	if err := bpf.LoadPinned("socket LB", spec, o.PinDir, &lb.objs, nil); err != nil {
+		return nil, err
+	}
+	lb.maps = &lb.objs.ServicesMaps
+	p := &lb.objs.ServicesPrograms
+	lb.progs = []hook{
+		{hookNames[0], ebpf.AttachCGroupInet4Connect, p.OncSockConnect4},
+		{hookNames[1], ebpf.AttachCGroupUDP4Sendmsg, p.OncSockSendmsg4},
+		{hookNames[2], ebpf.AttachCGroupUDP4Recvmsg, p.OncSockRecvmsg4},
+		{hookNames[3], ebpf.AttachCgroupInet4GetPeername, p.OncSockGetpeername4},
+		{hookNames[4], ebpf.AttachCgroupInetSockRelease, p.OncSockRelease},
+	}
+	if lb.counters, err = bpf.NewCounters(lb.maps.OncLbStats, spec.Maps[bpf.ServicesMapOncLbStats]); err == nil {
+		err = lb.adopt()
+	}
+	if err != nil {
 		lb.Close()
 		return nil, err
 	}
 	return lb, nil
-}
-
-func (lb *LB) load(opts *ebpf.CollectionOptions) error {
-	var c bpf.SockConnect4Objects
-	var s bpf.SockSendmsg4Objects
-	var r bpf.SockRecvmsg4Objects
-	var g bpf.SockGetpeername4Objects
-	var rel bpf.SockReleaseObjects
-	closers, err := bpf.LoadObjects("socket-LB programs",
-		bpf.Object{Load: func() error { return bpf.LoadSockConnect4Objects(&c, opts) }, Closer: &c},
-		bpf.Object{Load: func() error { return bpf.LoadSockSendmsg4Objects(&s, opts) }, Closer: &s},
-		bpf.Object{Load: func() error { return bpf.LoadSockRecvmsg4Objects(&r, opts) }, Closer: &r},
-		bpf.Object{Load: func() error { return bpf.LoadSockGetpeername4Objects(&g, opts) }, Closer: &g},
-		bpf.Object{Load: func() error { return bpf.LoadSockReleaseObjects(&rel, opts) }, Closer: &rel})
-	if err != nil {
-		return err
-	}
-	lb.closers = closers
-	lb.maps = c.SockConnect4Maps
-	lb.progs = []hook{
-		{hookNames[0], ebpf.AttachCGroupInet4Connect, c.OncSockConnect4},
-		{hookNames[1], ebpf.AttachCGroupUDP4Sendmsg, s.OncSockSendmsg4},
-		{hookNames[2], ebpf.AttachCGroupUDP4Recvmsg, r.OncSockRecvmsg4},
-		{hookNames[3], ebpf.AttachCgroupInet4GetPeername, g.OncSockGetpeername4},
-		{hookNames[4], ebpf.AttachCgroupInetSockRelease, rel.OncSockRelease},
-	}
-	return nil
 }
 
 // Cgroup is where the programs attach.
@@ -131,7 +109,11 @@ func Remove(pinDir string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return bpf.RemoveMapPins(pinDir, bpf.LoadSockConnect4)
+	spec, err := bpf.LoadServices()
+	if err != nil {
+		return err
+	}
+	return bpf.RemoveMapPins(pinDir, spec)
 }
 
 // hookNames name the link pins, one per program, in the order of LB.progs.
@@ -141,10 +123,5 @@ func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cg
 
 // Close releases this process's handles; pinned maps and links stay.
 func (lb *LB) Close() error {
-	var errs []error
-	for _, c := range lb.closers {
-		errs = append(errs, c.Close())
-	}
-	lb.closers = nil
-	return errors.Join(errs...)
+	return lb.objs.Close()
 }

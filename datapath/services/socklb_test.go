@@ -21,6 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -524,13 +525,37 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 // A restarted agent adopts the pinned links (no second set of programs on
 // the cgroup) and maps: a socket connected before still reports the
 // ClusterIP, and new ones are still balanced.
-func TestRestartChangesNothingForLiveSockets(t *testing.T) {
+func TestRestartChangesNothingForLiveSockets(t *testing.T) { liveSocketsAcrossRestart(t, false) }
+
+// So does an agent of this version on a v0 agent's pins (one object per
+// program): the maps kept their layout.
+func TestUpgradeFromV0ChangesNothingForLiveSockets(t *testing.T) { liveSocketsAcrossRestart(t, true) }
+
+func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	cg := bpftest.Cgroup(t)
 	dir := t.TempDir()
+	must(t, bpf.EnsurePinDir(dir))
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if fromV0 {
+		// The v0 agent's programs, attached through pinned links, as
+		// bpf.AttachCgroup did then (the maps it wrote are written below
+		// through this version's code: their layout is the same).
+		for hook, v0 := range map[string]struct {
+			obj, prog string
+			attach    ebpf.AttachType
+		}{
+			"connect4":     {bpftest.V0SockConnect4, "onc_sock_connect4", ebpf.AttachCGroupInet4Connect},
+			"getpeername4": {bpftest.V0SockGetpeername4, "onc_sock_getpeername4", ebpf.AttachCgroupInet4GetPeername},
+		} {
+			c := bpftest.LoadV0(t, v0.obj, dir)
+			must(t, bpf.AttachCgroup(linkPin(dir, hook), cg, v0.attach, c.Programs[v0.prog]))
+		}
+	}
 	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
 	must(t, err)
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	must(t, lb.Attach())
+	if !fromV0 {
+		must(t, lb.Attach())
+	}
 	b := newBed(t, cg)
 	must(t, lb.OwnHost(b.cookie))
 	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
@@ -546,18 +571,22 @@ func TestRestartChangesNothingForLiveSockets(t *testing.T) {
 	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
 		t.Fatalf("before the restart: %+v", before)
 	}
-	ids := linkIDs(t, lb)
+	ids := linkIDs(t, dir)
 	lb.Close()
 
 	again, err := Open(Options{PinDir: dir, Cgroup: cg})
 	must(t, err)
 	defer again.Close()
 	must(t, again.Attach())
-	if got := linkIDs(t, again); fmt.Sprint(got) != fmt.Sprint(ids) {
-		t.Fatalf("restart made new links %v, want the pinned %v adopted", got, ids)
+	for hook, id := range ids {
+		if got := linkIDs(t, dir)[hook]; got != id {
+			t.Fatalf("restart made a new %s link %v, want the pinned %v adopted", hook, got, id)
+		}
 	}
-	if n := attachedPrograms(t, cg, ebpf.AttachCGroupInet4Connect); n != 1 {
-		t.Fatalf("%d connect4 programs on the cgroup after restart, want 1", n)
+	for _, h := range again.progs {
+		if n := attachedPrograms(t, cg, h.attach); n != 1 {
+			t.Fatalf("%d %s programs on the cgroup after restart, want 1", n, h.name)
+		}
 	}
 	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	stdin.Close()
@@ -664,16 +693,20 @@ func entries(t *testing.T, m *ebpf.Map) int {
 	return n
 }
 
-func linkIDs(t *testing.T, lb *LB) []link.ID {
+// linkIDs are the links pinned in dir, by hook.
+func linkIDs(t *testing.T, dir string) map[string]link.ID {
 	t.Helper()
-	var ids []link.ID
-	for _, h := range lb.progs {
-		l, err := link.LoadPinnedLink(linkPin(lb.opts.PinDir, h.name), nil)
+	ids := map[string]link.ID{}
+	for _, h := range hookNames {
+		l, err := link.LoadPinnedLink(linkPin(dir, h), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
 		must(t, err)
 		info, err := l.Info()
 		l.Close()
 		must(t, err)
-		ids = append(ids, info.ID)
+		ids[h] = info.ID
 	}
 	return ids
 }

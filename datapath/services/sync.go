@@ -14,14 +14,14 @@ import (
 	"github.com/onc-net/onc/datapath/bpf"
 )
 
-// Map value and key types, as datapath/bpf/include/lb.h defines them.
+// Map value and key types, as datapath/bpf/include/services.h defines them.
 type (
-	svcKey     = bpf.SockConnect4LbSvcKey
-	svcVal     = bpf.SockConnect4LbSvc
-	backendKey = bpf.SockConnect4LbBackendKey
-	lbAddr     = bpf.SockConnect4LbAddr
-	memberKey  = bpf.SockConnect4LbMemberKey
-	svcStat    = bpf.SockConnect4LbSvcStat
+	svcKey     = bpf.ServicesLbSvcKey
+	svcVal     = bpf.ServicesLbSvc
+	backendKey = bpf.ServicesLbBackendKey
+	lbAddr     = bpf.ServicesLbAddr
+	memberKey  = bpf.ServicesLbMemberKey
+	svcStat    = bpf.ServicesLbSvcStat
 )
 
 const (

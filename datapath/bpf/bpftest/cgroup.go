@@ -1,7 +1,8 @@
-// Package bpftest holds what tests of the cgroup-attached programs
-// (datapath/services, datapath/bypass) share: a throwaway cgroup, so that
-// what they attach acts only on the test's own sockets.
 package bpftest
+
+// The cgroup-attached programs' tests (datapath/services,
+// datapath/bypass) run in a throwaway cgroup, so that what they attach
+// acts only on the test's own sockets.
 
 import (
 	"fmt"

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * ONC intra-node bypass: maps shared by the sockops and sk_msg programs.
+ * The intra-node bypass: the maps of its sockops and sk_msg programs
+ * (bypass.c).
  *
  * A TCP connection whose two ends are pods of this node is recorded, once
  * ESTABLISHED, in a SOCKHASH keyed by its addresses and ports. Each send
@@ -16,14 +17,8 @@
 #ifndef __ONC_BYPASS_H
 #define __ONC_BYPASS_H
 
-#include <linux/types.h>
-#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
-
-#define ONC_AF_INET 2
-#define ONC_AF_INET6 10
+#include "common.h"
 
 /* One end of a connection as that end sees it; ports in network order.
  * A dual-stack (AF_INET6) socket talking IPv4 has the same key as an
@@ -144,21 +139,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_bp_cfg SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, BP_STAT_MAX);
-	__type(key, enum bp_stat); /* so the names reach BTF and Go */
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_bp_stats SEC(".maps");
-
-static __always_inline void bp_count(enum bp_stat stat, __u64 n)
-{
-	__u64 *v = bpf_map_lookup_elem(&onc_bp_stats, &stat);
-
-	if (v)
-		*v += n;
-}
+ONC_COUNTERS(onc_bp_stats, bp_stat, BP_STAT_MAX);
 
 static __always_inline struct bp_cfg *bp_config(void)
 {
@@ -222,7 +203,5 @@ static __always_inline int bp_v4mapped(__u32 w0, __u32 w1, __u32 w2)
 		(key)->remote_port = bp_remote_port(bp_ctx_read((ctx)->remote_port));   \
 		__ok;                                                                   \
 	})
-
-char __license[] SEC("license") = "Dual BSD/GPL";
 
 #endif /* __ONC_BYPASS_H */

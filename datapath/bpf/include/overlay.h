@@ -17,7 +17,7 @@
 #ifndef __ONC_OVERLAY_H
 #define __ONC_OVERLAY_H
 
-#include "onc.h"
+#include "fastpath.h"
 #include "parse.h"
 
 struct vlanhdr {
@@ -78,7 +78,7 @@ static __always_inline struct iphdr *frame_ipv4(void *data, void *end, int *tagg
 
 /* Whether an IPv4 packet at ip is the first (or only) fragment of a UDP
  * datagram to the VXLAN port. */
-static __always_inline int to_vxlan_port(struct iphdr *ip, void *end, const struct onc_config *cfg)
+static __always_inline int to_vxlan_port(struct iphdr *ip, void *end)
 {
 	struct udphdr *udp;
 
@@ -91,7 +91,7 @@ static __always_inline int to_vxlan_port(struct iphdr *ip, void *end, const stru
 	udp = (void *)ip + ip->ihl * 4;
 	if (ip->ihl < 5 || (void *)(udp + 1) > end)
 		return 0;
-	return udp->dest == cfg->vxlan_port;
+	return udp->dest == onc_vxlan_port;
 }
 
 /*
@@ -100,7 +100,7 @@ static __always_inline int to_vxlan_port(struct iphdr *ip, void *end, const stru
  * of the reason to drop it. It may pull data: packet pointers taken before
  * it are void after it.
  */
-static __always_inline int overlay_guard(struct __sk_buff *skb, const struct onc_config *cfg)
+static __always_inline int overlay_guard(struct __sk_buff *skb)
 {
 	struct sender_key key = { .prefixlen = 64 };
 	struct sender_val *sender;
@@ -113,17 +113,17 @@ static __always_inline int overlay_guard(struct __sk_buff *skb, const struct onc
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	outer = frame_ipv4(data, end, &tagged);
-	if (!outer || !to_vxlan_port(outer, end, cfg))
+	if (!outer || !to_vxlan_port(outer, end))
 		return 0;
 	/* ONC's peers send whole, untagged frames without IP options, to our
 	 * endpoint. */
 	if (tagged || outer->ihl != 5 || outer->frag_off & bpf_htons(0x2000) ||
-	    outer->daddr != cfg->node_ip)
+	    outer->daddr != onc_node_ip)
 		return STAT_OVERLAY_DROP_MALFORMED;
 	/* At fixed offsets now (the verifier follows those, not ihl's). */
 	vx = data + sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
 	inner = data + ONC_HDR_LEN;
-	if ((void *)(inner + 1) > end || vx->vni != bpf_htonl(cfg->vni << 8) ||
+	if ((void *)(inner + 1) > end || vx->vni != bpf_htonl(onc_vni << 8) ||
 	    !is_ipv4(data + ONC_ENCAP_LEN, end))
 		return STAT_OVERLAY_DROP_MALFORMED;
 	key.peer = outer->saddr;
@@ -135,14 +135,14 @@ static __always_inline int overlay_guard(struct __sk_buff *skb, const struct onc
 		return STAT_OVERLAY_DROP_INNER_SOURCE;
 	/* Peers send only to our pods (and gateway): anything else would make
 	 * this node a relay for them. */
-	if ((inner->daddr & cfg->pod_mask) != cfg->pod_net)
+	if ((inner->daddr & onc_pod_mask) != onc_pod_net)
 		return STAT_OVERLAY_DROP_INNER_DESTINATION;
 	return 0;
 }
 
 /* from_pod_to_vxlan says whether a packet a pod sends is for a VXLAN port.
  * It may pull data, as overlay_guard does. */
-static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb, const struct onc_config *cfg)
+static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb)
 {
 	void *data, *end;
 	struct iphdr *ip;
@@ -152,7 +152,7 @@ static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb, const struct
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	ip = frame_ipv4(data, end, &tagged);
-	return ip && to_vxlan_port(ip, end, cfg);
+	return ip && to_vxlan_port(ip, end);
 }
 
 #endif /* __ONC_OVERLAY_H */

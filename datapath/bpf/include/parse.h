@@ -8,7 +8,7 @@
 #include <linux/in.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
-#include "onc.h"
+#include "fastpath.h"
 
 struct vxlanhdr {
 	__be32 flags;
@@ -113,7 +113,7 @@ static __always_inline int is_ipv4(void *data, void *end)
 
 /* parse_vxlan checks data holds outer Ethernet/IPv4/UDP to our port with
  * our VNI; it returns the outer IP header or NULL. */
-static __always_inline struct iphdr *parse_vxlan(void *data, void *end, const struct onc_config *cfg)
+static __always_inline struct iphdr *parse_vxlan(void *data, void *end)
 {
 	struct iphdr *ip = data + sizeof(struct ethhdr);
 	struct udphdr *udp;
@@ -129,7 +129,7 @@ static __always_inline struct iphdr *parse_vxlan(void *data, void *end, const st
 	vx = (void *)(udp + 1);
 	if ((void *)(vx + 1) > end)
 		return NULL;
-	if (udp->dest != cfg->vxlan_port || vx->vni != bpf_htonl(cfg->vni << 8))
+	if (udp->dest != onc_vxlan_port || vx->vni != bpf_htonl(onc_vni << 8))
 		return NULL;
 	return ip;
 }

@@ -1,19 +1,16 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * ONC flow cache: maps, keys and counters shared by every program.
+ * The fast path (fastpath.c): its maps, keys, settings and counters, which
+ * the overlay guard (overlay.h) shares.
  *
- * Every map is pinned by name under the agent's bpffs directory, so the
- * four objects (one per attach point) share them, and an agent restart
- * reuses them without dropping a packet.
+ * Every map is pinned by name under the agent's bpffs directory, so an
+ * agent restart reuses them without dropping a packet.
  */
-#ifndef __ONC_H
-#define __ONC_H
+#ifndef __ONC_FASTPATH_H
+#define __ONC_FASTPATH_H
 
-#include <linux/types.h>
-#include <linux/bpf.h>
 #include <linux/pkt_cls.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
+#include "common.h"
 
 /* The ECN field of the IP TOS byte; CE is both bits set. */
 #define ONC_ECN_MASK 3
@@ -69,18 +66,26 @@ struct cidr_val {
 	__be32 node_ip;
 };
 
-/* Agent-written switches; index 0 of onc_config. */
+/* The switches the agent flips while it runs; index 0 of onc_cfg. */
 struct onc_config {
 	__u32 epoch;      /* filter entries of another epoch are void */
 	__u8 enabled;     /* fast path on */
 	__u8 learning;    /* 0 while the agent evicts */
-	__be16 vxlan_port;
-	__u32 vni;        /* host order */
-	__u32 mark;       /* skb->mark bit the slow path sets on ESTABLISHED */
-	__be32 node_ip;   /* this node's tunnel endpoint */
-	__be32 pod_net;   /* this node's pod CIDR: the only inner destinations */
-	__be32 pod_mask;  /* of frames from peers (the overlay guard) */
+	__u8 pad[2];
 };
+
+/*
+ * This node's settings, fixed while an agent runs: the agent sets them in
+ * the object before loading it (datapath/fastpath), so no packet looks
+ * them up in a map. Programs are loaded afresh by each agent (only maps
+ * and links are pinned), so a restart with other settings takes them.
+ */
+volatile const __u32 onc_vni = 0;           /* host order */
+volatile const __be16 onc_vxlan_port = 0;
+volatile const __u32 onc_mark = 0;          /* skb->mark bit the slow path sets on ESTABLISHED */
+volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
+volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: the only inner destinations */
+volatile const __be32 onc_pod_mask = 0;     /* of frames from peers (the overlay guard) */
 
 /* Counters (per CPU); onctl stats decodes them by these names. */
 enum onc_stat {
@@ -212,21 +217,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_cfg SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX);
-	__type(key, enum onc_stat); /* so the names reach BTF and Go */
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_stats SEC(".maps");
-
-static __always_inline void count(enum onc_stat stat)
-{
-	__u64 *v = bpf_map_lookup_elem(&onc_stats, &stat);
-
-	if (v)
-		*v += 1;
-}
+ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
 
 static __always_inline struct onc_config *config(void)
 {
@@ -296,6 +287,4 @@ static __always_inline void flow_forget(const struct flow_key *k)
 	bpf_map_delete_elem(&onc_filter, k);
 }
 
-char __license[] SEC("license") = "Dual BSD/GPL";
-
-#endif /* __ONC_H */
+#endif /* __ONC_FASTPATH_H */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * ONC socket load balancing: maps and the translation shared by the cgroup
- * programs (sock_*.c). A ClusterIP:port is rewritten to a backend pod when
+ * Services, balanced at the socket: the maps and the translation of the
+ * cgroup programs (services.c). A ClusterIP:port is rewritten to a backend pod when
  * a socket connects or sends, and back when it reads a reply or asks for
  * its peer, so Service traffic is pod-to-pod on the wire.
  *
@@ -9,17 +9,13 @@
  * each with its own maps. A program acts only on sockets whose network
  * namespace its agent registered in onc_lb_netns: its node's host and pods.
  */
-#ifndef __ONC_LB_H
-#define __ONC_LB_H
+#ifndef __ONC_SERVICES_H
+#define __ONC_SERVICES_H
 
-#include <linux/types.h>
-#include <linux/bpf.h>
 #include <linux/in.h>
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
+#include "common.h"
 
 #define ONC_ECONNREFUSED 111
-#define ONC_AF_INET 2
 
 /* The cgroup programs' verdicts: 1 lets the call proceed. */
 #define SYS_PROCEED 1
@@ -179,21 +175,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_lb_svc_stats SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_STAT_MAX);
-	__type(key, enum lb_stat); /* so the names reach BTF and Go */
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_lb_stats SEC(".maps");
-
-static __always_inline void lb_count(enum lb_stat stat)
-{
-	__u64 *v = bpf_map_lookup_elem(&onc_lb_stats, &stat);
-
-	if (v)
-		*v += 1;
-}
+ONC_COUNTERS(onc_lb_stats, lb_stat, LB_STAT_MAX);
 
 static __always_inline void lb_count_svc(__u32 id, int refused)
 {
@@ -288,7 +270,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 		return SYS_PROCEED;
 	svc = *found;
 	if (!svc.count) {
-		lb_count(refused);
+		count(&onc_lb_stats, refused, 1);
 		lb_count_svc(svc.id, 1);
 		bpf_set_retval(-ONC_ECONNREFUSED);
 		return SYS_REJECT;
@@ -300,7 +282,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 		akey.svc_id = svc.id;
 		sticky = lb_affine(&akey, &svc, now, &aff);
 		if (sticky)
-			lb_count(LB_STAT_AFFINITY_HIT);
+			count(&onc_lb_stats, LB_STAT_AFFINITY_HIT, 1);
 	}
 	if (!sticky) {
 		slot.svc_id = svc.id;
@@ -309,7 +291,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 			     bpf_get_prandom_u32()) % svc.count;
 		be = bpf_map_lookup_elem(&onc_lb_backend, &slot);
 		if (!be) {
-			lb_count(LB_STAT_NO_SLOT);
+			count(&onc_lb_stats, LB_STAT_NO_SLOT, 1);
 			return SYS_PROCEED;
 		}
 		aff.be = *be;
@@ -329,7 +311,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 	}
 	ctx->user_ip4 = rkey.be.ip;
 	ctx->user_port = rkey.be.port;
-	lb_count(translated);
+	count(&onc_lb_stats, translated, 1);
 	lb_count_svc(svc.id, 0);
 	return SYS_PROCEED;
 }
@@ -357,9 +339,7 @@ static __always_inline void lb_reverse(struct bpf_sock_addr *ctx, enum lb_stat r
 		return;
 	ctx->user_ip4 = rev->vip.ip;
 	ctx->user_port = rev->vip.port;
-	lb_count(reversed);
+	count(&onc_lb_stats, reversed, 1);
 }
 
-char __license[] SEC("license") = "Dual BSD/GPL";
-
-#endif /* __ONC_LB_H */
+#endif /* __ONC_SERVICES_H */

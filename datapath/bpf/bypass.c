@@ -1,0 +1,208 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * The intra-node bypass: a sockops program records each ESTABLISHED TCP
+ * socket whose two ends are pods of this node, and an sk_msg program on
+ * that map queues each of its sends onto the peer socket (include/bypass.h).
+ */
+#include "include/bypass.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/*
+ * cgroup sock_ops: records a TCP socket in the bypass map when it reaches
+ * ESTABLISHED and both its ends are pods of this node, and forgets its
+ * metadata when it closes (the kernel unlinks the socket from the map
+ * itself). The handshake went through netfilter, so a pair policy denies
+ * never gets here.
+ */
+static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct bp_conn conn = { .role = role };
+	struct bp_key key = {};
+	struct bp_cfg *cfg;
+	__u64 *owner;
+
+	if (!sk || !bp_key_of(skops, &key))
+		return;
+	/* Only this agent's pods, each in its own namespace: not the host,
+	 * not hostNetwork pods, not another agent's pods on a shared kernel. */
+	owner = bpf_map_lookup_elem(&onc_bp_pods, &key.local_ip);
+	if (!owner || *owner != bpf_get_netns_cookie(skops))
+		return;
+	/* A pod talking to itself goes over lo, never policed: leave it. */
+	if (key.local_ip == key.remote_ip)
+		return;
+	if (!bpf_map_lookup_elem(&onc_bp_pods, &key.remote_ip)) {
+		count(&onc_bp_stats, BP_STAT_SKIP_REMOTE, 1);
+		return;
+	}
+	cfg = bp_config();
+	if (!cfg || cfg->mode == BP_MODE_OFF) {
+		count(&onc_bp_stats, BP_STAT_SKIP_OFF, 1);
+		return;
+	}
+	if (cfg->paused) {
+		count(&onc_bp_stats, BP_STAT_SKIP_PAUSED, 1);
+		return;
+	}
+	if (skops->data_segs_in || skops->data_segs_out) {
+		count(&onc_bp_stats, BP_STAT_SKIP_EARLY_DATA, 1);
+		return;
+	}
+	/* BPF_ANY: an entry under this key can only be a socket that was reset
+	 * while its application keeps the file open (the kernel unlinks it at
+	 * close); its addresses and ports are free for a new connection. Left
+	 * in place, it would swallow the new peer's sends. */
+	/* The direction state sk_msg keeps, made now: a socket sk_msg could not
+	 * remember a decision for might redirect after sending by the stack. */
+	if (!bpf_sk_storage_get(&onc_bp_dir, sk, 0, BPF_SK_STORAGE_GET_F_CREATE)) {
+		count(&onc_bp_stats, BP_STAT_RECORD_FAILED, 1);
+		return;
+	}
+	conn.since_ns = bpf_ktime_get_ns();
+	conn.cookie = bpf_get_socket_cookie(skops);
+	if (bpf_map_update_elem(&onc_bp_conn, &key, &conn, BPF_ANY)) {
+		count(&onc_bp_stats, BP_STAT_RECORD_FAILED, 1);
+		return;
+	}
+	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_ANY)) {
+		bpf_map_delete_elem(&onc_bp_conn, &key);
+		count(&onc_bp_stats, BP_STAT_RECORD_FAILED, 1);
+		return;
+	}
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	count(&onc_bp_stats, BP_STAT_RECORDED, 1);
+}
+
+static __always_inline void bp_closed(struct bpf_sock_ops *skops)
+{
+	struct bp_key key = {};
+
+	if (bp_key_of(skops, &key))
+		bpf_map_delete_elem(&onc_bp_conn, &key);
+}
+
+SEC("sockops")
+int onc_sock_ops(struct bpf_sock_ops *skops)
+{
+	switch (skops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		bp_record(skops, BP_ROLE_CLIENT);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		bp_record(skops, BP_ROLE_SERVER);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			bp_closed(skops);
+		break;
+	}
+	return 1;
+}
+
+/*
+ * sk_msg on the bypass map: each send of a recorded socket is queued on
+ * the peer socket's receive queue, or left to the stack. The verdict is
+ * always SK_PASS: a message the program does not redirect is sent as if
+ * no program were there.
+ */
+#define BP_TCP_ESTABLISHED 1
+#define BP_TCP_CLOSE_WAIT 8
+
+/* The kernel's view, read through BTF (CO-RE): only the fields used. */
+struct sk_psock___bp {
+	__u32 msg_tot_len; /* bytes queued by redirects, unread */
+} __attribute__((preserve_access_index));
+
+struct sock___bp {
+	void *sk_user_data; /* the psock of a socket in a sockmap */
+} __attribute__((preserve_access_index));
+
+struct sk_msg___bp {
+	struct sock___bp *sk_redir;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+/* Bytes the redirect target holds unread. A redirect charges the receiver
+ * without looking at its receive buffer, so a reader that stalls would let
+ * its peer queue until the whole host's TCP memory runs short. */
+static __always_inline __u32 bp_peer_queued(struct sk_msg_md *md)
+{
+	struct sk_msg___bp *msg = bpf_cast_to_kern_ctx(md);
+	struct sk_psock___bp *psock;
+	struct sock___bp *peer;
+
+	peer = BPF_CORE_READ(msg, sk_redir);
+	if (!peer)
+		return 0;
+	/* The pointer's low bits are flags (SK_USER_DATA_PTRMASK). */
+	psock = (void *)((unsigned long)BPF_CORE_READ(peer, sk_user_data) & ~7UL);
+	if (!psock)
+		return 0;
+	return BPF_CORE_READ(psock, msg_tot_len);
+}
+
+static __always_inline int bp_stack(struct sk_msg_md *msg)
+{
+	count(&onc_bp_stats, BP_STAT_STACK_MSGS, 1);
+	count(&onc_bp_stats, BP_STAT_STACK_BYTES, msg->size);
+	return SK_PASS;
+}
+
+static __always_inline int bp_decide_stack(struct sk_msg_md *msg, struct bp_sock *st, enum bp_stat why)
+{
+	st->dir = BP_DIR_STACK;
+	count(&onc_bp_stats, why, 1);
+	return bp_stack(msg);
+}
+
+SEC("sk_msg")
+int onc_sk_msg(struct sk_msg_md *msg)
+{
+	struct bpf_sock *sk = msg->sk;
+	struct bp_key key = {}, peer;
+	struct bp_cfg *cfg;
+	struct bp_sock *st;
+
+	if (!sk || !bp_key_of(msg, &key))
+		return SK_PASS;
+	/* Made when sock_ops recorded the socket. */
+	st = bpf_sk_storage_get(&onc_bp_dir, sk, 0, 0);
+	if (!st)
+		return bp_stack(msg);
+	if (st->dir == BP_DIR_STACK)
+		return bp_stack(msg);
+	/* tcp_bpf_sendmsg does not check for SHUT_WR: after it, the stack
+	 * must send (and fail with EPIPE), as it would without the bypass. */
+	if (sk->state != BP_TCP_ESTABLISHED && sk->state != BP_TCP_CLOSE_WAIT) {
+		count(&onc_bp_stats, BP_STAT_FALLBACK_STATE, 1);
+		return bp_stack(msg);
+	}
+	cfg = bp_config();
+	if (!cfg || cfg->mode == BP_MODE_OFF)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_OFF);
+	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_SMALL);
+	peer.local_ip = key.remote_ip;
+	peer.remote_ip = key.local_ip;
+	peer.local_port = key.remote_port;
+	peer.remote_port = key.local_port;
+	/* On a miss the helper sets no target, and SK_PASS means the stack. */
+	if (bpf_msg_redirect_hash(msg, &onc_bp_sock, &peer, BPF_F_INGRESS) != SK_PASS)
+		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);
+	count(&onc_bp_stats, BP_STAT_REDIRECTED_MSGS, 1);
+	count(&onc_bp_stats, BP_STAT_REDIRECTED_BYTES, msg->size);
+	/* This message still goes; the next ones take the stack (bypass to
+	 * stack keeps the order), where flow control bounds the queue. */
+	if (cfg->max_queued && bp_peer_queued(msg) + msg->size > cfg->max_queued) {
+		st->dir = BP_DIR_STACK;
+		count(&onc_bp_stats, BP_STAT_FALLBACK_PEER_FULL, 1);
+		return SK_PASS;
+	}
+	st->dir = BP_DIR_BYPASS;
+	return SK_PASS;
+}

@@ -1,0 +1,403 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * The fast path: every tc program of the flow cache, and the overlay guard
+ * (include/overlay.h) they run first. The slow path (routing, netfilter,
+ * the kernel's VXLAN device) lets a flow through once each way and marks
+ * it; the learning programs remember what they saw, and the fast-path
+ * programs send the flow's next packets straight to the uplink or into
+ * the pod.
+ *
+ *   onc_egress_fast    tc ingress of a pod's host veth (packets leaving the pod)
+ *   onc_ingress_fast   tc ingress of the uplink
+ *   onc_learn_egress   tc egress of the uplink
+ *   onc_learn_ingress  tc egress of a pod's host veth (packets entering the pod)
+ */
+#include "include/fastpath.h"
+#include "include/overlay.h"
+#include "include/parse.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/*
+ * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
+ * the pod). On a hit the packet gets the outer headers the kernel's VXLAN
+ * device put on earlier packets of the same destination and is redirected
+ * to the uplink: no routing, no netfilter, no VXLAN device. Whatever the
+ * fast path's state, a packet for a VXLAN port is dropped here, before
+ * masquerade could make it its node's (overlay.h).
+ */
+#define ENCAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
+		     BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
+		     BPF_F_ADJ_ROOM_ENCAP_L2(14))
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * The hash that picks the outer UDP source port. A TCP socket stamps one
+ * on each packet it sends; for anything else (UDP) hash the addresses and
+ * ports already parsed, where bpf_get_hash_recalc would run the kernel's
+ * flow dissector over the packet again on every hit.
+ */
+static __always_inline __u32 flow_hash(const struct __sk_buff *skb, const struct l4 *p)
+{
+	__u32 h = skb->hash;
+
+	if (h)
+		return h;
+	h = p->ip->saddr * 0x9e3779b1;
+	h ^= p->ip->daddr;
+	h ^= ((__u32)p->sport << 16 | p->dport) * 0x85ebca6b;
+	h ^= h >> 15; /* murmur3's finaliser: every input bit reaches the low bits */
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+SEC("tc")
+int onc_egress_fast(struct __sk_buff *skb)
+{
+	void *data, *end;
+	struct onc_config *cfg;
+	struct encap_val *encap;
+	struct egress_val *dst;
+	struct local_pod *src;
+	struct cidr_val *peer;
+	struct flow_key key = {};
+	struct iphdr *oip;
+	struct udphdr *oudp;
+	struct l4 p;
+	__u32 hash, sum = 0;
+	__u8 ecn;
+	__u16 *w;
+
+	if (from_pod_to_vxlan(skb)) {
+		count(&onc_stats, STAT_OVERLAY_DROP_FROM_POD, 1);
+		return TC_ACT_SHOT;
+	}
+	/* After the guard, which may have pulled data. */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p)) {
+		count(&onc_stats, STAT_EGRESS_MISS_NOT_IP, 1);
+		return TC_ACT_OK;
+	}
+	if (p.tcp_flags) {
+		if (p.tcp_flags & TCP_SYN) {
+			flow_out(&key, &p);
+			flow_forget(&key);
+		}
+		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
+		return TC_ACT_OK;
+	}
+	cfg = config();
+	if (!cfg || !cfg->enabled) {
+		count(&onc_stats, STAT_EGRESS_MISS_DISABLED, 1);
+		return TC_ACT_OK;
+	}
+	/* Only the pod behind this veth may use its address: another pod
+	 * sending with it would ride that pod's cached flows past policy.
+	 * The slow path drops such packets. */
+	src = bpf_map_lookup_elem(&onc_local, &p.ip->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		count(&onc_stats, STAT_EGRESS_MISS_SPOOF, 1);
+		return TC_ACT_OK;
+	}
+	if (is_host(p.ip->daddr)) {
+		count(&onc_stats, STAT_EGRESS_MISS_HOST, 1);
+		return TC_ACT_OK;
+	}
+	peer = peer_of(p.ip->daddr);
+	if (!peer) {
+		count(&onc_stats, STAT_EGRESS_MISS_NO_PEER, 1);
+		return TC_ACT_OK;
+	}
+	flow_out(&key, &p);
+	if (!flow_allowed(&key, cfg->epoch)) {
+		count(&onc_stats, STAT_EGRESS_MISS_FLOW, 1);
+		return TC_ACT_OK;
+	}
+	/* The learned node must still own the destination's CIDR: a pod IP
+	 * that moved to another node is never sent to the old one. */
+	dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
+	if (!dst || dst->node_ip != peer->node_ip) {
+		count(&onc_stats, STAT_EGRESS_MISS_DEST, 1);
+		return TC_ACT_OK;
+	}
+	encap = bpf_map_lookup_elem(&onc_encap, &dst->node_ip);
+	if (!encap) {
+		count(&onc_stats, STAT_EGRESS_MISS_ENCAP, 1);
+		return TC_ACT_OK;
+	}
+	if (p.ip->ttl <= 1) {
+		count(&onc_stats, STAT_EGRESS_MISS_TTL, 1); /* the slow path sends time-exceeded */
+		return TC_ACT_OK;
+	}
+	ip_dec_ttl(p.ip);
+	/* The outer ECN as the kernel's VXLAN device sets it (RFC 6040): the
+	 * inner packet's, with CE sent as ECT(0). */
+	ecn = p.ip->tos & ONC_ECN_MASK;
+	if (ecn == ONC_ECN_MASK)
+		ecn = ONC_ECN_ECT0;
+
+	hash = flow_hash(skb, &p);
+	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+		goto err;
+	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))
+		goto err;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	oip = data + sizeof(struct ethhdr);
+	oudp = (void *)(oip + 1);
+	if ((void *)(oudp + 1) > end)
+		goto err;
+	oip->tot_len = bpf_htons(skb->len - sizeof(struct ethhdr));
+	oip->tos = (oip->tos & ~ONC_ECN_MASK) | ecn;
+	oip->id = 0;
+	oip->check = 0;
+	w = (__u16 *)oip;
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
+		sum += w[i];
+	oip->check = csum_fold(sum);
+	/* Spread flows over the uplink's queues as the kernel does. */
+	oudp->source = bpf_htons(49152 + (hash % 16384));
+	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
+	oudp->check = 0;
+
+	count(&onc_stats, STAT_EGRESS_HIT, 1);
+	return bpf_redirect(encap->ifindex, 0);
+err:
+	count(&onc_stats, STAT_EGRESS_ERROR, 1);
+	return TC_ACT_SHOT;
+}
+
+/*
+ * Ingress fast path: tc ingress of the uplink. A VXLAN packet of a flow the
+ * slow path established, from the node that owns the sender's CIDR, to a
+ * local pod loses its outer headers, gets the pod's MACs and goes straight
+ * into the pod (bpf_redirect_peer): no VXLAN device, no routing, no netfilter.
+ * Before anything else, every frame for the VXLAN port passes the overlay
+ * guard (overlay.h), which drops what no peer may send.
+ */
+SEC("tc")
+int onc_ingress_fast(struct __sk_buff *skb)
+{
+	void *data, *end;
+	struct onc_config *cfg;
+	struct local_pod *pod;
+	struct cidr_val *peer;
+	struct flow_key key = {};
+	struct iphdr *outer;
+	struct ethhdr *eth;
+	struct l4 p;
+	__u32 ifindex;
+	int drop;
+
+	drop = overlay_guard(skb);
+	if (drop) {
+		count(&onc_stats, drop, 1);
+		return TC_ACT_SHOT;
+	}
+	/* After the guard, which may have pulled data. */
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	outer = parse_vxlan(data, end);
+	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
+	    parse_l4(data, end, ONC_HDR_LEN, &p)) {
+		count(&onc_stats, STAT_INGRESS_MISS_NOT_VXLAN, 1);
+		return TC_ACT_OK;
+	}
+	if (p.tcp_flags) {
+		if (p.tcp_flags & TCP_SYN) { /* a SYN-ACK too: the reply of a new connection */
+			flow_in(&key, &p);
+			flow_forget(&key);
+		}
+		count(&onc_stats, STAT_INGRESS_MISS_TCP_FLAGS, 1);
+		return TC_ACT_OK;
+	}
+	cfg = config();
+	if (!cfg || !cfg->enabled) {
+		count(&onc_stats, STAT_INGRESS_MISS_DISABLED, 1);
+		return TC_ACT_OK;
+	}
+	if (is_host(p.ip->saddr)) {
+		count(&onc_stats, STAT_INGRESS_MISS_HOST, 1);
+		return TC_ACT_OK;
+	}
+	peer = peer_of(p.ip->saddr);
+	if (!peer || peer->node_ip != outer->saddr) {
+		count(&onc_stats, STAT_INGRESS_MISS_NO_PEER, 1);
+		return TC_ACT_OK;
+	}
+	pod = bpf_map_lookup_elem(&onc_local, &p.ip->daddr);
+	if (!pod) {
+		count(&onc_stats, STAT_INGRESS_MISS_NO_POD, 1);
+		return TC_ACT_OK;
+	}
+	flow_in(&key, &p);
+	if (!flow_allowed(&key, cfg->epoch)) {
+		count(&onc_stats, STAT_INGRESS_MISS_FLOW, 1);
+		return TC_ACT_OK;
+	}
+	if (p.ip->ttl <= 1) {
+		count(&onc_stats, STAT_INGRESS_MISS_TTL, 1);
+		return TC_ACT_OK;
+	}
+	ip_dec_ttl(p.ip);
+	ifindex = pod->ifindex;
+
+	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
+		goto err;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		goto err;
+	__builtin_memcpy(eth->h_dest, pod->pod_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	count(&onc_stats, STAT_INGRESS_HIT, 1);
+	return bpf_redirect_peer(ifindex, 0);
+err:
+	count(&onc_stats, STAT_INGRESS_ERROR, 1);
+	return TC_ACT_SHOT;
+}
+
+/*
+ * Egress learning: tc egress of the uplink, after the kernel's VXLAN device
+ * encapsulated a packet. If the slow path marked its inner packet as part of
+ * an ESTABLISHED flow from a local pod to a fast-path peer, remember the
+ * destination's node and the headers, and that the flow may leave.
+ */
+
+/* The outer header as the egress program uses it: the fields it rewrites
+ * per packet (IP length, id, checksum, ECN bits, which the kernel copies
+ * from each inner packet; UDP source port, length, checksum) are zeroed,
+ * so two packets to one node give the same template. */
+static __always_inline void encap_template(struct encap_val *e)
+{
+	struct iphdr *ip = (void *)(e->hdr + sizeof(struct ethhdr));
+	struct udphdr *udp = (void *)(ip + 1);
+
+	ip->tos &= ~ONC_ECN_MASK;
+	ip->tot_len = 0;
+	ip->id = 0;
+	ip->check = 0;
+	udp->source = 0;
+	udp->len = 0;
+	udp->check = 0;
+}
+
+static __always_inline int encap_equal(const struct encap_val *a, const struct encap_val *b)
+{
+	const __u32 *x = (const void *)a->hdr, *y = (const void *)b->hdr;
+
+#pragma unroll
+	for (int i = 0; i < ONC_HDR_LEN / 4; i++)
+		if (x[i] != y[i])
+			return 0;
+	return a->ifindex == b->ifindex;
+}
+
+SEC("tc")
+int onc_learn_egress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct onc_config *cfg;
+	struct egress_val dst = {}, *cur_dst;
+	struct encap_val encap = {}, *cur_encap;
+	struct flow_key key = {};
+	struct cidr_val *peer;
+	struct iphdr *outer;
+	int wrote = 0;
+	struct l4 p;
+
+	if (!(skb->mark & onc_mark))
+		return TC_ACT_OK;
+	skb->mark &= ~onc_mark; /* ONC's bit never leaves the node */
+	/* Off, the fast path learns nothing (it flushes when switched on). */
+	cfg = config();
+	if (!cfg || !cfg->enabled)
+		return TC_ACT_OK;
+	outer = parse_vxlan(data, end);
+	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) || parse_l4(data, end, ONC_HDR_LEN, &p))
+		return TC_ACT_OK;
+	if (!cfg->learning) {
+		count(&onc_stats, STAT_LEARN_PAUSED, 1);
+		return TC_ACT_OK;
+	}
+	if (!learnable(&p))
+		return TC_ACT_OK;
+	/* Only pod-to-pod flows to a fast-path peer, sent to its owner. */
+	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr) || is_host(p.ip->daddr))
+		return TC_ACT_OK;
+	peer = peer_of(p.ip->daddr);
+	if (!peer || peer->node_ip != outer->daddr)
+		return TC_ACT_OK;
+
+	dst.node_ip = outer->daddr;
+	if (bpf_skb_load_bytes(skb, 0, encap.hdr, ONC_HDR_LEN))
+		return TC_ACT_OK;
+	encap_template(&encap);
+	encap.ifindex = skb->ifindex;
+	/* Each write only when it changes (see flow_learn). */
+	cur_encap = bpf_map_lookup_elem(&onc_encap, &dst.node_ip);
+	if (!cur_encap || !encap_equal(cur_encap, &encap)) {
+		bpf_map_update_elem(&onc_encap, &dst.node_ip, &encap, BPF_ANY);
+		wrote = 1;
+	}
+	cur_dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
+	if (!cur_dst || cur_dst->node_ip != dst.node_ip) {
+		bpf_map_update_elem(&onc_egress, &p.ip->daddr, &dst, BPF_ANY);
+		wrote = 1;
+	}
+	flow_out(&key, &p);
+	wrote |= flow_learn(&key, cfg->epoch, 1);
+	count(&onc_stats, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
+	return TC_ACT_OK;
+}
+
+/*
+ * Ingress learning: tc egress of a pod's host-side veth (packets about to
+ * enter the pod). If the slow path marked the packet as part of an
+ * ESTABLISHED flow that came in over onc.vxlan from a fast-path peer,
+ * remember that the flow may enter.
+ */
+SEC("tc")
+int onc_learn_ingress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct onc_config *cfg;
+	struct flow_key key = {};
+	struct l4 p;
+
+	if (!(skb->mark & onc_mark))
+		return TC_ACT_OK;
+	skb->mark &= ~onc_mark; /* ONC's bit never reaches the pod */
+	/* Off, the fast path learns nothing (it flushes when switched on). */
+	cfg = config();
+	if (!cfg || !cfg->enabled || !is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
+		return TC_ACT_OK;
+	if (!cfg->learning) {
+		count(&onc_stats, STAT_LEARN_PAUSED, 1);
+		return TC_ACT_OK;
+	}
+	if (!learnable(&p))
+		return TC_ACT_OK;
+	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
+		return TC_ACT_OK;
+	flow_in(&key, &p);
+	count(&onc_stats, flow_learn(&key, cfg->epoch, 0) ? STAT_LEARN_INGRESS : STAT_LEARN_KNOWN, 1);
+	return TC_ACT_OK;
+}

@@ -1,0 +1,68 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Services at the socket: every cgroup hook of the socket LB, as Cilium's
+ * bpf_sock.c holds its own. A ClusterIP:port is rewritten to a backend pod
+ * when a socket connects or sends, and back when it reads a reply or asks
+ * for its peer (include/services.h).
+ */
+#include "include/services.h"
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* TCP and connected UDP to a ClusterIP connect to a backend pod instead;
+ * no packet of the connection carries the ClusterIP. */
+SEC("cgroup/connect4")
+int onc_sock_connect4(struct bpf_sock_addr *ctx)
+{
+	return lb_translate(ctx, LB_STAT_CONNECT_TRANSLATED, LB_STAT_CONNECT_REFUSED);
+}
+
+/* A datagram of an unconnected UDP socket to a ClusterIP is sent to a
+ * backend pod instead. */
+SEC("cgroup/sendmsg4")
+int onc_sock_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return lb_translate(ctx, LB_STAT_SENDMSG_TRANSLATED, LB_STAT_SENDMSG_REFUSED);
+}
+
+/* A UDP reply from a backend reads as coming from the ClusterIP:port it
+ * was sent to, as resolvers and other clients check. */
+SEC("cgroup/recvmsg4")
+int onc_sock_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	lb_reverse(ctx, LB_STAT_RECVMSG_REVERSED);
+	return SYS_PROCEED;
+}
+
+/* A socket connected through a Service reports the ClusterIP:port it
+ * dialled, not the backend it reached. */
+SEC("cgroup/getpeername4")
+int onc_sock_getpeername4(struct bpf_sock_addr *ctx)
+{
+	lb_reverse(ctx, LB_STAT_GETPEERNAME_REVERSED);
+	return SYS_PROCEED;
+}
+
+/*
+ * A closing socket's reverse translation goes with it. A connected socket
+ * has one, keyed by its peer; an unconnected UDP socket's entries (one per
+ * backend it sent to) age out of the LRU.
+ */
+SEC("cgroup/sock_release")
+int onc_sock_release(struct bpf_sock *sk)
+{
+	struct lb_revnat_key key = {};
+
+	if (sk->family != ONC_AF_INET || (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP) ||
+	    !sk->dst_ip4)
+		return SYS_PROCEED;
+	key.sock = bpf_get_socket_cookie(sk);
+	key.be.ip = sk->dst_ip4;
+	key.be.port = sk->dst_port;
+	key.proto = (__u8)sk->protocol;
+	if (bpf_map_delete_elem(&onc_lb_revnat, &key) == 0)
+		count(&onc_lb_stats, LB_STAT_RELEASED, 1);
+	return SYS_PROCEED;
+}
