@@ -15,7 +15,7 @@ import (
 // inVethNetns runs fn in a fresh namespace holding veth pair "up0"/"up1".
 func inVethNetns(t *testing.T, fn func()) {
 	testutil.InNewNetns(t, "fp", func() {
-		must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}))
+		testutil.Must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}))
 		fn()
 	})
 }
@@ -39,19 +39,19 @@ func linkID(t *testing.T, pin string) link.ID {
 func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 	d := open(t)
 	inVethNetns(t, func() {
-		must(t, d.AttachUplink("up0"))
-		must(t, d.AttachPod("up1"))
+		testutil.Must(t, d.AttachUplink("up0"))
+		testutil.Must(t, d.AttachPod("up1"))
 		in, out := linkID(t, d.linkPin("up0", ingress)), linkID(t, d.linkPin("up0", egress))
 
 		again, err := Open(d.opts)
-		must(t, err)
+		testutil.Must(t, err)
 		defer again.Close()
-		must(t, again.AttachUplink("up0"))
+		testutil.Must(t, again.AttachUplink("up0"))
 		if linkID(t, d.linkPin("up0", ingress)) != in || linkID(t, d.linkPin("up0", egress)) != out {
 			t.Fatal("restart attached new links instead of adopting the pinned ones")
 		}
 		l, err := link.LoadPinnedLink(d.linkPin("up0", ingress), nil)
-		must(t, err)
+		testutil.Must(t, err)
 		info, _ := l.Info()
 		l.Close()
 		progInfo, _ := again.progs.ingressFast.Info()
@@ -59,7 +59,7 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 			t.Fatal("adopted link does not run the new program")
 		}
 
-		must(t, again.DetachPod("up1"))
+		testutil.Must(t, again.DetachPod("up1"))
 		for _, dir := range []direction{ingress, egress} {
 			if _, err := os.Stat(d.linkPin("up1", dir)); !os.IsNotExist(err) {
 				t.Fatalf("pin of up1 %s left after DetachPod", dir.name)
@@ -71,12 +71,12 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 func TestClsactMode(t *testing.T) {
 	c := openMode(t, ModeClsact)
 	inVethNetns(t, func() {
-		must(t, c.AttachUplink("up0"))
-		must(t, c.AttachUplink("up0")) // idempotent: replaces
+		testutil.Must(t, c.AttachUplink("up0"))
+		testutil.Must(t, c.AttachUplink("up0")) // idempotent: replaces
 		l, _ := netlink.LinkByName("up0")
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
 			filters, err := netlink.FilterList(l, parent)
-			must(t, err)
+			testutil.Must(t, err)
 			if len(filters) != 1 || !filters[0].(*netlink.BpfFilter).DirectAction {
 				t.Fatalf("parent %x: filters %v, want one direct-action bpf filter", parent, filters)
 			}
@@ -93,20 +93,20 @@ func TestClsactMode(t *testing.T) {
 func TestOpenMountsBPFFSOnAReadOnlyParent(t *testing.T) {
 	testutil.Privileged(t)
 	parent := t.TempDir()
-	must(t, unix.Mount("tmpfs", parent, "tmpfs", unix.MS_RDONLY, ""))
+	testutil.Must(t, unix.Mount("tmpfs", parent, "tmpfs", unix.MS_RDONLY, ""))
 	t.Cleanup(func() {
 		for unix.Unmount(parent, unix.MNT_DETACH) == nil {
 		}
 	})
 	d, err := Open(Options{PinDir: filepath.Join(parent, "onc"), VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode, PodCIDR: localCIDR})
-	must(t, err)
+	testutil.Must(t, err)
 	defer d.Close()
 	var st unix.Statfs_t
 	if unix.Statfs(parent, &st) != nil || st.Type != unix.BPF_FS_MAGIC {
 		t.Fatal("no bpffs mounted on the parent")
 	}
 	inVethNetns(t, func() {
-		must(t, d.AttachUplink("up0"))
+		testutil.Must(t, d.AttachUplink("up0"))
 		if _, err := os.Stat(d.linkPin("up0", ingress)); err != nil {
 			t.Fatalf("link pin in the made directory: %v", err)
 		}
