@@ -226,27 +226,29 @@ func k8sArgs(args string) (ns, name string, err error) {
 	return ns, name, nil
 }
 
-// readyPool returns the pod pool if the agent can serve pods; otherwise
-// the response to send.
-func (s *cniServer) readyPool() (*ipam.Pool, *apiv1.CNIResponse) {
+// begin is ADD's and CHECK's preamble: it parses req for verb, then
+// takes the pod pool if the agent can serve pods and locks the
+// attachment. It returns the request, the pool and the unlock, or the
+// response to send.
+func (s *cniServer) begin(verb string, req *apiv1.CNIRequest) (request, *ipam.Pool, func(), *apiv1.CNIResponse) {
+	r, bad := parse(verb, req)
+	if bad != nil {
+		return request{}, nil, nil, bad
+	}
 	pool, reason := s.a.readyPool()
 	if pool == nil || reason != "" {
-		return nil, failure(errTryAgainLater, "onc-agent is not ready", reason)
+		return request{}, nil, nil, failure(errTryAgainLater, "onc-agent is not ready", reason)
 	}
-	return pool, nil
+	return r, pool, s.a.locks.lock(r.key), nil
 }
 
 func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	r, bad := parse(verbAdd, req)
+	r, pool, unlock, bad := s.begin(verbAdd, req)
 	if bad != nil {
 		return bad, nil
 	}
-	pool, bad := s.readyPool()
-	if bad != nil {
-		return bad, nil
-	}
+	defer unlock()
 	key := r.key
-	defer s.a.locks.lock(key)()
 
 	kns, kname := r.k8sNamespace, r.k8sName
 	att, err := pool.Allocate(ipam.Attachment{Key: key, Netns: req.Netns,
@@ -365,16 +367,12 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 }
 
 func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIResponse, error) {
-	r, bad := parse(verbCheck, req)
+	r, pool, unlock, bad := s.begin(verbCheck, req)
 	if bad != nil {
 		return bad, nil
 	}
-	pool, bad := s.readyPool()
-	if bad != nil {
-		return bad, nil
-	}
+	defer unlock()
 	key := r.key
-	defer s.a.locks.lock(key)()
 	att, ok := pool.Get(key)
 	if !ok {
 		return fail(ErrCheckFailed, fmt.Sprintf("container %s has no interface %s on this network", key.ContainerID, key.IfName))

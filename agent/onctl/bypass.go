@@ -1,7 +1,6 @@
 package onctl
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -15,13 +14,15 @@ import (
 const untilRestart = "until the agent restarts; then its --bypass and --bypass-min-size (ConfigMap keys bypass, bypass-min-size) apply again"
 
 func bypassCommand(o *options) *cobra.Command {
-	set := func(mode string, minSize uint32) error { return o.run(setBypass(mode, minSize)) }
+	set := func(mode string, minSize uint32) error {
+		return o.run(show(apiv1.AgentClient.SetBypass, &apiv1.SetBypassRequest{Mode: mode, MinSize: minSize}, printBypassSet))
+	}
 	c := &cobra.Command{Use: "bypass", Short: "The intra-node bypass: its setting, the connections between this node's pods it carries, its counters",
 		Long: "The intra-node bypass carries TCP between two pods of this node past both TCP/IP stacks (docs/bypass.md).\n" +
 			"Without a subcommand it shows the setting, the connections in its map and its counters; on, off and size N\n" +
 			"switch it " + untilRestart + ".",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showBypass) }}
+		RunE: o.runE(show(apiv1.AgentClient.ListBypass, &apiv1.ListBypassRequest{}, printBypass))}
 	c.AddCommand(
 		&cobra.Command{Use: "on", Short: "Bypass every TCP connection between two pods of this node, until the agent restarts", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return set("on", 0) }},
@@ -55,14 +56,7 @@ func bypassState(b *apiv1.BypassState) string {
 	return fmt.Sprintf("%s (attached to cgroup %s)", setting, b.Cgroup)
 }
 
-func showBypass(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.ListBypass(ctx, &apiv1.ListBypassRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printBypass(o *options, resp *apiv1.ListBypassResponse) error {
 	fmt.Fprintf(o.out, "Bypass: %s\n", bypassState(resp.State))
 	if resp.State.GetStatus() != "" {
 		return nil // unavailable: nothing more to show
@@ -107,16 +101,7 @@ func bypassCounters(cs []*apiv1.Counter) [][]string {
 	return rows
 }
 
-func setBypass(mode string, minSize uint32) view {
-	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
-		resp, err := c.SetBypass(ctx, &apiv1.SetBypassRequest{Mode: mode, MinSize: minSize})
-		if err != nil {
-			return err
-		}
-		if o.output == "json" {
-			return o.json(resp)
-		}
-		_, err = fmt.Fprintf(o.out, "bypass: %s %s\n", bypassState(resp.State), untilRestart)
-		return err
-	}
+func printBypassSet(o *options, resp *apiv1.ListBypassResponse) error {
+	_, err := fmt.Fprintf(o.out, "bypass: %s %s\n", bypassState(resp.State), untilRestart)
+	return err
 }

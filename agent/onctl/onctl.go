@@ -51,28 +51,30 @@ func NewCommand() *cobra.Command {
 	root.PersistentFlags().DurationVar(&o.timeout, "timeout", 10*time.Second, "how long to wait for the agent")
 	root.AddCommand(
 		&cobra.Command{Use: "status", Short: "This node's agent: readiness, pod CIDR, VXLAN", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showStatus) }},
+			RunE: o.runE(show(apiv1.AgentClient.GetStatus, &apiv1.GetStatusRequest{}, printStatus))},
 		&cobra.Command{Use: "ready", Short: "Exit 0 if the agent is ready (it serves CNI ADD), else print why and exit 1: a readiness probe", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(checkReady) }},
+			RunE: o.runE(checkReady)},
 		&cobra.Command{Use: "pods", Short: "Pods attached on this node", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPods) }},
+			RunE: o.runE(show(apiv1.AgentClient.ListPods, &apiv1.ListPodsRequest{}, printPods))},
 		&cobra.Command{Use: "peers", Short: "Other nodes (tunnel endpoints) and whether they are programmed here", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showPeers) }},
+			RunE: o.runE(show(apiv1.AgentClient.ListPeers, &apiv1.ListPeersRequest{}, printPeers))},
 		&cobra.Command{Use: "stats", Short: "Fast-path counters per program: hits, misses by reason, learn events, errors", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showStats) }},
+			RunE: o.runE(show(apiv1.AgentClient.GetStats, &apiv1.GetStatsRequest{}, printStats))},
 		&cobra.Command{Use: "fastpath on|off", Short: "Switch this node's fast path on or off (peers follow through the datastore)",
 			Args: cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs), ValidArgs: []string{"on", "off"},
-			RunE: func(cmd *cobra.Command, args []string) error { return o.run(setFastPath(args[0] == "on")) }},
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return o.run(show(apiv1.AgentClient.SetFastPath, &apiv1.SetFastPathRequest{Enabled: args[0] == "on"}, printFastPath))
+			}},
 		&cobra.Command{Use: "policy [POD]", Short: "NetworkPolicy of this node's pods: isolation, rules, allowed and denied connections; POD (namespace/name) in detail",
 			Args: cobra.MaximumNArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if len(args) == 1 {
-					return o.run(showPodPolicy(args[0]))
+					return o.run(show(apiv1.AgentClient.ListPolicy, &apiv1.ListPolicyRequest{Pod: args[0]}, printPodPolicy))
 				}
-				return o.run(showPolicy)
+				return o.run(show(apiv1.AgentClient.ListPolicy, &apiv1.ListPolicyRequest{}, printPolicy))
 			}},
 		&cobra.Command{Use: "services", Short: "Services balanced at the socket: ClusterIP:port → backends, translation counters, ClientIP affinity", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error { return o.run(showServices) }},
+			RunE: o.runE(show(apiv1.AgentClient.ListServices, &apiv1.ListServicesRequest{}, printServices))},
 		cacheCommand(o),
 		bypassCommand(o),
 	)
@@ -89,18 +91,10 @@ func cacheCommand(o *options) *cobra.Command {
 				if len(args) == 1 {
 					table = args[0]
 				}
-				return o.run(listCache(table))
+				return o.run(show(apiv1.AgentClient.ListCache, &apiv1.ListCacheRequest{Table: table}, printCache(table)))
 			}},
 		&cobra.Command{Use: "flush", Short: "Forget every learned entry; flows learn again through the slow path", Args: cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return o.run(func(ctx context.Context, c apiv1.AgentClient, o *options) error {
-					_, err := c.FlushCache(ctx, &apiv1.FlushCacheRequest{})
-					if err == nil && o.output == "table" {
-						fmt.Fprintln(o.out, "flow cache flushed")
-					}
-					return err
-				})
-			}},
+			RunE: o.runE(flushCache)},
 	)
 	return c
 }
@@ -124,6 +118,27 @@ func (o *options) run(v view) error {
 	return nil
 }
 
+// runE is a subcommand's RunE that runs v, for one without arguments.
+func (o *options) runE(v view) func(*cobra.Command, []string) error {
+	return func(*cobra.Command, []string) error { return o.run(v) }
+}
+
+// show is how a subcommand prints: it calls rpc with req, then prints the
+// answer as JSON (-o json) or with text (-o table).
+func show[Req, Resp proto.Message](rpc func(apiv1.AgentClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+	req Req, text func(*options, Resp) error) view {
+	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
+		resp, err := rpc(c, ctx, req)
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return o.json(resp)
+		}
+		return text(o, resp)
+	}
+}
+
 func (o *options) json(m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true, UseProtoNames: true}.Marshal(m)
 	if err != nil {
@@ -145,6 +160,9 @@ func (o *options) table(header []string, rows [][]string) error {
 	return w.Flush()
 }
 
+// checkReady and flushCache print no JSON, so they do not go through
+// show: ready is a probe (its exit code is the answer) and the agent
+// answers a flush with nothing.
 func checkReady(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	st, err := c.GetStatus(ctx, &apiv1.GetStatusRequest{})
 	if err != nil {
@@ -157,14 +175,15 @@ func checkReady(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	return nil
 }
 
-func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	st, err := c.GetStatus(ctx, &apiv1.GetStatusRequest{})
-	if err != nil {
-		return err
+func flushCache(ctx context.Context, c apiv1.AgentClient, o *options) error {
+	_, err := c.FlushCache(ctx, &apiv1.FlushCacheRequest{})
+	if err == nil && o.output == "table" {
+		fmt.Fprintln(o.out, "flow cache flushed")
 	}
-	if o.output == "json" {
-		return o.json(st)
-	}
+	return err
+}
+
+func printStatus(o *options, st *apiv1.NodeStatus) error {
 	ready := "yes"
 	if !st.Ready {
 		ready = "no: " + st.NotReadyReason
@@ -201,14 +220,7 @@ func showStatus(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	return w.Flush()
 }
 
-func showPods(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.ListPods(ctx, &apiv1.ListPodsRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printPods(o *options, resp *apiv1.ListPodsResponse) error {
 	var rows [][]string
 	for _, p := range resp.Pods {
 		pod := "-"
@@ -221,14 +233,7 @@ func showPods(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "PHASE", "CREATED"}, rows)
 }
 
-func showPeers(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.ListPeers(ctx, &apiv1.ListPeersRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printPeers(o *options, resp *apiv1.ListPeersResponse) error {
 	var rows [][]string
 	for _, p := range resp.Peers {
 		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(p.PodCidr), orDash(p.Gateway), p.VtepMac,
@@ -288,28 +293,12 @@ func fastPathState(st *apiv1.NodeStatus) string {
 	return "off (" + st.FastPathMode + ")"
 }
 
-func setFastPath(on bool) view {
-	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
-		st, err := c.SetFastPath(ctx, &apiv1.SetFastPathRequest{Enabled: on})
-		if err != nil {
-			return err
-		}
-		if o.output == "json" {
-			return o.json(st)
-		}
-		_, err = fmt.Fprintln(o.out, "fast path:", fastPathState(st))
-		return err
-	}
+func printFastPath(o *options, st *apiv1.NodeStatus) error {
+	_, err := fmt.Fprintln(o.out, "fast path:", fastPathState(st))
+	return err
 }
 
-func showStats(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.GetStats(ctx, &apiv1.GetStatsRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printStats(o *options, resp *apiv1.GetStatsResponse) error {
 	var rows [][]string
 	for _, ctr := range resp.Counters {
 		rows = append(rows, []string{ctr.Program, ctr.Name, fmt.Sprint(ctr.Value)})
@@ -317,15 +306,10 @@ func showStats(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	return o.table([]string{"PROGRAM", "COUNTER", "VALUE"}, rows)
 }
 
-func listCache(table string) view {
-	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
-		resp, err := c.ListCache(ctx, &apiv1.ListCacheRequest{Table: table})
-		if err != nil {
-			return err
-		}
-		if o.output == "json" {
-			return o.json(resp)
-		}
+// printCache prints the tables of the cache list asked for: table, or
+// all of them under a title each.
+func printCache(table string) func(*options, *apiv1.ListCacheResponse) error {
+	return func(o *options, resp *apiv1.ListCacheResponse) error {
 		section := func(title string, header []string, rows [][]string) error {
 			if table == "" {
 				fmt.Fprintf(o.out, "%s (%d)\n", title, len(rows))
@@ -374,14 +358,7 @@ func listCache(table string) view {
 	}
 }
 
-func showPolicy(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 	var rows [][]string
 	for _, p := range resp.Pods {
 		rows = append(rows, []string{p.Key, p.Ip, isolation(p.Ingress), isolation(p.Egress),
@@ -390,44 +367,35 @@ func showPolicy(ctx context.Context, c apiv1.AgentClient, o *options) error {
 	if err := o.table([]string{"POD", "IP", "INGRESS", "EGRESS", "ALLOWED(IN/EG)", "DENIED(IN/EG)"}, rows); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(o.out, "\nPolicy: "+policyGeneration(resp))
+	_, err := fmt.Fprintln(o.out, "\nPolicy: "+policyGeneration(resp))
 	return err
 }
 
-func showPodPolicy(pod string) view {
-	return func(ctx context.Context, c apiv1.AgentClient, o *options) error {
-		resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: pod})
-		if err != nil {
+func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
+	p := resp.Pods[0]
+	fmt.Fprintf(o.out, "Pod:     %s (%s, host interface %s)\nPolicy:  %s\n", p.Key, p.Ip, p.HostIface, policyGeneration(resp))
+	for _, d := range []struct {
+		name string
+		dir  *apiv1.PolicyDirection
+		peer string
+	}{{"Ingress", p.Ingress, "FROM"}, {"Egress", p.Egress, "TO"}} {
+		fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, isolation(d.dir), d.dir.Allowed, d.dir.Denied)
+		if !d.dir.Isolated {
+			continue
+		}
+		if len(d.dir.Rules) == 0 {
+			fmt.Fprintln(o.out, "  no rule: every connection is denied")
+			continue
+		}
+		var rows [][]string
+		for _, r := range d.dir.Rules {
+			rows = append(rows, []string{r.Policy, fmt.Sprint(r.Index), orNone(r.Peers), rulePorts(r)})
+		}
+		if err := o.table([]string{"  POLICY", "RULE", d.peer, "PORTS"}, indent(rows)); err != nil {
 			return err
 		}
-		if o.output == "json" {
-			return o.json(resp)
-		}
-		p := resp.Pods[0]
-		fmt.Fprintf(o.out, "Pod:     %s (%s, host interface %s)\nPolicy:  %s\n", p.Key, p.Ip, p.HostIface, policyGeneration(resp))
-		for _, d := range []struct {
-			name string
-			dir  *apiv1.PolicyDirection
-			peer string
-		}{{"Ingress", p.Ingress, "FROM"}, {"Egress", p.Egress, "TO"}} {
-			fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, isolation(d.dir), d.dir.Allowed, d.dir.Denied)
-			if !d.dir.Isolated {
-				continue
-			}
-			if len(d.dir.Rules) == 0 {
-				fmt.Fprintln(o.out, "  no rule: every connection is denied")
-				continue
-			}
-			var rows [][]string
-			for _, r := range d.dir.Rules {
-				rows = append(rows, []string{r.Policy, fmt.Sprint(r.Index), orNone(r.Peers), rulePorts(r)})
-			}
-			if err := o.table([]string{"  POLICY", "RULE", d.peer, "PORTS"}, indent(rows)); err != nil {
-				return err
-			}
-		}
-		return nil
 	}
+	return nil
 }
 
 func isolation(d *apiv1.PolicyDirection) string {

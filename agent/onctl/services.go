@@ -1,7 +1,6 @@
 package onctl
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -15,14 +14,7 @@ func socketLBState(st *apiv1.NodeStatus) string {
 	return fmt.Sprintf("%s (attached to cgroup %s)", st.SocketLb, st.SocketLbCgroup)
 }
 
-func showServices(ctx context.Context, c apiv1.AgentClient, o *options) error {
-	resp, err := c.ListServices(ctx, &apiv1.ListServicesRequest{})
-	if err != nil {
-		return err
-	}
-	if o.output == "json" {
-		return o.json(resp)
-	}
+func printServices(o *options, resp *apiv1.ListServicesResponse) error {
 	var rows, affinity [][]string
 	for _, s := range resp.Services {
 		aff := "-"
@@ -49,7 +41,7 @@ func showServices(ctx context.Context, c apiv1.AgentClient, o *options) error {
 		counters = append(counters, fmt.Sprintf("%s=%d", c.Name, c.Value))
 	}
 	gen := watcherState(&apiv1.Watcher{Applied: resp.Applied, Seen: resp.Seen, LastError: resp.LastError})
-	_, err = fmt.Fprintf(o.out, "\nSocket LB: %s, cgroup %s; %s\nCounters:  %s\n", resp.Mode, resp.Cgroup, gen, strings.Join(counters, " "))
+	_, err := fmt.Fprintf(o.out, "\nSocket LB: %s, cgroup %s; %s\nCounters:  %s\n", resp.Mode, resp.Cgroup, gen, strings.Join(counters, " "))
 	return err
 }
 

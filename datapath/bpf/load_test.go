@@ -15,7 +15,7 @@ import (
 func pinDir(t *testing.T) string {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	must(t, bpf.EnsurePinDir(dir))
+	testutil.Must(t, bpf.EnsurePinDir(dir))
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir
 }
@@ -24,10 +24,10 @@ func pinDir(t *testing.T) string {
 func pinnedID(t *testing.T, dir, name string) (ebpf.MapID, uint32) {
 	t.Helper()
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
-	must(t, err)
+	testutil.Must(t, err)
 	defer m.Close()
 	info, err := m.Info()
-	must(t, err)
+	testutil.Must(t, err)
 	id, _ := info.ID()
 	return id, m.ValueSize()
 }
@@ -45,21 +45,21 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 		v0 = append(v0, bpftest.LoadV0(t, name, dir))
 	}
 	// What the v0 agent had written: a flow, a Service, a pod.
-	must(t, v0[0].Maps["onc_filter"].Put(bpf.FastpathFlowKey{Proto: 6}, bpf.FastpathFlowVal{Egress: 1, Ingress: 1}))
-	must(t, v0[2].Maps["onc_lb_svc"].Put(bpf.ServicesLbSvcKey{Port: 80, Proto: 6}, bpf.ServicesLbSvc{Id: 1, Count: 1}))
-	must(t, v0[4].Maps["onc_bp_pods"].Put(uint32(7), uint64(42)))
+	testutil.Must(t, v0[0].Maps["onc_filter"].Put(bpf.FastpathFlowKey{Proto: 6}, bpf.FastpathFlowVal{Egress: 1, Ingress: 1}))
+	testutil.Must(t, v0[2].Maps["onc_lb_svc"].Put(bpf.ServicesLbSvcKey{Port: 80, Proto: 6}, bpf.ServicesLbSvc{Id: 1, Count: 1}))
+	testutil.Must(t, v0[4].Maps["onc_bp_pods"].Put(uint32(7), uint64(42)))
 
 	load := func(spec func() (*ebpf.CollectionSpec, error), objs any, beforeReplace func() error) (*ebpf.CollectionSpec, map[string]ebpf.MapID) {
 		t.Helper()
 		s, err := spec()
-		must(t, err)
+		testutil.Must(t, err)
 		before := map[string]ebpf.MapID{}
 		for name := range s.Maps {
 			if s.Maps[name].Pinning == ebpf.PinByName {
 				before[name], _ = pinnedID(t, dir, name)
 			}
 		}
-		must(t, bpf.LoadPinned(t.Name(), s, dir, objs, beforeReplace))
+		testutil.Must(t, bpf.LoadPinned(t.Name(), s, dir, objs, beforeReplace))
 		return s, before
 	}
 
@@ -86,7 +86,7 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 		t.Errorf("the new flow cache holds %d flows, want none", n)
 	}
 	var old [28]byte
-	must(t, v0[0].Maps["onc_cfg"].Lookup(uint32(0), &old)) // still there for the v0 programs
+	testutil.Must(t, v0[0].Maps["onc_cfg"].Lookup(uint32(0), &old)) // still there for the v0 programs
 
 	var lb bpf.ServicesObjects
 	_, before = load(bpf.LoadServices, &lb, func() error { t.Error("the socket LB's maps were replaced"); return nil })
@@ -103,9 +103,9 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 		}
 	}
 	var svc bpf.ServicesLbSvc
-	must(t, lb.OncLbSvc.Lookup(bpf.ServicesLbSvcKey{Port: 80, Proto: 6}, &svc))
+	testutil.Must(t, lb.OncLbSvc.Lookup(bpf.ServicesLbSvcKey{Port: 80, Proto: 6}, &svc))
 	var cookie uint64
-	must(t, bp.OncBpPods.Lookup(uint32(7), &cookie))
+	testutil.Must(t, bp.OncBpPods.Lookup(uint32(7), &cookie))
 	if svc.Id != 1 || cookie != 42 {
 		t.Errorf("adopted maps hold service %+v and pod cookie %d, want what the v0 agent wrote", svc, cookie)
 	}
@@ -119,13 +119,6 @@ func entries(t *testing.T, m *ebpf.Map) int {
 	for it.Next(&k, &v) {
 		n++
 	}
-	must(t, it.Err())
+	testutil.Must(t, it.Err())
 	return n
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
 }

@@ -51,7 +51,7 @@ func newBed(t *testing.T, names ...string) *bed {
 	b := newPods(t, names...)
 	b.pinDir = pinDir(t)
 	b.bp = b.open()
-	must(t, b.bp.SetConfig(Config{Mode: On}))
+	testutil.Must(t, b.bp.SetConfig(Config{Mode: On}))
 	for name, ip := range b.pods {
 		b.own(b.bp, name, ip)
 	}
@@ -92,26 +92,26 @@ func pinDir(t *testing.T) string {
 func (b *bed) own(bp *Bypass, pod string, ip netip.Addr) {
 	b.t.Helper()
 	cookie, err := netns.Cookie(b.netns[pod])
-	must(b.t, err)
-	must(b.t, bp.OwnPod(ip, b.netns[pod], cookie))
+	testutil.Must(b.t, err)
+	testutil.Must(b.t, bp.OwnPod(ip, b.netns[pod], cookie))
 }
 
 // open loads and attaches a bypass on the bed's pins, as an agent does.
 func (b *bed) open() *Bypass {
 	b.t.Helper()
 	bp, err := Open(Options{PinDir: b.pinDir, Cgroup: b.cgroup})
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	b.t.Cleanup(func() { bp.Close() })
-	must(b.t, bp.Attach())
+	testutil.Must(b.t, bp.Attach())
 	return bp
 }
 
 func (b *bed) inNetns(path string, fn func() error) {
 	b.t.Helper()
 	ns, err := netns.Open(path)
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	defer ns.Close()
-	must(b.t, netns.Do(ns, fn))
+	testutil.Must(b.t, netns.Do(ns, fn))
 }
 
 // listen opens a TCP listener in pod's namespace on port (0: any).
@@ -145,7 +145,7 @@ func (b *bed) pair(from, to string) (*net.TCPConn, *net.TCPConn) {
 	l := b.listen(to, 0)
 	c := b.dial(b.netns[from], l.Addr())
 	s, err := l.AcceptTCP()
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	b.t.Cleanup(func() { s.Close() })
 	return c, s
 }
@@ -153,7 +153,7 @@ func (b *bed) pair(from, to string) (*net.TCPConn, *net.TCPConn) {
 func (b *bed) stat(name string) uint64 {
 	b.t.Helper()
 	stats, err := b.bp.Stats()
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	for _, s := range stats {
 		if s.Name == name {
 			return s.Value
@@ -167,7 +167,7 @@ func (b *bed) stat(name string) uint64 {
 func (b *bed) conn(c *net.TCPConn) (Conn, bool) {
 	b.t.Helper()
 	conns, err := b.bp.Conns()
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	client := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	for _, x := range conns {
 		if x.Client == client {
@@ -236,10 +236,10 @@ func transfer(t *testing.T, w, r *net.TCPConn, size int, midway func()) (sent, g
 		}
 	}
 	copy(sent[:], h.Sum(nil))
-	must(t, w.CloseWrite())
+	testutil.Must(t, w.CloseWrite())
 	select {
 	case err := <-done:
-		must(t, err)
+		testutil.Must(t, err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("reader stalled")
 	}
@@ -252,7 +252,7 @@ func TestSwitchedOffMidStream(t *testing.T) {
 	var redirected, stack uint64
 	sent, got := transfer(t, c, s, 64<<20, func() {
 		redirected = b.stat("redirected_msgs")
-		must(t, b.bp.SetConfig(Config{Mode: Off}))
+		testutil.Must(t, b.bp.SetConfig(Config{Mode: Off}))
 		stack = b.stat("stack_msgs")
 	})
 	if sent != got {
@@ -276,7 +276,7 @@ func TestRestartMidStream(t *testing.T) {
 	c, s := b.pair("a", "b")
 	sent, got := transfer(t, c, s, 64<<20, func() {
 		// The agent goes away and a new one adopts the pins.
-		must(t, b.bp.Close())
+		testutil.Must(t, b.bp.Close())
 		b.bp = b.open()
 		for name, ip := range b.pods {
 			b.own(b.bp, name, ip)
@@ -307,19 +307,19 @@ func TestRestartMidStream(t *testing.T) {
 func TestUpgradeFromV0MidStream(t *testing.T) {
 	b := newPods(t, "a", "b")
 	b.pinDir = pinDir(t)
-	must(t, bpf.EnsurePinDir(b.pinDir))
+	testutil.Must(t, bpf.EnsurePinDir(b.pinDir))
 	// The v0 agent, attached and switched on.
 	ops, msg := bpftest.LoadV0(t, bpftest.V0SockOps, b.pinDir), bpftest.LoadV0(t, bpftest.V0SkMsg, b.pinDir)
-	must(t, bpf.AttachCgroup(sockopsPin(b.pinDir), b.cgroup, ebpf.AttachCGroupSockOps, ops.Programs["onc_sock_ops"]))
-	must(t, link.RawAttachProgram(link.RawAttachProgramOptions{Target: ops.Maps["onc_bp_sock"].FD(),
+	testutil.Must(t, bpf.AttachCgroup(sockopsPin(b.pinDir), b.cgroup, ebpf.AttachCGroupSockOps, ops.Programs["onc_sock_ops"]))
+	testutil.Must(t, link.RawAttachProgram(link.RawAttachProgramOptions{Target: ops.Maps["onc_bp_sock"].FD(),
 		Program: msg.Programs["onc_sk_msg"], Attach: ebpf.AttachSkMsgVerdict}))
 	limit, err := maxQueued()
-	must(t, err)
-	must(t, ops.Maps["onc_bp_cfg"].Put(uint32(0), bpf.BypassBpCfg{Mode: modeValue[On], MaxQueued: limit}))
+	testutil.Must(t, err)
+	testutil.Must(t, ops.Maps["onc_bp_cfg"].Put(uint32(0), bpf.BypassBpCfg{Mode: modeValue[On], MaxQueued: limit}))
 	for name, ip := range b.pods {
 		cookie, err := netns.Cookie(b.netns[name])
-		must(t, err)
-		must(t, ops.Maps["onc_bp_pods"].Put(bpf.NetIPv4(ip), cookie))
+		testutil.Must(t, err)
+		testutil.Must(t, ops.Maps["onc_bp_pods"].Put(bpf.NetIPv4(ip), cookie))
 	}
 	sockops := sockopsLinkID(t, b.pinDir)
 
@@ -361,10 +361,10 @@ func TestUpgradeFromV0MidStream(t *testing.T) {
 func sockopsLinkID(t *testing.T, pinDir string) link.ID {
 	t.Helper()
 	l, err := link.LoadPinnedLink(sockopsPin(pinDir), nil)
-	must(t, err)
+	testutil.Must(t, err)
 	defer l.Close()
 	info, err := l.Info()
-	must(t, err)
+	testutil.Must(t, err)
 	return info.ID
 }
 
@@ -376,7 +376,7 @@ func mapEntries(t *testing.T, m *ebpf.Map) int {
 	for it.Next(&k, &v) {
 		n++
 	}
-	must(t, it.Err())
+	testutil.Must(t, it.Err())
 	return n
 }
 
@@ -388,7 +388,7 @@ func echo(t *testing.T, c, s *net.TCPConn, msg []byte) {
 			t.Fatal(err)
 		}
 		got := make([]byte, len(msg))
-		must(t, p[1].SetReadDeadline(time.Now().Add(5*time.Second)))
+		testutil.Must(t, p[1].SetReadDeadline(time.Now().Add(5*time.Second)))
 		if _, err := io.ReadFull(p[1], got); err != nil || !bytes.Equal(got, msg) {
 			t.Fatalf("read %q, %v; want %q", got, err, msg)
 		}
@@ -402,7 +402,7 @@ func both(t *testing.T, scenario func(testing.TB, bypasstest.Pair) bypasstest.Ou
 	var off, on bypasstest.Outcome
 	t.Run("off", func(t *testing.T) {
 		b := newBed(t, "a", "b")
-		must(t, b.bp.SetConfig(Config{Mode: Off}))
+		testutil.Must(t, b.bp.SetConfig(Config{Mode: Off}))
 		off = scenario(t, func() (*net.TCPConn, *net.TCPConn) { return b.pair("a", "b") })
 		if n := b.stat("redirected_msgs"); n != 0 {
 			t.Fatalf("%d messages redirected with the bypass off", n)
@@ -444,11 +444,11 @@ func TestOnlyPodsOfThisNode(t *testing.T) {
 	b := newBed(t, "a", "b", "c")
 	// c is another node's pod: a second agent owns it.
 	other, err := Open(Options{PinDir: pinDir(t), Cgroup: b.cgroup})
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { other.Close() })
-	must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] }))
-	must(t, other.Attach())
-	must(t, other.SetConfig(Config{Mode: On}))
+	testutil.Must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] }))
+	testutil.Must(t, other.Attach())
+	testutil.Must(t, other.SetConfig(Config{Mode: On}))
 	b.own(other, "c", b.pods["c"])
 
 	check := func(what string, c, s *net.TCPConn) {
@@ -456,7 +456,7 @@ func TestOnlyPodsOfThisNode(t *testing.T) {
 		echo(t, c, s, []byte(what))
 		for _, bp := range []*Bypass{b.bp, other} {
 			conns, err := bp.Conns()
-			must(t, err)
+			testutil.Must(t, err)
 			if len(conns) != 0 {
 				t.Fatalf("%s: in the map: %+v", what, conns)
 			}
@@ -473,21 +473,21 @@ func TestOnlyPodsOfThisNode(t *testing.T) {
 	l := b.listen("a", 0)
 	hc := b.dial(b.node, l.Addr())
 	hs, err := l.AcceptTCP()
-	must(t, err)
+	testutil.Must(t, err)
 	check("host to pod", hc, hs)
 	var hl net.Listener
 	b.inNetns(b.node, func() (err error) { hl, err = net.Listen("tcp4", gateway.String()+":0"); return err })
 	t.Cleanup(func() { hl.Close() })
 	pc := b.dial(b.netns["a"], hl.Addr())
 	ps, err := hl.Accept()
-	must(t, err)
+	testutil.Must(t, err)
 	check("pod to host", pc, ps.(*net.TCPConn))
 
 	// A pod with itself goes over lo.
 	self := b.listen("a", 0)
 	sc := b.dial(b.netns["a"], self.Addr())
 	ss, err := self.AcceptTCP()
-	must(t, err)
+	testutil.Must(t, err)
 	check("pod to itself", sc, ss)
 	if b.stat("skip_remote") == 0 {
 		t.Fatal("skip_remote not counted")
@@ -504,15 +504,15 @@ func TestSplice(t *testing.T) {
 	relayed := map[Mode]int64{}
 	for _, mode := range []Mode{Off, On} {
 		b := newBed(t, "a", "b")
-		must(t, b.bp.SetConfig(Config{Mode: mode}))
+		testutil.Must(t, b.bp.SetConfig(Config{Mode: mode}))
 		c, s := b.pair("a", "b")
 		out, sink := b.pair("b", "a")
 		go func() { _, _ = io.Copy(io.Discard, sink) }()
 		_, err := c.Write([]byte("through a splicing relay"))
-		must(t, err)
-		must(t, c.CloseWrite())
+		testutil.Must(t, err)
+		testutil.Must(t, c.CloseWrite())
 		n, err := io.Copy(out, s) // splices s into out
-		must(t, err)
+		testutil.Must(t, err)
 		relayed[mode] = n
 	}
 	if relayed[Off] != 24 || relayed[On] != 0 {
@@ -526,7 +526,7 @@ func TestSplice(t *testing.T) {
 func TestStalledReader(t *testing.T) {
 	b := newBed(t, "a", "b")
 	limit, err := maxQueued()
-	must(t, err)
+	testutil.Must(t, err)
 	c, s := b.pair("a", "b")
 	const size = 256 << 20
 	var sent atomic.Int64
@@ -561,7 +561,7 @@ func TestStalledReader(t *testing.T) {
 	}
 	got := sha256.New()
 	n, err := io.Copy(got, s)
-	must(t, err)
+	testutil.Must(t, err)
 	if want := <-sum; n != size || !bytes.Equal(got.Sum(nil), want) {
 		t.Fatalf("read %d bytes (want %d), sha256 equal: %v", n, size, bytes.Equal(got.Sum(nil), want))
 	}
@@ -582,7 +582,7 @@ func TestDualStackServer(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	c := b.dial(b.netns["a"], &net.TCPAddr{IP: b.pods["b"].AsSlice(), Port: port})
 	sc, err := l.Accept()
-	must(t, err)
+	testutil.Must(t, err)
 	s := sc.(*net.TCPConn)
 	t.Cleanup(func() { s.Close() })
 	if !s.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Is4In6() {
@@ -601,7 +601,7 @@ func TestDualStackServer(t *testing.T) {
 	if sent != got {
 		t.Fatal("sha256 differs")
 	}
-	must(t, b.bp.Destroy(conn))
+	testutil.Must(t, b.bp.Destroy(conn))
 	if _, err := s.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the dual-stack end survived Destroy")
 	}
@@ -633,7 +633,7 @@ func TestConntrackKept(t *testing.T) {
 			}
 			echo(t, c, s, []byte("still bypassed"))
 			c.Close()
-			must(t, s.SetReadDeadline(time.Now().Add(3*time.Second)))
+			testutil.Must(t, s.SetReadDeadline(time.Now().Add(3*time.Second)))
 			_, err := s.Read(make([]byte, 1))
 			if keep && !errors.Is(err, io.EOF) {
 				t.Fatalf("the peer read %v, want EOF", err)
@@ -650,7 +650,7 @@ func TestConntrackKept(t *testing.T) {
 func TestPaused(t *testing.T) {
 	b := newBed(t, "a", "b")
 	var during *net.TCPConn
-	must(t, b.bp.Paused(func() error {
+	testutil.Must(t, b.bp.Paused(func() error {
 		var s *net.TCPConn
 		during, s = b.pair("a", "b")
 		echo(t, during, s, []byte("paused"))
@@ -674,17 +674,17 @@ func TestPaused(t *testing.T) {
 // nobody controls.
 func TestUpgradeIncompatiblePins(t *testing.T) {
 	dir := pinDir(t)
-	must(t, bpf.EnsurePinDir(dir))
+	testutil.Must(t, bpf.EnsurePinDir(dir))
 	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "onc_bp_cfg", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { old.Close() })
-	must(t, old.Put(uint32(0), uint32(1))) // mode on
-	must(t, old.Pin(filepath.Join(dir, "onc_bp_cfg")))
+	testutil.Must(t, old.Put(uint32(0), uint32(1))) // mode on
+	testutil.Must(t, old.Pin(filepath.Join(dir, "onc_bp_cfg")))
 	bp, err := Open(Options{PinDir: dir, Cgroup: bpftest.Cgroup(t)})
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { bp.Close() })
 	var v uint32
-	must(t, old.Lookup(uint32(0), &v))
+	testutil.Must(t, old.Lookup(uint32(0), &v))
 	if v != 0 {
 		t.Fatalf("the old pinned setting is %d, want 0 (off)", v)
 	}
@@ -718,10 +718,10 @@ func TestReusedTuple(t *testing.T) {
 	}
 	c1 := dialFrom()
 	zombie, err := l.AcceptTCP()
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { zombie.Close() })
 	echo(t, c1, zombie, []byte("first"))
-	must(t, c1.SetLinger(0))
+	testutil.Must(t, c1.SetLinger(0))
 	c1.Close() // a reset: zombie is dead but its file stays open
 	_, err = zombie.Read(make([]byte, 1))
 	if err == nil {
@@ -730,7 +730,7 @@ func TestReusedTuple(t *testing.T) {
 	c2 := dialFrom()
 	t.Cleanup(func() { c2.Close() })
 	s2, err := l.AcceptTCP()
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { s2.Close() })
 	if s2.RemoteAddr().String() != zombie.RemoteAddr().String() {
 		t.Fatalf("the new connection's pair %s differs from the dead one's %s", s2.RemoteAddr(), zombie.RemoteAddr())
@@ -743,7 +743,7 @@ func TestReusedTuple(t *testing.T) {
 
 func TestSizeThreshold(t *testing.T) {
 	b := newBed(t, "a", "b")
-	must(t, b.bp.SetConfig(Config{Mode: Size, MinSize: 1024}))
+	testutil.Must(t, b.bp.SetConfig(Config{Mode: Size, MinSize: 1024}))
 	c, s := b.pair("a", "b")
 	// The client's first message is small: its direction stays on the
 	// stack for good; the server's first is large: bypassed.
@@ -762,13 +762,13 @@ func TestSizeThreshold(t *testing.T) {
 func echoSizes(t *testing.T, c, s *net.TCPConn, req, rep []byte) {
 	t.Helper()
 	_, err := c.Write(req)
-	must(t, err)
+	testutil.Must(t, err)
 	_, err = io.ReadFull(s, make([]byte, len(req)))
-	must(t, err)
+	testutil.Must(t, err)
 	_, err = s.Write(rep)
-	must(t, err)
+	testutil.Must(t, err)
 	_, err = io.ReadFull(c, make([]byte, len(rep)))
-	must(t, err)
+	testutil.Must(t, err)
 }
 
 // TestPolicyJudgesTheHandshake: a connection netfilter drops in the node
@@ -786,7 +786,7 @@ func TestPolicyJudgesTheHandshake(t *testing.T) {
 		return nil
 	})
 	conns, err := b.bp.Conns()
-	must(t, err)
+	testutil.Must(t, err)
 	if len(conns) != 0 || b.stat("recorded") != 0 {
 		t.Fatalf("a denied connection is in the map: %+v", conns)
 	}
@@ -810,7 +810,7 @@ func TestDestroy(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	must(t, b.bp.Destroy(conn))
+	testutil.Must(t, b.bp.Destroy(conn))
 	for range 2 {
 		select {
 		case err := <-errs:
@@ -826,21 +826,21 @@ func TestDestroy(t *testing.T) {
 	}
 	b.waitGone(c)
 	// Gone already: fine.
-	must(t, b.bp.Destroy(conn))
+	testutil.Must(t, b.bp.Destroy(conn))
 }
 
 func TestRemove(t *testing.T) {
 	b := newBed(t, "a", "b")
 	c, s := b.pair("a", "b")
 	echo(t, c, s, []byte("bypassed"))
-	must(t, b.bp.Close())
-	must(t, Remove(b.pinDir))
-	must(t, Remove(b.pinDir)) // idempotent
+	testutil.Must(t, b.bp.Close())
+	testutil.Must(t, Remove(b.pinDir))
+	testutil.Must(t, Remove(b.pinDir)) // idempotent
 	// The open connection still works, by the stack now.
 	echo(t, c, s, []byte("after remove"))
 	// No sockops program of ours on the cgroup any more.
 	out, err := exec.Command("bpftool", "cgroup", "show", b.cgroup).CombinedOutput()
-	must(t, err)
+	testutil.Must(t, err)
 	if bytes.Contains(out, []byte("onc_sock_ops")) {
 		testutil.WaitFor(t, "sockops program detached", 2*time.Second, func() bool {
 			out, _ := exec.Command("bpftool", "cgroup", "show", b.cgroup).CombinedOutput()
@@ -873,12 +873,5 @@ func run(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out)
-	}
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
 	}
 }

@@ -28,23 +28,12 @@ func (b *Bypass) OwnPod(ip netip.Addr, netns string, cookie uint64) error {
 func (b *Bypass) ForgetPods(keep func(netip.Addr) bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var ip uint32
-	var cookie uint64
-	var gone []uint32
-	it := b.maps.OncBpPods.Iterate()
-	for it.Next(&ip, &cookie) {
-		if !keep(bpf.IPv4(ip)) {
-			gone = append(gone, ip)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("bypass pods: %w", err)
-	}
+	gone, err := bpf.DeleteIf(b.maps.OncBpPods, func(ip uint32, _ uint64) bool { return !keep(bpf.IPv4(ip)) })
 	for _, ip := range gone {
-		if err := b.maps.OncBpPods.Delete(ip); err != nil && !isNotExist(err) {
-			return fmt.Errorf("bypass: forget pod %s: %w", bpf.IPv4(ip), err)
-		}
 		delete(b.netns, bpf.IPv4(ip))
+	}
+	if err != nil {
+		return fmt.Errorf("bypass: forget pods: %w", err)
 	}
 	return nil
 }

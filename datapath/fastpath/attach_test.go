@@ -19,7 +19,7 @@ import (
 // inVethNetns runs fn in a fresh namespace holding veth pair "up0"/"up1".
 func inVethNetns(t *testing.T, fn func()) {
 	testutil.InNewNetns(t, "fp", func() {
-		must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}))
+		testutil.Must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0", HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 1}}, PeerName: "up1"}))
 		fn()
 	})
 }
@@ -43,19 +43,19 @@ func linkID(t *testing.T, pin string) link.ID {
 func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 	d := open(t)
 	inVethNetns(t, func() {
-		must(t, d.AttachUplink("up0"))
-		must(t, d.AttachPod("up1"))
+		testutil.Must(t, d.AttachUplink("up0"))
+		testutil.Must(t, d.AttachPod("up1"))
 		in, out := linkID(t, d.linkPin("up0", ingress)), linkID(t, d.linkPin("up0", egress))
 
 		again, err := Open(d.opts)
-		must(t, err)
+		testutil.Must(t, err)
 		defer again.Close()
-		must(t, again.AttachUplink("up0"))
+		testutil.Must(t, again.AttachUplink("up0"))
 		if linkID(t, d.linkPin("up0", ingress)) != in || linkID(t, d.linkPin("up0", egress)) != out {
 			t.Fatal("restart attached new links instead of adopting the pinned ones")
 		}
 		l, err := link.LoadPinnedLink(d.linkPin("up0", ingress), nil)
-		must(t, err)
+		testutil.Must(t, err)
 		info, _ := l.Info()
 		l.Close()
 		progInfo, _ := again.progs.OncIngressFast.Info()
@@ -63,7 +63,7 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 			t.Fatal("adopted link does not run the new program")
 		}
 
-		must(t, again.DetachPod("up1"))
+		testutil.Must(t, again.DetachPod("up1"))
 		for _, dir := range []direction{ingress, egress} {
 			if _, err := os.Stat(d.linkPin("up1", dir)); !os.IsNotExist(err) {
 				t.Fatalf("pin of up1 %s left after DetachPod", dir.name)
@@ -81,47 +81,47 @@ func TestTCXLinksArePinnedAndAdopted(t *testing.T) {
 func TestUpgradeFromV0Pins(t *testing.T) {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	must(t, bpf.EnsurePinDir(dir))
+	testutil.Must(t, bpf.EnsurePinDir(dir))
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	inVethNetns(t, func() {
 		// The v0 agent attached its pod programs through pinned tcx links.
 		eg, li := bpftest.LoadV0(t, bpftest.V0EgressFast, dir), bpftest.LoadV0(t, bpftest.V0LearnIngress, dir)
 		up1, err := net.InterfaceByName("up1")
-		must(t, err)
+		testutil.Must(t, err)
 		for _, a := range []struct {
 			prog *ebpf.Program
 			dir  direction
 		}{{eg.Programs["onc_egress_fast"], ingress}, {li.Programs["onc_learn_ingress"], egress}} {
 			l, err := link.AttachTCX(link.TCXOptions{Interface: up1.Index, Program: a.prog, Attach: a.dir.attach, Anchor: link.Head()})
-			must(t, err)
-			must(t, l.Pin(filepath.Join(dir, "link_up1_"+a.dir.name)))
+			testutil.Must(t, err)
+			testutil.Must(t, l.Pin(filepath.Join(dir, "link_up1_"+a.dir.name)))
 			l.Close()
 		}
-		must(t, eg.Maps["onc_local"].Put(bpf.NetIPv4(localPod), LocalPod{Ifindex: uint32(up1.Index)}))
+		testutil.Must(t, eg.Maps["onc_local"].Put(bpf.NetIPv4(localPod), LocalPod{Ifindex: uint32(up1.Index)}))
 		in, out := linkID(t, filepath.Join(dir, "link_up1_ingress")), linkID(t, filepath.Join(dir, "link_up1_egress"))
 		eg.Close()
 		li.Close()
 
 		d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode, PodCIDR: localCIDR})
-		must(t, err)
+		testutil.Must(t, err)
 		defer d.Close()
-		must(t, d.Configure(true))
+		testutil.Must(t, d.Configure(true))
 		if locals, err := d.Locals(); err != nil || len(locals) != 0 {
 			t.Fatalf("local pods %v (%v) after the upgrade, want the maps replaced", locals, err)
 		}
-		must(t, d.AttachPod("up1"))
+		testutil.Must(t, d.AttachPod("up1"))
 		for _, l := range []struct {
 			dir  direction
 			id   link.ID
 			prog *ebpf.Program
 		}{{ingress, in, d.progs.OncEgressFast}, {egress, out, d.progs.OncLearnIngress}} {
 			pinned, err := link.LoadPinnedLink(d.linkPin("up1", l.dir), nil)
-			must(t, err)
+			testutil.Must(t, err)
 			info, err := pinned.Info()
 			pinned.Close()
-			must(t, err)
+			testutil.Must(t, err)
 			progInfo, err := l.prog.Info()
-			must(t, err)
+			testutil.Must(t, err)
 			if id, _ := progInfo.ID(); info.ID != l.id || info.Program != id {
 				t.Fatalf("%s: link %d running program %d, want the v0 link %d adopted with the new program %d", l.dir.name, info.ID, info.Program, l.id, id)
 			}
@@ -130,18 +130,18 @@ func TestUpgradeFromV0Pins(t *testing.T) {
 		// frame the pod sends to the VXLAN port is dropped.
 		for _, name := range []string{"up0", "up1"} {
 			l, err := netlink.LinkByName(name)
-			must(t, err)
-			must(t, netlink.LinkSetUp(l))
+			testutil.Must(t, err)
+			testutil.Must(t, netlink.LinkSetUp(l))
 		}
 		up0, err := net.InterfaceByName("up0")
-		must(t, err)
+		testutil.Must(t, err)
 		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		must(t, err)
+		testutil.Must(t, err)
 		defer unix.Close(fd)
 		toVXLAN := frame(up1.HardwareAddr, podMAC, localPod, remotePod, unix.IPPROTO_UDP, 40000, 4789, 0, 10)
 		// Sent until the veth carries it: it has just come up.
 		testutil.WaitFor(t, "the pod's frame to the VXLAN port dropped", 2*time.Second, func() bool {
-			must(t, unix.Sendto(fd, toVXLAN, 0, &unix.SockaddrLinklayer{Ifindex: up0.Index}))
+			testutil.Must(t, unix.Sendto(fd, toVXLAN, 0, &unix.SockaddrLinklayer{Ifindex: up0.Index}))
 			return stat(t, d, "overlay_drop_from_pod") > 0
 		})
 	})
@@ -150,12 +150,12 @@ func TestUpgradeFromV0Pins(t *testing.T) {
 func TestClsactMode(t *testing.T) {
 	c := openMode(t, ModeClsact)
 	inVethNetns(t, func() {
-		must(t, c.AttachUplink("up0"))
-		must(t, c.AttachUplink("up0")) // idempotent: replaces
+		testutil.Must(t, c.AttachUplink("up0"))
+		testutil.Must(t, c.AttachUplink("up0")) // idempotent: replaces
 		l, _ := netlink.LinkByName("up0")
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
 			filters, err := netlink.FilterList(l, parent)
-			must(t, err)
+			testutil.Must(t, err)
 			if len(filters) != 1 || !filters[0].(*netlink.BpfFilter).DirectAction {
 				t.Fatalf("parent %x: filters %v, want one direct-action bpf filter", parent, filters)
 			}
@@ -172,20 +172,20 @@ func TestClsactMode(t *testing.T) {
 func TestOpenMountsBPFFSOnAReadOnlyParent(t *testing.T) {
 	testutil.Privileged(t)
 	parent := t.TempDir()
-	must(t, unix.Mount("tmpfs", parent, "tmpfs", unix.MS_RDONLY, ""))
+	testutil.Must(t, unix.Mount("tmpfs", parent, "tmpfs", unix.MS_RDONLY, ""))
 	t.Cleanup(func() {
 		for unix.Unmount(parent, unix.MNT_DETACH) == nil {
 		}
 	})
 	d, err := Open(Options{PinDir: filepath.Join(parent, "onc"), VNI: 1, Port: 4789, Mark: mark, NodeIP: localNode, PodCIDR: localCIDR})
-	must(t, err)
+	testutil.Must(t, err)
 	defer d.Close()
 	var st unix.Statfs_t
 	if unix.Statfs(parent, &st) != nil || st.Type != unix.BPF_FS_MAGIC {
 		t.Fatal("no bpffs mounted on the parent")
 	}
 	inVethNetns(t, func() {
-		must(t, d.AttachUplink("up0"))
+		testutil.Must(t, d.AttachUplink("up0"))
 		if _, err := os.Stat(d.linkPin("up0", ingress)); err != nil {
 			t.Fatalf("link pin in the made directory: %v", err)
 		}

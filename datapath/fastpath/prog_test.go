@@ -166,26 +166,19 @@ func stat(t *testing.T, d *Datapath, name string) uint64 {
 // established fills the maps as learning would for localPod:40000 <-> remotePod:80.
 func established(t *testing.T, d *Datapath) {
 	t.Helper()
-	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	must(t, d.SyncSenders([]Sender{peerSender}, false))
-	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{peerSender}, false))
+	testutil.Must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	key := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40000)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
-	must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
-	must(t, d.maps.OncEgress.Put(bpf.NetIPv4(remotePod), EgressVal{NodeIp: bpf.NetIPv4(peerNode)}))
+	testutil.Must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1}))
+	testutil.Must(t, d.maps.OncEgress.Put(bpf.NetIPv4(remotePod), EgressVal{NodeIp: bpf.NetIPv4(peerNode)}))
 	var e EncapVal
 	copy(e.Hdr[:], vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 0), localNode, peerNode, 1)[:64])
 	// The learned header is what the kernel sent: our NIC to the peer's.
 	copy(e.Hdr[0:6], nicPeer)
 	copy(e.Hdr[6:12], nicLocal)
 	e.Ifindex = 7
-	must(t, d.maps.OncEncap.Put(bpf.NetIPv4(peerNode), e))
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.Must(t, d.maps.OncEncap.Put(bpf.NetIPv4(peerNode), e))
 }
 
 func TestEgressFastPathHitEncapsulates(t *testing.T) {
@@ -262,18 +255,18 @@ func TestEgressMissReasons(t *testing.T) {
 		{"FIN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x01), nil},
 		{"RST", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x04), nil},
 		{"to a gateway", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
-			func() { must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false)) }},
+			func() { testutil.Must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false)) }},
 		{"not a fast-path peer", "egress_miss_no_peer", flow(localPod, netip.MustParseAddr("10.244.9.9"), 0), nil},
 		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
 		{"stale destination (CIDR moved to another node)", "egress_miss_dest", flow(localPod, remotePod, 0),
 			func() {
-				must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peerCIDR.Addr())}, cidrVal{NodeIp: bpf.NetIPv4(otherNode)}))
+				testutil.Must(t, d.maps.OncPeers.Put(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peerCIDR.Addr())}, cidrVal{NodeIp: bpf.NetIPv4(otherNode)}))
 			}},
 		{"an address no local pod has", "egress_miss_spoof", flow(netip.MustParseAddr("10.244.1.10"), remotePod, 0), nil},
 		// An established flow, sent from another veth than its pod's.
 		{"another pod's address (spoofed)", "egress_miss_spoof", flow(localPod, remotePod, 0),
-			func() { must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC)) }},
-		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { must(t, d.Configure(false)) }},
+			func() { testutil.Must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC)) }},
+		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { testutil.Must(t, d.Configure(false)) }},
 	}
 	for _, c := range cases {
 		if c.setup != nil {
@@ -314,8 +307,8 @@ func TestIngressFastPathHitDecapsulates(t *testing.T) {
 func TestIngressMissReasons(t *testing.T) {
 	d := open(t)
 	established(t, d)
-	must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false))
-	must(t, d.SyncSenders([]Sender{peerSender, otherSender}, false))
+	testutil.Must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{peerSender, otherSender}, false))
 	in := func(src, dst netip.Addr, flags byte) []byte {
 		return frame(vtepLocal, vtepPeer, src, dst, unix.IPPROTO_TCP, 80, 40000, flags, 10)
 	}
@@ -343,9 +336,9 @@ func TestIngressMissReasons(t *testing.T) {
 
 func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 	d := open(t)
-	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	must(t, d.SyncSenders([]Sender{peerSender}, false))
-	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{peerSender}, false))
+	testutil.Must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
 
@@ -379,7 +372,7 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 
 	// A flush is one epoch step: the flow is void at once.
 	before, _ := d.config()
-	must(t, d.Flush())
+	testutil.Must(t, d.Flush())
 	if after, _ := d.config(); after.Epoch != before.Epoch+1 || after.Learning != 1 {
 		t.Fatalf("after a flush: epoch %d → %d, learning %d; want one epoch step and learning on", before.Epoch, after.Epoch, after.Learning)
 	}
@@ -394,9 +387,9 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 // header is written again, and with the fast path off nothing is learned.
 func TestLearningWritesOnlyChanges(t *testing.T) {
 	d := open(t)
-	must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	must(t, d.SyncSenders([]Sender{peerSender}, false))
-	must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{peerSender}, false))
+	testutil.Must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
 	run(t, d.progs.OncLearnEgress, out, mark)
@@ -430,7 +423,7 @@ func TestLearningWritesOnlyChanges(t *testing.T) {
 	}
 
 	// Off, the fast path learns nothing, even from marked packets.
-	must(t, d.Configure(false))
+	testutil.Must(t, d.Configure(false))
 	other := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40001, 53, 0, 10), localNode, peerNode, 1)
 	before := stat(t, d, "learn_egress") + stat(t, d, "learn_known")
 	run(t, d.progs.OncLearnEgress, other, mark)
@@ -460,9 +453,9 @@ func TestSYNACKTeachesTheReplyDirection(t *testing.T) {
 	}
 	ready := func(t *testing.T) *Datapath {
 		d := open(t)
-		must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-		must(t, d.SyncSenders([]Sender{peerSender}, false))
-		must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+		testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
+		testutil.Must(t, d.SyncSenders([]Sender{peerSender}, false))
+		testutil.Must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
 		return d
 	}
 	verdict := func(t *testing.T, p *ebpf.Program, pkt []byte, want uint32, what string) {
@@ -514,7 +507,7 @@ func TestCoherency(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	// The peer leaves: its CIDR, destinations, header and flows go.
-	must(t, d.SyncPeers(nil, false))
+	testutil.Must(t, d.SyncPeers(nil, false))
 	flows, _ := d.Flows()
 	dests, _ := d.Dests()
 	encaps, _ := d.Encaps()
@@ -523,7 +516,7 @@ func TestCoherency(t *testing.T) {
 	}
 	// A local pod deleted: its flows go with it.
 	established(t, d)
-	must(t, d.DeleteLocalPod(localPod))
+	testutil.Must(t, d.DeleteLocalPod(localPod))
 	if flows, _ := d.Flows(); len(flows) != 0 {
 		t.Fatalf("flows of a deleted pod remain: %v", flows)
 	}
@@ -534,7 +527,7 @@ func TestCoherency(t *testing.T) {
 	established(t, d)
 	c, _ := d.config()
 	c.Learning = 0
-	must(t, d.maps.OncCfg.Put(uint32(0), c))
+	testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 1, 2, 0, 0), localNode, peerNode, 1)
 	run(t, d.progs.OncLearnEgress, out, mark)
 	if stat(t, d, "learn_paused") != 1 || stat(t, d, "learn_egress") != 0 {
@@ -546,10 +539,10 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	d := open(t)
 	established(t, d) // localPod:40000 <-> remotePod:80
 	other := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40001)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
-	must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
+	testutil.Must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
 	kept := netip.AddrPortFrom(localPod, 40000)
 	var learning uint8 = 1
-	must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
 		c, _ := d.config()
 		learning = c.Learning
 		return func(local, remote netip.AddrPort, proto uint8) bool {
@@ -564,7 +557,7 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 		t.Fatalf("flows after eviction: %v, want only %v's", flows, kept)
 	}
 	// Pods not named are untouched; a failing decide deletes nothing.
-	must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
 		return func(netip.AddrPort, netip.AddrPort, uint8) bool { return false }, nil
 	}))
 	if err := d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
@@ -617,7 +610,7 @@ func TestEvictEncapsRemovesOnlyStale(t *testing.T) {
 	established(t, d) // a header to peerNode
 	var e EncapVal
 	e.Ifindex = 7
-	must(t, d.maps.OncEncap.Put(bpf.NetIPv4(otherNode), e))
+	testutil.Must(t, d.maps.OncEncap.Put(bpf.NetIPv4(otherNode), e))
 	n, err := d.EvictEncaps(func(e Encap) bool { return e.Node == peerNode })
 	if err != nil || n != 1 {
 		t.Fatalf("EvictEncaps = %d, %v; want 1 evicted", n, err)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,8 +77,8 @@ func TestOverlayGuardOnTheUplink(t *testing.T) {
 		t.Run(map[bool]string{true: "fast path on", false: "fast path off"}[on], func(t *testing.T) {
 			d := open(t)
 			established(t, d)
-			must(t, d.SyncSenders([]Sender{peerSender, otherSender}, false))
-			must(t, d.Configure(on))
+			testutil.Must(t, d.SyncSenders([]Sender{peerSender, otherSender}, false))
+			testutil.Must(t, d.Configure(on))
 			for _, c := range guardCases() {
 				before := map[string]uint64{}
 				for _, n := range guardCounters {
@@ -118,11 +119,11 @@ func TestOverlayGuardFollowsThePeers(t *testing.T) {
 		t.Fatalf("a learned flow from the peer: verdict %d, want redirect", ret)
 	}
 	narrowed := Sender{NodeIP: peerNode, Sources: []netip.Prefix{netip.MustParsePrefix("10.244.2.128/25")}}
-	must(t, d.SyncSenders([]Sender{narrowed}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{narrowed}, false))
 	if ret, _ := run(t, d.progs.OncIngressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_inner_source") != 1 {
 		t.Fatalf("a source the peer lost: verdict %d, want dropped as inner_source", ret)
 	}
-	must(t, d.SyncSenders(nil, false))
+	testutil.Must(t, d.SyncSenders(nil, false))
 	if ret, _ := run(t, d.progs.OncIngressFast, pkt, 0); ret != actShot || stat(t, d, "overlay_drop_unknown_sender") != 1 {
 		t.Fatalf("a peer that left: verdict %d, want dropped as unknown_sender", ret)
 	}
@@ -140,7 +141,7 @@ func TestOverlayGuardOnPods(t *testing.T) {
 		t.Run(map[bool]string{true: "fast path on", false: "fast path off"}[on], func(t *testing.T) {
 			d := open(t)
 			established(t, d)
-			must(t, d.Configure(on))
+			testutil.Must(t, d.Configure(on))
 			toPort := func(dst netip.Addr, port uint16) []byte {
 				return frame(hostMAC, podMAC, localPod, dst, unix.IPPROTO_UDP, 40000, port, 0, 60)
 			}

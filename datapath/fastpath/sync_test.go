@@ -8,13 +8,14 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/internal/testutil"
 )
 
 // peerWrites runs fn and returns how many peer- and host-map writes it made.
 func peerWrites(t *testing.T, d *Datapath, fn func() error) uint64 {
 	t.Helper()
 	before := d.PeerWrites()
-	must(t, fn())
+	testutil.Must(t, fn())
 	return d.PeerWrites() - before
 }
 
@@ -58,7 +59,7 @@ func hostEntries(hosts []netip.Addr) map[uint32]uint8 {
 func expectMap[K, V comparable](t *testing.T, what string, have func() (map[K]V, error), want map[K]V) {
 	t.Helper()
 	got, err := have()
-	must(t, err)
+	testutil.Must(t, err)
 	if !maps.Equal(got, want) {
 		t.Fatalf("%s: map holds %v, want %v", what, got, want)
 	}
@@ -123,8 +124,8 @@ func TestMapsHoldFiveThousandNodes(t *testing.T) {
 		peers = append(peers, Peer{PodCIDR: cidr, NodeIP: node})
 		hosts = append(hosts, node, cidr.Addr().Next())
 	}
-	must(t, d.SyncPeers(peers, false))
-	must(t, d.SetHosts(hosts, false))
+	testutil.Must(t, d.SyncPeers(peers, false))
+	testutil.Must(t, d.SetHosts(hosts, false))
 	expectPeerWrites(t, "5,000 peers again", peerWrites(t, d, func() error { return d.SyncPeers(peers, false) }), 0)
 	expectPeerWrites(t, "5,000 peers read back", peerWrites(t, d, func() error { return d.SyncPeers(peers, true) }), 0)
 }
@@ -148,15 +149,15 @@ func cluster(n int) ([]Peer, []netip.Addr) {
 func TestSyncRepairsDriftOnlyWithCheckKernel(t *testing.T) {
 	d := open(t)
 	peers, hosts := cluster(3)
-	must(t, d.SyncPeers(peers, false))
-	must(t, d.SetHosts(hosts, false))
+	testutil.Must(t, d.SyncPeers(peers, false))
+	testutil.Must(t, d.SetHosts(hosts, false))
 	havePeers := func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }
 	haveHosts := func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }
 
 	lost := peerEntries(peers)
 	delete(lost, cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[1].PodCIDR.Addr())})
-	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[1].PodCIDR.Addr())}))
-	must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[1])))
+	testutil.Must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[1].PodCIDR.Addr())}))
+	testutil.Must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[1])))
 
 	expectSync(t, "SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 0)
 	expectSync(t, "SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 0)
@@ -175,14 +176,14 @@ func TestSyncRepairsDriftOnlyWithCheckKernel(t *testing.T) {
 func TestFirstSyncAfterOpenReadsPinnedMapsBack(t *testing.T) {
 	old := open(t)
 	peers, hosts := cluster(3)
-	must(t, old.SyncPeers(peers, false))
-	must(t, old.SetHosts(hosts, false))
-	must(t, old.Close())
+	testutil.Must(t, old.SyncPeers(peers, false))
+	testutil.Must(t, old.SetHosts(hosts, false))
+	testutil.Must(t, old.Close())
 
 	reopen := func() *Datapath {
 		t.Helper()
 		d, err := Open(old.opts)
-		must(t, err)
+		testutil.Must(t, err)
 		t.Cleanup(func() { d.Close() })
 		return d
 	}
@@ -191,7 +192,7 @@ func TestFirstSyncAfterOpenReadsPinnedMapsBack(t *testing.T) {
 	expectSync(t, "first SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 1)
 	expectSync(t, "second SyncPeers", d, func() error { return d.SyncPeers(peers, false) }, 0, 0)
 	expectSync(t, "second SetHosts", d, func() error { return d.SetHosts(hosts, false) }, 0, 0)
-	must(t, d.Close())
+	testutil.Must(t, d.Close())
 
 	peers, hosts = peers[:2], hosts[:4] // the third node left meanwhile
 	d = reopen()
@@ -207,12 +208,12 @@ func TestFirstSyncAfterOpenReadsPinnedMapsBack(t *testing.T) {
 func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
 	d := open(t)
 	peers, hosts := cluster(3)
-	must(t, d.SyncPeers(peers, false))
-	must(t, d.SetHosts(hosts, false))
+	testutil.Must(t, d.SyncPeers(peers, false))
+	testutil.Must(t, d.SetHosts(hosts, false))
 	// Writes through a read-only handle of the same map fail (EPERM).
 	readOnly := func(m **ebpf.Map, pin string) (restore func()) {
 		ro, err := ebpf.LoadPinnedMap(filepath.Join(d.opts.PinDir, pin), &ebpf.LoadPinOptions{ReadOnly: true})
-		must(t, err)
+		testutil.Must(t, err)
 		rw := *m
 		*m = ro
 		return func() { *m = rw; ro.Close() }
@@ -224,7 +225,7 @@ func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
 		t.Fatal("SyncPeers wrote through a read-only map")
 	}
 	restore()
-	must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[0].PodCIDR.Addr())}))
+	testutil.Must(t, d.maps.OncPeers.Delete(cidrKey{Prefixlen: 24, Addr: bpf.NetIPv4(peers[0].PodCIDR.Addr())}))
 	expectSync(t, "SyncPeers after a failed write", d, func() error { return d.SyncPeers(more, false) }, 2, 1)
 	expectMap(t, "peers", func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }, peerEntries(more))
 	expectSync(t, "SyncPeers again", d, func() error { return d.SyncPeers(more, false) }, 0, 0)
@@ -234,7 +235,7 @@ func TestSyncReadsBackAfterAFailedWrite(t *testing.T) {
 		t.Fatal("SetHosts wrote through a read-only map")
 	}
 	restore()
-	must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[0])))
+	testutil.Must(t, d.maps.OncHosts.Delete(bpf.NetIPv4(hosts[0])))
 	expectSync(t, "SetHosts after a failed write", d, func() error { return d.SetHosts(moreHosts, false) }, 3, 1)
 	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries(moreHosts))
 	expectSync(t, "SetHosts again", d, func() error { return d.SetHosts(moreHosts, false) }, 0, 0)

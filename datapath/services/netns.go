@@ -28,24 +28,8 @@ func (lb *LB) OwnPod(cookie uint64, pod netip.Addr) error {
 func (lb *LB) ForgetPods(keep func(netip.Addr) bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	var cookie uint64
-	var ip uint32
-	var gone []uint64
-	it := lb.maps.OncLbNetns.Iterate()
-	for it.Next(&cookie, &ip) {
-		if ip != 0 && !keep(bpf.IPv4(ip)) {
-			gone = append(gone, cookie)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return err
-	}
-	for _, c := range gone {
-		if err := lb.maps.OncLbNetns.Delete(c); err != nil && !isNotExist(err) {
-			return err
-		}
-	}
-	return nil
+	_, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(_ uint64, ip uint32) bool { return ip != 0 && !keep(bpf.IPv4(ip)) })
+	return err
 }
 
 // Owned lists the namespaces the programs act for: cookie → pod address,

@@ -170,15 +170,15 @@ func newBed(t *testing.T, cgroup string) *bed {
 	path := testutil.Netns(t, b.ns)
 	h := testutil.NetlinkAt(t, b.ns)
 	lo, err := h.LinkByName("lo")
-	must(t, err)
-	must(t, h.LinkSetUp(lo))
+	testutil.Must(t, err)
+	testutil.Must(t, h.LinkSetUp(lo))
 	for _, a := range append([]netip.Addr{vip}, backends...) {
-		must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
+		testutil.Must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
 	}
 	ns, err := netns.Open(path)
-	must(t, err)
+	testutil.Must(t, err)
 	defer ns.Close()
-	must(t, netns.Do(ns, func() error {
+	testutil.Must(t, netns.Do(ns, func() error {
 		for _, a := range append([]netip.Addr{vip}, backends...) {
 			for _, port := range []uint16{svcPort, otherPort} {
 				serve(t, netip.AddrPortFrom(a, port))
@@ -187,16 +187,16 @@ func newBed(t *testing.T, cgroup string) *bed {
 		return nil
 	}))
 	b.cookie, err = netns.Cookie(path)
-	must(t, err)
+	testutil.Must(t, err)
 	return b
 }
 
 // serve answers on addr over TCP (writes addr, closes) and UDP (echoes addr).
 func serve(t *testing.T, addr netip.AddrPort) {
 	l, err := net.Listen("tcp4", addr.String())
-	must(t, err)
+	testutil.Must(t, err)
 	u, err := net.ListenPacket("udp4", addr.String())
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { l.Close(); u.Close() })
 	go func() {
 		for {
@@ -224,7 +224,7 @@ func serve(t *testing.T, addr netip.AddrPort) {
 func (b *bed) client(op string, addr netip.AddrPort, n int) []clientRes {
 	b.t.Helper()
 	cmd, out := b.clientCmd(op, addr, n)
-	must(b.t, cmd.Start())
+	testutil.Must(b.t, cmd.Start())
 	var res []clientRes
 	dec := json.NewDecoder(out)
 	for {
@@ -247,14 +247,14 @@ func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Re
 	b.t.Helper()
 	req, _ := json.Marshal(clientReq{Op: op, Addr: addr.String(), N: n})
 	cg, err := os.Open(b.cgroup)
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	b.t.Cleanup(func() { cg.Close() })
 	cmd := exec.Command("ip", "netns", "exec", b.ns, os.Args[0])
 	cmd.Env = append(os.Environ(), clientEnv+"="+string(req))
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	out, err := cmd.StdoutPipe()
-	must(b.t, err)
+	testutil.Must(b.t, err)
 	return cmd, out
 }
 
@@ -264,12 +264,12 @@ func openLB(t *testing.T, cgroup string) *LB {
 	t.Helper()
 	dir := t.TempDir()
 	lb, err := Open(Options{PinDir: dir, Cgroup: cgroup})
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() {
 		lb.Close()
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 	})
-	must(t, lb.Attach())
+	testutil.Must(t, lb.Attach())
 	return lb
 }
 
@@ -279,13 +279,6 @@ func service(port uint16, proto Proto, bes ...netip.Addr) Service {
 		s.Backends = append(s.Backends, Backend{Addr: netip.AddrPortFrom(a, port), Ready: true})
 	}
 	return s
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func served(res []clientRes) map[string]int {
@@ -317,7 +310,7 @@ func isBackend(served string, port uint16) bool {
 func counter(t *testing.T, lb *LB, name string) uint64 {
 	t.Helper()
 	st, err := lb.Stats()
-	must(t, err)
+	testutil.Must(t, err)
 	for _, c := range st {
 		if c.Name == name {
 			return c.Value
@@ -334,8 +327,8 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
-	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 
 	svc := netip.AddrPortFrom(vip, svcPort)
 	res := b.client("tcp", svc, 30)
@@ -346,7 +339,7 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 		t.Fatalf("30 connections reached %v, want all %d backends", seen, len(backends))
 	}
 	states, err := lb.Services()
-	must(t, err)
+	testutil.Must(t, err)
 	if len(states) != 1 || states[0].Translated != 30 {
 		t.Fatalf("service counters %+v, want 30 translated", states)
 	}
@@ -374,8 +367,8 @@ func TestNoBackendRefuses(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
-	must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}, false))
+	testutil.Must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP), service(svcPort, UDP)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	for _, op := range []string{"tcp", "udpconn", "udp"} {
 		checkAll(t, op+" to a service without backends", b.client(op, svc, 2), func(r clientRes) bool {
@@ -396,8 +389,8 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
-	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
+	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	for _, op := range []string{"udp", "udpconn"} {
 		res := b.client(op, svc, 30)
@@ -425,10 +418,10 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	pod := netip.MustParseAddr("10.244.0.5")
-	must(t, lb.OwnPod(b.cookie, pod))
+	testutil.Must(t, lb.OwnPod(b.cookie, pod))
 	s := service(svcPort, TCP, backends...)
 	s.Affinity = time.Hour
-	must(t, lb.Sync([]Service{s}, false))
+	testutil.Must(t, lb.Sync([]Service{s}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	seen := served(b.client("tcp", svc, 20))
@@ -440,7 +433,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 		first = k
 	}
 	aff, err := lb.Affinities()
-	must(t, err)
+	testutil.Must(t, err)
 	if len(aff) != 1 || aff[0].Pod != pod || aff[0].Backend.String() != first || aff[0].Netns != b.cookie {
 		t.Fatalf("affinity entries %+v, want one for %s → %s", aff, pod, first)
 	}
@@ -452,7 +445,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 		}
 	}
 	s.Backends = service(svcPort, TCP, rest...).Backends
-	must(t, lb.Sync([]Service{s}, false))
+	testutil.Must(t, lb.Sync([]Service{s}, false))
 	again := served(b.client("tcp", svc, 20))
 	if len(again) != 1 || again[first] != 0 {
 		t.Fatalf("after %s left: %v, want one other backend", first, again)
@@ -465,10 +458,10 @@ func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lbA, lbB := openLB(t, cg), openLB(t, cg)
 	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
-	must(t, lbA.OwnHost(bedA.cookie))
-	must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
-	must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}, false))
-	must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}, false))
+	testutil.Must(t, lbA.OwnHost(bedA.cookie))
+	testutil.Must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
+	testutil.Must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}, false))
+	testutil.Must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	for _, c := range []struct {
@@ -492,9 +485,9 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.OwnHost(b.cookie))
 	sets := [][]netip.Addr{backends[:2], backends[1:], backends[:1], backends}
-	must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}, false))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, sets[0]...)}, false))
 	done := make(chan error)
 	stop := make(chan struct{})
 	go func() {
@@ -513,7 +506,7 @@ func TestUpdatesNeverExposeAHalfWrittenSet(t *testing.T) {
 	}()
 	res := b.client("tcp", netip.AddrPortFrom(vip, svcPort), 200)
 	close(stop)
-	must(t, <-done)
+	testutil.Must(t, <-done)
 	checkAll(t, "connection during updates", res, func(r clientRes) bool {
 		return r.Err == "" && isBackend(r.Served, svcPort)
 	})
@@ -534,7 +527,7 @@ func TestUpgradeFromV0ChangesNothingForLiveSockets(t *testing.T) { liveSocketsAc
 func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	cg := bpftest.Cgroup(t)
 	dir := t.TempDir()
-	must(t, bpf.EnsurePinDir(dir))
+	testutil.Must(t, bpf.EnsurePinDir(dir))
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	if fromV0 {
 		// The v0 agent's programs, attached through pinned links, as
@@ -548,26 +541,26 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 			"getpeername4": {bpftest.V0SockGetpeername4, "onc_sock_getpeername4", ebpf.AttachCgroupInet4GetPeername},
 		} {
 			c := bpftest.LoadV0(t, v0.obj, dir)
-			must(t, bpf.AttachCgroup(linkPin(dir, hook), cg, v0.attach, c.Programs[v0.prog]))
+			testutil.Must(t, bpf.AttachCgroup(linkPin(dir, hook), cg, v0.attach, c.Programs[v0.prog]))
 		}
 	}
 	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
-	must(t, err)
+	testutil.Must(t, err)
 	if !fromV0 {
-		must(t, lb.Attach())
+		testutil.Must(t, lb.Attach())
 	}
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
-	must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	testutil.Must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	cmd, out := b.clientCmd("hold", svc, 1)
 	stdin, err := cmd.StdinPipe()
-	must(t, err)
-	must(t, cmd.Start())
+	testutil.Must(t, err)
+	testutil.Must(t, cmd.Start())
 	dec := json.NewDecoder(bufio.NewReader(out))
 	var before clientRes
-	must(t, dec.Decode(&before))
+	testutil.Must(t, dec.Decode(&before))
 	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
 		t.Fatalf("before the restart: %+v", before)
 	}
@@ -575,9 +568,9 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	lb.Close()
 
 	again, err := Open(Options{PinDir: dir, Cgroup: cg})
-	must(t, err)
+	testutil.Must(t, err)
 	defer again.Close()
-	must(t, again.Attach())
+	testutil.Must(t, again.Attach())
 	for hook, id := range ids {
 		if got := linkIDs(t, dir)[hook]; got != id {
 			t.Fatalf("restart made a new %s link %v, want the pinned %v adopted", hook, got, id)
@@ -588,11 +581,11 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 			t.Fatalf("%d %s programs on the cgroup after restart, want 1", n, h.name)
 		}
 	}
-	must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	testutil.Must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	stdin.Close()
 	var after clientRes
-	must(t, dec.Decode(&after))
-	must(t, cmd.Wait())
+	testutil.Must(t, dec.Decode(&after))
+	testutil.Must(t, cmd.Wait())
 	if after.Peer != svc.String() {
 		t.Fatalf("a socket connected before the restart now reports %q", after.Peer)
 	}
@@ -605,7 +598,7 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	// releases an unpinned link after an RCU grace period, so the
 	// programs leave the cgroup a moment after Remove returns.
 	again.Close()
-	must(t, Remove(dir))
+	testutil.Must(t, Remove(dir))
 	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg,
 		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInetSockRelease} {
 		for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -632,19 +625,19 @@ func TestRemoveAndRepair(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.OwnHost(b.cookie))
 	s := service(svcPort, TCP, backends...)
 	s.Affinity = time.Hour
-	must(t, lb.Sync([]Service{s}, false))
+	testutil.Must(t, lb.Sync([]Service{s}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	// Drift: the service's live backends vanish behind the agent's back.
-	must(t, lb.maps.OncLbBackend.Delete(backendKey{SvcId: lb.services[s.Key()].id, Slot: 0, Bank: lb.services[s.Key()].bank}))
-	must(t, lb.Sync([]Service{s}, false))
+	testutil.Must(t, lb.maps.OncLbBackend.Delete(backendKey{SvcId: lb.services[s.Key()].id, Slot: 0, Bank: lb.services[s.Key()].bank}))
+	testutil.Must(t, lb.Sync([]Service{s}, false))
 	if entries(t, lb.maps.OncLbBackend) != len(backends)-1 {
 		t.Fatal("an incremental Sync rewrote an unchanged service")
 	}
-	must(t, lb.Sync([]Service{s}, true))
+	testutil.Must(t, lb.Sync([]Service{s}, true))
 	checkAll(t, "after repair", b.client("tcp", svc, 10), func(r clientRes) bool {
 		return r.Err == "" && isBackend(r.Served, svcPort)
 	})
@@ -652,7 +645,7 @@ func TestRemoveAndRepair(t *testing.T) {
 		t.Fatalf("no_slot %d after the repair", got)
 	}
 
-	must(t, lb.Sync(nil, false))
+	testutil.Must(t, lb.Sync(nil, false))
 	checkAll(t, "after the Service is removed", b.client("tcp", svc, 3), func(r clientRes) bool {
 		return r.Peer == svc.String() && r.Served == svc.String()
 	})
@@ -670,8 +663,8 @@ func TestDualStackSocketsAreLeftAlone(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
-	must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
+	testutil.Must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
 	mapped := "[::ffff:" + vip.String() + "]:" + fmt.Sprint(svcPort)
 	checkAll(t, "AF_INET6 UDP to a v4-mapped ClusterIP", b.client("udp6", netip.AddrPortFrom(vip, svcPort), 3), func(r clientRes) bool {
 		return r.Err == "" && r.Peer == mapped && r.Served == netip.AddrPortFrom(vip, svcPort).String()
@@ -689,7 +682,7 @@ func entries(t *testing.T, m *ebpf.Map) int {
 	for it.Next(&k, &v) {
 		n++
 	}
-	must(t, it.Err())
+	testutil.Must(t, it.Err())
 	return n
 }
 
@@ -702,10 +695,10 @@ func linkIDs(t *testing.T, dir string) map[string]link.ID {
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		must(t, err)
+		testutil.Must(t, err)
 		info, err := l.Info()
 		l.Close()
-		must(t, err)
+		testutil.Must(t, err)
 		ids[h] = info.ID
 	}
 	return ids
@@ -714,14 +707,14 @@ func linkIDs(t *testing.T, dir string) map[string]link.ID {
 func attachedPrograms(t *testing.T, cgroup string, at ebpf.AttachType) int {
 	t.Helper()
 	res, err := link.QueryPrograms(link.QueryOptions{Target: cgroupFD(t, cgroup), Attach: at})
-	must(t, err)
+	testutil.Must(t, err)
 	return len(res.Programs)
 }
 
 func cgroupFD(t *testing.T, path string) int {
 	t.Helper()
 	f, err := os.Open(path)
-	must(t, err)
+	testutil.Must(t, err)
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
 }
@@ -732,18 +725,18 @@ func TestUnbalanceUntilTheNextSync(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	must(t, lb.OwnHost(b.cookie))
+	testutil.Must(t, lb.OwnHost(b.cookie))
 	s := service(svcPort, TCP, backends...)
-	must(t, lb.Sync([]Service{s}, false))
+	testutil.Must(t, lb.Sync([]Service{s}, false))
 	lb.Close()
-	must(t, Unbalance(lb.opts.PinDir, s.Key()))
+	testutil.Must(t, Unbalance(lb.opts.PinDir, s.Key()))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	checkAll(t, "unbalanced", b.client("tcp", svc, 2), func(r clientRes) bool { return r.Served == svc.String() })
 
 	again, err := Open(lb.opts)
-	must(t, err)
+	testutil.Must(t, err)
 	defer again.Close()
-	must(t, again.Attach())
-	must(t, again.Sync([]Service{s}, false))
+	testutil.Must(t, again.Attach())
+	testutil.Must(t, again.Sync([]Service{s}, false))
 	checkAll(t, "synced again", b.client("tcp", svc, 5), func(r clientRes) bool { return isBackend(r.Served, svcPort) })
 }

@@ -27,29 +27,23 @@ func TestHeaderStale(t *testing.T) {
 		gwMAC   = net.HardwareAddr{2, 0, 0, 0, 0xb, 0xfe}
 		vtep    = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
 	)
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	testutil.InNewNetns(t, "ul", func() {
 		veth := func(name, peer string, mac net.HardwareAddr) netlink.Link {
-			must(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac}, PeerName: peer}))
+			testutil.Must(t, netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, HardwareAddr: mac}, PeerName: peer}))
 			l, err := netlink.LinkByName(name)
-			must(err)
-			must(netlink.LinkSetUp(l))
+			testutil.Must(t, err)
+			testutil.Must(t, netlink.LinkSetUp(l))
 			return l
 		}
 		up := veth("up0", "up1", nodeMAC)
-		must(netlink.AddrAdd(up, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.0.2.1"), Mask: net.CIDRMask(24, 32)}}))
+		testutil.Must(t, netlink.AddrAdd(up, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.0.2.1"), Mask: net.CIDRMask(24, 32)}}))
 		neigh := func(ip net.IP, mac net.HardwareAddr) {
-			must(netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: ip, HardwareAddr: mac}))
+			testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: ip, HardwareAddr: mac}))
 		}
 		neigh(direct.AsSlice(), peerMAC)
 		neigh(gateway, gwMAC)
 		viaGateway := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.0"), Mask: net.CIDRMask(24, 32)}, Gw: gateway, LinkIndex: up.Attrs().Index}
-		must(netlink.RouteAdd(viaGateway))
+		testutil.Must(t, netlink.RouteAdd(viaGateway))
 
 		header := func(node netip.Addr, next net.HardwareAddr) fastpath.Encap {
 			return fastpath.Encap{Node: node, Ifindex: up.Attrs().Index, OuterSrc: nodeMAC, OuterDst: next, InnerDst: vtep}
@@ -75,21 +69,21 @@ func TestHeaderStale(t *testing.T) {
 
 		// An entry the kernel collected says nothing changed: the header
 		// stays, and the kernel is asked to resolve the next hop again.
-		must(netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, IP: gateway}))
+		testutil.Must(t, netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, IP: gateway}))
 		expect("next hop's entry collected", header(routed, gwMAC), vtep, false, false)
 		if !hasNeighbour(t, up.Attrs().Index, gateway) {
 			t.Error("the kernel was not asked to resolve the collected next hop")
 		}
-		must(netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_FAILED, IP: gateway}))
+		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_FAILED, IP: gateway}))
 		expect("next hop failed", header(routed, gwMAC), vtep, true, false)
 
 		other := veth("up2", "up3", nodeMAC) // same MAC too: only the interface differs
-		must(netlink.RouteReplace(&netlink.Route{Dst: viaGateway.Dst, LinkIndex: other.Attrs().Index, Scope: netlink.SCOPE_LINK}))
+		testutil.Must(t, netlink.RouteReplace(&netlink.Route{Dst: viaGateway.Dst, LinkIndex: other.Attrs().Index, Scope: netlink.SCOPE_LINK}))
 		// Resolved there with the old next hop's MAC.
-		must(netlink.NeighSet(&netlink.Neigh{LinkIndex: other.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: routed.AsSlice(), HardwareAddr: gwMAC}))
+		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: other.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: routed.AsSlice(), HardwareAddr: gwMAC}))
 		expect("route moved to another interface", header(routed, gwMAC), vtep, true, false)
 
-		must(netlink.LinkSetHardwareAddr(up, net.HardwareAddr{2, 0, 0, 0, 0xb, 0x11}))
+		testutil.Must(t, netlink.LinkSetHardwareAddr(up, net.HardwareAddr{2, 0, 0, 0, 0xb, 0x11}))
 		expect("uplink's MAC changed", header(direct, net.HardwareAddr{2, 0, 0, 0, 0xb, 9}), vtep, true, false)
 	})
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/onc-net/onc/internal/testutil"
 )
 
 // Pair opens a connection between the two pods under test: its client
@@ -49,13 +51,13 @@ func HalfClose(t testing.TB, pair Pair) Outcome {
 	o = append(o, "client shutdown(SHUT_WR): "+Result(c.CloseWrite()))
 	_, err = c.Write([]byte("after shutdown"))
 	o = append(o, "client write after SHUT_WR: "+Result(err))
-	must(t, s.SetReadDeadline(time.Now().Add(5*time.Second)))
+	testutil.Must(t, s.SetReadDeadline(time.Now().Add(5*time.Second)))
 	req, err := io.ReadAll(s)
 	o = append(o, fmt.Sprintf("server reads %q then %s", req, Result(err)))
 	_, err = s.Write([]byte("reply after EOF"))
 	o = append(o, "server write: "+Result(err))
 	o = append(o, "server close: "+Result(s.Close()))
-	must(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	testutil.Must(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
 	rep, err := io.ReadAll(c)
 	o = append(o, fmt.Sprintf("client reads %q then %s", rep, Result(err)))
 	return o
@@ -70,7 +72,7 @@ func PeerDies(t testing.TB, pair Pair) Outcome {
 	chunk := make([]byte, 16<<10)
 	for range 8 {
 		_, err := c.Write(chunk)
-		must(t, err)
+		testutil.Must(t, err)
 	}
 	s.Close()
 	var err error
@@ -83,20 +85,20 @@ func PeerDies(t testing.TB, pair Pair) Outcome {
 	c2, s2 := pair()
 	for range 8 {
 		_, err := c2.Write(chunk)
-		must(t, err)
+		testutil.Must(t, err)
 	}
 	c2.Close()
-	must(t, s2.SetReadDeadline(time.Now().Add(5*time.Second)))
+	testutil.Must(t, s2.SetReadDeadline(time.Now().Add(5*time.Second)))
 	got, err := io.ReadAll(s2)
 	o = append(o, fmt.Sprintf("reader, writer gone: %d bytes then %s", len(got), Result(err)))
 
 	c3, s3 := pair()
 	_, err = c3.Write(chunk)
-	must(t, err)
-	must(t, s3.SetReadDeadline(time.Now().Add(5*time.Second)))
+	testutil.Must(t, err)
+	testutil.Must(t, s3.SetReadDeadline(time.Now().Add(5*time.Second)))
 	_, err = io.ReadFull(s3, make([]byte, len(chunk)))
-	must(t, err)
-	must(t, c3.SetLinger(0))
+	testutil.Must(t, err)
+	testutil.Must(t, c3.SetLinger(0))
 	c3.Close()
 	_, err = s3.Read(make([]byte, 1))
 	o = append(o, "reader, writer reset: "+Result(err))
@@ -146,13 +148,6 @@ func EchoMany(t testing.TB, n int, dial func() *net.TCPConn) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		must(t, err)
-	}
-}
-
-func must(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
+		testutil.Must(t, err)
 	}
 }
