@@ -199,7 +199,10 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 	}
 	a.peers.Run(ctx, a.store.Changes(ctx))
 	running.Wait()
-	return a.dp.Node.Close()
+	if err := a.dp.Node.Close(); err != nil {
+		slog.Warn("letting go of the datapath", "err", err) // what is in the kernel stays either way
+	}
+	return nil
 }
 
 // runners are the watchers that run beside the peer watcher, in the order

@@ -384,7 +384,9 @@ func (n *Node) ProgrammedPeers() map[string]bool {
 // path deliver to it and see its traffic. On error part of it may exist:
 // the caller rolls back with DetachPod.
 func (n *Node) AttachPod(p Pod) (PodLink, error) {
-	link, err := pods.Setup(p.podnet())
+	spec := p.spec()
+	spec.Cookie = n.socketsOwnPods()
+	link, err := pods.Setup(spec)
 	if err != nil {
 		return PodLink{}, err
 	}
@@ -392,8 +394,10 @@ func (n *Node) AttachPod(p Pod) (PodLink, error) {
 	if err := n.addToFastPath(p, link.HostIndex, link.HostMAC); err != nil {
 		return PodLink{}, err
 	}
-	if err := n.ownPodSockets(p, link.NetnsCookie); err != nil {
-		return PodLink{}, err
+	if spec.Cookie {
+		if err := n.ownPodSockets(p, link.NetnsCookie); err != nil {
+			return PodLink{}, err
+		}
 	}
 	return PodLink{PodMAC: link.PodMAC, HostMAC: link.HostMAC}, nil
 }
@@ -404,9 +408,11 @@ func (n *Node) AdoptPod(p Pod) error {
 	// Each independently: a pod off the fast path still gets its Services,
 	// and policy can still end its bypassed connections.
 	var errs []error
-	if n.services.BalancesPods() || n.bypass.Loaded() != nil {
+	if n.socketsOwnPods() {
 		cookie, err := netns.Cookie(p.Netns)
-		if err == nil {
+		if err != nil {
+			err = fmt.Errorf("pod sockets: %w", err)
+		} else {
 			err = n.ownPodSockets(p, cookie)
 		}
 		errs = append(errs, err)
@@ -432,6 +438,12 @@ func (n *Node) addToFastPath(p Pod, hostIndex int, hostMAC net.HardwareAddr) err
 	return fp.AttachPod(p.HostIface)
 }
 
+// socketsOwnPods says whether a socket program acts on pods' sockets, so
+// that a pod's namespace cookie is needed (and the kernel has them).
+func (n *Node) socketsOwnPods() bool {
+	return n.services.BalancesPods() || n.bypass.Loaded() != nil
+}
+
 // ownPodSockets registers the pod's network namespace, by its cookie,
 // with the socket programs that act on pods' sockets: the socket LB in
 // mode all, which must know it before the pod runs or its first
@@ -441,7 +453,7 @@ func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.
-func (n *Node) CheckPod(p Pod) error { return pods.Check(p.podnet()) }
+func (n *Node) CheckPod(p Pod) error { return pods.Check(p.spec()) }
 
 // DetachPod forgets the pod in the fast path, evicting its flows before its
 // address can be reused, then removes its veth. Missing parts are fine:

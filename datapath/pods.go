@@ -38,6 +38,6 @@ func HostIfaceName(containerID, ifname string) string {
 	return pods.HostIfaceName(containerID, ifname)
 }
 
-func (p Pod) podnet() pods.Pod {
+func (p Pod) spec() pods.Pod {
 	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IP: p.IP, Gateway: p.Gateway, MTU: p.MTU}
 }

@@ -32,6 +32,9 @@ type Pod struct {
 	IP        netip.Addr // the pod's address (configured as /32)
 	Gateway   netip.Addr // the node gateway (first address of the node CIDR)
 	MTU       int
+	// Cookie asks Setup for the namespace's cookie (SO_NETNS_COOKIE,
+	// Linux 5.14), for the socket programs that act on pods' sockets.
+	Cookie bool
 }
 
 // HostIfaceName derives a stable host-side name from the attachment key.
@@ -53,7 +56,7 @@ func fnv32(s string) uint32 {
 type Link struct {
 	PodMAC, HostMAC net.HardwareAddr
 	HostIndex       int    // the host end's ifindex
-	NetnsCookie     uint64 // the pod namespace's, as the socket programs read it
+	NetnsCookie     uint64 // the pod namespace's, as the socket programs read it; with Pod.Cookie only
 }
 
 // Setup creates the pod's interface, opening the pod's namespace once for
@@ -90,8 +93,10 @@ func Setup(p Pod) (Link, error) {
 		return Link{}, fmt.Errorf("create veth %s: %w", p.HostIface, err)
 	}
 	link, err := setup(p, nh, tmp)
-	if err == nil {
-		link.NetnsCookie, err = netns.CookieOf(ns)
+	if err == nil && p.Cookie {
+		if link.NetnsCookie, err = netns.CookieOf(ns); err != nil {
+			err = fmt.Errorf("pod sockets: %w", err)
+		}
 	}
 	if err != nil {
 		if l, lerr := netlink.LinkByName(p.HostIface); lerr == nil {

@@ -101,3 +101,42 @@ func TestSetupRollsBack(t *testing.T) {
 		t.Fatalf("missing netns: err = %v, want ErrNoNetns", err)
 	}
 }
+
+// Setup returns what the node programs next without looking again: the
+// host end and, when asked, the pod namespace's cookie (the one the
+// socket programs see), read while the namespace is open.
+func TestSetupReturnsHostEndAndCookie(t *testing.T) {
+	node, podPath := setupNode(t)
+	want, err := netns.Cookie(podPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cookie := range []bool{false, true} {
+		p := pod(podPath, "eth0")
+		p.Cookie = cookie
+		err := netns.Do(node, func() error {
+			link, err := pods.Setup(p)
+			if err != nil {
+				return err
+			}
+			defer pods.Teardown(p.HostIface)
+			host, err := netlink.LinkByName(p.HostIface)
+			if err != nil {
+				return err
+			}
+			if link.HostIndex != host.Attrs().Index || link.HostMAC.String() != host.Attrs().HardwareAddr.String() {
+				t.Errorf("host end %d %s, want %d %s", link.HostIndex, link.HostMAC, host.Attrs().Index, host.Attrs().HardwareAddr)
+			}
+			switch {
+			case cookie && link.NetnsCookie != want:
+				t.Errorf("cookie %d, want the pod namespace's %d", link.NetnsCookie, want)
+			case !cookie && link.NetnsCookie != 0:
+				t.Errorf("cookie %d read though not asked for", link.NetnsCookie)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
