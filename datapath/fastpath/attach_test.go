@@ -98,6 +98,12 @@ func TestUpgradeFromV0Pins(t *testing.T) {
 			l.Close()
 		}
 		testutil.Must(t, eg.Maps["onc_local"].Put(bpf.NetIPv4(localPod), LocalPod{Ifindex: uint32(up1.Index)}))
+		// The v0 agent had the fast path on, its guard on port 4789.
+		v0cfg := [28]byte{4: 1, 5: 1, 6: 0x12, 7: 0xb5}
+		testutil.Must(t, eg.Maps["onc_cfg"].Put(uint32(0), v0cfg))
+		oldCfg, err := eg.Maps["onc_cfg"].Clone()
+		testutil.Must(t, err)
+		defer oldCfg.Close()
 		in, out := linkID(t, filepath.Join(dir, "link_up1_ingress")), linkID(t, filepath.Join(dir, "link_up1_egress"))
 		eg.Close()
 		li.Close()
@@ -108,6 +114,14 @@ func TestUpgradeFromV0Pins(t *testing.T) {
 		testutil.Must(t, d.Configure(true))
 		if locals, err := d.Locals(); err != nil || len(locals) != 0 {
 			t.Fatalf("local pods %v (%v) after the upgrade, want the maps replaced", locals, err)
+		}
+		// A veth left on the v0 programs (its adoption failed) serves
+		// nothing from the cache no eviction reaches, and its guard keeps
+		// its settings.
+		var got [28]byte
+		testutil.Must(t, oldCfg.Lookup(uint32(0), &got))
+		if want := ([28]byte{6: 0x12, 7: 0xb5}); got != want {
+			t.Fatalf("the replaced v0 config is % x, want % x: switched off, the rest kept", got, want)
 		}
 		testutil.Must(t, d.AttachPod("up1"))
 		for _, l := range []struct {

@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -92,8 +94,11 @@ func Open(o Options) (*Datapath, error) {
 	// An upgrade that changed a map's layout starts the caches afresh:
 	// flows re-learn through the slow path. The agent puts the local pods
 	// and peers back (AdoptPod, SyncPeers), and attaches the uplink's
-	// program, the overlay guard, only once it knows the peers.
-	if err := bpf.LoadPinned("fast path", spec, o.PinDir, &d.objs, nil); err != nil {
+	// program, the overlay guard, only once it knows the peers. The old
+	// maps are switched off first: a veth the agent cannot adopt keeps the
+	// old programs, which must then not serve flows from a cache no
+	// eviction reaches any more.
+	if err := bpf.LoadPinned("fast path", spec, o.PinDir, &d.objs, func() error { return switchOffPinned(o.PinDir) }); err != nil {
 		return nil, err
 	}
 	d.maps, d.progs = &d.objs.FastpathMaps, &d.objs.FastpathPrograms
@@ -102,6 +107,33 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// switchOffPinned turns the pinned config's enabled and learning switches
+// off, leaving the rest of it (an earlier version kept its settings
+// there, its overlay guard's among them) as it is. Both switches sit at
+// the same offsets in every version: after the 4-byte epoch.
+func switchOffPinned(pinDir string) error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.FastpathMapOncCfg), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pinned fast-path config: %w", err)
+	}
+	defer m.Close()
+	v := make([]byte, m.ValueSize())
+	if err := m.Lookup(uint32(0), &v); err != nil {
+		return fmt.Errorf("pinned fast-path config: %w", err)
+	}
+	if len(v) < 6 {
+		return fmt.Errorf("pinned fast-path config: %d bytes, too short to switch off", len(v))
+	}
+	v[4], v[5] = 0, 0 // enabled, learning
+	if err := m.Put(uint32(0), v); err != nil {
+		return fmt.Errorf("switch the pinned fast path off: %w", err)
+	}
+	return nil
 }
 
 // setConstants writes this node's settings into the programs.

@@ -13,7 +13,7 @@ import (
 )
 
 // v0 holds objects of the version with one object per attach point (up to
-// commit 6f13f72), built as `make generate` built them then: the fast
+// commit e9d4f8c), built as `make generate` built them then: the fast
 // path's egress and ingress-learning programs (every fast-path map,
 // onc_cfg with the VNI, port, mark and addresses in it), the socket LB's
 // connect4 and getpeername4 (every socket-LB map), the bypass's sockops
