@@ -319,12 +319,12 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 
 // watchers lists the agent's watchers, for status.
 func (a *Agent) watchers() []*watch.Watcher {
-	ws := []*watch.Watcher{a.peers, a.underlay.Watcher()}
+	ws := []*watch.Watcher{a.peers, a.underlay.Loop()}
 	if a.policy != nil {
-		ws = append(ws, a.policy.Watcher())
+		ws = append(ws, a.policy.Loop())
 	}
 	if a.svcs != nil {
-		ws = append(ws, a.svcs.Watcher())
+		ws = append(ws, a.svcs.Loop())
 	}
 	return ws
 }

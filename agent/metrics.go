@@ -50,10 +50,10 @@ var (
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
-	descSocketLBTranslations = prometheus.NewDesc("onc_services_translations_total",
+	descServicesTranslations = prometheus.NewDesc("onc_services_translations_total",
 		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg).",
 		[]string{"hook"}, nil)
-	descSocketLBRefusals = prometheus.NewDesc("onc_services_refusals_total",
+	descServicesRefusals = prometheus.NewDesc("onc_services_refusals_total",
 		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg).",
 		[]string{"hook"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
@@ -156,7 +156,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descSocketLBTranslations, descSocketLBRefusals, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descServicesTranslations, descServicesRefusals, descBypassMessages, descBypassBytes, descBypassFallbacks} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -186,7 +186,7 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if lb := a.dp.Services.Tables(); lb != nil {
-		sources = append(sources, counterSource{sourceServices, lb.Stats, socketLBSample})
+		sources = append(sources, counterSource{sourceServices, lb.Stats, servicesSample})
 	}
 	if bp := a.dp.Bypass.Controls(); bp != nil {
 		sources = append(sources, counterSource{sourceBypass, bp.Stats, bypassSample})
@@ -260,14 +260,14 @@ func fastPathSample(counter string) (*prometheus.Desc, []string) {
 	return nil, nil
 }
 
-// socketLBSample maps enum lb_stat's <hook>_translated and <hook>_refused.
-func socketLBSample(counter string) (*prometheus.Desc, []string) {
+// servicesSample maps enum lb_stat's <hook>_translated and <hook>_refused.
+func servicesSample(counter string) (*prometheus.Desc, []string) {
 	hook, what, _ := strings.Cut(counter, "_")
 	switch what {
 	case "translated":
-		return descSocketLBTranslations, []string{hook}
+		return descServicesTranslations, []string{hook}
 	case "refused":
-		return descSocketLBRefusals, []string{hook}
+		return descServicesRefusals, []string{hook}
 	}
 	return nil, nil
 }

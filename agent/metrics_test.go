@@ -108,10 +108,10 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{fastPathSample, "overlay_drop_from_pod", descOverlayDrops, []string{"from_pod"}},
 		{fastPathSample, "overlay_drop_other_interface", descOverlayDrops, []string{"other_interface"}},
 		{fastPathSample, "overlay_drop_forwarded", descOverlayDrops, []string{"forwarded"}},
-		{socketLBSample, "connect_translated", descSocketLBTranslations, []string{"connect"}},
-		{socketLBSample, "sendmsg_refused", descSocketLBRefusals, []string{"sendmsg"}},
-		{socketLBSample, "no_slot", nil, nil},
-		{socketLBSample, "recvmsg_reversed", nil, nil},
+		{servicesSample, "connect_translated", descServicesTranslations, []string{"connect"}},
+		{servicesSample, "sendmsg_refused", descServicesRefusals, []string{"sendmsg"}},
+		{servicesSample, "no_slot", nil, nil},
+		{servicesSample, "recvmsg_reversed", nil, nil},
 		{bypassSample, "redirected_msgs", descBypassMessages, nil},
 		{bypassSample, "redirected_bytes", descBypassBytes, nil},
 		{bypassSample, "fallback_peer_full", descBypassFallbacks, []string{"peer_full"}},
@@ -135,7 +135,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		load         func() (*ebpf.CollectionSpec, error)
 		enum, prefix string
 	}{
-		{socketLBSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
@@ -144,7 +144,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descSocketLBTranslations: 2, descSocketLBRefusals: 2,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -49,7 +49,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	if a.policy == nil {
 		st.Policy = policy.NeedsKubernetes
 	}
-	st.SocketLb = services.NeedKubernetes
+	st.SocketLb = services.NeedsKubernetes
 	if a.svcs != nil {
 		st.SocketLb = services.Status(a.dp.Services)
 	}
@@ -235,7 +235,7 @@ func (s *onctlServer) ListPolicy(ctx context.Context, req *apiv1.ListPolicyReque
 
 func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesRequest) (*apiv1.ListServicesResponse, error) {
 	if s.a.svcs == nil {
-		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+services.NeedKubernetes)
+		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+services.NeedsKubernetes)
 	}
 	return s.a.svcs.List()
 }

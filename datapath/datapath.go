@@ -1,9 +1,9 @@
-// Package datapath is the agent's one seam to the kernel. Node composes the
-// pieces that program it — overlay (the VXLAN slow path), podnet (pod
-// veths), netfilter (iptables), fastpath (the eBPF flow cache), sysctls and
-// uplink discovery — and is the one place that turns datastore records into
-// what each piece programs. Policy, Services and the socket bypass join as
-// pieces beside these.
+// Package datapath is the kernel side of a node. Node composes the
+// features that program it — overlay (the VXLAN slow path), pods (pod
+// veths), netfilter (iptables), fastpath (the eBPF flow cache), policy,
+// services, bypass and underlay, each in its own package — with the
+// sysctls and uplink discovery, and is the one place that turns datastore
+// records into what each feature programs.
 package datapath
 
 import (

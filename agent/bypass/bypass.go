@@ -28,8 +28,9 @@ type Datapath interface {
 
 // State is the bypass's setting, or why the node has none (onctl status
 // and bypass).
-func State(dp Datapath) *apiv1.BypassState {
-	bp := dp.Controls()
+func State(dp Datapath) *apiv1.BypassState { return state(dp, dp.Controls()) }
+
+func state(dp Datapath, bp bypass.Controls) *apiv1.BypassState {
 	if bp == nil {
 		return &apiv1.BypassState{Status: dp.Status()}
 	}
@@ -40,8 +41,8 @@ func State(dp Datapath) *apiv1.BypassState {
 // List answers onctl bypass: the setting, the connections between this
 // node's pods it carries (named by podNames, by address) and its counters.
 func List(dp Datapath, podNames map[netip.Addr]string) (*apiv1.ListBypassResponse, error) {
-	resp := &apiv1.ListBypassResponse{State: State(dp)}
-	bp := dp.Controls()
+	bp := dp.Controls() // once: the answer is of one moment
+	resp := &apiv1.ListBypassResponse{State: state(dp, bp)}
 	if bp == nil {
 		return resp, nil
 	}

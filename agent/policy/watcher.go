@@ -151,7 +151,7 @@ func (w *Watcher) Enforced() policy.Ruleset {
 // List answers onctl policy: every local pod's isolation, rules and
 // counters, or the one pod req names (namespace/name, or name if unique).
 func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
-	ws := w.Watcher().Status()
+	ws := w.Loop().Status()
 	resp := &apiv1.ListPolicyResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError}
 	rs := w.Enforced()
 	counters, err := w.dp.Counters()

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// NeedKubernetes is what the agent says about Services on etcd.
-const NeedKubernetes = "no Services: they need the Kubernetes datastore (--datastore=kubernetes)"
+// NeedsKubernetes is what the agent says about Services on etcd.
+const NeedsKubernetes = "no Services: they need the Kubernetes datastore (--datastore=kubernetes)"
 
 // Datapath is what the services watcher needs of the kernel;
 // *datapath/services.Node implements it.
@@ -102,7 +102,7 @@ func (w *Watcher) List() (*apiv1.ListServicesResponse, error) {
 	if lb == nil {
 		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+w.dp.Status())
 	}
-	ws := w.Watcher().Status()
+	ws := w.Loop().Status()
 	resp := &apiv1.ListServicesResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError,
 		Mode: string(w.dp.Mode()), Cgroup: lb.Cgroup()}
 	states, err := lb.Services()

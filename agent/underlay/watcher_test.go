@@ -44,9 +44,9 @@ func TestWatcherResubscribesAndEvictsOnChange(t *testing.T) {
 			t.Error("the watcher did not stop with its context")
 		}
 	}()
-	for deadline := time.Now().Add(5 * time.Second); u.evictions.Load() < 1 || w.Watcher().Status().Applied < 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); u.evictions.Load() < 1 || w.Loop().Status().Applied < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("after %d subscriptions: %d evictions, status %+v; want the change applied", u.watches.Load(), u.evictions.Load(), w.Watcher().Status())
+			t.Fatalf("after %d subscriptions: %d evictions, status %+v; want the change applied", u.watches.Load(), u.evictions.Load(), w.Loop().Status())
 		}
 	}
 	if n := u.watches.Load(); n != 2 {

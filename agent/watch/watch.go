@@ -172,5 +172,5 @@ func (i *Informed) Signal() {
 // signal has succeeded (Watcher.Await).
 func (i *Informed) Await(ctx context.Context) error { return i.w.Await(ctx, i.Signal) }
 
-// Watcher is the loop underneath, for status.
-func (i *Informed) Watcher() *Watcher { return i.w }
+// Loop is the watcher underneath, for status.
+func (i *Informed) Loop() *Watcher { return i.w }

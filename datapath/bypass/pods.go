@@ -9,7 +9,7 @@ import (
 
 // OwnPod makes a pod's connections with the node's other pods eligible:
 // its address and its network namespace (path, as the runtime gave it,
-// and cookie, from pods.NetnsCookie) are recorded. Sockets of any other
+// and cookie, from netns.Cookie) are recorded. Sockets of any other
 // namespace using that address (the host, a hostNetwork pod, another
 // agent's pod) are never recorded.
 func (b *Bypass) OwnPod(ip netip.Addr, netns string, cookie uint64) error {

@@ -34,7 +34,7 @@ func ParseMode(s string) (Mode, error) {
 	case All, HostOnly, Off:
 		return m, nil
 	}
-	return "", fmt.Errorf("socket LB mode %q: must be all, host-only or off", s)
+	return "", fmt.Errorf("services mode %q: must be all, host-only or off", s)
 }
 
 // Tables are the socket load balancer's state and tables, as onctl and

@@ -1,0 +1,124 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onc-net/onc/agent/ipam"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// fakeDatapath is the kernel's enforcement: the rulesets enforced, in order.
+type fakeDatapath struct {
+	mu       sync.Mutex
+	enforced []policy.Ruleset
+	fail     error
+}
+
+func (f *fakeDatapath) Enforce(rs policy.Ruleset, _ bool) (policy.Change, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		return policy.Change{}, f.fail
+	}
+	f.enforced = append(f.enforced, rs)
+	return policy.Change{}, nil
+}
+
+func (f *fakeDatapath) Counters() (map[string]policy.Counters, error) {
+	return map[string]policy.Counters{"db/db-0": {IngressDenied: 3}}, nil
+}
+
+// staticSources is a snapshot that never changes.
+type staticSources struct{ snap Snapshot }
+
+func (s staticSources) Snapshot() Snapshot { return s.snap }
+func (s staticSources) OnChange(func())    {}
+func (s staticSources) HasPod(namespace, name string) bool {
+	for _, p := range s.snap.Pods {
+		if p.Namespace == namespace && p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// denyAllTo isolates pod db/db-0 for ingress.
+var denyAllTo = Snapshot{
+	Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "db"}}},
+	Pods:       []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "db-0"}}},
+	Policies: []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "deny"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}},
+}
+
+func attachment(container, ifname, ip string) ipam.Attachment {
+	return ipam.Attachment{Key: ipam.Key{ContainerID: container, IfName: ifname}, IP: netip.MustParseAddr(ip),
+		HostIface: "onc" + container, K8sNamespace: "db", K8sName: "db-0"}
+}
+
+// Before the node is up nothing is enforced; after, every interface of a
+// pod gets the pod's rules under its own key, and onctl policy reads
+// them with the kernel's counters.
+func TestWatcherPolicesEveryAttachment(t *testing.T) {
+	dp := &fakeDatapath{}
+	var atts []ipam.Attachment // nil: the node is not up
+	w := NewWatcher(dp, staticSources{denyAllTo}, func() []ipam.Attachment { return atts }, time.Hour)
+	if err := w.reconcile(context.Background(), true); err != nil || len(dp.enforced) != 0 {
+		t.Fatalf("before the node is up: %v, %d rulesets enforced; want none", err, len(dp.enforced))
+	}
+	atts = []ipam.Attachment{attachment("sandbox1", "eth0", "10.244.1.2"), attachment("sandbox2", "eth0", "10.244.1.3")}
+	if err := w.reconcile(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	rs := dp.enforced[len(dp.enforced)-1]
+	if len(rs.Pods) != 2 {
+		t.Fatalf("enforced %v, want both sandboxes' interfaces", rs.Pods)
+	}
+	for _, p := range rs.Pods {
+		if p.Ingress == nil {
+			t.Errorf("%s (%s) is not isolated", p.Key, p.Iface)
+		}
+	}
+	resp, err := w.List(&apiv1.ListPolicyRequest{Pod: "db/db-0"})
+	if err != nil || len(resp.Pods) != 1 || !resp.Pods[0].Ingress.Isolated || resp.Pods[0].Ingress.Denied != 3 {
+		t.Fatalf("onctl policy db/db-0: %v, %v", resp, err)
+	}
+	if _, err := w.List(&apiv1.ListPolicyRequest{Pod: "web"}); status.Code(err) != codes.NotFound {
+		t.Errorf("onctl policy of a pod not here: %v, want NotFound", err)
+	}
+}
+
+// A pod waits for its rules; when they cannot be enforced, it is told
+// so, with the kernel's error.
+func TestAwaitPodReportsWhatFailed(t *testing.T) {
+	defer func(d time.Duration) { Wait = d }(Wait)
+	Wait = 200 * time.Millisecond
+	dp := &fakeDatapath{fail: errors.New("nft: no such table")}
+	atts := []ipam.Attachment{attachment("sandbox1", "eth0", "10.244.1.2")}
+	w := NewWatcher(dp, staticSources{denyAllTo}, func() []ipam.Attachment { return atts }, time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	err := w.AwaitPod(context.Background(), "db", "db-0")
+	if !errors.Is(err, ErrPending) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "nft: no such table") {
+		t.Fatalf("AwaitPod: %v, want ErrPending after the deadline, naming the kernel's error", err)
+	}
+	dp.mu.Lock()
+	dp.fail = nil
+	dp.mu.Unlock()
+	if err := w.AwaitPod(context.Background(), "db", "db-0"); err != nil {
+		t.Fatalf("AwaitPod once the kernel takes the rules: %v", err)
+	}
+}
