@@ -85,34 +85,39 @@ func TestEmbeddedEtcdRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := strings.TrimPrefix(e.ClientURL, "https://")
-	for _, c := range []struct {
-		name, endpoint string
-		tls            *tls.Config
-		handshakes     bool // the TLS handshake succeeds: etcd's authorization refuses
-	}{
-		{name: "PlainHTTP", endpoint: "http://" + addr},
-		{name: "NoCertificate", endpoint: e.ClientURL, tls: &tls.Config{InsecureSkipVerify: true}},
-		{name: "NoCertificateVerifiedServer", endpoint: e.ClientURL, tls: caOnly},
-		{name: "RootCertificateOfAnotherCA", endpoint: e.ClientURL, tls: otherRoot},
-		{name: "CertificateOfAnUnknownUser", endpoint: e.ClientURL, tls: goneCfg, handshakes: true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			cli := client(t, c.endpoint, c.tls)
-			if resp, err := cli.Get(short(t), "/onc/", clientv3.WithPrefix()); err == nil {
-				t.Errorf("read: %d keys", resp.Count)
-			}
-			if _, err := cli.Get(short(t), "other"); err == nil {
-				t.Error("read outside ONC's prefix worked")
-			}
-			if _, err := cli.Put(short(t), "/onc/config", "stolen"); err == nil {
-				t.Error("write worked")
-			}
-			// etcd checks no permission to grant a lease: only TLS stops it.
-			if _, err := cli.Grant(short(t), 10); !c.handshakes && err == nil {
-				t.Error("lease grant worked")
-			}
-		})
-	}
+	// The strangers in parallel (each call waits for its timeout), all
+	// done before the last check.
+	t.Run("Strangers", func(t *testing.T) {
+		for _, c := range []struct {
+			name, endpoint string
+			tls            *tls.Config
+			handshakes     bool // the TLS handshake succeeds: etcd's authorization refuses
+		}{
+			{name: "PlainHTTP", endpoint: "http://" + addr},
+			{name: "NoCertificate", endpoint: e.ClientURL, tls: &tls.Config{InsecureSkipVerify: true}},
+			{name: "NoCertificateVerifiedServer", endpoint: e.ClientURL, tls: caOnly},
+			{name: "RootCertificateOfAnotherCA", endpoint: e.ClientURL, tls: otherRoot},
+			{name: "CertificateOfAnUnknownUser", endpoint: e.ClientURL, tls: goneCfg, handshakes: true},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				cli := client(t, c.endpoint, c.tls)
+				if resp, err := cli.Get(short(t), "/onc/", clientv3.WithPrefix()); err == nil {
+					t.Errorf("read: %d keys", resp.Count)
+				}
+				if _, err := cli.Get(short(t), "other"); err == nil {
+					t.Error("read outside ONC's prefix worked")
+				}
+				if _, err := cli.Put(short(t), "/onc/config", "stolen"); err == nil {
+					t.Error("write worked")
+				}
+				// etcd checks no permission to grant a lease: only TLS stops it.
+				if _, err := cli.Grant(short(t), 10); !c.handshakes && err == nil {
+					t.Error("lease grant worked")
+				}
+			})
+		}
+	})
 	if resp, err := root.Get(short(t), "/onc/config"); err != nil || string(resp.Kvs[0].Value) != "{}" {
 		t.Fatalf("config after the strangers: %v, %v", resp, err)
 	}
