@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test fuzz lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test unit privileged e2e fuzz lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -72,12 +72,32 @@ bench-policy: prereqs build kube-bins
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench policy --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(POLICY_ARGS)
 
-# Every test, privileged ones included (they need root; with ONC_PRIVILEGED=1
-# a privileged test that cannot run fails instead of skipping), then every
-# fuzz target for a short budget (make fuzz).
-test: prereqs verify-generated lint kube-bins flannel-bins
-	$(GO) test -count=1 -p 1 -timeout 25m ./...
-	$(MAKE) fuzz
+# The test tiers (CONTRIBUTING.md, "Test tiers"). A test file that needs
+# root, the kernel or binaries built here (kube-apiserver, ONC's commands)
+# starts with //go:build privileged; the lab tests in e2e/ with
+# //go:build e2e. internal/testutil's root helpers fail a test built
+# without either, so such a test cannot land in the unit tier.
+TEST_TAGS := privileged,e2e
+
+# Every package's logic: no root, no outside program beyond make prereqs'
+# (etcd, promtool), about a minute. Run it before every commit.
+unit:
+	$(GO) test -count=1 -timeout 5m ./...
+
+# The unit tests again, with those that need the real kernel (network
+# namespaces, veth, VXLAN, eBPF, iptables and nft, cgroups) or
+# kube-apiserver. They need root: without it they skip, saying why, and
+# with ONC_PRIVILEGED=1 (as .ci/run sets) they fail instead.
+privileged: prereqs kube-bins
+	$(GO) test -count=1 -p 1 -timeout 25m -tags privileged ./...
+
+# The lab tests (e2e/): labs of real agents in network namespaces (root).
+e2e: prereqs kube-bins flannel-bins
+	$(GO) test -count=1 -p 1 -timeout 25m -tags e2e ./e2e/
+
+# Everything, as CI runs it (.ci/run): prerequisites, generated code, lint,
+# the three tiers in turn, then every fuzz target for a short budget.
+test: prereqs verify-generated lint unit privileged e2e fuzz
 
 # Every fuzz target (go test -fuzz) for FUZZ_EXECS executions (10000),
 # about 2-3 min; fails on a crash, which is kept in the package's
@@ -113,9 +133,13 @@ STATICCHECK_VERSION := v0.8.2
 $(GOBIN_TOOLS)/staticcheck:
 	GOBIN=$(GOBIN_TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+# gofmt, then vet and staticcheck on the build with every tier's tests, and
+# staticcheck on the unit tier's own build too: it finds a helper left in
+# an untagged file that only tagged tests use.
 lint: $(GOBIN_TOOLS)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
+	$(GOBIN_TOOLS)/staticcheck -tags $(TEST_TAGS) ./...
 	$(GOBIN_TOOLS)/staticcheck ./...
 
 $(GOBIN_TOOLS)/protoc-gen-go:

@@ -1,3 +1,5 @@
+//go:build privileged
+
 package cni_test
 
 // These tests run the real `onc` binary the way a container runtime does

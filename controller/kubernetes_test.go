@@ -1,3 +1,5 @@
+//go:build privileged
+
 package controller_test
 
 import (

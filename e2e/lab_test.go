@@ -1,3 +1,5 @@
+//go:build e2e
+
 // Package e2e holds ONC's end-to-end tests on the lab (see lab).
 package e2e
 

@@ -1,3 +1,5 @@
+//go:build e2e
+
 package e2e
 
 // The overlay guard in the lab: VXLAN frames crafted in user space and sent

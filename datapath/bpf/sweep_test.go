@@ -1,3 +1,5 @@
+//go:build privileged
+
 package bpf_test
 
 import (

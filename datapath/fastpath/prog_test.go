@@ -1,3 +1,5 @@
+//go:build privileged
+
 package fastpath
 
 // BPF_PROG_RUN tests: each program runs on crafted packets against real

@@ -1,3 +1,5 @@
+//go:build privileged
+
 package fastpath
 
 // The overlay guard (datapath/bpf/include/overlay.h), run on crafted frames

@@ -1,3 +1,5 @@
+//go:build privileged
+
 package k8sstore_test
 
 import (

@@ -47,6 +47,7 @@ func Require(t testing.TB, ok bool, why string) {
 // Privileged gates tests that need root: netns, veth, VXLAN, iptables.
 func Privileged(t testing.TB) {
 	t.Helper()
+	requireTier(t, "needs root")
 	Require(t, os.Geteuid() == 0, "needs root for network namespaces")
 	for _, bin := range []string{"ip", "iptables"} {
 		_, err := exec.LookPath(bin)
@@ -72,6 +73,7 @@ var (
 // directory holding them.
 func Binaries(t testing.TB) string {
 	t.Helper()
+	requireTier(t, "runs ONC's binaries")
 	if !inMain.Load() {
 		t.Fatal("testutil.Binaries needs the package's TestMain to call testutil.Main, which removes the binaries afterwards")
 	}
@@ -191,6 +193,7 @@ func Start(t testing.TB, log, bin string, args ...string) *exec.Cmd {
 // Netns creates a named network namespace removed when the test ends.
 func Netns(t testing.TB, name string) string {
 	t.Helper()
+	requireTier(t, "makes a network namespace")
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
 	}
@@ -236,6 +239,7 @@ func InNewNetns(t testing.TB, suffix string, fn func()) {
 // when the test ends.
 func KubeAPIServer(t testing.TB, etcdURL string) *kubeapiserver.Server {
 	t.Helper()
+	requireTier(t, "runs kube-apiserver")
 	bin := filepath.Join(os.Getenv("ONC_KUBE_BIN"), "kube-apiserver")
 	_, err := os.Stat(bin)
 	Require(t, os.Getenv("ONC_KUBE_BIN") != "" && err == nil, "kube-apiserver not built: run `make kube-bins` (it sets ONC_KUBE_BIN for make test)")

@@ -1,0 +1,5 @@
+//go:build privileged || e2e
+
+package testutil
+
+func init() { privilegedBuild = true }
