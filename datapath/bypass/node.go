@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"sync"
 
 	"github.com/onc-net/onc/datapath/bpf"
 )
@@ -15,11 +14,7 @@ type Node struct {
 	cfg    Config
 	pinDir string
 	cgroup func() (string, error)
-
-	mu     sync.Mutex
-	bp     *Bypass // nil: not loaded yet or failed (err says why)
-	err    error
-	loaded bool // Load ran
+	bp     bpf.LoadOnce[*Bypass]
 }
 
 // NewNode is the node's bypass with setting cfg, pinned under pinDir,
@@ -35,22 +30,13 @@ func NewNode(cfg Config, pinDir string, cgroup func() (string, error)) *Node {
 // restart; off, they record nothing. It runs once: a node without the
 // bypass still comes up, every connection taking the TCP/IP stack.
 func (n *Node) Load() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.loaded {
-		return
-	}
-	n.loaded = true
-	n.bp, n.err = n.load()
-	if n.err != nil {
-		slog.Error("intra-node bypass unavailable; every connection takes the TCP/IP stack", "err", n.err)
-	}
+	n.bp.Load("intra-node bypass unavailable; every connection takes the TCP/IP stack", n.load)
 }
 
-func (n *Node) load() (*Bypass, error) {
+func (n *Node) load() (*Bypass, bool, error) {
 	cgroup, err := n.cgroup()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	bp, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup})
 	if err == nil {
@@ -67,10 +53,10 @@ func (n *Node) load() (*Bypass, error) {
 		if rerr := Remove(n.pinDir); rerr != nil {
 			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
 		}
-		return nil, err
+		return nil, false, err
 	}
 	slog.Info("intra-node bypass loaded", "setting", n.cfg, "cgroup", cgroup)
-	return bp, nil
+	return bp, true, nil
 }
 
 // Controls are the bypass's setting and tables as onctl and the metrics use
@@ -93,20 +79,18 @@ func (n *Node) Controls() Controls {
 
 // Loaded is the bypass, or nil when it is not loaded (Status says why).
 func (n *Node) Loaded() *Bypass {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.bp
+	bp, _ := n.bp.Get()
+	return bp
 }
 
 // Status says why the node has no bypass: "" when it has one.
 func (n *Node) Status() string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	switch {
-	case n.bp != nil:
+	_, ok := n.bp.Get()
+	switch err := n.bp.Err(); {
+	case ok:
 		return ""
-	case n.err != nil:
-		return "failed to load, every connection takes the TCP/IP stack: " + n.err.Error()
+	case err != nil:
+		return "failed to load, every connection takes the TCP/IP stack: " + err.Error()
 	}
 	return "not up yet"
 }
@@ -141,13 +125,4 @@ func (n *Node) KeepConntrack() error {
 }
 
 // Close releases the programs' handles; the pinned links stay.
-func (n *Node) Close() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.bp == nil {
-		return nil
-	}
-	err := n.bp.Close()
-	n.bp = nil
-	return err
-}
+func (n *Node) Close() error { return n.bp.Close() }

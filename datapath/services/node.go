@@ -8,8 +8,6 @@ import (
 	"net/netip"
 	"os"
 
-	"sync"
-
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/internal/netns"
 )
@@ -52,11 +50,7 @@ type Node struct {
 	mode   Mode
 	pinDir string
 	cgroup func() (string, error)
-
-	mu     sync.Mutex
-	lb     *LB // nil: off, not loaded yet or failed (err says why)
-	err    error
-	loaded bool // Load ran
+	lb     bpf.LoadOnce[*LB] // nothing when off
 }
 
 // NewNode is the node's socket LB in mode, pinned under pinDir, attached
@@ -76,31 +70,22 @@ func (n *Node) Mode() Mode { return n.mode }
 // runs once: a node whose socket LB cannot load leaves Services to
 // kube-proxy rather than failing to come up.
 func (n *Node) Load() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.loaded {
-		return
-	}
-	n.loaded = true
-	n.lb, n.err = n.load()
-	if n.err != nil {
-		slog.Error("socket load balancing unavailable; kube-proxy balances every Service", "err", n.err)
-	}
+	n.lb.Load("socket load balancing unavailable; kube-proxy balances every Service", n.load)
 }
 
-func (n *Node) load() (*LB, error) {
+func (n *Node) load() (*LB, bool, error) {
 	if n.mode == Off {
-		return nil, Remove(n.pinDir)
+		return nil, false, Remove(n.pinDir)
 	}
 	lb, err := n.attach()
 	if err != nil {
 		if rerr := Remove(n.pinDir); rerr != nil {
 			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
 		}
-		return nil, err
+		return nil, false, err
 	}
 	slog.Info("socket load balancing on", "mode", n.mode, "cgroup", lb.Cgroup())
-	return lb, nil
+	return lb, true, nil
 }
 
 func (n *Node) attach() (*LB, error) {
@@ -132,26 +117,24 @@ func (n *Node) attach() (*LB, error) {
 // Tables are the loaded socket LB's tables, or nil when it is off or failed
 // to load (Status says which).
 func (n *Node) Tables() Tables {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.lb == nil {
+	lb, ok := n.lb.Get()
+	if !ok {
 		return nil // not a typed nil: callers compare with nil
 	}
-	return n.lb
+	return lb
 }
 
 // Status says why the node balances no Services at the socket: "" when
 // it does.
 func (n *Node) Status() string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	switch {
-	case n.lb != nil:
+	_, ok := n.lb.Get()
+	switch err := n.lb.Err(); {
+	case ok:
 		return ""
 	case n.mode == Off:
 		return "off (--services=off): kube-proxy balances every Service"
-	case n.err != nil:
-		return "failed to load, kube-proxy balances every Service: " + n.err.Error()
+	case err != nil:
+		return "failed to load, kube-proxy balances every Service: " + err.Error()
 	}
 	return "not up yet"
 }
@@ -161,10 +144,8 @@ func (n *Node) Status() string {
 // the namespaces of pods other than pods (a DEL that found no address
 // left its entry behind).
 func (n *Node) Sync(svcs []Service, pods []netip.Addr, checkKernel bool) error {
-	n.mu.Lock()
-	lb := n.lb
-	n.mu.Unlock()
-	if lb == nil {
+	lb, ok := n.lb.Get()
+	if !ok {
 		return errNotOn
 	}
 	if checkKernel && n.mode == All {
@@ -222,22 +203,11 @@ func (n *Node) ForgetPod(ip netip.Addr) error {
 func (n *Node) BalancesPods() bool { return n.podsLB() != nil }
 
 func (n *Node) podsLB() *LB {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.mode != All {
-		return nil
+	if lb, ok := n.lb.Get(); ok && n.mode == All {
+		return lb
 	}
-	return n.lb
+	return nil
 }
 
 // Close releases the programs' handles; the pinned links keep balancing.
-func (n *Node) Close() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.lb == nil {
-		return nil
-	}
-	err := n.lb.Close()
-	n.lb = nil
-	return err
-}
+func (n *Node) Close() error { return n.lb.Close() }
