@@ -84,7 +84,7 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 			t.Errorf("fast-path map %s pinned with %d-byte values, want %d", name, size, spec.Maps[name].ValueSize)
 		}
 	}
-	if n := entries(t, fp.OncFilter); n != 0 {
+	if n := bpftest.Entries(t, fp.OncFilter); n != 0 {
 		t.Errorf("the new flow cache holds %d flows, want none", n)
 	}
 	var old [28]byte
@@ -111,16 +111,4 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 	if svc.Id != 1 || cookie != 42 {
 		t.Errorf("adopted maps hold service %+v and pod cookie %d, want what the v0 agent wrote", svc, cookie)
 	}
-}
-
-func entries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	var k, v []byte
-	n := 0
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	testutil.Must(t, it.Err())
-	return n
 }

@@ -326,7 +326,7 @@ func TestUpgradeFromV0MidStream(t *testing.T) {
 	sockops := sockopsLinkID(t, b.pinDir)
 
 	c, s := b.pair("a", "b")
-	if n := mapEntries(t, ops.Maps["onc_bp_conn"]); n != 2 {
+	if n := bpftest.Entries(t, ops.Maps["onc_bp_conn"]); n != 2 {
 		t.Fatalf("the v0 programs recorded %d sockets, want both ends", n)
 	}
 	sent, got := transfer(t, c, s, 64<<20, func() {
@@ -368,18 +368,6 @@ func sockopsLinkID(t *testing.T, pinDir string) link.ID {
 	info, err := l.Info()
 	testutil.Must(t, err)
 	return info.ID
-}
-
-func mapEntries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	var k, v []byte
-	n := 0
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	testutil.Must(t, it.Err())
-	return n
 }
 
 // echo writes msg on c and expects to read it on s, then the other way.

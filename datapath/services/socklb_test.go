@@ -408,7 +408,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	}
 	// Connected sockets took their reverse entries with them when they
 	// closed; the unconnected ones' wait for the LRU.
-	if n := entries(t, lb.maps.OncLbRevnat); n != 30 {
+	if n := bpftest.Entries(t, lb.maps.OncLbRevnat); n != 30 {
 		t.Fatalf("%d reverse entries after the clients exited, want the 30 of unconnected sockets", n)
 	}
 }
@@ -636,7 +636,7 @@ func TestRemoveAndRepair(t *testing.T) {
 	// Drift: the service's live backends vanish behind the agent's back.
 	testutil.Must(t, lb.maps.OncLbBackend.Delete(backendKey{SvcId: lb.services[s.Key()].id, Slot: 0, Bank: lb.services[s.Key()].bank}))
 	testutil.Must(t, lb.Sync([]Service{s}, false))
-	if entries(t, lb.maps.OncLbBackend) != len(backends)-1 {
+	if bpftest.Entries(t, lb.maps.OncLbBackend) != len(backends)-1 {
 		t.Fatal("an incremental Sync rewrote an unchanged service")
 	}
 	testutil.Must(t, lb.Sync([]Service{s}, true))
@@ -652,7 +652,7 @@ func TestRemoveAndRepair(t *testing.T) {
 		return r.Peer == svc.String() && r.Served == svc.String()
 	})
 	for name, m := range map[string]*ebpf.Map{"service": lb.maps.OncLbSvc, "backend": lb.maps.OncLbBackend, "member": lb.maps.OncLbMember} {
-		if n := entries(t, m); n != 0 {
+		if n := bpftest.Entries(t, m); n != 0 {
 			t.Fatalf("%d %s entries left after the Service was removed", n, name)
 		}
 	}
@@ -674,18 +674,6 @@ func TestDualStackSocketsAreLeftAlone(t *testing.T) {
 	if got := counter(t, lb, "sendmsg_translated"); got != 0 {
 		t.Fatalf("sendmsg_translated %d for AF_INET6 sockets", got)
 	}
-}
-
-func entries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	var n int
-	it := m.Iterate()
-	var k, v []byte
-	for it.Next(&k, &v) {
-		n++
-	}
-	testutil.Must(t, it.Err())
-	return n
 }
 
 // linkIDs are the links pinned in dir, by hook.

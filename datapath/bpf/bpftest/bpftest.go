@@ -52,3 +52,18 @@ func LoadV0(t testing.TB, name, dir string) *ebpf.Collection {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// Entries counts m's entries.
+func Entries(t testing.TB, m *ebpf.Map) int {
+	t.Helper()
+	var k, v []byte
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
