@@ -335,7 +335,7 @@ func (a *Agent) attachments() []ipam.Attachment {
 	if pool == nil {
 		return nil
 	}
-	return append([]ipam.Attachment{}, pool.List()...) // not nil once up, even without pods
+	return pool.List() // never nil: an up node without pods has an empty list
 }
 
 // podOf is an attachment as the datapath programs it.

@@ -210,7 +210,7 @@ func (p *Pool) Get(k Key) (Attachment, bool) {
 	return Attachment{}, false
 }
 
-// List returns every attachment, ordered by address.
+// List returns every attachment, ordered by address; never nil.
 func (p *Pool) List() []Attachment {
 	p.mu.Lock()
 	defer p.mu.Unlock()
