@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,9 +46,6 @@ type Node struct {
 	conflicts string // the peers left out last time, logged when it changes
 	// uplinkAttached: the uplink's programs are attached (attachUplink).
 	uplinkAttached bool
-	// vteps is each peer's VTEP MAC as last synced (node IP -> MAC): a
-	// learned header must carry it (EvictStaleHeaders).
-	vteps map[netip.Addr]net.HardwareAddr
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -78,7 +74,7 @@ func New(cfg Config) (*Node, error) {
 	n.services = services.NewNode(cfg.Services, cfg.BPFFS, cgroup)
 	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
 	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
-	n.underlay = underlay.NewNode(up.Index, n.fastPath, n.peerVTEPs)
+	n.underlay = underlay.NewNode(up.Index, n.fastPath)
 	return n, nil
 }
 
@@ -186,14 +182,6 @@ func (n *Node) Bypass() *bypass.Node { return n.bypass }
 // Underlay keeps the fast path's learned headers true to the underlay.
 func (n *Node) Underlay() *underlay.Node { return n.underlay }
 
-// peerVTEPs is each peer's VTEP MAC as last synced (node IP -> MAC): a
-// learned header must carry it.
-func (n *Node) peerVTEPs() map[netip.Addr]net.HardwareAddr {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.vteps
-}
-
 // FastPath is the flow cache, or nil when it is not loaded.
 func (n *Node) FastPath() FastPath {
 	n.mu.Lock()
@@ -300,18 +288,9 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	for _, p := range want.overlay {
 		vteps[p.NodeIP] = p.VTEPMAC
 	}
-	n.mu.Lock()
-	vtepsChanged := !maps.EqualFunc(n.vteps, vteps, func(a, b net.HardwareAddr) bool { return bytes.Equal(a, b) })
-	n.vteps = vteps
-	n.mu.Unlock()
-	// A peer on a new machine (same name and IP, new VTEP MAC) needs its
-	// header relearned, like an underlay change. (The underlay watcher
-	// checks every header on its own resync; this pass is for the change.)
-	if vtepsChanged {
-		_, herr := n.underlay.EvictStaleHeaders()
-		err = errors.Join(err, herr)
-	}
-	return err
+	// (The underlay watcher checks every header on its own resync; this
+	// is for a peer's change.)
+	return errors.Join(err, n.underlay.SetPeers(vteps))
 }
 
 // attachUplink puts the guard and the ingress fast path on the uplink, on

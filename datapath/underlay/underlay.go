@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/pods"
@@ -28,16 +30,33 @@ import (
 
 // Node is a node's underlay as the fast path depends on it.
 type Node struct {
-	uplink   int                                    // the uplink's ifindex
-	fastPath func() *fastpath.Datapath              // nil when not loaded
-	vteps    func() map[netip.Addr]net.HardwareAddr // each peer's VTEP MAC, by node IP
+	uplink   int                       // the uplink's ifindex
+	fastPath func() *fastpath.Datapath // nil when not loaded
+
+	mu    sync.Mutex
+	vteps map[netip.Addr]net.HardwareAddr // each peer's VTEP MAC, by node IP, as last set
 }
 
 // NewNode is the underlay of the node whose uplink has ifindex uplink;
-// fastPath returns the flow cache (nil when not loaded), vteps each peer's
-// VTEP MAC as last synced.
-func NewNode(uplink int, fastPath func() *fastpath.Datapath, vteps func() map[netip.Addr]net.HardwareAddr) *Node {
-	return &Node{uplink: uplink, fastPath: fastPath, vteps: vteps}
+// fastPath returns the flow cache (nil when not loaded).
+func NewNode(uplink int, fastPath func() *fastpath.Datapath) *Node {
+	return &Node{uplink: uplink, fastPath: fastPath}
+}
+
+// SetPeers records each peer's VTEP MAC (by node IP), which a learned
+// header must carry, and evicts the headers it made stale: a peer on a
+// new machine (same name and IP, new VTEP MAC) needs its header
+// relearned, like an underlay change. Unchanged, it does nothing.
+func (n *Node) SetPeers(vteps map[netip.Addr]net.HardwareAddr) error {
+	n.mu.Lock()
+	changed := !maps.EqualFunc(n.vteps, vteps, func(a, b net.HardwareAddr) bool { return bytes.Equal(a, b) })
+	n.vteps = vteps
+	n.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	_, err := n.EvictStaleHeaders()
+	return err
 }
 
 // Watch calls changed after each change in the node's network
@@ -159,7 +178,9 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 	if fp == nil {
 		return 0, nil
 	}
-	vteps := n.vteps()
+	n.mu.Lock()
+	vteps := n.vteps
+	n.mu.Unlock()
 	view := newUnderlayView()
 	var reborn []netip.Addr // peers on a new machine: their old neighbour entry is stale too
 	evicted, err := fp.EvictEncaps(func(e fastpath.Encap) bool {
