@@ -37,6 +37,11 @@ type Config struct {
 	ProcSys string
 	// Services is whose sockets Services are balanced for (the socket LB).
 	Services services.Mode
+	// KubeProxyReplacement: no kube-proxy runs; ONC serves every Service
+	// frontend (NodePort, externalIPs, load balancer IPs) at the socket
+	// and, for clients outside the cluster, on the uplink. Needs Services
+	// mode all.
+	KubeProxyReplacement bool
 	// Bypass is which connections between two pods of the node skip the
 	// TCP/IP stacks (docs/bypass.md).
 	Bypass bypass.Config

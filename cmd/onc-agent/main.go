@@ -2,6 +2,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -41,6 +42,7 @@ func main() {
 	servicesMode := fs.String("services", string(dpservices.All), "whose sockets Services are balanced for at connect() (the socket LB): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(servicesMode, "socket-lb", string(dpservices.All), "")
 	_ = fs.MarkDeprecated("socket-lb", "use --services")
+	fs.BoolVar(&cfg.Datapath.KubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs beside ONC: serve every Service frontend (ClusterIP, NodePort, externalIPs, load balancer IPs) at the socket and, for clients outside the cluster, on the uplink; needs --services=all and the Kubernetes datastore")
 	fs.StringVar(&cfg.Datapath.Cgroup, "cgroup", "", "cgroup v2 directory the services and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	fs.StringVar(&cfg.Datapath.Cgroup, "socket-lb-cgroup", "", "")
 	_ = fs.MarkDeprecated("socket-lb-cgroup", "use --cgroup")
@@ -64,6 +66,9 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--services: %w", err))
 	}
 	cfg.Datapath.Services = mode
+	if cfg.Datapath.KubeProxyReplacement && mode != dpservices.All {
+		cmdutil.Fatal("bad flag", fmt.Errorf("--kube-proxy-replacement needs --services=all (is %s): with no kube-proxy, nothing else balances the pods' Service traffic", mode))
+	}
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
 	}
@@ -108,6 +113,9 @@ func main() {
 		defer svcs.Close()
 		cfg.Services = svcs
 	} else {
+		if cfg.Datapath.KubeProxyReplacement {
+			cmdutil.Fatal("bad flag", errors.New("--kube-proxy-replacement needs the Kubernetes datastore: etcd clusters have no Services"))
+		}
 		cfg.Datapath.Services = dpservices.Off // etcd clusters have no Services
 	}
 	dp, err := datapath.New(cfg.Datapath)

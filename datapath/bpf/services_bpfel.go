@@ -90,7 +90,7 @@ type ServicesLbSvcKey struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type ServicesLbSvcStat struct {

@@ -29,7 +29,7 @@ func (lb *LB) Services() ([]ServiceState, error) {
 			return nil, err
 		}
 		s := p.svc
-		s.VIP, s.Port, s.Proto = k.VIP, k.Port, k.Proto
+		s.VIP, s.Port, s.Proto, s.Scope = k.VIP, k.Port, k.Proto, k.Scope
 		out = append(out, ServiceState{Service: s, Translated: st.Translated, Refused: st.Refused})
 	}
 	slices.SortFunc(out, func(a, b ServiceState) int { return a.Key().Compare(b.Key()) })

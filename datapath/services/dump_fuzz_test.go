@@ -20,8 +20,8 @@ func FuzzDecodeAffinity(f *testing.F) {
 	f.Add([]byte{5, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}, []byte{10, 250, 0, 1, 0x1f, 0x90, 0, 0, 0, 0xe4, 0x0b, 0x54, 2, 0, 0, 0}, uint64(20e9))
 	f.Add([]byte{9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0}, []byte{10, 250, 0, 2, 0, 53}, uint64(1))
 	services := map[uint32]affinityService{
-		1: {Key{netip.MustParseAddr("10.96.0.10"), 8080, TCP}, 3 * time.Hour},
-		2: {Key{netip.MustParseAddr("10.96.0.53"), 53, UDP}, 0}, // affinity off since
+		1: {Key{netip.MustParseAddr("10.96.0.10"), 8080, TCP, Socket}, 3 * time.Hour},
+		2: {Key{netip.MustParseAddr("10.96.0.53"), 53, UDP, Socket}, 0}, // affinity off since
 	}
 	owned := map[uint64]netip.Addr{1: {}, 5: netip.MustParseAddr("10.244.7.2")}
 	f.Fuzz(func(t *testing.T, key, val []byte, now uint64) {

@@ -25,9 +25,11 @@ type (
 )
 
 const (
-	flagAffinity = 1              // LB_SVC_AFFINITY
-	maxServices  = 65536          // LB_MAX_SERVICES
-	maxBackends  = math.MaxUint16 // lb_svc.count is 16 bits
+	flagAffinity      = 1              // LB_SVC_AFFINITY
+	flagKeepClient    = 4              // LB_SVC_KEEP_CLIENT
+	flagDropWhenEmpty = 8              // LB_SVC_DROP_WHEN_EMPTY
+	maxServices       = 65536          // LB_MAX_SERVICES
+	maxBackends       = math.MaxUint16 // lb_svc.count is 16 bits
 )
 
 // programmed is a service as this agent last wrote it.
@@ -50,11 +52,11 @@ type programmed struct {
 const bankGrace = 50 * time.Millisecond
 
 func (k Key) mapKey() svcKey {
-	return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: bpf.NetPort(k.Port), Proto: uint8(k.Proto)}
+	return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: bpf.NetPort(k.Port), Proto: uint8(k.Proto), Scope: uint8(k.Scope)}
 }
 
 func keyOf(k svcKey) Key {
-	return Key{VIP: bpf.IPv4(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto)}
+	return Key{VIP: bpf.IPv4(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto), Scope: Scope(k.Scope)}
 }
 
 func addrOfBackend(a netip.AddrPort) lbAddr {
@@ -182,7 +184,8 @@ func (lb *LB) markDrifted() {
 }
 
 func sameService(a, b Service) bool {
-	return a.Name == b.Name && a.Affinity == b.Affinity && slices.Equal(a.Backends, b.Backends)
+	return a.Name == b.Name && a.Frontend == b.Frontend && a.Affinity == b.Affinity && a.DropWhenEmpty == b.DropWhenEmpty &&
+		a.KeepClient == b.KeepClient && slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends)
 }
 
 // write puts s's backends into the idle bank, then flips the service to
@@ -226,6 +229,12 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	size[idle] = uint16(len(s.Backends))
 	members := map[lbAddr]bool{}
 	var flags uint8
+	if s.DropWhenEmpty {
+		flags |= flagDropWhenEmpty
+	}
+	if s.KeepClient {
+		flags |= flagKeepClient
+	}
 	if s.Affinity > 0 {
 		flags |= flagAffinity
 		for _, b := range s.Backends {

@@ -24,14 +24,24 @@
 #define LB_MAX_SERVICES 65536
 #define LB_MAX_BACKENDS (2 * 262144) /* two banks */
 
+/* Who an entry serves: this node's sockets (translated at connect() and
+ * sendmsg()) or packets from outside the cluster (on the uplink). */
+enum lb_scope {
+	LB_SCOPE_SOCKET,
+	LB_SCOPE_UPLINK,
+};
+
 struct lb_svc_key {
 	__be32 vip;
 	__be16 port;
 	__u8 proto;
-	__u8 pad;
+	__u8 scope; /* enum lb_scope */
 };
 
 #define LB_SVC_AFFINITY 1
+#define LB_SVC_SOURCE_RANGES 2   /* uplink: only clients in onc_lb_source_ranges */
+#define LB_SVC_KEEP_CLIENT 4     /* uplink: no SNAT (externalTrafficPolicy Local) */
+#define LB_SVC_DROP_WHEN_EMPTY 8 /* uplink: no backends drops, not refuses */
 
 struct lb_svc {
 	__u32 id;           /* stable while the service exists; indexes the maps below */
@@ -248,6 +258,7 @@ static __always_inline int lb_translate(struct bpf_sock_addr *ctx,
 		.vip = ctx->user_ip4,
 		.port = (__be16)ctx->user_port,
 		.proto = (__u8)ctx->protocol,
+		.scope = LB_SCOPE_SOCKET,
 	};
 	struct lb_backend_key slot = {};
 	struct lb_revnat_key rkey = {};
