@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/report"
@@ -49,14 +52,22 @@ type Watcher struct {
 	*watch.Informed
 	dp     Datapath
 	inputs Sources
-	node   string
+	node   Self
 	pods   func() []ipam.Attachment // this node's; nil until it is up
 	count  int                      // service ports last synced, for the log; reconcile's own
 }
 
+// Self is the node a watcher serves.
+type Self struct {
+	Name string
+	IP   netip.Addr // its underlay address, a NodePort address even before its Node object says so
+	// KubeProxyReplacement: no kube-proxy runs; ONC serves every frontend.
+	KubeProxyReplacement bool
+}
+
 // NewWatcher is the services watcher of node; pods lists the node's
 // attachments, nil before the node is up.
-func NewWatcher(dp Datapath, in Sources, node string, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
+func NewWatcher(dp Datapath, in Sources, node Self, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
 	w := &Watcher{dp: dp, inputs: in, node: node, pods: pods}
 	w.Informed = watch.NewInformed("services", resync, w.reconcile)
 	in.OnChange(w.Signal)
@@ -75,15 +86,38 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	for _, att := range atts {
 		pods = append(pods, att.IP)
 	}
-	svcs := Compile(w.inputs.Snapshot(), w.node)
+	snap := w.inputs.Snapshot()
+	svcs := Compile(snap, w.node.of(snap.Node), w.node.KubeProxyReplacement)
 	if err := w.dp.Sync(svcs, pods, full); err != nil {
 		return err
 	}
 	if len(svcs) != w.count {
 		w.count = len(svcs)
-		slog.Info("services balanced at the socket", "servicePorts", len(svcs))
+		slog.Info("services balanced", "frontends", len(svcs))
 	}
 	return nil
+}
+
+// of is the node as the compiler sees it: its NodePorts are served on its
+// underlay address and every IPv4 InternalIP and ExternalIP its Node object
+// lists, as kube-proxy's default nodePortAddresses serves the node's
+// primary addresses.
+func (s Self) of(n *corev1.Node) Node {
+	out := Node{Name: s.Name, Addresses: []netip.Addr{s.IP}}
+	if n == nil {
+		return out
+	}
+	out.Zone = n.Labels[corev1.LabelTopologyZone]
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, ok := ipv4(a.Address); ok && !slices.Contains(out.Addresses, ip) {
+			out.Addresses = append(out.Addresses, ip)
+		}
+	}
+	slices.SortFunc(out.Addresses, netip.Addr.Compare)
+	return out
 }
 
 // Status is onctl status's line: the mode, or why nothing is balanced at
