@@ -176,18 +176,24 @@ func sourceRanges(svc *corev1.Service) []netip.Prefix {
 
 var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP, corev1.ProtocolUDP: services.UDP}
 
-// Unserved lists the Service ports nobody serves on this kernel: SCTP,
-// which has no sockets here (and, translated on the wire, a checksum that
-// covers its addresses), as "namespace/name:port/SCTP".
-func Unserved(snap Snapshot) []string {
-	var out []string
+// UnservedPort is a Service port nobody serves.
+type UnservedPort struct {
+	Service *corev1.Service
+	Port    string // namespace/name:port-name/SCTP
+}
+
+// Unserved lists the Service ports nobody serves: SCTP, which has no
+// sockets on ONC's kernels to translate at, and whose checksum covers the
+// addresses a translation on the wire would change.
+func Unserved(snap Snapshot) []UnservedPort {
+	var out []UnservedPort
 	for _, svc := range snap.Services {
 		if _, ok := clusterIPv4(svc); !ok {
 			continue
 		}
 		for _, p := range svc.Spec.Ports {
 			if p.Protocol == corev1.ProtocolSCTP {
-				out = append(out, svc.Namespace+"/"+svc.Name+":"+p.Name+"/SCTP")
+				out = append(out, UnservedPort{svc, svc.Namespace + "/" + svc.Name + ":" + p.Name + "/SCTP"})
 			}
 		}
 	}

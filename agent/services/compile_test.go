@@ -515,10 +515,9 @@ func TestCompileTopology(t *testing.T) {
 }
 
 func TestUnserved(t *testing.T) {
-	got := Unserved(Snapshot{Services: []*corev1.Service{web(func(s *corev1.ServiceSpec) {
-		s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999))
-	})}})
-	if want := []string{"app/web:assoc/SCTP"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("got %q, want %q", got, want)
+	svc := web(func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) })
+	got := Unserved(Snapshot{Services: []*corev1.Service{svc}})
+	if want := []UnservedPort{{svc, "app/web:assoc/SCTP"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
 	}
 }

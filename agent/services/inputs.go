@@ -12,8 +12,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/onc-net/onc/agent/kubeinformer"
 )
@@ -35,6 +38,8 @@ type Snapshot struct {
 type Inputs struct {
 	*kubeinformer.Set
 	services, slices, node cache.Store
+	events                 record.EventBroadcaster
+	recorder               record.EventRecorder
 }
 
 // proxied selects what kube-proxy watches (cmd/kube-proxy/app/server.go):
@@ -65,7 +70,21 @@ func Watch(ctx context.Context, cfg *rest.Config, node string) (*Inputs, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Inputs{Set: set, services: set.Store(0), slices: set.Store(1), node: set.Store(2)}, nil
+	events := record.NewBroadcaster(record.WithContext(ctx))
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	return &Inputs{Set: set, services: set.Store(0), slices: set.Store(1), node: set.Store(2), events: events,
+		recorder: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "onc-agent", Host: node})}, nil
+}
+
+// Warn records a Warning event on svc, as kubectl describe shows it.
+func (in *Inputs) Warn(svc *corev1.Service, reason, message string) {
+	in.recorder.Event(svc, corev1.EventTypeWarning, reason, message)
+}
+
+// Close stops the informers and the event sink.
+func (in *Inputs) Close() {
+	in.Set.Close()
+	in.events.Shutdown()
 }
 
 // trimNode keeps the zone label and the addresses: a kubelet's status
@@ -96,7 +115,8 @@ func trimService(s *corev1.Service) *corev1.Service {
 		}
 	}
 	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, ResourceVersion: s.ResourceVersion, Annotations: annotations},
+		// The UID names the Service in the events Warn records.
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, UID: s.UID, ResourceVersion: s.ResourceVersion, Annotations: annotations},
 		Spec: corev1.ServiceSpec{Type: s.Spec.Type, ClusterIP: s.Spec.ClusterIP, ClusterIPs: s.Spec.ClusterIPs, IPFamilies: s.Spec.IPFamilies,
 			Ports: ports, SessionAffinity: s.Spec.SessionAffinity, SessionAffinityConfig: s.Spec.SessionAffinityConfig,
 			InternalTrafficPolicy: s.Spec.InternalTrafficPolicy, ExternalTrafficPolicy: s.Spec.ExternalTrafficPolicy,

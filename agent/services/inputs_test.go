@@ -96,7 +96,7 @@ func TestInputs(t *testing.T) {
 		t.Errorf("table:\n%+v\nwant\n%+v", got, want)
 	}
 	// Trimmed to what Compile reads.
-	wantSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", ResourceVersion: snap.Services[0].ResourceVersion},
+	wantSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", UID: created.UID, ResourceVersion: snap.Services[0].ResourceVersion},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
 			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80)},
 			SessionAffinity: corev1.ServiceAffinityNone, InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyCluster)},
@@ -140,6 +140,14 @@ func TestInputs(t *testing.T) {
 			es.Annotations = map[string]string{"a": "b"}
 		}),
 		update(t, ess, "web-1", func(es *discoveryv1.EndpointSlice) { es.Endpoints[0].Conditions.Ready = ptr.To(false) }))
+
+	// An event on a Service, with the agent's RBAC, as kubectl describe
+	// finds it.
+	in.Warn(snap.Services[0], "ProtocolNotSupported", "a test")
+	testutil.WaitFor(t, "the event", 10*time.Second, func() bool {
+		evs, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(created.UID)})
+		return err == nil && len(evs.Items) == 1 && evs.Items[0].Reason == "ProtocolNotSupported" && evs.Items[0].Type == corev1.EventTypeWarning
+	})
 
 	// This node's Node, trimmed to its zone and addresses; another node's
 	// is not watched.
