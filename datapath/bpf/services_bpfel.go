@@ -41,6 +41,14 @@ type ServicesLbBackendKey struct {
 	Pad   uint8
 }
 
+type ServicesLbDestroyStat uint32
+
+const (
+	ServicesLbDestroyStatLB_DESTROY_STAT_UDP_DESTROYED      ServicesLbDestroyStat = 0
+	ServicesLbDestroyStatLB_DESTROY_STAT_UDP_DESTROY_FAILED ServicesLbDestroyStat = 1
+	ServicesLbDestroyStatLB_DESTROY_STAT_MAX                ServicesLbDestroyStat = 2
+)
+
 type ServicesLbMemberKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -105,6 +113,8 @@ type ServicesLbSvcStat struct {
 const (
 	ServicesMapOncLbAff             = "onc_lb_aff"
 	ServicesMapOncLbBackend         = "onc_lb_backend"
+	ServicesMapOncLbDestroyStats    = "onc_lb_destroy_stats"
+	ServicesMapOncLbGone            = "onc_lb_gone"
 	ServicesMapOncLbMember          = "onc_lb_member"
 	ServicesMapOncLbNetns           = "onc_lb_netns"
 	ServicesMapOncLbRevnat          = "onc_lb_revnat"
@@ -116,6 +126,7 @@ const (
 	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
 	ServicesProgOncSockRelease      = "onc_sock_release"
 	ServicesProgOncSockSendmsg4     = "onc_sock_sendmsg4"
+	ServicesProgOncSockUdpDestroy   = "onc_sock_udp_destroy"
 )
 
 // LoadServices returns the embedded CollectionSpec for Services.
@@ -165,20 +176,23 @@ type ServicesProgramSpecs struct {
 	OncSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy   *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
 }
 
 // ServicesMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
-	OncLbAff      *ebpf.MapSpec `ebpf:"onc_lb_aff"`
-	OncLbBackend  *ebpf.MapSpec `ebpf:"onc_lb_backend"`
-	OncLbMember   *ebpf.MapSpec `ebpf:"onc_lb_member"`
-	OncLbNetns    *ebpf.MapSpec `ebpf:"onc_lb_netns"`
-	OncLbRevnat   *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
-	OncLbStats    *ebpf.MapSpec `ebpf:"onc_lb_stats"`
-	OncLbSvc      *ebpf.MapSpec `ebpf:"onc_lb_svc"`
-	OncLbSvcStats *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
+	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
+	OncLbGone         *ebpf.MapSpec `ebpf:"onc_lb_gone"`
+	OncLbMember       *ebpf.MapSpec `ebpf:"onc_lb_member"`
+	OncLbNetns        *ebpf.MapSpec `ebpf:"onc_lb_netns"`
+	OncLbRevnat       *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
+	OncLbStats        *ebpf.MapSpec `ebpf:"onc_lb_stats"`
+	OncLbSvc          *ebpf.MapSpec `ebpf:"onc_lb_svc"`
+	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -207,20 +221,24 @@ func (o *ServicesObjects) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
-	OncLbAff      *ebpf.Map `ebpf:"onc_lb_aff"`
-	OncLbBackend  *ebpf.Map `ebpf:"onc_lb_backend"`
-	OncLbMember   *ebpf.Map `ebpf:"onc_lb_member"`
-	OncLbNetns    *ebpf.Map `ebpf:"onc_lb_netns"`
-	OncLbRevnat   *ebpf.Map `ebpf:"onc_lb_revnat"`
-	OncLbStats    *ebpf.Map `ebpf:"onc_lb_stats"`
-	OncLbSvc      *ebpf.Map `ebpf:"onc_lb_svc"`
-	OncLbSvcStats *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
+	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
+	OncLbGone         *ebpf.Map `ebpf:"onc_lb_gone"`
+	OncLbMember       *ebpf.Map `ebpf:"onc_lb_member"`
+	OncLbNetns        *ebpf.Map `ebpf:"onc_lb_netns"`
+	OncLbRevnat       *ebpf.Map `ebpf:"onc_lb_revnat"`
+	OncLbStats        *ebpf.Map `ebpf:"onc_lb_stats"`
+	OncLbSvc          *ebpf.Map `ebpf:"onc_lb_svc"`
+	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
 }
 
 func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
 		m.OncLbAff,
 		m.OncLbBackend,
+		m.OncLbDestroyStats,
+		m.OncLbGone,
 		m.OncLbMember,
 		m.OncLbNetns,
 		m.OncLbRevnat,
@@ -245,6 +263,7 @@ type ServicesPrograms struct {
 	OncSockRecvmsg4     *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.Program `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy   *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
 }
 
 func (p *ServicesPrograms) Close() error {
@@ -254,6 +273,7 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockRecvmsg4,
 		p.OncSockRelease,
 		p.OncSockSendmsg4,
+		p.OncSockUdpDestroy,
 	)
 }
 

@@ -101,7 +101,13 @@ func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byI
 	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
 }
 
-// Stats sums the programs' counters over the CPUs.
+// Stats sums the programs' counters over the CPUs: the cgroup programs',
+// then the UDP socket iterator's.
 func (lb *LB) Stats() ([]bpf.Counter, error) {
-	return lb.counters.Read()
+	st, err := lb.counters.Read()
+	if err != nil {
+		return nil, err
+	}
+	ended, err := lb.udp.counters.Read()
+	return append(st, ended...), err
 }
