@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"path"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/policy"
+	dpservices "github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/internal/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -56,6 +58,12 @@ var (
 	descServicesRefusals = prometheus.NewDesc("onc_services_refusals_total",
 		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg).",
 		[]string{"hook"}, nil)
+	descFrontends = prometheus.NewDesc("onc_services_frontends",
+		"Service frontends this node serves, by type (ClusterIP, NodePort, ExternalIP, LoadBalancer, HostPort) and scope (socket: this node's clients; uplink: clients outside the cluster).",
+		[]string{"frontend", "scope"}, nil)
+	descFrontendConnections = prometheus.NewDesc("onc_services_frontend_connections_total",
+		"Connections (and unconnected datagrams) to Service frontends, by frontend type, scope and outcome: translated to a backend, or refused for want of one.",
+		[]string{"frontend", "scope", "outcome"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -82,7 +90,8 @@ type agentMetrics struct {
 	cniRequests  *prometheus.CounterVec
 	cniDuration  *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
-	policy       policyTotals
+	policy       sums[string, int] // by pod, of policySeries
+	services     sums[dpservices.Key, frontendSeries]
 	// registeredPeers is how many other nodes the peer watcher's last
 	// reconcile read from the datastore.
 	registeredPeers atomic.Int64
@@ -156,7 +165,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descServicesTranslations, descServicesRefusals, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descBypassMessages, descBypassBytes, descBypassFallbacks} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -187,6 +196,9 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if lb := a.dp.Services.Tables(); lb != nil {
 		sources = append(sources, counterSource{sourceServices, lb.Stats, servicesSample})
+		if svcs, err := lb.Services(); m.ok(sourceServices, err) {
+			m.collectFrontends(ch, svcs)
+		}
 	}
 	if bp := a.dp.Bypass.Controls(); bp != nil {
 		sources = append(sources, counterSource{sourceBypass, bp.Stats, bypassSample})
@@ -202,7 +214,14 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if a.policy != nil {
 		if pods, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
-			totals := m.policy.add(pods)
+			byPod := make(map[string]map[int]uint64, len(pods))
+			for pod, c := range pods {
+				byPod[pod] = map[int]uint64{}
+				for i, s := range policySeries {
+					byPod[pod][i] = s.of(c)
+				}
+			}
+			totals := m.policy.add(byPod)
 			for i, s := range policySeries {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
 			}
@@ -287,7 +306,7 @@ func bypassSample(counter string) (*prometheus.Desc, []string) {
 }
 
 // policySeries are the series of onc_policy_connections_total, in the
-// order of policyTotals' values.
+// index of the policy sums' series.
 var policySeries = [4]struct {
 	direction, verdict string
 	of                 func(policy.Counters) uint64
@@ -298,32 +317,60 @@ var policySeries = [4]struct {
 	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
 }
 
-// policyTotals sums the pods' policy counters into totals that never go
-// down, as counters must. A pod's counters reset when it leaves the
-// ruleset, so the values a pod last showed stay in gone when it goes or
-// its counter shrinks; what it counted since the scrape before is lost.
-type policyTotals struct {
-	mu   sync.Mutex
-	last map[string]policy.Counters // by pod, as last scraped
-	gone [4]uint64
+// frontendSeries is a series of onc_services_frontend_connections_total.
+type frontendSeries struct{ frontend, scope, outcome string }
+
+// collectFrontends counts the frontends by type and scope, and sums their
+// connections.
+func (m *agentMetrics) collectFrontends(ch chan<- prometheus.Metric, svcs []dpservices.ServiceState) {
+	type kind struct{ frontend, scope string }
+	entries := map[kind]int{}
+	byService := make(map[dpservices.Key]map[frontendSeries]uint64, len(svcs))
+	for _, s := range svcs {
+		k := kind{s.Frontend.String(), s.Scope.String()}
+		entries[k]++
+		byService[s.Key()] = map[frontendSeries]uint64{
+			{k.frontend, k.scope, "translated"}: s.Translated,
+			{k.frontend, k.scope, "refused"}:    s.Refused,
+		}
+	}
+	for k, n := range entries {
+		ch <- gauge(descFrontends, float64(n), k.frontend, k.scope)
+	}
+	for s, v := range m.services.add(byService) {
+		ch <- prometheus.MustNewConstMetric(descFrontendConnections, prometheus.CounterValue, float64(v), s.frontend, s.scope, s.outcome)
+	}
 }
 
-func (p *policyTotals) add(pods map[string]policy.Counters) [4]uint64 {
+// sums adds the counters of things that come and go (pods, Services),
+// each a set of series, into totals that never go down, as counters must.
+// A thing's counters reset when it goes (or its id is reused): the values
+// it last showed stay in gone; what it counted since the scrape before is
+// lost.
+type sums[K, S comparable] struct {
+	mu   sync.Mutex
+	last map[K]map[S]uint64 // by thing, as last scraped
+	gone map[S]uint64
+}
+
+func (p *sums[K, S]) add(now map[K]map[S]uint64) map[S]uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.gone == nil {
+		p.gone = map[S]uint64{}
+	}
 	for key, was := range p.last {
-		now, still := pods[key]
-		for i, s := range policySeries {
-			if !still || s.of(now) < s.of(was) {
-				p.gone[i] += s.of(was)
+		for s, v := range was {
+			if now[key][s] < v {
+				p.gone[s] += v
 			}
 		}
 	}
-	p.last = pods
-	totals := p.gone
-	for _, c := range pods {
-		for i, s := range policySeries {
-			totals[i] += s.of(c)
+	p.last = now
+	totals := maps.Clone(p.gone)
+	for _, series := range now {
+		for s, v := range series {
+			totals[s] += v
 		}
 	}
 	return totals

@@ -20,7 +20,6 @@ import (
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
-	"github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -219,19 +218,20 @@ func TestMetricsFailedReadEmitsNothing(t *testing.T) {
 	want(t, mfs, "onc_pods", 0)
 }
 
-// Pods' policy counters reset when a pod leaves; the totals go on.
+// A thing's counters reset when it leaves (a pod, a Service); the totals
+// go on.
 func TestPolicyTotalsNeverGoDown(t *testing.T) {
-	var p policyTotals
+	var p sums[string, string]
 	steps := []struct {
-		pods map[string]policy.Counters
-		want [4]uint64
+		pods map[string]map[string]uint64
+		want map[string]uint64
 	}{
-		{map[string]policy.Counters{"a": {IngressAllowed: 5, EgressDenied: 1}, "b": {IngressAllowed: 2}}, [4]uint64{7, 0, 0, 1}},
-		{map[string]policy.Counters{"a": {IngressAllowed: 6, EgressDenied: 1}}, [4]uint64{8, 0, 0, 1}},         // b went
-		{map[string]policy.Counters{"a": {IngressAllowed: 1}, "b": {IngressDenied: 3}}, [4]uint64{9, 3, 0, 1}}, // a came back anew
+		{map[string]map[string]uint64{"a": {"in": 5, "out": 1}, "b": {"in": 2}}, map[string]uint64{"in": 7, "out": 1}},
+		{map[string]map[string]uint64{"a": {"in": 6, "out": 1}}, map[string]uint64{"in": 8, "out": 1}},                        // b went
+		{map[string]map[string]uint64{"a": {"in": 1}, "b": {"denied": 3}}, map[string]uint64{"in": 9, "out": 1, "denied": 3}}, // a came back anew
 	}
 	for i, s := range steps {
-		if got := p.add(s.pods); got != s.want {
+		if got := p.add(s.pods); !maps.Equal(got, s.want) {
 			t.Errorf("step %d: totals %v, want %v", i, got, s.want)
 		}
 	}

@@ -58,9 +58,9 @@ type serviceCluster struct {
 	clients  []*lab.Pod // clients[i] on node i
 }
 
-func newServiceCluster(t *testing.T) *serviceCluster {
+func newServiceCluster(t *testing.T, agentArgs ...string) *serviceCluster {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes"})
+	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", AgentArgs: agentArgs})
 	kube, err := l.Kube()
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +125,18 @@ func serveName(t *testing.T, netns, name string) {
 // agent balances it with that many backends.
 func (c *serviceCluster) service(t *testing.T, name string, affinity bool, backends ...*lab.Pod) netip.Addr {
 	t.Helper()
+	return netip.MustParseAddr(c.serviceWith(t, name, func(svc *corev1.Service) {
+		if affinity {
+			svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(60))}}
+		}
+	}, backends...).Spec.ClusterIP)
+}
+
+// serviceWith is service with the Service edited before it is created;
+// it returns the Service as created.
+func (c *serviceCluster) serviceWith(t *testing.T, name string, edit func(*corev1.Service), backends ...*lab.Pod) *corev1.Service {
+	t.Helper()
 	ctx := context.Background()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: svcNS}, Spec: corev1.ServiceSpec{
 		Selector: map[string]string{"app": "web"},
@@ -132,10 +144,7 @@ func (c *serviceCluster) service(t *testing.T, name string, affinity bool, backe
 			{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromString("http-alt")},
 			{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(8053)},
 		}}}
-	if affinity {
-		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
-		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(60))}}
-	}
+	edit(svc)
 	created, err := c.kube.CoreV1().Services(svcNS).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -146,12 +155,23 @@ func (c *serviceCluster) service(t *testing.T, name string, affinity bool, backe
 	} else {
 		c.waitBalanced(t, vip, 0)
 	}
-	return vip
+	return created
 }
 
 // setEndpoints writes the Service's EndpointSlice: ready backends, and
 // terminating ones (serving, not ready) as a scale-down leaves them.
 func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr, ready, terminating []*lab.Pod) {
+	t.Helper()
+	c.writeEndpoints(t, name, ready, terminating)
+	if len(ready) > 0 {
+		c.waitBalanced(t, vip, len(ready))
+	} else {
+		c.waitBalanced(t, vip, len(terminating)) // used only when none is ready
+	}
+}
+
+// writeEndpoints is setEndpoints without waiting for the agents.
+func (c *serviceCluster) writeEndpoints(t *testing.T, name string, ready, terminating []*lab.Pod) {
 	t.Helper()
 	ctx := context.Background()
 	slice := &discoveryv1.EndpointSlice{
@@ -177,11 +197,6 @@ func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr,
 		if _, err := slices.Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if len(ready) > 0 {
-		c.waitBalanced(t, vip, len(ready))
-	} else {
-		c.waitBalanced(t, vip, len(terminating)) // used only when none is ready
 	}
 }
 
