@@ -138,6 +138,14 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	return a, nil
 }
 
+// hostPortsChanged tells the services watcher that an attachment with
+// hostPorts came or went: its frontends follow.
+func (a *Agent) hostPortsChanged(att ipam.Attachment) {
+	if a.svcs != nil && len(att.PortMappings) > 0 {
+		a.svcs.Signal()
+	}
+}
+
 // loadVTEPMAC returns the persisted VTEP MAC, creating one on first start:
 // peers' FDB entries stay valid across agent restarts and reboots.
 func loadVTEPMAC(path string) (net.HardwareAddr, error) {

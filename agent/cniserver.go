@@ -67,6 +67,53 @@ type cniServer struct {
 type netConf struct {
 	types.NetConf
 	ValidAttachments validAttachments `json:"cni.dev/valid-attachments"`
+	RuntimeConfig    struct {
+		PortMappings []portMapping `json:"portMappings"`
+	} `json:"runtimeConfig"`
+}
+
+// portMapping is an entry of the portMappings capability, as runtimes
+// send it (the portmap plugin's format).
+type portMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP"`
+}
+
+// portMappings checks the pod's hostPorts: each a TCP or UDP port pair,
+// on an IPv4 host address or all of them. SCTP is refused rather than
+// left unserved: the pod would start with a hostPort nobody serves.
+func portMappings(in []portMapping) ([]ipam.PortMapping, error) {
+	var out []ipam.PortMapping
+	for i, m := range in {
+		field := fmt.Sprintf("runtimeConfig.portMappings[%d]", i)
+		if m.HostPort < 1 || m.HostPort > 65535 || m.ContainerPort < 1 || m.ContainerPort > 65535 {
+			return nil, fmt.Errorf("%s: hostPort %d and containerPort %d must be 1-65535", field, m.HostPort, m.ContainerPort)
+		}
+		proto := strings.ToLower(m.Protocol)
+		switch proto {
+		case "":
+			proto = "tcp" // the portmap plugin's default
+		case "tcp", "udp":
+		default:
+			return nil, fmt.Errorf("%s: protocol %q: ONC serves hostPorts over TCP and UDP only", field, m.Protocol)
+		}
+		pm := ipam.PortMapping{HostPort: uint16(m.HostPort), ContainerPort: uint16(m.ContainerPort), Protocol: proto}
+		if m.HostIP != "" {
+			ip, err := netip.ParseAddr(m.HostIP)
+			switch {
+			case err != nil:
+				return nil, fmt.Errorf("%s: hostIP %q: %v", field, m.HostIP, err)
+			case ip.Is4() && !ip.IsUnspecified():
+				pm.HostIP = ip
+			case !ip.IsUnspecified():
+				return nil, fmt.Errorf("%s: hostIP %s: ONC serves IPv4 hostPorts only", field, ip)
+			}
+		}
+		out = append(out, pm)
+	}
+	return out, nil
 }
 
 // validAttachments is GC's cni.dev/valid-attachments. GC needs it given
@@ -89,7 +136,8 @@ type request struct {
 	key  ipam.Key
 	// The pod CNI_ARGS name (ADD); both empty for none.
 	k8sNamespace, k8sName string
-	prev                  *current.Result // CHECK's prevResult
+	ports                 []ipam.PortMapping // ADD's hostPorts
+	prev                  *current.Result    // CHECK's prevResult
 }
 
 func failure(code uint32, msg string, details ...string) *apiv1.CNIResponse {
@@ -126,6 +174,9 @@ func parse(verb string, req *apiv1.CNIRequest) (request, *apiv1.CNIResponse) {
 		var err error
 		if r.k8sNamespace, r.k8sName, err = k8sArgs(req.Args); err != nil {
 			return request{}, failure(errInvalidEnv, err.Error())
+		}
+		if r.ports, err = portMappings(conf.RuntimeConfig.PortMappings); err != nil {
+			return request{}, failure(errInvalidConfig, "network configuration: "+err.Error())
 		}
 	case verbCheck:
 		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
@@ -252,7 +303,7 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 
 	kns, kname := r.k8sNamespace, r.k8sName
 	att, err := pool.Allocate(ipam.Attachment{Key: key, Netns: req.Netns,
-		HostIface: datapath.HostIfaceName(key.ContainerID, key.IfName), K8sNamespace: kns, K8sName: kname})
+		HostIface: datapath.HostIfaceName(key.ContainerID, key.IfName), K8sNamespace: kns, K8sName: kname, PortMappings: r.ports})
 	switch {
 	case errors.Is(err, ipam.ErrExists):
 		return fail(ErrAttachmentExists, fmt.Sprintf("container %s already has interface %s on this network", key.ContainerID, key.IfName),
@@ -288,6 +339,7 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		if s.a.policy != nil {
 			s.a.policy.Signal() // the rules it may have got go
 		}
+		s.a.hostPortsChanged(att)
 		switch {
 		case errors.Is(err, datapath.ErrNoNetns):
 			return fail(errUnknownContainer, "the container's network namespace does not exist", err.Error())
@@ -298,6 +350,7 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		}
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
 	}
+	s.a.hostPortsChanged(att)
 	slog.Info("pod added", "pod", key, "ip", att.IP, "k8s", kns+"/"+kname)
 	return &apiv1.CNIResponse{Result: res}, nil
 }
@@ -362,6 +415,7 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 		if s.a.policy != nil {
 			s.a.policy.Signal() // its rules go
 		}
+		s.a.hostPortsChanged(att)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -546,5 +547,59 @@ func TestVerbsNeedTheirCNIVersion(t *testing.T) {
 	}
 	if left := ta.leftovers(t, "c1"); len(left) != 3 {
 		t.Errorf("after refused verbs: %v, want the pod whole", left)
+	}
+}
+
+// hostPorts (the portMappings capability) are checked field by field and
+// recorded with the attachment, where the services watcher finds them and
+// a restarted agent too; a bad one fails ADD naming it, leaving nothing.
+func TestAddHostPorts(t *testing.T) {
+	withPorts := func(ports ...map[string]any) []byte {
+		return confWith(map[string]any{"runtimeConfig": map[string]any{"portMappings": ports}})
+	}
+	ta := newTestAgent(t)
+	ta.bringUp(t, "10.244.7.0/24")
+	r := req("c1", ta.netns("/ns/1"))
+	r.Config = withPorts(map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+		map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "UDP", "hostIP": "192.0.2.1"},
+		map[string]any{"hostPort": 9090, "containerPort": 90, "hostIP": "0.0.0.0"})
+	if resp, err := ta.cni.Add(ctx(t), r); code(t, resp, err) != 0 {
+		t.Fatalf("ADD with hostPorts: %v", resp.Error)
+	}
+	pool, _ := ta.readyPool()
+	att, _ := pool.Get(ipam.Key{ContainerID: "c1", IfName: "eth0"})
+	want := []ipam.PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"},
+		{HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: netip.MustParseAddr("192.0.2.1")},
+		{HostPort: 9090, ContainerPort: 90, Protocol: "tcp"}}
+	if !reflect.DeepEqual(att.PortMappings, want) {
+		t.Fatalf("recorded hostPorts %+v, want %+v", att.PortMappings, want)
+	}
+	reopened, _, err := ipam.Open(ta.stateFile(), netip.MustParsePrefix("10.244.7.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := reopened.Get(att.Key); !reflect.DeepEqual(again.PortMappings, want) {
+		t.Fatalf("after a restart: %+v", again.PortMappings)
+	}
+
+	for _, bad := range []struct {
+		mapping map[string]any
+		field   string
+	}{
+		{map[string]any{"hostPort": 0, "containerPort": 80}, "portMappings[0]: hostPort 0"},
+		{map[string]any{"hostPort": 80, "containerPort": 70000}, "containerPort 70000"},
+		{map[string]any{"hostPort": 80, "containerPort": 80, "protocol": "sctp"}, `protocol "sctp"`},
+		{map[string]any{"hostPort": 80, "containerPort": 80, "hostIP": "fd00::1"}, "hostIP fd00::1"},
+		{map[string]any{"hostPort": 80, "containerPort": 80, "hostIP": "host"}, `hostIP "host"`},
+	} {
+		r := req("c2", ta.netns("/ns/2"))
+		r.Config = withPorts(bad.mapping)
+		resp, err := ta.cni.Add(ctx(t), r)
+		if code(t, resp, err) != errInvalidConfig || !strings.Contains(resp.Error.Msg, bad.field) {
+			t.Errorf("ADD with %v: %v, want code %d naming %q", bad.mapping, resp.Error, errInvalidConfig, bad.field)
+		}
+		if left := ta.leftovers(t, "c2"); len(left) > 0 {
+			t.Errorf("a refused ADD left %v behind", left)
+		}
 	}
 }

@@ -31,7 +31,39 @@ func TestWithoutKubeProxy(t *testing.T) {
 	t.Run("NodePort", c.nodePort)
 	t.Run("ExternalAndLoadBalancerIPs", c.externalIPs)
 	t.Run("InternalTrafficPolicyLocal", c.internalLocal)
+	t.Run("HostPort", c.hostPort)
 	t.Run("SCTPNotServed", c.sctp)
+}
+
+// hostPort: a pod's hostPort (the kubelet's portMappings, through ONC's
+// own capability) is served on its node's address; the pod's deletion
+// takes it away.
+func (c *serviceCluster) hostPort(t *testing.T) {
+	ctx := context.Background()
+	n := c.l.Nodes[0]
+	p, err := c.l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: svcNS, Name: "hostport",
+		Ports: []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 18080, Protocol: corev1.ProtocolTCP}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveName(t, p.Netns, p.Name)
+	addr := netip.AddrPortFrom(n.IP, 18080)
+	if s := waitFrontend(t, n, addr, "TCP", "socket", 1); s.Frontend != "HostPort" {
+		t.Fatalf("%s: %+v, want a HostPort", addr, s)
+	}
+	waitFrontend(t, n, addr, "TCP", "uplink", 1)
+	for _, netns := range []string{c.clients[0].Netns, n.Netns} {
+		if name, _, err := connectTCP(netns, addr); err != nil || name != p.Name {
+			t.Fatalf("hostPort %s from %s: %q, %v", addr, netns, name, err)
+		}
+	}
+	if err := c.l.DelPod(ctx, n, p); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the hostPort gone", 10*time.Second, func() bool {
+		resp, err := agent(t, n).ListServices(ctx, &apiv1.ListServicesRequest{})
+		return err == nil && findService(resp, addr.String(), "TCP") == nil
+	})
 }
 
 func (c *serviceCluster) replaced(t *testing.T) {

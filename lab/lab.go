@@ -484,7 +484,7 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 	conf := fmt.Sprintf(`{
   "cniVersion": "1.1.0",
   "name": "onc",
-  "plugins": [{"type": "onc", "agentSocket": %q}]
+  "plugins": [{"type": "onc", "agentSocket": %q, "capabilities": {"portMappings": true}}]
 }
 `, filepath.Join(n.Dir, "run", "cni.sock"))
 	if err := os.WriteFile(filepath.Join(n.Dir, "net.d", "10-onc.conflist"), []byte(conf), 0o644); err != nil {
@@ -642,7 +642,19 @@ func (p *Pod) RuntimeConf() *libcni.RuntimeConf {
 	if p.UID != "" {
 		args = append(args, [2]string{"K8S_POD_UID", p.UID})
 	}
-	return &libcni.RuntimeConf{ContainerID: p.ContainerID, NetNS: NetnsPath(p.Netns), IfName: "eth0", Args: args}
+	rt := &libcni.RuntimeConf{ContainerID: p.ContainerID, NetNS: NetnsPath(p.Netns), IfName: "eth0", Args: args}
+	// Its hostPorts, as the kubelet passes them (the portMappings capability).
+	var mappings []map[string]any
+	for _, cp := range p.Ports {
+		if cp.HostPort != 0 {
+			mappings = append(mappings, map[string]any{"hostPort": cp.HostPort, "containerPort": cp.ContainerPort,
+				"protocol": strings.ToLower(string(cp.Protocol)), "hostIP": cp.HostIP})
+		}
+	}
+	if mappings != nil {
+		rt.CapabilityArgs = map[string]any{"portMappings": mappings}
+	}
+	return rt
 }
 
 // AddPod creates a pod namespace on n and attaches it through libcni: a

@@ -40,6 +40,18 @@ type Attachment struct {
 	K8sNamespace string     `json:"k8sNamespace,omitempty"`
 	K8sName      string     `json:"k8sName,omitempty"`
 	Created      time.Time  `json:"created"`
+	// PortMappings are the pod's hostPorts (the CNI portMappings
+	// capability), served by the Service programs.
+	PortMappings []PortMapping `json:"portMappings,omitempty"`
+}
+
+// PortMapping is one hostPort: the node's HostIP:HostPort (every node
+// address when HostIP is unset) forwarded to the pod's ContainerPort.
+type PortMapping struct {
+	HostPort      uint16     `json:"hostPort"`
+	ContainerPort uint16     `json:"containerPort"`
+	Protocol      string     `json:"protocol"` // "tcp" or "udp"
+	HostIP        netip.Addr `json:"hostIP,omitzero"`
 }
 
 type state struct {

@@ -3,6 +3,8 @@ package services
 import (
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +12,7 @@ import (
 	utilnet "k8s.io/utils/net"
 	"k8s.io/utils/ptr"
 
+	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/datapath/services"
 )
 
@@ -21,6 +24,15 @@ type Node struct {
 	Zone string
 	// Addresses are where its NodePorts are served (its IPv4 addresses).
 	Addresses []netip.Addr
+	// HostPorts are its pods' hostPorts (the CNI portMappings capability).
+	HostPorts []HostPort
+}
+
+// HostPort is one of a pod's hostPorts.
+type HostPort struct {
+	Pod     string     // namespace/name, or the attachment's key outside Kubernetes
+	Backend netip.Addr // the pod's address
+	ipam.PortMapping
 }
 
 // Compile resolves the Services of snap into the table the socket and
@@ -43,6 +55,9 @@ func Compile(snap Snapshot, node Node, replace bool) []services.Service {
 		}
 	}
 	t := table{seen: map[services.Key]bool{}}
+	// First, as the portmap plugin's chain comes before kube-proxy's: a
+	// hostPort on a NodePort's port is the pod's.
+	t.hostPorts(node)
 	for _, svc := range snap.Services {
 		vip, ok := clusterIPv4(svc)
 		if !ok {
@@ -151,6 +166,30 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 			// Endpoints elsewhere only: dropped, as kube-proxy does, so that
 			// the load balancer's health check steers clients away.
 			outside.DropWhenEmpty = sets.local == nil && sets.any
+		}
+	}
+}
+
+// hostPorts adds the pods' hostPorts, at the socket and on the uplink:
+// served as the portmap plugin serves them, to the pod on this node, the
+// client's address kept.
+func (t *table) hostPorts(node Node) {
+	for _, hp := range node.HostPorts {
+		proto, ok := protos[corev1.Protocol(strings.ToUpper(hp.Protocol))]
+		if !ok {
+			continue // the CNI server admits TCP and UDP only
+		}
+		addrs := node.Addresses
+		if hp.HostIP.IsValid() {
+			addrs = []netip.Addr{hp.HostIP}
+		}
+		base := services.Service{Name: hp.Pod + ":" + strconv.Itoa(int(hp.HostPort)) + "/" + hp.Protocol, Proto: proto}
+		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
+		for _, ip := range addrs {
+			t.add(base, services.HostPort, services.Socket, ip, hp.HostPort, be)
+			if outside := t.add(base, services.HostPort, services.Uplink, ip, hp.HostPort, be); outside != nil {
+				outside.KeepClient = true
+			}
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/datapath/services"
 )
 
@@ -519,5 +520,38 @@ func TestUnserved(t *testing.T) {
 	got := Unserved(Snapshot{Services: []*corev1.Service{svc}})
 	if want := []UnservedPort{{svc, "app/web:assoc/SCTP"}}; !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
+	}
+}
+
+// hostPorts: each pod's, on every node address or its hostIP, at the
+// socket and on the uplink (the client kept: the pod is here); one that
+// takes a NodePort's port wins it, as the portmap chain comes first.
+func TestCompileHostPorts(t *testing.T) {
+	node := n1
+	pod := netip.MustParseAddr("10.0.1.7")
+	node.HostPorts = []HostPort{
+		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 30080, ContainerPort: 80, Protocol: "tcp"}},
+		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 5353, ContainerPort: 53, Protocol: "udp",
+			HostIP: netip.MustParseAddr("198.51.100.1")}},
+	}
+	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, true)
+	be := func(port uint16) []services.Backend {
+		return []services.Backend{{Addr: netip.AddrPortFrom(pod, port), Pod: "app/hp", Node: "n1", Ready: true}}
+	}
+	hp := func(scope services.Scope, addr string, proto services.Proto, port uint16) services.Service {
+		ap := netip.MustParseAddrPort(addr)
+		name := "app/hp:" + fmt.Sprint(ap.Port()) + "/" + map[services.Proto]string{services.TCP: "tcp", services.UDP: "udp"}[proto]
+		return services.Service{Name: name, Frontend: services.HostPort, Scope: scope, VIP: ap.Addr(), Port: ap.Port(), Proto: proto,
+			Backends: be(port), KeepClient: scope == services.Uplink}
+	}
+	want := []services.Service{
+		entry(services.ClusterIP, services.Socket, "10.96.0.10:80"),
+		hp(services.Socket, "192.0.2.1:30080", services.TCP, 80), hp(services.Uplink, "192.0.2.1:30080", services.TCP, 80),
+		hp(services.Socket, "198.51.100.1:30080", services.TCP, 80), hp(services.Uplink, "198.51.100.1:30080", services.TCP, 80),
+		hp(services.Socket, "198.51.100.1:5353", services.UDP, 53), hp(services.Uplink, "198.51.100.1:5353", services.UDP, 53),
+	}
+	services.SortServices(want)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got\n%+v\nwant\n%+v", got, want)
 	}
 }

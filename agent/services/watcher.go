@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +96,7 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	}
 	snap := w.inputs.Snapshot()
 	w.reportUnserved(snap)
-	svcs := Compile(snap, w.node.of(snap.Node), w.node.KubeProxyReplacement)
+	svcs := Compile(snap, w.node.of(snap.Node, atts), w.node.KubeProxyReplacement)
 	if err := w.dp.Sync(svcs, pods, full); err != nil {
 		return err
 	}
@@ -132,12 +133,24 @@ func (w *Watcher) reportUnserved(snap Snapshot) {
 	w.mu.Unlock()
 }
 
-// of is the node as the compiler sees it: its NodePorts are served on its
-// underlay address and every IPv4 InternalIP and ExternalIP its Node object
-// lists, as kube-proxy's default nodePortAddresses serves the node's
-// primary addresses.
-func (s Self) of(n *corev1.Node) Node {
+// of is the node as the compiler sees it: its NodePorts and hostPorts are
+// served on its underlay address and every IPv4 InternalIP and ExternalIP
+// its Node object lists, as kube-proxy's default nodePortAddresses serves
+// the node's primary addresses.
+func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 	out := Node{Name: s.Name, Addresses: []netip.Addr{s.IP}}
+	for _, att := range atts {
+		pod := att.Key.String()
+		if att.K8sName != "" {
+			pod = att.K8sNamespace + "/" + att.K8sName
+		}
+		for _, pm := range att.PortMappings {
+			out.HostPorts = append(out.HostPorts, HostPort{Pod: pod, Backend: att.IP, PortMapping: pm})
+		}
+	}
+	// Two pods claiming one hostPort (the scheduler prevents it): the
+	// first by name keeps it, whatever the pool's order.
+	slices.SortFunc(out.HostPorts, func(a, b HostPort) int { return strings.Compare(a.Pod, b.Pod) })
 	if n == nil {
 		return out
 	}
