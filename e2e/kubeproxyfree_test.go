@@ -33,6 +33,41 @@ func TestWithoutKubeProxy(t *testing.T) {
 	t.Run("InternalTrafficPolicyLocal", c.internalLocal)
 	t.Run("HostPort", c.hostPort)
 	t.Run("SCTPNotServed", c.sctp)
+	t.Run("Metrics", c.frontendMetrics)
+}
+
+// The per-frontend metrics agree with onctl services: as many frontends
+// of each type and scope, and the NodePort's translations.
+func (c *serviceCluster) frontendMetrics(t *testing.T) {
+	ctx := context.Background()
+	n := c.l.Nodes[0]
+	resp, err := agent(t, n).ListServices(ctx, &apiv1.ListServicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]string]float64{}
+	var translated float64
+	for _, s := range resp.Services {
+		want[[2]string{s.Frontend, s.Scope}]++
+		if s.Frontend == "NodePort" && s.Scope == "socket" {
+			translated += float64(s.Translated)
+		}
+	}
+	targets, err := c.l.MetricsTargets(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mfs := scrape(t, targets[0]) // node 0's agent
+	var wants []metricWant
+	for k, v := range want {
+		wants = append(wants, metricWant{"onc_services_frontends", map[string]string{"frontend": k[0], "scope": k[1]}, v})
+	}
+	wants = append(wants, metricWant{"onc_services_frontend_connections_total",
+		map[string]string{"frontend": "NodePort", "scope": "socket", "outcome": "translated"}, translated})
+	wantValues(t, n.Name, mfs, wants)
+	if translated < 120 || want[[2]string{"NodePort", "uplink"}] == 0 {
+		t.Errorf("onctl services on %s: %v, NodePort translations %v", n.Name, want, translated)
+	}
 }
 
 // hostPort: a pod's hostPort (the kubelet's portMappings, through ONC's
