@@ -44,6 +44,9 @@ type Config struct {
 	// attach to ("" = the highest one mounted, mounting a cgroup2
 	// hierarchy where none is; bpf.ResolveCgroup).
 	Cgroup string
+	// KubeProxyReplacement: ONC serves every Service behaviour itself, in
+	// a cluster without kube-proxy.
+	KubeProxyReplacement bool
 }
 
 // NodeSetup is what bringing the node up needs from the control plane.

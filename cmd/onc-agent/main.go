@@ -46,6 +46,8 @@ func main() {
 	_ = fs.MarkDeprecated("socket-lb-cgroup", "use --cgroup")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
+	fs.BoolVar(&cfg.Datapath.KubeProxyReplacement, "kube-proxy-replacement", false, "ONC replaces kube-proxy, in a cluster without it: it serves every Service behaviour and kube-proxy's health endpoints (docs/install.md, \"Without kube-proxy\")")
+	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
@@ -67,7 +69,9 @@ func main() {
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
 	}
-	if store.Kind == backend.Kubernetes {
+	// Without kube-proxy nothing would serve the API server's Service in
+	// its place: the agent dials the API server itself (k8s-service-host).
+	if store.Kind == backend.Kubernetes && !cfg.Datapath.KubeProxyReplacement {
 		if err := dpservices.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
 			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
 		}
@@ -107,6 +111,14 @@ func main() {
 		}
 		defer svcs.Close()
 		cfg.Services = svcs
+		if cfg.Datapath.KubeProxyReplacement {
+			node, err := services.WatchNode(ctx, kcfg, cfg.NodeName)
+			if err != nil {
+				cmdutil.Fatal("cannot watch this node's Node (for /healthz)", err)
+			}
+			defer node.Close()
+			cfg.Health.Node = node
+		}
 	} else {
 		cfg.Datapath.Services = dpservices.Off // etcd clusters have no Services
 	}
