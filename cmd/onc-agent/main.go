@@ -3,6 +3,8 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 
@@ -75,6 +77,11 @@ func main() {
 		if err := dpservices.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
 			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
 		}
+	}
+	// kubelet's KUBERNETES_PORT names the ClusterIP whatever
+	// KUBERNETES_SERVICE_HOST was set to.
+	if cfg.Datapath.KubeProxyReplacement && os.Getenv("KUBERNETES_PORT") == "tcp://"+net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")) {
+		slog.Warn("replacing kube-proxy, the agent dials the API server at its ClusterIP, which only ONC serves: on a node without ONC's programs it cannot start; set k8s-service-host and k8s-service-port in onc-config (docs/install.md)")
 	}
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
