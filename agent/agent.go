@@ -57,6 +57,12 @@ type Config struct {
 	// balancer balances; nil elsewhere.
 	Services services.Sources
 
+	// Health is kube-proxy's health endpoints, served with Services when
+	// ONC replaces kube-proxy (Datapath.KubeProxyReplacement). Its
+	// Timeout is set to twice Resync, as kube-proxy's is twice its sync
+	// period.
+	Health services.HealthConfig
+
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
 	Pods PodPhases
@@ -86,6 +92,7 @@ type Agent struct {
 	peers    *watch.Watcher    // the node and its peers, from the datastore
 	policy   *policy.Watcher   // nil without Config.Policy
 	svcs     *services.Watcher // nil without Config.Services
+	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
 
 	mu          sync.Mutex
@@ -134,6 +141,11 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	if cfg.Services != nil {
 		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
 			KubeProxyReplacement: cfg.Datapath.KubeProxyReplacement}, a.attachments, cfg.Resync)
+		if cfg.Datapath.KubeProxyReplacement {
+			hc := cfg.Health
+			hc.Timeout = 2 * cfg.Resync
+			a.health = services.NewHealth(hc, a.svcs.Loop(), cfg.Services, cfg.NodeName, cfg.Resync)
+		}
 	}
 	return a, nil
 }
@@ -223,6 +235,9 @@ func (a *Agent) runners() []func(context.Context) {
 	}
 	if a.svcs != nil {
 		rs = append(rs, a.svcs.Run)
+	}
+	if a.health != nil {
+		rs = append(rs, a.health.Run)
 	}
 	return rs
 }
@@ -334,6 +349,9 @@ func (a *Agent) watchers() []*watch.Watcher {
 	}
 	if a.svcs != nil {
 		ws = append(ws, a.svcs.Loop())
+	}
+	if a.health != nil {
+		ws = append(ws, a.health.Loop())
 	}
 	return ws
 }

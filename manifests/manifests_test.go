@@ -75,3 +75,57 @@ func decode(t *testing.T, kind, name string, into any) {
 	}
 	t.Fatalf("onc.yaml has no %s %s", kind, name)
 }
+
+// Every ConfigMap key the workloads read is in onc-config, or optional
+// (kubelet cannot start a container whose required key is missing). The
+// optional ones are the API server's address, which the agent and the
+// controller take instead of the kubernetes Service's ClusterIP where they
+// are set (without kube-proxy), and which are unset by default, so that
+// kubelet's ClusterIP stays.
+func TestConfigMapKeys(t *testing.T) {
+	var agent appsv1.DaemonSet
+	var controller appsv1.Deployment
+	var config corev1.ConfigMap
+	decode(t, "DaemonSet", "onc-agent", &agent)
+	decode(t, "Deployment", "onc-controller", &controller)
+	decode(t, "ConfigMap", "onc-config", &config)
+	apiServer := map[string]string{"KUBERNETES_SERVICE_HOST": "k8s-service-host", "KUBERNETES_SERVICE_PORT": "k8s-service-port"}
+	for _, c := range slices.Concat(agent.Spec.Template.Spec.Containers, controller.Spec.Template.Spec.Containers) {
+		fromAPIServer := map[string]bool{}
+		for _, e := range c.Env {
+			ref := (*corev1.ConfigMapKeySelector)(nil)
+			if e.ValueFrom != nil {
+				ref = e.ValueFrom.ConfigMapKeyRef
+			}
+			if ref == nil {
+				continue
+			}
+			if ref.Name != "onc-config" {
+				t.Errorf("container %s: env %s from ConfigMap %s", c.Name, e.Name, ref.Name)
+			}
+			_, set := config.Data[ref.Key]
+			optional := ptr.Deref(ref.Optional, false)
+			switch {
+			case apiServer[e.Name] != "":
+				if ref.Key != apiServer[e.Name] || !optional || set {
+					t.Errorf("container %s: %s from key %s (optional %v, set %v), want from %s, optional and unset", c.Name, e.Name, ref.Key, optional, set, apiServer[e.Name])
+				}
+				fromAPIServer[e.Name] = true
+			case !set:
+				t.Errorf("container %s: env %s from key %s, which onc-config lacks", c.Name, e.Name, ref.Key)
+			}
+		}
+		if len(fromAPIServer) != len(apiServer) {
+			t.Errorf("container %s takes %v of %v from onc-config", c.Name, fromAPIServer, apiServer)
+		}
+	}
+	if v := config.Data["kube-proxy-replacement"]; v != "false" {
+		t.Errorf("kube-proxy-replacement is %q by default, want \"false\": kube-proxy stays unless the user says", v)
+	}
+	c := agent.Spec.Template.Spec.Containers[0]
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "KUBE_PROXY_REPLACEMENT" })
+	if !slices.Contains(c.Args, "--kube-proxy-replacement=$(KUBE_PROXY_REPLACEMENT)") || i < 0 ||
+		c.Env[i].ValueFrom.ConfigMapKeyRef.Key != "kube-proxy-replacement" {
+		t.Errorf("the agent's --kube-proxy-replacement does not come from key kube-proxy-replacement: args %v", c.Args)
+	}
+}

@@ -47,13 +47,7 @@ type HostPort struct {
 // on the uplink (clients outside the cluster). SCTP and IPv6 are served by
 // nobody (Unserved lists the SCTP ports).
 func Compile(snap Snapshot, node Node, replace bool) []services.Service {
-	byService := map[string][]*discoveryv1.EndpointSlice{}
-	for _, es := range snap.EndpointSlices {
-		name := es.Labels[discoveryv1.LabelServiceName]
-		if es.AddressType == discoveryv1.AddressTypeIPv4 && name != "" {
-			byService[es.Namespace+"/"+name] = append(byService[es.Namespace+"/"+name], es)
-		}
-	}
+	byService := slicesByService(snap)
 	t := table{seen: map[services.Key]bool{}}
 	// First, as the portmap plugin's chain comes before kube-proxy's: a
 	// hostPort on a NodePort's port is the pod's.
@@ -89,6 +83,19 @@ func Compile(snap Snapshot, node Node, replace bool) []services.Service {
 	}
 	services.SortServices(t.out)
 	return t.out
+}
+
+// slicesByService groups the IPv4 EndpointSlices by their Service's
+// namespace/name (the kubernetes.io/service-name label).
+func slicesByService(snap Snapshot) map[string][]*discoveryv1.EndpointSlice {
+	out := map[string][]*discoveryv1.EndpointSlice{}
+	for _, es := range snap.EndpointSlices {
+		name := es.Labels[discoveryv1.LabelServiceName]
+		if es.AddressType == discoveryv1.AddressTypeIPv4 && name != "" {
+			out[es.Namespace+"/"+name] = append(out[es.Namespace+"/"+name], es)
+		}
+	}
+	return out
 }
 
 // table collects the compiled entries. A frontend address:port/proto two

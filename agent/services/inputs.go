@@ -87,15 +87,22 @@ func (in *Inputs) Close() {
 	in.events.Shutdown()
 }
 
-// trimNode keeps the zone label and the addresses: a kubelet's status
-// heartbeat then changes nothing the compiler reads.
+// trimNode keeps the zone label and the addresses the compiler reads, and
+// the deletion and the autoscaler's taint /healthz reads: a kubelet's
+// status heartbeat then changes nothing.
 func trimNode(n *corev1.Node) *corev1.Node {
 	var labels map[string]string
 	if z, ok := n.Labels[corev1.LabelTopologyZone]; ok {
 		labels = map[string]string{corev1.LabelTopologyZone: z}
 	}
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, Labels: labels},
-		Status: corev1.NodeStatus{Addresses: n.Status.Addresses}}
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, ResourceVersion: n.ResourceVersion, Labels: labels,
+		DeletionTimestamp: n.DeletionTimestamp}, Status: corev1.NodeStatus{Addresses: n.Status.Addresses}}
+	for _, t := range n.Spec.Taints {
+		if t.Key == toBeDeleted {
+			out.Spec.Taints = append(out.Spec.Taints, corev1.Taint{Key: t.Key, Effect: t.Effect})
+		}
+	}
+	return out
 }
 
 // trimService keeps what Compile and the health checks read: not target

@@ -38,12 +38,17 @@ type Datapath interface {
 	Sync(svcs []services.Service, pods []netip.Addr, checkKernel bool) error
 }
 
-// Sources are the Kubernetes objects Services are balanced from (*Inputs:
-// informers on Services and EndpointSlices).
-type Sources interface {
+// Snapshots are the Kubernetes objects Services are balanced from (*Inputs:
+// informers on Services, EndpointSlices and this node's Node).
+type Snapshots interface {
 	Snapshot() Snapshot
 	// OnChange registers fn, called after any of them changes.
 	OnChange(fn func())
+}
+
+// Sources are the Snapshots, and events on their Services.
+type Sources interface {
+	Snapshots
 	// Warn records a Warning event on a Service.
 	Warn(svc *corev1.Service, reason, message string)
 }

@@ -30,6 +30,10 @@ type Watcher struct {
 
 	mu     sync.Mutex
 	status Status
+	// queued is when the oldest signal no reconcile has read yet came;
+	// inflight is the oldest one the running (or last failed) reconcile
+	// covers. Status.Pending is the older of the two.
+	queued, inflight time.Time
 }
 
 // Status is what a watcher reports.
@@ -40,6 +44,10 @@ type Status struct {
 	Seen, Applied uint64
 	LastApplied   time.Time
 	LastError     string // of the last reconcile; "" if it succeeded
+	// Pending is when the oldest signal not yet applied came; zero when
+	// every signal is applied. A watcher that keeps up resets it at each
+	// reconcile however busy its input, one that fails or hangs does not.
+	Pending time.Time
 }
 
 const (
@@ -73,6 +81,9 @@ func (w *Watcher) Run(ctx context.Context, trigger <-chan struct{}) {
 			}
 			w.mu.Lock()
 			w.status.Seen++
+			if w.queued.IsZero() {
+				w.queued = time.Now()
+			}
 			w.mu.Unlock()
 		case <-resync.C:
 			full = true
@@ -94,6 +105,10 @@ func (w *Watcher) Run(ctx context.Context, trigger <-chan struct{}) {
 func (w *Watcher) apply(ctx context.Context, full bool) bool {
 	w.mu.Lock()
 	gen := w.status.Seen
+	if w.inflight.IsZero() { // else a failed attempt's signals, older
+		w.inflight = w.queued
+	}
+	w.queued = time.Time{}
 	w.mu.Unlock()
 	err := w.reconcile(ctx, full)
 	w.mu.Lock()
@@ -108,6 +123,7 @@ func (w *Watcher) apply(ctx context.Context, full bool) bool {
 		return false
 	}
 	w.status.Applied, w.status.LastApplied, w.status.LastError = gen, time.Now(), ""
+	w.inflight = time.Time{}
 	return true
 }
 
@@ -141,7 +157,12 @@ func (w *Watcher) Await(ctx context.Context, signal func()) error {
 func (w *Watcher) Status() Status {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.status
+	st := w.status
+	st.Pending = w.inflight
+	if st.Pending.IsZero() {
+		st.Pending = w.queued
+	}
+	return st
 }
 
 // Informed is a watcher signalled by callbacks (informer events, CNI

@@ -98,3 +98,34 @@ func TestWatcherSignalsAreIncremental(t *testing.T) {
 		t.Errorf("full reconciles per signal: %v, want [true false false]", full)
 	}
 }
+
+// Pending dates the oldest signal not yet applied: it holds across failed
+// retries and later signals, and clears when a reconcile succeeds.
+func TestWatcherPending(t *testing.T) {
+	var failing atomic.Bool
+	w, trigger, waitFor := watcherRun(t, time.Hour, func(context.Context, bool) error {
+		if failing.Load() {
+			return errors.New("kernel said no")
+		}
+		return nil
+	})
+	trigger <- struct{}{}
+	waitFor("first signal applied", func(s Status) bool { return s.Applied == 1 && s.Pending.IsZero() })
+
+	failing.Store(true)
+	before := time.Now()
+	trigger <- struct{}{}
+	waitFor("failure recorded", func(s Status) bool { return s.LastError != "" })
+	first := w.Status().Pending
+	if first.Before(before) || first.After(time.Now()) {
+		t.Fatalf("pending since %v, want the second signal's time (after %v)", first, before)
+	}
+	trigger <- struct{}{}
+	waitFor("third signal seen", func(s Status) bool { return s.Seen == 3 })
+	time.Sleep(3 * RetryFirst) // retries, all failing
+	if got := w.Status().Pending; !got.Equal(first) {
+		t.Fatalf("pending since %v after retries and a later signal, want the oldest, %v", got, first)
+	}
+	failing.Store(false)
+	waitFor("everything applied", func(s Status) bool { return s.Applied == 3 && s.Pending.IsZero() })
+}

@@ -4,6 +4,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 
@@ -42,12 +44,13 @@ func main() {
 	servicesMode := fs.String("services", string(dpservices.All), "whose sockets Services are balanced for at connect() (the socket LB): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(servicesMode, "socket-lb", string(dpservices.All), "")
 	_ = fs.MarkDeprecated("socket-lb", "use --services")
-	fs.BoolVar(&cfg.Datapath.KubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs beside ONC: serve every Service frontend (ClusterIP, NodePort, externalIPs, load balancer IPs) at the socket and, for clients outside the cluster, on the uplink; needs --services=all and the Kubernetes datastore")
+	fs.BoolVar(&cfg.Datapath.KubeProxyReplacement, "kube-proxy-replacement", false, "no kube-proxy runs beside ONC: serve every Service frontend (ClusterIP, NodePort, externalIPs, load balancer IPs) at the socket and, for clients outside the cluster, on the uplink; and kube-proxy's health endpoints; needs --services=all and the Kubernetes datastore (docs/install.md, \"Without kube-proxy\")")
 	fs.StringVar(&cfg.Datapath.Cgroup, "cgroup", "", "cgroup v2 directory the services and bypass programs attach to, as this process sees it (default: the highest cgroup v2 directory it sees, the root unless it runs in a cgroup namespace without the host's hierarchy mounted; where none is mounted ONC mounts one at "+bpf.OwnCgroupMount+")")
 	fs.StringVar(&cfg.Datapath.Cgroup, "socket-lb-cgroup", "", "")
 	_ = fs.MarkDeprecated("socket-lb-cgroup", "use --cgroup")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
+	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
@@ -72,10 +75,17 @@ func main() {
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))
 	}
-	if store.Kind == backend.Kubernetes {
+	// Without kube-proxy nothing would serve the API server's Service in
+	// its place: the agent dials the API server itself (k8s-service-host).
+	if store.Kind == backend.Kubernetes && !cfg.Datapath.KubeProxyReplacement {
 		if err := dpservices.UnbalanceAPIServer(cfg.Datapath.BPFFS); err != nil {
 			cmdutil.Fatal("cannot leave the API server's Service to kube-proxy", err)
 		}
+	}
+	// kubelet's KUBERNETES_PORT names the ClusterIP whatever
+	// KUBERNETES_SERVICE_HOST was set to.
+	if cfg.Datapath.KubeProxyReplacement && os.Getenv("KUBERNETES_PORT") == "tcp://"+net.JoinHostPort(os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")) {
+		slog.Warn("replacing kube-proxy, the agent dials the API server at its ClusterIP, which only ONC serves: on a node without ONC's programs it cannot start; set k8s-service-host and k8s-service-port in onc-config (docs/install.md)")
 	}
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
@@ -112,6 +122,7 @@ func main() {
 		}
 		defer svcs.Close()
 		cfg.Services = svcs
+		cfg.Health.Node = svcs
 	} else {
 		if cfg.Datapath.KubeProxyReplacement {
 			cmdutil.Fatal("bad flag", errors.New("--kube-proxy-replacement needs the Kubernetes datastore: etcd clusters have no Services"))

@@ -12,6 +12,11 @@
 # network namespace (dockerd.sh) and every image is built locally
 # (images.sh). ONC_KIND_ONLINE=1 uses the host's Docker, kind's stock node
 # image and registry pulls instead.
+#
+# KUBE_PROXY=none creates the cluster without kube-proxy and installs ONC
+# with its kube-proxy replacement on, dialling the API server on the
+# control plane node (docs/install.md, "Without kube-proxy"); iptables (the
+# default), nftables or ipvs run kube-proxy in that mode beside ONC.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -24,6 +29,7 @@ OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
 FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
 SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
 RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
+KUBE_PROXY=${KUBE_PROXY:-iptables}
 ONLINE=${ONC_KIND_ONLINE:-0}
 export PATH="$KUBE_BIN:$CACHE/bin:$PATH"
 export KUBECONFIG=$CACHE/$CLUSTER.kubeconfig
@@ -51,11 +57,20 @@ up() {
     make -C "$root" image
   fi
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-    log "creating kind cluster $CLUSTER"
-    in_ns kind create cluster --name "$CLUSTER" --config "$here/cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
+    log "creating kind cluster $CLUSTER, kube-proxy mode $KUBE_PROXY"
+    sed "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" "$here/cluster.yaml" > "$CACHE/$CLUSTER.cluster.yaml"
+    in_ns kind create cluster --name "$CLUSTER" --config "$CACHE/$CLUSTER.cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
       --kubeconfig "$KUBECONFIG"
   fi
   in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
+  # A cluster left up is reused: it must have kube-proxy or not as asked.
+  local want=yes have=yes
+  [ "$KUBE_PROXY" != none ] || want=no
+  kc -n kube-system get daemonset kube-proxy >/dev/null 2>&1 || have=no
+  if [ "$want" != "$have" ]; then
+    echo "cluster $CLUSTER (kube-proxy: $have) was made for another KUBE_PROXY than $KUBE_PROXY: make e2e-kind-down first" >&2
+    exit 1
+  fi
   # A machine's systemd mounts a bpffs at /sys/fs/bpf; a kind node's (a
   # container) does not, and the agent needs one (docs/install.md).
   local node
@@ -65,6 +80,14 @@ up() {
   log "loading the ONC image and applying manifests/onc.yaml"
   in_ns kind load docker-image onc:dev --name "$CLUSTER"
   kc apply -f "$root/manifests/onc.yaml"
+  if [ "$KUBE_PROXY" = none ]; then
+    # The edit docs/install.md asks for; the restart below brings it in.
+    local apiserver
+    apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+    log "kube-proxy replacement on, API server at $apiserver:6443"
+    kc -n onc-system patch configmap onc-config --type merge \
+      -p '{"data":{"kube-proxy-replacement":"true","k8s-service-host":"'"$apiserver"'","k8s-service-port":"6443"}}'
+  fi
   # Same tag, maybe a new image: restart so the pods run what was loaded.
   kc -n onc-system rollout restart ds/onc-agent deploy/onc-controller
   kc -n onc-system rollout status ds/onc-agent --timeout=5m
@@ -207,6 +230,7 @@ summarize() {
     echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
     echo
     echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(git -C "$root" describe --always --dirty),"
+    echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it)"),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
     echo
     echo '```'
@@ -383,6 +407,8 @@ collect() {
     for what in status stats peers services; do
       kc -n onc-system exec "$pod" -c onc-agent -- onctl "$what" > "$OUT/onctl-$what-$node.txt" 2>&1 || true
     done
+    # kube-proxy's health endpoint, the agent's when it replaces kube-proxy.
+    in_ns docker exec "$node" curl -sS -i http://127.0.0.1:10256/healthz > "$OUT/healthz-$node.txt" 2>&1 || true
   done
   {
     echo "# kind bed, $(date -u +%F), Kubernetes $KUBE_VERSION, kind $KIND_VERSION"
