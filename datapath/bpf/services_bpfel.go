@@ -41,6 +41,29 @@ type ServicesLbBackendKey struct {
 	Pad   uint8
 }
 
+type ServicesLbFlow struct {
+	_     structs.HostLayout
+	Addr  ServicesLbAddr
+	SvcId uint32
+}
+
+type ServicesLbFlowKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
+type ServicesLbInternalKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ip        uint32
+}
+
 type ServicesLbMemberKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -59,6 +82,13 @@ type ServicesLbRevnatKey struct {
 	Be    ServicesLbAddr
 	Proto uint8
 	Pad   [7]uint8
+}
+
+type ServicesLbSrcKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Ip        uint32
 }
 
 type ServicesLbStat uint32
@@ -99,23 +129,45 @@ type ServicesLbSvcStat struct {
 	Refused    uint64
 }
 
+type ServicesLbUplinkStat uint32
+
+const (
+	ServicesLbUplinkStatLB_STAT_UPLINK_TRANSLATED        ServicesLbUplinkStat = 0
+	ServicesLbUplinkStatLB_STAT_UPLINK_NEW_FLOW          ServicesLbUplinkStat = 1
+	ServicesLbUplinkStatLB_STAT_UPLINK_AFFINITY_HIT      ServicesLbUplinkStat = 2
+	ServicesLbUplinkStatLB_STAT_UPLINK_REFUSED           ServicesLbUplinkStat = 3
+	ServicesLbUplinkStatLB_STAT_UPLINK_NO_ENDPOINTS_DROP ServicesLbUplinkStat = 4
+	ServicesLbUplinkStatLB_STAT_UPLINK_SOURCE_RANGE_DROP ServicesLbUplinkStat = 5
+	ServicesLbUplinkStatLB_STAT_UPLINK_SPOOFED           ServicesLbUplinkStat = 6
+	ServicesLbUplinkStatLB_STAT_UPLINK_REVERSED          ServicesLbUplinkStat = 7
+	ServicesLbUplinkStatLB_STAT_UPLINK_NO_SLOT           ServicesLbUplinkStat = 8
+	ServicesLbUplinkStatLB_STAT_UPLINK_ERROR             ServicesLbUplinkStat = 9
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 10
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	ServicesMapOncLbAff             = "onc_lb_aff"
 	ServicesMapOncLbBackend         = "onc_lb_backend"
+	ServicesMapOncLbFlows           = "onc_lb_flows"
+	ServicesMapOncLbInternal        = "onc_lb_internal"
 	ServicesMapOncLbMember          = "onc_lb_member"
 	ServicesMapOncLbNetns           = "onc_lb_netns"
 	ServicesMapOncLbRevnat          = "onc_lb_revnat"
+	ServicesMapOncLbSourceRanges    = "onc_lb_source_ranges"
 	ServicesMapOncLbStats           = "onc_lb_stats"
 	ServicesMapOncLbSvc             = "onc_lb_svc"
 	ServicesMapOncLbSvcStats        = "onc_lb_svc_stats"
+	ServicesMapOncLbUplinkStats     = "onc_lb_uplink_stats"
 	ServicesProgOncSockConnect4     = "onc_sock_connect4"
 	ServicesProgOncSockGetpeername4 = "onc_sock_getpeername4"
 	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
 	ServicesProgOncSockRelease      = "onc_sock_release"
 	ServicesProgOncSockSendmsg4     = "onc_sock_sendmsg4"
+	ServicesProgOncUplinkLbEgress   = "onc_uplink_lb_egress"
+	ServicesProgOncUplinkLbIngress  = "onc_uplink_lb_ingress"
 )
 
 // LoadServices returns the embedded CollectionSpec for Services.
@@ -165,20 +217,26 @@ type ServicesProgramSpecs struct {
 	OncSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
+	OncUplinkLbEgress   *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress  *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
 }
 
 // ServicesMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
-	OncLbAff      *ebpf.MapSpec `ebpf:"onc_lb_aff"`
-	OncLbBackend  *ebpf.MapSpec `ebpf:"onc_lb_backend"`
-	OncLbMember   *ebpf.MapSpec `ebpf:"onc_lb_member"`
-	OncLbNetns    *ebpf.MapSpec `ebpf:"onc_lb_netns"`
-	OncLbRevnat   *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
-	OncLbStats    *ebpf.MapSpec `ebpf:"onc_lb_stats"`
-	OncLbSvc      *ebpf.MapSpec `ebpf:"onc_lb_svc"`
-	OncLbSvcStats *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
+	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
+	OncLbFlows        *ebpf.MapSpec `ebpf:"onc_lb_flows"`
+	OncLbInternal     *ebpf.MapSpec `ebpf:"onc_lb_internal"`
+	OncLbMember       *ebpf.MapSpec `ebpf:"onc_lb_member"`
+	OncLbNetns        *ebpf.MapSpec `ebpf:"onc_lb_netns"`
+	OncLbRevnat       *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
+	OncLbStats        *ebpf.MapSpec `ebpf:"onc_lb_stats"`
+	OncLbSvc          *ebpf.MapSpec `ebpf:"onc_lb_svc"`
+	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -207,26 +265,34 @@ func (o *ServicesObjects) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
-	OncLbAff      *ebpf.Map `ebpf:"onc_lb_aff"`
-	OncLbBackend  *ebpf.Map `ebpf:"onc_lb_backend"`
-	OncLbMember   *ebpf.Map `ebpf:"onc_lb_member"`
-	OncLbNetns    *ebpf.Map `ebpf:"onc_lb_netns"`
-	OncLbRevnat   *ebpf.Map `ebpf:"onc_lb_revnat"`
-	OncLbStats    *ebpf.Map `ebpf:"onc_lb_stats"`
-	OncLbSvc      *ebpf.Map `ebpf:"onc_lb_svc"`
-	OncLbSvcStats *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
+	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
+	OncLbFlows        *ebpf.Map `ebpf:"onc_lb_flows"`
+	OncLbInternal     *ebpf.Map `ebpf:"onc_lb_internal"`
+	OncLbMember       *ebpf.Map `ebpf:"onc_lb_member"`
+	OncLbNetns        *ebpf.Map `ebpf:"onc_lb_netns"`
+	OncLbRevnat       *ebpf.Map `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges *ebpf.Map `ebpf:"onc_lb_source_ranges"`
+	OncLbStats        *ebpf.Map `ebpf:"onc_lb_stats"`
+	OncLbSvc          *ebpf.Map `ebpf:"onc_lb_svc"`
+	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
 }
 
 func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
 		m.OncLbAff,
 		m.OncLbBackend,
+		m.OncLbFlows,
+		m.OncLbInternal,
 		m.OncLbMember,
 		m.OncLbNetns,
 		m.OncLbRevnat,
+		m.OncLbSourceRanges,
 		m.OncLbStats,
 		m.OncLbSvc,
 		m.OncLbSvcStats,
+		m.OncLbUplinkStats,
 	)
 }
 
@@ -245,6 +311,8 @@ type ServicesPrograms struct {
 	OncSockRecvmsg4     *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.Program `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
+	OncUplinkLbEgress   *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress  *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
 }
 
 func (p *ServicesPrograms) Close() error {
@@ -254,6 +322,8 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockRecvmsg4,
 		p.OncSockRelease,
 		p.OncSockSendmsg4,
+		p.OncUplinkLbEgress,
+		p.OncUplinkLbIngress,
 	)
 }
 
