@@ -132,7 +132,8 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		slog.Warn("network policy " + policy.NeedsKubernetes)
 	}
 	if cfg.Services != nil {
-		a.svcs = services.NewWatcher(dp.Services, cfg.Services, cfg.NodeName, a.attachments, cfg.Resync)
+		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
+			KubeProxyReplacement: cfg.Datapath.KubeProxyReplacement}, a.attachments, cfg.Resync)
 	}
 	return a, nil
 }

@@ -460,7 +460,7 @@ func (n *Node) socketsOwnPods() bool {
 // mode all, which must know it before the pod runs or its first
 // connections would go to kube-proxy, and the intra-node bypass.
 func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
-	return errors.Join(n.services.OwnPod(cookie, p.IP), n.bypass.OwnPod(p.IP, p.Netns, cookie))
+	return errors.Join(n.services.OwnPod(cookie, p.IP, p.Netns), n.bypass.OwnPod(p.IP, p.Netns, cookie))
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.

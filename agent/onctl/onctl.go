@@ -201,6 +201,7 @@ func printStatus(o *options, st *apiv1.NodeStatus) error {
 		{"Datastore:", st.Datastore},
 		{"Policy:", orDash(st.Policy)},
 		{"Socket LB:", socketLBState(st)},
+		{"Kube-proxy:", orDash(st.KubeProxy)},
 		{"Bypass:", bypassState(st.Bypass)},
 		{"Metrics:", metricsState(st)},
 		{"Version:", st.Version},

@@ -21,13 +21,13 @@ func printServices(o *options, resp *apiv1.ListServicesResponse) error {
 		if s.AffinitySeconds > 0 {
 			aff = fmt.Sprintf("ClientIP %ds", s.AffinitySeconds)
 		}
-		rows = append(rows, []string{s.Vip + "/" + s.Proto, s.Name, backends(s.Backends), aff,
+		rows = append(rows, []string{s.Vip + "/" + s.Proto, s.Frontend, scope(s), s.Name, backends(s), aff,
 			fmt.Sprint(s.Translated), fmt.Sprint(s.Refused)})
 		for _, a := range s.Affinity {
 			affinity = append(affinity, []string{s.Vip + "/" + s.Proto, a.Client, a.Backend, fmt.Sprintf("%.0fs", a.AgeSeconds)})
 		}
 	}
-	if err := o.table([]string{"SERVICE", "NAME", "BACKENDS", "AFFINITY", "TRANSLATED", "REFUSED"}, rows); err != nil {
+	if err := o.table([]string{"FRONTEND", "TYPE", "FOR", "NAME", "BACKENDS", "AFFINITY", "TRANSLATED", "REFUSED"}, rows); err != nil {
 		return err
 	}
 	if len(affinity) > 0 {
@@ -41,14 +41,46 @@ func printServices(o *options, resp *apiv1.ListServicesResponse) error {
 		counters = append(counters, fmt.Sprintf("%s=%d", c.Name, c.Value))
 	}
 	gen := watcherState(&apiv1.Watcher{Applied: resp.Applied, Seen: resp.Seen, LastError: resp.LastError})
-	_, err := fmt.Fprintf(o.out, "\nSocket LB: %s, cgroup %s; %s\nCounters:  %s\n", resp.Mode, resp.Cgroup, gen, strings.Join(counters, " "))
-	return err
+	kubeProxy := "beside ONC (NodePorts, externalIPs, load balancer IPs are kube-proxy's)"
+	if resp.KubeProxyReplacement {
+		kubeProxy = "replaced by ONC"
+	}
+	if _, err := fmt.Fprintf(o.out, "\nSocket LB: %s, cgroup %s; %s\nKube-proxy: %s\nCounters:  %s\n", resp.Mode, resp.Cgroup, gen,
+		kubeProxy, strings.Join(counters, " ")); err != nil {
+		return err
+	}
+	for _, u := range resp.Unserved {
+		if _, err := fmt.Fprintf(o.out, "Not served: %s\n", u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// scope says whose connections an entry serves: this node's sockets, or
+// clients outside on the uplink, with what applies to them.
+func scope(s *apiv1.BalancedService) string {
+	if s.Scope != "uplink" {
+		return "this node"
+	}
+	out := "outside"
+	if s.KeepClient {
+		out += ", client kept"
+	}
+	if len(s.SourceRanges) > 0 {
+		out += ", from " + strings.Join(s.SourceRanges, " ")
+	}
+	return out
 }
 
 // backends lists addresses with the pod and node behind each; a backend
 // used only because none is ready is marked terminating.
-func backends(bs []*apiv1.ServiceBackend) string {
-	if len(bs) == 0 {
+func backends(s *apiv1.BalancedService) string {
+	bs := s.Backends
+	switch {
+	case len(bs) == 0 && s.DropWhenEmpty:
+		return "none here: packets dropped"
+	case len(bs) == 0:
 		return "none: connections refused"
 	}
 	out := make([]string, len(bs))

@@ -13,17 +13,28 @@ import (
 	"github.com/onc-net/onc/datapath/services"
 )
 
-// Compile resolves the Services of snap into the socket load balancer's
-// table on node, with the backends kube-proxy's iptables mode would give
-// their ClusterIP traffic there (k8s.io/kubernetes pkg/proxy). It is
-// deterministic, so callers can compare two tables with reflect.DeepEqual.
+// Node is what the compiler needs to know of the node it compiles for.
+type Node struct {
+	Name string
+	// Zone is its topology.kubernetes.io/zone label, "" if none: topology
+	// hints for zones are then ignored, as kube-proxy ignores them.
+	Zone string
+	// Addresses are where its NodePorts are served (its IPv4 addresses).
+	Addresses []netip.Addr
+}
+
+// Compile resolves the Services of snap into the table the socket and
+// uplink programs serve on node, with the backends kube-proxy would give
+// each frontend there (k8s.io/kubernetes pkg/proxy). It is deterministic,
+// so callers can compare two tables with reflect.DeepEqual.
 //
-// Only the IPv4 cluster IP of TCP and UDP ports is ours: NodePorts, load
-// balancer and external IPs, SCTP and IPv6 stay with kube-proxy. Topology
-// hints (trafficDistribution, topology-aware routing) are ignored: kube-proxy
-// would prefer the endpoints of this zone or node, the table balances over
-// all of them.
-func Compile(snap Snapshot, node string) []services.Service {
+// Without replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
+// of TCP and UDP ports are ONC's, at the socket. With replace, ONC is the
+// only proxy: NodePorts on every address of the node, externalIPs and load
+// balancer ingress IPs too, each at the socket (clients on this node) and
+// on the uplink (clients outside the cluster). SCTP and IPv6 are served by
+// nobody (Unserved lists the SCTP ports).
+func Compile(snap Snapshot, node Node, replace bool) []services.Service {
 	byService := map[string][]*discoveryv1.EndpointSlice{}
 	for _, es := range snap.EndpointSlices {
 		name := es.Labels[discoveryv1.LabelServiceName]
@@ -31,37 +42,163 @@ func Compile(snap Snapshot, node string) []services.Service {
 			byService[es.Namespace+"/"+name] = append(byService[es.Namespace+"/"+name], es)
 		}
 	}
-	var out []services.Service
+	t := table{seen: map[services.Key]bool{}}
 	for _, svc := range snap.Services {
 		vip, ok := clusterIPv4(svc)
 		if !ok {
 			continue
 		}
 		key := svc.Namespace + "/" + svc.Name
-		eps := endpoints(byService[key], node)
-		local := ptr.Deref(svc.Spec.InternalTrafficPolicy, corev1.ServiceInternalTrafficPolicyCluster) == corev1.ServiceInternalTrafficPolicyLocal
+		eps := endpoints(byService[key], node.Name)
 		for _, p := range svc.Spec.Ports {
 			proto, ok := protos[p.Protocol]
 			if !ok {
 				continue
 			}
-			backends, ok := usable(eps[portName{p.Name, p.Protocol}], local)
-			if !ok {
-				// kube-proxy DROPs this traffic (the Service has endpoints,
-				// none on this node). A table entry without backends would
-				// refuse it instead; without an entry the socket program
-				// leaves it to kube-proxy's DROP rule.
-				continue
+			sets := categorize(eps[portName{p.Name, p.Protocol}], node, hintsApply(svc))
+			base := services.Service{Name: key + ":" + p.Name, Proto: proto, Affinity: affinity(svc)}
+			if internalLocal(svc) {
+				if sets.local != nil || !sets.any || replace {
+					// No local endpoint, though some elsewhere: kube-proxy
+					// drops; without kube-proxy the socket refuses.
+					t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.local)
+				}
+				// else: left to kube-proxy's DROP rule.
+			} else {
+				t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
 			}
-			out = append(out, services.Service{Name: key + ":" + p.Name, VIP: vip, Port: uint16(p.Port), Proto: proto,
-				Affinity: affinity(svc), Backends: backends})
+			if replace {
+				t.external(svc, p, base, node, sets)
+			}
 		}
 	}
-	services.SortServices(out)
-	return out
+	services.SortServices(t.out)
+	return t.out
+}
+
+// table collects the compiled entries. A frontend address:port/proto two
+// Services claim (an externalIP one also uses, say) is the first's, in the
+// snapshot's namespace/name order, as the API server lets such conflicts be.
+type table struct {
+	out  []services.Service
+	seen map[services.Key]bool
+}
+
+func (t *table) add(base services.Service, f services.Frontend, scope services.Scope, ip netip.Addr, port uint16, backends []services.Backend) *services.Service {
+	s := base
+	s.Frontend, s.Scope, s.VIP, s.Port, s.Backends = f, scope, ip, port, backends
+	if t.seen[s.Key()] {
+		return nil
+	}
+	t.seen[s.Key()] = true
+	t.out = append(t.out, s)
+	return &t.out[len(t.out)-1]
+}
+
+// external adds a port's frontends for traffic from outside: NodePorts,
+// externalIPs and load balancer IPs. Clients on this node reach them at
+// the socket and get the cluster-wide backends (kube-proxy short-circuits
+// pod and host traffic to them likewise); clients outside reach them on
+// the uplink, where externalTrafficPolicy applies.
+func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base services.Service, node Node, sets endpointSets) {
+	var frontends []struct {
+		kind services.Frontend
+		ip   netip.Addr
+		port uint16
+	}
+	addAll := func(kind services.Frontend, port uint16, ips ...netip.Addr) {
+		for _, ip := range ips {
+			frontends = append(frontends, struct {
+				kind services.Frontend
+				ip   netip.Addr
+				port uint16
+			}{kind, ip, port})
+		}
+	}
+	if p.NodePort != 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+		addAll(services.NodePort, uint16(p.NodePort), node.Addresses...)
+	}
+	for _, s := range svc.Spec.ExternalIPs {
+		if ip, ok := ipv4(s); ok {
+			addAll(services.ExternalIP, uint16(p.Port), ip)
+		}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			// A load balancer in Proxy mode sends its traffic to the
+			// NodePorts with its own address; its IP is not ours to serve.
+			if ptr.Deref(in.IPMode, corev1.LoadBalancerIPModeVIP) == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if ip, ok := ipv4(in.IP); ok {
+				addAll(services.LoadBalancer, uint16(p.Port), ip)
+			}
+		}
+	}
+	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	ranges := sourceRanges(svc)
+	for _, f := range frontends {
+		t.add(base, f.kind, services.Socket, f.ip, f.port, sets.cluster)
+		outside := t.add(base, f.kind, services.Uplink, f.ip, f.port, sets.cluster)
+		if outside == nil {
+			continue
+		}
+		if f.kind == services.LoadBalancer {
+			outside.SourceRanges = ranges
+		}
+		if local {
+			outside.Backends, outside.KeepClient = sets.local, true
+			// Endpoints elsewhere only: dropped, as kube-proxy does, so that
+			// the load balancer's health check steers clients away.
+			outside.DropWhenEmpty = sets.local == nil && sets.any
+		}
+	}
+}
+
+// sourceRanges are the clients a load balancer IP admits
+// (spec.loadBalancerSourceRanges, IPv4); nil admits all.
+func sourceRanges(svc *corev1.Service) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range svc.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(s)
+		if err == nil && p.Addr().Is4() {
+			out = append(out, p.Masked())
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return slices.Compact(out)
 }
 
 var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP, corev1.ProtocolUDP: services.UDP}
+
+// UnservedPort is a Service port nobody serves.
+type UnservedPort struct {
+	Service *corev1.Service
+	Port    string // namespace/name:port-name/SCTP
+}
+
+// Unserved lists the Service ports nobody serves: SCTP, which has no
+// sockets on ONC's kernels to translate at, and whose checksum covers the
+// addresses a translation on the wire would change.
+func Unserved(snap Snapshot) []UnservedPort {
+	var out []UnservedPort
+	for _, svc := range snap.Services {
+		if _, ok := clusterIPv4(svc); !ok {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.Protocol == corev1.ProtocolSCTP {
+				out = append(out, UnservedPort{svc, svc.Namespace + "/" + svc.Name + ":" + p.Name + "/SCTP"})
+			}
+		}
+	}
+	return out
+}
 
 // clusterIPv4 is the Service's IPv4 cluster IP, chosen as kube-proxy does
 // (pkg/proxy/util: ShouldSkipService, GetClusterIPByFamily): none for an
@@ -100,6 +237,23 @@ func affinity(s *corev1.Service) time.Duration {
 	return time.Duration(timeout) * time.Second
 }
 
+func internalLocal(s *corev1.Service) bool {
+	return ptr.Deref(s.Spec.InternalTrafficPolicy, corev1.ServiceInternalTrafficPolicyCluster) == corev1.ServiceInternalTrafficPolicyLocal
+}
+
+// hintsApply: kube-proxy follows the EndpointSlice controller's hints
+// unless the Service opts out of topology-aware routing by annotation;
+// the controller writes them for trafficDistribution and for the
+// annotation set to Auto, and clears them otherwise.
+func hintsApply(s *corev1.Service) bool {
+	for _, a := range []string{corev1.AnnotationTopologyMode, corev1.DeprecatedAnnotationTopologyAwareHints} {
+		if v, ok := s.Annotations[a]; ok && (v == "Disabled" || v == "disabled") {
+			return false
+		}
+	}
+	return true
+}
+
 // portName is what matches a Service port to an EndpointSlice port.
 type portName struct {
 	name  string
@@ -109,6 +263,7 @@ type portName struct {
 type endpoint struct {
 	services.Backend
 	local, serving, terminating bool
+	zones, nodes                []string // the EndpointSlice controller's hints
 }
 
 // endpoints are a Service's endpoints by port, as kube-proxy's
@@ -141,6 +296,14 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 					local:   node != "" && ptr.Deref(ep.NodeName, "") == node,
 					serving: ptr.Deref(ep.Conditions.Serving, true), terminating: ptr.Deref(ep.Conditions.Terminating, false),
 				}
+				if h := ep.Hints; h != nil {
+					for _, z := range h.ForZones {
+						e.zones = append(e.zones, z.Name)
+					}
+					for _, n := range h.ForNodes {
+						e.nodes = append(e.nodes, n.Name)
+					}
+				}
 				if ref := ep.TargetRef; ref != nil && ref.Kind == "Pod" {
 					e.Pod = ref.Namespace + "/" + ref.Name
 				}
@@ -153,32 +316,71 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 	return byPort
 }
 
-// usable picks a port's backends as kube-proxy's CategorizeEndpoints does
-// for ClusterIP traffic (pkg/proxy/topology.go): the ready endpoints, else
-// the serving terminating ones; with internalTrafficPolicy Local, only
-// those on this node. No backends: kube-proxy REJECTs. ok is false where
-// it DROPs instead (pkg/proxy/iptables/proxier.go): Local, and the Service
-// has usable endpoints, but not here.
-func usable(eps map[netip.AddrPort]endpoint, local bool) (backends []services.Backend, ok bool) {
-	pick := func(keep func(endpoint) bool) {
+// endpointSets are a port's usable endpoints for each traffic policy, as
+// kube-proxy's CategorizeEndpoints picks them (pkg/proxy/topology.go).
+type endpointSets struct {
+	// cluster: the ready endpoints (those the topology hints prefer for
+	// this node or zone, when every ready one has hints and some name this
+	// node or zone), else the serving terminating ones anywhere.
+	cluster []services.Backend
+	// local: this node's ready endpoints, else its serving terminating
+	// ones; nil when it has neither.
+	local []services.Backend
+	// any: some endpoint is usable somewhere in the cluster.
+	any bool
+}
+
+func categorize(eps map[netip.AddrPort]endpoint, node Node, hints bool) endpointSets {
+	var s endpointSets
+	pick := func(keep func(endpoint) bool) (out []services.Backend) {
 		for _, e := range eps {
-			if (!local || e.local) && keep(e) {
-				backends = append(backends, e.Backend)
+			if keep(e) {
+				out = append(out, e.Backend)
 			}
 		}
+		return out
 	}
-	pick(func(e endpoint) bool { return e.Ready })
-	if len(backends) == 0 {
-		pick(endpoint.fallback)
+	prefer := func(endpoint) bool { return true }
+	if hints {
+		prefer = topology(eps, node)
 	}
-	if len(backends) == 0 && local {
-		for _, e := range eps {
-			if e.Ready || e.fallback() {
-				return nil, false
-			}
+	s.cluster = pick(func(e endpoint) bool { return e.Ready && prefer(e) })
+	if len(s.cluster) == 0 {
+		s.cluster = pick(endpoint.fallback)
+	}
+	s.local = pick(func(e endpoint) bool { return e.local && e.Ready })
+	if len(s.local) == 0 {
+		s.local = pick(func(e endpoint) bool { return e.local && e.fallback() })
+	}
+	s.any = len(s.cluster) > 0
+	return s
+}
+
+// topology is which ready endpoints the hints prefer on node: those hinted
+// for it when every ready endpoint has node hints and one names it
+// (trafficDistribution PreferSameNode), else those hinted for its zone when
+// every ready endpoint has zone hints and one names it (PreferSameZone,
+// PreferClose, topology-aware routing); otherwise all of them.
+func topology(eps map[netip.AddrPort]endpoint, node Node) func(endpoint) bool {
+	readyOnes, byNode, byZone := 0, true, true
+	forNode, forZone := false, false
+	for _, e := range eps {
+		if !e.Ready {
+			continue
 		}
+		readyOnes++
+		byNode = byNode && len(e.nodes) > 0
+		byZone = byZone && len(e.zones) > 0
+		forNode = forNode || slices.Contains(e.nodes, node.Name)
+		forZone = forZone || (node.Zone != "" && slices.Contains(e.zones, node.Zone))
 	}
-	return backends, true
+	switch {
+	case readyOnes > 0 && byNode && forNode:
+		return func(e endpoint) bool { return slices.Contains(e.nodes, node.Name) }
+	case readyOnes > 0 && byZone && forZone:
+		return func(e endpoint) bool { return slices.Contains(e.zones, node.Zone) }
+	}
+	return func(endpoint) bool { return true }
 }
 
 // fallback: a serving, terminating endpoint is used when no endpoint is

@@ -284,7 +284,7 @@ func TestCompile(t *testing.T) {
 			services.Backend{Addr: netip.MustParseAddrPort("10.0.2.2:8080"), Ready: true})},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, "n1")
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, Node{Name: "n1"}, false)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
 			}
@@ -305,15 +305,219 @@ func TestCompileDeterministic(t *testing.T) {
 		ess = append(ess, slice(name+"-1", name, ports(slicePort("http", corev1.ProtocolTCP, 8080), slicePort("dns", corev1.ProtocolUDP, 53)),
 			ep("10.0.2.9", "n2", ready), ep("10.0.1.5", "n1", ready), ep("10.0.3.7", "n3", servingTerm), ep("10.0.2.1", "n2", ready)))
 	}
-	first := Compile(Snapshot{Services: svcs, EndpointSlices: ess}, "n1")
+	first := Compile(Snapshot{Services: svcs, EndpointSlices: ess}, Node{Name: "n1"}, false)
 	if len(first) != 8 || len(first[0].Backends) != 3 {
 		t.Fatalf("not the table meant: %+v", first)
 	}
 	reversed := slices.Clone(svcs)
 	slices.Reverse(reversed)
 	for range 20 {
-		if got := Compile(Snapshot{Services: reversed, EndpointSlices: ess}, "n1"); !reflect.DeepEqual(got, first) {
+		if got := Compile(Snapshot{Services: reversed, EndpointSlices: ess}, Node{Name: "n1"}, false); !reflect.DeepEqual(got, first) {
 			t.Fatalf("got\n%+v\nthen\n%+v", first, got)
 		}
+	}
+}
+
+// n1 is the node the replacement cases compile for: two addresses.
+var n1 = Node{Name: "n1", Zone: "z1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("198.51.100.1")}}
+
+func nodePort(s *corev1.ServiceSpec) {
+	s.Type = corev1.ServiceTypeNodePort
+	s.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	s.Ports[0].NodePort = 30080
+}
+
+func externalLocal(s *corev1.ServiceSpec) {
+	s.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+}
+
+// entry is web's port at a frontend.
+func entry(f services.Frontend, scope services.Scope, addr string, bs ...services.Backend) services.Service {
+	ap := netip.MustParseAddrPort(addr)
+	return services.Service{Name: "app/web:http", Frontend: f, Scope: scope, VIP: ap.Addr(), Port: ap.Port(), Proto: services.TCP, Backends: bs}
+}
+
+func with(s services.Service, edit func(*services.Service)) services.Service {
+	edit(&s)
+	return s
+}
+
+func TestCompileWithoutKubeProxy(t *testing.T) {
+	here, there := backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true)
+	both := slice("web-1", "web", http, ep("10.0.1.1", "n1", ready), ep("10.0.2.1", "n2", ready))
+	thereOnly := slice("web-1", "web", http, ep("10.0.2.1", "n2", ready))
+	keep := func(s *services.Service) { s.KeepClient = true }
+	for _, tc := range []struct {
+		name     string
+		services []*corev1.Service
+		slices   []*discoveryv1.EndpointSlice
+		want     []services.Service
+	}{{
+		name:     "NodePort: on every node address, at the socket and on the uplink",
+		services: []*corev1.Service{web(nodePort)},
+		slices:   []*discoveryv1.EndpointSlice{both},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here, there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", here, there),
+			entry(services.NodePort, services.Uplink, "192.0.2.1:30080", here, there),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", here, there),
+			entry(services.NodePort, services.Uplink, "198.51.100.1:30080", here, there),
+		},
+	}, {
+		name:     "externalTrafficPolicy Local: outside clients get this node's endpoints and keep their address; this node's get all",
+		services: []*corev1.Service{web(nodePort, externalLocal)},
+		slices:   []*discoveryv1.EndpointSlice{both},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here, there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "192.0.2.1:30080", here), keep),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "198.51.100.1:30080", here), keep),
+		},
+	}, {
+		name:     "externalTrafficPolicy Local, endpoints elsewhere only: outside clients dropped",
+		services: []*corev1.Service{web(nodePort, externalLocal, func(s *corev1.ServiceSpec) { s.Type = corev1.ServiceTypeLoadBalancer })},
+		slices:   []*discoveryv1.EndpointSlice{thereOnly},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", there),
+			with(entry(services.NodePort, services.Uplink, "192.0.2.1:30080"), func(s *services.Service) { s.KeepClient, s.DropWhenEmpty = true, true }),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", there),
+			with(entry(services.NodePort, services.Uplink, "198.51.100.1:30080"), func(s *services.Service) { s.KeepClient, s.DropWhenEmpty = true, true }),
+		},
+	}, {
+		name:     "externalTrafficPolicy Local, no endpoints anywhere: refused, not dropped",
+		services: []*corev1.Service{web(nodePort, externalLocal)},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80"),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080"),
+			with(entry(services.NodePort, services.Uplink, "192.0.2.1:30080"), keep),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080"),
+			with(entry(services.NodePort, services.Uplink, "198.51.100.1:30080"), keep),
+		},
+	}, {
+		name: "externalIPs of a ClusterIP Service; the first Service claiming a frontend keeps it",
+		services: []*corev1.Service{
+			web(func(s *corev1.ServiceSpec) { s.ExternalIPs = []string{"203.0.113.7", "fd00::7"} }),
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "zz"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.99",
+				ClusterIPs: []string{"10.96.0.99"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+				Ports: web().Spec.Ports, ExternalIPs: []string{"203.0.113.7"}}},
+		},
+		slices: []*discoveryv1.EndpointSlice{thereOnly},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", there),
+			{Name: "app/zz:http", VIP: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: services.TCP},
+			entry(services.ExternalIP, services.Socket, "203.0.113.7:80", there),
+			entry(services.ExternalIP, services.Uplink, "203.0.113.7:80", there),
+		},
+	}, {
+		name: "LoadBalancer: its VIP-mode ingress IPs, source ranges on the uplink",
+		services: []*corev1.Service{func() *corev1.Service {
+			s := web(nodePort, func(s *corev1.ServiceSpec) {
+				s.Type = corev1.ServiceTypeLoadBalancer
+				s.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "198.51.100.7/32", "203.0.113.9/24", "fd00::/8"}
+			})
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.50"},
+				{IP: "203.0.113.51", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}, {Hostname: "lb.example.com"}}
+			return s
+		}()},
+		slices: []*discoveryv1.EndpointSlice{thereOnly},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", there),
+			entry(services.NodePort, services.Uplink, "192.0.2.1:30080", there),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", there),
+			entry(services.NodePort, services.Uplink, "198.51.100.1:30080", there),
+			entry(services.LoadBalancer, services.Socket, "203.0.113.50:80", there),
+			with(entry(services.LoadBalancer, services.Uplink, "203.0.113.50:80", there), func(s *services.Service) {
+				s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.7/32"), netip.MustParsePrefix("203.0.113.0/24")}
+			}),
+		},
+	}, {
+		name:     "a ClusterIP Service's node port field is not served",
+		services: []*corev1.Service{web(func(s *corev1.ServiceSpec) { s.Ports[0].NodePort = 30080 })},
+		slices:   []*discoveryv1.EndpointSlice{thereOnly},
+		want:     []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80", there)},
+	}, {
+		name:     "internalTrafficPolicy Local, endpoints elsewhere only: refused at the socket (no kube-proxy to drop)",
+		services: []*corev1.Service{web(local)},
+		slices:   []*discoveryv1.EndpointSlice{thereOnly},
+		want:     []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80")},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, n1, true)
+			services.SortServices(tc.want)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Topology hints narrow the cluster-wide endpoints as kube-proxy narrows
+// them, for ClusterIPs with kube-proxy present too.
+func TestCompileTopology(t *testing.T) {
+	hinted := func(ip, node string, zones, nodes []string) discoveryv1.Endpoint {
+		e := ep(ip, node, ready)
+		e.Hints = &discoveryv1.EndpointHints{}
+		for _, z := range zones {
+			e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+		}
+		for _, n := range nodes {
+			e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+		}
+		return e
+	}
+	a, b, c := backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true), backend("10.0.3.1", 8080, "n3", true)
+	for _, tc := range []struct {
+		name string
+		eps  []discoveryv1.Endpoint
+		node Node
+		edit func(*corev1.Service)
+		want []services.Backend
+	}{{
+		name: "every ready endpoint hinted by zone: this zone's",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.1.1", "n1", []string{"z1"}, nil), hinted("10.0.2.1", "n2", []string{"z1"}, nil), hinted("10.0.3.1", "n3", []string{"z2"}, nil)},
+		node: n1, want: []services.Backend{a, b},
+	}, {
+		name: "one ready endpoint without hints: all",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.1.1", "n1", []string{"z1"}, nil), ep("10.0.3.1", "n3", ready)},
+		node: n1, want: []services.Backend{a, c},
+	}, {
+		name: "no endpoint hinted for this zone: all",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.2.1", "n2", []string{"z2"}, nil), hinted("10.0.3.1", "n3", []string{"z3"}, nil)},
+		node: n1, want: []services.Backend{b, c},
+	}, {
+		name: "a node without a zone label: all",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.1.1", "n1", []string{"z1"}, nil), hinted("10.0.3.1", "n3", []string{"z2"}, nil)},
+		node: Node{Name: "n1"}, want: []services.Backend{a, c},
+	}, {
+		name: "every ready endpoint hinted by node (PreferSameNode): this node's first",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.1.1", "n1", []string{"z1"}, []string{"n1"}), hinted("10.0.2.1", "n2", []string{"z1"}, []string{"n2"})},
+		node: n1, want: []services.Backend{a},
+	}, {
+		name: "hints, but routing opted out by annotation: all",
+		eps:  []discoveryv1.Endpoint{hinted("10.0.1.1", "n1", []string{"z1"}, nil), hinted("10.0.3.1", "n3", []string{"z2"}, nil)},
+		node: n1, edit: func(s *corev1.Service) { s.Annotations = map[string]string{corev1.AnnotationTopologyMode: "Disabled"} },
+		want: []services.Backend{a, c},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := web()
+			if tc.edit != nil {
+				tc.edit(svc)
+			}
+			got := Compile(Snapshot{Services: []*corev1.Service{svc}, EndpointSlices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http, tc.eps...)}}, tc.node, false)
+			if want := []services.Service{webWant(tc.want...)}; !reflect.DeepEqual(got, want) {
+				t.Errorf("got\n%+v\nwant\n%+v", got, want)
+			}
+		})
+	}
+}
+
+func TestUnserved(t *testing.T) {
+	svc := web(func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) })
+	got := Unserved(Snapshot{Services: []*corev1.Service{svc}})
+	if want := []UnservedPort{{svc, "app/web:assoc/SCTP"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
 	}
 }

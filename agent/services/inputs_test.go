@@ -38,7 +38,7 @@ func TestInputs(t *testing.T) {
 	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {
 		t.Fatal(err)
 	}
-	in, err := Watch(ctx, api.ServiceAccountConfig("onc-system:onc-agent"))
+	in, err := Watch(ctx, api.ServiceAccountConfig("onc-system:onc-agent"), "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestInputs(t *testing.T) {
 	vip := netip.MustParseAddr(created.Spec.ClusterIP)
 	want := services.Service{Name: "app/web:http", VIP: vip, Port: 80, Proto: services.TCP,
 		Backends: []services.Backend{backend("10.0.2.1", 8080, "n2", true)}}
-	table := func() []services.Service { return Compile(inApp(in.Snapshot()), "n1") }
+	table := func() []services.Service { return Compile(inApp(in.Snapshot()), Node{Name: "n1"}, false) }
 	var snap Snapshot
 	testutil.WaitFor(t, "web and web-1", 10*time.Second, func() bool {
 		snap = inApp(in.Snapshot())
@@ -92,14 +92,15 @@ func TestInputs(t *testing.T) {
 	if len(snap.Services) != 1 || len(snap.EndpointSlices) != 1 {
 		t.Fatalf("the informers hold %+v, want web and web-1 only", snap)
 	}
-	if got := Compile(snap, "n1"); !reflect.DeepEqual(got, []services.Service{want}) {
+	if got := Compile(snap, Node{Name: "n1"}, false); !reflect.DeepEqual(got, []services.Service{want}) {
 		t.Errorf("table:\n%+v\nwant\n%+v", got, want)
 	}
 	// Trimmed to what Compile reads.
-	wantSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", ResourceVersion: snap.Services[0].ResourceVersion},
+	wantSvc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web", UID: created.UID, ResourceVersion: snap.Services[0].ResourceVersion},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
 			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: []corev1.ServicePort{svcPort("http", corev1.ProtocolTCP, 80)},
-			SessionAffinity: corev1.ServiceAffinityNone, InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyCluster)}}
+			SessionAffinity: corev1.ServiceAffinityNone, InternalTrafficPolicy: ptr.To(corev1.ServiceInternalTrafficPolicyCluster)},
+		Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{}}}
 	if !reflect.DeepEqual(snap.Services[0], wantSvc) {
 		t.Errorf("service in the cache:\n%+v\nwant\n%+v", snap.Services[0], wantSvc)
 	}
@@ -140,6 +141,32 @@ func TestInputs(t *testing.T) {
 		}),
 		update(t, ess, "web-1", func(es *discoveryv1.EndpointSlice) { es.Endpoints[0].Conditions.Ready = ptr.To(false) }))
 
+	// An event on a Service, with the agent's RBAC, as kubectl describe
+	// finds it.
+	in.Warn(snap.Services[0], "ProtocolNotSupported", "a test")
+	testutil.WaitFor(t, "the event", 10*time.Second, func() bool {
+		evs, err := kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(created.UID)})
+		return err == nil && len(evs.Items) == 1 && evs.Items[0].Reason == "ProtocolNotSupported" && evs.Items[0].Type == corev1.EventTypeWarning
+	})
+
+	// This node's Node, trimmed to its zone and addresses; another node's
+	// is not watched.
+	nodes := kube.CoreV1().Nodes()
+	for _, name := range []string{"n2", "n1"} {
+		if _, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{corev1.LabelTopologyZone: "z1", "other": "1"}},
+			Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, "node n1", 10*time.Second, func() bool { return in.Snapshot().Node != nil })
+	if n := in.Snapshot().Node; n.Name != "n1" || !reflect.DeepEqual(n.Labels, map[string]string{corev1.LabelTopologyZone: "z1"}) {
+		t.Errorf("node in the cache: %+v, want n1 with its zone label only", n)
+	}
+	signalsOnce("n1's zone",
+		update(t, nodes, "n1", func(n *corev1.Node) { n.Labels["other"] = "2" }),
+		update(t, nodes, "n1", func(n *corev1.Node) { n.Labels[corev1.LabelTopologyZone] = "z2" }))
+
 	before := signals.Load()
 	if err := ess.Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -162,6 +189,7 @@ func inApp(s Snapshot) Snapshot {
 	return Snapshot{
 		Services:       slices.DeleteFunc(s.Services, func(s *corev1.Service) bool { return s.Namespace != ns }),
 		EndpointSlices: slices.DeleteFunc(s.EndpointSlices, func(es *discoveryv1.EndpointSlice) bool { return es.Namespace != ns }),
+		Node:           s.Node,
 	}
 }
 

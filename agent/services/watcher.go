@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"sync"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/report"
@@ -39,6 +43,8 @@ type Sources interface {
 	Snapshot() Snapshot
 	// OnChange registers fn, called after any of them changes.
 	OnChange(fn func())
+	// Warn records a Warning event on a Service.
+	Warn(svc *corev1.Service, reason, message string)
 }
 
 // Watcher keeps the socket programs balancing the cluster's Services:
@@ -49,14 +55,26 @@ type Watcher struct {
 	*watch.Informed
 	dp     Datapath
 	inputs Sources
-	node   string
+	node   Self
 	pods   func() []ipam.Attachment // this node's; nil until it is up
 	count  int                      // service ports last synced, for the log; reconcile's own
+	warned map[string]bool          // unserved ports already logged and evented; reconcile's own
+
+	mu       sync.Mutex
+	unserved []string // for List
+}
+
+// Self is the node a watcher serves.
+type Self struct {
+	Name string
+	IP   netip.Addr // its underlay address, a NodePort address even before its Node object says so
+	// KubeProxyReplacement: no kube-proxy runs; ONC serves every frontend.
+	KubeProxyReplacement bool
 }
 
 // NewWatcher is the services watcher of node; pods lists the node's
 // attachments, nil before the node is up.
-func NewWatcher(dp Datapath, in Sources, node string, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
+func NewWatcher(dp Datapath, in Sources, node Self, pods func() []ipam.Attachment, resync time.Duration) *Watcher {
 	w := &Watcher{dp: dp, inputs: in, node: node, pods: pods}
 	w.Informed = watch.NewInformed("services", resync, w.reconcile)
 	in.OnChange(w.Signal)
@@ -75,15 +93,73 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	for _, att := range atts {
 		pods = append(pods, att.IP)
 	}
-	svcs := Compile(w.inputs.Snapshot(), w.node)
+	snap := w.inputs.Snapshot()
+	w.reportUnserved(snap)
+	svcs := Compile(snap, w.node.of(snap.Node), w.node.KubeProxyReplacement)
 	if err := w.dp.Sync(svcs, pods, full); err != nil {
 		return err
 	}
 	if len(svcs) != w.count {
 		w.count = len(svcs)
-		slog.Info("services balanced at the socket", "servicePorts", len(svcs))
+		slog.Info("services balanced", "frontends", len(svcs))
 	}
 	return nil
+}
+
+// unservedReason is why an SCTP port is served by nobody.
+const unservedReason = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
+
+// reportUnserved logs, and records as an event on its Service, each port
+// nobody serves, once while it lasts.
+func (w *Watcher) reportUnserved(snap Snapshot) {
+	ports := Unserved(snap)
+	now := make(map[string]bool, len(ports))
+	for _, p := range ports {
+		now[p.Port] = true
+		if w.warned[p.Port] {
+			continue
+		}
+		slog.Warn("a Service port is not served", "port", p.Port, "reason", unservedReason)
+		w.inputs.Warn(p.Service, "ProtocolNotSupported", fmt.Sprintf("port %s is not served by ONC on node %s: %s", p.Port, w.node.Name, unservedReason))
+	}
+	w.warned = now
+	list := make([]string, len(ports))
+	for i, p := range ports {
+		list[i] = p.Port + ": " + unservedReason
+	}
+	w.mu.Lock()
+	w.unserved = list
+	w.mu.Unlock()
+}
+
+// of is the node as the compiler sees it: its NodePorts are served on its
+// underlay address and every IPv4 InternalIP and ExternalIP its Node object
+// lists, as kube-proxy's default nodePortAddresses serves the node's
+// primary addresses.
+func (s Self) of(n *corev1.Node) Node {
+	out := Node{Name: s.Name, Addresses: []netip.Addr{s.IP}}
+	if n == nil {
+		return out
+	}
+	out.Zone = n.Labels[corev1.LabelTopologyZone]
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, ok := ipv4(a.Address); ok && !slices.Contains(out.Addresses, ip) {
+			out.Addresses = append(out.Addresses, ip)
+		}
+	}
+	slices.SortFunc(out.Addresses, netip.Addr.Compare)
+	return out
+}
+
+// KubeProxy is onctl status's line on kube-proxy.
+func KubeProxy(replace bool) string {
+	if replace {
+		return "replaced: ONC serves every Service frontend, at the socket and on the uplink"
+	}
+	return "beside ONC: kube-proxy serves NodePorts, externalIPs, load balancer IPs and clients outside the cluster"
 }
 
 // Status is onctl status's line: the mode, or why nothing is balanced at
@@ -103,8 +179,11 @@ func (w *Watcher) List() (*apiv1.ListServicesResponse, error) {
 		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: "+w.dp.Status())
 	}
 	ws := w.Loop().Status()
+	w.mu.Lock()
+	unserved := w.unserved
+	w.mu.Unlock()
 	resp := &apiv1.ListServicesResponse{Seen: ws.Seen, Applied: ws.Applied, LastError: ws.LastError,
-		Mode: string(w.dp.Mode()), Cgroup: lb.Cgroup()}
+		Mode: string(w.dp.Mode()), Cgroup: lb.Cgroup(), KubeProxyReplacement: w.node.KubeProxyReplacement, Unserved: unserved}
 	states, err := lb.Services()
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "read the service map: %v", err)
@@ -128,7 +207,11 @@ func (w *Watcher) List() (*apiv1.ListServicesResponse, error) {
 	for _, st := range states {
 		bs := &apiv1.BalancedService{Name: st.Name, Vip: netip.AddrPortFrom(st.VIP, st.Port).String(), Proto: st.Proto.String(),
 			AffinitySeconds: uint32(st.Affinity.Seconds()), Translated: st.Translated, Refused: st.Refused,
-			Affinity: byService[st.Key()]}
+			Affinity: byService[st.Key()], Frontend: st.Frontend.String(), Scope: st.Scope.String(),
+			KeepClient: st.KeepClient, DropWhenEmpty: st.DropWhenEmpty}
+		for _, r := range st.SourceRanges {
+			bs.SourceRanges = append(bs.SourceRanges, r.String())
+		}
 		for _, b := range st.Backends {
 			bs.Backends = append(bs.Backends, &apiv1.ServiceBackend{Addr: b.Addr.String(), Pod: b.Pod, Node: b.Node, Ready: b.Ready})
 		}

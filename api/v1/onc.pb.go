@@ -302,7 +302,10 @@ type NodeStatus struct {
 	Bypass *BypassState `protobuf:"bytes,27,opt,name=bypass,proto3" json:"bypass,omitempty"`
 	// Where the agent serves its Prometheus metrics (/metrics), as it
 	// listens: host (empty: every address) and port; empty when it serves none.
-	MetricsAddr   string `protobuf:"bytes,28,opt,name=metrics_addr,json=metricsAddr,proto3" json:"metrics_addr,omitempty"`
+	MetricsAddr string `protobuf:"bytes,28,opt,name=metrics_addr,json=metricsAddr,proto3" json:"metrics_addr,omitempty"`
+	// Whether ONC replaces kube-proxy (--kube-proxy-replacement) or runs
+	// beside it, and what that means on this node.
+	KubeProxy     string `protobuf:"bytes,29,opt,name=kube_proxy,json=kubeProxy,proto3" json:"kube_proxy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -529,6 +532,13 @@ func (x *NodeStatus) GetBypass() *BypassState {
 func (x *NodeStatus) GetMetricsAddr() string {
 	if x != nil {
 		return x.MetricsAddr
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetKubeProxy() string {
+	if x != nil {
+		return x.KubeProxy
 	}
 	return ""
 }
@@ -2191,16 +2201,28 @@ func (x *ServiceAffinity) GetAgeSeconds() float64 {
 type BalancedService struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // namespace/name:port-name
-	Vip   string                 `protobuf:"bytes,2,opt,name=vip,proto3" json:"vip,omitempty"`   // ClusterIP:port
+	Vip   string                 `protobuf:"bytes,2,opt,name=vip,proto3" json:"vip,omitempty"`   // the frontend's address:port
 	Proto string                 `protobuf:"bytes,3,opt,name=proto,proto3" json:"proto,omitempty"`
 	// ClientIP affinity timeout; 0 = none.
 	AffinitySeconds uint32 `protobuf:"varint,4,opt,name=affinity_seconds,json=affinitySeconds,proto3" json:"affinity_seconds,omitempty"`
 	// Empty: connect() and sendmsg() fail with ECONNREFUSED.
 	Backends []*ServiceBackend `protobuf:"bytes,5,rep,name=backends,proto3" json:"backends,omitempty"`
 	// connect()s and sendmsg()s sent to a backend, and refused for want of one.
-	Translated    uint64             `protobuf:"varint,6,opt,name=translated,proto3" json:"translated,omitempty"`
-	Refused       uint64             `protobuf:"varint,7,opt,name=refused,proto3" json:"refused,omitempty"`
-	Affinity      []*ServiceAffinity `protobuf:"bytes,8,rep,name=affinity,proto3" json:"affinity,omitempty"`
+	Translated uint64             `protobuf:"varint,6,opt,name=translated,proto3" json:"translated,omitempty"`
+	Refused    uint64             `protobuf:"varint,7,opt,name=refused,proto3" json:"refused,omitempty"`
+	Affinity   []*ServiceAffinity `protobuf:"bytes,8,rep,name=affinity,proto3" json:"affinity,omitempty"`
+	// ClusterIP, NodePort, ExternalIP, LoadBalancer or HostPort.
+	Frontend string `protobuf:"bytes,9,opt,name=frontend,proto3" json:"frontend,omitempty"`
+	// "socket" (this node's clients, at connect() and sendmsg()) or
+	// "uplink" (clients outside the cluster, on the uplink).
+	Scope string `protobuf:"bytes,10,opt,name=scope,proto3" json:"scope,omitempty"`
+	// Uplink: the backend sees the client's address (externalTrafficPolicy
+	// Local); without, a backend on another node sees this node's.
+	KeepClient bool `protobuf:"varint,11,opt,name=keep_client,json=keepClient,proto3" json:"keep_client,omitempty"`
+	// Uplink: no backends drops packets instead of refusing them.
+	DropWhenEmpty bool `protobuf:"varint,12,opt,name=drop_when_empty,json=dropWhenEmpty,proto3" json:"drop_when_empty,omitempty"`
+	// Uplink: the clients admitted (loadBalancerSourceRanges); empty: all.
+	SourceRanges  []string `protobuf:"bytes,13,rep,name=source_ranges,json=sourceRanges,proto3" json:"source_ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2291,6 +2313,41 @@ func (x *BalancedService) GetAffinity() []*ServiceAffinity {
 	return nil
 }
 
+func (x *BalancedService) GetFrontend() string {
+	if x != nil {
+		return x.Frontend
+	}
+	return ""
+}
+
+func (x *BalancedService) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *BalancedService) GetKeepClient() bool {
+	if x != nil {
+		return x.KeepClient
+	}
+	return false
+}
+
+func (x *BalancedService) GetDropWhenEmpty() bool {
+	if x != nil {
+		return x.DropWhenEmpty
+	}
+	return false
+}
+
+func (x *BalancedService) GetSourceRanges() []string {
+	if x != nil {
+		return x.SourceRanges
+	}
+	return nil
+}
+
 type ListServicesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The services watcher's input generation seen and applied.
@@ -2302,7 +2359,12 @@ type ListServicesResponse struct {
 	Services  []*BalancedService `protobuf:"bytes,6,rep,name=services,proto3" json:"services,omitempty"`
 	// The programs' counters: connect/sendmsg translated and refused,
 	// recvmsg and getpeername reversed, affinity hits, released sockets.
-	Counters      []*Counter `protobuf:"bytes,7,rep,name=counters,proto3" json:"counters,omitempty"`
+	Counters []*Counter `protobuf:"bytes,7,rep,name=counters,proto3" json:"counters,omitempty"`
+	// ONC replaces kube-proxy: it serves every frontend listed.
+	KubeProxyReplacement bool `protobuf:"varint,8,opt,name=kube_proxy_replacement,json=kubeProxyReplacement,proto3" json:"kube_proxy_replacement,omitempty"`
+	// Service ports nobody serves on this node, with the reason
+	// ("namespace/name:port/SCTP: ...").
+	Unserved      []string `protobuf:"bytes,9,rep,name=unserved,proto3" json:"unserved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2382,6 +2444,20 @@ func (x *ListServicesResponse) GetServices() []*BalancedService {
 func (x *ListServicesResponse) GetCounters() []*Counter {
 	if x != nil {
 		return x.Counters
+	}
+	return nil
+}
+
+func (x *ListServicesResponse) GetKubeProxyReplacement() bool {
+	if x != nil {
+		return x.KubeProxyReplacement
+	}
+	return false
+}
+
+func (x *ListServicesResponse) GetUnserved() []string {
+	if x != nil {
+		return x.Unserved
 	}
 	return nil
 }
@@ -2724,7 +2800,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xf6\x06\n" +
+	"\x10GetStatusRequest\"\x95\a\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2756,7 +2832,9 @@ const file_onc_proto_rawDesc = "" +
 	"\tsocket_lb\x18\x19 \x01(\tR\bsocketLb\x12(\n" +
 	"\x10socket_lb_cgroup\x18\x1a \x01(\tR\x0esocketLbCgroup\x12+\n" +
 	"\x06bypass\x18\x1b \x01(\v2\x13.onc.v1.BypassStateR\x06bypass\x12!\n" +
-	"\fmetrics_addr\x18\x1c \x01(\tR\vmetricsAddr\"\x96\x01\n" +
+	"\fmetrics_addr\x18\x1c \x01(\tR\vmetricsAddr\x12\x1d\n" +
+	"\n" +
+	"kube_proxy\x18\x1d \x01(\tR\tkubeProxy\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
@@ -2876,7 +2954,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x06client\x18\x01 \x01(\tR\x06client\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1f\n" +
 	"\vage_seconds\x18\x03 \x01(\x01R\n" +
-	"ageSeconds\"\x9b\x02\n" +
+	"ageSeconds\"\xbb\x03\n" +
 	"\x0fBalancedService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x14\n" +
@@ -2887,7 +2965,14 @@ const file_onc_proto_rawDesc = "" +
 	"translated\x18\x06 \x01(\x04R\n" +
 	"translated\x12\x18\n" +
 	"\arefused\x18\a \x01(\x04R\arefused\x123\n" +
-	"\baffinity\x18\b \x03(\v2\x17.onc.v1.ServiceAffinityR\baffinity\"\xf1\x01\n" +
+	"\baffinity\x18\b \x03(\v2\x17.onc.v1.ServiceAffinityR\baffinity\x12\x1a\n" +
+	"\bfrontend\x18\t \x01(\tR\bfrontend\x12\x14\n" +
+	"\x05scope\x18\n" +
+	" \x01(\tR\x05scope\x12\x1f\n" +
+	"\vkeep_client\x18\v \x01(\bR\n" +
+	"keepClient\x12&\n" +
+	"\x0fdrop_when_empty\x18\f \x01(\bR\rdropWhenEmpty\x12#\n" +
+	"\rsource_ranges\x18\r \x03(\tR\fsourceRanges\"\xc3\x02\n" +
 	"\x14ListServicesResponse\x12\x12\n" +
 	"\x04seen\x18\x01 \x01(\x04R\x04seen\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +
@@ -2896,7 +2981,9 @@ const file_onc_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x16\n" +
 	"\x06cgroup\x18\x05 \x01(\tR\x06cgroup\x123\n" +
 	"\bservices\x18\x06 \x03(\v2\x17.onc.v1.BalancedServiceR\bservices\x12+\n" +
-	"\bcounters\x18\a \x03(\v2\x0f.onc.v1.CounterR\bcounters\"l\n" +
+	"\bcounters\x18\a \x03(\v2\x0f.onc.v1.CounterR\bcounters\x124\n" +
+	"\x16kube_proxy_replacement\x18\b \x01(\bR\x14kubeProxyReplacement\x12\x1a\n" +
+	"\bunserved\x18\t \x03(\tR\bunserved\"l\n" +
 	"\vBypassState\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x19\n" +
 	"\bmin_size\x18\x02 \x01(\rR\aminSize\x12\x16\n" +

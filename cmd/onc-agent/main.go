@@ -106,7 +106,7 @@ func main() {
 		}
 		defer inputs.Close()
 		cfg.Policy = inputs
-		svcs, err := services.Watch(ctx, kcfg)
+		svcs, err := services.Watch(ctx, kcfg, cfg.NodeName)
 		if err != nil {
 			cmdutil.Fatal("cannot watch Services and EndpointSlices", err)
 		}

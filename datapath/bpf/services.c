@@ -71,6 +71,45 @@ int onc_sock_release(struct bpf_sock *sk)
 }
 
 /*
+ * Ends each connected UDP socket of the iterated network namespace that
+ * this node translated to a backend listed in onc_lb_gone for the service
+ * it was translated for: its pending and next calls fail with
+ * ECONNABORTED, and the client's next connect() picks a live backend. A
+ * socket connected to a pod IP by the application has no reverse entry,
+ * nor does one of another agent: neither is touched. Unconnected sockets
+ * pick per datagram and need nothing.
+ */
+SEC("iter/udp")
+int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
+{
+	struct sock_common *sk = ctx->udp_sk;
+	struct lb_revnat_key key = { .proto = IPPROTO_UDP };
+	struct lb_member_key gone = {};
+	struct lb_revnat *rev;
+
+	if (!sk || !bpf_sock_destroy || sk->skc_family != ONC_AF_INET || !sk->skc_daddr)
+		return 0;
+	key.sock = bpf_get_socket_cookie(sk);
+	key.be.ip = sk->skc_daddr;
+	key.be.port = sk->skc_dport;
+	rev = bpf_map_lookup_elem(&onc_lb_revnat, &key);
+	if (!rev)
+		return 0;
+	gone.svc_id = rev->svc_id;
+	gone.be = key.be;
+	if (!bpf_map_lookup_elem(&onc_lb_gone, &gone))
+		return 0;
+	if (bpf_sock_destroy(sk)) {
+		count(&onc_lb_destroy_stats, LB_DESTROY_STAT_UDP_DESTROY_FAILED, 1);
+		return 0;
+	}
+	/* Disconnected now, so sock_release would not find the entry. */
+	bpf_map_delete_elem(&onc_lb_revnat, &key);
+	count(&onc_lb_destroy_stats, LB_DESTROY_STAT_UDP_DESTROYED, 1);
+	return 0;
+}
+
+/*
  * tcx ingress of the uplink, ahead of the fast path's program: a packet
  * from outside to a NodePort, externalIP or load balancer IP is checked
  * (a spoofed source, a client outside the source ranges: dropped) and
@@ -160,3 +199,4 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REVERSED, 1);
 	return LB_NEXT;
 }
+

@@ -41,6 +41,14 @@ type ServicesLbBackendKey struct {
 	Pad   uint8
 }
 
+type ServicesLbDestroyStat uint32
+
+const (
+	ServicesLbDestroyStatLB_DESTROY_STAT_UDP_DESTROYED      ServicesLbDestroyStat = 0
+	ServicesLbDestroyStatLB_DESTROY_STAT_UDP_DESTROY_FAILED ServicesLbDestroyStat = 1
+	ServicesLbDestroyStatLB_DESTROY_STAT_MAX                ServicesLbDestroyStat = 2
+)
+
 type ServicesLbFlow struct {
 	_     structs.HostLayout
 	Addr  ServicesLbAddr
@@ -151,7 +159,9 @@ const (
 const (
 	ServicesMapOncLbAff             = "onc_lb_aff"
 	ServicesMapOncLbBackend         = "onc_lb_backend"
+	ServicesMapOncLbDestroyStats    = "onc_lb_destroy_stats"
 	ServicesMapOncLbFlows           = "onc_lb_flows"
+	ServicesMapOncLbGone            = "onc_lb_gone"
 	ServicesMapOncLbInternal        = "onc_lb_internal"
 	ServicesMapOncLbMember          = "onc_lb_member"
 	ServicesMapOncLbNetns           = "onc_lb_netns"
@@ -166,6 +176,7 @@ const (
 	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
 	ServicesProgOncSockRelease      = "onc_sock_release"
 	ServicesProgOncSockSendmsg4     = "onc_sock_sendmsg4"
+	ServicesProgOncSockUdpDestroy   = "onc_sock_udp_destroy"
 	ServicesProgOncUplinkLbEgress   = "onc_uplink_lb_egress"
 	ServicesProgOncUplinkLbIngress  = "onc_uplink_lb_ingress"
 )
@@ -217,6 +228,7 @@ type ServicesProgramSpecs struct {
 	OncSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy   *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress   *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress  *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
 }
@@ -227,7 +239,9 @@ type ServicesProgramSpecs struct {
 type ServicesMapSpecs struct {
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
 	OncLbFlows        *ebpf.MapSpec `ebpf:"onc_lb_flows"`
+	OncLbGone         *ebpf.MapSpec `ebpf:"onc_lb_gone"`
 	OncLbInternal     *ebpf.MapSpec `ebpf:"onc_lb_internal"`
 	OncLbMember       *ebpf.MapSpec `ebpf:"onc_lb_member"`
 	OncLbNetns        *ebpf.MapSpec `ebpf:"onc_lb_netns"`
@@ -267,7 +281,9 @@ func (o *ServicesObjects) Close() error {
 type ServicesMaps struct {
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
 	OncLbFlows        *ebpf.Map `ebpf:"onc_lb_flows"`
+	OncLbGone         *ebpf.Map `ebpf:"onc_lb_gone"`
 	OncLbInternal     *ebpf.Map `ebpf:"onc_lb_internal"`
 	OncLbMember       *ebpf.Map `ebpf:"onc_lb_member"`
 	OncLbNetns        *ebpf.Map `ebpf:"onc_lb_netns"`
@@ -283,7 +299,9 @@ func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
 		m.OncLbAff,
 		m.OncLbBackend,
+		m.OncLbDestroyStats,
 		m.OncLbFlows,
+		m.OncLbGone,
 		m.OncLbInternal,
 		m.OncLbMember,
 		m.OncLbNetns,
@@ -311,6 +329,7 @@ type ServicesPrograms struct {
 	OncSockRecvmsg4     *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
 	OncSockRelease      *ebpf.Program `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy   *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress   *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress  *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
 }
@@ -322,6 +341,7 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockRecvmsg4,
 		p.OncSockRelease,
 		p.OncSockSendmsg4,
+		p.OncSockUdpDestroy,
 		p.OncUplinkLbEgress,
 		p.OncUplinkLbIngress,
 	)

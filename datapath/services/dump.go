@@ -106,13 +106,16 @@ func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byI
 	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
 }
 
-// Stats sums the programs' counters over the CPUs: the socket programs',
-// then the uplink programs' (named uplink_*).
+// Stats sums the programs' counters over the CPUs: the cgroup programs',
+// the UDP socket iterator's, then the uplink programs' (named uplink_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
-	sock, err := lb.counters.Read()
-	if err != nil {
-		return nil, err
+	var all []bpf.Counter
+	for _, c := range []*bpf.Counters{lb.counters, lb.udp.counters, lb.uplink} {
+		st, err := c.Read()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, st...)
 	}
-	up, err := lb.uplink.Read()
-	return append(sock, up...), err
+	return all, nil
 }

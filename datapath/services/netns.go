@@ -11,15 +11,24 @@ import (
 func (lb *LB) OwnHost(cookie uint64) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	return lb.maps.OncLbNetns.Put(cookie, uint32(0))
+	if err := lb.maps.OncLbNetns.Put(cookie, uint32(0)); err != nil {
+		return err
+	}
+	lb.netns[cookie] = "" // the agent's own
+	return nil
 }
 
 // OwnPod makes the programs balance the sockets of a pod's network
-// namespace; the pod's address names the entry for ForgetPod.
-func (lb *LB) OwnPod(cookie uint64, pod netip.Addr) error {
+// namespace, at path (as the runtime gave it: sockets are ended there,
+// destroy.go); the pod's address names the entry for ForgetPod.
+func (lb *LB) OwnPod(cookie uint64, pod netip.Addr, path string) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	return lb.maps.OncLbNetns.Put(cookie, bpf.NetIPv4(pod))
+	if err := lb.maps.OncLbNetns.Put(cookie, bpf.NetIPv4(pod)); err != nil {
+		return err
+	}
+	lb.netns[cookie] = path
+	return nil
 }
 
 // ForgetPods removes the namespaces of pods whose address keep rejects
@@ -28,7 +37,10 @@ func (lb *LB) OwnPod(cookie uint64, pod netip.Addr) error {
 func (lb *LB) ForgetPods(keep func(netip.Addr) bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	_, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(_ uint64, ip uint32) bool { return ip != 0 && !keep(bpf.IPv4(ip)) })
+	gone, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(_ uint64, ip uint32) bool { return ip != 0 && !keep(bpf.IPv4(ip)) })
+	for _, cookie := range gone {
+		delete(lb.netns, cookie)
+	}
 	return err
 }
 

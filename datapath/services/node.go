@@ -180,12 +180,12 @@ func UnbalanceAPIServer(bpffs string) error {
 	return Unbalance(bpffs, Key{VIP: ap.Addr(), Port: ap.Port(), Proto: TCP})
 }
 
-// OwnPod registers a pod's network namespace (by its cookie) in mode all,
-// before the pod runs: its first connections would otherwise go to
-// kube-proxy. Other modes and an unloaded LB ignore it.
-func (n *Node) OwnPod(cookie uint64, ip netip.Addr) error {
+// OwnPod registers a pod's network namespace (by its cookie and path) in
+// mode all, before the pod runs: its first connections would otherwise go
+// to kube-proxy. Other modes and an unloaded LB ignore it.
+func (n *Node) OwnPod(cookie uint64, ip netip.Addr, path string) error {
 	if lb := n.podsLB(); lb != nil {
-		return lb.OwnPod(cookie, ip)
+		return lb.OwnPod(cookie, ip, path)
 	}
 	return nil
 }

@@ -33,6 +33,8 @@ type LB struct {
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
 	ids      idPool
+	netns    map[uint64]string // owned namespaces: cookie → path, "" for the agent's own
+	udp      udpEnder
 }
 
 // hook is one program and the cgroup attach point it serves.
@@ -48,7 +50,7 @@ func Open(o Options) (*LB, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
-	lb := &LB{opts: o, services: map[Key]*programmed{}}
+	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}}
 	spec, err := bpf.LoadServices()
 	if err != nil {
 		return nil, err
@@ -73,6 +75,9 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		err = lb.adopt()
+	}
+	if err == nil {
+		err = lb.openUDPEnder(spec.Maps[bpf.ServicesMapOncLbDestroyStats])
 	}
 	if err != nil {
 		lb.Close()
@@ -127,5 +132,8 @@ func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cg
 
 // Close releases this process's handles; pinned maps and links stay.
 func (lb *LB) Close() error {
+	if lb.udp.iter != nil {
+		lb.udp.iter.Close()
+	}
 	return lb.objs.Close()
 }

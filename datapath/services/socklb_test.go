@@ -53,7 +53,9 @@ const (
 
 // clientReq is one client run: Op on Addr, N times.
 type clientReq struct {
-	Op   string // tcp, udp (unconnected), udp6 (unconnected, AF_INET6), udpconn, hold (tcp, kept open until stdin closes)
+	// tcp, udp (unconnected), udp6 (unconnected, AF_INET6), udpconn;
+	// hold (tcp) and udphold (connected udp): kept open until stdin closes
+	Op   string
 	Addr string
 	N    int
 }
@@ -114,27 +116,58 @@ func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
 		return clientRes{Err: errName(err)}
 	}
 	r.Peer = sockaddrString(peer)
-	if op == "udpconn" {
+	if err := exchange(fd, op != "tcp" && op != "hold", &r); err != nil {
+		return clientRes{Peer: r.Peer, Err: errName(err)}
+	}
+	if op == "hold" || op == "udphold" {
+		// Report, then wait for the test to change the programs or the
+		// Service, then use the same socket again.
+		json.NewEncoder(os.Stdout).Encode(r)
+		_, _ = io.ReadAll(os.Stdin)
+		return again(fd, op)
+	}
+	return r
+}
+
+// exchange reads what the server sent, having sent first for UDP.
+func exchange(fd int, send bool, r *clientRes) error {
+	if send {
 		if _, err := unix.Write(fd, []byte("hi")); err != nil {
-			return clientRes{Peer: r.Peer, Err: errName(err)}
+			return err
 		}
 	}
 	buf := make([]byte, 64)
 	n, err := unix.Read(fd, buf)
 	if err != nil {
-		return clientRes{Peer: r.Peer, Err: errName(err)}
+		return err
 	}
 	r.Served = string(buf[:n])
+	return nil
+}
+
+// again is a held socket's second report: the peer again for TCP; for UDP
+// an error the socket holds (ECONNABORTED when it was ended), else a new
+// exchange.
+func again(fd int, op string) clientRes {
+	var r clientRes
+	peer, err := unix.Getpeername(fd)
+	if err == nil {
+		r.Peer = sockaddrString(peer)
+	}
 	if op == "hold" {
-		// Report, then wait for the test to restart the programs, then
-		// report the peer again on the same socket.
-		json.NewEncoder(os.Stdout).Encode(r)
-		_, _ = io.ReadAll(os.Stdin)
-		peer, err := unix.Getpeername(fd)
 		if err != nil {
 			return clientRes{Err: errName(err)}
 		}
-		r.Peer = sockaddrString(peer)
+		return r
+	}
+	if _, _, err := unix.Recvfrom(fd, make([]byte, 64), unix.MSG_DONTWAIT); err != unix.EAGAIN {
+		if err == nil {
+			return clientRes{Err: "a datagram nobody asked for"}
+		}
+		return clientRes{Err: errName(err)}
+	}
+	if err := exchange(fd, true, &r); err != nil {
+		return clientRes{Peer: r.Peer, Err: errName(err)}
 	}
 	return r
 }
@@ -162,6 +195,7 @@ func sockaddrString(sa unix.Sockaddr) string {
 type bed struct {
 	t      *testing.T
 	ns     string // name under /run/netns
+	path   string
 	cookie uint64
 	cgroup string
 }
@@ -169,7 +203,7 @@ type bed struct {
 func newBed(t *testing.T, cgroup string) *bed {
 	t.Helper()
 	b := &bed{t: t, ns: testutil.Prefix() + "-lb", cgroup: cgroup}
-	path := testutil.Netns(t, b.ns)
+	b.path = testutil.Netns(t, b.ns)
 	h := testutil.NetlinkAt(t, b.ns)
 	lo, err := h.LinkByName("lo")
 	testutil.Must(t, err)
@@ -177,7 +211,7 @@ func newBed(t *testing.T, cgroup string) *bed {
 	for _, a := range append([]netip.Addr{vip}, backends...) {
 		testutil.Must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
 	}
-	ns, err := netns.Open(path)
+	ns, err := netns.Open(b.path)
 	testutil.Must(t, err)
 	defer ns.Close()
 	testutil.Must(t, netns.Do(ns, func() error {
@@ -188,7 +222,7 @@ func newBed(t *testing.T, cgroup string) *bed {
 		}
 		return nil
 	}))
-	b.cookie, err = netns.Cookie(path)
+	b.cookie, err = netns.Cookie(b.path)
 	testutil.Must(t, err)
 	return b
 }
@@ -260,6 +294,27 @@ func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Re
 	return cmd, out
 }
 
+// hold runs a hold or udphold client: its first report, and release,
+// which lets it use its socket again and returns its second report.
+func (b *bed) hold(op string, addr netip.AddrPort) (first clientRes, release func() clientRes) {
+	b.t.Helper()
+	cmd, out := b.clientCmd(op, addr, 1)
+	stdin, err := cmd.StdinPipe()
+	testutil.Must(b.t, err)
+	testutil.Must(b.t, cmd.Start())
+	b.t.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	dec := json.NewDecoder(bufio.NewReader(out))
+	testutil.Must(b.t, dec.Decode(&first))
+	return first, func() clientRes {
+		b.t.Helper()
+		stdin.Close()
+		var r clientRes
+		testutil.Must(b.t, dec.Decode(&r))
+		testutil.Must(b.t, cmd.Wait())
+		return r
+	}
+}
+
 // openLB loads a balancer (one agent's) pinned on a private bpffs and
 // attached to cgroup.
 func openLB(t *testing.T, cgroup string) *LB {
@@ -329,7 +384,7 @@ func TestConnectTranslatesToEveryBackend(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5"), b.path))
 	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 
 	svc := netip.AddrPortFrom(vip, svcPort)
@@ -391,7 +446,7 @@ func TestUDPRepliesComeFromTheClusterIP(t *testing.T) {
 	cg := bpftest.Cgroup(t)
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
-	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5")))
+	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5"), b.path))
 	testutil.Must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	for _, op := range []string{"udp", "udpconn"} {
@@ -420,7 +475,7 @@ func TestAffinitySticksUntilTheBackendGoes(t *testing.T) {
 	lb := openLB(t, cg)
 	b := newBed(t, cg)
 	pod := netip.MustParseAddr("10.244.0.5")
-	testutil.Must(t, lb.OwnPod(b.cookie, pod))
+	testutil.Must(t, lb.OwnPod(b.cookie, pod, b.path))
 	s := service(svcPort, TCP, backends...)
 	s.Affinity = time.Hour
 	testutil.Must(t, lb.Sync([]Service{s}, false))
@@ -461,7 +516,7 @@ func TestAgentsActOnlyOnTheirOwnNamespaces(t *testing.T) {
 	lbA, lbB := openLB(t, cg), openLB(t, cg)
 	bedA, bedB, stranger := newBed(t, cg), newBed(t, cg), newBed(t, cg)
 	testutil.Must(t, lbA.OwnHost(bedA.cookie))
-	testutil.Must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5")))
+	testutil.Must(t, lbB.OwnPod(bedB.cookie, netip.MustParseAddr("10.244.1.5"), bedB.path))
 	testutil.Must(t, lbA.Sync([]Service{service(svcPort, TCP, backends[0])}, false))
 	testutil.Must(t, lbB.Sync([]Service{service(svcPort, TCP, backends[1])}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
@@ -556,13 +611,7 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
-	cmd, out := b.clientCmd("hold", svc, 1)
-	stdin, err := cmd.StdinPipe()
-	testutil.Must(t, err)
-	testutil.Must(t, cmd.Start())
-	dec := json.NewDecoder(bufio.NewReader(out))
-	var before clientRes
-	testutil.Must(t, dec.Decode(&before))
+	before, release := b.hold("hold", svc)
 	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
 		t.Fatalf("before the restart: %+v", before)
 	}
@@ -584,12 +633,8 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 		}
 	}
 	testutil.Must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
-	stdin.Close()
-	var after clientRes
-	testutil.Must(t, dec.Decode(&after))
-	testutil.Must(t, cmd.Wait())
-	if after.Peer != svc.String() {
-		t.Fatalf("a socket connected before the restart now reports %q", after.Peer)
+	if after := release(); after.Peer != svc.String() {
+		t.Fatalf("a socket connected before the restart now reports %+v", after)
 	}
 	checkAll(t, "new connection after restart", b.client("tcp", svc, 5), func(r clientRes) bool {
 		return r.Peer == svc.String() && isBackend(r.Served, svcPort)

@@ -142,6 +142,7 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 	for _, s := range svcs {
 		want[s.Key()] = s
 	}
+	before := lb.udpBackendsBefore(want)
 	var errs []error
 	for k, p := range lb.services {
 		if _, ok := want[k]; !ok {
@@ -159,6 +160,7 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 			errs = append(errs, fmt.Errorf("service %s (%s): %w", k, s.Name, err))
 		}
 	}
+	errs = append(errs, lb.endLeftUDP(before))
 	return errors.Join(errs...)
 }
 

@@ -353,4 +353,47 @@ static __always_inline void lb_reverse(struct bpf_sock_addr *ctx, enum lb_stat r
 	count(&onc_lb_stats, reversed, 1);
 }
 
+/*
+ * Ending connected UDP sockets whose backend left their Service
+ * (onc_sock_udp_destroy in services.c). A connected UDP socket keeps
+ * sending to the backend chosen at connect(); when that backend leaves,
+ * the agent lists it here, with the service it left, and runs the
+ * iterator in each of its network namespaces.
+ */
+
+/* Service id and backend: a backend that left that service. Keyed like
+ * onc_lb_member, as a backend may stay in another service. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_BACKENDS / 2);
+	__type(key, struct lb_member_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} onc_lb_gone SEC(".maps");
+
+/* Counters of their own, so that onc_lb_stats keeps its size and an
+ * upgrade adopts the pinned maps. */
+enum lb_destroy_stat {
+	LB_DESTROY_STAT_UDP_DESTROYED,
+	LB_DESTROY_STAT_UDP_DESTROY_FAILED, /* bpf_sock_destroy refused: should stay 0 */
+	LB_DESTROY_STAT_MAX,
+};
+
+ONC_COUNTERS(onc_lb_destroy_stats, lb_destroy_stat, LB_DESTROY_STAT_MAX);
+
+/* The kernel's types, read through BTF (CO-RE): only the fields used. */
+struct sock_common {
+	unsigned short skc_family;
+	__be32 skc_daddr;
+	__be16 skc_dport;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__udp {
+	struct sock_common *udp_sk; /* a struct udp_sock, which begins with it */
+} __attribute__((preserve_access_index));
+
+/* Linux 6.5. Weak: the object still loads on older kernels, where the agent
+ * never runs the iterator. */
+extern int bpf_sock_destroy(struct sock_common *sk) __ksym __weak;
+
 #endif /* __ONC_SERVICES_H */
