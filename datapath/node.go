@@ -46,6 +46,7 @@ type Node struct {
 	conflicts string // the peers left out last time, logged when it changes
 	// uplinkAttached: the uplink's programs are attached (attachUplink).
 	uplinkAttached bool
+	clusterCIDR    netip.Prefix // from BringUp
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -89,6 +90,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	gw := Gateway(s.PodCIDR)
+	n.clusterCIDR = s.ClusterCIDR
 	fp := n.fp
 	if fp == nil {
 		if fp, err = n.openFastPath(s.PodCIDR); err != nil {
@@ -133,6 +135,13 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark); err != nil {
 		return err
 	}
+	var lbMarks netfilter.UplinkLB // zero: the rules go
+	if n.cfg.KubeProxyReplacement {
+		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark}
+	}
+	if err := netfilter.EnsureUplinkLB(overlay.DeviceName, lbMarks); err != nil {
+		return err
+	}
 	// Conntrack does not see the data the fast path carries, so its TCP
 	// window falls behind; strict window checks would then mark the
 	// flow's FIN, or its packets after a fast-path switch, INVALID.
@@ -140,6 +149,13 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		return err
 	}
 	n.services.Load()
+	// On a fresh node the uplink got its programs before the services
+	// loaded; on a restart it gets them at the first peer sync.
+	if n.uplinkAttached {
+		if err := n.attachServicesUplink(); err != nil {
+			return err
+		}
+	}
 	n.bypass.Load()
 	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
@@ -311,8 +327,24 @@ func (n *Node) attachUplinkLocked(fp *fastpath.Datapath) error {
 	if err := fp.AttachUplink(n.up.Name); err != nil {
 		return fmt.Errorf("attach the overlay guard to %s: %w", n.up.Name, err)
 	}
+	// After the fast path's programs, which may have been attached afresh
+	// at the head: the load balancer's must run before them.
+	if err := n.attachServicesUplink(); err != nil {
+		return err
+	}
 	n.uplinkAttached = true
 	return nil
+}
+
+// attachServicesUplink puts the uplink load balancer on the uplink with
+// the kube-proxy replacement on, and takes it off otherwise, so that no
+// program translates with service entries nobody updates.
+func (n *Node) attachServicesUplink() error {
+	if !n.cfg.KubeProxyReplacement {
+		return services.RemoveUplink(n.cfg.BPFFS)
+	}
+	internal := []netip.Prefix{n.clusterCIDR, netip.PrefixFrom(n.up.NodeIP, 32)}
+	return n.services.AttachUplink(n.up.Name, internal)
 }
 
 // logConflicts says once which nodes are left out of the peers and why:

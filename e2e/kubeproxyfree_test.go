@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -153,9 +152,9 @@ func (c *serviceCluster) nodePort(t *testing.T) {
 	}
 	seen := map[string]int{}
 	for range tries {
-		name, err := askUDP(c.clients[0].Netns, udp)
-		if err != nil {
-			t.Fatal(err)
+		name, from, err := askUDP(c.clients[0].Netns, udp)
+		if err != nil || from != udp.String() {
+			t.Fatalf("UDP to %s: reply from %s, %v", udp, from, err)
 		}
 		seen[name]++
 	}
@@ -172,29 +171,6 @@ func (c *serviceCluster) nodePort(t *testing.T) {
 	if findService(resp, other.String(), "TCP") != nil {
 		t.Fatalf("%s serves %s, another node's NodePort", n.Name, other)
 	}
-}
-
-// askUDP sends one datagram from a fresh unconnected socket in netns and
-// returns the answer; the reply must read as coming from addr.
-func askUDP(netns string, addr netip.AddrPort) (string, error) {
-	var sock net.PacketConn
-	if err := lab.InNetns(netns, func() (err error) { sock, err = net.ListenPacket("udp4", ":0"); return err }); err != nil {
-		return "", err
-	}
-	defer sock.Close()
-	_ = sock.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := sock.WriteTo([]byte("who"), net.UDPAddrFromAddrPort(addr)); err != nil {
-		return "", err
-	}
-	buf := make([]byte, 64)
-	m, from, err := sock.ReadFrom(buf)
-	if err != nil {
-		return "", err
-	}
-	if from.String() != addr.String() {
-		return "", errors.New("reply from " + from.String() + ", want " + addr.String())
-	}
-	return string(buf[:m]), nil
 }
 
 // externalIPs and a load balancer's ingress IP are served at the socket on

@@ -68,12 +68,19 @@ type Options struct {
 	// the bench measures on "direct". The controller's namespace is on the
 	// bridge either way, which the nodes join by ctl0 for the control plane.
 	Underlay string
+	// ExternalClient adds a host outside the cluster on the underlay
+	// bridge (ExternalClientIP, namespace <prefix>-ext): a client of
+	// NodePorts, externalIPs and load balancer IPs.
+	ExternalClient bool
 }
 
 // Underlay addressing (inside the lab's own namespaces only).
 var (
 	underlay     = netip.MustParsePrefix("172.31.250.0/24")
 	controllerIP = netip.MustParseAddr("172.31.250.250")
+	// ExternalClientIP is Options.ExternalClient's address: above every
+	// node's (.11 to .210) and below the controller's.
+	ExternalClientIP = netip.MustParseAddr("172.31.250.240")
 	// directUnderlay addresses the direct pair's ends (Underlay "direct").
 	directUnderlay = netip.MustParsePrefix("172.31.251.0/24")
 )
@@ -106,6 +113,9 @@ type Lab struct {
 	KubeBin   string                `json:"kubeBin,omitempty"` // Options.KubeBin, for StartKubeProxy
 	// Flannel, if StartFlannel ran it.
 	Flannel *Flannel `json:"flannel,omitempty"`
+	// ExternalClient is the namespace of the host outside the cluster
+	// (Options.ExternalClient; at ExternalClientIP), "" when there is none.
+	ExternalClient string `json:"externalClient,omitempty"`
 
 	kubeOnce sync.Once
 	kube     kubernetes.Interface
@@ -214,6 +224,9 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	default:
 		return nil, fmt.Errorf("underlay %q: bridge or direct", o.Underlay)
 	}
+	if o.ExternalClient && o.Underlay == UnderlayDirect {
+		return nil, errors.New("an external client joins the underlay bridge; underlay direct has none between the nodes")
+	}
 	for _, b := range []string{"onc", "onc-agent", "onc-controller", "onc-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("binary %s missing in %s (run make build): %w", b, o.BinDir, err)
@@ -269,6 +282,12 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 			if _, err := l.AddPod(ctx, n); err != nil {
 				return l, err
 			}
+		}
+	}
+	if o.ExternalClient {
+		// Down removes it with every namespace of the prefix.
+		if l.ExternalClient, _, err = l.AddOutsider(l.Prefix+"-ext", ExternalClientIP); err != nil {
+			return l, err
 		}
 	}
 	return l, l.Save()

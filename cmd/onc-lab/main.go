@@ -68,6 +68,7 @@ func newRoot() *cobra.Command {
 	upFlags.BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
 	upFlags.StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
 	upFlags.StringVar(&o.Underlay, "underlay", lab.UnderlayBridge, "bridge (every node on one bridge) or direct (2 nodes on one veth pair, as the bench runs)")
+	upFlags.BoolVar(&o.ExternalClient, "external-client", false, "add a host outside the cluster on the underlay (namespace <prefix>-ext, "+lab.ExternalClientIP.String()+"), a client of NodePorts and external IPs")
 	upFlags.StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
 	up.Flags().AddFlagSet(upFlags)
 
@@ -151,6 +152,9 @@ The lab is up. Explore it:
   ip netns exec %[4]s ping %[5]s   # from a pod
   %[1]s/onc-lab matrix --prefix %[6]s
 `, l.BinDir, n.AgentSocket(), n.Netns, n.Pods[0].Netns, l.Nodes[len(l.Nodes)-1].Pods[0].IP, l.Prefix)
+	if l.ExternalClient != "" {
+		fmt.Printf("  ip netns exec %s curl http://%s:NODEPORT/   # from the host outside the cluster\n", l.ExternalClient, n.IP)
+	}
 	printMetrics(ctx, l)
 	fmt.Printf("Logs and state: %s\nRemove it: make lab-down\n", l.Dir)
 }

@@ -5,9 +5,12 @@
  * Services at the socket: every cgroup hook of the socket LB, as Cilium's
  * bpf_sock.c holds its own. A ClusterIP:port is rewritten to a backend pod
  * when a socket connects or sends, and back when it reads a reply or asks
- * for its peer (include/services.h).
+ * for its peer (include/services.h). And from outside the cluster, on the
+ * uplink: NodePorts, externalIPs and load balancer IPs
+ * (include/services_uplink.h).
  */
 #include "include/services.h"
+#include "include/services_uplink.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -105,3 +108,95 @@ int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
 	count(&onc_lb_destroy_stats, LB_DESTROY_STAT_UDP_DESTROYED, 1);
 	return 0;
 }
+
+/*
+ * tcx ingress of the uplink, ahead of the fast path's program: a packet
+ * from outside to a NodePort, externalIP or load balancer IP is checked
+ * (a spoofed source, a client outside the source ranges: dropped) and
+ * sent to its flow's backend; one the service has none for is left to
+ * netfilter to refuse, or dropped.
+ */
+SEC("tc")
+int onc_uplink_lb_ingress(struct __sk_buff *skb)
+{
+	struct lb_svc_key key = { .scope = LB_SCOPE_UPLINK };
+	struct lb_svc *found;
+	struct lb_svc svc;
+	struct lb_addr be;
+	struct lb_pkt p;
+	int ok;
+
+	if (lb_parse(skb, &p))
+		return LB_NEXT;
+	key.vip = p.daddr;
+	key.port = p.dport;
+	key.proto = p.proto;
+	found = bpf_map_lookup_elem(&onc_lb_svc, &key);
+	if (!found)
+		return LB_NEXT;
+	svc = *found;
+	/* Nobody outside speaks for a pod or for this node. */
+	if (lb_internal(p.saddr)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SPOOFED, 1);
+		return TC_ACT_SHOT;
+	}
+	/* Dropped, as kube-proxy drops them. */
+	if ((svc.flags & LB_SVC_SOURCE_RANGES) && !lb_source_allowed(svc.id, p.saddr)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SOURCE_RANGE_DROP, 1);
+		lb_count_svc(svc.id, 1);
+		return TC_ACT_SHOT;
+	}
+	ok = lb_flow_backend(&p, &svc, &be);
+	if (ok < 0)
+		return TC_ACT_SHOT;
+	if (!ok) {
+		lb_count_svc(svc.id, 1);
+		if (svc.flags & LB_SVC_DROP_WHEN_EMPTY) {
+			count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_ENDPOINTS_DROP, 1);
+			return TC_ACT_SHOT;
+		}
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REFUSED, 1);
+		skb->mark |= LB_MARK_REJECT;
+		return LB_NEXT;
+	}
+	if (lb_rewrite(skb, &p, 1, &be)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	/* A backend on another node must answer through this one. */
+	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
+		skb->mark |= LB_MARK_SNAT;
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
+	return LB_NEXT;
+}
+
+/*
+ * tcx egress of the uplink, ahead of the fast path's learning: a backend's
+ * reply to a client (after conntrack undid the SNAT, for a remote backend)
+ * leaves from the frontend the client sent to.
+ */
+SEC("tc")
+int onc_uplink_lb_egress(struct __sk_buff *skb)
+{
+	struct lb_flow_key key = { .dir = LB_FLOW_OUT };
+	struct lb_flow *rev;
+	struct lb_pkt p;
+
+	if (lb_parse(skb, &p))
+		return LB_NEXT;
+	key.saddr = p.saddr;
+	key.daddr = p.daddr;
+	key.sport = p.sport;
+	key.dport = p.dport;
+	key.proto = p.proto;
+	rev = bpf_map_lookup_elem(&onc_lb_flows, &key);
+	if (!rev)
+		return LB_NEXT;
+	if (lb_rewrite(skb, &p, 0, &rev->addr)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REVERSED, 1);
+	return LB_NEXT;
+}
+

@@ -49,6 +49,29 @@ const (
 	ServicesLbDestroyStatLB_DESTROY_STAT_MAX                ServicesLbDestroyStat = 2
 )
 
+type ServicesLbFlow struct {
+	_     structs.HostLayout
+	Addr  ServicesLbAddr
+	SvcId uint32
+}
+
+type ServicesLbFlowKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
+type ServicesLbInternalKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ip        uint32
+}
+
 type ServicesLbMemberKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -67,6 +90,13 @@ type ServicesLbRevnatKey struct {
 	Be    ServicesLbAddr
 	Proto uint8
 	Pad   [7]uint8
+}
+
+type ServicesLbSrcKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Ip        uint32
 }
 
 type ServicesLbStat uint32
@@ -107,6 +137,22 @@ type ServicesLbSvcStat struct {
 	Refused    uint64
 }
 
+type ServicesLbUplinkStat uint32
+
+const (
+	ServicesLbUplinkStatLB_STAT_UPLINK_TRANSLATED        ServicesLbUplinkStat = 0
+	ServicesLbUplinkStatLB_STAT_UPLINK_NEW_FLOW          ServicesLbUplinkStat = 1
+	ServicesLbUplinkStatLB_STAT_UPLINK_AFFINITY_HIT      ServicesLbUplinkStat = 2
+	ServicesLbUplinkStatLB_STAT_UPLINK_REFUSED           ServicesLbUplinkStat = 3
+	ServicesLbUplinkStatLB_STAT_UPLINK_NO_ENDPOINTS_DROP ServicesLbUplinkStat = 4
+	ServicesLbUplinkStatLB_STAT_UPLINK_SOURCE_RANGE_DROP ServicesLbUplinkStat = 5
+	ServicesLbUplinkStatLB_STAT_UPLINK_SPOOFED           ServicesLbUplinkStat = 6
+	ServicesLbUplinkStatLB_STAT_UPLINK_REVERSED          ServicesLbUplinkStat = 7
+	ServicesLbUplinkStatLB_STAT_UPLINK_NO_SLOT           ServicesLbUplinkStat = 8
+	ServicesLbUplinkStatLB_STAT_UPLINK_ERROR             ServicesLbUplinkStat = 9
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 10
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -114,19 +160,25 @@ const (
 	ServicesMapOncLbAff             = "onc_lb_aff"
 	ServicesMapOncLbBackend         = "onc_lb_backend"
 	ServicesMapOncLbDestroyStats    = "onc_lb_destroy_stats"
+	ServicesMapOncLbFlows           = "onc_lb_flows"
 	ServicesMapOncLbGone            = "onc_lb_gone"
+	ServicesMapOncLbInternal        = "onc_lb_internal"
 	ServicesMapOncLbMember          = "onc_lb_member"
 	ServicesMapOncLbNetns           = "onc_lb_netns"
 	ServicesMapOncLbRevnat          = "onc_lb_revnat"
+	ServicesMapOncLbSourceRanges    = "onc_lb_source_ranges"
 	ServicesMapOncLbStats           = "onc_lb_stats"
 	ServicesMapOncLbSvc             = "onc_lb_svc"
 	ServicesMapOncLbSvcStats        = "onc_lb_svc_stats"
+	ServicesMapOncLbUplinkStats     = "onc_lb_uplink_stats"
 	ServicesProgOncSockConnect4     = "onc_sock_connect4"
 	ServicesProgOncSockGetpeername4 = "onc_sock_getpeername4"
 	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
 	ServicesProgOncSockRelease      = "onc_sock_release"
 	ServicesProgOncSockSendmsg4     = "onc_sock_sendmsg4"
 	ServicesProgOncSockUdpDestroy   = "onc_sock_udp_destroy"
+	ServicesProgOncUplinkLbEgress   = "onc_uplink_lb_egress"
+	ServicesProgOncUplinkLbIngress  = "onc_uplink_lb_ingress"
 )
 
 // LoadServices returns the embedded CollectionSpec for Services.
@@ -177,6 +229,8 @@ type ServicesProgramSpecs struct {
 	OncSockRelease      *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
 	OncSockUdpDestroy   *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
+	OncUplinkLbEgress   *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress  *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
 }
 
 // ServicesMapSpecs contains maps before they are loaded into the kernel.
@@ -186,13 +240,17 @@ type ServicesMapSpecs struct {
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
+	OncLbFlows        *ebpf.MapSpec `ebpf:"onc_lb_flows"`
 	OncLbGone         *ebpf.MapSpec `ebpf:"onc_lb_gone"`
+	OncLbInternal     *ebpf.MapSpec `ebpf:"onc_lb_internal"`
 	OncLbMember       *ebpf.MapSpec `ebpf:"onc_lb_member"`
 	OncLbNetns        *ebpf.MapSpec `ebpf:"onc_lb_netns"`
 	OncLbRevnat       *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
 	OncLbStats        *ebpf.MapSpec `ebpf:"onc_lb_stats"`
 	OncLbSvc          *ebpf.MapSpec `ebpf:"onc_lb_svc"`
 	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -224,13 +282,17 @@ type ServicesMaps struct {
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
+	OncLbFlows        *ebpf.Map `ebpf:"onc_lb_flows"`
 	OncLbGone         *ebpf.Map `ebpf:"onc_lb_gone"`
+	OncLbInternal     *ebpf.Map `ebpf:"onc_lb_internal"`
 	OncLbMember       *ebpf.Map `ebpf:"onc_lb_member"`
 	OncLbNetns        *ebpf.Map `ebpf:"onc_lb_netns"`
 	OncLbRevnat       *ebpf.Map `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges *ebpf.Map `ebpf:"onc_lb_source_ranges"`
 	OncLbStats        *ebpf.Map `ebpf:"onc_lb_stats"`
 	OncLbSvc          *ebpf.Map `ebpf:"onc_lb_svc"`
 	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
 }
 
 func (m *ServicesMaps) Close() error {
@@ -238,13 +300,17 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,
+		m.OncLbFlows,
 		m.OncLbGone,
+		m.OncLbInternal,
 		m.OncLbMember,
 		m.OncLbNetns,
 		m.OncLbRevnat,
+		m.OncLbSourceRanges,
 		m.OncLbStats,
 		m.OncLbSvc,
 		m.OncLbSvcStats,
+		m.OncLbUplinkStats,
 	)
 }
 
@@ -264,6 +330,8 @@ type ServicesPrograms struct {
 	OncSockRelease      *ebpf.Program `ebpf:"onc_sock_release"`
 	OncSockSendmsg4     *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
 	OncSockUdpDestroy   *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
+	OncUplinkLbEgress   *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress  *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
 }
 
 func (p *ServicesPrograms) Close() error {
@@ -274,6 +342,8 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockRelease,
 		p.OncSockSendmsg4,
 		p.OncSockUdpDestroy,
+		p.OncUplinkLbEgress,
+		p.OncUplinkLbIngress,
 	)
 }
 

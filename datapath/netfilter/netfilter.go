@@ -175,3 +175,55 @@ func fill(ipt *iptables.IPTables, table, chain, parent string, rules [][]string)
 	}
 	return nil
 }
+
+// The uplink load balancer's chains (the kube-proxy replacement).
+const (
+	lbNATChain     = "ONC-LB-POSTROUTING"
+	lbInputChain   = "ONC-LB-INPUT"
+	lbForwardChain = "ONC-LB-FORWARD"
+)
+
+// UplinkLB is what the uplink load balancer's rules match: the skb->mark
+// bits its programs set. The zero value removes the rules (the chains stay,
+// empty).
+type UplinkLB struct {
+	// SNATMark: a packet from outside sent to a backend; masqueraded when
+	// it leaves by the overlay, so a backend on another node answers
+	// through this node (conntrack undoes it on the reply).
+	SNATMark uint32
+	// RejectMark: a packet to a service without backends; refused as
+	// kube-proxy's REJECT refuses it, TCP with a reset, UDP with an ICMP
+	// port unreachable.
+	RejectMark uint32
+}
+
+// EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
+// rules for lb, jumped to first from nat POSTROUTING and filter INPUT and
+// FORWARD (a refused frontend is a node address or one the node forwards).
+func EnsureUplinkLB(vxlanDev string, lb UplinkLB) error {
+	ipt, err := newIPv4()
+	if err != nil {
+		return err
+	}
+	var nat, reject [][]string
+	if lb.SNATMark != 0 {
+		m := fmt.Sprintf("0x%x/0x%x", lb.SNATMark, lb.SNATMark)
+		nat = [][]string{{"-o", vxlanDev, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
+			"onc: service from outside, to another node", "-j", "MASQUERADE", "--random-fully"}}
+	}
+	if lb.RejectMark != 0 {
+		m := fmt.Sprintf("0x%x/0x%x", lb.RejectMark, lb.RejectMark)
+		comment := []string{"-m", "comment", "--comment", "onc: service without endpoints"}
+		reject = [][]string{
+			append(append([]string{"-p", "tcp", "-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "tcp-reset"),
+			append(append([]string{"-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "icmp-port-unreachable"),
+		}
+	}
+	if err := fill(ipt, "nat", lbNATChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	if err := fill(ipt, "filter", lbInputChain, "INPUT", reject); err != nil {
+		return err
+	}
+	return fill(ipt, "filter", lbForwardChain, "FORWARD", reject)
+}

@@ -39,8 +39,10 @@ func (lb *LB) Services() ([]ServiceState, error) {
 // Affinity is a ClientIP affinity entry.
 type Affinity struct {
 	Netns uint64
-	// Pod is the client pod, the zero Addr for the host; Gone: the
-	// namespace is no longer this node's (the pod was deleted).
+	// Pod is the client pod, the zero Addr for the host, or for a
+	// service of the uplink scope the client's address (Netns is then
+	// 0); Gone: the namespace is no longer this node's (the pod was
+	// deleted).
 	Pod     netip.Addr
 	Gone    bool
 	Service Key
@@ -97,17 +99,23 @@ func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byI
 	if !ok || age > of.timeout {
 		return Affinity{}, false
 	}
+	if of.service.Scope == Uplink { // keyed by the client's address (services_uplink.h)
+		return Affinity{Pod: bpf.IPv4(uint32(k.Netns)), Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
+	}
 	pod, mine := owned[k.Netns]
 	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
 }
 
 // Stats sums the programs' counters over the CPUs: the cgroup programs',
-// then the UDP socket iterator's.
+// the UDP socket iterator's, then the uplink programs' (named uplink_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
-	st, err := lb.counters.Read()
-	if err != nil {
-		return nil, err
+	var all []bpf.Counter
+	for _, c := range []*bpf.Counters{lb.counters, lb.udp.counters, lb.uplink} {
+		st, err := c.Read()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, st...)
 	}
-	ended, err := lb.udp.counters.Read()
-	return append(st, ended...), err
+	return all, nil
 }

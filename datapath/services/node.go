@@ -209,5 +209,21 @@ func (n *Node) podsLB() *LB {
 	return nil
 }
 
+// AttachUplink balances the uplink-scope services for clients outside the
+// cluster (the kube-proxy replacement): the uplink programs go first on
+// ifname, and drop as spoofed what comes from internal (the cluster's pod
+// CIDR, this node's addresses). An unloaded LB attaches nothing: its
+// failure already removed every program (Load).
+func (n *Node) AttachUplink(ifname string, internal []netip.Prefix) error {
+	lb, ok := n.lb.Get()
+	if !ok {
+		return nil
+	}
+	if err := lb.SetInternal(internal); err != nil {
+		return fmt.Errorf("uplink load balancer: %w", err)
+	}
+	return lb.AttachUplink(ifname)
+}
+
 // Close releases the programs' handles; the pinned links keep balancing.
 func (n *Node) Close() error { return n.lb.Close() }

@@ -28,6 +28,7 @@ type LB struct {
 	maps     *bpf.ServicesMaps
 	progs    []hook
 	counters *bpf.Counters
+	uplink   *bpf.Counters // the uplink programs'
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -70,6 +71,9 @@ func Open(o Options) (*LB, error) {
 		{hookNames[4], ebpf.AttachCgroupInetSockRelease, p.OncSockRelease},
 	}
 	if lb.counters, err = bpf.NewCounters(lb.maps.OncLbStats, spec.Maps[bpf.ServicesMapOncLbStats]); err == nil {
+		lb.uplink, err = bpf.NewCounters(lb.maps.OncLbUplinkStats, spec.Maps[bpf.ServicesMapOncLbUplinkStats])
+	}
+	if err == nil {
 		err = lb.adopt()
 	}
 	if err == nil {
@@ -97,8 +101,8 @@ func (lb *LB) Attach() error {
 	return nil
 }
 
-// Remove takes a node's socket programs off their cgroup and drops their
-// maps, from the pins alone (nothing is loaded, nothing mounted): for
+// Remove takes a node's socket programs off their cgroup (and the uplink
+// programs off the uplink) and drops their maps, from the pins alone (nothing is loaded, nothing mounted): for
 // --services=off, and for a node whose programs failed to load, so that
 // an earlier agent's programs do not go on translating with maps nobody
 // updates. Connections go to ClusterIPs as they are, and kube-proxy
@@ -111,7 +115,7 @@ func Remove(pinDir string) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, RemoveUplink(pinDir))...); err != nil {
 		return err
 	}
 	spec, err := bpf.LoadServices()

@@ -41,6 +41,7 @@ type programmed struct {
 	// removal deletes exactly those beyond the new set.
 	banks   [2]uint16
 	members map[lbAddr]bool // affinity membership entries written
+	ranges  map[srcKey]bool // source range entries written
 	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
 	flipped time.Time       // when the live bank last changed
 }
@@ -74,7 +75,7 @@ func (lb *LB) adopt() error {
 	var v svcVal
 	it := lb.maps.OncLbSvc.Iterate()
 	for it.Next(&k, &v) {
-		lb.services[keyOf(k)] = &programmed{id: v.Id, bank: v.Bank, members: map[lbAddr]bool{}, adopted: true}
+		lb.services[keyOf(k)] = &programmed{id: v.Id, bank: v.Bank, members: map[lbAddr]bool{}, ranges: map[srcKey]bool{}, adopted: true}
 		lb.ids.used(v.Id)
 	}
 	if err := it.Err(); err != nil {
@@ -113,7 +114,7 @@ func (lb *LB) adopt() error {
 	if err := mit.Err(); err != nil {
 		return fmt.Errorf("read member map: %w", err)
 	}
-	return errors.Join(deleteAll(lb.maps.OncLbBackend, orphans), deleteAll(lb.maps.OncLbMember, strays))
+	return errors.Join(deleteAll(lb.maps.OncLbBackend, orphans), deleteAll(lb.maps.OncLbMember, strays), lb.adoptRanges(byID))
 }
 
 func deleteAll[K any](m *ebpf.Map, keys []K) error {
@@ -208,7 +209,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 			lb.ids.release(id)
 			return err
 		}
-		p = &programmed{id: id, bank: 1, members: map[lbAddr]bool{}}
+		p = &programmed{id: id, bank: 1, members: map[lbAddr]bool{}, ranges: map[srcKey]bool{}}
 		lb.services[k] = p
 	}
 	idle := p.bank ^ 1
@@ -236,6 +237,12 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	}
 	if s.KeepClient {
 		flags |= flagKeepClient
+	}
+	if len(s.SourceRanges) > 0 {
+		flags |= flagSourceRanges
+		if err := lb.addRanges(p, s); err != nil {
+			return err
+		}
 	}
 	if s.Affinity > 0 {
 		flags |= flagAffinity
@@ -265,6 +272,9 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 			delete(p.members, m)
 		}
 	}
+	if err := lb.pruneRanges(p, s); err != nil {
+		return err
+	}
 	p.svc = s
 	p.svc.Backends = slices.Clone(s.Backends)
 	p.adopted = false
@@ -288,6 +298,9 @@ func (lb *LB) remove(k Key, p *programmed) error {
 		if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
 			return err
 		}
+	}
+	if err := lb.pruneRanges(p, Service{}); err != nil {
+		return err
 	}
 	delete(lb.services, k)
 	lb.ids.release(p.id)

@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Services from outside the cluster, balanced on the uplink (tc, tcx): a
+ * packet to a NodePort, externalIP or load balancer IP (an LB_SCOPE_UPLINK
+ * entry of onc_lb_svc) gets a backend's address and port before the stack
+ * sees it, and the stack routes it to the local pod or over the overlay.
+ * Replies get the frontend's address back on their way out of the uplink.
+ *
+ * The programs never end the link's chain on a packet they let through:
+ * the fast path's program behind them (the overlay guard) judges every
+ * packet, translated or not.
+ *
+ * Address translation the kernel must do stays the kernel's: SNAT of
+ * packets to a backend on another node (ONC's MASQUERADE rule, matching
+ * LB_MARK_SNAT and the overlay device; conntrack undoes it on the reply),
+ * and refusals of services without backends (ONC's REJECT rules, matching
+ * LB_MARK_REJECT: a TCP reset or an ICMP port unreachable, as kube-proxy's
+ * REJECT answers). datapath/netfilter installs both.
+ */
+#ifndef __ONC_SERVICES_UPLINK_H
+#define __ONC_SERVICES_UPLINK_H
+
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+#include "services.h"
+
+/* TCX_NEXT (older uapi headers lack it): the next program on the link runs. */
+#define LB_NEXT TC_ACT_UNSPEC
+
+/* skb->mark bits for netfilter; datapath/services/uplink.go has the same. */
+#define LB_MARK_SNAT 0x80000
+#define LB_MARK_REJECT 0x100000
+
+/* Counters of the uplink programs (per CPU); onctl decodes them by name. */
+enum lb_uplink_stat {
+	LB_STAT_UPLINK_TRANSLATED,    /* packets sent to a backend */
+	LB_STAT_UPLINK_NEW_FLOW,      /* flows given a backend */
+	LB_STAT_UPLINK_AFFINITY_HIT,  /* new flows sent to the client's remembered backend */
+	LB_STAT_UPLINK_REFUSED,       /* no backend: left to the REJECT rule */
+	LB_STAT_UPLINK_NO_ENDPOINTS_DROP, /* no backend, DROP_WHEN_EMPTY */
+	LB_STAT_UPLINK_SOURCE_RANGE_DROP, /* client outside loadBalancerSourceRanges */
+	LB_STAT_UPLINK_SPOOFED,       /* source claims a pod or this node */
+	LB_STAT_UPLINK_REVERSED,      /* replies given the frontend's address */
+	LB_STAT_UPLINK_NO_SLOT,       /* a backend slot was missing: dropped */
+	LB_STAT_UPLINK_ERROR,         /* rewriting the packet failed: dropped */
+	LB_STAT_UPLINK_MAX,
+};
+
+ONC_COUNTERS(onc_lb_uplink_stats, lb_uplink_stat, LB_STAT_UPLINK_MAX);
+
+/* loadBalancerSourceRanges: a service's allowed client prefixes. */
+struct lb_src_key {
+	__u32 prefixlen; /* 32 (the service id) + the client prefix's length */
+	__u32 svc_id;
+	__be32 ip;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct lb_src_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_source_ranges SEC(".maps");
+
+/* Sources no packet from outside may carry: the cluster's pod CIDR and
+ * this node's addresses. */
+struct lb_internal_key {
+	__u32 prefixlen;
+	__be32 ip;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 64);
+	__type(key, struct lb_internal_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_internal SEC(".maps");
+
+/*
+ * A flow through the uplink, both ways: LB_FLOW_IN, keyed by the client's
+ * packet (client → frontend), names the flow's backend; LB_FLOW_OUT, keyed
+ * by the backend's reply as it leaves (backend → client), names the
+ * frontend the reply must come from.
+ */
+enum lb_flow_dir {
+	LB_FLOW_IN,
+	LB_FLOW_OUT,
+};
+
+struct lb_flow_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* enum lb_flow_dir */
+	__u8 pad[2];
+};
+
+struct lb_flow {
+	struct lb_addr addr; /* IN: the backend; OUT: the frontend */
+	__u32 svc_id;        /* IN: a flow of a service since replaced picks again */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072); /* 65,536 flows, two entries each */
+	__type(key, struct lb_flow_key);
+	__type(value, struct lb_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb_flows SEC(".maps");
+
+/* An IPv4 TCP or UDP packet that is not a fragment, read with
+ * bpf_skb_load_bytes, which needs no linear headers. */
+struct lb_pkt {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u32 l4off;
+};
+
+static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
+{
+	struct iphdr ip;
+	__be16 ports[2];
+
+	/* skb->protocol: a VLAN tag left in the data is not ours to read past. */
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return -1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+		return -1;
+	if (ip.version != 4 || ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
+		return -1;
+	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+		return -1;
+	p->l4off = ETH_HLEN + ip.ihl * 4;
+	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
+		return -1;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->proto = ip.protocol;
+	return 0;
+}
+
+/*
+ * Rewrites the destination (dst) or source address and port, keeping the
+ * IPv4 and TCP/UDP checksums right (a UDP checksum of 0, none, stays 0).
+ */
+static __always_inline int lb_rewrite(struct __sk_buff *skb, const struct lb_pkt *p, int dst,
+				      const struct lb_addr *to)
+{
+	__u32 ip_off = ETH_HLEN + (dst ? offsetof(struct iphdr, daddr) : offsetof(struct iphdr, saddr));
+	/* TCP and UDP keep their ports at the same offsets. */
+	__u32 port_off = p->l4off + (dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
+	__u32 csum_off = p->l4off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) :
+				     offsetof(struct udphdr, check));
+	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be32 old_ip = dst ? p->daddr : p->saddr;
+	__be16 old_port = dst ? p->dport : p->sport;
+
+	if (bpf_l4_csum_replace(skb, csum_off, old_ip, to->ip, mangled | BPF_F_PSEUDO_HDR | sizeof(to->ip)))
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum_off, old_port, to->port, mangled | sizeof(to->port)))
+		return -1;
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_ip, to->ip, sizeof(to->ip)))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ip_off, &to->ip, sizeof(to->ip), 0))
+		return -1;
+	return bpf_skb_store_bytes(skb, port_off, &to->port, sizeof(to->port), 0);
+}
+
+static __always_inline int lb_internal(__be32 addr)
+{
+	struct lb_internal_key key = { .prefixlen = 32, .ip = addr };
+
+	return bpf_map_lookup_elem(&onc_lb_internal, &key) != NULL;
+}
+
+static __always_inline int lb_source_allowed(__u32 svc_id, __be32 client)
+{
+	struct lb_src_key key = { .prefixlen = 64, .svc_id = svc_id, .ip = client };
+
+	return bpf_map_lookup_elem(&onc_lb_source_ranges, &key) != NULL;
+}
+
+/*
+ * A new flow's backend: the client's remembered one (ClientIP affinity,
+ * keyed by the client's address where the socket scope keys by network
+ * namespace; the service ids differ, so the two never meet), else one at
+ * random.
+ */
+static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, struct lb_addr *be)
+{
+	struct lb_aff_key akey = { .netns = client, .svc_id = svc->id };
+	struct lb_backend_key slot = { .svc_id = svc->id, .bank = svc->bank };
+	__u64 now = bpf_ktime_get_ns();
+	struct lb_aff aff = {};
+	struct lb_addr *found;
+
+	if ((svc->flags & LB_SVC_AFFINITY) && lb_affine(&akey, svc, now, &aff)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_AFFINITY_HIT, 1);
+		*be = aff.be;
+	} else {
+		slot.slot = bpf_get_prandom_u32() % svc->count;
+		found = bpf_map_lookup_elem(&onc_lb_backend, &slot);
+		if (!found)
+			return -1;
+		*be = *found;
+	}
+	if (svc->flags & LB_SVC_AFFINITY) {
+		aff.be = *be;
+		aff.last_ns = now;
+		bpf_map_update_elem(&onc_lb_aff, &akey, &aff, BPF_ANY);
+	}
+	return 0;
+}
+
+/*
+ * The flow's backend: the one it has (an existing flow keeps it, as a
+ * conntrack entry does under kube-proxy), else a new pick, recorded both
+ * ways. 0 when the service has no backend left for a new flow.
+ */
+static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct lb_svc *svc,
+					   struct lb_addr *be)
+{
+	struct lb_flow_key in = {
+		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
+		.proto = p->proto, .dir = LB_FLOW_IN,
+	};
+	struct lb_flow_key out = { .daddr = p->saddr, .dport = p->sport, .proto = p->proto, .dir = LB_FLOW_OUT };
+	struct lb_flow fwd = { .svc_id = svc->id };
+	struct lb_flow rev = { .addr.ip = p->daddr, .addr.port = p->dport, .svc_id = svc->id };
+	struct lb_flow *cur = bpf_map_lookup_elem(&onc_lb_flows, &in);
+
+	if (cur && cur->svc_id == svc->id) {
+		*be = cur->addr;
+		return 1;
+	}
+	if (!svc->count)
+		return 0;
+	if (lb_pick(svc, p->saddr, &fwd.addr)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_SLOT, 1);
+		return -1;
+	}
+	out.saddr = fwd.addr.ip;
+	out.sport = fwd.addr.port;
+	/* The reply's entry first: the backend may answer before this
+	 * program returns. */
+	bpf_map_update_elem(&onc_lb_flows, &out, &rev, BPF_ANY);
+	bpf_map_update_elem(&onc_lb_flows, &in, &fwd, BPF_ANY);
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NEW_FLOW, 1);
+	lb_count_svc(svc->id, 0);
+	*be = fwd.addr;
+	return 1;
+}
+
+#endif /* __ONC_SERVICES_UPLINK_H */

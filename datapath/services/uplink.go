@@ -1,0 +1,227 @@
+package services
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/vishvananda/netlink"
+)
+
+// The skb->mark bits the uplink programs set for netfilter, as
+// include/services_uplink.h defines them: SNATMark on packets sent to a
+// backend without KeepClient (masqueraded when they leave by the overlay),
+// RejectMark on packets to a service without backends (refused).
+const (
+	SNATMark   = 0x80000
+	RejectMark = 0x100000
+)
+
+const flagSourceRanges = 2 // LB_SVC_SOURCE_RANGES
+
+type (
+	srcKey      = bpf.ServicesLbSrcKey
+	internalKey = bpf.ServicesLbInternalKey
+)
+
+// uplinkHook is one uplink program and the tcx hook it serves.
+type uplinkHook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   *ebpf.Program
+}
+
+func (lb *LB) uplinkHooks() []uplinkHook {
+	p := &lb.objs.ServicesPrograms
+	return []uplinkHook{
+		{uplinkHookNames[0], ebpf.AttachTCXIngress, p.OncUplinkLbIngress},
+		{uplinkHookNames[1], ebpf.AttachTCXEgress, p.OncUplinkLbEgress},
+	}
+}
+
+// uplinkHookNames name the uplink link pins, in the order of uplinkHooks.
+var uplinkHookNames = []string{"ingress", "egress"}
+
+func uplinkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_uplink_lb_"+hook) }
+
+// AttachUplink puts the uplink programs first on ifname's tcx ingress and
+// egress, adopting an earlier agent's pinned links. First, because the
+// fast path's programs end the chain on every packet they let through;
+// ours let every packet on to them. Needs tcx (Linux 6.6).
+func (lb *LB) AttachUplink(ifname string) error {
+	l, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return fmt.Errorf("uplink load balancer: %w", err)
+	}
+	for _, h := range lb.uplinkHooks() {
+		if err := attachFirst(l.Attrs().Index, uplinkPin(lb.opts.PinDir, h.name), h.attach, h.prog); err != nil {
+			return fmt.Errorf("uplink load balancer on %s %s: %w", ifname, h.name, err)
+		}
+	}
+	return nil
+}
+
+// attachFirst swaps prog into the link pinned at pin when that link is on
+// ifindex and still first (atomic: no packet misses a program); otherwise
+// it attaches prog afresh at the head and pins it.
+func attachFirst(ifindex int, pin string, at ebpf.AttachType, prog *ebpf.Program) error {
+	info, err := prog.Info()
+	if err != nil {
+		return err
+	}
+	id, _ := info.ID()
+	if old, err := link.LoadPinnedLink(pin, nil); err == nil {
+		li, err := old.Info()
+		if err == nil && li.TCX() != nil && int(li.TCX().Ifindex) == ifindex && old.Update(prog) == nil {
+			if first, err := firstProgram(ifindex, at); err == nil && first == id {
+				return old.Close()
+			}
+		}
+		// Behind another program (one attached afresh at the head since),
+		// or elsewhere: detached now, as the attach below would otherwise
+		// find this program still on the hook.
+		_ = old.Detach()
+		old.Close()
+		if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at, Anchor: link.Head()})
+	if err != nil {
+		return fmt.Errorf("tcx on ifindex %d: %w", ifindex, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		_ = l.Detach()
+		return fmt.Errorf("pin %s: %w", pin, err)
+	}
+	return nil
+}
+
+func firstProgram(ifindex int, at ebpf.AttachType) (ebpf.ProgramID, error) {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+	if err != nil {
+		return 0, err
+	}
+	if len(res.Programs) == 0 {
+		return 0, errors.New("no program attached")
+	}
+	return res.Programs[0].ID, nil
+}
+
+// RemoveUplink detaches the uplink programs an agent pinned under pinDir,
+// from the pins alone: with the kube-proxy replacement off, no program may
+// go on translating with service entries nobody updates. Idempotent.
+func RemoveUplink(pinDir string) error {
+	var errs []error
+	for _, h := range uplinkHookNames {
+		pin := uplinkPin(pinDir, h)
+		old, err := link.LoadPinnedLink(pin, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			// Detached at once, not when the kernel drops the last reference.
+			err = old.Detach()
+			old.Close()
+		}
+		if rerr := os.Remove(pin); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove uplink load balancer %s: %w", h, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// SetInternal makes the uplink programs drop, as spoofed, packets to a
+// service whose source is in one of prefixes: the cluster's pod CIDR and
+// this node's addresses, which nobody outside may speak for.
+func (lb *LB) SetInternal(prefixes []netip.Prefix) error {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	want := map[internalKey]bool{}
+	for _, p := range prefixes {
+		if !p.Addr().Is4() {
+			return fmt.Errorf("internal prefix %s: not IPv4", p)
+		}
+		p = p.Masked()
+		want[internalKey{Prefixlen: uint32(p.Bits()), Ip: bpf.NetIPv4(p.Addr())}] = true
+	}
+	for k := range want {
+		if err := lb.maps.OncLbInternal.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("internal prefix %s: %w", internalPrefix(k), err)
+		}
+	}
+	_, err := bpf.DeleteIf(lb.maps.OncLbInternal, func(k internalKey, _ uint8) bool { return !want[k] })
+	return err
+}
+
+func internalPrefix(k internalKey) netip.Prefix {
+	return netip.PrefixFrom(bpf.IPv4(k.Ip), int(k.Prefixlen))
+}
+
+func rangeKey(id uint32, p netip.Prefix) srcKey {
+	p = p.Masked()
+	return srcKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: id, Ip: bpf.NetIPv4(p.Addr())}
+}
+
+// addRanges writes the source ranges of s that p lacks; before the service
+// entry flips, so a client in a new range is never refused.
+func (lb *LB) addRanges(p *programmed, s Service) error {
+	for _, r := range s.SourceRanges {
+		if !r.Addr().Is4() {
+			return fmt.Errorf("source range %s: not IPv4", r)
+		}
+		k := rangeKey(p.id, r)
+		if p.ranges[k] {
+			continue
+		}
+		if err := lb.maps.OncLbSourceRanges.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("source range %s: %w", r, err)
+		}
+		p.ranges[k] = true
+	}
+	return nil
+}
+
+// pruneRanges deletes the source ranges p has beyond s's; after the flip,
+// so a service dropping its ranges never refuses a client meanwhile.
+func (lb *LB) pruneRanges(p *programmed, s Service) error {
+	keep := map[srcKey]bool{}
+	for _, r := range s.SourceRanges {
+		keep[rangeKey(p.id, r)] = true
+	}
+	for k := range p.ranges {
+		if keep[k] {
+			continue
+		}
+		if err := lb.maps.OncLbSourceRanges.Delete(k); err != nil && !isNotExist(err) {
+			return fmt.Errorf("source range %s: %w", netip.PrefixFrom(bpf.IPv4(k.Ip), int(k.Prefixlen)-32), err)
+		}
+		delete(p.ranges, k)
+	}
+	return nil
+}
+
+// adoptRanges gives the services adopted from an earlier agent their
+// source ranges and deletes those of services gone.
+func (lb *LB) adoptRanges(byID map[uint32]*programmed) error {
+	_, err := bpf.DeleteIf(lb.maps.OncLbSourceRanges, func(k srcKey, _ uint8) bool {
+		p := byID[k.SvcId]
+		if p != nil {
+			p.ranges[k] = true
+		}
+		return p == nil
+	})
+	if err != nil {
+		return fmt.Errorf("read source range map: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,500 @@
+//go:build privileged
+
+package services
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
+	"github.com/onc-net/onc/datapath/netfilter"
+	"github.com/onc-net/onc/internal/netns"
+	"github.com/onc-net/onc/internal/testutil"
+	"golang.org/x/sys/unix"
+)
+
+// The uplink bed: a client namespace on the "underlay", a node namespace
+// whose uplink (n0) carries the programs, a local backend behind a veth
+// (b0) and a "remote" one behind another veth (r0), which stands in for
+// the overlay device: the MASQUERADE rule is given r0 as that device.
+var (
+	nodeIP     = netip.MustParseAddr("192.0.2.1")
+	clientIP   = netip.MustParseAddr("192.0.2.2")
+	externalIP = netip.MustParseAddr("203.0.113.10") // routed to the node, not its own
+	spoofIP    = netip.MustParseAddr("10.244.9.9")   // a pod address, claimed from outside
+	localBE    = netip.AddrPortFrom(netip.MustParseAddr("10.244.1.2"), 8080)
+	remoteBE   = netip.AddrPortFrom(netip.MustParseAddr("10.244.2.2"), 8080)
+	remoteGW   = netip.MustParseAddr("10.244.2.1") // the node's address toward the remote backend
+	podCIDR    = netip.MustParsePrefix("10.244.0.0/16")
+)
+
+const nodePort = 30080
+
+type uplinkBed struct {
+	t                     *testing.T
+	client, node, be, rbe string // namespace names
+	lb                    *LB
+}
+
+func ipIn(t *testing.T, ns string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("ip -n %s %s: %v: %s", ns, strings.Join(args, " "), err, out)
+	}
+}
+
+func in(t *testing.T, ns string, fn func() error) {
+	t.Helper()
+	h, err := netns.Open("/run/netns/" + ns)
+	testutil.Must(t, err)
+	defer h.Close()
+	testutil.Must(t, netns.Do(h, fn))
+}
+
+// veth joins namespaces a and b with a/an (addr aAddr) and b/bn (bAddr).
+func veth(t *testing.T, a, an, aAddr, b, bn, bAddr string) {
+	t.Helper()
+	ipIn(t, a, "link", "add", an, "type", "veth", "peer", "name", bn, "netns", b)
+	ipIn(t, a, "addr", "add", aAddr, "dev", an)
+	ipIn(t, b, "addr", "add", bAddr, "dev", bn)
+	ipIn(t, a, "link", "set", an, "up")
+	ipIn(t, b, "link", "set", bn, "up")
+}
+
+func newUplinkBed(t *testing.T) *uplinkBed {
+	t.Helper()
+	p := testutil.Prefix()
+	b := &uplinkBed{t: t, client: p + "-cl", node: p + "-nd", be: p + "-be", rbe: p + "-rb"}
+	for _, ns := range []string{b.client, b.node, b.be, b.rbe} {
+		testutil.Netns(t, ns)
+		ipIn(t, ns, "link", "set", "lo", "up")
+	}
+	veth(t, b.node, "n0", nodeIP.String()+"/24", b.client, "c0", clientIP.String()+"/24")
+	veth(t, b.node, "b0", "10.244.1.1/24", b.be, "b1", localBE.Addr().String()+"/24")
+	veth(t, b.node, "r0", remoteGW.String()+"/24", b.rbe, "r1", remoteBE.Addr().String()+"/24")
+	ipIn(t, b.client, "addr", "add", spoofIP.String()+"/32", "dev", "c0")
+	ipIn(t, b.client, "route", "add", externalIP.String()+"/32", "via", nodeIP.String())
+	ipIn(t, b.be, "route", "add", "default", "via", "10.244.1.1")
+	ipIn(t, b.rbe, "route", "add", "default", "via", remoteGW.String())
+	// The node forwards what is not its own back to the underlay, as a
+	// node's default route does: an externalIP without backends is
+	// refused in FORWARD, not lost to a missing route.
+	ipIn(t, b.node, "route", "add", "default", "via", clientIP.String())
+	if out, err := exec.Command("ip", "netns", "exec", b.node, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("ip_forward: %v: %s", err, out)
+	}
+	serveWho(t, b.be, localBE)
+	serveWho(t, b.rbe, remoteBE)
+
+	dir := t.TempDir()
+	lb, err := Open(Options{PinDir: dir})
+	testutil.Must(t, err)
+	t.Cleanup(func() {
+		lb.Close()
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	})
+	b.lb = lb
+	testutil.Must(t, lb.SetInternal([]netip.Prefix{podCIDR, netip.PrefixFrom(nodeIP, 32)}))
+	in(t, b.node, func() error {
+		if err := netfilter.EnsureUplinkLB("r0", netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark}); err != nil {
+			return err
+		}
+		return lb.AttachUplink("n0")
+	})
+	return b
+}
+
+// serveWho answers TCP and UDP on addr, in namespace ns, with
+// "<addr> <the peer it saw>".
+func serveWho(t *testing.T, ns string, addr netip.AddrPort) {
+	t.Helper()
+	in(t, ns, func() error {
+		l, err := net.Listen("tcp4", addr.String())
+		if err != nil {
+			return err
+		}
+		u, err := net.ListenPacket("udp4", addr.String())
+		if err != nil {
+			l.Close()
+			return err
+		}
+		t.Cleanup(func() { l.Close(); u.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = fmt.Fprintf(c, "%s %s", addr, c.RemoteAddr())
+				c.Close()
+			}
+		}()
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				_, from, err := u.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = u.WriteTo([]byte(fmt.Sprintf("%s %s", addr, from)), from)
+			}
+		}()
+		return nil
+	})
+}
+
+// answer is what a client got: the backend that served it and the peer
+// that backend saw, the address the reply came from, or the error.
+type answer struct {
+	Backend, SeenAs, From string
+	Err                   error
+}
+
+func parseAnswer(reply string, from net.Addr) answer {
+	be, seen, _ := strings.Cut(reply, " ")
+	seenAddr, _, _ := net.SplitHostPort(seen)
+	return answer{Backend: be, SeenAs: seenAddr, From: from.String()}
+}
+
+// tcp connects from the client namespace (from src, if valid) to dst and
+// reads the backend's answer; a successful handshake with dst shows the
+// node's replies came from dst.
+func (b *uplinkBed) tcp(src netip.Addr, dst netip.AddrPort) (a answer) {
+	b.t.Helper()
+	in(b.t, b.client, func() error {
+		d := net.Dialer{Timeout: 1500 * time.Millisecond}
+		if src.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
+		c, err := d.Dial("tcp4", dst.String())
+		if err != nil {
+			a.Err = err
+			return nil
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 128)
+		n, err := c.Read(buf)
+		if err != nil {
+			a.Err = err
+			return nil
+		}
+		a = parseAnswer(string(buf[:n]), c.RemoteAddr())
+		return nil
+	})
+	return a
+}
+
+// udp sends a datagram from the client namespace to dst on an unconnected
+// socket (the answer's source is then the kernel's, unfiltered), or on a
+// connected one (which sees ICMP errors).
+func (b *uplinkBed) udp(connected bool, dst netip.AddrPort) (a answer) {
+	b.t.Helper()
+	in(b.t, b.client, func() error {
+		buf := make([]byte, 128)
+		if connected {
+			c, err := net.Dial("udp4", dst.String())
+			if err != nil {
+				a.Err = err
+				return nil
+			}
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+			if _, err := c.Write([]byte("hi")); err != nil {
+				a.Err = err
+				return nil
+			}
+			n, err := c.Read(buf)
+			if err != nil {
+				a.Err = err
+				return nil
+			}
+			a = parseAnswer(string(buf[:n]), c.RemoteAddr())
+			return nil
+		}
+		c, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+		if _, err := c.WriteTo([]byte("hi"), net.UDPAddrFromAddrPort(dst)); err != nil {
+			return err
+		}
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			a.Err = err
+			return nil
+		}
+		a = parseAnswer(string(buf[:n]), from)
+		return nil
+	})
+	return a
+}
+
+func uplinkService(vip netip.Addr, proto Proto, bes ...netip.AddrPort) Service {
+	s := Service{Name: "default/np:p", Frontend: NodePort, Scope: Uplink, VIP: vip, Port: nodePort, Proto: proto}
+	for _, a := range bes {
+		s.Backends = append(s.Backends, Backend{Addr: a, Ready: true})
+	}
+	return s
+}
+
+// delta runs fn and returns how much each named uplink counter grew.
+func (b *uplinkBed) delta(fn func(), names ...string) map[string]uint64 {
+	b.t.Helper()
+	before := map[string]uint64{}
+	for _, n := range names {
+		before[n] = counter(b.t, b.lb, n)
+	}
+	fn()
+	out := map[string]uint64{}
+	for _, n := range names {
+		out[n] = counter(b.t, b.lb, n) - before[n]
+	}
+	return out
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// A NodePort and an externalIP reach a backend on the node over TCP and
+// UDP: the backend sees the client, the client sees the frontend answer.
+func TestUplinkToALocalBackend(t *testing.T) {
+	b := newUplinkBed(t)
+	testutil.Must(t, b.lb.Sync([]Service{
+		uplinkService(nodeIP, TCP, localBE), uplinkService(nodeIP, UDP, localBE),
+		uplinkService(externalIP, TCP, localBE), uplinkService(externalIP, UDP, localBE),
+	}, false))
+	for _, vip := range []netip.Addr{nodeIP, externalIP} {
+		front := netip.AddrPortFrom(vip, nodePort)
+		got := b.delta(func() {
+			for _, a := range []answer{b.tcp(netip.Addr{}, front), b.udp(false, front)} {
+				if a.Err != nil || a.Backend != localBE.String() || a.SeenAs != clientIP.String() || a.From != front.String() {
+					t.Errorf("to %s: %+v; want served by %s, seen as %s, from %s", front, a, localBE, clientIP, front)
+				}
+			}
+		}, "uplink_translated", "uplink_new_flow", "uplink_reversed")
+		// TCP: SYN, ACK, data/ACK, FIN...; UDP: one each way.
+		if got["uplink_new_flow"] != 2 || got["uplink_translated"] < 4 || got["uplink_reversed"] < 3 {
+			t.Errorf("to %s: counters %v", front, got)
+		}
+	}
+}
+
+// A backend on another node sees this node's address (SNAT), unless the
+// service keeps the client; a local backend always sees the client.
+func TestUplinkSNATToARemoteBackend(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	for _, tc := range []struct {
+		be         netip.AddrPort
+		keepClient bool
+		seenAs     netip.Addr
+	}{
+		{remoteBE, false, remoteGW},
+		{localBE, false, clientIP},
+		{localBE, true, clientIP},
+	} {
+		tcpSvc, udpSvc := uplinkService(nodeIP, TCP, tc.be), uplinkService(nodeIP, UDP, tc.be)
+		tcpSvc.KeepClient, udpSvc.KeepClient = tc.keepClient, tc.keepClient
+		testutil.Must(t, b.lb.Sync([]Service{tcpSvc, udpSvc}, false))
+		for _, a := range []answer{b.tcp(netip.Addr{}, front), b.udp(false, front)} {
+			if a.Err != nil || a.Backend != tc.be.String() || a.SeenAs != tc.seenAs.String() || a.From != front.String() {
+				t.Errorf("backend %s, keep client %v: %+v; want seen as %s, from %s", tc.be, tc.keepClient, a, tc.seenAs, front)
+			}
+		}
+	}
+}
+
+// Without backends TCP is reset and UDP gets a port unreachable at once;
+// with DropWhenEmpty both time out.
+func TestUplinkWithoutBackends(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	// The node's own address would be refused by its stack anyway (no
+	// socket there); an externalIP only by ONC's REJECT rule.
+	for _, vip := range []netip.Addr{nodeIP, externalIP} {
+		testutil.Must(t, b.lb.Sync([]Service{uplinkService(vip, TCP), uplinkService(vip, UDP)}, false))
+		to := netip.AddrPortFrom(vip, nodePort)
+		got := b.delta(func() {
+			start := time.Now()
+			if a := b.tcp(netip.Addr{}, to); !errors.Is(a.Err, syscall.ECONNREFUSED) {
+				t.Errorf("TCP to %s: %+v, want ECONNREFUSED", to, a)
+			}
+			if a := b.udp(true, to); !errors.Is(a.Err, syscall.ECONNREFUSED) {
+				t.Errorf("UDP to %s: %+v, want ECONNREFUSED", to, a)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("refusals took %v", d)
+			}
+		}, "uplink_refused", "uplink_translated")
+		if got["uplink_refused"] != 2 || got["uplink_translated"] != 0 {
+			t.Errorf("refused to %s: counters %v", to, got)
+		}
+	}
+
+	tcpSvc, udpSvc := uplinkService(nodeIP, TCP), uplinkService(nodeIP, UDP)
+	tcpSvc.DropWhenEmpty, udpSvc.DropWhenEmpty = true, true
+	testutil.Must(t, b.lb.Sync([]Service{tcpSvc, udpSvc}, false))
+	got := b.delta(func() {
+		if a := b.tcp(netip.Addr{}, front); !isTimeout(a.Err) {
+			t.Errorf("TCP, drop when empty: %+v, want a timeout", a)
+		}
+		if a := b.udp(true, front); !isTimeout(a.Err) {
+			t.Errorf("UDP, drop when empty: %+v, want a timeout", a)
+		}
+	}, "uplink_no_endpoints_drop", "uplink_refused")
+	if got["uplink_no_endpoints_drop"] < 2 || got["uplink_refused"] != 0 {
+		t.Errorf("drop when empty: counters %v", got)
+	}
+}
+
+// loadBalancerSourceRanges: a client outside them is dropped; one inside
+// is served; the ranges follow the service's updates.
+func TestUplinkSourceRanges(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	svc := uplinkService(nodeIP, TCP, localBE)
+	svc.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	testutil.Must(t, b.lb.Sync([]Service{svc}, false))
+	got := b.delta(func() {
+		if a := b.tcp(netip.Addr{}, front); !isTimeout(a.Err) {
+			t.Errorf("outside the ranges: %+v, want a timeout", a)
+		}
+	}, "uplink_source_range_drop", "uplink_translated")
+	if got["uplink_source_range_drop"] < 1 || got["uplink_translated"] != 0 {
+		t.Errorf("outside the ranges: counters %v", got)
+	}
+	svc.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("192.0.2.0/28")}
+	testutil.Must(t, b.lb.Sync([]Service{svc}, false))
+	if a := b.tcp(netip.Addr{}, front); a.Err != nil || a.Backend != localBE.String() {
+		t.Errorf("inside the ranges: %+v", a)
+	}
+	testutil.Must(t, b.lb.Sync(nil, false))
+	if n := bpftest.Entries(t, b.lb.maps.OncLbSourceRanges); n != 0 {
+		t.Errorf("%d source ranges left after the service went", n)
+	}
+}
+
+// A packet from outside claiming a pod's address is dropped as spoofed.
+func TestUplinkSpoofedSourceDropped(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, localBE)}, false))
+	got := b.delta(func() {
+		if a := b.tcp(spoofIP, front); !isTimeout(a.Err) {
+			t.Errorf("from %s: %+v, want a timeout", spoofIP, a)
+		}
+	}, "uplink_spoofed", "uplink_translated")
+	if got["uplink_spoofed"] < 1 || got["uplink_translated"] != 0 {
+		t.Errorf("spoofed: counters %v", got)
+	}
+}
+
+// Without affinity new flows spread over the backends, and each flow keeps
+// the backend its first packet got.
+func TestUplinkFlowsKeepTheirBackend(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, localBE, remoteBE)}, false))
+	seen := map[string]int{}
+	for range 20 {
+		a := b.tcp(netip.Addr{}, front)
+		if a.Err != nil {
+			t.Fatalf("TCP to %s: %v", front, a.Err)
+		}
+		seen[a.Backend]++
+	}
+	if len(seen) != 2 {
+		t.Errorf("backends %v; want both", seen)
+	}
+}
+
+// ClientIP affinity: a client's new flows meet the backend it met first.
+func TestUplinkAffinity(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	svc := uplinkService(nodeIP, TCP, localBE, remoteBE)
+	svc.Affinity = time.Minute
+	testutil.Must(t, b.lb.Sync([]Service{svc}, false))
+	seen := map[string]int{}
+	got := b.delta(func() {
+		for range 8 {
+			seen[b.tcp(netip.Addr{}, front).Backend]++
+		}
+	}, "uplink_affinity_hit")
+	if len(seen) != 1 || got["uplink_affinity_hit"] != 7 {
+		t.Errorf("backends %v, affinity hits %v; want one backend, 7 hits", seen, got)
+	}
+	affs, err := b.lb.Affinities()
+	testutil.Must(t, err)
+	if len(affs) != 1 || affs[0].Pod != clientIP {
+		t.Errorf("affinities %+v; want one, of client %s", affs, clientIP)
+	}
+}
+
+// The programs stay first on the uplink: after another program took the
+// head, attaching again puts them back before it; RemoveUplink takes them
+// off.
+func TestUplinkAttachStaysFirst(t *testing.T) {
+	b := newUplinkBed(t)
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
+	testutil.Must(t, err)
+	defer other.Close()
+	var ifindex int
+	in(t, b.node, func() error {
+		i, err := net.InterfaceByName("n0")
+		if err != nil {
+			return err
+		}
+		ifindex = i.Index
+		l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: other, Attach: ebpf.AttachTCXIngress, Anchor: link.Head()})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		return b.lb.AttachUplink("n0")
+	})
+	info, err := b.lb.objs.OncUplinkLbIngress.Info()
+	testutil.Must(t, err)
+	want, _ := info.ID()
+	in(t, b.node, func() error {
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+			if err != nil {
+				return err
+			}
+			if at == ebpf.AttachTCXIngress && (len(res.Programs) != 2 || res.Programs[0].ID != want) {
+				t.Errorf("ingress programs %v; want ours (%d) first of two", res.Programs, want)
+			}
+			if at == ebpf.AttachTCXEgress && len(res.Programs) != 1 {
+				t.Errorf("egress programs %v; want ours alone", res.Programs)
+			}
+		}
+		if err := RemoveUplink(b.lb.opts.PinDir); err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		if len(res.Programs) != 1 || res.Programs[0].ID == want {
+			t.Errorf("after RemoveUplink, ingress programs %v; want only the other", res.Programs)
+		}
+		return nil
+	})
+}

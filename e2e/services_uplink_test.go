@@ -1,0 +1,284 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+// NodePorts from outside the cluster, balanced on node 0's uplink, with
+// the agents replacing kube-proxy (none runs): from the lab's external
+// client to node 0's NodePort, over TCP and UDP, reaching a backend on
+// node 0 (which sees the client) and one on node 1 (which sees node 0:
+// SNAT), replies coming from the NodePort; externalTrafficPolicy Local
+// keeps to node 0's backend and the client's address; a Service without
+// endpoints is refused. Every path is checked by node 0's counters.
+func TestServicesFromOutside(t *testing.T) {
+	ctx := context.Background()
+	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", ExternalClient: true,
+		AgentArgs: []string{"--kube-proxy-replacement"}})
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
+		t.Fatal(err)
+	}
+	var backends []*lab.Pod
+	for i := range l.Nodes {
+		p, err := l.AddPodSpec(ctx, l.Nodes[i], lab.PodSpec{Namespace: svcNS, Name: fmt.Sprintf("web-%d", i),
+			Labels: map[string]string{"app": "web"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveWhoSaw(t, p.Netns, p.Name)
+		backends = append(backends, p)
+	}
+	node0 := l.Nodes[0]
+	tcpFront, udpFront := netip.AddrPortFrom(node0.IP, 30080), netip.AddrPortFrom(node0.IP, 30053)
+	svc := nodePortService("web", 30080, 30053)
+	if _, err := kube.CoreV1().Services(svcNS).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writeSlice(t, ctx, kube.DiscoveryV1().EndpointSlices(svcNS), "web", backends)
+	waitUplink(t, node0, tcpFront, "TCP", 2)
+
+	client := l.ExternalClient
+	counters := func() map[string]uint64 {
+		resp, err := agent(t, node0).ListServices(ctx, &apiv1.ListServicesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for _, c := range resp.Counters {
+			out[c.Name] = c.Value
+		}
+		return out
+	}
+
+	t.Run("TCPToLocalAndRemote", func(t *testing.T) {
+		before := counters()
+		seen := map[string]int{}
+		for range 30 {
+			name, saw, from, err := askTCP(client, tcpFront)
+			if err != nil {
+				t.Fatalf("TCP to %s from outside: %v", tcpFront, err)
+			}
+			if from != tcpFront.String() {
+				t.Fatalf("TCP reply from %s, want %s", from, tcpFront)
+			}
+			seen[name]++
+			// The local backend sees the client; the remote one node 0
+			// (its gateway address, which the overlay carries).
+			if want := lab.ExternalClientIP.String(); (name == backends[0].Name) != (saw == want) {
+				t.Fatalf("%s saw the client as %s (client %s)", name, saw, want)
+			}
+		}
+		if seen[backends[0].Name] == 0 || seen[backends[1].Name] == 0 {
+			t.Fatalf("backends reached: %v; want both", seen)
+		}
+		after := counters()
+		if d := after["uplink_new_flow"] - before["uplink_new_flow"]; d != 30 {
+			t.Errorf("uplink_new_flow grew by %d, want 30", d)
+		}
+		if after["uplink_reversed"]-before["uplink_reversed"] < 30 {
+			t.Errorf("uplink_reversed grew by %d, want ≥ 30", after["uplink_reversed"]-before["uplink_reversed"])
+		}
+	})
+
+	t.Run("UDP", func(t *testing.T) {
+		before := counters()
+		seen := map[string]int{}
+		for range 20 {
+			name, from, err := askUDP(client, udpFront)
+			if err != nil {
+				t.Fatalf("UDP to %s from outside: %v", udpFront, err)
+			}
+			if from != udpFront.String() {
+				t.Fatalf("UDP reply from %s, want %s", from, udpFront)
+			}
+			seen[name]++
+		}
+		if len(seen) != 2 {
+			t.Errorf("backends reached: %v; want both", seen)
+		}
+		if d := counters()["uplink_reversed"] - before["uplink_reversed"]; d < 20 {
+			t.Errorf("uplink_reversed grew by %d, want ≥ 20", d)
+		}
+	})
+
+	t.Run("ExternalTrafficPolicyLocal", func(t *testing.T) {
+		cur, err := kube.CoreV1().Services(svcNS).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		if _, err := kube.CoreV1().Services(svcNS).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitUplink(t, node0, tcpFront, "TCP", 1)
+		for range 10 {
+			name, saw, _, err := askTCP(client, tcpFront)
+			if err != nil || name != backends[0].Name || saw != lab.ExternalClientIP.String() {
+				t.Fatalf("externalTrafficPolicy Local: %s saw %s (%v); want %s seeing %s", name, saw, err, backends[0].Name, lab.ExternalClientIP)
+			}
+		}
+	})
+
+	t.Run("NoEndpointsRefused", func(t *testing.T) {
+		if _, err := kube.CoreV1().Services(svcNS).Create(ctx, nodePortService("empty", 30081, 30054), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		front := netip.AddrPortFrom(node0.IP, 30081)
+		waitUplink(t, node0, front, "TCP", 0)
+		before := counters()
+		start := time.Now()
+		if _, _, _, err := askTCP(client, front); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("TCP to %s without endpoints: %v, want ECONNREFUSED", front, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("refused after %v", d)
+		}
+		if d := counters()["uplink_refused"] - before["uplink_refused"]; d != 1 {
+			t.Errorf("uplink_refused grew by %d, want 1", d)
+		}
+	})
+}
+
+func nodePortService(name string, tcpPort, udpPort int32) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: svcNS}, Spec: corev1.ServiceSpec{
+		Type:     corev1.ServiceTypeNodePort,
+		Selector: map[string]string{"app": name},
+		Ports: []corev1.ServicePort{
+			{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: tcpPort},
+			{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(8053), NodePort: udpPort},
+		}}}
+}
+
+type sliceWriter interface {
+	Create(context.Context, *discoveryv1.EndpointSlice, metav1.CreateOptions) (*discoveryv1.EndpointSlice, error)
+}
+
+// writeSlice writes the EndpointSlice of Service name: the pods, ready.
+func writeSlice(t *testing.T, ctx context.Context, slices sliceWriter, name string, pods []*lab.Pod) {
+	t.Helper()
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name + "-abc12", Namespace: svcNS, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{
+			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))},
+			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(8053))},
+		}}
+	for _, p := range pods {
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
+	}
+	if _, err := slices.Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitUplink waits until node balances front/proto for clients outside
+// with n backends.
+func waitUplink(t *testing.T, node *lab.Node, front netip.AddrPort, proto string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := agent(t, node).ListServices(context.Background(), &apiv1.ListServicesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range resp.Services {
+			if s.Vip == front.String() && s.Proto == proto && s.Scope == "uplink" && len(s.Backends) == n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not balance %s/%s on the uplink with %d backends: %v", node.Name, front, proto, n, resp.Services)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// serveWhoSaw answers TCP on 8080 and UDP on 8053 with "name peer-address".
+func serveWhoSaw(t *testing.T, netns, name string) {
+	l := listenTCP(t, netns, 8080)
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
+			_, _ = fmt.Fprintf(conn, "%s %s", name, host)
+			conn.Close()
+		}
+	}()
+	u := listenUDP(t, netns, 8053)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			_, from, err := u.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = u.WriteTo([]byte(name), from)
+		}
+	}()
+}
+
+// askTCP connects from netns to addr: the backend's name, the address it
+// saw the client as, and the address the connection was made with.
+func askTCP(netns string, addr netip.AddrPort) (name, saw, from string, err error) {
+	var conn net.Conn
+	if err := lab.InNetns(netns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		return err
+	}); err != nil {
+		return "", "", "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 128)
+	n, err := conn.Read(buf)
+	name, saw, _ = strings.Cut(string(buf[:n]), " ")
+	return name, saw, conn.RemoteAddr().String(), err
+}
+
+// askUDP sends one datagram from netns to addr on an unconnected socket:
+// the backend's name and the address the reply came from.
+func askUDP(netns string, addr netip.AddrPort) (name, from string, err error) {
+	var c net.PacketConn
+	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket("udp4", ":0"); return err }); err != nil {
+		return "", "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.WriteTo([]byte("hi"), net.UDPAddrFromAddrPort(addr)); err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 64)
+	n, src, err := c.ReadFrom(buf)
+	if err != nil {
+		return "", "", err
+	}
+	return string(buf[:n]), src.String(), nil
+}
