@@ -2,7 +2,8 @@
 # Builds Kubernetes commands from source through the Go module proxy (this
 # machine has no registry) into a cache that outlives clones, and skips the
 # ones already there. Usage: hack/kube-build.sh DIR NAME...
-# NAME is a cmd/ name (kube-apiserver, kubectl, ...), e2e.test or agnhost.
+# NAME is a cmd/ name (kube-apiserver, kubectl, ...), e2e.test, agnhost or
+# ginkgo (the runner e2e.test's version of Ginkgo, for parallel runs).
 set -euo pipefail
 out=$1; shift
 mod="$(cd "$(dirname "$0")/../e2e/kind/kube" && pwd)"
@@ -20,6 +21,7 @@ for name in "$@"; do
   case $name in
     e2e.test) CGO_ENABLED=0 go test -c -mod=mod -ldflags "$ldflags" -o "$out/$name.tmp" k8s.io/kubernetes/test/e2e ;;
     agnhost) CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/$name.tmp" k8s.io/kubernetes/test/images/agnhost ;;
+    ginkgo) CGO_ENABLED=0 go build -mod=mod -o "$out/$name.tmp" github.com/onsi/ginkgo/v2/ginkgo ;;
     *) CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/$name.tmp" "k8s.io/kubernetes/cmd/$name" ;;
   esac
   mv "$out/$name.tmp" "$out/$name"

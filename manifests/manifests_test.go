@@ -1,7 +1,13 @@
 package manifests
 
 import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -127,5 +133,56 @@ func TestConfigMapKeys(t *testing.T) {
 	if !slices.Contains(c.Args, "--kube-proxy-replacement=$(KUBE_PROXY_REPLACEMENT)") || i < 0 ||
 		c.Env[i].ValueFrom.ConfigMapKeyRef.Key != "kube-proxy-replacement" {
 		t.Errorf("the agent's --kube-proxy-replacement does not come from key kube-proxy-replacement: args %v", c.Args)
+	}
+}
+
+// The install-cni script writes the conflist the replacement setting asks
+// for: ONC chained with portmap beside kube-proxy, ONC serving hostPorts
+// itself (the portMappings capability) without it.
+func TestConflistFollowsTheReplacement(t *testing.T) {
+	var agent appsv1.DaemonSet
+	decode(t, "DaemonSet", "onc-agent", &agent)
+	var script string
+	for _, c := range agent.Spec.Template.Spec.InitContainers {
+		if c.Name == "install-cni" {
+			script = c.Args[0]
+		}
+	}
+	for _, tc := range []struct {
+		replace string
+		want    []map[string]any
+	}{
+		{"false", []map[string]any{{"type": "onc", "agentSocket": "/var/run/onc/cni.sock"},
+			{"type": "portmap", "capabilities": map[string]any{"portMappings": true}}}},
+		{"true", []map[string]any{{"type": "onc", "agentSocket": "/var/run/onc/cni.sock", "capabilities": map[string]any{"portMappings": true}}}},
+	} {
+		root := t.TempDir()
+		for _, d := range []string{"host/opt/cni/bin", "host/etc/cni/net.d", "bin"} {
+			if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(root, "bin", "onc"), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		s := strings.ReplaceAll(strings.ReplaceAll(script, "/host/", root+"/host/"), "/usr/local/bin/onc", root+"/bin/onc")
+		cmd := exec.Command("/bin/sh", "-ec", s)
+		cmd.Env = []string{"KUBE_PROXY_REPLACEMENT=" + tc.replace}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("replacement %s: %v\n%s", tc.replace, err, out)
+		}
+		raw, err := os.ReadFile(filepath.Join(root, "host/etc/cni/net.d/10-onc.conflist"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conf struct {
+			Plugins []map[string]any `json:"plugins"`
+		}
+		if err := json.Unmarshal(raw, &conf); err != nil {
+			t.Fatalf("replacement %s: %v\n%s", tc.replace, err, raw)
+		}
+		if !reflect.DeepEqual(conf.Plugins, tc.want) {
+			t.Errorf("replacement %s: plugins %v, want %v", tc.replace, conf.Plugins, tc.want)
+		}
 	}
 }

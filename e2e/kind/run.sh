@@ -28,6 +28,10 @@ CACHE=${CACHE:-/var/cache/onc/kind}
 OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
 FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
 SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
+# Specs run at once: 1 runs e2e.test itself, more run it under the ginkgo
+# CLI in that many processes (for the long [sig-network] runs; Serial specs
+# still run alone, last).
+PROCS=${PROCS:-1}
 RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 KUBE_PROXY=${KUBE_PROXY:-iptables}
 ONLINE=${ONC_KIND_ONLINE:-0}
@@ -207,8 +211,13 @@ test_() {
   rolling_restart &
   local restarts=$!
   local rc=0
-  in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
-    --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
+  if [ "$PROCS" -gt 1 ]; then
+    in_ns ginkgo --procs="$PROCS" --focus="$FOCUS" ${SKIP:+--skip="$SKIP"} --no-color --timeout=3h "$KUBE_BIN/e2e.test" -- \
+      --kubeconfig="$KUBECONFIG" --provider=skeleton --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
+  else
+    in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
+      --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
+  fi
   # The restart check ends about five minutes in, before the run does.
   wait "$restarts" || rc=1
   admission_probe || rc=1
