@@ -76,9 +76,6 @@ type memberSet struct {
 // earlier agent (or drifted) is read from the kernel: its backends may
 // have left while no agent ran.
 func (lb *LB) udpBackendsBefore(want map[Key]Service) udpBefore {
-	if lb.udp.iter == nil {
-		return nil
-	}
 	before := udpBefore{}
 	for k, p := range lb.services {
 		s, kept := want[k]
@@ -122,9 +119,6 @@ func (lb *LB) liveBackends(k Key) []lbAddr {
 // not touched: it still balances to its old set. On failure the backends
 // are kept for the next Sync.
 func (lb *LB) endLeftUDP(before udpBefore) error {
-	if lb.udp.iter == nil {
-		return nil
-	}
 	gone := lb.stillGone()
 	for k, old := range before {
 		now := map[lbAddr]bool{}
@@ -143,6 +137,12 @@ func (lb *LB) endLeftUDP(before udpBefore) error {
 		}
 	}
 	if len(gone) == 0 {
+		return nil
+	}
+	if err := lb.forgetUplinkFlows(gone); err != nil {
+		return fmt.Errorf("forget the uplink's UDP flows to backends that left: %w", err)
+	}
+	if lb.udp.iter == nil {
 		return nil
 	}
 	err := lb.endSockets(gone)

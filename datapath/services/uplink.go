@@ -225,3 +225,20 @@ func (lb *LB) adoptRanges(byID map[uint32]*programmed) error {
 	}
 	return nil
 }
+
+// forgetUplinkFlows deletes the uplink's UDP flows to backends that left
+// their service, both ways, so that the client's next datagram picks a
+// backend still there, as kube-proxy deletes such conntrack entries. TCP
+// flows keep their backend, as under kube-proxy: a terminating pod may
+// still finish them.
+func (lb *LB) forgetUplinkFlows(gone map[memberKey]bool) error {
+	const in = 0 // enum lb_flow_dir: IN names the backend, OUT is keyed by it
+	_, err := bpf.DeleteIf(lb.maps.OncLbFlows, func(k bpf.ServicesLbFlowKey, v bpf.ServicesLbFlow) bool {
+		be := v.Addr
+		if k.Dir != in {
+			be = lbAddr{Ip: k.Saddr, Port: k.Sport}
+		}
+		return k.Proto == uint8(UDP) && gone[memberKey{SvcId: v.SvcId, Be: be}]
+	})
+	return err
+}

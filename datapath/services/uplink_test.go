@@ -423,6 +423,45 @@ func TestUplinkFlowsKeepTheirBackend(t *testing.T) {
 	}
 }
 
+// A UDP flow whose backend leaves its Service picks again with its next
+// datagram (kube-proxy deletes such conntrack entries); the entries of the
+// flow are gone both ways.
+func TestUplinkUDPFlowMovesWhenItsBackendLeaves(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, UDP, localBE, remoteBE)}, false))
+	var c *net.UDPConn
+	in(t, b.client, func() (err error) { c, err = net.ListenUDP("udp4", nil); return err })
+	defer c.Close()
+	ask := func() answer {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+		if _, err := c.WriteToUDPAddrPort([]byte("hi"), front); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 128)
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatalf("UDP to %s: %v", front, err)
+		}
+		return parseAnswer(string(buf[:n]), net.UDPAddrFromAddrPort(from))
+	}
+	first := ask()
+	for range 3 {
+		if again := ask(); again.Backend != first.Backend {
+			t.Fatalf("one flow met %s, then %s", first.Backend, again.Backend)
+		}
+	}
+	stays := remoteBE
+	if first.Backend == remoteBE.String() {
+		stays = localBE
+	}
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, UDP, stays)}, false))
+	if moved := ask(); moved.Backend == first.Backend || moved.From != front.String() {
+		t.Fatalf("after %s left, the flow met %s (from %s)", first.Backend, moved.Backend, moved.From)
+	}
+}
+
 // ClientIP affinity: a client's new flows meet the backend it met first.
 func TestUplinkAffinity(t *testing.T) {
 	b := newUplinkBed(t)
