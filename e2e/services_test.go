@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -423,7 +424,7 @@ func (c *serviceCluster) onctl(t *testing.T) {
 		}
 	}
 	status := run("status")
-	if !strings.Contains(status, "Socket LB: all (attached to cgroup ") {
+	if !regexp.MustCompile(`Socket LB:\s+all \(attached to cgroup `).MatchString(status) {
 		t.Fatalf("onctl status does not say where socket LB attaches:\n%s", status)
 	}
 	resp, err := agent(t, n).ListServices(context.Background(), &apiv1.ListServicesRequest{})
