@@ -327,7 +327,7 @@ service_probe() {
     kc -n onc-svcprobe wait --for=jsonpath='{.status.phase}'=Succeeded pod/src --timeout=5m >/dev/null
     echo "after:  $wk $(hits "$wk") | $cp $(hits "$cp")"
     echo "onctl services on $wk:"
-    kc -n onc-system exec "$(agent_pod "$wk")" -c onc-agent -- onctl services | grep -E "^SERVICE|onc-svcprobe|^Socket LB|^Counters"
+    kc -n onc-system exec "$(agent_pod "$wk")" -c onc-agent -- onctl services | grep -E "^FRONTEND|onc-svcprobe|^Socket LB|^Kube-proxy|^Counters"
   } > "$OUT/service-probe.txt" 2>&1
   kc delete namespace onc-svcprobe --wait=false >/dev/null
   cat "$OUT/service-probe.txt"
