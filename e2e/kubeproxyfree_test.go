@@ -211,7 +211,7 @@ func (c *serviceCluster) internalLocal(t *testing.T) {
 	svc := c.serviceWith(t, "itp", func(s *corev1.Service) {
 		s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
 	})
-	c.writeEndpoints(t, "itp", onNode1, nil)
+	writeEndpoints(t, c.kube, "itp", onNode1, nil)
 	addr := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80)
 	waitFrontend(t, c.l.Nodes[1], addr, "TCP", "socket", len(onNode1))
 	waitFrontend(t, c.l.Nodes[0], addr, "TCP", "socket", 0)

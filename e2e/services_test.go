@@ -107,6 +107,11 @@ func serveName(t *testing.T, netns, name string) {
 			}()
 		}
 	}()
+	serveNameUDP(t, netns, name)
+}
+
+// serveNameUDP answers every UDP datagram on 8053 with the pod's name.
+func serveNameUDP(t *testing.T, netns, name string) {
 	u := listenUDP(t, netns, 8053)
 	go func() {
 		buf := make([]byte, 64)
@@ -163,7 +168,7 @@ func (c *serviceCluster) serviceWith(t *testing.T, name string, edit func(*corev
 // terminating ones (serving, not ready) as a scale-down leaves them.
 func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr, ready, terminating []*lab.Pod) {
 	t.Helper()
-	c.writeEndpoints(t, name, ready, terminating)
+	writeEndpoints(t, c.kube, name, ready, terminating)
 	if len(ready) > 0 {
 		c.waitBalanced(t, vip, len(ready))
 	} else {
@@ -171,8 +176,10 @@ func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr,
 	}
 }
 
-// writeEndpoints is setEndpoints without waiting for the agents.
-func (c *serviceCluster) writeEndpoints(t *testing.T, name string, ready, terminating []*lab.Pod) {
+// writeEndpoints writes Service name's EndpointSlice, as the endpoint
+// controller would: ready backends, and terminating ones (serving, not
+// ready) as a scale-down leaves them.
+func writeEndpoints(t *testing.T, kube kubernetes.Interface, name string, ready, terminating []*lab.Pod) {
 	t.Helper()
 	ctx := context.Background()
 	slice := &discoveryv1.EndpointSlice{
@@ -193,7 +200,7 @@ func (c *serviceCluster) writeEndpoints(t *testing.T, name string, ready, termin
 				NodeName:   ptr.To(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
 		}
 	}
-	slices := c.kube.DiscoveryV1().EndpointSlices(svcNS)
+	slices := kube.DiscoveryV1().EndpointSlices(svcNS)
 	if _, err := slices.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
 		if _, err := slices.Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)

@@ -17,10 +17,8 @@ import (
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 )
 
 // NodePorts from outside the cluster, balanced on node 0's uplink, with
@@ -57,8 +55,8 @@ func TestServicesFromOutside(t *testing.T) {
 	if _, err := kube.CoreV1().Services(svcNS).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	writeSlice(t, ctx, kube.DiscoveryV1().EndpointSlices(svcNS), "web", backends)
-	waitUplink(t, node0, tcpFront, "TCP", 2)
+	writeEndpoints(t, kube, "web", backends, nil)
+	waitFrontend(t, node0, tcpFront, "TCP", "uplink", 2)
 
 	client := l.ExternalClient
 	counters := func() map[string]uint64 {
@@ -133,7 +131,7 @@ func TestServicesFromOutside(t *testing.T) {
 		if _, err := kube.CoreV1().Services(svcNS).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitUplink(t, node0, tcpFront, "TCP", 1)
+		waitFrontend(t, node0, tcpFront, "TCP", "uplink", 1)
 		for range 10 {
 			name, saw, _, err := askTCP(client, tcpFront)
 			if err != nil || name != backends[0].Name || saw != lab.ExternalClientIP.String() {
@@ -147,7 +145,7 @@ func TestServicesFromOutside(t *testing.T) {
 			t.Fatal(err)
 		}
 		front := netip.AddrPortFrom(node0.IP, 30081)
-		waitUplink(t, node0, front, "TCP", 0)
+		waitFrontend(t, node0, front, "TCP", "uplink", 0)
 		before := counters()
 		start := time.Now()
 		if _, _, _, err := askTCP(client, front); !errors.Is(err, syscall.ECONNREFUSED) {
@@ -172,52 +170,6 @@ func nodePortService(name string, tcpPort, udpPort int32) *corev1.Service {
 		}}}
 }
 
-type sliceWriter interface {
-	Create(context.Context, *discoveryv1.EndpointSlice, metav1.CreateOptions) (*discoveryv1.EndpointSlice, error)
-}
-
-// writeSlice writes the EndpointSlice of Service name: the pods, ready.
-func writeSlice(t *testing.T, ctx context.Context, slices sliceWriter, name string, pods []*lab.Pod) {
-	t.Helper()
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name + "-abc12", Namespace: svcNS, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports: []discoveryv1.EndpointPort{
-			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))},
-			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(8053))},
-		}}
-	for _, p := range pods {
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.IP.String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
-			NodeName:   ptr.To(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
-	}
-	if _, err := slices.Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// waitUplink waits until node balances front/proto for clients outside
-// with n backends.
-func waitUplink(t *testing.T, node *lab.Node, front netip.AddrPort, proto string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := agent(t, node).ListServices(context.Background(), &apiv1.ListServicesRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range resp.Services {
-			if s.Vip == front.String() && s.Proto == proto && s.Scope == "uplink" && len(s.Backends) == n {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not balance %s/%s on the uplink with %d backends: %v", node.Name, front, proto, n, resp.Services)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // serveWhoSaw answers TCP on 8080 and UDP on 8053 with "name peer-address".
 func serveWhoSaw(t *testing.T, netns, name string) {
 	l := listenTCP(t, netns, 8080)
@@ -232,17 +184,7 @@ func serveWhoSaw(t *testing.T, netns, name string) {
 			conn.Close()
 		}
 	}()
-	u := listenUDP(t, netns, 8053)
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			_, from, err := u.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = u.WriteTo([]byte(name), from)
-		}
-	}()
+	serveNameUDP(t, netns, name)
 }
 
 // askTCP connects from netns to addr: the backend's name, the address it
