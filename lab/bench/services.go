@@ -127,7 +127,7 @@ func RunServices(ctx context.Context, o Options) (out []Sample, err error) {
 	for _, n := range l.Nodes {
 		// No periodic resync: it would rewrite KUBE-SERVICES and reset the
 		// rule counters that show which path translated.
-		if err := l.StartKubeProxy(ctx, n, "--iptables-sync-period", "1h"); err != nil {
+		if err := l.StartKubeProxy(ctx, n, lab.ProxyIPTables, "--iptables-sync-period", "1h"); err != nil {
 			return nil, err
 		}
 		defer n.KubeProxy.Stop()
