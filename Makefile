@@ -9,7 +9,7 @@ export PATH := $(GOBIN_TOOLS):$(PATH)
 
 BINARIES := onc onc-agent onc-controller onctl onc-lab onc-bench
 
-.PHONY: all build test unit privileged e2e fuzz lab lab-down bench flannel-bins bench-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
+.PHONY: all build test unit privileged e2e fuzz lab lab-down bench flannel-bins bench-scale bench-services-scale bench-policy generate verify-generated lint prereqs clean kube-bins image e2e-kind e2e-kind-down
 
 # Kubernetes release built from source (e2e/kind/kube/go.mod pins it) for
 # the Kubernetes datastore tests and the kind bed; the cache outlives clones.
@@ -44,9 +44,12 @@ lab-down: build
 # a direct veth pair: bare underlay vs Flannel vs slow path vs fast path,
 # then TCP_RR and TCP_CRR to a ClusterIP through socket
 # LB vs kube-proxy (iptables mode) vs the pod IP, then two pods of one node
-# through the intra-node bypass vs the stack at 1 B-16 KiB; writes
+# through the intra-node bypass vs the stack at 1 B-16 KiB; then, on a lab
+# of its own on the bridge underlay, TCP_RR and TCP_CRR from a host outside
+# the cluster to a NodePort through ONC's kube-proxy replacement vs
+# kube-proxy in iptables and nftables mode; writes
 # bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
-# "--pods=false", "--services=false", "--intranode=false".
+# "--pods=false", "--services=false", "--intranode=false", "--nodeports=false".
 bench: prereqs build kube-bins flannel-bins
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin --flannel $(GOBIN_TOOLS)/flannel $(BENCH_ARGS)
@@ -62,6 +65,16 @@ flannel-bins:
 # "--nodes 100 --datastores etcd" (default: 100, 1000 and 5000 on both).
 bench-scale: prereqs build kube-bins
 	$(BIN)/onc-bench scale --kube-bin $(KUBE_BIN) $(SCALE_ARGS)
+
+# Services at scale (docs/performance.md, "Services at scale"): 10, 1,000
+# and 10,000 Services of 10 endpoints on a fresh 2-node lab in Kubernetes
+# mode; per size, ONC's kube-proxy replacement vs real kube-proxy in
+# iptables and nftables mode: time to program, memory, TCP_CRR to one
+# Service; writes bench-results/services-scale.{json,md,svg}.
+# SERVICES_SCALE_ARGS e.g. "--services 10,1000 --reps 3".
+bench-services-scale: prereqs build kube-bins
+	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
+	$(BIN)/onc-bench services-scale --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin $(SERVICES_SCALE_ARGS)
 
 # NetworkPolicy (docs/policy.md): rule programming time and memory for
 # 100/1000/5000 pods × 10/100/1000 policies (each in a throwaway network

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -15,25 +16,31 @@ import (
 
 const kubeProxyHealthzPort = 10256
 
-// StartKubeProxy runs a real kube-proxy (iptables mode, from the lab's
-// KubeBin) in n's namespace against the lab's kube-apiserver, as the
-// admin, and waits until its health check says it has programmed the
-// rules once. extra are more kube-proxy flags. It runs until
-// n.KubeProxy.Stop() or the lab goes down.
-func (l *Lab) StartKubeProxy(ctx context.Context, n *Node, extra ...string) error {
+// kube-proxy's --proxy-mode values the lab runs.
+const (
+	ProxyIPTables = "iptables"
+	ProxyNFTables = "nftables"
+)
+
+// StartKubeProxy runs a real kube-proxy (from the lab's KubeBin) in mode
+// in n's namespace against the lab's kube-apiserver, as the admin, and
+// waits until its health check says it has programmed the rules once.
+// extra are more kube-proxy flags. It runs until n.KubeProxy.Stop() or the
+// lab goes down.
+func (l *Lab) StartKubeProxy(ctx context.Context, n *Node, mode string, extra ...string) error {
 	if l.APIServer == nil {
 		return fmt.Errorf("kube-proxy needs the lab's Kubernetes mode (datastore %q)", l.Datastore)
 	}
-	bin := filepath.Join(l.KubeBin, "kube-proxy")
-	if _, err := os.Stat(bin); err != nil {
-		return fmt.Errorf("kube-proxy not found in %q (run make kube-bins): %w", l.KubeBin, err)
+	bin, err := l.kubeProxyBin()
+	if err != nil {
+		return err
 	}
 	st, err := n.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: agent status: %w", n.Name, err)
 	}
 	healthz := netip.AddrPortFrom(n.IP, kubeProxyHealthzPort).String()
-	args := append([]string{"--kubeconfig", l.APIServer.Kubeconfig, "--proxy-mode", "iptables",
+	args := append([]string{"--kubeconfig", l.APIServer.Kubeconfig, "--proxy-mode", mode,
 		"--hostname-override", n.Name, "--bind-address", n.IP.String(), "--cluster-cidr", st.ClusterCidr,
 		"--healthz-bind-address", healthz, "--metrics-bind-address", netip.AddrPortFrom(n.IP, 10249).String(),
 		// A node namespace cannot change the machine's conntrack table size.
@@ -52,6 +59,31 @@ func (l *Lab) StartKubeProxy(ctx context.Context, n *Node, extra ...string) erro
 		return fmt.Errorf("kube-proxy on %s: %w; log %s:\n%s", n.Name, err, p.Log, daemon.Tail(p.Log, 20))
 	}
 	return nil
+}
+
+// CleanupKubeProxy stops n's kube-proxy, if it runs, and has kube-proxy
+// remove every rule it writes in any mode (kube-proxy --cleanup: its
+// iptables chains and its nftables table), as an operator does before
+// switching modes or handing Services to ONC.
+func (l *Lab) CleanupKubeProxy(ctx context.Context, n *Node) error {
+	n.KubeProxy.Stop()
+	bin, err := l.kubeProxyBin()
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", n.Netns, bin, "--cleanup").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kube-proxy --cleanup on %s: %w: %s", n.Name, err, out)
+	}
+	return nil
+}
+
+func (l *Lab) kubeProxyBin() (string, error) {
+	bin := filepath.Join(l.KubeBin, "kube-proxy")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("kube-proxy not found in %q (run make kube-bins): %w", l.KubeBin, err)
+	}
+	return bin, nil
 }
 
 // waitHealthy polls url from inside netns until it answers 200.

@@ -10,12 +10,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -36,6 +38,8 @@ func main() {
 		err = scaleMain(ctx, os.Args[2:])
 	} else if len(os.Args) > 1 && os.Args[1] == "policy" {
 		err = policyMain(ctx, os.Args[2:])
+	} else if len(os.Args) > 1 && os.Args[1] == "services-scale" {
+		err = servicesScaleMain(ctx, os.Args[2:])
 	} else {
 		err = netperfMain(ctx, os.Args[1:])
 	}
@@ -48,7 +52,7 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf and redis: bare vs Flannel vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf and redis: bare vs Flannel vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n       onc-bench services-scale [flags] Services at scale, ONC vs kube-proxy (make bench-services-scale; onc-bench services-scale --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
@@ -65,13 +69,14 @@ func netperfMain(ctx context.Context, args []string) error {
 	redis := fs.Int("redis-requests", 100000, "redis-benchmark -n of each of GET and SET per run; 0 leaves the redis rows out")
 	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: two veth pairs and a bridge under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
+	nodeports := fs.Bool("nodeports", true, "measure NodePorts from a host outside the cluster, on a lab of their own on the bridge underlay: "+strings.Join(bench.NodePortConfigs, ", "))
 	_ = fs.Parse(args)
 	np, err := filepath.Abs(*netperf)
 	if err != nil {
 		return err
 	}
 	need := []string{"kube-apiserver"}
-	if *services {
+	if *services || *nodeports {
 		need = append(need, "kube-proxy")
 	}
 	for _, b := range need {
@@ -86,46 +91,30 @@ func netperfMain(ctx context.Context, args []string) error {
 			}
 		}
 	}
-	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
-		Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: *underlay})
-	if err != nil {
-		return err
-	}
-	defer l.Down()
-	if *flannel != "" {
-		dir, err := filepath.Abs(*flannel)
-		if err != nil {
-			return err
-		}
-		if err := l.StartFlannel(ctx, dir); err != nil {
-			return err
-		}
-	}
-	if err := bench.AddPods(ctx, l); err != nil {
-		return err
-	}
-	o := bench.Options{Lab: l, Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Log: os.Stdout}
+	o := bench.Options{Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Log: os.Stdout}
 	var samples []bench.Sample
-	if *pods {
-		fmt.Printf("lab up; pod to pod: %d × %s%s × %s × %s\n", *reps, strings.Join(*tests, ", "),
-			map[bool]string{true: ", redis", false: ""}[*redis > 0], strings.Join(o.Configs(), ", "), *dur)
-		s, err := bench.Run(ctx, o)
+	if *pods || *services || *intranode {
+		s, err := netperfLab(ctx, o, *kubeBin, *underlay, *flannel, *pods, *services, *intranode)
 		if err != nil {
 			return err
 		}
 		samples = append(samples, s...)
 	}
-	if *services {
-		fmt.Printf("Services: %d × %s × %d configs × %s\n", *reps, strings.Join(bench.ServiceTests, ", "), len(bench.ServiceConfigs), *dur)
-		s, err := bench.RunServices(ctx, o)
+	if *nodeports {
+		// A lab of its own: the outside host joins the underlay's bridge,
+		// which the direct underlay has none of between the nodes.
+		l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
+			Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: lab.UnderlayBridge})
 		if err != nil {
 			return err
 		}
-		samples = append(samples, s...)
-	}
-	if *intranode {
-		fmt.Printf("intra-node: %d × %d sizes × %s × %d configs × %s\n", *reps, len(bench.IntranodeSizes), strings.Join(bench.IntranodeTests, ", "), len(bench.IntranodeConfigs), *dur)
-		s, err := bench.RunIntranode(ctx, o)
+		defer l.Down()
+		if err := bench.AddPods(ctx, l); err != nil {
+			return err
+		}
+		o.Lab = l
+		fmt.Printf("NodePorts: %d × %s × %d configs × %s\n", *reps, strings.Join(bench.NodePortTests, ", "), len(bench.NodePortConfigs), *dur)
+		s, err := bench.RunNodePorts(ctx, o)
 		if err != nil {
 			return err
 		}
@@ -140,6 +129,57 @@ func netperfMain(ctx context.Context, args []string) error {
 	r.Markdown(os.Stdout)
 	fmt.Printf("\nwritten: %s/latest.{json,md,svg}\n", *out)
 	return nil
+}
+
+// netperfLab runs the rows of one lab on underlay: pod to pod, Services
+// (ClusterIP) and intra-node, as asked; the lab is down when it returns.
+func netperfLab(ctx context.Context, o bench.Options, kubeBin, underlay, flannel string, pods, services, intranode bool) ([]bench.Sample, error) {
+	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
+		Datastore: "kubernetes", KubeBin: kubeBin, Underlay: underlay})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Down()
+	o.Lab = l
+	if flannel != "" {
+		dir, err := filepath.Abs(flannel)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.StartFlannel(ctx, dir); err != nil {
+			return nil, err
+		}
+	}
+	if err := bench.AddPods(ctx, l); err != nil {
+		return nil, err
+	}
+	var samples []bench.Sample
+	if pods {
+		fmt.Printf("lab up; pod to pod: %d × %s%s × %s × %s\n", o.Reps, strings.Join(o.Tests, ", "),
+			map[bool]string{true: ", redis", false: ""}[o.RedisRequests > 0], strings.Join(o.Configs(), ", "), o.Duration)
+		s, err := bench.Run(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		samples = append(samples, s...)
+	}
+	if services {
+		fmt.Printf("Services: %d × %s × %d configs × %s\n", o.Reps, strings.Join(bench.ServiceTests, ", "), len(bench.ServiceConfigs), o.Duration)
+		s, err := bench.RunServices(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		samples = append(samples, s...)
+	}
+	if intranode {
+		fmt.Printf("intra-node: %d × %d sizes × %s × %d configs × %s\n", o.Reps, len(bench.IntranodeSizes), strings.Join(bench.IntranodeTests, ", "), len(bench.IntranodeConfigs), o.Duration)
+		s, err := bench.RunIntranode(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		samples = append(samples, s...)
+	}
+	return samples, nil
 }
 
 func scaleMain(ctx context.Context, args []string) error {
@@ -265,6 +305,52 @@ func policyMain(ctx context.Context, args []string) error {
 		return fmt.Errorf("failed: %s", strings.Join(failed, "; "))
 	}
 	return ctx.Err()
+}
+
+func servicesScaleMain(ctx context.Context, args []string) error {
+	fs := pflag.NewFlagSet("onc-bench services-scale", pflag.ExitOnError)
+	out := fs.String("out", "bench-results", "directory for services-scale.json, .md and .svg")
+	sizes := fs.IntSlice("services", []int{10, 1000, 10000}, "numbers of Services, each measured with every proxy ("+strings.Join(bench.Proxies, ", ")+"); the smallest is the TCP_CRR ratios' base")
+	endpoints := fs.Int("endpoints", 10, "endpoints of each Service but the measured one (addresses no pod holds)")
+	netperf := fs.String("netperf", ".tools/netperf/usr/bin", "directory holding netperf and netserver (./hack/netperf.sh .tools/netperf)")
+	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver and kube-proxy (make kube-bins; env ONC_KUBE_BIN)")
+	reps := fs.Int("reps", 5, "TCP_CRR runs per proxy and size")
+	dur := fs.Duration("duration", 5*time.Second, "length of one netperf run")
+	cpus := fs.String("cpus", "0,1", `netperf -T: CPU of netperf, CPU of netserver ("" leaves placement to the scheduler)`)
+	timeout := fs.Duration("timeout", 10*time.Minute, "longest wait for a proxy to program the Services before its row counts as failed")
+	_ = fs.Parse(args)
+	slices.Sort(*sizes)
+	if len(*sizes) == 0 || (*sizes)[0] < 1 {
+		return fmt.Errorf("--services: %v (at least 1 each: the measured Service is one of them)", *sizes)
+	}
+	for _, b := range []string{"kube-apiserver", "kube-proxy"} {
+		if _, err := os.Stat(filepath.Join(*kubeBin, b)); err != nil {
+			return fmt.Errorf("the Services scale bench needs %s (make kube-bins, --kube-bin): %w", b, err)
+		}
+	}
+	np, err := filepath.Abs(*netperf)
+	if err != nil {
+		return err
+	}
+	rows, err := bench.RunServicesScale(ctx, bench.ScaleOptions{BinDir: binDir(), KubeBin: *kubeBin, Netperf: np, Services: *sizes,
+		Endpoints: *endpoints, Reps: *reps, Duration: *dur, CPUs: *cpus, Timeout: *timeout, Log: os.Stdout})
+	r := bench.NewScaleReport(rows)
+	r.Date, r.Kernel, r.CPUs, r.Endpoints, r.Reps, r.Duration = time.Now().UTC().Format(time.RFC3339), kernel(), runtime.NumCPU(), *endpoints, *reps, dur.String()
+	if werr := bench.WriteFiles(*out, "services-scale", r); werr != nil {
+		return errors.Join(err, werr)
+	}
+	fmt.Println()
+	r.Markdown(os.Stdout)
+	fmt.Printf("\nwritten: %s/services-scale.{json,md,svg}\n", *out)
+	if err != nil {
+		return err
+	}
+	for _, row := range rows {
+		if row.Error != "" {
+			return fmt.Errorf("%s with %d Services failed (see the report)", row.Proxy, row.Services)
+		}
+	}
+	return nil
 }
 
 // binDir holds this binary and its siblings (make build).

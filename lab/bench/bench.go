@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"sort"
@@ -86,6 +87,9 @@ type Sample struct {
 	Size int `json:"size,omitempty"`
 	// LatencyUS is TCP_RR's mean latency of the intra-node rows, µs.
 	LatencyUS float64 `json:"latency_us,omitempty"`
+	// Error: the run failed, or its path check did (why). Its value, if
+	// any, is kept for the record and counted in no median or ratio.
+	Error string `json:"error,omitempty"`
 }
 
 // Run measures every test on every config, Reps times, rotating the
@@ -249,8 +253,18 @@ func startIn(netns []string, args func(ns string) []string) (stop func(), err er
 // after the defaults, so they override them (netperf keeps an option's
 // last value).
 func Netperf(ctx context.Context, dir, netns, host, test string, d time.Duration, cpus string, dataPort int, opts ...string) (Sample, error) {
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return Sample{}, err
+	}
+	return netperfAt(ctx, dir, netns, netip.AddrPortFrom(ip, uint16(ctlPort.port)), test, d, cpus, dataPort, opts...)
+}
+
+// netperfAt is Netperf with its control connection to ctl: a NodePort's,
+// whose number is not netserver's.
+func netperfAt(ctx context.Context, dir, netns string, ctl netip.AddrPort, test string, d time.Duration, cpus string, dataPort int, opts ...string) (Sample, error) {
 	name, testOpts := netperfTest(test)
-	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", host, "-p", "12865", "-t", name,
+	args := []string{"netns", "exec", netns, dir + "/netperf", "-H", ctl.Addr().String(), "-p", strconv.Itoa(int(ctl.Port())), "-t", name,
 		"-l", strconv.Itoa(int(d.Seconds())), "-P", "0", "-c", "-C"}
 	if cpus != "" {
 		args = append(args, "-T", cpus)
@@ -306,6 +320,8 @@ type Summary struct {
 	// LatencyUS is the median of the samples' (TCP_RR of the intra-node
 	// rows).
 	LatencyUS float64 `json:"latency_us,omitempty"`
+	// Failed runs, counted in none of the above (Sample.Error).
+	Failed int `json:"failed,omitempty"`
 }
 
 // Summarize groups samples by test, config and size: the pod-to-pod rows,
@@ -324,7 +340,7 @@ func Summarize(samples []Sample) []Summary {
 		}
 		groups[k] = append(groups[k], s)
 	}
-	configs := slices.Concat(Configs, ServiceConfigs, IntranodeConfigs)
+	configs := slices.Concat(Configs, ServiceConfigs, NodePortConfigs, IntranodeConfigs)
 	allTests := slices.Concat(Tests, RedisTests)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
@@ -341,14 +357,21 @@ func Summarize(samples []Sample) []Summary {
 	})
 	var out []Summary
 	for _, k := range order {
-		g := groups[k]
-		vals, cpus, lats := make([]float64, len(g)), make([]float64, len(g)), make([]float64, len(g))
-		for i, s := range g {
-			vals[i], cpus[i], lats[i] = s.Value, s.CPU, s.LatencyUS
+		var vals, cpus, lats []float64
+		var ok []Sample
+		for _, s := range groups[k] {
+			if s.Error == "" {
+				vals, cpus, lats = append(vals, s.Value), append(cpus, s.CPU), append(lats, s.LatencyUS)
+				ok = append(ok, s)
+			}
 		}
 		st := StatOf(vals)
-		out = append(out, Summary{Test: k.test, Config: k.cfg, Size: k.size, Median: st.Median, Min: st.Min, Max: st.Max,
-			Lo: st.Lo, Hi: st.Hi, Unit: g[0].Unit, N: len(g), CPUMedian: Median(cpus), CPUUnit: g[0].CPUUnit, LatencyUS: Median(lats)})
+		sum := Summary{Test: k.test, Config: k.cfg, Size: k.size, Median: st.Median, Min: st.Min, Max: st.Max,
+			Lo: st.Lo, Hi: st.Hi, N: len(ok), CPUMedian: Median(cpus), LatencyUS: Median(lats), Failed: len(groups[k]) - len(ok)}
+		if len(ok) > 0 {
+			sum.Unit, sum.CPUUnit = ok[0].Unit, ok[0].CPUUnit
+		}
+		out = append(out, sum)
 	}
 	return out
 }
@@ -357,6 +380,7 @@ func Summarize(samples []Sample) []Summary {
 const (
 	podSection = iota
 	serviceSection
+	nodePortSection
 	intranodeSection
 )
 
@@ -364,13 +388,13 @@ func section(cfg string) int {
 	switch {
 	case slices.Contains(ServiceConfigs, cfg):
 		return serviceSection
+	case slices.Contains(NodePortConfigs, cfg):
+		return nodePortSection
 	case slices.Contains(IntranodeConfigs, cfg):
 		return intranodeSection
 	}
 	return podSection
 }
-
-func isService(cfg string) bool { return section(cfg) == serviceSection }
 
 // testsOf are the tests of run that a section runs, in run's order.
 func testsOf(run, section []string) []string {

@@ -79,3 +79,31 @@ func meets(x float64, op string, limit float64) bool {
 		return x <= limit
 	}
 }
+
+// RatioOfMedians is median(a) ÷ median(b) for two sets measured apart
+// (not paired): the interval is a percentile bootstrap resampling each set
+// on its own; min and max are the extreme ratios, min(a) ÷ max(b) and
+// max(a) ÷ min(b); n is the smaller set's size.
+func RatioOfMedians(a, b []float64) Stat {
+	if len(a) == 0 || len(b) == 0 || Median(b) == 0 {
+		return Stat{}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	ratios := make([]float64, bootstrapResamples)
+	ra, rb := make([]float64, len(a)), make([]float64, len(b))
+	for i := range ratios {
+		for j := range ra {
+			ra[j] = a[rng.IntN(len(a))]
+		}
+		for j := range rb {
+			rb[j] = b[rng.IntN(len(b))]
+		}
+		if mb := Median(rb); mb > 0 {
+			ratios[i] = Median(ra) / mb
+		}
+	}
+	slices.Sort(ratios)
+	sa, sb := slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
+	return Stat{Median: Median(a) / Median(b), Min: sa[0] / sb[len(sb)-1], Max: sa[len(sa)-1] / sb[0], N: min(len(a), len(b)),
+		Lo: ratios[bootstrapResamples*25/1000], Hi: ratios[bootstrapResamples*975/1000-1]}
+}

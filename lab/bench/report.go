@@ -26,6 +26,10 @@ type Report struct {
 	// The Service section's paired ratios and its bar (absent without it).
 	ServiceRatios []ServiceRatio `json:"serviceRatios,omitempty"`
 	ServiceBar    *BarVerdict    `json:"serviceBar,omitempty"`
+	// The NodePort rows' paired ratios by placement and their bar (absent
+	// without them).
+	NodePortRatios []NodePortRatio `json:"nodePortRatios,omitempty"`
+	NodePortBar    *BarVerdict     `json:"nodePortBar,omitempty"`
 	// The intra-node section's paired ratios by size and its bar (absent
 	// without it).
 	IntranodeRatios []IntranodeRatio `json:"intranodeRatios,omitempty"`
@@ -129,12 +133,12 @@ func PairedRatio(samples []Sample, test, a, b string) Stat {
 	return pairedRatioOf(samples, test, a, b, func(s Sample) float64 { return s.Value })
 }
 
-// pairedRatioOf is PairedRatio of value.
+// pairedRatioOf is PairedRatio of value. A failed run pairs with nothing.
 func pairedRatioOf(samples []Sample, test, a, b string, value func(Sample) float64) Stat {
 	num, den := map[int]float64{}, map[int]float64{}
 	for _, s := range samples {
 		switch {
-		case s.Test != test:
+		case s.Test != test || s.Error != "":
 		case s.Config == a:
 			num[s.Rep] = value(s)
 		case s.Config == b:
@@ -156,6 +160,30 @@ type ServiceRatio struct {
 	SockLBOnPodIP     Stat   `json:"socklbOnPodIP"`
 	SockLBOnKubeProxy Stat   `json:"socklbOnKubeProxy"`
 	KubeProxyOnPodIP  Stat   `json:"kubeproxyOnPodIP"`
+}
+
+// NodePortRatio is one test's paired ratios of the NodePort rows at one
+// placement of the backend.
+type NodePortRatio struct {
+	Test      string `json:"test"`
+	Placement string `json:"placement"`
+	// ONC's replacement ÷ kube-proxy in each mode, and nftables ÷ iptables.
+	ONCOnIPTables      Stat `json:"oncOnIPTables"`
+	ONCOnNFTables      Stat `json:"oncOnNFTables"`
+	NFTablesOnIPTables Stat `json:"nftablesOnIPTables"`
+}
+
+// nodePortBar is issue 27's, at each placement: TCP_RR through ONC at
+// least 1.3 × kube-proxy's iptables mode and not below its nftables mode;
+// TCP_CRR at least 1.1 × the iptables mode.
+var nodePortBar = []struct {
+	test, proxy string
+	op          string
+	limit       float64
+}{
+	{"TCP_RR", ProxyIPTables, "≥", 1.3},
+	{"TCP_RR", ProxyNFTables, "≥", 1},
+	{"TCP_CRR", ProxyIPTables, "≥", 1.1},
 }
 
 // IntranodeRatio is one size's paired ratios of the intra-node section.
@@ -218,7 +246,7 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 	r := Report{Date: time.Now().UTC().Format(time.RFC3339), Kernel: kernel, Reps: reps, Duration: d.String(),
 		Results: Summarize(samples), Samples: samples}
 	med := map[string]float64{}
-	var tests, svcTests []string
+	var tests, svcTests, npTests []string
 	var sizes []int
 	for _, s := range r.Results {
 		switch section(s.Config) {
@@ -229,6 +257,10 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 		case serviceSection:
 			if !slices.Contains(svcTests, s.Test) {
 				svcTests = append(svcTests, s.Test)
+			}
+		case nodePortSection:
+			if !slices.Contains(npTests, s.Test) {
+				npTests = append(npTests, s.Test)
 			}
 		case intranodeSection:
 			if !slices.Contains(sizes, s.Size) {
@@ -266,6 +298,20 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 		r.ServiceBar = &BarVerdict{Met: true}
 		for _, b := range serviceBar {
 			r.ServiceBar.add(BarCheck{Test: b.test, Ratio: b.a + " ÷ " + b.b, Stat: PairedRatio(samples, b.test, b.a, b.b)}, b.op, b.limit)
+		}
+	}
+	if len(npTests) > 0 {
+		r.NodePortBar = &BarVerdict{Met: true}
+		for _, pl := range NodePortPlacements {
+			onc, ipt, nft := NodePortConfig(ProxyONC, pl), NodePortConfig(ProxyIPTables, pl), NodePortConfig(ProxyNFTables, pl)
+			for _, t := range npTests {
+				r.NodePortRatios = append(r.NodePortRatios, NodePortRatio{Test: t, Placement: pl, ONCOnIPTables: PairedRatio(samples, t, onc, ipt),
+					ONCOnNFTables: PairedRatio(samples, t, onc, nft), NFTablesOnIPTables: PairedRatio(samples, t, nft, ipt)})
+			}
+			for _, b := range nodePortBar {
+				kp := NodePortConfig(b.proxy, pl)
+				r.NodePortBar.add(BarCheck{Test: b.test, Ratio: onc + " ÷ " + kp, Stat: PairedRatio(samples, b.test, onc, kp)}, b.op, b.limit)
+			}
 		}
 	}
 	if len(sizes) > 0 {
@@ -343,7 +389,15 @@ func (r Report) Markdown(w io.Writer) {
 		if s.CPUUnit != "" {
 			cpu = fmt.Sprintf("%.2f %s", s.CPUMedian, s.CPUUnit)
 		}
-		fmt.Fprintf(w, "| %s | %s | %.1f | %.1f – %.1f | %s | %s |\n", s.Test, s.Config, s.Median, s.Min, s.Max, s.Unit, cpu)
+		cfg := s.Config
+		if s.Failed > 0 {
+			cfg += fmt.Sprintf(" (%d of %d runs failed)", s.Failed, s.Failed+s.N)
+		}
+		if s.N == 0 {
+			fmt.Fprintf(w, "| %s | %s | – | – | – | – |\n", s.Test, cfg)
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %s | %.1f | %.1f – %.1f | %s | %s |\n", s.Test, cfg, s.Median, s.Min, s.Max, s.Unit, cpu)
 	}
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w)
@@ -366,9 +420,63 @@ func (r Report) Markdown(w io.Writer) {
 	if r.ServiceBar != nil {
 		r.servicesMarkdown(w)
 	}
+	if r.NodePortBar != nil {
+		r.nodePortMarkdown(w)
+	}
 	if r.IntranodeBar != nil {
 		r.intranodeMarkdown(w)
 	}
+	r.failedMarkdown(w)
+}
+
+func (r Report) nodePortMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "\n## NodePort from outside the cluster\n\n")
+	fmt.Fprintf(w, "Netperf from a host outside the cluster (a namespace on the underlay bridge, %s) to a NodePort Service whose one backend, "+
+		"the netserver pod, runs on node 1 (a lab of its own on the bridge underlay); fast path on. "+
+		"`%s`: ONC's kube-proxy replacement (`--kube-proxy-replacement`, no kube-proxy): the uplink load balancer translates; "+
+		"`%s`, `%s`: real kube-proxy in that mode on every node, ONC's socket LB off. "+
+		"`same`: the client connects to node 1, the backend's; `other`: to node 0, which forwards over the overlay. "+
+		"Switching proxies removes every kube-proxy rule (`kube-proxy --cleanup`) and restarts the agents with the proxy's flags. "+
+		"Each run is path-checked on the node the client connects to: ONC's uplink entry translated and netfilter did not (onc); "+
+		"kube-proxy's KUBE-NODEPORTS rule counted packets (iptables); netfilter translated (conntrack) with no iptables rule for the port (nftables, "+
+		"whose rules have no counters). Each ratio is the median of the per-repetition paired ratios [bootstrap 95 %% interval] (min – max, n repetitions).\n\n",
+		ExternalClientIP, ProxyONC, ProxyIPTables, ProxyNFTables)
+	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: |")
+	for _, x := range r.NodePortRatios {
+		fmt.Fprintf(w, "| %s | %s node | %s | %s | %s |\n", x.Test, x.Placement, x.ONCOnIPTables, x.ONCOnNFTables, x.NFTablesOnIPTables)
+	}
+	r.NodePortBar.markdown(w)
+}
+
+// failedMarkdown lists the runs that failed, or failed their path check,
+// with the reason: counted in no median or ratio, and not hidden.
+func (r Report) failedMarkdown(w io.Writer) {
+	var failed []Sample
+	for _, s := range r.Samples {
+		if s.Error != "" {
+			failed = append(failed, s)
+		}
+	}
+	if len(failed) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## Failed runs\n\n%d runs failed or failed their path check; they count in no median or ratio.\n\n", len(failed))
+	fmt.Fprintln(w, "| rep | test | config | reason |")
+	fmt.Fprintln(w, "| ---: | --- | --- | --- |")
+	for _, s := range failed {
+		fmt.Fprintf(w, "| %d | %s | %s | %s |\n", s.Rep, s.Test, s.Config, oneLine(s.Error))
+	}
+}
+
+// oneLine fits an error in a table cell: netperf's output spans lines.
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	s = strings.ReplaceAll(s, "|", "\\|")
+	if r := []rune(s); len(r) > 300 {
+		s = string(r[:300]) + "…"
+	}
+	return s
 }
 
 func (r Report) servicesMarkdown(w io.Writer) {
@@ -489,22 +597,26 @@ func (r Report) SVG(w io.Writer) {
 
 // relativeChart draws, per test, each config's median relative to its
 // section's baseline (bars: bare underlay for the pod-to-pod rows, the
-// pod IP for the Service rows) with its min–max range (whiskers).
+// pod IP for the Service rows, kube-proxy's iptables mode for the NodePort
+// rows at each placement) with its min–max range (whiskers).
 func (r Report) relativeChart() Chart {
 	colors := map[string]string{"bare": "#9e9e9e", "flannel": "#fdd835", "slow": "#e57373", "fast": "#43a047",
 		SockLB: "#1e88e5", KubeProxy: "#fb8c00", PodIP: "#757575"}
-	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP (whiskers: min–max), " + r.Date, YMin: 1.2}
-	for _, cfg := range append(slices.Clone(Configs), ServiceConfigs...) {
-		c.Series = append(c.Series, Series{Name: cfg, Color: colors[cfg]})
+	for _, pl := range NodePortPlacements {
+		for p, c := range map[string]string{ProxyONC: "#1e88e5", ProxyIPTables: "#fb8c00", ProxyNFTables: "#8d6e63"} {
+			colors[NodePortConfig(p, pl)] = c
+		}
 	}
-	type group struct {
-		test    string
-		service bool
+	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP, NodePorts to kube-proxy iptables (whiskers: min–max), " + r.Date, YMin: 1.2}
+	for _, cfg := range slices.Concat(Configs, ServiceConfigs, NodePortConfigs) {
+		if slices.ContainsFunc(r.Results, func(s Summary) bool { return s.Config == cfg }) {
+			c.Series = append(c.Series, Series{Name: cfg, Color: colors[cfg]})
+		}
 	}
-	base := map[group]float64{}
+	base := map[string]float64{}
 	for _, s := range r.Results {
-		if s.Config == "bare" || s.Config == PodIP {
-			base[group{s.Test, isService(s.Config)}] = s.Median
+		if s.Config == baseline(s.Config) {
+			base[s.Test+" "+s.Config] = s.Median
 		}
 	}
 	for _, s := range r.Results {
@@ -512,14 +624,17 @@ func (r Report) relativeChart() Chart {
 			continue
 		}
 		label := s.Test
-		if isService(s.Config) {
+		switch section(s.Config) {
+		case serviceSection:
 			label += " Service"
+		case nodePortSection:
+			label += " NodePort " + strings.Split(s.Config, "-")[1]
 		}
 		if len(c.Groups) == 0 || c.Groups[len(c.Groups)-1].Label != label { // Results are grouped by section and test
 			c.Groups = append(c.Groups, Group{Label: label})
 		}
-		bv := base[group{s.Test, isService(s.Config)}]
-		if bv == 0 {
+		bv := base[s.Test+" "+baseline(s.Config)]
+		if bv == 0 || s.N == 0 {
 			continue
 		}
 		g := &c.Groups[len(c.Groups)-1]
@@ -528,6 +643,17 @@ func (r Report) relativeChart() Chart {
 			Label: fmt.Sprintf("%.2f", rel), Title: fmt.Sprintf("%s %s %.2f", s.Test, s.Config, rel)})
 	}
 	return c
+}
+
+// baseline is the config cfg's bar in relativeChart is relative to.
+func baseline(cfg string) string {
+	switch section(cfg) {
+	case serviceSection:
+		return PodIP
+	case nodePortSection:
+		return NodePortConfig(ProxyIPTables, strings.Split(cfg, "-")[1])
+	}
+	return "bare"
 }
 
 // intranodeCharts are two panels, by size, of the bypass's paired ratio to

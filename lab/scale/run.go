@@ -191,10 +191,10 @@ func (r *run) cold(ctx context.Context) error {
 type sample struct {
 	at       time.Time
 	agent    AgentState
-	agentUse Usage
+	agentUse lab.Usage
 	ds, self time.Duration // CPU of the datastore's processes, of this one
 	writes   Writes
-	machine  MachineCPU
+	machine  lab.MachineCPU
 }
 
 func (r *run) sample(ctx context.Context, wc *WriteCounter) (sample, error) {
@@ -206,22 +206,22 @@ func (r *run) sample(ctx context.Context, wc *WriteCounter) (sample, error) {
 	if s.writes, err = wc.Read(ctx); err != nil {
 		return s, err
 	}
-	if s.agentUse, err = ReadUsage(r.node.Agent.PID); err != nil {
+	if s.agentUse, err = lab.ReadUsage(r.node.Agent.PID); err != nil {
 		return s, err
 	}
 	for _, pid := range r.datastorePIDs() {
-		u, err := ReadUsage(pid)
+		u, err := lab.ReadUsage(pid)
 		if err != nil {
 			return s, err
 		}
 		s.ds += u.CPU
 	}
-	self, err := ReadUsage(os.Getpid())
+	self, err := lab.ReadUsage(os.Getpid())
 	if err != nil {
 		return s, err
 	}
 	s.self = self.CPU
-	s.machine, err = ReadMachineCPU()
+	s.machine, err = lab.ReadMachineCPU()
 	return s, err
 }
 
