@@ -104,7 +104,7 @@ func netperfMain(ctx context.Context, args []string) error {
 		// A lab of its own: the outside host joins the underlay's bridge,
 		// which the direct underlay has none of between the nodes.
 		l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
-			Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: lab.UnderlayBridge})
+			Datastore: "kubernetes", KubeBin: *kubeBin, Underlay: lab.UnderlayBridge, ExternalClient: true})
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -45,10 +46,6 @@ var NodePortConfigs = func() []string {
 	return out
 }()
 
-// ExternalClientIP is the outside host's address on the underlay bridge,
-// where onc-lab --external-client puts it.
-var ExternalClientIP = netip.MustParseAddr("172.31.250.240")
-
 const nodePortSvc = "netperf-np"
 
 var (
@@ -80,9 +77,8 @@ func nodePortDataPorts() []namedPort {
 }
 
 // RunNodePorts measures the NodePort rows on a lab on the bridge underlay
-// (the outside host joins its bridge, and the uplink load balancer serves
-// the nodes' eth0, which the direct underlay's pair has no room for): an
-// outside host at ExternalClientIP, a NodePort Service with an
+// with its external client (the outside host joins the bridge, which the
+// direct underlay's pair has no room for): a NodePort Service with an
 // EndpointSlice naming the server pod, then, o.Reps times, each proxy in
 // turn (the order rotating each repetition) with every test of
 // NodePortTests in o.Tests at both placements. Switching proxies restarts
@@ -91,19 +87,15 @@ func nodePortDataPorts() []namedPort {
 // their reason, and the rows go on. The lab is left with the last proxy.
 func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 	l := o.Lab
-	if l.Underlay != lab.UnderlayBridge {
-		return nil, fmt.Errorf("the NodePort rows need the bridge underlay, not %q: the outside host joins its bridge", l.Underlay)
+	if l.ExternalClient == "" {
+		return nil, errors.New("the NodePort rows need the lab's external client (lab.Options.ExternalClient, on the bridge underlay)")
 	}
 	_, server, err := pair(l)
 	if err != nil {
 		return nil, err
 	}
 	spod := server.Pods[0]
-	ext, cleanup, err := l.AddOutsider(l.Prefix+"-ext", ExternalClientIP)
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
+	ext := l.ExternalClient
 	spec := serviceSpec{name: nodePortSvc, nodePort: true, ports: append([]namedPort{nodePortCtl}, nodePortDataPorts()...), pods: []*lab.Pod{spod}}
 	if _, err := createService(ctx, l, spec); err != nil {
 		return nil, err
@@ -115,7 +107,7 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 	defer stop()
 	entry := map[string]*lab.Node{SameNode: server, OtherNode: l.Nodes[0]}
 	fmt.Fprintf(o.Log, "NodePort Service %s/%s → %s (%s) on %s; client %s outside the cluster\n",
-		benchNS, nodePortSvc, spod.IP, spod.Key(), server.Name, ExternalClientIP)
+		benchNS, nodePortSvc, spod.IP, spod.Key(), server.Name, lab.ExternalClientIP)
 	tests := testsOf(o.Tests, NodePortTests)
 	var out []Sample
 	for rep := 0; rep < o.Reps; rep++ {
@@ -151,7 +143,7 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 // nodePortRun runs one path-checked netperf from the outside host ext to
 // data's NodePort on entry, whose backend is spod.
 func nodePortRun(ctx context.Context, o Options, ext string, entry *lab.Node, spod *lab.Pod, test, proxy string, data namedPort) Sample {
-	if err := forgetConnections(ctx, o.Lab.Nodes, ExternalClientIP); err != nil {
+	if err := forgetConnections(ctx, o.Lab.Nodes, lab.ExternalClientIP); err != nil {
 		return Sample{Test: test, Error: err.Error()}
 	}
 	f := frontend{netip.AddrPortFrom(entry.IP, uint16(data.nodePort)), dpservices.NodePort}

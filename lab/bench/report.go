@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/onc-net/onc/lab"
 )
 
 // Report is what bench-results/latest.json holds.
@@ -440,7 +442,7 @@ func (r Report) nodePortMarkdown(w io.Writer) {
 		"Each run is path-checked on the node the client connects to: ONC's uplink entry translated and netfilter did not (onc); "+
 		"kube-proxy's KUBE-NODEPORTS rule counted packets (iptables); netfilter translated (conntrack) with no iptables rule for the port (nftables, "+
 		"whose rules have no counters). Each ratio is the median of the per-repetition paired ratios [bootstrap 95 %% interval] (min – max, n repetitions).\n\n",
-		ExternalClientIP, ProxyONC, ProxyIPTables, ProxyNFTables)
+		lab.ExternalClientIP, ProxyONC, ProxyIPTables, ProxyNFTables)
 	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables |")
 	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: |")
 	for _, x := range r.NodePortRatios {
