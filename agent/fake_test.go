@@ -170,6 +170,7 @@ type noServices struct{}
 func (noServices) Tables() services.Tables { return nil }
 func (noServices) Status() string          { return "off" }
 func (noServices) Mode() services.Mode     { return services.Off }
+func (noServices) UplinkErr() error        { return nil }
 func (noServices) Sync([]services.Service, []netip.Addr, bool) error {
 	return errors.New("no socket LB")
 }

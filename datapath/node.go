@@ -44,9 +44,12 @@ type Node struct {
 	underlay *underlay.Node
 
 	conflicts string // the peers left out last time, logged when it changes
-	// uplinkAttached: the uplink's programs are attached (attachUplink).
-	uplinkAttached bool
-	clusterCIDR    netip.Prefix // from BringUp
+	// uplinkAttached: the overlay guard's programs are attached, and
+	// uplinkLBAttached the load balancer's (or removed, without the
+	// replacement); uplinkLBErr is its last failure, logged when it changes.
+	uplinkAttached, uplinkLBAttached bool
+	uplinkLBErr                      string
+	clusterCIDR                      netip.Prefix // from BringUp
 }
 
 // New checks cfg and finds the uplink; nothing in the kernel changes until
@@ -101,7 +104,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		if err != nil {
 			fp.Close() // the next attempt opens it again
 			fp = nil
-			n.uplinkAttached = false
+			n.uplinkAttached, n.uplinkLBAttached = false, false
 		}
 		n.fp = fp
 	}()
@@ -132,14 +135,16 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if fp.Enabled() {
 		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
 	}
-	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark); err != nil {
+	var lbMarks netfilter.UplinkLB // zero: the rules go
+	masqueradePorts := ""
+	if n.cfg.KubeProxyReplacement {
+		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR}
+		masqueradePorts = services.MasqueradePorts
+	}
+	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark, masqueradePorts); err != nil {
 		return err
 	}
-	var lbMarks netfilter.UplinkLB // zero: the rules go
-	if n.cfg.KubeProxyReplacement {
-		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark}
-	}
-	if err := netfilter.EnsureUplinkLB(overlay.DeviceName, lbMarks); err != nil {
+	if err := netfilter.EnsureUplinkLB(lbMarks); err != nil {
 		return err
 	}
 	// Conntrack does not see the data the fast path carries, so its TCP
@@ -152,9 +157,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	// On a fresh node the uplink got its programs before the services
 	// loaded; on a restart it gets them at the first peer sync.
 	if n.uplinkAttached {
-		if err := n.attachServicesUplink(); err != nil {
-			return err
-		}
+		n.attachServicesUplinkLocked()
 	}
 	n.bypass.Load()
 	n.ovl = ovl
@@ -321,19 +324,34 @@ func (n *Node) attachUplink(fp *fastpath.Datapath) error {
 }
 
 func (n *Node) attachUplinkLocked(fp *fastpath.Datapath) error {
-	if n.uplinkAttached {
-		return nil
-	}
-	if err := fp.AttachUplink(n.up.Name); err != nil {
-		return fmt.Errorf("attach the overlay guard to %s: %w", n.up.Name, err)
+	if !n.uplinkAttached {
+		if err := fp.AttachUplink(n.up.Name); err != nil {
+			return fmt.Errorf("attach the overlay guard to %s: %w", n.up.Name, err)
+		}
+		n.uplinkAttached = true
 	}
 	// After the fast path's programs, which may have been attached afresh
 	// at the head: the load balancer's must run before them.
-	if err := n.attachServicesUplink(); err != nil {
-		return err
-	}
-	n.uplinkAttached = true
+	n.attachServicesUplinkLocked()
 	return nil
+}
+
+// attachServicesUplinkLocked attaches (or removes) the uplink load
+// balancer once. A failure leaves clients outside without Services
+// (onctl status says why) but must not keep the node from its peers: it
+// is logged when it changes and retried on every peer sync.
+func (n *Node) attachServicesUplinkLocked() {
+	if n.uplinkLBAttached {
+		return
+	}
+	if err := n.attachServicesUplink(); err != nil {
+		if msg := err.Error(); msg != n.uplinkLBErr {
+			slog.Error("clients outside the cluster reach no Service (retried on every peer sync)", "err", err)
+			n.uplinkLBErr = msg
+		}
+		return
+	}
+	n.uplinkLBAttached, n.uplinkLBErr = true, ""
 }
 
 // attachServicesUplink puts the uplink load balancer on the uplink with

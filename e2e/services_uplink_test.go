@@ -14,9 +14,11 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -138,6 +140,37 @@ func TestServicesFromOutside(t *testing.T) {
 				t.Fatalf("externalTrafficPolicy Local: %s saw %s (%v); want %s seeing %s", name, saw, err, backends[0].Name, lab.ExternalClientIP)
 			}
 		}
+	})
+
+	// NetworkPolicy judges translated traffic at the backend pod, from the
+	// real client (kept with externalTrafficPolicy Local): a policy
+	// admitting other addresses only shuts the client out, one admitting
+	// the client lets it in again.
+	t.Run("PolicyAppliesToTheClient", func(t *testing.T) {
+		pols := kube.NetworkingV1().NetworkPolicies(svcNS)
+		admit := func(cidr string) {
+			t.Helper()
+			pol := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "from-outside", Namespace: svcNS},
+				Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+					PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+					Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: cidr}}}}}}}
+			if _, err := pols.Update(ctx, pol, metav1.UpdateOptions{}); err != nil {
+				if _, err := pols.Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		defer func() { _ = pols.Delete(ctx, "from-outside", metav1.DeleteOptions{}) }()
+		admit("192.0.2.0/24")
+		testutil.WaitFor(t, "the client shut out", 10*time.Second, func() bool {
+			_, _, _, err := askTCP(client, tcpFront)
+			return err != nil
+		})
+		admit(netip.PrefixFrom(lab.ExternalClientIP, 32).String())
+		testutil.WaitFor(t, "the client let in", 10*time.Second, func() bool {
+			name, saw, _, err := askTCP(client, tcpFront)
+			return err == nil && name == backends[0].Name && saw == lab.ExternalClientIP.String()
+		})
 	})
 
 	t.Run("NoEndpointsRefused", func(t *testing.T) {

@@ -21,9 +21,9 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Node:      " + n.Name, "Ready:     yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:   1450",
-		"Watchers:  peers: applied generation", "Policy:    not enforced: NetworkPolicy needs the Kubernetes datastore",
-		"Metrics:   http://" + n.IP.String() + ":9967/metrics"} {
+	for _, want := range []string{"Node:       " + n.Name, "Ready:      yes", "onc.vxlan VNI 1 port 4789", "Pod MTU:    1450",
+		"Watchers:   peers: applied generation", "Policy:     not enforced: NetworkPolicy needs the Kubernetes datastore",
+		"Kube-proxy: beside ONC", "Metrics:    http://" + n.IP.String() + ":9967/metrics"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}

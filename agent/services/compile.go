@@ -48,15 +48,24 @@ type HostPort struct {
 // nobody (Unserved lists the SCTP ports).
 func Compile(snap Snapshot, node Node, replace bool) []services.Service {
 	byService := slicesByService(snap)
-	t := table{seen: map[services.Key]bool{}}
-	// First, as the portmap plugin's chain comes before kube-proxy's: a
-	// hostPort on a NodePort's port is the pod's.
-	t.hostPorts(node)
+	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}}
+	// Claims go in this order: every ClusterIP first, so that no
+	// externalIP or hostPort another Service's author chose can take one
+	// (CVE-2020-8554); then hostPorts, as the portmap plugin's chain comes
+	// before kube-proxy's; then the external frontends.
+	type external struct {
+		svc  *corev1.Service
+		port corev1.ServicePort
+		base services.Service
+		sets endpointSets
+	}
+	var externals []external
 	for _, svc := range snap.Services {
 		vip, ok := clusterIPv4(svc)
 		if !ok {
 			continue
 		}
+		t.clusterIPs[vip] = true
 		key := svc.Namespace + "/" + svc.Name
 		eps := endpoints(byService[key], node.Name)
 		for _, p := range svc.Spec.Ports {
@@ -77,9 +86,13 @@ func Compile(snap Snapshot, node Node, replace bool) []services.Service {
 				t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
 			}
 			if replace {
-				t.external(svc, p, base, node, sets)
+				externals = append(externals, external{svc, p, base, sets})
 			}
 		}
+	}
+	t.hostPorts(node)
+	for _, e := range externals {
+		t.external(e.svc, e.port, e.base, node, e.sets)
 	}
 	services.SortServices(t.out)
 	return t.out
@@ -102,8 +115,9 @@ func slicesByService(snap Snapshot) map[string][]*discoveryv1.EndpointSlice {
 // Services claim (an externalIP one also uses, say) is the first's, in the
 // snapshot's namespace/name order, as the API server lets such conflicts be.
 type table struct {
-	out  []services.Service
-	seen map[services.Key]bool
+	out        []services.Service
+	seen       map[services.Key]bool
+	clusterIPs map[netip.Addr]bool // no other frontend may use one
 }
 
 func (t *table) add(base services.Service, f services.Frontend, scope services.Scope, ip netip.Addr, port uint16, backends []services.Backend) *services.Service {
@@ -160,6 +174,9 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	ranges := sourceRanges(svc)
 	for _, f := range frontends {
+		if t.clusterIPs[f.ip] {
+			continue
+		}
 		t.add(base, f.kind, services.Socket, f.ip, f.port, sets.cluster)
 		outside := t.add(base, f.kind, services.Uplink, f.ip, f.port, sets.cluster)
 		if outside == nil {
@@ -179,7 +196,9 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 
 // hostPorts adds the pods' hostPorts, at the socket and on the uplink:
 // served as the portmap plugin serves them, to the pod on this node, the
-// client's address kept.
+// client's address kept. Like portmap, which matches local destinations
+// only, a hostIP that is not one of the node's addresses is served
+// nowhere: it could otherwise take any address from the node's clients.
 func (t *table) hostPorts(node Node) {
 	for _, hp := range node.HostPorts {
 		proto, ok := protos[corev1.Protocol(strings.ToUpper(hp.Protocol))]
@@ -188,6 +207,9 @@ func (t *table) hostPorts(node Node) {
 		}
 		addrs := node.Addresses
 		if hp.HostIP.IsValid() {
+			if !slices.Contains(node.Addresses, hp.HostIP) {
+				continue
+			}
 			addrs = []netip.Addr{hp.HostIP}
 		}
 		base := services.Service{Name: hp.Pod + ":" + strconv.Itoa(int(hp.HostPort)) + "/" + hp.Protocol, Proto: proto}

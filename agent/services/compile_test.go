@@ -555,3 +555,28 @@ func TestCompileHostPorts(t *testing.T) {
 		t.Errorf("got\n%+v\nwant\n%+v", got, want)
 	}
 }
+
+// No externalIP and no hostPort takes a ClusterIP, whatever the order of
+// the Services (CVE-2020-8554), and a hostPort on an address that is not
+// the node's is served nowhere (portmap matches local addresses only).
+func TestCompileClaimsNoClusterIP(t *testing.T) {
+	node := n1
+	node.HostPorts = []HostPort{
+		{Pod: "a/evil", Backend: netip.MustParseAddr("10.0.1.66"), PortMapping: ipam.PortMapping{HostPort: 80, ContainerPort: 80, Protocol: "tcp",
+			HostIP: netip.MustParseAddr("10.96.0.10")}},
+		{Pod: "a/evil", Backend: netip.MustParseAddr("10.0.1.66"), PortMapping: ipam.PortMapping{HostPort: 5432, ContainerPort: 5432, Protocol: "tcp",
+			HostIP: netip.MustParseAddr("203.0.113.99")}},
+	}
+	thief := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "thief"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.66",
+		ClusterIPs: []string{"10.96.0.66"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports,
+		ExternalIPs: []string{"10.96.0.10"}}}
+	for _, order := range [][]*corev1.Service{{thief, web()}, {web(), thief}} {
+		got := Compile(Snapshot{Services: order}, node, true)
+		want := []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80"),
+			{Name: "a/thief:http", VIP: netip.MustParseAddr("10.96.0.66"), Port: 80, Proto: services.TCP}}
+		services.SortServices(want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("got\n%+v\nwant\n%+v", got, want)
+		}
+	}
+}

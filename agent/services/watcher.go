@@ -32,6 +32,8 @@ type Datapath interface {
 	Tables() services.Tables
 	Status() string
 	Mode() services.Mode
+	// UplinkErr is why the uplink load balancer is not attached, if so.
+	UplinkErr() error
 	// Sync makes the socket programs balance exactly svcs; with
 	// checkKernel it also reads the maps back, repairing drift, and
 	// forgets the namespaces of pods not among pods.
@@ -116,9 +118,12 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 const unservedReason = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
 
 // reportUnserved logs, and records as an event on its Service, each port
-// nobody serves, once while it lasts.
+// nobody serves without kube-proxy, once while it lasts.
 func (w *Watcher) reportUnserved(snap Snapshot) {
-	ports := Unserved(snap)
+	var ports []UnservedPort
+	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP is kube-proxy's
+		ports = Unserved(snap)
+	}
 	now := make(map[string]bool, len(ports))
 	for _, p := range ports {
 		now[p.Port] = true
@@ -173,8 +178,11 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 }
 
 // KubeProxy is onctl status's line on kube-proxy.
-func KubeProxy(replace bool) string {
+func KubeProxy(dp Datapath, replace bool) string {
 	if replace {
+		if err := dp.UplinkErr(); err != nil {
+			return "replaced, but clients outside the cluster reach no Service: " + err.Error()
+		}
 		return "replaced: ONC serves every Service frontend, at the socket and on the uplink"
 	}
 	return "beside ONC: kube-proxy serves NodePorts, externalIPs, load balancer IPs and clients outside the cluster"

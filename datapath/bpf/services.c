@@ -124,7 +124,6 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 	struct lb_svc svc;
 	struct lb_addr be;
 	struct lb_pkt p;
-	int ok;
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
@@ -140,16 +139,16 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SPOOFED, 1);
 		return TC_ACT_SHOT;
 	}
-	/* Dropped, as kube-proxy drops them. */
-	if ((svc.flags & LB_SVC_SOURCE_RANGES) && !lb_source_allowed(svc.id, p.saddr)) {
+	switch (lb_flow_backend(&p, &svc, &be)) {
+	case LB_FLOW_OK:
+		break;
+	case LB_FLOW_FOREIGN:
+		return LB_NEXT;
+	case LB_FLOW_OUT_OF_RANGE: /* dropped, as kube-proxy drops them */
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SOURCE_RANGE_DROP, 1);
 		lb_count_svc(svc.id, 1);
 		return TC_ACT_SHOT;
-	}
-	ok = lb_flow_backend(&p, &svc, &be);
-	if (ok < 0)
-		return TC_ACT_SHOT;
-	if (!ok) {
+	case LB_FLOW_EMPTY:
 		lb_count_svc(svc.id, 1);
 		if (svc.flags & LB_SVC_DROP_WHEN_EMPTY) {
 			count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_ENDPOINTS_DROP, 1);
@@ -158,6 +157,8 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REFUSED, 1);
 		skb->mark |= LB_MARK_REJECT;
 		return LB_NEXT;
+	default:
+		return TC_ACT_SHOT;
 	}
 	if (lb_rewrite(skb, &p, 1, &be)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);

@@ -10,6 +10,7 @@ package netfilter
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,11 +62,14 @@ func guardRules(ovl Overlay) []guardRule {
 func (r guardRule) comment() string { return "onc: overlay guard, " + r.reason }
 
 // Ensure makes the chains hold exactly the rules for clusterCIDR and ovl,
+// pods' traffic to outside masqueraded to masqueradePorts ("" any; a range
+// "low-high" keeps it off ports the uplink load balancer serves, whose
+// programs take any UDP packet to them for a new flow),
 // and jumps to them first in POSTROUTING, FORWARD and mangle's INPUT and
 // FORWARD. With mark != 0, pod traffic that crosses the VXLAN device in a
 // flow conntrack saw ESTABLISHED gets that skb->mark bit (never a header
 // bit). It is idempotent.
-func Ensure(clusterCIDR string, ovl Overlay, mark uint32) error {
+func Ensure(clusterCIDR string, ovl Overlay, mark uint32, masqueradePorts string) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
@@ -81,10 +85,16 @@ func Ensure(clusterCIDR string, ovl Overlay, mark uint32) error {
 		return err
 	}
 	vxlanDev := ovl.Device
-	nat := [][]string{
-		{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"},
-		{"-s", clusterCIDR, "!", "-d", "224.0.0.0/4", "-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully"},
+	masquerade := func(match ...string) []string {
+		return append(append([]string{"-s", clusterCIDR, "!", "-d", "224.0.0.0/4"}, match...),
+			"-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully")
 	}
+	nat := [][]string{{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"}}
+	if masqueradePorts != "" { // ports are TCP's and UDP's only
+		nat = append(nat, append(masquerade("-p", "tcp"), "--to-ports", masqueradePorts),
+			append(masquerade("-p", "udp"), "--to-ports", masqueradePorts))
+	}
+	nat = append(nat, masquerade())
 	fwd := [][]string{
 		{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
 		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
@@ -187,10 +197,13 @@ const (
 // bits its programs set. The zero value removes the rules (the chains stay,
 // empty).
 type UplinkLB struct {
-	// SNATMark: a packet from outside sent to a backend; masqueraded when
-	// it leaves by the overlay, so a backend on another node answers
-	// through this node (conntrack undoes it on the reply).
-	SNATMark uint32
+	// SNATMark: a packet from outside sent to a backend; masqueraded
+	// unless it goes to one of LocalPods, so that a backend on another node
+	// (a pod over the overlay, or a host-network or external endpoint by
+	// the uplink) answers through this node (conntrack undoes it on the
+	// reply).
+	SNATMark  uint32
+	LocalPods netip.Prefix // this node's pod CIDR
 	// RejectMark: a packet to a service without backends; refused as
 	// kube-proxy's REJECT refuses it, TCP with a reset, UDP with an ICMP
 	// port unreachable.
@@ -200,7 +213,7 @@ type UplinkLB struct {
 // EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
 // rules for lb, jumped to first from nat POSTROUTING and filter INPUT and
 // FORWARD (a refused frontend is a node address or one the node forwards).
-func EnsureUplinkLB(vxlanDev string, lb UplinkLB) error {
+func EnsureUplinkLB(lb UplinkLB) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
@@ -208,7 +221,7 @@ func EnsureUplinkLB(vxlanDev string, lb UplinkLB) error {
 	var nat, reject [][]string
 	if lb.SNATMark != 0 {
 		m := fmt.Sprintf("0x%x/0x%x", lb.SNATMark, lb.SNATMark)
-		nat = [][]string{{"-o", vxlanDev, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
+		nat = [][]string{{"!", "-d", lb.LocalPods.String(), "-m", "mark", "--mark", m, "-m", "comment", "--comment",
 			"onc: service from outside, to another node", "-j", "MASQUERADE", "--random-fully"}}
 	}
 	if lb.RejectMark != 0 {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/internal/netns"
@@ -47,10 +48,11 @@ type Tables interface {
 // Node is a node's socket load balancer: off, loaded once at bring-up, or
 // failed to load (Status says which).
 type Node struct {
-	mode   Mode
-	pinDir string
-	cgroup func() (string, error)
-	lb     bpf.LoadOnce[*LB] // nothing when off
+	uplinkErr atomic.Pointer[error] // the last AttachUplink's
+	mode      Mode
+	pinDir    string
+	cgroup    func() (string, error)
+	lb        bpf.LoadOnce[*LB] // nothing when off
 }
 
 // NewNode is the node's socket LB in mode, pinned under pinDir, attached
@@ -219,10 +221,24 @@ func (n *Node) AttachUplink(ifname string, internal []netip.Prefix) error {
 	if !ok {
 		return nil
 	}
-	if err := lb.SetInternal(internal); err != nil {
-		return fmt.Errorf("uplink load balancer: %w", err)
+	err := lb.SetInternal(internal)
+	if err == nil {
+		err = lb.AttachUplink(ifname)
 	}
-	return lb.AttachUplink(ifname)
+	if err != nil {
+		err = fmt.Errorf("uplink load balancer on %s: %w", ifname, err)
+	}
+	n.uplinkErr.Store(&err)
+	return err
+}
+
+// UplinkErr is why the uplink load balancer is not attached, nil when it
+// is (or was never asked to be).
+func (n *Node) UplinkErr() error {
+	if p := n.uplinkErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Close releases the programs' handles; the pinned links keep balancing.

@@ -15,12 +15,19 @@ import (
 
 // The skb->mark bits the uplink programs set for netfilter, as
 // include/services_uplink.h defines them: SNATMark on packets sent to a
-// backend without KeepClient (masqueraded when they leave by the overlay),
-// RejectMark on packets to a service without backends (refused).
+// backend without KeepClient (masqueraded unless they go to a pod of this
+// node), RejectMark on packets to a service without backends (refused).
 const (
 	SNATMark   = 0x80000
 	RejectMark = 0x100000
 )
+
+// MasqueradePorts are the source ports pods' traffic to outside gets when
+// the uplink load balancer runs: the kernel's default ephemeral range,
+// above the default NodePort range (30000-32767) and common hostPorts. The
+// programs take a UDP packet to a frontend's port for a new flow, so a
+// reply to a masqueraded pod must not come back to one.
+const MasqueradePorts = "32768-60999"
 
 const flagSourceRanges = 2 // LB_SVC_SOURCE_RANGES
 

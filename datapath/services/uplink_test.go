@@ -106,7 +106,7 @@ func newUplinkBed(t *testing.T) *uplinkBed {
 	b.lb = lb
 	testutil.Must(t, lb.SetInternal([]netip.Prefix{podCIDR, netip.PrefixFrom(nodeIP, 32)}))
 	in(t, b.node, func() error {
-		if err := netfilter.EnsureUplinkLB("r0", netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark}); err != nil {
+		if err := netfilter.EnsureUplinkLB(netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24")}); err != nil {
 			return err
 		}
 		return lb.AttachUplink("n0")
@@ -420,6 +420,104 @@ func TestUplinkFlowsKeepTheirBackend(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Errorf("backends %v; want both", seen)
+	}
+}
+
+// A backend that is no pod of this node nor reached by the overlay (a
+// host-network endpoint, an external one: here an address of the
+// underlay, reached back by the uplink) still answers through this node:
+// the packet is masqueraded, as kube-proxy masquerades it.
+func TestUplinkBackendByTheUplinkIsMasqueraded(t *testing.T) {
+	b := newUplinkBed(t)
+	hostBE := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.9"), 8080)
+	ipIn(t, b.client, "addr", "add", hostBE.Addr().String()+"/32", "dev", "c0")
+	in(t, b.node, func() error {
+		return exec.Command("ip", "route", "add", hostBE.Addr().String()+"/32", "dev", "n0").Run()
+	})
+	serveWho(t, b.client, hostBE)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, hostBE)}, false))
+	if a := b.tcp(netip.Addr{}, front); a.Err != nil || a.Backend != hostBE.String() || a.SeenAs != nodeIP.String() || a.From != front.String() {
+		t.Fatalf("to %s through %s: %+v, want it answering the node %s, from the frontend", hostBE, front, a, nodeIP)
+	}
+}
+
+// A reply to the node's own connection whose local port is a frontend's
+// (as a masqueraded pod's may be) reaches the node, untranslated: a TCP
+// flow starts only at a SYN. With no backends it is not refused either.
+func TestUplinkRepliesToTheNodeAreNotFrontends(t *testing.T) {
+	b := newUplinkBed(t)
+	for _, backends := range [][]netip.AddrPort{{localBE}, nil} {
+		testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, backends...)}, false))
+		var l net.Listener
+		in(t, b.client, func() (err error) { l, err = net.Listen("tcp4", clientIP.String()+":9999"); return err })
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				_, _ = c.Write([]byte("client"))
+				c.Close()
+			}
+		}()
+		got := b.delta(func() {
+			in(t, b.node, func() error {
+				d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: nodeIP.AsSlice(), Port: nodePort}}
+				c, err := d.Dial("tcp4", clientIP.String()+":9999")
+				if err != nil {
+					t.Errorf("from the node's port %d, backends %v: %v", nodePort, backends, err)
+					return nil
+				}
+				defer c.Close()
+				_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				buf := make([]byte, 16)
+				if n, err := c.Read(buf); err != nil || string(buf[:n]) != "client" {
+					t.Errorf("from the node's port %d, backends %v: read %q, %v", nodePort, backends, buf[:n], err)
+				}
+				return nil
+			})
+		}, "uplink_translated", "uplink_refused")
+		l.Close()
+		if got["uplink_translated"] != 0 || got["uplink_refused"] != 0 {
+			t.Errorf("backends %v: the replies were taken for a frontend's: %v", backends, got)
+		}
+	}
+}
+
+// A SYN always picks afresh: a client reusing its 5-tuple after its
+// backend left meets one that is still there.
+func TestUplinkSYNPicksAfresh(t *testing.T) {
+	b := newUplinkBed(t)
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	dial := func() answer {
+		t.Helper()
+		var a answer
+		in(t, b.client, func() error {
+			d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: clientIP.AsSlice(), Port: 40404},
+				Control: func(_, _ string, c syscall.RawConn) error {
+					return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+				}}
+			c, err := d.Dial("tcp4", front.String())
+			if err != nil {
+				a.Err = err
+				return nil
+			}
+			defer c.Close()
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 128)
+			n, err := c.Read(buf)
+			a = parseAnswer(string(buf[:n]), c.RemoteAddr())
+			a.Err = err
+			// Closed by the client after the server: no TIME_WAIT here to
+			// keep the port.
+			return nil
+		})
+		return a
+	}
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, localBE)}, false))
+	if a := dial(); a.Err != nil || a.Backend != localBE.String() {
+		t.Fatalf("first connection: %+v", a)
+	}
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, remoteBE)}, false))
+	if a := dial(); a.Err != nil || a.Backend != remoteBE.String() {
+		t.Fatalf("the same 5-tuple after %s left: %+v, want %s", localBE, a, remoteBE)
 	}
 }
 

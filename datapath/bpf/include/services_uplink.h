@@ -34,6 +34,19 @@
 #define LB_MARK_SNAT 0x80000
 #define LB_MARK_REJECT 0x100000
 
+/* TCP header flags, in the byte at offset 13. */
+#define LB_TCP_SYN 0x02
+#define LB_TCP_ACK 0x10
+
+/* What lb_flow_backend found. */
+enum lb_flow_verdict {
+	LB_FLOW_FOREIGN = -3, /* no flow of ours: a reply, or a connection never seen opening */
+	LB_FLOW_OUT_OF_RANGE = -2, /* a new flow from outside loadBalancerSourceRanges */
+	LB_FLOW_ERROR = -1,
+	LB_FLOW_EMPTY = 0, /* a new flow, and no backend to give it */
+	LB_FLOW_OK = 1,
+};
+
 /* Counters of the uplink programs (per CPU); onctl decodes them by name. */
 enum lb_uplink_stat {
 	LB_STAT_UPLINK_TRANSLATED,    /* packets sent to a backend */
@@ -125,6 +138,7 @@ struct lb_pkt {
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
+	__u8 syn; /* TCP, SYN without ACK: a connection's first packet */
 	__u32 l4off;
 };
 
@@ -145,6 +159,14 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
 	p->l4off = ETH_HLEN + ip.ihl * 4;
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
 		return -1;
+	p->syn = 0;
+	if (ip.protocol == IPPROTO_TCP) {
+		__u8 flags;
+
+		if (bpf_skb_load_bytes(skb, p->l4off + 13, &flags, sizeof(flags)))
+			return -1;
+		p->syn = (flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
+	}
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->sport = ports[0];
@@ -229,7 +251,11 @@ static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, stru
 /*
  * The flow's backend: the one it has (an existing flow keeps it, as a
  * conntrack entry does under kube-proxy), else a new pick, recorded both
- * ways. 0 when the service has no backend left for a new flow.
+ * ways. A TCP flow starts only at a SYN, which always picks afresh (a
+ * reused 5-tuple meets a backend that is still there), so that a reply to
+ * a connection of this node, whose port may equal a frontend's, is never
+ * taken for a new flow. loadBalancerSourceRanges judge new flows, as
+ * kube-proxy's rules judge new connections.
  */
 static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct lb_svc *svc,
 					   struct lb_addr *be)
@@ -243,15 +269,19 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	struct lb_flow rev = { .addr.ip = p->daddr, .addr.port = p->dport, .svc_id = svc->id };
 	struct lb_flow *cur = bpf_map_lookup_elem(&onc_lb_flows, &in);
 
-	if (cur && cur->svc_id == svc->id) {
+	if (cur && cur->svc_id == svc->id && !p->syn) {
 		*be = cur->addr;
-		return 1;
+		return LB_FLOW_OK;
 	}
+	if (p->proto == IPPROTO_TCP && !p->syn)
+		return LB_FLOW_FOREIGN;
+	if ((svc->flags & LB_SVC_SOURCE_RANGES) && !lb_source_allowed(svc->id, p->saddr))
+		return LB_FLOW_OUT_OF_RANGE;
 	if (!svc->count)
-		return 0;
+		return LB_FLOW_EMPTY;
 	if (lb_pick(svc, p->saddr, &fwd.addr)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_SLOT, 1);
-		return -1;
+		return LB_FLOW_ERROR;
 	}
 	out.saddr = fwd.addr.ip;
 	out.sport = fwd.addr.port;
@@ -262,7 +292,7 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NEW_FLOW, 1);
 	lb_count_svc(svc->id, 0);
 	*be = fwd.addr;
-	return 1;
+	return LB_FLOW_OK;
 }
 
 #endif /* __ONC_SERVICES_UPLINK_H */
