@@ -341,7 +341,10 @@ func (n *Node) attachUplinkLocked(fp *fastpath.Datapath) error {
 // (onctl status says why) but must not keep the node from its peers: it
 // is logged when it changes and retried on every peer sync.
 func (n *Node) attachServicesUplinkLocked() {
-	if n.uplinkLBAttached {
+	// Before the services load (a fresh node attaches the guard first),
+	// or when they failed to (their status says why), there is nothing
+	// to attach yet.
+	if n.uplinkLBAttached || (n.cfg.KubeProxyReplacement && n.services.Tables() == nil) {
 		return
 	}
 	if err := n.attachServicesUplink(); err != nil {

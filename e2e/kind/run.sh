@@ -60,6 +60,9 @@ up() {
   else
     make -C "$root" image
   fi
+  # The tree the image was built from, which summary.md names: the tree
+  # may move on while the tests run.
+  git -C "$root" describe --always --dirty > "$CACHE/$CLUSTER.image-commit"
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "creating kind cluster $CLUSTER, kube-proxy mode $KUBE_PROXY"
     sed "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" "$here/cluster.yaml" > "$CACHE/$CLUSTER.cluster.yaml"
@@ -211,11 +214,16 @@ test_() {
   rolling_restart &
   local restarts=$!
   local rc=0
+  # --num-nodes: the skeleton provider knows no node count, and specs that
+  # need two nodes (the Granular Checks, externalTrafficPolicy) skip
+  # themselves without it.
+  local nodes
+  nodes=$(kc get nodes --no-headers | wc -l)
   if [ "$PROCS" -gt 1 ]; then
     in_ns ginkgo --procs="$PROCS" --focus="$FOCUS" ${SKIP:+--skip="$SKIP"} --no-color --timeout=3h "$KUBE_BIN/e2e.test" -- \
-      --kubeconfig="$KUBECONFIG" --provider=skeleton --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
+      --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes="$nodes" --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   else
-    in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
+    in_ns e2e.test --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes="$nodes" --ginkgo.focus="$FOCUS" ${SKIP:+--ginkgo.skip="$SKIP"} \
       --ginkgo.no-color --ginkgo.timeout=2h --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   fi
   # The restart check ends about five minutes in, before the run does.
@@ -238,7 +246,7 @@ summarize() {
     echo
     echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
     echo
-    echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(git -C "$root" describe --always --dirty),"
+    echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(cat "$CACHE/$CLUSTER.image-commit" 2>/dev/null || echo unknown) (the image's tree),"
     echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it)"),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
     echo
