@@ -688,6 +688,16 @@ func TestRemoveAndRepair(t *testing.T) {
 	checkAll(t, "after repair", b.client("tcp", svc, 10), func(r clientRes) bool {
 		return r.Err == "" && isBackend(r.Served, svcPort)
 	})
+	// Drift in the entry alone: its affinity switched off.
+	var v svcVal
+	testutil.Must(t, lb.maps.OncLbSvc.Lookup(s.Key().mapKey(), &v))
+	v.Flags = 0
+	testutil.Must(t, lb.maps.OncLbSvc.Put(s.Key().mapKey(), v))
+	testutil.Must(t, lb.Sync([]Service{s}, true))
+	testutil.Must(t, lb.maps.OncLbSvc.Lookup(s.Key().mapKey(), &v))
+	if v.Flags != flagAffinity {
+		t.Fatalf("flags %#x after the repair, want affinity's", v.Flags)
+	}
 	if got := counter(t, lb, "no_slot"); got != 0 {
 		t.Fatalf("no_slot %d after the repair", got)
 	}

@@ -164,15 +164,17 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 	return errors.Join(errs...)
 }
 
-// markDrifted marks for rewriting every service whose entry or live
-// backends differ from what was written.
+// markDrifted marks for rewriting every service whose entry (its
+// backends' count and bank, flags, affinity timeout) or live backends
+// differ from what was written.
 func (lb *LB) markDrifted() {
 	for k, p := range lb.services {
 		if p.adopted {
 			continue
 		}
 		var v svcVal
-		if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) {
+		if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) ||
+			v.Flags != flagsOf(p.svc) || v.AffTimeout != affTimeoutOf(p.svc) {
 			p.adopted = true
 			continue
 		}
@@ -185,6 +187,26 @@ func (lb *LB) markDrifted() {
 		}
 	}
 }
+
+// flagsOf is lb_svc.flags for s.
+func flagsOf(s Service) uint8 {
+	var flags uint8
+	if s.DropWhenEmpty {
+		flags |= flagDropWhenEmpty
+	}
+	if s.KeepClient {
+		flags |= flagKeepClient
+	}
+	if len(s.SourceRanges) > 0 {
+		flags |= flagSourceRanges
+	}
+	if s.Affinity > 0 {
+		flags |= flagAffinity
+	}
+	return flags
+}
+
+func affTimeoutOf(s Service) uint32 { return uint32(min(s.Affinity.Seconds(), math.MaxUint32)) }
 
 func sameService(a, b Service) bool {
 	return a.Name == b.Name && a.Frontend == b.Frontend && a.Affinity == b.Affinity && a.DropWhenEmpty == b.DropWhenEmpty &&
@@ -231,21 +253,12 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	}
 	size[idle] = uint16(len(s.Backends))
 	members := map[lbAddr]bool{}
-	var flags uint8
-	if s.DropWhenEmpty {
-		flags |= flagDropWhenEmpty
-	}
-	if s.KeepClient {
-		flags |= flagKeepClient
-	}
 	if len(s.SourceRanges) > 0 {
-		flags |= flagSourceRanges
 		if err := lb.addRanges(p, s); err != nil {
 			return err
 		}
 	}
 	if s.Affinity > 0 {
-		flags |= flagAffinity
 		for _, b := range s.Backends {
 			members[addrOfBackend(b.Addr)] = true
 		}
@@ -258,8 +271,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 			p.members[m] = true
 		}
 	}
-	v := svcVal{Id: p.id, Count: uint16(len(s.Backends)), Bank: idle, Flags: flags,
-		AffTimeout: uint32(min(s.Affinity.Seconds(), math.MaxUint32))}
+	v := svcVal{Id: p.id, Count: uint16(len(s.Backends)), Bank: idle, Flags: flagsOf(s), AffTimeout: affTimeoutOf(s)}
 	if err := lb.maps.OncLbSvc.Put(k.mapKey(), v); err != nil {
 		return err
 	}
