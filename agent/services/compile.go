@@ -197,8 +197,9 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 // hostPorts adds the pods' hostPorts, at the socket and on the uplink:
 // served as the portmap plugin serves them, to the pod on this node, the
 // client's address kept. Like portmap, which matches local destinations
-// only, a hostIP that is not one of the node's addresses is served
-// nowhere: it could otherwise take any address from the node's clients.
+// only, a hostIP that is neither one of the node's addresses nor loopback
+// is served nowhere: it could otherwise take any address from the node's
+// clients.
 func (t *table) hostPorts(node Node) {
 	for _, hp := range node.HostPorts {
 		proto, ok := protos[corev1.Protocol(strings.ToUpper(hp.Protocol))]
@@ -207,7 +208,9 @@ func (t *table) hostPorts(node Node) {
 		}
 		addrs := node.Addresses
 		if hp.HostIP.IsValid() {
-			if !slices.Contains(node.Addresses, hp.HostIP) {
+			// Loopback is the node's too: portmap serves it to the node's
+			// own processes, so does the socket scope.
+			if !slices.Contains(node.Addresses, hp.HostIP) && !hp.HostIP.IsLoopback() {
 				continue
 			}
 			addrs = []netip.Addr{hp.HostIP}
@@ -216,6 +219,9 @@ func (t *table) hostPorts(node Node) {
 		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
 		for _, ip := range addrs {
 			t.add(base, services.HostPort, services.Socket, ip, hp.HostPort, be)
+			if ip.IsLoopback() {
+				continue // never on the wire
+			}
 			if outside := t.add(base, services.HostPort, services.Uplink, ip, hp.HostPort, be); outside != nil {
 				outside.KeepClient = true
 			}

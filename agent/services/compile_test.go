@@ -524,8 +524,9 @@ func TestUnserved(t *testing.T) {
 }
 
 // hostPorts: each pod's, on every node address or its hostIP, at the
-// socket and on the uplink (the client kept: the pod is here); one that
-// takes a NodePort's port wins it, as the portmap chain comes first.
+// socket and on the uplink (the client kept: the pod is here), on
+// loopback at the socket only; one that takes a NodePort's port wins it,
+// as the portmap chain comes first.
 func TestCompileHostPorts(t *testing.T) {
 	node := n1
 	pod := netip.MustParseAddr("10.0.1.7")
@@ -533,6 +534,8 @@ func TestCompileHostPorts(t *testing.T) {
 		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 30080, ContainerPort: 80, Protocol: "tcp"}},
 		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 5353, ContainerPort: 53, Protocol: "udp",
 			HostIP: netip.MustParseAddr("198.51.100.1")}},
+		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 54323, ContainerPort: 80, Protocol: "tcp",
+			HostIP: netip.MustParseAddr("127.0.0.1")}},
 	}
 	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, true)
 	be := func(port uint16) []services.Backend {
@@ -549,6 +552,7 @@ func TestCompileHostPorts(t *testing.T) {
 		hp(services.Socket, "192.0.2.1:30080", services.TCP, 80), hp(services.Uplink, "192.0.2.1:30080", services.TCP, 80),
 		hp(services.Socket, "198.51.100.1:30080", services.TCP, 80), hp(services.Uplink, "198.51.100.1:30080", services.TCP, 80),
 		hp(services.Socket, "198.51.100.1:5353", services.UDP, 53), hp(services.Uplink, "198.51.100.1:5353", services.UDP, 53),
+		hp(services.Socket, "127.0.0.1:54323", services.TCP, 80), // loopback: the node's own clients only
 	}
 	services.SortServices(want)
 	if !reflect.DeepEqual(got, want) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	nethttp "net/http"
@@ -62,6 +63,10 @@ func HealthChecks(snap Snapshot, node string) []HealthCheck {
 
 // HealthConfig is what Health serves.
 type HealthConfig struct {
+	// ProxyMode is where /proxyMode answers "onc", host:port (where
+	// kube-proxy's --metrics-bind-address answers its mode; ONC's metrics
+	// are on its own port); "" serves none.
+	ProxyMode string
 	// Healthz is where /healthz and /livez are served, host:port
 	// (kube-proxy's --healthz-bind-address); "" serves neither.
 	Healthz string
@@ -105,7 +110,19 @@ func NewHealth(cfg HealthConfig, proxy *watch.Watcher, in Snapshots, node string
 func (h *Health) Run(ctx context.Context) {
 	var serving sync.WaitGroup
 	if h.cfg.Healthz != "" {
-		serving.Go(func() { h.serveHealthz(ctx) })
+		mux := nethttp.NewServeMux()
+		mux.HandleFunc("/healthz", func(w nethttp.ResponseWriter, _ *nethttp.Request) { h.answer(w, true) })
+		mux.HandleFunc("/livez", func(w nethttp.ResponseWriter, _ *nethttp.Request) { h.answer(w, false) })
+		serving.Go(func() { h.serveRetrying(ctx, h.cfg.Healthz, "kube-proxy's /healthz and /livez", mux) })
+	}
+	if h.cfg.ProxyMode != "" {
+		mux := nethttp.NewServeMux()
+		mux.HandleFunc("/proxyMode", func(w nethttp.ResponseWriter, _ *nethttp.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			_, _ = io.WriteString(w, ProxyModeName)
+		})
+		serving.Go(func() { h.serveRetrying(ctx, h.cfg.ProxyMode, "kube-proxy's /proxyMode", mux) })
 	}
 	h.Informed.Run(ctx)
 	for key, s := range h.servers {
@@ -115,23 +132,24 @@ func (h *Health) Run(ctx context.Context) {
 	serving.Wait()
 }
 
-// serveHealthz serves /healthz and /livez until ctx ends. While another
+// ProxyModeName is what /proxyMode answers, where kube-proxy names its
+// mode (iptables, nftables, ipvs).
+const ProxyModeName = "onc"
+
+// serveRetrying serves handler on addr until ctx ends. While another
 // process holds the address (kube-proxy, until it is gone from the node)
 // it tries again every few seconds, as kube-proxy does.
-func (h *Health) serveHealthz(ctx context.Context) {
-	mux := nethttp.NewServeMux()
-	mux.HandleFunc("/healthz", func(w nethttp.ResponseWriter, _ *nethttp.Request) { h.answer(w, true) })
-	mux.HandleFunc("/livez", func(w nethttp.ResponseWriter, _ *nethttp.Request) { h.answer(w, false) })
+func (h *Health) serveRetrying(ctx context.Context, addr, what string, handler nethttp.Handler) {
 	var failed string
 	for {
-		l, err := net.Listen("tcp", h.cfg.Healthz)
+		l, err := net.Listen("tcp", addr)
 		if err == nil {
-			slog.Info("serving kube-proxy's /healthz and /livez", "addr", l.Addr())
-			serve(ctx, l, mux)
+			slog.Info("serving "+what, "addr", l.Addr())
+			serve(ctx, l, handler)
 			return
 		}
 		if err.Error() != failed {
-			slog.Error("cannot serve kube-proxy's /healthz and /livez; retrying", "addr", h.cfg.Healthz, "err", err)
+			slog.Error("cannot serve "+what+"; retrying", "addr", addr, "err", err)
 			failed = err.Error()
 		}
 		select {

@@ -327,6 +327,16 @@ func TestHealthzWaitsForItsAddress(t *testing.T) {
 	eventually(t, "the address freed", "http://"+addr+"/healthz", code(200))
 }
 
+// /proxyMode answers as kube-proxy's metrics server names its mode: with
+// ONC's, which the upstream suite's "kube-proxy urls" check asks for.
+func TestProxyMode(t *testing.T) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
+	startHealth(t, HealthConfig{ProxyMode: addr, Timeout: time.Minute}, &sources{})
+	if a := eventually(t, "proxyMode", "http://"+addr+"/proxyMode", code(200)); a.body != "onc" {
+		t.Errorf("/proxyMode answered %q, want onc", a.body)
+	}
+}
+
 // A healthCheckNodePort answers as kube-proxy's: 200 with endpoints on
 // this node, 503 without or while the proxy is unhealthy, and closes when
 // its Service goes.

@@ -51,6 +51,7 @@ func main() {
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
 	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
+	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
