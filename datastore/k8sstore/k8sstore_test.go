@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -142,8 +143,14 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	if _, err := ctl.ClusterNodes(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kubernetes.NewForConfigOrDie(agentCfg).CoreV1().Nodes().List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("agent listing Nodes: err = %v, want Forbidden (it has no use for them)", err)
+	// The agent reads Nodes (its own: zone, addresses, deletion, for the
+	// Service compiler and /healthz) but never writes one.
+	nodes := kubernetes.NewForConfigOrDie(agentCfg).CoreV1().Nodes()
+	if _, err := nodes.List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("agent listing Nodes: %v", err)
+	}
+	if _, err := nodes.Patch(ctx, spec.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("agent patching a Node: err = %v, want Forbidden", err)
 	}
 	if err := ctl.DeleteNode(ctx, spec.Name); err != nil {
 		t.Fatalf("controller deleting a node: %v", err)
