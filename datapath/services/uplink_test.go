@@ -447,10 +447,14 @@ func TestUplinkBackendByTheUplinkIsMasqueraded(t *testing.T) {
 // flow starts only at a SYN. With no backends it is not refused either.
 func TestUplinkRepliesToTheNodeAreNotFrontends(t *testing.T) {
 	b := newUplinkBed(t)
-	for _, backends := range [][]netip.AddrPort{{localBE}, nil} {
+	for i, backends := range [][]netip.AddrPort{{localBE}, nil} {
 		testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, backends...)}, false))
+		// Another server port each time: the node's port stays the
+		// frontend's, and the previous connection may still hold its
+		// 4-tuple in TIME_WAIT.
+		server := netip.AddrPortFrom(clientIP, uint16(9999-i))
 		var l net.Listener
-		in(t, b.client, func() (err error) { l, err = net.Listen("tcp4", clientIP.String()+":9999"); return err })
+		in(t, b.client, func() (err error) { l, err = net.Listen("tcp4", server.String()); return err })
 		go func() {
 			if c, err := l.Accept(); err == nil {
 				_, _ = c.Write([]byte("client"))
@@ -459,8 +463,9 @@ func TestUplinkRepliesToTheNodeAreNotFrontends(t *testing.T) {
 		}()
 		got := b.delta(func() {
 			in(t, b.node, func() error {
-				d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: nodeIP.AsSlice(), Port: nodePort}}
-				c, err := d.Dial("tcp4", clientIP.String()+":9999")
+				d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: nodeIP.AsSlice(), Port: nodePort},
+					Control: reuseAddr}
+				c, err := d.Dial("tcp4", server.String())
 				if err != nil {
 					t.Errorf("from the node's port %d, backends %v: %v", nodePort, backends, err)
 					return nil
@@ -481,6 +486,12 @@ func TestUplinkRepliesToTheNodeAreNotFrontends(t *testing.T) {
 	}
 }
 
+// reuseAddr lets a dialer bind a local port a closed connection still
+// holds in TIME_WAIT.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+}
+
 // A SYN always picks afresh: a client reusing its 5-tuple after its
 // backend left meets one that is still there.
 func TestUplinkSYNPicksAfresh(t *testing.T) {
@@ -491,9 +502,7 @@ func TestUplinkSYNPicksAfresh(t *testing.T) {
 		var a answer
 		in(t, b.client, func() error {
 			d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: clientIP.AsSlice(), Port: 40404},
-				Control: func(_, _ string, c syscall.RawConn) error {
-					return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-				}}
+				Control: reuseAddr}
 			c, err := d.Dial("tcp4", front.String())
 			if err != nil {
 				a.Err = err
