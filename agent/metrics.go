@@ -279,9 +279,14 @@ func fastPathSample(counter string) (*prometheus.Desc, []string) {
 	return nil, nil
 }
 
-// servicesSample maps enum lb_stat's <hook>_translated and <hook>_refused.
+// servicesSample maps enum lb_stat's <hook>_translated and <hook>_refused
+// of the socket hooks (calls). The uplink's counters count packets; its
+// flows are onc_services_frontend_connections_total's, by scope.
 func servicesSample(counter string) (*prometheus.Desc, []string) {
 	hook, what, _ := strings.Cut(counter, "_")
+	if hook != "connect" && hook != "sendmsg" {
+		return nil, nil
+	}
 	switch what {
 	case "translated":
 		return descServicesTranslations, []string{hook}
