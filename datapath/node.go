@@ -138,7 +138,8 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	var lbMarks netfilter.UplinkLB // zero: the rules go
 	masqueradePorts := ""
 	if n.cfg.KubeProxyReplacement {
-		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR}
+		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR,
+			Uplink: n.up.Name, EstablishedMark: n.cfg.FastPathMark}
 		masqueradePorts = services.MasqueradePorts
 	}
 	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark, masqueradePorts); err != nil {
@@ -153,7 +154,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 		return err
 	}
-	n.services.Load()
+	n.services.Load(fp.FlowCache())
 	// On a fresh node the uplink got its programs before the services
 	// loaded; on a restart it gets them at the first peer sync.
 	if n.uplinkAttached {

@@ -142,6 +142,63 @@ func TestServicesFromOutside(t *testing.T) {
 		}
 	})
 
+	// An established flow to node 0's backend skips node 0's stack both
+	// ways once netfilter saw it so (the uplink's fast counters take its
+	// datagrams), until a policy shuts its client out: then not one more
+	// datagram reaches the pod.
+	t.Run("FastPathUntilRevoked", func(t *testing.T) {
+		var conn net.Conn
+		if err := lab.InNetns(client, func() (err error) {
+			conn, err = net.Dial("udp4", udpFront.String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ask := func() error {
+			_ = conn.SetDeadline(time.Now().Add(time.Second))
+			if _, err := conn.Write([]byte("hi")); err != nil {
+				return err
+			}
+			buf := make([]byte, 64)
+			n, err := conn.Read(buf)
+			if err == nil && string(buf[:n]) != backends[0].Name {
+				err = fmt.Errorf("answered by %q, want %s", buf[:n], backends[0].Name)
+			}
+			return err
+		}
+		before := counters()
+		for range 30 {
+			if err := ask(); err != nil {
+				t.Fatalf("UDP to %s: %v", udpFront, err)
+			}
+		}
+		after := counters()
+		for _, c := range []string{"uplink_fast_to_pod", "uplink_fast_reply"} {
+			if d := after[c] - before[c]; d < 25 {
+				t.Errorf("%s grew by %d over 30 exchanges, want ≥ 25", c, d)
+			}
+		}
+		pols := kube.NetworkingV1().NetworkPolicies(svcNS)
+		deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-outside", Namespace: svcNS},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+		if _, err := pols.Create(ctx, deny, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = pols.Delete(ctx, "deny-outside", metav1.DeleteOptions{}) }()
+		testutil.WaitFor(t, "the established flow revoked", 10*time.Second, func() bool { return ask() != nil })
+		before = counters()
+		for range 5 {
+			if ask() == nil {
+				t.Fatal("a datagram reached the pod past the policy")
+			}
+		}
+		if d := counters()["uplink_fast_to_pod"] - before["uplink_fast_to_pod"]; d != 0 {
+			t.Errorf("uplink_fast_to_pod grew by %d after the revocation", d)
+		}
+	})
+
 	// NetworkPolicy judges translated traffic at the backend pod, from the
 	// real client (kept with externalTrafficPolicy Local): a policy
 	// admitting other addresses only shuts the client out, one admitting

@@ -116,6 +116,8 @@ int onc_egress_fast(struct __sk_buff *skb)
 	peer = peer_of(p.ip->daddr);
 	if (!peer) {
 		count(&onc_stats, STAT_EGRESS_MISS_NO_PEER, 1);
+		/* Perhaps a reply to a client outside; returns only if not. */
+		bpf_tail_call(skb, &onc_egress_hooks, EGRESS_HOOK_UPLINK_LB);
 		return TC_ACT_OK;
 	}
 	flow_out(&key, &p);
@@ -370,8 +372,9 @@ int onc_learn_egress(struct __sk_buff *skb)
 /*
  * Ingress learning: tc egress of a pod's host-side veth (packets about to
  * enter the pod). If the slow path marked the packet as part of an
- * ESTABLISHED flow that came in over onc.vxlan from a fast-path peer,
- * remember that the flow may enter.
+ * ESTABLISHED flow that came in over onc.vxlan, or by the uplink from a
+ * client outside (datapath/netfilter marks only those), remember that the
+ * flow may enter.
  */
 SEC("tc")
 int onc_learn_ingress(struct __sk_buff *skb)
@@ -395,7 +398,7 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	}
 	if (!learnable(&p))
 		return TC_ACT_OK;
-	if (is_host(p.ip->saddr) || !peer_of(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
+	if (is_host(p.ip->saddr) || !bpf_map_lookup_elem(&onc_local, &p.ip->daddr))
 		return TC_ACT_OK;
 	flow_in(&key, &p);
 	count(&onc_stats, flow_learn(&key, cfg->epoch, 0) ? STAT_LEARN_INGRESS : STAT_LEARN_KNOWN, 1);

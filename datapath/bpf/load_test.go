@@ -63,7 +63,7 @@ func TestLoadPinnedOnV0Pins(t *testing.T) {
 				before[name], _ = pinnedID(t, dir, name)
 			}
 		}
-		testutil.Must(t, bpf.LoadPinned(t.Name(), s, dir, objs, beforeReplace))
+		testutil.Must(t, bpf.LoadPinned(t.Name(), s, dir, objs, nil, beforeReplace))
 		return s, before
 	}
 

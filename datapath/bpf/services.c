@@ -164,40 +164,71 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
 	/* A backend on another node must answer through this one. */
 	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
 		skb->mark |= LB_MARK_SNAT;
-	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
-	return LB_NEXT;
+	return lb_to_local_pod(skb, &p, &be);
 }
 
 /*
  * tcx egress of the uplink, ahead of the fast path's learning: a backend's
  * reply to a client (after conntrack undid the SNAT, for a remote backend)
- * leaves from the frontend the client sent to.
+ * leaves from the frontend the client sent to, and, when netfilter marked
+ * it ESTABLISHED, teaches the flow cache that the flow may leave.
  */
 SEC("tc")
 int onc_uplink_lb_egress(struct __sk_buff *skb)
 {
-	struct lb_flow_key key = { .dir = LB_FLOW_OUT };
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
-	key.saddr = p.saddr;
-	key.daddr = p.daddr;
-	key.sport = p.sport;
-	key.dport = p.dport;
-	key.proto = p.proto;
-	rev = bpf_map_lookup_elem(&onc_lb_flows, &key);
+	rev = lb_reply_flow(&p);
 	if (!rev)
 		return LB_NEXT;
+	lb_learn_reply(skb, &p, rev);
 	if (lb_rewrite(skb, &p, 0, &rev->addr)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REVERSED, 1);
 	return LB_NEXT;
+}
+
+/*
+ * A pod's packet to a client outside, passed on by the fast path's egress
+ * program (onc_egress_hooks) after its own checks, the source among them:
+ * the reply of a flow to a backend on this node, established both ways,
+ * gets its frontend's address and leaves by the uplink at once, the
+ * kernel's neighbour table giving the next hop. Anything else, and every
+ * TCP SYN, FIN and RST, takes the stack.
+ */
+SEC("tc")
+int onc_uplink_lb_reply(struct __sk_buff *skb)
+{
+	struct flow_key cached = {};
+	struct onc_config *cfg;
+	struct lb_flow *rev;
+	struct lb_pkt p;
+
+	if (lb_parse(skb, &p) || (p.tcp_flags & LB_TCP_CTL) || p.ttl <= 1)
+		return TC_ACT_OK;
+	rev = lb_reply_flow(&p);
+	if (!rev || !rev->ifindex)
+		return TC_ACT_OK;
+	cfg = config();
+	if (!cfg || !cfg->enabled)
+		return TC_ACT_OK;
+	lb_cache_key(&cached, p.saddr, p.sport, p.daddr, p.dport, p.proto);
+	if (!flow_allowed(&cached, cfg->epoch))
+		return TC_ACT_OK;
+	if (lb_rewrite(skb, &p, 0, &rev->addr) || lb_dec_ttl(skb, &p)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_REPLY, 1);
+	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);
 }
 

@@ -13,6 +13,24 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ServicesFlowKey struct {
+	_          structs.HostLayout
+	LocalIp    uint32
+	RemoteIp   uint32
+	LocalPort  uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type ServicesFlowVal struct {
+	_       structs.HostLayout
+	Epoch   uint32
+	Egress  uint8
+	Ingress uint8
+	Pad     [2]uint8
+}
+
 type ServicesLbAddr struct {
 	_    structs.HostLayout
 	Ip   uint32
@@ -50,9 +68,10 @@ const (
 )
 
 type ServicesLbFlow struct {
-	_     structs.HostLayout
-	Addr  ServicesLbAddr
-	SvcId uint32
+	_       structs.HostLayout
+	Addr    ServicesLbAddr
+	SvcId   uint32
+	Ifindex uint32
 }
 
 type ServicesLbFlowKey struct {
@@ -150,13 +169,33 @@ const (
 	ServicesLbUplinkStatLB_STAT_UPLINK_REVERSED          ServicesLbUplinkStat = 7
 	ServicesLbUplinkStatLB_STAT_UPLINK_NO_SLOT           ServicesLbUplinkStat = 8
 	ServicesLbUplinkStatLB_STAT_UPLINK_ERROR             ServicesLbUplinkStat = 9
-	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 10
+	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_TO_POD       ServicesLbUplinkStat = 10
+	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_REPLY        ServicesLbUplinkStat = 11
+	ServicesLbUplinkStatLB_STAT_UPLINK_LEARNED           ServicesLbUplinkStat = 12
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 13
 )
+
+type ServicesLocalPod struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	PodMac  [6]uint8
+	HostMac [6]uint8
+}
+
+type ServicesOncConfig struct {
+	_        structs.HostLayout
+	Epoch    uint32
+	Enabled  uint8
+	Learning uint8
+	Pad      [2]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ServicesMapOncCfg               = "onc_cfg"
+	ServicesMapOncFilter            = "onc_filter"
 	ServicesMapOncLbAff             = "onc_lb_aff"
 	ServicesMapOncLbBackend         = "onc_lb_backend"
 	ServicesMapOncLbDestroyStats    = "onc_lb_destroy_stats"
@@ -171,6 +210,7 @@ const (
 	ServicesMapOncLbSvc             = "onc_lb_svc"
 	ServicesMapOncLbSvcStats        = "onc_lb_svc_stats"
 	ServicesMapOncLbUplinkStats     = "onc_lb_uplink_stats"
+	ServicesMapOncLocal             = "onc_local"
 	ServicesProgOncSockConnect4     = "onc_sock_connect4"
 	ServicesProgOncSockGetpeername4 = "onc_sock_getpeername4"
 	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
@@ -179,6 +219,8 @@ const (
 	ServicesProgOncSockUdpDestroy   = "onc_sock_udp_destroy"
 	ServicesProgOncUplinkLbEgress   = "onc_uplink_lb_egress"
 	ServicesProgOncUplinkLbIngress  = "onc_uplink_lb_ingress"
+	ServicesProgOncUplinkLbReply    = "onc_uplink_lb_reply"
+	ServicesVarOncMark              = "onc_mark"
 )
 
 // LoadServices returns the embedded CollectionSpec for Services.
@@ -231,12 +273,15 @@ type ServicesProgramSpecs struct {
 	OncSockUdpDestroy   *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress   *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress  *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
+	OncUplinkLbReply    *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_reply"`
 }
 
 // ServicesMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
+	OncCfg            *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncFilter         *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
@@ -251,12 +296,14 @@ type ServicesMapSpecs struct {
 	OncLbSvc          *ebpf.MapSpec `ebpf:"onc_lb_svc"`
 	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
+	OncLocal          *ebpf.MapSpec `ebpf:"onc_local"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesVariableSpecs struct {
+	OncMark *ebpf.VariableSpec `ebpf:"onc_mark"`
 }
 
 // ServicesObjects contains all objects after they have been loaded into the kernel.
@@ -279,6 +326,8 @@ func (o *ServicesObjects) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
+	OncCfg            *ebpf.Map `ebpf:"onc_cfg"`
+	OncFilter         *ebpf.Map `ebpf:"onc_filter"`
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
@@ -293,10 +342,13 @@ type ServicesMaps struct {
 	OncLbSvc          *ebpf.Map `ebpf:"onc_lb_svc"`
 	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
+	OncLocal          *ebpf.Map `ebpf:"onc_local"`
 }
 
 func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
+		m.OncCfg,
+		m.OncFilter,
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,
@@ -311,6 +363,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbSvc,
 		m.OncLbSvcStats,
 		m.OncLbUplinkStats,
+		m.OncLocal,
 	)
 }
 
@@ -318,6 +371,7 @@ func (m *ServicesMaps) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesVariables struct {
+	OncMark *ebpf.Variable `ebpf:"onc_mark"`
 }
 
 // ServicesPrograms contains all programs after they have been loaded into the kernel.
@@ -332,6 +386,7 @@ type ServicesPrograms struct {
 	OncSockUdpDestroy   *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress   *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress  *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
+	OncUplinkLbReply    *ebpf.Program `ebpf:"onc_uplink_lb_reply"`
 }
 
 func (p *ServicesPrograms) Close() error {
@@ -344,6 +399,7 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockUdpDestroy,
 		p.OncUplinkLbEgress,
 		p.OncUplinkLbIngress,
+		p.OncUplinkLbReply,
 	)
 }
 

@@ -107,7 +107,7 @@ func Open(o Options) (*Bypass, error) {
 	// already bypassed keep the old maps through their programs; the old
 	// setting goes to off first, so they send by the stack from their next
 	// message rather than by a setting nobody controls.
-	if err := bpf.LoadPinned("bypass", spec, o.PinDir, &b.objs, func() error { return switchOffPinned(o.PinDir) }); err != nil {
+	if err := bpf.LoadPinned("bypass", spec, o.PinDir, &b.objs, nil, func() error { return switchOffPinned(o.PinDir) }); err != nil {
 		return nil, err
 	}
 	b.maps = &b.objs.BypassMaps

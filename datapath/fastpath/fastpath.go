@@ -98,7 +98,7 @@ func Open(o Options) (*Datapath, error) {
 	// maps are switched off first: a veth the agent cannot adopt keeps the
 	// old programs, which must then not serve flows from a cache no
 	// eviction reaches any more.
-	if err := bpf.LoadPinned("fast path", spec, o.PinDir, &d.objs, func() error { return switchOffPinned(o.PinDir) }); err != nil {
+	if err := bpf.LoadPinned("fast path", spec, o.PinDir, &d.objs, nil, func() error { return switchOffPinned(o.PinDir) }); err != nil {
 		return nil, err
 	}
 	d.maps, d.progs = &d.objs.FastpathMaps, &d.objs.FastpathPrograms
@@ -146,6 +146,13 @@ func setConstants(v *bpf.FastpathVariableSpecs, o Options) error {
 		v.OncNodeIp.Set(bpf.NetIPv4(o.NodeIP)),
 		v.OncPodNet.Set(bpf.NetIPv4(o.PodCIDR.Masked().Addr())),
 		v.OncPodMask.Set(bpf.NetIPv4(mask)))
+}
+
+// FlowCache is the flow cache as the uplink load balancer's programs share
+// it (bpf.FlowCache).
+func (d *Datapath) FlowCache() *bpf.FlowCache {
+	return &bpf.FlowCache{Filter: d.maps.OncFilter, Local: d.maps.OncLocal, Config: d.maps.OncCfg,
+		EgressHooks: d.maps.OncEgressHooks, Mark: d.opts.Mark}
 }
 
 // Mode reports how programs are attached.

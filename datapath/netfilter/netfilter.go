@@ -191,6 +191,7 @@ const (
 	lbNATChain     = "ONC-LB-POSTROUTING"
 	lbInputChain   = "ONC-LB-INPUT"
 	lbForwardChain = "ONC-LB-FORWARD"
+	lbMarkChain    = "ONC-LB-MARK"
 )
 
 // UplinkLB is what the uplink load balancer's rules match: the skb->mark
@@ -208,17 +209,37 @@ type UplinkLB struct {
 	// kube-proxy's REJECT refuses it, TCP with a reset, UDP with an ICMP
 	// port unreachable.
 	RejectMark uint32
+	// EstablishedMark: the fast path's ESTABLISHED bit, set on packets of
+	// connections from outside to this node's pods by Uplink, both ways,
+	// for the flow cache to learn from (the uplink programs then carry
+	// those to a backend on this node past the stack).
+	EstablishedMark uint32
+	Uplink          string
 }
 
 // EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
-// rules for lb, jumped to first from nat POSTROUTING and filter INPUT and
-// FORWARD (a refused frontend is a node address or one the node forwards).
+// rules for lb, jumped to first from nat POSTROUTING, filter INPUT and
+// FORWARD (a refused frontend is a node address or one the node forwards)
+// and mangle FORWARD.
 func EnsureUplinkLB(lb UplinkLB) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
 	}
-	var nat, reject [][]string
+	var nat, reject, marks [][]string
+	if lb.EstablishedMark != 0 {
+		// Connections opened from outside only (--ctdir): a pod's own
+		// connections out, masqueraded, are no flow the uplink programs
+		// serve.
+		est := func(dir string) []string {
+			return []string{"-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", dir,
+				"-j", "MARK", "--or-mark", fmt.Sprintf("0x%x", lb.EstablishedMark)}
+		}
+		marks = [][]string{
+			append([]string{"-i", lb.Uplink, "-o", "onc+", "-m", "comment", "--comment", "onc: established, from outside to pod"}, est("ORIGINAL")...),
+			append([]string{"-i", "onc+", "-o", lb.Uplink, "-m", "comment", "--comment", "onc: established, pod to outside, reply"}, est("REPLY")...),
+		}
+	}
 	if lb.SNATMark != 0 {
 		m := fmt.Sprintf("0x%x/0x%x", lb.SNATMark, lb.SNATMark)
 		nat = [][]string{{"!", "-d", lb.LocalPods.String(), "-m", "mark", "--mark", m, "-m", "comment", "--comment",
@@ -236,6 +257,9 @@ func EnsureUplinkLB(lb UplinkLB) error {
 		return err
 	}
 	if err := fill(ipt, "filter", lbInputChain, "INPUT", reject); err != nil {
+		return err
+	}
+	if err := fill(ipt, "mangle", lbMarkChain, "FORWARD", marks); err != nil {
 		return err
 	}
 	return fill(ipt, "filter", lbForwardChain, "FORWARD", reject)

@@ -70,16 +70,18 @@ func (n *Node) Mode() Mode { return n.mode }
 // whatever an earlier agent pinned, so that no program goes on translating
 // with maps nobody updates: the node leaves Services to kube-proxy. It
 // runs once: a node whose socket LB cannot load leaves Services to
-// kube-proxy rather than failing to come up.
-func (n *Node) Load() {
-	n.lb.Load("socket load balancing unavailable; kube-proxy balances every Service", n.load)
+// kube-proxy rather than failing to come up. cache is the fast path's
+// flow cache, which the uplink programs share.
+func (n *Node) Load(cache *bpf.FlowCache) {
+	n.lb.Load("socket load balancing unavailable; kube-proxy balances every Service",
+		func() (*LB, bool, error) { return n.load(cache) })
 }
 
-func (n *Node) load() (*LB, bool, error) {
+func (n *Node) load(cache *bpf.FlowCache) (*LB, bool, error) {
 	if n.mode == Off {
 		return nil, false, Remove(n.pinDir)
 	}
-	lb, err := n.attach()
+	lb, err := n.attach(cache)
 	if err != nil {
 		if rerr := Remove(n.pinDir); rerr != nil {
 			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
@@ -90,12 +92,12 @@ func (n *Node) load() (*LB, bool, error) {
 	return lb, true, nil
 }
 
-func (n *Node) attach() (*LB, error) {
+func (n *Node) attach(cache *bpf.FlowCache) (*LB, error) {
 	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, err
 	}
-	lb, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup})
+	lb, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup, FlowCache: cache})
 	if err != nil {
 		return nil, err
 	}

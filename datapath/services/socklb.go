@@ -19,6 +19,10 @@ type Options struct {
 	// Cgroup is the cgroup v2 directory the programs attach to; every
 	// socket created in it or below is balanced. See bpf.ResolveCgroup.
 	Cgroup string
+	// FlowCache is the fast path's: with it, the uplink programs send a
+	// flow to a backend on this node past the stack once it is
+	// established. Nil: always through the stack.
+	FlowCache *bpf.FlowCache
 }
 
 // LB is the loaded socket load balancer.
@@ -51,14 +55,18 @@ func Open(o Options) (*LB, error) {
 		return nil, err
 	}
 	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}}
-	spec, err := bpf.LoadServices()
+	spec, err := loadSpec(o.FlowCache)
+	if err != nil {
+		return nil, err
+	}
+	shared, err := o.FlowCache.Share(spec)
 	if err != nil {
 		return nil, err
 	}
 	// An upgrade that changed a map's layout starts afresh: sockets already
 	// connected keep their backends; getpeername on them and UDP replies
 	// to them show backend addresses until they close.
-	if err := bpf.LoadPinned("socket LB", spec, o.PinDir, &lb.objs, nil); err != nil {
+	if err := bpf.LoadPinned("socket LB", spec, o.PinDir, &lb.objs, shared, nil); err != nil {
 		return nil, err
 	}
 	lb.maps = &lb.objs.ServicesMaps
@@ -78,6 +86,14 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		err = lb.openUDPEnder(spec.Maps[bpf.ServicesMapOncLbDestroyStats])
+	}
+	if err == nil && o.FlowCache != nil {
+		// The fast path's egress program passes pods' replies to clients
+		// outside on to ours.
+		err = o.FlowCache.EgressHooks.Put(uint32(bpf.EgressHookUplinkLB), p.OncUplinkLbReply)
+		if err != nil {
+			err = fmt.Errorf("uplink load balancer's reply program: %w", err)
+		}
 	}
 	if err != nil {
 		lb.Close()
@@ -118,7 +134,7 @@ func Remove(pinDir string) error {
 	if err := errors.Join(append(errs, RemoveUplink(pinDir))...); err != nil {
 		return err
 	}
-	spec, err := bpf.LoadServices()
+	spec, err := loadSpec(nil)
 	if err != nil {
 		return err
 	}
@@ -136,4 +152,22 @@ func (lb *LB) Close() error {
 		lb.udp.iter.Close()
 	}
 	return lb.objs.Close()
+}
+
+// loadSpec is the services object's spec with the flow cache's maps
+// unpinned (never ours to pin or remove) and its mark bit set.
+func loadSpec(cache *bpf.FlowCache) (*ebpf.CollectionSpec, error) {
+	spec, err := bpf.LoadServices()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cache.Share(spec); err != nil {
+		return nil, err
+	}
+	if cache != nil {
+		if err := spec.Variables["onc_mark"].Set(cache.Mark); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
 }

@@ -5,6 +5,7 @@ package services
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -16,17 +17,21 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bpf/bpftest"
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // The uplink bed: a client namespace on the "underlay", a node namespace
 // whose uplink (n0) carries the programs, a local backend behind a veth
-// (b0) and a "remote" one behind another veth (r0), which stands in for
-// the overlay device: the MASQUERADE rule is given r0 as that device.
+// (oncb0, named as a pod's host veth) and a "remote" one behind another
+// veth (r0), which stands in for the overlay device: the MASQUERADE rule
+// is given r0 as that device.
 var (
 	nodeIP     = netip.MustParseAddr("192.0.2.1")
 	clientIP   = netip.MustParseAddr("192.0.2.2")
@@ -44,7 +49,11 @@ type uplinkBed struct {
 	t                     *testing.T
 	client, node, be, rbe string // namespace names
 	lb                    *LB
+	fp                    *fastpath.Datapath // newFastUplinkBed's
 }
+
+// fastPathMark is the bed's ESTABLISHED bit (the agent's default).
+const fastPathMark = 0x40000
 
 func ipIn(t *testing.T, ns string, args ...string) {
 	t.Helper()
@@ -73,6 +82,19 @@ func veth(t *testing.T, a, an, aAddr, b, bn, bAddr string) {
 
 func newUplinkBed(t *testing.T) *uplinkBed {
 	t.Helper()
+	return buildUplinkBed(t, false)
+}
+
+// newFastUplinkBed is the bed with the node's fast path: its programs on
+// the uplink and on the local backend's veth, the backend its local pod,
+// and netfilter marking flows from outside ESTABLISHED.
+func newFastUplinkBed(t *testing.T) *uplinkBed {
+	t.Helper()
+	return buildUplinkBed(t, true)
+}
+
+func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
+	t.Helper()
 	p := testutil.Prefix()
 	b := &uplinkBed{t: t, client: p + "-cl", node: p + "-nd", be: p + "-be", rbe: p + "-rb"}
 	for _, ns := range []string{b.client, b.node, b.be, b.rbe} {
@@ -80,7 +102,7 @@ func newUplinkBed(t *testing.T) *uplinkBed {
 		ipIn(t, ns, "link", "set", "lo", "up")
 	}
 	veth(t, b.node, "n0", nodeIP.String()+"/24", b.client, "c0", clientIP.String()+"/24")
-	veth(t, b.node, "b0", "10.244.1.1/24", b.be, "b1", localBE.Addr().String()+"/24")
+	veth(t, b.node, "oncb0", "10.244.1.1/24", b.be, "b1", localBE.Addr().String()+"/24")
 	veth(t, b.node, "r0", remoteGW.String()+"/24", b.rbe, "r1", remoteBE.Addr().String()+"/24")
 	ipIn(t, b.client, "addr", "add", spoofIP.String()+"/32", "dev", "c0")
 	ipIn(t, b.client, "route", "add", externalIP.String()+"/32", "via", nodeIP.String())
@@ -97,21 +119,60 @@ func newUplinkBed(t *testing.T) *uplinkBed {
 	serveWho(t, b.rbe, remoteBE)
 
 	dir := t.TempDir()
-	lb, err := Open(Options{PinDir: dir})
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	rules := netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24")}
+	var cache *bpf.FlowCache
+	if fast {
+		fp, err := fastpath.Open(fastpath.Options{PinDir: dir, VNI: 1, Port: 8472, Mark: fastPathMark,
+			NodeIP: nodeIP, PodCIDR: netip.MustParsePrefix("10.244.1.0/24")})
+		testutil.Must(t, err)
+		t.Cleanup(func() { fp.Close() })
+		testutil.Must(t, fp.Configure(true))
+		b.fp, cache = fp, fp.FlowCache()
+		rules.EstablishedMark, rules.Uplink = fastPathMark, "n0"
+	}
+	lb, err := Open(Options{PinDir: dir, FlowCache: cache})
 	testutil.Must(t, err)
-	t.Cleanup(func() {
-		lb.Close()
-		_ = unix.Unmount(dir, unix.MNT_DETACH)
-	})
+	t.Cleanup(func() { lb.Close() })
 	b.lb = lb
 	testutil.Must(t, lb.SetInternal([]netip.Prefix{podCIDR, netip.PrefixFrom(nodeIP, 32)}))
+	var podMAC net.HardwareAddr
+	in(t, b.be, func() error {
+		pod, err := netlink.LinkByName("b1")
+		if err == nil {
+			podMAC = pod.Attrs().HardwareAddr
+		}
+		return err
+	})
 	in(t, b.node, func() error {
-		if err := netfilter.EnsureUplinkLB(netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24")}); err != nil {
+		if err := netfilter.EnsureUplinkLB(rules); err != nil {
 			return err
+		}
+		if b.fp != nil {
+			if err := b.addLocalPod(podMAC); err != nil {
+				return err
+			}
 		}
 		return lb.AttachUplink("n0")
 	})
 	return b
+}
+
+// addLocalPod gives the fast path its programs on the uplink and on the
+// local backend's veth, and the backend as its pod (what the agent does
+// at CNI ADD); in the node's namespace.
+func (b *uplinkBed) addLocalPod(podMAC net.HardwareAddr) error {
+	host, err := netlink.LinkByName("oncb0")
+	if err != nil {
+		return err
+	}
+	if err := b.fp.AttachUplink("n0"); err != nil {
+		return err
+	}
+	if err := b.fp.AttachPod("oncb0"); err != nil {
+		return err
+	}
+	return b.fp.SetLocalPod(localBE.Addr(), host.Attrs().Index, podMAC, host.Attrs().HardwareAddr)
 }
 
 // serveWho answers TCP and UDP on addr, in namespace ns, with
@@ -643,4 +704,117 @@ func TestUplinkAttachStaysFirst(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// serveEcho echoes every TCP connection's and UDP datagram's bytes back,
+// on addr in namespace ns.
+func serveEcho(t *testing.T, ns string, addr netip.AddrPort) {
+	t.Helper()
+	in(t, ns, func() error {
+		l, err := net.Listen("tcp4", addr.String())
+		if err != nil {
+			return err
+		}
+		u, err := net.ListenPacket("udp4", addr.String())
+		if err != nil {
+			l.Close()
+			return err
+		}
+		t.Cleanup(func() { l.Close(); u.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(c, c); c.Close() }()
+			}
+		}()
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				n, from, err := u.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = u.WriteTo(buf[:n], from)
+			}
+		}()
+		return nil
+	})
+}
+
+// dialClient opens a connection from the client namespace.
+func (b *uplinkBed) dialClient(network string, dst netip.AddrPort) net.Conn {
+	b.t.Helper()
+	var c net.Conn
+	in(b.t, b.client, func() (err error) {
+		c, err = net.DialTimeout(network, dst.String(), 2*time.Second)
+		return err
+	})
+	b.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// roundTrips sends n messages on c and reads each echo, returning the
+// first failure.
+func roundTrips(c net.Conn, n int) error {
+	buf := make([]byte, 64)
+	for i := range n {
+		msg := fmt.Sprintf("message %d", i)
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		got, err := io.ReadAtLeast(c, buf, len(msg))
+		if err != nil {
+			return err
+		}
+		if string(buf[:got]) != msg {
+			return fmt.Errorf("sent %q, got %q back", msg, buf[:got])
+		}
+	}
+	return nil
+}
+
+// With the fast path, an established flow from outside to a backend on
+// the node skips the stack both ways (the uplink's fast counters take
+// every packet after the first few), bytes intact; evicted, as a policy
+// change evicts it, it is judged by netfilter again.
+func TestUplinkFastPathToALocalBackend(t *testing.T) {
+	b := newFastUplinkBed(t)
+	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
+	serveEcho(t, b.be, echo)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo), uplinkService(nodeIP, UDP, echo)}, false))
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	const n = 40
+	for _, network := range []string{"tcp4", "udp4"} {
+		got := b.delta(func() {
+			if err := roundTrips(b.dialClient(network, front), n); err != nil {
+				t.Fatalf("%s: %v", network, err)
+			}
+		}, "uplink_fast_to_pod", "uplink_fast_reply", "uplink_learned")
+		// The slow path carries a flow until it has seen it established
+		// both ways: a handful of packets.
+		if got["uplink_learned"] != 1 || got["uplink_fast_to_pod"] < n-3 || got["uplink_fast_reply"] < n-3 {
+			t.Errorf("%s: counters %v; want 1 flow learned and ≥ %d packets fast each way", network, got, n-3)
+		}
+	}
+
+	// A policy that now denies the flow: netfilter drops it, and the
+	// eviction that comes with every policy change sends it back there.
+	c := b.dialClient("tcp4", front)
+	testutil.Must(t, roundTrips(c, 5))
+	in(t, b.node, func() error {
+		return exec.Command("iptables", "-I", "FORWARD", "-d", echo.Addr().String(), "-p", "tcp", "-j", "DROP").Run()
+	})
+	testutil.Must(t, b.fp.Flush())
+	got := b.delta(func() {
+		if err := roundTrips(c, 1); err == nil {
+			t.Error("a flow netfilter now drops still reached its backend")
+		}
+	}, "uplink_fast_to_pod", "uplink_fast_reply")
+	if got["uplink_fast_to_pod"] != 0 || got["uplink_fast_reply"] != 0 {
+		t.Errorf("evicted flow still fast: %v", got)
+	}
 }

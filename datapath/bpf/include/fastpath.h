@@ -11,6 +11,7 @@
 
 #include <linux/pkt_cls.h>
 #include "common.h"
+#include "flow_cache.h"
 
 /* The ECN field of the IP TOS byte; CE is both bits set. */
 #define ONC_ECN_MASK 3
@@ -19,24 +20,6 @@
 /* Outer Ethernet + IPv4 + UDP + VXLAN, then the inner Ethernet header. */
 #define ONC_ENCAP_LEN 50
 #define ONC_HDR_LEN (ONC_ENCAP_LEN + 14)
-
-/* A flow seen in both directions. local = the pod on this node. */
-struct flow_key {
-	__be32 local_ip;
-	__be32 remote_ip;
-	__be16 local_port;
-	__be16 remote_port;
-	__u8 proto;
-	__u8 pad[3];
-};
-
-/* The slow path let this flow through as ESTABLISHED in each direction. */
-struct flow_val {
-	__u32 epoch;
-	__u8 egress;  /* local pod -> remote pod went out via onc.vxlan */
-	__u8 ingress; /* remote pod -> local pod came in via onc.vxlan */
-	__u8 pad[2];
-};
 
 /* Remote pod -> the node it was last seen behind. */
 struct egress_val {
@@ -49,13 +32,6 @@ struct encap_val {
 	__u32 ifindex; /* the uplink they left by */
 };
 
-/* Local pod -> its host-side veth; written by the agent at CNI ADD. */
-struct local_pod {
-	__u32 ifindex;
-	__u8 pod_mac[6];
-	__u8 host_mac[6];
-};
-
 /* Pod CIDR of a peer that runs the fast path -> that peer's node IP. */
 struct cidr_key {
 	__u32 prefixlen;
@@ -66,14 +42,6 @@ struct cidr_val {
 	__be32 node_ip;
 };
 
-/* The switches the agent flips while it runs; index 0 of onc_cfg. */
-struct onc_config {
-	__u32 epoch;      /* filter entries of another epoch are void */
-	__u8 enabled;     /* fast path on */
-	__u8 learning;    /* 0 while the agent evicts */
-	__u8 pad[2];
-};
-
 /*
  * This node's settings, fixed while an agent runs: the agent sets them in
  * the object before loading it (datapath/fastpath), so no packet looks
@@ -82,7 +50,6 @@ struct onc_config {
  */
 volatile const __u32 onc_vni = 0;           /* host order */
 volatile const __be16 onc_vxlan_port = 0;
-volatile const __u32 onc_mark = 0;          /* skb->mark bit the slow path sets on ESTABLISHED */
 volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
 volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: the only inner destinations */
 volatile const __be32 onc_pod_mask = 0;     /* of frames from peers (the overlay guard) */
@@ -134,14 +101,6 @@ enum onc_stat {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
-	__type(key, struct flow_key);
-	__type(value, struct flow_val);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_filter SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
 	__type(key, __be32);
 	__type(value, struct egress_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -154,14 +113,6 @@ struct {
 	__type(value, struct encap_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_encap SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __be32);
-	__type(value, struct local_pod);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_local SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -209,22 +160,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_senders SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct onc_config);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_cfg SEC(".maps");
-
 ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
 
-static __always_inline struct onc_config *config(void)
-{
-	__u32 zero = 0;
+/*
+ * Where a packet leaving a pod for no fast-path peer may go on: a reply of
+ * a flow the uplink load balancer brought to the pod is the services
+ * object's to send (datapath/services puts its program at
+ * EGRESS_HOOK_UPLINK_LB). An empty slot, and the packet takes the slow
+ * path. Not pinned: each agent's programs call the slots it filled.
+ */
+enum egress_hook {
+	EGRESS_HOOK_UPLINK_LB,
+	EGRESS_HOOK_MAX,
+};
 
-	return bpf_map_lookup_elem(&onc_cfg, &zero);
-}
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, EGRESS_HOOK_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} onc_egress_hooks SEC(".maps");
 
 static __always_inline int is_host(__be32 addr)
 {
@@ -236,55 +191,6 @@ static __always_inline struct cidr_val *peer_of(__be32 addr)
 	struct cidr_key k = { .prefixlen = 32, .addr = addr };
 
 	return bpf_map_lookup_elem(&onc_peers, &k);
-}
-
-/* A flow may take the fast path when the slow path saw it both ways in
- * this epoch. */
-static __always_inline int flow_allowed(const struct flow_key *k, __u32 epoch)
-{
-	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
-
-	return v && v->egress && v->ingress && v->epoch == epoch;
-}
-
-/*
- * Learn one direction of a flow; a flow of an older epoch starts over.
- * Every marked packet of a learned flow comes here: write only what
- * changes, so a busy flow does not keep dirtying a shared cache line.
- * Returns whether anything was written.
- */
-static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int egress)
-{
-	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
-	struct flow_val nv = { .epoch = epoch };
-
-	if (v && v->epoch == epoch) {
-		if (egress ? v->egress : v->ingress)
-			return 0;
-		if (egress)
-			v->egress = 1;
-		else
-			v->ingress = 1;
-		return 1;
-	}
-	if (egress)
-		nv.egress = 1;
-	else
-		nv.ingress = 1;
-	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
-	return 1;
-}
-
-/*
- * A SYN starts a new connection on a flow's addresses and ports: what the
- * cache holds for them belongs to an old one, and conntrack may treat the
- * new one differently (NAT a clashing source port to another, or DNAT a
- * Service connection whose replies then need the slow path's reverse
- * translation). The new connection learns afresh once established.
- */
-static __always_inline void flow_forget(const struct flow_key *k)
-{
-	bpf_map_delete_elem(&onc_filter, k);
 }
 
 #endif /* __ONC_FASTPATH_H */

@@ -10,6 +10,14 @@
  * the fast path's program behind them (the overlay guard) judges every
  * packet, translated or not.
  *
+ * Once netfilter let a flow to a backend on this node through ESTABLISHED
+ * both ways (the flow cache's verdict, include/flow_cache.h), its packets
+ * skip the stack: the ingress program hands them straight into the pod,
+ * and the pod's replies, which the fast path's egress program passes on
+ * (onc_egress_hooks), leave by the uplink at once (services.c). TCP SYN,
+ * FIN and RST always take the stack, so conntrack sees every connection
+ * open and close.
+ *
  * Address translation the kernel must do stays the kernel's: SNAT of
  * packets to a backend on another node (ONC's MASQUERADE rule, matching
  * LB_MARK_SNAT and the overlay device; conntrack undoes it on the reply),
@@ -26,6 +34,7 @@
 #include <linux/udp.h>
 #include <linux/pkt_cls.h>
 #include "services.h"
+#include "flow_cache.h"
 
 /* TCX_NEXT (older uapi headers lack it): the next program on the link runs. */
 #define LB_NEXT TC_ACT_UNSPEC
@@ -35,8 +44,12 @@
 #define LB_MARK_REJECT 0x100000
 
 /* TCP header flags, in the byte at offset 13. */
+#define LB_TCP_FIN 0x01
 #define LB_TCP_SYN 0x02
+#define LB_TCP_RST 0x04
 #define LB_TCP_ACK 0x10
+/* Flags conntrack must see: their packets always take the stack. */
+#define LB_TCP_CTL (LB_TCP_FIN | LB_TCP_SYN | LB_TCP_RST)
 
 /* What lb_flow_backend found. */
 enum lb_flow_verdict {
@@ -59,6 +72,9 @@ enum lb_uplink_stat {
 	LB_STAT_UPLINK_REVERSED,      /* replies given the frontend's address */
 	LB_STAT_UPLINK_NO_SLOT,       /* a backend slot was missing: dropped */
 	LB_STAT_UPLINK_ERROR,         /* rewriting the packet failed: dropped */
+	LB_STAT_UPLINK_FAST_TO_POD,   /* packets handed straight into a local backend */
+	LB_STAT_UPLINK_FAST_REPLY,    /* replies sent straight out of the uplink */
+	LB_STAT_UPLINK_LEARNED,       /* a reply taught the flow cache that its flow may leave */
 	LB_STAT_UPLINK_MAX,
 };
 
@@ -120,6 +136,7 @@ struct lb_flow_key {
 struct lb_flow {
 	struct lb_addr addr; /* IN: the backend; OUT: the frontend */
 	__u32 svc_id;        /* IN: a flow of a service since replaced picks again */
+	__u32 ifindex;       /* OUT: the uplink the slow path sent replies by */
 };
 
 struct {
@@ -139,6 +156,8 @@ struct lb_pkt {
 	__be16 dport;
 	__u8 proto;
 	__u8 syn; /* TCP, SYN without ACK: a connection's first packet */
+	__u8 tcp_flags; /* 0 for UDP */
+	__u8 ttl;
 	__u32 l4off;
 };
 
@@ -159,14 +178,12 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
 	p->l4off = ETH_HLEN + ip.ihl * 4;
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
 		return -1;
-	p->syn = 0;
-	if (ip.protocol == IPPROTO_TCP) {
-		__u8 flags;
-
-		if (bpf_skb_load_bytes(skb, p->l4off + 13, &flags, sizeof(flags)))
-			return -1;
-		p->syn = (flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
-	}
+	p->tcp_flags = 0;
+	if (ip.protocol == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, p->l4off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
+		return -1;
+	p->syn = (p->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
+	p->ttl = ip.ttl;
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->sport = ports[0];
@@ -200,6 +217,103 @@ static __always_inline int lb_rewrite(struct __sk_buff *skb, const struct lb_pkt
 	if (bpf_skb_store_bytes(skb, ip_off, &to->ip, sizeof(to->ip), 0))
 		return -1;
 	return bpf_skb_store_bytes(skb, port_off, &to->port, sizeof(to->port), 0);
+}
+
+/* The flow a backend's packet to a client replies to, if any. */
+static __always_inline struct lb_flow *lb_reply_flow(const struct lb_pkt *p)
+{
+	struct lb_flow_key key = {
+		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
+		.proto = p->proto, .dir = LB_FLOW_OUT,
+	};
+
+	return bpf_map_lookup_elem(&onc_lb_flows, &key);
+}
+
+/* lb_dec_ttl lowers the TTL by one, as the forwarding hop the stack would
+ * have been. The caller checked that it is above 1. */
+static __always_inline int lb_dec_ttl(struct __sk_buff *skb, const struct lb_pkt *p)
+{
+	__u8 ttl = p->ttl - 1;
+	/* TTL and protocol share one 16-bit word of the checksum. */
+	__be16 old = bpf_htons((__u16)p->ttl << 8 | p->proto);
+	__be16 new = bpf_htons((__u16)ttl << 8 | p->proto);
+
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, new, sizeof(new)))
+		return -1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl), &ttl, sizeof(ttl), 0);
+}
+
+/* The flow cache's key of a flow between a backend pod of this node and a
+ * client outside. */
+static __always_inline void lb_cache_key(struct flow_key *k, __be32 pod, __be16 pod_port, __be32 client,
+					 __be16 client_port, __u8 proto)
+{
+	k->local_ip = pod;
+	k->remote_ip = client;
+	k->local_port = pod_port;
+	k->remote_port = client_port;
+	k->proto = proto;
+}
+
+/*
+ * lb_to_local_pod hands a translated packet to a backend on this node
+ * straight into its pod, as the fast path hands an overlay packet
+ * (fastpath.c): only when the flow cache says netfilter let the flow
+ * through ESTABLISHED both ways in this epoch, and never a TCP SYN, FIN or
+ * RST. A SYN opens a new connection on the addresses: what the cache holds
+ * for them was an old one's. Returns LB_NEXT when the stack must take it.
+ */
+static __always_inline int lb_to_local_pod(struct __sk_buff *skb, const struct lb_pkt *p,
+					   const struct lb_addr *be)
+{
+	struct flow_key key = {};
+	struct onc_config *cfg;
+	struct local_pod *pod;
+
+	lb_cache_key(&key, be->ip, be->port, p->saddr, p->sport, p->proto);
+	if (p->tcp_flags & LB_TCP_CTL) {
+		if (p->tcp_flags & LB_TCP_SYN)
+			flow_forget(&key);
+		return LB_NEXT;
+	}
+	cfg = config();
+	if (!cfg || !cfg->enabled || p->ttl <= 1)
+		return LB_NEXT;
+	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
+	if (!pod || !flow_allowed(&key, cfg->epoch))
+		return LB_NEXT;
+	if (lb_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_TO_POD, 1);
+	return bpf_redirect_peer(pod->ifindex, 0);
+}
+
+/*
+ * lb_learn_reply remembers, from a reply of a backend on this node that
+ * the slow path let out by the uplink as part of an ESTABLISHED flow
+ * (marked onc_mark), that the flow may leave, and by which device. A FIN
+ * or RST is a flow ending: never learned. The fast path's learning
+ * program behind this one clears the mark.
+ */
+static __always_inline void lb_learn_reply(struct __sk_buff *skb, const struct lb_pkt *p, struct lb_flow *rev)
+{
+	struct flow_key key = {};
+	struct onc_config *cfg;
+
+	if (!(skb->mark & onc_mark) || (p->tcp_flags & (LB_TCP_FIN | LB_TCP_RST)))
+		return;
+	cfg = config();
+	if (!cfg || !cfg->enabled || !cfg->learning || !bpf_map_lookup_elem(&onc_local, &p->saddr))
+		return;
+	if (rev->ifindex != skb->ifindex)
+		rev->ifindex = skb->ifindex;
+	lb_cache_key(&key, p->saddr, p->sport, p->daddr, p->dport, p->proto);
+	if (flow_learn(&key, cfg->epoch, 1))
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_LEARNED, 1);
 }
 
 static __always_inline int lb_internal(__be32 addr)

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The flow cache's verdicts, shared by every program that sends a flow's
+ * packets past the slow path: the fast path's (fastpath.c) and the uplink
+ * load balancer's (services.c). A flow may skip routing and netfilter
+ * only once netfilter let it through ESTABLISHED both ways in this epoch
+ * (onc_filter); the pods a packet may be handed to are onc_local's.
+ *
+ * The fast path's object owns the maps (pinned by name); the services
+ * object is loaded with the same maps (datapath/services), so both judge
+ * a flow alike and one eviction reaches both.
+ */
+#ifndef __ONC_FLOW_CACHE_H
+#define __ONC_FLOW_CACHE_H
+
+#include "common.h"
+
+/* A flow seen in both directions. local = the pod on this node; remote = a
+ * pod elsewhere, or a client outside the uplink load balancer sent here. */
+struct flow_key {
+	__be32 local_ip;
+	__be32 remote_ip;
+	__be16 local_port;
+	__be16 remote_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* The slow path let this flow through as ESTABLISHED in each direction. */
+struct flow_val {
+	__u32 epoch;
+	__u8 egress;  /* local -> remote went out (onc.vxlan, or the uplink) */
+	__u8 ingress; /* remote -> local came in (onc.vxlan, or the uplink) */
+	__u8 pad[2];
+};
+
+/* Local pod -> its host-side veth; written by the agent at CNI ADD. */
+struct local_pod {
+	__u32 ifindex;
+	__u8 pod_mac[6];
+	__u8 host_mac[6];
+};
+
+/* The switches the agent flips while it runs; index 0 of onc_cfg. */
+struct onc_config {
+	__u32 epoch;      /* filter entries of another epoch are void */
+	__u8 enabled;     /* fast path on */
+	__u8 learning;    /* 0 while the agent evicts */
+	__u8 pad[2];
+};
+
+/* The skb->mark bit the slow path sets on ESTABLISHED packets of flows
+ * the cache may learn; set by the agent before loading. */
+volatile const __u32 onc_mark = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, struct local_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct onc_config);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_cfg SEC(".maps");
+
+static __always_inline struct onc_config *config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&onc_cfg, &zero);
+}
+
+/* A flow may take the fast path when the slow path saw it both ways in
+ * this epoch. */
+static __always_inline int flow_allowed(const struct flow_key *k, __u32 epoch)
+{
+	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+
+	return v && v->egress && v->ingress && v->epoch == epoch;
+}
+
+/*
+ * Learn one direction of a flow; a flow of an older epoch starts over.
+ * Every marked packet of a learned flow comes here: write only what
+ * changes, so a busy flow does not keep dirtying a shared cache line.
+ * Returns whether anything was written.
+ */
+static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int egress)
+{
+	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+	struct flow_val nv = { .epoch = epoch };
+
+	if (v && v->epoch == epoch) {
+		if (egress ? v->egress : v->ingress)
+			return 0;
+		if (egress)
+			v->egress = 1;
+		else
+			v->ingress = 1;
+		return 1;
+	}
+	if (egress)
+		nv.egress = 1;
+	else
+		nv.ingress = 1;
+	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
+	return 1;
+}
+
+/*
+ * A SYN starts a new connection on a flow's addresses and ports: what the
+ * cache holds for them belongs to an old one, and conntrack may treat the
+ * new one differently (NAT a clashing source port to another, or DNAT a
+ * Service connection whose replies then need the slow path's reverse
+ * translation). The new connection learns afresh once established.
+ */
+static __always_inline void flow_forget(const struct flow_key *k)
+{
+	bpf_map_delete_elem(&onc_filter, k);
+}
+
+#endif /* __ONC_FLOW_CACHE_H */
