@@ -111,6 +111,8 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{servicesSample, "sendmsg_refused", descServicesRefusals, []string{"sendmsg"}},
 		{servicesSample, "no_slot", nil, nil},
 		{servicesSample, "recvmsg_reversed", nil, nil},
+		{servicesSample, "uplink_fast_to_pod", descUplinkFast, []string{"to_pod"}},
+		{servicesSample, "uplink_reversed", nil, nil},
 		{bypassSample, "redirected_msgs", descBypassMessages, nil},
 		{bypassSample, "redirected_bytes", descBypassBytes, nil},
 		{bypassSample, "fallback_peer_full", descBypassFallbacks, []string{"peer_full"}},
@@ -135,6 +137,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		enum, prefix string
 	}{
 		{servicesSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb_uplink_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
@@ -143,7 +146,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -281,8 +281,8 @@ func (n *Node) Close() error {
 }
 
 // SyncPeers programs every other node that has a pod CIDR as an overlay
-// peer, and gives the fast path the peers that run it and every node and
-// gateway address (host traffic stays on the slow path). Only what differs
+// peer, and gives the fast path the peers that run it and every node's
+// address (traffic to and from them stays on the slow path). Only what differs
 // from what was programmed last is written; checkKernel also reads the
 // kernel's entries back and repairs what drifted.
 func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) error {

@@ -15,7 +15,11 @@ import (
 type peerSet struct {
 	overlay  []overlay.Peer
 	fastPath []fastpath.Peer
-	hosts    []netip.Addr // node and gateway addresses: never fast-pathed
+	// hosts are the nodes' own addresses: never fast-pathed, even if one
+	// lay in a peer's pod CIDR. A peer's gateway address is not one: it
+	// is what the peer's host, and its masquerade of a flow from outside
+	// to a backend here, send from over the overlay, like a pod of it.
+	hosts []netip.Addr
 	// senders are the peers the overlay guard accepts frames from, each
 	// speaking for its pod CIDR and its node address.
 	senders []fastpath.Sender
@@ -52,7 +56,6 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 			continue
 		}
 		gw := Gateway(nd.PodCIDR)
-		s.hosts = append(s.hosts, gw)
 		keys := map[any]string{nd.PodCIDR.Masked(): "pod CIDR " + nd.PodCIDR.String(), gw: "gateway " + gw.String(),
 			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
 		if why := conflict(owner, keys); why != "" {

@@ -180,7 +180,8 @@ func twoNodes(t *testing.T) (*lab.Lab, *lab.Pod, *lab.Pod) {
 }
 
 // After the handshake, TCP and UDP between pods on different nodes are
-// carried by the fast path in both directions; node-to-pod traffic is not.
+// carried by the fast path in both directions, and so is another node's
+// host talking to a pod, on the pod's node.
 func TestFastPathCarriesTCPAndUDP(t *testing.T) {
 	l, a, b := twoNodes(t)
 	n1, n2 := l.Nodes[0], l.Nodes[1]
@@ -216,16 +217,19 @@ func TestFastPathCarriesTCPAndUDP(t *testing.T) {
 		}
 	}
 
-	// Node to pod: the slow path, always.
+	// Another node's host to a pod: it sends from its gateway address
+	// over the overlay, a source the peer may speak for like its pods',
+	// so the pod's node carries it on its fast path both ways.
 	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9002))
 	before2 = settled(t, n2)
 	if err := rr(dial(t, n1.Netns, "tcp4", b.IP, 9002), 500); err != nil {
 		t.Fatal(err)
 	}
 	after2 = stats(t, n2)
-	if after2["ingress_hit"] != before2["ingress_hit"] || after2["ingress_miss_host"]-before2["ingress_miss_host"] < 500 {
-		t.Fatalf("node→pod traffic: ingress hits %d→%d, host misses %d→%d; want no hits",
-			before2["ingress_hit"], after2["ingress_hit"], before2["ingress_miss_host"], after2["ingress_miss_host"])
+	for _, c := range []string{"ingress_hit", "egress_hit"} {
+		if d := after2[c] - before2[c]; d < 450 {
+			t.Errorf("node→pod traffic: %s's %s grew by %d over 500 exchanges; want nearly all", n2.Name, c, d)
+		}
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 )
 
 // NodePorts from outside the cluster, balanced on node 0's uplink, with
@@ -124,6 +125,31 @@ func TestServicesFromOutside(t *testing.T) {
 		}
 	})
 
+	// A flow to node 1's backend skips node 0's stack both ways once
+	// conntrack holds it established and masqueraded: sent over the
+	// overlay with its masqueraded source, the replies decapsulated and
+	// reversed on the uplink; node 1 carries it on its fast path too (the
+	// source is node 0's gateway address). A policy at node 1 then shuts
+	// it out there.
+	t.Run("FastPathToAnotherNode", func(t *testing.T) {
+		var ask func() error
+		testutil.WaitFor(t, "a flow to node 1's backend", 10*time.Second, func() bool {
+			ask = dialUDP(t, client, udpFront, backends[1].Name)
+			return ask() == nil
+		})
+		before1 := stats(t, l.Nodes[1])
+		fastExchanges(t, ask, counters, "uplink_fast_to_remote", "uplink_fast_from_remote")
+		after1 := stats(t, l.Nodes[1])
+		for _, c := range []string{"ingress_hit", "egress_hit"} {
+			if d := after1[c] - before1[c]; d < 25 {
+				t.Errorf("node 1's %s grew by %d over 30 exchanges, want ≥ 25", c, d)
+			}
+		}
+		// Node 0 sends on, knowing no policy of node 1's; node 1 drops,
+		// its fast path no longer carrying the flow.
+		revoke(t, kube, ask, func() uint64 { return stats(t, l.Nodes[1])["ingress_hit"] })
+	})
+
 	t.Run("ExternalTrafficPolicyLocal", func(t *testing.T) {
 		cur, err := kube.CoreV1().Services(svcNS).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
@@ -147,56 +173,9 @@ func TestServicesFromOutside(t *testing.T) {
 	// datagrams), until a policy shuts its client out: then not one more
 	// datagram reaches the pod.
 	t.Run("FastPathUntilRevoked", func(t *testing.T) {
-		var conn net.Conn
-		if err := lab.InNetns(client, func() (err error) {
-			conn, err = net.Dial("udp4", udpFront.String())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ask := func() error {
-			_ = conn.SetDeadline(time.Now().Add(time.Second))
-			if _, err := conn.Write([]byte("hi")); err != nil {
-				return err
-			}
-			buf := make([]byte, 64)
-			n, err := conn.Read(buf)
-			if err == nil && string(buf[:n]) != backends[0].Name {
-				err = fmt.Errorf("answered by %q, want %s", buf[:n], backends[0].Name)
-			}
-			return err
-		}
-		before := counters()
-		for range 30 {
-			if err := ask(); err != nil {
-				t.Fatalf("UDP to %s: %v", udpFront, err)
-			}
-		}
-		after := counters()
-		for _, c := range []string{"uplink_fast_to_pod", "uplink_fast_reply"} {
-			if d := after[c] - before[c]; d < 25 {
-				t.Errorf("%s grew by %d over 30 exchanges, want ≥ 25", c, d)
-			}
-		}
-		pols := kube.NetworkingV1().NetworkPolicies(svcNS)
-		deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-outside", Namespace: svcNS},
-			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
-		if _, err := pols.Create(ctx, deny, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = pols.Delete(ctx, "deny-outside", metav1.DeleteOptions{}) }()
-		testutil.WaitFor(t, "the established flow revoked", 10*time.Second, func() bool { return ask() != nil })
-		before = counters()
-		for range 5 {
-			if ask() == nil {
-				t.Fatal("a datagram reached the pod past the policy")
-			}
-		}
-		if d := counters()["uplink_fast_to_pod"] - before["uplink_fast_to_pod"]; d != 0 {
-			t.Errorf("uplink_fast_to_pod grew by %d after the revocation", d)
-		}
+		ask := dialUDP(t, client, udpFront, backends[0].Name)
+		fastExchanges(t, ask, counters, "uplink_fast_to_pod", "uplink_fast_reply")
+		revoke(t, kube, ask, func() uint64 { return counters()["uplink_fast_to_pod"] })
 	})
 
 	// NetworkPolicy judges translated traffic at the backend pod, from the
@@ -313,4 +292,80 @@ func askUDP(netns string, addr netip.AddrPort) (name, from string, err error) {
 		return "", "", err
 	}
 	return string(buf[:n]), src.String(), nil
+}
+
+// dialUDP connects a UDP socket from netns to addr and returns a function
+// that exchanges one datagram on it, failing unless want answers.
+func dialUDP(t *testing.T, netns string, addr netip.AddrPort, want string) func() error {
+	t.Helper()
+	var conn net.Conn
+	if err := lab.InNetns(netns, func() (err error) {
+		conn, err = net.Dial("udp4", addr.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return func() error {
+		_ = conn.SetDeadline(time.Now().Add(time.Second))
+		if _, err := conn.Write([]byte("hi")); err != nil {
+			return err
+		}
+		buf := make([]byte, 64)
+		n, err := conn.Read(buf)
+		if err == nil && string(buf[:n]) != want {
+			err = fmt.Errorf("answered by %q, want %s", buf[:n], want)
+		}
+		return err
+	}
+}
+
+// fastExchanges runs 30 exchanges with ask, which each of the uplink
+// counters fast must nearly all count.
+func fastExchanges(t *testing.T, ask func() error, counters func() map[string]uint64, fast ...string) {
+	t.Helper()
+	before := counters()
+	for range 30 {
+		if err := ask(); err != nil {
+			t.Fatalf("exchange: %v", err)
+		}
+	}
+	after := counters()
+	for _, c := range fast {
+		if d := after[c] - before[c]; d < 25 {
+			t.Errorf("%s grew by %d over 30 exchanges, want ≥ 25", c, d)
+		}
+	}
+}
+
+// revoke puts a policy denying the web pods every ingress: the flow ask
+// exchanges on must stop within 10 s, and then not one more datagram get
+// through, nor the fast-path counter carried grow. It lifts the policy
+// before it returns.
+func revoke(t *testing.T, kube kubernetes.Interface, ask func() error, carried func() uint64) {
+	t.Helper()
+	ctx := context.Background()
+	pols := kube.NetworkingV1().NetworkPolicies(svcNS)
+	deny := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-outside", Namespace: svcNS},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+	if _, err := pols.Create(ctx, deny, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := pols.Delete(ctx, "deny-outside", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the policy lifted", 10*time.Second, func() bool { return ask() == nil })
+	}()
+	testutil.WaitFor(t, "the established flow revoked", 10*time.Second, func() bool { return ask() != nil })
+	was := carried()
+	for range 5 {
+		if ask() == nil {
+			t.Fatal("a datagram reached the pod past the policy")
+		}
+	}
+	if d := carried() - was; d != 0 {
+		t.Errorf("the fast path carried %d packets after the revocation", d)
+	}
 }

@@ -14,6 +14,7 @@
  *   onc_learn_egress   tc egress of the uplink
  *   onc_learn_ingress  tc egress of a pod's host veth (packets entering the pod)
  */
+#include "include/encap.h"
 #include "include/fastpath.h"
 #include "include/overlay.h"
 #include "include/parse.h"
@@ -28,38 +29,6 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * fast path's state, a packet for a VXLAN port is dropped here, before
  * masquerade could make it its node's (overlay.h).
  */
-#define ENCAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
-		     BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
-		     BPF_F_ADJ_ROOM_ENCAP_L2(14))
-
-static __always_inline __u16 csum_fold(__u32 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
-
-/*
- * The hash that picks the outer UDP source port. A TCP socket stamps one
- * on each packet it sends; for anything else (UDP) hash the addresses and
- * ports already parsed, where bpf_get_hash_recalc would run the kernel's
- * flow dissector over the packet again on every hit.
- */
-static __always_inline __u32 flow_hash(const struct __sk_buff *skb, const struct l4 *p)
-{
-	__u32 h = skb->hash;
-
-	if (h)
-		return h;
-	h = p->ip->saddr * 0x9e3779b1;
-	h ^= p->ip->daddr;
-	h ^= ((__u32)p->sport << 16 | p->dport) * 0x85ebca6b;
-	h ^= h >> 15; /* murmur3's finaliser: every input bit reaches the low bits */
-	h *= 0xc2b2ae35;
-	h ^= h >> 16;
-	return h;
-}
-
 SEC("tc")
 int onc_egress_fast(struct __sk_buff *skb)
 {
@@ -70,12 +39,8 @@ int onc_egress_fast(struct __sk_buff *skb)
 	struct local_pod *src;
 	struct cidr_val *peer;
 	struct flow_key key = {};
-	struct iphdr *oip;
-	struct udphdr *oudp;
 	struct l4 p;
-	__u32 hash, sum = 0;
-	__u8 ecn;
-	__u16 *w;
+	__u32 hash;
 
 	if (from_pod_to_vxlan(skb)) {
 		count(&onc_stats, STAT_OVERLAY_DROP_FROM_POD, 1);
@@ -117,7 +82,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	if (!peer) {
 		count(&onc_stats, STAT_EGRESS_MISS_NO_PEER, 1);
 		/* Perhaps a reply to a client outside; returns only if not. */
-		bpf_tail_call(skb, &onc_egress_hooks, EGRESS_HOOK_UPLINK_LB);
+		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
 	flow_out(&key, &p);
@@ -142,37 +107,9 @@ int onc_egress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
-	/* The outer ECN as the kernel's VXLAN device sets it (RFC 6040): the
-	 * inner packet's, with CE sent as ECT(0). */
-	ecn = p.ip->tos & ONC_ECN_MASK;
-	if (ecn == ONC_ECN_MASK)
-		ecn = ONC_ECN_ECT0;
-
-	hash = flow_hash(skb, &p);
-	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+	hash = encap_hash(skb, p.ip->saddr, p.ip->daddr, p.sport, p.dport);
+	if (encap_push(skb, encap, hash, encap_ecn(p.ip->tos)))
 		goto err;
-	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))
-		goto err;
-
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	oip = data + sizeof(struct ethhdr);
-	oudp = (void *)(oip + 1);
-	if ((void *)(oudp + 1) > end)
-		goto err;
-	oip->tot_len = bpf_htons(skb->len - sizeof(struct ethhdr));
-	oip->tos = (oip->tos & ~ONC_ECN_MASK) | ecn;
-	oip->id = 0;
-	oip->check = 0;
-	w = (__u16 *)oip;
-#pragma unroll
-	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
-		sum += w[i];
-	oip->check = csum_fold(sum);
-	/* Spread flows over the uplink's queues as the kernel does. */
-	oudp->source = bpf_htons(49152 + (hash % 16384));
-	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
-	oudp->check = 0;
 
 	count(&onc_stats, STAT_EGRESS_HIT, 1);
 	return bpf_redirect(encap->ifindex, 0);
@@ -242,6 +179,8 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	pod = bpf_map_lookup_elem(&onc_local, &p.ip->daddr);
 	if (!pod) {
 		count(&onc_stats, STAT_INGRESS_MISS_NO_POD, 1);
+		/* Perhaps a reply to a flow this node masqueraded. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_OVERLAY_TO_NO_POD);
 		return TC_ACT_OK;
 	}
 	flow_in(&key, &p);
@@ -340,8 +279,8 @@ int onc_learn_egress(struct __sk_buff *skb)
 	}
 	if (!learnable(&p))
 		return TC_ACT_OK;
-	/* Only pod-to-pod flows to a fast-path peer, sent to its owner. */
-	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr) || is_host(p.ip->daddr))
+	/* Only flows to a fast-path peer, sent to its owner. */
+	if (is_host(p.ip->daddr))
 		return TC_ACT_OK;
 	peer = peer_of(p.ip->daddr);
 	if (!peer || peer->node_ip != outer->daddr)
@@ -357,6 +296,13 @@ int onc_learn_egress(struct __sk_buff *skb)
 	if (!cur_encap || !encap_equal(cur_encap, &encap)) {
 		bpf_map_update_elem(&onc_encap, &dst.node_ip, &encap, BPF_ANY);
 		wrote = 1;
+	}
+	/* The header is the node's, whoever sent: a flow from outside that
+	 * this node masqueraded to a backend there teaches it too, for the
+	 * uplink load balancer. Destinations and flows are local pods'. */
+	if (!bpf_map_lookup_elem(&onc_local, &p.ip->saddr)) {
+		count(&onc_stats, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
+		return TC_ACT_OK;
 	}
 	cur_dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
 	if (!cur_dst || cur_dst->node_ip != dst.node_ip) {

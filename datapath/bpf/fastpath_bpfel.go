@@ -123,9 +123,9 @@ type FastpathSenderVal struct {
 const (
 	FastpathMapOncCfg           = "onc_cfg"
 	FastpathMapOncEgress        = "onc_egress"
-	FastpathMapOncEgressHooks   = "onc_egress_hooks"
 	FastpathMapOncEncap         = "onc_encap"
 	FastpathMapOncFilter        = "onc_filter"
+	FastpathMapOncHooks         = "onc_hooks"
 	FastpathMapOncHosts         = "onc_hosts"
 	FastpathMapOncLocal         = "onc_local"
 	FastpathMapOncPeers         = "onc_peers"
@@ -195,16 +195,16 @@ type FastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathMapSpecs struct {
-	OncCfg         *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress      *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEgressHooks *ebpf.MapSpec `ebpf:"onc_egress_hooks"`
-	OncEncap       *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter      *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncHosts       *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal       *ebpf.MapSpec `ebpf:"onc_local"`
-	OncPeers       *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncSenders     *ebpf.MapSpec `ebpf:"onc_senders"`
-	OncStats       *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHooks   *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // FastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -239,25 +239,25 @@ func (o *FastpathObjects) Close() error {
 //
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathMaps struct {
-	OncCfg         *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress      *ebpf.Map `ebpf:"onc_egress"`
-	OncEgressHooks *ebpf.Map `ebpf:"onc_egress_hooks"`
-	OncEncap       *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter      *ebpf.Map `ebpf:"onc_filter"`
-	OncHosts       *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal       *ebpf.Map `ebpf:"onc_local"`
-	OncPeers       *ebpf.Map `ebpf:"onc_peers"`
-	OncSenders     *ebpf.Map `ebpf:"onc_senders"`
-	OncStats       *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncHooks   *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders *ebpf.Map `ebpf:"onc_senders"`
+	OncStats   *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *FastpathMaps) Close() error {
 	return _FastpathClose(
 		m.OncCfg,
 		m.OncEgress,
-		m.OncEgressHooks,
 		m.OncEncap,
 		m.OncFilter,
+		m.OncHooks,
 		m.OncHosts,
 		m.OncLocal,
 		m.OncPeers,

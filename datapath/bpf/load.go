@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 )
@@ -47,41 +48,80 @@ func LoadPinned(what string, spec *ebpf.CollectionSpec, dir string, objs any, sh
 	return nil
 }
 
-// FlowCache is the fast path's flow cache (include/flow_cache.h) as
-// another feature's programs share it: loaded with these maps, they judge
-// a flow as the fast path does, and one eviction reaches both.
-// EgressHooks is the fast path's table of programs its egress program
-// passes packets on to (include/fastpath.h); Mark is the skb->mark bit
-// netfilter sets on ESTABLISHED packets the cache may learn.
+// FlowCache is the fast path's maps (include/fastpath.h, flow_cache.h) as
+// another feature's programs share them: loaded with these maps, they
+// judge a flow as the fast path does, send over the overlay with its
+// learned headers, and one eviction reaches both. Hooks is onc_hooks,
+// where the fast path's programs pass on packets that are another
+// feature's (the Hook* slots). Mark, PodNet and PodMask are the fast
+// path's constants of the same names (onc_mark: the skb->mark bit
+// netfilter sets on ESTABLISHED packets the cache may learn; the node's
+// pod CIDR, in network order), which the sharing object gets too.
 type FlowCache struct {
-	Filter, Local, Config, EgressHooks *ebpf.Map
-	Mark                               uint32
+	Maps                  map[string]*ebpf.Map // every map of the fast path's object, by name
+	Hooks                 *ebpf.Map
+	Mark, PodNet, PodMask uint32
 }
 
-// EgressHookUplinkLB is the uplink load balancer's slot in
-// FlowCache.EgressHooks (EGRESS_HOOK_UPLINK_LB).
-const EgressHookUplinkLB = 0
+// The slots of onc_hooks (enum onc_hook).
+const (
+	HookPodToNoPeer    = 0
+	HookOverlayToNoPod = 1
+)
 
-// flowCacheMaps are the maps of include/flow_cache.h.
-var flowCacheMaps = []string{FastpathMapOncFilter, FastpathMapOncLocal, FastpathMapOncCfg}
+// NewFlowCache is the flow cache of a loaded fast path, with its
+// constants.
+func NewFlowCache(maps *FastpathMaps, mark, podNet, podMask uint32) *FlowCache {
+	c := &FlowCache{Maps: map[string]*ebpf.Map{}, Hooks: maps.OncHooks, Mark: mark, PodNet: podNet, PodMask: podMask}
+	v := reflect.ValueOf(maps).Elem()
+	for i := range v.NumField() {
+		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok {
+			c.Maps[v.Type().Field(i).Tag.Get("ebpf")] = m
+		}
+	}
+	return c
+}
 
-// Share makes spec, an object that includes flow_cache.h, use c's maps:
-// it returns the replacements for LoadPinned, and unpins the spec's own
-// copies, so that neither loading nor removing the object touches the
-// fast path's pins. With c nil the object gets private, empty maps: it
-// never finds a flow established.
-func (c *FlowCache) Share(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, error) {
-	for _, name := range flowCacheMaps {
-		m, ok := spec.Maps[name]
-		if !ok {
-			return nil, fmt.Errorf("object has no flow cache map %s", name)
+// fastpathMapNames are the names of the fast path's maps.
+var fastpathMapNames = func() map[string]bool {
+	names := map[string]bool{}
+	t := reflect.TypeFor[FastpathMapSpecs]()
+	for i := range t.NumField() {
+		names[t.Field(i).Tag.Get("ebpf")] = true
+	}
+	return names
+}()
+
+// Share makes spec, an object that includes the fast path's headers, use
+// c's maps: it returns the replacements for LoadPinned, and unpins the
+// spec's own copies, so that neither loading nor removing the object
+// touches the fast path's pins. With c nil the object gets private, empty
+// maps: it never finds a flow established.
+func (c *FlowCache) Share(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
+	shared := map[string]*ebpf.Map{}
+	for name, m := range spec.Maps {
+		if !fastpathMapNames[name] {
+			continue
 		}
 		m.Pinning = ebpf.PinNone
+		if c != nil {
+			shared[name] = c.Maps[name]
+		}
 	}
-	if c == nil {
-		return nil, nil
+	return shared
+}
+
+// SetConstants gives spec, an object that includes the fast path's
+// headers, the fast path's constants.
+func (c *FlowCache) SetConstants(spec *ebpf.CollectionSpec) error {
+	for name, v := range map[string]uint32{"onc_mark": c.Mark, "onc_pod_net": c.PodNet, "onc_pod_mask": c.PodMask} {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("object has no constant %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("constant %s: %w", name, err)
+		}
 	}
-	return map[string]*ebpf.Map{
-		FastpathMapOncFilter: c.Filter, FastpathMapOncLocal: c.Local, FastpathMapOncCfg: c.Config,
-	}, nil
+	return nil
 }

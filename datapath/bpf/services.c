@@ -168,7 +168,7 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 	/* A backend on another node must answer through this one. */
 	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
 		skb->mark |= LB_MARK_SNAT;
-	return lb_to_local_pod(skb, &p, &be);
+	return lb_fast_path(skb, &p, &be);
 }
 
 /*
@@ -185,7 +185,7 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
-	rev = lb_reply_flow(&p);
+	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
 	if (!rev)
 		return LB_NEXT;
 	lb_learn_reply(skb, &p, rev);
@@ -199,7 +199,7 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 
 /*
  * A pod's packet to a client outside, passed on by the fast path's egress
- * program (onc_egress_hooks) after its own checks, the source among them:
+ * program (onc_hooks) after its own checks, the source among them:
  * the reply of a flow to a backend on this node, established both ways,
  * gets its frontend's address and leaves by the uplink at once, the
  * kernel's neighbour table giving the next hop. Anything else, and every
@@ -215,7 +215,7 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 
 	if (lb_parse(skb, &p) || (p.tcp_flags & LB_TCP_CTL) || p.ttl <= 1)
 		return TC_ACT_OK;
-	rev = lb_reply_flow(&p);
+	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
 	if (!rev || !rev->ifindex)
 		return TC_ACT_OK;
 	cfg = config();
@@ -232,3 +232,50 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);
 }
 
+
+/*
+ * A VXLAN frame to no pod of this node, passed on by the fast path's
+ * ingress program after the overlay guard and its own checks (the inner
+ * source is a pod of the node that sent it): the reply of a backend on
+ * that node to a flow this node sent it masqueraded (to an address of
+ * this node's pod CIDR, its gateway), established in conntrack, is
+ * decapsulated, given back the client's address and the frontend's, and
+ * sent out of the uplink the flow's replies leave by. Anything else, a
+ * GRO super-packet (its tunnel offload state is not for the uplink), and
+ * every TCP SYN, FIN and RST, takes the stack.
+ */
+SEC("tc")
+int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
+{
+	struct ct_ends t, orig;
+	struct lb_addr client;
+	struct lb_flow *rev;
+	struct lb_pkt p;
+
+	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & LB_TCP_CTL) || p.ttl <= 1 ||
+	    (p.daddr & onc_pod_mask) != onc_pod_net)
+		return TC_ACT_OK;
+	t.saddr = p.saddr;
+	t.daddr = p.daddr;
+	t.sport = p.sport;
+	t.dport = p.dport;
+	/* A reply: conntrack's original direction ran from the client to
+	 * this backend. */
+	if (ct_established(skb, &t, p.proto, CT_DIR_REPLY, 1, &orig) || orig.daddr != p.saddr || orig.dport != p.sport)
+		return TC_ACT_OK;
+	client.ip = orig.saddr;
+	client.port = orig.sport;
+	rev = lb_reply_flow(p.saddr, p.sport, client.ip, client.port, p.proto);
+	if (!rev || !rev->ifindex)
+		return TC_ACT_OK;
+	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
+		goto err;
+	p.l4off -= ONC_ENCAP_LEN;
+	if (lb_rewrite(skb, &p, 0, &rev->addr) || lb_rewrite(skb, &p, 1, &client) || lb_dec_ttl(skb, &p))
+		goto err;
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_FROM_REMOTE, 1);
+	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);
+err:
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+	return TC_ACT_SHOT;
+}

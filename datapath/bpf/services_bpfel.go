@@ -13,6 +13,28 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ServicesCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      uint32
+}
+
+type ServicesCidrVal struct {
+	_      structs.HostLayout
+	NodeIp uint32
+}
+
+type ServicesEgressVal struct {
+	_      structs.HostLayout
+	NodeIp uint32
+}
+
+type ServicesEncapVal struct {
+	_       structs.HostLayout
+	Hdr     [64]uint8
+	Ifindex uint32
+}
+
 type ServicesFlowKey struct {
 	_          structs.HostLayout
 	LocalIp    uint32
@@ -171,8 +193,10 @@ const (
 	ServicesLbUplinkStatLB_STAT_UPLINK_ERROR             ServicesLbUplinkStat = 9
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_TO_POD       ServicesLbUplinkStat = 10
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_REPLY        ServicesLbUplinkStat = 11
-	ServicesLbUplinkStatLB_STAT_UPLINK_LEARNED           ServicesLbUplinkStat = 12
-	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 13
+	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_TO_REMOTE    ServicesLbUplinkStat = 12
+	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_FROM_REMOTE  ServicesLbUplinkStat = 13
+	ServicesLbUplinkStatLB_STAT_UPLINK_LEARNED           ServicesLbUplinkStat = 14
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 15
 )
 
 type ServicesLocalPod struct {
@@ -190,37 +214,99 @@ type ServicesOncConfig struct {
 	Pad      [2]uint8
 }
 
+type ServicesOncStat uint32
+
+const (
+	ServicesOncStatSTAT_EGRESS_HIT                     ServicesOncStat = 0
+	ServicesOncStatSTAT_EGRESS_MISS_NOT_IP             ServicesOncStat = 1
+	ServicesOncStatSTAT_EGRESS_MISS_TCP_FLAGS          ServicesOncStat = 2
+	ServicesOncStatSTAT_EGRESS_MISS_DISABLED           ServicesOncStat = 3
+	ServicesOncStatSTAT_EGRESS_MISS_SPOOF              ServicesOncStat = 4
+	ServicesOncStatSTAT_EGRESS_MISS_HOST               ServicesOncStat = 5
+	ServicesOncStatSTAT_EGRESS_MISS_NO_PEER            ServicesOncStat = 6
+	ServicesOncStatSTAT_EGRESS_MISS_FLOW               ServicesOncStat = 7
+	ServicesOncStatSTAT_EGRESS_MISS_DEST               ServicesOncStat = 8
+	ServicesOncStatSTAT_EGRESS_MISS_ENCAP              ServicesOncStat = 9
+	ServicesOncStatSTAT_EGRESS_MISS_TTL                ServicesOncStat = 10
+	ServicesOncStatSTAT_EGRESS_ERROR                   ServicesOncStat = 11
+	ServicesOncStatSTAT_INGRESS_HIT                    ServicesOncStat = 12
+	ServicesOncStatSTAT_INGRESS_MISS_NOT_VXLAN         ServicesOncStat = 13
+	ServicesOncStatSTAT_INGRESS_MISS_TCP_FLAGS         ServicesOncStat = 14
+	ServicesOncStatSTAT_INGRESS_MISS_DISABLED          ServicesOncStat = 15
+	ServicesOncStatSTAT_INGRESS_MISS_HOST              ServicesOncStat = 16
+	ServicesOncStatSTAT_INGRESS_MISS_NO_PEER           ServicesOncStat = 17
+	ServicesOncStatSTAT_INGRESS_MISS_NO_POD            ServicesOncStat = 18
+	ServicesOncStatSTAT_INGRESS_MISS_FLOW              ServicesOncStat = 19
+	ServicesOncStatSTAT_INGRESS_MISS_TTL               ServicesOncStat = 20
+	ServicesOncStatSTAT_INGRESS_ERROR                  ServicesOncStat = 21
+	ServicesOncStatSTAT_LEARN_EGRESS                   ServicesOncStat = 22
+	ServicesOncStatSTAT_LEARN_INGRESS                  ServicesOncStat = 23
+	ServicesOncStatSTAT_LEARN_PAUSED                   ServicesOncStat = 24
+	ServicesOncStatSTAT_LEARN_KNOWN                    ServicesOncStat = 25
+	ServicesOncStatSTAT_OVERLAY_DROP_UNKNOWN_SENDER    ServicesOncStat = 26
+	ServicesOncStatSTAT_OVERLAY_DROP_INNER_SOURCE      ServicesOncStat = 27
+	ServicesOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION ServicesOncStat = 28
+	ServicesOncStatSTAT_OVERLAY_DROP_MALFORMED         ServicesOncStat = 29
+	ServicesOncStatSTAT_OVERLAY_DROP_FROM_POD          ServicesOncStat = 30
+	ServicesOncStatSTAT_MAX                            ServicesOncStat = 31
+)
+
+type ServicesSenderKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     uint32
+}
+
+type ServicesSenderVal struct {
+	_       structs.HostLayout
+	MaySend uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ServicesMapOncCfg               = "onc_cfg"
-	ServicesMapOncFilter            = "onc_filter"
-	ServicesMapOncLbAff             = "onc_lb_aff"
-	ServicesMapOncLbBackend         = "onc_lb_backend"
-	ServicesMapOncLbDestroyStats    = "onc_lb_destroy_stats"
-	ServicesMapOncLbFlows           = "onc_lb_flows"
-	ServicesMapOncLbGone            = "onc_lb_gone"
-	ServicesMapOncLbInternal        = "onc_lb_internal"
-	ServicesMapOncLbMember          = "onc_lb_member"
-	ServicesMapOncLbNetns           = "onc_lb_netns"
-	ServicesMapOncLbRevnat          = "onc_lb_revnat"
-	ServicesMapOncLbSourceRanges    = "onc_lb_source_ranges"
-	ServicesMapOncLbStats           = "onc_lb_stats"
-	ServicesMapOncLbSvc             = "onc_lb_svc"
-	ServicesMapOncLbSvcStats        = "onc_lb_svc_stats"
-	ServicesMapOncLbUplinkStats     = "onc_lb_uplink_stats"
-	ServicesMapOncLocal             = "onc_local"
-	ServicesProgOncSockConnect4     = "onc_sock_connect4"
-	ServicesProgOncSockGetpeername4 = "onc_sock_getpeername4"
-	ServicesProgOncSockRecvmsg4     = "onc_sock_recvmsg4"
-	ServicesProgOncSockRelease      = "onc_sock_release"
-	ServicesProgOncSockSendmsg4     = "onc_sock_sendmsg4"
-	ServicesProgOncSockUdpDestroy   = "onc_sock_udp_destroy"
-	ServicesProgOncUplinkLbEgress   = "onc_uplink_lb_egress"
-	ServicesProgOncUplinkLbIngress  = "onc_uplink_lb_ingress"
-	ServicesProgOncUplinkLbReply    = "onc_uplink_lb_reply"
-	ServicesVarOncMark              = "onc_mark"
+	ServicesMapOncCfg                   = "onc_cfg"
+	ServicesMapOncEgress                = "onc_egress"
+	ServicesMapOncEncap                 = "onc_encap"
+	ServicesMapOncFilter                = "onc_filter"
+	ServicesMapOncHooks                 = "onc_hooks"
+	ServicesMapOncHosts                 = "onc_hosts"
+	ServicesMapOncLbAff                 = "onc_lb_aff"
+	ServicesMapOncLbBackend             = "onc_lb_backend"
+	ServicesMapOncLbDestroyStats        = "onc_lb_destroy_stats"
+	ServicesMapOncLbFlows               = "onc_lb_flows"
+	ServicesMapOncLbGone                = "onc_lb_gone"
+	ServicesMapOncLbInternal            = "onc_lb_internal"
+	ServicesMapOncLbMember              = "onc_lb_member"
+	ServicesMapOncLbNetns               = "onc_lb_netns"
+	ServicesMapOncLbRevnat              = "onc_lb_revnat"
+	ServicesMapOncLbSourceRanges        = "onc_lb_source_ranges"
+	ServicesMapOncLbStats               = "onc_lb_stats"
+	ServicesMapOncLbSvc                 = "onc_lb_svc"
+	ServicesMapOncLbSvcStats            = "onc_lb_svc_stats"
+	ServicesMapOncLbUplinkStats         = "onc_lb_uplink_stats"
+	ServicesMapOncLocal                 = "onc_local"
+	ServicesMapOncPeers                 = "onc_peers"
+	ServicesMapOncSenders               = "onc_senders"
+	ServicesMapOncStats                 = "onc_stats"
+	ServicesProgOncSockConnect4         = "onc_sock_connect4"
+	ServicesProgOncSockGetpeername4     = "onc_sock_getpeername4"
+	ServicesProgOncSockRecvmsg4         = "onc_sock_recvmsg4"
+	ServicesProgOncSockRelease          = "onc_sock_release"
+	ServicesProgOncSockSendmsg4         = "onc_sock_sendmsg4"
+	ServicesProgOncSockUdpDestroy       = "onc_sock_udp_destroy"
+	ServicesProgOncUplinkLbEgress       = "onc_uplink_lb_egress"
+	ServicesProgOncUplinkLbIngress      = "onc_uplink_lb_ingress"
+	ServicesProgOncUplinkLbOverlayReply = "onc_uplink_lb_overlay_reply"
+	ServicesProgOncUplinkLbReply        = "onc_uplink_lb_reply"
+	ServicesVarOncMark                  = "onc_mark"
+	ServicesVarOncNodeIp                = "onc_node_ip"
+	ServicesVarOncPodMask               = "onc_pod_mask"
+	ServicesVarOncPodNet                = "onc_pod_net"
+	ServicesVarOncVni                   = "onc_vni"
+	ServicesVarOncVxlanPort             = "onc_vxlan_port"
 )
 
 // LoadServices returns the embedded CollectionSpec for Services.
@@ -265,15 +351,16 @@ type ServicesSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesProgramSpecs struct {
-	OncSockConnect4     *ebpf.ProgramSpec `ebpf:"onc_sock_connect4"`
-	OncSockGetpeername4 *ebpf.ProgramSpec `ebpf:"onc_sock_getpeername4"`
-	OncSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
-	OncSockRelease      *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
-	OncSockSendmsg4     *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
-	OncSockUdpDestroy   *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
-	OncUplinkLbEgress   *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
-	OncUplinkLbIngress  *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
-	OncUplinkLbReply    *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_reply"`
+	OncSockConnect4         *ebpf.ProgramSpec `ebpf:"onc_sock_connect4"`
+	OncSockGetpeername4     *ebpf.ProgramSpec `ebpf:"onc_sock_getpeername4"`
+	OncSockRecvmsg4         *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
+	OncSockRelease          *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
+	OncSockSendmsg4         *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy       *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
+	OncUplinkLbEgress       *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress      *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
+	OncUplinkLbOverlayReply *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_overlay_reply"`
+	OncUplinkLbReply        *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_reply"`
 }
 
 // ServicesMapSpecs contains maps before they are loaded into the kernel.
@@ -281,7 +368,11 @@ type ServicesProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
 	OncCfg            *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress         *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap          *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncFilter         *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncHooks          *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts          *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
@@ -297,13 +388,21 @@ type ServicesMapSpecs struct {
 	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.MapSpec `ebpf:"onc_local"`
+	OncPeers          *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders        *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncStats          *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesVariableSpecs struct {
-	OncMark *ebpf.VariableSpec `ebpf:"onc_mark"`
+	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
+	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
+	OncPodNet    *ebpf.VariableSpec `ebpf:"onc_pod_net"`
+	OncVni       *ebpf.VariableSpec `ebpf:"onc_vni"`
+	OncVxlanPort *ebpf.VariableSpec `ebpf:"onc_vxlan_port"`
 }
 
 // ServicesObjects contains all objects after they have been loaded into the kernel.
@@ -327,7 +426,11 @@ func (o *ServicesObjects) Close() error {
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
 	OncCfg            *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress         *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap          *ebpf.Map `ebpf:"onc_encap"`
 	OncFilter         *ebpf.Map `ebpf:"onc_filter"`
+	OncHooks          *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts          *ebpf.Map `ebpf:"onc_hosts"`
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
@@ -343,12 +446,19 @@ type ServicesMaps struct {
 	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.Map `ebpf:"onc_local"`
+	OncPeers          *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders        *ebpf.Map `ebpf:"onc_senders"`
+	OncStats          *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
 		m.OncCfg,
+		m.OncEgress,
+		m.OncEncap,
 		m.OncFilter,
+		m.OncHooks,
+		m.OncHosts,
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,
@@ -364,6 +474,9 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbSvcStats,
 		m.OncLbUplinkStats,
 		m.OncLocal,
+		m.OncPeers,
+		m.OncSenders,
+		m.OncStats,
 	)
 }
 
@@ -371,22 +484,28 @@ func (m *ServicesMaps) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesVariables struct {
-	OncMark *ebpf.Variable `ebpf:"onc_mark"`
+	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
+	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`
+	OncPodNet    *ebpf.Variable `ebpf:"onc_pod_net"`
+	OncVni       *ebpf.Variable `ebpf:"onc_vni"`
+	OncVxlanPort *ebpf.Variable `ebpf:"onc_vxlan_port"`
 }
 
 // ServicesPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesPrograms struct {
-	OncSockConnect4     *ebpf.Program `ebpf:"onc_sock_connect4"`
-	OncSockGetpeername4 *ebpf.Program `ebpf:"onc_sock_getpeername4"`
-	OncSockRecvmsg4     *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
-	OncSockRelease      *ebpf.Program `ebpf:"onc_sock_release"`
-	OncSockSendmsg4     *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
-	OncSockUdpDestroy   *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
-	OncUplinkLbEgress   *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
-	OncUplinkLbIngress  *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
-	OncUplinkLbReply    *ebpf.Program `ebpf:"onc_uplink_lb_reply"`
+	OncSockConnect4         *ebpf.Program `ebpf:"onc_sock_connect4"`
+	OncSockGetpeername4     *ebpf.Program `ebpf:"onc_sock_getpeername4"`
+	OncSockRecvmsg4         *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
+	OncSockRelease          *ebpf.Program `ebpf:"onc_sock_release"`
+	OncSockSendmsg4         *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
+	OncSockUdpDestroy       *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
+	OncUplinkLbEgress       *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
+	OncUplinkLbIngress      *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
+	OncUplinkLbOverlayReply *ebpf.Program `ebpf:"onc_uplink_lb_overlay_reply"`
+	OncUplinkLbReply        *ebpf.Program `ebpf:"onc_uplink_lb_reply"`
 }
 
 func (p *ServicesPrograms) Close() error {
@@ -399,6 +518,7 @@ func (p *ServicesPrograms) Close() error {
 		p.OncSockUdpDestroy,
 		p.OncUplinkLbEgress,
 		p.OncUplinkLbIngress,
+		p.OncUplinkLbOverlayReply,
 		p.OncUplinkLbReply,
 	)
 }

@@ -138,21 +138,26 @@ func switchOffPinned(pinDir string) error {
 
 // setConstants writes this node's settings into the programs.
 func setConstants(v *bpf.FastpathVariableSpecs, o Options) error {
-	mask := netip.AddrFrom4([4]byte(net.CIDRMask(o.PodCIDR.Bits(), 32)))
+	podNet, podMask := o.podNet()
 	return errors.Join(
 		v.OncVni.Set(uint32(o.VNI)),
 		v.OncVxlanPort.Set(bpf.NetPort(uint16(o.Port))),
 		v.OncMark.Set(o.Mark),
 		v.OncNodeIp.Set(bpf.NetIPv4(o.NodeIP)),
-		v.OncPodNet.Set(bpf.NetIPv4(o.PodCIDR.Masked().Addr())),
-		v.OncPodMask.Set(bpf.NetIPv4(mask)))
+		v.OncPodNet.Set(podNet),
+		v.OncPodMask.Set(podMask))
+}
+
+// podNet is the pod CIDR's address and mask, in network order.
+func (o Options) podNet() (addr, mask uint32) {
+	return bpf.NetIPv4(o.PodCIDR.Masked().Addr()), bpf.NetIPv4(netip.AddrFrom4([4]byte(net.CIDRMask(o.PodCIDR.Bits(), 32))))
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
 // it (bpf.FlowCache).
 func (d *Datapath) FlowCache() *bpf.FlowCache {
-	return &bpf.FlowCache{Filter: d.maps.OncFilter, Local: d.maps.OncLocal, Config: d.maps.OncCfg,
-		EgressHooks: d.maps.OncEgressHooks, Mark: d.opts.Mark}
+	podNet, podMask := d.opts.podNet()
+	return bpf.NewFlowCache(d.maps, d.opts.Mark, podNet, podMask)
 }
 
 // Mode reports how programs are attached.
@@ -310,7 +315,7 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(bpf.IPv4(k.RemoteIp)) })
 }
 
-// SetHosts makes the host-address set (node IPs, gateways) exactly addrs,
+// SetHosts makes the host-address set (node IPs) exactly addrs,
 // writing only what differs (see mirror). Additions go first, so a failure
 // part-way leaves an address too many on the slow path, never one too few.
 func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {

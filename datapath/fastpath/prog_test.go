@@ -256,7 +256,7 @@ func TestEgressMissReasons(t *testing.T) {
 		{"SYN", "egress_miss_tcp_flags", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40002, 80, 0x02, 10), nil},
 		{"FIN", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x01), nil},
 		{"RST", "egress_miss_tcp_flags", flow(localPod, remotePod, 0x04), nil},
-		{"to a gateway", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
+		{"to a node address (onc_hosts)", "egress_miss_host", flow(localPod, netip.MustParseAddr("10.244.2.1"), 0),
 			func() { testutil.Must(t, d.SetHosts([]netip.Addr{netip.MustParseAddr("10.244.2.1")}, false)) }},
 		{"not a fast-path peer", "egress_miss_no_peer", flow(localPod, netip.MustParseAddr("10.244.9.9"), 0), nil},
 		{"unlearned flow", "egress_miss_flow", frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40001, 80, 0, 10), nil},
@@ -321,7 +321,7 @@ func TestIngressMissReasons(t *testing.T) {
 		{"plain UDP", "ingress_miss_not_vxlan", frame(nicLocal, nicPeer, peerNode, localNode, unix.IPPROTO_UDP, 1, 53, 0, 10)},
 		{"SYN", "ingress_miss_tcp_flags", vxlan(in(remotePod, localPod, 0x02), peerNode, localNode, 1)},
 		{"from a peer that does not run the fast path", "ingress_miss_no_peer", vxlan(in(otherPod, localPod, 0), otherNode, localNode, 1)},
-		{"from the peer's gateway (host to pod)", "ingress_miss_host", vxlan(in(netip.MustParseAddr("10.244.2.1"), localPod, 0), peerNode, localNode, 1)},
+		{"from a node address (onc_hosts)", "ingress_miss_host", vxlan(in(netip.MustParseAddr("10.244.2.1"), localPod, 0), peerNode, localNode, 1)},
 		{"to no local pod", "ingress_miss_no_pod", vxlan(in(remotePod, netip.MustParseAddr("10.244.1.99"), 0), peerNode, localNode, 1)},
 		{"unlearned flow", "ingress_miss_flow", vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_UDP, 80, 40000, 0, 10), peerNode, localNode, 1)},
 	}

@@ -55,11 +55,7 @@ func Open(o Options) (*LB, error) {
 		return nil, err
 	}
 	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}}
-	spec, err := loadSpec(o.FlowCache)
-	if err != nil {
-		return nil, err
-	}
-	shared, err := o.FlowCache.Share(spec)
+	spec, shared, err := loadSpec(o.FlowCache)
 	if err != nil {
 		return nil, err
 	}
@@ -87,14 +83,7 @@ func Open(o Options) (*LB, error) {
 	if err == nil {
 		err = lb.openUDPEnder(spec.Maps[bpf.ServicesMapOncLbDestroyStats])
 	}
-	if err == nil && o.FlowCache != nil {
-		// The fast path's egress program passes pods' replies to clients
-		// outside on to ours.
-		err = o.FlowCache.EgressHooks.Put(uint32(bpf.EgressHookUplinkLB), p.OncUplinkLbReply)
-		if err != nil {
-			err = fmt.Errorf("uplink load balancer's reply program: %w", err)
-		}
-	}
+
 	if err != nil {
 		lb.Close()
 		return nil, err
@@ -134,7 +123,7 @@ func Remove(pinDir string) error {
 	if err := errors.Join(append(errs, RemoveUplink(pinDir))...); err != nil {
 		return err
 	}
-	spec, err := loadSpec(nil)
+	spec, _, err := loadSpec(nil)
 	if err != nil {
 		return err
 	}
@@ -154,20 +143,35 @@ func (lb *LB) Close() error {
 	return lb.objs.Close()
 }
 
-// loadSpec is the services object's spec with the flow cache's maps
-// unpinned (never ours to pin or remove) and its mark bit set.
-func loadSpec(cache *bpf.FlowCache) (*ebpf.CollectionSpec, error) {
+// loadSpec is the services object's spec with the fast path's maps
+// unpinned (never ours to pin or remove) and its constants set, and the
+// replacements that share them (bpf.FlowCache.Share).
+func loadSpec(cache *bpf.FlowCache) (*ebpf.CollectionSpec, map[string]*ebpf.Map, error) {
 	spec, err := bpf.LoadServices()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if _, err := cache.Share(spec); err != nil {
-		return nil, err
-	}
+	shared := cache.Share(spec)
 	if cache != nil {
-		if err := spec.Variables["onc_mark"].Set(cache.Mark); err != nil {
-			return nil, err
+		if err := cache.SetConstants(spec); err != nil {
+			return nil, nil, err
 		}
 	}
-	return spec, nil
+	return spec, shared, nil
+}
+
+// fillHooks gives the fast path's programs ours to pass packets on to: a
+// pod's reply to a client outside, and a backend's reply over the overlay
+// to a flow this node masqueraded.
+func (lb *LB) fillHooks(hooks *ebpf.Map) error {
+	p := &lb.objs.ServicesPrograms
+	for slot, prog := range map[uint32]*ebpf.Program{
+		bpf.HookPodToNoPeer:    p.OncUplinkLbReply,
+		bpf.HookOverlayToNoPod: p.OncUplinkLbOverlayReply,
+	} {
+		if err := hooks.Put(slot, prog); err != nil {
+			return fmt.Errorf("uplink load balancer: fast path hook %d: %w", slot, err)
+		}
+	}
+	return nil
 }

@@ -57,9 +57,11 @@ var uplinkHookNames = []string{"ingress", "egress"}
 func uplinkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_uplink_lb_"+hook) }
 
 // AttachUplink puts the uplink programs first on ifname's tcx ingress and
-// egress, adopting an earlier agent's pinned links. First, because the
-// fast path's programs end the chain on every packet they let through;
-// ours let every packet on to them. Needs tcx (Linux 6.6).
+// egress, adopting an earlier agent's pinned links, and gives the fast
+// path's programs the ones they pass replies on to (FlowCache.Hooks).
+// First, because the fast path's programs end the chain on every packet
+// they let through; ours let every packet they do not send past the stack
+// on to them. Needs tcx (Linux 6.6).
 func (lb *LB) AttachUplink(ifname string) error {
 	l, err := netlink.LinkByName(ifname)
 	if err != nil {
@@ -70,7 +72,12 @@ func (lb *LB) AttachUplink(ifname string) error {
 			return fmt.Errorf("uplink load balancer on %s %s: %w", ifname, h.name, err)
 		}
 	}
-	return nil
+	if lb.opts.FlowCache == nil {
+		return nil
+	}
+	// Only now: without the uplink programs, flows in a pinned table of
+	// an earlier agent's are nobody's to send past the stack.
+	return lb.fillHooks(lb.opts.FlowCache.Hooks)
 }
 
 // attachFirst swaps prog into the link pinned at pin when that link is on

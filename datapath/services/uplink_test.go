@@ -130,6 +130,11 @@ func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
 		testutil.Must(t, fp.Configure(true))
 		b.fp, cache = fp, fp.FlowCache()
 		rules.EstablishedMark, rules.Uplink = fastPathMark, "n0"
+		// As the agent sets it: conntrack's window falls behind the
+		// packets the fast path carries.
+		if out, err := exec.Command("ip", "netns", "exec", b.node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1").CombinedOutput(); err != nil {
+			t.Fatalf("be_liberal: %v: %s", err, out)
+		}
 	}
 	lb, err := Open(Options{PinDir: dir, FlowCache: cache})
 	testutil.Must(t, err)
@@ -779,8 +784,9 @@ func roundTrips(c net.Conn, n int) error {
 
 // With the fast path, an established flow from outside to a backend on
 // the node skips the stack both ways (the uplink's fast counters take
-// every packet after the first few), bytes intact; evicted, as a policy
-// change evicts it, it is judged by netfilter again.
+// every packet after the first few), bytes intact, conntrack's entry kept
+// alive; a closed connection is left to conntrack; evicted, as a policy
+// change evicts it, a flow is judged by netfilter again.
 func TestUplinkFastPathToALocalBackend(t *testing.T) {
 	b := newFastUplinkBed(t)
 	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
@@ -801,14 +807,32 @@ func TestUplinkFastPathToALocalBackend(t *testing.T) {
 		}
 	}
 
+	// Closed, a connection's last packets take the stack: conntrack
+	// closes it with its own short timeouts, not the fast path's
+	// established one.
+	c := b.dialClient("tcp4", front)
+	testutil.Must(t, roundTrips(c, 5))
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if s, ok := b.conntrack(local, echo); !ok || s < time.Hour {
+		t.Fatalf("open: conntrack timeout %v (entry %v); want an established entry's", s, ok)
+	}
+	c.Close()
+	testutil.WaitFor(t, "conntrack closing the connection", 5*time.Second, func() bool {
+		s, ok := b.conntrack(local, echo)
+		return !ok || s < 5*time.Minute
+	})
+
 	// A policy that now denies the flow: netfilter drops it, and the
 	// eviction that comes with every policy change sends it back there.
-	c := b.dialClient("tcp4", front)
+	c = b.dialClient("tcp4", front)
 	testutil.Must(t, roundTrips(c, 5))
 	in(t, b.node, func() error {
 		return exec.Command("iptables", "-I", "FORWARD", "-d", echo.Addr().String(), "-p", "tcp", "-j", "DROP").Run()
 	})
-	testutil.Must(t, b.fp.Flush())
+	testutil.Must(t, b.fp.EvictFlows(map[netip.Addr]bool{echo.Addr(): true},
+		func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+			return func(netip.AddrPort, netip.AddrPort, uint8) bool { return false }, nil
+		}))
 	got := b.delta(func() {
 		if err := roundTrips(c, 1); err == nil {
 			t.Error("a flow netfilter now drops still reached its backend")
@@ -817,4 +841,22 @@ func TestUplinkFastPathToALocalBackend(t *testing.T) {
 	if got["uplink_fast_to_pod"] != 0 || got["uplink_fast_reply"] != 0 {
 		t.Errorf("evicted flow still fast: %v", got)
 	}
+}
+
+// conntrack is the timeout left on the node's entry of the TCP connection
+// from client to backend, if it has one.
+func (b *uplinkBed) conntrack(client, backend netip.AddrPort) (left time.Duration, ok bool) {
+	b.t.Helper()
+	in(b.t, b.node, func() error {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		for _, f := range flows {
+			if f.Forward.Protocol == unix.IPPROTO_TCP && f.Forward.SrcIP.Equal(client.Addr().AsSlice()) &&
+				f.Forward.SrcPort == client.Port() && f.Forward.DstIP.Equal(backend.Addr().AsSlice()) &&
+				f.Forward.DstPort == backend.Port() {
+				left, ok = time.Duration(f.TimeOut)*time.Second, true
+			}
+		}
+		return err
+	})
+	return left, ok
 }

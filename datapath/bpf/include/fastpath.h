@@ -61,7 +61,7 @@ enum onc_stat {
 	STAT_EGRESS_MISS_TCP_FLAGS,   /* SYN, FIN or RST: conntrack must see it */
 	STAT_EGRESS_MISS_DISABLED,
 	STAT_EGRESS_MISS_SPOOF,       /* source is not the pod behind this veth */
-	STAT_EGRESS_MISS_HOST,        /* to a node/gateway address */
+	STAT_EGRESS_MISS_HOST,        /* to a node's own address */
 	STAT_EGRESS_MISS_NO_PEER,     /* destination not in a fast-path peer's CIDR */
 	STAT_EGRESS_MISS_FLOW,        /* flow not established both ways (or old epoch) */
 	STAT_EGRESS_MISS_DEST,        /* no learned node for the destination, or a stale one */
@@ -72,7 +72,7 @@ enum onc_stat {
 	STAT_INGRESS_MISS_NOT_VXLAN,
 	STAT_INGRESS_MISS_TCP_FLAGS,
 	STAT_INGRESS_MISS_DISABLED,
-	STAT_INGRESS_MISS_HOST,       /* from a node/gateway address */
+	STAT_INGRESS_MISS_HOST,       /* from a node's own address */
 	STAT_INGRESS_MISS_NO_PEER,    /* inner source not a fast-path peer's, or from another node */
 	STAT_INGRESS_MISS_NO_POD,     /* inner destination not a local pod */
 	STAT_INGRESS_MISS_FLOW,
@@ -93,8 +93,10 @@ enum onc_stat {
 
 /*
  * Per-node maps are sized for ONC_MAX_NODES nodes: one encap header and one
- * peer CIDR per remote node, and two host addresses (node IP, gateway) per
- * node. A cluster beyond it fails loudly in the agent's peer sync.
+ * peer CIDR per remote node, and a host address per node (onc_hosts has
+ * room for two: it held gateways too, and keeps its layout so that an
+ * upgrade adopts it). A cluster beyond it fails loudly in the agent's peer
+ * sync.
  */
 #define ONC_MAX_NODES 16384
 
@@ -123,7 +125,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_peers SEC(".maps");
 
-/* Node, gateway and tunnel addresses: traffic to them takes the slow path. */
+/* Nodes' own addresses: traffic to them takes the slow path. (A peer's
+ * gateway address is not one: see datapath/peers.go.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 2 * ONC_MAX_NODES);
@@ -163,23 +166,27 @@ struct {
 ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
 
 /*
- * Where a packet leaving a pod for no fast-path peer may go on: a reply of
- * a flow the uplink load balancer brought to the pod is the services
- * object's to send (datapath/services puts its program at
- * EGRESS_HOOK_UPLINK_LB). An empty slot, and the packet takes the slow
- * path. Not pinned: each agent's programs call the slots it filled.
+ * Where the fast path's programs pass on a packet that is none of theirs
+ * but may be another feature's to send past the stack: a pod's packet to
+ * no fast-path peer (HOOK_POD_TO_NO_PEER: a reply to a client outside)
+ * and a peer's frame to no pod of this node (HOOK_OVERLAY_TO_NO_POD: a
+ * backend's reply to a flow this node masqueraded). The uplink load
+ * balancer fills both (datapath/services). An empty slot, and the packet
+ * takes the slow path. Not pinned: each agent's programs call the slots it
+ * filled.
  */
-enum egress_hook {
-	EGRESS_HOOK_UPLINK_LB,
-	EGRESS_HOOK_MAX,
+enum onc_hook {
+	HOOK_POD_TO_NO_PEER,
+	HOOK_OVERLAY_TO_NO_POD,
+	HOOK_MAX,
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
-	__uint(max_entries, EGRESS_HOOK_MAX);
+	__uint(max_entries, HOOK_MAX);
 	__type(key, __u32);
 	__type(value, __u32);
-} onc_egress_hooks SEC(".maps");
+} onc_hooks SEC(".maps");
 
 static __always_inline int is_host(__be32 addr)
 {

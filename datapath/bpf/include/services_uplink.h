@@ -6,17 +6,22 @@
  * sees it, and the stack routes it to the local pod or over the overlay.
  * Replies get the frontend's address back on their way out of the uplink.
  *
- * The programs never end the link's chain on a packet they let through:
- * the fast path's program behind them (the overlay guard) judges every
- * packet, translated or not.
+ * The programs end the link's chain only on a packet they drop or send
+ * past the stack themselves (below): every other packet, translated or
+ * not, goes on to the fast path's program behind them (the overlay guard).
  *
  * Once netfilter let a flow to a backend on this node through ESTABLISHED
  * both ways (the flow cache's verdict, include/flow_cache.h), its packets
  * skip the stack: the ingress program hands them straight into the pod,
  * and the pod's replies, which the fast path's egress program passes on
- * (onc_egress_hooks), leave by the uplink at once (services.c). TCP SYN,
- * FIN and RST always take the stack, so conntrack sees every connection
- * open and close.
+ * (onc_hooks), leave by the uplink at once (services.c). A flow to a
+ * backend on another node skips it once conntrack holds it established
+ * and masqueraded (include/conntrack.h): the ingress program gives its
+ * packets the masqueraded source and the outer headers the overlay put
+ * on earlier packets to that node, and the replies, which the fast
+ * path's ingress program passes on, are decapsulated and reversed at
+ * once. TCP SYN, FIN and RST always take the stack, so conntrack sees
+ * every connection open and close.
  *
  * Address translation the kernel must do stays the kernel's: SNAT of
  * packets to a backend on another node (ONC's MASQUERADE rule, matching
@@ -34,7 +39,8 @@
 #include <linux/udp.h>
 #include <linux/pkt_cls.h>
 #include "services.h"
-#include "flow_cache.h"
+#include "conntrack.h"
+#include "encap.h"
 
 /* TCX_NEXT (older uapi headers lack it): the next program on the link runs. */
 #define LB_NEXT TC_ACT_UNSPEC
@@ -74,6 +80,8 @@ enum lb_uplink_stat {
 	LB_STAT_UPLINK_ERROR,         /* rewriting the packet failed: dropped */
 	LB_STAT_UPLINK_FAST_TO_POD,   /* packets handed straight into a local backend */
 	LB_STAT_UPLINK_FAST_REPLY,    /* replies sent straight out of the uplink */
+	LB_STAT_UPLINK_FAST_TO_REMOTE, /* packets sent straight over the overlay to another node's backend */
+	LB_STAT_UPLINK_FAST_FROM_REMOTE, /* that backend's replies, decapsulated and sent straight out */
 	LB_STAT_UPLINK_LEARNED,       /* a reply taught the flow cache that its flow may leave */
 	LB_STAT_UPLINK_MAX,
 };
@@ -158,10 +166,11 @@ struct lb_pkt {
 	__u8 syn; /* TCP, SYN without ACK: a connection's first packet */
 	__u8 tcp_flags; /* 0 for UDP */
 	__u8 ttl;
+	__u8 tos;
 	__u32 l4off;
 };
 
-static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
+static __always_inline int lb_parse_at(struct __sk_buff *skb, __u32 l3off, struct lb_pkt *p)
 {
 	struct iphdr ip;
 	__be16 ports[2];
@@ -169,13 +178,13 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
 	/* skb->protocol: a VLAN tag left in the data is not ours to read past. */
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return -1;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+	if (bpf_skb_load_bytes(skb, l3off, &ip, sizeof(ip)))
 		return -1;
 	if (ip.version != 4 || ip.ihl < 5 || (ip.frag_off & bpf_htons(0x3fff)))
 		return -1;
 	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
 		return -1;
-	p->l4off = ETH_HLEN + ip.ihl * 4;
+	p->l4off = l3off + ip.ihl * 4;
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
 		return -1;
 	p->tcp_flags = 0;
@@ -184,12 +193,18 @@ static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
 		return -1;
 	p->syn = (p->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
 	p->ttl = ip.ttl;
+	p->tos = ip.tos;
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->sport = ports[0];
 	p->dport = ports[1];
 	p->proto = ip.protocol;
 	return 0;
+}
+
+static __always_inline int lb_parse(struct __sk_buff *skb, struct lb_pkt *p)
+{
+	return lb_parse_at(skb, ETH_HLEN, p);
 }
 
 /*
@@ -220,11 +235,12 @@ static __always_inline int lb_rewrite(struct __sk_buff *skb, const struct lb_pkt
 }
 
 /* The flow a backend's packet to a client replies to, if any. */
-static __always_inline struct lb_flow *lb_reply_flow(const struct lb_pkt *p)
+static __always_inline struct lb_flow *lb_reply_flow(__be32 backend, __be16 backend_port, __be32 client,
+						     __be16 client_port, __u8 proto)
 {
 	struct lb_flow_key key = {
-		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
-		.proto = p->proto, .dir = LB_FLOW_OUT,
+		.saddr = backend, .daddr = client, .sport = backend_port, .dport = client_port,
+		.proto = proto, .dir = LB_FLOW_OUT,
 	};
 
 	return bpf_map_lookup_elem(&onc_lb_flows, &key);
@@ -257,16 +273,63 @@ static __always_inline void lb_cache_key(struct flow_key *k, __be32 pod, __be16 
 }
 
 /*
- * lb_to_local_pod hands a translated packet to a backend on this node
- * straight into its pod, as the fast path hands an overlay packet
- * (fastpath.c): only when the flow cache says netfilter let the flow
- * through ESTABLISHED both ways in this epoch, and never a TCP SYN, FIN or
- * RST. A SYN opens a new connection on the addresses: what the cache holds
- * for them was an old one's. Returns LB_NEXT when the stack must take it.
+ * lb_to_remote_pod sends a translated packet to a backend on another node
+ * straight over the overlay, once conntrack holds its flow established
+ * and masqueraded: with the source MASQUERADE gave the flow's first
+ * packets, the outer headers the VXLAN device put on earlier packets to
+ * that node, out of the uplink. No policy of this node judges it (the
+ * backend's node does). Returns LB_NEXT when the stack must take it.
  */
-static __always_inline int lb_to_local_pod(struct __sk_buff *skb, const struct lb_pkt *p,
-					   const struct lb_addr *be)
+static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct lb_pkt *p,
+					    const struct lb_addr *be)
 {
+	struct ct_ends t = { .saddr = p->saddr, .daddr = be->ip, .sport = p->sport, .dport = be->port };
+	struct ct_ends reply;
+	struct encap_val *encap;
+	struct cidr_val *peer;
+	struct lb_addr snat;
+	__u32 mtu = 0;
+
+	peer = peer_of(be->ip);
+	if (!peer)
+		return LB_NEXT;
+	encap = bpf_map_lookup_elem(&onc_encap, &peer->node_ip);
+	if (!encap)
+		return LB_NEXT;
+	/* Too big for the overlay: the stack answers (fragmentation needed),
+	 * as the VXLAN device's MTU makes it. A GRO super-packet's segments,
+	 * cut to the client's MSS, would be too: the stack takes it too. */
+	if (skb->gso_segs > 1 || bpf_check_mtu(skb, encap->ifindex, &mtu, ONC_ENCAP_LEN, 0))
+		return LB_NEXT;
+	if (ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 1, &reply))
+		return LB_NEXT;
+	snat.ip = reply.daddr;
+	snat.port = reply.dport;
+	if (lb_rewrite(skb, p, 0, &snat) || lb_dec_ttl(skb, p) ||
+	    encap_push(skb, encap, encap_hash(skb, snat.ip, be->ip, snat.port, be->port), encap_ecn(p->tos))) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_TO_REMOTE, 1);
+	return bpf_redirect(encap->ifindex, 0);
+}
+
+/*
+ * lb_fast_path sends a translated packet past the stack when it may: to
+ * a backend on this node straight into its pod, as the fast path hands an
+ * overlay packet (fastpath.c), only when the flow cache says netfilter
+ * let the flow through ESTABLISHED both ways in this epoch and conntrack
+ * still holds it established (each packet refreshing it: a flow conntrack
+ * forgot would come back to the stack from the pod's side, taken for the
+ * pod's own connection out and masqueraded); to one on another node as
+ * lb_to_remote_pod says. Never a TCP SYN, FIN or RST. A SYN opens a new
+ * connection on the addresses: what the cache holds for them was an old
+ * one's. Returns LB_NEXT when the stack must take it.
+ */
+static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_pkt *p, const struct lb_addr *be)
+{
+	struct ct_ends t = { .saddr = p->saddr, .daddr = be->ip, .sport = p->sport, .dport = be->port };
+	struct ct_ends reply;
 	struct flow_key key = {};
 	struct onc_config *cfg;
 	struct local_pod *pod;
@@ -281,7 +344,9 @@ static __always_inline int lb_to_local_pod(struct __sk_buff *skb, const struct l
 	if (!cfg || !cfg->enabled || p->ttl <= 1)
 		return LB_NEXT;
 	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
-	if (!pod || !flow_allowed(&key, cfg->epoch))
+	if (!pod)
+		return lb_to_remote_pod(skb, p, be);
+	if (!flow_allowed(&key, cfg->epoch) || ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply))
 		return LB_NEXT;
 	if (lb_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
@@ -293,11 +358,11 @@ static __always_inline int lb_to_local_pod(struct __sk_buff *skb, const struct l
 }
 
 /*
- * lb_learn_reply remembers, from a reply of a backend on this node that
- * the slow path let out by the uplink as part of an ESTABLISHED flow
- * (marked onc_mark), that the flow may leave, and by which device. A FIN
- * or RST is a flow ending: never learned. The fast path's learning
- * program behind this one clears the mark.
+ * lb_learn_reply remembers, from a reply that the slow path let out by
+ * the uplink as part of an ESTABLISHED flow (marked onc_mark), by which
+ * device replies leave, and for a backend on this node that the flow may
+ * leave. A FIN or RST is a flow ending: never learned. The fast path's
+ * learning program behind this one clears the mark.
  */
 static __always_inline void lb_learn_reply(struct __sk_buff *skb, const struct lb_pkt *p, struct lb_flow *rev)
 {
@@ -307,10 +372,12 @@ static __always_inline void lb_learn_reply(struct __sk_buff *skb, const struct l
 	if (!(skb->mark & onc_mark) || (p->tcp_flags & (LB_TCP_FIN | LB_TCP_RST)))
 		return;
 	cfg = config();
-	if (!cfg || !cfg->enabled || !cfg->learning || !bpf_map_lookup_elem(&onc_local, &p->saddr))
+	if (!cfg || !cfg->enabled || !cfg->learning)
 		return;
 	if (rev->ifindex != skb->ifindex)
 		rev->ifindex = skb->ifindex;
+	if (!bpf_map_lookup_elem(&onc_local, &p->saddr))
+		return; /* a remote backend's: conntrack holds its verdict */
 	lb_cache_key(&key, p->saddr, p->sport, p->daddr, p->dport, p->proto);
 	if (flow_learn(&key, cfg->epoch, 1))
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_LEARNED, 1);

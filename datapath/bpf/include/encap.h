@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Encapsulation as the kernel's VXLAN device would do it, with the outer
+ * headers it put on earlier packets to the same node (onc_encap): for the
+ * fast path's pod-to-pod packets (fastpath.c) and the uplink load
+ * balancer's packets to a backend on another node (services.c).
+ */
+#ifndef __ONC_ENCAP_H
+#define __ONC_ENCAP_H
+
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
+#include "fastpath.h"
+
+#define ENCAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
+		     BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
+		     BPF_F_ADJ_ROOM_ENCAP_L2(14))
+
+static __always_inline __u16 csum_fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * The hash that picks the outer UDP source port. A TCP socket stamps one
+ * on each packet it sends; for anything else (UDP) hash the addresses and
+ * ports already parsed, where bpf_get_hash_recalc would run the kernel's
+ * flow dissector over the packet again on every hit.
+ */
+static __always_inline __u32 encap_hash(const struct __sk_buff *skb, __be32 saddr, __be32 daddr,
+					__be16 sport, __be16 dport)
+{
+	__u32 h = skb->hash;
+
+	if (h)
+		return h;
+	h = saddr * 0x9e3779b1;
+	h ^= daddr;
+	h ^= ((__u32)sport << 16 | dport) * 0x85ebca6b;
+	h ^= h >> 15; /* murmur3's finaliser: every input bit reaches the low bits */
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* The outer ECN as the kernel's VXLAN device sets it (RFC 6040): the
+ * inner packet's, with CE sent as ECT(0). */
+static __always_inline __u8 encap_ecn(__u8 inner_tos)
+{
+	__u8 ecn = inner_tos & ONC_ECN_MASK;
+
+	return ecn == ONC_ECN_MASK ? ONC_ECN_ECT0 : ecn;
+}
+
+/*
+ * encap_push puts encap's headers in front of the Ethernet frame in skb
+ * and fixes what differs per packet: outer IP length, ECN, id and
+ * checksum; UDP source port (from hash, to spread flows over the
+ * uplink's queues as the kernel does), length, checksum 0. The caller
+ * redirects it to encap->ifindex. Returns 0, or -1 when the packet could
+ * not be rewritten (drop it: it may be half done).
+ */
+static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_val *encap, __u32 hash, __u8 ecn)
+{
+	struct iphdr *oip;
+	struct udphdr *oudp;
+	void *data, *end;
+	__u32 sum = 0;
+	__u16 *w;
+
+	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+		return -1;
+	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))
+		return -1;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	oip = data + sizeof(struct ethhdr);
+	oudp = (void *)(oip + 1);
+	if ((void *)(oudp + 1) > end)
+		return -1;
+	oip->tot_len = bpf_htons(skb->len - sizeof(struct ethhdr));
+	oip->tos = (oip->tos & ~ONC_ECN_MASK) | ecn;
+	oip->id = 0;
+	oip->check = 0;
+	w = (__u16 *)oip;
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
+		sum += w[i];
+	oip->check = csum_fold(sum);
+	oudp->source = bpf_htons(49152 + (hash % 16384));
+	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
+	oudp->check = 0;
+	return 0;
+}
+
+#endif /* __ONC_ENCAP_H */
