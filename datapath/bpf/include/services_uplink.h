@@ -318,10 +318,11 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
  * lb_fast_path sends a translated packet past the stack when it may: to
  * a backend on this node straight into its pod, as the fast path hands an
  * overlay packet (fastpath.c), only when the flow cache says netfilter
- * let the flow through ESTABLISHED both ways in this epoch and conntrack
- * still holds it established (each packet refreshing it: a flow conntrack
- * forgot would come back to the stack from the pod's side, taken for the
- * pod's own connection out and masqueraded); to one on another node as
+ * let the flow through ESTABLISHED both ways in this epoch and, for UDP,
+ * conntrack still holds it established (each packet refreshing it: a UDP
+ * flow conntrack forgot after two minutes would come back to the stack
+ * from the pod's side, taken for the pod's own connection out and
+ * masqueraded; a TCP entry lasts five days); to one on another node as
  * lb_to_remote_pod says. Never a TCP SYN, FIN or RST. A SYN opens a new
  * connection on the addresses: what the cache holds for them was an old
  * one's. Returns LB_NEXT when the stack must take it.
@@ -346,7 +347,8 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
 	if (!pod)
 		return lb_to_remote_pod(skb, p, be);
-	if (!flow_allowed(&key, cfg->epoch) || ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply))
+	if (!flow_allowed(&key, cfg->epoch) ||
+	    (p->proto == IPPROTO_UDP && ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply)))
 		return LB_NEXT;
 	if (lb_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
