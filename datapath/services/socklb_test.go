@@ -229,10 +229,24 @@ func newBed(t *testing.T, cgroup string) *bed {
 
 // serve answers on addr over TCP (writes addr, closes) and UDP (echoes addr).
 func serve(t *testing.T, addr netip.AddrPort) {
+	answer := []byte(addr.String())
+	testutil.Must(t, serveBoth(t, addr, func(c net.Conn) { _, _ = c.Write(answer) },
+		func([]byte, net.Addr) []byte { return answer }))
+}
+
+// serveBoth serves addr, in the calling goroutine's network namespace,
+// until the test ends: over TCP each connection by conn (then closed), in
+// a goroutine of its own; over UDP each datagram with reply's answer.
+func serveBoth(t *testing.T, addr netip.AddrPort, conn func(net.Conn), reply func(msg []byte, from net.Addr) []byte) error {
 	l, err := net.Listen("tcp4", addr.String())
-	testutil.Must(t, err)
+	if err != nil {
+		return err
+	}
 	u, err := net.ListenPacket("udp4", addr.String())
-	testutil.Must(t, err)
+	if err != nil {
+		l.Close()
+		return err
+	}
 	t.Cleanup(func() { l.Close(); u.Close() })
 	go func() {
 		for {
@@ -240,20 +254,20 @@ func serve(t *testing.T, addr netip.AddrPort) {
 			if err != nil {
 				return
 			}
-			_, _ = c.Write([]byte(addr.String()))
-			c.Close()
+			go func() { conn(c); c.Close() }()
 		}
 	}()
 	go func() {
-		buf := make([]byte, 64)
+		buf := make([]byte, 1500)
 		for {
-			_, from, err := u.ReadFrom(buf)
+			n, from, err := u.ReadFrom(buf)
 			if err != nil {
 				return
 			}
-			_, _ = u.WriteTo([]byte(addr.String()), from)
+			_, _ = u.WriteTo(reply(buf[:n], from), from)
 		}
 	}()
+	return nil
 }
 
 // client runs a client in the bed's namespace and the test cgroup.

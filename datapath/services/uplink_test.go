@@ -185,37 +185,8 @@ func (b *uplinkBed) addLocalPod(podMAC net.HardwareAddr) error {
 func serveWho(t *testing.T, ns string, addr netip.AddrPort) {
 	t.Helper()
 	in(t, ns, func() error {
-		l, err := net.Listen("tcp4", addr.String())
-		if err != nil {
-			return err
-		}
-		u, err := net.ListenPacket("udp4", addr.String())
-		if err != nil {
-			l.Close()
-			return err
-		}
-		t.Cleanup(func() { l.Close(); u.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				_, _ = fmt.Fprintf(c, "%s %s", addr, c.RemoteAddr())
-				c.Close()
-			}
-		}()
-		go func() {
-			buf := make([]byte, 64)
-			for {
-				_, from, err := u.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = u.WriteTo([]byte(fmt.Sprintf("%s %s", addr, from)), from)
-			}
-		}()
-		return nil
+		return serveBoth(t, addr, func(c net.Conn) { _, _ = fmt.Fprintf(c, "%s %s", addr, c.RemoteAddr()) },
+			func(_ []byte, from net.Addr) []byte { return []byte(fmt.Sprintf("%s %s", addr, from)) })
 	})
 }
 
@@ -716,36 +687,7 @@ func TestUplinkAttachStaysFirst(t *testing.T) {
 func serveEcho(t *testing.T, ns string, addr netip.AddrPort) {
 	t.Helper()
 	in(t, ns, func() error {
-		l, err := net.Listen("tcp4", addr.String())
-		if err != nil {
-			return err
-		}
-		u, err := net.ListenPacket("udp4", addr.String())
-		if err != nil {
-			l.Close()
-			return err
-		}
-		t.Cleanup(func() { l.Close(); u.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() { _, _ = io.Copy(c, c); c.Close() }()
-			}
-		}()
-		go func() {
-			buf := make([]byte, 1500)
-			for {
-				n, from, err := u.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = u.WriteTo(buf[:n], from)
-			}
-		}()
-		return nil
+		return serveBoth(t, addr, func(c net.Conn) { _, _ = io.Copy(c, c) }, func(msg []byte, _ net.Addr) []byte { return msg })
 	})
 }
 
