@@ -213,7 +213,7 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
-	if (lb_parse(skb, &p) || (p.tcp_flags & LB_TCP_CTL) || p.ttl <= 1)
+	if (lb_parse(skb, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1)
 		return TC_ACT_OK;
 	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
 	if (!rev || !rev->ifindex)
@@ -252,7 +252,7 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
-	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & LB_TCP_CTL) || p.ttl <= 1 ||
+	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1 ||
 	    (p.daddr & onc_pod_mask) != onc_pod_net)
 		return TC_ACT_OK;
 	t.saddr = p.saddr;

@@ -28,6 +28,8 @@ struct l4 {
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
 #define TCP_ACK 0x10
+/* Flags conntrack must see: their packets always take the stack. */
+#define TCP_CTL (TCP_FIN | TCP_SYN | TCP_RST)
 
 /* parse_l4 returns 0 when data+off holds an unfragmented IPv4 TCP/UDP
  * packet without IP options, filling p. */
@@ -51,7 +53,7 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 		flags = ((__u8 *)t)[13];
 		p->sport = t->source;
 		p->dport = t->dest;
-		p->tcp_flags = flags & (TCP_FIN | TCP_SYN | TCP_RST);
+		p->tcp_flags = flags & TCP_CTL;
 		p->syn_ack = p->tcp_flags == TCP_SYN && (flags & TCP_ACK);
 		return 0;
 	}

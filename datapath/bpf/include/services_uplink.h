@@ -41,6 +41,7 @@
 #include "services.h"
 #include "conntrack.h"
 #include "encap.h"
+#include "parse.h"
 
 /* TCX_NEXT (older uapi headers lack it): the next program on the link runs. */
 #define LB_NEXT TC_ACT_UNSPEC
@@ -49,13 +50,6 @@
 #define LB_MARK_SNAT 0x80000
 #define LB_MARK_REJECT 0x100000
 
-/* TCP header flags, in the byte at offset 13. */
-#define LB_TCP_FIN 0x01
-#define LB_TCP_SYN 0x02
-#define LB_TCP_RST 0x04
-#define LB_TCP_ACK 0x10
-/* Flags conntrack must see: their packets always take the stack. */
-#define LB_TCP_CTL (LB_TCP_FIN | LB_TCP_SYN | LB_TCP_RST)
 
 /* What lb_flow_backend found. */
 enum lb_flow_verdict {
@@ -191,7 +185,7 @@ static __always_inline int lb_parse_at(struct __sk_buff *skb, __u32 l3off, struc
 	if (ip.protocol == IPPROTO_TCP &&
 	    bpf_skb_load_bytes(skb, p->l4off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
 		return -1;
-	p->syn = (p->tcp_flags & (LB_TCP_SYN | LB_TCP_ACK)) == LB_TCP_SYN;
+	p->syn = (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	p->ttl = ip.ttl;
 	p->tos = ip.tos;
 	p->saddr = ip.saddr;
@@ -281,9 +275,8 @@ static __always_inline void lb_cache_key(struct flow_key *k, __be32 pod, __be16 
  * backend's node does). Returns LB_NEXT when the stack must take it.
  */
 static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct lb_pkt *p,
-					    const struct lb_addr *be)
+					    const struct lb_addr *be, const struct ct_ends *t)
 {
-	struct ct_ends t = { .saddr = p->saddr, .daddr = be->ip, .sport = p->sport, .dport = be->port };
 	struct ct_ends reply;
 	struct encap_val *encap;
 	struct cidr_val *peer;
@@ -301,7 +294,7 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
 	 * cut to the client's MSS, would be too: the stack takes it too. */
 	if (skb->gso_segs > 1 || bpf_check_mtu(skb, encap->ifindex, &mtu, ONC_ENCAP_LEN, 0))
 		return LB_NEXT;
-	if (ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 1, &reply))
+	if (ct_established(skb, t, p->proto, CT_DIR_ORIGINAL, 1, &reply))
 		return LB_NEXT;
 	snat.ip = reply.daddr;
 	snat.port = reply.dport;
@@ -336,8 +329,8 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 	struct local_pod *pod;
 
 	lb_cache_key(&key, be->ip, be->port, p->saddr, p->sport, p->proto);
-	if (p->tcp_flags & LB_TCP_CTL) {
-		if (p->tcp_flags & LB_TCP_SYN)
+	if (p->tcp_flags & TCP_CTL) {
+		if (p->tcp_flags & TCP_SYN)
 			flow_forget(&key);
 		return LB_NEXT;
 	}
@@ -346,7 +339,7 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 		return LB_NEXT;
 	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
 	if (!pod)
-		return lb_to_remote_pod(skb, p, be);
+		return lb_to_remote_pod(skb, p, be, &t);
 	if (!flow_allowed(&key, cfg->epoch) ||
 	    (p->proto == IPPROTO_UDP && ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply)))
 		return LB_NEXT;
@@ -371,7 +364,7 @@ static __always_inline void lb_learn_reply(struct __sk_buff *skb, const struct l
 	struct flow_key key = {};
 	struct onc_config *cfg;
 
-	if (!(skb->mark & onc_mark) || (p->tcp_flags & (LB_TCP_FIN | LB_TCP_RST)))
+	if (!(skb->mark & onc_mark) || (p->tcp_flags & (TCP_FIN | TCP_RST)))
 		return;
 	cfg = config();
 	if (!cfg || !cfg->enabled || !cfg->learning)
