@@ -212,7 +212,8 @@ type UplinkLB struct {
 	// EstablishedMark: the fast path's ESTABLISHED bit, set on packets of
 	// connections from outside to this node's pods by Uplink, both ways,
 	// for the flow cache to learn from (the uplink programs then carry
-	// those to a backend on this node past the stack).
+	// those to a backend on this node past the stack; one to another
+	// node's teaches the fast path that node's VXLAN header).
 	EstablishedMark uint32
 	Uplink          string
 }

@@ -19,9 +19,9 @@ type Options struct {
 	// Cgroup is the cgroup v2 directory the programs attach to; every
 	// socket created in it or below is balanced. See bpf.ResolveCgroup.
 	Cgroup string
-	// FlowCache is the fast path's: with it, the uplink programs send a
-	// flow to a backend on this node past the stack once it is
-	// established. Nil: always through the stack.
+	// FlowCache is the fast path's: with it, the uplink programs send an
+	// established flow past the stack, to a backend on this node or over
+	// the overlay to another's. Nil: always through the stack.
 	FlowCache *bpf.FlowCache
 }
 
