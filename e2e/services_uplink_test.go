@@ -133,16 +133,22 @@ func TestServicesFromOutside(t *testing.T) {
 	// it out there.
 	t.Run("FastPathToAnotherNode", func(t *testing.T) {
 		var ask func() error
+		var from netip.AddrPort
 		testutil.WaitFor(t, "a flow to node 1's backend", 10*time.Second, func() bool {
-			ask = dialUDP(t, client, udpFront, backends[1].Name)
+			ask, from = dialUDP(t, client, udpFront, backends[1].Name)
 			return ask() == nil
 		})
+		fastExchanges(t, node0, from, ask, counters, "uplink_fast_to_remote", "uplink_fast_from_remote")
 		before1 := stats(t, l.Nodes[1])
-		fastExchanges(t, ask, counters, "uplink_fast_to_remote", "uplink_fast_from_remote")
+		for range 30 {
+			if err := ask(); err != nil {
+				t.Fatalf("exchange: %v", err)
+			}
+		}
 		after1 := stats(t, l.Nodes[1])
 		for _, c := range []string{"ingress_hit", "egress_hit"} {
-			if d := after1[c] - before1[c]; d < 25 {
-				t.Errorf("node 1's %s grew by %d over 30 exchanges, want ≥ 25", c, d)
+			if d := after1[c] - before1[c]; d < 30 {
+				t.Errorf("node 1's %s grew by %d over 30 exchanges, want ≥ 30", c, d)
 			}
 		}
 		// Node 0 sends on, knowing no policy of node 1's; node 1 drops,
@@ -173,8 +179,8 @@ func TestServicesFromOutside(t *testing.T) {
 	// datagrams), until a policy shuts its client out: then not one more
 	// datagram reaches the pod.
 	t.Run("FastPathUntilRevoked", func(t *testing.T) {
-		ask := dialUDP(t, client, udpFront, backends[0].Name)
-		fastExchanges(t, ask, counters, "uplink_fast_to_pod", "uplink_fast_reply")
+		ask, from := dialUDP(t, client, udpFront, backends[0].Name)
+		fastExchanges(t, node0, from, ask, counters, "uplink_fast_to_pod", "uplink_fast_reply")
 		revoke(t, kube, ask, func() uint64 { return counters()["uplink_fast_to_pod"] })
 	})
 
@@ -295,8 +301,9 @@ func askUDP(netns string, addr netip.AddrPort) (name, from string, err error) {
 }
 
 // dialUDP connects a UDP socket from netns to addr and returns a function
-// that exchanges one datagram on it, failing unless want answers.
-func dialUDP(t *testing.T, netns string, addr netip.AddrPort, want string) func() error {
+// that exchanges one datagram on it, failing unless want answers, and the
+// socket's own address.
+func dialUDP(t *testing.T, netns string, addr netip.AddrPort, want string) (func() error, netip.AddrPort) {
 	t.Helper()
 	var conn net.Conn
 	if err := lab.InNetns(netns, func() (err error) {
@@ -317,13 +324,26 @@ func dialUDP(t *testing.T, netns string, addr netip.AddrPort, want string) func(
 			err = fmt.Errorf("answered by %q, want %s", buf[:n], want)
 		}
 		return err
-	}
+	}, conn.LocalAddr().(*net.UDPAddr).AddrPort()
 }
 
-// fastExchanges runs 30 exchanges with ask, which each of the uplink
-// counters fast must nearly all count.
-func fastExchanges(t *testing.T, ask func() error, counters func() map[string]uint64, fast ...string) {
+// fastExchanges exchanges with ask until the flow takes the fast path
+// (the first counter in fast grows: a few datagrams, the slow path
+// learning it), then 30 times more, which every counter in fast must
+// count. On failure it logs why node's fast path did not take the flow
+// from client: its learning counters and the flow cache's entries.
+func fastExchanges(t *testing.T, node *lab.Node, client netip.AddrPort, ask func() error, counters func() map[string]uint64, fast ...string) {
 	t.Helper()
+	start := counters()[fast[0]]
+	for i := 0; counters()[fast[0]] == start; i++ {
+		if i == 20 {
+			explainSlow(t, node, client)
+			t.Fatalf("%s did not grow over 20 exchanges: the flow never took the fast path", fast[0])
+		}
+		if err := ask(); err != nil {
+			t.Fatalf("exchange: %v", err)
+		}
+	}
 	before := counters()
 	for range 30 {
 		if err := ask(); err != nil {
@@ -332,8 +352,31 @@ func fastExchanges(t *testing.T, ask func() error, counters func() map[string]ui
 	}
 	after := counters()
 	for _, c := range fast {
-		if d := after[c] - before[c]; d < 25 {
-			t.Errorf("%s grew by %d over 30 exchanges, want ≥ 25", c, d)
+		if d := after[c] - before[c]; d < 30 {
+			t.Errorf("%s grew by %d over 30 exchanges, want 30", c, d)
+		}
+	}
+	if t.Failed() {
+		explainSlow(t, node, client)
+	}
+}
+
+// explainSlow logs node's learning counters and the flow cache's entries
+// for client.
+func explainSlow(t *testing.T, node *lab.Node, client netip.AddrPort) {
+	t.Helper()
+	for name, v := range stats(t, node) {
+		if strings.HasPrefix(name, "learn") || strings.Contains(name, "miss") {
+			t.Logf("%s: %s = %d", node.Name, name, v)
+		}
+	}
+	resp, err := agent(t, node).ListCache(context.Background(), &apiv1.ListCacheRequest{Table: "filter"})
+	if err != nil {
+		t.Fatalf("%s: cache list filter: %v", node.Name, err)
+	}
+	for _, f := range resp.Filter {
+		if f.Remote == client.String() {
+			t.Logf("%s: flow cache entry %v", node.Name, f)
 		}
 	}
 }
