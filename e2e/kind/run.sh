@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kind bed: a kind cluster (1 control plane + 1 worker) with ONC as its
+# The kind bed: a kind cluster (1 control plane + 1 worker; NODES, ZONES) with ONC as its
 # only CNI and the fast path on, then the [sig-network] Conformance tests.
 # During the run the agent DaemonSet and the controller Deployment are
 # restarted (rolling); pods must keep their connectivity, and an agent's
@@ -34,6 +34,12 @@ SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
 PROCS=${PROCS:-1}
 RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 KUBE_PROXY=${KUBE_PROXY:-iptables}
+# Nodes in the cluster (the first the control plane, all schedulable) and
+# the zones they are spread over in turn (topology.kubernetes.io/zone
+# zone-0, zone-1, ...; 0: no zone labels). The topology and traffic
+# distribution specs want 3 zones of 2 nodes: NODES=6 ZONES=3.
+NODES=${NODES:-2}
+ZONES=${ZONES:-0}
 ONLINE=${ONC_KIND_ONLINE:-0}
 export PATH="$KUBE_BIN:$CACHE/bin:$PATH"
 export KUBECONFIG=$CACHE/$CLUSTER.kubeconfig
@@ -48,6 +54,24 @@ fi
 in_ns() { "${NS[@]}" "$@"; }
 kc() { in_ns kubectl "$@"; }
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+# cluster_config is cluster.yaml with the kube-proxy mode and the nodes
+# asked for.
+cluster_config() {
+  local i
+  sed -e "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" -e '/^  - role: /d' "$here/cluster.yaml" |
+    while IFS= read -r line; do
+      printf '%s\n' "$line"
+      [ "$line" = "nodes:" ] || continue
+      for ((i = 0; i < NODES; i++)); do
+        if [ "$i" = 0 ]; then echo "  - role: control-plane"; else echo "  - role: worker"; fi
+        if [ "$ZONES" -gt 0 ]; then
+          echo "    labels:"
+          echo "      topology.kubernetes.io/zone: zone-$((i % ZONES))"
+        fi
+      done
+    done
+}
 
 up() {
   mkdir -p "$CACHE/bin"
@@ -65,17 +89,19 @@ up() {
   git -C "$root" describe --always --dirty > "$CACHE/$CLUSTER.image-commit"
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "creating kind cluster $CLUSTER, kube-proxy mode $KUBE_PROXY"
-    sed "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" "$here/cluster.yaml" > "$CACHE/$CLUSTER.cluster.yaml"
+    cluster_config > "$CACHE/$CLUSTER.cluster.yaml"
     in_ns kind create cluster --name "$CLUSTER" --config "$CACHE/$CLUSTER.cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
       --kubeconfig "$KUBECONFIG"
   fi
   in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
-  # A cluster left up is reused: it must have kube-proxy or not as asked.
-  local want=yes have=yes
+  # A cluster left up is reused: it must have kube-proxy or not as asked,
+  # and as many nodes.
+  local want=yes have=yes count
   [ "$KUBE_PROXY" != none ] || want=no
   kc -n kube-system get daemonset kube-proxy >/dev/null 2>&1 || have=no
-  if [ "$want" != "$have" ]; then
-    echo "cluster $CLUSTER (kube-proxy: $have) was made for another KUBE_PROXY than $KUBE_PROXY: make e2e-kind-down first" >&2
+  count=$(in_ns kind get nodes --name "$CLUSTER" | wc -l)
+  if [ "$want" != "$have" ] || [ "$count" != "$NODES" ]; then
+    echo "cluster $CLUSTER (kube-proxy: $have, $count nodes) was made for another KUBE_PROXY or NODES than $KUBE_PROXY, $NODES: make e2e-kind-down first" >&2
     exit 1
   fi
   # A machine's systemd mounts a bpffs at /sys/fs/bpf; a kind node's (a
