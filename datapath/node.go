@@ -131,18 +131,17 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err != nil {
 		return err
 	}
-	var mark uint32
+	var marking netfilter.Marking
 	if fp.Enabled() {
-		mark = n.cfg.FastPathMark // off, nothing marks (nodeFastPath.Switch)
+		marking = n.marking() // off, nothing marks (nodeFastPath.Switch)
 	}
 	var lbMarks netfilter.UplinkLB // zero: the rules go
 	masqueradePorts := ""
 	if n.cfg.KubeProxyReplacement {
-		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR,
-			Uplink: n.up.Name, EstablishedMark: n.cfg.FastPathMark}
+		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR}
 		masqueradePorts = services.MasqueradePorts
 	}
-	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), mark, masqueradePorts); err != nil {
+	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), marking, masqueradePorts); err != nil {
 		return err
 	}
 	if err := netfilter.EnsureUplinkLB(lbMarks); err != nil {
@@ -190,6 +189,17 @@ func (n *Node) netfilterOverlay() netfilter.Overlay {
 	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}
 }
 
+// marking is where the fast path on marks ESTABLISHED flows: across the
+// overlay, and with the kube-proxy replacement on, by the uplink (the
+// uplink programs carry what the flow cache learns there).
+func (n *Node) marking() netfilter.Marking {
+	m := netfilter.Marking{Mark: n.cfg.FastPathMark}
+	if n.cfg.KubeProxyReplacement {
+		m.Uplink = n.up.Name
+	}
+	return m
+}
+
 // Policy is the node's NetworkPolicy enforcement.
 func (n *Node) Policy() *policy.Node { return n.policy }
 
@@ -209,7 +219,7 @@ func (n *Node) FastPath() FastPath {
 	if n.fp == nil {
 		return nil // not a typed nil: callers compare with nil
 	}
-	return nodeFastPath{n.fp, n.netfilterOverlay(), n.cfg.FastPathMark, &n.switchMu}
+	return nodeFastPath{n.fp, n.netfilterOverlay(), n.marking(), &n.switchMu}
 }
 
 // nodeFastPath is the flow cache as the agent drives it: switching it
@@ -219,7 +229,7 @@ func (n *Node) FastPath() FastPath {
 type nodeFastPath struct {
 	*fastpath.Datapath
 	overlay netfilter.Overlay // for the overlay guard's netfilter counters
-	mark    uint32
+	marking netfilter.Marking
 	mu      *sync.Mutex // one switch at a time: the two steps must not interleave
 }
 
@@ -228,7 +238,7 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	defer f.mu.Unlock()
 	if enabled {
 		// Marks first: the fast path learns from its first packet on.
-		if err := netfilter.EnsureMark(overlay.DeviceName, f.mark); err != nil {
+		if err := netfilter.EnsureMark(overlay.DeviceName, f.marking); err != nil {
 			return err
 		}
 		return f.Datapath.Switch(true)
@@ -238,7 +248,7 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	}
 	// The fast path is off either way: marks left behind cost a rule per
 	// packet but learn nothing (the programs return when disabled).
-	if err := netfilter.EnsureMark(overlay.DeviceName, 0); err != nil {
+	if err := netfilter.EnsureMark(overlay.DeviceName, netfilter.Marking{}); err != nil {
 		slog.Warn("fast path off, but removing the ESTABLISHED mark rules failed; they stay until the next switch", "err", err)
 	}
 	return nil

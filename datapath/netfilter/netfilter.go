@@ -66,10 +66,8 @@ func (r guardRule) comment() string { return "onc: overlay guard, " + r.reason }
 // "low-high" keeps it off ports the uplink load balancer serves, whose
 // programs take any UDP packet to them for a new flow),
 // and jumps to them first in POSTROUTING, FORWARD and mangle's INPUT and
-// FORWARD. With mark != 0, pod traffic that crosses the VXLAN device in a
-// flow conntrack saw ESTABLISHED gets that skb->mark bit (never a header
-// bit). It is idempotent.
-func Ensure(clusterCIDR string, ovl Overlay, mark uint32, masqueradePorts string) error {
+// FORWARD, with the ESTABLISHED mark as m says. It is idempotent.
+func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
@@ -102,21 +100,31 @@ func Ensure(clusterCIDR string, ovl Overlay, mark uint32, masqueradePorts string
 	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
 		return err
 	}
-	if err := fillMark(ipt, vxlanDev, mark); err != nil {
+	if err := fillMark(ipt, vxlanDev, m); err != nil {
 		return err
 	}
 	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
 }
 
-// EnsureMark sets (mark != 0) or clears the ESTABLISHED mark alone: the
-// fast path switched off needs no mark, and its learning programs then see
-// no packet at all.
-func EnsureMark(vxlanDev string, mark uint32) error {
+// Marking is where the fast path's ESTABLISHED bit goes, on packets of
+// flows conntrack saw ESTABLISHED (an skb->mark bit, never a header bit):
+// pod traffic crossing the VXLAN device, and with Uplink set (the
+// kube-proxy replacement) connections opened from outside through Uplink
+// to this node's pods, both ways. The zero value marks nothing.
+type Marking struct {
+	Mark   uint32
+	Uplink string
+}
+
+// EnsureMark sets or clears the ESTABLISHED mark alone: the fast path
+// switched off needs no mark, and its learning programs then see no packet
+// at all.
+func EnsureMark(vxlanDev string, m Marking) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
 	}
-	return fillMark(ipt, vxlanDev, mark)
+	return fillMark(ipt, vxlanDev, m)
 }
 
 // GuardDrops counts the packets each of the overlay guard's rules dropped,
@@ -151,15 +159,26 @@ func newIPv4() (*iptables.IPTables, error) {
 	return ipt, nil
 }
 
-func fillMark(ipt *iptables.IPTables, vxlanDev string, mark uint32) error {
-	var marks [][]string
-	if mark != 0 {
-		m := fmt.Sprintf("0x%x", mark)
-		est := []string{"-m", "conntrack", "--ctstate", "ESTABLISHED", "-j", "MARK", "--or-mark", m}
-		marks = [][]string{
-			append([]string{"-i", "onc+", "-o", vxlanDev, "-m", "comment", "--comment", "onc: established, pod to overlay"}, est...),
-			append([]string{"-i", vxlanDev, "-o", "onc+", "-m", "comment", "--comment", "onc: established, overlay to pod"}, est...),
-		}
+func fillMark(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
+	if m.Mark == 0 {
+		return fill(ipt, "mangle", markChain, "FORWARD", nil)
+	}
+	rule := func(in, out, comment string, match ...string) []string {
+		r := []string{"-i", in, "-o", out, "-m", "comment", "--comment", "onc: established, " + comment,
+			"-m", "conntrack", "--ctstate", "ESTABLISHED"}
+		return append(append(r, match...), "-j", "MARK", "--or-mark", fmt.Sprintf("0x%x", m.Mark))
+	}
+	marks := [][]string{
+		rule("onc+", vxlanDev, "pod to overlay"),
+		rule(vxlanDev, "onc+", "overlay to pod"),
+	}
+	if m.Uplink != "" {
+		// Connections opened from outside only (--ctdir): a pod's own
+		// connections out, masqueraded, are no flow the uplink programs
+		// serve.
+		marks = append(marks,
+			rule(m.Uplink, "onc+", "from outside to pod", "--ctdir", "ORIGINAL"),
+			rule("onc+", m.Uplink, "pod to outside, reply", "--ctdir", "REPLY"))
 	}
 	return fill(ipt, "mangle", markChain, "FORWARD", marks)
 }
@@ -191,7 +210,6 @@ const (
 	lbNATChain     = "ONC-LB-POSTROUTING"
 	lbInputChain   = "ONC-LB-INPUT"
 	lbForwardChain = "ONC-LB-FORWARD"
-	lbMarkChain    = "ONC-LB-MARK"
 )
 
 // UplinkLB is what the uplink load balancer's rules match: the skb->mark
@@ -209,38 +227,17 @@ type UplinkLB struct {
 	// kube-proxy's REJECT refuses it, TCP with a reset, UDP with an ICMP
 	// port unreachable.
 	RejectMark uint32
-	// EstablishedMark: the fast path's ESTABLISHED bit, set on packets of
-	// connections from outside to this node's pods by Uplink, both ways,
-	// for the flow cache to learn from (the uplink programs then carry
-	// those to a backend on this node past the stack; one to another
-	// node's teaches the fast path that node's VXLAN header).
-	EstablishedMark uint32
-	Uplink          string
 }
 
 // EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
 // rules for lb, jumped to first from nat POSTROUTING, filter INPUT and
-// FORWARD (a refused frontend is a node address or one the node forwards)
-// and mangle FORWARD.
+// FORWARD (a refused frontend is a node address or one the node forwards).
 func EnsureUplinkLB(lb UplinkLB) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
 	}
-	var nat, reject, marks [][]string
-	if lb.EstablishedMark != 0 {
-		// Connections opened from outside only (--ctdir): a pod's own
-		// connections out, masqueraded, are no flow the uplink programs
-		// serve.
-		est := func(dir string) []string {
-			return []string{"-m", "conntrack", "--ctstate", "ESTABLISHED", "--ctdir", dir,
-				"-j", "MARK", "--or-mark", fmt.Sprintf("0x%x", lb.EstablishedMark)}
-		}
-		marks = [][]string{
-			append([]string{"-i", lb.Uplink, "-o", "onc+", "-m", "comment", "--comment", "onc: established, from outside to pod"}, est("ORIGINAL")...),
-			append([]string{"-i", "onc+", "-o", lb.Uplink, "-m", "comment", "--comment", "onc: established, pod to outside, reply"}, est("REPLY")...),
-		}
-	}
+	var nat, reject [][]string
 	if lb.SNATMark != 0 {
 		m := fmt.Sprintf("0x%x/0x%x", lb.SNATMark, lb.SNATMark)
 		nat = [][]string{{"!", "-d", lb.LocalPods.String(), "-m", "mark", "--mark", m, "-m", "comment", "--comment",
@@ -258,9 +255,6 @@ func EnsureUplinkLB(lb UplinkLB) error {
 		return err
 	}
 	if err := fill(ipt, "filter", lbInputChain, "INPUT", reject); err != nil {
-		return err
-	}
-	if err := fill(ipt, "mangle", lbMarkChain, "FORWARD", marks); err != nil {
 		return err
 	}
 	return fill(ipt, "filter", lbForwardChain, "FORWARD", reject)

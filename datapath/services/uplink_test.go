@@ -129,7 +129,6 @@ func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
 		t.Cleanup(func() { fp.Close() })
 		testutil.Must(t, fp.Configure(true))
 		b.fp, cache = fp, fp.FlowCache()
-		rules.EstablishedMark, rules.Uplink = fastPathMark, "n0"
 		// As the agent sets it: conntrack's window falls behind the
 		// packets the fast path carries.
 		if out, err := exec.Command("ip", "netns", "exec", b.node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1").CombinedOutput(); err != nil {
@@ -154,6 +153,9 @@ func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
 			return err
 		}
 		if b.fp != nil {
+			if err := netfilter.EnsureMark("onc.vxlan", netfilter.Marking{Mark: fastPathMark, Uplink: "n0"}); err != nil {
+				return err
+			}
 			if err := b.addLocalPod(podMAC); err != nil {
 				return err
 			}
