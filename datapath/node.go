@@ -153,6 +153,14 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
 		return err
 	}
+	// As kube-proxy sets it (--conntrack-tcp-timeout-close-wait): a
+	// connection its peer half-closed keeps its NAT entry an hour, not the
+	// kernel's minute, while the other end may still send.
+	if n.cfg.KubeProxyReplacement {
+		if err := n.writeSysctl("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600"); err != nil {
+			return err
+		}
+	}
 	n.services.Load(fp.FlowCache())
 	// On a fresh node the uplink got its programs before the services
 	// loaded; on a restart it gets them at the first peer sync.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -107,6 +108,17 @@ func (c *serviceCluster) replaced(t *testing.T) {
 	}
 	if !strings.HasPrefix(st.KubeProxy, "replaced") {
 		t.Fatalf("onctl status says kube-proxy %q, want replaced", st.KubeProxy)
+	}
+	// kube-proxy's conntrack setting, which the upstream suite checks.
+	var closeWait []byte
+	if err := lab.InNetns(c.l.Nodes[0].Netns, func() (err error) {
+		closeWait, err = os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(closeWait)); got != "3600" {
+		t.Errorf("nf_conntrack_tcp_timeout_close_wait = %s, want 3600 (kube-proxy's)", got)
 	}
 }
 
