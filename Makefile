@@ -137,7 +137,7 @@ image: build
 # CNI, then the [sig-network] Conformance tests. Offline on this machine:
 # every image is built locally and cached (first run ≈40 min).
 e2e-kind: prereqs build
-	./hack/kube-build.sh $(KUBE_BIN) kubectl kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy e2e.test agnhost ginkgo
+	./hack/kube-build.sh $(KUBE_BIN) kubectl kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy e2e.test agnhost regression-issue-74839 ginkgo
 	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh $(E2E_KIND_ARGS)
 
 e2e-kind-down:

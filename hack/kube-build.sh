@@ -2,8 +2,9 @@
 # Builds Kubernetes commands from source through the Go module proxy (this
 # machine has no registry) into a cache that outlives clones, and skips the
 # ones already there. Usage: hack/kube-build.sh DIR NAME...
-# NAME is a cmd/ name (kube-apiserver, kubectl, ...), e2e.test, agnhost or
-# ginkgo (the runner e2e.test's version of Ginkgo, for parallel runs).
+# NAME is a cmd/ name (kube-apiserver, kubectl, ...), e2e.test, a
+# test/images/ program (agnhost, regression-issue-74839) or ginkgo (the
+# runner e2e.test's version of Ginkgo, for parallel runs).
 set -euo pipefail
 out=$1; shift
 mod="$(cd "$(dirname "$0")/../e2e/kind/kube" && pwd)"
@@ -20,7 +21,7 @@ for name in "$@"; do
   echo "building $name $ver (cached in $out)"
   case $name in
     e2e.test) CGO_ENABLED=0 go test -c -mod=mod -ldflags "$ldflags" -o "$out/$name.tmp" k8s.io/kubernetes/test/e2e ;;
-    agnhost) CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/$name.tmp" k8s.io/kubernetes/test/images/agnhost ;;
+    agnhost | regression-issue-74839) CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/$name.tmp" "k8s.io/kubernetes/test/images/$name" ;;
     ginkgo) CGO_ENABLED=0 go build -mod=mod -o "$out/$name.tmp" github.com/onsi/ginkgo/v2/ginkgo ;;
     *) CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/$name.tmp" "k8s.io/kubernetes/cmd/$name" ;;
   esac

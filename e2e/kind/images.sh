@@ -81,23 +81,30 @@ img "registry.k8s.io/etcd:$ETCD_VERSION-0" "$GOBIN_DIR/etcd" /usr/local/bin/etcd
 img "registry.k8s.io/coredns/coredns:v$COREDNS_VERSION" "$GOBIN_DIR/coredns" /coredns /coredns
 img "registry.k8s.io/pause:$PAUSE_VERSION" "$GOBIN_DIR/pause" /pause /pause
 # agnhost as upstream's image has it: with no arguments it pauses (the
-# host-exec pods rely on that), and porter's TLS ports serve the
-# certificate that ships beside its source.
-if ! have registry.k8s.io/e2e-test-images/agnhost:2.59; then
+# host-exec pods rely on that), porter's TLS ports serve the certificate
+# that ships beside its source, and /coredns is there (the DNS specs run
+# their own server with it).
+# Rebuilt when what it carries changes (labelled with their digest).
+agnhost_stamp=$(cat "$KUBE_BIN/agnhost" "$GOBIN_DIR/coredns" | sha256sum | cut -c1-16)
+if [ "$(docker image inspect -f '{{index .Config.Labels "onc.stamp"}}' registry.k8s.io/e2e-test-images/agnhost:2.59 2>/dev/null)" != "$agnhost_stamp" ]; then
   log "image registry.k8s.io/e2e-test-images/agnhost:2.59"
   ctx=$(mktemp -d)
   src=$(go env GOMODCACHE)/k8s.io/kubernetes@$KUBE_VERSION/test/images/agnhost
-  cp "$KUBE_BIN/agnhost" "$src/porter/localhost.crt" "$src/porter/localhost.key" "$ctx/"
-  printf '%s\n' 'FROM onc-kind/base:bookworm' 'COPY agnhost localhost.crt localhost.key /' 'RUN mkdir /uploads' \
-    'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' > "$ctx/Dockerfile"
+  cp "$KUBE_BIN/agnhost" "$GOBIN_DIR/coredns" "$src/porter/localhost.crt" "$src/porter/localhost.key" "$ctx/"
+  printf '%s\n' 'FROM onc-kind/base:bookworm' 'COPY agnhost coredns localhost.crt localhost.key /' 'RUN mkdir /uploads' \
+    'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' "LABEL onc.stamp=$agnhost_stamp" > "$ctx/Dockerfile"
   (cd "$ctx" && tar -c .) | docker build -q -t registry.k8s.io/e2e-test-images/agnhost:2.59 - >/dev/null
   rm -rf "$ctx"
 fi
-# busybox, nginx and jessie-dnsutils: the Debian base already has what the
-# tests run in them (sh, wget, nc, nslookup, dig, nginx).
-for t in busybox:1.36.1-1 busybox:1.37.0-1 jessie-dnsutils:1.7; do
-  have "registry.k8s.io/e2e-test-images/$t" || docker tag onc-kind/base:bookworm "registry.k8s.io/e2e-test-images/$t"
+# busybox, nginx, jessie-dnsutils and distroless-iptables: the Debian base
+# already has what the tests run in them (sh, wget, nc, nslookup, dig,
+# nginx, sleep, conntrack).
+for t in e2e-test-images/busybox:1.36.1-1 e2e-test-images/busybox:1.37.0-1 e2e-test-images/jessie-dnsutils:1.7 \
+  build-image/distroless-iptables:v0.8.9; do
+  have "registry.k8s.io/$t" || docker tag onc-kind/base:bookworm "registry.k8s.io/$t"
 done
+img registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 "$KUBE_BIN/regression-issue-74839" \
+  /regression-issue-74839 /regression-issue-74839
 for t in nginx:1.14-4 nginx:1.15-4; do
   if ! have "registry.k8s.io/e2e-test-images/$t"; then
     printf 'FROM onc-kind/base:bookworm\nCMD ["nginx", "-g", "daemon off;"]\n' | docker build -q -t "registry.k8s.io/e2e-test-images/$t" - >/dev/null
@@ -108,7 +115,8 @@ PRELOAD=(registry.k8s.io/kube-apiserver:$KUBE_VERSION registry.k8s.io/kube-contr
   registry.k8s.io/etcd:$ETCD_VERSION-0 registry.k8s.io/coredns/coredns:v$COREDNS_VERSION registry.k8s.io/pause:$PAUSE_VERSION
   registry.k8s.io/e2e-test-images/agnhost:2.59 registry.k8s.io/e2e-test-images/busybox:1.36.1-1
   registry.k8s.io/e2e-test-images/busybox:1.37.0-1 registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7
-  registry.k8s.io/e2e-test-images/nginx:1.14-4 registry.k8s.io/e2e-test-images/nginx:1.15-4)
+  registry.k8s.io/e2e-test-images/nginx:1.14-4 registry.k8s.io/e2e-test-images/nginx:1.15-4
+  registry.k8s.io/build-image/distroless-iptables:v0.8.9 registry.k8s.io/e2e-test-images/regression-issue-74839:1.4)
 
 # The kind node image: kind's base files on a Debian root with Debian's
 # containerd 1.6 and runc, the Kubernetes binaries and every image above
