@@ -41,7 +41,7 @@ var (
 		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit, miss, error) and reason of a miss.",
 		[]string{"program", "result", "reason"}, nil)
 	descOverlayDrops = prometheus.NewDesc("onc_overlay_dropped_packets_total",
-		"VXLAN frames the overlay guard dropped, by reason: unknown_sender (not from a peer's tunnel endpoint), inner_source (a peer speaking for a source not its own), inner_destination (to no pod of this node), malformed (a fragment, IP options, a VLAN tag, another VNI or destination, an inner packet not IPv4), from_pod (a pod sending to the VXLAN port), other_interface (by another interface than the uplink), translated (led to the VXLAN port by address translation), forwarded (a VXLAN datagram this node would forward).",
+		"VXLAN frames the overlay guard dropped, by reason: unknown_sender (not from a peer's tunnel endpoint), inner_source (a peer speaking for a source not its own), inner_destination (to neither a pod of this node nor the node), malformed (a fragment, IP options, a VLAN tag, another VNI or destination, an inner packet not IPv4), from_pod (a pod sending to the VXLAN port), other_interface (by another interface than the uplink), translated (led to the VXLAN port by address translation), forwarded (a VXLAN datagram this node would forward).",
 		[]string{"reason"}, nil)
 	descFastPathLearn = prometheus.NewDesc("onc_fastpath_learn_total",
 		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning.",

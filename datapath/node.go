@@ -131,6 +131,11 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err != nil {
 		return err
 	}
+	// A strict reverse-path filter checks a peer's host's packets against
+	// the route their mark selects (overlay.PeerHostMark).
+	if err := n.writeSysctl("net/ipv4/conf/"+overlay.DeviceName+"/src_valid_mark", "1"); err != nil {
+		return err
+	}
 	var marking netfilter.Marking
 	if fp.Enabled() {
 		marking = n.marking() // off, nothing marks (nodeFastPath.Switch)
@@ -194,7 +199,7 @@ func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 
 // netfilterOverlay is what the overlay's iptables rules need.
 func (n *Node) netfilterOverlay() netfilter.Overlay {
-	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port}
+	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port, PeerHostMark: overlay.PeerHostMark}
 }
 
 // marking is where the fast path on marks ESTABLISHED flows: across the

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -388,5 +389,51 @@ func (c *policyCluster) overlayInjection(t *testing.T) {
 				{"a peer speaking for the db node's web pod", webNode.Netns, c.pod("y/a").lp.IP, dbNode, "inner_source"},
 			})
 		})
+	}
+}
+
+// A host process on one node bound to its node address (as a hostNetwork
+// agent may be, or `curl --interface`) reaches a pod on another node and
+// gets its replies, both nodes filtering reverse paths strictly (kind's
+// and many distributions' default): the connection arrives over the
+// overlay, so its replies go back over it, not by the underlay with the
+// pod's address as source, which the client's node would drop. Unbound,
+// the client speaks from its node's gateway, which the overlay carries
+// either way.
+func TestPeerHostFromItsNodeAddress(t *testing.T) {
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1})
+	n0, n1 := l.Nodes[0], l.Nodes[1]
+	for _, n := range l.Nodes {
+		for _, conf := range []string{"all", "default", "eth0"} { // eth0: the node's uplink
+			if err := lab.InNetns(n.Netns, func() error {
+				return os.WriteFile("/proc/sys/net/ipv4/conf/"+conf+"/rp_filter", []byte("1"), 0o644)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stop, err := lab.ServeEcho([]string{n0.Pods[0].Netns}, []int{8080}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	server := netip.AddrPortFrom(n0.Pods[0].IP, 8080)
+	for _, from := range []netip.Addr{{}, n1.IP} {
+		var conn net.Conn
+		if err := lab.InNetns(n1.Netns, func() (err error) {
+			d := net.Dialer{Timeout: 3 * time.Second}
+			if from.IsValid() {
+				d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(from, 0))
+			}
+			conn, err = d.Dial("tcp4", server.String())
+			return err
+		}); err != nil {
+			t.Fatalf("%s's host (from %v) to %s: %v", n1.Name, from, server, err)
+		}
+		err := rr(conn, 20)
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%s's host (from %v) to %s: %v", n1.Name, from, server, err)
+		}
 	}
 }

@@ -4,8 +4,9 @@
 // pods; the overlay guard's rules, which drop VXLAN frames that did not
 // reach the VXLAN socket by the uplink, where its eBPF program runs; and,
 // for the fast path, a mark on pod traffic that conntrack saw ESTABLISHED,
-// which the learning programs require. The rules live in ONC's own
-// chains, rewritten whole on every Ensure.
+// which the learning programs require; and the mark that routes a peer's
+// host's connections to pods over the overlay both ways. The rules live in ONC's
+// own chains, rewritten whole on every Ensure.
 package netfilter
 
 import (
@@ -24,6 +25,8 @@ const (
 	markChain         = "ONC-MARK"
 	guardInputChain   = "ONC-GUARD-INPUT"
 	guardForwardChain = "ONC-GUARD-FORWARD"
+	peerHostChain     = "ONC-PEER-HOST"
+	peerHostOutChain  = "ONC-PEER-HOST-OUT"
 )
 
 // Overlay is what the overlay's rules need to know.
@@ -31,6 +34,10 @@ type Overlay struct {
 	Device string // the VXLAN device
 	Uplink string // the only interface VXLAN frames may come in by
 	Port   int    // the VXLAN UDP port
+	// PeerHostMark: on the packets of connections a peer's host opened
+	// over the device, both ways, for policy routing (datapath/overlay);
+	// cleared before they are encapsulated.
+	PeerHostMark uint32
 }
 
 // guardRule is one of the overlay guard's drops: its reason (a counter of
@@ -98,6 +105,9 @@ func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) 
 		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
 	}
 	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	if err := fillPeerHost(ipt, clusterCIDR, ovl); err != nil {
 		return err
 	}
 	if err := fillMark(ipt, vxlanDev, m); err != nil {
@@ -181,6 +191,30 @@ func fillMark(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 			rule("onc+", m.Uplink, "pod to outside, reply", "--ctdir", "REPLY"))
 	}
 	return fill(ipt, "mangle", markChain, "FORWARD", marks)
+}
+
+// fillPeerHost marks the connections a peer's host opens to a pod over
+// the overlay (source outside the cluster CIDR: by the guard, that peer's
+// node address), and their packets both ways, for ovl.PeerHostMark's
+// policy route. The mark is cleared as a packet enters the device: the
+// tunnel's own route lookup must not take it.
+func fillPeerHost(ipt *iptables.IPTables, clusterCIDR string, ovl Overlay) error {
+	m := fmt.Sprintf("0x%x/0x%x", ovl.PeerHostMark, ovl.PeerHostMark)
+	in := [][]string{
+		{"-i", ovl.Device, "!", "-s", clusterCIDR, "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
+			"onc: a peer's host to a pod", "-j", "CONNMARK", "--set-xmark", m},
+		{"-i", "onc+", "-m", "connmark", "--mark", m, "-m", "comment", "--comment",
+			"onc: a peer's host and a pod, both ways", "-j", "MARK", "--set-xmark", m},
+	}
+	out := [][]string{{"-o", ovl.Device, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
+		"onc: routed, not for the tunnel", "-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/0x%x", ovl.PeerHostMark)}}
+	if ovl.PeerHostMark == 0 {
+		in, out = nil, nil
+	}
+	if err := fill(ipt, "mangle", peerHostChain, "PREROUTING", in); err != nil {
+		return err
+	}
+	return fill(ipt, "mangle", peerHostOutChain, "POSTROUTING", out)
 }
 
 func fill(ipt *iptables.IPTables, table, chain, parent string, rules [][]string) error {

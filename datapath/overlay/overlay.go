@@ -39,6 +39,21 @@ type Config struct {
 	Gateway netip.Addr // this node's gateway, set on the device as /32
 }
 
+// A peer's host reaches this node's pods over the overlay from its node
+// address too (a process bound to it), which the underlay otherwise
+// routes: such a connection's packets carry PeerHostMark (netfilter
+// marks them, datapath/netfilter), and the rule at PeerHostRulePriority
+// looks marked packets up in PeerHostTable, which routes each peer's
+// node address via its gateway on the device. So the pod's replies go
+// back over the overlay, not by the underlay with the pod's address as
+// source, and both nodes' strict reverse-path filters (which use the mark
+// on the device: src_valid_mark) find the overlay the way back.
+const (
+	PeerHostMark         = 0x200000
+	PeerHostTable        = 183
+	PeerHostRulePriority = 2000
+)
+
 // Peer is a remote node as the overlay needs it.
 type Peer struct {
 	Name    string
@@ -106,8 +121,34 @@ func Ensure(cfg Config) (*Overlay, error) {
 	if err := netlink.LinkSetUp(l); err != nil {
 		return nil, fmt.Errorf("%s up: %w", DeviceName, err)
 	}
+	if err := ensurePeerHostRule(); err != nil {
+		return nil, err
+	}
 	return &Overlay{cfg: cfg, link: l, peers: map[string]Peer{}}, nil
 }
+
+// ensurePeerHostRule adds the rule that routes PeerHostMark'ed packets by
+// PeerHostTable, unless it is there.
+func ensurePeerHostRule() error {
+	want := netlink.NewRule()
+	want.Priority, want.Table = PeerHostRulePriority, PeerHostTable
+	want.Mark, want.Mask = PeerHostMark, ptr(uint32(PeerHostMark))
+	rules, err := netlink.RuleListFiltered(unix.AF_INET, want, netlink.RT_FILTER_PRIORITY)
+	if err != nil {
+		return fmt.Errorf("list ip rules: %w", err)
+	}
+	for _, r := range rules {
+		if r.Table == want.Table && r.Mark == want.Mark && r.Mask != nil && *r.Mask == *want.Mask {
+			return nil
+		}
+	}
+	if err := netlink.RuleAdd(want); err != nil {
+		return fmt.Errorf("ip rule fwmark 0x%x lookup %d: %w", PeerHostMark, PeerHostTable, err)
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func matches(l netlink.Link, cfg Config) bool {
 	v, ok := l.(*netlink.Vxlan)
@@ -196,15 +237,20 @@ type entries struct {
 	strays []netlink.Neigh
 }
 
-// routeKey is what tells routes of one table apart.
+// routeKey is what tells routes apart.
 type routeKey struct {
+	table    int
 	dst      netip.Prefix
 	tos      int
 	priority int
 }
 
 func keyOf(r netlink.Route) routeKey {
-	return routeKey{dst: prefixOf(r.Dst), tos: r.Tos, priority: r.Priority}
+	table := r.Table
+	if table == 0 {
+		table = unix.RT_TABLE_MAIN
+	}
+	return routeKey{table: table, dst: prefixOf(r.Dst), tos: r.Tos, priority: r.Priority}
 }
 
 func prefixOf(n *net.IPNet) netip.Prefix {
@@ -225,8 +271,10 @@ func newEntries() entries {
 func (o *Overlay) entriesOf(peers []Peer) entries {
 	e := newEntries()
 	for _, p := range peers {
-		r := o.route(p)
-		e.routes[keyOf(r)], e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = r, o.neigh(p), o.fdb(p)
+		for _, r := range o.routes(p) {
+			e.routes[keyOf(r)] = r
+		}
+		e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = o.neigh(p), o.fdb(p)
 	}
 	return e
 }
@@ -241,27 +289,36 @@ func (o *Overlay) fdb(p Peer) netlink.Neigh {
 		Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC}
 }
 
-func (o *Overlay) route(p Peer) netlink.Route {
-	return netlink.Route{
-		LinkIndex: o.link.Attrs().Index,
-		Dst:       &net.IPNet{IP: p.PodCIDR.Addr().AsSlice(), Mask: net.CIDRMask(p.PodCIDR.Bits(), 32)},
-		Gw:        Gateway(p.PodCIDR).AsSlice(),
-		Flags:     int(netlink.FLAG_ONLINK),
-		Protocol:  pods.RouteProtocol,
+// routes are a peer's routes via its gateway: its pod CIDR, and in
+// PeerHostTable its node address.
+func (o *Overlay) routes(p Peer) []netlink.Route {
+	via := func(dst netip.Prefix, table int) netlink.Route {
+		return netlink.Route{
+			LinkIndex: o.link.Attrs().Index,
+			Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
+			Gw:        Gateway(p.PodCIDR).AsSlice(),
+			Flags:     int(netlink.FLAG_ONLINK),
+			Protocol:  pods.RouteProtocol,
+			Table:     table,
+		}
 	}
+	return []netlink.Route{via(p.PodCIDR, unix.RT_TABLE_MAIN), via(netip.PrefixFrom(p.NodeIP, 32), PeerHostTable)}
 }
 
 // read returns ONC's entries on the device as the kernel holds them.
 func (o *Overlay) read() (entries, error) {
 	idx := o.link.Attrs().Index
 	e := newEntries()
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: idx}, netlink.RT_FILTER_OIF)
-	if err != nil {
-		return e, fmt.Errorf("list routes of %s: %w", DeviceName, err)
-	}
-	for _, r := range routes {
-		if r.Dst != nil && r.Protocol == pods.RouteProtocol { // not the kernel's routes of the device's own address
-			e.routes[keyOf(r)] = r
+	for _, table := range []int{unix.RT_TABLE_MAIN, PeerHostTable} {
+		routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: idx, Table: table},
+			netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return e, fmt.Errorf("list routes of %s in table %d: %w", DeviceName, table, err)
+		}
+		for _, r := range routes {
+			if r.Dst != nil && r.Protocol == pods.RouteProtocol { // not the kernel's routes of the device's own address
+				e.routes[keyOf(r)] = r
+			}
 		}
 	}
 	neighs, err := netlink.NeighList(idx, unix.AF_INET)
@@ -323,10 +380,10 @@ func describe(n netlink.Neigh) string {
 }
 
 // add writes those of p's entries that have lacks or holds otherwise: the
-// neighbour, the FDB entry, then the route, so the route's next hop
-// resolves before the route exists.
+// neighbour, the FDB entry, then the routes, so their next hop resolves
+// before they exist.
 func (o *Overlay) add(have entries, p Peer) error {
-	n, f, r := o.neigh(p), o.fdb(p), o.route(p)
+	n, f := o.neigh(p), o.fdb(p)
 	if h, ok := have.neighs[Gateway(p.PodCIDR)]; !ok || !sameNeigh(h, n) {
 		if err := o.write(netlink.NeighSet(&n)); err != nil {
 			return fmt.Errorf("neighbour %s: %w", Gateway(p.PodCIDR), err)
@@ -337,9 +394,11 @@ func (o *Overlay) add(have entries, p Peer) error {
 			return fmt.Errorf("fdb %s: %w", p.VTEPMAC, err)
 		}
 	}
-	if h, ok := have.routes[keyOf(r)]; !ok || !sameRoute(h, r) {
-		if err := o.write(netlink.RouteReplace(&r)); err != nil {
-			return fmt.Errorf("route %s: %w", p.PodCIDR, err)
+	for _, r := range o.routes(p) {
+		if h, ok := have.routes[keyOf(r)]; !ok || !sameRoute(h, r) {
+			if err := o.write(netlink.RouteReplace(&r)); err != nil {
+				return fmt.Errorf("route %s (table %d): %w", r.Dst, r.Table, err)
+			}
 		}
 	}
 	return nil

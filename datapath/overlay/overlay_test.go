@@ -113,13 +113,14 @@ func readKernel(t *testing.T) kernel {
 		t.Fatal(err)
 	}
 	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
-	routes, err := netlink.RouteList(l, unix.AF_INET)
+	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: l.Attrs().Index, Table: unix.RT_TABLE_UNSPEC},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range routes {
 		if r.Protocol == pods.RouteProtocol {
-			k.routes[r.Dst.String()] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
+			k.routes[fmt.Sprintf("table %d %s", r.Table, r.Dst)] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
 		}
 	}
 	for fam, m := range map[int]map[string]string{unix.AF_INET: k.neighs, unix.AF_BRIDGE: k.fdb} {
@@ -143,7 +144,9 @@ func wantKernel(peers []overlay.Peer) kernel {
 	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
 	for _, p := range peers {
 		gw := overlay.Gateway(p.PodCIDR)
-		k.routes[p.PodCIDR.String()] = fmt.Sprintf("via %s onlink=true", gw)
+		k.routes[fmt.Sprintf("table %d %s", unix.RT_TABLE_MAIN, p.PodCIDR)] = fmt.Sprintf("via %s onlink=true", gw)
+		// The peer's host, in the table its marked connections are routed by.
+		k.routes[fmt.Sprintf("table %d %s/32", overlay.PeerHostTable, p.NodeIP)] = fmt.Sprintf("via %s onlink=true", gw)
 		k.neighs[gw.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
 		k.fdb[p.VTEPMAC.String()] = fmt.Sprintf("dst %s state=%#x;", p.NodeIP, netlink.NUD_PERMANENT)
 	}
@@ -199,7 +202,7 @@ func TestSyncWritesOnlyWhatDiffers(t *testing.T) {
 	inNode(t, func(uplink int) {
 		o, _ := ensure(t, uplink)
 		peers := manyPeers(200)
-		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 3*200)
+		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 4*200)
 		expectKernel(t, "first sync", peers)
 		expectWrites(t, "steady state", syncWrites(t, o, peers, false), 0)
 		expectWrites(t, "steady state, kernel checked", syncWrites(t, o, peers, true), 0)
@@ -208,16 +211,16 @@ func TestSyncWritesOnlyWhatDiffers(t *testing.T) {
 		}
 
 		peers[7].NodeIP = netip.MustParseAddr("198.18.9.9")
-		expectWrites(t, "node IP changed", syncWrites(t, o, peers, false), 1) // the FDB entry
+		expectWrites(t, "node IP changed", syncWrites(t, o, peers, false), 3) // the FDB entry; the reply route out and in
 		expectKernel(t, "node IP changed", peers)
 		peers[8].VTEPMAC = net.HardwareAddr{2, 0, 0, 0, 9, 9}
 		expectWrites(t, "VTEP MAC changed", syncWrites(t, o, peers, false), 3) // neighbour; FDB entry out and in
 		expectKernel(t, "VTEP MAC changed", peers)
 		peers[9].PodCIDR = netip.MustParsePrefix("10.245.0.0/24")
-		expectWrites(t, "pod CIDR changed", syncWrites(t, o, peers, false), 4) // route and neighbour out and in
+		expectWrites(t, "pod CIDR changed", syncWrites(t, o, peers, false), 5) // route and neighbour out and in; the reply route's gateway
 		expectKernel(t, "pod CIDR changed", peers)
 		peers = slices.Delete(peers, 10, 11)
-		expectWrites(t, "peer left", syncWrites(t, o, peers, false), 3)
+		expectWrites(t, "peer left", syncWrites(t, o, peers, false), 4)
 		expectKernel(t, "peer left", peers)
 
 		// Drift: only a kernel check notices it, and repairs just that.
@@ -267,7 +270,7 @@ func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
 	inNode(t, func(uplink int) {
 		o, cfg := ensure(t, uplink)
 		peers := manyPeers(200)
-		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 3*200)
+		expectWrites(t, "first sync", syncWrites(t, o, peers, false), 4*200)
 
 		o2, err := overlay.Ensure(cfg)
 		if err != nil {
@@ -283,8 +286,23 @@ func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expectWrites(t, "first sync after a restart, a peer gone", syncWrites(t, o3, peers[1:], false), 3)
+		expectWrites(t, "first sync after a restart, a peer gone", syncWrites(t, o3, peers[1:], false), 4)
 		expectKernel(t, "after a restart, a peer gone", peers[1:])
+		// The peer-host rule, added once however often the device is ensured.
+		rules, err := netlink.RuleList(unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range rules {
+			if r.Priority == overlay.PeerHostRulePriority && r.Table == overlay.PeerHostTable && r.Mark == overlay.PeerHostMark &&
+				r.Mask != nil && *r.Mask == overlay.PeerHostMark {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d rules fwmark 0x%x lookup %d after three Ensures, want 1: %v", n, overlay.PeerHostMark, overlay.PeerHostTable, rules)
+		}
 	})
 }
 
@@ -301,9 +319,9 @@ func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {
 			t.Fatalf("programmed %v, want a only", p)
 		}
 		// b's neighbour went in before its FDB entry failed: only the FDB
-		// entry and the route are left to write.
+		// entry and the routes are left to write.
 		b.NodeIP = netip.MustParseAddr("192.0.2.3")
-		expectWrites(t, "after a failed write", syncWrites(t, o, []overlay.Peer{a, b}, false), 2)
+		expectWrites(t, "after a failed write", syncWrites(t, o, []overlay.Peer{a, b}, false), 3)
 		expectKernel(t, "after a failed write", []overlay.Peer{a, b})
 	})
 }

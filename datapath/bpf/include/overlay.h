@@ -8,7 +8,8 @@
  * for the port is judged on the uplink before the kernel sees it, with the
  * fast path on or off: it must come whole from a peer's tunnel endpoint to
  * this node's, carry our VNI and an IPv4 packet whose source that peer may
- * speak for (onc_senders) and whose destination is this node's pod CIDR.
+ * speak for (onc_senders) and whose destination is this node's pod CIDR
+ * or this node.
  * And no pod may send to the port at all: its frame would leave
  * masqueraded as its node, a trusted sender. (Frames by another interface,
  * and ones address translation sends to the port, netfilter drops:
@@ -133,9 +134,10 @@ static __always_inline int overlay_guard(struct __sk_buff *skb)
 		return STAT_OVERLAY_DROP_UNKNOWN_SENDER;
 	if (!sender->may_send)
 		return STAT_OVERLAY_DROP_INNER_SOURCE;
-	/* Peers send only to our pods (and gateway): anything else would make
-	 * this node a relay for them. */
-	if ((inner->daddr & onc_pod_mask) != onc_pod_net)
+	/* Peers send only to our pods (and gateway), and to this node itself
+	 * the replies of its host's connections to their pods: anything else
+	 * would make this node a relay for them. */
+	if ((inner->daddr & onc_pod_mask) != onc_pod_net && inner->daddr != onc_node_ip)
 		return STAT_OVERLAY_DROP_INNER_DESTINATION;
 	return 0;
 }
