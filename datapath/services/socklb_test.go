@@ -715,6 +715,20 @@ func TestRemoveAndRepair(t *testing.T) {
 	if got := counter(t, lb, "no_slot"); got != 0 {
 		t.Fatalf("no_slot %d after the repair", got)
 	}
+	// Drift in the side maps: an affinity member, and a load balancer
+	// IP's source range inside a wider one of its (which a lookup in the
+	// trie would still match), deleted behind the agent's back.
+	lbIP := service(svcPort, TCP, backends...)
+	lbIP.Scope, lbIP.VIP = Uplink, netip.MustParseAddr("192.0.2.80")
+	lbIP.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("198.51.100.128/25")}
+	testutil.Must(t, lb.Sync([]Service{s, lbIP}, false))
+	members, ranges := bpftest.Entries(t, lb.maps.OncLbMember), bpftest.Entries(t, lb.maps.OncLbSourceRanges)
+	testutil.Must(t, lb.maps.OncLbMember.Delete(memberKey{SvcId: lb.services[s.Key()].id, Be: addrOfBackend(s.Backends[0].Addr)}))
+	testutil.Must(t, lb.maps.OncLbSourceRanges.Delete(rangeKey(lb.services[lbIP.Key()].id, lbIP.SourceRanges[1])))
+	testutil.Must(t, lb.Sync([]Service{s, lbIP}, true))
+	if m, r := bpftest.Entries(t, lb.maps.OncLbMember), bpftest.Entries(t, lb.maps.OncLbSourceRanges); m != members || r != ranges {
+		t.Fatalf("after the repair %d members and %d source ranges, want %d and %d", m, r, members, ranges)
+	}
 
 	testutil.Must(t, lb.Sync(nil, false))
 	checkAll(t, "after the Service is removed", b.client("tcp", svc, 3), func(r clientRes) bool {

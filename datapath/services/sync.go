@@ -165,9 +165,21 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 }
 
 // markDrifted marks for rewriting every service whose entry (its
-// backends' count and bank, flags, affinity timeout) or live backends
-// differ from what was written.
+// backends' count and bank, flags, affinity timeout), live backends,
+// affinity members or source ranges differ from what was written. A
+// member or range that vanished is forgotten as written, so the rewrite
+// puts it back.
 func (lb *LB) markDrifted() {
+	// Read whole: a lookup in the trie matches the longest prefix, and
+	// would find a service's wider range for a narrower one gone.
+	ranges := map[srcKey]bool{}
+	var rk srcKey
+	var one uint8
+	it := lb.maps.OncLbSourceRanges.Iterate()
+	for it.Next(&rk, &one) {
+		ranges[rk] = true
+	}
+	rangesRead := it.Err() == nil
 	for k, p := range lb.services {
 		if p.adopted {
 			continue
@@ -183,6 +195,18 @@ func (lb *LB) markDrifted() {
 			if lb.maps.OncLbBackend.Lookup(backendKey{SvcId: p.id, Slot: uint16(i), Bank: p.bank}, &a) != nil || a != addrOfBackend(b.Addr) {
 				p.adopted = true
 				break
+			}
+		}
+		for m := range p.members {
+			if lb.maps.OncLbMember.Lookup(memberKey{SvcId: p.id, Be: m}, &one) != nil {
+				delete(p.members, m)
+				p.adopted = true
+			}
+		}
+		for r := range p.ranges {
+			if !rangesRead || !ranges[r] {
+				delete(p.ranges, r)
+				p.adopted = true
 			}
 		}
 	}
