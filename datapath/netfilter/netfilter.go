@@ -5,8 +5,8 @@
 // reach the VXLAN socket by the uplink, where its eBPF program runs; and,
 // for the fast path, a mark on pod traffic that conntrack saw ESTABLISHED,
 // which the learning programs require; and the mark that routes a peer's
-// host's connections to pods over the overlay both ways. The rules live in ONC's
-// own chains, rewritten whole on every Ensure.
+// host's connections to pods over the overlay both ways. The rules live
+// in ONC's own chains, rewritten whole on every Ensure.
 package netfilter
 
 import (
@@ -36,7 +36,7 @@ type Overlay struct {
 	Port   int    // the VXLAN UDP port
 	// PeerHostMark: on the packets of connections a peer's host opened
 	// over the device, both ways, for policy routing (datapath/overlay);
-	// cleared before they are encapsulated.
+	// cleared before they are encapsulated. Required.
 	PeerHostMark uint32
 }
 
@@ -72,8 +72,9 @@ func (r guardRule) comment() string { return "onc: overlay guard, " + r.reason }
 // pods' traffic to outside masqueraded to masqueradePorts ("" any; a range
 // "low-high" keeps it off ports the uplink load balancer serves, whose
 // programs take any UDP packet to them for a new flow),
-// and jumps to them first in POSTROUTING, FORWARD and mangle's INPUT and
-// FORWARD, with the ESTABLISHED mark as m says. It is idempotent.
+// and jumps to them first in POSTROUTING, FORWARD and mangle's
+// PREROUTING, INPUT, FORWARD and POSTROUTING, with the ESTABLISHED mark as
+// m says. It is idempotent.
 func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) error {
 	ipt, err := newIPv4()
 	if err != nil {
@@ -196,25 +197,25 @@ func fillMark(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 // fillPeerHost marks the connections a peer's host opens to a pod over
 // the overlay (source outside the cluster CIDR: by the guard, that peer's
 // node address), and their packets both ways, for ovl.PeerHostMark's
-// policy route. The mark is cleared as a packet enters the device: the
-// tunnel's own route lookup must not take it.
+// policy route. The mark is cleared as a packet enters the device (that
+// chain filled first): the tunnel's own route lookup must not take it.
 func fillPeerHost(ipt *iptables.IPTables, clusterCIDR string, ovl Overlay) error {
 	m := fmt.Sprintf("0x%x/0x%x", ovl.PeerHostMark, ovl.PeerHostMark)
+	out := [][]string{{"-o", ovl.Device, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
+		"onc: routed, not for the tunnel", "-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/0x%x", ovl.PeerHostMark)}}
+	if err := fill(ipt, "mangle", peerHostOutChain, "POSTROUTING", out); err != nil {
+		return err
+	}
 	in := [][]string{
-		{"-i", ovl.Device, "!", "-s", clusterCIDR, "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
+		{"-i", ovl.Device, "!", "-s", clusterCIDR, "-d", clusterCIDR, "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
 			"onc: a peer's host to a pod", "-j", "CONNMARK", "--set-xmark", m},
+		// onc+ is the pods' veths (the replies) and the device itself (the
+		// peer's packets, which the reverse-path check must route by the
+		// mark too).
 		{"-i", "onc+", "-m", "connmark", "--mark", m, "-m", "comment", "--comment",
 			"onc: a peer's host and a pod, both ways", "-j", "MARK", "--set-xmark", m},
 	}
-	out := [][]string{{"-o", ovl.Device, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
-		"onc: routed, not for the tunnel", "-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/0x%x", ovl.PeerHostMark)}}
-	if ovl.PeerHostMark == 0 {
-		in, out = nil, nil
-	}
-	if err := fill(ipt, "mangle", peerHostChain, "PREROUTING", in); err != nil {
-		return err
-	}
-	return fill(ipt, "mangle", peerHostOutChain, "POSTROUTING", out)
+	return fill(ipt, "mangle", peerHostChain, "PREROUTING", in)
 }
 
 func fill(ipt *iptables.IPTables, table, chain, parent string, rules [][]string) error {
@@ -283,6 +284,20 @@ func EnsureUplinkLB(lb UplinkLB) error {
 		reject = [][]string{
 			append(append([]string{"-p", "tcp", "-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "tcp-reset"),
 			append(append([]string{"-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "icmp-port-unreachable"),
+		}
+	}
+	// Agents of 6365723..087c936 kept the uplink's ESTABLISHED marks in a
+	// chain of their own, now ONC-MARK's: left, it would go on marking
+	// with the fast path switched off.
+	if old, err := ipt.ChainExists("mangle", "ONC-LB-MARK"); err != nil || old {
+		if err == nil {
+			err = ipt.DeleteIfExists("mangle", "FORWARD", "-m", "comment", "--comment", "onc", "-j", "ONC-LB-MARK")
+		}
+		if err == nil {
+			err = ipt.ClearAndDeleteChain("mangle", "ONC-LB-MARK")
+		}
+		if err != nil {
+			return fmt.Errorf("remove mangle ONC-LB-MARK: %w", err)
 		}
 	}
 	if err := fill(ipt, "nat", lbNATChain, "POSTROUTING", nat); err != nil {
