@@ -198,7 +198,8 @@ func (o *Overlay) Writes() uint64 { return o.writes.Load() }
 // write, whatever the flag — it reads the device's entries back and repairs
 // what drifted: missing or wrong entries are rewritten, and anything of no
 // current peer (peers that left, also while the agent was down) is removed.
-// It returns every error but carries on with the other peers.
+// The kernel check repairs the peer-host rule too. It returns every error
+// but carries on with the other peers.
 func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -207,6 +208,9 @@ func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 	if checkKernel || !o.inSync {
 		var err error
 		if have, err = o.read(); err != nil {
+			return err
+		}
+		if err := ensurePeerHostRule(); err != nil {
 			return err
 		}
 	} else {

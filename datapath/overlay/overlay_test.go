@@ -288,21 +288,17 @@ func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
 		}
 		expectWrites(t, "first sync after a restart, a peer gone", syncWrites(t, o3, peers[1:], false), 4)
 		expectKernel(t, "after a restart, a peer gone", peers[1:])
-		// The peer-host rule, added once however often the device is ensured.
-		rules, err := netlink.RuleList(unix.AF_INET)
-		if err != nil {
+		// The peer-host rule, added once however often the device is
+		// ensured, and put back by a kernel check when it went.
+		expectPeerHostRules(t, "after three Ensures", 1)
+		rule := netlink.NewRule()
+		rule.Priority, rule.Table, rule.Mark, rule.Mask = overlay.PeerHostRulePriority, overlay.PeerHostTable, overlay.PeerHostMark, ptr(uint32(overlay.PeerHostMark))
+		if err := netlink.RuleDel(rule); err != nil {
 			t.Fatal(err)
 		}
-		n := 0
-		for _, r := range rules {
-			if r.Priority == overlay.PeerHostRulePriority && r.Table == overlay.PeerHostTable && r.Mark == overlay.PeerHostMark &&
-				r.Mask != nil && *r.Mask == overlay.PeerHostMark {
-				n++
-			}
-		}
-		if n != 1 {
-			t.Fatalf("%d rules fwmark 0x%x lookup %d after three Ensures, want 1: %v", n, overlay.PeerHostMark, overlay.PeerHostTable, rules)
-		}
+		expectPeerHostRules(t, "deleted", 0)
+		testutil.Must(t, o3.Sync(peers[1:], true))
+		expectPeerHostRules(t, "after a kernel check", 1)
 	})
 }
 
@@ -324,4 +320,25 @@ func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {
 		expectWrites(t, "after a failed write", syncWrites(t, o, []overlay.Peer{a, b}, false), 3)
 		expectKernel(t, "after a failed write", []overlay.Peer{a, b})
 	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// expectPeerHostRules wants n rules fwmark PeerHostMark lookup PeerHostTable.
+func expectPeerHostRules(t *testing.T, when string, n int) {
+	t.Helper()
+	rules, err := netlink.RuleList(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for _, r := range rules {
+		if r.Priority == overlay.PeerHostRulePriority && r.Table == overlay.PeerHostTable && r.Mark == overlay.PeerHostMark &&
+			r.Mask != nil && *r.Mask == overlay.PeerHostMark {
+			got++
+		}
+	}
+	if got != n {
+		t.Fatalf("%s: %d rules fwmark %#x lookup %d, want %d: %v", when, got, overlay.PeerHostMark, overlay.PeerHostTable, n, rules)
+	}
 }
