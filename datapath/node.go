@@ -52,6 +52,11 @@ type Node struct {
 	clusterCIDR                      netip.Prefix // from BringUp
 }
 
+// reservedMarks are ONC's fixed skb->mark bits, which the fast path's
+// configurable one must not be: the uplink load balancer's SNAT and
+// reject marks and the peer-host mark (whose chain clears it).
+const reservedMarks = services.SNATMark | services.RejectMark | overlay.PeerHostMark
+
 // New checks cfg and finds the uplink; nothing in the kernel changes until
 // BringUp.
 func New(cfg Config) (*Node, error) {
@@ -60,6 +65,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("VXLAN port %d: must be 1..65535", cfg.Port)
+	}
+	if m := cfg.FastPathMark; m == 0 || m&(m-1) != 0 || m&reservedMarks != 0 {
+		return nil, fmt.Errorf("fast-path mark %#x: must be one bit, and none of ONC's own (%#x)", m, reservedMarks)
 	}
 	if cfg.Services == "" {
 		cfg.Services = services.All

@@ -39,7 +39,7 @@ func main() {
 	fs.BoolVar(&cfg.Datapath.FastPath, "fast-path", cfg.Datapath.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
 	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
 	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "", "where the host's sysctls are written (its net/ subtree; default /proc/sys); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
-	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses")
+	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses (ONC's own fixed bits 0x80000, 0x100000 and 0x200000 are refused)")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	servicesMode := fs.String("services", string(dpservices.All), "whose sockets Services are balanced for at connect() (the socket LB): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
 	fs.StringVar(servicesMode, "socket-lb", string(dpservices.All), "")
