@@ -63,6 +63,8 @@ func guardCases() []guardCase {
 		{"a peer speaking for another node's address", fromPeer(otherNode), "overlay_drop_inner_source"},
 		{"a peer to this node's gateway", toDst(netip.MustParseAddr("10.244.1.1")), ""},
 		{"a peer to this node (its pod's reply to our host)", toDst(localNode), ""},
+		{"a peer to another node's address (a relay)", toDst(otherNode), "overlay_drop_inner_destination"},
+		{"a peer to its own address (a hairpin)", toDst(peerNode), "overlay_drop_inner_destination"},
 		{"a peer to another node's pod (a relay)", toDst(otherPod), "overlay_drop_inner_destination"},
 		{"a peer to an address outside the cluster (a relay)", toDst(netip.MustParseAddr("203.0.113.5")), "overlay_drop_inner_destination"},
 		{"another VNI", vxlan(in(remotePod), peerNode, localNode, 2), "overlay_drop_malformed"},

@@ -84,8 +84,9 @@ img "registry.k8s.io/pause:$PAUSE_VERSION" "$GOBIN_DIR/pause" /pause /pause
 # host-exec pods rely on that), porter's TLS ports serve the certificate
 # that ships beside its source, and /coredns is there (the DNS specs run
 # their own server with it).
-# Rebuilt when what it carries changes (labelled with their digest).
-agnhost_stamp=$(cat "$KUBE_BIN/agnhost" "$GOBIN_DIR/coredns" | sha256sum | cut -c1-16)
+# Rebuilt when what it carries or this script changes (labelled with
+# their digest).
+agnhost_stamp=$(cat "$KUBE_BIN/agnhost" "$GOBIN_DIR/coredns" "$0" | sha256sum | cut -c1-16)
 if [ "$(docker image inspect -f '{{index .Config.Labels "onc.stamp"}}' registry.k8s.io/e2e-test-images/agnhost:2.59 2>/dev/null)" != "$agnhost_stamp" ]; then
   log "image registry.k8s.io/e2e-test-images/agnhost:2.59"
   ctx=$(mktemp -d)

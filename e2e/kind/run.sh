@@ -97,18 +97,19 @@ up() {
       --kubeconfig "$KUBECONFIG"
   fi
   in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
-  if [ "$ZONES" -gt 0 ]; then
-    kc taint node "$(control_plane)" node-role.kubernetes.io/control-plane:NoSchedule --overwrite
-  fi
   # A cluster left up is reused: it must have kube-proxy or not as asked,
-  # and as many nodes.
-  local want=yes have=yes count
+  # as many nodes and zones.
+  local want=yes have=yes count zones
   [ "$KUBE_PROXY" != none ] || want=no
   kc -n kube-system get daemonset kube-proxy >/dev/null 2>&1 || have=no
   count=$(in_ns kind get nodes --name "$CLUSTER" | wc -l)
-  if [ "$want" != "$have" ] || [ "$count" != "$NODES" ]; then
-    echo "cluster $CLUSTER (kube-proxy: $have, $count nodes) was made for another KUBE_PROXY or NODES than $KUBE_PROXY, $NODES: make e2e-kind-down first" >&2
+  zones=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.labels.topology\.kubernetes\.io/zone}{"\n"}{end}' | sort -u | grep -c . || true)
+  if [ "$want" != "$have" ] || [ "$count" != "$NODES" ] || [ "$zones" != "$ZONES" ]; then
+    echo "cluster $CLUSTER (kube-proxy: $have, $count nodes, $zones zones) was made for another KUBE_PROXY, NODES or ZONES than $KUBE_PROXY, $NODES, $ZONES: make e2e-kind-down first" >&2
     exit 1
+  fi
+  if [ "$ZONES" -gt 0 ]; then
+    kc taint node "$(control_plane)" node-role.kubernetes.io/control-plane:NoSchedule --overwrite
   fi
   # A machine's systemd mounts a bpffs at /sys/fs/bpf; a kind node's (a
   # container) does not, and the agent needs one (docs/install.md).

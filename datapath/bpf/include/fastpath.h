@@ -51,8 +51,8 @@ struct cidr_val {
 volatile const __u32 onc_vni = 0;           /* host order */
 volatile const __be16 onc_vxlan_port = 0;
 volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
-volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: the only inner destinations */
-volatile const __be32 onc_pod_mask = 0;     /* of frames from peers (the overlay guard) */
+volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: with the node itself, the only */
+volatile const __be32 onc_pod_mask = 0;     /* inner destinations of frames from peers (the guard) */
 
 /* Counters (per CPU); onctl stats decodes them by these names. */
 enum onc_stat {
@@ -85,7 +85,7 @@ enum onc_stat {
 	/* The overlay guard's drops (overlay.h), fast path on or off. */
 	STAT_OVERLAY_DROP_UNKNOWN_SENDER, /* outer source not a peer's tunnel endpoint */
 	STAT_OVERLAY_DROP_INNER_SOURCE,   /* inner source the sending peer may not speak for */
-	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination not in this node's pod CIDR */
+	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination neither in this node's pod CIDR nor the node */
 	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, VLAN tag, other VNI or destination, inner not IPv4 */
 	STAT_OVERLAY_DROP_FROM_POD,       /* a pod sent to the VXLAN port */
 	STAT_MAX,
