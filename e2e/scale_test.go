@@ -124,14 +124,16 @@ func scaleSteadyState(t *testing.T, datastore string) {
 	if err := scale.Settle(ctx, n, 2*time.Second, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	// The overlay rewrites the FDB entry (1); its neighbour and route do not
-	// change. The fast path's host map adds the new address and deletes the
-	// old (2), and the peer map's entry for the CIDR now names another node
-	// IP: it is deleted (evicting what was learned towards the old one) and
-	// put again (2). The overlay guard's sender map adds the new
-	// address's three entries (the endpoint alone, with the pod CIDR, with
-	// the node address) and deletes the old address's three (6).
-	const want = 11
+	// The overlay rewrites the FDB entry (1) and moves the peer-host route
+	// from the old node address to the new (2); its neighbour and pod CIDR
+	// route do not change. The fast path's host map adds the new address
+	// and deletes the old (2), and the peer map's entry for the CIDR now
+	// names another node IP: it is deleted (evicting what was learned
+	// towards the old one) and put again (2). The overlay guard's sender
+	// map adds the new address's three entries (the endpoint alone, with
+	// the pod CIDR, with the node address) and deletes the old address's
+	// three (6).
+	const want = 13
 	if d := agent().KernelWrites - before.KernelWrites; d != want {
 		t.Errorf("%d kernel writes to readdress one peer, want %d", d, want)
 	}
