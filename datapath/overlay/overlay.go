@@ -20,6 +20,7 @@ import (
 	"github.com/onc-net/onc/datapath/pods"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/ptr"
 )
 
 // DeviceName is the VXLAN device ONC owns.
@@ -132,7 +133,7 @@ func Ensure(cfg Config) (*Overlay, error) {
 func ensurePeerHostRule() error {
 	want := netlink.NewRule()
 	want.Priority, want.Table = PeerHostRulePriority, PeerHostTable
-	want.Mark, want.Mask = PeerHostMark, ptr(uint32(PeerHostMark))
+	want.Mark, want.Mask = PeerHostMark, ptr.To(uint32(PeerHostMark))
 	rules, err := netlink.RuleListFiltered(unix.AF_INET, want, netlink.RT_FILTER_PRIORITY)
 	if err != nil {
 		return fmt.Errorf("list ip rules: %w", err)
@@ -147,8 +148,6 @@ func ensurePeerHostRule() error {
 	}
 	return nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func matches(l netlink.Link, cfg Config) bool {
 	v, ok := l.(*netlink.Vxlan)

@@ -16,6 +16,7 @@ import (
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/ptr"
 )
 
 // inNode runs fn inside a fresh namespace with an uplink "ul0" at 192.0.2.1/24.
@@ -292,7 +293,7 @@ func TestRestartWritesOnlyWhatDiffers(t *testing.T) {
 		// ensured, and put back by a kernel check when it went.
 		expectPeerHostRules(t, "after three Ensures", 1)
 		rule := netlink.NewRule()
-		rule.Priority, rule.Table, rule.Mark, rule.Mask = overlay.PeerHostRulePriority, overlay.PeerHostTable, overlay.PeerHostMark, ptr(uint32(overlay.PeerHostMark))
+		rule.Priority, rule.Table, rule.Mark, rule.Mask = overlay.PeerHostRulePriority, overlay.PeerHostTable, overlay.PeerHostMark, ptr.To(uint32(overlay.PeerHostMark))
 		if err := netlink.RuleDel(rule); err != nil {
 			t.Fatal(err)
 		}
@@ -321,8 +322,6 @@ func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {
 		expectKernel(t, "after a failed write", []overlay.Peer{a, b})
 	})
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // expectPeerHostRules wants n rules fwmark PeerHostMark lookup PeerHostTable.
 func expectPeerHostRules(t *testing.T, when string, n int) {
