@@ -58,9 +58,11 @@ func LoadPinned(what string, spec *ebpf.CollectionSpec, dir string, objs any, sh
 // netfilter sets on ESTABLISHED packets the cache may learn; the node's
 // pod CIDR, in network order), which the sharing object gets too.
 type FlowCache struct {
-	Maps                  map[string]*ebpf.Map // every map of the fast path's object, by name
-	Hooks                 *ebpf.Map
-	Mark, PodNet, PodMask uint32
+	Maps  map[string]*ebpf.Map // every map of the fast path's object, by name
+	Hooks *ebpf.Map
+	// Constants are the node's settings the fast path's headers declare
+	// (volatile const), by name.
+	Constants map[string]any
 }
 
 // The slots of onc_hooks (enum onc_hook).
@@ -71,8 +73,8 @@ const (
 
 // NewFlowCache is the flow cache of a loaded fast path, with its
 // constants.
-func NewFlowCache(maps *FastpathMaps, mark, podNet, podMask uint32) *FlowCache {
-	c := &FlowCache{Maps: map[string]*ebpf.Map{}, Hooks: maps.OncHooks, Mark: mark, PodNet: podNet, PodMask: podMask}
+func NewFlowCache(maps *FastpathMaps, constants map[string]any) *FlowCache {
+	c := &FlowCache{Maps: map[string]*ebpf.Map{}, Hooks: maps.OncHooks, Constants: constants}
 	v := reflect.ValueOf(maps).Elem()
 	for i := range v.NumField() {
 		if m, ok := v.Field(i).Interface().(*ebpf.Map); ok {
@@ -114,7 +116,12 @@ func (c *FlowCache) Share(spec *ebpf.CollectionSpec) map[string]*ebpf.Map {
 // SetConstants gives spec, an object that includes the fast path's
 // headers, the fast path's constants.
 func (c *FlowCache) SetConstants(spec *ebpf.CollectionSpec) error {
-	for name, v := range map[string]uint32{"onc_mark": c.Mark, "onc_pod_net": c.PodNet, "onc_pod_mask": c.PodMask} {
+	return SetConstants(spec, c.Constants)
+}
+
+// SetConstants sets spec's constants (volatile const) by name.
+func SetConstants(spec *ebpf.CollectionSpec, constants map[string]any) error {
+	for name, v := range constants {
 		vs, ok := spec.Variables[name]
 		if !ok {
 			return fmt.Errorf("object has no constant %s", name)

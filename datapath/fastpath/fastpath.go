@@ -84,11 +84,7 @@ func Open(o Options) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	var specs bpf.FastpathSpecs
-	if err := spec.Assign(&specs); err != nil {
-		return nil, err
-	}
-	if err := setConstants(&specs.FastpathVariableSpecs, o); err != nil {
+	if err := bpf.SetConstants(spec, o.constants()); err != nil {
 		return nil, err
 	}
 	// An upgrade that changed a map's layout starts the caches afresh:
@@ -102,7 +98,7 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	d.maps, d.progs = &d.objs.FastpathMaps, &d.objs.FastpathPrograms
-	if d.counters, err = bpf.NewCounters(d.maps.OncStats, specs.OncStats); err != nil {
+	if d.counters, err = bpf.NewCounters(d.maps.OncStats, spec.Maps[bpf.FastpathMapOncStats]); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -136,16 +132,18 @@ func switchOffPinned(pinDir string) error {
 	return nil
 }
 
-// setConstants writes this node's settings into the programs.
-func setConstants(v *bpf.FastpathVariableSpecs, o Options) error {
+// constants are this node's settings as the programs' constants
+// (include/fastpath.h), which every object sharing the flow cache gets.
+func (o Options) constants() map[string]any {
 	podNet, podMask := o.podNet()
-	return errors.Join(
-		v.OncVni.Set(uint32(o.VNI)),
-		v.OncVxlanPort.Set(bpf.NetPort(uint16(o.Port))),
-		v.OncMark.Set(o.Mark),
-		v.OncNodeIp.Set(bpf.NetIPv4(o.NodeIP)),
-		v.OncPodNet.Set(podNet),
-		v.OncPodMask.Set(podMask))
+	return map[string]any{
+		"onc_vni":        uint32(o.VNI),
+		"onc_vxlan_port": bpf.NetPort(uint16(o.Port)),
+		"onc_mark":       o.Mark,
+		"onc_node_ip":    bpf.NetIPv4(o.NodeIP),
+		"onc_pod_net":    podNet,
+		"onc_pod_mask":   podMask,
+	}
 }
 
 // podNet is the pod CIDR's address and mask, in network order.
@@ -156,8 +154,7 @@ func (o Options) podNet() (addr, mask uint32) {
 // FlowCache is the flow cache as the uplink load balancer's programs share
 // it (bpf.FlowCache).
 func (d *Datapath) FlowCache() *bpf.FlowCache {
-	podNet, podMask := d.opts.podNet()
-	return bpf.NewFlowCache(d.maps, d.opts.Mark, podNet, podMask)
+	return bpf.NewFlowCache(d.maps, d.opts.constants())
 }
 
 // Mode reports how programs are attached.
