@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -46,8 +47,8 @@ var (
 	hostMAC     = net.HardwareAddr{2, 0, 0, 0, 1, 1}
 	vtepLocal   = net.HardwareAddr{2, 0, 0, 0, 0xa, 1}
 	vtepPeer    = net.HardwareAddr{2, 0, 0, 0, 0xa, 2}
-	nicLocal    = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
-	nicPeer     = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
+	nicLocal    = bpftest.NICLocal
+	nicPeer     = bpftest.NICPeer
 )
 
 func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
@@ -70,85 +71,13 @@ func openMode(t *testing.T, mode Mode) *Datapath {
 	return d
 }
 
-// frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum; TCP gets
-// the ACK flag unless tcpFlags is a lone SYN.
-func frame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16, tcpFlags byte, payload int) []byte {
-	l4 := 8
-	if proto == unix.IPPROTO_TCP {
-		l4 = 20
-	}
-	b := make([]byte, 14+20+l4+payload)
-	copy(b[0:6], dstMAC)
-	copy(b[6:12], srcMAC)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0], ip[8], ip[9] = 0x45, 64, proto
-	binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-14))
-	copy(ip[12:16], src.AsSlice())
-	copy(ip[16:20], dst.AsSlice())
-	binary.BigEndian.PutUint16(ip[10:], ipsum(ip))
-	binary.BigEndian.PutUint16(b[34:], sport)
-	binary.BigEndian.PutUint16(b[36:], dport)
-	if proto == unix.IPPROTO_TCP {
-		b[34+12] = 5 << 4
-		b[34+13] = tcpFlags
-		if tcpFlags != 0x02 { // every segment but a connection's SYN carries an ACK
-			b[34+13] |= 0x10
-		}
-	} else {
-		binary.BigEndian.PutUint16(b[38:], uint16(8+payload))
-	}
-	return b
-}
-
-func ipsum(h []byte) uint16 {
-	var s uint32
-	for i := 0; i < 20; i += 2 {
-		if i != 10 {
-			s += uint32(binary.BigEndian.Uint16(h[i:]))
-		}
-	}
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
-
-// vxlan wraps an inner frame as the kernel's VXLAN device would.
-func vxlan(inner []byte, outerSrc, outerDst netip.Addr, vni uint32) []byte {
-	b := make([]byte, 50, 50+len(inner))
-	copy(b[0:6], nicPeer)
-	copy(b[6:12], nicLocal)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_UDP
-	binary.BigEndian.PutUint16(ip[2:], uint16(36+len(inner)))
-	copy(ip[12:16], outerSrc.AsSlice())
-	copy(ip[16:20], outerDst.AsSlice())
-	binary.BigEndian.PutUint16(ip[10:], ipsum(ip))
-	binary.BigEndian.PutUint16(b[34:], 50000)
-	binary.BigEndian.PutUint16(b[36:], 4789)
-	binary.BigEndian.PutUint16(b[38:], uint16(16+len(inner)))
-	b[42] = 0x08
-	binary.BigEndian.PutUint32(b[46:], vni<<8)
-	return append(b, inner...)
-}
-
-func run(t *testing.T, p *ebpf.Program, pkt []byte, skbMark uint32) (uint32, []byte) {
-	t.Helper()
-	out := make([]byte, len(pkt)+256)
-	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
-	if skbMark != 0 {
-		ctx := make([]byte, 4*48) // struct __sk_buff; mark is the third u32
-		binary.LittleEndian.PutUint32(ctx[8:], skbMark)
-		opts.Context = ctx
-	}
-	ret, err := p.Run(opts)
-	if err != nil {
-		t.Fatalf("BPF_PROG_RUN: %v", err)
-	}
-	return ret, opts.DataOut
-}
+// The packet builders and BPF_PROG_RUN, shared with the services tests.
+var (
+	frame = bpftest.Frame
+	vxlan = bpftest.VXLAN
+	ipsum = bpftest.IPChecksum
+	run   = bpftest.Run
+)
 
 func stat(t *testing.T, d *Datapath, name string) uint64 {
 	t.Helper()
