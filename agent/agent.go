@@ -140,7 +140,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	}
 	if cfg.Services != nil {
 		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
-			KubeProxyReplacement: cfg.Datapath.KubeProxyReplacement}, a.attachments, cfg.Resync)
+			KubeProxyReplacement: cfg.Datapath.KubeProxyReplacement, DSR: cfg.Datapath.DSR}, a.attachments, cfg.Resync)
 		if cfg.Datapath.KubeProxyReplacement {
 			hc := cfg.Health
 			hc.Timeout = 2 * cfg.Resync

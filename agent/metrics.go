@@ -67,6 +67,9 @@ var (
 	descUplinkFast = prometheus.NewDesc("onc_services_uplink_fast_packets_total",
 		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink).",
 		[]string{"direction"}, nil)
+	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
+		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big and no_route (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
+		[]string{"event"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -168,7 +171,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -283,12 +286,16 @@ func fastPathSample(counter string) (*prometheus.Desc, []string) {
 }
 
 // servicesSample maps enum lb_stat's <hook>_translated and <hook>_refused
-// of the socket hooks (calls), and enum lb_uplink_stat's uplink_fast_<direction>.
-// The uplink's other counters count packets; its flows are
-// onc_services_frontend_connections_total's, by scope.
+// of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
+// and enum lb_dsr_stat's dsr_<event>. The uplink's other counters count
+// packets; its flows are onc_services_frontend_connections_total's, by
+// scope.
 func servicesSample(counter string) (*prometheus.Desc, []string) {
 	if dir, ok := strings.CutPrefix(counter, "uplink_fast_"); ok {
 		return descUplinkFast, []string{dir}
+	}
+	if event, ok := strings.CutPrefix(counter, "dsr_"); ok {
+		return descDSRPackets, []string{event}
 	}
 	hook, what, _ := strings.Cut(counter, "_")
 	if hook != "connect" && hook != "sendmsg" {

@@ -80,7 +80,7 @@ func enumCounters(t *testing.T, load func() (*ebpf.CollectionSpec, error), enum,
 	}
 	var names []string
 	for _, v := range e.Values {
-		if v.Name != prefix+"MAX" {
+		if !strings.HasSuffix(v.Name, "_MAX") { // the count, not a counter
 			names = append(names, strings.ToLower(strings.TrimPrefix(v.Name, prefix)))
 		}
 	}
@@ -138,6 +138,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 	}{
 		{servicesSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_uplink_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb_dsr_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
@@ -146,7 +147,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4, descDSRPackets: 9,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -56,7 +56,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	if lb := a.dp.Services.Tables(); lb != nil {
 		st.SocketLbCgroup = lb.Cgroup()
 	}
-	st.KubeProxy = services.KubeProxy(a.dp.Services, a.cfg.Datapath.KubeProxyReplacement)
+	st.KubeProxy = services.KubeProxy(a.dp.Services, services.Proxying{Replace: a.cfg.Datapath.KubeProxyReplacement, DSR: a.cfg.Datapath.DSR})
 	st.Bypass = bypass.State(a.dp.Bypass)
 	for _, w := range a.watchers() {
 		ws := w.Status()

@@ -42,6 +42,12 @@ type Config struct {
 	// and, for clients outside the cluster, on the uplink. Needs Services
 	// mode all.
 	KubeProxyReplacement bool
+	// DSR (with KubeProxyReplacement): a client outside the cluster sent to
+	// a backend pod on another node keeps its address, and that node
+	// answers it directly (--load-balancer-mode dsr); otherwise such a
+	// flow is masqueraded to this node (snat, the default). Every node
+	// takes DSR frames from its peers either way.
+	DSR bool
 	// Bypass is which connections between two pods of the node skip the
 	// TCP/IP stacks (docs/bypass.md).
 	Bypass bypass.Config

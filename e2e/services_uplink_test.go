@@ -62,17 +62,7 @@ func TestServicesFromOutside(t *testing.T) {
 	waitFrontend(t, node0, tcpFront, "TCP", "uplink", 2)
 
 	client := l.ExternalClient
-	counters := func() map[string]uint64 {
-		resp, err := agent(t, node0).ListServices(ctx, &apiv1.ListServicesRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]uint64{}
-		for _, c := range resp.Counters {
-			out[c.Name] = c.Value
-		}
-		return out
-	}
+	counters := func() map[string]uint64 { return lbCounters(t, node0) }
 
 	t.Run("TCPToLocalAndRemote", func(t *testing.T) {
 		before := counters()
@@ -233,6 +223,21 @@ func TestServicesFromOutside(t *testing.T) {
 			t.Errorf("uplink_refused grew by %d, want 1", d)
 		}
 	})
+}
+
+// lbCounters reads a node's services counters (socket, uplink and DSR) by
+// name.
+func lbCounters(t *testing.T, n *lab.Node) map[string]uint64 {
+	t.Helper()
+	resp, err := agent(t, n).ListServices(context.Background(), &apiv1.ListServicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, c := range resp.Counters {
+		out[c.Name] = c.Value
+	}
+	return out
 }
 
 func nodePortService(name string, tcpPort, udpPort int32) *corev1.Service {

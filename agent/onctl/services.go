@@ -67,6 +67,9 @@ func scope(s *apiv1.BalancedService) string {
 	if s.KeepClient {
 		out += ", client kept"
 	}
+	if s.Dsr {
+		out += ", direct return"
+	}
 	if len(s.SourceRanges) > 0 {
 		out += ", from " + strings.Join(s.SourceRanges, " ")
 	}

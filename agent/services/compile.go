@@ -35,20 +35,32 @@ type HostPort struct {
 	ipam.PortMapping
 }
 
+// Proxying is how ONC serves Services on a node.
+type Proxying struct {
+	// Replace: no kube-proxy runs; ONC serves every frontend.
+	Replace bool
+	// DSR: a NodePort, externalIP or load balancer IP of
+	// externalTrafficPolicy Cluster sends a client's packets to a backend
+	// pod on another node directly, and the backend's node answers the
+	// client (--load-balancer-mode dsr).
+	DSR bool
+}
+
 // Compile resolves the Services of snap into the table the socket and
 // uplink programs serve on node, with the backends kube-proxy would give
 // each frontend there (k8s.io/kubernetes pkg/proxy). It is deterministic,
 // so callers can compare two tables with reflect.DeepEqual.
 //
-// Without replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
-// of TCP and UDP ports are ONC's, at the socket. With replace, ONC is the
+// Without p.Replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
+// of TCP and UDP ports are ONC's, at the socket. With it, ONC is the
 // only proxy: NodePorts on every address of the node, externalIPs and load
 // balancer ingress IPs too, each at the socket (clients on this node) and
 // on the uplink (clients outside the cluster). SCTP and IPv6 are served by
 // nobody (Unserved lists the SCTP ports).
-func Compile(snap Snapshot, node Node, replace bool) []services.Service {
+func Compile(snap Snapshot, node Node, p Proxying) []services.Service {
+	replace := p.Replace
 	byService := slicesByService(snap)
-	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}}
+	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, dsr: p.DSR}
 	// Claims go in this order: every ClusterIP first, so that no
 	// externalIP or hostPort another Service's author chose can take one
 	// (CVE-2020-8554); then hostPorts, as the portmap plugin's chain comes
@@ -115,6 +127,7 @@ func slicesByService(snap Snapshot) map[string][]*discoveryv1.EndpointSlice {
 // Services claim (an externalIP one also uses, say) is the first's, in the
 // snapshot's namespace/name order, as the API server lets such conflicts be.
 type table struct {
+	dsr        bool // Proxying.DSR
 	out        []services.Service
 	seen       map[services.Key]bool
 	clusterIPs map[netip.Addr]bool // no other frontend may use one
@@ -190,6 +203,8 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 			// Endpoints elsewhere only: dropped, as kube-proxy does, so that
 			// the load balancer's health check steers clients away.
 			outside.DropWhenEmpty = sets.local == nil && sets.any
+		} else {
+			outside.DSR = t.dsr
 		}
 	}
 }

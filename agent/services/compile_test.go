@@ -285,7 +285,7 @@ func TestCompile(t *testing.T) {
 			services.Backend{Addr: netip.MustParseAddrPort("10.0.2.2:8080"), Ready: true})},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, Node{Name: "n1"}, false)
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, Node{Name: "n1"}, Proxying{})
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
 			}
@@ -306,14 +306,14 @@ func TestCompileDeterministic(t *testing.T) {
 		ess = append(ess, slice(name+"-1", name, ports(slicePort("http", corev1.ProtocolTCP, 8080), slicePort("dns", corev1.ProtocolUDP, 53)),
 			ep("10.0.2.9", "n2", ready), ep("10.0.1.5", "n1", ready), ep("10.0.3.7", "n3", servingTerm), ep("10.0.2.1", "n2", ready)))
 	}
-	first := Compile(Snapshot{Services: svcs, EndpointSlices: ess}, Node{Name: "n1"}, false)
+	first := Compile(Snapshot{Services: svcs, EndpointSlices: ess}, Node{Name: "n1"}, Proxying{})
 	if len(first) != 8 || len(first[0].Backends) != 3 {
 		t.Fatalf("not the table meant: %+v", first)
 	}
 	reversed := slices.Clone(svcs)
 	slices.Reverse(reversed)
 	for range 20 {
-		if got := Compile(Snapshot{Services: reversed, EndpointSlices: ess}, Node{Name: "n1"}, false); !reflect.DeepEqual(got, first) {
+		if got := Compile(Snapshot{Services: reversed, EndpointSlices: ess}, Node{Name: "n1"}, Proxying{}); !reflect.DeepEqual(got, first) {
 			t.Fatalf("got\n%+v\nthen\n%+v", first, got)
 		}
 	}
@@ -446,7 +446,54 @@ func TestCompileWithoutKubeProxy(t *testing.T) {
 		want:     []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80")},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, n1, true)
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, n1, Proxying{Replace: true})
+			services.SortServices(tc.want)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// With DSR, every uplink entry of externalTrafficPolicy Cluster sends its
+// remote backends the client (the datapath picks DSR per flow, for pods on
+// another node only); a Local one and a hostPort keep the client already,
+// and socket entries never leave the node's sockets.
+func TestCompileDSR(t *testing.T) {
+	here, there := backend("10.0.1.1", 8080, "n1", true), backend("10.0.2.1", 8080, "n2", true)
+	both := slice("web-1", "web", http, ep("10.0.1.1", "n1", ready), ep("10.0.2.1", "n2", ready))
+	dsr := func(s *services.Service) { s.DSR = true }
+	keep := func(s *services.Service) { s.KeepClient = true }
+	for _, tc := range []struct {
+		name     string
+		services []*corev1.Service
+		want     []services.Service
+	}{{
+		name:     "externalTrafficPolicy Cluster: NodePorts and externalIPs on the uplink",
+		services: []*corev1.Service{web(nodePort, func(s *corev1.ServiceSpec) { s.ExternalIPs = []string{"203.0.113.7"} })},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here, there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "192.0.2.1:30080", here, there), dsr),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "198.51.100.1:30080", here, there), dsr),
+			entry(services.ExternalIP, services.Socket, "203.0.113.7:80", here, there),
+			with(entry(services.ExternalIP, services.Uplink, "203.0.113.7:80", here, there), dsr),
+		},
+	}, {
+		name:     "externalTrafficPolicy Local: its local backends keep the client without it",
+		services: []*corev1.Service{web(nodePort, externalLocal)},
+		want: []services.Service{
+			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here, there),
+			entry(services.NodePort, services.Socket, "192.0.2.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "192.0.2.1:30080", here), keep),
+			entry(services.NodePort, services.Socket, "198.51.100.1:30080", here, there),
+			with(entry(services.NodePort, services.Uplink, "198.51.100.1:30080", here), keep),
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := Snapshot{Services: tc.services, EndpointSlices: []*discoveryv1.EndpointSlice{both}}
+			got := Compile(snap, n1, Proxying{Replace: true, DSR: true})
 			services.SortServices(tc.want)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
@@ -507,7 +554,7 @@ func TestCompileTopology(t *testing.T) {
 			if tc.edit != nil {
 				tc.edit(svc)
 			}
-			got := Compile(Snapshot{Services: []*corev1.Service{svc}, EndpointSlices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http, tc.eps...)}}, tc.node, false)
+			got := Compile(Snapshot{Services: []*corev1.Service{svc}, EndpointSlices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http, tc.eps...)}}, tc.node, Proxying{})
 			if want := []services.Service{webWant(tc.want...)}; !reflect.DeepEqual(got, want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, want)
 			}
@@ -537,7 +584,7 @@ func TestCompileHostPorts(t *testing.T) {
 		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 54323, ContainerPort: 80, Protocol: "tcp",
 			HostIP: netip.MustParseAddr("127.0.0.1")}},
 	}
-	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, true)
+	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, Proxying{Replace: true})
 	be := func(port uint16) []services.Backend {
 		return []services.Backend{{Addr: netip.AddrPortFrom(pod, port), Pod: "app/hp", Node: "n1", Ready: true}}
 	}
@@ -575,7 +622,7 @@ func TestCompileClaimsNoClusterIP(t *testing.T) {
 		ClusterIPs: []string{"10.96.0.66"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports,
 		ExternalIPs: []string{"10.96.0.10"}}}
 	for _, order := range [][]*corev1.Service{{thief, web()}, {web(), thief}} {
-		got := Compile(Snapshot{Services: order}, node, true)
+		got := Compile(Snapshot{Services: order}, node, Proxying{Replace: true})
 		want := []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80"),
 			{Name: "a/thief:http", VIP: netip.MustParseAddr("10.96.0.66"), Port: 80, Proto: services.TCP}}
 		services.SortServices(want)

@@ -82,7 +82,7 @@ func TestInputs(t *testing.T) {
 	vip := netip.MustParseAddr(created.Spec.ClusterIP)
 	want := services.Service{Name: "app/web:http", VIP: vip, Port: 80, Proto: services.TCP,
 		Backends: []services.Backend{backend("10.0.2.1", 8080, "n2", true)}}
-	table := func() []services.Service { return Compile(inApp(in.Snapshot()), Node{Name: "n1"}, false) }
+	table := func() []services.Service { return Compile(inApp(in.Snapshot()), Node{Name: "n1"}, Proxying{}) }
 	var snap Snapshot
 	testutil.WaitFor(t, "web and web-1", 10*time.Second, func() bool {
 		snap = inApp(in.Snapshot())
@@ -92,7 +92,7 @@ func TestInputs(t *testing.T) {
 	if len(snap.Services) != 1 || len(snap.EndpointSlices) != 1 {
 		t.Fatalf("the informers hold %+v, want web and web-1 only", snap)
 	}
-	if got := Compile(snap, Node{Name: "n1"}, false); !reflect.DeepEqual(got, []services.Service{want}) {
+	if got := Compile(snap, Node{Name: "n1"}, Proxying{}); !reflect.DeepEqual(got, []services.Service{want}) {
 		t.Errorf("table:\n%+v\nwant\n%+v", got, want)
 	}
 	// Trimmed to what Compile reads.

@@ -78,6 +78,9 @@ type Self struct {
 	IP   netip.Addr // its underlay address, a NodePort address even before its Node object says so
 	// KubeProxyReplacement: no kube-proxy runs; ONC serves every frontend.
 	KubeProxyReplacement bool
+	// DSR: with the replacement, remote backends answer clients from
+	// outside directly (Proxying.DSR).
+	DSR bool
 }
 
 // NewWatcher is the services watcher of node; pods lists the node's
@@ -103,7 +106,7 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	}
 	snap := w.inputs.Snapshot()
 	w.reportUnserved(snap)
-	svcs := Compile(snap, w.node.of(snap.Node, atts), w.node.KubeProxyReplacement)
+	svcs := Compile(snap, w.node.of(snap.Node, atts), Proxying{Replace: w.node.KubeProxyReplacement, DSR: w.node.DSR})
 	if err := w.dp.Sync(svcs, pods, full); err != nil {
 		return err
 	}
@@ -178,10 +181,13 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 }
 
 // KubeProxy is onctl status's line on kube-proxy.
-func KubeProxy(dp Datapath, replace bool) string {
-	if replace {
+func KubeProxy(dp Datapath, p Proxying) string {
+	if p.Replace {
 		if err := dp.UplinkErr(); err != nil {
 			return "replaced, but clients outside the cluster reach no Service: " + err.Error()
+		}
+		if p.DSR {
+			return "replaced: ONC serves every Service frontend, at the socket and on the uplink; backends on other nodes answer clients outside directly (DSR)"
 		}
 		return "replaced: ONC serves every Service frontend, at the socket and on the uplink"
 	}
@@ -234,7 +240,7 @@ func (w *Watcher) List() (*apiv1.ListServicesResponse, error) {
 		bs := &apiv1.BalancedService{Name: st.Name, Vip: netip.AddrPortFrom(st.VIP, st.Port).String(), Proto: st.Proto.String(),
 			AffinitySeconds: uint32(st.Affinity.Seconds()), Translated: st.Translated, Refused: st.Refused,
 			Affinity: byService[st.Key()], Frontend: st.Frontend.String(), Scope: st.Scope.String(),
-			KeepClient: st.KeepClient, DropWhenEmpty: st.DropWhenEmpty}
+			KeepClient: st.KeepClient, DropWhenEmpty: st.DropWhenEmpty, Dsr: st.DSR}
 		for _, r := range st.SourceRanges {
 			bs.SourceRanges = append(bs.SourceRanges, r.String())
 		}

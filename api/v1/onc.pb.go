@@ -2222,7 +2222,11 @@ type BalancedService struct {
 	// Uplink: no backends drops packets instead of refusing them.
 	DropWhenEmpty bool `protobuf:"varint,12,opt,name=drop_when_empty,json=dropWhenEmpty,proto3" json:"drop_when_empty,omitempty"`
 	// Uplink: the clients admitted (loadBalancerSourceRanges); empty: all.
-	SourceRanges  []string `protobuf:"bytes,13,rep,name=source_ranges,json=sourceRanges,proto3" json:"source_ranges,omitempty"`
+	SourceRanges []string `protobuf:"bytes,13,rep,name=source_ranges,json=sourceRanges,proto3" json:"source_ranges,omitempty"`
+	// Uplink: a backend pod on another node gets the client's address and
+	// answers the client itself (direct server return, --load-balancer-mode
+	// dsr).
+	Dsr           bool `protobuf:"varint,14,opt,name=dsr,proto3" json:"dsr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2346,6 +2350,13 @@ func (x *BalancedService) GetSourceRanges() []string {
 		return x.SourceRanges
 	}
 	return nil
+}
+
+func (x *BalancedService) GetDsr() bool {
+	if x != nil {
+		return x.Dsr
+	}
+	return false
 }
 
 type ListServicesResponse struct {
@@ -2954,7 +2965,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x06client\x18\x01 \x01(\tR\x06client\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1f\n" +
 	"\vage_seconds\x18\x03 \x01(\x01R\n" +
-	"ageSeconds\"\xbb\x03\n" +
+	"ageSeconds\"\xcd\x03\n" +
 	"\x0fBalancedService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03vip\x18\x02 \x01(\tR\x03vip\x12\x14\n" +
@@ -2972,7 +2983,8 @@ const file_onc_proto_rawDesc = "" +
 	"\vkeep_client\x18\v \x01(\bR\n" +
 	"keepClient\x12&\n" +
 	"\x0fdrop_when_empty\x18\f \x01(\bR\rdropWhenEmpty\x12#\n" +
-	"\rsource_ranges\x18\r \x03(\tR\fsourceRanges\"\xc3\x02\n" +
+	"\rsource_ranges\x18\r \x03(\tR\fsourceRanges\x12\x10\n" +
+	"\x03dsr\x18\x0e \x01(\bR\x03dsr\"\xc3\x02\n" +
 	"\x14ListServicesResponse\x12\x12\n" +
 	"\x04seen\x18\x01 \x01(\x04R\x04seen\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +

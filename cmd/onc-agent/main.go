@@ -50,6 +50,7 @@ func main() {
 	_ = fs.MarkDeprecated("socket-lb-cgroup", "use --cgroup")
 	bypassMode := fs.String("bypass", string(bypass.Off), "intra-node bypass: which TCP connections between two pods of this node skip both TCP/IP stacks: off, on (all) or size (a direction whose first message is at least --bypass-min-size bytes); onctl bypass switches it until the agent restarts")
 	bypassMinSize := fs.Uint32("bypass-min-size", 256, "with --bypass=size: the smallest first message, in bytes, for which a direction is bypassed")
+	lbMode := fs.String("load-balancer-mode", "snat", "with --kube-proxy-replacement, how a client outside the cluster reaches a backend pod on another node: snat (the backend sees this node's address and answers through it) or dsr (direct server return: the backend sees the client's address and its node answers the client itself; docs/services.md)")
 	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	store := backend.AddFlags(fs)
@@ -72,6 +73,16 @@ func main() {
 	cfg.Datapath.Services = mode
 	if cfg.Datapath.KubeProxyReplacement && mode != dpservices.All {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--kube-proxy-replacement needs --services=all (is %s): with no kube-proxy, nothing else balances the pods' Service traffic", mode))
+	}
+	switch *lbMode {
+	case "snat":
+	case "dsr":
+		cfg.Datapath.DSR = true
+	default:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--load-balancer-mode %q: want snat or dsr", *lbMode))
+	}
+	if cfg.Datapath.DSR && !cfg.Datapath.KubeProxyReplacement {
+		cmdutil.Fatal("bad flag", errors.New("--load-balancer-mode dsr needs --kube-proxy-replacement: beside kube-proxy, kube-proxy serves clients outside the cluster"))
 	}
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))

@@ -11,6 +11,7 @@
  */
 #include "include/services.h"
 #include "include/services_uplink.h"
+#include "include/services_dsr.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -122,11 +123,15 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 	struct lb_svc_key key = { .scope = LB_SCOPE_UPLINK };
 	struct lb_svc *found;
 	struct lb_svc svc;
-	struct lb_addr be;
+	struct lb_addr be, fe;
 	struct lb_pkt p;
+	__u8 dsr = 0;
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
+	/* A peer's frame: perhaps a client's packet for a backend here. */
+	if (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
+		return lb_dsr_receive(skb, &p);
 	key.vip = p.daddr;
 	key.port = p.dport;
 	key.proto = p.proto;
@@ -139,7 +144,7 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SPOOFED, 1);
 		return TC_ACT_SHOT;
 	}
-	switch (lb_flow_backend(&p, &svc, &be)) {
+	switch (lb_flow_backend(&p, &svc, &be, &dsr)) {
 	case LB_FLOW_OK:
 		break;
 	case LB_FLOW_FOREIGN:
@@ -159,6 +164,11 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 		return LB_NEXT;
 	default:
 		return TC_ACT_SHOT;
+	}
+	if (dsr) {
+		fe.ip = p.daddr;
+		fe.port = p.dport;
+		return lb_dsr_send(skb, &p, &fe, &be);
 	}
 	if (lb_rewrite(skb, &p, 1, &be)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
@@ -181,6 +191,7 @@ SEC("tc")
 int onc_uplink_lb_egress(struct __sk_buff *skb)
 {
 	struct lb_flow *rev;
+	struct lb_addr fe;
 	struct lb_pkt p;
 
 	if (lb_parse(skb, &p))
@@ -189,7 +200,8 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 	if (!rev)
 		return LB_NEXT;
 	lb_learn_reply(skb, &p, rev);
-	if (lb_rewrite(skb, &p, 0, &rev->addr)) {
+	fe = lb_flow_addr(rev);
+	if (lb_rewrite(skb, &p, 0, &fe)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
@@ -211,6 +223,7 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	struct flow_key cached = {};
 	struct onc_config *cfg;
 	struct lb_flow *rev;
+	struct lb_addr fe;
 	struct lb_pkt p;
 
 	if (lb_parse(skb, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1)
@@ -224,7 +237,8 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	lb_cache_key(&cached, p.saddr, p.sport, p.daddr, p.dport, p.proto);
 	if (!flow_allowed(&cached, cfg->epoch))
 		return TC_ACT_OK;
-	if (lb_rewrite(skb, &p, 0, &rev->addr) || lb_dec_ttl(skb, &p)) {
+	fe = lb_flow_addr(rev);
+	if (lb_rewrite(skb, &p, 0, &fe) || lb_dec_ttl(skb, &p)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
@@ -248,7 +262,7 @@ SEC("tc")
 int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 {
 	struct ct_ends t, orig;
-	struct lb_addr client;
+	struct lb_addr client, fe;
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
@@ -271,7 +285,8 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
 		goto err;
 	p.l4off -= ONC_ENCAP_LEN;
-	if (lb_rewrite(skb, &p, 0, &rev->addr) || lb_rewrite(skb, &p, 1, &client) || lb_dec_ttl(skb, &p))
+	fe = lb_flow_addr(rev);
+	if (lb_rewrite(skb, &p, 0, &fe) || lb_rewrite(skb, &p, 1, &client) || lb_dec_ttl(skb, &p))
 		goto err;
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_FROM_REMOTE, 1);
 	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);

@@ -89,9 +89,27 @@ const (
 	ServicesLbDestroyStatLB_DESTROY_STAT_MAX                ServicesLbDestroyStat = 2
 )
 
+type ServicesLbDsrStat uint32
+
+const (
+	ServicesLbDsrStatLB_STAT_DSR_SENT           ServicesLbDsrStat = 0
+	ServicesLbDsrStatLB_STAT_DSR_TOO_BIG        ServicesLbDsrStat = 1
+	ServicesLbDsrStatLB_STAT_DSR_NO_ROUTE       ServicesLbDsrStat = 2
+	ServicesLbDsrStatLB_STAT_DSR_RECEIVED       ServicesLbDsrStat = 3
+	ServicesLbDsrStatLB_STAT_DSR_DROP_MALFORMED ServicesLbDsrStat = 4
+	ServicesLbDsrStatLB_STAT_DSR_DROP_SENDER    ServicesLbDsrStat = 5
+	ServicesLbDsrStatLB_STAT_DSR_DROP_CLIENT    ServicesLbDsrStat = 6
+	ServicesLbDsrStatLB_STAT_DSR_DROP_BACKEND   ServicesLbDsrStat = 7
+	ServicesLbDsrStatLB_STAT_DSR_DROP_FRONTEND  ServicesLbDsrStat = 8
+	ServicesLbDsrStatLB_STAT_DSR_MAX            ServicesLbDsrStat = 9
+)
+
 type ServicesLbFlow struct {
 	_       structs.HostLayout
-	Addr    ServicesLbAddr
+	Ip      uint32
+	Port    uint16
+	Dsr     uint8
+	Pad     uint8
 	SvcId   uint32
 	Ifindex uint32
 }
@@ -276,6 +294,7 @@ const (
 	ServicesMapOncLbAff                 = "onc_lb_aff"
 	ServicesMapOncLbBackend             = "onc_lb_backend"
 	ServicesMapOncLbDestroyStats        = "onc_lb_destroy_stats"
+	ServicesMapOncLbDsrStats            = "onc_lb_dsr_stats"
 	ServicesMapOncLbFlows               = "onc_lb_flows"
 	ServicesMapOncLbGone                = "onc_lb_gone"
 	ServicesMapOncLbInternal            = "onc_lb_internal"
@@ -376,6 +395,7 @@ type ServicesMapSpecs struct {
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats     *ebpf.MapSpec `ebpf:"onc_lb_dsr_stats"`
 	OncLbFlows        *ebpf.MapSpec `ebpf:"onc_lb_flows"`
 	OncLbGone         *ebpf.MapSpec `ebpf:"onc_lb_gone"`
 	OncLbInternal     *ebpf.MapSpec `ebpf:"onc_lb_internal"`
@@ -434,6 +454,7 @@ type ServicesMaps struct {
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats     *ebpf.Map `ebpf:"onc_lb_dsr_stats"`
 	OncLbFlows        *ebpf.Map `ebpf:"onc_lb_flows"`
 	OncLbGone         *ebpf.Map `ebpf:"onc_lb_gone"`
 	OncLbInternal     *ebpf.Map `ebpf:"onc_lb_internal"`
@@ -462,6 +483,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,
+		m.OncLbDsrStats,
 		m.OncLbFlows,
 		m.OncLbGone,
 		m.OncLbInternal,

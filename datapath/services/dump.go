@@ -107,10 +107,11 @@ func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byI
 }
 
 // Stats sums the programs' counters over the CPUs: the cgroup programs',
-// the UDP socket iterator's, then the uplink programs' (named uplink_*).
+// the UDP socket iterator's, then the uplink programs' (named uplink_*)
+// and their direct server return's (dsr_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
 	var all []bpf.Counter
-	for _, c := range []*bpf.Counters{lb.counters, lb.udp.counters, lb.uplink} {
+	for _, c := range []*bpf.Counters{lb.counters, lb.udp.counters, lb.uplink, lb.dsr} {
 		st, err := c.Read()
 		if err != nil {
 			return nil, err

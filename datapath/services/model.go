@@ -81,6 +81,12 @@ type Service struct {
 	// sees the client's address; otherwise a backend on another node sees
 	// this node's.
 	KeepClient bool
+	// DSR (uplink scope, without KeepClient): a backend pod on another node
+	// gets the client's packets with the client's address, from this node
+	// directly over the overlay, and answers the client itself from the
+	// frontend's address (direct server return); otherwise it sees this
+	// node's address and answers through it.
+	DSR bool
 	// SourceRanges (loadBalancerSourceRanges, uplink scope): the clients
 	// allowed; empty allows all.
 	SourceRanges []netip.Prefix

@@ -33,6 +33,7 @@ type LB struct {
 	progs    []hook
 	counters *bpf.Counters
 	uplink   *bpf.Counters // the uplink programs'
+	dsr      *bpf.Counters // their direct server return's
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -76,6 +77,9 @@ func Open(o Options) (*LB, error) {
 	}
 	if lb.counters, err = bpf.NewCounters(lb.maps.OncLbStats, spec.Maps[bpf.ServicesMapOncLbStats]); err == nil {
 		lb.uplink, err = bpf.NewCounters(lb.maps.OncLbUplinkStats, spec.Maps[bpf.ServicesMapOncLbUplinkStats])
+	}
+	if err == nil {
+		lb.dsr, err = bpf.NewCounters(lb.maps.OncLbDsrStats, spec.Maps[bpf.ServicesMapOncLbDsrStats])
 	}
 	if err == nil {
 		err = lb.adopt()

@@ -28,6 +28,7 @@ const (
 	flagAffinity      = 1              // LB_SVC_AFFINITY
 	flagKeepClient    = 4              // LB_SVC_KEEP_CLIENT
 	flagDropWhenEmpty = 8              // LB_SVC_DROP_WHEN_EMPTY
+	flagDSR           = 16             // LB_SVC_DSR
 	maxServices       = 65536          // LB_MAX_SERVICES
 	maxBackends       = math.MaxUint16 // lb_svc.count is 16 bits
 )
@@ -221,6 +222,9 @@ func flagsOf(s Service) uint8 {
 	if s.KeepClient {
 		flags |= flagKeepClient
 	}
+	if s.DSR {
+		flags |= flagDSR
+	}
 	if len(s.SourceRanges) > 0 {
 		flags |= flagSourceRanges
 	}
@@ -234,7 +238,7 @@ func affTimeoutOf(s Service) uint32 { return uint32(min(s.Affinity.Seconds(), ma
 
 func sameService(a, b Service) bool {
 	return a.Name == b.Name && a.Frontend == b.Frontend && a.Affinity == b.Affinity && a.DropWhenEmpty == b.DropWhenEmpty &&
-		a.KeepClient == b.KeepClient && slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends)
+		a.KeepClient == b.KeepClient && a.DSR == b.DSR && slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends)
 }
 
 // write puts s's backends into the idle bank, then flips the service to

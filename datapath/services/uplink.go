@@ -248,7 +248,7 @@ func (lb *LB) adoptRanges(byID map[uint32]*programmed) error {
 func (lb *LB) forgetUplinkFlows(gone map[memberKey]bool) error {
 	const in = 0 // enum lb_flow_dir: IN names the backend, OUT is keyed by it
 	_, err := bpf.DeleteIf(lb.maps.OncLbFlows, func(k bpf.ServicesLbFlowKey, v bpf.ServicesLbFlow) bool {
-		be := v.Addr
+		be := lbAddr{Ip: v.Ip, Port: v.Port}
 		if k.Dir != in {
 			be = lbAddr{Ip: k.Saddr, Port: k.Sport}
 		}

@@ -42,6 +42,7 @@ struct lb_svc_key {
 #define LB_SVC_SOURCE_RANGES 2   /* uplink: only clients in onc_lb_source_ranges */
 #define LB_SVC_KEEP_CLIENT 4     /* uplink: no SNAT (externalTrafficPolicy Local) */
 #define LB_SVC_DROP_WHEN_EMPTY 8 /* uplink: no backends drops, not refuses */
+#define LB_SVC_DSR 16            /* uplink: a backend on another node answers the client itself */
 
 struct lb_svc {
 	__u32 id;           /* stable while the service exists; indexes the maps below */

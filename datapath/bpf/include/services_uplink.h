@@ -135,11 +135,23 @@ struct lb_flow_key {
 	__u8 pad[2];
 };
 
+/* The layout of struct lb_addr followed by two words, so that an upgrade
+ * adopts the pinned map: dsr sits where lb_addr's padding, always 0, was. */
 struct lb_flow {
-	struct lb_addr addr; /* IN: the backend; OUT: the frontend */
-	__u32 svc_id;        /* IN: a flow of a service since replaced picks again */
-	__u32 ifindex;       /* OUT: the uplink the slow path sent replies by */
+	__be32 ip;     /* IN: the backend; OUT: the frontend */
+	__be16 port;
+	__u8 dsr;      /* IN: sent to the backend's node directly (services_dsr.h) */
+	__u8 pad;
+	__u32 svc_id;  /* IN: a flow of a service since replaced picks again */
+	__u32 ifindex; /* OUT: the uplink the slow path sent replies by */
 };
+
+static __always_inline struct lb_addr lb_flow_addr(const struct lb_flow *f)
+{
+	struct lb_addr a = { .ip = f->ip, .port = f->port };
+
+	return a;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -427,14 +439,17 @@ static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, stru
 /*
  * The flow's backend: the one it has (an existing flow keeps it, as a
  * conntrack entry does under kube-proxy), else a new pick, recorded both
- * ways. A TCP flow starts only at a SYN, which always picks afresh (a
- * reused 5-tuple meets a backend that is still there), so that a reply to
- * a connection of this node, whose port may equal a frontend's, is never
+ * ways (one way for a DSR flow, whose replies never come back here). A
+ * TCP flow starts only at a SYN, which always picks afresh (a reused
+ * 5-tuple meets a backend that is still there), so that a reply to a
+ * connection of this node, whose port may equal a frontend's, is never
  * taken for a new flow. loadBalancerSourceRanges judge new flows, as
- * kube-proxy's rules judge new connections.
+ * kube-proxy's rules judge new connections. *dsr says whether the flow
+ * goes to its backend's node directly: decided at its first packet, so a
+ * flow keeps its way while the service's changes.
  */
 static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct lb_svc *svc,
-					   struct lb_addr *be)
+					   struct lb_addr *be, __u8 *dsr)
 {
 	struct lb_flow_key in = {
 		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
@@ -442,11 +457,12 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	};
 	struct lb_flow_key out = { .daddr = p->saddr, .dport = p->sport, .proto = p->proto, .dir = LB_FLOW_OUT };
 	struct lb_flow fwd = { .svc_id = svc->id };
-	struct lb_flow rev = { .addr.ip = p->daddr, .addr.port = p->dport, .svc_id = svc->id };
+	struct lb_flow rev = { .ip = p->daddr, .port = p->dport, .svc_id = svc->id };
 	struct lb_flow *cur = bpf_map_lookup_elem(&onc_lb_flows, &in);
 
 	if (cur && cur->svc_id == svc->id && !p->syn) {
-		*be = cur->addr;
+		*be = lb_flow_addr(cur);
+		*dsr = cur->dsr;
 		return LB_FLOW_OK;
 	}
 	if (p->proto == IPPROTO_TCP && !p->syn)
@@ -455,19 +471,26 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 		return LB_FLOW_OUT_OF_RANGE;
 	if (!svc->count)
 		return LB_FLOW_EMPTY;
-	if (lb_pick(svc, p->saddr, &fwd.addr)) {
+	if (lb_pick(svc, p->saddr, be)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_SLOT, 1);
 		return LB_FLOW_ERROR;
 	}
-	out.saddr = fwd.addr.ip;
-	out.sport = fwd.addr.port;
-	/* The reply's entry first: the backend may answer before this
-	 * program returns. */
-	bpf_map_update_elem(&onc_lb_flows, &out, &rev, BPF_ANY);
+	fwd.ip = be->ip;
+	fwd.port = be->port;
+	/* Only a pod on another node answers for us; a backend here, or a
+	 * host-network or external one, answers through this node. */
+	fwd.dsr = (svc->flags & LB_SVC_DSR) && peer_of(be->ip);
+	if (!fwd.dsr) {
+		out.saddr = be->ip;
+		out.sport = be->port;
+		/* The reply's entry first: the backend may answer before this
+		 * program returns. */
+		bpf_map_update_elem(&onc_lb_flows, &out, &rev, BPF_ANY);
+	}
 	bpf_map_update_elem(&onc_lb_flows, &in, &fwd, BPF_ANY);
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NEW_FLOW, 1);
 	lb_count_svc(svc->id, 0);
-	*be = fwd.addr;
+	*dsr = fwd.dsr;
 	return LB_FLOW_OK;
 }
 

@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Direct server return for the uplink load balancer (LB_SVC_DSR): a flow
+ * from outside to a backend on another node keeps the client's address,
+ * and the backend's node answers the client itself, from the frontend's
+ * address; the replies never come back through the node the client chose.
+ *
+ * The node that balances (lb_dsr_send) translates the client's packet to
+ * the backend and wraps it in VXLAN to the backend's node, outside the
+ * kernel's VXLAN device, with the frontend in the header: its address in
+ * the 32 reserved bits (flags word bytes 1-3, then the byte after the
+ * VNI), its port as the outer UDP source port. None of the flow's packets
+ * enter this node's stack: no conntrack entry, no masquerade.
+ *
+ * The backend's node (lb_dsr_receive) takes such a frame before the
+ * kernel's VXLAN device would (it drops frames with reserved bits set),
+ * checks who sent it and for whom, records the frontend for the replies
+ * (an LB_FLOW_OUT entry, as for a flow it balanced itself), and strips the
+ * outer headers: the client's packet goes on up the stack as if it had
+ * come in by the uplink to a local backend, where conntrack and the
+ * NetworkPolicy table judge it with the client's address, or, once the
+ * flow cache knows the flow, straight into the pod. The pod's replies
+ * leave by this node's uplink with the frontend's address
+ * (onc_uplink_lb_egress, onc_uplink_lb_reply).
+ *
+ * Who may send such a frame: a peer (its tunnel endpoint, as the overlay
+ * guard knows it), for a client outside the cluster (no pod, no node),
+ * to a pod of this node, through a frontend this node serves too.
+ */
+#ifndef __ONC_SERVICES_DSR_H
+#define __ONC_SERVICES_DSR_H
+
+#include "services_uplink.h"
+
+#define VXLAN_FLAG_VNI 0x08
+
+/* Counters of their own, so that onc_lb_uplink_stats keeps its size and
+ * an upgrade adopts the pinned maps. */
+enum lb_dsr_stat {
+	LB_STAT_DSR_SENT,           /* packets sent to a backend's node directly */
+	LB_STAT_DSR_TOO_BIG,        /* too big for the overlay: dropped */
+	LB_STAT_DSR_NO_ROUTE,       /* no route to the backend's node: dropped */
+	LB_STAT_DSR_RECEIVED,       /* a peer's packets for a backend here, taken */
+	LB_STAT_DSR_DROP_MALFORMED, /* not a whole VXLAN frame of ours with a TCP or UDP packet */
+	LB_STAT_DSR_DROP_SENDER,    /* not from a peer's tunnel endpoint */
+	LB_STAT_DSR_DROP_CLIENT,    /* for a pod or a node, not a client outside */
+	LB_STAT_DSR_DROP_BACKEND,   /* to no pod of this node */
+	LB_STAT_DSR_DROP_FRONTEND,  /* through a frontend this node does not serve */
+	LB_STAT_DSR_MAX,
+};
+
+ONC_COUNTERS(onc_lb_dsr_stats, lb_dsr_stat, LB_STAT_DSR_MAX);
+
+/* The VXLAN header's bytes, as read and written here. */
+struct lb_dsr_vxlan {
+	__u8 flags;
+	__u8 fe_hi[3]; /* the frontend's address, first three bytes */
+	__u8 vni[3];
+	__u8 fe_lo;    /* and its last */
+};
+
+/* The length of one segment of skb as its IPv4 packet: a GRO or GSO
+ * packet is sent as segments of gso_size bytes of payload. */
+static __always_inline __u32 lb_segment_len(struct __sk_buff *skb, const struct lb_pkt *p)
+{
+	__u8 doff = 0;
+
+	if (!skb->gso_segs || skb->gso_segs == 1)
+		return skb->len - ETH_HLEN;
+	if (p->proto == IPPROTO_UDP)
+		return p->l4off - ETH_HLEN + sizeof(struct udphdr) + skb->gso_size;
+	bpf_skb_load_bytes(skb, p->l4off + 12, &doff, 1);
+	return p->l4off - ETH_HLEN + (doff >> 4) * 4 + skb->gso_size;
+}
+
+/*
+ * lb_dsr_header writes the headers of a DSR frame to node into encap, as
+ * encap_push puts them on (it fills in lengths, ECN, checksum and the UDP
+ * source port, which lb_dsr_send then sets to the frontend's). The outer
+ * Ethernet header is the neighbour's to fill; the inner one the receiver
+ * strips.
+ */
+static __always_inline void lb_dsr_header(struct encap_val *encap, __be32 node, const struct lb_addr *fe)
+{
+	/* Built aligned, copied to where the headers sit in encap. */
+	struct {
+		struct iphdr ip;
+		struct udphdr udp;
+		struct lb_dsr_vxlan vx;
+	} h = {};
+	__be16 proto = bpf_htons(ETH_P_IP);
+	__u32 vni = onc_vni;
+
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.ttl = 64;
+	h.ip.protocol = IPPROTO_UDP;
+	h.ip.saddr = onc_node_ip;
+	h.ip.daddr = node;
+	h.udp.dest = onc_vxlan_port;
+	h.vx.flags = VXLAN_FLAG_VNI;
+	__builtin_memcpy(h.vx.fe_hi, &fe->ip, 3);
+	h.vx.fe_lo = ((const __u8 *)&fe->ip)[3];
+	h.vx.vni[0] = vni >> 16;
+	h.vx.vni[1] = vni >> 8;
+	h.vx.vni[2] = vni;
+	__builtin_memcpy(encap->hdr + offsetof(struct ethhdr, h_proto), &proto, sizeof(proto));
+	__builtin_memcpy(encap->hdr + sizeof(struct ethhdr), &h, sizeof(h));
+	__builtin_memcpy(encap->hdr + ONC_HDR_LEN - sizeof(proto), &proto, sizeof(proto));
+}
+
+/*
+ * lb_dsr_send sends a client's packet, already given its backend's
+ * address, to the backend's node: TTL lowered, wrapped in VXLAN from this
+ * node's tunnel endpoint with the frontend in the header, out of the
+ * device and to the next hop the kernel's FIB and neighbour table give.
+ */
+static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pkt *p, const struct lb_addr *fe,
+				       const struct lb_addr *be)
+{
+	struct bpf_fib_lookup fib = { .family = ONC_AF_INET, .l4_protocol = IPPROTO_UDP };
+	struct bpf_redir_neigh nh = { .nh_family = ONC_AF_INET };
+	struct encap_val encap = {};
+	struct cidr_val *peer;
+	int rc;
+
+	peer = peer_of(be->ip);
+	if (!peer || p->ttl <= 1) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
+		return TC_ACT_SHOT;
+	}
+	fib.ipv4_src = onc_node_ip;
+	fib.ipv4_dst = peer->node_ip;
+	fib.ifindex = skb->ingress_ifindex;
+	fib.tot_len = lb_segment_len(skb, p) + ONC_ENCAP_LEN;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_TOO_BIG, 1);
+		return TC_ACT_SHOT;
+	}
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
+		return TC_ACT_SHOT;
+	}
+
+	lb_dsr_header(&encap, peer->node_ip, fe);
+	if (lb_rewrite(skb, p, 1, be) || lb_dec_ttl(skb, p) || encap_push(skb, &encap, 0, encap_ecn(p->tos)) ||
+	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + sizeof(struct iphdr) + offsetof(struct udphdr, source),
+				&fe->port, sizeof(fe->port), 0)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
+	count(&onc_lb_dsr_stats, LB_STAT_DSR_SENT, 1);
+	nh.ipv4_nh = fib.ipv4_dst; /* the next hop: the peer, or the gateway to it */
+	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+}
+
+/* The service whose frontend a peer's frame names, if this node serves
+ * it: an externalIP or load balancer IP (every node's), or a NodePort of
+ * a node (this node's entry for its own address has the same port). */
+static __always_inline struct lb_svc *lb_dsr_frontend(const struct lb_addr *fe, __u8 proto)
+{
+	struct lb_svc_key key = { .vip = fe->ip, .port = fe->port, .proto = proto, .scope = LB_SCOPE_UPLINK };
+	struct lb_svc *svc = bpf_map_lookup_elem(&onc_lb_svc, &key);
+
+	if (svc || !is_host(fe->ip))
+		return svc;
+	key.vip = onc_node_ip;
+	return bpf_map_lookup_elem(&onc_lb_svc, &key);
+}
+
+/*
+ * lb_dsr_receive judges a frame to this node's VXLAN port (outer, parsed):
+ * LB_NEXT for an ordinary one (no frontend in it: the overlay guard's and
+ * the VXLAN device's), a peer's DSR frame taken as above, or dropped.
+ */
+static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb_pkt *outer)
+{
+	struct sender_key sender = { .prefixlen = 64, .peer = outer->saddr, .inner = outer->saddr };
+	struct lb_flow_key out = { .dir = LB_FLOW_OUT };
+	struct lb_flow rev = {};
+	struct lb_dsr_vxlan vx;
+	struct sender_val *may;
+	struct lb_flow *cur;
+	struct lb_svc *svc;
+	struct lb_addr fe, be;
+	struct lb_pkt p;
+	__be16 inner_proto;
+	__u32 vni;
+
+	if (bpf_skb_load_bytes(skb, outer->l4off + sizeof(struct udphdr), &vx, sizeof(vx)))
+		return LB_NEXT;
+	__builtin_memcpy(&fe.ip, vx.fe_hi, 3);
+	((__u8 *)&fe.ip)[3] = vx.fe_lo;
+	if (!fe.ip)
+		return LB_NEXT;
+	fe.port = outer->sport;
+	vni = (__u32)vx.vni[0] << 16 | (__u32)vx.vni[1] << 8 | vx.vni[2];
+	/* Whole, untagged, without IP options, to our endpoint, our VNI, an
+	 * IPv4 TCP or UDP packet in it: as ONC's peers send. */
+	if (outer->l4off != ETH_HLEN + sizeof(struct iphdr) || outer->daddr != onc_node_ip ||
+	    vx.flags != VXLAN_FLAG_VNI || vni != onc_vni ||
+	    bpf_skb_load_bytes(skb, ONC_HDR_LEN - sizeof(inner_proto), &inner_proto, sizeof(inner_proto)) ||
+	    inner_proto != bpf_htons(ETH_P_IP) || lb_parse_at(skb, ONC_HDR_LEN, &p)) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_MALFORMED, 1);
+		return TC_ACT_SHOT;
+	}
+	/* A peer may speak for its own address (datapath/peers.go). */
+	may = bpf_map_lookup_elem(&onc_senders, &sender);
+	if (!may || !may->may_send) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_SENDER, 1);
+		return TC_ACT_SHOT;
+	}
+	if (lb_internal(p.saddr) || is_host(p.saddr)) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_CLIENT, 1);
+		return TC_ACT_SHOT;
+	}
+	if (!bpf_map_lookup_elem(&onc_local, &p.daddr)) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_BACKEND, 1);
+		return TC_ACT_SHOT;
+	}
+	svc = lb_dsr_frontend(&fe, p.proto);
+	if (!svc) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_FRONTEND, 1);
+		return TC_ACT_SHOT;
+	}
+	rev.ip = fe.ip;
+	rev.port = fe.port;
+	rev.svc_id = svc->id;
+	out.saddr = p.daddr;
+	out.daddr = p.saddr;
+	out.sport = p.dport;
+	out.dport = p.sport;
+	out.proto = p.proto;
+	/* Written only when it changes: the learned uplink stays. */
+	cur = bpf_map_lookup_elem(&onc_lb_flows, &out);
+	if (!cur || cur->ip != rev.ip || cur->port != rev.port || cur->svc_id != rev.svc_id)
+		bpf_map_update_elem(&onc_lb_flows, &out, &rev, BPF_ANY);
+
+	/* The outer Ethernet header stays, with the inner IPv4 packet after
+	 * it: as the client's packet would have come in by the uplink. */
+	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
+		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	p.l4off -= ONC_ENCAP_LEN;
+	count(&onc_lb_dsr_stats, LB_STAT_DSR_RECEIVED, 1);
+	be.ip = p.daddr;
+	be.port = p.dport;
+	return lb_fast_path(skb, &p, &be);
+}
+
+#endif /* __ONC_SERVICES_DSR_H */
