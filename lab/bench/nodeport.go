@@ -17,10 +17,11 @@ import (
 
 // The NodePort rows: netperf from a host outside the cluster to a NodePort
 // Service whose one backend, the netserver pod, runs on node 1; through
-// ONC's kube-proxy replacement (the uplink load balancer) or through real
-// kube-proxy in iptables or nftables mode; connecting to the backend's
-// node (same) or to node 0 (other), which forwards to it over the overlay.
-// Each of the six is a config: nodeport-<placement>-<proxy>.
+// ONC's kube-proxy replacement (the uplink load balancer, SNAT or direct
+// server return) or through real kube-proxy in iptables or nftables mode;
+// connecting to the backend's node (same) or to node 0 (other), which
+// forwards to it over the overlay. Each of the eight is a config:
+// nodeport-<placement>-<proxy>.
 const (
 	SameNode  = "same"
 	OtherNode = "other"
@@ -35,11 +36,18 @@ var NodePortTests = []string{"TCP_RR", "TCP_CRR"}
 // NodePortConfig names the config of proxy and placement.
 func NodePortConfig(proxy, placement string) string { return "nodeport-" + placement + "-" + proxy }
 
+// NodePortProxies are the NodePort rows' proxies, in the order a rotation
+// starts with: Proxies, and ONC's replacement with direct server return.
+var NodePortProxies = []string{ProxyONC, ProxyONCDSR, ProxyIPTables, ProxyNFTables}
+
+// proxyShort names a proxy in a port name.
+var proxyShort = map[string]string{ProxyONC: "onc", ProxyONCDSR: "dsr", ProxyIPTables: "ipt", ProxyNFTables: "nft"}
+
 // NodePortConfigs, by placement, then proxy.
 var NodePortConfigs = func() []string {
 	var out []string
 	for _, pl := range NodePortPlacements {
-		for _, p := range Proxies {
+		for _, p := range NodePortProxies {
 			out = append(out, NodePortConfig(p, pl))
 		}
 	}
@@ -61,7 +69,7 @@ var (
 		for i, cfg := range NodePortConfigs {
 			placement, proxy, _ := strings.Cut(strings.TrimPrefix(cfg, "nodeport-"), "-")
 			p := int32(30866 + i)
-			out[cfg] = namedPort{fmt.Sprintf("np-%c-%.3s", placement[0], proxy), p, p}
+			out[cfg] = namedPort{fmt.Sprintf("np-%c-%s", placement[0], proxyShort[proxy]), p, p}
 		}
 		return out
 	}()
@@ -111,8 +119,8 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 	tests := testsOf(o.Tests, NodePortTests)
 	var out []Sample
 	for rep := 0; rep < o.Reps; rep++ {
-		for i := range Proxies {
-			proxy := Proxies[(i+rep)%len(Proxies)]
+		for i := range NodePortProxies {
+			proxy := NodePortProxies[(i+rep)%len(NodePortProxies)]
 			setup := useProxy(ctx, l, proxy)
 			if setup == nil {
 				setup = waitNodePorts(ctx, l, proxy, spec.ports)
@@ -128,7 +136,7 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 					if setup != nil {
 						s.Error = "setting up " + proxy + ": " + setup.Error()
 					} else {
-						s = nodePortRun(ctx, o, ext, entry[placement], spod, test, proxy, nodePortData[cfg])
+						s = nodePortRun(ctx, o, ext, entry[placement], placement == OtherNode, spod, test, proxy, nodePortData[cfg])
 					}
 					s.Config, s.Rep = cfg, rep+1
 					logSample(o, s)
@@ -141,13 +149,17 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 }
 
 // nodePortRun runs one path-checked netperf from the outside host ext to
-// data's NodePort on entry, whose backend is spod.
-func nodePortRun(ctx context.Context, o Options, ext string, entry *lab.Node, spod *lab.Pod, test, proxy string, data namedPort) Sample {
+// data's NodePort on entry, whose backend is spod (on another node: remote).
+func nodePortRun(ctx context.Context, o Options, ext string, entry *lab.Node, remote bool, spod *lab.Pod, test, proxy string, data namedPort) Sample {
 	if err := forgetConnections(ctx, o.Lab.Nodes, lab.ExternalClientIP); err != nil {
 		return Sample{Test: test, Error: err.Error()}
 	}
 	f := frontend{netip.AddrPortFrom(entry.IP, uint16(data.nodePort)), dpservices.NodePort}
-	read := func() (paths, error) { return readPaths(ctx, entry, f, spod.IP) }
+	read := func() (paths, error) {
+		p, err := readPaths(ctx, entry, f, spod.IP)
+		p.remote = remote
+		return p, err
+	}
 	return pathChecked(ctx, o, ext, netip.AddrPortFrom(entry.IP, uint16(nodePortCtl.nodePort)), data.port, test, read, proxyCheck(proxy, dpservices.NodePort))
 }
 
@@ -165,9 +177,13 @@ func proxyCheck(proxy string, kind dpservices.Frontend) func(paths) error {
 			onc = d.uplink
 		}
 		switch {
-		case proxy == ProxyONC && (onc == 0 || d.iptablesRules != 0 || d.natted != 0):
+		case isONC(proxy) && (onc == 0 || d.iptablesRules != 0 || d.natted != 0):
 			return fmt.Errorf("ONC translated %d connections, netfilter %d, with %d kube-proxy iptables rules for the %s: want some, none and none",
 				onc, d.natted, d.iptablesRules, kind)
+		case proxy == ProxyONCDSR && d.remote && d.dsrSent == 0:
+			return fmt.Errorf("ONC sent no packet to the backend's node directly (dsr_sent): want its flows' every packet")
+		case proxy == ProxyONC && d.dsrSent != 0:
+			return fmt.Errorf("ONC sent %d packets to the backend's node directly (dsr_sent): want none without direct server return", d.dsrSent)
 		case proxy == ProxyIPTables && (d.iptables == 0 || onc != 0):
 			return fmt.Errorf("kube-proxy's rule for the %s matched %d packets, ONC translated %d connections: want some and none", kind, d.iptables, onc)
 		case proxy == ProxyNFTables && (d.natted == 0 || d.iptablesRules != 0 || onc != 0):
@@ -190,7 +206,7 @@ func waitNodePorts(ctx context.Context, l *lab.Lab, proxy string, ports []namedP
 		}
 		var err error
 		switch proxy {
-		case ProxyONC:
+		case ProxyONC, ProxyONCDSR:
 			err = waitBalanced(ctx, n, fronts, dpservices.Uplink)
 		case ProxyIPTables:
 			err = waitKubeProxy(ctx, n.Netns, fronts)
@@ -248,15 +264,25 @@ const (
 	ProxyONC      = "onc"
 	ProxyIPTables = lab.ProxyIPTables
 	ProxyNFTables = lab.ProxyNFTables
+	// ProxyONCDSR is ONC's replacement with direct server return
+	// (--load-balancer-mode dsr): the NodePort rows only, as ClusterIPs
+	// never leave the node.
+	ProxyONCDSR = "onc-dsr"
 )
+
+// isONC says whether proxy is ONC's replacement, in either mode.
+func isONC(proxy string) bool { return proxy == ProxyONC || proxy == ProxyONCDSR }
 
 // Proxies in the order a rotation starts with.
 var Proxies = []string{ProxyONC, ProxyIPTables, ProxyNFTables}
 
 // proxyAgentArgs are the agents' flags under proxy.
 func proxyAgentArgs(proxy string) []string {
-	if proxy == ProxyONC {
+	switch proxy {
+	case ProxyONC:
 		return []string{"--kube-proxy-replacement"}
+	case ProxyONCDSR:
+		return []string{"--kube-proxy-replacement", "--load-balancer-mode=dsr"}
 	}
 	return []string{"--services=off"}
 }
@@ -288,7 +314,7 @@ func useProxy(ctx context.Context, l *lab.Lab, proxy string) error {
 	if restarted {
 		time.Sleep(2 * time.Second) // let the restarted agents' reconciles settle
 	}
-	if proxy == ProxyONC {
+	if isONC(proxy) {
 		return nil
 	}
 	for _, n := range l.Nodes {

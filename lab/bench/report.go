@@ -32,6 +32,8 @@ type Report struct {
 	// without them).
 	NodePortRatios []NodePortRatio `json:"nodePortRatios,omitempty"`
 	NodePortBar    *BarVerdict     `json:"nodePortBar,omitempty"`
+	// The same bar for ONC's replacement with direct server return.
+	NodePortDSRBar *BarVerdict `json:"nodePortDSRBar,omitempty"`
 	// The intra-node section's paired ratios by size and its bar (absent
 	// without it).
 	IntranodeRatios []IntranodeRatio `json:"intranodeRatios,omitempty"`
@@ -173,6 +175,10 @@ type NodePortRatio struct {
 	ONCOnIPTables      Stat `json:"oncOnIPTables"`
 	ONCOnNFTables      Stat `json:"oncOnNFTables"`
 	NFTablesOnIPTables Stat `json:"nftablesOnIPTables"`
+	// ONC's replacement with direct server return ÷ kube-proxy's iptables
+	// mode, and ÷ ONC's with SNAT.
+	DSROnIPTables Stat `json:"dsrOnIPTables"`
+	DSROnONC      Stat `json:"dsrOnONC"`
 }
 
 // nodePortBar is issue 27's, at each placement: TCP_RR through ONC at
@@ -304,15 +310,19 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 	}
 	if len(npTests) > 0 {
 		r.NodePortBar = &BarVerdict{Met: true}
+		r.NodePortDSRBar = &BarVerdict{Met: true}
 		for _, pl := range NodePortPlacements {
-			onc, ipt, nft := NodePortConfig(ProxyONC, pl), NodePortConfig(ProxyIPTables, pl), NodePortConfig(ProxyNFTables, pl)
+			onc, dsr := NodePortConfig(ProxyONC, pl), NodePortConfig(ProxyONCDSR, pl)
+			ipt, nft := NodePortConfig(ProxyIPTables, pl), NodePortConfig(ProxyNFTables, pl)
 			for _, t := range npTests {
 				r.NodePortRatios = append(r.NodePortRatios, NodePortRatio{Test: t, Placement: pl, ONCOnIPTables: PairedRatio(samples, t, onc, ipt),
-					ONCOnNFTables: PairedRatio(samples, t, onc, nft), NFTablesOnIPTables: PairedRatio(samples, t, nft, ipt)})
+					ONCOnNFTables: PairedRatio(samples, t, onc, nft), NFTablesOnIPTables: PairedRatio(samples, t, nft, ipt),
+					DSROnIPTables: PairedRatio(samples, t, dsr, ipt), DSROnONC: PairedRatio(samples, t, dsr, onc)})
 			}
 			for _, b := range nodePortBar {
 				kp := NodePortConfig(b.proxy, pl)
 				r.NodePortBar.add(BarCheck{Test: b.test, Ratio: onc + " ÷ " + kp, Stat: PairedRatio(samples, b.test, onc, kp)}, b.op, b.limit)
+				r.NodePortDSRBar.add(BarCheck{Test: b.test, Ratio: dsr + " ÷ " + kp, Stat: PairedRatio(samples, b.test, dsr, kp)}, b.op, b.limit)
 			}
 		}
 	}
@@ -435,20 +445,29 @@ func (r Report) nodePortMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n## NodePort from outside the cluster\n\n")
 	fmt.Fprintf(w, "Netperf from a host outside the cluster (a namespace on the underlay bridge, %s) to a NodePort Service whose one backend, "+
 		"the netserver pod, runs on node 1 (a lab of its own on the bridge underlay); fast path on. "+
-		"`%s`: ONC's kube-proxy replacement (`--kube-proxy-replacement`, no kube-proxy): the uplink load balancer translates; "+
+		"`%s`: ONC's kube-proxy replacement (`--kube-proxy-replacement`, no kube-proxy): the uplink load balancer translates, "+
+		"a backend on another node seeing the node the client chose (SNAT); `%s`: the same with direct server return "+
+		"(`--load-balancer-mode=dsr`): that backend's node answers the client; "+
 		"`%s`, `%s`: real kube-proxy in that mode on every node, ONC's socket LB off. "+
 		"`same`: the client connects to node 1, the backend's; `other`: to node 0, which forwards over the overlay. "+
 		"Switching proxies removes every kube-proxy rule (`kube-proxy --cleanup`) and restarts the agents with the proxy's flags. "+
-		"Each run is path-checked on the node the client connects to: ONC's uplink entry translated and netfilter did not (onc); "+
+		"Each run is path-checked on the node the client connects to: ONC's uplink entry translated and netfilter did not (onc, onc-dsr), "+
+		"and it sent the packets to the backend's node directly (`dsr_sent`) only with direct server return and a backend elsewhere; "+
 		"kube-proxy's KUBE-NODEPORTS rule counted packets (iptables); netfilter translated (conntrack) with no iptables rule for the port (nftables, "+
 		"whose rules have no counters). Each ratio is the median of the per-repetition paired ratios [bootstrap 95 %% interval] (min – max, n repetitions).\n\n",
-		lab.ExternalClientIP, ProxyONC, ProxyIPTables, ProxyNFTables)
-	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: |")
+		lab.ExternalClientIP, ProxyONC, ProxyONCDSR, ProxyIPTables, ProxyNFTables)
+	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables | onc-dsr ÷ iptables | onc-dsr ÷ onc |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.NodePortRatios {
-		fmt.Fprintf(w, "| %s | %s node | %s | %s | %s |\n", x.Test, x.Placement, x.ONCOnIPTables, x.ONCOnNFTables, x.NFTablesOnIPTables)
+		fmt.Fprintf(w, "| %s | %s node | %s | %s | %s | %s | %s |\n", x.Test, x.Placement, x.ONCOnIPTables, x.ONCOnNFTables, x.NFTablesOnIPTables,
+			x.DSROnIPTables, x.DSROnONC)
 	}
+	fmt.Fprintf(w, "\nWith SNAT (the default):\n")
 	r.NodePortBar.markdown(w)
+	if r.NodePortDSRBar != nil {
+		fmt.Fprintf(w, "\nWith direct server return:\n")
+		r.NodePortDSRBar.markdown(w)
+	}
 }
 
 // failedMarkdown lists the runs that failed, or failed their path check,
@@ -605,7 +624,7 @@ func (r Report) relativeChart() Chart {
 	colors := map[string]string{"bare": "#9e9e9e", "flannel": "#fdd835", "slow": "#e57373", "fast": "#43a047",
 		SockLB: "#1e88e5", KubeProxy: "#fb8c00", PodIP: "#757575"}
 	for _, pl := range NodePortPlacements {
-		for p, c := range map[string]string{ProxyONC: "#1e88e5", ProxyIPTables: "#fb8c00", ProxyNFTables: "#8d6e63"} {
+		for p, c := range map[string]string{ProxyONC: "#1e88e5", ProxyONCDSR: "#3949ab", ProxyIPTables: "#fb8c00", ProxyNFTables: "#8d6e63"} {
 			colors[NodePortConfig(p, pl)] = c
 		}
 	}

@@ -392,6 +392,11 @@ type paths struct {
 	// writes no counters, so this is its evidence; ONC's translations
 	// happen before conntrack sees the packets, so they never count here.
 	natted uint64
+	// Packets ONC's uplink sent to a backend's node directly (direct
+	// server return: dsr_sent), and whether the backend is on another
+	// node than the one read, the only case that sends any.
+	dsrSent uint64
+	remote  bool
 }
 
 // since is what happened between an earlier reading and p. natted is a
@@ -406,7 +411,8 @@ func (p paths) since(earlier paths) paths {
 		return now - then
 	}
 	return paths{socket: d(p.socket, earlier.socket), uplink: d(p.uplink, earlier.uplink),
-		iptables: d(p.iptables, earlier.iptables), iptablesRules: p.iptablesRules, natted: p.natted}
+		iptables: d(p.iptables, earlier.iptables), iptablesRules: p.iptablesRules, natted: p.natted,
+		dsrSent: d(p.dsrSent, earlier.dsrSent), remote: p.remote}
 }
 
 // readPaths reads n's paths for connections to f whose backend is
@@ -419,6 +425,11 @@ func readPaths(ctx context.Context, n *lab.Node, f frontend, backend netip.Addr)
 	case err != nil:
 		return p, err
 	default:
+		for _, c := range resp.Counters {
+			if c.Name == "dsr_sent" {
+				p.dsrSent = c.Value
+			}
+		}
 		for _, s := range resp.Services {
 			switch {
 			case !f.is(s):

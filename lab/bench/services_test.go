@@ -71,7 +71,7 @@ func TestNodePortPortsFitTheAPI(t *testing.T) {
 		}
 		seen[p.name] = true
 	}
-	if len(seen) != 7 {
+	if len(seen) != 1+len(NodePortConfigs) {
 		t.Fatalf("%d ports", len(seen))
 	}
 }
@@ -86,6 +86,11 @@ func TestProxyCheck(t *testing.T) {
 		{ProxyONC, dpservices.NodePort, paths{uplink: 5}, true},
 		{ProxyONC, dpservices.NodePort, paths{socket: 5}, false}, // not the uplink
 		{ProxyONC, dpservices.NodePort, paths{uplink: 5, natted: 1}, false},
+		{ProxyONC, dpservices.NodePort, paths{uplink: 5, dsrSent: 9, remote: true}, false}, // DSR without the mode
+		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, dsrSent: 9, remote: true}, true},
+		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, remote: true}, false}, // SNAT after all
+		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5}, true},                // a local backend: no DSR
+		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, dsrSent: 9, remote: true, natted: 1}, false},
 		{ProxyONC, dpservices.ClusterIP, paths{socket: 5}, true},
 		{ProxyONC, dpservices.ClusterIP, paths{socket: 5, iptablesRules: 1}, false}, // kube-proxy left rules
 		{ProxyIPTables, dpservices.NodePort, paths{iptables: 9, iptablesRules: 1, natted: 3}, true},
