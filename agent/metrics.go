@@ -68,7 +68,7 @@ var (
 		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink).",
 		[]string{"direction"}, nil)
 	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
-		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big and no_route (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
+		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
 		[]string{"event"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)

@@ -147,7 +147,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4, descDSRPackets: 9,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4, descDSRPackets: 10,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -137,8 +137,14 @@ func TestServicesFromOutsideDSR(t *testing.T) {
 			}
 		}
 		defer func() { _ = pols.Delete(ctx, "from-outside", metav1.DeleteOptions{}) }()
-		// Node 0's address: what the backend would see without DSR.
-		admit(netip.PrefixFrom(node0.IP, 32).String())
+		// Node 0's gateway address: what the backend would see without
+		// DSR, admitted alone, shuts the client out.
+		st, err := node0.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := netip.MustParsePrefix(st.PodCidr).Masked().Addr().Next()
+		admit(netip.PrefixFrom(gw, 32).String())
 		testutil.WaitFor(t, "the client shut out", 10*time.Second, func() bool {
 			_, _, _, err := askTCP(client, tcpFront)
 			return err != nil

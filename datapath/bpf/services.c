@@ -114,8 +114,10 @@ int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
  * tcx ingress of the uplink, ahead of the fast path's program: a packet
  * from outside to a NodePort, externalIP or load balancer IP is checked
  * (a spoofed source, a client outside the source ranges: dropped) and
- * sent to its flow's backend; one the service has none for is left to
- * netfilter to refuse, or dropped.
+ * sent to its flow's backend, through the stack or past it, or to the
+ * backend's node directly (direct server return); one the service has
+ * none for is left to netfilter to refuse, or dropped. And a peer's
+ * frame for a flow it sends directly is taken (services_dsr.h).
  */
 SEC("tc")
 int onc_uplink_lb_ingress(struct __sk_buff *skb)
@@ -183,9 +185,10 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 
 /*
  * tcx egress of the uplink, ahead of the fast path's learning: a backend's
- * reply to a client (after conntrack undid the SNAT, for a remote backend)
- * leaves from the frontend the client sent to, and, when netfilter marked
- * it ESTABLISHED, teaches the flow cache that the flow may leave.
+ * reply to a client (after conntrack undid the SNAT, for a remote backend;
+ * a local backend's to a flow a peer sent directly) leaves from the
+ * frontend the client sent to, and, when netfilter marked it ESTABLISHED,
+ * teaches the flow cache that the flow may leave.
  */
 SEC("tc")
 int onc_uplink_lb_egress(struct __sk_buff *skb)

@@ -95,13 +95,14 @@ const (
 	ServicesLbDsrStatLB_STAT_DSR_SENT           ServicesLbDsrStat = 0
 	ServicesLbDsrStatLB_STAT_DSR_TOO_BIG        ServicesLbDsrStat = 1
 	ServicesLbDsrStatLB_STAT_DSR_NO_ROUTE       ServicesLbDsrStat = 2
-	ServicesLbDsrStatLB_STAT_DSR_RECEIVED       ServicesLbDsrStat = 3
-	ServicesLbDsrStatLB_STAT_DSR_DROP_MALFORMED ServicesLbDsrStat = 4
-	ServicesLbDsrStatLB_STAT_DSR_DROP_SENDER    ServicesLbDsrStat = 5
-	ServicesLbDsrStatLB_STAT_DSR_DROP_CLIENT    ServicesLbDsrStat = 6
-	ServicesLbDsrStatLB_STAT_DSR_DROP_BACKEND   ServicesLbDsrStat = 7
-	ServicesLbDsrStatLB_STAT_DSR_DROP_FRONTEND  ServicesLbDsrStat = 8
-	ServicesLbDsrStatLB_STAT_DSR_MAX            ServicesLbDsrStat = 9
+	ServicesLbDsrStatLB_STAT_DSR_TTL_EXPIRED    ServicesLbDsrStat = 3
+	ServicesLbDsrStatLB_STAT_DSR_RECEIVED       ServicesLbDsrStat = 4
+	ServicesLbDsrStatLB_STAT_DSR_DROP_MALFORMED ServicesLbDsrStat = 5
+	ServicesLbDsrStatLB_STAT_DSR_DROP_SENDER    ServicesLbDsrStat = 6
+	ServicesLbDsrStatLB_STAT_DSR_DROP_CLIENT    ServicesLbDsrStat = 7
+	ServicesLbDsrStatLB_STAT_DSR_DROP_BACKEND   ServicesLbDsrStat = 8
+	ServicesLbDsrStatLB_STAT_DSR_DROP_FRONTEND  ServicesLbDsrStat = 9
+	ServicesLbDsrStatLB_STAT_DSR_MAX            ServicesLbDsrStat = 10
 )
 
 type ServicesLbFlow struct {

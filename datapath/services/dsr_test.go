@@ -42,7 +42,7 @@ var (
 
 // dsrNode loads the fast path and the services programs of a node of a
 // two-node cluster, as the agent fills their maps.
-func dsrNode(t *testing.T, self, peer netip.Addr, pods, peerPods netip.Prefix) *LB {
+func dsrNode(t *testing.T, self, peer netip.Addr, pods, peerPods netip.Prefix) (*LB, *fastpath.Datapath) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
@@ -60,7 +60,7 @@ func dsrNode(t *testing.T, self, peer netip.Addr, pods, peerPods netip.Prefix) *
 	if pods == dsrPods1 {
 		testutil.Must(t, fp.SetLocalPod(dsrBackend.Addr(), 1, net.HardwareAddr{2, 0, 0, 0, 2, 3}, net.HardwareAddr{2, 0, 0, 0, 2, 1}))
 	}
-	return lb
+	return lb, fp
 }
 
 // dsrServices is a NodePort of node's address and an externalIP, each with
@@ -76,7 +76,9 @@ func dsrServices(node netip.Addr) []Service {
 // On node 0 a client's SYN to its NodePort leaves as a VXLAN frame to node
 // 1 carrying the frontend: address in the reserved bits, port as the outer
 // source port; the inner packet goes to the backend with the client's
-// address, one hop older. Too big for the overlay, it is dropped.
+// address, one hop older. Too big for the overlay, or at the end of its
+// TTL, a packet is dropped; once the backend's node left the peers, so
+// is the flow's next packet, and the flow is forgotten, to pick afresh.
 func TestDSRSendsTheFrontendToTheBackendsNode(t *testing.T) {
 	testutil.Privileged(t)
 	ns := testutil.Prefix() + "-dsr"
@@ -102,7 +104,7 @@ func TestDSRSendsTheFrontendToTheBackendsNode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		lb := dsrNode(t, dsrNode0, dsrNode1, dsrPods0, dsrPods1)
+		lb, fp := dsrNode(t, dsrNode0, dsrNode1, dsrPods0, dsrPods1)
 		testutil.Must(t, lb.Sync(dsrServices(dsrNode0), false))
 		front := netip.AddrPortFrom(dsrNode0, nodePort)
 		syn := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, dsrClient.Addr(), front.Addr(), unix.IPPROTO_TCP,
@@ -150,6 +152,26 @@ func TestDSRSendsTheFrontendToTheBackendsNode(t *testing.T) {
 		if ret, _ := bpftest.RunFrom(t, lb.objs.OncUplinkLbIngress, big, uplink.Index); ret != actShot || counter(t, lb, "dsr_too_big") != 1 {
 			t.Errorf("a packet too big for the overlay: verdict %d, dsr_too_big %d; want dropped, counted", ret, counter(t, lb, "dsr_too_big"))
 		}
+		last := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, dsrClient.Addr(), front.Addr(), unix.IPPROTO_TCP,
+			dsrClient.Port()+2, front.Port(), 0x02, 0)
+		last[22] = 1 // TTL
+		binary.BigEndian.PutUint16(last[24:], bpftest.IPChecksum(last[14:34]))
+		if ret, _ := bpftest.RunFrom(t, lb.objs.OncUplinkLbIngress, last, uplink.Index); ret != actShot || counter(t, lb, "dsr_ttl_expired") != 1 {
+			t.Errorf("a packet at the end of its TTL: verdict %d, dsr_ttl_expired %d; want dropped, counted", ret, counter(t, lb, "dsr_ttl_expired"))
+		}
+
+		testutil.Must(t, fp.SyncPeers(nil, false))
+		ack := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, dsrClient.Addr(), front.Addr(), unix.IPPROTO_TCP,
+			dsrClient.Port(), front.Port(), 0, 0)
+		if ret, _ := bpftest.RunFrom(t, lb.objs.OncUplinkLbIngress, ack, uplink.Index); ret != actShot || counter(t, lb, "dsr_no_route") != 1 {
+			t.Errorf("the flow's next packet with its backend's node gone: verdict %d, dsr_no_route %d; want dropped, counted", ret, counter(t, lb, "dsr_no_route"))
+		}
+		var fwd bpf.ServicesLbFlow
+		in := bpf.ServicesLbFlowKey{Saddr: bpf.NetIPv4(dsrClient.Addr()), Daddr: bpf.NetIPv4(front.Addr()),
+			Sport: bpf.NetPort(dsrClient.Port()), Dport: bpf.NetPort(front.Port()), Proto: unix.IPPROTO_TCP}
+		if err := lb.maps.OncLbFlows.Lookup(in, &fwd); err == nil {
+			t.Errorf("the flow is still remembered (%+v): its next packet would meet the gone node again", fwd)
+		}
 		return nil
 	}))
 }
@@ -171,9 +193,13 @@ func dsrFrame(outerSrc netip.Addr, fe netip.AddrPort, src, dst netip.AddrPort, p
 // frontend recorded. Everything else it drops, counting why; an ordinary
 // frame it leaves to the overlay guard.
 func TestDSRReceiveTakesOnlyWhatAPeerMaySend(t *testing.T) {
-	lb := dsrNode(t, dsrNode1, dsrNode0, dsrPods1, dsrPods0)
+	lb, _ := dsrNode(t, dsrNode1, dsrNode0, dsrPods1, dsrPods0)
 	testutil.Must(t, lb.Sync(dsrServices(dsrNode1), false))
 	nodePortOf0 := netip.AddrPortFrom(dsrNode0, nodePort)
+	// Its ExternalIP, say: no node knows another's addresses but the
+	// tunnel endpoint, so any address outside the cluster may front a
+	// NodePort this node serves too.
+	otherAddrOf0 := netip.AddrPortFrom(netip.MustParseAddr("198.51.100.99"), nodePort)
 	ext := netip.AddrPortFrom(dsrExtIP, 80)
 	tcp := uint8(unix.IPPROTO_TCP)
 	withVNI := func(b []byte, vni uint32) []byte {
@@ -190,7 +216,9 @@ func TestDSRReceiveTakesOnlyWhatAPeerMaySend(t *testing.T) {
 		{"node 0's NodePort", dsrFrame(dsrNode0, nodePortOf0, dsrClient, dsrBackend, tcp), "", nodePortOf0},
 		{"an externalIP", dsrFrame(dsrNode0, ext, dsrClient, dsrBackend, tcp), "", ext},
 		{"a frontend nobody serves", dsrFrame(dsrNode0, netip.AddrPortFrom(dsrExtIP, 81), dsrClient, dsrBackend, tcp), "dsr_drop_frontend", netip.AddrPort{}},
-		{"a NodePort of an address no node has", dsrFrame(dsrNode0, netip.AddrPortFrom(netip.MustParseAddr("198.51.100.99"), nodePort), dsrClient, dsrBackend, tcp), "dsr_drop_frontend", netip.AddrPort{}},
+		{"a NodePort on another address of node 0's", dsrFrame(dsrNode0, otherAddrOf0, dsrClient, dsrBackend, tcp), "", otherAddrOf0},
+		{"a port no NodePort has", dsrFrame(dsrNode0, netip.AddrPortFrom(dsrNode0, nodePort+1), dsrClient, dsrBackend, tcp), "dsr_drop_frontend", netip.AddrPort{}},
+		{"a frontend in the pod CIDR", dsrFrame(dsrNode0, netip.AddrPortFrom(netip.MustParseAddr("10.244.1.5"), nodePort), dsrClient, dsrBackend, tcp), "dsr_drop_frontend", netip.AddrPort{}},
 		{"a host that is no peer", dsrFrame(netip.MustParseAddr("198.51.100.50"), nodePortOf0, dsrClient, dsrBackend, tcp), "dsr_drop_sender", netip.AddrPort{}},
 		{"a node that is no peer", dsrFrame(dsrOther, nodePortOf0, dsrClient, dsrBackend, tcp), "dsr_drop_sender", netip.AddrPort{}},
 		{"for a pod of the peer", dsrFrame(dsrNode0, nodePortOf0, netip.AddrPortFrom(netip.MustParseAddr("10.244.1.5"), 40000), dsrBackend, tcp), "dsr_drop_client", netip.AddrPort{}},

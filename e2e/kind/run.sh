@@ -17,6 +17,8 @@
 # with its kube-proxy replacement on, dialling the API server on the
 # control plane node (docs/install.md, "Without kube-proxy"); iptables (the
 # default), nftables or ipvs run kube-proxy in that mode beside ONC.
+# LB_MODE=dsr (with KUBE_PROXY=none) sets load-balancer-mode: direct server
+# return for clients outside (docs/services.md); snat is the default.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -34,6 +36,7 @@ SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
 PROCS=${PROCS:-1}
 RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 KUBE_PROXY=${KUBE_PROXY:-iptables}
+LB_MODE=${LB_MODE:-snat}
 # Nodes in the cluster, the first the control plane, and the zones the
 # workers are spread over in turn (topology.kubernetes.io/zone zone-0,
 # zone-1, ...). Without zones (0) every node takes pods; with zones the
@@ -124,9 +127,12 @@ up() {
     # The edit docs/install.md asks for; the restart below brings it in.
     local apiserver
     apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
-    log "kube-proxy replacement on, API server at $apiserver:6443"
+    log "kube-proxy replacement on ($LB_MODE), API server at $apiserver:6443"
     kc -n onc-system patch configmap onc-config --type merge \
-      -p '{"data":{"kube-proxy-replacement":"true","k8s-service-host":"'"$apiserver"'","k8s-service-port":"6443"}}'
+      -p '{"data":{"kube-proxy-replacement":"true","load-balancer-mode":"'"$LB_MODE"'","k8s-service-host":"'"$apiserver"'","k8s-service-port":"6443"}}'
+  elif [ "$LB_MODE" != snat ]; then
+    echo "LB_MODE=$LB_MODE needs KUBE_PROXY=none: beside kube-proxy, kube-proxy serves clients outside" >&2
+    exit 1
   fi
   # Same tag, maybe a new image: restart so the pods run what was loaded.
   kc -n onc-system rollout restart ds/onc-agent deploy/onc-controller
@@ -280,7 +286,7 @@ summarize() {
     echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
     echo
     echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(cat "$CACHE/$CLUSTER.image-commit" 2>/dev/null || echo unknown) (the image's tree),"
-    echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it)"),"
+    echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it, load-balancer-mode $LB_MODE)"),"
     echo "$NODES nodes$([ "$ZONES" = 0 ] || echo " in $ZONES zones"),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
     echo

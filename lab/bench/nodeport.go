@@ -182,8 +182,8 @@ func proxyCheck(proxy string, kind dpservices.Frontend) func(paths) error {
 				onc, d.natted, d.iptablesRules, kind)
 		case proxy == ProxyONCDSR && d.remote && d.dsrSent == 0:
 			return fmt.Errorf("ONC sent no packet to the backend's node directly (dsr_sent): want its flows' every packet")
-		case proxy == ProxyONC && d.dsrSent != 0:
-			return fmt.Errorf("ONC sent %d packets to the backend's node directly (dsr_sent): want none without direct server return", d.dsrSent)
+		case (proxy == ProxyONC || !d.remote) && d.dsrSent != 0:
+			return fmt.Errorf("ONC sent %d packets to a backend's node directly (dsr_sent): want none without direct server return or to a local backend", d.dsrSent)
 		case proxy == ProxyIPTables && (d.iptables == 0 || onc != 0):
 			return fmt.Errorf("kube-proxy's rule for the %s matched %d packets, ONC translated %d connections: want some and none", kind, d.iptables, onc)
 		case proxy == ProxyNFTables && (d.natted == 0 || d.iptablesRules != 0 || onc != 0):

@@ -90,6 +90,7 @@ func TestProxyCheck(t *testing.T) {
 		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, dsrSent: 9, remote: true}, true},
 		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, remote: true}, false}, // SNAT after all
 		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5}, true},                // a local backend: no DSR
+		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, dsrSent: 9}, false},   // DSR to a local backend
 		{ProxyONCDSR, dpservices.NodePort, paths{uplink: 5, dsrSent: 9, remote: true, natted: 1}, false},
 		{ProxyONC, dpservices.ClusterIP, paths{socket: 5}, true},
 		{ProxyONC, dpservices.ClusterIP, paths{socket: 5, iptablesRules: 1}, false}, // kube-proxy left rules

@@ -3,7 +3,8 @@
  * Encapsulation as the kernel's VXLAN device would do it, with the outer
  * headers it put on earlier packets to the same node (onc_encap): for the
  * fast path's pod-to-pod packets (fastpath.c) and the uplink load
- * balancer's packets to a backend on another node (services.c).
+ * balancer's packets to a backend on another node (services.c); or with
+ * headers built afresh, for direct server return (services_dsr.h).
  */
 #ifndef __ONC_ENCAP_H
 #define __ONC_ENCAP_H
@@ -60,8 +61,8 @@ static __always_inline __u8 encap_ecn(__u8 inner_tos)
  * and fixes what differs per packet: outer IP length, ECN, id and
  * checksum; UDP source port (from hash, to spread flows over the
  * uplink's queues as the kernel does), length, checksum 0. The caller
- * redirects it to encap->ifindex. Returns 0, or -1 when the packet could
- * not be rewritten (drop it: it may be half done).
+ * redirects it (to encap->ifindex, for a learned header). Returns 0, or -1
+ * when the packet could not be rewritten (drop it: it may be half done).
  */
 static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_val *encap, __u32 hash, __u8 ecn)
 {

@@ -39,7 +39,8 @@
 enum lb_dsr_stat {
 	LB_STAT_DSR_SENT,           /* packets sent to a backend's node directly */
 	LB_STAT_DSR_TOO_BIG,        /* too big for the overlay: dropped */
-	LB_STAT_DSR_NO_ROUTE,       /* no route to the backend's node: dropped */
+	LB_STAT_DSR_NO_ROUTE,       /* no route to the backend's node, or it left: dropped */
+	LB_STAT_DSR_TTL_EXPIRED,    /* a TTL of 1 or less: dropped */
 	LB_STAT_DSR_RECEIVED,       /* a peer's packets for a backend here, taken */
 	LB_STAT_DSR_DROP_MALFORMED, /* not a whole VXLAN frame of ours with a TCP or UDP packet */
 	LB_STAT_DSR_DROP_SENDER,    /* not from a peer's tunnel endpoint */
@@ -65,7 +66,7 @@ static __always_inline __u32 lb_segment_len(struct __sk_buff *skb, const struct 
 {
 	__u8 doff = 0;
 
-	if (!skb->gso_segs || skb->gso_segs == 1)
+	if (!skb->gso_size)
 		return skb->len - ETH_HLEN;
 	if (p->proto == IPPROTO_UDP)
 		return p->l4off - ETH_HLEN + sizeof(struct udphdr) + skb->gso_size;
@@ -120,12 +121,20 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 {
 	struct bpf_fib_lookup fib = { .family = ONC_AF_INET, .l4_protocol = IPPROTO_UDP };
 	struct bpf_redir_neigh nh = { .nh_family = ONC_AF_INET };
+	struct lb_flow_key in = lb_in_key(p);
 	struct encap_val encap = {};
 	struct cidr_val *peer;
 	int rc;
 
+	if (p->ttl <= 1) {
+		count(&onc_lb_dsr_stats, LB_STAT_DSR_TTL_EXPIRED, 1);
+		return TC_ACT_SHOT;
+	}
 	peer = peer_of(be->ip);
-	if (!peer || p->ttl <= 1) {
+	if (!peer) {
+		/* The backend's node left the peers (or its fast path went
+		 * off): the flow's next packet picks afresh. */
+		bpf_map_delete_elem(&onc_lb_flows, &in);
 		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
 		return TC_ACT_SHOT;
 	}
@@ -158,13 +167,14 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 
 /* The service whose frontend a peer's frame names, if this node serves
  * it: an externalIP or load balancer IP (every node's), or a NodePort of
- * a node (this node's entry for its own address has the same port). */
+ * the peer's, on any of its addresses (this node serves the same port on
+ * its own). Never a frontend in the cluster's pod CIDR. */
 static __always_inline struct lb_svc *lb_dsr_frontend(const struct lb_addr *fe, __u8 proto)
 {
 	struct lb_svc_key key = { .vip = fe->ip, .port = fe->port, .proto = proto, .scope = LB_SCOPE_UPLINK };
 	struct lb_svc *svc = bpf_map_lookup_elem(&onc_lb_svc, &key);
 
-	if (svc || !is_host(fe->ip))
+	if (svc || lb_internal(fe->ip))
 		return svc;
 	key.vip = onc_node_ip;
 	return bpf_map_lookup_elem(&onc_lb_svc, &key);
@@ -178,7 +188,7 @@ static __always_inline struct lb_svc *lb_dsr_frontend(const struct lb_addr *fe, 
 static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb_pkt *outer)
 {
 	struct sender_key sender = { .prefixlen = 64, .peer = outer->saddr, .inner = outer->saddr };
-	struct lb_flow_key out = { .dir = LB_FLOW_OUT };
+	struct lb_flow_key out;
 	struct lb_flow rev = {};
 	struct lb_dsr_vxlan vx;
 	struct sender_val *may;
@@ -228,11 +238,7 @@ static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb
 	rev.ip = fe.ip;
 	rev.port = fe.port;
 	rev.svc_id = svc->id;
-	out.saddr = p.daddr;
-	out.daddr = p.saddr;
-	out.sport = p.dport;
-	out.dport = p.sport;
-	out.proto = p.proto;
+	out = lb_out_key(p.daddr, p.dport, p.saddr, p.sport, p.proto);
 	/* Written only when it changes: the learned uplink stays. */
 	cur = bpf_map_lookup_elem(&onc_lb_flows, &out);
 	if (!cur || cur->ip != rev.ip || cur->port != rev.port || cur->svc_id != rev.svc_id)

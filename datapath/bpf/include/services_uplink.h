@@ -5,6 +5,9 @@
  * entry of onc_lb_svc) gets a backend's address and port before the stack
  * sees it, and the stack routes it to the local pod or over the overlay.
  * Replies get the frontend's address back on their way out of the uplink.
+ * With direct server return (LB_SVC_DSR, services_dsr.h) a flow to a pod
+ * on another node never enters this node's stack: its packets are sent
+ * to that node directly, which answers the client itself.
  *
  * The programs end the link's chain only on a packet they drop or send
  * past the stack themselves (below): every other packet, translated or
@@ -20,8 +23,9 @@
  * packets the masqueraded source and the outer headers the overlay put
  * on earlier packets to that node, and the replies, which the fast
  * path's ingress program passes on, are decapsulated and reversed at
- * once. TCP SYN, FIN and RST always take the stack, so conntrack sees
- * every connection open and close.
+ * once. TCP SYN, FIN and RST always take the stack (of the node that
+ * holds the flow's conntrack entry), so conntrack sees every connection
+ * open and close.
  *
  * Address translation the kernel must do stays the kernel's: SNAT of
  * packets to a backend on another node (ONC's MASQUERADE rule, matching
@@ -240,14 +244,34 @@ static __always_inline int lb_rewrite(struct __sk_buff *skb, const struct lb_pkt
 	return bpf_skb_store_bytes(skb, port_off, &to->port, sizeof(to->port), 0);
 }
 
-/* The flow a backend's packet to a client replies to, if any. */
-static __always_inline struct lb_flow *lb_reply_flow(__be32 backend, __be16 backend_port, __be32 client,
+/* The key of a flow's entry for a client's packet, p. */
+static __always_inline struct lb_flow_key lb_in_key(const struct lb_pkt *p)
+{
+	struct lb_flow_key key = {
+		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
+		.proto = p->proto, .dir = LB_FLOW_IN,
+	};
+
+	return key;
+}
+
+/* The key of a flow's entry for its backend's replies. */
+static __always_inline struct lb_flow_key lb_out_key(__be32 backend, __be16 backend_port, __be32 client,
 						     __be16 client_port, __u8 proto)
 {
 	struct lb_flow_key key = {
 		.saddr = backend, .daddr = client, .sport = backend_port, .dport = client_port,
 		.proto = proto, .dir = LB_FLOW_OUT,
 	};
+
+	return key;
+}
+
+/* The flow a backend's packet to a client replies to, if any. */
+static __always_inline struct lb_flow *lb_reply_flow(__be32 backend, __be16 backend_port, __be32 client,
+						     __be16 client_port, __u8 proto)
+{
+	struct lb_flow_key key = lb_out_key(backend, backend_port, client, client_port, proto);
 
 	return bpf_map_lookup_elem(&onc_lb_flows, &key);
 }
@@ -451,11 +475,7 @@ static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, stru
 static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct lb_svc *svc,
 					   struct lb_addr *be, __u8 *dsr)
 {
-	struct lb_flow_key in = {
-		.saddr = p->saddr, .daddr = p->daddr, .sport = p->sport, .dport = p->dport,
-		.proto = p->proto, .dir = LB_FLOW_IN,
-	};
-	struct lb_flow_key out = { .daddr = p->saddr, .dport = p->sport, .proto = p->proto, .dir = LB_FLOW_OUT };
+	struct lb_flow_key in = lb_in_key(p), out;
 	struct lb_flow fwd = { .svc_id = svc->id };
 	struct lb_flow rev = { .ip = p->daddr, .port = p->dport, .svc_id = svc->id };
 	struct lb_flow *cur = bpf_map_lookup_elem(&onc_lb_flows, &in);
@@ -481,8 +501,7 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	 * host-network or external one, answers through this node. */
 	fwd.dsr = (svc->flags & LB_SVC_DSR) && peer_of(be->ip);
 	if (!fwd.dsr) {
-		out.saddr = be->ip;
-		out.sport = be->port;
+		out = lb_out_key(be->ip, be->port, p->saddr, p->sport, p->proto);
 		/* The reply's entry first: the backend may answer before this
 		 * program returns. */
 		bpf_map_update_elem(&onc_lb_flows, &out, &rev, BPF_ANY);
