@@ -78,7 +78,8 @@ func dsrServices(node netip.Addr) []Service {
 // source port; the inner packet goes to the backend with the client's
 // address, one hop older. Too big for the overlay, or at the end of its
 // TTL, a packet is dropped; once the backend's node left the peers, so
-// is the flow's next packet, and the flow is forgotten, to pick afresh.
+// is the flow's next packet, and the flow is forgotten, to pick afresh. A
+// node's host as the client goes through the stack instead.
 func TestDSRSendsTheFrontendToTheBackendsNode(t *testing.T) {
 	testutil.Privileged(t)
 	ns := testutil.Prefix() + "-dsr"
@@ -158,6 +159,14 @@ func TestDSRSendsTheFrontendToTheBackendsNode(t *testing.T) {
 		binary.BigEndian.PutUint16(last[24:], bpftest.IPChecksum(last[14:34]))
 		if ret, _ := bpftest.RunFrom(t, lb.objs.OncUplinkLbIngress, last, uplink.Index); ret != actShot || counter(t, lb, "dsr_ttl_expired") != 1 {
 			t.Errorf("a packet at the end of its TTL: verdict %d, dsr_ttl_expired %d; want dropped, counted", ret, counter(t, lb, "dsr_ttl_expired"))
+		}
+
+		// Another node's host is no client to answer directly: its
+		// connection goes through the stack, masqueraded.
+		fromNode := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, dsrNode1, front.Addr(), unix.IPPROTO_TCP, 40000, front.Port(), 0x02, 0)
+		sent = counter(t, lb, "dsr_sent")
+		if ret, _ := bpftest.RunFrom(t, lb.objs.OncUplinkLbIngress, fromNode, uplink.Index); ret != actNext || counter(t, lb, "dsr_sent") != sent {
+			t.Errorf("a SYN from node 1's host: verdict %d, dsr_sent grew by %d; want it passed on to the stack, none sent directly", ret, counter(t, lb, "dsr_sent")-sent)
 		}
 
 		testutil.Must(t, fp.SyncPeers(nil, false))

@@ -498,8 +498,11 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	fwd.ip = be->ip;
 	fwd.port = be->port;
 	/* Only a pod on another node answers for us; a backend here, or a
-	 * host-network or external one, answers through this node. */
-	fwd.dsr = (svc->flags & LB_SVC_DSR) && peer_of(be->ip);
+	 * host-network or external one, answers through this node. So does
+	 * every backend to a node's host (another node dialling this one's
+	 * NodePort): the backend's node would deliver the replies to its own
+	 * host, or refuse a node as a client. */
+	fwd.dsr = (svc->flags & LB_SVC_DSR) && peer_of(be->ip) && !is_host(p->saddr);
 	if (!fwd.dsr) {
 		out = lb_out_key(be->ip, be->port, p->saddr, p->sport, p->proto);
 		/* The reply's entry first: the backend may answer before this
