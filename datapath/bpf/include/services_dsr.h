@@ -133,7 +133,8 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 	peer = peer_of(be->ip);
 	if (!peer) {
 		/* The backend's node left the peers (or its fast path went
-		 * off): the flow's next packet picks afresh. */
+		 * off): forgotten, a UDP flow's next datagram picks afresh; a
+		 * TCP flow's next segment meets the stack, which resets it. */
 		bpf_map_delete_elem(&onc_lb_flows, &in);
 		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
 		return TC_ACT_SHOT;
