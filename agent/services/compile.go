@@ -51,16 +51,15 @@ type Proxying struct {
 // each frontend there (k8s.io/kubernetes pkg/proxy). It is deterministic,
 // so callers can compare two tables with reflect.DeepEqual.
 //
-// Without p.Replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
+// Without proxy.Replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
 // of TCP and UDP ports are ONC's, at the socket. With it, ONC is the
 // only proxy: NodePorts on every address of the node, externalIPs and load
 // balancer ingress IPs too, each at the socket (clients on this node) and
 // on the uplink (clients outside the cluster). SCTP and IPv6 are served by
 // nobody (Unserved lists the SCTP ports).
-func Compile(snap Snapshot, node Node, p Proxying) []services.Service {
-	replace := p.Replace
+func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 	byService := slicesByService(snap)
-	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, dsr: p.DSR}
+	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, dsr: proxy.DSR}
 	// Claims go in this order: every ClusterIP first, so that no
 	// externalIP or hostPort another Service's author chose can take one
 	// (CVE-2020-8554); then hostPorts, as the portmap plugin's chain comes
@@ -88,7 +87,7 @@ func Compile(snap Snapshot, node Node, p Proxying) []services.Service {
 			sets := categorize(eps[portName{p.Name, p.Protocol}], node, hintsApply(svc))
 			base := services.Service{Name: key + ":" + p.Name, Proto: proto, Affinity: affinity(svc)}
 			if internalLocal(svc) {
-				if sets.local != nil || !sets.any || replace {
+				if sets.local != nil || !sets.any || proxy.Replace {
 					// No local endpoint, though some elsewhere: kube-proxy
 					// drops; without kube-proxy the socket refuses.
 					t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.local)
@@ -97,7 +96,7 @@ func Compile(snap Snapshot, node Node, p Proxying) []services.Service {
 			} else {
 				t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
 			}
-			if replace {
+			if proxy.Replace {
 				externals = append(externals, external{svc, p, base, sets})
 			}
 		}

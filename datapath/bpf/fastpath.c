@@ -108,7 +108,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	}
 	ip_dec_ttl(p.ip);
 	hash = encap_hash(skb, p.ip->saddr, p.ip->daddr, p.sport, p.dport);
-	if (encap_push(skb, encap, hash, encap_ecn(p.ip->tos)))
+	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(p.ip->tos)))
 		goto err;
 
 	count(&onc_stats, STAT_EGRESS_HIT, 1);

@@ -47,6 +47,13 @@ static __always_inline __u32 encap_hash(const struct __sk_buff *skb, __be32 sadd
 	return h;
 }
 
+/* The outer UDP source port for a flow's hash, in the range the kernel's
+ * VXLAN device picks from. */
+static __always_inline __be16 encap_sport(__u32 hash)
+{
+	return bpf_htons(49152 + (hash % 16384));
+}
+
 /* The outer ECN as the kernel's VXLAN device sets it (RFC 6040): the
  * inner packet's, with CE sent as ECT(0). */
 static __always_inline __u8 encap_ecn(__u8 inner_tos)
@@ -59,12 +66,12 @@ static __always_inline __u8 encap_ecn(__u8 inner_tos)
 /*
  * encap_push puts encap's headers in front of the Ethernet frame in skb
  * and fixes what differs per packet: outer IP length, ECN, id and
- * checksum; UDP source port (from hash, to spread flows over the
- * uplink's queues as the kernel does), length, checksum 0. The caller
+ * checksum; UDP source port (sport: encap_sport's, to spread flows over
+ * the uplink's queues as the kernel does), length, checksum 0. The caller
  * redirects it (to encap->ifindex, for a learned header). Returns 0, or -1
  * when the packet could not be rewritten (drop it: it may be half done).
  */
-static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_val *encap, __u32 hash, __u8 ecn)
+static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_val *encap, __be16 sport, __u8 ecn)
 {
 	struct iphdr *oip;
 	struct udphdr *oudp;
@@ -91,7 +98,7 @@ static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_
 	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
 		sum += w[i];
 	oip->check = csum_fold(sum);
-	oudp->source = bpf_htons(49152 + (hash % 16384));
+	oudp->source = sport;
 	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
 	oudp->check = 0;
 	return 0;

@@ -52,13 +52,22 @@ enum lb_dsr_stat {
 
 ONC_COUNTERS(onc_lb_dsr_stats, lb_dsr_stat, LB_STAT_DSR_MAX);
 
-/* The VXLAN header's bytes, as read and written here. */
-struct lb_dsr_vxlan {
-	__u8 flags;
-	__u8 fe_hi[3]; /* the frontend's address, first three bytes */
-	__u8 vni[3];
-	__u8 fe_lo;    /* and its last */
-};
+/* The frontend's address in a VXLAN header's reserved bits (host order
+ * inside): its first three bytes after the flags, its last after the VNI. */
+static __always_inline struct vxlanhdr lb_dsr_vxlan(__be32 fe)
+{
+	struct vxlanhdr vx = {
+		.flags = bpf_htonl(VXLAN_FLAG_VNI << 24 | bpf_ntohl(fe) >> 8),
+		.vni = bpf_htonl(onc_vni << 8 | (bpf_ntohl(fe) & 0xff)),
+	};
+
+	return vx;
+}
+
+static __always_inline __be32 lb_dsr_frontend_ip(const struct vxlanhdr *vx)
+{
+	return bpf_htonl(bpf_ntohl(vx->flags) << 8 | (bpf_ntohl(vx->vni) & 0xff));
+}
 
 /* The length of one segment of skb as its IPv4 packet: a GRO or GSO
  * packet is sent as segments of gso_size bytes of payload. */
@@ -77,7 +86,7 @@ static __always_inline __u32 lb_segment_len(struct __sk_buff *skb, const struct 
 /*
  * lb_dsr_header writes the headers of a DSR frame to node into encap, as
  * encap_push puts them on (it fills in lengths, ECN, checksum and the UDP
- * source port, which lb_dsr_send then sets to the frontend's). The outer
+ * source port, the frontend's). The outer
  * Ethernet header is the neighbour's to fill; the inner one the receiver
  * strips.
  */
@@ -87,10 +96,9 @@ static __always_inline void lb_dsr_header(struct encap_val *encap, __be32 node, 
 	struct {
 		struct iphdr ip;
 		struct udphdr udp;
-		struct lb_dsr_vxlan vx;
+		struct vxlanhdr vx;
 	} h = {};
 	__be16 proto = bpf_htons(ETH_P_IP);
-	__u32 vni = onc_vni;
 
 	h.ip.version = 4;
 	h.ip.ihl = 5;
@@ -99,12 +107,7 @@ static __always_inline void lb_dsr_header(struct encap_val *encap, __be32 node, 
 	h.ip.saddr = onc_node_ip;
 	h.ip.daddr = node;
 	h.udp.dest = onc_vxlan_port;
-	h.vx.flags = VXLAN_FLAG_VNI;
-	__builtin_memcpy(h.vx.fe_hi, &fe->ip, 3);
-	h.vx.fe_lo = ((const __u8 *)&fe->ip)[3];
-	h.vx.vni[0] = vni >> 16;
-	h.vx.vni[1] = vni >> 8;
-	h.vx.vni[2] = vni;
+	h.vx = lb_dsr_vxlan(fe->ip);
 	__builtin_memcpy(encap->hdr + offsetof(struct ethhdr, h_proto), &proto, sizeof(proto));
 	__builtin_memcpy(encap->hdr + sizeof(struct ethhdr), &h, sizeof(h));
 	__builtin_memcpy(encap->hdr + ONC_HDR_LEN - sizeof(proto), &proto, sizeof(proto));
@@ -154,9 +157,7 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 	}
 
 	lb_dsr_header(&encap, peer->node_ip, fe);
-	if (lb_rewrite(skb, p, 1, be) || lb_dec_ttl(skb, p) || encap_push(skb, &encap, 0, encap_ecn(p->tos)) ||
-	    bpf_skb_store_bytes(skb, sizeof(struct ethhdr) + sizeof(struct iphdr) + offsetof(struct udphdr, source),
-				&fe->port, sizeof(fe->port), 0)) {
+	if (lb_rewrite(skb, p, 1, be) || lb_dec_ttl(skb, p) || encap_push(skb, &encap, fe->port, encap_ecn(p->tos))) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
@@ -191,27 +192,24 @@ static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb
 	struct sender_key sender = { .prefixlen = 64, .peer = outer->saddr, .inner = outer->saddr };
 	struct lb_flow_key out;
 	struct lb_flow rev = {};
-	struct lb_dsr_vxlan vx;
+	struct vxlanhdr vx;
 	struct sender_val *may;
 	struct lb_flow *cur;
 	struct lb_svc *svc;
 	struct lb_addr fe, be;
 	struct lb_pkt p;
 	__be16 inner_proto;
-	__u32 vni;
 
 	if (bpf_skb_load_bytes(skb, outer->l4off + sizeof(struct udphdr), &vx, sizeof(vx)))
 		return LB_NEXT;
-	__builtin_memcpy(&fe.ip, vx.fe_hi, 3);
-	((__u8 *)&fe.ip)[3] = vx.fe_lo;
+	fe.ip = lb_dsr_frontend_ip(&vx);
 	if (!fe.ip)
 		return LB_NEXT;
 	fe.port = outer->sport;
-	vni = (__u32)vx.vni[0] << 16 | (__u32)vx.vni[1] << 8 | vx.vni[2];
 	/* Whole, untagged, without IP options, to our endpoint, our VNI, an
 	 * IPv4 TCP or UDP packet in it: as ONC's peers send. */
 	if (outer->l4off != ETH_HLEN + sizeof(struct iphdr) || outer->daddr != onc_node_ip ||
-	    vx.flags != VXLAN_FLAG_VNI || vni != onc_vni ||
+	    bpf_ntohl(vx.flags) >> 24 != VXLAN_FLAG_VNI || bpf_ntohl(vx.vni) >> 8 != onc_vni ||
 	    bpf_skb_load_bytes(skb, ONC_HDR_LEN - sizeof(inner_proto), &inner_proto, sizeof(inner_proto)) ||
 	    inner_proto != bpf_htons(ETH_P_IP) || lb_parse_at(skb, ONC_HDR_LEN, &p)) {
 		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_MALFORMED, 1);

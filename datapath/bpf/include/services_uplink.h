@@ -335,7 +335,7 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
 	snat.ip = reply.daddr;
 	snat.port = reply.dport;
 	if (lb_rewrite(skb, p, 0, &snat) || lb_dec_ttl(skb, p) ||
-	    encap_push(skb, encap, encap_hash(skb, snat.ip, be->ip, snat.port, be->port), encap_ecn(p->tos))) {
+	    encap_push(skb, encap, encap_sport(encap_hash(skb, snat.ip, be->ip, snat.port, be->port)), encap_ecn(p->tos))) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
