@@ -77,7 +77,7 @@ type PodPhases interface {
 // DefaultConfig has the production defaults.
 func DefaultConfig() Config {
 	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 40 * time.Second, Resync: time.Minute,
-		Datapath: datapath.Config{VNI: 1, Port: 4789, FastPath: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}}
+		Datapath: datapath.Config{VNI: 1, Port: 4789, FastPath: true, FastPathConnSetup: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}}
 }
 
 // Agent is one node's agent.

@@ -38,7 +38,7 @@ var (
 		"Other nodes by state: programmed (their routes and tunnel entries are in place), pending (registered, not programmed: no pod CIDR yet, or programming failed).",
 		[]string{"state"}, nil)
 	descFastPathPackets = prometheus.NewDesc("onc_fastpath_packets_total",
-		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit, miss, error) and reason of a miss.",
+		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit; open: a SYN that opened its connection on the fast path; miss; error) and reason of a miss.",
 		[]string{"program", "result", "reason"}, nil)
 	descOverlayDrops = prometheus.NewDesc("onc_overlay_dropped_packets_total",
 		"VXLAN frames the overlay guard dropped, by reason: unknown_sender (not from a peer's tunnel endpoint), inner_source (a peer speaking for a source not its own), inner_destination (to neither a pod of this node nor the node), malformed (a fragment, IP options, a VLAN tag, another VNI or destination, an inner packet not IPv4), from_pod (a pod sending to the VXLAN port), other_interface (by another interface than the uplink), translated (led to the VXLAN port by address translation), forwarded (a VXLAN datagram this node would forward).",
@@ -267,7 +267,7 @@ type counterSource struct {
 // The sample functions are the one place counter names become metrics: the
 // metric and label values of a counter, or a nil Desc for one not exported.
 
-// fastPathSample maps enum onc_stat: <program>_hit, <program>_error,
+// fastPathSample maps enum onc_stat: <program>_hit, <program>_open, <program>_error,
 // <program>_miss_<reason>, learn_<event> and the overlay guard's
 // overlay_drop_<reason>.
 func fastPathSample(counter string) (*prometheus.Desc, []string) {
@@ -277,7 +277,7 @@ func fastPathSample(counter string) (*prometheus.Desc, []string) {
 		return descFastPathLearn, []string{rest}
 	case prog == "overlay" && strings.HasPrefix(rest, "drop_"):
 		return descOverlayDrops, []string{strings.TrimPrefix(rest, "drop_")}
-	case rest == "hit" || rest == "error":
+	case rest == "hit" || rest == "open" || rest == "error":
 		return descFastPathPackets, []string{prog, rest, ""}
 	case strings.HasPrefix(rest, "miss_"):
 		return descFastPathPackets, []string{prog, "miss", strings.TrimPrefix(rest, "miss_")}

@@ -221,7 +221,7 @@ func (s *onctlServer) ListCache(ctx context.Context, req *apiv1.ListCacheRequest
 		}
 		for _, f := range flows {
 			out.Filter = append(out.Filter, &apiv1.FlowEntry{Proto: f.Proto, Local: f.Local.String(), Remote: f.Remote.String(),
-				Egress: f.Egress, Ingress: f.Ingress, Live: f.Live})
+				Egress: f.Egress, Ingress: f.Ingress, Live: f.Live, OpenedBy: f.Opener.String(), Closing: f.Closing})
 		}
 	}
 	return &out, nil

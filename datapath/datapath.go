@@ -23,11 +23,17 @@ import (
 
 // Config of a node's datapath.
 type Config struct {
-	Iface        string     // uplink name; "" = the one holding NodeIP, else the default route's
-	NodeIP       netip.Addr // "" = the uplink's first address
-	VNI          int
-	Port         int    // VXLAN UDP port
-	FastPath     bool   // start with the fast path on
+	Iface    string     // uplink name; "" = the one holding NodeIP, else the default route's
+	NodeIP   netip.Addr // "" = the uplink's first address
+	VNI      int
+	Port     int  // VXLAN UDP port
+	FastPath bool // start with the fast path on
+	// FastPathConnSetup lets TCP connections no policy can deny open and
+	// close on the fast path (datapath/fastpath, setup.go).
+	FastPathConnSetup bool
+	// NoPolicy says no NetworkPolicy runs on this node (etcd clusters have
+	// none): every pod is open to connection setup on the fast path.
+	NoPolicy     bool
 	BPFFS        string // where the fast path pins its maps and links
 	FastPathMark uint32 // skb->mark bit for ESTABLISHED pod traffic
 	AttachMode   string // auto, tcx or clsact

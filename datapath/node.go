@@ -191,7 +191,8 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 // the overlay (datapath/bpf/include/overlay.h) and the pods' veths.
 func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
-		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: podCIDR})
+		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: podCIDR,
+		ConnSetup: n.connSetup()})
 	if err == nil {
 		err = fp.Configure(n.cfg.FastPath)
 	}
@@ -201,8 +202,19 @@ func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 		}
 		return nil, fmt.Errorf("eBPF datapath (it guards the overlay, so the node cannot run without it): %w", err)
 	}
-	slog.Info("eBPF datapath loaded", "fastPath", n.cfg.FastPath, "attach", fp.Mode(), "pins", n.cfg.BPFFS)
+	slog.Info("eBPF datapath loaded", "fastPath", n.cfg.FastPath, "connectionSetup", n.connSetup(), "attach", fp.Mode(), "pins", n.cfg.BPFFS)
 	return fp, nil
+}
+
+// connSetup is which connections may open on the fast path.
+func (n *Node) connSetup() fastpath.ConnSetup {
+	switch {
+	case !n.cfg.FastPathConnSetup:
+		return fastpath.SetupOff
+	case n.cfg.NoPolicy:
+		return fastpath.SetupEveryPod
+	}
+	return fastpath.SetupOpenPods
 }
 
 // netfilterOverlay is what the overlay's iptables rules need.

@@ -317,10 +317,17 @@ func TestBulkTransferIntegrity(t *testing.T) {
 // established lists the node's ESTABLISHED TCP conntrack entries to ip:port.
 func established(t *testing.T, n *lab.Node, ip netip.Addr, port int) string {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", n.Netns, "conntrack", "-L", "-p", "tcp", "--state", "ESTABLISHED",
-		"--orig-dst", ip.String(), "--dport", fmt.Sprint(port)).CombinedOutput()
+	return strings.Join(conntrackTo(t, n, ip, port, "--state", "ESTABLISHED"), "\n")
+}
+
+// conntrackTo lists node n's conntrack entries of TCP connections to
+// ip:port (filtered further by extra conntrack flags), one line each.
+func conntrackTo(t *testing.T, n *lab.Node, ip netip.Addr, port int, extra ...string) []string {
+	t.Helper()
+	args := append([]string{"netns", "exec", n.Netns, "conntrack", "-L", "-p", "tcp", "--orig-dst", ip.String(), "--dport", fmt.Sprint(port)}, extra...)
+	out, err := exec.Command("ip", args...).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "0 flow entries") {
-		t.Fatalf("conntrack: %v: %s", err, out)
+		t.Fatalf("%s: conntrack: %v: %s", n.Name, err, out)
 	}
 	var lines []string
 	for _, line := range strings.Split(string(out), "\n") {
@@ -328,13 +335,15 @@ func established(t *testing.T, n *lab.Node, ip netip.Addr, port int) string {
 			lines = append(lines, line)
 		}
 	}
-	return strings.Join(lines, "\n")
+	return lines
 }
 
-// FIN and RST take the slow path, so conntrack on both nodes sees a closed
-// connection close.
+// With connection setup on the slow path, FIN and RST take it too, so
+// conntrack on both nodes sees a closed connection close. (A connection
+// the fast path opens conntrack never sees: TestConnectionSetup.)
 func TestClosedConnectionLeavesNoEstablishedConntrack(t *testing.T) {
-	l, a, b := twoNodes(t)
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1, AgentArgs: []string{"--fast-path-connection-setup=false"}})
+	a, b := l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
 	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9200))
 	c := dial(t, a.Netns, "tcp4", b.IP, 9200)
 	if err := rr(c, 500); err != nil {

@@ -46,6 +46,9 @@ import (
 //     counters.
 //   - StrictRevocation: a policy that denies a running connection ends it
 //     on the fast path within 1 s of the agents applying it.
+//   - ConnectionSetup: a connection the fast path opened (no policy
+//     isolating either pod) is handed over to conntrack when a policy that
+//     allows it isolates its server, lives on, and ends when one denies it.
 //   - AgentRestart: with policies in place, restarted agents keep denied
 //     denied and allowed allowed, also while they are down, and an
 //     established allowed connection lives on.
@@ -68,6 +71,7 @@ func TestPolicy(t *testing.T) {
 	t.Run("Onctl", c.onctl)
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)
+	t.Run("ConnectionSetup", c.connectionSetup)
 	t.Run("Bypass", c.bypassed)
 	t.Run("Bypass/SameAsStack", c.bypassSameAsStack)
 	t.Run("AgentRestart", c.agentRestart)
@@ -1205,6 +1209,76 @@ func (c *policyCluster) strictRevocation(t *testing.T) {
 			t.Fatalf("100 echoes took only %d fast-path hits: the connection is not on the fast path (the test would prove nothing)", got)
 		}
 	}, nil)
+}
+
+// connectionSetup: with no policy, a connection from x/a to x/b opens on
+// the fast path on both nodes, unseen by conntrack. A policy that isolates
+// x/b but allows x/a hands it over to conntrack on x/b's node, with x/a as
+// its client, and it lives on; new connections to x/b open through
+// conntrack there. A policy that denies x/a then ends it within 1 s.
+func (c *policyCluster) connectionSetup(t *testing.T) {
+	a, b := c.pod("x/a"), c.pod("x/b")
+	na, nb := c.node(a), c.node(b)
+	const port = 93
+	c.setFastPath(t, true)
+	c.set(t, nil)
+	bypasstest.ServeEcho(listenTCP(t, b.lp.Netns, port))
+	// The first connection teaches both nodes the way to the other.
+	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, port, 3*probeTimeout); err != nil {
+		t.Fatal(err)
+	}
+	p := startPinger(t, a, b.lp.IP, port)
+	p.waitEchoes(t, 20, 5*time.Second)
+	client := netip.MustParseAddrPort(p.conn.LocalAddr().String())
+	server := netip.AddrPortFrom(b.lp.IP, port)
+	seen := func(n *lab.Node) string {
+		for _, line := range conntrackTo(t, n, b.lp.IP, port) {
+			if strings.Contains(line, fmt.Sprintf("sport=%d dport=%d", client.Port(), port)) {
+				return line
+			}
+		}
+		return ""
+	}
+	if f := cachedFlow(t, na, client, server); f == nil || f.OpenedBy != "local" {
+		t.Fatalf("%s: flow %v; want the connection opened on the fast path by x/a", na.Name, f)
+	}
+	if f := cachedFlow(t, nb, server, client); f == nil || f.OpenedBy != "remote" {
+		t.Fatalf("%s: flow %v; want the connection opened on the fast path by x/a", nb.Name, f)
+	}
+	if line := seen(nb); line != "" {
+		t.Fatalf("%s: conntrack saw the connection the fast path opened: %s", nb.Name, line)
+	}
+
+	allow := netpol("x", "b-from-a", sel("app", "b"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")})), nil)
+	c.set(t, []*networkingv1.NetworkPolicy{allow})
+	p.waitEchoes(t, 100, 5*time.Second)
+	line := seen(nb)
+	if !strings.Contains(line, "ESTABLISHED") || !strings.Contains(line, fmt.Sprintf("src=%s dst=%s", a.lp.IP, b.lp.IP)) {
+		t.Errorf("%s: conntrack has %q; want the connection handed over, ESTABLISHED, from x/a", nb.Name, line)
+	}
+	if f := cachedFlow(t, nb, server, client); f == nil || f.OpenedBy != "slow path" || !f.Live {
+		t.Errorf("%s: flow %v; want it kept, handed over", nb.Name, f)
+	}
+	before := stats(t, nb)
+	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, port, 3*probeTimeout); err != nil {
+		t.Fatalf("a new connection the policy allows failed: %v", err)
+	}
+	after := stats(t, nb)
+	if after["ingress_open"] != before["ingress_open"] || after["ingress_miss_tcp_flags"] == before["ingress_miss_tcp_flags"] {
+		t.Errorf("%s: a new connection to the isolated x/b opened on the fast path (open %d → %d, tcp_flags %d → %d)", nb.Name,
+			before["ingress_open"], after["ingress_open"], before["ingress_miss_tcp_flags"], after["ingress_miss_tcp_flags"])
+	}
+
+	deny := netpol("x", "b-from-a", sel("app", "b"), ingressOnly, nil, nil)
+	applying := c.seenGenerations(t)
+	c.apply(t, []*networkingv1.NetworkPolicy{deny})
+	applied := c.waitApplied(t, applying, []*networkingv1.NetworkPolicy{deny})
+	time.Sleep(time.Until(applied.Add(1500 * time.Millisecond)))
+	if last := p.lastEcho(); last.After(applied.Add(time.Second)) {
+		t.Errorf("the denied connection still delivered %v after the policy was applied", last.Sub(applied))
+	}
+	p.stop()
+	c.set(t, nil)
 }
 
 // revokeRunning runs a connection from a to b's port, checks with onPath

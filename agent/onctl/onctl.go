@@ -351,9 +351,9 @@ func printCache(table string) func(*options, *apiv1.ListCacheResponse) error {
 		if table == "" || table == "filter" {
 			var rows [][]string
 			for _, f := range resp.Filter {
-				rows = append(rows, []string{f.Proto, f.Local, f.Remote, yesNo(f.Egress), yesNo(f.Ingress), yesNo(f.Live)})
+				rows = append(rows, []string{f.Proto, f.Local, f.Remote, yesNo(f.Egress), yesNo(f.Ingress), yesNo(f.Live), f.OpenedBy, yesNo(f.Closing)})
 			}
-			return section("Filter: flows the slow path established", []string{"PROTO", "LOCAL", "REMOTE", "EGRESS", "INGRESS", "LIVE"}, rows)
+			return section("Filter: flows the slow path established, or the fast path opened", []string{"PROTO", "LOCAL", "REMOTE", "EGRESS", "INGRESS", "LIVE", "OPENED-BY", "CLOSING"}, rows)
 		}
 		return nil
 	}

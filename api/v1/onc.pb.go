@@ -1317,7 +1317,12 @@ type FlowEntry struct {
 	Egress  bool                   `protobuf:"varint,4,opt,name=egress,proto3" json:"egress,omitempty"`
 	Ingress bool                   `protobuf:"varint,5,opt,name=ingress,proto3" json:"ingress,omitempty"`
 	// Of the current epoch (a flush voids the others at once).
-	Live          bool `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
+	Live bool `protobuf:"varint,6,opt,name=live,proto3" json:"live,omitempty"`
+	// Who opened the connection: "slow path" (conntrack saw it open), or, when its SYN took the fast path on this
+	// node, "local" or "remote" (the pod that sent the SYN).
+	OpenedBy string `protobuf:"bytes,7,opt,name=opened_by,json=openedBy,proto3" json:"opened_by,omitempty"`
+	// A FIN or RST of a connection the fast path opened went by.
+	Closing       bool `protobuf:"varint,8,opt,name=closing,proto3" json:"closing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1390,6 +1395,20 @@ func (x *FlowEntry) GetIngress() bool {
 func (x *FlowEntry) GetLive() bool {
 	if x != nil {
 		return x.Live
+	}
+	return false
+}
+
+func (x *FlowEntry) GetOpenedBy() string {
+	if x != nil {
+		return x.OpenedBy
+	}
+	return ""
+}
+
+func (x *FlowEntry) GetClosing() bool {
+	if x != nil {
+		return x.Closing
 	}
 	return false
 }
@@ -2905,14 +2924,16 @@ const file_onc_proto_rawDesc = "" +
 	"\n" +
 	"host_iface\x18\x02 \x01(\tR\thostIface\x12\x17\n" +
 	"\apod_mac\x18\x03 \x01(\tR\x06podMac\x12\x19\n" +
-	"\bhost_mac\x18\x04 \x01(\tR\ahostMac\"\x95\x01\n" +
+	"\bhost_mac\x18\x04 \x01(\tR\ahostMac\"\xcc\x01\n" +
 	"\tFlowEntry\x12\x14\n" +
 	"\x05proto\x18\x01 \x01(\tR\x05proto\x12\x14\n" +
 	"\x05local\x18\x02 \x01(\tR\x05local\x12\x16\n" +
 	"\x06remote\x18\x03 \x01(\tR\x06remote\x12\x16\n" +
 	"\x06egress\x18\x04 \x01(\bR\x06egress\x12\x18\n" +
 	"\aingress\x18\x05 \x01(\bR\aingress\x12\x12\n" +
-	"\x04live\x18\x06 \x01(\bR\x04live\"\xc5\x01\n" +
+	"\x04live\x18\x06 \x01(\bR\x04live\x12\x1b\n" +
+	"\topened_by\x18\a \x01(\tR\bopenedBy\x12\x18\n" +
+	"\aclosing\x18\b \x01(\bR\aclosing\"\xc5\x01\n" +
 	"\x11ListCacheResponse\x12+\n" +
 	"\x06egress\x18\x01 \x03(\v2\x13.onc.v1.EgressEntryR\x06egress\x12(\n" +
 	"\x05encap\x18\x02 \x03(\v2\x12.onc.v1.EncapEntryR\x05encap\x12.\n" +

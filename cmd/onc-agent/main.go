@@ -39,6 +39,7 @@ func main() {
 	fs.BoolVar(&cfg.Datapath.FastPath, "fast-path", cfg.Datapath.FastPath, "start with the eBPF fast path on (onctl fastpath on|off switches it at runtime)")
 	fs.StringVar(&cfg.Datapath.BPFFS, "bpffs", cfg.Datapath.BPFFS, "directory on a bpffs where the fast path pins its maps and links (mounted there if needed)")
 	fs.StringVar(&cfg.Datapath.ProcSys, "proc-sys", "", "where the host's sysctls are written (its net/ subtree; default /proc/sys); a container's own /proc/sys is read-only, so the DaemonSet mounts the host's elsewhere")
+	fs.BoolVar(&cfg.Datapath.FastPathConnSetup, "fast-path-connection-setup", cfg.Datapath.FastPathConnSetup, "let a TCP connection that no NetworkPolicy can deny on this node open and close on the fast path too (off: every SYN, FIN and RST takes the slow path, and conntrack sees every connection)")
 	fs.Uint32Var(&cfg.Datapath.FastPathMark, "fast-path-mark", cfg.Datapath.FastPathMark, "skb->mark bit ONC uses internally for ESTABLISHED pod traffic; pick one no other component uses (ONC's own fixed bits 0x80000, 0x100000 and 0x200000 are refused)")
 	fs.StringVar(&cfg.Datapath.AttachMode, "attach-mode", cfg.Datapath.AttachMode, "how eBPF programs attach: auto (tcx, else clsact), tcx or clsact")
 	servicesMode := fs.String("services", string(dpservices.All), "whose sockets Services are balanced for at connect() (the socket LB): all (the host's and every pod's), host-only (pods left to kube-proxy, for sidecar meshes) or off (kube-proxy balances everything)")
@@ -140,6 +141,7 @@ func main() {
 			cmdutil.Fatal("bad flag", errors.New("--kube-proxy-replacement needs the Kubernetes datastore: etcd clusters have no Services"))
 		}
 		cfg.Datapath.Services = dpservices.Off // etcd clusters have no Services
+		cfg.Datapath.NoPolicy = true           // nor NetworkPolicies
 	}
 	dp, err := datapath.New(cfg.Datapath)
 	if err != nil {

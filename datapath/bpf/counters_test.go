@@ -14,7 +14,7 @@ func TestCounterNames(t *testing.T) {
 		m           string
 		first, last string
 	}{
-		{bpf.LoadFastpath, bpf.FastpathMapOncStats, "egress_hit", "overlay_drop_from_pod"},
+		{bpf.LoadFastpath, bpf.FastpathMapOncStats, "egress_hit", "ingress_miss_reply"},
 		{bpf.LoadServices, bpf.ServicesMapOncLbStats, "connect_translated", "released"},
 		{bpf.LoadBypass, bpf.BypassMapOncBpStats, "recorded", "fallback_peer_full"},
 	} {

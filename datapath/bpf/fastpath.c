@@ -21,6 +21,66 @@
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
+/* What a TCP packet that opens or closes a connection may do (flow_setup). */
+enum flow_setup {
+	SETUP_NONE, /* not one: data, or UDP */
+	SETUP_SLOW, /* the slow path, so that conntrack sees it */
+	SETUP_OPEN, /* a SYN the fast path may open its connection with */
+	SETUP_RIDE, /* of a connection the fast path opened: it rides along */
+};
+
+/*
+ * flow_setup decides the way of a packet with SYN, FIN or RST, and forgets
+ * what the cache holds for a connection a SYN starts anew (flow_forget).
+ * A SYN may open its connection on the fast path when the local pod is
+ * open in direction dir (onc_open, or every pod without NetworkPolicy on
+ * this node: onc_conn_setup) and learning runs; every later packet
+ * of that connection, SYN-ACK and FIN included, then rides it on this
+ * node: conntrack has no entry for it, so the slow path would find them
+ * invalid. Everything else opens and closes through conntrack.
+ */
+static __always_inline int flow_setup(const struct flow_key *k, const struct l4 *p,
+				      const struct onc_config *cfg, __u8 dir)
+{
+	struct flow_val *v;
+	__u8 *open, closing;
+
+	if (!p->tcp_flags)
+		return SETUP_NONE;
+	if (p->tcp_flags == TCP_SYN && !p->syn_ack) {
+		flow_forget(k);
+		if (onc_conn_setup == CONN_SETUP_OFF || !cfg || !cfg->enabled || !cfg->learning)
+			return SETUP_SLOW;
+		if (onc_conn_setup == CONN_SETUP_EVERY_POD)
+			return SETUP_OPEN;
+		open = bpf_map_lookup_elem(&onc_open, &k->local_ip);
+		return open && (*open & dir) ? SETUP_OPEN : SETUP_SLOW;
+	}
+	v = bpf_map_lookup_elem(&onc_filter, k);
+	if (cfg && v && v->opener && v->epoch == cfg->epoch) {
+		closing = v->closing;
+		if (p->tcp_flags & TCP_RST)
+			closing |= FLOW_CLOSING_RST;
+		else if (p->tcp_flags & TCP_FIN)
+			closing |= dir == OPEN_EGRESS ? FLOW_CLOSING_LOCAL_FIN : FLOW_CLOSING_REMOTE_FIN;
+		if (closing != v->closing)
+			v->closing = closing;
+		return SETUP_RIDE;
+	}
+	if (p->tcp_flags & TCP_SYN) /* a SYN-ACK of a connection conntrack saw open */
+		flow_forget(k);
+	return SETUP_SLOW;
+}
+
+/* flow_open records a connection the fast path opens: allowed both ways in
+ * this epoch, and who opened it. */
+static __always_inline int flow_open(const struct flow_key *k, __u32 epoch, __u8 opener)
+{
+	struct flow_val v = { .epoch = epoch, .egress = 1, .ingress = 1, .opener = opener };
+
+	return bpf_map_update_elem(&onc_filter, k, &v, BPF_ANY);
+}
+
 /*
  * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
  * the pod). On a hit the packet gets the outer headers the kernel's VXLAN
@@ -41,6 +101,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	struct flow_key key = {};
 	struct l4 p;
 	__u32 hash;
+	int setup;
 
 	if (from_pod_to_vxlan(skb)) {
 		count(&onc_stats, STAT_OVERLAY_DROP_FROM_POD, 1);
@@ -53,15 +114,13 @@ int onc_egress_fast(struct __sk_buff *skb)
 		count(&onc_stats, STAT_EGRESS_MISS_NOT_IP, 1);
 		return TC_ACT_OK;
 	}
-	if (p.tcp_flags) {
-		if (p.tcp_flags & TCP_SYN) {
-			flow_out(&key, &p);
-			flow_forget(&key);
-		}
+	flow_out(&key, &p);
+	cfg = config();
+	setup = flow_setup(&key, &p, cfg, OPEN_EGRESS);
+	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
 	}
-	cfg = config();
 	if (!cfg || !cfg->enabled) {
 		count(&onc_stats, STAT_EGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
@@ -85,8 +144,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
-	flow_out(&key, &p);
-	if (!flow_allowed(&key, cfg->epoch)) {
+	if (setup != SETUP_OPEN && !flow_allowed(&key, cfg->epoch)) {
 		count(&onc_stats, STAT_EGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
@@ -106,16 +164,39 @@ int onc_egress_fast(struct __sk_buff *skb)
 		count(&onc_stats, STAT_EGRESS_MISS_TTL, 1); /* the slow path sends time-exceeded */
 		return TC_ACT_OK;
 	}
+	if (setup == SETUP_OPEN && flow_open(&key, cfg->epoch, FLOW_OPENED_BY_LOCAL)) {
+		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
+		return TC_ACT_OK;
+	}
 	ip_dec_ttl(p.ip);
 	hash = encap_hash(skb, p.ip->saddr, p.ip->daddr, p.sport, p.dport);
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(p.ip->tos)))
 		goto err;
 
-	count(&onc_stats, STAT_EGRESS_HIT, 1);
+	count(&onc_stats, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
 	return bpf_redirect(encap->ifindex, 0);
 err:
 	count(&onc_stats, STAT_EGRESS_ERROR, 1);
 	return TC_ACT_SHOT;
+}
+
+/*
+ * ingress_open opens the connection of a SYN from a peer's pod: only when
+ * this node knows the way back to the client's node (its header), since
+ * the SYN-ACK must ride the fast path too. The client's pod is then
+ * behind that node, which the guard checked.
+ */
+static __always_inline int ingress_open(const struct flow_key *k, const struct cidr_val *peer, __u32 epoch)
+{
+	struct egress_val dst = { .node_ip = peer->node_ip }, *cur;
+
+	if (!bpf_map_lookup_elem(&onc_encap, &peer->node_ip))
+		return -1;
+	cur = bpf_map_lookup_elem(&onc_egress, &k->remote_ip);
+	if ((!cur || cur->node_ip != dst.node_ip) &&
+	    bpf_map_update_elem(&onc_egress, &k->remote_ip, &dst, BPF_ANY))
+		return -1;
+	return flow_open(k, epoch, FLOW_OPENED_BY_REMOTE);
 }
 
 /*
@@ -138,7 +219,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	struct ethhdr *eth;
 	struct l4 p;
 	__u32 ifindex;
-	int drop;
+	int drop, setup;
 
 	drop = overlay_guard(skb);
 	if (drop) {
@@ -154,15 +235,13 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		count(&onc_stats, STAT_INGRESS_MISS_NOT_VXLAN, 1);
 		return TC_ACT_OK;
 	}
-	if (p.tcp_flags) {
-		if (p.tcp_flags & TCP_SYN) { /* a SYN-ACK too: the reply of a new connection */
-			flow_in(&key, &p);
-			flow_forget(&key);
-		}
+	flow_in(&key, &p);
+	cfg = config();
+	setup = flow_setup(&key, &p, cfg, OPEN_INGRESS);
+	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_INGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
 	}
-	cfg = config();
 	if (!cfg || !cfg->enabled) {
 		count(&onc_stats, STAT_INGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
@@ -183,13 +262,16 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		bpf_tail_call(skb, &onc_hooks, HOOK_OVERLAY_TO_NO_POD);
 		return TC_ACT_OK;
 	}
-	flow_in(&key, &p);
-	if (!flow_allowed(&key, cfg->epoch)) {
+	if (setup != SETUP_OPEN && !flow_allowed(&key, cfg->epoch)) {
 		count(&onc_stats, STAT_INGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
 	if (p.ip->ttl <= 1) {
 		count(&onc_stats, STAT_INGRESS_MISS_TTL, 1);
+		return TC_ACT_OK;
+	}
+	if (setup == SETUP_OPEN && ingress_open(&key, peer, cfg->epoch)) {
+		count(&onc_stats, STAT_INGRESS_MISS_REPLY, 1);
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
@@ -206,7 +288,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
-	count(&onc_stats, STAT_INGRESS_HIT, 1);
+	count(&onc_stats, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
 	return bpf_redirect_peer(ifindex, 0);
 err:
 	count(&onc_stats, STAT_INGRESS_ERROR, 1);

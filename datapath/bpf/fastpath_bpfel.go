@@ -50,7 +50,8 @@ type FastpathFlowVal struct {
 	Epoch   uint32
 	Egress  uint8
 	Ingress uint8
-	Pad     [2]uint8
+	Opener  uint8
+	Closing uint8
 }
 
 type FastpathLocalPod struct {
@@ -102,7 +103,10 @@ const (
 	FastpathOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION FastpathOncStat = 28
 	FastpathOncStatSTAT_OVERLAY_DROP_MALFORMED         FastpathOncStat = 29
 	FastpathOncStatSTAT_OVERLAY_DROP_FROM_POD          FastpathOncStat = 30
-	FastpathOncStatSTAT_MAX                            FastpathOncStat = 31
+	FastpathOncStatSTAT_EGRESS_OPEN                    FastpathOncStat = 31
+	FastpathOncStatSTAT_INGRESS_OPEN                   FastpathOncStat = 32
+	FastpathOncStatSTAT_INGRESS_MISS_REPLY             FastpathOncStat = 33
+	FastpathOncStatSTAT_MAX                            FastpathOncStat = 34
 )
 
 type FastpathSenderKey struct {
@@ -128,6 +132,7 @@ const (
 	FastpathMapOncHooks         = "onc_hooks"
 	FastpathMapOncHosts         = "onc_hosts"
 	FastpathMapOncLocal         = "onc_local"
+	FastpathMapOncOpen          = "onc_open"
 	FastpathMapOncPeers         = "onc_peers"
 	FastpathMapOncSenders       = "onc_senders"
 	FastpathMapOncStats         = "onc_stats"
@@ -135,6 +140,7 @@ const (
 	FastpathProgOncIngressFast  = "onc_ingress_fast"
 	FastpathProgOncLearnEgress  = "onc_learn_egress"
 	FastpathProgOncLearnIngress = "onc_learn_ingress"
+	FastpathVarOncConnSetup     = "onc_conn_setup"
 	FastpathVarOncMark          = "onc_mark"
 	FastpathVarOncNodeIp        = "onc_node_ip"
 	FastpathVarOncPodMask       = "onc_pod_mask"
@@ -202,6 +208,7 @@ type FastpathMapSpecs struct {
 	OncHooks   *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
+	OncOpen    *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
@@ -211,6 +218,7 @@ type FastpathMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathVariableSpecs struct {
+	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
@@ -246,6 +254,7 @@ type FastpathMaps struct {
 	OncHooks   *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
 	OncLocal   *ebpf.Map `ebpf:"onc_local"`
+	OncOpen    *ebpf.Map `ebpf:"onc_open"`
 	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
 	OncSenders *ebpf.Map `ebpf:"onc_senders"`
 	OncStats   *ebpf.Map `ebpf:"onc_stats"`
@@ -260,6 +269,7 @@ func (m *FastpathMaps) Close() error {
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLocal,
+		m.OncOpen,
 		m.OncPeers,
 		m.OncSenders,
 		m.OncStats,
@@ -270,6 +280,7 @@ func (m *FastpathMaps) Close() error {
 //
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathVariables struct {
+	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`

@@ -50,7 +50,8 @@ type ServicesFlowVal struct {
 	Epoch   uint32
 	Egress  uint8
 	Ingress uint8
-	Pad     [2]uint8
+	Opener  uint8
+	Closing uint8
 }
 
 type ServicesLbAddr struct {
@@ -267,7 +268,10 @@ const (
 	ServicesOncStatSTAT_OVERLAY_DROP_INNER_DESTINATION ServicesOncStat = 28
 	ServicesOncStatSTAT_OVERLAY_DROP_MALFORMED         ServicesOncStat = 29
 	ServicesOncStatSTAT_OVERLAY_DROP_FROM_POD          ServicesOncStat = 30
-	ServicesOncStatSTAT_MAX                            ServicesOncStat = 31
+	ServicesOncStatSTAT_EGRESS_OPEN                    ServicesOncStat = 31
+	ServicesOncStatSTAT_INGRESS_OPEN                   ServicesOncStat = 32
+	ServicesOncStatSTAT_INGRESS_MISS_REPLY             ServicesOncStat = 33
+	ServicesOncStatSTAT_MAX                            ServicesOncStat = 34
 )
 
 type ServicesSenderKey struct {
@@ -308,6 +312,7 @@ const (
 	ServicesMapOncLbSvcStats            = "onc_lb_svc_stats"
 	ServicesMapOncLbUplinkStats         = "onc_lb_uplink_stats"
 	ServicesMapOncLocal                 = "onc_local"
+	ServicesMapOncOpen                  = "onc_open"
 	ServicesMapOncPeers                 = "onc_peers"
 	ServicesMapOncSenders               = "onc_senders"
 	ServicesMapOncStats                 = "onc_stats"
@@ -321,6 +326,7 @@ const (
 	ServicesProgOncUplinkLbIngress      = "onc_uplink_lb_ingress"
 	ServicesProgOncUplinkLbOverlayReply = "onc_uplink_lb_overlay_reply"
 	ServicesProgOncUplinkLbReply        = "onc_uplink_lb_reply"
+	ServicesVarOncConnSetup             = "onc_conn_setup"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
 	ServicesVarOncPodMask               = "onc_pod_mask"
@@ -409,6 +415,7 @@ type ServicesMapSpecs struct {
 	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.MapSpec `ebpf:"onc_local"`
+	OncOpen           *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers          *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncSenders        *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncStats          *ebpf.MapSpec `ebpf:"onc_stats"`
@@ -418,6 +425,7 @@ type ServicesMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesVariableSpecs struct {
+	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
@@ -468,6 +476,7 @@ type ServicesMaps struct {
 	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.Map `ebpf:"onc_local"`
+	OncOpen           *ebpf.Map `ebpf:"onc_open"`
 	OncPeers          *ebpf.Map `ebpf:"onc_peers"`
 	OncSenders        *ebpf.Map `ebpf:"onc_senders"`
 	OncStats          *ebpf.Map `ebpf:"onc_stats"`
@@ -497,6 +506,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbSvcStats,
 		m.OncLbUplinkStats,
 		m.OncLocal,
+		m.OncOpen,
 		m.OncPeers,
 		m.OncSenders,
 		m.OncStats,
@@ -507,6 +517,7 @@ func (m *ServicesMaps) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesVariables struct {
+	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`

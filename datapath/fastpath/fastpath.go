@@ -48,6 +48,9 @@ type Options struct {
 	// only outer and inner destinations the overlay guard lets frames have.
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
+	// ConnSetup says which TCP connections may open and close on the fast
+	// path (setup.go).
+	ConnSetup ConnSetup
 }
 
 // Datapath is the loaded flow cache.
@@ -64,6 +67,7 @@ type Datapath struct {
 	peers      mirror[cidrKey, cidrVal]     // onc_peers as SyncPeers last wrote it
 	hosts      mirror[uint32, uint8]        // onc_hosts as SetHosts last wrote it
 	senders    mirror[senderKey, senderVal] // onc_senders as SyncSenders last wrote it
+	open       mirror[uint32, uint8]        // onc_open as SetOpen or NarrowOpen last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -143,6 +147,7 @@ func (o Options) constants() map[string]any {
 		"onc_node_ip":    bpf.NetIPv4(o.NodeIP),
 		"onc_pod_net":    podNet,
 		"onc_pod_mask":   podMask,
+		"onc_conn_setup": uint8(o.ConnSetup),
 	}
 }
 
@@ -167,7 +172,14 @@ func (d *Datapath) Close() error {
 }
 
 // Configure writes the switches; learning resumes, the epoch is kept.
+// Switched off, the fast path first hands the connections it opened over
+// to conntrack, which carries them on.
 func (d *Datapath) Configure(enabled bool) error {
+	if !enabled {
+		if err := d.evict(func() error { return d.handOver(everyFlow) }); err != nil {
+			return err
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c, err := d.config()
@@ -177,6 +189,8 @@ func (d *Datapath) Configure(enabled bool) error {
 	c.Enabled, c.Learning = b2u(enabled), 1
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
+
+func everyFlow(FlowKey, FlowVal) bool { return true }
 
 // Switch turns the fast path on or off. Turning it on flushes first:
 // verdicts learned while it was off may be stale.
@@ -218,6 +232,9 @@ func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.H
 // DeleteLocalPod forgets a pod and every flow it had, with learning paused
 // so no packet in flight can re-insert one.
 func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
+	if err := d.open.delete(d.maps.OncOpen, bpf.NetIPv4(ip)); err != nil {
+		return err
+	}
 	return d.evict(func() error {
 		if err := d.maps.OncLocal.Delete(bpf.NetIPv4(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
@@ -228,20 +245,46 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 
 // EvictFlows forgets the learned verdicts of the local pods ips that the
 // slow path may no longer allow. With learning paused it first runs
-// decide, which ends connections in conntrack and says which of those
-// flows may stay; then it deletes the others. A packet of a connection
-// decide ended cannot be learned again in between, since the slow path
-// only learns what conntrack sees ESTABLISHED.
-func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func() (keep func(local, remote netip.AddrPort, proto uint8) bool, err error)) error {
+// decide with the connections of those pods the fast path opened (which
+// conntrack may know only as the slow path picked them up mid-way, with
+// the wrong end as client). decide ends connections in conntrack and
+// returns the verdict on each of those pods' flows, given who opened it.
+// Then EvictFlows hands over the ones to hand over (see handOver) and
+// deletes the ones to evict. A packet of a connection decide ended cannot
+// be learned again in between, since the slow path only learns what
+// conntrack sees ESTABLISHED.
+func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn) (judge func(local, remote netip.AddrPort, proto uint8, opener Opener) Verdict, err error)) error {
 	return d.evict(func() error {
-		keep, err := decide()
+		var opened []Conn
+		var k FlowKey
+		var v FlowVal
+		it := d.maps.OncFilter.Iterate()
+		for it.Next(&k, &v) {
+			if Opener(v.Opener) != OpenedBySlowPath && ips[bpf.IPv4(k.LocalIp)] {
+				opened = append(opened, connOf(k, v))
+			}
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		judge, err := decide(opened)
 		if err != nil {
 			return err
 		}
-		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool {
+		verdicts := map[FlowKey]Verdict{}
+		verdict := func(k FlowKey, v FlowVal) Verdict {
 			local, remote := bpf.IPv4(k.LocalIp), bpf.IPv4(k.RemoteIp)
-			return ips[local] && !keep(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto)
-		})
+			if !ips[local] {
+				return Keep
+			}
+			if _, ok := verdicts[k]; !ok {
+				verdicts[k] = judge(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto, Opener(v.Opener))
+			}
+			return verdicts[k]
+		}
+		return errors.Join(
+			d.handOver(func(k FlowKey, v FlowVal) bool { return verdict(k, v) == HandOver }),
+			deleteWhere(d.maps.OncFilter, func(k FlowKey, v FlowVal) bool { return verdict(k, v) == Evict }))
 	})
 }
 
@@ -309,7 +352,11 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 	if err != nil {
 		return err
 	}
-	return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return inAny(bpf.IPv4(k.RemoteIp)) })
+	toPeers := func(k FlowKey, _ FlowVal) bool { return inAny(bpf.IPv4(k.RemoteIp)) }
+	if err := d.handOver(toPeers); err != nil {
+		return err
+	}
+	return deleteWhere(d.maps.OncFilter, toPeers)
 }
 
 // SetHosts makes the host-address set (node IPs) exactly addrs,
@@ -321,29 +368,31 @@ func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {
 		want[bpf.NetIPv4(a)] = 1
 	}
 	return d.hosts.sync(d.maps.OncHosts, want, checkKernel, func(have map[uint32]uint8) error {
-		return putThenDelete(d, d.maps.OncHosts, have, want)
+		return putThenDelete(d.maps.OncHosts, have, want, d.peerWrite)
 	})
 }
 
 // putThenDelete writes to m what want adds or changes against have, then
-// deletes what want no longer holds, counting each write (peerWrite).
-func putThenDelete[K, V comparable](d *Datapath, m *ebpf.Map, have, want map[K]V) error {
+// deletes what want no longer holds, passing each write's error through
+// note (peerWrite counts them).
+func putThenDelete[K, V comparable](m *ebpf.Map, have, want map[K]V, note func(error) error) error {
 	added, changed, gone := diff(have, want)
 	for _, k := range slices.Concat(added, changed) {
-		if err := d.peerWrite(m.Put(k, want[k])); err != nil {
+		if err := note(m.Put(k, want[k])); err != nil {
 			return err
 		}
 	}
 	for _, k := range gone {
-		if err := d.peerWrite(m.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := note(m.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
 	}
 	return nil
 }
 
-// mirror is what SyncPeers or SetHosts last wrote to its map, so that a
-// change signal costs O(changes) syscalls and none when nothing changed.
+// mirror is what SyncPeers, SetHosts, SyncSenders or SetOpen last wrote to
+// its map, so that a change signal costs O(changes) syscalls and none when
+// nothing changed.
 type mirror[K, V comparable] struct {
 	// mu serialises syncs of the map. It is taken before Datapath.mu
 	// (SyncPeers evicts while holding it), never after.
@@ -360,6 +409,11 @@ type mirror[K, V comparable] struct {
 // they are unknown) or else what the last sync wrote. want must not change
 // afterwards: it becomes what the map holds.
 func (s *mirror[K, V]) sync(m *ebpf.Map, want map[K]V, checkKernel bool, apply func(have map[K]V) error) error {
+	return s.syncTo(m, checkKernel, func(map[K]V) map[K]V { return want }, func(have, _ map[K]V) error { return apply(have) })
+}
+
+// syncTo is sync towards what target makes of the map's contents.
+func (s *mirror[K, V]) syncTo(m *ebpf.Map, checkKernel bool, target func(have map[K]V) map[K]V, apply func(have, want map[K]V) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if checkKernel || s.have == nil {
@@ -371,11 +425,24 @@ func (s *mirror[K, V]) sync(m *ebpf.Map, want map[K]V, checkKernel bool, apply f
 		}
 		s.have = have
 	}
-	if err := apply(s.have); err != nil {
+	want := target(s.have)
+	if err := apply(s.have, want); err != nil {
 		s.have = nil // some writes may have landed: unknown until read back
 		return err
 	}
 	s.have = want
+	return nil
+}
+
+// delete removes k from m and from what the mirror holds.
+func (s *mirror[K, V]) delete(m *ebpf.Map, k K) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		s.have = nil
+		return err
+	}
+	delete(s.have, k)
 	return nil
 }
 
@@ -425,6 +492,9 @@ func (d *Datapath) Flush() error {
 	return d.evict(func() error {
 		c, err := d.config()
 		if err != nil {
+			return err
+		}
+		if err := d.handOver(everyFlow); err != nil {
 			return err
 		}
 		c.Epoch++

@@ -55,9 +55,16 @@ func open(t *testing.T) *Datapath { return openMode(t, ModeAuto) }
 
 // openMode loads the datapath on a private bpffs mounted on a temporary dir.
 func openMode(t *testing.T, mode Mode) *Datapath {
+	return openWith(t, Options{Mode: mode})
+}
+
+// openWith is openMode with o's switches; the settings the tests' packets
+// assume are filled in.
+func openWith(t *testing.T, o Options) *Datapath {
 	testutil.Privileged(t)
 	dir := t.TempDir()
-	d, err := Open(Options{PinDir: dir, VNI: 1, Port: 4789, Mark: mark, Mode: mode, NodeIP: localNode, PodCIDR: localCIDR})
+	o.PinDir, o.VNI, o.Port, o.Mark, o.NodeIP, o.PodCIDR = dir, 1, 4789, mark, localNode, localCIDR
+	d, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,11 +480,14 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	testutil.Must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
 	kept := netip.AddrPortFrom(localPod, 40000)
 	var learning uint8 = 1
-	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
 		c, _ := d.config()
 		learning = c.Learning
-		return func(local, remote netip.AddrPort, proto uint8) bool {
-			return local == kept && remote == netip.AddrPortFrom(remotePod, 80) && proto == unix.IPPROTO_TCP
+		return func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict {
+			if local == kept && remote == netip.AddrPortFrom(remotePod, 80) && proto == unix.IPPROTO_TCP {
+				return Keep
+			}
+			return Evict
 		}, nil
 	}))
 	if learning != 0 {
@@ -488,10 +498,10 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 		t.Fatalf("flows after eviction: %v, want only %v's", flows, kept)
 	}
 	// Pods not named are untouched; a failing decide deletes nothing.
-	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
-		return func(netip.AddrPort, netip.AddrPort, uint8) bool { return false }, nil
+	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
+		return func(netip.AddrPort, netip.AddrPort, uint8, Opener) Verdict { return Evict }, nil
 	}))
-	if err := d.EvictFlows(map[netip.Addr]bool{localPod: true}, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
+	if err := d.EvictFlows(map[netip.Addr]bool{localPod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
 		return nil, errors.New("conntrack failed")
 	}); err == nil {
 		t.Fatal("EvictFlows hid decide's error")

@@ -35,6 +35,6 @@ func (d *Datapath) SyncSenders(senders []Sender, checkKernel bool) error {
 		}
 	}
 	return d.senders.sync(d.maps.OncSenders, want, checkKernel, func(have map[senderKey]senderVal) error {
-		return putThenDelete(d, d.maps.OncSenders, have, want)
+		return putThenDelete(d.maps.OncSenders, have, want, d.peerWrite)
 	})
 }

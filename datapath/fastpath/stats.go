@@ -63,6 +63,8 @@ type Flow struct {
 	Local, Remote         netip.AddrPort
 	Proto                 string
 	Egress, Ingress, Live bool // Live: of the current epoch
+	Opener                Opener
+	Closing               bool // a FIN or RST of a connection the fast path opened went by
 }
 
 // Dest is a decoded egress entry: a remote pod and the node behind it.
@@ -119,6 +121,7 @@ func decodeFlow(k FlowKey, v FlowVal, epoch uint32) Flow {
 		Local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
 		Remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
 		Proto:  protoName(k.Proto), Egress: v.Egress != 0, Ingress: v.Ingress != 0, Live: v.Epoch == epoch,
+		Opener: Opener(v.Opener), Closing: v.Closing != 0,
 	}
 }
 

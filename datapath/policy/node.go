@@ -87,8 +87,22 @@ func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel bool) (Change, error) {
 	var ch Change
 	var err error
+	fp := n.fastPath()
+	open := openPods(rs)
+	// No SYN may take the fast path while rules in force could deny it:
+	// the pods rs isolates lose their open ways before the rules change.
+	if fp != nil {
+		if err := fp.NarrowOpen(open); err != nil {
+			return ch, fmt.Errorf("fast path: close the ways of isolated pods: %w", err)
+		}
+	}
 	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
 		return ch, err
+	}
+	if fp != nil {
+		if err := fp.SetOpen(open, checkKernel); err != nil {
+			return ch, fmt.Errorf("fast path: open the ways of pods no policy isolates: %w", err)
+		}
 	}
 	for _, key := range ch.Pods {
 		n.revokePending[key] = true
@@ -108,8 +122,8 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 		}
 	}
 	var r Revoked
-	revoke := func() (err error) {
-		r, err = e.Revoke(rs, pods, hosts)
+	revoke := func(opened []fastpath.Conn) (err error) {
+		r, err = e.Revoke(rs, pods, hosts, opened)
 		ch.Ended = r.Ended
 		if err != nil || bp == nil {
 			return err
@@ -118,15 +132,19 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 		ch.Ended += ended
 		return err
 	}
-	if fp := n.fastPath(); fp == nil {
-		err = revoke()
+	if fp == nil {
+		err = revoke(nil)
 	} else {
-		err = fp.EvictFlows(ips, func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
-			if err := revoke(); err != nil {
+		err = fp.EvictFlows(ips, func(opened []fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) fastpath.Verdict, error) {
+			if err := revoke(opened); err != nil {
 				return nil, err
 			}
-			return func(local, remote netip.AddrPort, proto uint8) bool {
-				return r.Keeps(local, remote, Proto(proto))
+			return func(local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) fastpath.Verdict {
+				v, ended := judgeFlow(rs, open, r, local, remote, proto, opener)
+				if ended {
+					ch.Ended++
+				}
+				return v
 			}, nil
 		})
 	}
@@ -135,6 +153,50 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 	}
 	clear(n.revokePending)
 	return ch, nil
+}
+
+// openPods are the ways no policy of rs isolates its pods in.
+func openPods(rs Ruleset) map[netip.Addr]fastpath.Openness {
+	open := map[netip.Addr]fastpath.Openness{}
+	for _, p := range rs.Pods {
+		var o fastpath.Openness
+		if p.Ingress == nil {
+			o |= fastpath.OpenIngress
+		}
+		if p.Egress == nil {
+			o |= fastpath.OpenEgress
+		}
+		open[p.IP] = o
+	}
+	return open
+}
+
+// judgeFlow is the verdict on a cached flow of a pod whose rules changed,
+// after Revoke (r), and whether that ends its connection. A flow the slow
+// path opened stays if conntrack still holds it allowed. One the fast path
+// opened is judged as the connection it is: denied, it goes (and its
+// connection ends, unless Revoke already ended it in conntrack); allowed,
+// it stays where its pod is still open that way, and is handed over to
+// conntrack where the pod is isolated now, so that the slow path carries it
+// if ever it must.
+func judgeFlow(rs Ruleset, open map[netip.Addr]fastpath.Openness, r Revoked, local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) (v fastpath.Verdict, ended bool) {
+	if opener == fastpath.OpenedBySlowPath {
+		if r.Keeps(local, remote, Proto(proto)) {
+			return fastpath.Keep, false
+		}
+		return fastpath.Evict, false
+	}
+	c, way := fastpath.Conn{Client: local, Server: remote, Proto: proto}, fastpath.OpenEgress
+	if opener == fastpath.OpenedByRemote {
+		c, way = fastpath.Conn{Client: remote, Server: local, Proto: proto}, fastpath.OpenIngress
+	}
+	switch {
+	case !rs.Allows(openedConnection(c)):
+		return fastpath.Evict, !r.ended[newFlowID(local, remote, Proto(proto))]
+	case open[local.Addr()]&way != 0:
+		return fastpath.Keep, false
+	}
+	return fastpath.HandOver, false
 }
 
 // Counters are the connections each local pod's rules allowed and

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -14,6 +15,7 @@ import (
 type Revoked struct {
 	Ended int // connections ended
 	kept  map[flowID]bool
+	ended map[flowID]bool // connections the fast path opened whose conntrack entries it deleted
 }
 
 // flowID is a connection's two ends as they appear on the wire (after
@@ -46,10 +48,17 @@ func (r Revoked) Keeps(local, remote netip.AddrPort, proto Proto) bool {
 // had. Connections from hostAddrs (the node's own addresses, always
 // allowed) and of protocols other than TCP, UDP and SCTP are left alone.
 // The connections of pods it leaves in place are in the result's Keeps.
-func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (Revoked, error) {
+// opened are connections the fast path opened: conntrack knows those only
+// if the slow path picked one up mid-way, perhaps from its server, so each
+// is judged as opened says it is.
+func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr, opened []fastpath.Conn) (Revoked, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	f := &revokeFilter{rs: &rs, pods: map[netip.Addr]bool{}, host: map[netip.Addr]bool{}, kept: map[flowID]bool{}}
+	f := &revokeFilter{rs: &rs, pods: map[netip.Addr]bool{}, host: map[netip.Addr]bool{}, kept: map[flowID]bool{},
+		opened: map[flowID]Connection{}, ended: map[flowID]bool{}}
+	for _, c := range opened {
+		f.opened[newFlowID(c.Client, c.Server, Proto(c.Proto))] = openedConnection(c)
+	}
 	for _, key := range pods {
 		if p := rs.Pod(key); p != nil {
 			f.pods[p.IP.Unmap()] = true
@@ -80,16 +89,18 @@ func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr) (Re
 	for _, key := range pods {
 		delete(e.gone, key)
 	}
-	return Revoked{Ended: int(ended), kept: f.kept}, nil
+	return Revoked{Ended: int(ended), kept: f.kept, ended: f.ended}, nil
 }
 
 // revokeFilter matches the conntrack entries of pods that rs denies, and
 // records the ones of those pods it keeps.
 type revokeFilter struct {
-	rs   *Ruleset
-	pods map[netip.Addr]bool
-	host map[netip.Addr]bool
-	kept map[flowID]bool
+	rs     *Ruleset
+	pods   map[netip.Addr]bool
+	host   map[netip.Addr]bool
+	kept   map[flowID]bool
+	opened map[flowID]Connection
+	ended  map[flowID]bool
 }
 
 func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -100,15 +111,28 @@ func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 		Proto:  Proto(flow.Forward.Protocol),
 		Port:   flow.Reverse.SrcPort,
 	}
+	// On the wire, after DNAT: the reply's two ends.
+	id := newFlowID(netip.AddrPortFrom(c.Server, c.Port), netip.AddrPortFrom(addr(flow.Reverse.DstIP), flow.Reverse.DstPort), c.Proto)
+	o, opened := f.opened[id]
+	if opened {
+		c = o
+	}
 	if !f.pods[c.Client] && !f.pods[c.Server] {
 		return false
 	}
 	if f.host[c.Client] || (c.Proto != TCP && c.Proto != UDP && c.Proto != SCTP) || f.rs.Allows(c) {
-		// On the wire, after DNAT: the reply's two ends.
-		f.kept[newFlowID(netip.AddrPortFrom(c.Server, c.Port), netip.AddrPortFrom(addr(flow.Reverse.DstIP), flow.Reverse.DstPort), c.Proto)] = true
+		f.kept[id] = true
 		return false
 	}
+	if opened {
+		f.ended[id] = true
+	}
 	return true
+}
+
+// openedConnection is a connection the fast path opened, as policy judges it.
+func openedConnection(c fastpath.Conn) Connection {
+	return Connection{Client: c.Client.Addr(), Server: c.Server.Addr(), Proto: Proto(c.Proto), Port: c.Server.Port()}
 }
 
 func addr(ip net.IP) netip.Addr {

@@ -148,7 +148,7 @@ func (tp *topo) revoke(e *Enforcer, rs Ruleset, keys ...string) Revoked {
 	tp.t.Helper()
 	var r Revoked
 	tp.in(tp.nodeNS, func() (err error) {
-		r, err = e.Revoke(rs, keys, []netip.Addr{nodeAddr, gwAddr})
+		r, err = e.Revoke(rs, keys, []netip.Addr{nodeAddr, gwAddr}, nil)
 		return err
 	})
 	return r

@@ -774,8 +774,8 @@ func TestUplinkFastPathToALocalBackend(t *testing.T) {
 		return exec.Command("iptables", "-I", "FORWARD", "-d", echo.Addr().String(), "-p", "tcp", "-j", "DROP").Run()
 	})
 	testutil.Must(t, b.fp.EvictFlows(map[netip.Addr]bool{echo.Addr(): true},
-		func() (func(local, remote netip.AddrPort, proto uint8) bool, error) {
-			return func(netip.AddrPort, netip.AddrPort, uint8) bool { return false }, nil
+		func([]fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, _ fastpath.Opener) fastpath.Verdict, error) {
+			return func(netip.AddrPort, netip.AddrPort, uint8, fastpath.Opener) fastpath.Verdict { return fastpath.Evict }, nil
 		}))
 	got := b.delta(func() {
 		if err := roundTrips(c, 1); err == nil {

@@ -189,7 +189,7 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 				return err
 			}
 			t2 := time.Now()
-			if _, err = e.Revoke(rs, changed, hosts); err != nil {
+			if _, err = e.Revoke(rs, changed, hosts, nil); err != nil {
 				return fmt.Errorf("revoke: %w", err)
 			}
 			t3 := time.Now()

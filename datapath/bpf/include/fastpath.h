@@ -54,11 +54,19 @@ volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
 volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: with the node itself, the only */
 volatile const __be32 onc_pod_mask = 0;     /* inner destinations of frames from peers (the guard) */
 
+/* Which connections may open on the fast path (flow_setup): none, those of
+ * pods onc_open says are open, or every local pod's (no NetworkPolicy
+ * runs on this node); set by the agent before loading. */
+#define CONN_SETUP_OFF 0
+#define CONN_SETUP_OPEN_PODS 1
+#define CONN_SETUP_EVERY_POD 2
+volatile const __u8 onc_conn_setup = CONN_SETUP_OFF;
+
 /* Counters (per CPU); onctl stats decodes them by these names. */
 enum onc_stat {
 	STAT_EGRESS_HIT,
 	STAT_EGRESS_MISS_NOT_IP,      /* not IPv4 TCP/UDP, or fragment */
-	STAT_EGRESS_MISS_TCP_FLAGS,   /* SYN, FIN or RST: conntrack must see it */
+	STAT_EGRESS_MISS_TCP_FLAGS,   /* SYN, FIN or RST that conntrack must see (flow_setup) */
 	STAT_EGRESS_MISS_DISABLED,
 	STAT_EGRESS_MISS_SPOOF,       /* source is not the pod behind this veth */
 	STAT_EGRESS_MISS_HOST,        /* to a node's own address */
@@ -88,6 +96,9 @@ enum onc_stat {
 	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination neither in this node's pod CIDR nor the node */
 	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, VLAN tag, other VNI or destination, inner not IPv4 */
 	STAT_OVERLAY_DROP_FROM_POD,       /* a pod sent to the VXLAN port */
+	STAT_EGRESS_OPEN,             /* a SYN that opened its connection on the fast path */
+	STAT_INGRESS_OPEN,
+	STAT_INGRESS_MISS_REPLY,      /* a SYN not opened: no learned header back to the client's node */
 	STAT_MAX,
 };
 
@@ -162,6 +173,24 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_senders SEC(".maps");
+
+/*
+ * Local pods no NetworkPolicy isolates, by direction (OPEN_*): a new
+ * connection they make (egress) or take (ingress) cannot be denied on
+ * this node, so its SYN may take the fast path. The policy datapath
+ * clears a bit before the rules that isolate the pod take effect, and
+ * sets it only after the ones that stop isolating it did.
+ */
+#define OPEN_INGRESS 1
+#define OPEN_EGRESS 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_open SEC(".maps");
 
 ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
 

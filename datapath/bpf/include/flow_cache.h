@@ -26,13 +26,26 @@ struct flow_key {
 	__u8 pad[3];
 };
 
-/* The slow path let this flow through as ESTABLISHED in each direction. */
+/*
+ * The slow path let this flow through as ESTABLISHED in each direction, or
+ * the fast path opened it (opener): its SYN took the fast path because no
+ * policy could deny it on this node, so conntrack never saw it, and this is
+ * the only record of which end is the client.
+ */
 struct flow_val {
 	__u32 epoch;
 	__u8 egress;  /* local -> remote went out (onc.vxlan, or the uplink) */
 	__u8 ingress; /* remote -> local came in (onc.vxlan, or the uplink) */
-	__u8 pad[2];
+	__u8 opener;  /* FLOW_OPENED_BY_*; 0 when the slow path opened it */
+	__u8 closing; /* FLOW_CLOSING_*: what of its close went by, if the fast path opened it */
 };
+
+#define FLOW_OPENED_BY_LOCAL 1
+#define FLOW_OPENED_BY_REMOTE 2
+
+#define FLOW_CLOSING_LOCAL_FIN 1  /* the local pod sent a FIN */
+#define FLOW_CLOSING_REMOTE_FIN 2 /* the remote pod sent one */
+#define FLOW_CLOSING_RST 4
 
 /* Local pod -> its host-side veth; written by the agent at CNI ADD. */
 struct local_pod {
@@ -76,6 +89,7 @@ struct {
 	__type(value, struct onc_config);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_cfg SEC(".maps");
+
 
 static __always_inline struct onc_config *config(void)
 {

@@ -1,0 +1,259 @@
+//go:build privileged
+
+package fastpath
+
+// Connection setup on the fast path (setup.go, flow_setup in fastpath.c):
+// BPF_PROG_RUN on each node's side of a TCP connection, the refusals, and
+// the hand-over to a real conntrack in a throwaway namespace.
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	syn, synAck, ack, finAck, rstAck = 0x02, 0x12, 0x10, 0x11, 0x14
+	clientPort                       = 41000
+)
+
+// The packets of localPod:port <-> remotePod:80, or the other way round
+// with the server on this node, as each program sees them.
+func podSends(sport, dport uint16, flags byte) []byte { // the local pod's veth
+	return frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, sport, dport, flags, 10)
+}
+
+func peerSends(sport, dport uint16, flags byte) []byte { // the uplink
+	return vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, sport, dport, flags, 10), peerNode, localNode, 1)
+}
+
+// setupNode is a node with connection setup on whose local pod is open the
+// ways open says, knowing the peer and the header to it (from earlier
+// connections), and, with dest, where remotePod is.
+func setupNode(t *testing.T, open Openness, dest bool) *Datapath {
+	d := openWith(t, Options{ConnSetup: SetupOpenPods})
+	established(t, d)
+	testutil.Must(t, d.maps.OncFilter.Delete(FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod),
+		LocalPort: bpf.NetPort(uint16(40000)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}))
+	if !dest {
+		testutil.Must(t, d.maps.OncEgress.Delete(bpf.NetIPv4(remotePod)))
+	}
+	testutil.Must(t, d.SetOpen(map[netip.Addr]Openness{localPod: open}, false))
+	return d
+}
+
+func verdictIs(t *testing.T, d *Datapath, p *ebpf.Program, pkt []byte, want uint32, what string) {
+	t.Helper()
+	if ret, _ := run(t, p, pkt, 0); ret != want {
+		t.Fatalf("%s: verdict %d, want %d", what, ret, want)
+	}
+}
+
+func onlyFlow(t *testing.T, d *Datapath) Flow {
+	t.Helper()
+	flows, err := d.Flows()
+	testutil.Must(t, err)
+	if len(flows) != 1 {
+		t.Fatalf("flows %+v, want one", flows)
+	}
+	return flows[0]
+}
+
+// A connection no policy can deny on either node opens, runs and closes on
+// the fast path: on the client's node from its SYN, on the server's from
+// the SYN it receives; every packet of it is redirected.
+func TestConnectionSetupOnTheFastPath(t *testing.T) {
+	t.Run("client's node", func(t *testing.T) {
+		d := setupNode(t, OpenEgress, true)
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the SYN")
+		if stat(t, d, "egress_open") != 1 || stat(t, d, "egress_miss_tcp_flags") != 0 {
+			t.Fatal("the SYN was not counted as opening its connection")
+		}
+		if f := onlyFlow(t, d); f.Opener != OpenedByLocal || !f.Egress || !f.Ingress || !f.Live || f.Closing ||
+			f.Local != netip.AddrPortFrom(localPod, clientPort) || f.Remote != netip.AddrPortFrom(remotePod, 80) {
+			t.Fatalf("flow %+v, want one opened by the local pod, both ways", f)
+		}
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, synAck), actRedirect, "the SYN-ACK")
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, ack), actRedirect, "the handshake's last ACK")
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actRedirect, "the client's FIN")
+		if !onlyFlow(t, d).Closing {
+			t.Fatal("a FIN went by, but the flow is not closing")
+		}
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, finAck), actRedirect, "the server's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, ack), actRedirect, "the last ACK")
+		if n := stat(t, d, "egress_miss_tcp_flags") + stat(t, d, "ingress_miss_tcp_flags"); n != 0 {
+			t.Fatalf("%d packets of the connection took the slow path", n)
+		}
+	})
+	t.Run("server's node", func(t *testing.T) {
+		d := setupNode(t, OpenIngress, false) // no packet went to the client's pod before
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, syn), actRedirect, "the SYN")
+		if stat(t, d, "ingress_open") != 1 {
+			t.Fatal("the SYN was not counted as opening its connection")
+		}
+		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || f.Local != netip.AddrPortFrom(localPod, 80) {
+			t.Fatalf("flow %+v, want one opened by the remote pod", f)
+		}
+		// The way back: the client's pod is behind the node that sent it.
+		if dests, _ := d.Dests(); len(dests) != 1 || dests[0] != (Dest{Pod: remotePod, Node: peerNode}) {
+			t.Fatalf("destinations %+v, want the client's pod behind its node", dests)
+		}
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, synAck), actRedirect, "the SYN-ACK")
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, ack), actRedirect, "the last ACK")
+		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, rstAck), actRedirect, "the server's RST")
+	})
+}
+
+// Whatever policy could deny, or the fast path could not carry whole, opens
+// through conntrack as before, and leaves nothing in the cache.
+func TestConnectionSetupRefusals(t *testing.T) {
+	cases := []struct {
+		name    string
+		open    Openness
+		prepare func(t *testing.T, d *Datapath)
+		ingress bool // the SYN comes from the peer
+		counter string
+	}{
+		{"the client's pod isolated", 0, nil, false, "egress_miss_tcp_flags"},
+		{"the client's pod open only for ingress", OpenIngress, nil, false, "egress_miss_tcp_flags"},
+		{"the server's pod isolated", 0, nil, true, "ingress_miss_tcp_flags"},
+		{"the server's pod open only for egress", OpenEgress, nil, true, "ingress_miss_tcp_flags"},
+		{"learning paused (an eviction runs)", OpenEgress | OpenIngress, func(t *testing.T, d *Datapath) {
+			c, err := d.config()
+			testutil.Must(t, err)
+			c.Learning = 0
+			testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
+		}, false, "egress_miss_tcp_flags"},
+		{"the fast path off", OpenEgress | OpenIngress, func(t *testing.T, d *Datapath) {
+			c, err := d.config()
+			testutil.Must(t, err)
+			c.Enabled = 0
+			testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
+		}, true, "ingress_miss_tcp_flags"},
+		{"no header to the server's node", OpenEgress, func(t *testing.T, d *Datapath) {
+			testutil.Must(t, d.maps.OncEncap.Delete(bpf.NetIPv4(peerNode)))
+		}, false, "egress_miss_encap"},
+		{"no header back to the client's node", OpenIngress, func(t *testing.T, d *Datapath) {
+			testutil.Must(t, d.maps.OncEncap.Delete(bpf.NetIPv4(peerNode)))
+		}, true, "ingress_miss_reply"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := setupNode(t, c.open, !c.ingress)
+			if c.prepare != nil {
+				c.prepare(t, d)
+			}
+			prog, pkt := d.progs.OncEgressFast, podSends(clientPort, 80, syn)
+			if c.ingress {
+				prog, pkt = d.progs.OncIngressFast, peerSends(clientPort, 80, syn)
+			}
+			if ret, out := run(t, prog, pkt, 0); ret != actOK || len(out) != len(pkt) {
+				t.Fatalf("verdict %d; want the SYN on the slow path, unchanged", ret)
+			}
+			if stat(t, d, c.counter) != 1 || stat(t, d, "egress_open")+stat(t, d, "ingress_open") != 0 {
+				t.Fatalf("counter %s did not count the SYN, or it counted as opened", c.counter)
+			}
+			if flows, _ := d.Flows(); len(flows) != 0 {
+				t.Fatalf("the refused SYN left flows %+v", flows)
+			}
+			if dests, _ := d.Dests(); c.ingress && len(dests) != 0 {
+				t.Fatalf("the refused SYN taught destinations %+v", dests)
+			}
+		})
+	}
+	// Without the switch the fast path never opens a connection.
+	d := open(t)
+	established(t, d)
+	testutil.Must(t, d.SetOpen(map[netip.Addr]Openness{localPod: OpenEgress | OpenIngress}, false))
+	if ret, _ := run(t, d.progs.OncEgressFast, podSends(clientPort, 80, syn), 0); ret != actOK || stat(t, d, "egress_open") != 0 {
+		t.Fatal("a SYN took the fast path with connection setup off")
+	}
+}
+
+// Where no NetworkPolicy runs (an etcd cluster), every pod is open.
+func TestConnectionSetupForEveryPodWithoutPolicy(t *testing.T) {
+	d := openWith(t, Options{ConnSetup: SetupEveryPod})
+	established(t, d)
+	if ret, _ := run(t, d.progs.OncEgressFast, podSends(clientPort, 80, syn), 0); ret != actRedirect || stat(t, d, "egress_open") != 1 {
+		t.Fatalf("verdict %d: the SYN of a pod no policy can isolate did not open on the fast path", ret)
+	}
+}
+
+// A connection the slow path opened closes through conntrack, which saw it
+// open; so does one the fast path opened in an earlier epoch (a flush).
+func TestConnectionSetupOnlyForWhatTheFastPathOpened(t *testing.T) {
+	d := setupNode(t, OpenEgress|OpenIngress, true)
+	key := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(clientPort)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
+	testutil.Must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1})) // learned from the slow path
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, 0), actRedirect, "data of the learned flow")
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "its FIN")
+	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, synAck), actOK, "a SYN-ACK on its ports")
+	if flows, _ := d.Flows(); len(flows) != 0 {
+		t.Fatal("a SYN-ACK of a connection conntrack opened did not forget the cached flow")
+	}
+	testutil.Must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByLocal)}))
+	c, err := d.config()
+	testutil.Must(t, err)
+	c.Epoch++
+	testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "a FIN of a connection opened in an earlier epoch")
+}
+
+// Switched off, the fast path hands the connections it opened over to
+// conntrack, ESTABLISHED and oriented from the end that sent the SYN; a
+// half-closed one too (conntrack follows the rest of its close), not one
+// that is over. The slow path then carries them.
+func TestHandOverGivesConntrackTheConnections(t *testing.T) {
+	d := setupNode(t, OpenEgress|OpenIngress, true)
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the local pod's SYN")
+	verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort+1, 8080, syn), actRedirect, "the remote pod's SYN")
+	verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort+1, 8080, finAck), actRedirect, "the remote pod's FIN")
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort+2, 80, syn), actRedirect, "a SYN of a connection reset next")
+	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort+2, rstAck), actRedirect, "its RST")
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort+3, 80, syn), actRedirect, "a SYN of a connection closed next")
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort+3, 80, finAck), actRedirect, "its FIN")
+	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort+3, finAck), actRedirect, "the FIN back")
+	var got []*netlink.ConntrackFlow
+	testutil.InNewNetns(t, "handover", func() {
+		testutil.Must(t, d.Configure(false))
+		var err error
+		got, err = netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		testutil.Must(t, err)
+	})
+	want := map[string]bool{
+		netip.AddrPortFrom(localPod, clientPort).String() + ">" + netip.AddrPortFrom(remotePod, 80).String():     true,
+		netip.AddrPortFrom(remotePod, clientPort+1).String() + ">" + netip.AddrPortFrom(localPod, 8080).String(): true,
+	}
+	for _, f := range got {
+		src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+		k := netip.AddrPortFrom(src, f.Forward.SrcPort).String() + ">" + netip.AddrPortFrom(dst, f.Forward.DstPort).String()
+		tcp, _ := f.ProtoInfo.(*netlink.ProtoInfoTCP)
+		if !want[k] || tcp == nil || tcp.State != nl.TCP_CONNTRACK_ESTABLISHED {
+			t.Errorf("conntrack has %s (%+v), want only %v, ESTABLISHED", k, f.ProtoInfo, want)
+		}
+		delete(want, k)
+	}
+	if len(want) != 0 {
+		t.Fatalf("not handed over: %v", want)
+	}
+	flows, err := d.Flows()
+	testutil.Must(t, err)
+	handed := 0
+	for _, f := range flows {
+		if f.Opener == OpenedBySlowPath {
+			handed++
+		}
+	}
+	if handed != 2 {
+		t.Errorf("flows after the hand-over %+v: want the two handed over marked opened by the slow path", flows)
+	}
+	// The fast path off, their FINs take the slow path, where conntrack has them.
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "a FIN after the hand-over")
+}

@@ -1,0 +1,101 @@
+package policy
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/vishvananda/netlink"
+)
+
+// A server pod on this node and a client pod on another; the server's
+// ingress allows the client on port 80 only.
+var (
+	server   = netip.MustParseAddr("10.244.1.5")
+	client   = netip.MustParseAddr("10.244.2.7")
+	webOnly  = &Direction{Policies: []string{"x/web"}, Rules: []Rule{{Policy: "x/web", Peers: []netip.Prefix{netip.PrefixFrom(client, 32)}, Ports: []PortRange{{TCP, 80, 80}}}}}
+	isolated = Ruleset{Pods: []Pod{{Key: "x/server", IP: server, Ingress: webOnly}}}
+	open     = Ruleset{Pods: []Pod{{Key: "x/server", IP: server}}}
+)
+
+func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
+
+// A connection the fast path opened is judged as the connection it is,
+// whichever end conntrack took for its client when the slow path picked
+// it up mid-way.
+func TestRevokeJudgesAPickedUpConnectionAsTheFastPathOpenedIt(t *testing.T) {
+	// The server spoke first after the flow left the cache: conntrack has
+	// server:22 -> client:41000, which no policy of this node isolates.
+	pickedUp := &netlink.ConntrackFlow{
+		Forward: netlink.IPTuple{SrcIP: net.IP(server.AsSlice()), DstIP: net.IP(client.AsSlice()), SrcPort: 22, DstPort: 41000, Protocol: uint8(TCP)},
+		Reverse: netlink.IPTuple{SrcIP: net.IP(client.AsSlice()), DstIP: net.IP(server.AsSlice()), SrcPort: 41000, DstPort: 22, Protocol: uint8(TCP)},
+	}
+	opened := fastpath.Conn{Client: ap(client, 41000), Server: ap(server, 22), Proto: uint8(TCP)}
+	filter := func(opened ...fastpath.Conn) *revokeFilter {
+		f := &revokeFilter{rs: &isolated, pods: map[netip.Addr]bool{server: true}, host: map[netip.Addr]bool{},
+			kept: map[flowID]bool{}, opened: map[flowID]Connection{}, ended: map[flowID]bool{}}
+		for _, c := range opened {
+			f.opened[newFlowID(c.Client, c.Server, Proto(c.Proto))] = openedConnection(c)
+		}
+		return f
+	}
+	if filter().MatchConntrackFlow(pickedUp) {
+		t.Fatal("without the fast path's record the entry reads as the server's own connection, which policy allows")
+	}
+	f := filter(opened)
+	if !f.MatchConntrackFlow(pickedUp) {
+		t.Fatal("the client's connection to port 22, which policy denies, kept its conntrack entry")
+	}
+	if !f.ended[newFlowID(opened.Client, opened.Server, TCP)] {
+		t.Fatal("the ended connection is not recorded, so the flow cache would count it again")
+	}
+}
+
+func TestJudgeFlow(t *testing.T) {
+	kept := Revoked{kept: map[flowID]bool{newFlowID(ap(server, 80), ap(client, 40000), TCP): true}, ended: map[flowID]bool{}}
+	endedInConntrack := Revoked{ended: map[flowID]bool{newFlowID(ap(server, 22), ap(client, 41000), TCP): true}}
+	cases := []struct {
+		name          string
+		rs            Ruleset
+		r             Revoked
+		local, remote netip.AddrPort
+		opener        fastpath.Opener
+		want          fastpath.Verdict
+		ended         bool
+	}{
+		{"opened by the slow path, still allowed in conntrack", isolated, kept, ap(server, 80), ap(client, 40000), fastpath.OpenedBySlowPath, fastpath.Keep, false},
+		{"opened by the slow path, gone from conntrack", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Evict, false},
+		{"opened by the fast path, allowed, the server now isolated", isolated, kept, ap(server, 80), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
+		{"opened by the fast path, the server still open", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Keep, false},
+		{"opened by the fast path, now denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, true},
+		{"opened by the fast path, denied, already ended in conntrack", isolated, endedInConntrack, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, false},
+		// The server's own connection out to the client's port 80: its
+		// ingress rules do not judge it, and its egress is open.
+		{"opened by the local pod, its egress open", isolated, kept, ap(server, 41000), ap(client, 22), fastpath.OpenedByLocal, fastpath.Keep, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v, ended := judgeFlow(c.rs, openPods(c.rs), c.r, c.local, c.remote, uint8(TCP), c.opener)
+			if v != c.want || ended != c.ended {
+				t.Fatalf("verdict %d, ended %v; want %d, %v", v, ended, c.want, c.ended)
+			}
+		})
+	}
+}
+
+func TestOpenPods(t *testing.T) {
+	rs := Ruleset{Pods: []Pod{
+		{Key: "x/open", IP: netip.MustParseAddr("10.244.1.2")},
+		{Key: "x/in", IP: netip.MustParseAddr("10.244.1.3"), Ingress: &Direction{}},
+		{Key: "x/out", IP: netip.MustParseAddr("10.244.1.4"), Egress: &Direction{}},
+		{Key: "x/both", IP: netip.MustParseAddr("10.244.1.5"), Ingress: &Direction{}, Egress: &Direction{}},
+	}}
+	got := openPods(rs)
+	want := map[string]fastpath.Openness{"10.244.1.2": fastpath.OpenIngress | fastpath.OpenEgress, "10.244.1.3": fastpath.OpenEgress, "10.244.1.4": fastpath.OpenIngress, "10.244.1.5": 0}
+	for ip, o := range want {
+		if got[netip.MustParseAddr(ip)] != o {
+			t.Errorf("%s: open %d, want %d", ip, got[netip.MustParseAddr(ip)], o)
+		}
+	}
+}
