@@ -206,13 +206,19 @@ func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
 	return fp, nil
 }
 
-// connSetup is which connections may open on the fast path.
+// connSetup is which connections may open on the fast path. On
+// Kubernetes, only where the socket LB translates the pods' Service
+// connections: kube-proxy translating them in the stack could map one onto
+// the addresses and ports of a connection conntrack never saw, and would
+// not move it aside.
 func (n *Node) connSetup() fastpath.ConnSetup {
 	switch {
 	case !n.cfg.FastPathConnSetup:
 		return fastpath.SetupOff
 	case n.cfg.NoPolicy:
 		return fastpath.SetupEveryPod
+	case n.cfg.Services != services.All:
+		return fastpath.SetupOff
 	}
 	return fastpath.SetupOpenPods
 }

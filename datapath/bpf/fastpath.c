@@ -32,18 +32,19 @@ enum flow_setup {
 /*
  * flow_setup decides the way of a packet with SYN, FIN or RST, and forgets
  * what the cache holds for a connection a SYN starts anew (flow_forget).
- * A SYN may open its connection on the fast path when the local pod is
- * open in direction dir (onc_open, or every pod without NetworkPolicy on
- * this node: onc_conn_setup) and learning runs; every later packet
- * of that connection, SYN-ACK and FIN included, then rides it on this
- * node: conntrack has no entry for it, so the slow path would find them
- * invalid. Everything else opens and closes through conntrack.
+ * egress: the local pod sent it. A SYN may open its connection on the
+ * fast path when no policy isolates the local pod (onc_open; every pod
+ * where no NetworkPolicy runs: onc_conn_setup) and learning runs; every
+ * later packet of that connection, SYN-ACK and FIN included, then rides
+ * the fast path on this node: conntrack has no entry for it, so the slow
+ * path would find them invalid. Everything else opens and closes through
+ * conntrack.
  */
 static __always_inline int flow_setup(const struct flow_key *k, const struct l4 *p,
-				      const struct onc_config *cfg, __u8 dir)
+				      const struct onc_config *cfg, int egress)
 {
 	struct flow_val *v;
-	__u8 *open, closing;
+	__u8 closing;
 
 	if (!p->tcp_flags)
 		return SETUP_NONE;
@@ -51,22 +52,30 @@ static __always_inline int flow_setup(const struct flow_key *k, const struct l4 
 		flow_forget(k);
 		if (onc_conn_setup == CONN_SETUP_OFF || !cfg || !cfg->enabled || !cfg->learning)
 			return SETUP_SLOW;
-		if (onc_conn_setup == CONN_SETUP_EVERY_POD)
+		if (onc_conn_setup == CONN_SETUP_EVERY_POD ||
+		    bpf_map_lookup_elem(&onc_open, &k->local_ip))
 			return SETUP_OPEN;
-		open = bpf_map_lookup_elem(&onc_open, &k->local_ip);
-		return open && (*open & dir) ? SETUP_OPEN : SETUP_SLOW;
+		return SETUP_SLOW;
 	}
 	v = bpf_map_lookup_elem(&onc_filter, k);
-	if (cfg && v && v->opener && v->epoch == cfg->epoch) {
-		closing = v->closing;
-		if (p->tcp_flags & TCP_RST)
-			closing |= FLOW_CLOSING_RST;
-		else if (p->tcp_flags & TCP_FIN)
-			closing |= dir == OPEN_EGRESS ? FLOW_CLOSING_LOCAL_FIN : FLOW_CLOSING_REMOTE_FIN;
-		if (closing != v->closing)
-			v->closing = closing;
-		return SETUP_RIDE;
-	}
+	if (!cfg || !v || !v->opener || v->epoch != cfg->epoch)
+		goto slow;
+	/* A SYN-ACK answers the SYN that opened the connection, from its
+	 * other end, before any close: the entry of an earlier connection on
+	 * the same addresses and ports must not carry a new one that netfilter
+	 * translated onto them. */
+	if (p->syn_ack &&
+	    (v->closing || v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
+		goto slow;
+	closing = v->closing;
+	if (p->tcp_flags & TCP_RST)
+		closing |= FLOW_CLOSING_RST;
+	else if (p->tcp_flags & TCP_FIN)
+		closing |= egress ? FLOW_CLOSING_LOCAL_FIN : FLOW_CLOSING_REMOTE_FIN;
+	if (closing != v->closing)
+		v->closing = closing;
+	return SETUP_RIDE;
+slow:
 	if (p->tcp_flags & TCP_SYN) /* a SYN-ACK of a connection conntrack saw open */
 		flow_forget(k);
 	return SETUP_SLOW;
@@ -98,6 +107,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	struct egress_val *dst;
 	struct local_pod *src;
 	struct cidr_val *peer;
+	struct flow_val *flow;
 	struct flow_key key = {};
 	struct l4 p;
 	__u32 hash;
@@ -114,23 +124,24 @@ int onc_egress_fast(struct __sk_buff *skb)
 		count(&onc_stats, STAT_EGRESS_MISS_NOT_IP, 1);
 		return TC_ACT_OK;
 	}
+	/* Only the pod behind this veth may use its address: another pod
+	 * sending with it would ride that pod's cached flows past policy, or
+	 * open and close connections in their name. The slow path drops such
+	 * packets. */
+	src = bpf_map_lookup_elem(&onc_local, &p.ip->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		count(&onc_stats, STAT_EGRESS_MISS_SPOOF, 1);
+		return TC_ACT_OK;
+	}
 	flow_out(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, &p, cfg, OPEN_EGRESS);
+	setup = flow_setup(&key, &p, cfg, 1);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
 	}
 	if (!cfg || !cfg->enabled) {
 		count(&onc_stats, STAT_EGRESS_MISS_DISABLED, 1);
-		return TC_ACT_OK;
-	}
-	/* Only the pod behind this veth may use its address: another pod
-	 * sending with it would ride that pod's cached flows past policy.
-	 * The slow path drops such packets. */
-	src = bpf_map_lookup_elem(&onc_local, &p.ip->saddr);
-	if (!src || src->ifindex != skb->ifindex) {
-		count(&onc_stats, STAT_EGRESS_MISS_SPOOF, 1);
 		return TC_ACT_OK;
 	}
 	if (is_host(p.ip->daddr)) {
@@ -144,18 +155,23 @@ int onc_egress_fast(struct __sk_buff *skb)
 		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
-	if (setup != SETUP_OPEN && !flow_allowed(&key, cfg->epoch)) {
+	flow = setup == SETUP_OPEN ? NULL : flow_allowed(&key, cfg->epoch);
+	if (setup != SETUP_OPEN && !flow) {
 		count(&onc_stats, STAT_EGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
 	/* The learned node must still own the destination's CIDR: a pod IP
-	 * that moved to another node is never sent to the old one. */
-	dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
-	if (!dst || dst->node_ip != peer->node_ip) {
-		count(&onc_stats, STAT_EGRESS_MISS_DEST, 1);
-		return TC_ACT_OK;
+	 * that moved to another node is never sent to the old one. One the
+	 * fast path opens or opened goes to the CIDR's owner, learned or
+	 * not: conntrack has no entry for it, so the slow path is no way. */
+	if (setup != SETUP_OPEN && !flow->opener) {
+		dst = bpf_map_lookup_elem(&onc_egress, &p.ip->daddr);
+		if (!dst || dst->node_ip != peer->node_ip) {
+			count(&onc_stats, STAT_EGRESS_MISS_DEST, 1);
+			return TC_ACT_OK;
+		}
 	}
-	encap = bpf_map_lookup_elem(&onc_encap, &dst->node_ip);
+	encap = bpf_map_lookup_elem(&onc_encap, &peer->node_ip);
 	if (!encap) {
 		count(&onc_stats, STAT_EGRESS_MISS_ENCAP, 1);
 		return TC_ACT_OK;
@@ -182,19 +198,12 @@ err:
 
 /*
  * ingress_open opens the connection of a SYN from a peer's pod: only when
- * this node knows the way back to the client's node (its header), since
- * the SYN-ACK must ride the fast path too. The client's pod is then
- * behind that node, which the guard checked.
+ * this node knows the header back to the client's node, since the SYN-ACK
+ * must ride the fast path too.
  */
 static __always_inline int ingress_open(const struct flow_key *k, const struct cidr_val *peer, __u32 epoch)
 {
-	struct egress_val dst = { .node_ip = peer->node_ip }, *cur;
-
 	if (!bpf_map_lookup_elem(&onc_encap, &peer->node_ip))
-		return -1;
-	cur = bpf_map_lookup_elem(&onc_egress, &k->remote_ip);
-	if ((!cur || cur->node_ip != dst.node_ip) &&
-	    bpf_map_update_elem(&onc_egress, &k->remote_ip, &dst, BPF_ANY))
 		return -1;
 	return flow_open(k, epoch, FLOW_OPENED_BY_REMOTE);
 }
@@ -237,7 +246,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	}
 	flow_in(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, &p, cfg, OPEN_INGRESS);
+	setup = flow_setup(&key, &p, cfg, 0);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_INGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;

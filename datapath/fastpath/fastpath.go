@@ -106,6 +106,14 @@ func Open(o Options) (*Datapath, error) {
 		d.Close()
 		return nil, err
 	}
+	// Connection setup off: what an earlier agent's fast path opened goes
+	// to conntrack, as the new programs close no connection on the fast path.
+	if o.ConnSetup == SetupOff {
+		if err := d.evict(func() error { return d.handOver(everyFlow) }); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("hand the connections the fast path opened over to conntrack: %w", err)
+		}
+	}
 	return d, nil
 }
 
@@ -176,7 +184,20 @@ func (d *Datapath) Close() error {
 // to conntrack, which carries them on.
 func (d *Datapath) Configure(enabled bool) error {
 	if !enabled {
-		if err := d.evict(func() error { return d.handOver(everyFlow) }); err != nil {
+		// Off before learning resumes: no SYN may open a connection
+		// between the hand-over and the switch.
+		err := d.evict(func() error {
+			if err := d.handOver(everyFlow); err != nil {
+				return err
+			}
+			c, err := d.config()
+			if err != nil {
+				return err
+			}
+			c.Enabled = 0
+			return d.maps.OncCfg.Put(uint32(0), c)
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -311,10 +332,16 @@ func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 			err := d.evict(func() error {
 				var evicted []Peer
 				for _, k := range stale {
+					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen)), NodeIP: bpf.IPv4(have[k].NodeIp)})
+				}
+				// While the fast path still carries them.
+				if err := d.handOver(toAny(evicted)); err != nil {
+					return err
+				}
+				for _, k := range stale {
 					if err := d.peerWrite(d.maps.OncPeers.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 						return err
 					}
-					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen)), NodeIP: bpf.IPv4(have[k].NodeIp)})
 				}
 				return d.forgetPeers(evicted)
 			})
@@ -333,14 +360,6 @@ func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 
 // forgetPeers drops what was learned about the peers' nodes and CIDRs.
 func (d *Datapath) forgetPeers(peers []Peer) error {
-	inAny := func(a netip.Addr) bool {
-		for _, p := range peers {
-			if p.PodCIDR.Contains(a) {
-				return true
-			}
-		}
-		return false
-	}
 	nodes := map[uint32]bool{}
 	for _, p := range peers {
 		nodes[bpf.NetIPv4(p.NodeIP)] = true
@@ -348,15 +367,26 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 			return err
 		}
 	}
-	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(bpf.IPv4(ip)) })
+	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(peers, bpf.IPv4(ip)) })
 	if err != nil {
 		return err
 	}
-	toPeers := func(k FlowKey, _ FlowVal) bool { return inAny(bpf.IPv4(k.RemoteIp)) }
-	if err := d.handOver(toPeers); err != nil {
-		return err
+	return deleteWhere(d.maps.OncFilter, toAny(peers))
+}
+
+// inAny reports whether a is in one of the peers' pod CIDRs.
+func inAny(peers []Peer, a netip.Addr) bool {
+	for _, p := range peers {
+		if p.PodCIDR.Contains(a) {
+			return true
+		}
 	}
-	return deleteWhere(d.maps.OncFilter, toPeers)
+	return false
+}
+
+// toAny matches the flows with a pod of one of the peers.
+func toAny(peers []Peer) func(FlowKey, FlowVal) bool {
+	return func(k FlowKey, _ FlowVal) bool { return inAny(peers, bpf.IPv4(k.RemoteIp)) }
 }
 
 // SetHosts makes the host-address set (node IPs) exactly addrs,
@@ -549,8 +579,27 @@ func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
 	// look is judged too.
 	evicted := 0
 	err := d.evict(func() error {
+		nodes := map[uint32]bool{}
+		it := d.maps.OncEncap.Iterate()
+		for it.Next(&k, &v) {
+			if judge(k, v) {
+				nodes[k] = true
+			}
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		// The connections the fast path opened to pods behind those nodes
+		// take the slow path until it learns the new headers.
+		behind := func(k FlowKey, _ FlowVal) bool {
+			var p cidrVal
+			return d.maps.OncPeers.Lookup(cidrKey{Prefixlen: 32, Addr: k.RemoteIp}, &p) == nil && nodes[p.NodeIp]
+		}
+		if err := d.handOver(behind); err != nil {
+			return err
+		}
 		return deleteWhere(d.maps.OncEncap, func(k uint32, v EncapVal) bool {
-			s := judge(k, v)
+			s := nodes[k]
 			if s {
 				evicted++
 			}

@@ -204,7 +204,10 @@ func TestEgressMissReasons(t *testing.T) {
 		// An established flow, sent from another veth than its pod's.
 		{"another pod's address (spoofed)", "egress_miss_spoof", flow(localPod, remotePod, 0),
 			func() { testutil.Must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC)) }},
-		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() { testutil.Must(t, d.Configure(false)) }},
+		{"disabled", "egress_miss_disabled", flow(localPod, remotePod, 0), func() {
+			testutil.Must(t, d.SetLocalPod(localPod, loIndex, podMAC, hostMAC))
+			testutil.Must(t, d.Configure(false))
+		}},
 	}
 	for _, c := range cases {
 		if c.setup != nil {

@@ -3,7 +3,6 @@ package fastpath
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -48,16 +47,6 @@ func (s ConnSetup) String() string {
 	return fmt.Sprintf("ConnSetup(%d)", uint8(s))
 }
 
-// Openness says in which directions no NetworkPolicy isolates a local pod
-// (OpenIngress, OpenEgress): new connections it takes or makes that way
-// may be opened on the fast path.
-type Openness uint8
-
-const (
-	OpenIngress Openness = 1 // as OPEN_INGRESS
-	OpenEgress  Openness = 2 // as OPEN_EGRESS
-)
-
 // Opener is who opened a cached flow.
 type Opener uint8
 
@@ -79,16 +68,17 @@ func (o Opener) String() string {
 	return fmt.Sprintf("opener(%d)", uint8(o))
 }
 
-// NarrowOpen takes from the open pods what want does not grant, and
-// SetOpen makes them exactly want. Policy narrows before its rules that
-// isolate a pod take effect and sets after, so no SYN takes the fast path
-// while the rules in force could deny it.
-func (d *Datapath) NarrowOpen(want map[netip.Addr]Openness) error {
+// NarrowOpen removes from the open pods (onc_open: those no NetworkPolicy
+// isolates) the ones want does not hold, and SetOpen makes them exactly
+// want. Policy narrows before its rules that isolate a pod take effect and
+// sets after, so no SYN takes the fast path while the rules in force could
+// deny it.
+func (d *Datapath) NarrowOpen(want map[netip.Addr]bool) error {
 	narrow := func(have map[uint32]uint8) map[uint32]uint8 {
 		narrowed := map[uint32]uint8{}
 		for k, v := range have {
-			if n := v & uint8(want[bpf.IPv4(k)]); n != 0 {
-				narrowed[k] = n
+			if want[bpf.IPv4(k)] {
+				narrowed[k] = v
 			}
 		}
 		return narrowed
@@ -99,11 +89,11 @@ func (d *Datapath) NarrowOpen(want map[netip.Addr]Openness) error {
 }
 
 // SetOpen makes the open pods exactly want (see NarrowOpen).
-func (d *Datapath) SetOpen(want map[netip.Addr]Openness, checkKernel bool) error {
+func (d *Datapath) SetOpen(want map[netip.Addr]bool, checkKernel bool) error {
 	w := map[uint32]uint8{}
-	for ip, o := range want {
-		if o != 0 && ip.Is4() {
-			w[bpf.NetIPv4(ip)] = uint8(o)
+	for ip, open := range want {
+		if open && ip.Is4() {
+			w[bpf.NetIPv4(ip)] = 1
 		}
 	}
 	return d.open.sync(d.maps.OncOpen, w, checkKernel, func(have map[uint32]uint8) error {
@@ -124,36 +114,36 @@ const (
 )
 
 // handOver gives conntrack the connections the fast path opened that match
-// and are not closed, as ESTABLISHED, and marks their flows opened by the
-// slow path: from then on their SYN-ACK, FIN and RST go through conntrack,
-// which knows them. The caller holds learning paused (evict). A connection
-// conntrack already has (the slow path picked it up mid-way) stays as
-// conntrack has it.
+// and are not over, and marks their flows opened by the slow path: from
+// then on their SYN-ACK, FIN and RST go through conntrack, which knows
+// them. The caller holds learning paused (evict).
 func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
 	var k FlowKey
 	var v FlowVal
-	type flow struct {
-		k FlowKey
-		v FlowVal
-	}
-	var opened []flow
+	opened := map[FlowKey]FlowVal{}
 	it := d.maps.OncFilter.Iterate()
 	for it.Next(&k, &v) {
 		if Opener(v.Opener) != OpenedBySlowPath && !closed(v) && match(k, v) {
-			opened = append(opened, flow{k, v})
+			opened[k] = v
 		}
 	}
 	if err := it.Err(); err != nil {
 		return err
 	}
+	if len(opened) == 0 {
+		return nil
+	}
+	conns := make([]Conn, 0, len(opened))
+	for k, v := range opened {
+		conns = append(conns, connOf(k, v))
+	}
+	if err := conntrackEstablish(conns); err != nil {
+		return err
+	}
 	var errs []error
-	for _, f := range opened {
-		if err := conntrackEstablish(f.k, f.v); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		f.v.Opener, f.v.Closing = uint8(OpenedBySlowPath), 0
-		if err := d.maps.OncFilter.Update(f.k, f.v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	for k, v := range opened {
+		v.Opener, v.Closing = uint8(OpenedBySlowPath), 0
+		if err := d.maps.OncFilter.Update(k, v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -192,35 +182,86 @@ const (
 	closingRST       = 4
 )
 
-// conntrackEstablish creates the conntrack entry of a connection the fast
-// path opened, oriented from the end that opened it.
-func conntrackEstablish(k FlowKey, v FlowVal) error {
-	c := connOf(k, v)
-	client, server := c.Client, c.Server
-	// Half closed, it is still ESTABLISHED to conntrack, which follows the
-	// rest of the close.
-	f := &netlink.ConntrackFlow{
-		FamilyType: unix.AF_INET,
-		Forward:    tuple(client, server, k.Proto),
-		Reverse:    tuple(server, client, k.Proto),
-		TimeOut:    establishedTimeout(),
-		ProtoInfo:  &netlink.ProtoInfoTCP{State: nl.TCP_CONNTRACK_ESTABLISHED},
+// conntrackEstablish puts conns into conntrack as the connections they
+// are: ESTABLISHED from their client, a reply seen (so that the policy
+// table's rule for a connection that starts without a SYN never takes one
+// of their packets for a new connection), windows tracked liberally as a
+// picked-up connection's are. An entry conntrack already has for one of
+// them (the slow path picked it up mid-way, perhaps from its server) goes
+// first: a change could not turn it around.
+func conntrackEstablish(conns []Conn) error {
+	ends := map[[2]netip.AddrPort]bool{}
+	for _, c := range conns {
+		ends[[2]netip.AddrPort{c.Client, c.Server}] = true
+		ends[[2]netip.AddrPort{c.Server, c.Client}] = true
 	}
-	err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f)
-	if errors.Is(err, unix.EEXIST) {
-		return nil
+	var err error
+	for range 3 { // a dump interrupted by concurrent changes may miss entries
+		_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, conntrackEnds(ends))
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
 	}
 	if err != nil {
-		return fmt.Errorf("hand %s -> %s over to conntrack: %w", client, server, err)
+		return fmt.Errorf("conntrack: clear the way for %d connections the fast path opened: %w", len(conns), err)
 	}
-	return nil
+	timeout := establishedTimeout()
+	var errs []error
+	for _, c := range conns {
+		req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
+		req.AddData(tupleAttr(nl.CTA_TUPLE_ORIG, c.Client, c.Server, c.Proto))
+		req.AddData(tupleAttr(nl.CTA_TUPLE_REPLY, c.Server, c.Client, c.Proto))
+		req.AddData(nl.NewRtAttr(nl.CTA_STATUS, nl.BEUint32Attr(ipsSeenReply|ipsAssured|ipsConfirmed)))
+		req.AddData(nl.NewRtAttr(nl.CTA_TIMEOUT, nl.BEUint32Attr(timeout)))
+		info := nl.NewRtAttr(unix.NLA_F_NESTED|nl.CTA_PROTOINFO, nil)
+		tcp := info.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_PROTOINFO_TCP, nil)
+		tcp.AddRtAttr(nl.CTA_PROTOINFO_TCP_STATE, []byte{nl.TCP_CONNTRACK_ESTABLISHED})
+		flags := []byte{tcpFlagSACKPerm | tcpFlagBeLiberal, tcpFlagSACKPerm | tcpFlagBeLiberal} // struct nf_ct_tcp_flags: flags, mask
+		tcp.AddRtAttr(nl.CTA_PROTOINFO_TCP_FLAGS_ORIGINAL, flags)
+		tcp.AddRtAttr(nl.CTA_PROTOINFO_TCP_FLAGS_REPLY, flags)
+		req.AddData(info)
+		// EEXIST: the slow path took it up again since the deletion.
+		if _, err := req.Execute(unix.NETLINK_NETFILTER, 0); err != nil && !errors.Is(err, unix.EEXIST) {
+			errs = append(errs, fmt.Errorf("hand %s -> %s over to conntrack: %w", c.Client, c.Server, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
-func tuple(src, dst netip.AddrPort, proto uint8) netlink.IPTuple {
-	return netlink.IPTuple{
-		SrcIP: net.IP(src.Addr().AsSlice()), DstIP: net.IP(dst.Addr().AsSlice()),
-		SrcPort: src.Port(), DstPort: dst.Port(), Protocol: proto,
-	}
+// Conntrack's status bits and TCP flags (linux/netfilter/nf_conntrack_common.h,
+// nf_conntrack_tcp.h) that conntrackEstablish sets.
+const (
+	ipsSeenReply     = 1 << 1
+	ipsAssured       = 1 << 2
+	ipsConfirmed     = 1 << 3 // set on every entry ctnetlink creates: a status without it is refused
+	tcpFlagSACKPerm  = 0x02
+	tcpFlagBeLiberal = 0x08
+)
+
+// conntrackEnds matches the conntrack entries whose original direction
+// goes between two ends of the set.
+type conntrackEnds map[[2]netip.AddrPort]bool
+
+func (e conntrackEnds) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
+	src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
+	dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
+	return f.Forward.Protocol == unix.IPPROTO_TCP &&
+		e[[2]netip.AddrPort{netip.AddrPortFrom(src.Unmap(), f.Forward.SrcPort), netip.AddrPortFrom(dst.Unmap(), f.Forward.DstPort)}]
+}
+
+// tupleAttr is a nested conntrack tuple attribute (CTA_TUPLE_ORIG or
+// CTA_TUPLE_REPLY) from src to dst.
+func tupleAttr(kind int, src, dst netip.AddrPort, proto uint8) *nl.RtAttr {
+	t := nl.NewRtAttr(unix.NLA_F_NESTED|kind, nil)
+	ip := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_IP, nil)
+	ip.AddRtAttr(nl.CTA_IP_V4_SRC, src.Addr().AsSlice())
+	ip.AddRtAttr(nl.CTA_IP_V4_DST, dst.Addr().AsSlice())
+	pr := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_PROTO, nil)
+	pr.AddRtAttr(nl.CTA_PROTO_NUM, []byte{proto})
+	pr.AddRtAttr(nl.CTA_PROTO_SRC_PORT, nl.BEUint16Attr(src.Port()))
+	pr.AddRtAttr(nl.CTA_PROTO_DST_PORT, nl.BEUint16Attr(dst.Port()))
+	return t
 }
 
 // establishedTimeout is conntrack's timeout of an ESTABLISHED TCP

@@ -8,6 +8,9 @@ package fastpath
 
 import (
 	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -33,10 +36,10 @@ func peerSends(sport, dport uint16, flags byte) []byte { // the uplink
 	return vxlan(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, sport, dport, flags, 10), peerNode, localNode, 1)
 }
 
-// setupNode is a node with connection setup on whose local pod is open the
-// ways open says, knowing the peer and the header to it (from earlier
+// setupNode is a node with connection setup on whose local pod no policy
+// isolates if open, knowing the peer and the header to it (from earlier
 // connections), and, with dest, where remotePod is.
-func setupNode(t *testing.T, open Openness, dest bool) *Datapath {
+func setupNode(t *testing.T, open, dest bool) *Datapath {
 	d := openWith(t, Options{ConnSetup: SetupOpenPods})
 	established(t, d)
 	testutil.Must(t, d.maps.OncFilter.Delete(FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod),
@@ -44,7 +47,7 @@ func setupNode(t *testing.T, open Openness, dest bool) *Datapath {
 	if !dest {
 		testutil.Must(t, d.maps.OncEgress.Delete(bpf.NetIPv4(remotePod)))
 	}
-	testutil.Must(t, d.SetOpen(map[netip.Addr]Openness{localPod: open}, false))
+	testutil.Must(t, d.SetOpen(map[netip.Addr]bool{localPod: open}, false))
 	return d
 }
 
@@ -70,7 +73,7 @@ func onlyFlow(t *testing.T, d *Datapath) Flow {
 // the SYN it receives; every packet of it is redirected.
 func TestConnectionSetupOnTheFastPath(t *testing.T) {
 	t.Run("client's node", func(t *testing.T) {
-		d := setupNode(t, OpenEgress, true)
+		d := setupNode(t, true, false) // no learned destination: the peer's CIDR says where
 		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the SYN")
 		if stat(t, d, "egress_open") != 1 || stat(t, d, "egress_miss_tcp_flags") != 0 {
 			t.Fatal("the SYN was not counted as opening its connection")
@@ -92,7 +95,7 @@ func TestConnectionSetupOnTheFastPath(t *testing.T) {
 		}
 	})
 	t.Run("server's node", func(t *testing.T) {
-		d := setupNode(t, OpenIngress, false) // no packet went to the client's pod before
+		d := setupNode(t, true, false) // no packet went to the client's pod before
 		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, syn), actRedirect, "the SYN")
 		if stat(t, d, "ingress_open") != 1 {
 			t.Fatal("the SYN was not counted as opening its connection")
@@ -100,10 +103,7 @@ func TestConnectionSetupOnTheFastPath(t *testing.T) {
 		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || f.Local != netip.AddrPortFrom(localPod, 80) {
 			t.Fatalf("flow %+v, want one opened by the remote pod", f)
 		}
-		// The way back: the client's pod is behind the node that sent it.
-		if dests, _ := d.Dests(); len(dests) != 1 || dests[0] != (Dest{Pod: remotePod, Node: peerNode}) {
-			t.Fatalf("destinations %+v, want the client's pod behind its node", dests)
-		}
+		// The way back is the client's CIDR's owner, learned or not.
 		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, synAck), actRedirect, "the SYN-ACK")
 		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, ack), actRedirect, "the last ACK")
 		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, rstAck), actRedirect, "the server's RST")
@@ -115,31 +115,32 @@ func TestConnectionSetupOnTheFastPath(t *testing.T) {
 func TestConnectionSetupRefusals(t *testing.T) {
 	cases := []struct {
 		name    string
-		open    Openness
+		open    bool
 		prepare func(t *testing.T, d *Datapath)
 		ingress bool // the SYN comes from the peer
 		counter string
 	}{
-		{"the client's pod isolated", 0, nil, false, "egress_miss_tcp_flags"},
-		{"the client's pod open only for ingress", OpenIngress, nil, false, "egress_miss_tcp_flags"},
-		{"the server's pod isolated", 0, nil, true, "ingress_miss_tcp_flags"},
-		{"the server's pod open only for egress", OpenEgress, nil, true, "ingress_miss_tcp_flags"},
-		{"learning paused (an eviction runs)", OpenEgress | OpenIngress, func(t *testing.T, d *Datapath) {
+		{"the client's pod isolated", false, nil, false, "egress_miss_tcp_flags"},
+		{"the server's pod isolated", false, nil, true, "ingress_miss_tcp_flags"},
+		{"learning paused (an eviction runs)", true, func(t *testing.T, d *Datapath) {
 			c, err := d.config()
 			testutil.Must(t, err)
 			c.Learning = 0
 			testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
 		}, false, "egress_miss_tcp_flags"},
-		{"the fast path off", OpenEgress | OpenIngress, func(t *testing.T, d *Datapath) {
+		{"the fast path off", true, func(t *testing.T, d *Datapath) {
 			c, err := d.config()
 			testutil.Must(t, err)
 			c.Enabled = 0
 			testutil.Must(t, d.maps.OncCfg.Put(uint32(0), c))
 		}, true, "ingress_miss_tcp_flags"},
-		{"no header to the server's node", OpenEgress, func(t *testing.T, d *Datapath) {
+		{"another pod's address (spoofed)", true, func(t *testing.T, d *Datapath) {
+			testutil.Must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC))
+		}, false, "egress_miss_spoof"},
+		{"no header to the server's node", true, func(t *testing.T, d *Datapath) {
 			testutil.Must(t, d.maps.OncEncap.Delete(bpf.NetIPv4(peerNode)))
 		}, false, "egress_miss_encap"},
-		{"no header back to the client's node", OpenIngress, func(t *testing.T, d *Datapath) {
+		{"no header back to the client's node", true, func(t *testing.T, d *Datapath) {
 			testutil.Must(t, d.maps.OncEncap.Delete(bpf.NetIPv4(peerNode)))
 		}, true, "ingress_miss_reply"},
 	}
@@ -162,15 +163,12 @@ func TestConnectionSetupRefusals(t *testing.T) {
 			if flows, _ := d.Flows(); len(flows) != 0 {
 				t.Fatalf("the refused SYN left flows %+v", flows)
 			}
-			if dests, _ := d.Dests(); c.ingress && len(dests) != 0 {
-				t.Fatalf("the refused SYN taught destinations %+v", dests)
-			}
 		})
 	}
 	// Without the switch the fast path never opens a connection.
 	d := open(t)
 	established(t, d)
-	testutil.Must(t, d.SetOpen(map[netip.Addr]Openness{localPod: OpenEgress | OpenIngress}, false))
+	testutil.Must(t, d.SetOpen(map[netip.Addr]bool{localPod: true}, false))
 	if ret, _ := run(t, d.progs.OncEgressFast, podSends(clientPort, 80, syn), 0); ret != actOK || stat(t, d, "egress_open") != 0 {
 		t.Fatal("a SYN took the fast path with connection setup off")
 	}
@@ -186,9 +184,12 @@ func TestConnectionSetupForEveryPodWithoutPolicy(t *testing.T) {
 }
 
 // A connection the slow path opened closes through conntrack, which saw it
-// open; so does one the fast path opened in an earlier epoch (a flush).
+// open; so does one the fast path opened in an earlier epoch (a flush). A
+// SYN-ACK rides only as the answer to the SYN that opened its connection:
+// an earlier connection's entry on the same addresses and ports carries no
+// new one that netfilter translated onto them.
 func TestConnectionSetupOnlyForWhatTheFastPathOpened(t *testing.T) {
-	d := setupNode(t, OpenEgress|OpenIngress, true)
+	d := setupNode(t, true, true)
 	key := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(clientPort)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	testutil.Must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1})) // learned from the slow path
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, 0), actRedirect, "data of the learned flow")
@@ -196,6 +197,19 @@ func TestConnectionSetupOnlyForWhatTheFastPathOpened(t *testing.T) {
 	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, synAck), actOK, "a SYN-ACK on its ports")
 	if flows, _ := d.Flows(); len(flows) != 0 {
 		t.Fatal("a SYN-ACK of a connection conntrack opened did not forget the cached flow")
+	}
+	for _, c := range []struct {
+		name string
+		val  FlowVal
+	}{
+		{"an earlier connection's, closed", FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByLocal), Closing: closingLocalFIN | closingRemoteFIN}},
+		{"one the remote pod opened", FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByRemote)}},
+	} {
+		testutil.Must(t, d.maps.OncFilter.Put(key, c.val))
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, synAck), actOK, "a SYN-ACK to the local pod on the entry of "+c.name)
+		if flows, _ := d.Flows(); len(flows) != 0 {
+			t.Fatalf("a SYN-ACK on the entry of %s did not forget it", c.name)
+		}
 	}
 	testutil.Must(t, d.maps.OncFilter.Put(key, FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByLocal)}))
 	c, err := d.config()
@@ -205,12 +219,26 @@ func TestConnectionSetupOnlyForWhatTheFastPathOpened(t *testing.T) {
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "a FIN of a connection opened in an earlier epoch")
 }
 
+// A pod cannot close another's connection in its name: a FIN with another
+// pod's address, from its own veth, changes nothing.
+func TestConnectionSetupSpoofedCloseChangesNothing(t *testing.T) {
+	d := setupNode(t, true, true)
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the SYN")
+	testutil.Must(t, d.SetLocalPod(localPod, 99, podMAC, hostMAC)) // the packets below come from another veth
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, rstAck), actOK, "a spoofed RST")
+	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actOK, "a spoofed SYN")
+	if f := onlyFlow(t, d); f.Closing || f.Opener != OpenedByLocal {
+		t.Fatalf("after spoofed packets the connection's flow is %+v", f)
+	}
+}
+
 // Switched off, the fast path hands the connections it opened over to
-// conntrack, ESTABLISHED and oriented from the end that sent the SYN; a
-// half-closed one too (conntrack follows the rest of its close), not one
-// that is over. The slow path then carries them.
+// conntrack: ESTABLISHED from the end that sent the SYN, a reply seen,
+// assured; a half-closed one too (conntrack follows the rest of its
+// close), not one that is over. An entry the slow path picked up with the
+// roles swapped is replaced. The slow path then carries them.
 func TestHandOverGivesConntrackTheConnections(t *testing.T) {
-	d := setupNode(t, OpenEgress|OpenIngress, true)
+	d := setupNode(t, true, true)
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the local pod's SYN")
 	verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort+1, 8080, syn), actRedirect, "the remote pod's SYN")
 	verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort+1, 8080, finAck), actRedirect, "the remote pod's FIN")
@@ -219,29 +247,53 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort+3, 80, syn), actRedirect, "a SYN of a connection closed next")
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort+3, 80, finAck), actRedirect, "its FIN")
 	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort+3, finAck), actRedirect, "the FIN back")
-	var got []*netlink.ConntrackFlow
+	first := netip.AddrPortFrom(localPod, clientPort).String() + " -> " + netip.AddrPortFrom(remotePod, 80).String()
+	second := netip.AddrPortFrom(remotePod, clientPort+1).String() + " -> " + netip.AddrPortFrom(localPod, 8080).String()
+	var out []byte
 	testutil.InNewNetns(t, "handover", func() {
+		// The first connection, as the slow path would pick it up from
+		// its server: remotePod:80 -> localPod:41000.
+		swapped := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 60,
+			Forward:   netlink.IPTuple{SrcIP: remotePod.AsSlice(), DstIP: localPod.AsSlice(), SrcPort: 80, DstPort: clientPort, Protocol: unix.IPPROTO_TCP},
+			Reverse:   netlink.IPTuple{SrcIP: localPod.AsSlice(), DstIP: remotePod.AsSlice(), SrcPort: clientPort, DstPort: 80, Protocol: unix.IPPROTO_TCP},
+			ProtoInfo: &netlink.ProtoInfoTCP{State: nl.TCP_CONNTRACK_ESTABLISHED}}
+		testutil.Must(t, netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, swapped))
 		testutil.Must(t, d.Configure(false))
 		var err error
-		got, err = netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
-		testutil.Must(t, err)
-	})
-	want := map[string]bool{
-		netip.AddrPortFrom(localPod, clientPort).String() + ">" + netip.AddrPortFrom(remotePod, 80).String():     true,
-		netip.AddrPortFrom(remotePod, clientPort+1).String() + ">" + netip.AddrPortFrom(localPod, 8080).String(): true,
-	}
-	for _, f := range got {
-		src, _ := netip.AddrFromSlice(f.Forward.SrcIP)
-		dst, _ := netip.AddrFromSlice(f.Forward.DstIP)
-		k := netip.AddrPortFrom(src, f.Forward.SrcPort).String() + ">" + netip.AddrPortFrom(dst, f.Forward.DstPort).String()
-		tcp, _ := f.ProtoInfo.(*netlink.ProtoInfoTCP)
-		if !want[k] || tcp == nil || tcp.State != nl.TCP_CONNTRACK_ESTABLISHED {
-			t.Errorf("conntrack has %s (%+v), want only %v, ESTABLISHED", k, f.ProtoInfo, want)
+		if out, err = exec.Command("conntrack", "-L", "-p", "tcp").CombinedOutput(); err != nil {
+			t.Fatalf("conntrack -L: %v: %s", err, out)
 		}
-		delete(want, k)
+	})
+	want := map[string]bool{first: true, second: true}
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(line, "tcp") {
+			continue
+		}
+		var src, dst netip.Addr
+		var sport, dport uint16
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch {
+			case k == "src" && !src.IsValid():
+				src = netip.MustParseAddr(v)
+			case k == "dst" && !dst.IsValid():
+				dst = netip.MustParseAddr(v)
+			case k == "sport" && sport == 0:
+				n, _ := strconv.Atoi(v)
+				sport = uint16(n)
+			case k == "dport" && dport == 0:
+				n, _ := strconv.Atoi(v)
+				dport = uint16(n)
+			}
+		}
+		conn := netip.AddrPortFrom(src, sport).String() + " -> " + netip.AddrPortFrom(dst, dport).String()
+		if !want[conn] || !strings.Contains(line, "ESTABLISHED") || !strings.Contains(line, "[ASSURED]") || strings.Contains(line, "UNREPLIED") {
+			t.Errorf("conntrack has %q; want only %s and %s, ESTABLISHED, replied, assured", line, first, second)
+		}
+		delete(want, conn)
 	}
 	if len(want) != 0 {
-		t.Fatalf("not handed over: %v", want)
+		t.Fatalf("not handed over: %v (conntrack has:\n%s)", want, out)
 	}
 	flows, err := d.Flows()
 	testutil.Must(t, err)

@@ -90,22 +90,22 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 	fp := n.fastPath()
 	open := openPods(rs)
 	// No SYN may take the fast path while rules in force could deny it:
-	// the pods rs isolates lose their open ways before the rules change.
+	// the pods rs isolates stop being open before the rules change.
 	if fp != nil {
 		if err := fp.NarrowOpen(open); err != nil {
-			return ch, fmt.Errorf("fast path: close the ways of isolated pods: %w", err)
+			return ch, fmt.Errorf("fast path: close the pods policy isolates: %w", err)
 		}
 	}
 	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
 		return ch, err
 	}
-	if fp != nil {
-		if err := fp.SetOpen(open, checkKernel); err != nil {
-			return ch, fmt.Errorf("fast path: open the ways of pods no policy isolates: %w", err)
-		}
-	}
 	for _, key := range ch.Pods {
 		n.revokePending[key] = true
+	}
+	if fp != nil {
+		if err := fp.SetOpen(open, checkKernel); err != nil {
+			return ch, fmt.Errorf("fast path: open the pods no policy isolates: %w", err)
+		}
 	}
 	if len(n.revokePending) == 0 {
 		return ch, nil
@@ -155,18 +155,13 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 	return ch, nil
 }
 
-// openPods are the ways no policy of rs isolates its pods in.
-func openPods(rs Ruleset) map[netip.Addr]fastpath.Openness {
-	open := map[netip.Addr]fastpath.Openness{}
+// openPods are the pods of rs no policy isolates, in either direction (by
+// IP: two attachments of one address are open only if both are).
+func openPods(rs Ruleset) map[netip.Addr]bool {
+	open := map[netip.Addr]bool{}
 	for _, p := range rs.Pods {
-		var o fastpath.Openness
-		if p.Ingress == nil {
-			o |= fastpath.OpenIngress
-		}
-		if p.Egress == nil {
-			o |= fastpath.OpenEgress
-		}
-		open[p.IP] = o
+		was, seen := open[p.IP]
+		open[p.IP] = !p.Isolated() && (was || !seen)
 	}
 	return open
 }
@@ -176,24 +171,24 @@ func openPods(rs Ruleset) map[netip.Addr]fastpath.Openness {
 // path opened stays if conntrack still holds it allowed. One the fast path
 // opened is judged as the connection it is: denied, it goes (and its
 // connection ends, unless Revoke already ended it in conntrack); allowed,
-// it stays where its pod is still open that way, and is handed over to
-// conntrack where the pod is isolated now, so that the slow path carries it
-// if ever it must.
-func judgeFlow(rs Ruleset, open map[netip.Addr]fastpath.Openness, r Revoked, local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) (v fastpath.Verdict, ended bool) {
+// it stays where its pod is still open, and is handed over to conntrack
+// where a policy isolates the pod now, so that the slow path carries it if
+// ever it must.
+func judgeFlow(rs Ruleset, open map[netip.Addr]bool, r Revoked, local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) (v fastpath.Verdict, ended bool) {
 	if opener == fastpath.OpenedBySlowPath {
 		if r.Keeps(local, remote, Proto(proto)) {
 			return fastpath.Keep, false
 		}
 		return fastpath.Evict, false
 	}
-	c, way := fastpath.Conn{Client: local, Server: remote, Proto: proto}, fastpath.OpenEgress
+	c := fastpath.Conn{Client: local, Server: remote, Proto: proto}
 	if opener == fastpath.OpenedByRemote {
-		c, way = fastpath.Conn{Client: remote, Server: local, Proto: proto}, fastpath.OpenIngress
+		c = fastpath.Conn{Client: remote, Server: local, Proto: proto}
 	}
 	switch {
 	case !rs.Allows(openedConnection(c)):
 		return fastpath.Evict, !r.ended[newFlowID(local, remote, Proto(proto))]
-	case open[local.Addr()]&way != 0:
+	case open[local.Addr()]:
 		return fastpath.Keep, false
 	}
 	return fastpath.HandOver, false

@@ -68,11 +68,12 @@ func TestJudgeFlow(t *testing.T) {
 		{"opened by the slow path, gone from conntrack", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Evict, false},
 		{"opened by the fast path, allowed, the server now isolated", isolated, kept, ap(server, 80), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
 		{"opened by the fast path, the server still open", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Keep, false},
+		{"opened by the fast path, the server now isolated only for egress", Ruleset{Pods: []Pod{{Key: "x/server", IP: server, Egress: &Direction{}}}}, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
 		{"opened by the fast path, now denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, true},
 		{"opened by the fast path, denied, already ended in conntrack", isolated, endedInConntrack, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, false},
-		// The server's own connection out to the client's port 80: its
-		// ingress rules do not judge it, and its egress is open.
-		{"opened by the local pod, its egress open", isolated, kept, ap(server, 41000), ap(client, 22), fastpath.OpenedByLocal, fastpath.Keep, false},
+		// The server's own connection out to the client's port 22: its
+		// ingress rules do not judge it, but the pod is isolated now.
+		{"opened by the local pod, allowed, the pod now isolated the other way", isolated, kept, ap(server, 41000), ap(client, 22), fastpath.OpenedByLocal, fastpath.HandOver, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -89,13 +90,15 @@ func TestOpenPods(t *testing.T) {
 		{Key: "x/open", IP: netip.MustParseAddr("10.244.1.2")},
 		{Key: "x/in", IP: netip.MustParseAddr("10.244.1.3"), Ingress: &Direction{}},
 		{Key: "x/out", IP: netip.MustParseAddr("10.244.1.4"), Egress: &Direction{}},
-		{Key: "x/both", IP: netip.MustParseAddr("10.244.1.5"), Ingress: &Direction{}, Egress: &Direction{}},
+		// Two attachments of one address, one of them isolated.
+		{Key: "x/new", IP: netip.MustParseAddr("10.244.1.5")},
+		{Key: "x/old", IP: netip.MustParseAddr("10.244.1.5"), Ingress: &Direction{}},
 	}}
 	got := openPods(rs)
-	want := map[string]fastpath.Openness{"10.244.1.2": fastpath.OpenIngress | fastpath.OpenEgress, "10.244.1.3": fastpath.OpenEgress, "10.244.1.4": fastpath.OpenIngress, "10.244.1.5": 0}
+	want := map[string]bool{"10.244.1.2": true, "10.244.1.3": false, "10.244.1.4": false, "10.244.1.5": false}
 	for ip, o := range want {
 		if got[netip.MustParseAddr(ip)] != o {
-			t.Errorf("%s: open %d, want %d", ip, got[netip.MustParseAddr(ip)], o)
+			t.Errorf("%s: open %v, want %v", ip, got[netip.MustParseAddr(ip)], o)
 		}
 	}
 }

@@ -175,15 +175,14 @@ struct {
 } onc_senders SEC(".maps");
 
 /*
- * Local pods no NetworkPolicy isolates, by direction (OPEN_*): a new
- * connection they make (egress) or take (ingress) cannot be denied on
- * this node, so its SYN may take the fast path. The policy datapath
- * clears a bit before the rules that isolate the pod take effect, and
- * sets it only after the ones that stop isolating it did.
+ * Local pods no NetworkPolicy isolates, in either direction: a new
+ * connection they make or take cannot be denied on this node, so its SYN
+ * may take the fast path; and a packet of it that ever falls to the slow
+ * path is picked up there (conntrack's loose tracking), where ONC's policy
+ * table would drop it for an isolated pod. The policy datapath removes a
+ * pod before the rules that isolate it take effect, and adds it only
+ * after the ones that stop isolating it did.
  */
-#define OPEN_INGRESS 1
-#define OPEN_EGRESS 2
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);

@@ -99,12 +99,12 @@ static __always_inline struct onc_config *config(void)
 }
 
 /* A flow may take the fast path when the slow path saw it both ways in
- * this epoch. */
-static __always_inline int flow_allowed(const struct flow_key *k, __u32 epoch)
+ * this epoch, or the fast path opened it: its entry, else NULL. */
+static __always_inline struct flow_val *flow_allowed(const struct flow_key *k, __u32 epoch)
 {
 	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
 
-	return v && v->egress && v->ingress && v->epoch == epoch;
+	return v && v->egress && v->ingress && v->epoch == epoch ? v : NULL;
 }
 
 /*
