@@ -39,6 +39,7 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	a.mu.Unlock()
 	if fp := a.dp.Node.FastPath(); fp != nil {
 		st.FastPathLoaded, st.FastPath, st.FastPathMode = true, fp.Enabled(), string(fp.Mode())
+		st.FastPathConnectionSetup = fp.ConnSetup().String()
 	}
 	if pool != nil {
 		st.Pods = uint32(len(pool.List()))

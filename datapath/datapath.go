@@ -85,6 +85,7 @@ func Gateway(cidr netip.Prefix) netip.Addr { return overlay.Gateway(cidr) }
 type FastPath interface {
 	Enabled() bool
 	Mode() fastpath.Mode
+	ConnSetup() fastpath.ConnSetup
 	// Switch turns the fast path on or off; turning it on starts from a
 	// clean epoch, since verdicts learned while off may be stale.
 	Switch(enabled bool) error

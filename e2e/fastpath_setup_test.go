@@ -42,6 +42,10 @@ func TestConnectionSetup(t *testing.T) {
 	l, a, b := twoNodes(t)
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9600))
+	st, err := n1.Status(context.Background())
+	if err != nil || st.FastPathConnectionSetup != "every pod (no NetworkPolicy)" {
+		t.Fatalf("%s status: connection setup %q (%v); want every pod, on an etcd cluster", n1.Name, st.GetFastPathConnectionSetup(), err)
+	}
 	// A first connection teaches each node the header to the other.
 	if _, err := lab.Probe(a.Netns, "tcp", b.IP, 9600, 3*time.Second); err != nil {
 		t.Fatal(err)

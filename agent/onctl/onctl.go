@@ -289,7 +289,7 @@ func fastPathState(st *apiv1.NodeStatus) string {
 	case !st.FastPathLoaded:
 		return "not loaded yet (the node is not up; see the agent log)"
 	case st.FastPath:
-		return "on (" + st.FastPathMode + ")"
+		return "on (" + st.FastPathMode + "), connection setup: " + st.FastPathConnectionSetup
 	}
 	return "off (" + st.FastPathMode + ")"
 }

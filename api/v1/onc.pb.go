@@ -305,9 +305,12 @@ type NodeStatus struct {
 	MetricsAddr string `protobuf:"bytes,28,opt,name=metrics_addr,json=metricsAddr,proto3" json:"metrics_addr,omitempty"`
 	// Whether ONC replaces kube-proxy (--kube-proxy-replacement) or runs
 	// beside it, and what that means on this node.
-	KubeProxy     string `protobuf:"bytes,29,opt,name=kube_proxy,json=kubeProxy,proto3" json:"kube_proxy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KubeProxy string `protobuf:"bytes,29,opt,name=kube_proxy,json=kubeProxy,proto3" json:"kube_proxy,omitempty"`
+	// Which TCP connections open and close on the fast path: "off", "pods
+	// no policy isolates" or "every pod (no NetworkPolicy)".
+	FastPathConnectionSetup string `protobuf:"bytes,30,opt,name=fast_path_connection_setup,json=fastPathConnectionSetup,proto3" json:"fast_path_connection_setup,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -539,6 +542,13 @@ func (x *NodeStatus) GetMetricsAddr() string {
 func (x *NodeStatus) GetKubeProxy() string {
 	if x != nil {
 		return x.KubeProxy
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetFastPathConnectionSetup() string {
+	if x != nil {
+		return x.FastPathConnectionSetup
 	}
 	return ""
 }
@@ -2830,7 +2840,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\x95\a\n" +
+	"\x10GetStatusRequest\"\xd2\a\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2864,7 +2874,8 @@ const file_onc_proto_rawDesc = "" +
 	"\x06bypass\x18\x1b \x01(\v2\x13.onc.v1.BypassStateR\x06bypass\x12!\n" +
 	"\fmetrics_addr\x18\x1c \x01(\tR\vmetricsAddr\x12\x1d\n" +
 	"\n" +
-	"kube_proxy\x18\x1d \x01(\tR\tkubeProxy\"\x96\x01\n" +
+	"kube_proxy\x18\x1d \x01(\tR\tkubeProxy\x12;\n" +
+	"\x1afast_path_connection_setup\x18\x1e \x01(\tR\x17fastPathConnectionSetup\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +

@@ -173,6 +173,9 @@ func (d *Datapath) FlowCache() *bpf.FlowCache {
 // Mode reports how programs are attached.
 func (d *Datapath) Mode() Mode { return d.mode }
 
+// ConnSetup reports which connections may open on the fast path.
+func (d *Datapath) ConnSetup() ConnSetup { return d.opts.ConnSetup }
+
 // Close releases this process's handles; the pinned maps and links stay,
 // so forwarding continues until their pins are removed.
 func (d *Datapath) Close() error {

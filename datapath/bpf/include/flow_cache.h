@@ -90,7 +90,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_cfg SEC(".maps");
 
-
 static __always_inline struct onc_config *config(void)
 {
 	__u32 zero = 0;
