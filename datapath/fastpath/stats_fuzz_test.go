@@ -23,12 +23,14 @@ func mac(b []byte, off int) string { return net.HardwareAddr(b[off : off+6]).Str
 
 // FuzzDecodeFlow: struct flow_key {__be32 local_ip, remote_ip; __be16
 // local_port, remote_port; __u8 proto; pad} and flow_val {__u32 epoch;
-// __u8 egress, ingress; pad}; a direction is learned when its byte is not
-// 0, as flow_hit reads it, and the entry is live in the current epoch.
+// __u8 egress, ingress, opener, closing}; a direction is learned when its
+// byte is not 0, as flow_allowed reads it, the entry is live in the
+// current epoch, and it is closing when any FLOW_CLOSING_* bit is set.
 func FuzzDecodeFlow(f *testing.F) {
 	f.Add([]byte{10, 244, 1, 2, 10, 244, 2, 3, 0x1f, 0x90, 0x9c, 0x40, 6, 0, 0, 0}, []byte{7, 0, 0, 0, 1, 1, 0, 0}, uint32(7))
 	f.Add([]byte{10, 244, 1, 2, 10, 96, 0, 10, 0, 53, 0xc3, 0x50, 17, 0, 0, 0}, []byte{6, 0, 0, 0, 1, 0, 0, 0}, uint32(7))
 	f.Add([]byte{192, 0, 2, 1, 192, 0, 2, 2, 0, 0, 0, 0, 1, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 1, 0, 0}, uint32(0))
+	f.Add([]byte{10, 244, 1, 2, 10, 244, 2, 3, 0x9c, 0x40, 0, 80, 6, 0, 0, 0}, []byte{7, 0, 0, 0, 1, 1, 2, 3}, uint32(7)) // opened by the remote pod, a FIN each way
 	f.Fuzz(func(t *testing.T, key, val []byte, epoch uint32) {
 		key, k := testutil.MapEntry[FlowKey](t, key)
 		val, v := testutil.MapEntry[FlowVal](t, val)
@@ -44,6 +46,7 @@ func FuzzDecodeFlow(f *testing.F) {
 			Local:  netip.AddrPortFrom(ip4(key, 0), binary.BigEndian.Uint16(key[8:])),
 			Remote: netip.AddrPortFrom(ip4(key, 4), binary.BigEndian.Uint16(key[10:])),
 			Proto:  wantProto, Egress: val[4] != 0, Ingress: val[5] != 0, Live: binary.NativeEndian.Uint32(val) == epoch,
+			Opener: Opener(val[6]), Closing: val[7] != 0,
 		}
 		if got != want {
 			t.Fatalf("key % x, value % x, epoch %d: decoded %+v, want %+v", key, val, epoch, got, want)
