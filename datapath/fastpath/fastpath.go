@@ -279,17 +279,15 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 // conntrack sees ESTABLISHED.
 func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn) (judge func(local, remote netip.AddrPort, proto uint8, opener Opener) Verdict, err error)) error {
 	return d.evict(func() error {
+		flows, err := contents[FlowKey, FlowVal](d.maps.OncFilter)
+		if err != nil {
+			return err
+		}
 		var opened []Conn
-		var k FlowKey
-		var v FlowVal
-		it := d.maps.OncFilter.Iterate()
-		for it.Next(&k, &v) {
+		for k, v := range flows {
 			if Opener(v.Opener) != OpenedBySlowPath && ips[bpf.IPv4(k.LocalIp)] {
 				opened = append(opened, connOf(k, v))
 			}
-		}
-		if err := it.Err(); err != nil {
-			return err
 		}
 		judge, err := decide(opened)
 		if err != nil {

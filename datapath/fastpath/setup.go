@@ -3,6 +3,7 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"strconv"
@@ -118,18 +119,13 @@ const (
 // then on their SYN-ACK, FIN and RST go through conntrack, which knows
 // them. The caller holds learning paused (evict).
 func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
-	var k FlowKey
-	var v FlowVal
-	opened := map[FlowKey]FlowVal{}
-	it := d.maps.OncFilter.Iterate()
-	for it.Next(&k, &v) {
-		if Opener(v.Opener) != OpenedBySlowPath && !closed(v) && match(k, v) {
-			opened[k] = v
-		}
-	}
-	if err := it.Err(); err != nil {
+	opened, err := contents[FlowKey, FlowVal](d.maps.OncFilter)
+	if err != nil {
 		return err
 	}
+	maps.DeleteFunc(opened, func(k FlowKey, v FlowVal) bool {
+		return Opener(v.Opener) == OpenedBySlowPath || closed(v) || !match(k, v)
+	})
 	if len(opened) == 0 {
 		return nil
 	}
