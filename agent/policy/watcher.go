@@ -56,6 +56,26 @@ type Watcher struct {
 
 	mu    sync.Mutex
 	rules policy.Ruleset // as last enforced
+
+	// last is the last Compile, reused while its inputs are the same: a
+	// resync then costs no compile (only reconcile uses it).
+	last compiled
+}
+
+// compiled is a Compile's inputs and result.
+type compiled struct {
+	done  bool
+	snap  Snapshot
+	local []LocalPod
+	rs    policy.Ruleset
+}
+
+// reuses reports whether c compiled exactly snap and local. The caches'
+// objects are never changed in place (an update replaces the object), so
+// the same objects in the same order are the same inputs.
+func (c *compiled) reuses(snap Snapshot, local []LocalPod) bool {
+	return c.done && slices.Equal(c.local, local) && slices.Equal(c.snap.Pods, snap.Pods) &&
+		slices.Equal(c.snap.Namespaces, snap.Namespaces) && slices.Equal(c.snap.Policies, snap.Policies)
 }
 
 // NewWatcher is the policy watcher; pods lists the node's attachments, nil
@@ -120,7 +140,11 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 		seen[key] = true
 		local = append(local, LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IP: att.IP})
 	}
-	rs := Compile(w.inputs.Snapshot(), local)
+	snap := w.inputs.Snapshot()
+	if !w.last.reuses(snap, local) {
+		w.last = compiled{done: true, snap: snap, local: local, rs: Compile(snap, local)}
+	}
+	rs := policy.Ruleset{Pods: slices.Clone(w.last.rs.Pods)}
 	for _, att := range extra {
 		pod := *rs.Pod(att.K8sNamespace + "/" + att.K8sName)
 		pod.Key = fmt.Sprintf("%s (%s/%s)", pod.Key, att.ContainerID[:min(12, len(att.ContainerID))], att.IfName)

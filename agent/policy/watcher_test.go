@@ -122,3 +122,35 @@ func TestAwaitPodReportsWhatFailed(t *testing.T) {
 		t.Fatalf("AwaitPod once the kernel takes the rules: %v", err)
 	}
 }
+
+// A reconcile compiles only when its inputs changed: a resync of the same
+// informer objects and local pods reuses the last compile; an update
+// (informers replace an object, never change it) compiles again.
+func TestWatcherCompilesOnlyChangedInputs(t *testing.T) {
+	dp := &fakeDatapath{}
+	atts := []ipam.Attachment{attachment("sandbox1", "eth0", "10.244.1.2")}
+	w := NewWatcher(dp, staticSources{denyAllTo}, func() []ipam.Attachment { return atts }, time.Hour)
+	ctx := context.Background()
+	if err := w.reconcile(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	first := &w.last.rs.Pods[0]
+	if err := w.reconcile(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if &w.last.rs.Pods[0] != first {
+		t.Error("a resync of unchanged inputs compiled them again")
+	}
+	if len(dp.enforced) != 2 || dp.enforced[1].Pods[0].Ingress == nil {
+		t.Fatalf("enforced %+v; want db-0 isolated twice", dp.enforced)
+	}
+
+	// The policy deleted: db-0 no longer isolated.
+	w.inputs = staticSources{Snapshot{Namespaces: denyAllTo.Namespaces, Pods: denyAllTo.Pods}}
+	if err := w.reconcile(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.enforced) != 3 || dp.enforced[2].Pods[0].Ingress != nil {
+		t.Errorf("after the policy went: enforced %+v; want db-0 not isolated", dp.enforced[len(dp.enforced)-1])
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -125,6 +126,95 @@ func TestEnforce(t *testing.T) {
 		t.Fatalf("table still there after Remove:\n%s", out)
 	}
 	tp.expect(probe{"c", "tcp", "b", 8080, true}, probe{"b", "tcp", "c", 80, true})
+}
+
+// A resync rewrites the table only if it may have drifted from what the
+// Enforcer last wrote: with nothing committed to nftables since, it
+// commits nothing; after any other commit (a rule deleted by hand, another
+// program's table) it rewrites, and a deleted rule is back.
+func TestResyncRewritesOnlyADriftedTable(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	for _, p := range tp.pods {
+		tp.serve(p.ns, []int{80}, nil)
+	}
+	e := tp.enforcer()
+	rs := Ruleset{Pods: []Pod{tp.pod("a", nil, nil),
+		tp.pod("b", isolate(allow(prefixes(tp.pods["a"].ip.String()+"/32"), PortRange{TCP, 80, 80})), nil),
+		tp.pod("c", nil, nil)}}
+	tp.apply(e, rs, "ns/a", "ns/b", "ns/c")
+	want := tp.listing()
+
+	// resync runs one and reports whether it committed a transaction.
+	resync := func() (committed bool) {
+		t.Helper()
+		tp.in(tp.nodeNS, func() error {
+			before, err := RulesetGeneration()
+			if err != nil {
+				return err
+			}
+			changed, err := e.Apply(rs, true)
+			if err != nil {
+				return err
+			}
+			if len(changed) != 0 {
+				t.Errorf("a resync of the same rules changed %v", changed)
+			}
+			after, err := RulesetGeneration()
+			committed = after != before
+			return err
+		})
+		return committed
+	}
+	commitElsewhere := func(table string) {
+		t.Helper()
+		if out, err := tp.nft("add", "table", "ip", table); err != nil {
+			t.Fatalf("another program's commit: %v: %s", err, out)
+		}
+	}
+	// deleteDrop deletes b's ingress drop rule by hand: c gets in.
+	deleteDrop := func() {
+		t.Helper()
+		chain := ingress.chain(podID("ns/b"))
+		out, err := tp.nft("-a", "list", "chain", "ip", Table, chain)
+		m := regexp.MustCompile(`drop # handle (\d+)`).FindStringSubmatch(out)
+		if err != nil || m == nil {
+			t.Fatalf("chain %s: no drop rule (%v):\n%s", chain, err, out)
+		}
+		if out, err := tp.nft("delete", "rule", "ip", Table, chain, "handle", m[1]); err != nil {
+			t.Fatalf("delete the drop rule: %v: %s", err, out)
+		}
+		tp.expect(probe{"c", "tcp", "b", 80, true})
+	}
+	repaired := func(when string) {
+		t.Helper()
+		if !resync() {
+			t.Fatalf("%s: the resync committed nothing", when)
+		}
+		tp.expect(probe{"c", "tcp", "b", 80, false}, probe{"a", "tcp", "b", 80, true})
+		if got := tp.listing(); got != want {
+			t.Errorf("%s: the table after the resync:\n%s\nwant:\n%s", when, got, want)
+		}
+	}
+
+	if resync() {
+		t.Error("nothing committed since the last Apply: the resync rewrote the table")
+	}
+	deleteDrop()
+	repaired("a rule deleted by hand")
+	if resync() {
+		t.Error("nothing committed since the repair: the resync rewrote the table")
+	}
+
+	commitElsewhere("onc-test-other")
+	if !resync() {
+		t.Error("another program committed: the resync did not rewrite")
+	}
+	if got := tp.listing(); got != want {
+		t.Errorf("after another program's commit, the table:\n%s\nwant:\n%s", got, want)
+	}
+	if resync() {
+		t.Error("nothing committed since that rewrite: the resync rewrote the table")
+	}
 }
 
 func TestRevoke(t *testing.T) {

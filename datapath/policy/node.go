@@ -50,7 +50,8 @@ type Change struct {
 // again; the bypass records no new socket meanwhile. It returns when all
 // of that is done, so the caller may report the change applied; pods
 // whose revocation failed are revoked again on the next call. With
-// checkKernel the whole table is rewritten, repairing drift.
+// checkKernel the table is checked for drift and rewritten if it drifted
+// (Enforcer.Apply).
 func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	n.mu.Lock()
 	if n.e == nil {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/onc-net/onc/internal/netns"
@@ -79,6 +80,17 @@ type Memory struct {
 	Counters          int    `json:"nftCounters"`
 }
 
+// Resync is one resync of the ruleset last applied, unchanged
+// (Enforcer.Apply with checkKernel), as the agent runs it every --resync
+// once its compile is skipped for unchanged inputs: wall time, the CPU of
+// this process and of the nft commands it ran, and whether it committed an
+// nft transaction.
+type Resync struct {
+	Ms        float64 `json:"ms"`
+	CPUMs     float64 `json:"cpuMs"`
+	Committed bool    `json:"committed"`
+}
+
 // ProgramRow is one cluster size and policy count.
 type ProgramRow struct {
 	Pods      int `json:"pods"`
@@ -91,8 +103,12 @@ type ProgramRow struct {
 	CompiledRules   int          `json:"compiledRules"`
 	Initial         Timing       `json:"initial"`
 	Change          ChangeTiming `json:"change"`
-	Memory          Memory       `json:"memory"`
-	Error           string       `json:"error,omitempty"`
+	// Resync with nothing committed to nftables since the last change
+	// (Quiet), and after another program committed (Foreign: a rewrite).
+	Quiet   Resync `json:"resyncQuiet"`
+	Foreign Resync `json:"resyncForeign"`
+	Memory  Memory `json:"memory"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Program measures every pair of o.Pods × o.Policies, each in a fresh
@@ -262,9 +278,50 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
 		row.Change.ApplyNoop = bench.StatOf(noop)
 	}
+	rs = policy.Compile(c.Snapshot, c.Local) // the ruleset last applied
+	if err := netns.Do(ns, func() error { return resyncs(e, rs, &row) }); err != nil {
+		return row, fmt.Errorf("resync: %w", err)
+	}
 	runtime.KeepAlive(c)
 	runtime.KeepAlive(rs)
 	return row, nil
+}
+
+// resyncs measures a resync of rs with nothing committed to nftables since
+// its Apply, and one after another program's commit (a table of its own),
+// which rewrites; in the calling thread's namespace.
+func resyncs(e *dppolicy.Enforcer, rs dppolicy.Ruleset, row *ProgramRow) error {
+	resync := func() (r Resync, err error) {
+		gen, err := dppolicy.RulesetGeneration()
+		if err != nil {
+			return r, err
+		}
+		cpu0, t0 := cpuTime(), time.Now()
+		if _, err := e.Apply(rs, true); err != nil {
+			return r, err
+		}
+		r.Ms, r.CPUMs = ms(time.Since(t0)), ms(cpuTime()-cpu0)
+		after, err := dppolicy.RulesetGeneration()
+		r.Committed = after != gen
+		return r, err
+	}
+	var err error
+	if row.Quiet, err = resync(); err != nil {
+		return err
+	}
+	if out, err := exec.Command("nft", "add", "table", "ip", "onc-bench-other").CombinedOutput(); err != nil {
+		return fmt.Errorf("another program's commit: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	row.Foreign, err = resync()
+	return err
+}
+
+// cpuTime is the CPU this process and its waited-for children (nft) used.
+func cpuTime() time.Duration {
+	var self, children syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children)
+	return time.Duration(self.Utime.Nano() + self.Stime.Nano() + children.Utime.Nano() + children.Stime.Nano())
 }
 
 // countTable counts the nft table's chains, rules, sets, elements and
