@@ -80,11 +80,16 @@ func RunIntranode(ctx context.Context, o Options) (out []Sample, err error) {
 				for i := range IntranodeConfigs {
 					cfg := IntranodeConfigs[(turn+i)%len(IntranodeConfigs)]
 					s, err := intranodeRun(ctx, o, c, client, server, test, cfg, size)
-					if err != nil {
-						return nil, fmt.Errorf("%s %d B %s: %w", test, size, cfg, err)
+					if err := ctx.Err(); err != nil {
+						return out, err
 					}
-					s.Rep = rep + 1
-					fmt.Fprintf(o.Log, "rep %d/%d  %-10s %5d B %-16s %12.1f %s  cpu %.2f %s\n", rep+1, o.Reps, test, size, cfg, s.Value, s.Unit, s.CPU, s.CPUUnit)
+					// A failed run or path check is a row with its reason,
+					// counted in no ratio; the run goes on.
+					s.Test, s.Config, s.Size, s.Rep = test, cfg, size, rep+1
+					if err != nil {
+						s.Error = err.Error()
+					}
+					logSample(o, s)
 					out = append(out, s)
 				}
 				turn++

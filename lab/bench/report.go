@@ -486,7 +486,11 @@ func (r Report) failedMarkdown(w io.Writer) {
 	fmt.Fprintln(w, "| rep | test | config | reason |")
 	fmt.Fprintln(w, "| ---: | --- | --- | --- |")
 	for _, s := range failed {
-		fmt.Fprintf(w, "| %d | %s | %s | %s |\n", s.Rep, s.Test, s.Config, oneLine(s.Error))
+		cfg := s.Config
+		if s.Size > 0 {
+			cfg = sizeLabel(s.Size) + " " + cfg
+		}
+		fmt.Fprintf(w, "| %d | %s | %s | %s |\n", s.Rep, s.Test, cfg, oneLine(s.Error))
 	}
 }
 
@@ -521,7 +525,8 @@ func (r Report) intranodeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "Client pod and netserver pod both on node 0. `%s`: the node's bypass off, both TCP/IP stacks carry every byte; "+
 		"`%s`: the bypass on, each send is queued on the peer socket's receive queue. "+
 		"Size: TCP_RR's request and response, TCP_STREAM's send. TCP_RR's latency is its mean round trip (1 ÷ transactions per second, one in flight). "+
-		"Each bypass run is checked to have gone through the bypass (it carried at least half the bytes netperf moved), each stack run not (it carried none). "+
+		"Each bypass run is checked to have gone through the bypass (it carried at least half the bytes netperf moved), each stack run not (it carried none); "+
+		"a run that fails its check is listed under Failed runs with its reason and counts in no median or ratio. "+
 		"Each ratio is the median of the per-repetition paired ratios (min – max, n repetitions).\n\n", IntraStack, IntraBypass)
 	fmt.Fprintln(w, "| test | size | config | median | min – max | unit | mean latency µs (median) | CPU per unit (median) |")
 	fmt.Fprintln(w, "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |")
@@ -529,11 +534,19 @@ func (r Report) intranodeMarkdown(w io.Writer) {
 		if section(s.Config) != intranodeSection {
 			continue
 		}
+		cfg := s.Config
+		if s.Failed > 0 {
+			cfg += fmt.Sprintf(" (%d of %d runs failed)", s.Failed, s.Failed+s.N)
+		}
+		if s.N == 0 {
+			fmt.Fprintf(w, "| %s | %s | %s | – | – | – | – | – |\n", s.Test, sizeLabel(s.Size), cfg)
+			continue
+		}
 		lat := "–"
 		if s.LatencyUS > 0 {
 			lat = fmt.Sprintf("%.1f", s.LatencyUS)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.1f | %.1f – %.1f | %s | %s | %.2f %s |\n", s.Test, sizeLabel(s.Size), s.Config, s.Median, s.Min, s.Max, s.Unit, lat, s.CPUMedian, s.CPUUnit)
+		fmt.Fprintf(w, "| %s | %s | %s | %.1f | %.1f – %.1f | %s | %s | %.2f %s |\n", s.Test, sizeLabel(s.Size), cfg, s.Median, s.Min, s.Max, s.Unit, lat, s.CPUMedian, s.CPUUnit)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| size | TCP_RR latency, bypass ÷ stack | TCP_STREAM throughput, bypass ÷ stack |")

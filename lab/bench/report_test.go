@@ -259,6 +259,24 @@ func TestReportIntranodeBarMet(t *testing.T) {
 	}
 }
 
+// A run that failed, or failed its path check (the bypass carried too
+// little), is a row with its reason: counted in no median or ratio, and
+// listed; the other runs of its size still give their ratio.
+func TestReportIntranodeFailedRun(t *testing.T) {
+	bypass := intranodeSamples("TCP_STREAM", IntraBypass, 16384, 2000, 3000, 9999)
+	bypass[2].Error = "the bypass carried 46 bytes of the ≈100 netperf moved"
+	samples := slices.Concat(intranodeSamples("TCP_STREAM", IntraStack, 16384, 1000, 1000, 1000), bypass)
+	r := NewReport(samples, 3, 5*time.Second, "6.18")
+	if s := r.Results[1]; s.Config != IntraBypass || s.N != 2 || s.Failed != 1 || s.Max != 3000 {
+		t.Fatalf("bypass result %+v; want 2 runs counted, 1 failed, the failed value nowhere", s)
+	}
+	if x := r.IntranodeRatios[0].Throughput; x.N != 2 || x.Median != 2.5 {
+		t.Fatalf("throughput ratio %+v; want the two good repetitions' (2, 3)", x)
+	}
+	markdown(t, r, "| TCP_STREAM | 16 KiB | intranode-bypass (1 of 3 runs failed) |",
+		"| 3 | TCP_STREAM | 16 KiB intranode-bypass | the bypass carried 46 bytes of the ≈100 netperf moved |")
+}
+
 // The intra-node rows' netperf options, and the bytes a run moved that
 // the bypass must have carried at least half of.
 func TestIntranodeRun(t *testing.T) {

@@ -173,11 +173,15 @@ func RunServices(ctx context.Context, o Options) (out []Sample, err error) {
 
 // logSample prints a run as it ends, or why it failed.
 func logSample(o Options, s Sample) {
+	what := fmt.Sprintf("%-10s %-24s", s.Test, s.Config)
+	if s.Size > 0 {
+		what = fmt.Sprintf("%-10s %5d B %-16s", s.Test, s.Size, s.Config)
+	}
 	if s.Error != "" {
-		fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-24s FAILED: %s\n", s.Rep, o.Reps, s.Test, s.Config, oneLine(s.Error))
+		fmt.Fprintf(o.Log, "rep %d/%d  %s FAILED: %s\n", s.Rep, o.Reps, what, oneLine(s.Error))
 		return
 	}
-	fmt.Fprintf(o.Log, "rep %d/%d  %-10s %-24s %12.1f %s  cpu %.2f %s\n", s.Rep, o.Reps, s.Test, s.Config, s.Value, s.Unit, s.CPU, s.CPUUnit)
+	fmt.Fprintf(o.Log, "rep %d/%d  %s %12.1f %s  cpu %.2f %s\n", s.Rep, o.Reps, what, s.Value, s.Unit, s.CPU, s.CPUUnit)
 }
 
 // serviceRun puts the client's node in cfg's socket-LB mode and runs one
