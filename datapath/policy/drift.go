@@ -54,9 +54,12 @@ type ownership struct {
 
 // wrote records the Enforcer's own transaction, committed between the
 // generations before and after (read: both were read). The table is known
-// to be its own at after only if no other transaction came between.
-func (o *ownership) wrote(before, after uint32, read bool) {
-	o.gen, o.known = after, read && after == before+1
+// to be as written at after only if no other transaction came between,
+// and, unless the transaction rewrote it whole, if it was known to be so
+// before: an update leaves a hand edit made before it in place.
+func (o *ownership) wrote(before, after uint32, read, rewrite bool) {
+	o.known = read && after == before+1 && (rewrite || o.known && before == o.gen)
+	o.gen = after
 }
 
 // drifted reports whether the table may differ from what the Enforcer

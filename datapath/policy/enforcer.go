@@ -226,7 +226,7 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 			return nil, fmt.Errorf("nft: %w", err)
 		}
 		after, aerr := RulesetGeneration()
-		e.owned.wrote(before, after, berr == nil && aerr == nil)
+		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
 	e.synced = true
 

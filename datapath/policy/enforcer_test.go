@@ -205,6 +205,13 @@ func TestResyncRewritesOnlyADriftedTable(t *testing.T) {
 		t.Error("nothing committed since the repair: the resync rewrote the table")
 	}
 
+	// A hand edit, then a change the watcher applies: the resync after
+	// still finds the edit.
+	deleteDrop()
+	tp.apply(e, Ruleset{Pods: []Pod{rs.Pods[0], rs.Pods[1], tp.pod("c", nil, isolate())}}, "ns/c")
+	tp.apply(e, rs, "ns/c")
+	repaired("a rule deleted by hand, then a change")
+
 	commitElsewhere("onc-test-other")
 	if !resync() {
 		t.Error("another program committed: the resync did not rewrite")
