@@ -128,7 +128,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 				// Flannel's packets cross ONC's programs on the node's
 				// eth0 too: they run with the fast path off, as in slow.
 				if cfg != "bare" {
-					if err := fastPath(ctx, l, cfg == "fast"); err != nil {
+					if err := SetFastPath(ctx, l, cfg == "fast"); err != nil {
 						return nil, err
 					}
 				}
@@ -174,9 +174,9 @@ func pair(l *lab.Lab) (client, server *lab.Node, err error) {
 	return l.Nodes[0], l.Nodes[1], nil
 }
 
-// fastPath switches it on every node, then waits until each node sees
+// SetFastPath switches it on every node, then waits until each node sees
 // every peer's flag (the peers' LPM entries follow the flag).
-func fastPath(ctx context.Context, l *lab.Lab, on bool) error {
+func SetFastPath(ctx context.Context, l *lab.Lab, on bool) error {
 	var clients []apiv1.AgentClient
 	for _, n := range l.Nodes {
 		c, conn, err := n.AgentAPI()

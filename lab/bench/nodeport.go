@@ -308,7 +308,7 @@ func useProxy(ctx context.Context, l *lab.Lab, proxy string) error {
 			restarted = true
 		}
 	}
-	if err := fastPath(ctx, l, true); err != nil {
+	if err := SetFastPath(ctx, l, true); err != nil {
 		return err
 	}
 	if restarted {

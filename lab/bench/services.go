@@ -282,7 +282,7 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 		if err := l.RestartAgent(ctx, n, "--services="+mode); err != nil {
 			return err
 		}
-		if err := fastPath(ctx, l, true); err != nil {
+		if err := SetFastPath(ctx, l, true); err != nil {
 			return err
 		}
 		time.Sleep(2 * time.Second) // let the restarted agent's reconciles settle

@@ -244,7 +244,7 @@ func measureScale(ctx context.Context, bo Options, o ScaleOptions, row *ScaleRow
 		return err
 	}
 	row.ProgramS = took.Sub(start).Seconds()
-	if err := fastPath(ctx, l, true); err != nil { // the restarted agent's
+	if err := SetFastPath(ctx, l, true); err != nil { // the restarted agent's
 		return err
 	}
 	time.Sleep(2 * time.Second) // let the restarted program settle

@@ -31,10 +31,14 @@ type CRROptions struct {
 	Log      io.Writer
 }
 
-// The configurations, and the names of the bench's objects.
+// The configurations, and the names of the bench's objects: no policy or
+// the policies, each through the slow path (the fast path off) and with
+// the fast path on.
 const (
-	NoPolicy   = "no-policy"
-	WithPolicy = "policy"
+	NoPolicy       = "no-policy"
+	WithPolicy     = "policy"
+	NoPolicyFast   = "no-policy-fast"
+	WithPolicyFast = "policy-fast"
 
 	benchNS     = "bench"
 	peersNS     = "peers"
@@ -53,6 +57,10 @@ type CRRSample struct {
 	// the run (policy only): every one was judged against the ruleset.
 	Allowed uint64 `json:"allowed,omitempty"`
 	Denied  uint64 `json:"denied,omitempty"`
+	// Packets the client node's fast path sent (egress_hit) and
+	// connections it opened (egress_open) during the run.
+	FastHits  uint64 `json:"fastHits,omitempty"`
+	FastOpens uint64 `json:"fastOpens,omitempty"`
 }
 
 // CRRResult is the measurement.
@@ -63,8 +71,14 @@ type CRRResult struct {
 	Duration string `json:"duration"`
 	CPUs     string `json:"cpus"`
 	// Per configuration: median and range of transactions/s.
-	NoPolicy   Stat `json:"noPolicy"`
-	WithPolicy Stat `json:"policy"`
+	NoPolicy       Stat `json:"noPolicy"`
+	WithPolicy     Stat `json:"policy"`
+	NoPolicyFast   Stat `json:"noPolicyFast"`
+	WithPolicyFast Stat `json:"policyFast"`
+	// Fast path on ÷ off of each repetition's adjacent runs, without and
+	// with the policies.
+	FastRatioNoPolicy bench.Stat `json:"fastRatioNoPolicy"`
+	FastRatioPolicy   bench.Stat `json:"fastRatioPolicy"`
 	// Ratio policy ÷ no policy of each repetition's two adjacent runs:
 	// median and range; Cost is 1 - the median ratio, in %.
 	Ratio       Stat        `json:"ratio"`
@@ -81,15 +95,17 @@ type CRRResult struct {
 	Error       string `json:"error,omitempty"`
 }
 
-// CRR brings up a 2-node lab in Kubernetes mode with the fast path off, a
-// client pod on one node and a server pod on the other, and runs netperf
-// TCP_CRR from client to server Reps times in each configuration, ABBA…
-// (the policies are created or deleted between the two runs of a
-// repetition, so each repetition has one adjacent pair).
+// CRR brings up a 2-node lab in Kubernetes mode, a client pod on one node
+// and a server pod on the other, and runs netperf TCP_CRR from client to
+// server Reps times in each configuration: without and with the policies,
+// ABBA… (the policies are created or deleted once per repetition), and in
+// each, the fast path off and on, back to back (the first alternating).
+// A fast-path run is checked to have taken it (the client node's fast path
+// carried packets), a slow one not.
 func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 	res = CRRResult{Policies: o.Policies, Reps: o.Reps, Duration: o.Duration.String(), CPUs: o.CPUs}
 	l, err := lab.Up(ctx, lab.Options{Prefix: o.Prefix, BinDir: o.BinDir, Nodes: 2, NodeTimeout: time.Hour,
-		AgentArgs: []string{"--fast-path=false"}, Datastore: "kubernetes", KubeBin: o.KubeBin})
+		Datastore: "kubernetes", KubeBin: o.KubeBin})
 	if err != nil {
 		return res, fmt.Errorf("lab: %w", err)
 	}
@@ -171,58 +187,122 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 		time.Sleep(3 * time.Second)
 		return nil
 	}
-	var runs []bench.Sample // the values alone, for the paired ratio
+	var runs []bench.Sample // the values alone, for the paired ratios
 	for rep := 0; rep < o.Reps; rep++ {
 		order := []string{NoPolicy, WithPolicy}
 		if rep%2 == 1 {
 			order = []string{WithPolicy, NoPolicy}
 		}
-		for _, cfg := range order {
-			if err := set(cfg); err != nil {
-				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
+		for _, policyCfg := range order {
+			if err := set(policyCfg); err != nil {
+				return res, fmt.Errorf("rep %d, %s: %w", rep+1, policyCfg, err)
 			}
-			before, err := w.serverCounters(ctx)
-			if err != nil {
-				return res, err
+			paths := []bool{false, true}
+			if rep%2 == 1 {
+				paths = []bool{true, false}
 			}
-			sm, err := bench.Netperf(ctx, o.Netperf, client.Netns, server.IP.String(), "TCP_CRR", o.Duration, o.CPUs, dataPort)
-			if err != nil {
-				return res, fmt.Errorf("rep %d, %s: %w", rep+1, cfg, err)
+			for _, fast := range paths {
+				s, err := crrRun(ctx, o, l, w, client, server, policyCfg, fast)
+				if err != nil {
+					return res, fmt.Errorf("rep %d, %s: %w", rep+1, s.Config, err)
+				}
+				s.Rep = rep + 1
+				fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-14s %9.1f Trans/s  cpu %.1f us/Tr  judged %d  fast %d opened %d\n",
+					rep+1, o.Reps, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens)
+				res.Samples = append(res.Samples, s)
+				runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: s.Config, Rep: s.Rep, Value: s.Value})
 			}
-			s := CRRSample{Value: sm.Value, CPU: sm.CPU}
-			after, err := w.serverCounters(ctx)
-			if err != nil {
-				return res, err
-			}
-			s.Rep, s.Config = rep+1, cfg
-			s.Allowed, s.Denied = after.Allowed-before.Allowed, after.Denied-before.Denied
-			if cfg == WithPolicy && s.Allowed == 0 {
-				return res, fmt.Errorf("rep %d: the server's ingress rules judged no connection", rep+1)
-			}
-			if s.Denied != 0 {
-				return res, fmt.Errorf("rep %d, %s: the server's ingress rules denied %d connections", rep+1, cfg, s.Denied)
-			}
-			fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-9s %9.1f Trans/s  cpu %.1f us/Tr  judged %d\n", rep+1, o.Reps, cfg, s.Value, s.CPU, s.Allowed)
-			res.Samples = append(res.Samples, s)
-			runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: cfg, Rep: s.Rep, Value: s.Value})
 		}
 	}
-	var none, with []float64
+	byConfig := map[string][]float64{}
 	for _, s := range res.Samples {
-		if s.Config == NoPolicy {
-			none = append(none, s.Value)
-		} else {
-			with = append(with, s.Value)
-		}
+		byConfig[s.Config] = append(byConfig[s.Config], s.Value)
 	}
-	res.NoPolicy, res.WithPolicy = bench.StatOf(none), bench.StatOf(with)
+	res.NoPolicy, res.WithPolicy = bench.StatOf(byConfig[NoPolicy]), bench.StatOf(byConfig[WithPolicy])
+	res.NoPolicyFast, res.WithPolicyFast = bench.StatOf(byConfig[NoPolicyFast]), bench.StatOf(byConfig[WithPolicyFast])
 	res.Ratio = bench.PairedRatio(runs, "TCP_CRR", WithPolicy, NoPolicy)
+	res.FastRatioNoPolicy = bench.PairedRatio(runs, "TCP_CRR", NoPolicyFast, NoPolicy)
+	res.FastRatioPolicy = bench.PairedRatio(runs, "TCP_CRR", WithPolicyFast, WithPolicy)
 	if res.NoPolicy.Median > 0 {
 		res.RatioOfMeds = res.WithPolicy.Median / res.NoPolicy.Median
 	}
 	res.CostPercent = (1 - res.Ratio.Median) * 100
 	res.Date = time.Now().UTC().Format(time.RFC3339)
 	return res, nil
+}
+
+// crrRun runs one TCP_CRR in policy configuration policyCfg with the fast
+// path off or on, and checks the path: with it on, the client's node sent
+// the connections' packets on it, and opened none where the policies
+// isolate the pods (connection setup is for pods no policy isolates);
+// off, it carried nothing. Every connection the server's rules judged
+// was allowed.
+func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, server *lab.Pod, policyCfg string, fast bool) (CRRSample, error) {
+	s := CRRSample{Config: policyCfg}
+	if fast {
+		s.Config = map[string]string{NoPolicy: NoPolicyFast, WithPolicy: WithPolicyFast}[policyCfg]
+	}
+	if err := bench.SetFastPath(ctx, l, fast); err != nil {
+		return s, err
+	}
+	before, err := w.serverCounters(ctx)
+	if err != nil {
+		return s, err
+	}
+	hits, opens, err := fastCounters(ctx, w.client)
+	if err != nil {
+		return s, err
+	}
+	sm, err := bench.Netperf(ctx, o.Netperf, client.Netns, server.IP.String(), "TCP_CRR", o.Duration, o.CPUs, dataPort)
+	if err != nil {
+		return s, err
+	}
+	s.Value, s.CPU = sm.Value, sm.CPU
+	after, err := w.serverCounters(ctx)
+	if err != nil {
+		return s, err
+	}
+	hits2, opens2, err := fastCounters(ctx, w.client)
+	if err != nil {
+		return s, err
+	}
+	s.Allowed, s.Denied = after.Allowed-before.Allowed, after.Denied-before.Denied
+	s.FastHits, s.FastOpens = hits2-hits, opens2-opens
+	switch {
+	case policyCfg == WithPolicy && s.Allowed == 0:
+		return s, errors.New("the server's ingress rules judged no connection")
+	case s.Denied != 0:
+		return s, fmt.Errorf("the server's ingress rules denied %d connections", s.Denied)
+	case fast && s.FastHits == 0:
+		return s, errors.New("the client node's fast path carried nothing")
+	case fast && policyCfg == WithPolicy && s.FastOpens != 0:
+		return s, fmt.Errorf("the client node opened %d connections of an isolated pod on the fast path", s.FastOpens)
+	case !fast && s.FastHits+s.FastOpens != 0:
+		return s, fmt.Errorf("the client node's fast path carried %d packets while off", s.FastHits+s.FastOpens)
+	}
+	return s, nil
+}
+
+// fastCounters reads a node's egress_hit and egress_open.
+func fastCounters(ctx context.Context, n *lab.Node) (hits, opens uint64, err error) {
+	c, conn, err := n.AgentAPI()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	st, err := c.GetStats(ctx, &apiv1.GetStatsRequest{})
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: stats: %w", n.Name, err)
+	}
+	for _, s := range st.Counters {
+		switch s.Name {
+		case "egress_hit":
+			hits = s.Value
+		case "egress_open":
+			opens = s.Value
+		}
+	}
+	return hits, opens, nil
 }
 
 // createPolicies creates n policies in the bench namespace, with a few

@@ -165,12 +165,15 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	if c := r.CRR; c != nil {
-		fmt.Fprintf(w, "## TCP_CRR through the slow path: no policy vs %d policies\n\n", c.Policies)
+		fmt.Fprintf(w, "## TCP_CRR: no policy vs %d policies, slow path and fast path\n\n", c.Policies)
 		if c.Date != "" {
 			fmt.Fprintf(w, "Run %s.\n\n", c.Date)
 		}
-		fmt.Fprintf(w, "A 2-node lab in Kubernetes mode (real kube-apiserver), fast path off (`--fast-path=false`), client and server pods on different nodes; "+
-			"netperf TCP_CRR from client to server, %d repetitions of %s, netperf -T %q, the two configurations adjacent in each repetition (ABBA…). "+
+		fmt.Fprintf(w, "A 2-node lab in Kubernetes mode (real kube-apiserver), client and server pods on different nodes; "+
+			"netperf TCP_CRR from client to server, %d repetitions of %s, netperf -T %q, the two policy configurations adjacent in each repetition (ABBA…), "+
+			"and in each the fast path off (\"no-policy\", \"policy\") and on (\"-fast\"), back to back, switched on both nodes (`SetFastPath`). "+
+			"A fast run is checked to have taken the fast path (the client node's `egress_hit` rose; with the policies, which isolate both pods, "+
+			"`egress_open` did not: their connections open through the stack), a slow run not. "+
 			"\"policy\": %d NetworkPolicies in the pods' namespace, each selecting both the client and the server in both directions "+
 			"with peers of their own (ipBlocks, namespace and pod selectors, ports), one also allowing client → server on netperf's control and data ports "+
 			"(named ports on the ingress side), so every connection passes the client's egress and the server's ingress chain "+
@@ -185,7 +188,11 @@ func (r Report) Markdown(w io.Writer) {
 			fmt.Fprintln(w, "| config | median Trans/s | min – max |")
 			fmt.Fprintln(w, "| --- | ---: | ---: |")
 			fmt.Fprintf(w, "| no policy | %.1f | %.1f – %.1f |\n", c.NoPolicy.Median, c.NoPolicy.Min, c.NoPolicy.Max)
-			fmt.Fprintf(w, "| %d policies | %.1f | %.1f – %.1f |\n\n", c.Policies, c.WithPolicy.Median, c.WithPolicy.Min, c.WithPolicy.Max)
+			fmt.Fprintf(w, "| %d policies | %.1f | %.1f – %.1f |\n", c.Policies, c.WithPolicy.Median, c.WithPolicy.Min, c.WithPolicy.Max)
+			fmt.Fprintf(w, "| no policy, fast path | %.1f | %.1f – %.1f |\n", c.NoPolicyFast.Median, c.NoPolicyFast.Min, c.NoPolicyFast.Max)
+			fmt.Fprintf(w, "| %d policies, fast path | %.1f | %.1f – %.1f |\n\n", c.Policies, c.WithPolicyFast.Median, c.WithPolicyFast.Min, c.WithPolicyFast.Max)
+			fmt.Fprintf(w, "Fast path ÷ slow path, median of the per-repetition ratios [95 %% interval] (min – max): no policy %s; %d policies %s.\n\n",
+				c.FastRatioNoPolicy, c.Policies, c.FastRatioPolicy)
 			fmt.Fprintln(w, "| ratio policy ÷ no policy | median of per-rep ratios | min – max | ratio of medians | cost |")
 			fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
 			fmt.Fprintf(w, "| TCP_CRR | %.3f | %.3f – %.3f | %.3f | %.1f %% |\n\n", c.Ratio.Median, c.Ratio.Min, c.Ratio.Max, c.RatioOfMeds, c.CostPercent)
@@ -195,10 +202,10 @@ func (r Report) Markdown(w io.Writer) {
 			}
 			fmt.Fprintf(w, "**Aim: CRR cost within 5 %% of no policy: %s** (median cost %.1f %%; per-repetition ratios %.3f – %.3f).\n\n",
 				verdict, c.CostPercent, c.Ratio.Min, c.Ratio.Max)
-			fmt.Fprintln(w, "| rep | config | Trans/s | CPU µs/Tr | connections judged by the server's rules |")
-			fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: |")
+			fmt.Fprintln(w, "| rep | config | Trans/s | CPU µs/Tr | connections judged by the server's rules | client node: fast-path packets, connections opened |")
+			fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: |")
 			for _, s := range c.Samples {
-				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed)
+				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d | %d, %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens)
 			}
 			if len(c.ProgramSeconds) > 0 {
 				fmt.Fprintf(w, "\nCreating the %d policies through the API until both agents enforced them took %s s (each time).\n", c.Policies, secs(c.ProgramSeconds))
