@@ -216,8 +216,7 @@ const (
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_TO_REMOTE    ServicesLbUplinkStat = 12
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_FROM_REMOTE  ServicesLbUplinkStat = 13
 	ServicesLbUplinkStatLB_STAT_UPLINK_LEARNED           ServicesLbUplinkStat = 14
-	ServicesLbUplinkStatLB_STAT_UPLINK_OPEN              ServicesLbUplinkStat = 15
-	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 16
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 15
 )
 
 type ServicesLocalPod struct {
