@@ -14,6 +14,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
@@ -167,6 +168,34 @@ func TestServicesFromOutside(t *testing.T) {
 			if err != nil || name != backends[0].Name || saw != lab.ExternalClientIP.String() {
 				t.Fatalf("externalTrafficPolicy Local: %s saw %s (%v); want %s seeing %s", name, saw, err, backends[0].Name, lab.ExternalClientIP)
 			}
+		}
+	})
+
+	// An agent restart under a connection from outside to a backend on
+	// the node: every message echoed across it.
+	t.Run("ConnectionSurvivesAgentRestart", func(t *testing.T) {
+		echo, err := l.AddPodSpec(ctx, node0, lab.PodSpec{Namespace: svcNS, Name: "echo-0", Labels: map[string]string{"app": "echo"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bypasstest.ServeEcho(listenTCP(t, echo.Netns, 8080))
+		if _, err := kube.CoreV1().Services(svcNS).Create(ctx, nodePortService("echo", 30090, 30055), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		writeEndpoints(t, kube, "echo", []*lab.Pod{echo}, nil)
+		front := netip.AddrPortFrom(node0.IP, 30090)
+		waitFrontend(t, node0, front, "TCP", "uplink", 1)
+		c := dial(t, client, "tcp4", front.Addr(), int(front.Port()))
+		if err := rr(c, 10); err != nil {
+			t.Fatal(err)
+		}
+		stop := exchanges(t, c, 10, func() {})
+		if err := l.RestartAgent(ctx, node0, "--kube-proxy-replacement"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if err := stop(); err != nil {
+			t.Fatalf("the connection across the agent's restart: %v", err)
 		}
 	})
 

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Connection setup on the fast path (include/fastpath.h, flow_setup): a
+// Connection setup on the fast path (fastpath.c, flow_setup): a
 // TCP connection whose SYN no policy can deny on this node opens, runs and
 // closes on the fast path, and conntrack never sees it. The cached flow
 // then holds the connection's only record (its Opener). Whenever the fast
