@@ -57,10 +57,14 @@ type CRRSample struct {
 	// the run (policy only): every one was judged against the ruleset.
 	Allowed uint64 `json:"allowed,omitempty"`
 	Denied  uint64 `json:"denied,omitempty"`
-	// Packets the client node's fast path sent (egress_hit) and
-	// connections it opened (egress_open) during the run.
-	FastHits  uint64 `json:"fastHits,omitempty"`
-	FastOpens uint64 `json:"fastOpens,omitempty"`
+	// On the client's node during the run: packets its fast path sent
+	// (egress_hit), connections it opened (egress_open) and flows it
+	// learned from the slow path (learn_egress).
+	FastHits    uint64 `json:"fastHits,omitempty"`
+	FastOpens   uint64 `json:"fastOpens,omitempty"`
+	FastLearned uint64 `json:"fastLearned,omitempty"`
+	// Error: the run, or its check, failed (why).
+	Error string `json:"error,omitempty"`
 }
 
 // CRRResult is the measurement.
@@ -203,19 +207,29 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 			}
 			for _, fast := range paths {
 				s, err := crrRun(ctx, o, l, w, client, server, policyCfg, fast)
-				if err != nil {
-					return res, fmt.Errorf("rep %d, %s: %w", rep+1, s.Config, err)
+				if cerr := ctx.Err(); cerr != nil {
+					return res, cerr
 				}
 				s.Rep = rep + 1
-				fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-14s %9.1f Trans/s  cpu %.1f us/Tr  judged %d  fast %d opened %d\n",
-					rep+1, o.Reps, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens)
+				// A failed run or check is a sample with its reason, in no
+				// median or ratio; the bench goes on.
+				if err != nil {
+					s.Error = err.Error()
+					fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-14s FAILED: %v\n", rep+1, o.Reps, s.Config, err)
+				} else {
+					fmt.Fprintf(o.Log, "rep %d/%d  TCP_CRR %-14s %9.1f Trans/s  cpu %.1f us/Tr  judged %d  fast %d opened %d learned %d\n",
+						rep+1, o.Reps, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens, s.FastLearned)
+				}
 				res.Samples = append(res.Samples, s)
-				runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: s.Config, Rep: s.Rep, Value: s.Value})
+				runs = append(runs, bench.Sample{Test: "TCP_CRR", Config: s.Config, Rep: s.Rep, Value: s.Value, Error: s.Error})
 			}
 		}
 	}
 	byConfig := map[string][]float64{}
 	for _, s := range res.Samples {
+		if s.Error != "" {
+			continue
+		}
 		byConfig[s.Config] = append(byConfig[s.Config], s.Value)
 	}
 	res.NoPolicy, res.WithPolicy = bench.StatOf(byConfig[NoPolicy]), bench.StatOf(byConfig[WithPolicy])
@@ -232,10 +246,10 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 }
 
 // crrRun runs one TCP_CRR in policy configuration policyCfg with the fast
-// path off or on, and checks the path: with it on, the client's node sent
-// the connections' packets on it, and opened none where the policies
-// isolate the pods (connection setup is for pods no policy isolates);
-// off, it carried nothing. Every connection the server's rules judged
+// path off or on, and checks the path: with it on, the client's node's
+// fast path carried, opened or learned the connections, and opened none
+// where the policies isolate the pods (connection setup is for pods no
+// policy isolates); off, it did nothing. Every connection the server's rules judged
 // was allowed.
 func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, server *lab.Pod, policyCfg string, fast bool) (CRRSample, error) {
 	s := CRRSample{Config: policyCfg}
@@ -249,7 +263,7 @@ func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, ser
 	if err != nil {
 		return s, err
 	}
-	hits, opens, err := fastCounters(ctx, w.client)
+	fp0, err := w.client.Stats(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -262,47 +276,26 @@ func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, ser
 	if err != nil {
 		return s, err
 	}
-	hits2, opens2, err := fastCounters(ctx, w.client)
+	fp1, err := w.client.Stats(ctx)
 	if err != nil {
 		return s, err
 	}
 	s.Allowed, s.Denied = after.Allowed-before.Allowed, after.Denied-before.Denied
-	s.FastHits, s.FastOpens = hits2-hits, opens2-opens
+	s.FastHits, s.FastOpens, s.FastLearned = fp1["egress_hit"]-fp0["egress_hit"], fp1["egress_open"]-fp0["egress_open"], fp1["learn_egress"]-fp0["learn_egress"]
+	worked := s.FastHits + s.FastOpens + s.FastLearned
 	switch {
 	case policyCfg == WithPolicy && s.Allowed == 0:
 		return s, errors.New("the server's ingress rules judged no connection")
 	case s.Denied != 0:
 		return s, fmt.Errorf("the server's ingress rules denied %d connections", s.Denied)
-	case fast && s.FastHits == 0:
-		return s, errors.New("the client node's fast path carried nothing")
+	case fast && worked == 0:
+		return s, errors.New("the client node's fast path neither carried, opened nor learned anything")
 	case fast && policyCfg == WithPolicy && s.FastOpens != 0:
 		return s, fmt.Errorf("the client node opened %d connections of an isolated pod on the fast path", s.FastOpens)
-	case !fast && s.FastHits+s.FastOpens != 0:
-		return s, fmt.Errorf("the client node's fast path carried %d packets while off", s.FastHits+s.FastOpens)
+	case !fast && worked != 0:
+		return s, fmt.Errorf("the client node's fast path worked while off (%d packets, opens and learned flows)", worked)
 	}
 	return s, nil
-}
-
-// fastCounters reads a node's egress_hit and egress_open.
-func fastCounters(ctx context.Context, n *lab.Node) (hits, opens uint64, err error) {
-	c, conn, err := n.AgentAPI()
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close()
-	st, err := c.GetStats(ctx, &apiv1.GetStatsRequest{})
-	if err != nil {
-		return 0, 0, fmt.Errorf("%s: stats: %w", n.Name, err)
-	}
-	for _, s := range st.Counters {
-		switch s.Name {
-		case "egress_hit":
-			hits = s.Value
-		case "egress_open":
-			opens = s.Value
-		}
-	}
-	return hits, opens, nil
 }
 
 // createPolicies creates n policies in the bench namespace, with a few

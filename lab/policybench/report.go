@@ -172,7 +172,7 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "A 2-node lab in Kubernetes mode (real kube-apiserver), client and server pods on different nodes; "+
 			"netperf TCP_CRR from client to server, %d repetitions of %s, netperf -T %q, the two policy configurations adjacent in each repetition (ABBA…), "+
 			"and in each the fast path off (\"no-policy\", \"policy\") and on (\"-fast\"), back to back, switched on both nodes (`SetFastPath`). "+
-			"A fast run is checked to have taken the fast path (the client node's `egress_hit` rose; with the policies, which isolate both pods, "+
+			"A fast run is checked to have taken the fast path (the client node's fast path carried, opened or learned its connections; with the policies, which isolate both pods, "+
 			"`egress_open` did not: their connections open through the stack), a slow run not. "+
 			"\"policy\": %d NetworkPolicies in the pods' namespace, each selecting both the client and the server in both directions "+
 			"with peers of their own (ipBlocks, namespace and pod selectors, ports), one also allowing client → server on netperf's control and data ports "+
@@ -202,10 +202,14 @@ func (r Report) Markdown(w io.Writer) {
 			}
 			fmt.Fprintf(w, "**Aim: CRR cost within 5 %% of no policy: %s** (median cost %.1f %%; per-repetition ratios %.3f – %.3f).\n\n",
 				verdict, c.CostPercent, c.Ratio.Min, c.Ratio.Max)
-			fmt.Fprintln(w, "| rep | config | Trans/s | CPU µs/Tr | connections judged by the server's rules | client node: fast-path packets, connections opened |")
+			fmt.Fprintln(w, "| rep | config | Trans/s | CPU µs/Tr | connections judged by the server's rules | client node's fast path: packets, connections opened, flows learned |")
 			fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: |")
 			for _, s := range c.Samples {
-				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d | %d, %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens)
+				if s.Error != "" {
+					fmt.Fprintf(w, "| %d | %s | failed: %s | | | |\n", s.Rep, s.Config, s.Error)
+					continue
+				}
+				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d | %d, %d, %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens, s.FastLearned)
 			}
 			if len(c.ProgramSeconds) > 0 {
 				fmt.Fprintf(w, "\nCreating the %d policies through the API until both agents enforced them took %s s (each time).\n", c.Policies, secs(c.ProgramSeconds))
