@@ -105,7 +105,7 @@ type CRRResult struct {
 // ABBA… (the policies are created or deleted once per repetition), and in
 // each, the fast path off and on, back to back (the first alternating).
 // A fast-path run is checked to have taken it (the client node's fast path
-// carried packets), a slow one not.
+// carried, opened or learned its connections), a slow one not (crrRun).
 func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 	res = CRRResult{Policies: o.Policies, Reps: o.Reps, Duration: o.Duration.String(), CPUs: o.CPUs}
 	l, err := lab.Up(ctx, lab.Options{Prefix: o.Prefix, BinDir: o.BinDir, Nodes: 2, NodeTimeout: time.Hour,
@@ -259,11 +259,7 @@ func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, ser
 	if err := bench.SetFastPath(ctx, l, fast); err != nil {
 		return s, err
 	}
-	before, err := w.serverCounters(ctx)
-	if err != nil {
-		return s, err
-	}
-	fp0, err := w.client.Stats(ctx)
+	before, fp0, err := w.counters(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -272,11 +268,7 @@ func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, ser
 		return s, err
 	}
 	s.Value, s.CPU = sm.Value, sm.CPU
-	after, err := w.serverCounters(ctx)
-	if err != nil {
-		return s, err
-	}
-	fp1, err := w.client.Stats(ctx)
+	after, fp1, err := w.counters(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -439,6 +431,17 @@ func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
 }
 
 // serverCounters are the server's ingress counters.
+// counters are what a run is judged by: the server's ingress counters
+// and the client node's fast-path counters.
+func (w waiter) counters(ctx context.Context) (*apiv1.PolicyDirection, map[string]uint64, error) {
+	server, err := w.serverCounters(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := w.client.Stats(ctx)
+	return server, client, err
+}
+
 func (w waiter) serverCounters(ctx context.Context) (*apiv1.PolicyDirection, error) {
 	resp, err := listPolicy(ctx, w.server, w.serverKey)
 	if err != nil {
