@@ -324,18 +324,32 @@ func established(t *testing.T, n *lab.Node, ip netip.Addr, port int) string {
 // ip:port (filtered further by extra conntrack flags), one line each.
 func conntrackTo(t *testing.T, n *lab.Node, ip netip.Addr, port int, extra ...string) []string {
 	t.Helper()
-	args := append([]string{"netns", "exec", n.Netns, "conntrack", "-L", "-p", "tcp", "--orig-dst", ip.String(), "--dport", fmt.Sprint(port)}, extra...)
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "0 flow entries") {
-		t.Fatalf("%s: conntrack: %v: %s", n.Name, err, out)
-	}
 	var lines []string
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(conntrackTCP(t, n, "-L", ip, port, extra...), "\n") {
 		if strings.HasPrefix(line, "tcp") {
 			lines = append(lines, line)
 		}
 	}
 	return lines
+}
+
+// dropConntrack deletes a node's conntrack entries of TCP connections to
+// ip:port.
+func dropConntrack(t *testing.T, n *lab.Node, ip netip.Addr, port int) {
+	t.Helper()
+	conntrackTCP(t, n, "-D", ip, port)
+}
+
+// conntrackTCP runs conntrack's command op (-L, -D) on a node's entries of
+// TCP connections to ip:port, returning its output.
+func conntrackTCP(t *testing.T, n *lab.Node, op string, ip netip.Addr, port int, extra ...string) string {
+	t.Helper()
+	args := append([]string{"netns", "exec", n.Netns, "conntrack", op, "-p", "tcp", "--orig-dst", ip.String(), "--dport", fmt.Sprint(port)}, extra...)
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "0 flow entries") {
+		t.Fatalf("%s: conntrack %s: %v: %s", n.Name, op, err, out)
+	}
+	return string(out)
 }
 
 // With connection setup on the slow path, FIN and RST take it too, so

@@ -64,6 +64,11 @@ func TestServicesFromOutside(t *testing.T) {
 
 	client := l.ExternalClient
 	counters := func() map[string]uint64 { return lbCounters(t, node0) }
+	// reversed counts the replies given their frontend's address, on the
+	// slow path or the fast.
+	reversed := func(c map[string]uint64) uint64 {
+		return c["uplink_reversed"] + c["uplink_fast_reply"] + c["uplink_fast_from_remote"]
+	}
 
 	t.Run("TCPToLocalAndRemote", func(t *testing.T) {
 		before := counters()
@@ -90,8 +95,10 @@ func TestServicesFromOutside(t *testing.T) {
 		if d := after["uplink_new_flow"] - before["uplink_new_flow"]; d != 30 {
 			t.Errorf("uplink_new_flow grew by %d, want 30", d)
 		}
-		if after["uplink_reversed"]-before["uplink_reversed"] < 30 {
-			t.Errorf("uplink_reversed grew by %d, want ≥ 30", after["uplink_reversed"]-before["uplink_reversed"])
+		// A local backend's connections open on the fast path (below),
+		// their replies reversed there.
+		if d := reversed(after) - reversed(before); d < 30 {
+			t.Errorf("replies reversed grew by %d (uplink_reversed, uplink_fast_reply, uplink_fast_from_remote), want ≥ 30", d)
 		}
 	})
 
@@ -114,9 +121,6 @@ func TestServicesFromOutside(t *testing.T) {
 		// Each reply given the frontend's address, on the slow path or, for
 		// a client port reused while its flow is still cached, the fast.
 		after := counters()
-		reversed := func(c map[string]uint64) uint64 {
-			return c["uplink_reversed"] + c["uplink_fast_reply"] + c["uplink_fast_from_remote"]
-		}
 		if d := reversed(after) - reversed(before); d < 20 {
 			t.Errorf("replies reversed grew by %d (uplink_reversed, uplink_fast_reply, uplink_fast_from_remote), want ≥ 20", d)
 		}
@@ -172,7 +176,8 @@ func TestServicesFromOutside(t *testing.T) {
 	})
 
 	// An agent restart under a connection from outside to a backend on
-	// the node: every message echoed across it.
+	// the node, one the uplink opened on the fast path (so conntrack has
+	// no entry of it): every message echoed across it.
 	t.Run("ConnectionSurvivesAgentRestart", func(t *testing.T) {
 		echo, err := l.AddPodSpec(ctx, node0, lab.PodSpec{Namespace: svcNS, Name: "echo-0", Labels: map[string]string{"app": "echo"}})
 		if err != nil {
@@ -185,9 +190,13 @@ func TestServicesFromOutside(t *testing.T) {
 		writeEndpoints(t, kube, "echo", []*lab.Pod{echo}, nil)
 		front := netip.AddrPortFrom(node0.IP, 30090)
 		waitFrontend(t, node0, front, "TCP", "uplink", 1)
+		opened := counters()["uplink_open"]
 		c := dial(t, client, "tcp4", front.Addr(), int(front.Port()))
 		if err := rr(c, 10); err != nil {
 			t.Fatal(err)
+		}
+		if d := counters()["uplink_open"] - opened; d != 1 {
+			t.Fatalf("uplink_open grew by %d; want the connection opened on the fast path", d)
 		}
 		stop := exchanges(t, c, 10, func() {})
 		if err := l.RestartAgent(ctx, node0, "--kube-proxy-replacement"); err != nil {
@@ -196,6 +205,31 @@ func TestServicesFromOutside(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		if err := stop(); err != nil {
 			t.Fatalf("the connection across the agent's restart: %v", err)
+		}
+	})
+
+	// Every backend now on node 0, none isolated by a policy: each TCP
+	// connection from outside opens, runs and closes on node 0's fast
+	// path, and conntrack never sees it. (PolicyAppliesToTheClient below
+	// isolates the backend: its connections then open through the stack.)
+	t.Run("ConnectionsOpenOnTheFastPath", func(t *testing.T) {
+		const n = 20
+		dropConntrack(t, node0, backends[0].IP, 8080)
+		before := counters()
+		for range n {
+			if name, _, _, err := askTCP(client, tcpFront); err != nil || name != backends[0].Name {
+				t.Fatalf("TCP to %s from outside: %s (%v); want %s", tcpFront, name, err, backends[0].Name)
+			}
+		}
+		after := counters()
+		if d := after["uplink_open"] - before["uplink_open"]; d != n {
+			t.Errorf("uplink_open grew by %d over %d connections, want %d", d, n, n)
+		}
+		if d := after["uplink_reversed"] - before["uplink_reversed"]; d != 0 {
+			t.Errorf("uplink_reversed grew by %d: replies took the stack", d)
+		}
+		if lines := conntrackTo(t, node0, backends[0].IP, 8080); len(lines) != 0 {
+			t.Errorf("node 0's conntrack saw connections the fast path opened: %q", lines)
 		}
 	})
 

@@ -14,81 +14,13 @@
  *   onc_learn_egress   tc egress of the uplink
  *   onc_learn_ingress  tc egress of a pod's host veth (packets entering the pod)
  */
+#include "include/conn_setup.h"
 #include "include/encap.h"
 #include "include/fastpath.h"
 #include "include/overlay.h"
 #include "include/parse.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
-
-/* What a TCP packet that opens or closes a connection may do (flow_setup). */
-enum flow_setup {
-	SETUP_NONE, /* not one: data, or UDP */
-	SETUP_SLOW, /* the slow path, so that conntrack sees it */
-	SETUP_OPEN, /* a SYN the fast path may open its connection with */
-	SETUP_RIDE, /* of a connection the fast path opened: it rides along */
-};
-
-/*
- * flow_setup decides the way of a packet with SYN, FIN or RST, and forgets
- * what the cache holds for a connection a SYN starts anew (flow_forget).
- * egress: the local pod sent it. A SYN may open its connection on the
- * fast path when no policy isolates the local pod (onc_open; every pod
- * where no NetworkPolicy runs: onc_conn_setup) and learning runs; every
- * later packet of that connection, SYN-ACK and FIN included, then rides
- * the fast path on this node: conntrack has no entry for it, so the slow
- * path would find them invalid. Everything else opens and closes through
- * conntrack.
- */
-static __always_inline int flow_setup(const struct flow_key *k, const struct l4 *p,
-				      const struct onc_config *cfg, int egress)
-{
-	struct flow_val *v;
-	__u8 closing;
-
-	if (!p->tcp_flags)
-		return SETUP_NONE;
-	if (p->tcp_flags == TCP_SYN && !p->syn_ack) {
-		flow_forget(k);
-		if (onc_conn_setup == CONN_SETUP_OFF || !cfg || !cfg->enabled || !cfg->learning)
-			return SETUP_SLOW;
-		if (onc_conn_setup == CONN_SETUP_EVERY_POD ||
-		    bpf_map_lookup_elem(&onc_open, &k->local_ip))
-			return SETUP_OPEN;
-		return SETUP_SLOW;
-	}
-	v = bpf_map_lookup_elem(&onc_filter, k);
-	if (!cfg || !v || !v->opener || v->epoch != cfg->epoch)
-		goto slow;
-	/* A SYN-ACK answers the SYN that opened the connection, from its
-	 * other end, before any close: the entry of an earlier connection on
-	 * the same addresses and ports must not carry a new one that netfilter
-	 * translated onto them. */
-	if (p->syn_ack &&
-	    (v->closing || v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
-		goto slow;
-	closing = v->closing;
-	if (p->tcp_flags & TCP_RST)
-		closing |= FLOW_CLOSING_RST;
-	else if (p->tcp_flags & TCP_FIN)
-		closing |= egress ? FLOW_CLOSING_LOCAL_FIN : FLOW_CLOSING_REMOTE_FIN;
-	if (closing != v->closing)
-		v->closing = closing;
-	return SETUP_RIDE;
-slow:
-	if (p->tcp_flags & TCP_SYN) /* a SYN-ACK of a connection conntrack saw open */
-		flow_forget(k);
-	return SETUP_SLOW;
-}
-
-/* flow_open records a connection the fast path opens: allowed both ways in
- * this epoch, and who opened it. */
-static __always_inline int flow_open(const struct flow_key *k, __u32 epoch, __u8 opener)
-{
-	struct flow_val v = { .epoch = epoch, .egress = 1, .ingress = 1, .opener = opener };
-
-	return bpf_map_update_elem(&onc_filter, k, &v, BPF_ANY);
-}
 
 /*
  * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
@@ -135,7 +67,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	}
 	flow_out(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, &p, cfg, 1);
+	setup = flow_setup(&key, p.tcp_flags, p.syn_ack, cfg, 1);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
@@ -246,7 +178,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	}
 	flow_in(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, &p, cfg, 0);
+	setup = flow_setup(&key, p.tcp_flags, p.syn_ack, cfg, 0);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_INGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;

@@ -214,22 +214,25 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 
 /*
  * A pod's packet to a client outside, passed on by the fast path's egress
- * program (onc_hooks) after its own checks, the source among them:
- * the reply of a flow to a backend on this node, established both ways,
- * gets its frontend's address and leaves by the uplink at once, the
- * kernel's neighbour table giving the next hop. Anything else, and every
- * TCP SYN, FIN and RST, takes the stack.
+ * program (onc_hooks) after its own checks, the source and a TCP packet's
+ * flags among them (flow_setup): the reply of a flow to a backend on this
+ * node, established both ways, gets its frontend's address and leaves by
+ * the uplink at once, the kernel's neighbour table giving the next hop.
+ * A SYN-ACK, FIN or RST does only in a connection the fast path opened
+ * (lb_open): conntrack saw every other open and must see its close.
+ * Anything else takes the stack.
  */
 SEC("tc")
 int onc_uplink_lb_reply(struct __sk_buff *skb)
 {
 	struct flow_key cached = {};
 	struct onc_config *cfg;
+	struct flow_val *flow;
 	struct lb_flow *rev;
 	struct lb_addr fe;
 	struct lb_pkt p;
 
-	if (lb_parse(skb, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1)
+	if (lb_parse(skb, &p) || p.syn || p.ttl <= 1)
 		return TC_ACT_OK;
 	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
 	if (!rev || !rev->ifindex)
@@ -238,7 +241,8 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	if (!cfg || !cfg->enabled)
 		return TC_ACT_OK;
 	lb_cache_key(&cached, p.saddr, p.sport, p.daddr, p.dport, p.proto);
-	if (!flow_allowed(&cached, cfg->epoch))
+	flow = flow_allowed(&cached, cfg->epoch);
+	if (!flow || ((p.tcp_flags & TCP_CTL) && !flow->opener))
 		return TC_ACT_OK;
 	fe = lb_flow_addr(rev);
 	if (lb_rewrite(skb, &p, 0, &fe) || lb_dec_ttl(skb, &p)) {

@@ -216,7 +216,8 @@ const (
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_TO_REMOTE    ServicesLbUplinkStat = 12
 	ServicesLbUplinkStatLB_STAT_UPLINK_FAST_FROM_REMOTE  ServicesLbUplinkStat = 13
 	ServicesLbUplinkStatLB_STAT_UPLINK_LEARNED           ServicesLbUplinkStat = 14
-	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 15
+	ServicesLbUplinkStatLB_STAT_UPLINK_OPEN              ServicesLbUplinkStat = 15
+	ServicesLbUplinkStatLB_STAT_UPLINK_MAX               ServicesLbUplinkStat = 16
 )
 
 type ServicesLocalPod struct {

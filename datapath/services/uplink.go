@@ -128,11 +128,12 @@ func firstProgram(ifindex int, at ebpf.AttachType) (ebpf.ProgramID, error) {
 	return res.Programs[0].ID, nil
 }
 
-// RemoveUplink detaches the uplink programs an agent pinned under pinDir,
+// RemoveUplink detaches the uplink programs an agent pinned under pinDir
+// and empties the fast path's slots for their reply programs (onc_hooks),
 // from the pins alone: with the kube-proxy replacement off, no program may
 // go on translating with service entries nobody updates. Idempotent.
 func RemoveUplink(pinDir string) error {
-	var errs []error
+	errs := []error{clearHooks(pinDir)}
 	for _, h := range uplinkHookNames {
 		pin := uplinkPin(pinDir, h)
 		old, err := link.LoadPinnedLink(pin, nil)
@@ -152,6 +153,24 @@ func RemoveUplink(pinDir string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// clearHooks empties the pinned onc_hooks under pinDir, if it is there.
+func clearHooks(pinDir string) error {
+	hooks, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.FastpathMapOncHooks), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("fast path hooks: %w", err)
+	}
+	defer hooks.Close()
+	for _, slot := range []uint32{bpf.HookPodToNoPeer, bpf.HookOverlayToNoPod} {
+		if err := hooks.Delete(slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("fast path hook %d: %w", slot, err)
+		}
+	}
+	return nil
 }
 
 // SetInternal makes the uplink programs drop, as spoofed, packets to a

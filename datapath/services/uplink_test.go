@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,6 +51,7 @@ type uplinkBed struct {
 	client, node, be, rbe string // namespace names
 	lb                    *LB
 	fp                    *fastpath.Datapath // newFastUplinkBed's
+	fpOpts                fastpath.Options   // what fp was opened with
 }
 
 // fastPathMark is the bed's ESTABLISHED bit (the agent's default).
@@ -82,7 +84,7 @@ func veth(t *testing.T, a, an, aAddr, b, bn, bAddr string) {
 
 func newUplinkBed(t *testing.T) *uplinkBed {
 	t.Helper()
-	return buildUplinkBed(t, false)
+	return buildUplinkBed(t, false, fastpath.SetupOff)
 }
 
 // newFastUplinkBed is the bed with the node's fast path: its programs on
@@ -90,10 +92,18 @@ func newUplinkBed(t *testing.T) *uplinkBed {
 // and netfilter marking flows from outside ESTABLISHED.
 func newFastUplinkBed(t *testing.T) *uplinkBed {
 	t.Helper()
-	return buildUplinkBed(t, true)
+	return buildUplinkBed(t, true, fastpath.SetupOff)
 }
 
-func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
+// newOpeningUplinkBed is newFastUplinkBed's bed with connection setup on
+// the fast path for the pods onc_open holds (none at first), as the agent
+// runs it with NetworkPolicy and the kube-proxy replacement.
+func newOpeningUplinkBed(t *testing.T) *uplinkBed {
+	t.Helper()
+	return buildUplinkBed(t, true, fastpath.SetupOpenPods)
+}
+
+func buildUplinkBed(t *testing.T, fast bool, setup fastpath.ConnSetup) *uplinkBed {
 	t.Helper()
 	p := testutil.Prefix()
 	b := &uplinkBed{t: t, client: p + "-cl", node: p + "-nd", be: p + "-be", rbe: p + "-rb"}
@@ -123,8 +133,9 @@ func buildUplinkBed(t *testing.T, fast bool) *uplinkBed {
 	rules := netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24")}
 	var cache *bpf.FlowCache
 	if fast {
-		fp, err := fastpath.Open(fastpath.Options{PinDir: dir, VNI: 1, Port: 8472, Mark: fastPathMark,
-			NodeIP: nodeIP, PodCIDR: netip.MustParsePrefix("10.244.1.0/24")})
+		b.fpOpts = fastpath.Options{PinDir: dir, VNI: 1, Port: 8472, Mark: fastPathMark,
+			NodeIP: nodeIP, PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), ConnSetup: setup}
+		fp, err := fastpath.Open(b.fpOpts)
 		testutil.Must(t, err)
 		t.Cleanup(func() { fp.Close() })
 		testutil.Must(t, fp.Configure(true))
@@ -785,6 +796,176 @@ func TestUplinkFastPathToALocalBackend(t *testing.T) {
 	if got["uplink_fast_to_pod"] != 0 || got["uplink_fast_reply"] != 0 {
 		t.Errorf("evicted flow still fast: %v", got)
 	}
+}
+
+// With connection setup on the fast path, a client's SYN to a backend on
+// the node that no policy isolates opens its connection past the stack:
+// every packet of it, both ways, SYN and FIN included, rides, and
+// conntrack never sees it. An isolated backend (not in onc_open) and a
+// node as the client open through the stack; a connection the fast path
+// lets go of is handed over to conntrack and goes on through the stack.
+func TestUplinkOpensConnectionsToAnOpenBackend(t *testing.T) {
+	b := newOpeningUplinkBed(t)
+	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
+	serveEcho(t, b.be, echo)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo)}, false))
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	const n = 20
+	counters := []string{"uplink_open", "uplink_fast_to_pod", "uplink_fast_reply"}
+
+	// exchange opens a connection, makes n round trips on it and closes
+	// it, returning the client's address.
+	exchange := func() (client netip.AddrPort) {
+		c := b.dialClient("tcp4", front)
+		if err := roundTrips(c, n); err != nil {
+			t.Fatal(err)
+		}
+		client = c.LocalAddr().(*net.TCPAddr).AddrPort()
+		c.Close()
+		return client
+	}
+
+	// Open (the first connection of the bed, so that no packet of an
+	// earlier one is counted): every packet rides.
+	open := map[netip.Addr]bool{localBE.Addr(): true}
+	testutil.Must(t, b.fp.SetOpen(open, false))
+	var client netip.AddrPort
+	got := b.delta(func() {
+		client = exchange()
+		testutil.WaitFor(t, "the close on the fast path", 2*time.Second, func() bool {
+			f, ok := b.flow(client)
+			return ok && f.Opener == fastpath.OpenedByRemote && f.Closing
+		})
+	}, append(counters, "uplink_translated", "uplink_reversed")...)
+	// In: the SYN, the handshake's ACK, n requests; out: the SYN-ACK, n
+	// answers. None through the stack (translated there, reversed there).
+	if got["uplink_open"] != 1 || got["uplink_fast_to_pod"] < n+1 || got["uplink_fast_reply"] < n+1 ||
+		got["uplink_translated"] != got["uplink_open"]+got["uplink_fast_to_pod"] || got["uplink_reversed"] != 0 {
+		t.Errorf("an open backend: %v; want 1 connection opened and every packet fast", got)
+	}
+	// Not even one picked up mid-stream, the ends swapped, from a packet
+	// that fell to the stack.
+	_, opened := b.conntrack(client, echo)
+	_, pickedUp := b.conntrack(echo, client)
+	if opened || pickedUp {
+		t.Error("conntrack has an entry of a connection the fast path opened and closed")
+	}
+
+	// A node's SYN opens through the stack: a reply to a node is the
+	// stack's to deliver.
+	testutil.Must(t, b.fp.SetHosts([]netip.Addr{clientIP}, false))
+	got = b.delta(func() { client = exchange() }, counters...)
+	if got["uplink_open"] != 0 {
+		t.Errorf("a node as the client: %v; want no connection opened on the fast path", got)
+	}
+	if _, ok := b.conntrack(client, echo); !ok {
+		t.Error("a node as the client: conntrack has no entry of the connection")
+	}
+	testutil.Must(t, b.fp.SetHosts(nil, false))
+
+	// Isolated (no longer open): conntrack sees the connection open.
+	testutil.Must(t, b.fp.SetOpen(nil, false))
+	got = b.delta(func() { client = exchange() }, counters...)
+	if got["uplink_open"] != 0 {
+		t.Errorf("a backend not open: %v; want no connection opened on the fast path", got)
+	}
+	if _, ok := b.conntrack(client, echo); !ok {
+		t.Error("a backend not open: conntrack has no entry of the connection")
+	}
+
+	// Handed over (as when a policy now isolates the backend but allows
+	// the connection), it goes on through conntrack.
+	testutil.Must(t, b.fp.SetOpen(open, false))
+	c := b.dialClient("tcp4", front)
+	testutil.Must(t, roundTrips(c, 3))
+	client = c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if f, ok := b.flow(client); !ok || f.Opener != fastpath.OpenedByRemote {
+		t.Fatalf("the connection to hand over: flow %+v (%v); want one the fast path opened", f, ok)
+	}
+	testutil.Must(t, b.fp.SetOpen(nil, false))
+	in(t, b.node, func() error { // conntrack's entry is the node's
+		return b.fp.EvictFlows(map[netip.Addr]bool{echo.Addr(): true},
+			func([]fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, _ fastpath.Opener) fastpath.Verdict, error) {
+				return func(netip.AddrPort, netip.AddrPort, uint8, fastpath.Opener) fastpath.Verdict {
+					return fastpath.HandOver
+				}, nil
+			})
+	})
+	if left, ok := b.conntrack(client, echo); !ok || left < time.Hour {
+		t.Fatalf("handed over: conntrack timeout %v (entry %v); want an established entry's", left, ok)
+	}
+	if err := roundTrips(c, n); err != nil {
+		t.Errorf("a connection handed over to conntrack: %v", err)
+	}
+}
+
+// A connection the uplink opened on the fast path outlives the agent:
+// with the programs' handles closed, as when the agent exits, and while
+// the next one loads and before it attaches, the pod's replies still
+// leave through the uplink's reply program (onc_hooks is pinned), never
+// through the stack, where conntrack would pick the connection up
+// mid-stream (and the agent's rule for pods leaving the cluster would
+// masquerade it). With the load balancer removed, the slots are empty.
+func TestUplinkOpenedConnectionOutlivesTheAgent(t *testing.T) {
+	b := newOpeningUplinkBed(t)
+	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
+	serveEcho(t, b.be, echo)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo)}, false))
+	testutil.Must(t, b.fp.SetOpen(map[netip.Addr]bool{localBE.Addr(): true}, false))
+	c := b.dialClient("tcp4", netip.AddrPortFrom(nodeIP, nodePort))
+	testutil.Must(t, roundTrips(c, 3))
+	client := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if f, ok := b.flow(client); !ok || f.Opener != fastpath.OpenedByRemote {
+		t.Fatalf("flow %+v (%v); want one the fast path opened", f, ok)
+	}
+	pinDir := b.lb.opts.PinDir
+	testutil.Must(t, errors.Join(b.lb.Close(), b.fp.Close()))
+	if err := roundTrips(c, 20); err != nil {
+		t.Fatalf("no agent: %v", err)
+	}
+	fp, err := fastpath.Open(b.fpOpts)
+	testutil.Must(t, err)
+	t.Cleanup(func() { fp.Close() })
+	testutil.Must(t, fp.Configure(true))
+	lb, err := Open(Options{PinDir: pinDir, FlowCache: fp.FlowCache()})
+	testutil.Must(t, err)
+	t.Cleanup(func() { lb.Close() })
+	if err := roundTrips(c, 20); err != nil {
+		t.Fatalf("the next agent loaded, its uplink programs not attached: %v", err)
+	}
+	in(t, b.node, func() error { return lb.AttachUplink("n0") })
+	if err := roundTrips(c, 20); err != nil {
+		t.Fatalf("the next agent attached: %v", err)
+	}
+	_, opened := b.conntrack(client, echo)
+	_, pickedUp := b.conntrack(echo, client)
+	if opened || pickedUp {
+		t.Errorf("conntrack has an entry of the connection (opened %v, picked up %v): a packet took the stack", opened, pickedUp)
+	}
+
+	testutil.Must(t, RemoveUplink(pinDir))
+	hooks, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.FastpathMapOncHooks), nil)
+	testutil.Must(t, err)
+	defer hooks.Close()
+	for _, slot := range []uint32{bpf.HookPodToNoPeer, bpf.HookOverlayToNoPod} {
+		var id uint32
+		if err := hooks.Lookup(slot, &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("after RemoveUplink, hook %d: program %d (%v); want the slot empty", slot, id, err)
+		}
+	}
+}
+
+// flow is the node's filter entry of the connection from client.
+func (b *uplinkBed) flow(client netip.AddrPort) (fastpath.Flow, bool) {
+	b.t.Helper()
+	flows, err := b.fp.Flows()
+	testutil.Must(b.t, err)
+	for _, f := range flows {
+		if f.Remote == client {
+			return f, true
+		}
+	}
+	return fastpath.Flow{}, false
 }
 
 // conntrack is the timeout left on the node's entry of the TCP connection

@@ -200,8 +200,13 @@ ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
  * and a peer's frame to no pod of this node (HOOK_OVERLAY_TO_NO_POD: a
  * backend's reply to a flow this node masqueraded). The uplink load
  * balancer fills both (datapath/services). An empty slot, and the packet
- * takes the slow path. Not pinned: each agent's programs call the slots it
- * filled.
+ * takes the slow path. Pinned, so that the slots outlive the agent that
+ * filled them (an unpinned program array is emptied when its last process
+ * exits): a connection the uplink opened on the fast path has no conntrack
+ * entry, and a reply of it that took the slow path while agents change
+ * would leave masqueraded. The earlier agent's programs, on the same
+ * pinned maps, serve until the next one fills the slots or, with the
+ * uplink load balancer off, empties them.
  */
 enum onc_hook {
 	HOOK_POD_TO_NO_PEER,
@@ -214,6 +219,7 @@ struct {
 	__uint(max_entries, HOOK_MAX);
 	__type(key, __u32);
 	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_hooks SEC(".maps");
 
 static __always_inline int is_host(__be32 addr)

@@ -23,9 +23,11 @@
  * packets the masqueraded source and the outer headers the overlay put
  * on earlier packets to that node, and the replies, which the fast
  * path's ingress program passes on, are decapsulated and reversed at
- * once. TCP SYN, FIN and RST always take the stack (of the node that
- * holds the flow's conntrack entry), so conntrack sees every connection
- * open and close.
+ * once. A TCP connection to a backend on this node that no policy
+ * isolates opens, runs and closes on the fast path (conn_setup.h), never
+ * seen by conntrack; every other connection's SYN, FIN and RST take the
+ * stack (of the node that holds the flow's conntrack entry), so conntrack
+ * sees it open and close.
  *
  * Address translation the kernel must do stays the kernel's: SNAT of
  * packets to a backend on another node (ONC's MASQUERADE rule, matching
@@ -43,6 +45,7 @@
 #include <linux/udp.h>
 #include <linux/pkt_cls.h>
 #include "services.h"
+#include "conn_setup.h"
 #include "conntrack.h"
 #include "encap.h"
 #include "parse.h"
@@ -81,6 +84,7 @@ enum lb_uplink_stat {
 	LB_STAT_UPLINK_FAST_TO_REMOTE, /* packets sent straight over the overlay to another node's backend */
 	LB_STAT_UPLINK_FAST_FROM_REMOTE, /* that backend's replies, decapsulated and sent straight out */
 	LB_STAT_UPLINK_LEARNED,       /* a reply taught the flow cache that its flow may leave */
+	LB_STAT_UPLINK_OPEN,          /* SYNs that opened their connection to a local backend on the fast path */
 	LB_STAT_UPLINK_MAX,
 };
 
@@ -344,6 +348,37 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
 }
 
 /*
+ * lb_open opens a client's connection to a backend on this node on the
+ * fast path (conn_setup.h), k its flow's key, when the pod's replies can
+ * ride too: the client is no node (a packet to a node takes the stack,
+ * which would find the replies invalid), and the reply has a route, whose
+ * device the pod's replies leave by (onc_uplink_lb_reply), as the stack
+ * forwarding them would choose it.
+ */
+static __always_inline int lb_open(struct __sk_buff *skb, const struct flow_key *k, __u8 proto,
+				   const struct local_pod *pod, __u32 epoch)
+{
+	struct bpf_fib_lookup fib = {
+		.family = ONC_AF_INET, .l4_protocol = proto, .sport = k->local_port, .dport = k->remote_port,
+		.ipv4_src = k->local_ip, .ipv4_dst = k->remote_ip, .ifindex = pod->ifindex,
+	};
+	struct lb_flow *rev;
+	int rc;
+
+	if (is_host(k->remote_ip))
+		return -1;
+	rev = lb_reply_flow(k->local_ip, k->local_port, k->remote_ip, k->remote_port, proto);
+	if (!rev)
+		return -1;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+	if (rev->ifindex != fib.ifindex)
+		rev->ifindex = fib.ifindex;
+	return flow_open(k, epoch, FLOW_OPENED_BY_REMOTE);
+}
+
+/*
  * lb_fast_path sends a translated packet past the stack when it may: to
  * a backend on this node straight into its pod, as the fast path hands an
  * overlay packet (fastpath.c), only when the flow cache says netfilter
@@ -351,40 +386,44 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
  * conntrack still holds it established (each packet refreshing it: a UDP
  * flow conntrack forgot after two minutes would come back to the stack
  * from the pod's side, taken for the pod's own connection out and
- * masqueraded; a TCP entry lasts five days); to one on another node as
- * lb_to_remote_pod says. Never a TCP SYN, FIN or RST. A SYN opens a new
- * connection on the addresses: what the cache holds for them was an old
- * one's. Returns LB_NEXT when the stack must take it.
+ * masqueraded; a TCP entry lasts five days), or when the fast path opens
+ * or opened its TCP connection (conn_setup.h); to one on another node as
+ * lb_to_remote_pod says, never a TCP SYN, FIN or RST: the masquerade is
+ * conntrack's. Returns LB_NEXT when the stack must take it.
  */
 static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_pkt *p, const struct lb_addr *be)
 {
 	struct ct_ends t = { .saddr = p->saddr, .daddr = be->ip, .sport = p->sport, .dport = be->port };
+	__u8 ctl = p->tcp_flags & TCP_CTL;
 	struct ct_ends reply;
 	struct flow_key key = {};
 	struct onc_config *cfg;
 	struct local_pod *pod;
+	int setup;
 
 	lb_cache_key(&key, be->ip, be->port, p->saddr, p->sport, p->proto);
-	if (p->tcp_flags & TCP_CTL) {
-		if (p->tcp_flags & TCP_SYN)
-			flow_forget(&key);
-		return LB_NEXT;
-	}
 	cfg = config();
-	if (!cfg || !cfg->enabled || p->ttl <= 1)
-		return LB_NEXT;
 	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
+	if (!pod && ctl)
+		return LB_NEXT;
+	setup = flow_setup(&key, ctl, ctl == TCP_SYN && (p->tcp_flags & TCP_ACK), cfg, 0);
+	if (setup == SETUP_SLOW || !cfg || !cfg->enabled || p->ttl <= 1)
+		return LB_NEXT;
 	if (!pod)
 		return lb_to_remote_pod(skb, p, be, &t);
-	if (!flow_allowed(&key, cfg->epoch) ||
-	    (p->proto == IPPROTO_UDP && ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply)))
+	if (setup == SETUP_OPEN) {
+		if (lb_open(skb, &key, p->proto, pod, cfg->epoch))
+			return LB_NEXT;
+	} else if (!flow_allowed(&key, cfg->epoch) ||
+		   (p->proto == IPPROTO_UDP && ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply))) {
 		return LB_NEXT;
+	}
 	if (lb_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
-	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_TO_POD, 1);
+	count(&onc_lb_uplink_stats, setup == SETUP_OPEN ? LB_STAT_UPLINK_OPEN : LB_STAT_UPLINK_FAST_TO_POD, 1);
 	return bpf_redirect_peer(pod->ifindex, 0);
 }
 
