@@ -103,6 +103,17 @@ func newOpeningUplinkBed(t *testing.T) *uplinkBed {
 	return buildUplinkBed(t, true, fastpath.SetupOpenPods)
 }
 
+// newOpeningEchoBed is newOpeningUplinkBed's bed with an echo server on
+// the local backend behind the NodePort, and the server's address.
+func newOpeningEchoBed(t *testing.T) (*uplinkBed, netip.AddrPort) {
+	t.Helper()
+	b := newOpeningUplinkBed(t)
+	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
+	serveEcho(t, b.be, echo)
+	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo)}, false))
+	return b, echo
+}
+
 func buildUplinkBed(t *testing.T, fast bool, setup fastpath.ConnSetup) *uplinkBed {
 	t.Helper()
 	p := testutil.Prefix()
@@ -805,10 +816,7 @@ func TestUplinkFastPathToALocalBackend(t *testing.T) {
 // node as the client open through the stack; a connection the fast path
 // lets go of is handed over to conntrack and goes on through the stack.
 func TestUplinkOpensConnectionsToAnOpenBackend(t *testing.T) {
-	b := newOpeningUplinkBed(t)
-	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
-	serveEcho(t, b.be, echo)
-	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo)}, false))
+	b, echo := newOpeningEchoBed(t)
 	front := netip.AddrPortFrom(nodeIP, nodePort)
 	const n = 20
 	counters := []string{"uplink_open", "uplink_fast_to_pod", "uplink_fast_reply"}
@@ -907,10 +915,7 @@ func TestUplinkOpensConnectionsToAnOpenBackend(t *testing.T) {
 // mid-stream (and the agent's rule for pods leaving the cluster would
 // masquerade it). With the load balancer removed, the slots are empty.
 func TestUplinkOpenedConnectionOutlivesTheAgent(t *testing.T) {
-	b := newOpeningUplinkBed(t)
-	echo := netip.AddrPortFrom(localBE.Addr(), 8081)
-	serveEcho(t, b.be, echo)
-	testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP, TCP, echo)}, false))
+	b, echo := newOpeningEchoBed(t)
 	testutil.Must(t, b.fp.SetOpen(map[netip.Addr]bool{localBE.Addr(): true}, false))
 	c := b.dialClient("tcp4", netip.AddrPortFrom(nodeIP, nodePort))
 	testutil.Must(t, roundTrips(c, 3))
