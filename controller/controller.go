@@ -91,9 +91,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// Reconcile makes one pass: allocate, release, expire.
+// Reconcile makes one pass: expire, release, allocate.
 func (c *Controller) Reconcile(ctx context.Context) error {
 	c.nextExpiry = time.Time{} // a failed pass waits for a change or the resync, not a stale expiry
+	// The allocations before the nodes: a block is claimed only for a
+	// registered node, so every owner read here registered before the
+	// nodes are read, and no block is freed because its node was not read
+	// yet (Kubernetes' caches can lag each other still: releasable
+	// confirms).
+	allocs, err := c.store.Allocations(ctx)
+	if err != nil {
+		return err
+	}
 	nodes, err := c.store.Nodes(ctx)
 	if err != nil {
 		return err
@@ -106,16 +115,13 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	allocs, err := c.store.Allocations(ctx)
-	if err != nil {
-		return err
-	}
 	blockOf := make(map[string]netip.Prefix, len(allocs))
 	for p, owner := range allocs {
 		blockOf[owner] = p
 	}
 	now := time.Now()
-	registered := map[string]bool{}
+	registered, deleted := map[string]bool{}, map[string]bool{}
+	var reqs []nodeipam.Request
 	for _, n := range nodes {
 		registered[n.Name] = true
 		gone, err := c.leftCluster(ctx, members, n.Name)
@@ -128,6 +134,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				return err
 			}
 			delete(registered, n.Name) // and from lastSeen below
+			deleted[n.Name] = true     // with its block
 			continue
 		}
 		if _, known := c.lastSeen[n.Name]; alive[n.Name] || !known {
@@ -138,6 +145,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				return err
 			}
 			delete(registered, n.Name) // and from lastSeen below
+			deleted[n.Name] = true     // with its block
 			continue
 		}
 		if !alive[n.Name] && c.cfg.NodeTimeout > 0 {
@@ -145,45 +153,69 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				c.nextExpiry = exp
 			}
 		}
-		c.allocate(ctx, n, blockOf[n.Name], members[n.Name])
+		if c.needsClaim(n, blockOf[n.Name], members) {
+			reqs = append(reqs, nodeipam.Request{Node: n.Name, Prefer: members[n.Name]})
+		}
 	}
 	// A node removed from outside (onc-controller remove-node, a deleted
 	// record) is forgotten too: registered again later, it is a new node
 	// with its full timeout, not one long gone.
 	maps.DeleteFunc(c.lastSeen, func(name string, _ time.Time) bool { return !registered[name] })
 	for p, owner := range allocs {
-		if !registered[owner] {
-			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
-			if err := c.store.ReleaseCIDR(ctx, owner); err != nil {
-				return err
-			}
+		if registered[owner] || deleted[owner] {
+			continue
+		}
+		ok, err := c.releasable(ctx, owner)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
+		if err := c.store.ReleaseCIDR(ctx, owner); err != nil {
+			return err
 		}
 	}
+	c.allocate(ctx, reqs, blockOf)
 	return nil
 }
 
-// allocate gives n a block if the ledger has none for it, and makes the
-// CIDR its record shows the ledger's block (a backend whose records carry
-// a copy, Kubernetes, can miss a write of it: claiming the block again
-// writes the copy without taking anything new).
-func (c *Controller) allocate(ctx context.Context, n datastore.Node, block, carried netip.Prefix) {
-	switch {
-	case block.IsValid() && n.PodCIDR == block:
-	case block.IsValid():
-		if _, err := c.store.ClaimCIDR(ctx, n.Name, block); err != nil {
+// needsClaim: n has no block, or its record or its Kubernetes Node lacks
+// the copy of it. A backend whose records carry a copy (Kubernetes) can
+// miss a write of it; claiming the block again writes the copy without
+// taking anything new.
+func (c *Controller) needsClaim(n datastore.Node, block netip.Prefix, members map[string]netip.Prefix) bool {
+	carried, member := members[n.Name]
+	return !block.IsValid() || n.PodCIDR != block || member && !carried.IsValid()
+}
+
+// releasable confirms past any cache that owner, whose block is in the
+// ledger, is not registered.
+func (c *Controller) releasable(ctx context.Context, owner string) (bool, error) {
+	if cr, ok := c.store.(datastore.CachedRegistrations); ok {
+		return cr.Unregistered(ctx, owner)
+	}
+	return true, nil
+}
+
+// allocate gives every node of reqs its block in one batch and logs what
+// is new (had: the blocks the nodes held before).
+func (c *Controller) allocate(ctx context.Context, reqs []nodeipam.Request, had map[string]netip.Prefix) {
+	if len(reqs) == 0 {
+		return
+	}
+	got, err := c.alloc.Allocate(ctx, reqs)
+	for _, r := range reqs {
+		if p, ok := got[r.Node]; ok && p != had[r.Node] {
+			slog.Info("allocated pod CIDR", "node", r.Node, "cidr", p)
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, nodeipam.ErrExhausted) {
 			c.cfg.Metrics.storeErrors.Inc()
-			slog.Error("cannot record the node's pod CIDR on it", "node", n.Name, "cidr", block, "err", err)
 		}
-	default:
-		p, err := c.alloc.Allocate(ctx, n.Name, carried)
-		if err != nil {
-			if !errors.Is(err, nodeipam.ErrExhausted) {
-				c.cfg.Metrics.storeErrors.Inc()
-			}
-			slog.Error("cannot allocate a pod CIDR", "node", n.Name, "err", err)
-			return
-		}
-		slog.Info("allocated pod CIDR", "node", n.Name, "cidr", p)
+		slog.Error("cannot allocate every pod CIDR", "nodes", len(reqs), "allocated", len(got), "err", err)
 	}
 }
 

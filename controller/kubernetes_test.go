@@ -14,6 +14,7 @@ import (
 
 	"github.com/onc-net/onc/controller"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/datastore/etcdserver/etcdtest"
 	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/internal/testutil"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 // Two real onc-controller replicas, running as the manifest's service
@@ -145,4 +147,58 @@ func holder(t *testing.T, kube kubernetes.Interface) string {
 		return true
 	})
 	return id
+}
+
+// Two controllers on one kube-apiserver, as the manifest's service account
+// with the default client limits, each with its own store (clients and
+// caches) and no election between them: every claim batch is one
+// compare-and-swap of the ledger, every node's ONCNode and Node show its
+// block.
+func TestTwoControllersGiveEveryNodeOneBlockOnKubernetes(t *testing.T) {
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
+	ctx := context.Background()
+	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {
+		t.Fatal(err)
+	}
+	open := func(cfg *rest.Config, agent bool) datastore.Store {
+		s, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: agent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	ctl := func() datastore.Store {
+		cfg := api.ServiceAccountConfig("onc-system:onc-controller")
+		cfg.QPS, cfg.Burst = backend.ControllerQPS, backend.ControllerBurst
+		return open(cfg, false)
+	}
+	// The nodes' side (kubelets, agents) is not what is measured: no client limit.
+	admin := api.RESTConfig()
+	admin.QPS, admin.Burst = 100_000, 100_000
+	kube := kubernetes.NewForConfigOrDie(admin)
+	agents := open(admin, true)
+	race{
+		cluster: datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24},
+		stores:  [2]datastore.Store{ctl(), ctl()},
+		register: func(ctx context.Context, spec datastore.NodeSpec) error {
+			if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: spec.Name}}, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			return agents.RegisterNode(ctx, spec)
+		},
+		mirrored: func(ctx context.Context, blocks map[string]netip.Prefix) ([]string, error) {
+			nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			var stale []string
+			for _, n := range nodes.Items {
+				if p := blocks[n.Name].String(); n.Spec.PodCIDR != p || len(n.Spec.PodCIDRs) != 1 || n.Spec.PodCIDRs[0] != p {
+					stale = append(stale, n.Name)
+				}
+			}
+			return stale, nil
+		},
+	}.run(t)
 }

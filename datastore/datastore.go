@@ -8,6 +8,7 @@ package datastore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -62,6 +63,13 @@ type Store interface {
 	// DeleteNode removes the node's registration, liveness and CIDR.
 	DeleteNode(ctx context.Context, name string) error
 
+	// ClaimCIDRs makes a batch of claims (node → block) atomically, each
+	// as ClaimCIDR would: a node that has a CIDR keeps it, a block another
+	// node holds stays that node's, the others are given. It returns the
+	// CIDR each claimed node holds afterwards; a node whose block was taken
+	// is absent. A batch costs what one claim does: one compare-and-swap of
+	// the Kubernetes ledger, one etcd transaction per 64 claims.
+	ClaimCIDRs(ctx context.Context, claims map[string]netip.Prefix) (map[string]netip.Prefix, error)
 	// ClaimCIDR atomically gives cidr to node if neither the node nor the
 	// block has an allocation. If the node already has a CIDR it returns
 	// that one (allocation is idempotent); if the block is another node's
@@ -86,6 +94,26 @@ type Store interface {
 	// Describe names the backend and where it is, for status output.
 	Describe() string
 	Close() error
+}
+
+// ClaimOne is ClaimCIDR made of a backend's ClaimCIDRs.
+func ClaimOne(ctx context.Context, s interface {
+	ClaimCIDRs(context.Context, map[string]netip.Prefix) (map[string]netip.Prefix, error)
+}, node string, cidr netip.Prefix) (netip.Prefix, error) {
+	got, err := s.ClaimCIDRs(ctx, map[string]netip.Prefix{node: cidr})
+	if p, ok := got[node]; ok || err != nil {
+		return p, err
+	}
+	return netip.Prefix{}, fmt.Errorf("%s for %s: %w", cidr, node, ErrCIDRTaken)
+}
+
+// CachedRegistrations is implemented by backends whose Nodes reads a cache
+// that can lag behind Allocations (Kubernetes: each resource has a watch of
+// its own, so a block claimed for a node that registered a moment ago can
+// show before the node does). The controller frees the block of a node
+// Nodes does not list only once Unregistered confirms it past the cache.
+type CachedRegistrations interface {
+	Unregistered(ctx context.Context, name string) (bool, error)
 }
 
 // Membership is implemented by backends that know the cluster's nodes apart

@@ -35,7 +35,7 @@ func main() {
 	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's pod CIDR")
 	nodeTimeout := fs.Duration("node-timeout", 24*time.Hour, "delete a node (and free its CIDR) after its agent has been gone this long; 0 never")
 	emb := addEmbeddedFlags(fs)
-	store := backend.AddFlags(fs)
+	store := backend.AddControllerFlags(fs)
 	host, _ := os.Hostname()
 	el := controller.Election{}
 	fs.StringVar(&el.Identity, "leader-elect-identity", cmdutil.EnvOr("POD_NAME", host), "this replica's name in the leader Lease (env POD_NAME)")

@@ -1,13 +1,15 @@
 // Package nodeipam splits the cluster CIDR into per-node blocks and hands
-// them out through the datastore, which makes each claim atomic.
+// them out through the datastore, which makes each batch of claims atomic.
 package nodeipam
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/netip"
+	"strings"
 
 	"github.com/onc-net/onc/datastore"
 )
@@ -77,47 +79,105 @@ func (a *Allocator) block(i uint64) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), a.cfg.NodePrefixLen)
 }
 
-// Allocate returns node's block, claiming one if it has none: prefer if it
-// is a free block of the cluster CIDR (a pod CIDR the node already carries),
-// else the first free one. Concurrent callers, in this process or others,
-// never get the same block, and the same node always gets the same block
-// until it is released.
-func (a *Allocator) Allocate(ctx context.Context, node string, prefer netip.Prefix) (netip.Prefix, error) {
-	if a.IsBlock(prefer) {
-		got, err := a.store.ClaimCIDR(ctx, node, prefer)
-		if !errors.Is(err, datastore.ErrCIDRTaken) {
-			return got, err
-		}
-	}
-	for {
-		taken, err := a.store.Allocations(ctx)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		for p, owner := range taken {
-			if owner == node {
-				return p, nil
-			}
-		}
-		free, ok := a.firstFree(taken)
-		if !ok {
-			return netip.Prefix{}, fmt.Errorf("node %s: %w: all %s blocks of /%d in %s are allocated",
-				node, ErrExhausted, a.Blocks(), a.cfg.NodePrefixLen, a.cfg.ClusterCIDR)
-		}
-		got, err := a.store.ClaimCIDR(ctx, node, free)
-		if errors.Is(err, datastore.ErrCIDRTaken) {
-			continue // lost a race for this block: read again
-		}
-		return got, err
-	}
+// Request is a node that needs its block, and the block it would rather
+// have if that is free: a pod CIDR its Kubernetes Node already carries.
+type Request struct {
+	Node   string
+	Prefer netip.Prefix
 }
 
-func (a *Allocator) firstFree(taken map[netip.Prefix]string) (netip.Prefix, bool) {
-	n := a.Blocks()
-	for i := uint64(0); n.Cmp(new(big.Int).SetUint64(i)) > 0; i++ {
-		if p := a.block(i); taken[p] == "" {
-			return p, true
+// Allocate gives every requesting node its block: the one it holds, else
+// its preferred block if that is a free block of the cluster CIDR, else a
+// free one, the lowest first. Each round picks blocks for every node from
+// one read of the allocations and claims them in one batch (ClaimCIDRs); a
+// block another allocator, here or in another controller, took meanwhile
+// is picked again from a fresh read. So concurrent allocators never give
+// one block twice, and a node keeps its block until it is released.
+// It returns each node's block, and an ErrExhausted error naming the nodes
+// left without one.
+func (a *Allocator) Allocate(ctx context.Context, reqs []Request) (map[string]netip.Prefix, error) {
+	out := make(map[string]netip.Prefix, len(reqs))
+	var full []Request
+	for len(reqs) > 0 {
+		taken, err := a.store.Allocations(ctx)
+		if err != nil {
+			return out, err
+		}
+		claims, none := a.pick(taken, reqs)
+		full = append(full, none...)
+		if len(claims) == 0 {
+			break
+		}
+		got, err := a.store.ClaimCIDRs(ctx, claims)
+		maps.Copy(out, got)
+		if err != nil {
+			return out, err
+		}
+		var lost []Request
+		for _, r := range reqs {
+			_, claimed := claims[r.Node]
+			if _, ok := got[r.Node]; claimed && !ok {
+				lost = append(lost, r)
+			}
+		}
+		reqs = lost
+	}
+	if len(full) > 0 {
+		return out, fmt.Errorf("no pod CIDR for %s: %w: all %s blocks of /%d in %s are allocated",
+			nodeNames(full), ErrExhausted, a.Blocks(), a.cfg.NodePrefixLen, a.cfg.ClusterCIDR)
+	}
+	return out, nil
+}
+
+// pick chooses every request's block from one read of the allocations:
+// the block the node holds, else its preferred block if free, else the
+// lowest free ones in turn. Preferences go first, so that no other node of
+// the batch takes a block a node already carries. It returns node → block
+// and the requests left without one (every block is taken).
+func (a *Allocator) pick(taken map[netip.Prefix]string, reqs []Request) (map[string]netip.Prefix, []Request) {
+	held := make(map[string]netip.Prefix, len(taken))
+	for p, owner := range taken {
+		held[owner] = p
+	}
+	picked := map[netip.Prefix]bool{}
+	free := func(p netip.Prefix) bool { _, t := taken[p]; return !t && !picked[p] }
+	claims := make(map[string]netip.Prefix, len(reqs))
+	var rest, none []Request
+	for _, r := range reqs {
+		if p, ok := held[r.Node]; ok {
+			claims[r.Node] = p
+		} else if a.IsBlock(r.Prefer) && free(r.Prefer) {
+			claims[r.Node], picked[r.Prefer] = r.Prefer, true
+		} else {
+			rest = append(rest, r)
 		}
 	}
-	return netip.Prefix{}, false
+	next, n := uint64(0), a.Blocks().Uint64()
+	for _, r := range rest {
+		for next < n && !free(a.block(next)) {
+			next++
+		}
+		if next == n {
+			none = append(none, r)
+			continue
+		}
+		claims[r.Node], picked[a.block(next)] = a.block(next), true
+	}
+	return claims, none
+}
+
+// nodeNames names the nodes of reqs, the first few of many.
+func nodeNames(reqs []Request) string {
+	const most = 5
+	var names []string
+	for _, r := range reqs[:min(len(reqs), most)] {
+		names = append(names, r.Node)
+	}
+	switch {
+	case len(reqs) == 1:
+		return "node " + names[0]
+	case len(reqs) > most:
+		return fmt.Sprintf("%d nodes (%s, …)", len(reqs), strings.Join(names, ", "))
+	}
+	return "nodes " + strings.Join(names, ", ")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 
@@ -28,6 +29,12 @@ func cfg(cidr string, bits int) datastore.ClusterConfig {
 	return datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix(cidr), NodePrefixLen: bits}
 }
 
+// allocate is a batch of one.
+func allocate(ctx context.Context, a *nodeipam.Allocator, node string, prefer netip.Prefix) (netip.Prefix, error) {
+	got, err := a.Allocate(ctx, []nodeipam.Request{{Node: node, Prefer: prefer}})
+	return got[node], err
+}
+
 // 100 allocators, each with its own etcd client as separate controllers
 // would have, race for blocks: every node gets one, no block twice.
 func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
@@ -45,7 +52,7 @@ func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[i], errs[i] = a.Allocate(ctx, fmt.Sprintf("node-%d", i), netip.Prefix{})
+			got[i], errs[i] = allocate(ctx, a, fmt.Sprintf("node-%d", i), netip.Prefix{})
 		}()
 	}
 	wg.Wait()
@@ -72,7 +79,7 @@ func TestSameNodeConcurrentlyGetsOneBlock(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var err error
-			if got[i], err = a.Allocate(context.Background(), "same", netip.Prefix{}); err != nil {
+			if got[i], err = allocate(context.Background(), a, "same", netip.Prefix{}); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -98,7 +105,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 		e := etcdtest.Embedded(t, dir)
 		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 		for _, n := range []string{"a", "b", "c"} {
-			p, err := a.Allocate(ctx, n, netip.Prefix{})
+			p, err := allocate(ctx, a, n, netip.Prefix{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +116,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 	e := etcdtest.Embedded(t, dir)
 	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 	for _, n := range []string{"c", "b", "a"} { // other order: must not matter
-		if p, err := a.Allocate(ctx, n, netip.Prefix{}); err != nil || p != want[n] {
+		if p, err := allocate(ctx, a, n, netip.Prefix{}); err != nil || p != want[n] {
 			t.Fatalf("after restart %s got %v, %v; want %v", n, p, err, want[n])
 		}
 	}
@@ -121,7 +128,7 @@ func TestExhaustionIsAClearError(t *testing.T) {
 	ctx := context.Background()
 	seen := map[netip.Prefix]bool{}
 	for i := 0; i < 4; i++ {
-		p, err := a.Allocate(ctx, fmt.Sprint("n", i), netip.Prefix{})
+		p, err := allocate(ctx, a, fmt.Sprint("n", i), netip.Prefix{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +137,7 @@ func TestExhaustionIsAClearError(t *testing.T) {
 	if len(seen) != 4 {
 		t.Fatalf("4 nodes got %d distinct blocks", len(seen))
 	}
-	_, err := a.Allocate(ctx, "n4", netip.Prefix{})
+	_, err := allocate(ctx, a, "n4", netip.Prefix{})
 	if !errors.Is(err, nodeipam.ErrExhausted) {
 		t.Fatalf("5th node: err = %v, want ErrExhausted", err)
 	}
@@ -161,13 +168,74 @@ func TestAllocatePrefersTheNodesOwnFreeBlock(t *testing.T) {
 	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
 	ctx := context.Background()
 	own := netip.MustParsePrefix("10.244.77.0/24")
-	if p, err := a.Allocate(ctx, "kept", own); err != nil || p != own {
+	if p, err := allocate(ctx, a, "kept", own); err != nil || p != own {
 		t.Fatalf("node carrying free %v got %v, %v", own, p, err)
 	}
 	for _, prefer := range []string{"10.244.77.0/24", "10.99.0.0/24", "10.244.5.0/25", "10.244.5.1/24"} {
-		p, err := a.Allocate(ctx, "other-"+prefer, netip.MustParsePrefix(prefer))
+		p, err := allocate(ctx, a, "other-"+prefer, netip.MustParsePrefix(prefer))
 		if err != nil || p == own || !a.IsBlock(p) || p.String() == prefer {
 			t.Fatalf("node preferring unusable %s got %v, %v; want another free block", prefer, p, err)
 		}
+	}
+}
+
+// Five allocators, each with its own etcd client, allocate overlapping
+// batches of 100 nodes at once (node n is in the batches of allocators
+// n/50 - 1 and n/50): every node gets one block, the same from both of its
+// allocators, and no block goes to two nodes.
+func TestConcurrentBatchesGiveEachNodeOneBlock(t *testing.T) {
+	e := etcdtest.Embedded(t, "")
+	ctx := context.Background()
+	const allocators, batch = 5, 100
+	got := make([]map[string]netip.Prefix, allocators)
+	errs := make([]error, allocators)
+	var wg sync.WaitGroup
+	for i := range allocators {
+		a, err := nodeipam.New(cfg("10.0.0.0/8", 24), store(t, e.ClientURL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reqs []nodeipam.Request
+		for n := i * batch / 2; n < i*batch/2+batch; n++ {
+			reqs = append(reqs, nodeipam.Request{Node: fmt.Sprint("node-", n)})
+		}
+		wg.Go(func() { got[i], errs[i] = a.Allocate(ctx, reqs) })
+	}
+	wg.Wait()
+	blockOf, owner := map[string]netip.Prefix{}, map[netip.Prefix]string{}
+	for i := range allocators {
+		if errs[i] != nil {
+			t.Fatalf("allocator %d: %v", i, errs[i])
+		}
+		if len(got[i]) != batch {
+			t.Fatalf("allocator %d gave %d of its %d nodes a block", i, len(got[i]), batch)
+		}
+		for node, p := range got[i] {
+			if had, ok := blockOf[node]; ok && had != p {
+				t.Fatalf("%s got %v from one allocator and %v from another", node, had, p)
+			}
+			if o, ok := owner[p]; ok && o != node {
+				t.Fatalf("block %v given to %s and %s", p, o, node)
+			}
+			blockOf[node], owner[p] = p, node
+		}
+	}
+	allocs, err := store(t, e.ClientURL).Allocations(ctx)
+	if err != nil || len(allocs) != len(blockOf) {
+		t.Fatalf("%d blocks allocated for %d nodes (%v)", len(allocs), len(blockOf), err)
+	}
+}
+
+// A batch larger than the free blocks: those that fit are allocated, and
+// the error names the others.
+func TestBatchBeyondTheClusterCIDRNamesWhoGotNone(t *testing.T) {
+	e := etcdtest.Embedded(t, "")
+	a, _ := nodeipam.New(cfg("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
+	got, err := a.Allocate(context.Background(), []nodeipam.Request{{Node: "a"}, {Node: "b"}, {Node: "c"}, {Node: "d"}, {Node: "e"}, {Node: "f"}})
+	if !errors.Is(err, nodeipam.ErrExhausted) || !strings.Contains(err.Error(), "nodes e, f") {
+		t.Fatalf("err = %v, want ErrExhausted naming e and f", err)
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d nodes allocated, want 4: %v", len(got), got)
 	}
 }

@@ -38,23 +38,50 @@ type Flags struct {
 	Kubeconfig     string
 	Namespace      string
 	LeaseNamespace string
-	// QPS and Burst limit the Kubernetes client. client-go's defaults (5,
-	// 10) would pace the controller's four requests per new node to one
-	// node in 0.8 s: minutes for a cluster's first thousand nodes.
+	// QPS and Burst limit the Kubernetes client (client-go's defaults, 5
+	// and 10, suit a human at a terminal); their defaults depend on the
+	// role (AddFlags, AddControllerFlags).
 	QPS   float32
 	Burst int
 }
 
-// AddFlags registers the datastore flags.
+// The Kubernetes client's default limits. An agent sends a handful of
+// requests as it starts and little after. The controller writes two
+// objects per new node (its ONCNode's copy of the block, Node.spec.podCIDR)
+// besides one ledger update per batch: at 300 requests/s, 5,000 nodes
+// joining at once cost 33 s of its budget, within a minute with margin
+// where the kube-apiserver of a 2-core machine serves some 400 writes/s
+// (there the API server, not this limit, sets the pace).
+// kube-controller-manager (whose node IPAM writes one Node.spec.podCIDR per
+// node) defaults to 20/30, Cilium's operator to 100/200. At steady state
+// ONC's controller writes next to nothing, and the API server's priority
+// and fairness queues its bursts with other service accounts' requests.
+const (
+	AgentQPS, AgentBurst           = 50, 100
+	ControllerQPS, ControllerBurst = 300, 600
+)
+
+// AddFlags registers the datastore flags, with the agent's client limits.
 func AddFlags(fs *pflag.FlagSet) *Flags {
+	return addFlags(fs, AgentQPS, AgentBurst, "")
+}
+
+// AddControllerFlags registers the datastore flags, with the controller's
+// client limits.
+func AddControllerFlags(fs *pflag.FlagSet) *Flags {
+	return addFlags(fs, ControllerQPS, ControllerBurst,
+		"; the controller writes two objects per new node, so 5,000 nodes joining at once take 33 s at 300 (docs/install.md)")
+}
+
+func addFlags(fs *pflag.FlagSet, qps float32, burst int, why string) *Flags {
 	f := &Flags{}
 	fs.StringVar(&f.Kind, "datastore", Etcd, "where cluster state lives: etcd or kubernetes")
 	f.Etcd = etcdstore.AddFlags(fs)
 	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig for --datastore=kubernetes (default: in-cluster service account)")
 	fs.StringVar(&f.Namespace, "namespace", "onc-system", "namespace of ONC's ledger and leader Lease (--datastore=kubernetes)")
 	fs.StringVar(&f.LeaseNamespace, "lease-namespace", k8sstore.DefaultLeaseNamespace, "namespace of the nodes' liveness Leases (--datastore=kubernetes)")
-	fs.Float32Var(&f.QPS, "kube-api-qps", 50, "requests per second the Kubernetes client may send (--datastore=kubernetes)")
-	fs.IntVar(&f.Burst, "kube-api-burst", 100, "burst of requests the Kubernetes client may send (--datastore=kubernetes)")
+	fs.Float32Var(&f.QPS, "kube-api-qps", qps, "requests per second the Kubernetes client may send (--datastore=kubernetes)"+why)
+	fs.IntVar(&f.Burst, "kube-api-burst", burst, "burst of requests the Kubernetes client may send (--datastore=kubernetes)")
 	return f
 }
 

@@ -8,8 +8,8 @@
 //	alive/<name>        bound to the agent's lease
 //
 // A block and its owner are written in one transaction that requires both
-// keys to be absent, so a block is never handed out twice and a node never
-// gets two.
+// keys to be absent (a batch of claims: every claim's), so a block is never
+// handed out twice and a node never gets two.
 package etcdstore
 
 import (
@@ -18,8 +18,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -219,22 +221,88 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	return nil
 }
 
-func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
-	nk, ck := s.key("nodecidrs", node), s.key("cidrs", cidrKey(cidr))
-	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(nk), "=", 0), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-		Then(clientv3.OpPut(nk, cidr.String()), clientv3.OpPut(ck, node)).
-		Else(clientv3.OpGet(nk)).Commit()
+// maxClaimsPerTxn keeps a claim transaction within etcd's default
+// --max-txn-ops, 128: a claim is two comparisons and two puts, or two
+// reads when the transaction fails.
+const maxClaimsPerTxn = 64
+
+// ClaimCIDRs makes the claims maxClaimsPerTxn at a time, each batch in one
+// transaction that requires every node and every block to be free. A
+// transaction that fails reads why in the same revision: a node that holds
+// a block keeps it, a claim of a taken block is dropped, and the others
+// are tried again; each failure settles at least one claim.
+func (s *Store) ClaimCIDRs(ctx context.Context, claims map[string]netip.Prefix) (map[string]netip.Prefix, error) {
+	got := make(map[string]netip.Prefix, len(claims))
+	pending := slices.Sorted(maps.Keys(claims))
+	for len(pending) > 0 {
+		var txn []string
+		txn, pending = nextTxn(pending, claims)
+		again, err := s.claimTxn(ctx, txn, claims, got)
+		if err != nil {
+			return got, err
+		}
+		pending = append(again, pending...)
+	}
+	return got, nil
+}
+
+// nextTxn takes from pending the claims of the next transaction: at most
+// maxClaimsPerTxn, of distinct blocks (etcd refuses a key put twice in one
+// transaction; a second claim of a block waits and then finds it taken).
+func nextTxn(pending []string, claims map[string]netip.Prefix) (txn, rest []string) {
+	blocks := map[netip.Prefix]bool{}
+	for i, node := range pending {
+		if len(txn) == maxClaimsPerTxn {
+			return txn, append(rest, pending[i:]...)
+		}
+		if blocks[claims[node]] {
+			rest = append(rest, node)
+			continue
+		}
+		blocks[claims[node]] = true
+		txn = append(txn, node)
+	}
+	return txn, rest
+}
+
+// claimTxn claims the blocks of nodes in one transaction, recording in got
+// what each settled claim gives; it returns the claims to try again.
+func (s *Store) claimTxn(ctx context.Context, nodes []string, claims, got map[string]netip.Prefix) ([]string, error) {
+	var cmps []clientv3.Cmp
+	var puts, reads []clientv3.Op
+	for _, node := range nodes {
+		nk, ck := s.key("nodecidrs", node), s.key("cidrs", cidrKey(claims[node]))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(nk), "=", 0), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0))
+		puts = append(puts, clientv3.OpPut(nk, claims[node].String()), clientv3.OpPut(ck, node))
+		reads = append(reads, clientv3.OpGet(nk), clientv3.OpGet(ck, clientv3.WithKeysOnly()))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
 	if err != nil {
-		return netip.Prefix{}, err
+		return nil, fmt.Errorf("claiming %d pod CIDRs: %w", len(nodes), err)
 	}
-	if resp.Succeeded {
-		return cidr, nil
+	var again []string
+	for i, node := range nodes {
+		if resp.Succeeded {
+			got[node] = claims[node]
+			continue
+		}
+		held, taken := resp.Responses[2*i].GetResponseRange().Kvs, resp.Responses[2*i+1].GetResponseRange().Kvs
+		switch {
+		case len(held) > 0:
+			p, err := netip.ParsePrefix(string(held[0].Value))
+			if err != nil {
+				return nil, fmt.Errorf("node %s's pod CIDR %q: %w", node, held[0].Value, err)
+			}
+			got[node] = p
+		case len(taken) == 0:
+			again = append(again, node)
+		}
 	}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		return netip.ParsePrefix(string(kvs[0].Value))
-	}
-	return netip.Prefix{}, datastore.ErrCIDRTaken
+	return again, nil
+}
+
+func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
+	return datastore.ClaimOne(ctx, s, node, cidr)
 }
 
 func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {

@@ -7,9 +7,10 @@
 //     (onc-node-lease), renewed by its agent: liveness, which no agent
 //     watches, so a heartbeat wakes nobody (as kubelets' node Leases);
 //   - the ConfigMap <namespace>/onc-ipam: the cluster configuration and the
-//     ledger of allocated blocks. Every claim is one compare-and-swap update
-//     of it, so a block is never handed out twice and a node never gets
-//     two, even while two controllers overlap during a leader change;
+//     ledger of allocated blocks. Every batch of claims is one
+//     compare-and-swap update of it, so a block is never handed out twice
+//     and a node never gets two, even while two controllers overlap during
+//     a leader change;
 //   - Node.spec.podCIDR(s), written once when a node gets its block, for
 //     kube-proxy and anything else that reads it.
 //
@@ -39,6 +40,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // Options configure the backend.
@@ -75,8 +77,9 @@ type Store struct {
 }
 
 var (
-	_ datastore.Store      = (*Store)(nil)
-	_ datastore.Membership = (*Store)(nil)
+	_ datastore.Store               = (*Store)(nil)
+	_ datastore.Membership          = (*Store)(nil)
+	_ datastore.CachedRegistrations = (*Store)(nil)
 )
 
 // New connects, starts the informers and waits until their caches are
@@ -94,11 +97,17 @@ func New(ctx context.Context, o Options) (*Store, error) {
 	if o.SyncWait == 0 {
 		o.SyncWait = 60 * time.Second
 	}
-	kube, err := kubernetes.NewForConfig(o.Config)
+	// One rate limit for both clients: QPS and Burst bound what the store
+	// sends, not what each of its clients does.
+	cfg := rest.CopyConfig(o.Config)
+	if cfg.RateLimiter == nil && cfg.QPS > 0 {
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(o.Config)
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +117,9 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		stop: make(chan struct{}), subs: map[chan struct{}]struct{}{},
 	}
 	s.oncInf = dynamicinformer.NewFilteredDynamicInformer(dyn, ONCNodes, "", 0, cache.Indexers{}, nil).Informer()
+	if err := s.oncInf.SetTransform(typedONCNode); err != nil {
+		return nil, err
+	}
 	notify := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { s.notify() },
 		UpdateFunc: func(any, any) { s.notify() },
@@ -191,6 +203,23 @@ func (s *Store) awaitCache(ctx context.Context, inf cache.SharedIndexInformer, k
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// cacheWait is a write a cache must show before the call that made it
+// returns.
+type cacheWait struct {
+	inf     cache.SharedIndexInformer
+	key, rv string
+}
+
+// awaitAll waits until the caches show every write of waits.
+func (s *Store) awaitAll(ctx context.Context, waits []cacheWait) error {
+	for _, w := range waits {
+		if err := s.awaitCache(ctx, w.inf, w.key, w.rv); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Changes signals every ONCNode change (and, for the controller, ledger and

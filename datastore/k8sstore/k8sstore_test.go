@@ -224,7 +224,12 @@ func concurrentAllocators(t *testing.T, newStore func() datastore.Store) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wg.Go(func() { got[i], errs[i] = a.Allocate(context.Background(), fmt.Sprint("node-", i), netip.Prefix{}) })
+		node := fmt.Sprint("node-", i)
+		wg.Go(func() {
+			var blocks map[string]netip.Prefix
+			blocks, errs[i] = a.Allocate(context.Background(), []nodeipam.Request{{Node: node}})
+			got[i] = blocks[node]
+		})
 	}
 	wg.Wait()
 	seen := map[netip.Prefix]int{}

@@ -9,11 +9,13 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/onc-net/onc/datastore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -63,13 +65,21 @@ func (s *Store) ledgerData(ctx context.Context) (map[string]string, error) {
 	return obj.(*corev1.ConfigMap).Data, nil
 }
 
+// ledgerBackoff paces the retries of a ledger update that lost its
+// compare-and-swap. Replicas overlap only during a leader change, but then
+// both write batches back to back for a while: a retry costs one read, and
+// giving up fails a whole reconcile.
+var ledgerBackoff = wait.Backoff{Steps: 10, Duration: 10 * time.Millisecond, Factor: 2, Jitter: 0.5, Cap: time.Second}
+
 // updateLedger applies fn to a fresh copy of the ledger and writes it back
 // if fn reports a change, retrying on conflicts: a compare-and-swap on the
-// ConfigMap's resourceVersion.
+// ConfigMap's resourceVersion. It returns once the cache holds what it
+// read or wrote last, so a caller that lost a block to another writer
+// reads that writer's claim when it reads the ledger again.
 func (s *Store) updateLedger(ctx context.Context, fn func(data map[string]string) (bool, error)) error {
 	cms := s.kube.CoreV1().ConfigMaps(s.ns)
-	var written string
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	var seen string // the resourceVersion read or written last
+	err := retry.RetryOnConflict(ledgerBackoff, func() error {
 		cm, err := cms.Get(ctx, LedgerName, metav1.GetOptions{})
 		create := apierrors.IsNotFound(err)
 		if create {
@@ -78,6 +88,7 @@ func (s *Store) updateLedger(ctx context.Context, fn func(data map[string]string
 		} else if err != nil {
 			return err
 		}
+		seen = cm.ResourceVersion
 		data := make(map[string]string, len(cm.Data)+1)
 		for k, v := range cm.Data {
 			data[k] = v
@@ -96,14 +107,14 @@ func (s *Store) updateLedger(ctx context.Context, fn func(data map[string]string
 			cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 		}
 		if err == nil {
-			written = cm.ResourceVersion
+			seen = cm.ResourceVersion
 		}
 		return err
 	})
-	if err != nil || written == "" || s.ledger == nil {
+	if err != nil || seen == "" || s.ledger == nil {
 		return err
 	}
-	return s.awaitCache(ctx, s.ledger, s.ns+"/"+LedgerName, written)
+	return s.awaitCache(ctx, s.ledger, s.ns+"/"+LedgerName, seen)
 }
 
 func (s *Store) PutClusterConfig(ctx context.Context, cfg datastore.ClusterConfig) error {
@@ -142,26 +153,42 @@ func (s *Store) ClusterConfig(ctx context.Context) (datastore.ClusterConfig, err
 	return datastore.ClusterConfig{ClusterCIDR: p, NodePrefixLen: n}, nil
 }
 
-func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
-	var got netip.Prefix
+// ClaimCIDRs records every claim it can in one update of the ledger, then
+// copies each claimed node's block into its ONCNode and Node
+// (mirrorCIDRs).
+func (s *Store) ClaimCIDRs(ctx context.Context, claims map[string]netip.Prefix) (map[string]netip.Prefix, error) {
+	var got map[string]netip.Prefix
 	err := s.updateLedger(ctx, func(d map[string]string) (bool, error) {
+		got = make(map[string]netip.Prefix, len(claims)) // afresh on each try
+		held := map[string]netip.Prefix{}
 		for k, owner := range d {
-			if p, ok := parseBlockKey(k); ok && owner == node {
-				got = p
-				return false, nil
+			if p, ok := parseBlockKey(k); ok {
+				held[owner] = p
 			}
 		}
-		if owner, ok := d[blockKey(cidr)]; ok {
-			return false, fmt.Errorf("%s held by %s: %w", cidr, owner, datastore.ErrCIDRTaken)
+		changed := false
+		for node, cidr := range claims {
+			if p, ok := held[node]; ok {
+				got[node] = p
+				continue
+			}
+			if _, taken := d[blockKey(cidr)]; taken {
+				continue
+			}
+			d[blockKey(cidr)] = node
+			held[node], got[node] = cidr, cidr
+			changed = true
 		}
-		d[blockKey(cidr)] = node
-		got = cidr
-		return true, nil
+		return changed, nil
 	})
 	if err != nil {
-		return netip.Prefix{}, err
+		return nil, err
 	}
-	return got, s.mirrorCIDR(ctx, node, got)
+	return got, s.mirrorCIDRs(ctx, got)
+}
+
+func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
+	return datastore.ClaimOne(ctx, s, node, cidr)
 }
 
 func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
@@ -178,7 +205,11 @@ func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	return s.mirrorCIDR(ctx, node, netip.Prefix{})
+	waits, err := s.mirrorCIDR(ctx, node, netip.Prefix{})
+	if err != nil {
+		return err
+	}
+	return s.awaitAll(ctx, waits)
 }
 
 // Allocations maps each allocated block to its node.

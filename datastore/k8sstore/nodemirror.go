@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,39 +46,105 @@ func nodeChanges(notify func()) cache.ResourceEventHandler {
 	}
 }
 
-// mirrorCIDR copies a node's block into its ONCNode (for kubectl get) and,
-// once, into Node.spec.podCIDR(s), which Kubernetes never lets change.
-func (s *Store) mirrorCIDR(ctx context.Context, node string, p netip.Prefix) error {
-	if _, ok, _ := s.oncInf.GetStore().GetByKey(node); ok {
-		var v any
-		if p.IsValid() {
-			v = p.String()
+// mirrorWorkers is how many nodes' mirror writes a batch has in flight.
+// The client's rate limit (--kube-api-qps) sets the pace; the workers only
+// keep enough requests waiting on the API server to reach it: at 300
+// requests/s and some 50 ms per request under load, 15 in flight. As
+// kube-controller-manager's node IPAM, which writes Node.spec.podCIDR
+// with 30 workers.
+const mirrorWorkers = 32
+
+// mirrorCIDRs mirrors every node's block (mirrorCIDR), mirrorWorkers at a
+// time, then waits until the caches show every write: once for the batch,
+// not after each write, so that no worker idles while a watch delivers.
+// A failed mirror leaves the ledger as it is: the controller's next
+// reconcile sees the record differ and writes it again.
+func (s *Store) mirrorCIDRs(ctx context.Context, blocks map[string]netip.Prefix) error {
+	var (
+		mu     sync.Mutex
+		waits  []cacheWait
+		failed int
+		first  error
+	)
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(mirrorWorkers, len(blocks)) {
+		wg.Go(func() {
+			for node := range work {
+				w, err := s.mirrorCIDR(ctx, node, blocks[node])
+				mu.Lock()
+				waits = append(waits, w...)
+				if err != nil {
+					if failed++; first == nil {
+						first = err
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for node := range blocks {
+		work <- node
+	}
+	close(work)
+	wg.Wait()
+	err := s.awaitAll(ctx, waits)
+	if failed > 0 {
+		return errors.Join(fmt.Errorf("copying the pod CIDR of %d of %d nodes to their records failed; the first: %w", failed, len(blocks), first), err)
+	}
+	return err
+}
+
+// mirrorCIDR copies a node's block into its ONCNode (what agents read)
+// unless it is there already, and, once, into Node.spec.podCIDR(s), which
+// Kubernetes never lets change. It returns what the caches must show for
+// the caller to read its writes.
+func (s *Store) mirrorCIDR(ctx context.Context, node string, p netip.Prefix) ([]cacheWait, error) {
+	var waits []cacheWait
+	if obj, ok, _ := s.oncInf.GetStore().GetByKey(node); ok {
+		n, err := cachedONCNode(obj)
+		if err != nil {
+			return nil, err
 		}
-		if err := s.patchONCNode(ctx, node, map[string]any{"spec": map[string]any{"podCIDR": v}}); err != nil && !apierrors.IsNotFound(err) {
-			return err
+		want, patch := "", map[string]any{"podCIDR": nil} // null removes the copy
+		if p.IsValid() {
+			want, patch["podCIDR"] = p.String(), p.String()
+		}
+		if n.Spec.PodCIDR != want {
+			rv, err := s.patchONCNode(ctx, node, map[string]any{"spec": patch})
+			switch {
+			case apierrors.IsNotFound(err):
+			case err != nil:
+				return nil, err
+			default:
+				waits = append(waits, cacheWait{s.oncInf, node, rv})
+			}
 		}
 	}
 	if !p.IsValid() || s.nodeInf == nil { // an agent's store claims nothing
-		return nil
+		return waits, nil
 	}
 	obj, ok, _ := s.nodeInf.GetStore().GetByKey(node)
 	if !ok {
-		return nil
+		return waits, nil
 	}
 	switch have := obj.(*corev1.Node).Spec.PodCIDR; have {
 	case p.String():
-		return nil
 	case "":
 		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"podCIDR": p.String(), "podCIDRs": []string{p.String()}}})
-		_, err := s.kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("node %s: setting spec.podCIDR: %w", node, err)
+		n, err := s.kube.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return waits, fmt.Errorf("node %s: setting spec.podCIDR: %w", node, err)
+		default: // the controller claims again for a Node its cache shows without
+			waits = append(waits, cacheWait{s.nodeInf, node, n.ResourceVersion})
 		}
 	default:
 		slog.Warn("the Node already has another pod CIDR, which Kubernetes does not let change; ONC routes its pods by ONC's",
 			"node", node, "node.spec.podCIDR", have, "onc", p)
 	}
-	return nil
+	return waits, nil
 }
 
 // ClusterNodes lists the cluster's Nodes and the pod CIDR each carries.

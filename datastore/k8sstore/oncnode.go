@@ -48,6 +48,26 @@ type oncNodeSpec struct {
 	FastPath bool   `json:"fastPath"`
 }
 
+// typedONCNode is the ONCNode informer's transform: each object is
+// converted once, as it arrives, rather than at every read (the controller
+// and every agent list them all at each reconcile: at 5,000 nodes a
+// conversion of all costs some 30 ms). One that does not convert stays
+// unstructured, and readers skip it, saying why.
+func typedONCNode(obj any) (any, error) {
+	if n, err := fromUnstructured(obj); err == nil {
+		return n, nil
+	}
+	return obj, nil // malformed, or a tombstone
+}
+
+// cachedONCNode is an object of the ONCNode cache.
+func cachedONCNode(obj any) (*oncNode, error) {
+	if n, ok := obj.(*oncNode); ok {
+		return n, nil
+	}
+	return fromUnstructured(obj)
+}
+
 func fromUnstructured(obj any) (*oncNode, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
@@ -81,40 +101,60 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 		return err
 	}
 	fields := map[string]any{"nodeIP": spec.IP.String(), "vtepMAC": spec.VTEPMAC.String(), "fastPath": spec.FastPath}
-	err := s.patchONCNode(ctx, spec.Name, map[string]any{"spec": fields})
-	if !apierrors.IsNotFound(err) {
-		return err
+	// The cache says which write registers: a patch of the node's record,
+	// or, on a node's first start, its creation (a cluster's start makes
+	// thousands at once: no request spent on a patch that finds nothing).
+	// One made or deleted meanwhile by another writer turns one into the
+	// other.
+	_, cached, _ := s.oncInf.GetStore().GetByKey(spec.Name)
+	create := !cached
+	for {
+		var rv string
+		var err error
+		if create {
+			rv, err = s.createONCNode(ctx, spec)
+		} else {
+			rv, err = s.patchONCNode(ctx, spec.Name, map[string]any{"spec": fields})
+		}
+		switch {
+		case create && apierrors.IsAlreadyExists(err), !create && apierrors.IsNotFound(err):
+			create = !create
+		case err != nil:
+			return err
+		default:
+			return s.awaitCache(ctx, s.oncInf, spec.Name, rv)
+		}
 	}
-	// A new record has no pod CIDR: the controller mirrors the node's
-	// block into it, also one it had before.
+}
+
+// createONCNode creates a node's record and returns its resourceVersion.
+// A new record has no pod CIDR: the controller mirrors the node's block
+// into it, also one it had before.
+func (s *Store) createONCNode(ctx context.Context, spec datastore.NodeSpec) (string, error) {
 	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
 		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
 	u, err := toUnstructured(n)
 	if err != nil {
-		return err
+		return "", err
 	}
 	created, err := s.dyn.Resource(ONCNodes).Create(ctx, u, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) { // raced with another writer: patch it
-		return s.RegisterNode(ctx, spec)
-	}
 	if err != nil {
-		return err
+		return "", err
 	}
-	return s.awaitCache(ctx, s.oncInf, spec.Name, created.GetResourceVersion())
+	return created.GetResourceVersion(), nil
 }
 
-// patchONCNode merge-patches an ONCNode and waits until the cache has the
-// result.
-func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]any) error {
+// patchONCNode merge-patches an ONCNode and returns its resourceVersion.
+func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]any) (string, error) {
 	body, err := json.Marshal(patch)
 	if err != nil {
-		return err
+		return "", err
 	}
 	u, err := s.dyn.Resource(ONCNodes).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{})
 	if err != nil {
-		return err
+		return "", err
 	}
-	return s.awaitCache(ctx, s.oncInf, name, u.GetResourceVersion())
+	return u.GetResourceVersion(), nil
 }
 
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
@@ -131,13 +171,28 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 	return s.deleteLease(ctx, name)
 }
 
+// Unregistered reads the ONCNode from the API server, past the cache,
+// which can lag behind the ledger's: is it gone, or without the endpoint
+// its agent publishes?
+func (s *Store) Unregistered(ctx context.Context, name string) (bool, error) {
+	u, err := s.dyn.Resource(ONCNodes).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("get ONCNode %s: %w", name, err)
+	}
+	ip, _, _ := unstructured.NestedString(u.Object, "spec", "nodeIP")
+	return ip == "", nil
+}
+
 // Nodes lists the registered nodes: ONCNodes whose agent has published
 // its endpoint (an ONCNode can exist with only a pod CIDR). The pod CIDR
 // is the ONCNode's copy, which the controller keeps equal to the ledger's.
 func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 	var out []datastore.Node
 	for _, obj := range s.oncInf.GetStore().List() {
-		n, err := fromUnstructured(obj)
+		n, err := cachedONCNode(obj)
 		if err != nil {
 			slog.Warn("ignoring malformed ONCNode", "err", err)
 			continue
@@ -160,7 +215,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 	if !ok {
 		return datastore.Node{}, datastore.ErrNotFound
 	}
-	n, err := fromUnstructured(obj)
+	n, err := cachedONCNode(obj)
 	if err != nil {
 		return datastore.Node{}, err
 	}

@@ -20,6 +20,7 @@ func Run(t *testing.T, newStore func(t *testing.T) datastore.Store) {
 	t.Run("ClusterConfigIsWrittenOnceAndChecked", func(t *testing.T) { clusterConfig(t, newStore(t)) })
 	t.Run("RegisterAndReadNodes", func(t *testing.T) { registerNodes(t, newStore(t)) })
 	t.Run("ClaimIsAtomicAndIdempotent", func(t *testing.T) { claim(t, newStore(t)) })
+	t.Run("BatchSettlesEveryClaimAsOneWould", func(t *testing.T) { claimBatch(t, newStore(t)) })
 	t.Run("DeleteNodeReleasesItsCIDR", func(t *testing.T) { deleteNode(t, newStore(t)) })
 	t.Run("KeepAliveMarksAliveUntilCancelled", func(t *testing.T) { keepAlive(t, newStore(t)) })
 	t.Run("LivenessSignalsNobody", func(t *testing.T) { livenessIsQuiet(t, newStore(t)) })
@@ -120,6 +121,61 @@ func claim(t *testing.T, s datastore.Store) {
 	}
 	if got, err := s.ClaimCIDR(c, "b", p1); err != nil || got != p1 {
 		t.Fatalf("b claiming the released block = %v, %v", got, err)
+	}
+}
+
+// A batch settles each claim as ClaimCIDR would, however many it holds
+// (etcd takes them in several transactions), and again is idempotent.
+func claimBatch(t *testing.T, s datastore.Store) {
+	c := ctx(t)
+	block := func(i int) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24) }
+	for node, p := range map[string]netip.Prefix{"holder": block(0), "owner": block(1)} {
+		if _, err := s.ClaimCIDR(c, node, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claims := map[string]netip.Prefix{
+		"holder": block(2),                    // keeps block 0
+		"late":   block(1),                    // owner's: not given
+		"dup-a":  block(3), "dup-b": block(3), // one block twice: one of them gets it
+	}
+	want := map[string]netip.Prefix{"holder": block(0)}
+	for i := range 150 {
+		name := fmt.Sprintf("n%03d", i)
+		claims[name], want[name] = block(10+i), block(10+i)
+	}
+	for try := range 2 {
+		got, err := s.ClaimCIDRs(c, claims)
+		if err != nil {
+			t.Fatalf("try %d: %v", try, err)
+		}
+		a, aok := got["dup-a"]
+		b, bok := got["dup-b"]
+		if aok == bok || a != block(3) && b != block(3) {
+			t.Fatalf("try %d: one block claimed twice: dup-a got %v (%v), dup-b %v (%v); want exactly one of them", try, a, aok, b, bok)
+		}
+		delete(got, "dup-a")
+		delete(got, "dup-b")
+		if len(got) != len(want) {
+			t.Fatalf("try %d: %d nodes got a block, want %d (late, whose block is owner's, none): %v", try, len(got), len(want), got)
+		}
+		for node, p := range want {
+			if got[node] != p {
+				t.Fatalf("try %d: %s got %v, want %v", try, node, got[node], p)
+			}
+		}
+	}
+	allocs, err := s.Allocations(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(allocs) != len(want)+2 || allocs[block(1)] != "owner" || allocs[block(3)] == "" {
+		t.Fatalf("%d allocations after the batch, want %d: %v", len(allocs), len(want)+2, allocs)
+	}
+	for node, p := range want {
+		if allocs[p] != node {
+			t.Fatalf("allocations give %v to %q, want %s", p, allocs[p], node)
+		}
 	}
 }
 
