@@ -2,6 +2,7 @@ package policy
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -20,6 +21,8 @@ type LocalPod struct {
 	IP                     netip.Addr
 }
 
+func (lp LocalPod) key() string { return lp.Namespace + "/" + lp.Name }
+
 // everywhere is what a rule with no peers allows: every IPv4 address.
 var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 
@@ -31,30 +34,31 @@ var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
 // A local pod the snapshot does not hold yet has no labels to select it
 // by, so it is not isolated until the informer sees it (and a recompile
 // follows).
+//
+// Compile is the reference Incremental is tested against.
 func Compile(s Snapshot, local []LocalPod) policy.Ruleset {
-	c := newCompiler(s, local)
+	c := newCompiler(s, local, nil)
 	rs := policy.Ruleset{Pods: make([]policy.Pod, 0, len(local))}
 	for _, lp := range local {
-		p := policy.Pod{Key: lp.Namespace + "/" + lp.Name, Iface: lp.Iface, IP: lp.IP}
-		if pod := c.pods[p.Key]; pod != nil {
-			c.compilePod(&p, pod)
-		}
+		p, _ := c.compileLocal(lp)
 		rs.Pods = append(rs.Pods, p)
 	}
-	slices.SortFunc(rs.Pods, func(a, b policy.Pod) int { return cmp.Compare(a.Key, b.Key) })
+	sortPods(rs.Pods)
 	return rs
 }
 
+func sortPods(pods []policy.Pod) {
+	slices.SortFunc(pods, func(a, b policy.Pod) int { return cmp.Compare(a.Key, b.Key) })
+}
+
+// compiler is one snapshot's inputs, indexed.
 type compiler struct {
 	namespaces map[string]labels.Set
 	pods       map[string]*corev1.Pod // every pod of the snapshot, by namespace/name
+	localIP    map[string]netip.Addr  // the local pods' addresses, by namespace/name
 	peers      []peerPod              // the pods a rule can select
-	policies   []networkPolicy        // sorted by namespace/name
-
-	// Peers and egress rules do not depend on the local pod: memoized by
-	// policy and rule index.
-	ingressPeers map[[2]int][]netip.Prefix
-	egressRules  map[[2]int][]policy.Rule
+	policies   []*networkPolicy       // sorted by key
+	policy     map[string]*networkPolicy
 }
 
 // peerPod is a pod that can be a rule's peer: it has an IPv4 address and
@@ -64,51 +68,163 @@ type peerPod struct {
 	addrs []netip.Prefix // its /32s
 }
 
+// networkPolicy is a policy parsed, and its rules once resolved. It
+// depends only on its object, and its resolved rules on the pods they
+// select: Incremental carries it from one compile to the next while the
+// object is the same, patching the resolved rules when a pod they
+// selected or select changes.
 type networkPolicy struct {
 	np              *networkingv1.NetworkPolicy
 	key             string
 	selector        labels.Selector
-	ingress, egress bool // the directions it isolates
+	ingress, egress bool        // the directions it isolates
+	from, to        []rulePeers // of each ingress and egress rule
+	rules           *resolved   // nil until a local pod it selects needs them
 }
 
-func newCompiler(s Snapshot, local []LocalPod) *compiler {
+// resolved is a policy's rules with their peers resolved, for the
+// directions it isolates. Neither depends on the pod selected (ingress
+// named ports, which do, are resolved per pod).
+type resolved struct {
+	ingressPeers [][]netip.Prefix // of each ingress rule
+	egress       []egressRule     // of each egress rule
+}
+
+// egressRule is an egress rule resolved. Its named ports are each
+// destination pod's: it compiles to one rule for its numeric ports, for
+// every peer, and one per number its named ports resolve to, for the pods
+// that resolve them to it. The first is left out when only named ports
+// resolved.
+type egressRule struct {
+	peers []netip.Prefix                      // sorted, unique; nil: nothing
+	named map[policy.PortRange][]netip.Prefix // the peers whose named ports resolve to each number, sorted
+	rules []policy.Rule                       // compiled from the above
+}
+
+// rulePeers is a rule's peer list, parsed.
+type rulePeers struct {
+	everyone  bool           // an empty list: every address, every pod
+	blocks    []netip.Prefix // its ipBlocks
+	selectors []peerSelector
+	// namedPorts: an egress rule whose ports name container ports, so
+	// that its rules depend on its peers' ports, not only their addresses.
+	namedPorts bool
+}
+
+// peerSelector is a peer that selects pods.
+type peerSelector struct {
+	pods       labels.Selector
+	namespaces labels.Selector // nil: the policy's namespace
+}
+
+func newCompiler(s Snapshot, local []LocalPod, prev *compiler) *compiler {
 	c := &compiler{
-		namespaces:   make(map[string]labels.Set, len(s.Namespaces)),
-		pods:         make(map[string]*corev1.Pod, len(s.Pods)),
-		ingressPeers: map[[2]int][]netip.Prefix{},
-		egressRules:  map[[2]int][]policy.Rule{},
+		namespaces: make(map[string]labels.Set, len(s.Namespaces)),
+		pods:       make(map[string]*corev1.Pod, len(s.Pods)),
+		localIP:    make(map[string]netip.Addr, len(local)),
+		policy:     make(map[string]*networkPolicy, len(s.Policies)),
 	}
 	for _, ns := range s.Namespaces {
 		c.namespaces[ns.Name] = ns.Labels
 	}
-	localIP := make(map[string]netip.Addr, len(local))
 	for _, lp := range local {
-		localIP[lp.Namespace+"/"+lp.Name] = lp.IP
+		c.localIP[lp.key()] = lp.IP
 	}
 	for _, pod := range s.Pods {
 		key := pod.Namespace + "/" + pod.Name
 		c.pods[key] = pod
-		if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		if addrs := podAddrs(pod, localIP[key]); len(addrs) > 0 {
+		if addrs := peerAddrs(pod, c.localIP[key]); addrs != nil {
 			c.peers = append(c.peers, peerPod{pod: pod, addrs: addrs})
 		}
 	}
 	for _, np := range s.Policies {
-		in, eg := isolates(&np.Spec)
-		c.policies = append(c.policies, networkPolicy{
-			np: np, key: np.Namespace + "/" + np.Name, selector: selector(&np.Spec.PodSelector), ingress: in, egress: eg,
-		})
+		key := np.Namespace + "/" + np.Name
+		if pol := prev.reusable(key, np); pol != nil {
+			c.policies = append(c.policies, pol)
+		} else {
+			c.policies = append(c.policies, parsePolicy(key, np))
+		}
 	}
-	slices.SortFunc(c.policies, func(a, b networkPolicy) int { return cmp.Compare(a.key, b.key) })
-	c.policies = slices.CompactFunc(c.policies, func(a, b networkPolicy) bool { return a.key == b.key })
+	slices.SortFunc(c.policies, func(a, b *networkPolicy) int { return cmp.Compare(a.key, b.key) })
+	c.policies = slices.CompactFunc(c.policies, func(a, b *networkPolicy) bool { return a.key == b.key })
+	for _, pol := range c.policies {
+		c.policy[pol.key] = pol
+	}
 	return c
 }
 
-// podAddrs is the pod's IPv4 addresses as /32s; the agent's own record of
-// a local pod stands in until the API shows an address.
-func podAddrs(pod *corev1.Pod, local netip.Addr) []netip.Prefix {
+// reusable is the parsed policy key of c if it is np's, else nil (also
+// when c is nil: no earlier compile).
+func (c *compiler) reusable(key string, np *networkingv1.NetworkPolicy) *networkPolicy {
+	if c == nil {
+		return nil
+	}
+	if pol := c.policy[key]; pol != nil && pol.np == np {
+		return pol
+	}
+	return nil
+}
+
+func parsePolicy(key string, np *networkingv1.NetworkPolicy) *networkPolicy {
+	pol := &networkPolicy{np: np, key: key, selector: selector(&np.Spec.PodSelector)}
+	pol.ingress, pol.egress = isolates(&np.Spec)
+	for _, r := range np.Spec.Ingress {
+		pol.from = append(pol.from, parsePeers(r.From))
+	}
+	for _, r := range np.Spec.Egress {
+		rp := parsePeers(r.To)
+		_, named := splitPorts(r.Ports)
+		rp.namedPorts = len(named) > 0
+		pol.to = append(pol.to, rp)
+	}
+	return pol
+}
+
+func parsePeers(list []networkingv1.NetworkPolicyPeer) rulePeers {
+	rp := rulePeers{everyone: len(list) == 0}
+	for _, peer := range list {
+		if peer.IPBlock != nil {
+			rp.blocks = append(rp.blocks, ipBlock(peer.IPBlock)...)
+			continue
+		}
+		if peer.PodSelector == nil && peer.NamespaceSelector == nil {
+			continue // the API rejects an empty peer
+		}
+		ps := peerSelector{pods: labels.Everything()}
+		if peer.PodSelector != nil {
+			ps.pods = selector(peer.PodSelector)
+		}
+		if peer.NamespaceSelector != nil {
+			ps.namespaces = selector(peer.NamespaceSelector)
+		}
+		rp.selectors = append(rp.selectors, ps)
+	}
+	return rp
+}
+
+// selects reports whether the peer list of a rule of a policy in
+// namespace ns selects pod, whose namespace has nsLabels (pod must be a
+// peer at all: see peerAddrs).
+func (rp *rulePeers) selects(ns string, pod *corev1.Pod, nsLabels labels.Set) bool {
+	if rp.everyone {
+		return true
+	}
+	for _, s := range rp.selectors {
+		if (s.namespaces == nil && pod.Namespace == ns || s.namespaces != nil && s.namespaces.Matches(nsLabels)) &&
+			s.pods.Matches(labels.Set(pod.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerAddrs is the pod's IPv4 addresses as /32s, nil if it cannot be a
+// peer (host network, finished, or no IPv4 address). The agent's own
+// record of a local pod stands in until the API shows an address.
+func peerAddrs(pod *corev1.Pod, local netip.Addr) []netip.Prefix {
+	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return nil
+	}
 	ips := pod.Status.PodIPs
 	if len(ips) == 0 && pod.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: pod.Status.PodIP}}
@@ -152,25 +268,44 @@ func selector(ls *metav1.LabelSelector) labels.Selector {
 	return sel
 }
 
-func (c *compiler) compilePod(p *policy.Pod, pod *corev1.Pod) {
-	for pi := range c.policies {
-		pol := &c.policies[pi]
-		if pol.np.Namespace != pod.Namespace || !pol.selector.Matches(labels.Set(pod.Labels)) {
+// selects reports whether pol applies to pod.
+func (pol *networkPolicy) selects(pod *corev1.Pod) bool {
+	return pol.np.Namespace == pod.Namespace && pol.selector.Matches(labels.Set(pod.Labels))
+}
+
+// compileLocal is lp's rules and the keys of the policies that select it.
+func (c *compiler) compileLocal(lp LocalPod) (p policy.Pod, selectedBy []string) {
+	p = policy.Pod{Key: lp.key(), Iface: lp.Iface, IP: lp.IP}
+	if pod := c.pods[p.Key]; pod != nil {
+		selectedBy = c.compilePod(&p, pod)
+	}
+	return p, selectedBy
+}
+
+func (c *compiler) compilePod(p *policy.Pod, pod *corev1.Pod) (selectedBy []string) {
+	for _, pol := range c.policies {
+		if !pol.selects(pod) {
 			continue
 		}
+		selectedBy = append(selectedBy, pol.key)
+		if !pol.ingress && !pol.egress {
+			continue
+		}
+		rules := c.rulesOf(pol)
 		if pol.ingress {
 			p.Ingress = isolate(p.Ingress, pol.key)
-			for ri := range pol.np.Spec.Ingress {
-				p.Ingress.Rules = append(p.Ingress.Rules, c.ingressRule(pi, ri, pod))
+			for ri, peers := range rules.ingressPeers {
+				p.Ingress.Rules = append(p.Ingress.Rules, ingressRule(pol, ri, peers, pod))
 			}
 		}
 		if pol.egress {
 			p.Egress = isolate(p.Egress, pol.key)
-			for ri := range pol.np.Spec.Egress {
-				p.Egress.Rules = append(p.Egress.Rules, c.egressRule(pi, ri)...)
+			for _, er := range rules.egress {
+				p.Egress.Rules = append(p.Egress.Rules, er.rules...)
 			}
 		}
 	}
+	return selectedBy
 }
 
 // isolate adds a policy to a direction, isolating it if it was not.
@@ -183,61 +318,71 @@ func isolate(d *policy.Direction, key string) *policy.Direction {
 	return d
 }
 
-// ingressRule compiles ingress rule ri of policy pi for pod: its named
-// ports are the pod's own.
-func (c *compiler) ingressRule(pi, ri int, pod *corev1.Pod) policy.Rule {
-	pol := &c.policies[pi]
-	rule := &pol.np.Spec.Ingress[ri]
-	peers, ok := c.ingressPeers[[2]int{pi, ri}]
-	if !ok {
-		peers = c.selectPeers(pol.np.Namespace, rule.From).prefixes
-		c.ingressPeers[[2]int{pi, ri}] = peers
+// rulesOf is pol's resolved rules, resolving them if it has none.
+func (c *compiler) rulesOf(pol *networkPolicy) *resolved {
+	if pol.rules != nil {
+		return pol.rules
 	}
+	r := &resolved{}
+	if pol.ingress {
+		for ri := range pol.from {
+			r.ingressPeers = append(r.ingressPeers, c.selectPeers(pol.np.Namespace, &pol.from[ri]).prefixes)
+		}
+	}
+	if pol.egress {
+		for ri := range pol.to {
+			r.egress = append(r.egress, c.egressRule(pol, ri))
+		}
+	}
+	pol.rules = r
+	return r
+}
+
+// ingressRule is ingress rule ri of pol, with peers, for pod: its named
+// ports are the pod's own.
+func ingressRule(pol *networkPolicy, ri int, peers []netip.Prefix, pod *corev1.Pod) policy.Rule {
 	r := policy.Rule{Policy: pol.key, Index: ri, Peers: peers}
-	if len(rule.Ports) > 0 {
-		ranges, named := splitPorts(rule.Ports)
+	if ports := pol.np.Spec.Ingress[ri].Ports; len(ports) > 0 {
+		ranges, named := splitPorts(ports)
 		r.Ports = append(ranges, resolve(named, pod)...)
 	}
 	return r
 }
 
-// egressRule compiles egress rule ri of policy pi. Its named ports are
-// each destination pod's: the rule splits into one rule for its numeric
-// ports, for every peer, and one per resolved port, for the pods that
-// resolve to it. The first is left out when only named ports resolved.
-func (c *compiler) egressRule(pi, ri int) []policy.Rule {
-	if rules, ok := c.egressRules[[2]int{pi, ri}]; ok {
-		return rules
-	}
-	pol := &c.policies[pi]
-	rule := &pol.np.Spec.Egress[ri]
-	peers := c.selectPeers(pol.np.Namespace, rule.To)
-	var rules []policy.Rule
-	if len(rule.Ports) == 0 {
-		rules = []policy.Rule{{Policy: pol.key, Index: ri, Peers: peers.prefixes}}
-	} else {
-		ranges, named := splitPorts(rule.Ports)
-		groups := map[policy.PortRange][]netip.Prefix{}
-		if len(named) > 0 {
-			for _, pp := range peers.pods {
-				for _, pr := range resolve(named, pp.pod) {
-					groups[pr] = append(groups[pr], pp.addrs...)
-				}
+// egressRule resolves egress rule ri of pol.
+func (c *compiler) egressRule(pol *networkPolicy, ri int) egressRule {
+	peers := c.selectPeers(pol.np.Namespace, &pol.to[ri])
+	er := egressRule{peers: peers.prefixes}
+	if _, named := splitPorts(pol.np.Spec.Egress[ri].Ports); len(named) > 0 {
+		er.named = map[policy.PortRange][]netip.Prefix{}
+		for _, pp := range peers.pods {
+			for _, pr := range resolve(named, pp.pod) {
+				er.named[pr] = append(er.named[pr], pp.addrs...)
 			}
 		}
-		if len(ranges) > 0 || len(groups) == 0 {
-			rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: peers.prefixes, Ports: ranges})
-		}
-		resolved := make([]policy.PortRange, 0, len(groups))
-		for pr := range groups {
-			resolved = append(resolved, pr)
-		}
-		slices.SortFunc(resolved, comparePorts)
-		for _, pr := range resolved {
-			rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: sortPrefixes(groups[pr]), Ports: []policy.PortRange{pr}})
+		for pr, addrs := range er.named {
+			er.named[pr] = sortPrefixes(addrs)
 		}
 	}
-	c.egressRules[[2]int{pi, ri}] = rules
+	er.rules = er.compile(pol, ri)
+	return er
+}
+
+// compile is er's rules; pol's egress rule ri is er.
+func (er *egressRule) compile(pol *networkPolicy, ri int) []policy.Rule {
+	ports := pol.np.Spec.Egress[ri].Ports
+	if len(ports) == 0 {
+		return []policy.Rule{{Policy: pol.key, Index: ri, Peers: er.peers}}
+	}
+	var rules []policy.Rule
+	ranges, _ := splitPorts(ports)
+	if len(ranges) > 0 || len(er.named) == 0 {
+		rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: er.peers, Ports: ranges})
+	}
+	resolved := slices.SortedFunc(maps.Keys(er.named), comparePorts)
+	for _, pr := range resolved {
+		rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: er.named[pr], Ports: []policy.PortRange{pr}})
+	}
 	return rules
 }
 
@@ -249,40 +394,23 @@ type peerSet struct {
 }
 
 // selectPeers resolves the peer list of a rule of a policy in namespace ns.
-func (c *compiler) selectPeers(ns string, list []networkingv1.NetworkPolicyPeer) peerSet {
+func (c *compiler) selectPeers(ns string, rp *rulePeers) peerSet {
 	var ps peerSet
-	if len(list) == 0 {
+	if rp.everyone {
 		ps.prefixes = slices.Clone(everywhere) // not the package's own: the result may outlive this call
 		for i := range c.peers {
 			ps.pods = append(ps.pods, &c.peers[i])
 		}
 		return ps
 	}
-	for _, peer := range list {
-		if peer.IPBlock != nil {
-			ps.prefixes = append(ps.prefixes, ipBlock(peer.IPBlock)...)
-			continue
-		}
-		if peer.PodSelector == nil && peer.NamespaceSelector == nil {
-			continue // the API rejects an empty peer
-		}
-		pods := labels.Everything()
-		if peer.PodSelector != nil {
-			pods = selector(peer.PodSelector)
-		}
-		var namespaces labels.Selector // nil: the policy's namespace
-		if peer.NamespaceSelector != nil {
-			namespaces = selector(peer.NamespaceSelector)
-		}
+	ps.prefixes = slices.Clone(rp.blocks) // the policy's own stays as parsed
+	if len(rp.selectors) > 0 {
 		for i := range c.peers {
 			pp := &c.peers[i]
-			if namespaces == nil && pp.pod.Namespace != ns ||
-				namespaces != nil && !namespaces.Matches(c.namespaces[pp.pod.Namespace]) ||
-				!pods.Matches(labels.Set(pp.pod.Labels)) {
-				continue
+			if rp.selects(ns, pp.pod, c.namespaces[pp.pod.Namespace]) {
+				ps.prefixes = append(ps.prefixes, pp.addrs...)
+				ps.pods = append(ps.pods, pp)
 			}
-			ps.prefixes = append(ps.prefixes, pp.addrs...)
-			ps.pods = append(ps.pods, pp)
 		}
 	}
 	ps.prefixes = sortPrefixes(ps.prefixes)

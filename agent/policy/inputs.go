@@ -1,6 +1,7 @@
 // Package policy compiles the cluster's NetworkPolicies into the rules of
 // the pods attached on this node (datapath/policy's model): informers on
-// the inputs, and a pure compiler from a snapshot of them.
+// the inputs, and a compiler from a snapshot of them: in full (Compile), or
+// from the last compile, recompiling what changed (Incremental).
 package policy
 
 import (

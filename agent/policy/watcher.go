@@ -1,12 +1,10 @@
 package policy
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,8 +44,9 @@ type Sources interface {
 // Watcher keeps the kernel enforcing the NetworkPolicies of this node's
 // pods. Its input is level-triggered like every watcher's: an informer
 // event or a pod attached or detached here only signals, and each
-// reconcile compiles the whole ruleset from the informers' caches; the
-// datapath writes only what changed.
+// reconcile compiles the ruleset from the informers' caches, recompiling
+// only what changed since the last (Incremental); the datapath writes only
+// what changed.
 type Watcher struct {
 	*watch.Informed
 	dp     Datapath
@@ -57,25 +56,9 @@ type Watcher struct {
 	mu    sync.Mutex
 	rules policy.Ruleset // as last enforced
 
-	// last is the last Compile, reused while its inputs are the same: a
-	// resync then costs no compile (only reconcile uses it).
-	last compiled
-}
-
-// compiled is a Compile's inputs and result.
-type compiled struct {
-	done  bool
-	snap  Snapshot
-	local []LocalPod
-	rs    policy.Ruleset
-}
-
-// reuses reports whether c compiled exactly snap and local. The caches'
-// objects are never changed in place (an update replaces the object), so
-// the same objects in the same order are the same inputs.
-func (c *compiled) reuses(snap Snapshot, local []LocalPod) bool {
-	return c.done && slices.Equal(c.local, local) && slices.Equal(c.snap.Pods, snap.Pods) &&
-		slices.Equal(c.snap.Namespaces, snap.Namespaces) && slices.Equal(c.snap.Policies, snap.Policies)
+	// compiler keeps the last compile's state, so that a reconcile
+	// recompiles only what changed since (only reconcile uses it).
+	compiler Incremental
 }
 
 // NewWatcher is the policy watcher; pods lists the node's attachments, nil
@@ -140,18 +123,14 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 		seen[key] = true
 		local = append(local, LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IP: att.IP})
 	}
-	snap := w.inputs.Snapshot()
-	if !w.last.reuses(snap, local) {
-		w.last = compiled{done: true, snap: snap, local: local, rs: Compile(snap, local)}
-	}
-	rs := policy.Ruleset{Pods: slices.Clone(w.last.rs.Pods)}
+	rs := w.compiler.Compile(w.inputs.Snapshot(), local)
 	for _, att := range extra {
 		pod := *rs.Pod(att.K8sNamespace + "/" + att.K8sName)
 		pod.Key = fmt.Sprintf("%s (%s/%s)", pod.Key, att.ContainerID[:min(12, len(att.ContainerID))], att.IfName)
 		pod.Iface, pod.IP = att.HostIface, att.IP
 		rs.Pods = append(rs.Pods, pod)
 	}
-	slices.SortFunc(rs.Pods, func(a, b policy.Pod) int { return cmp.Compare(a.Key, b.Key) })
+	sortPods(rs.Pods)
 	ch, err := w.dp.Enforce(rs, full)
 	if err != nil {
 		return err

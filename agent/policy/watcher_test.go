@@ -123,26 +123,24 @@ func TestAwaitPodReportsWhatFailed(t *testing.T) {
 	}
 }
 
-// A reconcile compiles only when its inputs changed: a resync of the same
-// informer objects and local pods reuses the last compile; an update
-// (informers replace an object, never change it) compiles again.
+// A reconcile recompiles only what changed: a resync of the same informer
+// objects and local pods compiles no pod again; an update (informers
+// replace an object, never change it) does.
 func TestWatcherCompilesOnlyChangedInputs(t *testing.T) {
 	dp := &fakeDatapath{}
 	atts := []ipam.Attachment{attachment("sandbox1", "eth0", "10.244.1.2")}
 	w := NewWatcher(dp, staticSources{denyAllTo}, func() []ipam.Attachment { return atts }, time.Hour)
 	ctx := context.Background()
-	if err := w.reconcile(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	first := &w.last.rs.Pods[0]
-	if err := w.reconcile(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	if &w.last.rs.Pods[0] != first {
-		t.Error("a resync of unchanged inputs compiled them again")
+	for _, full := range []bool{false, true} {
+		if err := w.reconcile(ctx, full); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if len(dp.enforced) != 2 || dp.enforced[1].Pods[0].Ingress == nil {
 		t.Fatalf("enforced %+v; want db-0 isolated twice", dp.enforced)
+	}
+	if dp.enforced[1].Pods[0].Ingress != dp.enforced[0].Pods[0].Ingress {
+		t.Error("a resync of unchanged inputs compiled db-0 again")
 	}
 
 	// The policy deleted: db-0 no longer isolated.

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strconv"
 	"testing"
 )
 
@@ -246,5 +247,42 @@ func TestElementsAreReusedOnlyForTheSameRules(t *testing.T) {
 	none := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers, Ports: []PortRange{}}}}, next)
 	if none == all || none.fingerprint == all.fingerprint {
 		t.Fatal("a rule allowing no port reused the elements of one allowing every port")
+	}
+}
+
+// What Apply's comparison of a node's unchanged rules with the last
+// applied costs: the very slices handed back (as agent/policy.Incremental
+// does for the pods a change does not touch), or equal copies (as a full
+// compile makes). 110 pods, 70 rules each, of 2,500 peers.
+func BenchmarkUnchangedRules(b *testing.B) {
+	peers := make([]netip.Prefix, 2500)
+	for i := range peers {
+		peers[i] = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i / 250), byte(i % 250)}), 32)
+	}
+	rules := make([]Rule, 70)
+	for i := range rules {
+		rules[i] = Rule{Policy: "ns/p", Index: i, Peers: peers, Ports: []PortRange{{TCP, 80, 80}}}
+	}
+	e := &Enforcer{compiled: map[string]*compiled{}}
+	for k := range 110 {
+		e.compiled[strconv.Itoa(k)] = &compiled{rules: rules}
+	}
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+	}{{"same", rules}, {"copies", slices.Clone(rules)}} {
+		for i := range tc.rules {
+			if tc.name == "copies" {
+				tc.rules[i].Peers = slices.Clone(peers)
+			}
+		}
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				next := make(map[string]*compiled, 110)
+				for k := range 110 {
+					e.elementsOf(strconv.Itoa(k), &Direction{Rules: tc.rules}, next)
+				}
+			}
+		})
 	}
 }

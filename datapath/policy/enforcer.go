@@ -170,8 +170,16 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, error) {
 // sameRule compares two rules field by field (reflect.DeepEqual would take
 // most of an Apply on rules with thousands of peers).
 func sameRule(a, b Rule) bool {
-	return a.Policy == b.Policy && a.Index == b.Index && slices.Equal(a.Peers, b.Peers) &&
+	return a.Policy == b.Policy && a.Index == b.Index && (identical(a.Peers, b.Peers) || slices.Equal(a.Peers, b.Peers)) &&
 		slices.Equal(a.Ports, b.Ports) && (a.Ports == nil) == (b.Ports == nil)
+}
+
+// identical reports whether a and b are the very same slice, so equal
+// without reading them: rules are read-only, and a caller that recompiles
+// only what changed (agent/policy.Incremental) hands back the last
+// Ruleset's rules and peers for the rest.
+func identical[E any](a, b []E) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // compiled is a direction's rules and the set elements they make.
@@ -185,7 +193,7 @@ type compiled struct {
 // from the same rules, and records it in next.
 func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
 	c := e.compiled[key]
-	if c == nil || !slices.EqualFunc(c.rules, d.Rules, sameRule) {
+	if c == nil || !identical(c.rules, d.Rules) && !slices.EqualFunc(c.rules, d.Rules, sameRule) {
 		el := compile(d)
 		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint()}
 	}

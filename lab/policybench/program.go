@@ -34,10 +34,11 @@ type ProgramOptions struct {
 type Stat = bench.Stat
 
 // Timing is one programming pass split into its parts, in milliseconds:
-// Compile (agent/policy: the whole node's ruleset from the snapshot, as
-// every reconcile does), Apply (datapath/policy: set elements, the nft
-// transaction and nft's run of it) and Revoke (conntrack for the changed
-// pods; the throwaway namespace has no connections, so this is its floor).
+// Compile (agent/policy.Incremental, as the agent's watcher compiles: the
+// whole node's ruleset the first time, then what the change affects),
+// Apply (datapath/policy: set elements, the nft transaction and nft's run
+// of it) and Revoke (conntrack for the changed pods; the throwaway
+// namespace has no connections, so this is its floor).
 // ApplyNoop, not part of Total, is Apply of the same ruleset once more:
 // the enforcer's own work (every local pod's set elements and their
 // fingerprints, the diff) without an nft run, so Apply - ApplyNoop is
@@ -62,14 +63,17 @@ type ChangeTiming struct {
 
 // Memory is what one programmed node holds. Go heap figures are live
 // bytes after a GC (runtime.MemStats.HeapAlloc): the snapshot as the
-// informers would hold it (trimmed objects), the compiled ruleset, and
+// informers would hold it (trimmed objects), the compiled ruleset, what
+// the incremental compiler keeps between changes (its parsed policies,
+// resolved peers and each local pod's rules: the ruleset and more), and
 // what the enforcer keeps (its record of the table, and knftables' command
 // buffer, which it reuses and which grows by doubling to the largest
-// transaction's text); CompileAlloc is what one Compile allocates in all
-// (garbage included). Kernel figures are counted in the nft table.
+// transaction's text); CompileAlloc is what one full Compile allocates in
+// all (garbage included). Kernel figures are counted in the nft table.
 type Memory struct {
 	SnapshotBytes     uint64 `json:"snapshotBytes"`
 	RulesetBytes      uint64 `json:"rulesetBytes"`
+	CompilerBytes     uint64 `json:"compilerBytes"`
 	EnforcerBytes     uint64 `json:"enforcerBytes"`
 	CompileAllocBytes uint64 `json:"compileAllocBytes"`
 	Chains            int    `json:"nftChains"`
@@ -186,13 +190,14 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 	row.Memory.SnapshotBytes = sub(m1.HeapAlloc, m0.HeapAlloc)
 
 	var rs dppolicy.Ruleset
+	var inc policy.Incremental // the agent's compiler: each pass compiles what changed since the last
 	var e *dppolicy.Enforcer
 	hosts := []netip.Addr{netip.MustParseAddr("172.31.0.1"), netip.MustParseAddr("10.244.0.1")}
 	// One pass: Compile, then Apply and Revoke in the namespace (nft and
 	// conntrack act in the calling thread's).
 	pass := func(rebuild bool) (t Timing, changed []string, err error) {
 		t0 := time.Now()
-		rs = policy.Compile(c.Snapshot, c.Local)
+		rs = inc.Compile(c.Snapshot, c.Local)
 		t1 := time.Now()
 		err = netns.Do(ns, func() error {
 			if e == nil {
@@ -222,18 +227,28 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 		return t, changed, err
 	}
 
-	// The allocations of one Compile, on their own.
+	// The allocations of one full Compile, and the ruleset it leaves.
 	before := heap()
 	rs = policy.Compile(c.Snapshot, c.Local)
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	row.Memory.CompileAllocBytes = after.TotalAlloc - before.TotalAlloc
+	row.Memory.RulesetBytes = sub(heap().HeapAlloc, before.HeapAlloc)
 	rs = dppolicy.Ruleset{}
+	// What an incremental compiler keeps, on a throwaway one (the passes'
+	// keeps as much).
+	row.Memory.CompilerBytes = func() uint64 {
+		before := heap()
+		var probe policy.Incremental
+		probe.Compile(c.Snapshot, c.Local)
+		live := heap()
+		runtime.KeepAlive(&probe)
+		return sub(live.HeapAlloc, before.HeapAlloc)
+	}()
 
 	if row.Initial, _, err = pass(true); err != nil {
 		return row, fmt.Errorf("initial programming: %w", err)
 	}
-	m2 := heap()
 	for _, p := range rs.Pods {
 		if p.Ingress != nil {
 			row.IsolatedIngress++
@@ -244,12 +259,11 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 			row.CompiledRules += len(p.Egress.Rules)
 		}
 	}
-	// The ruleset alone: drop it and see what goes (each change compiles
-	// it again).
+	// The enforcer's record and knftables' buffer: what the heap holds
+	// besides the snapshot and the compiler's state (the ruleset's rules
+	// are the compiler's).
 	rs = dppolicy.Ruleset{}
-	m3 := heap()
-	row.Memory.RulesetBytes = sub(m2.HeapAlloc, m3.HeapAlloc)
-	row.Memory.EnforcerBytes = sub(m3.HeapAlloc, m1.HeapAlloc) // the enforcer's record and knftables' buffer
+	row.Memory.EnforcerBytes = sub(heap().HeapAlloc, m1.HeapAlloc+row.Memory.CompilerBytes)
 
 	if err := countTable(ctx, nsName, &row.Memory); err != nil {
 		return row, err
@@ -278,7 +292,7 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
 		row.Change.ApplyNoop = bench.StatOf(noop)
 	}
-	rs = policy.Compile(c.Snapshot, c.Local) // the ruleset last applied
+	rs = inc.Compile(c.Snapshot, c.Local) // the ruleset last applied
 	if err := netns.Do(ns, func() error { return resyncs(e, rs, &row) }); err != nil {
 		return row, fmt.Errorf("resync: %w", err)
 	}
