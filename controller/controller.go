@@ -7,6 +7,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -161,24 +162,25 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	// record) is forgotten too: registered again later, it is a new node
 	// with its full timeout, not one long gone.
 	maps.DeleteFunc(c.lastSeen, func(name string, _ time.Time) bool { return !registered[name] })
+	// A release that fails (the API server away a moment, or the
+	// controller's role without get on oncnodes) is retried on the next
+	// pass; it must not keep new nodes from their blocks in this one.
+	var releaseErrs []error
 	for p, owner := range allocs {
 		if registered[owner] || deleted[owner] {
 			continue
 		}
 		ok, err := c.releasable(ctx, owner)
+		if err == nil && ok {
+			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
+			err = c.store.ReleaseCIDR(ctx, owner)
+		}
 		if err != nil {
-			return err
-		}
-		if !ok {
-			continue
-		}
-		slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
-		if err := c.store.ReleaseCIDR(ctx, owner); err != nil {
-			return err
+			releaseErrs = append(releaseErrs, fmt.Errorf("release the pod CIDR %s of removed node %s: %w", p, owner, err))
 		}
 	}
 	c.allocate(ctx, reqs, blockOf)
-	return nil
+	return errors.Join(releaseErrs...)
 }
 
 // needsClaim: n has no block, or its record or its Kubernetes Node lacks

@@ -2,8 +2,10 @@ package controller_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +141,35 @@ func TestRunExpiresANodeOnTime(t *testing.T) {
 	testutil.WaitFor(t, "dead deleted", 10*time.Second, func() bool { _, err := s.Node(ctx, "dead"); return err != nil })
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("deleted %v after its 1s timeout", took)
+	}
+}
+
+// failingRelease is a store whose releases fail, as with the API server
+// away a moment.
+type failingRelease struct{ datastore.Store }
+
+func (failingRelease) ReleaseCIDR(context.Context, string) error { return errors.New("store away") }
+
+// A release that fails is reported and retried, and keeps no new node
+// from its block in the same pass.
+func TestFailedReleaseDoesNotBlockAllocation(t *testing.T) {
+	e := etcdtest.Embedded(t, "")
+	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}})
+	testutil.Must(t, err)
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	c, err := controller.New(ctx, controller.Config{
+		Cluster: datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24},
+	}, failingRelease{s})
+	testutil.Must(t, err)
+	if _, err := s.ClaimCIDR(ctx, "orphan", netip.MustParsePrefix("10.244.200.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	register(t, s, "new")
+	if err := c.Reconcile(ctx); err == nil || !strings.Contains(err.Error(), "orphan") {
+		t.Errorf("Reconcile: %v; want the failed release of orphan's block reported", err)
+	}
+	if n, _ := s.Node(ctx, "new"); !n.PodCIDR.IsValid() {
+		t.Errorf("the new node has no pod CIDR after a pass whose release failed")
 	}
 }

@@ -241,7 +241,9 @@ func (c *cluster) snapshot() (Snapshot, []LocalPod) {
 }
 
 // Incremental compiles of random sequences of changes are always what a
-// full compile of the same inputs is.
+// full compile of the same inputs is, and never write into a ruleset they
+// returned before: the enforcer keeps the last one and takes the very
+// same slices as unchanged without reading them.
 func TestIncrementalIsCompile(t *testing.T) {
 	const sequences, steps = 300, 60
 	for seed := range uint64(sequences) {
@@ -255,6 +257,7 @@ func TestIncrementalIsCompile(t *testing.T) {
 		}
 		var inc Incremental
 		var history []string
+		var last, lastCopy policy.Ruleset
 		for step := range steps {
 			history = append(history, c.change())
 			s, local := c.snapshot()
@@ -263,6 +266,12 @@ func TestIncrementalIsCompile(t *testing.T) {
 				t.Fatalf("seed %d, step %d: incremental compile differs from a full one after\n  %s\ngot  %s\nwant %s",
 					seed, step, strings.Join(history, "\n  "), describe(got), describe(want))
 			}
+			if !reflect.DeepEqual(last, lastCopy) {
+				t.Fatalf("seed %d, step %d: the compile wrote into the ruleset it returned before, after\n  %s",
+					seed, step, strings.Join(history, "\n  "))
+			}
+			// A full compile shares nothing with got: a copy of it.
+			last, lastCopy = got, Compile(s, local)
 		}
 	}
 }

@@ -185,10 +185,18 @@ func (s *Store) Close() error {
 // awaitCache waits until inf's cache holds key at resourceVersion rv or
 // later, or (rv == "") no longer holds it.
 func (s *Store) awaitCache(ctx context.Context, inf cache.SharedIndexInformer, key, rv string) error {
+	return s.awaitCacheOf(ctx, inf, key, rv, false)
+}
+
+// awaitCacheOf is awaitCache; updated says the write changed an object
+// the cache already held, so that its absence means it was deleted since
+// (an autoscaler removing a Node just after its pod CIDR was copied) and
+// there is nothing left to wait for.
+func (s *Store) awaitCacheOf(ctx context.Context, inf cache.SharedIndexInformer, key, rv string, updated bool) error {
 	want, _ := strconv.ParseUint(rv, 10, 64)
 	for {
 		obj, ok, _ := inf.GetStore().GetByKey(key)
-		if rv == "" && !ok {
+		if !ok && (rv == "" || updated) {
 			return nil
 		}
 		if ok && rv != "" {
@@ -212,10 +220,11 @@ type cacheWait struct {
 	key, rv string
 }
 
-// awaitAll waits until the caches show every write of waits.
+// awaitAll waits until the caches show every write of waits, each an
+// update of an object its cache held: one deleted since is not waited for.
 func (s *Store) awaitAll(ctx context.Context, waits []cacheWait) error {
 	for _, w := range waits {
-		if err := s.awaitCache(ctx, w.inf, w.key, w.rv); err != nil {
+		if err := s.awaitCacheOf(ctx, w.inf, w.key, w.rv, true); err != nil {
 			return err
 		}
 	}
