@@ -859,27 +859,27 @@ func TestUplinkOpensConnectionsToAnOpenBackend(t *testing.T) {
 		t.Error("conntrack has an entry of a connection the fast path opened and closed")
 	}
 
+	// opensThroughTheStack checks that a connection opens through the
+	// stack, so that conntrack sees it: not on the fast path.
+	opensThroughTheStack := func(what string) {
+		got := b.delta(func() { client = exchange() }, counters...)
+		if got["uplink_open"] != 0 {
+			t.Errorf("%s: %v; want no connection opened on the fast path", what, got)
+		}
+		if _, ok := b.conntrack(client, echo); !ok {
+			t.Errorf("%s: conntrack has no entry of the connection", what)
+		}
+	}
+
 	// A node's SYN opens through the stack: a reply to a node is the
 	// stack's to deliver.
 	testutil.Must(t, b.fp.SetHosts([]netip.Addr{clientIP}, false))
-	got = b.delta(func() { client = exchange() }, counters...)
-	if got["uplink_open"] != 0 {
-		t.Errorf("a node as the client: %v; want no connection opened on the fast path", got)
-	}
-	if _, ok := b.conntrack(client, echo); !ok {
-		t.Error("a node as the client: conntrack has no entry of the connection")
-	}
+	opensThroughTheStack("a node as the client")
 	testutil.Must(t, b.fp.SetHosts(nil, false))
 
 	// Isolated (no longer open): conntrack sees the connection open.
 	testutil.Must(t, b.fp.SetOpen(nil, false))
-	got = b.delta(func() { client = exchange() }, counters...)
-	if got["uplink_open"] != 0 {
-		t.Errorf("a backend not open: %v; want no connection opened on the fast path", got)
-	}
-	if _, ok := b.conntrack(client, echo); !ok {
-		t.Error("a backend not open: conntrack has no entry of the connection")
-	}
+	opensThroughTheStack("a backend not open")
 
 	// Handed over (as when a policy now isolates the backend but allows
 	// the connection), it goes on through conntrack.
