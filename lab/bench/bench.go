@@ -340,7 +340,7 @@ func Summarize(samples []Sample) []Summary {
 		}
 		groups[k] = append(groups[k], s)
 	}
-	configs := slices.Concat(Configs, ServiceConfigs, NodePortConfigs, IntranodeConfigs)
+	configs := slices.Concat(Configs, ServiceConfigs, []string{NodePortHost}, NodePortConfigs, IntranodeConfigs)
 	allTests := slices.Concat(Tests, RedisTests)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
@@ -388,7 +388,7 @@ func section(cfg string) int {
 	switch {
 	case slices.Contains(ServiceConfigs, cfg):
 		return serviceSection
-	case slices.Contains(NodePortConfigs, cfg):
+	case slices.Contains(NodePortConfigs, cfg), cfg == NodePortHost:
 		return nodePortSection
 	case slices.Contains(IntranodeConfigs, cfg):
 		return intranodeSection

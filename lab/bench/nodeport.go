@@ -27,6 +27,17 @@ const (
 	OtherNode = "other"
 )
 
+// NodePortHost is the NodePort rows' reference: the outside host to a
+// netserver on the backend's node itself (its host network), no Service
+// and no proxy; measured at the same placement and in the same
+// repetitions, under ONC's setup. It is what a packet costs to reach a
+// socket of that node untranslated, so host ÷ iptables says how much room
+// the machine leaves any proxy against kube-proxy's iptables mode.
+var NodePortHost = NodePortConfig("host", SameNode)
+
+// nodePortHostData is the host netserver's data port: no NodePort.
+const nodePortHostData = 12866
+
 // NodePortPlacements in the order a rotation starts with.
 var NodePortPlacements = []string{SameNode, OtherNode}
 
@@ -108,7 +119,7 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 	if _, err := createService(ctx, l, spec); err != nil {
 		return nil, err
 	}
-	stop, err := Netservers(o.Netperf, spod.Netns)
+	stop, err := Netservers(o.Netperf, spod.Netns, server.Netns)
 	if err != nil {
 		return nil, err
 	}
@@ -142,10 +153,40 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 					logSample(o, s)
 					out = append(out, s)
 				}
+				if proxy == ProxyONC {
+					s := Sample{Test: test, Error: "setting up " + proxy + ": "}
+					if setup != nil {
+						s.Error += setup.Error()
+					} else {
+						s = nodePortHostRun(ctx, o, ext, server, test)
+					}
+					s.Config, s.Rep = NodePortHost, rep+1
+					logSample(o, s)
+					out = append(out, s)
+				}
 			}
 		}
 	}
 	return out, nil
+}
+
+// nodePortHostRun runs one netperf from the outside host ext to a
+// netserver on node n itself, checked to have passed ONC's uplink load
+// balancer untranslated.
+func nodePortHostRun(ctx context.Context, o Options, ext string, n *lab.Node, test string) Sample {
+	if err := forgetConnections(ctx, o.Lab.Nodes, lab.ExternalClientIP); err != nil {
+		return Sample{Test: test, Error: err.Error()}
+	}
+	read := func() (paths, error) {
+		return readPaths(ctx, n, frontend{netip.AddrPortFrom(n.IP, nodePortHostData), dpservices.NodePort}, n.IP)
+	}
+	check := func(d paths) error {
+		if d.uplinkAll != 0 {
+			return fmt.Errorf("ONC's uplink translated %d packets: want none to the node itself", d.uplinkAll)
+		}
+		return nil
+	}
+	return pathChecked(ctx, o, ext, netip.AddrPortFrom(n.IP, uint16(ctlPort.port)), nodePortHostData, test, read, check)
 }
 
 // nodePortRun runs one path-checked netperf from the outside host ext to

@@ -179,6 +179,11 @@ type NodePortRatio struct {
 	// mode, and ÷ ONC's with SNAT.
 	DSROnIPTables Stat `json:"dsrOnIPTables"`
 	DSROnONC      Stat `json:"dsrOnONC"`
+	// At the backend's node only: the reference (NodePortHost) ÷
+	// kube-proxy's iptables mode, the most a proxy's ratio has room for,
+	// and ONC's replacement ÷ the reference.
+	HostOnIPTables Stat `json:"hostOnIPTables"`
+	ONCOnHost      Stat `json:"oncOnHost"`
 }
 
 // nodePortBar is issue 27's, at each placement: TCP_RR through ONC at
@@ -315,9 +320,13 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 			onc, dsr := NodePortConfig(ProxyONC, pl), NodePortConfig(ProxyONCDSR, pl)
 			ipt, nft := NodePortConfig(ProxyIPTables, pl), NodePortConfig(ProxyNFTables, pl)
 			for _, t := range npTests {
-				r.NodePortRatios = append(r.NodePortRatios, NodePortRatio{Test: t, Placement: pl, ONCOnIPTables: PairedRatio(samples, t, onc, ipt),
+				x := NodePortRatio{Test: t, Placement: pl, ONCOnIPTables: PairedRatio(samples, t, onc, ipt),
 					ONCOnNFTables: PairedRatio(samples, t, onc, nft), NFTablesOnIPTables: PairedRatio(samples, t, nft, ipt),
-					DSROnIPTables: PairedRatio(samples, t, dsr, ipt), DSROnONC: PairedRatio(samples, t, dsr, onc)})
+					DSROnIPTables: PairedRatio(samples, t, dsr, ipt), DSROnONC: PairedRatio(samples, t, dsr, onc)}
+				if pl == SameNode {
+					x.HostOnIPTables, x.ONCOnHost = PairedRatio(samples, t, NodePortHost, ipt), PairedRatio(samples, t, onc, NodePortHost)
+				}
+				r.NodePortRatios = append(r.NodePortRatios, x)
 			}
 			for _, b := range nodePortBar {
 				kp := NodePortConfig(b.proxy, pl)
@@ -454,13 +463,16 @@ func (r Report) nodePortMarkdown(w io.Writer) {
 		"Each run is path-checked on the node the client connects to: ONC's uplink entry translated and netfilter did not (onc, onc-dsr), "+
 		"and it sent the packets to the backend's node directly (`dsr_sent`) only with direct server return and a backend elsewhere; "+
 		"kube-proxy's KUBE-NODEPORTS rule counted packets (iptables); netfilter translated (conntrack) with no iptables rule for the port (nftables, "+
-		"whose rules have no counters). Each ratio is the median of the per-repetition paired ratios [bootstrap 95 %% interval] (min – max, n repetitions).\n\n",
+		"whose rules have no counters). `host`: the outside host to a netserver on node 1 itself (its host network), no Service and no proxy, "+
+		"measured beside ONC's runs: what reaching a socket of that node costs untranslated, so host ÷ iptables is about the most room "+
+		"this machine leaves a proxy against kube-proxy's iptables mode (checked: ONC's uplink translated nothing). "+
+		"Each ratio is the median of the per-repetition paired ratios [bootstrap 95 %% interval] (min – max, n repetitions).\n\n",
 		lab.ExternalClientIP, ProxyONC, ProxyONCDSR, ProxyIPTables, ProxyNFTables)
-	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables | onc-dsr ÷ iptables | onc-dsr ÷ onc |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| test | backend | onc ÷ iptables | onc ÷ nftables | nftables ÷ iptables | onc-dsr ÷ iptables | onc-dsr ÷ onc | host ÷ iptables | onc ÷ host |")
+	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, x := range r.NodePortRatios {
-		fmt.Fprintf(w, "| %s | %s node | %s | %s | %s | %s | %s |\n", x.Test, x.Placement, x.ONCOnIPTables, x.ONCOnNFTables, x.NFTablesOnIPTables,
-			x.DSROnIPTables, x.DSROnONC)
+		fmt.Fprintf(w, "| %s | %s node | %s | %s | %s | %s | %s | %s | %s |\n", x.Test, x.Placement, x.ONCOnIPTables, x.ONCOnNFTables, x.NFTablesOnIPTables,
+			x.DSROnIPTables, x.DSROnONC, x.HostOnIPTables, x.ONCOnHost)
 	}
 	fmt.Fprintf(w, "\nWith SNAT (the default):\n")
 	r.NodePortBar.markdown(w)
@@ -641,8 +653,9 @@ func (r Report) relativeChart() Chart {
 			colors[NodePortConfig(p, pl)] = c
 		}
 	}
+	colors[NodePortHost] = "#9e9e9e"
 	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP, NodePorts to kube-proxy iptables (whiskers: min–max), " + r.Date, YMin: 1.2}
-	for _, cfg := range slices.Concat(Configs, ServiceConfigs, NodePortConfigs) {
+	for _, cfg := range slices.Concat(Configs, ServiceConfigs, NodePortConfigs, []string{NodePortHost}) {
 		if slices.ContainsFunc(r.Results, func(s Summary) bool { return s.Config == cfg }) {
 			c.Series = append(c.Series, Series{Name: cfg, Color: colors[cfg]})
 		}

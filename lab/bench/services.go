@@ -401,6 +401,8 @@ type paths struct {
 	// node than the one read, the only case that sends any.
 	dsrSent uint64
 	remote  bool
+	// Packets ONC's uplink translated to any backend (uplink_translated).
+	uplinkAll uint64
 }
 
 // since is what happened between an earlier reading and p. natted is a
@@ -416,7 +418,7 @@ func (p paths) since(earlier paths) paths {
 	}
 	return paths{socket: d(p.socket, earlier.socket), uplink: d(p.uplink, earlier.uplink),
 		iptables: d(p.iptables, earlier.iptables), iptablesRules: p.iptablesRules, natted: p.natted,
-		dsrSent: d(p.dsrSent, earlier.dsrSent), remote: p.remote}
+		dsrSent: d(p.dsrSent, earlier.dsrSent), remote: p.remote, uplinkAll: d(p.uplinkAll, earlier.uplinkAll)}
 }
 
 // readPaths reads n's paths for connections to f whose backend is
@@ -430,8 +432,11 @@ func readPaths(ctx context.Context, n *lab.Node, f frontend, backend netip.Addr)
 		return p, err
 	default:
 		for _, c := range resp.Counters {
-			if c.Name == "dsr_sent" {
+			switch c.Name {
+			case "dsr_sent":
 				p.dsrSent = c.Value
+			case "uplink_translated":
+				p.uplinkAll = c.Value
 			}
 		}
 		for _, s := range resp.Services {

@@ -24,6 +24,9 @@ func TestReportNodePorts(t *testing.T) {
 		add("TCP_CRR", ProxyNFTables, pl, 10, 10, 10)
 		add("TCP_CRR", ProxyONC, pl, 12, 12, 12)
 	}
+	for i, v := range []float64{150, 140, 130} { // the reference, ÷ iptables 1.5, 1.4, 1.3
+		samples = append(samples, Sample{Test: "TCP_RR", Config: NodePortHost, Rep: i + 1, Value: v, Unit: "Trans/s"})
+	}
 	// A failed path check: its value counts nowhere, its rep pairs with nothing.
 	samples = append(samples, Sample{Test: "TCP_RR", Config: NodePortConfig(ProxyONC, OtherNode), Rep: 4, Value: 1, Unit: "Trans/s",
 		Error: "ONC translated 0 connections"})
@@ -37,6 +40,11 @@ func TestReportNodePorts(t *testing.T) {
 		if x.Test == "TCP_RR" && (spread(x.ONCOnIPTables) != Stat{Median: 1.3, Min: 1.2, Max: 1.4, N: 3} || x.NFTablesOnIPTables.Median != 1.1) {
 			t.Fatalf("%s %s ratios %+v", x.Test, x.Placement, x)
 		}
+		// The reference is the backend's node's: no ratio at the other.
+		wantHost := x.Test == "TCP_RR" && x.Placement == SameNode
+		if (x.HostOnIPTables.N == 3) != wantHost || (wantHost && (x.HostOnIPTables.Median != 1.4 || x.ONCOnHost.Max != 140.0/150)) {
+			t.Fatalf("%s %s reference ratios %+v", x.Test, x.Placement, x)
+		}
 	}
 	for _, s := range r.Results {
 		if s.Test == "TCP_RR" && s.Config == NodePortConfig(ProxyONC, OtherNode) && (s.N != 3 || s.Failed != 1 || s.Min != 120) {
@@ -49,6 +57,8 @@ func TestReportNodePorts(t *testing.T) {
 	}
 	md := markdown(t, r, "## NodePort from outside the cluster",
 		"| TCP_RR | same node | 1.300 [1.200 – 1.400] (1.200 – 1.400, n = 3) |",
+		"| 1.400 [1.300 – 1.500] (1.300 – 1.500, n = 3) | 0.929 [0.923 – 0.933] (0.923 – 0.933, n = 3) |",
+		"| TCP_RR | nodeport-same-host | 140.0 |",
 		"| TCP_RR | nodeport-other-onc (1 of 4 runs failed) | 130.0 |",
 		"- TCP_RR nodeport-same-onc ÷ nodeport-same-iptables = 1.300",
 		"| 4 | TCP_RR | nodeport-other-onc | ONC translated 0 connections |")
@@ -108,9 +118,9 @@ func TestProxyCheck(t *testing.T) {
 }
 
 func TestPathsSince(t *testing.T) {
-	d := paths{socket: 10, uplink: 3, iptables: 2, iptablesRules: 1, natted: 4}.since(paths{socket: 4, uplink: 3, iptables: 7, iptablesRules: 9, natted: 2})
+	d := paths{socket: 10, uplink: 3, iptables: 2, iptablesRules: 1, natted: 4, uplinkAll: 9}.since(paths{socket: 4, uplink: 3, iptables: 7, iptablesRules: 9, natted: 2, uplinkAll: 5})
 	// iptables went back (kube-proxy rewrote its chain): counted from 0.
-	if want := (paths{socket: 6, uplink: 0, iptables: 2, iptablesRules: 1, natted: 4}); d != want {
+	if want := (paths{socket: 6, uplink: 0, iptables: 2, iptablesRules: 1, natted: 4, uplinkAll: 4}); d != want {
 		t.Fatalf("%+v, want %+v", d, want)
 	}
 }
