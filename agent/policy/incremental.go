@@ -71,8 +71,26 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 		rs.Pods = append(rs.Pods, cp.rules)
 	}
 	sortPods(rs.Pods)
+	dropUnselected(next, compiled)
 	inc.last, inc.local = next, compiled
 	return rs
+}
+
+// dropUnselected forgets the resolved rules of the policies no local pod
+// selects: kept, they would be patched at every change and held for as
+// long as the policy lives. A pod selected later resolves them afresh.
+func dropUnselected(c *compiler, local map[string]compiledPod) {
+	selected := map[string]bool{}
+	for _, cp := range local {
+		for _, key := range cp.selectedBy {
+			selected[key] = true
+		}
+	}
+	for _, pol := range c.policies {
+		if !selected[pol.key] {
+			pol.rules = nil
+		}
+	}
 }
 
 // recompiles reports whether local pod lp, last compiled as cp, needs

@@ -270,6 +270,13 @@ func TestIncrementalIsCompile(t *testing.T) {
 				t.Fatalf("seed %d, step %d: the compile wrote into the ruleset it returned before, after\n  %s",
 					seed, step, strings.Join(history, "\n  "))
 			}
+			for _, pol := range inc.last.policies {
+				if pol.rules != nil && !slices.ContainsFunc(local, func(lp LocalPod) bool {
+					return slices.Contains(inc.local[lp.key()].selectedBy, pol.key)
+				}) {
+					t.Fatalf("seed %d, step %d: policy %s keeps its resolved rules, but no local pod selects it", seed, step, pol.key)
+				}
+			}
 			// A full compile shares nothing with got: a copy of it.
 			last, lastCopy = got, Compile(s, local)
 		}
