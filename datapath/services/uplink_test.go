@@ -10,9 +10,9 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
-	"slices"
 	"testing"
 	"time"
 
