@@ -34,8 +34,9 @@ const nftTimeout = 30 * time.Second
 // through the verdict maps egress (keyed by iifname) and ingress (keyed by
 // oifname) to the chain of the isolated pod the packet leaves or reaches. Those chains, in-<id> and
 // eg-<id>, return when the set <chain>-ports (peer . proto . port) or
-// <chain>-all (peer) holds the packet and drop otherwise, counting both
-// with the named counters <chain>-allow and <chain>-deny. Returning instead
+// <chain>-all (peer) holds the packet, or their second pair
+// <chain>-ports-b and <chain>-all-b (changeSets), and drop otherwise,
+// counting both with the named counters <chain>-allow and <chain>-deny. Returning instead
 // of accepting lets same-node traffic pass the sender's egress and then the
 // receiver's ingress chain. Traffic from the node to its pods leaves by
 // OUTPUT and is never policed.
@@ -50,7 +51,8 @@ type Enforcer struct {
 	synced bool                  // the table holds exactly pods: false until the first Apply, and after a failed one
 	pods   map[string]applied    // by pod key: what the table holds
 	gone   map[string]netip.Addr // removed pods' last IPs, until Revoke has seen them
-	// compiled is the last Apply's set elements, by pod key and direction.
+	// compiled is the last Apply's set elements, by pod key and direction
+	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
 	owned    ownership // whether the kernel's table is still the one last written
 }
@@ -96,6 +98,9 @@ var (
 
 func (d dir) chain(id string) string { return d.prefix + "-" + id }
 
+// key names the direction of the pod with key pod in Enforcer.compiled.
+func (d dir) key(pod string) string { return pod + " " + d.prefix }
+
 // fingerprint picks a's fingerprint in direction d.
 func (d dir) fingerprint(a applied) string {
 	if d == ingress {
@@ -107,15 +112,15 @@ func (d dir) fingerprint(a applied) string {
 // plan is the desired state of one pod.
 type plan struct {
 	applied
-	key        string
-	inEl, egEl *elements // nil when not isolated
+	key            string
+	inSets, egSets *compiled // nil when not isolated
 }
 
-func (p *plan) elements(d dir) *elements {
+func (p *plan) sets(d dir) *compiled {
 	if d == ingress {
-		return p.inEl
+		return p.inSets
 	}
-	return p.egEl
+	return p.egSets
 }
 
 // podID is a short stable id for a pod key: nft names are at most 31
@@ -125,46 +130,46 @@ func podID(key string) string {
 	return hex.EncodeToString(sum[:5])
 }
 
-// plans turns rs into the desired state of each pod. A direction whose
-// rules are those of the last Apply reuses its elements: turning rules into
-// disjoint set elements is most of an Apply's own work, and a change
-// usually touches a few pods.
-func (e *Enforcer) plans(rs Ruleset) ([]plan, error) {
+// plans turns rs into the desired state of each pod, and the set elements
+// of each isolated direction, by dir.key. A direction whose rules are
+// those of the last Apply reuses its elements: turning rules into disjoint
+// set elements is most of an Apply's own work, and a change usually
+// touches a few pods.
+func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 	out := make([]plan, 0, len(rs.Pods))
 	next := make(map[string]*compiled, 2*len(rs.Pods))
-	defer func() { e.compiled = next }()
 	keys := map[string]bool{}
 	ids := map[string]string{}
 	ifaces := map[string]string{}
 	for _, p := range rs.Pods {
 		if keys[p.Key] {
-			return nil, fmt.Errorf("pod %s twice in the ruleset", p.Key)
+			return nil, nil, fmt.Errorf("pod %s twice in the ruleset", p.Key)
 		}
 		keys[p.Key] = true
 		id := podID(p.Key)
 		if other, dup := ids[id]; dup {
-			return nil, fmt.Errorf("pods %s and %s hash to the same id %s", other, p.Key, id)
+			return nil, nil, fmt.Errorf("pods %s and %s hash to the same id %s", other, p.Key, id)
 		}
 		ids[id] = p.Key
 		if p.Iface == "" {
-			return nil, fmt.Errorf("pod %s has no interface", p.Key)
+			return nil, nil, fmt.Errorf("pod %s has no interface", p.Key)
 		}
 		if other, dup := ifaces[p.Iface]; dup {
-			return nil, fmt.Errorf("pods %s and %s have the same interface %s", other, p.Key, p.Iface)
+			return nil, nil, fmt.Errorf("pods %s and %s have the same interface %s", other, p.Key, p.Iface)
 		}
 		ifaces[p.Iface] = p.Key
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, ip: p.IP}}
 		if p.Ingress != nil {
-			c := e.elementsOf(p.Key+" in", p.Ingress, next)
-			pl.inEl, pl.in = &c.el, "in:"+c.fingerprint
+			pl.inSets = e.elementsOf(ingress.key(p.Key), p.Ingress, next)
+			pl.in = "in:" + pl.inSets.fingerprint
 		}
 		if p.Egress != nil {
-			c := e.elementsOf(p.Key+" eg", p.Egress, next)
-			pl.egEl, pl.eg = &c.el, "eg:"+c.fingerprint
+			pl.egSets = e.elementsOf(egress.key(p.Key), p.Egress, next)
+			pl.eg = "eg:" + pl.egSets.fingerprint
 		}
 		out = append(out, pl)
 	}
-	return out, nil
+	return out, next, nil
 }
 
 // sameRule compares two rules field by field (reflect.DeepEqual would take
@@ -182,20 +187,24 @@ func identical[E any](a, b []E) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
-// compiled is a direction's rules and the set elements they make.
+// compiled is a direction's rules, the set elements they make, and which
+// of the direction's two pairs of sets holds them (setNames).
 type compiled struct {
 	rules       []Rule
 	el          elements
 	fingerprint string
+	second      bool
 }
 
 // elementsOf compiles d, or reuses what the last Apply compiled for key
-// from the same rules, and records it in next.
+// from the same rules, and records it in next. New elements start in the
+// pair of sets that holds the last ones: update changes those in place, or
+// fills the other pair.
 func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
 	c := e.compiled[key]
 	if c == nil || !identical(c.rules, d.Rules) && !slices.EqualFunc(c.rules, d.Rules, sameRule) {
 		el := compile(d)
-		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint()}
+		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint(), second: c != nil && c.second}
 	}
 	next[key] = c
 	return c
@@ -212,7 +221,7 @@ func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compile
 func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	want, err := e.plans(rs)
+	want, compiled, err := e.plans(rs)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +246,7 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
 	e.synced = true
+	e.compiled = compiled
 
 	var changed []string
 	next := make(map[string]applied, len(want))
@@ -285,8 +295,8 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 			tx.Add(isolatedElem(p.iface))
 		}
 		for _, d := range []dir{ingress, egress} {
-			if el := p.elements(d); el != nil {
-				addDir(tx, d, p.id, p.iface, el)
+			if c := p.sets(d); c != nil {
+				addDir(tx, d, p.id, p.iface, c)
 			}
 		}
 	}
@@ -315,8 +325,8 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		for _, d := range []dir{ingress, egress} {
 			was := d.fingerprint(old) != ""
 			switch {
-			case was && (p == nil || p.elements(d) == nil):
-				removeDir(tx, d, old.id, old.iface)
+			case was && (p == nil || p.sets(d) == nil):
+				removeDir(tx, d, old.id, old.iface, e.compiled[d.key(key)].second)
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -354,18 +364,15 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			tx.Add(isolatedElem(p.iface))
 		}
 		for _, d := range []dir{ingress, egress} {
-			el := p.elements(d)
+			c := p.sets(d)
 			was := had && d.fingerprint(old) != ""
 			switch {
-			case el == nil:
+			case c == nil:
 			case !was:
-				addDir(tx, d, p.id, p.iface, el)
+				addDir(tx, d, p.id, p.iface, c)
 			default:
 				if d.fingerprint(p.applied) != d.fingerprint(old) {
-					c := d.chain(p.id)
-					tx.Flush(&knftables.Set{Name: c + "-ports"})
-					tx.Flush(&knftables.Set{Name: c + "-all"})
-					addElements(tx, c, el)
+					changeSets(tx, d, p.id, e.compiled[d.key(p.key)], c)
 				}
 				if p.iface != old.iface {
 					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
@@ -456,37 +463,130 @@ func removePod(tx *knftables.Transaction, a applied) {
 	}
 }
 
-// addDir adds the chain isolating a pod in direction d, its sets, and the
-// map element jumping to it.
-func addDir(tx *knftables.Transaction, d dir, id, iface string, el *elements) {
-	c := d.chain(id)
-	tx.Add(&knftables.Set{Name: c + "-ports", Type: "ipv4_addr . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
-	tx.Add(&knftables.Set{Name: c + "-all", Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
-	addElements(tx, c, el)
-	tx.Add(&knftables.Chain{Name: c})
-	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s-ports counter name %q return", d.peer, c, c+"-allow")})
-	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("%s @%s-all counter name %q return", d.peer, c, c+"-allow")})
-	tx.Add(&knftables.Rule{Chain: c, Rule: fmt.Sprintf("counter name %q drop", c+"-deny")})
-	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + c}})
+// addDir adds the chain isolating a pod in direction d, its sets holding
+// c's elements, and the map element jumping to it.
+func addDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
+	chain := d.chain(id)
+	addSets(tx, chain, c)
+	tx.Add(&knftables.Chain{Name: chain})
+	addRules(tx, d, chain, c.second)
+	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
-func addElements(tx *knftables.Transaction, chain string, el *elements) {
-	for _, p := range el.all {
-		tx.Add(&knftables.Element{Set: chain + "-all", Key: []string{p.String()}})
+// setNames are the names of chain's sets: <chain>-ports and <chain>-all,
+// or the second pair, <chain>-ports-b and <chain>-all-b (changeSets).
+func setNames(chain string, second bool) (ports, all string) {
+	if second {
+		return chain + "-ports-b", chain + "-all-b"
 	}
-	for _, pe := range el.ports {
-		tx.Add(&knftables.Element{Set: chain + "-ports", Key: pe.key()})
+	return chain + "-ports", chain + "-all"
+}
+
+// addSets adds chain's pair of sets c.second names, holding c's elements.
+func addSets(tx *knftables.Transaction, chain string, c *compiled) {
+	ports, all := setNames(chain, c.second)
+	tx.Add(&knftables.Set{Name: ports, Type: "ipv4_addr . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	tx.Add(&knftables.Set{Name: all, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	for _, p := range c.el.all {
+		tx.Add(allElem(all, p))
 	}
+	for _, pe := range c.el.ports {
+		tx.Add(portsElem(ports, pe))
+	}
+}
+
+func allElem(set string, p netip.Prefix) *knftables.Element {
+	return &knftables.Element{Set: set, Key: []string{p.String()}}
+}
+
+func portsElem(set string, pe portElem) *knftables.Element {
+	return &knftables.Element{Set: set, Key: pe.key()}
+}
+
+// addRules adds the rules of chain, a pod's chain in direction d, which
+// look the packet up in the pair of sets second names.
+func addRules(tx *knftables.Transaction, d dir, chain string, second bool) {
+	ports, all := setNames(chain, second)
+	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", d.peer, ports, chain+"-allow")})
+	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", d.peer, all, chain+"-allow")})
+	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
+}
+
+func deleteSets(tx *knftables.Transaction, chain string, second bool) {
+	ports, all := setNames(chain, second)
+	tx.Delete(&knftables.Set{Name: ports})
+	tx.Delete(&knftables.Set{Name: all})
 }
 
 // removeDir undoes addDir (the counters stay with the pod).
-func removeDir(tx *knftables.Transaction, d dir, id, iface string) {
-	c := d.chain(id)
+func removeDir(tx *knftables.Transaction, d dir, id, iface string, second bool) {
+	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
-	tx.Flush(&knftables.Chain{Name: c})
-	tx.Delete(&knftables.Chain{Name: c})
-	tx.Delete(&knftables.Set{Name: c + "-ports"})
-	tx.Delete(&knftables.Set{Name: c + "-all"})
+	tx.Flush(&knftables.Chain{Name: chain})
+	tx.Delete(&knftables.Chain{Name: chain})
+	deleteSets(tx, chain, second)
+}
+
+// changeSets makes the sets of a pod's chain in direction d, which hold
+// was's elements, hold now's: in place, deleting the elements that left
+// and then adding the new ones (nft rejects an element that overlaps one
+// still in the set), or, where that costs more, by filling the other pair
+// of sets, pointing the chain's rules at it and deleting the old pair.
+// Either way the kernel sees the whole change at once, in the Apply's
+// transaction.
+func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled) {
+	chain := d.chain(id)
+	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
+	goneAll, newAll := diff(was.el.all, now.el.all)
+	// What nft and the kernel take, in µs, as measured on kernel 6.18 and
+	// nft 1.0.6 (docs/performance.md): a delete costs 6 per element of a
+	// -ports set (the kernel's set for concatenated intervals, pipapo,
+	// cuts the element out of every lookup bitmap) and 0.5 per element of
+	// an -all set (nft's own interval handling); an add, about 15.
+	inPlace := 6*len(gonePorts)*len(was.el.ports) + len(goneAll)*len(was.el.all)/2 + 15*(len(newPorts)+len(newAll))
+	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) {
+		now.second = !was.second
+		addSets(tx, chain, now)
+		tx.Flush(&knftables.Chain{Name: chain})
+		addRules(tx, d, chain, now.second)
+		deleteSets(tx, chain, was.second)
+		return
+	}
+	ports, all := setNames(chain, now.second)
+	for _, p := range goneAll {
+		tx.Delete(allElem(all, p))
+	}
+	for _, pe := range gonePorts {
+		tx.Delete(portsElem(ports, pe))
+	}
+	for _, p := range newAll {
+		tx.Add(allElem(all, p))
+	}
+	for _, pe := range newPorts {
+		tx.Add(portsElem(ports, pe))
+	}
+}
+
+// diff returns the elements of was that now lacks and those of now that
+// was lacks, each in its list's order.
+func diff[E comparable](was, now []E) (gone, added []E) {
+	left := make(map[E]bool, len(was))
+	for _, x := range was {
+		left[x] = true
+	}
+	for _, x := range now {
+		if left[x] {
+			delete(left, x)
+		} else {
+			added = append(added, x)
+		}
+	}
+	for _, x := range was {
+		if left[x] {
+			gone = append(gone, x)
+		}
+	}
+	return gone, added
 }
 
 // Counters are one pod's policy counters: packets its chains judged, which

@@ -22,22 +22,6 @@ import (
 	"sigs.k8s.io/knftables"
 )
 
-func prefixes(ss ...string) []netip.Prefix {
-	out := make([]netip.Prefix, len(ss))
-	for i, s := range ss {
-		out[i] = netip.MustParsePrefix(s)
-	}
-	return out
-}
-
-func allow(peers []netip.Prefix, ports ...PortRange) Rule {
-	return Rule{Policy: "ns/p", Peers: peers, Ports: ports}
-}
-
-func isolate(rules ...Rule) *Direction {
-	return &Direction{Policies: []string{"ns/p"}, Rules: rules}
-}
-
 func TestEnforce(t *testing.T) {
 	tp := newTopo(t, "a", "b", "c")
 	for _, p := range tp.pods {
@@ -126,6 +110,70 @@ func TestEnforce(t *testing.T) {
 		t.Fatalf("table still there after Remove:\n%s", out)
 	}
 	tp.expect(probe{"c", "tcp", "b", 8080, true}, probe{"b", "tcp", "c", 80, true})
+}
+
+// A change of a pod's rules leaves the kernel's sets holding exactly the
+// new elements, whether written in place or to a fresh pair of sets: also
+// where an element that leaves overlaps one that comes (a CIDR by a wider
+// one, a port range by one that overlaps it), which nft rejects while
+// both are in a set. Connections follow, and a rewrite (a drift repair, a
+// restarted agent) leaves the same elements.
+func TestChangeKeepsSetsExact(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	tp.serve(tp.pods["b"].ns, []int{80, 8080, 8150}, nil)
+	e := tp.enforcer()
+	rs := func(in *Direction) Ruleset {
+		return Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", in, nil), tp.pod("c", nil, nil)}}
+	}
+	// b's ingress: fillers (peers off the topology) on TCP 80, a on a
+	// port range, and c, or b and c, on every port.
+	version := func(fillers int, a, all string, first, last uint16) *Direction {
+		return isolate(
+			allow(hosts(fillers, 40), PortRange{TCP, 80, 80}),
+			allow(prefixes(a), PortRange{TCP, first, last}),
+			allow(prefixes(all)),
+		)
+	}
+	v1 := version(0, "10.99.0.1/32", "10.99.0.3/32", 8000, 8100)
+	v2 := version(0, "10.99.0.0/31", "10.99.0.2/31", 8050, 8200)
+	v3 := version(100, "10.99.0.1/32", "10.99.0.3/32", 8000, 8100)
+	v4 := version(100, "10.99.0.0/31", "10.99.0.2/31", 8050, 8200)
+	inV1 := []probe{{"a", "tcp", "b", 8080, true}, {"a", "tcp", "b", 8150, false}, {"a", "tcp", "b", 80, false}, {"c", "tcp", "b", 80, true}}
+	inV2 := []probe{{"a", "tcp", "b", 8080, true}, {"a", "tcp", "b", 8150, true}, {"a", "tcp", "b", 80, false}, {"c", "tcp", "b", 8150, true}}
+
+	tp.apply(e, rs(v1), "ns/a", "ns/b", "ns/c")
+	tp.expectIngressSets("b", v1)
+	tp.expect(inV1...)
+	for _, step := range []struct {
+		name   string
+		in     *Direction
+		second bool // the sets are the second pair: refilled from the first, or changed in place there
+		probes []probe
+	}{
+		{"overlapping elements swapped in place", v2, false, inV2},
+		{"and back", v1, false, inV1},
+		{"every filler replaced", v3, true, inV1},
+		{"overlapping elements swapped in the second pair", v4, true, inV2},
+		{"and back", v3, true, inV1},
+		{"back to v1, every filler replaced", v1, false, inV1},
+	} {
+		tp.apply(e, rs(step.in), "ns/b")
+		if second := tp.expectIngressSets("b", step.in); second != step.second {
+			t.Errorf("%s: the sets are the second pair: %v, want %v", step.name, second, step.second)
+		}
+		tp.expect(step.probes...)
+	}
+
+	// In the second pair, a drift repair and a new agent's takeover.
+	tp.apply(e, rs(v3), "ns/b")
+	if out, err := tp.nft("add", "table", "ip", "onc-test-other"); err != nil {
+		t.Fatalf("another program's commit: %v: %s", err, out)
+	}
+	tp.in(tp.nodeNS, func() error { _, err := e.Apply(rs(v3), true); return err })
+	tp.expectIngressSets("b", v3)
+	tp.apply(tp.enforcer(), rs(v3), "ns/a", "ns/b", "ns/c")
+	tp.expectIngressSets("b", v3)
+	tp.expect(inV1...)
 }
 
 // A resync rewrites the table only if it may have drifted from what the
@@ -352,14 +400,20 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// secondPair matches the names of a direction's second pair of sets.
+var secondPair = regexp.MustCompile(`-(ports|all)-b\b`)
+
 // normalized is the table as nft -j lists it, minus handles and counter
-// values, in a canonical order (rules keep their order within a chain).
+// values, with the second pair of sets named as the first (a fresh table
+// has only those), in a canonical order (rules keep their order within a
+// chain).
 func normalized(t *testing.T, ns string) string {
 	t.Helper()
 	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "ip", Table).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
+	out = secondPair.ReplaceAll(out, []byte("-$1"))
 	var doc struct {
 		Nftables []map[string]map[string]any `json:"nftables"`
 	}

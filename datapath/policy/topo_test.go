@@ -3,13 +3,17 @@
 package policy
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os/exec"
+	"reflect"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -178,6 +182,79 @@ func (tp *topo) listing() string {
 		tp.t.Fatalf("nft list table: %v: %s", err, out)
 	}
 	return counterValues.ReplaceAllString(out, "packets N bytes N")
+}
+
+// expectIngressSets checks that the ingress sets of the pod name, read
+// back from the kernel, hold exactly in's elements, and tells whether they
+// are the second pair (setNames).
+func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
+	tp.t.Helper()
+	chain := ingress.chain(podID(tp.pods[name].key))
+	out, err := tp.nft("-j", "list", "table", "ip", Table)
+	if err != nil {
+		tp.t.Fatalf("nft list table: %v: %s", err, out)
+	}
+	var doc struct {
+		Nftables []struct {
+			Set *struct {
+				Name string
+				Elem []any
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		tp.t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, o := range doc.Nftables {
+		if o.Set != nil && strings.HasPrefix(o.Set.Name, chain+"-") {
+			got[o.Set.Name] = []string{}
+			for _, el := range o.Set.Elem {
+				got[o.Set.Name] = append(got[o.Set.Name], elemKey(el))
+			}
+			slices.Sort(got[o.Set.Name])
+		}
+	}
+	ports, all := setNames(chain, false)
+	if _, ok := got[ports]; !ok {
+		second = true
+		ports, all = setNames(chain, true)
+	}
+	wantPorts, wantAll := wantKeys(in)
+	want := map[string][]string{ports: wantPorts, all: wantAll}
+	if !reflect.DeepEqual(got, want) {
+		tp.t.Fatalf("%s's ingress sets in the kernel:\n%v\nwant:\n%v", name, got, want)
+	}
+	return second
+}
+
+// elemKey renders a set element of nft's JSON listing as knftables writes
+// it (portElem.key): a prefix, or prefix . protocol number . port range.
+func elemKey(el any) string {
+	switch v := el.(type) {
+	case string: // an address, or a protocol by name
+		if p, ok := map[string]Proto{"tcp": TCP, "udp": UDP, "sctp": SCTP}[v]; ok {
+			return strconv.Itoa(int(p))
+		}
+		return v + "/32"
+	case float64: // a port, or a protocol by number
+		return strconv.Itoa(int(v))
+	case map[string]any:
+		if p, ok := v["prefix"].(map[string]any); ok {
+			return fmt.Sprintf("%v/%v", p["addr"], p["len"])
+		}
+		if r, ok := v["range"].([]any); ok && len(r) == 2 {
+			return elemKey(r[0]) + "-" + elemKey(r[1])
+		}
+		if c, ok := v["concat"].([]any); ok {
+			parts := make([]string, len(c))
+			for i, x := range c {
+				parts[i] = elemKey(x)
+			}
+			return strings.Join(parts, " . ")
+		}
+	}
+	return fmt.Sprintf("unknown %v", el)
 }
 
 // pod is the model of a test pod with the given directions.
