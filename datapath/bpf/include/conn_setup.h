@@ -77,28 +77,6 @@ slow:
 	return SETUP_SLOW;
 }
 
-/*
- * flow_ended reports whether a packet with ctl (its flags of TCP_CTL) ends
- * a connection the fast path opened (v, its entry, NULL if none): an RST,
- * or the first packet without a FIN once a FIN went each way, the last
- * ACK. The program that sends the packet on then forgets the connection:
- * left in the LRU maps, the records of closed connections would pile up
- * until a burst of short connections evicted the only record of a long
- * idle one, whose next packets the slow path cannot carry. Should the last
- * ACK be lost, the FIN it answers is sent again by the stack, as conntrack
- * would have it for a connection it forgot.
- */
-static __always_inline int flow_ended(const struct flow_val *v, __u8 ctl)
-{
-	const __u8 fins = FLOW_CLOSING_LOCAL_FIN | FLOW_CLOSING_REMOTE_FIN;
-
-	if (!v || !v->opener)
-		return 0;
-	if (ctl & TCP_RST)
-		return 1;
-	return !(ctl & TCP_FIN) && (v->closing & fins) == fins;
-}
-
 /* flow_open records a connection the fast path opens: allowed both ways in
  * this epoch, and who opened it. */
 static __always_inline int flow_open(const struct flow_key *k, __u32 epoch, __u8 opener)
