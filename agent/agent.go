@@ -264,14 +264,18 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	a.mu.Lock()
 	cidr := a.podCIDR
 	a.mu.Unlock()
+	own := self.IPv4PodCIDR() // pods are IPv4 only so far (issue 28)
 	switch {
-	case !cidr.IsValid() && self.PodCIDR.IsValid():
-		if err := a.bringUp(ctx, self.PodCIDR); err != nil {
+	case !cidr.IsValid() && !own.IsValid() && len(self.PodCIDRs) > 0:
+		a.setNotReady(fmt.Sprintf("this node's pod CIDRs %v hold no IPv4 block: IPv6 pods are not supported yet", self.PodCIDRs))
+		return nil
+	case !cidr.IsValid() && own.IsValid():
+		if err := a.bringUp(ctx, own); err != nil {
 			a.setNotReady(err.Error())
 			return err
 		}
-	case cidr.IsValid() && self.PodCIDR.IsValid() && cidr != self.PodCIDR:
-		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, self.PodCIDR))
+	case cidr.IsValid() && own.IsValid() && cidr != own:
+		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, own))
 		return nil
 	}
 	// A registration that differs from what this agent publishes (an
@@ -282,7 +286,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			return err
 		}
 	}
-	if !self.PodCIDR.IsValid() {
+	if !own.IsValid() {
 		return nil
 	}
 	if err := a.dp.Node.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
@@ -311,7 +315,8 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("read cluster config: %w", err)
 	}
-	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: cc.ClusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
+	clusterCIDR := cc.IPv4().CIDR
+	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: clusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
 	gw := datapath.Gateway(cidr)
@@ -320,7 +325,7 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 		return err
 	}
 	a.mu.Lock()
-	a.podCIDR, a.clusterCIDR, a.pool = cidr, cc.ClusterCIDR, pool
+	a.podCIDR, a.clusterCIDR, a.pool = cidr, clusterCIDR, pool
 	a.mu.Unlock()
 	for _, d := range dropped {
 		slog.Warn("dropping a pod attachment outside this node's CIDR", "pod", d.Key, "ip", d.IP)

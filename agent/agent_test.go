@@ -22,7 +22,7 @@ func (ta *testAgent) peerIPs() map[string]string {
 	defer ta.dp.mu.Unlock()
 	out := map[string]string{}
 	for name, n := range ta.dp.peers {
-		out[name] = n.IP.String() + " " + n.PodCIDR.String()
+		out[name] = n.IP.String() + " " + n.IPv4PodCIDR().String()
 	}
 	return out
 }
@@ -42,7 +42,7 @@ func TestReconcilePeers(t *testing.T) {
 		{"initial", func(*testing.T) {}, map[string]string{
 			"node-b": "192.0.2.2 10.244.2.0/24", "node-c": "192.0.2.3 10.244.3.0/24"}},
 		{"a node gets its CIDR", func(t *testing.T) {
-			if _, err := ta.store.ClaimCIDR(ctx(t), "node-d", prefix("10.244.4.0/24")); err != nil {
+			if _, err := datastore.ClaimCIDR(ctx(t), ta.store, "node-d", prefix("10.244.4.0/24")); err != nil {
 				t.Fatal(err)
 			}
 		}, map[string]string{
@@ -113,7 +113,7 @@ func TestReconcileBringUp(t *testing.T) {
 		ta := newTestAgent(t)
 		ta.dp.setFail("BringUp", errors.New("cannot create onc.vxlan: file exists"))
 		ta.addNode(t, self, "192.0.2.1", "10.244.1.0/24", true)
-		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := ta.reconcile(ctx(t), false); err == nil {
@@ -134,13 +134,49 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("brought up with %+v", got)
 		}
 	})
+	// Until the agent has IPv6 pods, a node of an IPv6-only cluster says
+	// so; one of a dual-stack cluster runs its IPv4 pods.
+	t.Run("an IPv6 block alone is not ready, saying why", func(t *testing.T) {
+		ta := newTestAgent(t)
+		ta.addNode(t, self, "192.0.2.1", "fd00:10:244:1::/64", true)
+		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "IPv6 pods are not supported yet") || ta.dp.setup != nil {
+			t.Errorf("not-ready reason %q, brought up with %+v", reason, ta.dp.setup)
+		}
+	})
+	t.Run("a dual-stack node brings up its IPv4 block", func(t *testing.T) {
+		ta := newTestAgent(t)
+		dual := datastore.ClusterConfig{Pools: []datastore.Pool{
+			{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}, {CIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}}}
+		if err := ta.store.PutClusterConfig(ctx(t), dual); err != nil {
+			t.Fatal(err)
+		}
+		ta.addNode(t, self, "192.0.2.1", "fd00:10:244:1::/64", true)
+		if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix("10.244.1.0/24")); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); reason != "" {
+			t.Errorf("not ready: %s", reason)
+		}
+		if got := ta.dp.setup; got == nil || got.PodCIDR != prefix("10.244.1.0/24") || got.ClusterCIDR != prefix("10.244.0.0/16") {
+			t.Errorf("brought up with %+v", got)
+		}
+	})
 	t.Run("a changed CIDR stops readiness", func(t *testing.T) {
 		ta := newTestAgent(t)
 		ta.bringUp(t, "10.244.1.0/24")
 		if err := ta.store.ReleaseCIDR(ctx(t), self); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ta.store.ClaimCIDR(ctx(t), self, prefix("10.244.9.0/24")); err != nil {
+		if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix("10.244.9.0/24")); err != nil {
 			t.Fatal(err)
 		}
 		if err := ta.reconcile(ctx(t), false); err != nil {
@@ -176,7 +212,7 @@ func TestMTU(t *testing.T) {
 // says which generation is applied.
 func TestRunFollowsTheDatastore(t *testing.T) {
 	ta := newTestAgent(t)
-	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}}}); err != nil {
 		t.Fatal(err)
 	}
 	ta.run(t)
@@ -189,7 +225,7 @@ func TestRunFollowsTheDatastore(t *testing.T) {
 		}
 	}
 	waitFor("the node's registration", func() bool { _, err := ta.store.Node(ctx(t), self); return err == nil })
-	if _, err := ta.store.ClaimCIDR(ctx(t), self, prefix("10.244.1.0/24")); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix("10.244.1.0/24")); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("readiness", func() bool { _, reason := ta.readyPool(); return reason == "" })

@@ -36,7 +36,7 @@ import (
 type stubStore struct{ datastore.Store }
 
 func (stubStore) ClusterConfig(context.Context) (datastore.ClusterConfig, error) {
-	return datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}, nil
+	return datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}}}, nil
 }
 
 // fuzzCIDR is the pod CIDR of newReadyAgent's node.

@@ -312,7 +312,7 @@ func TestStatusFollowsReadiness(t *testing.T) {
 	// Up, but its first peer sync fails: not ready yet.
 	ta.dp.setFail("SyncPeers", errors.New("netlink: no buffer space"))
 	ta.addNode(t, self, "192.0.2.1", "10.244.7.0/24", false)
-	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ta.reconcile(ctx(t), true); err == nil {
@@ -413,7 +413,7 @@ func TestBringUpDropsPodsOutsideANewCIDR(t *testing.T) {
 	if err := ta.store.ReleaseCIDR(ctx(t), self); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ta.store.ClaimCIDR(ctx(t), self, netip.MustParsePrefix("10.244.9.0/24")); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, netip.MustParsePrefix("10.244.9.0/24")); err != nil {
 		t.Fatal(err)
 	}
 	again, err := New(ta.cfg, ta.store, ta.parts())

@@ -73,7 +73,7 @@ func (f *fakeDatapath) SyncPeers(self string, nodes []datastore.Node, checkKerne
 	}
 	f.peers = map[string]datastore.Node{}
 	for _, n := range nodes {
-		if n.Name != self && n.PodCIDR.IsValid() {
+		if n.Name != self && n.IPv4PodCIDR().IsValid() {
 			f.peers[n.Name] = n
 		}
 	}
@@ -298,7 +298,7 @@ func (ta *testAgent) addNode(t *testing.T, name, ip, cidr string, fastPath bool)
 		t.Fatal(err)
 	}
 	if cidr != "" {
-		if _, err := ta.store.ClaimCIDR(ctx(t), name, netip.MustParsePrefix(cidr)); err != nil {
+		if _, err := datastore.ClaimCIDR(ctx(t), ta.store, name, netip.MustParsePrefix(cidr)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -307,7 +307,7 @@ func (ta *testAgent) addNode(t *testing.T, name, ip, cidr string, fastPath bool)
 // bringUp makes the agent ready with pod CIDR cidr.
 func (ta *testAgent) bringUp(t *testing.T, cidr string) {
 	t.Helper()
-	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}); err != nil {
+	if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}}}); err != nil {
 		t.Fatal(err)
 	}
 	ta.addNode(t, self, "192.0.2.1", cidr, true)

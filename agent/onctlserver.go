@@ -105,8 +105,8 @@ func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) 
 			continue
 		}
 		p := &apiv1.Peer{NodeName: n.Name, NodeIp: n.IP.String(), VtepMac: n.VTEPMAC.String(), FastPath: n.FastPath, Alive: alive[n.Name]}
-		if n.PodCIDR.IsValid() {
-			p.PodCidr, p.Gateway, p.Programmed = n.PodCIDR.String(), datapath.Gateway(n.PodCIDR).String(), programmed[n.Name]
+		if cidr := n.IPv4PodCIDR(); cidr.IsValid() {
+			p.PodCidr, p.Gateway, p.Programmed = cidr.String(), datapath.Gateway(cidr).String(), programmed[n.Name]
 		}
 		out.Peers = append(out.Peers, p)
 	}

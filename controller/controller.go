@@ -1,7 +1,8 @@
 // Package controller is onc-controller: cluster NodeIPAM. It gives every
-// registered node a pod CIDR, frees the CIDR of a node that is removed, and
-// removes nodes whose agent has been gone for longer than NodeTimeout or,
-// on Kubernetes, whose Node object was deleted.
+// registered node a pod CIDR of each of the cluster's pools (one per
+// family), frees the CIDRs of a node that is removed, and removes nodes
+// whose agent has been gone for longer than NodeTimeout or, on
+// Kubernetes, whose Node object was deleted.
 package controller
 
 import (
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/onc-net/onc/controller/nodeipam"
@@ -21,7 +23,7 @@ import (
 type Config struct {
 	Cluster datastore.ClusterConfig
 	// NodeTimeout: a node whose agent has not held its liveness lease for
-	// this long is deleted and its CIDR freed. 0 keeps nodes forever.
+	// this long is deleted and its CIDRs freed. 0 keeps nodes forever.
 	NodeTimeout time.Duration
 	// Resync is how often the controller re-reads everything even without
 	// a change notification (liveness timeouts need a clock).
@@ -35,17 +37,17 @@ type Config struct {
 type Controller struct {
 	cfg      Config
 	store    datastore.Store
-	alloc    *nodeipam.Allocator
-	lastSeen map[string]time.Time // last seen alive, or first seen
+	allocs   []*nodeipam.Allocator // one per pool, in the cluster's family order
+	lastSeen map[string]time.Time  // last seen alive, or first seen
 	// nextExpiry is when the first node not seen alive would time out: the
 	// clock, not the datastore, says when to look again.
 	nextExpiry time.Time
 }
 
 // New validates cfg and records the cluster configuration in the store
-// (or checks it matches what is there).
+// (or checks it matches what is there, or adds the other family to it).
 func New(ctx context.Context, cfg Config, store datastore.Store) (*Controller, error) {
-	alloc, err := nodeipam.New(cfg.Cluster, store)
+	allocs, err := allocators(cfg.Cluster, store)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +62,23 @@ func New(ctx context.Context, cfg Config, store datastore.Store) (*Controller, e
 			return nil, err
 		}
 	}
-	return &Controller{cfg: cfg, store: store, alloc: alloc, lastSeen: map[string]time.Time{}}, nil
+	return &Controller{cfg: cfg, store: store, allocs: allocs, lastSeen: map[string]time.Time{}}, nil
+}
+
+// allocators validates cluster and makes an allocator of each pool.
+func allocators(cluster datastore.ClusterConfig, store datastore.Store) ([]*nodeipam.Allocator, error) {
+	if err := nodeipam.Validate(cluster); err != nil {
+		return nil, err
+	}
+	var allocs []*nodeipam.Allocator
+	for _, p := range cluster.Pools {
+		a, err := nodeipam.New(p, store)
+		if err != nil {
+			return nil, err
+		}
+		allocs = append(allocs, a)
+	}
+	return allocs, nil
 }
 
 // Run reconciles until ctx ends.
@@ -116,13 +134,13 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	blockOf := make(map[string]netip.Prefix, len(allocs))
+	blocksOf := make(map[string][]netip.Prefix, len(allocs))
 	for p, owner := range allocs {
-		blockOf[owner] = p
+		blocksOf[owner] = append(blocksOf[owner], p)
 	}
 	now := time.Now()
 	registered, deleted := map[string]bool{}, map[string]bool{}
-	var reqs []nodeipam.Request
+	reqs := make([][]nodeipam.Request, len(c.allocs)) // by pool
 	for _, n := range nodes {
 		registered[n.Name] = true
 		gone, err := c.leftCluster(ctx, members, n.Name)
@@ -135,7 +153,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				return err
 			}
 			delete(registered, n.Name) // and from lastSeen below
-			deleted[n.Name] = true     // with its block
+			deleted[n.Name] = true     // with its blocks
 			continue
 		}
 		if _, known := c.lastSeen[n.Name]; alive[n.Name] || !known {
@@ -146,7 +164,7 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				return err
 			}
 			delete(registered, n.Name) // and from lastSeen below
-			deleted[n.Name] = true     // with its block
+			deleted[n.Name] = true     // with its blocks
 			continue
 		}
 		if !alive[n.Name] && c.cfg.NodeTimeout > 0 {
@@ -154,8 +172,11 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 				c.nextExpiry = exp
 			}
 		}
-		if c.needsClaim(n, blockOf[n.Name], members) {
-			reqs = append(reqs, nodeipam.Request{Node: n.Name, Prefer: members[n.Name]})
+		for i, a := range c.allocs {
+			f := a.Family()
+			if c.needsClaim(n, f, datastore.BlockOf(blocksOf[n.Name], f), members) {
+				reqs[i] = append(reqs[i], nodeipam.Request{Node: n.Name, Prefer: datastore.BlockOf(members[n.Name], f)})
+			}
 		}
 	}
 	// A node removed from outside (onc-controller remove-node, a deleted
@@ -166,30 +187,33 @@ func (c *Controller) Reconcile(ctx context.Context) error {
 	// controller's role without get on oncnodes) is retried on the next
 	// pass; it must not keep new nodes from their blocks in this one.
 	var releaseErrs []error
-	for p, owner := range allocs {
+	for owner, blocks := range blocksOf {
 		if registered[owner] || deleted[owner] {
 			continue
 		}
 		ok, err := c.releasable(ctx, owner)
 		if err == nil && ok {
-			slog.Info("releasing the pod CIDR of a removed node", "node", owner, "cidr", p)
+			slog.Info("releasing the pod CIDRs of a removed node", "node", owner, "cidrs", blocks)
 			err = c.store.ReleaseCIDR(ctx, owner)
 		}
 		if err != nil {
-			releaseErrs = append(releaseErrs, fmt.Errorf("release the pod CIDR %s of removed node %s: %w", p, owner, err))
+			releaseErrs = append(releaseErrs, fmt.Errorf("release the pod CIDRs %v of removed node %s: %w", blocks, owner, err))
 		}
 	}
-	c.allocate(ctx, reqs, blockOf)
+	for i, a := range c.allocs {
+		c.allocate(ctx, a, reqs[i], blocksOf)
+	}
 	return errors.Join(releaseErrs...)
 }
 
-// needsClaim: n has no block, or its record or its Kubernetes Node lacks
-// the copy of it. A backend whose records carry a copy (Kubernetes) can
-// miss a write of it; claiming the block again writes the copy without
-// taking anything new.
-func (c *Controller) needsClaim(n datastore.Node, block netip.Prefix, members map[string]netip.Prefix) bool {
+// needsClaim: n has no block of family f, or its record or its Kubernetes
+// Node lacks the copy of it. A backend whose records carry a copy
+// (Kubernetes) can miss a write of it; claiming the block again writes
+// the copy without taking anything new. A Node that carries any pod CIDR
+// has all it can get: Kubernetes never lets a Node's pod CIDRs change.
+func (c *Controller) needsClaim(n datastore.Node, f datastore.Family, block netip.Prefix, members map[string][]netip.Prefix) bool {
 	carried, member := members[n.Name]
-	return !block.IsValid() || n.PodCIDR != block || member && !carried.IsValid()
+	return !block.IsValid() || datastore.BlockOf(n.PodCIDRs, f) != block || member && len(carried) == 0
 }
 
 // releasable confirms past any cache that owner, whose block is in the
@@ -201,15 +225,15 @@ func (c *Controller) releasable(ctx context.Context, owner string) (bool, error)
 	return true, nil
 }
 
-// allocate gives every node of reqs its block in one batch and logs what
-// is new (had: the blocks the nodes held before).
-func (c *Controller) allocate(ctx context.Context, reqs []nodeipam.Request, had map[string]netip.Prefix) {
+// allocate gives every node of reqs its block of a's pool in one batch
+// and logs what is new (had: the blocks the nodes held before).
+func (c *Controller) allocate(ctx context.Context, a *nodeipam.Allocator, reqs []nodeipam.Request, had map[string][]netip.Prefix) {
 	if len(reqs) == 0 {
 		return
 	}
-	got, err := c.alloc.Allocate(ctx, reqs)
+	got, err := a.Allocate(ctx, reqs)
 	for _, r := range reqs {
-		if p, ok := got[r.Node]; ok && p != had[r.Node] {
+		if p, ok := got[r.Node]; ok && !slices.Contains(had[r.Node], p) {
 			slog.Info("allocated pod CIDR", "node", r.Node, "cidr", p)
 		}
 	}
@@ -217,14 +241,14 @@ func (c *Controller) allocate(ctx context.Context, reqs []nodeipam.Request, had 
 		if !errors.Is(err, nodeipam.ErrExhausted) {
 			c.cfg.Metrics.storeErrors.Inc()
 		}
-		slog.Error("cannot allocate every pod CIDR", "nodes", len(reqs), "allocated", len(got), "err", err)
+		slog.Error("cannot allocate every pod CIDR", "family", a.Family(), "nodes", len(reqs), "allocated", len(got), "err", err)
 	}
 }
 
 // leftCluster reports whether the cluster no longer has node name. The
 // members cache can miss a node created a moment ago, so its absence there
 // is confirmed with the backend before a registration is deleted.
-func (c *Controller) leftCluster(ctx context.Context, members map[string]netip.Prefix, name string) (bool, error) {
+func (c *Controller) leftCluster(ctx context.Context, members map[string][]netip.Prefix, name string) (bool, error) {
 	if _, in := members[name]; members == nil || in {
 		return false, nil
 	}
@@ -233,7 +257,7 @@ func (c *Controller) leftCluster(ctx context.Context, members map[string]netip.P
 
 // members returns the cluster's nodes and their pod CIDRs when the backend
 // knows them (Kubernetes), else nil.
-func (c *Controller) members(ctx context.Context) (map[string]netip.Prefix, error) {
+func (c *Controller) members(ctx context.Context) (map[string][]netip.Prefix, error) {
 	m, ok := c.store.(datastore.Membership)
 	if !ok {
 		return nil, nil

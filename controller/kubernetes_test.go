@@ -4,10 +4,13 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -70,7 +73,7 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cidrOf := func(name string) netip.Prefix { n, _ := agents.Node(ctx, name); return n.PodCIDR }
+	cidrOf := func(name string) netip.Prefix { n, _ := agents.Node(ctx, name); return n.IPv4PodCIDR() }
 
 	join("n1", "", 1)
 	join("n2", "10.244.42.0/24", 2) // e.g. given by kube-controller-manager before ONC
@@ -135,6 +138,94 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	}
 }
 
+// A dual-stack controller on Kubernetes, as the manifest's service
+// account: in one reconcile every node gets a block of each family, the
+// one its Node carries when that is free; its ONCNode lists them in family
+// order, and so does its Node, once, unless it carried one already (a
+// Node of the cluster before it became dual-stack keeps its one); a
+// deleted Node's blocks are all freed.
+func TestKubernetesDualStack(t *testing.T) {
+	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
+	open := func(cfg *rest.Config, agent bool) datastore.Store {
+		s, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: agent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	agents := open(api.RESTConfig(), true)
+	for i, n := range []struct{ name, carries string }{
+		{"fresh", ""},
+		{"preset", "10.244.42.0/24,fd00:10:244:42::/64"}, // by kube-controller-manager, say
+		{"older", "10.244.43.0/24"},                      // from before the cluster became dual-stack
+	} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
+		if n.carries != "" {
+			node.Spec.PodCIDRs = strings.Split(n.carries, ",")
+			node.Spec.PodCIDR = node.Spec.PodCIDRs[0]
+		}
+		if _, err := kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		spec := datastore.NodeSpec{Name: n.name, IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, byte(i + 1)}}
+		if err := agents.RegisterNode(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctl := open(api.ServiceAccountConfig("onc-system:onc-controller"), false)
+	c, err := controller.New(ctx, controller.Config{Cluster: datastore.ClusterConfig{Pools: []datastore.Pool{
+		{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00:10:244::/56"), NodePrefixLen: 64}}}}, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	want := map[string]string{
+		"fresh":  "[10.244.0.0/24 fd00:10:244::/64]",
+		"preset": "[10.244.42.0/24 fd00:10:244:42::/64]",
+		"older":  "[10.244.43.0/24 fd00:10:244:1::/64]",
+	}
+	wantNode := maps.Clone(want)
+	wantNode["older"] = "[10.244.43.0/24]" // Kubernetes never lets a Node's pod CIDRs change
+	shown := func() (onc, node map[string]string) {
+		onc, node = map[string]string{}, map[string]string{}
+		for name := range want {
+			n, _ := agents.Node(ctx, name)
+			onc[name] = fmt.Sprint(n.PodCIDRs)
+			if kn, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil && len(kn.Spec.PodCIDRs) > 0 && kn.Spec.PodCIDR == kn.Spec.PodCIDRs[0] {
+				node[name] = fmt.Sprint(kn.Spec.PodCIDRs)
+			}
+		}
+		return onc, node
+	}
+	var onc, node map[string]string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if onc, node = shown(); maps.Equal(onc, want) && maps.Equal(node, wantNode) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ONCNodes' pod CIDRs %v, Nodes' %v; want %v and %v", onc, node, want, wantNode)
+		}
+	}
+
+	if err := kube.CoreV1().Nodes().Delete(ctx, "fresh", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "fresh's blocks freed", 30*time.Second, func() bool {
+		allocs, _ := agents.Allocations(ctx)
+		return len(allocs) == 4 && allocs[netip.MustParsePrefix("10.244.0.0/24")] == "" && allocs[netip.MustParsePrefix("fd00:10:244::/64")] == ""
+	})
+}
+
 func holder(t *testing.T, kube kubernetes.Interface) string {
 	t.Helper()
 	var id string
@@ -151,9 +242,10 @@ func holder(t *testing.T, kube kubernetes.Interface) string {
 
 // Two controllers on one kube-apiserver, as the manifest's service account
 // with the default client limits, each with its own store (clients and
-// caches) and no election between them: every claim batch is one
-// compare-and-swap of the ledger, every node's ONCNode and Node show its
-// block.
+// caches) and no election between them, in a dual-stack cluster: every
+// claim batch is one compare-and-swap of its family's ledger, and every
+// node's ONCNode and Node show its two blocks, though the two controllers
+// may write a node's two families at once.
 func TestTwoControllersGiveEveryNodeOneBlockOnKubernetes(t *testing.T) {
 	api := testutil.KubeAPIServer(t, etcdtest.Embedded(t, "").ClientURL)
 	ctx := context.Background()
@@ -179,22 +271,23 @@ func TestTwoControllersGiveEveryNodeOneBlockOnKubernetes(t *testing.T) {
 	kube := kubernetes.NewForConfigOrDie(admin)
 	agents := open(admin, true)
 	race{
-		cluster: datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24},
-		stores:  [2]datastore.Store{ctl(), ctl()},
+		cluster: datastore.ClusterConfig{Pools: []datastore.Pool{
+			{CIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00::/32"), NodePrefixLen: 64}}},
+		stores: [2]datastore.Store{ctl(), ctl()},
 		register: func(ctx context.Context, spec datastore.NodeSpec) error {
 			if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: spec.Name}}, metav1.CreateOptions{}); err != nil {
 				return err
 			}
 			return agents.RegisterNode(ctx, spec)
 		},
-		mirrored: func(ctx context.Context, blocks map[string]netip.Prefix) ([]string, error) {
+		mirrored: func(ctx context.Context, blocks map[string][]netip.Prefix) ([]string, error) {
 			nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return nil, err
 			}
 			var stale []string
 			for _, n := range nodes.Items {
-				if p := blocks[n.Name].String(); n.Spec.PodCIDR != p || len(n.Spec.PodCIDRs) != 1 || n.Spec.PodCIDRs[0] != p {
+				if want := blocks[n.Name]; len(want) == 0 || n.Spec.PodCIDR != want[0].String() || fmt.Sprint(n.Spec.PodCIDRs) != fmt.Sprint(want) {
 					stale = append(stale, n.Name)
 				}
 			}

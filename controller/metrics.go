@@ -17,7 +17,7 @@ import (
 const DefaultMetricsAddr = ":9968"
 
 var descCIDRs = prometheus.NewDesc("onc_controller_cidrs",
-	"Node blocks (pod CIDRs) of the cluster CIDR by state: allocated (to any node) or free.", []string{"state"}, nil)
+	"Node blocks (pod CIDRs) of each family's cluster CIDR by state: allocated (to any node) or free.", []string{"family", "state"}, nil)
 
 // The datastore read of a scrape: its source in onc_scrape_errors_total,
 // and how long it may take.
@@ -31,7 +31,8 @@ const (
 // Config.Metrics, and Serve them.
 type Metrics struct {
 	reg          *prometheus.Registry
-	alloc        *nodeipam.Allocator
+	store        datastore.Store
+	allocs       []*nodeipam.Allocator
 	leader       prometheus.Gauge
 	storeErrors  prometheus.Counter
 	scrapeErrors *prometheus.CounterVec
@@ -39,11 +40,11 @@ type Metrics struct {
 
 // NewMetrics makes the metrics of a controller of cluster on store.
 func NewMetrics(cluster datastore.ClusterConfig, store datastore.Store) (*Metrics, error) {
-	alloc, err := nodeipam.New(cluster, store)
+	allocs, err := allocators(cluster, store)
 	if err != nil {
 		return nil, err
 	}
-	m := &Metrics{reg: metrics.NewRegistry(), alloc: alloc,
+	m := &Metrics{reg: metrics.NewRegistry(), store: store, allocs: allocs,
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "onc_controller_leader",
 			Help: "1 while this replica reconciles (it holds the leader Lease, or runs on etcd without election), else 0."}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "onc_controller_datastore_errors_total",
@@ -68,17 +69,20 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.scrapeErrors.Describe(ch)
 }
 
-// Collect reads the allocations now; if that fails, the CIDR pool is left
-// out of this scrape.
+// Collect reads the allocations now, once for every pool; if that
+// fails, the CIDR pools are left out of this scrape.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), cidrsTimeout)
 	defer cancel()
-	if allocated, free, err := m.alloc.Usage(ctx); err != nil {
+	if taken, err := m.store.Allocations(ctx); err != nil {
 		m.scrapeErrors.WithLabelValues(sourceCIDRs).Inc()
-		slog.Warn("metrics: CIDR pool left out of this scrape", "err", err)
+		slog.Warn("metrics: CIDR pools left out of this scrape", "err", err)
 	} else {
-		ch <- prometheus.MustNewConstMetric(descCIDRs, prometheus.GaugeValue, float64(allocated), "allocated")
-		ch <- prometheus.MustNewConstMetric(descCIDRs, prometheus.GaugeValue, float64(free), "free")
+		for _, a := range m.allocs {
+			allocated, free := a.Usage(taken)
+			ch <- prometheus.MustNewConstMetric(descCIDRs, prometheus.GaugeValue, allocated, a.Family().String(), "allocated")
+			ch <- prometheus.MustNewConstMetric(descCIDRs, prometheus.GaugeValue, free, a.Family().String(), "free")
+		}
 	}
 	m.scrapeErrors.Collect(ch)
 }

@@ -38,8 +38,9 @@ func (s *flakyStore) Allocations(ctx context.Context) (map[netip.Prefix]string, 
 	return s.Store.Allocations(ctx)
 }
 
-// served is a controller of 10.244.0.0/16 in /24 blocks (256) on a fresh
-// etcd, its metrics served as onc-controller serves them.
+// served is a controller of 10.244.0.0/16 in /24 blocks (256) and
+// fd00:10:244::/48 in /64 blocks (65,536) on a fresh etcd, its metrics
+// served as onc-controller serves them.
 func served(t *testing.T) (*flakyStore, *controller.Controller, func() map[string]*dto.MetricFamily) {
 	e := etcdtest.Embedded(t, "")
 	s, err := etcdstore.New(context.Background(), etcdstore.Options{Endpoints: []string{e.ClientURL}})
@@ -48,8 +49,8 @@ func served(t *testing.T) (*flakyStore, *controller.Controller, func() map[strin
 	}
 	t.Cleanup(func() { s.Close() })
 	store := &flakyStore{Store: s}
-	cluster := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
-	m, err := controller.NewMetrics(cluster, store)
+	cfg := cluster(pool4, datastore.Pool{CIDR: netip.MustParsePrefix("fd00:10:244::/48"), NodePrefixLen: 64})
+	m, err := controller.NewMetrics(cfg, store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func served(t *testing.T) (*flakyStore, *controller.Controller, func() map[strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := controller.New(context.Background(), controller.Config{Cluster: cluster, Resync: 50 * time.Millisecond, Metrics: m}, store)
+	c, err := controller.New(context.Background(), controller.Config{Cluster: cfg, Resync: 50 * time.Millisecond, Metrics: m}, store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,13 +85,17 @@ func TestMetricsCIDRsAndLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A block outside the cluster CIDR is not one of its blocks.
-	if _, err := s.ClaimCIDR(context.Background(), "elsewhere", netip.MustParsePrefix("10.99.0.0/24")); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"10.99.0.0/24", "fd00:99::/64"} {
+		if _, err := datastore.ClaimCIDR(context.Background(), s, "elsewhere", netip.MustParsePrefix(p)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mfs := scrape()
-	for state, want := range map[string]float64{"allocated": 2, "free": 254} {
-		if got := value(t, mfs, "onc_controller_cidrs", map[string]string{"state": state}); got != want {
-			t.Errorf("onc_controller_cidrs{state=%q} = %v, want %v", state, got, want)
+	for labels, want := range map[[2]string]float64{
+		{"ipv4", "allocated"}: 2, {"ipv4", "free"}: 254, {"ipv6", "allocated"}: 2, {"ipv6", "free"}: 65534,
+	} {
+		if got := value(t, mfs, "onc_controller_cidrs", map[string]string{"family": labels[0], "state": labels[1]}); got != want {
+			t.Errorf("onc_controller_cidrs%v = %v, want %v", labels, got, want)
 		}
 	}
 	if got := value(t, mfs, "onc_controller_leader", nil); got != 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,8 +27,9 @@ type race struct {
 	// kubelet) would.
 	register func(ctx context.Context, spec datastore.NodeSpec) error
 	// mirrored lists the nodes whose backend-specific copies of their
-	// block (Node.spec.podCIDR on Kubernetes) differ from blocks.
-	mirrored func(ctx context.Context, blocks map[string]netip.Prefix) ([]string, error)
+	// blocks (Node.spec.podCIDRs on Kubernetes) differ from blocks, each
+	// node's in the cluster's family order.
+	mirrored func(ctx context.Context, blocks map[string][]netip.Prefix) ([]string, error)
 }
 
 const raceNodes = 2000
@@ -39,8 +41,9 @@ func raceSpec(i int) datastore.NodeSpec {
 
 // run registers raceNodes nodes, 64 at a time, while both controllers
 // run, and fails the test unless every node ends with one block of its
-// own that its record (and its mirrors) show, no block was ever shown on
-// two nodes or changed on one, and the ledger holds nothing else.
+// own of each pool that its record (and its mirrors) show, no block was
+// ever shown on two nodes or changed on one, and the ledgers hold
+// nothing else.
 func (r race) run(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -102,56 +105,54 @@ func (r race) check(ctx context.Context) []string {
 		return []string{err.Error()}
 	}
 	var problems []string
-	blockOf := map[string]netip.Prefix{}
+	blocksOf := map[string][]netip.Prefix{}
 	for p, owner := range allocs {
-		if _, two := blockOf[owner]; two {
-			problems = append(problems, fmt.Sprintf("%s holds two blocks in the ledger, %v and %v", owner, blockOf[owner], p))
+		if other := datastore.BlockOf(blocksOf[owner], datastore.FamilyOf(p)); other.IsValid() {
+			problems = append(problems, fmt.Sprintf("%s holds two blocks of a family in the ledger, %v and %v", owner, other, p))
 		}
-		blockOf[owner] = p
+		blocksOf[owner] = r.cluster.InFamilyOrder(append(blocksOf[owner], p))
 	}
 	if len(nodes) != raceNodes {
 		problems = append(problems, fmt.Sprintf("%d nodes registered, want %d", len(nodes), raceNodes))
 	}
 	for _, n := range nodes {
-		switch block, ok := blockOf[n.Name]; {
-		case !ok:
-			problems = append(problems, fmt.Sprintf("%s has no block in the ledger", n.Name))
-		case n.PodCIDR != block:
-			problems = append(problems, fmt.Sprintf("%s's record shows %v, the ledger %v", n.Name, n.PodCIDR, block))
+		switch blocks := blocksOf[n.Name]; {
+		case len(blocks) != len(r.cluster.Pools):
+			problems = append(problems, fmt.Sprintf("%s has blocks %v in the ledger, want one of each pool", n.Name, blocks))
+		case !slices.Equal(n.PodCIDRs, blocks):
+			problems = append(problems, fmt.Sprintf("%s's record shows %v, the ledger %v", n.Name, n.PodCIDRs, blocks))
 		}
-		delete(blockOf, n.Name)
 	}
-	for owner, p := range blockOf {
-		problems = append(problems, fmt.Sprintf("the ledger gives %v to %s, which is not registered", p, owner))
+	for owner, blocks := range blocksOf {
+		if !slices.ContainsFunc(nodes, func(n datastore.Node) bool { return n.Name == owner }) {
+			problems = append(problems, fmt.Sprintf("the ledger gives %v to %s, which is not registered", blocks, owner))
+		}
 	}
 	if len(problems) > 0 || r.mirrored == nil {
 		return problems
 	}
-	for p, owner := range allocs {
-		blockOf[owner] = p
-	}
-	stale, err := r.mirrored(ctx, blockOf)
+	stale, err := r.mirrored(ctx, blocksOf)
 	if err != nil {
 		return []string{err.Error()}
 	}
 	for _, n := range stale {
-		problems = append(problems, fmt.Sprintf("%s's mirror is not its block %v", n, blockOf[n]))
+		problems = append(problems, fmt.Sprintf("%s's mirror is not its blocks %v", n, blocksOf[n]))
 	}
 	return problems
 }
 
 // watcher follows a store's records on every change signal while the
-// controllers run: a node's block, once shown, never changes, and no two
-// nodes show one block at once.
+// controllers run: a node's block of a family, once shown, never changes,
+// and no two nodes show one block at once.
 type watcher struct {
 	s    datastore.Store
 	mu   sync.Mutex
-	seen map[string]netip.Prefix
+	seen map[string][]netip.Prefix
 	bad  []string
 }
 
 func newWatcher(s datastore.Store) *watcher {
-	return &watcher{s: s, seen: map[string]netip.Prefix{}}
+	return &watcher{s: s, seen: map[string][]netip.Prefix{}}
 }
 
 func (w *watcher) run(ctx context.Context) {
@@ -164,17 +165,17 @@ func (w *watcher) run(ctx context.Context) {
 		w.mu.Lock()
 		shown := map[netip.Prefix]string{}
 		for _, n := range nodes {
-			if !n.PodCIDR.IsValid() {
-				continue
+			for _, p := range n.PodCIDRs {
+				if other, ok := shown[p]; ok {
+					w.bad = append(w.bad, fmt.Sprintf("%v shown on %s and %s at once", p, other, n.Name))
+				}
+				shown[p] = n.Name
+				if had := datastore.BlockOf(w.seen[n.Name], datastore.FamilyOf(p)); had.IsValid() && had != p {
+					w.bad = append(w.bad, fmt.Sprintf("%s was given %v, then %v", n.Name, had, p))
+				} else if !had.IsValid() {
+					w.seen[n.Name] = append(w.seen[n.Name], p)
+				}
 			}
-			if other, ok := shown[n.PodCIDR]; ok {
-				w.bad = append(w.bad, fmt.Sprintf("%v shown on %s and %s at once", n.PodCIDR, other, n.Name))
-			}
-			shown[n.PodCIDR] = n.Name
-			if had, ok := w.seen[n.Name]; ok && had != n.PodCIDR {
-				w.bad = append(w.bad, fmt.Sprintf("%s was given %v, then %v", n.Name, had, n.PodCIDR))
-			}
-			w.seen[n.Name] = n.PodCIDR
 		}
 		w.mu.Unlock()
 		select { // at most ten reads a second: thousands of records each
@@ -191,7 +192,8 @@ func (w *watcher) problems() []string {
 }
 
 // Two controllers on one etcd, each with its own client: every claim
-// batch is a transaction requiring its nodes and blocks to be free.
+// batch is a transaction requiring its nodes and blocks to be free, each
+// family's apart, in a dual-stack cluster.
 func TestTwoControllersGiveEveryNodeOneBlockOnEtcd(t *testing.T) {
 	e := etcdtest.Embedded(t, "")
 	open := func() datastore.Store {
@@ -204,7 +206,8 @@ func TestTwoControllersGiveEveryNodeOneBlockOnEtcd(t *testing.T) {
 	}
 	agents := open()
 	race{
-		cluster:  datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24},
+		cluster: datastore.ClusterConfig{Pools: []datastore.Pool{
+			{CIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00::/32"), NodePrefixLen: 64}}},
 		stores:   [2]datastore.Store{open(), open()},
 		register: agents.RegisterNode,
 	}.run(t)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/onc-net/onc/datastore"
 )
@@ -25,12 +26,12 @@ type Revoker interface {
 
 // RemoveNode is the operator's removal of a node on the etcd datastore (on
 // Kubernetes, deleting the Node does it): its registration, liveness and
-// pod CIDR go in one transaction, and every agent, watching, takes it off
+// pod CIDRs go in one transaction, and every agent, watching, takes it off
 // its peers; then creds, if not nil, revokes the node's credentials. It
-// returns the CIDR it released (invalid if it had none). A node that is
+// returns the CIDRs it released (none if it had none). A node that is
 // neither registered nor holds a CIDR is datastore.ErrNotFound (its
 // credentials are revoked all the same); a live one is refused.
-func RemoveNode(ctx context.Context, store datastore.Store, creds Revoker, name string) (netip.Prefix, error) {
+func RemoveNode(ctx context.Context, store datastore.Store, creds Revoker, name string) ([]netip.Prefix, error) {
 	cidr, err := removeRecords(ctx, store, name)
 	if creds == nil || err != nil && !errors.Is(err, datastore.ErrNotFound) {
 		return cidr, err
@@ -46,19 +47,19 @@ func RemoveNode(ctx context.Context, store datastore.Store, creds Revoker, name 
 // renewal), so another node, or a revoked certificate, can keep it alive.
 // creds, required, first revokes the node's credentials, so that its own
 // agent, if it runs, can write nothing from then on; then ends its
-// liveness; then its records go and its CIDR is released as in RemoveNode.
-func RemoveNodeEvenIfAlive(ctx context.Context, store datastore.Store, creds Revoker, name string) (netip.Prefix, error) {
+// liveness; then its records go and its CIDRs are released as in RemoveNode.
+func RemoveNodeEvenIfAlive(ctx context.Context, store datastore.Store, creds Revoker, name string) ([]netip.Prefix, error) {
 	if creds == nil {
-		return netip.Prefix{}, errors.New("removing a node even if it is alive needs the embedded etcd's root credentials")
+		return nil, errors.New("removing a node even if it is alive needs the embedded etcd's root credentials")
 	}
 	if err := requireName(name); err != nil {
-		return netip.Prefix{}, err
+		return nil, err
 	}
 	if err := creds.RevokeNode(ctx, name); err != nil {
-		return netip.Prefix{}, fmt.Errorf("node %s: revoke its datastore credentials: %w", name, err)
+		return nil, fmt.Errorf("node %s: revoke its datastore credentials: %w", name, err)
 	}
 	if err := creds.EndLiveness(ctx, name); err != nil {
-		return netip.Prefix{}, fmt.Errorf("node %s: end its liveness: %w", name, err)
+		return nil, fmt.Errorf("node %s: end its liveness: %w", name, err)
 	}
 	return removeRecords(ctx, store, name)
 }
@@ -71,40 +72,41 @@ func requireName(name string) error {
 }
 
 // removeRecords is RemoveNode's datastore side.
-func removeRecords(ctx context.Context, store datastore.Store, name string) (netip.Prefix, error) {
+func removeRecords(ctx context.Context, store datastore.Store, name string) ([]netip.Prefix, error) {
 	if err := requireName(name); err != nil {
-		return netip.Prefix{}, err
+		return nil, err
 	}
-	var cidr netip.Prefix
+	var cidrs []netip.Prefix
 	n, err := store.Node(ctx, name)
 	switch {
 	case err == nil:
-		cidr = n.PodCIDR
+		cidrs = n.PodCIDRs
 	case !errors.Is(err, datastore.ErrNotFound):
-		return netip.Prefix{}, err
-	default: // not registered: maybe only its block is left
+		return nil, err
+	default: // not registered: maybe only its blocks are left
 		allocs, err := store.Allocations(ctx)
 		if err != nil {
-			return netip.Prefix{}, err
+			return nil, err
 		}
 		for p, owner := range allocs {
 			if owner == name {
-				cidr = p
+				cidrs = append(cidrs, p)
 			}
 		}
-		if !cidr.IsValid() {
-			return netip.Prefix{}, fmt.Errorf("node %s: %w: neither registered nor holding a pod CIDR", name, datastore.ErrNotFound)
+		slices.SortFunc(cidrs, netip.Prefix.Compare) // IPv4 first
+		if len(cidrs) == 0 {
+			return nil, fmt.Errorf("node %s: %w: neither registered nor holding a pod CIDR", name, datastore.ErrNotFound)
 		}
 	}
 	live, err := store.Liveness(ctx)
 	if err != nil {
-		return netip.Prefix{}, err
+		return nil, err
 	}
 	if live[name] {
-		return netip.Prefix{}, fmt.Errorf("node %s: %w", name, ErrNodeAlive)
+		return nil, fmt.Errorf("node %s: %w", name, ErrNodeAlive)
 	}
 	if err := store.DeleteNode(ctx, name); err != nil {
-		return netip.Prefix{}, fmt.Errorf("remove node %s: %w", name, err)
+		return nil, fmt.Errorf("remove node %s: %w", name, err)
 	}
-	return cidr, nil
+	return cidrs, nil
 }

@@ -44,13 +44,13 @@ func TestRemoveNode(t *testing.T) {
 	}
 
 	got, err := controller.RemoveNode(ctx, s, nil, "stopped")
-	if err != nil || got != stopped.PodCIDR || !got.IsValid() {
-		t.Fatalf("RemoveNode(stopped) = %v, %v; want its CIDR %v released", got, err, stopped.PodCIDR)
+	if err != nil || !slices.Equal(got, stopped.PodCIDRs) || len(got) == 0 {
+		t.Fatalf("RemoveNode(stopped) = %v, %v; want its CIDRs %v released", got, err, stopped.PodCIDRs)
 	}
 	if _, err := s.Node(ctx, "stopped"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatalf("the removed node is still registered (%v)", err)
 	}
-	if allocs, _ := s.Allocations(ctx); allocs[stopped.PodCIDR] != "" {
+	if allocs, _ := s.Allocations(ctx); allocs[stopped.IPv4PodCIDR()] != "" {
 		t.Fatalf("its CIDR is still allocated: %v", allocs)
 	}
 	if _, err := controller.RemoveNode(ctx, s, nil, "stopped"); !errors.Is(err, datastore.ErrNotFound) {
@@ -64,14 +64,16 @@ func TestRemoveNode(t *testing.T) {
 		t.Fatalf("a refused removal removed the node: %v", err)
 	}
 
-	orphan := netip.MustParsePrefix("10.244.200.0/24")
-	if _, err := s.ClaimCIDR(ctx, "ghost", orphan); err != nil {
-		t.Fatal(err)
+	orphans := []netip.Prefix{netip.MustParsePrefix("10.244.200.0/24"), netip.MustParsePrefix("fd00:10:244:200::/64")}
+	for _, p := range orphans {
+		if _, err := datastore.ClaimCIDR(ctx, s, "ghost", p); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got, err := controller.RemoveNode(ctx, s, nil, "ghost"); err != nil || got != orphan {
-		t.Fatalf("RemoveNode(ghost) = %v, %v; want its block %v released", got, err, orphan)
+	if got, err := controller.RemoveNode(ctx, s, nil, "ghost"); err != nil || !slices.Equal(got, orphans) {
+		t.Fatalf("RemoveNode(ghost) = %v, %v; want its blocks %v released", got, err, orphans)
 	}
-	if allocs, _ := s.Allocations(ctx); len(allocs) != 1 || allocs[orphan] != "" {
+	if allocs, _ := s.Allocations(ctx); len(allocs) != 1 || allocs[orphans[0]] != "" {
 		t.Fatalf("allocations left: %v, want only the live node's", allocs)
 	}
 }
@@ -97,7 +99,7 @@ func TestRemovedNodeRegisteredAgainIsNew(t *testing.T) {
 	if err := c.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Node(ctx, "again"); err != nil || !n.PodCIDR.IsValid() {
+	if n, err := s.Node(ctx, "again"); err != nil || !n.IPv4PodCIDR().IsValid() {
 		t.Fatalf("the node registered again: %+v, %v; want it kept and given a CIDR", n, err)
 	}
 }
@@ -193,7 +195,7 @@ func TestRemoveNodeEvenIfAlive(t *testing.T) {
 		s, cli := agent(name)
 		register(t, s, name)
 		cidrOf[name] = netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i))
-		if _, err := ctl.ClaimCIDR(ctx, name, cidrOf[name]); err != nil {
+		if _, err := datastore.ClaimCIDR(ctx, ctl, name, cidrOf[name]); err != nil {
 			t.Fatal(err)
 		}
 		return s, cli
@@ -237,7 +239,7 @@ func TestRemoveNodeEvenIfAlive(t *testing.T) {
 		t.Fatalf("RemoveNode of a node kept alive: %v, want ErrNodeAlive", err)
 	}
 	r := &revoker{Revoker: ctl, store: ctl, t: t}
-	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, r, "kept"); err != nil || got != cidrOf["kept"] {
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, r, "kept"); err != nil || !slices.Equal(got, []netip.Prefix{cidrOf["kept"]}) {
 		t.Fatalf("RemoveNodeEvenIfAlive(kept) = %v, %v; want its CIDR %v released", got, err, cidrOf["kept"])
 	}
 	if want := []string{"revoke", "end liveness"}; !slices.Equal(r.steps, want) {
@@ -247,7 +249,7 @@ func TestRemoveNodeEvenIfAlive(t *testing.T) {
 		t.Error("keeper still renews kept's lease after its removal")
 	}
 
-	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "idle"); err != nil || got != cidrOf["idle"] {
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "idle"); err != nil || !slices.Equal(got, []netip.Prefix{cidrOf["idle"]}) {
 		t.Fatalf("RemoveNodeEvenIfAlive(idle), not alive = %v, %v; want its CIDR %v released", got, err, cidrOf["idle"])
 	}
 
@@ -255,7 +257,7 @@ func TestRemoveNodeEvenIfAlive(t *testing.T) {
 	defer lcancel()
 	go func() { _ = live.KeepAlive(lctx, "live", time.Minute) }()
 	testutil.WaitFor(t, "live's lease", 10*time.Second, func() bool { l, _ := ctl.Liveness(ctx); return l["live"] })
-	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "live"); err != nil || got != cidrOf["live"] {
+	if got, err := controller.RemoveNodeEvenIfAlive(ctx, ctl, ctl, "live"); err != nil || !slices.Equal(got, []netip.Prefix{cidrOf["live"]}) {
 		t.Fatalf("RemoveNodeEvenIfAlive(live), its agent running = %v, %v; want its CIDR %v released", got, err, cidrOf["live"])
 	}
 	time.Sleep(1500 * time.Millisecond) // the agent takes a new lease after a second

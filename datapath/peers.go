@@ -47,16 +47,17 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 	for _, nd := range nodes {
 		// The overlay, and so the guard, is IPv4: one record with another
 		// address must not stop every peer's programming.
-		if !nd.IP.Is4() || (nd.PodCIDR.IsValid() && !nd.PodCIDR.Addr().Is4()) {
-			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s or pod CIDR %s is not IPv4", nd.Name, nd.IP, nd.PodCIDR))
+		podCIDR := nd.IPv4PodCIDR() // pods are IPv4 only so far (issue 28)
+		if !nd.IP.Is4() {
+			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s or pod CIDR %s is not IPv4", nd.Name, nd.IP, podCIDR))
 			continue
 		}
 		s.hosts = append(s.hosts, nd.IP)
-		if !nd.PodCIDR.IsValid() {
+		if !podCIDR.IsValid() {
 			continue
 		}
-		gw := Gateway(nd.PodCIDR)
-		keys := map[any]string{nd.PodCIDR.Masked(): "pod CIDR " + nd.PodCIDR.String(), gw: "gateway " + gw.String(),
+		gw := Gateway(podCIDR)
+		keys := map[any]string{podCIDR.Masked(): "pod CIDR " + podCIDR.String(), gw: "gateway " + gw.String(),
 			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
 		if why := conflict(owner, keys); why != "" {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: %s", nd.Name, why))
@@ -68,10 +69,10 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		if nd.Name == self {
 			continue
 		}
-		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: nd.PodCIDR})
-		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: []netip.Prefix{nd.PodCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}})
+		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR})
+		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: []netip.Prefix{podCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}})
 		if nd.FastPath {
-			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: nd.PodCIDR, NodeIP: nd.IP})
+			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR, NodeIP: nd.IP})
 		}
 	}
 	return s

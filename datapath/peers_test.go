@@ -14,7 +14,7 @@ func node(name, ip, cidr string, fastPath bool) datastore.Node {
 	n := datastore.Node{NodeSpec: datastore.NodeSpec{Name: name, IP: netip.MustParseAddr(ip),
 		VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, name[0]}, FastPath: fastPath}}
 	if cidr != "" {
-		n.PodCIDR = netip.MustParsePrefix(cidr)
+		n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(cidr)}
 	}
 	return n
 }

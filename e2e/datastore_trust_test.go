@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -157,11 +158,11 @@ func TestEmbeddedEtcdAnswersOnlyTheCluster(t *testing.T) {
 		now[n.Name] = n
 	}
 	for _, was := range before {
-		if n := now[was.Name]; n.IP != was.IP || n.VTEPMAC.String() != was.VTEPMAC.String() || n.PodCIDR != was.PodCIDR {
+		if n := now[was.Name]; n.IP != was.IP || n.VTEPMAC.String() != was.VTEPMAC.String() || !slices.Equal(n.PodCIDRs, was.PodCIDRs) {
 			t.Errorf("node %s changed: %+v, was %+v", was.Name, n, was)
 		}
 	}
-	if cfg, err := admin.ClusterConfig(ctx); err != nil || !cfg.ClusterCIDR.IsValid() {
+	if cfg, err := admin.ClusterConfig(ctx); err != nil || !cfg.IPv4().CIDR.IsValid() {
 		t.Errorf("cluster config after the attempts: %+v, %v", cfg, err)
 	}
 }

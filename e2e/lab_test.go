@@ -124,7 +124,7 @@ func labMatrixAndNodeRemoval(t *testing.T, l *lab.Lab) {
 		t.Fatal(err)
 	}
 	wantValues(t, "controller", scrape(t, targets[len(targets)-1]), []metricWant{
-		{"onc_controller_cidrs", map[string]string{"state": "allocated"}, float64(len(l.Nodes))},
+		{"onc_controller_cidrs", map[string]string{"family": "ipv4", "state": "allocated"}, float64(len(l.Nodes))},
 	})
 	matrix(t, l)
 }

@@ -80,8 +80,8 @@ func TestMetricsInTheLab(t *testing.T) {
 
 	blocks := float64(1 << (24 - 16)) // the lab's 10.244.0.0/16 in /24s
 	wantValues(t, "controller", scrape(t, targets[len(l.Nodes)]), []metricWant{
-		{"onc_controller_cidrs", map[string]string{"state": "allocated"}, float64(len(l.Nodes))},
-		{"onc_controller_cidrs", map[string]string{"state": "free"}, blocks - float64(len(l.Nodes))},
+		{"onc_controller_cidrs", map[string]string{"family": "ipv4", "state": "allocated"}, float64(len(l.Nodes))},
+		{"onc_controller_cidrs", map[string]string{"family": "ipv4", "state": "free"}, blocks - float64(len(l.Nodes))},
 		{"onc_controller_leader", nil, 1},
 		{"onc_controller_datastore_errors_total", nil, 0},
 	})

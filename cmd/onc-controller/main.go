@@ -11,9 +11,12 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/onc-net/onc/controller"
+	"github.com/onc-net/onc/controller/nodeipam"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/datastore/backend"
 	"github.com/onc-net/onc/datastore/etcdserver"
@@ -31,8 +34,13 @@ func main() {
 		}
 	}
 	fs := pflag.NewFlagSet("onc-controller", pflag.ExitOnError)
-	clusterCIDR := fs.String("cluster-cidr", "10.244.0.0/16", "IPv4 range all pod CIDRs come from")
-	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's pod CIDR")
+	clusterCIDRs := fs.String("cluster-cidr", "10.244.0.0/16", "ranges all pod CIDRs come from, comma-separated in the cluster's family order (primary first): an IPv4 range, an IPv6 range, or one of each for dual-stack")
+	prefixLen := fs.Int("node-prefix-len", 24, "size of each node's IPv4 pod CIDR")
+	prefixLen6Default, err := envInt("NODE_PREFIX_LEN_IPV6", 64)
+	if err != nil {
+		cmdutil.Fatal("bad setting", err)
+	}
+	prefixLen6 := fs.Int("node-prefix-len-ipv6", prefixLen6Default, "size of each node's IPv6 pod CIDR (default from env NODE_PREFIX_LEN_IPV6, which the manifest sets from onc-config when the key is there)")
 	nodeTimeout := fs.Duration("node-timeout", 24*time.Hour, "delete a node (and free its CIDR) after its agent has been gone this long; 0 never")
 	emb := addEmbeddedFlags(fs)
 	store := backend.AddControllerFlags(fs)
@@ -53,9 +61,9 @@ func main() {
 
 	ctx, stop := cmdutil.Setup(*debug)
 	defer stop()
-	cidr, err := netip.ParsePrefix(*clusterCIDR)
+	cluster, err := clusterConfig(*clusterCIDRs, *prefixLen, *prefixLen6)
 	if err != nil {
-		cmdutil.Fatal("bad flag", fmt.Errorf("--cluster-cidr %q: %w", *clusterCIDR, err))
+		cmdutil.Fatal("bad flag", err)
 	}
 	if err := store.Validate(); err != nil {
 		cmdutil.Fatal("bad flag", err)
@@ -74,7 +82,6 @@ func main() {
 		cmdutil.Fatal("cannot open the datastore", err)
 	}
 	defer ds.Close()
-	cluster := datastore.ClusterConfig{ClusterCIDR: cidr, NodePrefixLen: *prefixLen}
 	// Before the election: a standby serves its metrics too.
 	metrics, err := controller.NewMetrics(cluster, ds)
 	if err != nil {
@@ -90,7 +97,7 @@ func main() {
 		if err != nil {
 			return err
 		}
-		slog.Info("controller running", "clusterCIDR", cidr, "nodePrefixLen", *prefixLen, "datastore", ds.Describe())
+		slog.Info("controller running", "cluster", cluster.String(), "datastore", ds.Describe())
 		return c.Run(ctx)
 	}
 	if store.Kind == backend.Kubernetes {
@@ -105,4 +112,39 @@ func main() {
 	if err != nil {
 		cmdutil.Fatal("controller failed", err)
 	}
+}
+
+// clusterConfig makes the cluster's pools of --cluster-cidr, a list in
+// family order as kube-controller-manager's, each with its family's node
+// prefix length, and checks them.
+func clusterConfig(cidrs string, prefixLen4, prefixLen6 int) (datastore.ClusterConfig, error) {
+	var cfg datastore.ClusterConfig
+	for c := range strings.SplitSeq(cidrs, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			return cfg, fmt.Errorf("--cluster-cidr %q: %w", cidrs, err)
+		}
+		pool := datastore.Pool{CIDR: p, NodePrefixLen: prefixLen4}
+		if datastore.FamilyOf(p) == datastore.IPv6 {
+			pool.NodePrefixLen = prefixLen6
+		}
+		cfg.Pools = append(cfg.Pools, pool)
+	}
+	return cfg, nodeipam.Validate(cfg)
+}
+
+// envInt is the integer in environment variable name, def when it is
+// unset: a ConfigMap key that an older onc-config lacks reaches the
+// controller this way (an optional env), where a flag in the manifest's
+// args would stop it from starting.
+func envInt(name string, def int) (int, error) {
+	v, ok := os.LookupEnv(name)
+	if !ok || v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: not a number", name, v)
+	}
+	return n, nil
 }

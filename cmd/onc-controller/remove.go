@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/onc-net/onc/controller"
@@ -67,7 +69,7 @@ func removeNode(args []string) int {
 	if *evenIfAlive {
 		remove = controller.RemoveNodeEvenIfAlive
 	}
-	cidr, err := remove(ctx, ds, creds, name)
+	cidrs, err := remove(ctx, ds, creds, name)
 	switch {
 	case creds != nil && errors.Is(err, datastore.ErrNotFound):
 		err = fmt.Errorf("%w; its etcd user %s, if it had one, is deleted", err, etcdstore.NodeUser(name))
@@ -81,10 +83,19 @@ func removeNode(args []string) int {
 	if *evenIfAlive {
 		fmt.Printf("node %s: etcd user and role %s deleted; liveness ended (its lease revoked)\n", name, etcdstore.NodeUser(name))
 	}
-	if cidr.IsValid() {
-		fmt.Printf("node %s removed; pod CIDR %s released\n", name, cidr)
+	if len(cidrs) > 0 {
+		fmt.Printf("node %s removed; pod CIDR %s released\n", name, prefixList(cidrs))
 	} else {
 		fmt.Printf("node %s removed (it had no pod CIDR)\n", name)
 	}
 	return 0
+}
+
+// prefixList names a node's blocks: "10.244.1.0/24 and fd00:10:244:1::/64".
+func prefixList(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, " and ")
 }

@@ -73,7 +73,7 @@ func TestRemoveNodeEvenIfAliveCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	cidr := netip.MustParsePrefix("10.244.1.0/24")
-	if _, err := ctl.ClaimCIDR(ctx, "kept", cidr); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx, ctl, "kept", cidr); err != nil {
 		t.Fatal(err)
 	}
 	kept, keeper := client("kept"), client("keeper")

@@ -25,8 +25,12 @@ func store(t *testing.T, url string) datastore.Store {
 	return s
 }
 
-func cfg(cidr string, bits int) datastore.ClusterConfig {
-	return datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix(cidr), NodePrefixLen: bits}
+func pool(cidr string, bits int) datastore.Pool {
+	return datastore.Pool{CIDR: netip.MustParsePrefix(cidr), NodePrefixLen: bits}
+}
+
+func cluster(pools ...datastore.Pool) datastore.ClusterConfig {
+	return datastore.ClusterConfig{Pools: pools}
 }
 
 // allocate is a batch of one.
@@ -45,7 +49,7 @@ func TestConcurrentAllocatorsNeverShareABlock(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		a, err := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		a, err := nodeipam.New(pool("10.244.0.0/16", 24), store(t, e.ClientURL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +78,7 @@ func TestSameNodeConcurrentlyGetsOneBlock(t *testing.T) {
 	var wg sync.WaitGroup
 	got := make([]netip.Prefix, 20)
 	for i := range got {
-		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		a, _ := nodeipam.New(pool("10.244.0.0/16", 24), store(t, e.ClientURL))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -103,7 +107,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 	want := map[string]netip.Prefix{}
 	func() {
 		e := etcdtest.Embedded(t, dir)
-		a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+		a, _ := nodeipam.New(pool("10.244.0.0/16", 24), store(t, e.ClientURL))
 		for _, n := range []string{"a", "b", "c"} {
 			p, err := allocate(ctx, a, n, netip.Prefix{})
 			if err != nil {
@@ -114,7 +118,7 @@ func TestRestartKeepsBlocks(t *testing.T) {
 		e.Close()
 	}()
 	e := etcdtest.Embedded(t, dir)
-	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+	a, _ := nodeipam.New(pool("10.244.0.0/16", 24), store(t, e.ClientURL))
 	for _, n := range []string{"c", "b", "a"} { // other order: must not matter
 		if p, err := allocate(ctx, a, n, netip.Prefix{}); err != nil || p != want[n] {
 			t.Fatalf("after restart %s got %v, %v; want %v", n, p, err, want[n])
@@ -124,40 +128,59 @@ func TestRestartKeepsBlocks(t *testing.T) {
 
 func TestExhaustionIsAClearError(t *testing.T) {
 	e := etcdtest.Embedded(t, "")
-	a, _ := nodeipam.New(cfg("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
 	ctx := context.Background()
-	seen := map[netip.Prefix]bool{}
-	for i := 0; i < 4; i++ {
-		p, err := allocate(ctx, a, fmt.Sprint("n", i), netip.Prefix{})
-		if err != nil {
-			t.Fatal(err)
+	for _, p := range []datastore.Pool{pool("10.9.0.0/28", 30), pool("fd00:9::/118", 120)} { // 4 blocks each
+		a, _ := nodeipam.New(p, store(t, e.ClientURL))
+		seen := map[netip.Prefix]bool{}
+		for i := range 4 {
+			b, err := allocate(ctx, a, fmt.Sprint("n", i), netip.Prefix{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[b] = true
 		}
-		seen[p] = true
+		if len(seen) != 4 {
+			t.Fatalf("4 nodes got %d distinct blocks of %v", len(seen), p)
+		}
+		_, err := allocate(ctx, a, "n4", netip.Prefix{})
+		if !errors.Is(err, nodeipam.ErrExhausted) || !strings.Contains(err.Error(), p.CIDR.String()) {
+			t.Fatalf("5th node of %v: err = %v, want ErrExhausted naming the pool", p, err)
+		}
+		t.Logf("exhaustion error: %v", err)
 	}
-	if len(seen) != 4 {
-		t.Fatalf("4 nodes got %d distinct blocks", len(seen))
-	}
-	_, err := allocate(ctx, a, "n4", netip.Prefix{})
-	if !errors.Is(err, nodeipam.ErrExhausted) {
-		t.Fatalf("5th node: err = %v, want ErrExhausted", err)
-	}
-	t.Logf("exhaustion error: %v", err)
 }
 
-func TestValidateRejectsBadConfig(t *testing.T) {
-	for _, c := range []datastore.ClusterConfig{
-		cfg("10.244.0.0/16", 8),  // node block larger than the cluster
-		cfg("10.244.0.0/16", 31), // too small for a pod
-		cfg("10.244.1.0/16", 24), // host bits
-		cfg("fd00::/64", 80),     // not IPv4
-		{NodePrefixLen: 24},      // no CIDR
+// Every error names the flag (and onc-config key) to fix.
+func TestValidate(t *testing.T) {
+	v4, v6 := pool("10.244.0.0/16", 24), pool("fd00:10:244::/56", 64)
+	for _, c := range []struct {
+		cfg  datastore.ClusterConfig
+		want string
+	}{
+		{cluster(), "--cluster-cidr: no range"},
+		{cluster(pool("10.244.0.0/16", 8)), "--node-prefix-len /8: must be between the cluster CIDR 10.244.0.0/16's /16 and /30"},
+		{cluster(pool("10.244.0.0/16", 31)), "--node-prefix-len /31"},
+		{cluster(pool("10.244.1.0/16", 24)), "--cluster-cidr 10.244.1.0/16: host bits set (did you mean 10.244.0.0/16?)"},
+		{cluster(v4, pool("fd00:10:244::/56", 48)), "--node-prefix-len-ipv6 /48: must be between the cluster CIDR fd00:10:244::/56's /56 and /120"},
+		{cluster(pool("fd00::/64", 121)), "--node-prefix-len-ipv6 /121"},
+		{cluster(pool("fd00::/64", 24)), "--node-prefix-len-ipv6 /24"}, // the IPv4 length given to IPv6
+		{cluster(pool("fd00::1/64", 120)), "--cluster-cidr fd00::1/64: host bits set (did you mean fd00::/64?)"},
+		{cluster(v4, pool("10.245.0.0/16", 24)), "--cluster-cidr 10.244.0.0/16,10.245.0.0/16: two ipv4 ranges"},
+		{cluster(v6, v4, pool("fd00:99::/56", 64)), "--cluster-cidr fd00:10:244::/56,fd00:99::/56: two ipv6 ranges"},
+		{cluster(pool("::ffff:10.0.0.0/104", 120)), "--cluster-cidr ::ffff:10.0.0.0/104: an IPv4-mapped IPv6 range"},
+		{cluster(datastore.Pool{NodePrefixLen: 24}), "--cluster-cidr: not a prefix"},
 	} {
-		if err := nodeipam.Validate(c); err == nil {
-			t.Errorf("Validate(%+v) accepted", c)
+		if err := nodeipam.Validate(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Validate(%v) = %v, want an error with %q", c.cfg, err, c.want)
 		}
 	}
-	if err := nodeipam.Validate(cfg("10.244.0.0/16", 24)); err != nil {
-		t.Fatal(err)
+	for _, ok := range []datastore.ClusterConfig{
+		cluster(v4), cluster(v6), cluster(v4, v6), cluster(v6, v4),
+		cluster(pool("10.244.0.0/16", 30), pool("fd00::/8", 120)), cluster(pool("::/0", 64)),
+	} {
+		if err := nodeipam.Validate(ok); err != nil {
+			t.Errorf("Validate(%v): %v", ok, err)
+		}
 	}
 }
 
@@ -165,7 +188,7 @@ func TestValidateRejectsBadConfig(t *testing.T) {
 // before ONC) keeps it when it is a free block; otherwise it gets a free one.
 func TestAllocatePrefersTheNodesOwnFreeBlock(t *testing.T) {
 	e := etcdtest.Embedded(t, "")
-	a, _ := nodeipam.New(cfg("10.244.0.0/16", 24), store(t, e.ClientURL))
+	a, _ := nodeipam.New(pool("10.244.0.0/16", 24), store(t, e.ClientURL))
 	ctx := context.Background()
 	own := netip.MustParsePrefix("10.244.77.0/24")
 	if p, err := allocate(ctx, a, "kept", own); err != nil || p != own {
@@ -191,7 +214,7 @@ func TestConcurrentBatchesGiveEachNodeOneBlock(t *testing.T) {
 	errs := make([]error, allocators)
 	var wg sync.WaitGroup
 	for i := range allocators {
-		a, err := nodeipam.New(cfg("10.0.0.0/8", 24), store(t, e.ClientURL))
+		a, err := nodeipam.New(pool("10.0.0.0/8", 24), store(t, e.ClientURL))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +253,7 @@ func TestConcurrentBatchesGiveEachNodeOneBlock(t *testing.T) {
 // the error names the others.
 func TestBatchBeyondTheClusterCIDRNamesWhoGotNone(t *testing.T) {
 	e := etcdtest.Embedded(t, "")
-	a, _ := nodeipam.New(cfg("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
+	a, _ := nodeipam.New(pool("10.9.0.0/28", 30), store(t, e.ClientURL)) // 4 blocks
 	got, err := a.Allocate(context.Background(), []nodeipam.Request{{Node: "a"}, {Node: "b"}, {Node: "c"}, {Node: "d"}, {Node: "e"}, {Node: "f"}})
 	if !errors.Is(err, nodeipam.ErrExhausted) || !strings.Contains(err.Error(), "nodes e, f") {
 		t.Fatalf("err = %v, want ErrExhausted naming e and f", err)

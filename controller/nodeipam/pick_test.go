@@ -2,6 +2,7 @@ package nodeipam
 
 import (
 	"maps"
+	"math/big"
 	"net/netip"
 	"slices"
 	"testing"
@@ -12,7 +13,7 @@ import (
 // The batch picking, without a datastore: one read of the allocations in,
 // every request's block out.
 func TestPick(t *testing.T) {
-	a, err := New(datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.9.0.0/28"), NodePrefixLen: 30}, nil) // 4 blocks
+	a, err := New(datastore.Pool{CIDR: netip.MustParsePrefix("10.9.0.0/28"), NodePrefixLen: 30}, nil) // 4 blocks
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +51,10 @@ func TestPick(t *testing.T) {
 			nil,
 			[]Request{req("size", netip.MustParsePrefix("10.9.0.8/29"))},
 			map[string]netip.Prefix{"size": b(0)}, nil},
+		{"a node's block of the other family is not its block of this one",
+			map[netip.Prefix]string{netip.MustParsePrefix("fd00::/64"): "a"},
+			[]Request{req("a", none)},
+			map[string]netip.Prefix{"a": b(0)}, nil},
 		{"no free block left: the last requests get none",
 			map[netip.Prefix]string{b(0): "x", b(3): "y"},
 			[]Request{req("a", none), req("b", none), req("c", none), req("d", none)},
@@ -65,5 +70,50 @@ func TestPick(t *testing.T) {
 				t.Fatalf("pick = %v, left %v; want %v, left %v", claims, full, c.want, c.full)
 			}
 		})
+	}
+}
+
+// IPv6 blocks lie 2^64 addresses and more apart: a /32 in /64 blocks holds
+// 2^32 of them, picked lowest first like IPv4's; a /8 in /120 blocks holds
+// more than a uint64 counts.
+func TestPickIPv6(t *testing.T) {
+	a, err := New(datastore.Pool{CIDR: netip.MustParsePrefix("fd00::/32"), NodePrefixLen: 64}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := big.NewInt(1 << 32); a.Blocks().Cmp(want) != 0 {
+		t.Fatalf("%v blocks, want %v", a.Blocks(), want)
+	}
+	for i, want := range map[uint64]string{0: "fd00::/64", 1: "fd00:0:0:1::/64", 1 << 16: "fd00:0:1::/64", 1<<32 - 1: "fd00:0:ffff:ffff::/64"} {
+		if got := a.block(i); got.String() != want || !a.IsBlock(got) {
+			t.Errorf("block %d = %v, want %s", i, got, want)
+		}
+	}
+	b := a.block
+	taken := map[netip.Prefix]string{b(0): "x", b(2): "y", netip.MustParsePrefix("10.244.1.0/24"): "a"}
+	claims, left := a.pick(taken, []Request{{Node: "a"}, {Node: "c"}, {Node: "high", Prefer: b(1<<32 - 1)}})
+	if want := map[string]netip.Prefix{"a": b(1), "c": b(3), "high": b(1<<32 - 1)}; !maps.Equal(claims, want) || len(left) > 0 {
+		t.Errorf("pick = %v, left %v; want %v", claims, left, want)
+	}
+
+	small, _ := New(datastore.Pool{CIDR: netip.MustParsePrefix("fd00::/62"), NodePrefixLen: 64}, nil) // 4 blocks
+	full := map[netip.Prefix]string{}
+	for i := range uint64(4) {
+		full[small.block(i)] = "x"
+	}
+	if claims, left := small.pick(full, []Request{{Node: "a"}}); len(claims) > 0 || len(left) != 1 {
+		t.Errorf("pick from a full pool = %v, left %v; want none", claims, left)
+	}
+	if allocated, free := small.Usage(full); allocated != 4 || free != 0 {
+		t.Errorf("usage of a full pool: %v allocated, %v free", allocated, free)
+	}
+
+	huge, _ := New(datastore.Pool{CIDR: netip.MustParsePrefix("fd00::/8"), NodePrefixLen: 120}, nil)
+	taken = map[netip.Prefix]string{huge.block(0): "x"}
+	if claims, _ := huge.pick(taken, []Request{{Node: "a"}}); claims["a"].String() != "fd00::100/120" {
+		t.Errorf("pick from 2^112 blocks = %v, want the second, fd00::100/120", claims)
+	}
+	if _, free := huge.Usage(taken); free != 0x1p112 {
+		t.Errorf("%v free blocks of 2^112 with one taken", free)
 	}
 }

@@ -111,6 +111,8 @@ func TestNodeCredentials(t *testing.T) {
 		{"ABlockOfAnother", "/onc/cidrs/10.244.1.0-24"},
 		{"ItsOwnBlock", "/onc/nodecidrs/n1"},
 		{"AnothersBlock", "/onc/nodecidrs/n2"},
+		{"AnIPv6Block", "/onc/cidrs-ipv6/fd00_10_244_1__-64"},
+		{"ItsOwnIPv6Block", "/onc/nodecidrs-ipv6/n1"},
 		{"Config", "/onc/config"},
 		{"ARecordBelowItsOwn", "/onc/nodes/n1/x"},
 		// Keys that share its name as a prefix: its grants are exact keys.
@@ -171,13 +173,13 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 	defer cancel()
 	ctl := etcdtest.Store(t, e, e.PKI.Controller())
 	agent := etcdtest.Store(t, e, etcdtest.Node(t, e, "n1"))
-	cluster := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	cluster := datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}}}
 	if err := ctl.PutClusterConfig(ctx, cluster); err != nil {
 		t.Fatal(err)
 	}
 	changes := agent.Changes(ctx)
 	<-changes // the watch exists
-	if got, err := agent.ClusterConfig(ctx); err != nil || got != cluster {
+	if got, err := agent.ClusterConfig(ctx); err != nil || !got.Equal(cluster) {
 		t.Fatalf("ClusterConfig = %v, %v", got, err)
 	}
 	spec := datastore.NodeSpec{Name: "n1", IP: netip.MustParseAddr("192.0.2.1"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
@@ -189,7 +191,7 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 	go func() { done <- agent.KeepAlive(kctx, "n1", 5*time.Second) }()
 	testutil.WaitFor(t, "n1 alive", 10*time.Second, func() bool { l, _ := agent.Liveness(ctx); return l["n1"] })
 	cidr := netip.MustParsePrefix("10.244.7.0/24")
-	if _, err := ctl.ClaimCIDR(ctx, "n1", cidr); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx, ctl, "n1", cidr); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "a change signal", 10*time.Second, func() bool {
@@ -200,10 +202,10 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 			return false
 		}
 	})
-	if n, err := agent.Node(ctx, "n1"); err != nil || n.PodCIDR != cidr {
+	if n, err := agent.Node(ctx, "n1"); err != nil || n.IPv4PodCIDR() != cidr {
 		t.Fatalf("Node(n1) = %+v, %v", n, err)
 	}
-	if nodes, err := agent.Nodes(ctx); err != nil || len(nodes) != 1 || nodes[0].PodCIDR != cidr {
+	if nodes, err := agent.Nodes(ctx); err != nil || len(nodes) != 1 || nodes[0].IPv4PodCIDR() != cidr {
 		t.Fatalf("Nodes = %+v, %v", nodes, err)
 	}
 	stop()
@@ -215,13 +217,17 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 
 	other := spec
 	other.Name = "n2"
+	dualStack := datastore.ClusterConfig{Pools: append(cluster.Pools, datastore.Pool{CIDR: netip.MustParsePrefix("fd00:10:244::/56"), NodePrefixLen: 64})}
 	for name, err := range map[string]error{
-		"RegisterNode(n2)":    agent.RegisterNode(ctx, other),
-		"PutClusterConfig":    agent.PutClusterConfig(ctx, cluster),
-		"DeleteNode(n1)":      agent.DeleteNode(ctx, "n1"),
-		"ReleaseCIDR(n1)":     agent.ReleaseCIDR(ctx, "n1"),
-		"AuthorizeNode(n2)":   agent.AuthorizeNode(ctx, "n2"),
-		"ClaimCIDR(n1, more)": func() error { _, err := agent.ClaimCIDR(ctx, "n1", netip.MustParsePrefix("10.244.8.0/24")); return err }(),
+		"RegisterNode(n2)":  agent.RegisterNode(ctx, other),
+		"PutClusterConfig":  agent.PutClusterConfig(ctx, dualStack),
+		"DeleteNode(n1)":    agent.DeleteNode(ctx, "n1"),
+		"ReleaseCIDR(n1)":   agent.ReleaseCIDR(ctx, "n1"),
+		"AuthorizeNode(n2)": agent.AuthorizeNode(ctx, "n2"),
+		"ClaimCIDR(n1, more)": func() error {
+			_, err := datastore.ClaimCIDR(ctx, agent, "n1", netip.MustParsePrefix("10.244.8.0/24"))
+			return err
+		}(),
 	} {
 		if !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("%s with a node's credentials: %v, want permission denied", name, err)

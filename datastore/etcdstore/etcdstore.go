@@ -1,15 +1,18 @@
 // Package etcdstore is the etcd backend of the datastore. Layout under the
 // key prefix (default /onc/):
 //
-//	config              cluster configuration (JSON)
-//	nodes/<name>        node spec written by its agent (JSON)
-//	cidrs/<a.b.c.d-len> node name owning the block
-//	nodecidrs/<name>    the node's block
-//	alive/<name>        bound to the agent's lease
+//	config                  cluster configuration (JSON, configRecord)
+//	nodes/<name>            node spec written by its agent (JSON)
+//	cidrs/<a.b.c.d-len>     node name owning the IPv4 block
+//	nodecidrs/<name>        the node's IPv4 block
+//	cidrs-ipv6/<block>      node name owning the IPv6 block (datastore.EncodeBlock: fd00_10_244__-64)
+//	nodecidrs-ipv6/<name>   the node's IPv6 block
+//	alive/<name>            bound to the agent's lease
 //
 // A block and its owner are written in one transaction that requires both
 // keys to be absent (a batch of claims: every claim's), so a block is never
-// handed out twice and a node never gets two.
+// handed out twice and a node never gets two of one family. The IPv4 keys
+// are those of every release before IPv6, which ignores the others.
 package etcdstore
 
 import (
@@ -103,7 +106,58 @@ func (s *Store) Close() error     { return s.cli.Close() }
 
 func (s *Store) key(parts ...string) string { return s.prefix + strings.Join(parts, "/") }
 
-func cidrKey(p netip.Prefix) string { return strings.Replace(p.String(), "/", "-", 1) }
+// ledgerDirs are a family's directories of blocks (block → node) and of
+// nodes' blocks (node → block).
+type ledgerDirs struct{ byBlock, byNode string }
+
+var ledgers = map[datastore.Family]ledgerDirs{
+	datastore.IPv4: {"cidrs", "nodecidrs"},
+	datastore.IPv6: {"cidrs-ipv6", "nodecidrs-ipv6"},
+}
+
+// blockKey is the key naming the owner of block p.
+func (s *Store) blockKey(p netip.Prefix) string {
+	return s.key(ledgers[datastore.FamilyOf(p)].byBlock, datastore.EncodeBlock(p))
+}
+
+// nodeBlockKey is the key holding node's block of family f.
+func (s *Store) nodeBlockKey(f datastore.Family, node string) string {
+	return s.key(ledgers[f].byNode, node)
+}
+
+// configRecord is the config key's JSON: the primary pool in the fields
+// every release wrote (so an IPv4 cluster's record is what it always
+// was, and an older agent reads it during an upgrade), the secondary in
+// fields an older reader ignores.
+type configRecord struct {
+	ClusterCIDR            netip.Prefix `json:"clusterCIDR"`
+	NodePrefixLen          int          `json:"nodePrefixLen"`
+	SecondaryClusterCIDR   netip.Prefix `json:"secondaryClusterCIDR,omitzero"`
+	SecondaryNodePrefixLen int          `json:"secondaryNodePrefixLen,omitzero"`
+}
+
+func encodeConfig(cfg datastore.ClusterConfig) ([]byte, error) {
+	var r configRecord
+	if len(cfg.Pools) > 0 {
+		r.ClusterCIDR, r.NodePrefixLen = cfg.Pools[0].CIDR, cfg.Pools[0].NodePrefixLen
+	}
+	if len(cfg.Pools) > 1 {
+		r.SecondaryClusterCIDR, r.SecondaryNodePrefixLen = cfg.Pools[1].CIDR, cfg.Pools[1].NodePrefixLen
+	}
+	return json.Marshal(r)
+}
+
+func decodeConfig(val []byte) (datastore.ClusterConfig, error) {
+	var r configRecord
+	if err := json.Unmarshal(val, &r); err != nil {
+		return datastore.ClusterConfig{}, fmt.Errorf("stored cluster config: %w", err)
+	}
+	cfg := datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: r.ClusterCIDR, NodePrefixLen: r.NodePrefixLen}}}
+	if r.SecondaryClusterCIDR.IsValid() {
+		cfg.Pools = append(cfg.Pools, datastore.Pool{CIDR: r.SecondaryClusterCIDR, NodePrefixLen: r.SecondaryNodePrefixLen})
+	}
+	return cfg, nil
+}
 
 type nodeRecord struct {
 	IP       string `json:"ip"`
@@ -111,43 +165,47 @@ type nodeRecord struct {
 	FastPath bool   `json:"fastPath"`
 }
 
+// PutClusterConfig writes what ClusterConfig.Extend makes of the
+// recorded config and cfg, if that differs, by compare-and-swap.
 func (s *Store) PutClusterConfig(ctx context.Context, cfg datastore.ClusterConfig) error {
-	val, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
 	k := s.key("config")
-	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, string(val))).
-		Else(clientv3.OpGet(k)).Commit()
-	if err != nil {
-		return err
+	for {
+		resp, err := s.cli.Get(ctx, k)
+		if err != nil {
+			return err
+		}
+		var have datastore.ClusterConfig
+		var rev int64 // an absent key's
+		if len(resp.Kvs) > 0 {
+			if have, err = decodeConfig(resp.Kvs[0].Value); err != nil {
+				return err
+			}
+			rev = resp.Kvs[0].ModRevision
+		}
+		next, err := have.Extend(cfg, "etcd key "+k)
+		if err != nil || next.Equal(have) {
+			return err
+		}
+		val, err := encodeConfig(next)
+		if err != nil {
+			return err
+		}
+		put, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).Then(clientv3.OpPut(k, string(val))).Commit()
+		if err != nil || put.Succeeded {
+			return err
+		}
 	}
-	if resp.Succeeded {
-		return nil
-	}
-	var have datastore.ClusterConfig
-	if err := json.Unmarshal(resp.Responses[0].GetResponseRange().Kvs[0].Value, &have); err != nil {
-		return fmt.Errorf("stored cluster config: %w", err)
-	}
-	if have != cfg {
-		return fmt.Errorf("cluster config mismatch: the datastore has cluster CIDR %s with /%d node blocks, this controller is configured for %s with /%d; the cluster CIDR cannot change under a running cluster",
-			have.ClusterCIDR, have.NodePrefixLen, cfg.ClusterCIDR, cfg.NodePrefixLen)
-	}
-	return nil
 }
 
 func (s *Store) ClusterConfig(ctx context.Context) (datastore.ClusterConfig, error) {
-	var cfg datastore.ClusterConfig
 	resp, err := s.cli.Get(ctx, s.key("config"))
 	if err != nil {
-		return cfg, err
+		return datastore.ClusterConfig{}, err
 	}
 	if len(resp.Kvs) == 0 {
-		return cfg, datastore.ErrNotFound
+		return datastore.ClusterConfig{}, datastore.ErrNotFound
 	}
-	return cfg, json.Unmarshal(resp.Kvs[0].Value, &cfg)
+	return decodeConfig(resp.Kvs[0].Value)
 }
 
 func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error {
@@ -227,10 +285,11 @@ func (s *Store) DeleteNode(ctx context.Context, name string) error {
 const maxClaimsPerTxn = 64
 
 // ClaimCIDRs makes the claims maxClaimsPerTxn at a time, each batch in one
-// transaction that requires every node and every block to be free. A
-// transaction that fails reads why in the same revision: a node that holds
-// a block keeps it, a claim of a taken block is dropped, and the others
-// are tried again; each failure settles at least one claim.
+// transaction that requires every node to hold no block of its claim's
+// family and every block to be free. A transaction that fails reads why
+// in the same revision: a node that holds a block of the family keeps
+// it, a claim of a taken block is dropped, and the others are tried
+// again; each failure settles at least one claim.
 func (s *Store) ClaimCIDRs(ctx context.Context, claims map[string]netip.Prefix) (map[string]netip.Prefix, error) {
 	got := make(map[string]netip.Prefix, len(claims))
 	pending := slices.Sorted(maps.Keys(claims))
@@ -271,7 +330,7 @@ func (s *Store) claimTxn(ctx context.Context, nodes []string, claims, got map[st
 	var cmps []clientv3.Cmp
 	var puts, reads []clientv3.Op
 	for _, node := range nodes {
-		nk, ck := s.key("nodecidrs", node), s.key("cidrs", cidrKey(claims[node]))
+		nk, ck := s.nodeBlockKey(datastore.FamilyOf(claims[node]), node), s.blockKey(claims[node])
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(nk), "=", 0), clientv3.Compare(clientv3.CreateRevision(ck), "=", 0))
 		puts = append(puts, clientv3.OpPut(nk, claims[node].String()), clientv3.OpPut(ck, node))
 		reads = append(reads, clientv3.OpGet(nk), clientv3.OpGet(ck, clientv3.WithKeysOnly()))
@@ -301,10 +360,6 @@ func (s *Store) claimTxn(ctx context.Context, nodes []string, claims, got map[st
 	return again, nil
 }
 
-func (s *Store) ClaimCIDR(ctx context.Context, node string, cidr netip.Prefix) (netip.Prefix, error) {
-	return datastore.ClaimOne(ctx, s, node, cidr)
-}
-
 func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
 	ops, cmp, err := s.releaseOps(ctx, node)
 	if err != nil || len(ops) == 0 {
@@ -320,59 +375,106 @@ func (s *Store) ReleaseCIDR(ctx context.Context, node string) error {
 	return nil
 }
 
-// releaseOps returns the deletes that free node's block, guarded by a
-// comparison that the allocation is still the one read.
+// releaseOps returns the deletes that free node's blocks, guarded by
+// comparisons that its allocations are still the ones read.
 func (s *Store) releaseOps(ctx context.Context, node string) ([]clientv3.Op, []clientv3.Cmp, error) {
-	nk := s.key("nodecidrs", node)
-	resp, err := s.cli.Get(ctx, nk)
+	var gets []clientv3.Op
+	for _, f := range datastore.Families {
+		gets = append(gets, clientv3.OpGet(s.nodeBlockKey(f, node)))
+	}
+	resp, err := s.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(nk), "=", 0)}, nil
+	var ops []clientv3.Op
+	var cmps []clientv3.Cmp
+	for i, f := range datastore.Families {
+		nk := s.nodeBlockKey(f, node)
+		kvs := resp.Responses[i].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(nk), "=", 0))
+			continue
+		}
+		ops = append(ops, clientv3.OpDelete(nk))
+		if p, err := netip.ParsePrefix(string(kvs[0].Value)); err == nil {
+			ops = append(ops, clientv3.OpDelete(s.blockKey(p)))
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(nk), "=", kvs[0].ModRevision))
 	}
-	kv := resp.Kvs[0]
-	ops := []clientv3.Op{clientv3.OpDelete(nk)}
-	if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
-		ops = append(ops, clientv3.OpDelete(s.key("cidrs", cidrKey(p))))
-	}
-	return ops, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(nk), "=", kv.ModRevision)}, nil
+	return ops, cmps, nil
 }
 
+// Allocations reads both families' blocks in one transaction.
 func (s *Store) Allocations(ctx context.Context) (map[netip.Prefix]string, error) {
-	resp, err := s.cli.Get(ctx, s.key("cidrs")+"/", clientv3.WithPrefix())
+	var gets []clientv3.Op
+	for _, f := range datastore.Families {
+		gets = append(gets, clientv3.OpGet(s.key(ledgers[f].byBlock)+"/", clientv3.WithPrefix()))
+	}
+	resp, err := s.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[netip.Prefix]string, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		k := strings.TrimPrefix(string(kv.Key), s.key("cidrs")+"/")
-		p, err := netip.ParsePrefix(strings.Replace(k, "-", "/", 1))
-		if err != nil {
-			slog.Warn("ignoring malformed allocation key", "key", string(kv.Key))
-			continue
+	out := map[netip.Prefix]string{}
+	for i, f := range datastore.Families {
+		dir := s.key(ledgers[f].byBlock) + "/"
+		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
+			p, err := datastore.ParseBlock(strings.TrimPrefix(string(kv.Key), dir))
+			if err != nil {
+				slog.Warn("ignoring malformed allocation key", "key", string(kv.Key))
+				continue
+			}
+			out[p] = string(kv.Value)
 		}
-		out[p] = string(kv.Value)
 	}
 	return out, nil
+}
+
+// nodeReads are the reads of a snapshot of node records (key: one
+// record, or the directory's with WithPrefix): the records, then each
+// family's node blocks, then the config, whose family order their
+// blocks take.
+func (s *Store) nodeReads(key string, opts ...clientv3.OpOption) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpGet(s.key("nodes")+"/"+key, opts...)}
+	for _, f := range datastore.Families {
+		ops = append(ops, clientv3.OpGet(s.key(ledgers[f].byNode)+"/"+key, opts...))
+	}
+	return append(ops, clientv3.OpGet(s.key("config")))
+}
+
+// nodeBlocks reads the answers to nodeReads: each node's blocks in the
+// cluster's family order.
+func (s *Store) nodeBlocks(resp *clientv3.TxnResponse) map[string][]netip.Prefix {
+	blocks := map[string][]netip.Prefix{}
+	for i, f := range datastore.Families {
+		dir := s.key(ledgers[f].byNode) + "/"
+		for _, kv := range resp.Responses[1+i].GetResponseRange().Kvs {
+			if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
+				name := strings.TrimPrefix(string(kv.Key), dir)
+				blocks[name] = append(blocks[name], p)
+			}
+		}
+	}
+	// Without a config (none written yet, or one that does not decode,
+	// which the controller reports) the order is IPv4 first.
+	var cfg datastore.ClusterConfig
+	if kvs := resp.Responses[1+len(datastore.Families)].GetResponseRange().Kvs; len(kvs) > 0 {
+		cfg, _ = decodeConfig(kvs[0].Value)
+	}
+	for name, b := range blocks {
+		blocks[name] = cfg.InFamilyOrder(b)
+	}
+	return blocks
 }
 
 func (s *Store) Nodes(ctx context.Context) ([]datastore.Node, error) {
 	// Records and their CIDRs in one transaction: a consistent snapshot
 	// that skips the allocations and liveness keys under the same prefix.
-	nodesDir, cidrsDir := s.key("nodes")+"/", s.key("nodecidrs")+"/"
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(nodesDir, clientv3.WithPrefix()),
-		clientv3.OpGet(cidrsDir, clientv3.WithPrefix())).Commit()
+	resp, err := s.cli.Txn(ctx).Then(s.nodeReads("", clientv3.WithPrefix())...).Commit()
 	if err != nil {
 		return nil, err
 	}
-	cidrs := map[string]netip.Prefix{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if p, err := netip.ParsePrefix(string(kv.Value)); err == nil {
-			cidrs[strings.TrimPrefix(string(kv.Key), cidrsDir)] = p
-		}
-	}
+	blocks := s.nodeBlocks(resp)
+	nodesDir := s.key("nodes") + "/"
 	recs := resp.Responses[0].GetResponseRange().Kvs
 	nodes := make([]datastore.Node, 0, len(recs))
 	for _, kv := range recs {
@@ -382,7 +484,7 @@ func (s *Store) Nodes(ctx context.Context) ([]datastore.Node, error) {
 			slog.Warn("ignoring malformed node record", "node", name, "err", err)
 			continue
 		}
-		nodes = append(nodes, datastore.Node{NodeSpec: spec, PodCIDR: cidrs[name]})
+		nodes = append(nodes, datastore.Node{NodeSpec: spec, PodCIDRs: blocks[name]})
 	}
 	return nodes, nil
 }
@@ -403,9 +505,7 @@ func (s *Store) Liveness(ctx context.Context) (map[string]bool, error) {
 }
 
 func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(s.key("nodes", name)),
-		clientv3.OpGet(s.key("nodecidrs", name))).Commit()
+	resp, err := s.cli.Txn(ctx).Then(s.nodeReads(name)...).Commit()
 	if err != nil {
 		return datastore.Node{}, err
 	}
@@ -417,11 +517,7 @@ func (s *Store) Node(ctx context.Context, name string) (datastore.Node, error) {
 	if err != nil {
 		return datastore.Node{}, err
 	}
-	n := datastore.Node{NodeSpec: spec}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		n.PodCIDR, _ = netip.ParsePrefix(string(kvs[0].Value))
-	}
-	return n, nil
+	return datastore.Node{NodeSpec: spec, PodCIDRs: s.nodeBlocks(resp)[name]}, nil
 }
 
 func decodeNode(name string, val []byte) (datastore.NodeSpec, error) {

@@ -4,6 +4,7 @@ package k8sstore_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -81,18 +83,38 @@ func agentWritesOnlyItsOwnONCNodeAndLease(t *testing.T, api *kubeapiserver.Serve
 	// A token without a node claim (not a pod's) writes nothing.
 	forbidden("a token naming no node", agentOn(api.ServiceAccountConfig(agentSA)).RegisterNode(ctx, spec("vap-a", 1)), "names no node")
 
-	// Its own ONCNode's pod CIDR is the controller's to write.
+	// Its own ONCNode's pod CIDRs, either field, are the controller's to
+	// write: an agent's IPv6 block in podCIDRs would draw another node's
+	// IPv6 traffic as surely as its IPv4 one.
 	oncnodes := dynamic.NewForConfigOrDie(podToken).Resource(k8sstore.ONCNodes)
-	_, err = oncnodes.Patch(ctx, "vap-a", types.MergePatchType, []byte(`{"spec":{"podCIDR":"10.244.77.0/24"}}`), metav1.PatchOptions{})
-	forbidden("the agent setting its own pod CIDR", err, "may not set an ONCNode's pod CIDR")
+	patch := func(c dynamic.ResourceInterface, spec string) error {
+		_, err := c.Patch(ctx, "vap-a", types.MergePatchType, []byte(`{"spec":`+spec+`}`), metav1.PatchOptions{})
+		return err
+	}
+	const both = `{"podCIDR":"10.244.77.0/24","podCIDRs":["10.244.77.0/24","fd00:10:244:77::/64"]}`
+	forbidden("the agent setting its own pod CIDR", patch(oncnodes, `{"podCIDR":"10.244.77.0/24"}`), "may not set an ONCNode's pod CIDR")
+	forbidden("the agent setting its own pod CIDRs", patch(oncnodes, `{"podCIDRs":["fd00:10:244:77::/64"]}`), "may not set an ONCNode's pod CIDR")
+	forbidden("the agent setting both", patch(oncnodes, both), "may not set an ONCNode's pod CIDR")
 	ctl := dynamic.NewForConfigOrDie(api.ServiceAccountConfig(controllerSA)).Resource(k8sstore.ONCNodes)
-	if _, err := ctl.Patch(ctx, "vap-a", types.MergePatchType, []byte(`{"spec":{"podCIDR":"10.244.77.0/24"}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatalf("the controller setting a pod CIDR: %v", err)
+	if err := patch(ctl, both); err != nil {
+		t.Fatalf("the controller setting pod CIDRs: %v", err)
 	}
-	// Once set, the agent's own updates, which leave it alone, still pass.
+	// Once set, the agent's own updates, which leave them alone, still
+	// pass; a change of one, or its removal, does not.
 	if err := a.RegisterNode(ctx, spec("vap-a", 4)); err != nil {
-		t.Fatalf("the agent on vap-a updating vap-a after its CIDR was set: %v", err)
+		t.Fatalf("the agent on vap-a updating vap-a after its CIDRs were set: %v", err)
 	}
+	forbidden("the agent changing its IPv6 pod CIDR", patch(oncnodes, `{"podCIDRs":["10.244.77.0/24","fd00:10:244:78::/64"]}`), "may not set")
+	forbidden("the agent removing its pod CIDRs", patch(oncnodes, `{"podCIDRs":null}`), "may not set")
+	if n, err := a.Node(ctx, "vap-a"); err != nil || fmt.Sprint(n.PodCIDRs) != "[10.244.77.0/24 fd00:10:244:77::/64]" {
+		t.Fatalf("vap-a after the refused writes: %+v, %v; want the controller's pod CIDRs", n, err)
+	}
+	// Nor may a node's agent create its record with pod CIDRs.
+	d := api.ServiceAccountOnNode(agentSA, "vap-d")
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": k8sstore.Group + "/" + k8sstore.Version, "kind": "ONCNode",
+		"metadata": map[string]any{"name": "vap-d"}, "spec": map[string]any{"nodeIP": "192.0.2.104", "podCIDRs": []any{"fd00:10:244:79::/64"}}}}
+	_, err = dynamic.NewForConfigOrDie(d).Resource(k8sstore.ONCNodes).Create(ctx, u, metav1.CreateOptions{})
+	forbidden("the agent on vap-d creating its record with pod CIDRs", err, "may not set")
 	if n, err := b.Node(ctx, "vap-b"); err != nil || n.IP != spec("vap-b", 2).IP {
 		t.Fatalf("vap-b after the refused writes: %+v, %v; want its own endpoint", n, err)
 	}

@@ -1,18 +1,19 @@
 // Package k8sstore is the Kubernetes backend of the datastore. It keeps
 //
 //   - one ONCNode (cluster-scoped custom resource) per node: the tunnel
-//     endpoint its agent publishes and the pod CIDR; it changes only when
+//     endpoint its agent publishes and the pod CIDRs; it changes only when
 //     a tunnel endpoint does;
 //   - one coordination.k8s.io Lease per node in a namespace of their own
 //     (onc-node-lease), renewed by its agent: liveness, which no agent
 //     watches, so a heartbeat wakes nobody (as kubelets' node Leases);
 //   - the ConfigMap <namespace>/onc-ipam: the cluster configuration and the
-//     ledger of allocated blocks. Every batch of claims is one
-//     compare-and-swap update of it, so a block is never handed out twice
-//     and a node never gets two, even while two controllers overlap during
-//     a leader change;
-//   - Node.spec.podCIDR(s), written once when a node gets its block, for
-//     kube-proxy and anything else that reads it.
+//     ledger of allocated IPv4 blocks; onc-ipam-ipv6, the IPv6 blocks'.
+//     Every batch of claims is one compare-and-swap update of its
+//     family's ledger, so a block is never handed out twice and a node
+//     never gets two of a family, even while two controllers overlap
+//     during a leader change;
+//   - Node.spec.podCIDR(s), written once when a node has a block of every
+//     pool, for kube-proxy and anything else that reads it.
 //
 // Reads come from informer caches; every write waits until the cache has
 // seen it, so a caller reads its own writes.
@@ -53,9 +54,9 @@ type Options struct {
 	LeaseNamespace string
 	SyncWait       time.Duration // how long New waits for the caches; default 60s
 	// Agent opens the store for an agent: it follows ONCNodes only (they
-	// carry each node's pod CIDR). The ledger, the cluster's Nodes and the
-	// liveness Leases, which only the controller follows, are read when
-	// asked instead.
+	// carry each node's pod CIDRs). The ledgers, the cluster's Nodes and
+	// the liveness Leases, which only the controller follows, are read
+	// when asked instead.
 	Agent bool
 }
 
@@ -68,9 +69,9 @@ type Store struct {
 	desc     string
 	stop     chan struct{}
 	oncInf   cache.SharedIndexInformer
-	ledger   cache.SharedIndexInformer // nil for an agent
-	nodeInf  cache.SharedIndexInformer // nil for an agent
-	leaseInf cache.SharedIndexInformer // nil for an agent
+	ledgers  map[datastore.Family]cache.SharedIndexInformer // nil for an agent
+	nodeInf  cache.SharedIndexInformer                      // nil for an agent
+	leaseInf cache.SharedIndexInformer                      // nil for an agent
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
@@ -128,14 +129,19 @@ func New(ctx context.Context, o Options) (*Store, error) {
 	infs := map[string]cache.SharedIndexInformer{"ONCNodes": s.oncInf}
 	handlers := map[string]cache.ResourceEventHandler{"ONCNodes": notify}
 	if !o.Agent {
-		s.ledger = cache.NewSharedIndexInformer(
-			cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", LedgerName)),
-			&corev1.ConfigMap{}, 0, cache.Indexers{})
-		infs["ConfigMap "+LedgerName], handlers["ConfigMap "+LedgerName] = s.ledger, notify
+		// A ledger each, by name: RBAC grants them by name, and a list
+		// or watch needs the name's field selector for that.
+		s.ledgers = map[datastore.Family]cache.SharedIndexInformer{}
+		for f, name := range ledgerNames {
+			s.ledgers[f] = cache.NewSharedIndexInformer(
+				cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "configmaps", o.Namespace, fields.OneTermEqualSelector("metadata.name", name)),
+				&corev1.ConfigMap{}, 0, cache.Indexers{})
+			infs["ConfigMap "+name], handlers["ConfigMap "+name] = s.ledgers[f], notify
+		}
 		s.nodeInf = cache.NewSharedIndexInformer(
 			cache.NewListWatchFromClient(kube.CoreV1().RESTClient(), "nodes", "", fields.Everything()),
 			&corev1.Node{}, 0, cache.Indexers{})
-		// Only the name and pod CIDR of a Node matter here; drop the rest
+		// Only the name and pod CIDRs of a Node matter here; drop the rest
 		// (images, conditions) so big clusters cost little memory.
 		if err := s.nodeInf.SetTransform(slimNode); err != nil {
 			return nil, err

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 )
@@ -55,7 +58,7 @@ func TestKubernetesBackend(t *testing.T) {
 		agent bool
 	}{{"Suite", false}, {"SuiteAsAgent", true}} {
 		t.Run(role.name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T) datastore.Store {
+			storetest.Run(t, func(t *testing.T) (datastore.Store, storetest.Older) {
 				// A fresh ledger namespace and no ONCNodes: an empty store.
 				n++
 				ns := fmt.Sprintf("suite-%d", n)
@@ -65,7 +68,7 @@ func TestKubernetesBackend(t *testing.T) {
 				if err := dyn.Resource(k8sstore.ONCNodes).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 					t.Fatal(err)
 				}
-				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, LeaseNamespace: ns, Agent: role.agent})
+				return openWith(t, k8sstore.Options{Config: admin, Namespace: ns, LeaseNamespace: ns, Agent: role.agent}), older{kube.CoreV1().ConfigMaps(ns)}
 			})
 		})
 	}
@@ -80,6 +83,12 @@ func TestKubernetesBackend(t *testing.T) {
 	})
 	t.Run("AgentWritesOnlyItsOwnONCNodeAndLease", func(t *testing.T) { agentWritesOnlyItsOwnONCNodeAndLease(t, api) })
 	t.Run("NodePodCIDRWrittenOnceAndAdopted", func(t *testing.T) { nodePodCIDR(t, kube, open(t, admin, "onc-system")) })
+	t.Run("NodePodCIDRsOfBothFamiliesAtOnce", func(t *testing.T) {
+		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "dual"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		nodePodCIDRs(t, kube, open(t, admin, "dual"))
+	})
 	t.Run("LeaseRenewedAfterAConflict", func(t *testing.T) { leaseRenewedAfterAConflict(t, kube, admin) })
 	t.Run("MissingCRDIsNamed", func(t *testing.T) {
 		cfg := api.ServiceAccountConfig("default:nobody")
@@ -88,6 +97,31 @@ func TestKubernetesBackend(t *testing.T) {
 			t.Fatalf("store without RBAC: err = %v, want one pointing at the manifest", err)
 		}
 	})
+}
+
+// older is the ledger's config as releases before IPv6 wrote and read it:
+// two keys of the ConfigMap onc-ipam.
+type older struct {
+	cms typedcorev1.ConfigMapInterface
+}
+
+func (o older) PutConfig(ctx context.Context, cidr netip.Prefix, bits int) error {
+	_, err := o.cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: k8sstore.LedgerName},
+		Data: map[string]string{"clusterCIDR": cidr.String(), "nodePrefixLen": strconv.Itoa(bits)}}, metav1.CreateOptions{})
+	return err
+}
+
+func (o older) Config(ctx context.Context) (netip.Prefix, int, error) {
+	cm, err := o.cms.Get(ctx, k8sstore.LedgerName, metav1.GetOptions{})
+	if err != nil {
+		return netip.Prefix{}, 0, err
+	}
+	p, err := netip.ParsePrefix(cm.Data["clusterCIDR"])
+	if err != nil {
+		return p, 0, err
+	}
+	n, err := strconv.Atoi(cm.Data["nodePrefixLen"])
+	return p, n, err
 }
 
 func open(t *testing.T, cfg *rest.Config, ns string) *k8sstore.Store {
@@ -110,12 +144,12 @@ func openWith(t *testing.T, o k8sstore.Options) *k8sstore.Store {
 func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 	ctx := context.Background()
 	ctl := open(t, ctlCfg, "onc-system")
-	cfg := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	cfg := datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}}}
 	if err := ctl.PutClusterConfig(ctx, cfg); err != nil {
 		t.Fatalf("controller writing the cluster config: %v", err)
 	}
 	agent := openWith(t, k8sstore.Options{Config: agentCfg, Namespace: "onc-system", Agent: true})
-	if got, err := agent.ClusterConfig(ctx); err != nil || got != cfg {
+	if got, err := agent.ClusterConfig(ctx); err != nil || !got.Equal(cfg) {
 		t.Fatalf("agent reading the cluster config: %+v, %v", got, err)
 	}
 	spec := datastore.NodeSpec{Name: "rbac-node", IP: netip.MustParseAddr("192.0.2.50"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x50}, FastPath: true}
@@ -130,13 +164,13 @@ func leastPrivilege(t *testing.T, agentCfg, ctlCfg *rest.Config) {
 		t.Fatalf("agent listing liveness (onctl peers): %v, %v", l, err)
 	}
 	p := netip.MustParsePrefix("10.244.50.0/24")
-	if _, err := agent.ClaimCIDR(ctx, spec.Name, p); !apierrors.IsForbidden(err) {
+	if _, err := datastore.ClaimCIDR(ctx, agent, spec.Name, p); !apierrors.IsForbidden(err) {
 		t.Fatalf("agent claiming a CIDR: err = %v, want Forbidden", err)
 	}
-	if got, err := ctl.ClaimCIDR(ctx, spec.Name, p); err != nil || got != p {
+	if got, err := datastore.ClaimCIDR(ctx, ctl, spec.Name, p); err != nil || got != p {
 		t.Fatalf("controller claiming: %v, %v", got, err)
 	}
-	testutil.WaitFor(t, "agent sees its CIDR", 15*time.Second, func() bool { n, _ := agent.Node(ctx, spec.Name); return n.PodCIDR == p })
+	testutil.WaitFor(t, "agent sees its CIDR", 15*time.Second, func() bool { n, _ := agent.Node(ctx, spec.Name); return n.IPv4PodCIDR() == p })
 	if err := agent.DeleteNode(ctx, spec.Name); !apierrors.IsForbidden(err) {
 		t.Fatalf("agent deleting a node: err = %v, want Forbidden", err)
 	}
@@ -182,11 +216,11 @@ func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
 	mk("preset", "10.244.99.0/24")
 	testutil.WaitFor(t, "nodes in the cache", 15*time.Second, func() bool { m, _ := s.ClusterNodes(ctx); return len(m) >= 2 })
 	members, err := s.ClusterNodes(ctx)
-	if err != nil || members["preset"] != netip.MustParsePrefix("10.244.99.0/24") || members["fresh"].IsValid() {
+	if err != nil || !slices.Equal(members["preset"], []netip.Prefix{netip.MustParsePrefix("10.244.99.0/24")}) || len(members["fresh"]) > 0 {
 		t.Fatalf("ClusterNodes = %v, %v", members, err)
 	}
 	p := netip.MustParsePrefix("10.244.60.0/24")
-	if _, err := s.ClaimCIDR(ctx, "fresh", p); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx, s, "fresh", p); err != nil {
 		t.Fatal(err)
 	}
 	n, err := kube.CoreV1().Nodes().Get(ctx, "fresh", metav1.GetOptions{})
@@ -198,7 +232,7 @@ func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
 	if err := s.ReleaseCIDR(ctx, "fresh"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ClaimCIDR(ctx, "fresh", p); err != nil {
+	if _, err := datastore.ClaimCIDR(ctx, s, "fresh", p); err != nil {
 		t.Fatalf("re-claiming the Node's own block: %v", err)
 	}
 	for _, name := range []string{"fresh", "preset"} {
@@ -211,16 +245,92 @@ func nodePodCIDR(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
 	}
 }
 
+// In a dual-stack cluster a Node gets its pod CIDRs, in family order, once
+// it has a block of each family: Kubernetes lets them be set only once. A
+// Node that got its IPv4 one before the cluster became dual-stack keeps
+// it alone; the node's ONCNode lists both.
+func nodePodCIDRs(t *testing.T, kube kubernetes.Interface, s *k8sstore.Store) {
+	ctx := context.Background()
+	dual := datastore.ClusterConfig{Pools: []datastore.Pool{
+		{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00:10:244::/56"), NodePrefixLen: 64}}}
+	if err := s.PutClusterConfig(ctx, dual); err != nil {
+		t.Fatal(err)
+	}
+	v4, v6 := netip.MustParsePrefix("10.244.61.0/24"), netip.MustParsePrefix("fd00:10:244:61::/64")
+	old4, old6 := netip.MustParsePrefix("10.244.62.0/24"), netip.MustParsePrefix("fd00:10:244:62::/64")
+	for name, cidrs := range map[string][]string{"dual-new": nil, "dual-old": {old4.String()}} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{PodCIDRs: cidrs}}
+		if len(cidrs) > 0 {
+			n.Spec.PodCIDR = cidrs[0]
+		}
+		if _, err := kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}) })
+		if err := s.RegisterNode(ctx, datastore.NodeSpec{Name: name, IP: netip.MustParseAddr("192.0.2.61"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 0x61}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, "the Nodes in the cache", 15*time.Second, func() bool {
+		m, _ := s.ClusterNodes(ctx)
+		_, fresh := m["dual-new"]
+		return fresh && len(m["dual-old"]) == 1
+	})
+	nodeCIDRs := func(name string) []string {
+		t.Helper()
+		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(n.Spec.PodCIDRs) > 0 && n.Spec.PodCIDR != n.Spec.PodCIDRs[0] {
+			t.Fatalf("Node %s: spec.podCIDR %s, spec.podCIDRs %v", name, n.Spec.PodCIDR, n.Spec.PodCIDRs)
+		}
+		return n.Spec.PodCIDRs
+	}
+	for _, claim := range []struct {
+		node  string
+		block netip.Prefix
+	}{{"dual-new", v6}, {"dual-old", old4}, {"dual-old", old6}} {
+		if _, err := datastore.ClaimCIDR(ctx, s, claim.node, claim.block); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := nodeCIDRs("dual-new"); len(got) > 0 {
+		t.Fatalf("Node dual-new got pod CIDRs %v with its IPv6 block alone: it could never get the IPv4 one", got)
+	}
+	if _, err := datastore.ClaimCIDR(ctx, s, "dual-new", v4); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string][]netip.Prefix{"dual-new": {v4, v6}, "dual-old": {old4}} {
+		if got := nodeCIDRs(name); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("Node %s spec.podCIDRs = %v, want %v", name, got, want)
+		}
+	}
+	for name, want := range map[string][]netip.Prefix{"dual-new": {v4, v6}, "dual-old": {old4, old6}} {
+		if n, err := s.Node(ctx, name); err != nil || !slices.Equal(n.PodCIDRs, want) {
+			t.Errorf("ONCNode %s = %+v, %v; want pod CIDRs %v", name, n, err, want)
+		}
+	}
+	for _, name := range []string{"dual-new", "dual-old"} {
+		if err := s.DeleteNode(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if allocs, err := s.Allocations(ctx); err != nil || len(allocs) != 0 {
+		t.Fatalf("allocations after deleting both: %v, %v", allocs, err)
+	}
+}
+
 // Ten controllers, each with its own client, allocate at once: the
 // ledger's compare-and-swap gives every node its own block.
 func concurrentAllocators(t *testing.T, newStore func() datastore.Store) {
 	const n = 10
-	cfg := datastore.ClusterConfig{ClusterCIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
+	pool := datastore.Pool{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}
 	got := make([]netip.Prefix, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		a, err := nodeipam.New(cfg, newStore())
+		a, err := nodeipam.New(pool, newStore())
 		if err != nil {
 			t.Fatal(err)
 		}

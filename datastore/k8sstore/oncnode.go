@@ -1,7 +1,7 @@
 package k8sstore
 
 // Nodes: the ONCNode custom resource (one per node, holding its tunnel
-// endpoint and pod CIDR) and the reads and writes on it.
+// endpoint and pod CIDRs) and the reads and writes on it.
 
 import (
 	"context"
@@ -34,7 +34,9 @@ const (
 var ONCNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
 
 // oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC and
-// fastPath; the controller writes podCIDR. Liveness is in a Lease.
+// fastPath; the controller writes podCIDRs, one per family in the
+// cluster's family order, and podCIDR, the first of them, which is all an
+// agent before IPv6 reads. Liveness is in a Lease.
 type oncNode struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -42,10 +44,33 @@ type oncNode struct {
 }
 
 type oncNodeSpec struct {
-	NodeIP   string `json:"nodeIP,omitempty"`
-	VTEPMAC  string `json:"vtepMAC,omitempty"`
-	PodCIDR  string `json:"podCIDR,omitempty"`
-	FastPath bool   `json:"fastPath"`
+	NodeIP   string   `json:"nodeIP,omitempty"`
+	VTEPMAC  string   `json:"vtepMAC,omitempty"`
+	PodCIDR  string   `json:"podCIDR,omitempty"`
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+	FastPath bool     `json:"fastPath"`
+}
+
+// podCIDRsOf reads a record's blocks: spec.podCIDRs while its first is
+// spec.podCIDR, else spec.podCIDR alone, as a controller before IPv6,
+// which knows only that field, left it.
+func podCIDRsOf(spec oncNodeSpec) ([]netip.Prefix, error) {
+	list := spec.PodCIDRs
+	if len(list) == 0 || list[0] != spec.PodCIDR {
+		list = nil
+		if spec.PodCIDR != "" {
+			list = []string{spec.PodCIDR}
+		}
+	}
+	var out []netip.Prefix
+	for _, c := range list {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("spec.podCIDRs: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // typedONCNode is the ONCNode informer's transform: each object is
@@ -128,8 +153,8 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 }
 
 // createONCNode creates a node's record and returns its resourceVersion.
-// A new record has no pod CIDR: the controller mirrors the node's block
-// into it, also one it had before.
+// A new record has no pod CIDR: the controller mirrors the node's blocks
+// into it, also ones it had before.
 func (s *Store) createONCNode(ctx context.Context, spec datastore.NodeSpec) (string, error) {
 	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
 		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
@@ -155,6 +180,18 @@ func (s *Store) patchONCNode(ctx context.Context, name string, patch map[string]
 		return "", err
 	}
 	return u.GetResourceVersion(), nil
+}
+
+// getONCNode reads a node's record past the cache; nil if there is none.
+func (s *Store) getONCNode(ctx context.Context, name string) (*oncNode, error) {
+	u, err := s.dyn.Resource(ONCNodes).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("get ONCNode %s: %w", name, err)
+	}
+	return fromUnstructured(u)
 }
 
 func (s *Store) DeleteNode(ctx context.Context, name string) error {
@@ -187,8 +224,8 @@ func (s *Store) Unregistered(ctx context.Context, name string) (bool, error) {
 }
 
 // Nodes lists the registered nodes: ONCNodes whose agent has published
-// its endpoint (an ONCNode can exist with only a pod CIDR). The pod CIDR
-// is the ONCNode's copy, which the controller keeps equal to the ledger's.
+// its endpoint (an ONCNode can exist with only pod CIDRs). The pod CIDRs
+// are the ONCNode's copy, which the controller keeps equal to the ledgers'.
 func (s *Store) Nodes(context.Context) ([]datastore.Node, error) {
 	var out []datastore.Node
 	for _, obj := range s.oncInf.GetStore().List() {
@@ -234,12 +271,9 @@ func toNode(n *oncNode) (*datastore.Node, error) {
 	if n.Spec.NodeIP == "" {
 		return nil, nil
 	}
-	var cidr netip.Prefix
-	if n.Spec.PodCIDR != "" {
-		var err error
-		if cidr, err = netip.ParsePrefix(n.Spec.PodCIDR); err != nil {
-			return nil, fmt.Errorf("spec.podCIDR: %w", err)
-		}
+	cidrs, err := podCIDRsOf(n.Spec)
+	if err != nil {
+		return nil, err
 	}
 	ip, err := netip.ParseAddr(n.Spec.NodeIP)
 	if err != nil {
@@ -251,6 +285,6 @@ func toNode(n *oncNode) (*datastore.Node, error) {
 	}
 	return &datastore.Node{
 		NodeSpec: datastore.NodeSpec{Name: n.Name, IP: ip, VTEPMAC: mac, FastPath: n.Spec.FastPath},
-		PodCIDR:  cidr,
+		PodCIDRs: cidrs,
 	}, nil
 }

@@ -1,6 +1,7 @@
 package k8sstore
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -41,5 +42,30 @@ func TestONCNodeCacheConvertsOnce(t *testing.T) {
 	}
 	if _, err := cachedONCNode(bad); err == nil || !strings.Contains(err.Error(), "ONCNode bad") {
 		t.Fatalf("reading a malformed record: %v, want an error naming it", err)
+	}
+}
+
+// A record's pod CIDRs are its list while the list starts with podCIDR;
+// where a controller before IPv6, which writes podCIDR alone, changed or
+// removed that, podCIDR alone.
+func TestPodCIDRsOf(t *testing.T) {
+	both := []string{"10.244.1.0/24", "fd00::/64"}
+	for _, c := range []struct {
+		spec oncNodeSpec
+		want string
+	}{
+		{oncNodeSpec{PodCIDR: both[0], PodCIDRs: both}, "[10.244.1.0/24 fd00::/64]"},
+		{oncNodeSpec{PodCIDR: both[0]}, "[10.244.1.0/24]"},
+		{oncNodeSpec{PodCIDR: "10.244.2.0/24", PodCIDRs: both}, "[10.244.2.0/24]"},
+		{oncNodeSpec{PodCIDRs: both}, "[]"},
+		{oncNodeSpec{}, "[]"},
+	} {
+		got, err := podCIDRsOf(c.spec)
+		if err != nil || fmt.Sprint(got) != c.want {
+			t.Errorf("podCIDRsOf(%+v) = %v, %v; want %s", c.spec, got, err, c.want)
+		}
+	}
+	if got, err := podCIDRsOf(oncNodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "nonsense"}}); err == nil {
+		t.Errorf("a malformed list reads as %v", got)
 	}
 }

@@ -279,7 +279,7 @@ func (s *Sim) CIDR(ctx context.Context, name string) (netip.Prefix, error) {
 	if errors.Is(err, datastore.ErrNotFound) {
 		return netip.Prefix{}, nil
 	}
-	return n.PodCIDR, err
+	return n.IPv4PodCIDR(), err
 }
 
 // WaitAllocated waits until every named node has a pod CIDR, re-reading
@@ -301,7 +301,7 @@ func (s *Sim) WaitAllocated(ctx context.Context, names []string, progress func(a
 		}
 		got := 0
 		for _, n := range nodes {
-			if want[n.Name] && n.PodCIDR.IsValid() {
+			if want[n.Name] && n.IPv4PodCIDR().IsValid() {
 				got++
 			}
 		}
