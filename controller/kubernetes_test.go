@@ -152,15 +152,7 @@ func TestKubernetesDualStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	kube := kubernetes.NewForConfigOrDie(api.RESTConfig())
-	open := func(cfg *rest.Config, agent bool) datastore.Store {
-		s, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: agent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	agents := open(api.RESTConfig(), true)
+	agents := openK8sStore(ctx, t, api.RESTConfig(), true)
 	for i, n := range []struct{ name, carries string }{
 		{"fresh", ""},
 		{"preset", "10.244.42.0/24,fd00:10:244:42::/64"}, // by kube-controller-manager, say
@@ -179,7 +171,7 @@ func TestKubernetesDualStack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctl := open(api.ServiceAccountConfig("onc-system:onc-controller"), false)
+	ctl := openK8sStore(ctx, t, api.ServiceAccountConfig("onc-system:onc-controller"), false)
 	c, err := controller.New(ctx, controller.Config{Cluster: datastore.ClusterConfig{Pools: []datastore.Pool{
 		{CIDR: netip.MustParsePrefix("10.244.0.0/16"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00:10:244::/56"), NodePrefixLen: 64}}}}, ctl)
 	if err != nil {
@@ -252,24 +244,16 @@ func TestTwoControllersGiveEveryNodeOneBlockOnKubernetes(t *testing.T) {
 	if err := manifests.Apply(ctx, api.RESTConfig(), manifests.NotWorkloads); err != nil {
 		t.Fatal(err)
 	}
-	open := func(cfg *rest.Config, agent bool) datastore.Store {
-		s, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: agent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
 	ctl := func() datastore.Store {
 		cfg := api.ServiceAccountConfig("onc-system:onc-controller")
 		cfg.QPS, cfg.Burst = backend.ControllerQPS, backend.ControllerBurst
-		return open(cfg, false)
+		return openK8sStore(ctx, t, cfg, false)
 	}
 	// The nodes' side (kubelets, agents) is not what is measured: no client limit.
 	admin := api.RESTConfig()
 	admin.QPS, admin.Burst = 100_000, 100_000
 	kube := kubernetes.NewForConfigOrDie(admin)
-	agents := open(admin, true)
+	agents := openK8sStore(ctx, t, admin, true)
 	race{
 		cluster: datastore.ClusterConfig{Pools: []datastore.Pool{
 			{CIDR: netip.MustParsePrefix("10.0.0.0/8"), NodePrefixLen: 24}, {CIDR: netip.MustParsePrefix("fd00::/32"), NodePrefixLen: 64}}},
@@ -294,4 +278,16 @@ func TestTwoControllersGiveEveryNodeOneBlockOnKubernetes(t *testing.T) {
 			return stale, nil
 		},
 	}.run(t)
+}
+
+// openK8sStore opens a Kubernetes store as cfg's user, an agent's or the
+// controller's, closed when the test ends.
+func openK8sStore(ctx context.Context, t *testing.T, cfg *rest.Config, agent bool) datastore.Store {
+	t.Helper()
+	s, err := k8sstore.New(ctx, k8sstore.Options{Config: cfg, Agent: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
