@@ -121,6 +121,8 @@ int onc_egress_fast(struct __sk_buff *skb)
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(p.ip->tos)))
 		goto err;
 
+	if (key.proto == IPPROTO_TCP && flow_close_step(&key, flow, 1, &p.seg))
+		bpf_map_delete_elem(&onc_filter, &key);
 	count(&onc_stats, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
 	return bpf_redirect(encap->ifindex, 0);
 err:
@@ -155,6 +157,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	struct onc_config *cfg;
 	struct local_pod *pod;
 	struct cidr_val *peer;
+	struct flow_val *flow;
 	struct flow_key key = {};
 	struct iphdr *outer;
 	struct ethhdr *eth;
@@ -203,7 +206,8 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		bpf_tail_call(skb, &onc_hooks, HOOK_OVERLAY_TO_NO_POD);
 		return TC_ACT_OK;
 	}
-	if (setup != SETUP_OPEN && !flow_allowed(&key, cfg->epoch)) {
+	flow = setup == SETUP_OPEN ? NULL : flow_allowed(&key, cfg->epoch);
+	if (setup != SETUP_OPEN && !flow) {
 		count(&onc_stats, STAT_INGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
@@ -229,6 +233,8 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
+	if (key.proto == IPPROTO_TCP && flow_close_step(&key, flow, 0, &p.seg))
+		bpf_map_delete_elem(&onc_filter, &key);
 	count(&onc_stats, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
 	return bpf_redirect_peer(ifindex, 0);
 err:

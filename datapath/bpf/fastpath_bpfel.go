@@ -35,6 +35,15 @@ type FastpathEncapVal struct {
 	Ifindex uint32
 }
 
+type FastpathFlowFin struct {
+	_     structs.HostLayout
+	End   [2]uint32
+	Sent  [2]uint8
+	Acked [2]uint8
+	Pad   [2]uint8
+	_     [2]byte
+}
+
 type FastpathFlowKey struct {
 	_          structs.HostLayout
 	LocalIp    uint32
@@ -129,6 +138,7 @@ const (
 	FastpathMapOncEgress        = "onc_egress"
 	FastpathMapOncEncap         = "onc_encap"
 	FastpathMapOncFilter        = "onc_filter"
+	FastpathMapOncFin           = "onc_fin"
 	FastpathMapOncHooks         = "onc_hooks"
 	FastpathMapOncHosts         = "onc_hosts"
 	FastpathMapOncLocal         = "onc_local"
@@ -205,6 +215,7 @@ type FastpathMapSpecs struct {
 	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
 	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFin     *ebpf.MapSpec `ebpf:"onc_fin"`
 	OncHooks   *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
@@ -251,6 +262,7 @@ type FastpathMaps struct {
 	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
 	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
 	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
+	OncFin     *ebpf.Map `ebpf:"onc_fin"`
 	OncHooks   *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
 	OncLocal   *ebpf.Map `ebpf:"onc_local"`
@@ -266,6 +278,7 @@ func (m *FastpathMaps) Close() error {
 		m.OncEgress,
 		m.OncEncap,
 		m.OncFilter,
+		m.OncFin,
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLocal,

@@ -219,7 +219,8 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
  * node, established both ways, gets its frontend's address and leaves by
  * the uplink at once, the kernel's neighbour table giving the next hop.
  * A SYN-ACK, FIN or RST does only in a connection the fast path opened
- * (lb_open): conntrack saw every other open and must see its close.
+ * (lb_open): conntrack saw every other open and must see its close; the
+ * packet that ends such a connection (flow_close_step) takes its records along.
  * Anything else takes the stack.
  */
 SEC("tc")
@@ -229,8 +230,9 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	struct onc_config *cfg;
 	struct flow_val *flow;
 	struct lb_flow *rev;
-	struct lb_addr fe;
+	struct lb_addr fe, be;
 	struct lb_pkt p;
+	__u32 ifindex;
 
 	if (lb_parse(skb, &p) || p.syn || p.ttl <= 1)
 		return TC_ACT_OK;
@@ -245,12 +247,18 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	if (!flow || ((p.tcp_flags & TCP_CTL) && !flow->opener))
 		return TC_ACT_OK;
 	fe = lb_flow_addr(rev);
+	ifindex = rev->ifindex;
 	if (lb_rewrite(skb, &p, 0, &fe) || lb_dec_ttl(skb, &p)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
+	if (p.proto == IPPROTO_TCP && flow_close_step(&cached, flow, 1, &p.seg)) {
+		be.ip = p.saddr;
+		be.port = p.sport;
+		lb_forget(p.daddr, p.dport, &fe, &be, p.proto, &cached);
+	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_REPLY, 1);
-	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);
+	return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 }
 
 

@@ -35,6 +35,15 @@ type ServicesEncapVal struct {
 	Ifindex uint32
 }
 
+type ServicesFlowFin struct {
+	_     structs.HostLayout
+	End   [2]uint32
+	Sent  [2]uint8
+	Acked [2]uint8
+	Pad   [2]uint8
+	_     [2]byte
+}
+
 type ServicesFlowKey struct {
 	_          structs.HostLayout
 	LocalIp    uint32
@@ -295,6 +304,7 @@ const (
 	ServicesMapOncEgress                = "onc_egress"
 	ServicesMapOncEncap                 = "onc_encap"
 	ServicesMapOncFilter                = "onc_filter"
+	ServicesMapOncFin                   = "onc_fin"
 	ServicesMapOncHooks                 = "onc_hooks"
 	ServicesMapOncHosts                 = "onc_hosts"
 	ServicesMapOncLbAff                 = "onc_lb_aff"
@@ -398,6 +408,7 @@ type ServicesMapSpecs struct {
 	OncEgress         *ebpf.MapSpec `ebpf:"onc_egress"`
 	OncEncap          *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncFilter         *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFin            *ebpf.MapSpec `ebpf:"onc_fin"`
 	OncHooks          *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
@@ -459,6 +470,7 @@ type ServicesMaps struct {
 	OncEgress         *ebpf.Map `ebpf:"onc_egress"`
 	OncEncap          *ebpf.Map `ebpf:"onc_encap"`
 	OncFilter         *ebpf.Map `ebpf:"onc_filter"`
+	OncFin            *ebpf.Map `ebpf:"onc_fin"`
 	OncHooks          *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.Map `ebpf:"onc_hosts"`
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
@@ -489,6 +501,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncEgress,
 		m.OncEncap,
 		m.OncFilter,
+		m.OncFin,
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLbAff,

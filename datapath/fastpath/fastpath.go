@@ -533,7 +533,7 @@ func (d *Datapath) Flush() error {
 			return err
 		}
 		all := func([]byte, []byte) bool { return true }
-		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEncap, d.maps.OncFilter} {
+		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEncap, d.maps.OncFilter, d.maps.OncFin} {
 			if err := deleteWhere(m, all); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ package fastpath
 // the hand-over to a real conntrack in a throwaway namespace.
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"os/exec"
 	"strconv"
@@ -84,30 +85,126 @@ func TestConnectionSetupOnTheFastPath(t *testing.T) {
 		}
 		verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, synAck), actRedirect, "the SYN-ACK")
 		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, ack), actRedirect, "the handshake's last ACK")
-		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actRedirect, "the client's FIN")
+		// Sequence numbers from here on (each segment carries 10 bytes):
+		// the client's next is 111, the server's 501.
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(clientPort, 80, finAck), 111, 501), actRedirect, "the client's FIN")
 		if !onlyFlow(t, d).Closing {
 			t.Fatal("a FIN went by, but the flow is not closing")
 		}
-		verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort, finAck), actRedirect, "the server's FIN")
-		verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, ack), actRedirect, "the last ACK")
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(80, clientPort, finAck), 501, 122), actRedirect, "the server's FIN")
+		if f := onlyFlow(t, d); f.Opener != OpenedByLocal {
+			t.Fatalf("flow %+v after both FINs; want it kept for the last ACK", f)
+		}
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(clientPort, 80, ack), 122, 512), actRedirect, "the last ACK")
 		if n := stat(t, d, "egress_miss_tcp_flags") + stat(t, d, "ingress_miss_tcp_flags"); n != 0 {
 			t.Fatalf("%d packets of the connection took the slow path", n)
 		}
+		noFlows(t, d, "the last ACK went by")
 	})
-	t.Run("server's node", func(t *testing.T) {
-		d := setupNode(t, true, false) // no packet went to the client's pod before
-		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, syn), actRedirect, "the SYN")
-		if stat(t, d, "ingress_open") != 1 {
-			t.Fatal("the SYN was not counted as opening its connection")
+	// The client half-closes, the server sends on, then closes; an ACK of
+	// the server's data crosses its FIN and must not pass for the last ACK.
+	t.Run("server's node, a half-close", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, finAck), 111, 501), actRedirect, "the client's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, ack), 501, 122), actRedirect, "the server's data after it")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, finAck), 511, 122), actRedirect, "the server's FIN")
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, ack), 122, 511), actRedirect, "an ACK of the data, after the FIN")
+		if f := onlyFlow(t, d); f.Opener != OpenedByRemote {
+			t.Fatalf("flow %+v after an ACK that does not cover the server's FIN; want it kept", f)
 		}
-		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || f.Local != netip.AddrPortFrom(localPod, 80) {
-			t.Fatalf("flow %+v, want one opened by the remote pod", f)
-		}
-		// The way back is the client's CIDR's owner, learned or not.
-		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, synAck), actRedirect, "the SYN-ACK")
-		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, ack), actRedirect, "the last ACK")
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, ack), 122, 522), actRedirect, "the last ACK")
+		noFlows(t, d, "the last ACK came in")
+	})
+	// Both FINs cross; each end acknowledges the other's.
+	t.Run("server's node, a simultaneous close", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, finAck), 111, 501), actRedirect, "the client's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, finAck), 501, 111), actRedirect, "the server's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, ack), 512, 122), actRedirect, "the server's ACK of the client's FIN")
+		onlyFlow(t, d)
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, ack), 122, 512), actRedirect, "the client's ACK of the server's FIN")
+		noFlows(t, d, "both FINs were acknowledged")
+	})
+	t.Run("server's node, the server resetting", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, finAck), 111, 501), actRedirect, "the client's FIN")
 		verdictIs(t, d, d.progs.OncEgressFast, podSends(80, clientPort, rstAck), actRedirect, "the server's RST")
+		noFlows(t, d, "the server reset the connection")
 	})
+	// A FIN forged from outside (the client's address, a sequence number
+	// the pod does not expect) after the server's FIN was acknowledged:
+	// the pod's duplicate ACK carries what it really expects, and the
+	// connection goes on.
+	t.Run("server's node, a forged FIN", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, finAck), 501, 111), actRedirect, "the server's FIN")
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, ack), 111, 512), actRedirect, "the client's ACK of it")
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, finAck), 50, 512), actRedirect, "a forged FIN, behind the window")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, ack), 512, 121), actRedirect, "the pod's duplicate ACK")
+		if f := onlyFlow(t, d); f.Opener != OpenedByRemote {
+			t.Fatalf("flow %+v after a forged FIN; want the connection kept", f)
+		}
+		verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, finAck), 121, 512), actRedirect, "the client's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, ack), 512, 132), actRedirect, "the last ACK")
+		noFlows(t, d, "the last ACK went out")
+	})
+	// A reset from the other end may be forged (the pod's stack ignores
+	// one outside its window): it closes nothing here.
+	t.Run("server's node, a reset from the client", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, rstAck), actRedirect, "the client's RST")
+		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || !f.Closing {
+			t.Fatalf("flow %+v after the client's RST; want it kept, closing", f)
+		}
+	})
+}
+
+// openedByPeer is a server's node with a connection the client's SYN
+// opened on the fast path, its handshake done: the client's next sequence
+// number is 111, the server's 501.
+func openedByPeer(t *testing.T) *Datapath {
+	t.Helper()
+	d := setupNode(t, true, false) // no packet went to the client's pod before
+	verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, syn), 100, 0), actRedirect, "the SYN")
+	if stat(t, d, "ingress_open") != 1 {
+		t.Fatal("the SYN was not counted as opening its connection")
+	}
+	if f := onlyFlow(t, d); f.Opener != OpenedByRemote || f.Local != netip.AddrPortFrom(localPod, 80) {
+		t.Fatalf("flow %+v, want one opened by the remote pod", f)
+	}
+	// The way back is the client's CIDR's owner, learned or not.
+	verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, synAck), 490, 101), actRedirect, "the SYN-ACK")
+	verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(clientPort, 80, ack), 101, 501), actRedirect, "the handshake's last ACK")
+	return d
+}
+
+// seg sets the sequence and acknowledgement numbers of the TCP segment in
+// pkt, a pod's frame or a peer's VXLAN frame.
+func seg(pkt []byte, seq, ack uint32) []byte {
+	tcp := 14 + 20
+	if len(pkt) > 50+tcp && binary.BigEndian.Uint16(pkt[12:]) == 0x0800 && pkt[14+9] == unix.IPPROTO_UDP {
+		tcp += 50 // the inner frame's, after the outer headers
+	}
+	binary.BigEndian.PutUint32(pkt[tcp+4:], seq)
+	binary.BigEndian.PutUint32(pkt[tcp+8:], ack)
+	return pkt
+}
+
+// noFlows fails unless the cache holds no flow: a connection the fast path
+// opened is forgotten by the packet that ends it, so that closed
+// connections never crowd a live one out of the LRU map.
+func noFlows(t *testing.T, d *Datapath, after string) {
+	t.Helper()
+	flows, err := d.Flows()
+	testutil.Must(t, err)
+	if len(flows) != 0 {
+		t.Fatalf("%s: flows %+v; want the connection forgotten", after, flows)
+	}
+	var k FlowKey
+	var v []byte
+	if it := d.maps.OncFin.Iterate(); it.Next(&k, &v) {
+		t.Fatalf("%s: the close of %+v still followed (onc_fin); want it forgotten", after, k)
+	}
 }
 
 // Whatever policy could deny, or the fast path could not carry whole, opens

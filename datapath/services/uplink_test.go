@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -840,10 +841,8 @@ func TestUplinkOpensConnectionsToAnOpenBackend(t *testing.T) {
 	var client netip.AddrPort
 	got := b.delta(func() {
 		client = exchange()
-		testutil.WaitFor(t, "the close on the fast path", 2*time.Second, func() bool {
-			f, ok := b.flow(client)
-			return ok && f.Opener == fastpath.OpenedByRemote && f.Closing
-		})
+		// The connection's last ACK takes its records along.
+		testutil.WaitFor(t, "the close on the fast path", 2*time.Second, func() bool { return !b.remembers(client) })
 	}, append(counters, "uplink_translated", "uplink_reversed")...)
 	// In: the SYN, the handshake's ACK, n requests; out: the SYN-ACK, n
 	// answers. None through the stack (translated there, reversed there).
@@ -958,6 +957,78 @@ func TestUplinkOpenedConnectionOutlivesTheAgent(t *testing.T) {
 			t.Errorf("after RemoveUplink, hook %d: program %d (%v); want the slot empty", slot, id, err)
 		}
 	}
+}
+
+// Connections the fast path opened and saw close leave no record behind:
+// none in the uplink's flows, none in the flow cache. Else a burst of
+// short connections would fill both LRU maps and evict the only record of
+// a long idle connection, whose next packets the stack cannot carry (it
+// never saw the connection open). The idle one keeps its records and goes
+// on. A reset from the client is not trusted to end a connection (one
+// from outside may be forged): its records stay.
+func TestUplinkForgetsConnectionsThatEnded(t *testing.T) {
+	b, _ := newOpeningEchoBed(t)
+	testutil.Must(t, b.fp.SetOpen(map[netip.Addr]bool{localBE.Addr(): true}, false))
+	front := netip.AddrPortFrom(nodeIP, nodePort)
+	idle := b.dialClient("tcp4", front)
+	testutil.Must(t, roundTrips(idle, 1))
+	idleClient := idle.LocalAddr().(*net.TCPAddr).AddrPort()
+
+	const n = 400
+	var clients []netip.AddrPort
+	got := b.delta(func() {
+		for range n {
+			c := b.dialClient("tcp4", front)
+			testutil.Must(t, roundTrips(c, 1))
+			clients = append(clients, c.LocalAddr().(*net.TCPAddr).AddrPort())
+			c.Close()
+		}
+	}, "uplink_open")
+	if got["uplink_open"] != n {
+		t.Fatalf("%v; want every connection opened on the fast path", got)
+	}
+	testutil.WaitFor(t, "the closed connections forgotten", 5*time.Second, func() bool {
+		return !slices.ContainsFunc(clients, b.remembers)
+	})
+	if !b.remembers(idleClient) {
+		t.Fatal("the idle connection's records went with the others")
+	}
+	if err := roundTrips(idle, 3); err != nil {
+		t.Fatalf("the idle connection after %d others closed: %v", n, err)
+	}
+
+	reset := b.dialClient("tcp4", front)
+	testutil.Must(t, roundTrips(reset, 1))
+	resetClient := reset.LocalAddr().(*net.TCPAddr).AddrPort()
+	testutil.Must(t, reset.(*net.TCPConn).SetLinger(0))
+	reset.Close()
+	time.Sleep(200 * time.Millisecond)
+	if !b.remembers(resetClient) {
+		t.Error("a reset from the client ended the connection's records; want them kept (it may be forged)")
+	}
+}
+
+// remembers reports whether the node holds a record of the connection
+// from client: an entry of the uplink's flows either way, or of the flow
+// cache.
+func (b *uplinkBed) remembers(client netip.AddrPort) bool {
+	b.t.Helper()
+	if _, ok := b.flow(client); ok {
+		return true
+	}
+	var (
+		k bpf.ServicesLbFlowKey
+		v bpf.ServicesLbFlow
+	)
+	ip, port := bpf.NetIPv4(client.Addr()), bpf.NetPort(client.Port())
+	it := b.lb.maps.OncLbFlows.Iterate()
+	for it.Next(&k, &v) {
+		if (k.Saddr == ip && k.Sport == port) || (k.Daddr == ip && k.Dport == port) {
+			return true
+		}
+	}
+	testutil.Must(b.t, it.Err())
+	return false
 }
 
 // flow is the node's filter entry of the connection from client.

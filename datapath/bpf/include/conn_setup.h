@@ -77,6 +77,57 @@ slow:
 	return SETUP_SLOW;
 }
 
+/*
+ * flow_close_step follows the close of a connection the fast path opened
+ * (v, its entry, NULL if none), one packet at a time: seg is the packet's
+ * TCP segment, out whether the local pod sent it. It returns 1 when the
+ * packet ends the connection, and the program that sends it on then
+ * forgets the connection: left in the LRU maps, the records of closed
+ * connections would pile up until a burst of short connections evicted
+ * the only record of a long idle one, whose next packets the slow path
+ * cannot carry. The end is the ACK of the second of the two FINs once
+ * the first is acknowledged too (not merely the first packet after
+ * both: after a half-close an ACK of data crosses the second FIN, and in
+ * a simultaneous close each end acknowledges the other's), or an RST the
+ * local pod sends. An RST from the other end is not trusted with that:
+ * anyone outside could forge one with a client's address, and the pod's
+ * stack ignores one outside its window, so the connection may go on.
+ */
+static __always_inline int flow_close_step(const struct flow_key *k, const struct flow_val *v, int out,
+					   const struct tcp_seg *seg)
+{
+	int d = out ? FLOW_DIR_OUT : FLOW_DIR_IN, o = out ? FLOW_DIR_IN : FLOW_DIR_OUT;
+	struct flow_fin f = {}, *cur;
+
+	if (!v || !v->opener || !v->closing)
+		return 0;
+	if (seg->flags & TCP_RST) {
+		if (out)
+			bpf_map_delete_elem(&onc_fin, k);
+		return out;
+	}
+	cur = bpf_map_lookup_elem(&onc_fin, k);
+	if (cur)
+		f = *cur;
+	/* IPv4 BIG TCP leaves the total length 0: no end to expect then. */
+	if ((seg->flags & TCP_FIN) && seg->len < 0x10000) {
+		f.end[d] = seg->seq + seg->len + 1;
+		f.sent[d] = 1;
+	}
+	/* Nothing follows a FIN, so the ACK of one is exactly its end: a FIN
+	 * forged from outside (another end) is then never acknowledged by
+	 * the pod's duplicate ACKs, which carry what it really expects. */
+	if ((seg->flags & TCP_ACK) && f.sent[o] && seg->ack == f.end[o])
+		f.acked[o] = 1;
+	if (f.acked[FLOW_DIR_OUT] && f.acked[FLOW_DIR_IN]) {
+		bpf_map_delete_elem(&onc_fin, k);
+		return 1;
+	}
+	if (!cur || cur->sent[d] != f.sent[d] || cur->end[d] != f.end[d] || cur->acked[o] != f.acked[o])
+		bpf_map_update_elem(&onc_fin, k, &f, BPF_ANY);
+	return 0;
+}
+
 /* flow_open records a connection the fast path opens: allowed both ways in
  * this epoch, and who opened it. */
 static __always_inline int flow_open(const struct flow_key *k, __u32 epoch, __u8 opener)

@@ -47,6 +47,29 @@ struct flow_val {
 #define FLOW_CLOSING_REMOTE_FIN 2 /* the remote pod sent one */
 #define FLOW_CLOSING_RST 4
 
+/* What following a connection's close needs of a TCP segment, in host
+ * order (parse.h fills it). */
+struct tcp_seg {
+	__u32 seq;
+	__u32 ack;
+	__u32 len;  /* payload bytes */
+	__u8 flags; /* all of them, ACK included */
+};
+
+/* Directions of a connection's packets on this node (flow_close_step). */
+#define FLOW_DIR_OUT 0 /* the local pod sent it */
+#define FLOW_DIR_IN 1
+
+/* The close of a connection the fast path opened, by direction: the
+ * sequence number just past that end's FIN, whether the FIN went by, and
+ * whether the other end acknowledged it. */
+struct flow_fin {
+	__u32 end[2];
+	__u8 sent[2];
+	__u8 acked[2];
+	__u8 pad[2];
+};
+
 /* Local pod -> its host-side veth; written by the agent at CNI ADD. */
 struct local_pod {
 	__u32 ifindex;
@@ -73,6 +96,16 @@ struct {
 	__type(value, struct flow_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_filter SEC(".maps");
+
+/* Connections the fast path opened that are closing (flow_close_step):
+ * entries live from a connection's first FIN to its end. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow_fin);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_fin SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -144,6 +177,7 @@ static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int
 static __always_inline void flow_forget(const struct flow_key *k)
 {
 	bpf_map_delete_elem(&onc_filter, k);
+	bpf_map_delete_elem(&onc_fin, k);
 }
 
 #endif /* __ONC_FLOW_CACHE_H */

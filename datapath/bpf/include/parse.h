@@ -22,6 +22,7 @@ struct l4 {
 	__be16 dport;
 	__u8 tcp_flags; /* FIN 0x01, SYN 0x02, RST 0x04; 0 for UDP */
 	__u8 syn_ack;   /* SYN and ACK alone: the reply to a connection's SYN */
+	struct tcp_seg seg; /* TCP only */
 };
 
 #define TCP_FIN 0x01
@@ -55,6 +56,10 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 		p->dport = t->dest;
 		p->tcp_flags = flags & TCP_CTL;
 		p->syn_ack = p->tcp_flags == TCP_SYN && (flags & TCP_ACK);
+		p->seg.seq = bpf_ntohl(t->seq);
+		p->seg.ack = bpf_ntohl(t->ack_seq);
+		p->seg.len = (__u32)bpf_ntohs(ip->tot_len) - sizeof(*ip) - t->doff * 4;
+		p->seg.flags = flags;
 		return 0;
 	}
 	if (ip->protocol == IPPROTO_UDP) {

@@ -182,6 +182,7 @@ struct lb_pkt {
 	__u8 ttl;
 	__u8 tos;
 	__u32 l4off;
+	struct tcp_seg seg; /* TCP only */
 };
 
 static __always_inline int lb_parse_at(struct __sk_buff *skb, __u32 l3off, struct lb_pkt *p)
@@ -202,9 +203,23 @@ static __always_inline int lb_parse_at(struct __sk_buff *skb, __u32 l3off, struc
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
 		return -1;
 	p->tcp_flags = 0;
-	if (ip.protocol == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, p->l4off + 13, &p->tcp_flags, sizeof(p->tcp_flags)))
-		return -1;
+	if (ip.protocol == IPPROTO_TCP) {
+		/* From the sequence number to the flags. */
+		struct {
+			__be32 seq;
+			__be32 ack;
+			__u8 doff; /* the data offset in its high nibble */
+			__u8 flags;
+		} t;
+
+		if (bpf_skb_load_bytes(skb, p->l4off + 4, &t, sizeof(t)))
+			return -1;
+		p->tcp_flags = t.flags;
+		p->seg.seq = bpf_ntohl(t.seq);
+		p->seg.ack = bpf_ntohl(t.ack);
+		p->seg.len = bpf_ntohs(ip.tot_len) - ip.ihl * 4 - (t.doff >> 4) * 4;
+		p->seg.flags = t.flags;
+	}
 	p->syn = (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
 	p->ttl = ip.ttl;
 	p->tos = ip.tos;
@@ -379,6 +394,27 @@ static __always_inline int lb_open(struct __sk_buff *skb, const struct flow_key 
 }
 
 /*
+ * lb_forget deletes the records of a connection to a backend on this node
+ * that ended on the fast path (flow_close_step): its flow's entries both ways
+ * and the flow cache's, cached. The client's entry is keyed by the
+ * frontend it sent to (fe); with direct server return it was the sending
+ * node's, and there is none here to delete.
+ */
+static __always_inline void lb_forget(__be32 client, __be16 client_port, const struct lb_addr *fe,
+				      const struct lb_addr *be, __u8 proto, const struct flow_key *cached)
+{
+	struct lb_flow_key in = {
+		.saddr = client, .daddr = fe->ip, .sport = client_port, .dport = fe->port,
+		.proto = proto, .dir = LB_FLOW_IN,
+	};
+	struct lb_flow_key out = lb_out_key(be->ip, be->port, client, client_port, proto);
+
+	bpf_map_delete_elem(&onc_lb_flows, &in);
+	bpf_map_delete_elem(&onc_lb_flows, &out);
+	bpf_map_delete_elem(&onc_filter, cached);
+}
+
+/*
  * lb_fast_path sends a translated packet past the stack when it may: to
  * a backend on this node straight into its pod, as the fast path hands an
  * overlay packet (fastpath.c), only when the flow cache says netfilter
@@ -389,12 +425,16 @@ static __always_inline int lb_open(struct __sk_buff *skb, const struct flow_key 
  * masqueraded; a TCP entry lasts five days), or when the fast path opens
  * or opened its TCP connection (conn_setup.h); to one on another node as
  * lb_to_remote_pod says, never a TCP SYN, FIN or RST: the masquerade is
- * conntrack's. Returns LB_NEXT when the stack must take it.
+ * conntrack's. The packet that ends a connection the fast path opened
+ * (flow_close_step) takes its records along (lb_forget). Returns LB_NEXT when
+ * the stack must take it.
  */
 static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_pkt *p, const struct lb_addr *be)
 {
 	struct ct_ends t = { .saddr = p->saddr, .daddr = be->ip, .sport = p->sport, .dport = be->port };
 	__u8 ctl = p->tcp_flags & TCP_CTL;
+	struct lb_addr fe = { .ip = p->daddr, .port = p->dport };
+	struct flow_val *flow = NULL;
 	struct ct_ends reply;
 	struct flow_key key = {};
 	struct onc_config *cfg;
@@ -414,7 +454,7 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 	if (setup == SETUP_OPEN) {
 		if (lb_open(skb, &key, p->proto, pod, cfg->epoch))
 			return LB_NEXT;
-	} else if (!flow_allowed(&key, cfg->epoch) ||
+	} else if (!(flow = flow_allowed(&key, cfg->epoch)) ||
 		   (p->proto == IPPROTO_UDP && ct_established(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply))) {
 		return LB_NEXT;
 	}
@@ -423,6 +463,8 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
+	if (p->proto == IPPROTO_TCP && flow_close_step(&key, flow, 0, &p->seg))
+		lb_forget(p->saddr, p->sport, &fe, be, p->proto, &key);
 	count(&onc_lb_uplink_stats, setup == SETUP_OPEN ? LB_STAT_UPLINK_OPEN : LB_STAT_UPLINK_FAST_TO_POD, 1);
 	return bpf_redirect_peer(pod->ifindex, 0);
 }
