@@ -139,30 +139,29 @@ func RunNodePorts(ctx context.Context, o Options) ([]Sample, error) {
 			if err := ctx.Err(); err != nil {
 				return out, err
 			}
+			// record takes a sample of cfg from run, or the proxy's set-up
+			// failure in its stead.
+			record := func(test, cfg string, run func() Sample) {
+				s := Sample{Test: test}
+				if setup != nil {
+					s.Error = "setting up " + proxy + ": " + setup.Error()
+				} else {
+					s = run()
+				}
+				s.Config, s.Rep = cfg, rep+1
+				logSample(o, s)
+				out = append(out, s)
+			}
 			for j, test := range tests {
 				for k := range NodePortPlacements {
 					placement := NodePortPlacements[(k+j+rep)%len(NodePortPlacements)]
 					cfg := NodePortConfig(proxy, placement)
-					s := Sample{Test: test}
-					if setup != nil {
-						s.Error = "setting up " + proxy + ": " + setup.Error()
-					} else {
-						s = nodePortRun(ctx, o, ext, entry[placement], placement == OtherNode, spod, test, proxy, nodePortData[cfg])
-					}
-					s.Config, s.Rep = cfg, rep+1
-					logSample(o, s)
-					out = append(out, s)
+					record(test, cfg, func() Sample {
+						return nodePortRun(ctx, o, ext, entry[placement], placement == OtherNode, spod, test, proxy, nodePortData[cfg])
+					})
 				}
 				if proxy == ProxyONC {
-					s := Sample{Test: test, Error: "setting up " + proxy + ": "}
-					if setup != nil {
-						s.Error += setup.Error()
-					} else {
-						s = nodePortHostRun(ctx, o, ext, server, test)
-					}
-					s.Config, s.Rep = NodePortHost, rep+1
-					logSample(o, s)
-					out = append(out, s)
+					record(test, NodePortHost, func() Sample { return nodePortHostRun(ctx, o, ext, server, test) })
 				}
 			}
 		}
