@@ -318,7 +318,7 @@ func countPodEntries(client apiv1.AgentClient, n *lab.Node) (podEntries, error) 
 	if err != nil {
 		return podEntries{}, err
 	}
-	out, err := exec.Command("ip", "netns", "exec", n.Netns, "nft", "list", "table", "ip", policytable.Table).CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", n.Netns, "nft", "list", "table", "inet", policytable.Table).CombinedOutput()
 	if err != nil {
 		return podEntries{}, fmt.Errorf("nft list table: %w: %s", err, out)
 	}

@@ -18,13 +18,13 @@ import (
 // LocalPod is a pod attached on this node, as the agent knows it.
 type LocalPod struct {
 	Namespace, Name, Iface string
-	IP                     netip.Addr
+	IPs                    []netip.Addr // one per family
 }
 
 func (lp LocalPod) key() string { return lp.Namespace + "/" + lp.Name }
 
-// everywhere is what a rule with no peers allows: every IPv4 address.
-var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}
+// everywhere is what a rule with no peers allows: every address.
+var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 
 // Compile resolves the NetworkPolicies of s into the rules of the local
 // pods. It is deterministic, so callers can compare two rulesets with
@@ -54,10 +54,10 @@ func sortPods(pods []policy.Pod) {
 // compiler is one snapshot's inputs, indexed.
 type compiler struct {
 	namespaces map[string]labels.Set
-	pods       map[string]*corev1.Pod // every pod of the snapshot, by namespace/name
-	localIP    map[string]netip.Addr  // the local pods' addresses, by namespace/name
-	peers      []peerPod              // the pods a rule can select
-	policies   []*networkPolicy       // sorted by key
+	pods       map[string]*corev1.Pod  // every pod of the snapshot, by namespace/name
+	localIP    map[string][]netip.Addr // the local pods' addresses, by namespace/name
+	peers      []peerPod               // the pods a rule can select
+	policies   []*networkPolicy        // sorted by key
 	policy     map[string]*networkPolicy
 }
 
@@ -121,14 +121,14 @@ func newCompiler(s Snapshot, local []LocalPod, prev *compiler) *compiler {
 	c := &compiler{
 		namespaces: make(map[string]labels.Set, len(s.Namespaces)),
 		pods:       make(map[string]*corev1.Pod, len(s.Pods)),
-		localIP:    make(map[string]netip.Addr, len(local)),
+		localIP:    make(map[string][]netip.Addr, len(local)),
 		policy:     make(map[string]*networkPolicy, len(s.Policies)),
 	}
 	for _, ns := range s.Namespaces {
 		c.namespaces[ns.Name] = ns.Labels
 	}
 	for _, lp := range local {
-		c.localIP[lp.key()] = lp.IP
+		c.localIP[lp.key()] = lp.IPs
 	}
 	for _, pod := range s.Pods {
 		key := pod.Namespace + "/" + pod.Name
@@ -218,10 +218,10 @@ func (rp *rulePeers) selects(ns string, pod *corev1.Pod, nsLabels labels.Set) bo
 	return false
 }
 
-// peerAddrs is the pod's IPv4 addresses as /32s, nil if it cannot be a
-// peer (host network, finished, or no IPv4 address). The agent's own
-// record of a local pod stands in until the API shows an address.
-func peerAddrs(pod *corev1.Pod, local netip.Addr) []netip.Prefix {
+// peerAddrs is the pod's addresses as /32s and /128s, nil if it cannot be
+// a peer (host network, finished, or no address). The agent's own record
+// of a local pod stands in until the API shows an address.
+func peerAddrs(pod *corev1.Pod, local []netip.Addr) []netip.Prefix {
 	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
 	}
@@ -231,12 +231,14 @@ func peerAddrs(pod *corev1.Pod, local netip.Addr) []netip.Prefix {
 	}
 	var addrs []netip.Prefix
 	for _, ip := range ips {
-		if a, err := netip.ParseAddr(ip.IP); err == nil && a.Is4() {
-			addrs = append(addrs, netip.PrefixFrom(a, 32))
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			addrs = append(addrs, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
 		}
 	}
-	if len(addrs) == 0 && local.Unmap().Is4() {
-		addrs = append(addrs, netip.PrefixFrom(local.Unmap(), 32))
+	if len(addrs) == 0 {
+		for _, a := range local {
+			addrs = append(addrs, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+		}
 	}
 	return addrs
 }
@@ -275,7 +277,7 @@ func (pol *networkPolicy) selects(pod *corev1.Pod) bool {
 
 // compileLocal is lp's rules and the keys of the policies that select it.
 func (c *compiler) compileLocal(lp LocalPod) (p policy.Pod, selectedBy []string) {
-	p = policy.Pod{Key: lp.key(), Iface: lp.Iface, IP: lp.IP}
+	p = policy.Pod{Key: lp.key(), Iface: lp.Iface, IPs: lp.IPs}
 	if pod := c.pods[p.Key]; pod != nil {
 		selectedBy = c.compilePod(&p, pod)
 	}
@@ -422,16 +424,16 @@ func sortPrefixes(ps []netip.Prefix) []netip.Prefix {
 	return slices.Compact(ps)
 }
 
-// ipBlock is the block's IPv4 CIDR minus its excepts, as disjoint
-// prefixes. An IPv6 or unparsable CIDR is nothing.
+// ipBlock is the block's CIDR minus its excepts (those of its family), as
+// disjoint prefixes. An unparsable CIDR is nothing.
 func ipBlock(b *networkingv1.IPBlock) []netip.Prefix {
 	cidr, err := netip.ParsePrefix(b.CIDR)
-	if err != nil || !cidr.Addr().Is4() {
+	if err != nil {
 		return nil
 	}
 	var except []netip.Prefix
 	for _, e := range b.Except {
-		if p, err := netip.ParsePrefix(e); err == nil && p.Addr().Is4() {
+		if p, err := netip.ParsePrefix(e); err == nil && p.Addr().Is4() == cidr.Addr().Is4() {
 			except = append(except, p.Masked())
 		}
 	}
@@ -451,12 +453,13 @@ func subtract(p netip.Prefix, except []netip.Prefix) []netip.Prefix {
 	if !overlaps {
 		return []netip.Prefix{p}
 	}
-	// An except lies strictly inside p, so p is shorter than /32.
+	// An except lies strictly inside p, so p is shorter than a host.
 	bits := p.Bits() + 1
-	hi := p.Addr().As4()
-	hi[p.Bits()/8] |= 0x80 >> (p.Bits() % 8)
+	b := p.Addr().AsSlice()
+	b[p.Bits()/8] |= 0x80 >> (p.Bits() % 8)
+	hi, _ := netip.AddrFromSlice(b)
 	return append(subtract(netip.PrefixFrom(p.Addr(), bits), except),
-		subtract(netip.PrefixFrom(netip.AddrFrom4(hi), bits), except)...)
+		subtract(netip.PrefixFrom(hi, bits), except)...)
 }
 
 // namedPort is a port a policy names rather than numbers, to resolve

@@ -44,9 +44,9 @@ var (
 		with(pod("app", "legacy", "", map[string]string{"app": "legacy"}), func(p *corev1.Pod) { p.Status.PodIP = "10.0.2.22" }),
 	}
 	local = []LocalPod{
-		{Namespace: "app", Name: "web", Iface: "veth-web", IP: addr("10.0.1.10")},
-		{Namespace: "app", Name: "db", Iface: "veth-db", IP: addr("10.0.1.11")},
-		{Namespace: "app", Name: "new", Iface: "veth-new", IP: addr("10.0.1.12")},
+		{Namespace: "app", Name: "web", Iface: "veth-web", IPs: []netip.Addr{addr("10.0.1.10")}},
+		{Namespace: "app", Name: "db", Iface: "veth-db", IPs: []netip.Addr{addr("10.0.1.11")}},
+		{Namespace: "app", Name: "new", Iface: "veth-new", IPs: []netip.Addr{addr("10.0.1.12")}},
 	}
 )
 
@@ -192,9 +192,9 @@ func TestCompile(t *testing.T) {
 		name: "no policy isolates nothing",
 		check: func(t *testing.T, rs policy.Ruleset) {
 			want := []policy.Pod{
-				{Key: dbKey, Iface: "veth-db", IP: db},
-				{Key: newKey, Iface: "veth-new", IP: newPod},
-				{Key: webKey, Iface: "veth-web", IP: web},
+				{Key: dbKey, Iface: "veth-db", IPs: []netip.Addr{db}},
+				{Key: newKey, Iface: "veth-new", IPs: []netip.Addr{newPod}},
+				{Key: webKey, Iface: "veth-web", IPs: []netip.Addr{web}},
 			}
 			if !reflect.DeepEqual(rs.Pods, want) {
 				t.Errorf("got %+v, want %+v", rs.Pods, want)
@@ -333,7 +333,7 @@ func TestCompile(t *testing.T) {
 			PodSelector: *labelsel("app", "web"), Ingress: []networkingv1.NetworkPolicyIngressRule{{}}})},
 		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0", "::/0")}})
 			checkVerdicts(t, "ingress", d, []verdict{{outside, udp, 1, true}, {client, sctp, 9, true}})
 		},
 	}, {
@@ -344,8 +344,8 @@ func TestCompile(t *testing.T) {
 			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{}}}})},
 		check: func(t *testing.T, rs policy.Ruleset) {
 			p := rs.Pod(webKey)
-			checkRules(t, "ingress", p.Ingress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
-			checkRules(t, "egress", p.Egress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0")}})
+			checkRules(t, "ingress", p.Ingress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0", "::/0")}})
+			checkRules(t, "egress", p.Egress, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0", "::/0")}})
 		},
 	}, {
 		name: "podSelector peer: pods of the policy's namespace",
@@ -362,14 +362,14 @@ func TestCompile(t *testing.T) {
 			}
 		},
 	}, {
-		name: "empty podSelector peer: every pod of the namespace, IPv4 and podIP fallbacks",
+		name: "empty podSelector peer: every pod of the namespace, both families and podIP fallbacks",
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "db"), Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(podPeer(&all))}})},
 		check: func(t *testing.T, rs policy.Ruleset) {
-			// new has no API address: its LocalPod one; dual: only its IPv4; legacy: status.podIP.
+			// new has no API address: its LocalPod one; dual: both; legacy: status.podIP.
 			checkRules(t, "ingress", rs.Pod(dbKey).Ingress, []policy.Rule{{Policy: "app/p",
-				Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32", "10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32")}})
-			checkVerdicts(t, "ingress", rs.Pod(dbKey).Ingress, []verdict{{dual, tcp, 1, true}, {addr("fd00::21"), tcp, 1, false},
+				Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32", "10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32", "fd00::21/128")}})
+			checkVerdicts(t, "ingress", rs.Pod(dbKey).Ingress, []verdict{{dual, tcp, 1, true}, {addr("fd00::21"), tcp, 1, true}, {addr("fd00::22"), tcp, 1, false},
 				{legacy, tcp, 1, true}, {newPod, tcp, 1, true}, {otherWeb, tcp, 1, false}})
 		},
 	}, {
@@ -408,7 +408,7 @@ func TestCompile(t *testing.T) {
 		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
 			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Peers: prefixes("10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32",
-				"10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32", "10.0.3.30/32", "10.0.3.31/32", "10.0.4.40/32")}})
+				"10.0.2.20/32", "10.0.2.21/32", "10.0.2.22/32", "10.0.3.30/32", "10.0.3.31/32", "10.0.4.40/32", "fd00::21/128")}})
 			checkVerdicts(t, "ingress", d, []verdict{{thirdX, tcp, 80, true}, {outside, tcp, 80, false}, {host, tcp, 80, false}})
 		},
 	}, {
@@ -455,10 +455,12 @@ func TestCompile(t *testing.T) {
 		policies: []*networkingv1.NetworkPolicy{netPolicy("p", networkingv1.NetworkPolicySpec{
 			PodSelector: *labelsel("app", "web"), PolicyTypes: types(egressT),
 			Egress: []networkingv1.NetworkPolicyEgressRule{
-				// Excepts nested, overlapping and IPv6; an unmasked CIDR.
+				// Excepts nested, overlapping and of the other family; an unmasked CIDR.
 				egressTo(block("192.168.1.7/24", "192.168.1.128/25", "192.168.1.192/26", "192.168.1.0/26", "fd00::/8")),
 				egressTo(block("10.0.0.0/24", "10.0.0.0/16")), // except covers it all
-				egressTo(block("fd00::/8"), block("not-a-cidr"), block("::ffff:10.0.0.0/104")),
+				// IPv6 with an except; the other family's except ignored;
+				// IPv4-mapped kept as IPv6 (no such source is ever received).
+				egressTo(block("fd00::/8", "fd00::/9", "10.0.0.0/8"), block("not-a-cidr"), block("::ffff:10.0.0.0/104")),
 				egressTo(block("172.16.0.1/32", "172.16.0.1/32")),
 				egressTo(block("0.0.0.0/0", "0.0.0.0/1")),
 			}})},
@@ -466,7 +468,7 @@ func TestCompile(t *testing.T) {
 			checkRules(t, "egress", rs.Pod(webKey).Egress, []policy.Rule{
 				{Policy: "app/p", Index: 0, Peers: prefixes("192.168.1.64/26")},
 				{Policy: "app/p", Index: 1},
-				{Policy: "app/p", Index: 2},
+				{Policy: "app/p", Index: 2, Peers: prefixes("::ffff:10.0.0.0/104", "fd80::/9")},
 				{Policy: "app/p", Index: 3},
 				{Policy: "app/p", Index: 4, Peers: prefixes("128.0.0.0/1")},
 			})
@@ -502,10 +504,10 @@ func TestCompile(t *testing.T) {
 				}}}})},
 		check: func(t *testing.T, rs policy.Ruleset) {
 			d := rs.Pod(webKey).Ingress
-			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0"), Ports: []policy.PortRange{
+			checkRules(t, "ingress", d, []policy.Rule{{Policy: "app/p", Index: 0, Peers: prefixes("0.0.0.0/0", "::/0"), Ports: []policy.PortRange{
 				{Proto: tcp, First: 80, Last: 80}, {Proto: udp, First: 53, Last: 53}, {Proto: sctp, First: 3868, Last: 3868},
 				{Proto: udp, First: 1, Last: 65535}, {Proto: tcp, First: 8000, Last: 8100},
-			}}, {Policy: "app/p", Index: 1, Peers: prefixes("0.0.0.0/0"), Ports: []policy.PortRange{}}})
+			}}, {Policy: "app/p", Index: 1, Peers: prefixes("0.0.0.0/0", "::/0"), Ports: []policy.PortRange{}}})
 			checkVerdicts(t, "ingress", d, []verdict{
 				{api, tcp, 80, true}, {api, tcp, 81, false}, {api, udp, 80, true}, {api, sctp, 3868, true}, {api, sctp, 53, false},
 				{api, tcp, 7999, false}, {api, tcp, 8000, true}, {api, tcp, 8100, true}, {api, tcp, 8101, false},
@@ -633,8 +635,8 @@ func TestCompile(t *testing.T) {
 func TestCompileUnknownLocalPod(t *testing.T) {
 	rs := Compile(Snapshot{Namespaces: namespaces, Policies: []*networkingv1.NetworkPolicy{
 		netPolicy("deny", networkingv1.NetworkPolicySpec{PodSelector: all, PolicyTypes: types(ingressT, egressT)})}},
-		[]LocalPod{{Namespace: "app", Name: "ghost", Iface: "veth-ghost", IP: addr("10.0.1.50")}})
-	want := []policy.Pod{{Key: "app/ghost", Iface: "veth-ghost", IP: addr("10.0.1.50")}}
+		[]LocalPod{{Namespace: "app", Name: "ghost", Iface: "veth-ghost", IPs: []netip.Addr{addr("10.0.1.50")}}})
+	want := []policy.Pod{{Key: "app/ghost", Iface: "veth-ghost", IPs: []netip.Addr{addr("10.0.1.50")}}}
 	if !reflect.DeepEqual(rs.Pods, want) {
 		t.Errorf("got %+v, want %+v", rs.Pods, want)
 	}

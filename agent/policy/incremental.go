@@ -98,7 +98,7 @@ func dropUnselected(c *compiler, local map[string]compiledPod) {
 func (inc *Incremental) recompiles(cp compiledPod, lp LocalPod, next *compiler, policies, stale map[string]bool) bool {
 	key := lp.key()
 	pod := next.pods[key]
-	if cp.lp != lp || pod != inc.last.pods[key] {
+	if cp.lp.Iface != lp.Iface || !slices.Equal(cp.lp.IPs, lp.IPs) || pod != inc.last.pods[key] {
 		return true
 	}
 	for _, pol := range cp.selectedBy {
@@ -168,7 +168,7 @@ func changedPeers(prev, next *compiler) []*peerChange {
 	// A pod's standing as a peer is its object and, while the API shows no
 	// address, the local pod's.
 	pods := changedKeys(prev.pods, next.pods, func(a, b *corev1.Pod) bool { return a == b })
-	for key := range changedKeys(prev.localIP, next.localIP, func(a, b netip.Addr) bool { return a == b }) {
+	for key := range changedKeys(prev.localIP, next.localIP, slices.Equal[[]netip.Addr]) {
 		pods[key] = true
 	}
 	namespaces := changedKeys(prev.namespaces, next.namespaces, maps.Equal)

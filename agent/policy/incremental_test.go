@@ -198,15 +198,18 @@ func (c *cluster) change() string {
 			return "local pod removed " + key
 		}
 		c.local[key] = LocalPod{Namespace: ns, Name: name, Iface: "veth-" + ns + "-" + name,
-			IP: netip.AddrFrom4([4]byte{10, 0, byte(c.r.IntN(2)), byte(c.r.IntN(4))})}
-		return fmt.Sprintf("local pod %s at %s", key, c.local[key].IP)
+			IPs: [][]netip.Addr{
+				{netip.AddrFrom4([4]byte{10, 0, byte(c.r.IntN(2)), byte(c.r.IntN(4))})},
+				{netip.AddrFrom4([4]byte{10, 0, byte(c.r.IntN(2)), byte(c.r.IntN(4))}), netip.AddrFrom16([16]byte{0: 0xfd, 14: byte(c.r.IntN(2)), 15: byte(c.r.IntN(4))})},
+			}[c.r.IntN(2)]}
+		return fmt.Sprintf("local pod %s at %s", key, c.local[key].IPs)
 	case 8:
 		// A new sandbox of the pod: its address changes, which stands in for
 		// the pod's while the API shows none.
 		if lp, ok := c.local[key]; ok {
-			lp.IP = netip.AddrFrom4([4]byte{10, 0, 2, byte(c.r.IntN(4))})
+			lp.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 0, 2, byte(c.r.IntN(4))})}
 			c.local[key] = lp
-			return fmt.Sprintf("local pod %s at %s", key, lp.IP)
+			return fmt.Sprintf("local pod %s at %s", key, lp.IPs)
 		}
 		return "none"
 	case 7:
@@ -288,7 +291,7 @@ func TestIncrementalIsCompile(t *testing.T) {
 func describe(rs policy.Ruleset) string {
 	var b strings.Builder
 	for _, p := range rs.Pods {
-		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s; egress %s", p.Key, p.Iface, p.IP, p.Ingress, p.Egress)
+		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s; egress %s", p.Key, p.Iface, p.IPs, p.Ingress, p.Egress)
 	}
 	return b.String()
 }

@@ -10,10 +10,12 @@ import (
 	"strconv"
 )
 
-// elements are a Direction's rules as the contents of its two nft sets.
-// nft rejects overlapping elements (pipapo and the ipv4 interval set alike),
-// so both lists are disjoint: no address (or address, protocol and port) is
-// in two elements.
+// elements are a Direction's rules as the contents of its nft sets: per
+// family, one of peers and one of peer, protocol and port. nft rejects
+// overlapping elements (pipapo and the interval sets alike), so both lists
+// are disjoint: no address (or address, protocol and port) is in two
+// elements. Both hold either family; the Enforcer puts each element in its
+// family's set.
 type elements struct {
 	all   []netip.Prefix // peers allowed on every protocol and port
 	ports []portElem     // peer . protocol . port range
@@ -26,7 +28,7 @@ type portElem struct {
 }
 
 // key renders e as an element of a set of type
-// ipv4_addr . inet_proto . inet_service.
+// ipv4_addr (or ipv6_addr) . inet_proto . inet_service.
 func (e portElem) key() []string {
 	port := strconv.Itoa(int(e.first))
 	if e.first != e.last {
@@ -35,8 +37,7 @@ func (e portElem) key() []string {
 	return []string{e.peer.String(), strconv.Itoa(int(e.proto)), port}
 }
 
-// compile normalizes d into disjoint set elements equivalent to d.Allows
-// for IPv4 peers.
+// compile normalizes d into disjoint set elements equivalent to d.Allows.
 func compile(d *Direction) elements {
 	type span struct {
 		first, last uint16
@@ -45,7 +46,7 @@ func compile(d *Direction) elements {
 	var all []netip.Prefix
 	spans := map[Proto][]span{}
 	for _, r := range d.Rules {
-		peers := ipv4Prefixes(r.Peers)
+		peers := masked(r.Peers)
 		if len(peers) == 0 {
 			continue
 		}
@@ -105,12 +106,11 @@ func compile(d *Direction) elements {
 	return el
 }
 
-// ipv4Prefixes returns the IPv4 prefixes of ps, masked. Others can never
-// match an IPv4 packet.
-func ipv4Prefixes(ps []netip.Prefix) []netip.Prefix {
+// masked returns the valid prefixes of ps, masked.
+func masked(ps []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range ps {
-		if p.IsValid() && p.Addr().Is4() {
+		if p.IsValid() {
 			out = append(out, p.Masked())
 		}
 	}
@@ -118,8 +118,9 @@ func ipv4Prefixes(ps []netip.Prefix) []netip.Prefix {
 }
 
 // disjoint returns the smallest sorted list of disjoint prefixes covering
-// the same addresses as ps (masked IPv4): contained prefixes are dropped
-// and sibling pairs merged into their parent.
+// the same addresses as ps (masked, of either family: one never contains
+// or neighbours the other's): contained prefixes are dropped and sibling
+// pairs merged into their parent.
 func disjoint(ps []netip.Prefix) []netip.Prefix {
 	sorted := slices.Clone(ps)
 	// By address, shorter first, so a prefix comes before those it contains.
@@ -148,6 +149,21 @@ func parent(p netip.Prefix) netip.Prefix {
 
 func siblings(a, b netip.Prefix) bool {
 	return a.Bits() == b.Bits() && a.Bits() > 0 && parent(a) == parent(b)
+}
+
+// has6 reports whether el allows an IPv6 peer.
+func (el elements) has6() bool {
+	for _, p := range el.all {
+		if p.Addr().Is6() {
+			return true
+		}
+	}
+	for _, pe := range el.ports {
+		if pe.peer.Addr().Is6() {
+			return true
+		}
+	}
+	return false
 }
 
 // fingerprint identifies the compiled contents of a direction's sets.

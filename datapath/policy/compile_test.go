@@ -29,8 +29,8 @@ func checkDisjoint(t *testing.T, name string, el elements) {
 	t.Helper()
 	overlap := func(a, b netip.Prefix) bool { return a.Contains(b.Addr()) || b.Contains(a.Addr()) }
 	for i, a := range el.all {
-		if !a.Addr().Is4() || a != a.Masked() {
-			t.Errorf("%s: element %v is not a masked IPv4 prefix", name, a)
+		if a != a.Masked() {
+			t.Errorf("%s: element %v is not a masked prefix", name, a)
 		}
 		for _, b := range el.all[i+1:] {
 			if overlap(a, b) {
@@ -39,7 +39,7 @@ func checkDisjoint(t *testing.T, name string, el elements) {
 		}
 	}
 	for i, a := range el.ports {
-		if a.first > a.last || !a.peer.Addr().Is4() || a.peer != a.peer.Masked() {
+		if a.first > a.last || a.peer != a.peer.Masked() {
 			t.Errorf("%s: bad element %v", name, a.key())
 		}
 		for _, b := range el.ports[i+1:] {
@@ -57,6 +57,11 @@ var (
 		"10.1.2.3/24", // not masked
 		"255.255.255.255/32", "0.0.0.0/32", "128.0.0.0/1", "0.0.0.0/1",
 	}
+	basePeers6 = []string{
+		"::/0", "fd00::/8", "fd00::/120", "fd00::80/121", "fd00::3/128", "fd00::3/120", // not masked
+		"::ffff:10.1.2.0/120", // IPv4-mapped: matches no IPv4 packet
+		"8000::/1", "::/1",
+	}
 	basePorts = []uint16{0, 1, 2, 52, 53, 54, 79, 80, 81, 443, 1000, 1024, 8080, 32767, 32768, 65534, 65535}
 )
 
@@ -71,8 +76,13 @@ func randRule(r *rand.Rand) Rule {
 		}
 		rule.Peers = append(rule.Peers, p)
 	}
-	if r.IntN(5) == 0 {
-		rule.Peers = append(rule.Peers, netip.MustParsePrefix("fd00::/8")) // never matches IPv4
+	if r.IntN(3) == 0 {
+		p := netip.MustParsePrefix(basePeers6[r.IntN(len(basePeers6))])
+		if r.IntN(3) == 0 {
+			// A random prefix around the interesting addresses.
+			p = netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 15: byte(r.IntN(256))}), 120+r.IntN(9))
+		}
+		rule.Peers = append(rule.Peers, p)
 	}
 	if r.IntN(3) == 0 {
 		return rule // every port
@@ -94,32 +104,35 @@ func randRule(r *rand.Rand) Rule {
 
 func sampleAddrs(r *rand.Rand, d *Direction) []netip.Addr {
 	var out []netip.Addr
-	for _, s := range []string{"0.0.0.0", "255.255.255.255", "10.1.2.3", "10.1.2.127", "10.1.2.128", "10.1.2.255", "10.1.3.0", "10.2.0.0", "9.255.255.255", "127.0.0.1"} {
+	for _, s := range []string{"0.0.0.0", "255.255.255.255", "10.1.2.3", "10.1.2.127", "10.1.2.128", "10.1.2.255", "10.1.3.0", "10.2.0.0", "9.255.255.255", "127.0.0.1",
+		"::", "::1", "fd00::", "fd00::3", "fd00::ff", "fd00::100", "fe80::1", "::ffff:10.1.2.3", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"} {
 		out = append(out, netip.MustParseAddr(s))
 	}
 	for _, rule := range d.Rules {
 		for _, p := range rule.Peers {
-			if !p.Addr().Is4() {
-				continue
-			}
 			m := p.Masked()
-			b := m.Addr().As4()
+			b := m.Addr().AsSlice()
 			out = append(out, m.Addr(), m.Addr().Prev(), lastAddr(m), lastAddr(m).Next())
-			b[3] ^= byte(r.IntN(256))
-			out = append(out, netip.AddrFrom4(b))
+			b[len(b)-1] ^= byte(r.IntN(256))
+			a, _ := netip.AddrFromSlice(b)
+			out = append(out, a)
 		}
 	}
 	for range 10 {
-		out = append(out, netip.AddrFrom4([4]byte{10, 1, byte(r.IntN(4)), byte(r.IntN(256))}))
+		out = append(out, netip.AddrFrom4([4]byte{10, 1, byte(r.IntN(4)), byte(r.IntN(256))}),
+			netip.AddrFrom16([16]byte{0: 0xfd, 14: byte(r.IntN(2)), 15: byte(r.IntN(256))}))
 	}
 	return out
 }
 
+// lastAddr is the last address of p.
 func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v |= ^uint32(0) >> p.Bits()
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < 8*len(b); i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func samplePorts(r *rand.Rand, d *Direction) []uint16 {
@@ -207,7 +220,10 @@ func TestCompileEdgeCases(t *testing.T) {
 		"reversed range matches nothing": {Direction{Rules: []Rule{
 			{Peers: pfx("0.0.0.0/0"), Ports: []PortRange{{TCP, 90, 80}}},
 		}}, 0, 0},
-		"IPv6 peers ignored": {Direction{Rules: []Rule{{Peers: pfx("::/0")}}}, 0, 0},
+		"both families, apart": {Direction{Rules: []Rule{{Peers: pfx("::/0", "0.0.0.0/0", "fd00::/8")}}}, 2, 0},
+		"IPv6 siblings merge": {Direction{Rules: []Rule{
+			{Peers: pfx("fd00::/121", "fd00::80/122", "fd00::c0/122"), Ports: []PortRange{{UDP, 53, 53}}},
+		}}, 0, 1},
 	}
 	r := rand.New(rand.NewPCG(3, 4))
 	for name, c := range cases {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -15,9 +16,10 @@ import (
 	"sigs.k8s.io/knftables"
 )
 
-// Table is the nftables table (family ip) the Enforcer owns. It coexists
-// with ONC's iptables-nft rules: a drop here is final, an accept is not, so
-// it drops what policy denies and lets everything else fall through.
+// Table is the nftables table (family inet: both IP families) the Enforcer
+// owns. It coexists with ONC's iptables-nft rules: a drop here is final, an
+// accept is not, so it drops what policy denies and lets everything else
+// fall through.
 const Table = "onc-policy"
 
 // nftTimeout bounds one nft command.
@@ -26,20 +28,24 @@ const nftTimeout = 30 * time.Second
 // Enforcer keeps the table in line with the Ruleset it is given.
 //
 // The table has two base chains, forward and input (priority filter), that
-// drop packets from a pod veth whose source is not that pod's address (set
-// pod-addrs: no pod can pass for an allowed peer), accept established and
-// related packets, drop invalid ones to or from a
-// pod veth (set pod-ifaces) and TCP ones that would start a connection
-// without a SYN to or from an isolated pod's (set isolated), and jump
-// through the verdict maps egress (keyed by iifname) and ingress (keyed by
-// oifname) to the chain of the isolated pod the packet leaves or reaches. Those chains, in-<id> and
-// eg-<id>, return when the set <chain>-ports (peer . proto . port) or
-// <chain>-all (peer) holds the packet, or their second pair
-// <chain>-ports-b and <chain>-all-b (changeSets), and drop otherwise,
-// counting both with the named counters <chain>-allow and <chain>-deny. Returning instead
-// of accepting lets same-node traffic pass the sender's egress and then the
-// receiver's ingress chain. Traffic from the node to its pods leaves by
-// OUTPUT and is never policed.
+// drop packets from a pod veth whose source is not that pod's address of
+// the packet's family (sets pod-addrs and pod-addrs6: no pod can pass for
+// an allowed peer, and one without an address of a family sends nothing
+// in it but IPv6 link-local neighbour discovery), accept that neighbour
+// discovery, accept established and related packets, drop invalid ones to
+// or from a pod veth (set pod-ifaces) and TCP ones that would start a
+// connection without a SYN to or from an isolated pod's (set isolated), and
+// jump through the verdict maps egress (keyed by iifname) and ingress
+// (keyed by oifname) to the chain of the isolated pod the packet leaves or
+// reaches. Those chains, in-<id> and eg-<id>, return when the set
+// <chain>-ports (peer . proto . port) or <chain>-all (peer) holds the
+// packet (IPv4; <chain>-ports6 and <chain>-all6 for IPv6, made only when
+// the rules allow an IPv6 peer), or their second pair, <chain>-ports-b and
+// so on (changeSets), and drop otherwise, counting both with the named
+// counters <chain>-allow and <chain>-deny. Returning instead of accepting
+// lets same-node traffic pass the sender's egress and then the receiver's
+// ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
+// never policed.
 //
 // Every Apply is one nft transaction, so the kernel never sees a partial
 // policy. Methods run nft (forked from the calling thread) and netlink in
@@ -48,9 +54,12 @@ const nftTimeout = 30 * time.Second
 type Enforcer struct {
 	mu     sync.Mutex
 	nft    knftables.Interface
-	synced bool                  // the table holds exactly pods: false until the first Apply, and after a failed one
-	pods   map[string]applied    // by pod key: what the table holds
-	gone   map[string]netip.Addr // removed pods' last IPs, until Revoke has seen them
+	synced bool                // the table holds exactly pods: false until the first Apply, and after a failed one
+	pods   map[string]applied  // by pod key: what the table holds
+	gone   map[string]podAddrs // removed pods' last IPs, until Revoke has seen them
+	// legacy is the table as agents before IPv6 wrote it (family ip),
+	// deleted after the first rewrite of this one; nil once done.
+	legacy knftables.Interface
 	// compiled is the last Apply's set elements, by pod key and direction
 	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
@@ -61,8 +70,56 @@ type Enforcer struct {
 type applied struct {
 	id     string // the pod key's short hash, in its chain, set and counter names
 	iface  string
-	ip     netip.Addr
+	addrs  podAddrs
 	in, eg string // fingerprint of each direction's sets; "" when not isolated
+}
+
+// podAddrs are a pod's addresses by family (ipv4, ipv6); invalid where it
+// has none.
+type podAddrs [2]netip.Addr
+
+func newPodAddrs(key string, ips []netip.Addr) (podAddrs, error) {
+	var a podAddrs
+	for _, ip := range ips {
+		f := familyOf(ip)
+		if !ip.IsValid() || ip.Is4In6() {
+			return a, fmt.Errorf("pod %s: address %q is not one a pod can have", key, ip)
+		}
+		if a[f].IsValid() {
+			return a, fmt.Errorf("pod %s has two %s addresses, %s and %s", key, families[f].name, a[f], ip)
+		}
+		a[f] = ip
+	}
+	if !a[ipv4].IsValid() && !a[ipv6].IsValid() {
+		return a, fmt.Errorf("pod %s has no address", key)
+	}
+	return a, nil
+}
+
+// family is an IP family as the table writes it.
+type family struct {
+	name     string // for errors
+	expr     string // the packet's header in rules: ip, ip6
+	addrType string // of set keys
+	suffix   string // of the names of a chain's sets of this family
+}
+
+// The indexes of families.
+const (
+	ipv4 = iota
+	ipv6
+)
+
+var families = [2]family{
+	ipv4: {"IPv4", "ip", "ipv4_addr", ""},
+	ipv6: {"IPv6", "ip6", "ipv6_addr", "6"},
+}
+
+func familyOf(a netip.Addr) int {
+	if a.Is4() {
+		return ipv4
+	}
+	return ipv6
 }
 
 func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
@@ -73,11 +130,15 @@ func NewEnforcer() (*Enforcer, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("NetworkPolicy needs the nft command (install the nftables package): %w", err)
 	}
-	nft, err := knftables.New(knftables.IPv4Family, Table)
+	nft, err := knftables.New(knftables.InetFamily, Table)
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &Enforcer{nft: nft, pods: map[string]applied{}, gone: map[string]netip.Addr{}}, nil
+	legacy, err := knftables.New(knftables.IPv4Family, Table)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}}, nil
 }
 
 // Close releases the Enforcer. The table stays, enforcing the last Ruleset
@@ -88,12 +149,12 @@ func (e *Enforcer) Close() error { return nil }
 type dir struct {
 	prefix string // of chain, set and counter names
 	vmap   string // the verdict map jumping to the pod's chain
-	peer   string // the packet's peer address
+	peer   string // the packet's peer address field
 }
 
 var (
-	ingress = dir{"in", "ingress", "ip saddr"}
-	egress  = dir{"eg", "egress", "ip daddr"}
+	ingress = dir{"in", "ingress", "saddr"}
+	egress  = dir{"eg", "egress", "daddr"}
 )
 
 func (d dir) chain(id string) string { return d.prefix + "-" + id }
@@ -158,7 +219,11 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			return nil, nil, fmt.Errorf("pods %s and %s have the same interface %s", other, p.Key, p.Iface)
 		}
 		ifaces[p.Iface] = p.Key
-		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, ip: p.IP}}
+		addrs, err := newPodAddrs(p.Key, p.IPs)
+		if err != nil {
+			return nil, nil, err
+		}
+		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
 		if p.Ingress != nil {
 			pl.inSets = e.elementsOf(ingress.key(p.Key), p.Ingress, next)
 			pl.in = "in:" + pl.inSets.fingerprint
@@ -242,6 +307,9 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 			e.synced = false
 			return nil, fmt.Errorf("nft: %w", err)
 		}
+		if rewrite {
+			e.retireLegacy(ctx)
+		}
 		after, aerr := RulesetGeneration()
 		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
@@ -260,12 +328,34 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 	for key, old := range e.pods {
 		if _, ok := next[key]; !ok {
 			changed = append(changed, key)
-			e.gone[key] = old.ip
+			e.gone[key] = old.addrs
 		}
 	}
 	e.pods = next
 	sort.Strings(changed)
 	return changed, nil
+}
+
+// retireLegacy deletes the table as agents before IPv6 wrote it, family
+// ip, now that this one enforces (an upgrade: until now both did, the old
+// one the old rules). Its own transaction makes the next resync rewrite
+// once (drift.go), at the upgrade only.
+func (e *Enforcer) retireLegacy(ctx context.Context) {
+	if e.legacy == nil {
+		return
+	}
+	if _, err := e.legacy.List(ctx, "chains"); knftables.IsNotFound(err) {
+		e.legacy = nil
+		return
+	}
+	tx := e.legacy.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := e.legacy.Run(ctx, tx); err != nil {
+		slog.Warn("network policy: cannot delete the table of an earlier version; it keeps enforcing its rules", "table", "ip "+Table, "err", err)
+		return
+	}
+	slog.Info("network policy: deleted the table of an earlier version", "table", "ip "+Table)
+	e.legacy = nil
 }
 
 // rebuild writes the whole table anew: deleted and added again in one
@@ -326,7 +416,7 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			was := d.fingerprint(old) != ""
 			switch {
 			case was && (p == nil || p.sets(d) == nil):
-				removeDir(tx, d, old.id, old.iface, e.compiled[d.key(key)].second)
+				removeDir(tx, d, old.id, old.iface, e.compiled[d.key(key)])
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -339,9 +429,9 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			removePod(tx, old)
 		case p.iface != old.iface:
 			tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(old.iface)}})
-			tx.Delete(podAddrElem(old))
-		case p.ip != old.ip:
-			tx.Delete(podAddrElem(old))
+			deletePodAddrs(tx, old, applied{})
+		default:
+			deletePodAddrs(tx, old, p.applied)
 		}
 	}
 
@@ -356,9 +446,9 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			addPod(tx, p, nil)
 		case p.iface != old.iface:
 			tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
-			tx.Add(podAddrElem(p.applied))
-		case p.ip != old.ip:
-			tx.Add(podAddrElem(p.applied))
+			addPodAddrs(tx, p.applied, applied{})
+		default:
+			addPodAddrs(tx, p.applied, old)
 		}
 		if p.isolated() && (!had || !old.isolated() || p.iface != old.iface) {
 			tx.Add(isolatedElem(p.iface))
@@ -385,9 +475,28 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 
 func ifname(name string) string { return fmt.Sprintf("%q", name) }
 
-// podAddrElem is a pod's interface and the one source address it may use.
-func podAddrElem(a applied) *knftables.Element {
-	return &knftables.Element{Set: "pod-addrs", Key: []string{ifname(a.iface), a.ip.String()}}
+// podAddrSets are the sets of each family's pod interface and the one
+// source address it may use.
+var podAddrSets = [2]string{ipv4: "pod-addrs", ipv6: "pod-addrs6"}
+
+// addPodAddrs adds a's interface and source addresses, except those
+// except holds already (same interface and address).
+func addPodAddrs(tx *knftables.Transaction, a, except applied) {
+	for f, ip := range a.addrs {
+		if ip.IsValid() && (except.iface != a.iface || except.addrs[f] != ip) {
+			tx.Add(&knftables.Element{Set: podAddrSets[f], Key: []string{ifname(a.iface), ip.String()}})
+		}
+	}
+}
+
+// deletePodAddrs deletes a's interface and source addresses, except those
+// keep holds.
+func deletePodAddrs(tx *knftables.Transaction, a, keep applied) {
+	for f, ip := range a.addrs {
+		if ip.IsValid() && (keep.iface != a.iface || keep.addrs[f] != ip) {
+			tx.Delete(&knftables.Element{Set: podAddrSets[f], Key: []string{ifname(a.iface), ip.String()}})
+		}
+	}
 }
 
 // isolatedElem is a pod's interface in the set of isolated pods'.
@@ -398,7 +507,9 @@ func isolatedElem(iface string) *knftables.Element {
 // addBase adds the base chains and the maps and set they use.
 func addBase(tx *knftables.Transaction) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
-	tx.Add(&knftables.Set{Name: "pod-addrs", Type: "ifname . ipv4_addr"})
+	for f, set := range podAddrSets {
+		tx.Add(&knftables.Set{Name: set, Type: "ifname . " + families[f].addrType})
+	}
 	tx.Add(&knftables.Set{Name: "isolated", Type: "ifname"})
 	for _, d := range []dir{ingress, egress} {
 		tx.Add(&knftables.Map{Name: d.vmap, Type: "ifname : verdict"})
@@ -414,8 +525,15 @@ func addBase(tx *knftables.Transaction) {
 		})
 		// First, even before conntrack's verdict: a pod sending with
 		// another's address could pass for an allowed peer, or inject
-		// into that peer's connections.
+		// into that peer's connections. IPv6 link-local sources (and
+		// the unspecified one of duplicate address detection) reach
+		// no further than the pod's link, the node.
 		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 drop"})
+		// Neighbour discovery with its gateway, which conntrack does
+		// not track: a pod needs it whatever its egress policy, as it
+		// needs ARP. Hop limit 255: sent on the link, never routed.
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept"})
 		// Only the first packet of a connection is judged; Revoke ends
 		// connections a change denies.
 		tx.Add(&knftables.Rule{Chain: name, Rule: "ct state established,related accept"})
@@ -442,7 +560,7 @@ func addBase(tx *knftables.Transaction) {
 // of the ones kept holds (a rewrite's).
 func addPod(tx *knftables.Transaction, p *plan, kept map[string]*knftables.Counter) {
 	tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
-	tx.Add(podAddrElem(p.applied))
+	addPodAddrs(tx, p.applied, applied{})
 	for _, d := range []dir{ingress, egress} {
 		for _, name := range []string{d.chain(p.id) + "-allow", d.chain(p.id) + "-deny"} {
 			c := &knftables.Counter{Name: name}
@@ -456,7 +574,7 @@ func addPod(tx *knftables.Transaction, p *plan, kept map[string]*knftables.Count
 
 func removePod(tx *knftables.Transaction, a applied) {
 	tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(a.iface)}})
-	tx.Delete(podAddrElem(a))
+	deletePodAddrs(tx, a, applied{})
 	for _, d := range []dir{ingress, egress} {
 		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-allow"})
 		tx.Delete(&knftables.Counter{Name: d.chain(a.id) + "-deny"})
@@ -469,70 +587,97 @@ func addDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
 	chain := d.chain(id)
 	addSets(tx, chain, c)
 	tx.Add(&knftables.Chain{Name: chain})
-	addRules(tx, d, chain, c.second)
+	addRules(tx, d, chain, c)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
-// setNames are the names of chain's sets: <chain>-ports and <chain>-all,
-// or the second pair, <chain>-ports-b and <chain>-all-b (changeSets).
-func setNames(chain string, second bool) (ports, all string) {
+// setNames are the names of chain's sets of family f: <chain>-ports and
+// <chain>-all (IPv4; -ports6 and -all6 for IPv6), or the second pair, with
+// "-b" (changeSets).
+func setNames(chain string, f int, second bool) (ports, all string) {
+	ports, all = chain+"-ports"+families[f].suffix, chain+"-all"+families[f].suffix
 	if second {
-		return chain + "-ports-b", chain + "-all-b"
+		return ports + "-b", all + "-b"
 	}
-	return chain + "-ports", chain + "-all"
+	return ports, all
 }
 
-// addSets adds chain's pair of sets c.second names, holding c's elements.
+// setFamilies are the families c has sets for: IPv4 always (its sets
+// exist, empty, even for a pod without IPv4, as they did before IPv6),
+// IPv6 when it allows an IPv6 peer.
+func (c *compiled) setFamilies() []int {
+	if c.el.has6() {
+		return []int{ipv4, ipv6}
+	}
+	return []int{ipv4}
+}
+
+// addSets adds chain's sets of the pair c.second names, holding c's
+// elements.
 func addSets(tx *knftables.Transaction, chain string, c *compiled) {
-	ports, all := setNames(chain, c.second)
-	tx.Add(&knftables.Set{Name: ports, Type: "ipv4_addr . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
-	tx.Add(&knftables.Set{Name: all, Type: "ipv4_addr", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(chain, f, c.second)
+		addr := families[f].addrType
+		tx.Add(&knftables.Set{Name: ports, Type: addr + " . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+		tx.Add(&knftables.Set{Name: all, Type: addr, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+	}
 	for _, p := range c.el.all {
-		tx.Add(allElem(all, p))
+		tx.Add(allElem(chain, c.second, p))
 	}
 	for _, pe := range c.el.ports {
-		tx.Add(portsElem(ports, pe))
+		tx.Add(portsElem(chain, c.second, pe))
 	}
 }
 
-func allElem(set string, p netip.Prefix) *knftables.Element {
-	return &knftables.Element{Set: set, Key: []string{p.String()}}
+// allElem is peer p in chain's set of peers of its family.
+func allElem(chain string, second bool, p netip.Prefix) *knftables.Element {
+	_, all := setNames(chain, familyOf(p.Addr()), second)
+	return &knftables.Element{Set: all, Key: []string{p.String()}}
 }
 
-func portsElem(set string, pe portElem) *knftables.Element {
-	return &knftables.Element{Set: set, Key: pe.key()}
+// portsElem is pe in chain's set of peers, protocols and ports of its
+// family.
+func portsElem(chain string, second bool, pe portElem) *knftables.Element {
+	ports, _ := setNames(chain, familyOf(pe.peer.Addr()), second)
+	return &knftables.Element{Set: ports, Key: pe.key()}
 }
 
 // addRules adds the rules of chain, a pod's chain in direction d, which
-// look the packet up in the pair of sets second names.
-func addRules(tx *knftables.Transaction, d dir, chain string, second bool) {
-	ports, all := setNames(chain, second)
-	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", d.peer, ports, chain+"-allow")})
-	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", d.peer, all, chain+"-allow")})
+// look the packet up in the sets of c.
+func addRules(tx *knftables.Transaction, d dir, chain string, c *compiled) {
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(chain, f, c.second)
+		peer := families[f].expr + " " + d.peer
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", peer, ports, chain+"-allow")})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", peer, all, chain+"-allow")})
+	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
 }
 
-func deleteSets(tx *knftables.Transaction, chain string, second bool) {
-	ports, all := setNames(chain, second)
-	tx.Delete(&knftables.Set{Name: ports})
-	tx.Delete(&knftables.Set{Name: all})
+func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(chain, f, c.second)
+		tx.Delete(&knftables.Set{Name: ports})
+		tx.Delete(&knftables.Set{Name: all})
+	}
 }
 
-// removeDir undoes addDir (the counters stay with the pod).
-func removeDir(tx *knftables.Transaction, d dir, id, iface string, second bool) {
+// removeDir undoes addDir for the sets of c (the counters stay with the
+// pod).
+func removeDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
 	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
 	tx.Flush(&knftables.Chain{Name: chain})
 	tx.Delete(&knftables.Chain{Name: chain})
-	deleteSets(tx, chain, second)
+	deleteSets(tx, chain, c)
 }
 
 // changeSets makes the sets of a pod's chain in direction d, which hold
 // was's elements, hold now's: in place, deleting the elements that left
 // and then adding the new ones (nft rejects an element that overlaps one
 // still in the set), or, where that costs more, by filling the other pair
-// of sets, pointing the chain's rules at it and deleting the old pair.
-// Either way the kernel sees the whole change at once, in the Apply's
+// of sets, pointing the chain's rules at it and deleting the old pair
+// (always when the families of its sets change). Either way the kernel sees the whole change at once, in the Apply's
 // transaction.
 func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled) {
 	chain := d.chain(id)
@@ -544,26 +689,25 @@ func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled)
 	// cuts the element out of every lookup bitmap) and 0.5 per element of
 	// an -all set (nft's own interval handling); an add, about 15.
 	inPlace := 6*len(gonePorts)*len(was.el.ports) + len(goneAll)*len(was.el.all)/2 + 15*(len(newPorts)+len(newAll))
-	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) {
+	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6() != now.el.has6() {
 		now.second = !was.second
 		addSets(tx, chain, now)
 		tx.Flush(&knftables.Chain{Name: chain})
-		addRules(tx, d, chain, now.second)
-		deleteSets(tx, chain, was.second)
+		addRules(tx, d, chain, now)
+		deleteSets(tx, chain, was)
 		return
 	}
-	ports, all := setNames(chain, now.second)
 	for _, p := range goneAll {
-		tx.Delete(allElem(all, p))
+		tx.Delete(allElem(chain, now.second, p))
 	}
 	for _, pe := range gonePorts {
-		tx.Delete(portsElem(ports, pe))
+		tx.Delete(portsElem(chain, now.second, pe))
 	}
 	for _, p := range newAll {
-		tx.Add(allElem(all, p))
+		tx.Add(allElem(chain, now.second, p))
 	}
 	for _, pe := range newPorts {
-		tx.Add(portsElem(ports, pe))
+		tx.Add(portsElem(chain, now.second, pe))
 	}
 }
 

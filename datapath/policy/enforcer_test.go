@@ -106,7 +106,7 @@ func TestEnforce(t *testing.T) {
 
 	// Removing the table lifts every policy.
 	tp.in(tp.nodeNS, e.Remove)
-	if out, err := tp.nft("list", "table", "ip", Table); err == nil {
+	if out, err := tp.nft("list", "table", "inet", Table); err == nil {
 		t.Fatalf("table still there after Remove:\n%s", out)
 	}
 	tp.expect(probe{"c", "tcp", "b", 8080, true}, probe{"b", "tcp", "c", 80, true})
@@ -223,12 +223,12 @@ func TestResyncRewritesOnlyADriftedTable(t *testing.T) {
 	deleteDrop := func() {
 		t.Helper()
 		chain := ingress.chain(podID("ns/b"))
-		out, err := tp.nft("-a", "list", "chain", "ip", Table, chain)
+		out, err := tp.nft("-a", "list", "chain", "inet", Table, chain)
 		m := regexp.MustCompile(`drop # handle (\d+)`).FindStringSubmatch(out)
 		if err != nil || m == nil {
 			t.Fatalf("chain %s: no drop rule (%v):\n%s", chain, err, out)
 		}
-		if out, err := tp.nft("delete", "rule", "ip", Table, chain, "handle", m[1]); err != nil {
+		if out, err := tp.nft("delete", "rule", "inet", Table, chain, "handle", m[1]); err != nil {
 			t.Fatalf("delete the drop rule: %v: %s", err, out)
 		}
 		tp.expect(probe{"c", "tcp", "b", 80, true})
@@ -401,7 +401,7 @@ func TestRestart(t *testing.T) {
 }
 
 // secondPair matches the names of a direction's second pair of sets.
-var secondPair = regexp.MustCompile(`-(ports|all)-b\b`)
+var secondPair = regexp.MustCompile(`-(ports6?|all6?)-b\b`)
 
 // normalized is the table as nft -j lists it, minus handles and counter
 // values, with the second pair of sets named as the first (a fresh table
@@ -409,7 +409,7 @@ var secondPair = regexp.MustCompile(`-(ports|all)-b\b`)
 // chain).
 func normalized(t *testing.T, ns string) string {
 	t.Helper()
-	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "ip", Table).CombinedOutput()
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "inet", Table).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft list: %v: %s", err, out)
 	}
@@ -490,12 +490,19 @@ func TestIncremental(t *testing.T) {
 			if r.IntN(10) < 3 {
 				continue
 			}
-			p := Pod{Key: key, IP: netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})}
+			v4 := netip.AddrFrom4([4]byte{10, 0, 0, byte(i)})
+			v6 := netip.AddrFrom16([16]byte{0: 0xfd, 15: byte(i)})
+			p := Pod{Key: key, IPs: []netip.Addr{v4}}
 			if old := prev.Pod(key); old != nil {
 				p = *old
+				p.IPs = slices.Clone(old.IPs)
 			}
-			if r.IntN(8) == 0 {
-				p.IP = p.IP.Next()
+			// Addresses change, and so do families: IPv4, IPv6, both.
+			switch r.IntN(8) {
+			case 0:
+				p.IPs[0] = p.IPs[0].Next()
+			case 1:
+				p.IPs = [][]netip.Addr{{v4}, {v6}, {v4, v6}}[r.IntN(3)]
 			}
 			if p.Iface == "" || used[p.Iface] || r.IntN(8) == 0 {
 				free := slices.DeleteFunc(slices.Clone(ifaces), func(s string) bool { return used[s] })
@@ -512,7 +519,7 @@ func TestIncremental(t *testing.T) {
 			o, n := prev.Pod(key), rs.Pod(key)
 			switch {
 			case o == nil && n == nil:
-			case o == nil || n == nil || o.Iface != n.Iface || o.IP != n.IP ||
+			case o == nil || n == nil || o.Iface != n.Iface || !slices.Equal(o.IPs, n.IPs) ||
 				!sameCompiled(o.Ingress, n.Ingress) || !sameCompiled(o.Egress, n.Egress):
 				want = append(want, key)
 			}
@@ -527,7 +534,7 @@ func TestIncremental(t *testing.T) {
 		// Now and then the table drifts, and a rebuild repairs it.
 		rebuild := step%5 == 4
 		if rebuild {
-			run(t, "ip", "netns", "exec", inc, "nft", "flush", "table", "ip", Table)
+			run(t, "ip", "netns", "exec", inc, "nft", "flush", "table", "inet", Table)
 		}
 		var changed []string
 		tp.in(incNS, func() (err error) { changed, err = e.Apply(rs, rebuild); return err })
@@ -575,64 +582,153 @@ func sameCompiled(a, b *Direction) bool {
 
 // TestSpoofedSourceIsDropped: a pod sending with another pod's address
 // (it has CAP_NET_RAW, or just adds the address) must not pass for that
-// peer. One-way UDP shows it: the reply would go to the real owner.
+// peer, in either family, whether the receiver is isolated or not. One-way
+// UDP shows it: the reply would go to the real owner.
 func TestSpoofedSourceIsDropped(t *testing.T) {
-	tp := newTopo(t, "a", "b", "c")
-	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
-	var pc net.PacketConn
-	tp.in(b.ns, func() (err error) {
-		pc, err = net.ListenPacket("udp4", ":5353")
-		return err
-	})
-	defer pc.Close()
-	// received reports whether b gets a datagram from ns sent from src.
-	received := func(ns netns.Handle, src netip.Addr) bool {
-		var conn net.Conn
-		tp.in(ns, func() (err error) {
-			d := net.Dialer{LocalAddr: &net.UDPAddr{IP: src.AsSlice()}}
-			conn, err = d.Dial("udp4", netip.AddrPortFrom(b.ip, 5353).String())
-			return err
-		})
-		defer conn.Close()
-		want := fmt.Sprintf("from %s via %s", src, conn.LocalAddr())
-		buf := make([]byte, 64)
-		for range 3 {
-			if _, err := conn.Write([]byte(want)); err != nil {
-				t.Fatal(err)
-			}
-			_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			for {
-				n, _, err := pc.ReadFrom(buf)
-				if err != nil {
-					break
-				}
-				if string(buf[:n]) == want {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	// c also holds a's address, as a pod that added it to its eth0 would.
-	run(t, "ip", "-n", c.netns, "addr", "add", a.ip.String()+"/32", "dev", "eth0")
-
-	e := tp.enforcer()
-	bIn := isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{UDP, 5353, 5353}))
-	for i, rs := range []Ruleset{
-		{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", nil, nil), tp.pod("c", nil, nil)}}, // nobody isolated
-		{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, // b allows only a
+	for _, family := range []struct {
+		name string
+		addr func(*tpod) netip.Addr
+	}{
+		{"IPv4", func(p *tpod) netip.Addr { return p.ip }},
+		{"IPv6", func(p *tpod) netip.Addr { return p.ip6 }},
 	} {
-		tp.apply(e, rs, [][]string{{"ns/a", "ns/b", "ns/c"}, {"ns/b"}}[i]...)
-		if !received(a.ns, a.ip) {
-			t.Fatalf("b does not get a's own datagram (b %s)", rs.Pod("ns/b").Ingress)
-		}
-		if received(c.ns, a.ip) {
-			t.Fatalf("b got a datagram c sent with a's address (b %s)", rs.Pod("ns/b").Ingress)
-		}
-		if isolated := rs.Pod("ns/b").Ingress != nil; isolated == received(c.ns, c.ip) {
-			t.Fatalf("c's own datagram: received=%v with b isolated=%v", !isolated, isolated)
-		}
+		t.Run(family.name, func(t *testing.T) {
+			tp := newTopo(t, "a", "b", "c")
+			a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
+			var pc net.PacketConn
+			tp.in(b.ns, func() (err error) {
+				pc, err = net.ListenPacket("udp", ":5353")
+				return err
+			})
+			defer pc.Close()
+			// received reports whether b gets a datagram from ns sent from src.
+			received := func(ns netns.Handle, src netip.Addr) bool {
+				var conn net.Conn
+				tp.in(ns, func() (err error) {
+					d := net.Dialer{LocalAddr: &net.UDPAddr{IP: src.AsSlice()}}
+					conn, err = d.Dial("udp", netip.AddrPortFrom(family.addr(b), 5353).String())
+					return err
+				})
+				defer conn.Close()
+				want := fmt.Sprintf("from %s via %s", src, conn.LocalAddr())
+				buf := make([]byte, 64)
+				for range 3 {
+					if _, err := conn.Write([]byte(want)); err != nil {
+						t.Fatal(err)
+					}
+					_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+					for {
+						n, _, err := pc.ReadFrom(buf)
+						if err != nil {
+							break
+						}
+						if string(buf[:n]) == want {
+							return true
+						}
+					}
+				}
+				return false
+			}
+			// c also holds a's address, as a pod that added it to its eth0 would.
+			aAddr := netip.PrefixFrom(family.addr(a), family.addr(a).BitLen())
+			run(t, "ip", "-n", c.netns, "addr", "add", aAddr.String(), "dev", "eth0", "nodad")
+
+			e := tp.enforcer()
+			bIn := isolate(allow([]netip.Prefix{aAddr}, PortRange{UDP, 5353, 5353}))
+			for i, rs := range []Ruleset{
+				{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", nil, nil), tp.pod("c", nil, nil)}}, // nobody isolated
+				{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, // b allows only a
+			} {
+				tp.apply(e, rs, [][]string{{"ns/a", "ns/b", "ns/c"}, {"ns/b"}}[i]...)
+				if !received(a.ns, family.addr(a)) {
+					t.Fatalf("b does not get a's own datagram (b %s)", rs.Pod("ns/b").Ingress)
+				}
+				if received(c.ns, family.addr(a)) {
+					t.Fatalf("b got a datagram c sent with a's address (b %s)", rs.Pod("ns/b").Ingress)
+				}
+				if isolated := rs.Pod("ns/b").Ingress != nil; isolated == received(c.ns, family.addr(c)) {
+					t.Fatalf("c's own datagram: received=%v with b isolated=%v", !isolated, isolated)
+				}
+			}
+		})
 	}
+}
+
+// IPv6 is policed from the same rules as IPv4: a pod's IPv6 peers and
+// ports, in both directions; neighbour discovery with its gateway
+// whatever its egress policy; nothing in IPv6 from or to a pod the
+// ruleset gives no IPv6 address; and revocation of an IPv6 connection a
+// change denies.
+func TestIPv6(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	for _, p := range tp.pods {
+		tp.serve(p.ns, []int{80, 8080}, []int{53})
+	}
+	a, b := tp.pods["a"], tp.pods["b"]
+	a6, b6 := prefixes(a.ip6.String()+"/128"), prefixes(b.ip6.String()+"/128")
+	e := tp.enforcer()
+	// b lets in only a, over IPv6, on port 80; a may reach only that.
+	bIn := isolate(allow(a6, PortRange{TCP, 80, 80}))
+	aEg := isolate(allow(b6, PortRange{TCP, 80, 80}))
+	tp.apply(e, Ruleset{Pods: []Pod{tp.pod("a", nil, aEg), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, "ns/a", "ns/b", "ns/c")
+	// a has to solicit its gateway again, past its egress policy.
+	run(t, "ip", "-n", a.netns, "neigh", "flush", "dev", "eth0")
+	tp.expect(
+		probe{"a", "tcp6", "b", 80, true},
+		probe{"a", "tcp", "b", 80, false}, // IPv4: a's egress allows only b's IPv6 address
+		probe{"a", "tcp6", "b", 8080, false},
+		probe{"c", "tcp6", "b", 80, false},
+		probe{"a", "tcp6", "c", 80, false},
+		probe{"a", "udp6", "c", 53, false},
+		probe{"c", "tcp6", "a", 80, true}, // a's ingress is open
+		probe{"c", "udp6", "a", 53, true},
+	)
+
+	// c without an IPv6 address in the ruleset (an IPv4 pod that made one
+	// up): its IPv6 goes nowhere, its IPv4 as before.
+	c4 := tp.pod("c", nil, nil)
+	c4.IPs = c4.IPs[:1]
+	tp.apply(e, Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", nil, nil), c4}}, "ns/a", "ns/b", "ns/c")
+	tp.expect(
+		probe{"c", "tcp6", "a", 80, false},
+		probe{"c", "udp6", "a", 53, false},
+		probe{"b", "tcp6", "c", 80, false}, // c's answers are dropped
+		probe{"c", "tcp", "a", 80, true},
+		probe{"b", "tcp6", "a", 80, true},
+	)
+
+	// A change that denies an open IPv6 connection ends it.
+	allowed := Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow(a6, PortRange{TCP, 9000, 9000})), nil), tp.pod("c", nil, nil)}}
+	tp.apply(e, allowed, "ns/b", "ns/c")
+	client, server := tp.pair(a.ns, netip.AddrPortFrom(b.ip6, 9000), b, 9000)
+	if !passes(client, server) {
+		t.Fatal("the allowed IPv6 connection does not carry data")
+	}
+	denied := Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 9000, 9000})), nil), tp.pod("c", nil, nil)}}
+	tp.apply(e, denied, "ns/b")
+	if r := tp.revoke(e, denied, "ns/b"); r.Ended < 1 {
+		t.Errorf("Revoke ended %d connections, want the IPv6 one among them", r.Ended)
+	}
+	if passes(client, server) || passes(server, client) {
+		t.Fatal("the IPv6 connection the change denies still carries data")
+	}
+}
+
+// An agent upgraded from a version before IPv6 finds the table that
+// version wrote, family ip, enforcing the old rules: the first Apply
+// deletes it, once the inet table enforces.
+func TestUpgradeRetiresTheIPv4Table(t *testing.T) {
+	tp := newTopo(t, "a", "b")
+	tp.serve(tp.pods["b"].ns, []int{80}, nil)
+	if out, err := tp.nft("add table ip " + Table + "; add chain ip " + Table + " forward { type filter hook forward priority filter; }; add rule ip " + Table + " forward tcp dport 80 drop"); err != nil {
+		t.Fatalf("the old table: %v: %s", err, out)
+	}
+	tp.expect(probe{"a", "tcp", "b", 80, false})
+	tp.apply(tp.enforcer(), Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", nil, nil)}}, "ns/a", "ns/b")
+	if out, err := tp.nft("list", "table", "ip", Table); err == nil {
+		t.Fatalf("the old table is still there:\n%s", out)
+	}
+	tp.expect(probe{"a", "tcp", "b", 80, true})
 }
 
 // Remove deletes the table, and with it all enforcement and counters (what
@@ -648,7 +744,7 @@ func (e *Enforcer) Remove() error {
 		return fmt.Errorf("delete table %s: %w", Table, err)
 	}
 	for key, a := range e.pods {
-		e.gone[key] = a.ip
+		e.gone[key] = a.addrs
 	}
 	e.pods = map[string]applied{}
 	e.synced = false

@@ -10,8 +10,8 @@ package policy
 
 import (
 	"fmt"
-
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/onc-net/onc/datapath/l4"
@@ -104,13 +104,16 @@ func (d *Direction) Allows(ip netip.Addr, proto Proto, port uint16) bool {
 
 // Pod is the policy of one local pod.
 type Pod struct {
-	Key   string     // namespace/name
-	Iface string     // host-side veth
-	IP    netip.Addr // the pod's address
+	Key   string       // namespace/name
+	Iface string       // host-side veth
+	IPs   []netip.Addr // the pod's addresses: at most one per family
 	// Ingress and Egress are nil when no policy isolates the pod in that
 	// direction: then everything is allowed.
 	Ingress, Egress *Direction
 }
+
+// Has reports whether ip is one of the pod's addresses.
+func (p *Pod) Has(ip netip.Addr) bool { return slices.Contains(p.IPs, ip) }
 
 // Isolated reports whether any policy selects the pod.
 func (p *Pod) Isolated() bool { return p.Ingress != nil || p.Egress != nil }
@@ -149,10 +152,10 @@ func (c Connection) String() string {
 func (rs *Ruleset) Allows(c Connection) bool {
 	for i := range rs.Pods {
 		p := &rs.Pods[i]
-		if p.IP == c.Client && p.Egress != nil && !p.Egress.Allows(c.Server, c.Proto, c.Port) {
+		if p.Egress != nil && p.Has(c.Client) && !p.Egress.Allows(c.Server, c.Proto, c.Port) {
 			return false
 		}
-		if p.IP == c.Server && p.Ingress != nil && !p.Ingress.Allows(c.Client, c.Proto, c.Port) {
+		if p.Ingress != nil && p.Has(c.Server) && !p.Ingress.Allows(c.Client, c.Proto, c.Port) {
 			return false
 		}
 	}

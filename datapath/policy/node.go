@@ -119,7 +119,9 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 	ips := make(map[netip.Addr]bool)
 	for _, key := range pods {
 		if p := rs.Pod(key); p != nil {
-			ips[p.IP] = true
+			for _, ip := range p.IPs {
+				ips[ip] = true
+			}
 		}
 	}
 	var r Revoked
@@ -161,8 +163,10 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 func openPods(rs Ruleset) map[netip.Addr]bool {
 	open := map[netip.Addr]bool{}
 	for _, p := range rs.Pods {
-		was, seen := open[p.IP]
-		open[p.IP] = !p.Isolated() && (was || !seen)
+		for _, ip := range p.IPs {
+			was, seen := open[ip]
+			open[ip] = !p.Isolated() && (was || !seen)
+		}
 	}
 	return open
 }
@@ -246,17 +250,17 @@ func endDeniedBypassed(bp *bypass.Bypass, rs Ruleset, ips map[netip.Addr]bool) (
 	return ended, errors.Join(errs...)
 }
 
-// hostAddrs are the node's own IPv4 addresses: connections it opens leave
-// by OUTPUT, are never policed, and are never ended.
+// hostAddrs are the node's own addresses: connections it opens leave by
+// OUTPUT, are never policed, and are never ended.
 func hostAddrs() ([]netip.Addr, error) {
-	list, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("list the node's addresses: %w", err)
 	}
 	addrs := make([]netip.Addr, 0, len(list))
 	for _, a := range list {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			addrs = append(addrs, ip)
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			addrs = append(addrs, ip.Unmap())
 		}
 	}
 	return addrs, nil

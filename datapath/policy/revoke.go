@@ -60,10 +60,16 @@ func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr, ope
 		f.opened[newFlowID(c.Client, c.Server, Proto(c.Proto))] = openedConnection(c)
 	}
 	for _, key := range pods {
+		var ips []netip.Addr
 		if p := rs.Pod(key); p != nil {
-			f.pods[p.IP.Unmap()] = true
-		} else if ip, ok := e.gone[key]; ok {
-			f.pods[ip.Unmap()] = true
+			ips = p.IPs
+		} else if addrs, ok := e.gone[key]; ok {
+			ips = addrs[:]
+		}
+		for _, ip := range ips {
+			if ip.IsValid() {
+				f.pods[ip.Unmap()] = true
+			}
 		}
 	}
 	if len(f.pods) == 0 {
@@ -73,18 +79,21 @@ func (e *Enforcer) Revoke(rs Ruleset, pods []string, hostAddrs []netip.Addr, ope
 		f.host[a.Unmap()] = true
 	}
 	var ended uint
-	var err error
-	// A dump interrupted by concurrent changes may miss entries: go again.
-	for range 3 {
-		var n uint
-		n, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
-		ended += n
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
+	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		var err error
+		// A dump interrupted by concurrent changes may miss entries: go
+		// again.
+		for range 3 {
+			var n uint
+			n, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, f)
+			ended += n
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
 		}
-	}
-	if err != nil {
-		return Revoked{Ended: int(ended)}, fmt.Errorf("conntrack: %w", err)
+		if err != nil {
+			return Revoked{Ended: int(ended)}, fmt.Errorf("conntrack: %w", err)
+		}
 	}
 	for _, key := range pods {
 		delete(e.gone, key)

@@ -15,8 +15,8 @@ var (
 	server   = netip.MustParseAddr("10.244.1.5")
 	client   = netip.MustParseAddr("10.244.2.7")
 	webOnly  = &Direction{Policies: []string{"x/web"}, Rules: []Rule{{Policy: "x/web", Peers: []netip.Prefix{netip.PrefixFrom(client, 32)}, Ports: []PortRange{{TCP, 80, 80}}}}}
-	isolated = Ruleset{Pods: []Pod{{Key: "x/server", IP: server, Ingress: webOnly}}}
-	open     = Ruleset{Pods: []Pod{{Key: "x/server", IP: server}}}
+	isolated = Ruleset{Pods: []Pod{{Key: "x/server", IPs: []netip.Addr{server}, Ingress: webOnly}}}
+	open     = Ruleset{Pods: []Pod{{Key: "x/server", IPs: []netip.Addr{server}}}}
 )
 
 func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
@@ -68,7 +68,7 @@ func TestJudgeFlow(t *testing.T) {
 		{"opened by the slow path, gone from conntrack", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Evict, false},
 		{"opened by the fast path, allowed, the server now isolated", isolated, kept, ap(server, 80), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
 		{"opened by the fast path, the server still open", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Keep, false},
-		{"opened by the fast path, the server now isolated only for egress", Ruleset{Pods: []Pod{{Key: "x/server", IP: server, Egress: &Direction{}}}}, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
+		{"opened by the fast path, the server now isolated only for egress", Ruleset{Pods: []Pod{{Key: "x/server", IPs: []netip.Addr{server}, Egress: &Direction{}}}}, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
 		{"opened by the fast path, now denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, true},
 		{"opened by the fast path, denied, already ended in conntrack", isolated, endedInConntrack, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, false},
 		// The server's own connection out to the client's port 22: its
@@ -87,12 +87,12 @@ func TestJudgeFlow(t *testing.T) {
 
 func TestOpenPods(t *testing.T) {
 	rs := Ruleset{Pods: []Pod{
-		{Key: "x/open", IP: netip.MustParseAddr("10.244.1.2")},
-		{Key: "x/in", IP: netip.MustParseAddr("10.244.1.3"), Ingress: &Direction{}},
-		{Key: "x/out", IP: netip.MustParseAddr("10.244.1.4"), Egress: &Direction{}},
+		{Key: "x/open", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.2")}},
+		{Key: "x/in", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.3")}, Ingress: &Direction{}},
+		{Key: "x/out", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.4")}, Egress: &Direction{}},
 		// Two attachments of one address, one of them isolated.
-		{Key: "x/new", IP: netip.MustParseAddr("10.244.1.5")},
-		{Key: "x/old", IP: netip.MustParseAddr("10.244.1.5"), Ingress: &Direction{}},
+		{Key: "x/new", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}},
+		{Key: "x/old", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ingress: &Direction{}},
 	}}
 	got := openPods(rs)
 	want := map[string]bool{"10.244.1.2": true, "10.244.1.3": false, "10.244.1.4": false, "10.244.1.5": false}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -23,9 +24,9 @@ import (
 	"github.com/onc-net/onc/internal/testutil"
 )
 
-// Addresses of the test topology: pods are 10.99.0.<n>/32 behind veths
-// whose node ends answer for the gateway 169.254.1.1; the node itself is
-// also 10.99.1.1 (on lo).
+// Addresses of the test topology: pods are 10.99.0.<n>/32 and
+// fd99::<n>/128 behind veths whose node ends answer for the gateways
+// 169.254.1.1 and fe80::1; the node itself is also 10.99.1.1 (on lo).
 var (
 	nodeAddr = netip.MustParseAddr("10.99.1.1")
 	gwAddr   = netip.MustParseAddr("169.254.1.1")
@@ -45,6 +46,7 @@ type tpod struct {
 	ns    netns.Handle
 	iface string // host side
 	ip    netip.Addr
+	ip6   netip.Addr
 }
 
 func privileged(t *testing.T) {
@@ -80,7 +82,8 @@ func newTopo(t *testing.T, names ...string) *topo {
 	tp.nodeNS = openNS(t, testutil.Netns(t, tp.node))
 	run(t, "ip", "-n", tp.node, "link", "set", "lo", "up")
 	run(t, "ip", "-n", tp.node, "addr", "add", nodeAddr.String()+"/32", "dev", "lo")
-	run(t, "ip", "netns", "exec", tp.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	// No duplicate address detection: addresses work at once.
+	run(t, "ip", "netns", "exec", tp.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1", "net.ipv6.conf.default.accept_dad=0")
 	for i, name := range names {
 		ns := pre + "-" + name
 		p := &tpod{
@@ -89,16 +92,22 @@ func newTopo(t *testing.T, names ...string) *topo {
 			ns:    openNS(t, testutil.Netns(t, ns)),
 			iface: fmt.Sprintf("%sv%d", pre, i),
 			ip:    netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)}),
+			ip6:   netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x99, 15: byte(i + 1)}),
 		}
 		run(t, "ip", "-n", tp.node, "link", "add", p.iface, "type", "veth", "peer", "name", "eth0", "netns", ns)
 		run(t, "ip", "-n", tp.node, "addr", "add", gwAddr.String()+"/32", "dev", p.iface)
 		run(t, "ip", "-n", tp.node, "link", "set", p.iface, "up")
+		run(t, "ip", "-n", tp.node, "addr", "add", "fe80::1/64", "dev", p.iface)
 		run(t, "ip", "-n", tp.node, "route", "add", p.ip.String()+"/32", "dev", p.iface)
+		run(t, "ip", "-n", tp.node, "route", "add", p.ip6.String()+"/128", "dev", p.iface)
+		run(t, "ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.eth0.accept_dad=0")
 		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
 		run(t, "ip", "-n", ns, "addr", "add", p.ip.String()+"/32", "dev", "eth0")
+		run(t, "ip", "-n", ns, "addr", "add", p.ip6.String()+"/128", "dev", "eth0")
 		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
 		run(t, "ip", "-n", ns, "route", "add", gwAddr.String(), "dev", "eth0", "scope", "link")
 		run(t, "ip", "-n", ns, "route", "add", "default", "via", gwAddr.String(), "dev", "eth0")
+		run(t, "ip", "-n", ns, "route", "add", "default", "via", "fe80::1", "dev", "eth0")
 		tp.pods[name] = p
 	}
 	return tp
@@ -177,7 +186,7 @@ var counterValues = regexp.MustCompile(`packets \d+ bytes \d+`)
 // listing is `nft list table` with counter values blanked.
 func (tp *topo) listing() string {
 	tp.t.Helper()
-	out, err := tp.nft("list", "table", "ip", Table)
+	out, err := tp.nft("list", "table", "inet", Table)
 	if err != nil {
 		tp.t.Fatalf("nft list table: %v: %s", err, out)
 	}
@@ -190,7 +199,7 @@ func (tp *topo) listing() string {
 func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
 	tp.t.Helper()
 	chain := ingress.chain(podID(tp.pods[name].key))
-	out, err := tp.nft("-j", "list", "table", "ip", Table)
+	out, err := tp.nft("-j", "list", "table", "inet", Table)
 	if err != nil {
 		tp.t.Fatalf("nft list table: %v: %s", err, out)
 	}
@@ -215,14 +224,8 @@ func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
 			slices.Sort(got[o.Set.Name])
 		}
 	}
-	ports, all := setNames(chain, false)
-	if _, ok := got[ports]; !ok {
-		second = true
-		ports, all = setNames(chain, true)
-	}
-	wantPorts, wantAll := wantKeys(in)
-	want := map[string][]string{ports: wantPorts, all: wantAll}
-	if !reflect.DeepEqual(got, want) {
+	second = !slices.ContainsFunc(slices.Collect(maps.Keys(got)), func(s string) bool { return !strings.HasSuffix(s, "-b") })
+	if want := wantSets(chain, second, in); !reflect.DeepEqual(got, want) {
 		tp.t.Fatalf("%s's ingress sets in the kernel:\n%v\nwant:\n%v", name, got, want)
 	}
 	return second
@@ -235,6 +238,9 @@ func elemKey(el any) string {
 	case string: // an address, or a protocol by name
 		if p, ok := map[string]Proto{"tcp": TCP, "udp": UDP, "sctp": SCTP}[v]; ok {
 			return strconv.Itoa(int(p))
+		}
+		if strings.Contains(v, ":") {
+			return v + "/128"
 		}
 		return v + "/32"
 	case float64: // a port, or a protocol by number
@@ -260,16 +266,16 @@ func elemKey(el any) string {
 // pod is the model of a test pod with the given directions.
 func (tp *topo) pod(name string, in, eg *Direction) Pod {
 	p := tp.pods[name]
-	return Pod{Key: p.key, Iface: p.iface, IP: p.ip, Ingress: in, Egress: eg}
+	return Pod{Key: p.key, Iface: p.iface, IPs: []netip.Addr{p.ip, p.ip6}, Ingress: in, Egress: eg}
 }
 
 // serve runs TCP echo servers on the ports and UDP echo servers on the
-// udp ports, all addresses of ns, until the test ends.
+// udp ports, all addresses of ns (both families), until the test ends.
 func (tp *topo) serve(ns netns.Handle, tcp []int, udp []int) {
 	tp.t.Helper()
 	tp.in(ns, func() error {
 		for _, port := range tcp {
-			l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+			l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 			if err != nil {
 				return err
 			}
@@ -297,7 +303,7 @@ func (tp *topo) serve(ns netns.Handle, tcp []int, udp []int) {
 			}()
 		}
 		for _, port := range udp {
-			pc, err := net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+			pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", port))
 			if err != nil {
 				return err
 			}
@@ -327,7 +333,7 @@ func (tp *topo) dial(ns netns.Handle, dst netip.AddrPort) net.Conn {
 	var c net.Conn
 	tp.in(ns, func() error {
 		var err error
-		c, err = net.DialTimeout("tcp4", dst.String(), dropWait)
+		c, err = net.DialTimeout("tcp", dst.String(), dropWait)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			return nil
@@ -358,7 +364,7 @@ func (tp *topo) pair(from netns.Handle, dst netip.AddrPort, to *tpod, port uint1
 	tp.t.Helper()
 	var l net.Listener
 	tp.in(to.ns, func() (err error) {
-		l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		l, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
 		return err
 	})
 	defer l.Close()
@@ -393,7 +399,7 @@ func (tp *topo) udpEchoes(ns netns.Handle, dst netip.AddrPort) bool {
 	tp.t.Helper()
 	var c net.Conn
 	tp.in(ns, func() (err error) {
-		c, err = net.Dial("udp4", dst.String())
+		c, err = net.Dial("udp", dst.String())
 		return err
 	})
 	defer c.Close()
@@ -415,7 +421,7 @@ func (tp *topo) tcpOK(ns netns.Handle, dst netip.AddrPort) bool {
 // and whether it must work.
 type probe struct {
 	from  string // pod name or "node"
-	proto string // "tcp" or "udp"
+	proto string // "tcp" or "udp" over IPv4, "tcp6" or "udp6" over IPv6
 	to    string // pod name or "node"
 	port  uint16
 	ok    bool
@@ -428,9 +434,12 @@ func (tp *topo) ns(name string) netns.Handle {
 	return tp.pods[name].ns
 }
 
-func (tp *topo) addr(name string) netip.Addr {
-	if name == "node" {
+func (tp *topo) addr(name string, ipv6 bool) netip.Addr {
+	switch {
+	case name == "node":
 		return nodeAddr
+	case ipv6:
+		return tp.pods[name].ip6
 	}
 	return tp.pods[name].ip
 }
@@ -438,9 +447,9 @@ func (tp *topo) addr(name string) netip.Addr {
 func (tp *topo) expect(probes ...probe) {
 	tp.t.Helper()
 	for _, p := range probes {
-		dst := netip.AddrPortFrom(tp.addr(p.to), p.port)
+		dst := netip.AddrPortFrom(tp.addr(p.to, strings.HasSuffix(p.proto, "6")), p.port)
 		var got bool
-		if p.proto == "udp" {
+		if strings.HasPrefix(p.proto, "udp") {
 			got = tp.udpEchoes(tp.ns(p.from), dst)
 		} else {
 			got = tp.tcpOK(tp.ns(p.from), dst)
@@ -450,7 +459,7 @@ func (tp *topo) expect(probes ...probe) {
 		}
 	}
 	if tp.t.Failed() {
-		out, _ := tp.nft("list", "table", "ip", Table)
+		out, _ := tp.nft("list", "table", "inet", Table)
 		tp.t.Fatalf("table:\n%s", out)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -31,13 +32,13 @@ func isolate(rules ...Rule) *Direction {
 // and the last transaction run. The table is there from the start: the
 // fake cannot list the counters of a missing one.
 func fakeEnforcer(t *testing.T) (*Enforcer, *knftables.Fake) {
-	nft := knftables.NewFake(knftables.IPv4Family, Table)
+	nft := knftables.NewFake(knftables.InetFamily, Table)
 	tx := nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	if err := nft.Run(context.Background(), tx); err != nil {
 		t.Fatal(err)
 	}
-	return &Enforcer{nft: nft, pods: map[string]applied{}, gone: map[string]netip.Addr{}}, nft
+	return &Enforcer{nft: nft, pods: map[string]applied{}, gone: map[string]podAddrs{}}, nft
 }
 
 // hosts are n /32 peers from 10.98.0.0, none two siblings (disjoint
@@ -67,19 +68,28 @@ func elementKeys(t *testing.T, nft *knftables.Fake, name string) []string {
 	return out
 }
 
-// wantKeys are d's compiled elements of each set, as knftables writes
-// them.
-func wantKeys(d *Direction) (ports, all []string) {
-	el := compile(d)
-	for _, p := range el.all {
-		all = append(all, p.String())
+// wantSets are the sets of chain, a pod's chain holding d's compiled
+// elements in the pair second names, and their elements, as knftables
+// writes them.
+func wantSets(chain string, second bool, d *Direction) map[string][]string {
+	c := &compiled{el: compile(d), second: second}
+	out := map[string][]string{}
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(chain, f, second)
+		out[ports], out[all] = []string{}, []string{}
 	}
-	for _, pe := range el.ports {
-		ports = append(ports, strings.Join(pe.key(), " . "))
+	for _, p := range c.el.all {
+		set := allElem(chain, second, p).Set
+		out[set] = append(out[set], p.String())
 	}
-	slices.Sort(ports)
-	slices.Sort(all)
-	return ports, all
+	for _, pe := range c.el.ports {
+		set := portsElem(chain, second, pe).Set
+		out[set] = append(out[set], strings.Join(pe.key(), " . "))
+	}
+	for _, keys := range out {
+		slices.Sort(keys)
+	}
+	return out
 }
 
 // A change of a pod's rules writes only what differs: it deletes the
@@ -92,36 +102,32 @@ func TestChangeWritesOnlyTheDifference(t *testing.T) {
 	chain := ingress.chain(podID("ns/b"))
 	apply := func(in *Direction) []string {
 		t.Helper()
-		rs := Ruleset{Pods: []Pod{{Key: "ns/b", Iface: "vethb", IP: netip.MustParseAddr("10.99.0.2"), Ingress: in}}}
+		rs := Ruleset{Pods: []Pod{{Key: "ns/b", Iface: "vethb", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.2")}, Ingress: in}}}
 		if _, err := e.Apply(rs, false); err != nil {
 			t.Fatal(err)
 		}
 		return strings.Split(strings.TrimSuffix(nft.LastTransaction.String(), "\n"), "\n")
 	}
-	// holds checks that the pair of sets second names holds in's
-	// elements, and that the table has no other sets of chain.
+	// holds checks that the table's sets of chain are the pair second
+	// names, of the families in needs, holding in's elements.
 	holds := func(in *Direction, second bool) {
 		t.Helper()
-		ports, all := setNames(chain, second)
-		wantPorts, wantAll := wantKeys(in)
-		if got := elementKeys(t, nft, ports); !slices.Equal(got, wantPorts) {
-			t.Errorf("set %s holds %v, want %v", ports, got, wantPorts)
-		}
-		if got := elementKeys(t, nft, all); !slices.Equal(got, wantAll) {
-			t.Errorf("set %s holds %v, want %v", all, got, wantAll)
-		}
 		sets, err := nft.List(context.Background(), "sets")
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := map[string][]string{}
 		for _, s := range sets {
-			if strings.HasPrefix(s, chain) && s != ports && s != all {
-				t.Errorf("set %s is left over", s)
+			if strings.HasPrefix(s, chain) {
+				got[s] = elementKeys(t, nft, s)
 			}
+		}
+		if want := wantSets(chain, second, in); !reflect.DeepEqual(got, want) {
+			t.Errorf("the sets of %s hold\n%v\nwant\n%v", chain, got, want)
 		}
 	}
 	line := func(verb, set, key string) string {
-		return fmt.Sprintf("%s element ip %s %s { %s }", verb, Table, set, key)
+		return fmt.Sprintf("%s element inet %s %s { %s }", verb, Table, set, key)
 	}
 
 	v1 := isolate(
@@ -139,7 +145,7 @@ func TestChangeWritesOnlyTheDifference(t *testing.T) {
 		allow(prefixes("10.1.0.0/17", "10.2.0.0/16")),
 		allow(prefixes("10.9.9.9/32"), PortRange{TCP, 8050, 8200}),
 	)
-	ports, all := setNames(chain, false)
+	ports, all := setNames(chain, ipv4, false)
 	got := apply(v2)
 	deletes := []string{
 		line("delete", all, "10.1.0.0/16"),
@@ -171,7 +177,7 @@ func TestChangeWritesOnlyTheDifference(t *testing.T) {
 		}
 	}
 	holds(v3, true)
-	newPorts, newAll := setNames(chain, true)
+	newPorts, newAll := setNames(chain, ipv4, true)
 	rules, err := nft.ListRules(context.Background(), chain)
 	if err != nil || len(rules) != 3 || !strings.Contains(rules[0].Rule, "@"+newPorts+" ") || !strings.Contains(rules[1].Rule, "@"+newAll+" ") {
 		t.Errorf("the chain's rules do not use the new sets (%v): %v", err, rules)
@@ -187,6 +193,32 @@ func TestChangeWritesOnlyTheDifference(t *testing.T) {
 	if len(got) != 5 {
 		t.Errorf("the change's transaction:\n%s\nwant 3 deletes and 2 adds", strings.Join(got, "\n"))
 	}
+	holds(v4, true)
+
+	// An IPv6 peer comes: the IPv6 sets with it, in a fresh pair (the
+	// chain's rules change).
+	v5 := isolate(append(slices.Clone(v4.Rules),
+		allow(prefixes("fd00:1::/64", "fd00:2::5/128")),
+		allow(prefixes("fd00:3::/120"), PortRange{UDP, 53, 53}))...)
+	apply(v5)
+	holds(v5, false)
+	rules, err = nft.ListRules(context.Background(), chain)
+	if err != nil || len(rules) != 5 || !strings.Contains(rules[2].Rule, "ip6 saddr . meta l4proto . th dport @"+chain+"-ports6 ") ||
+		!strings.Contains(rules[3].Rule, "ip6 saddr @"+chain+"-all6 ") {
+		t.Errorf("the chain's rules do not look up the IPv6 sets (%v): %v", err, rules)
+	}
+	// One IPv6 peer changes: in place, in the IPv6 set.
+	v6 := isolate(append(slices.Clone(v4.Rules),
+		allow(prefixes("fd00:1::/64", "fd00:2::6/128")),
+		allow(prefixes("fd00:3::/120"), PortRange{UDP, 53, 53}))...)
+	_, all6 := setNames(chain, ipv6, false)
+	got = apply(v6)
+	if want := []string{line("delete", all6, "fd00:2::5/128"), line("add", all6, "fd00:2::6/128")}; !slices.Equal(got, want) {
+		t.Errorf("the change's transaction:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	holds(v6, false)
+	// The IPv6 peers go, and their sets.
+	apply(v4)
 	holds(v4, true)
 
 	// The direction goes, with its sets.

@@ -80,7 +80,7 @@ func NewCluster(pods, policies int) Cluster {
 		c.Snapshot.Pods = append(c.Snapshot.Pods, p)
 		if i < local {
 			c.Local = append(c.Local, policy.LocalPod{Namespace: p.Namespace, Name: p.Name,
-				Iface: fmt.Sprintf("lxc%05d", i), IP: netip.MustParseAddr(p.Status.PodIP)})
+				Iface: fmt.Sprintf("lxc%05d", i), IPs: []netip.Addr{netip.MustParseAddr(p.Status.PodIP)}})
 		}
 	}
 	for j := 0; j < policies; j++ {

@@ -341,7 +341,7 @@ func cpuTime() time.Duration {
 // countTable counts the nft table's chains, rules, sets, elements and
 // counters in netns.
 func countTable(ctx context.Context, netns string, m *Memory) error {
-	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, "nft", "-j", "list", "table", "ip", dppolicy.Table).Output()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", netns, "nft", "-j", "list", "table", "inet", dppolicy.Table).Output()
 	if err != nil {
 		return fmt.Errorf("nft list table: %w", err)
 	}
