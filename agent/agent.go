@@ -94,6 +94,9 @@ type Agent struct {
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
+	// podCIDR6 is the node record's IPv6 pod CIDR, as reconcile found it
+	// for bringUp: only the overlay guard uses it so far (issue 28).
+	podCIDR6 netip.Prefix
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
@@ -270,6 +273,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 		a.setNotReady(fmt.Sprintf("this node's pod CIDRs %v hold no IPv4 block: IPv6 pods are not supported yet", self.PodCIDRs))
 		return nil
 	case !cidr.IsValid() && own.IsValid():
+		a.podCIDR6 = datastore.BlockOf(self.PodCIDRs, datastore.IPv6)
 		if err := a.bringUp(ctx, own); err != nil {
 			a.setNotReady(err.Error())
 			return err
@@ -316,7 +320,7 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 		return fmt.Errorf("read cluster config: %w", err)
 	}
 	clusterCIDR := cc.IPv4().CIDR
-	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, ClusterCIDR: clusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
+	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, PodCIDRv6: a.podCIDR6, ClusterCIDR: clusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
 	gw := datapath.Gateway(cidr)

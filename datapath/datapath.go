@@ -68,6 +68,10 @@ type NodeSetup struct {
 	PodCIDR     netip.Prefix
 	ClusterCIDR netip.Prefix
 	VTEPMAC     net.HardwareAddr // persisted by the agent, so peers' FDB entries survive restarts
+	// PodCIDRv6 is the node's IPv6 pod CIDR, zero when it has none. Pods
+	// are IPv4 only so far (issue 28): only the overlay guard uses it, as
+	// the only inner destination of the IPv6 frames it lets on.
+	PodCIDRv6 netip.Prefix
 }
 
 // DeviceName is the VXLAN device ONC owns.

@@ -104,7 +104,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.clusterCIDR = s.ClusterCIDR
 	fp := n.fp
 	if fp == nil {
-		if fp, err = n.openFastPath(s.PodCIDR); err != nil {
+		if fp, err = n.openFastPath(s); err != nil {
 			return err
 		}
 	}
@@ -189,10 +189,10 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 // openFastPath loads the eBPF datapath (adopting pinned maps and links).
 // A node cannot run without it, fast path on or off: its programs guard
 // the overlay (datapath/bpf/include/overlay.h) and the pods' veths.
-func (n *Node) openFastPath(podCIDR netip.Prefix) (*fastpath.Datapath, error) {
+func (n *Node) openFastPath(s NodeSetup) (*fastpath.Datapath, error) {
 	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
-		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: podCIDR,
-		ConnSetup: n.connSetup()})
+		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: s.PodCIDR,
+		PodCIDRv6: s.PodCIDRv6, ConnSetup: n.connSetup()})
 	if err == nil {
 		err = fp.Configure(n.cfg.FastPath)
 	}

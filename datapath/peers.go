@@ -21,12 +21,14 @@ type peerSet struct {
 	// to a backend here, send from over the overlay, like a pod of it.
 	hosts []netip.Addr
 	// senders are the peers the overlay guard accepts frames from, each
-	// speaking for its pod CIDR and its node address.
+	// speaking for its pod CIDRs (IPv4, and IPv6 if it has one) and its
+	// node address.
 	senders []fastpath.Sender
 	// conflicts are the nodes left out because a pod CIDR, gateway or
 	// VTEP MAC of theirs is this node's or an earlier one's (by name):
-	// programming both would send one CIDR's packets two ways; and those
-	// whose address is not IPv4.
+	// programming both would send one CIDR's packets two ways, and the
+	// guard would let a peer speak for another's pods; and those whose
+	// address is not IPv4 or whose IPv6 pod CIDR is not IPv6.
 	conflicts []string
 }
 
@@ -56,9 +58,20 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		if !podCIDR.IsValid() {
 			continue
 		}
+		// Only the overlay guard uses it so far: pods are IPv4 only.
+		podCIDR6 := datastore.BlockOf(nd.PodCIDRs, datastore.IPv6)
+		if podCIDR6.IsValid() && podCIDR6.Addr().Is4In6() {
+			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its IPv6 pod CIDR %s is IPv4-mapped", nd.Name, podCIDR6))
+			continue
+		}
 		gw := Gateway(podCIDR)
 		keys := map[any]string{podCIDR.Masked(): "pod CIDR " + podCIDR.String(), gw: "gateway " + gw.String(),
 			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
+		sources := []netip.Prefix{podCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}
+		if podCIDR6.IsValid() {
+			keys[podCIDR6.Masked()] = "IPv6 pod CIDR " + podCIDR6.String()
+			sources = append(sources, podCIDR6.Masked())
+		}
 		if why := conflict(owner, keys); why != "" {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: %s", nd.Name, why))
 			continue
@@ -70,7 +83,7 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 			continue
 		}
 		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR})
-		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: []netip.Prefix{podCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}})
+		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: sources})
 		if nd.FastPath {
 			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR, NodeIP: nd.IP})
 		}

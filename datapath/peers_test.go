@@ -91,3 +91,55 @@ func TestPeersOfLeavesNonIPv4Out(t *testing.T) {
 		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// dualStack is node n with an IPv6 pod CIDR after its IPv4 one.
+func dualStack(n datastore.Node, cidr6 string) datastore.Node {
+	n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix(cidr6))
+	return n
+}
+
+// A peer's IPv6 pod CIDR is a source it may speak for, beside its IPv4
+// ones; a peer without one speaks for IPv4 sources alone. Pods are IPv4
+// only so far: the paths get the IPv4 CIDRs alone.
+func TestPeersOfGivesTheGuardIPv6PodCIDRs(t *testing.T) {
+	s := peersOf("a", []datastore.Node{
+		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),  // self: in no sender
+		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::1/64"), // masked
+		node("c", "192.0.2.3", "10.244.3.0/24", false),                                  // IPv4 only
+		dualStack(node("d", "192.0.2.4", "", true), "fd00:10:244:4::/64"),               // no IPv4 CIDR: no peer
+	})
+	want := "[{192.0.2.2 [10.244.2.0/24 192.0.2.2/32 fd00:10:244:2::/64]} {192.0.2.3 [10.244.3.0/24 192.0.2.3/32]}]"
+	if got := fmt.Sprint(s.senders); got != want {
+		t.Errorf("overlay senders %s, want %s", got, want)
+	}
+	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || len(s.fastPath) != 1 || s.fastPath[0].PodCIDR.String() != "10.244.2.0/24" {
+		t.Errorf("peers %+v / %+v, want b and c with their IPv4 CIDRs", s.overlay, s.fastPath)
+	}
+	if len(s.conflicts) != 0 {
+		t.Errorf("conflicts %v, want none", s.conflicts)
+	}
+}
+
+// A record whose IPv6 pod CIDR is this node's or an earlier one's is left
+// out, as one claiming an IPv4 pod CIDR is: the guard would let it speak
+// for those pods. So is one whose IPv6 block is IPv4-mapped.
+func TestPeersOfLeavesIPv6ConflictsOut(t *testing.T) {
+	s := peersOf("a", []datastore.Node{
+		dualStack(node("e", "192.0.2.5", "10.244.5.0/24", true), "fd00:10:244:1::/64"),
+		dualStack(node("c", "192.0.2.3", "10.244.3.0/24", true), "fd00:10:244:2::/64"),
+		dualStack(node("d", "192.0.2.4", "10.244.4.0/24", true), "::ffff:10.244.4.0/120"),
+		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::/64"),
+		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),
+	})
+	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || len(s.senders) != 1 || s.senders[0].NodeIP.String() != "192.0.2.2" {
+		t.Errorf("peers %+v / %+v / senders %+v, want only b on both paths and in the guard", s.overlay, s.fastPath, s.senders)
+	}
+	want := []string{
+		"node c left out: its IPv6 pod CIDR fd00:10:244:2::/64 is node b's",
+		"node d left out: its IPv6 pod CIDR ::ffff:10.244.4.0/120 is IPv4-mapped",
+		"node e left out: its IPv6 pod CIDR fd00:10:244:1::/64 is node a's",
+	}
+	if fmt.Sprint(s.conflicts) != fmt.Sprint(want) {
+		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -118,6 +118,13 @@ const (
 	FastpathOncStatSTAT_MAX                            FastpathOncStat = 34
 )
 
+type FastpathSender6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     [16]uint8
+}
+
 type FastpathSenderKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -145,6 +152,7 @@ const (
 	FastpathMapOncOpen          = "onc_open"
 	FastpathMapOncPeers         = "onc_peers"
 	FastpathMapOncSenders       = "onc_senders"
+	FastpathMapOncSenders6      = "onc_senders6"
 	FastpathMapOncStats         = "onc_stats"
 	FastpathProgOncEgressFast   = "onc_egress_fast"
 	FastpathProgOncIngressFast  = "onc_ingress_fast"
@@ -153,6 +161,8 @@ const (
 	FastpathVarOncConnSetup     = "onc_conn_setup"
 	FastpathVarOncMark          = "onc_mark"
 	FastpathVarOncNodeIp        = "onc_node_ip"
+	FastpathVarOncPod6Mask      = "onc_pod6_mask"
+	FastpathVarOncPod6Net       = "onc_pod6_net"
 	FastpathVarOncPodMask       = "onc_pod_mask"
 	FastpathVarOncPodNet        = "onc_pod_net"
 	FastpathVarOncVni           = "onc_vni"
@@ -211,18 +221,19 @@ type FastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathMapSpecs struct {
-	OncCfg     *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress  *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEncap   *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter  *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncFin     *ebpf.MapSpec `ebpf:"onc_fin"`
-	OncHooks   *ebpf.MapSpec `ebpf:"onc_hooks"`
-	OncHosts   *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal   *ebpf.MapSpec `ebpf:"onc_local"`
-	OncOpen    *ebpf.MapSpec `ebpf:"onc_open"`
-	OncPeers   *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncSenders *ebpf.MapSpec `ebpf:"onc_senders"`
-	OncStats   *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncCfg      *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress   *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEncap    *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter   *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFin      *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncHooks    *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts    *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal    *ebpf.MapSpec `ebpf:"onc_local"`
+	OncOpen     *ebpf.MapSpec `ebpf:"onc_open"`
+	OncPeers    *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncSenders  *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncSenders6 *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncStats    *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
 // FastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -232,6 +243,8 @@ type FastpathVariableSpecs struct {
 	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
+	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
 	OncPodNet    *ebpf.VariableSpec `ebpf:"onc_pod_net"`
 	OncVni       *ebpf.VariableSpec `ebpf:"onc_vni"`
@@ -258,18 +271,19 @@ func (o *FastpathObjects) Close() error {
 //
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathMaps struct {
-	OncCfg     *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress  *ebpf.Map `ebpf:"onc_egress"`
-	OncEncap   *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter  *ebpf.Map `ebpf:"onc_filter"`
-	OncFin     *ebpf.Map `ebpf:"onc_fin"`
-	OncHooks   *ebpf.Map `ebpf:"onc_hooks"`
-	OncHosts   *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal   *ebpf.Map `ebpf:"onc_local"`
-	OncOpen    *ebpf.Map `ebpf:"onc_open"`
-	OncPeers   *ebpf.Map `ebpf:"onc_peers"`
-	OncSenders *ebpf.Map `ebpf:"onc_senders"`
-	OncStats   *ebpf.Map `ebpf:"onc_stats"`
+	OncCfg      *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress   *ebpf.Map `ebpf:"onc_egress"`
+	OncEncap    *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter   *ebpf.Map `ebpf:"onc_filter"`
+	OncFin      *ebpf.Map `ebpf:"onc_fin"`
+	OncHooks    *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts    *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal    *ebpf.Map `ebpf:"onc_local"`
+	OncOpen     *ebpf.Map `ebpf:"onc_open"`
+	OncPeers    *ebpf.Map `ebpf:"onc_peers"`
+	OncSenders  *ebpf.Map `ebpf:"onc_senders"`
+	OncSenders6 *ebpf.Map `ebpf:"onc_senders6"`
+	OncStats    *ebpf.Map `ebpf:"onc_stats"`
 }
 
 func (m *FastpathMaps) Close() error {
@@ -285,6 +299,7 @@ func (m *FastpathMaps) Close() error {
 		m.OncOpen,
 		m.OncPeers,
 		m.OncSenders,
+		m.OncSenders6,
 		m.OncStats,
 	)
 }
@@ -296,6 +311,8 @@ type FastpathVariables struct {
 	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
+	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`
 	OncPodNet    *ebpf.Variable `ebpf:"onc_pod_net"`
 	OncVni       *ebpf.Variable `ebpf:"onc_vni"`

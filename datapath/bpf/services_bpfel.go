@@ -284,6 +284,13 @@ const (
 	ServicesOncStatSTAT_MAX                            ServicesOncStat = 34
 )
 
+type ServicesSender6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Inner     [16]uint8
+}
+
 type ServicesSenderKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -326,6 +333,7 @@ const (
 	ServicesMapOncOpen                  = "onc_open"
 	ServicesMapOncPeers                 = "onc_peers"
 	ServicesMapOncSenders               = "onc_senders"
+	ServicesMapOncSenders6              = "onc_senders6"
 	ServicesMapOncStats                 = "onc_stats"
 	ServicesProgOncSockConnect4         = "onc_sock_connect4"
 	ServicesProgOncSockGetpeername4     = "onc_sock_getpeername4"
@@ -340,6 +348,8 @@ const (
 	ServicesVarOncConnSetup             = "onc_conn_setup"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
+	ServicesVarOncPod6Mask              = "onc_pod6_mask"
+	ServicesVarOncPod6Net               = "onc_pod6_net"
 	ServicesVarOncPodMask               = "onc_pod_mask"
 	ServicesVarOncPodNet                = "onc_pod_net"
 	ServicesVarOncVni                   = "onc_vni"
@@ -430,6 +440,7 @@ type ServicesMapSpecs struct {
 	OncOpen           *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers          *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncSenders        *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncSenders6       *ebpf.MapSpec `ebpf:"onc_senders6"`
 	OncStats          *ebpf.MapSpec `ebpf:"onc_stats"`
 }
 
@@ -440,6 +451,8 @@ type ServicesVariableSpecs struct {
 	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
+	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
 	OncPodNet    *ebpf.VariableSpec `ebpf:"onc_pod_net"`
 	OncVni       *ebpf.VariableSpec `ebpf:"onc_vni"`
@@ -492,6 +505,7 @@ type ServicesMaps struct {
 	OncOpen           *ebpf.Map `ebpf:"onc_open"`
 	OncPeers          *ebpf.Map `ebpf:"onc_peers"`
 	OncSenders        *ebpf.Map `ebpf:"onc_senders"`
+	OncSenders6       *ebpf.Map `ebpf:"onc_senders6"`
 	OncStats          *ebpf.Map `ebpf:"onc_stats"`
 }
 
@@ -523,6 +537,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncOpen,
 		m.OncPeers,
 		m.OncSenders,
+		m.OncSenders6,
 		m.OncStats,
 	)
 }
@@ -534,6 +549,8 @@ type ServicesVariables struct {
 	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
+	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`
 	OncPodNet    *ebpf.Variable `ebpf:"onc_pod_net"`
 	OncVni       *ebpf.Variable `ebpf:"onc_vni"`

@@ -24,16 +24,17 @@ import (
 
 // Map value and key types, as the C headers define them.
 type (
-	FlowKey   = bpf.FastpathFlowKey
-	FlowVal   = bpf.FastpathFlowVal
-	EgressVal = bpf.FastpathEgressVal
-	EncapVal  = bpf.FastpathEncapVal
-	LocalPod  = bpf.FastpathLocalPod
-	cidrKey   = bpf.FastpathCidrKey
-	cidrVal   = bpf.FastpathCidrVal
-	senderKey = bpf.FastpathSenderKey
-	senderVal = bpf.FastpathSenderVal
-	config    = bpf.FastpathOncConfig
+	FlowKey    = bpf.FastpathFlowKey
+	FlowVal    = bpf.FastpathFlowVal
+	EgressVal  = bpf.FastpathEgressVal
+	EncapVal   = bpf.FastpathEncapVal
+	LocalPod   = bpf.FastpathLocalPod
+	cidrKey    = bpf.FastpathCidrKey
+	cidrVal    = bpf.FastpathCidrVal
+	senderKey  = bpf.FastpathSenderKey
+	sender6Key = bpf.FastpathSender6Key
+	senderVal  = bpf.FastpathSenderVal
+	config     = bpf.FastpathOncConfig
 )
 
 // Options of the datapath. All but PinDir and Mode are constants of the
@@ -48,6 +49,10 @@ type Options struct {
 	// only outer and inner destinations the overlay guard lets frames have.
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
+	// PodCIDRv6 is this node's IPv6 pod CIDR, zero when it has none: the
+	// only inner destination of the IPv6 frames the guard lets on (none
+	// without it).
+	PodCIDRv6 netip.Prefix
 	// ConnSetup says which TCP connections may open and close on the fast
 	// path (setup.go).
 	ConnSetup ConnSetup
@@ -64,10 +69,11 @@ type Datapath struct {
 	mu       sync.Mutex // serialises configuration writes and evictions
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
-	peers      mirror[cidrKey, cidrVal]     // onc_peers as SyncPeers last wrote it
-	hosts      mirror[uint32, uint8]        // onc_hosts as SetHosts last wrote it
-	senders    mirror[senderKey, senderVal] // onc_senders as SyncSenders last wrote it
-	open       mirror[uint32, uint8]        // onc_open as SetOpen or NarrowOpen last wrote it
+	peers      mirror[cidrKey, cidrVal]      // onc_peers as SyncPeers last wrote it
+	hosts      mirror[uint32, uint8]         // onc_hosts as SetHosts last wrote it
+	senders    mirror[senderKey, senderVal]  // onc_senders as SyncSenders last wrote it
+	senders6   mirror[sender6Key, senderVal] // onc_senders6 as SyncSenders last wrote it
+	open       mirror[uint32, uint8]         // onc_open as SetOpen or NarrowOpen last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -77,6 +83,10 @@ func Open(o Options) (*Datapath, error) {
 	}
 	if !o.NodeIP.Is4() || !o.PodCIDR.Addr().Is4() {
 		return nil, fmt.Errorf("node IP %v, pod CIDR %v: the overlay guard needs this node's IPv4 tunnel endpoint and pod CIDR", o.NodeIP, o.PodCIDR)
+	}
+	// The programs take an all-zero mask for no IPv6 pod CIDR.
+	if v6 := o.PodCIDRv6; v6.IsValid() && (!v6.Addr().Is6() || v6.Addr().Is4In6() || v6.Bits() == 0) {
+		return nil, fmt.Errorf("IPv6 pod CIDR %v: not an IPv6 prefix of at least one bit", v6)
 	}
 	d := &Datapath{opts: o}
 	mode, err := resolveMode(o.Mode)
@@ -148,6 +158,7 @@ func switchOffPinned(pinDir string) error {
 // (include/fastpath.h), which every object sharing the flow cache gets.
 func (o Options) constants() map[string]any {
 	podNet, podMask := o.podNet()
+	pod6Net, pod6Mask := o.podNet6()
 	return map[string]any{
 		"onc_vni":        uint32(o.VNI),
 		"onc_vxlan_port": bpf.NetPort(uint16(o.Port)),
@@ -155,6 +166,8 @@ func (o Options) constants() map[string]any {
 		"onc_node_ip":    bpf.NetIPv4(o.NodeIP),
 		"onc_pod_net":    podNet,
 		"onc_pod_mask":   podMask,
+		"onc_pod6_net":   pod6Net,
+		"onc_pod6_mask":  pod6Mask,
 		"onc_conn_setup": uint8(o.ConnSetup),
 	}
 }
@@ -162,6 +175,15 @@ func (o Options) constants() map[string]any {
 // podNet is the pod CIDR's address and mask, in network order.
 func (o Options) podNet() (addr, mask uint32) {
 	return bpf.NetIPv4(o.PodCIDR.Masked().Addr()), bpf.NetIPv4(netip.AddrFrom4([4]byte(net.CIDRMask(o.PodCIDR.Bits(), 32))))
+}
+
+// podNet6 is the IPv6 pod CIDR's address and mask, in network order; all
+// zeros without one.
+func (o Options) podNet6() (addr, mask [16]byte) {
+	if !o.PodCIDRv6.IsValid() {
+		return addr, mask
+	}
+	return o.PodCIDRv6.Masked().Addr().As16(), [16]byte(net.CIDRMask(o.PodCIDRv6.Bits(), 128))
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share

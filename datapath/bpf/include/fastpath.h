@@ -53,6 +53,11 @@ volatile const __be16 onc_vxlan_port = 0;
 volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
 volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: with the node itself, the only */
 volatile const __be32 onc_pod_mask = 0;     /* inner destinations of frames from peers (the guard) */
+/* This node's IPv6 pod CIDR, the only inner destination of IPv6 frames
+ * from peers; an all-zero mask when the node has none (the agent refuses
+ * a /0, which would look the same). */
+volatile const __be32 onc_pod6_net[4] = {};
+volatile const __be32 onc_pod6_mask[4] = {};
 
 /* Which connections may open on the fast path (flow_setup): none, those of
  * pods onc_open says are open, or every local pod's (no NetworkPolicy
@@ -93,8 +98,8 @@ enum onc_stat {
 	/* The overlay guard's drops (overlay.h), fast path on or off. */
 	STAT_OVERLAY_DROP_UNKNOWN_SENDER, /* outer source not a peer's tunnel endpoint */
 	STAT_OVERLAY_DROP_INNER_SOURCE,   /* inner source the sending peer may not speak for */
-	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination neither in this node's pod CIDR nor the node */
-	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, VLAN tag, other VNI or destination, inner not IPv4 */
+	STAT_OVERLAY_DROP_INNER_DESTINATION, /* inner destination neither in this node's pod CIDRs nor the node */
+	STAT_OVERLAY_DROP_MALFORMED,      /* fragment, options, VLAN tag, other VNI or destination, inner not IP */
 	STAT_OVERLAY_DROP_FROM_POD,       /* a pod sent to the VXLAN port */
 	STAT_EGRESS_OPEN,             /* a SYN that opened its connection on the fast path */
 	STAT_INGRESS_OPEN,
@@ -148,10 +153,11 @@ struct {
 
 /*
  * Who may send on the overlay: a peer's tunnel endpoint followed by an
- * inner source prefix it may speak for (its pod CIDR, its node address),
- * looked up longest-prefix with the frame's outer and inner sources. Each
- * peer also has an entry of its endpoint alone (prefixlen 32, may_send 0),
- * so a miss tells an unknown sender from a known one speaking for others.
+ * IPv4 inner source prefix it may speak for (its pod CIDR, its node
+ * address), looked up longest-prefix with the frame's outer and inner
+ * sources. Each peer also has an entry of its endpoint alone (prefixlen
+ * 32, may_send 0), so a miss tells an unknown sender from a known one
+ * speaking for others.
  */
 struct sender_key {
 	__u32 prefixlen; /* 32 + the inner prefix's length */
@@ -173,6 +179,32 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_senders SEC(".maps");
+
+/*
+ * The same for IPv6 inner sources (the tunnel endpoint stays IPv4): each
+ * peer's endpoint alone again (prefixlen 32, may_send 0), and its IPv6
+ * pod CIDR (sized as onc_senders: room for a node's IPv6 address once
+ * nodes have one). A map of its own rather than onc_senders with 16-byte inner
+ * addresses: onc_senders is pinned, and a pinned map whose layout changed
+ * makes an upgrade replace every map of the object (bpf.LoadPinned), the
+ * flow cache and the connections the fast path opened with it. A new map
+ * is simply created beside the adopted ones; the new programs run only
+ * after the first peer sync filled both (datapath.Node.attachUplink).
+ */
+struct sender6_key {
+	__u32 prefixlen; /* 32 + the inner prefix's length */
+	__be32 peer;     /* outer source: the peer's tunnel endpoint */
+	__u8 inner[16];  /* inner IPv6 source prefix */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
+	__type(key, struct sender6_key);
+	__type(value, struct sender_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_senders6 SEC(".maps");
 
 /*
  * Local pods no NetworkPolicy isolates, in either direction: a new

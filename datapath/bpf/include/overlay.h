@@ -9,15 +9,17 @@
  * fast path on or off: it must come whole from a peer's tunnel endpoint to
  * this node's, carry our VNI and an IPv4 packet whose source that peer may
  * speak for (onc_senders) and whose destination is this node's pod CIDR
- * or this node.
- * And no pod may send to the port at all: its frame would leave
- * masqueraded as its node, a trusted sender. (Frames by another interface,
- * and ones address translation sends to the port, netfilter drops:
- * datapath/netfilter.)
+ * or this node, or an IPv6 packet whose source that peer may speak for
+ * (onc_senders6) and whose destination is this node's IPv6 pod CIDR.
+ * And no pod may send to the port at all, over IPv4 or IPv6: its frame
+ * would leave masqueraded as its node, a trusted sender. (Frames by
+ * another interface, and ones address translation sends to the port,
+ * netfilter drops: datapath/netfilter.)
  */
 #ifndef __ONC_OVERLAY_H
 #define __ONC_OVERLAY_H
 
+#include <linux/ipv6.h>
 #include "fastpath.h"
 #include "parse.h"
 
@@ -27,10 +29,13 @@ struct vlanhdr {
 };
 
 /* What the guard reads: up to two VLAN tags, the outer IPv4 header with
- * options, UDP and VXLAN, the inner Ethernet and IPv4 headers. */
+ * options, UDP and VXLAN, the inner Ethernet and IPv4 or IPv6 header (the
+ * longer). A pod's IPv6 packet is shorter than that up to its UDP header,
+ * unless extension headers come first (to_vxlan_port6 reads those with
+ * bpf_skb_load_bytes). */
 #define ONC_GUARD_LEN (sizeof(struct ethhdr) + 2 * sizeof(struct vlanhdr) + 60 + \
 		       sizeof(struct udphdr) + sizeof(struct vxlanhdr) + \
-		       sizeof(struct ethhdr) + sizeof(struct iphdr))
+		       sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
 
 /*
  * guard_pull makes the headers the guard reads linear: a driver (or a
@@ -47,34 +52,34 @@ static __always_inline void guard_pull(struct __sk_buff *skb)
 }
 
 /*
- * frame_ipv4 returns the IPv4 header of an Ethernet frame at data, past up
- * to two VLAN tags left in the data (the kernel takes one tag out of the
- * data before tc, and strips a priority tag of VLAN 0 and a tag under it
- * after), setting *tagged; NULL when it carries no IPv4.
+ * frame_l3 returns the network header of an Ethernet frame at data, past
+ * up to two VLAN tags left in the data (the kernel takes one tag out of
+ * the data before tc, and strips a priority tag of VLAN 0 and a tag under
+ * it after), setting *proto to its ethertype and *tags to the tags it
+ * passed; NULL when the frame is too short for them.
  */
-static __always_inline struct iphdr *frame_ipv4(void *data, void *end, int *tagged)
+static __always_inline void *frame_l3(void *data, void *end, __be16 *proto, int *tags)
 {
 	struct ethhdr *eth = data;
 	struct vlanhdr *vh;
 	void *l3 = eth + 1;
-	__be16 proto;
 
-	*tagged = 0;
+	*tags = 0;
 	if (l3 > end)
 		return NULL;
-	proto = eth->h_proto;
+	*proto = eth->h_proto;
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+		if (*proto != bpf_htons(ETH_P_8021Q) && *proto != bpf_htons(ETH_P_8021AD))
 			break;
 		vh = l3;
 		if ((void *)(vh + 1) > end)
 			return NULL;
-		proto = vh->proto;
+		*proto = vh->proto;
 		l3 = vh + 1;
-		*tagged = 1;
+		(*tags)++;
 	}
-	return proto == bpf_htons(ETH_P_IP) ? l3 : NULL;
+	return l3;
 }
 
 /* Whether an IPv4 packet at ip is the first (or only) fragment of a UDP
@@ -95,45 +100,107 @@ static __always_inline int to_vxlan_port(struct iphdr *ip, void *end)
 	return udp->dest == onc_vxlan_port;
 }
 
-/*
- * overlay_guard judges a packet arriving on the uplink: 0 to let it on
- * (not for the VXLAN port, or a frame a peer may send), else the counter
- * of the reason to drop it. It may pull data: packet pointers taken before
- * it are void after it.
- */
-static __always_inline int overlay_guard(struct __sk_buff *skb)
-{
-	struct sender_key key = { .prefixlen = 64 };
-	struct sender_val *sender;
-	struct iphdr *outer, *inner;
-	struct vxlanhdr *vx;
-	void *data, *end;
-	int tagged;
+/* An IPv6 fragment header (RFC 8200 4.5). */
+struct ipv6_frag {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off; /* offset << 3 | M */
+	__be32 id;
+};
 
-	guard_pull(skb);
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	outer = frame_ipv4(data, end, &tagged);
-	if (!outer || !to_vxlan_port(outer, end))
+/* The most headers to_vxlan_port6 reads past the fixed header: seven
+ * extension headers and UDP (RFC 8200 orders at most six extension
+ * headers before the upper layer). */
+#define ONC_IPV6_HDRS_MAX 8
+
+/*
+ * Whether an IPv6 packet at ip, off bytes into the skb, is the first (or
+ * only) fragment of a UDP datagram to the VXLAN port. UDP right after the
+ * fixed header is read in place. Otherwise the extension headers the
+ * kernel walks before UDP (hop-by-hop, routing, destination options,
+ * fragment, AH) are followed with bpf_skb_load_bytes, which reads them
+ * wherever they lie in the skb, so none can push the UDP header out of
+ * the guard's sight. A datagram whose UDP header cannot be found that way
+ * (a first fragment that leaves it to a later one, more headers than
+ * ONC_IPV6_HDRS_MAX) counts as for the port: only one whose chain ends in
+ * another upper layer is surely not (TCP, ICMPv6, no next header, or ESP,
+ * whose sealed payload reaches UDP only through the receiver's key).
+ */
+static __always_inline int to_vxlan_port6(struct __sk_buff *skb, struct ipv6hdr *ip, void *end,
+					  __u32 off)
+{
+	struct udphdr *udp = (void *)(ip + 1);
+	struct ipv6_opt_hdr opt;
+	struct ipv6_frag frag;
+	__be16 dport;
+	__u8 next;
+
+	if ((void *)(ip + 1) > end || ip->version != 6)
 		return 0;
-	/* ONC's peers send whole, untagged frames without IP options, to our
-	 * endpoint. */
-	if (tagged || outer->ihl != 5 || outer->frag_off & bpf_htons(0x2000) ||
-	    outer->daddr != onc_node_ip)
-		return STAT_OVERLAY_DROP_MALFORMED;
-	/* At fixed offsets now (the verifier follows those, not ihl's). */
-	vx = data + sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
-	inner = data + ONC_HDR_LEN;
-	if ((void *)(inner + 1) > end || vx->vni != bpf_htonl(onc_vni << 8) ||
-	    !is_ipv4(data + ONC_ENCAP_LEN, end))
-		return STAT_OVERLAY_DROP_MALFORMED;
-	key.peer = outer->saddr;
-	key.inner = inner->saddr;
-	sender = bpf_map_lookup_elem(&onc_senders, &key);
+	/* Most packets: a datagram too short for its UDP header has no
+	 * port, and without a fragment header it is not a fragment. */
+	if (ip->nexthdr == IPPROTO_UDP)
+		return (void *)(udp + 1) <= end && udp->dest == onc_vxlan_port;
+	next = ip->nexthdr;
+	off += sizeof(*ip);
+	/* A bounded loop the verifier follows: rare, so not unrolled. */
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < ONC_IPV6_HDRS_MAX; i++) {
+		switch (next) {
+		case IPPROTO_UDP:
+			if (bpf_skb_load_bytes(skb, off + offsetof(struct udphdr, dest), &dport, sizeof(dport)))
+				return 1;
+			return dport == onc_vxlan_port;
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+		case IPPROTO_AH:
+			if (bpf_skb_load_bytes(skb, off, &opt, sizeof(opt)))
+				return 1;
+			/* AH counts its length in 4-byte words less 2, the
+			 * others in 8-byte words less 1. */
+			off += next == IPPROTO_AH ? (opt.hdrlen + 2) * 4 : (opt.hdrlen + 1) * 8;
+			next = opt.nexthdr;
+			break;
+		case IPPROTO_FRAGMENT:
+			if (bpf_skb_load_bytes(skb, off, &frag, sizeof(frag)))
+				return 1;
+			/* As for IPv4: a later fragment has no port to read. */
+			if (frag.frag_off & bpf_htons(0xfff8))
+				return 0;
+			next = frag.nexthdr;
+			off += sizeof(frag);
+			break;
+		default:
+			return 0;
+		}
+	}
+	return 1;
+}
+
+/* The drop, if any, for a frame whose inner source found sender in a
+ * sender map (NULL: no entry, not even the endpoint's). */
+static __always_inline int sender_drop(const struct sender_val *sender)
+{
 	if (!sender)
 		return STAT_OVERLAY_DROP_UNKNOWN_SENDER;
 	if (!sender->may_send)
 		return STAT_OVERLAY_DROP_INNER_SOURCE;
+	return 0;
+}
+
+/* guard_inner4 judges a peer's inner IPv4 packet at inner. */
+static __always_inline int guard_inner4(__be32 peer, struct iphdr *inner, void *end)
+{
+	struct sender_key key = { .prefixlen = 64, .peer = peer };
+	int drop;
+
+	if ((void *)(inner + 1) > end)
+		return STAT_OVERLAY_DROP_MALFORMED;
+	key.inner = inner->saddr;
+	drop = sender_drop(bpf_map_lookup_elem(&onc_senders, &key));
+	if (drop)
+		return drop;
 	/* Peers send only to our pods (and gateway), and to this node itself
 	 * the replies of its host's connections to their pods: anything else
 	 * would make this node a relay for them. */
@@ -142,19 +209,94 @@ static __always_inline int overlay_guard(struct __sk_buff *skb)
 	return 0;
 }
 
-/* from_pod_to_vxlan says whether a packet a pod sends is for a VXLAN port.
- * It may pull data, as overlay_guard does. */
-static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb)
+/* Whether addr is in this node's IPv6 pod CIDR: never when it has none. */
+static __always_inline int in_pod6(const struct in6_addr *addr)
 {
+	if (!onc_pod6_mask[0])
+		return 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		if ((addr->in6_u.u6_addr32[i] & onc_pod6_mask[i]) != onc_pod6_net[i])
+			return 0;
+	return 1;
+}
+
+/* guard_inner6 judges a peer's inner IPv6 packet at inner. */
+static __always_inline int guard_inner6(__be32 peer, struct ipv6hdr *inner, void *end)
+{
+	struct sender6_key key = { .prefixlen = 32 + 128, .peer = peer };
+	int drop;
+
+	if ((void *)(inner + 1) > end || inner->version != 6)
+		return STAT_OVERLAY_DROP_MALFORMED;
+	__builtin_memcpy(key.inner, &inner->saddr, sizeof(key.inner));
+	drop = sender_drop(bpf_map_lookup_elem(&onc_senders6, &key));
+	if (drop)
+		return drop;
+	/* Only to our pods (and gateway): a node's own address is IPv4. */
+	if (!in_pod6(&inner->daddr))
+		return STAT_OVERLAY_DROP_INNER_DESTINATION;
+	return 0;
+}
+
+/*
+ * overlay_guard judges a packet arriving on the uplink: 0 to let it on
+ * (not for the VXLAN port, or a frame a peer may send), else the counter
+ * of the reason to drop it. It may pull data: packet pointers taken before
+ * it are void after it.
+ */
+static __always_inline int overlay_guard(struct __sk_buff *skb)
+{
+	struct iphdr *outer;
+	struct vxlanhdr *vx;
+	struct ethhdr *eth;
 	void *data, *end;
-	struct iphdr *ip;
-	int tagged;
+	__be16 proto;
+	int tags;
 
 	guard_pull(skb);
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
-	ip = frame_ipv4(data, end, &tagged);
-	return ip && to_vxlan_port(ip, end);
+	/* The underlay is IPv4: no node listens for VXLAN on IPv6. */
+	outer = frame_l3(data, end, &proto, &tags);
+	if (!outer || proto != bpf_htons(ETH_P_IP) || !to_vxlan_port(outer, end))
+		return 0;
+	/* ONC's peers send whole, untagged frames without IP options, to our
+	 * endpoint. */
+	if (tags || outer->ihl != 5 || outer->frag_off & bpf_htons(0x2000) ||
+	    outer->daddr != onc_node_ip)
+		return STAT_OVERLAY_DROP_MALFORMED;
+	/* At fixed offsets now (the verifier follows those, not ihl's). */
+	vx = data + sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
+	eth = data + ONC_ENCAP_LEN;
+	if ((void *)(eth + 1) > end || vx->vni != bpf_htonl(onc_vni << 8))
+		return STAT_OVERLAY_DROP_MALFORMED;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return guard_inner4(outer->saddr, data + ONC_HDR_LEN, end);
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return guard_inner6(outer->saddr, data + ONC_HDR_LEN, end);
+	return STAT_OVERLAY_DROP_MALFORMED;
+}
+
+/* from_pod_to_vxlan says whether a packet a pod sends is for a VXLAN port.
+ * It may pull data, as overlay_guard does. */
+static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb)
+{
+	void *data, *end, *l3;
+	__be16 proto;
+	int tags;
+
+	guard_pull(skb);
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	l3 = frame_l3(data, end, &proto, &tags);
+	if (!l3)
+		return 0;
+	if (proto == bpf_htons(ETH_P_IP))
+		return to_vxlan_port(l3, end);
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return to_vxlan_port6(skb, l3, end, sizeof(struct ethhdr) + tags * sizeof(struct vlanhdr));
+	return 0;
 }
 
 #endif /* __ONC_OVERLAY_H */
