@@ -94,13 +94,14 @@ type Agent struct {
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
-	// podCIDR6 is the node record's IPv6 pod CIDR, as reconcile found it
-	// for bringUp: only the overlay guard uses it so far (issue 28).
-	podCIDR6 netip.Prefix
+	// warnedCIDR6 is the IPv6 pod CIDR in the datastore that reconcile
+	// last warned differs from podCIDR6 (reconcile's own).
+	warnedCIDR6 netip.Prefix
 
 	mu          sync.Mutex
 	notReady    string // why not ready; "" when ready
 	podCIDR     netip.Prefix
+	podCIDR6    netip.Prefix // invalid on a node without IPv6 pods
 	clusterCIDR netip.Prefix
 	pool        *ipam.Pool
 	spec        datastore.NodeSpec // as published
@@ -265,22 +266,41 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	}
 	a.metrics.registeredPeers.Store(int64(len(nodes) - 1))
 	a.mu.Lock()
-	cidr := a.podCIDR
+	cidr, cidr6 := a.podCIDR, a.podCIDR6
 	a.mu.Unlock()
-	own := self.IPv4PodCIDR() // pods are IPv4 only so far (issue 28)
+	own := self.IPv4PodCIDR() // a node needs an IPv4 block so far (issue 28)
 	switch {
 	case !cidr.IsValid() && !own.IsValid() && len(self.PodCIDRs) > 0:
-		a.setNotReady(fmt.Sprintf("this node's pod CIDRs %v hold no IPv4 block: IPv6 pods are not supported yet", self.PodCIDRs))
+		a.setNotReady(fmt.Sprintf("this node's pod CIDRs %v hold no IPv4 block: IPv6-only nodes are not supported yet", self.PodCIDRs))
 		return nil
 	case !cidr.IsValid() && own.IsValid():
-		a.podCIDR6 = datastore.BlockOf(self.PodCIDRs, datastore.IPv6)
-		if err := a.bringUp(ctx, own); err != nil {
+		// A dual-stack node comes up with both blocks: the controller
+		// may record them one after the other.
+		cc, err := a.store.ClusterConfig(ctx)
+		if err != nil {
+			return fmt.Errorf("read cluster config: %w", err)
+		}
+		for _, p := range cc.Pools {
+			if f := datastore.FamilyOf(p.CIDR); !datastore.BlockOf(self.PodCIDRs, f).IsValid() {
+				a.setNotReady(fmt.Sprintf("waiting for this node's pod CIDR of the cluster's %s range %s", f, p.CIDR))
+				return nil
+			}
+		}
+		if err := a.bringUp(ctx, nodeBlocks(self)); err != nil {
 			a.setNotReady(err.Error())
 			return err
 		}
 	case cidr.IsValid() && own.IsValid() && cidr != own:
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, own))
 		return nil
+	case cidr.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
+		// A cluster turned dual-stack under a running agent: pods keep
+		// what they have; the new block serves after a restart.
+		if now := datastore.BlockOf(self.PodCIDRs, datastore.IPv6); now != a.warnedCIDR6 {
+			slog.Warn("this node's IPv6 pod CIDR changed since the agent started; restart the agent to give new pods addresses from it",
+				"now", now, "serving", cidr6)
+			a.warnedCIDR6 = now
+		}
 	}
 	// A registration that differs from what this agent publishes (an
 	// older agent's, say) is corrected in this pass.
@@ -312,27 +332,48 @@ func (a *Agent) published() datastore.NodeSpec {
 	return a.spec
 }
 
-// bringUp builds the node's datapath for cidr and takes over the pods of
-// before a restart.
-func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
+// nodeBlocks are the node's pod CIDRs the agent serves, in the node
+// record's family order: its IPv4 block and, dual-stack, its IPv6 one.
+func nodeBlocks(self *datastore.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range self.PodCIDRs {
+		if p == self.IPv4PodCIDR() || p == datastore.BlockOf(self.PodCIDRs, datastore.IPv6) {
+			out = append(out, p.Masked())
+		}
+	}
+	if len(out) == 0 { // a record of before pools per family
+		out = append(out, self.IPv4PodCIDR())
+	}
+	return out
+}
+
+// bringUp builds the node's datapath for its pod CIDRs (an IPv4 one, and
+// an IPv6 one on a dual-stack node, in the node's family order) and takes
+// over the pods of before a restart.
+func (a *Agent) bringUp(ctx context.Context, cidrs []netip.Prefix) error {
 	cc, err := a.store.ClusterConfig(ctx)
 	if err != nil {
 		return fmt.Errorf("read cluster config: %w", err)
 	}
+	cidr, cidr6 := datastore.BlockOf(cidrs, datastore.IPv4), datastore.BlockOf(cidrs, datastore.IPv6)
 	clusterCIDR := cc.IPv4().CIDR
-	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, PodCIDRv6: a.podCIDR6, ClusterCIDR: clusterCIDR, VTEPMAC: a.vtepMAC}); err != nil {
+	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, PodCIDRv6: cidr6, ClusterCIDR: clusterCIDR,
+		ClusterCIDRv6: cc.PoolOf(datastore.IPv6).CIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
-	gw := datapath.Gateway(cidr)
-	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidr, gw)
+	var gws []netip.Addr
+	for _, c := range cidrs {
+		gws = append(gws, datapath.Gateway(c))
+	}
+	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidrs, gws...)
 	if err != nil {
 		return err
 	}
 	a.mu.Lock()
-	a.podCIDR, a.clusterCIDR, a.pool = cidr, clusterCIDR, pool
+	a.podCIDR, a.podCIDR6, a.clusterCIDR, a.pool = cidr, cidr6, clusterCIDR, pool
 	a.mu.Unlock()
 	for _, d := range dropped {
-		slog.Warn("dropping a pod attachment outside this node's CIDR", "pod", d.Key, "ip", d.IP)
+		slog.Warn("dropping a pod attachment outside this node's CIDRs", "pod", d.Key, "ips", d.IPs)
 		_ = a.dp.Pods.DetachPod(datapath.Pod{HostIface: d.HostIface})
 	}
 	for _, att := range pool.List() {
@@ -340,7 +381,7 @@ func (a *Agent) bringUp(ctx context.Context, cidr netip.Prefix) error {
 			slog.Warn("pod not on the fast path", "pod", att.Key, "err", err)
 		}
 	}
-	slog.Info("node up", "podCIDR", cidr, "gateway", gw, "podMTU", a.podMTU)
+	slog.Info("node up", "podCIDRs", cidrs, "gateways", gws, "podMTU", a.podMTU)
 	if a.policy != nil {
 		a.policy.Signal() // the adopted pods' rules
 	}
@@ -377,14 +418,25 @@ func (a *Agent) attachments() []ipam.Attachment {
 // podOf is an attachment as the datapath programs it.
 func (a *Agent) podOf(att ipam.Attachment) datapath.Pod {
 	mac, _ := net.ParseMAC(att.MAC) // empty until AttachPod has run
-	return datapath.Pod{Netns: att.Netns, IfName: att.IfName, HostIface: att.HostIface, IP: att.IP,
-		Gateway: a.gateway(), MTU: a.podMTU, MAC: mac}
+	p := datapath.Pod{Netns: att.Netns, IfName: att.IfName, HostIface: att.HostIface, IPs: att.IPs, MTU: a.podMTU, MAC: mac}
+	for _, ip := range att.IPs {
+		p.Gateways = append(p.Gateways, a.gatewayOf(ip))
+	}
+	return p
 }
 
-func (a *Agent) gateway() netip.Addr {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return datapath.Gateway(a.podCIDR)
+// gatewayOf is the node's gateway for a pod address: the first address
+// of the node CIDR that holds it.
+func (a *Agent) gatewayOf(ip netip.Addr) netip.Addr {
+	pool, _ := a.readyPool()
+	if pool != nil {
+		for _, cidr := range pool.CIDRs() {
+			if cidr.Contains(ip) {
+				return datapath.Gateway(cidr)
+			}
+		}
+	}
+	return netip.Addr{}
 }
 
 func (a *Agent) setNotReady(reason string) {

@@ -2,17 +2,22 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/internal/testutil"
 )
@@ -134,8 +139,8 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("brought up with %+v", got)
 		}
 	})
-	// Until the agent has IPv6 pods, a node of an IPv6-only cluster says
-	// so; one of a dual-stack cluster runs its IPv4 pods.
+	// Until the agent runs without an IPv4 block, a node of an IPv6-only
+	// cluster says so; one of a dual-stack cluster runs pods of both.
 	t.Run("an IPv6 block alone is not ready, saying why", func(t *testing.T) {
 		ta := newTestAgent(t)
 		ta.addNode(t, self, "192.0.2.1", "fd00:10:244:1::/64", true)
@@ -145,19 +150,26 @@ func TestReconcileBringUp(t *testing.T) {
 		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
-		if _, reason := ta.readyPool(); !strings.Contains(reason, "IPv6 pods are not supported yet") || ta.dp.setup != nil {
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "IPv6-only nodes are not supported yet") || ta.dp.setup != nil {
 			t.Errorf("not-ready reason %q, brought up with %+v", reason, ta.dp.setup)
 		}
 	})
-	t.Run("a dual-stack node brings up its IPv4 block", func(t *testing.T) {
+	t.Run("a dual-stack node brings up both blocks, in the cluster's family order", func(t *testing.T) {
 		ta := newTestAgent(t)
 		dual := datastore.ClusterConfig{Pools: []datastore.Pool{
 			{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}, {CIDR: prefix("10.244.0.0/16"), NodePrefixLen: 24}}}
 		if err := ta.store.PutClusterConfig(ctx(t), dual); err != nil {
 			t.Fatal(err)
 		}
-		ta.addNode(t, self, "192.0.2.1", "fd00:10:244:1::/64", true)
-		if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix("10.244.1.0/24")); err != nil {
+		// The IPv4 block first: the node waits for its IPv6 one.
+		ta.addNode(t, self, "192.0.2.1", "10.244.1.0/24", true)
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "waiting for this node's pod CIDR of the cluster's ipv6 range fd00:10:244::/56") || ta.dp.setup != nil {
+			t.Fatalf("with the IPv4 block alone: not-ready reason %q, brought up with %+v", reason, ta.dp.setup)
+		}
+		if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix("fd00:10:244:1::/64")); err != nil {
 			t.Fatal(err)
 		}
 		if err := ta.reconcile(ctx(t), false); err != nil {
@@ -166,8 +178,33 @@ func TestReconcileBringUp(t *testing.T) {
 		if _, reason := ta.readyPool(); reason != "" {
 			t.Errorf("not ready: %s", reason)
 		}
-		if got := ta.dp.setup; got == nil || got.PodCIDR != prefix("10.244.1.0/24") || got.ClusterCIDR != prefix("10.244.0.0/16") {
+		if got := ta.dp.setup; got == nil || got.PodCIDR != prefix("10.244.1.0/24") || got.ClusterCIDR != prefix("10.244.0.0/16") ||
+			got.PodCIDRv6 != prefix("fd00:10:244:1::/64") || got.ClusterCIDRv6 != prefix("fd00:10:244::/56") {
 			t.Errorf("brought up with %+v", got)
+		}
+		// A pod gets both addresses, IPv6 first as the cluster orders
+		// them, each with its gateway and default route.
+		r := ta.mustAdd(t, "c1", "/run/netns/p1")
+		var res current.Result
+		if err := json.Unmarshal(r.Result, &res); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ip := range res.IPs {
+			got = append(got, ip.Address.String()+" via "+ip.Gateway.String())
+		}
+		for _, rt := range res.Routes {
+			got = append(got, rt.Dst.String()+" via "+rt.GW.String())
+		}
+		want := []string{"fd00:10:244:1::2/128 via fd00:10:244:1::1", "10.244.1.2/32 via 10.244.1.1", "::/0 via fd00:10:244:1::1", "0.0.0.0/0 via 10.244.1.1"}
+		if !slices.Equal(got, want) {
+			t.Errorf("ADD result %v, want %v", got, want)
+		}
+		ta.dp.mu.Lock()
+		pod := ta.dp.pods[datapath.HostIfaceName("c1", "eth0")]
+		ta.dp.mu.Unlock()
+		if fmt.Sprint(pod.IPs, pod.Gateways) != "[fd00:10:244:1::2 10.244.1.2] [fd00:10:244:1::1 10.244.1.1]" {
+			t.Errorf("the datapath made the pod with %v via %v", pod.IPs, pod.Gateways)
 		}
 	})
 	t.Run("a changed CIDR stops readiness", func(t *testing.T) {

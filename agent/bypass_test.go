@@ -96,7 +96,7 @@ func (ta *testAgent) podIP(t *testing.T, container string) netip.Addr {
 	if !ok {
 		t.Fatalf("no attachment for %s", container)
 	}
-	return att.IP
+	return att.IPv4()
 }
 
 // The connections come with the local pods holding their addresses, and

@@ -334,7 +334,7 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 			slog.Error("rollback could not remove the pod's interface", "pod", key, "err", derr)
 		}
 		if _, _, rerr := pool.Release(key); rerr != nil {
-			slog.Error("rollback could not free the pod's address", "pod", key, "ip", att.IP, "err", rerr)
+			slog.Error("rollback could not free the pod's addresses", "pod", key, "ips", att.IPs, "err", rerr)
 		}
 		if s.a.policy != nil {
 			s.a.policy.Signal() // the rules it may have got go
@@ -351,13 +351,14 @@ func (s *cniServer) Add(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIR
 		return fail(ErrInternal, "cannot set up the pod's interface", err.Error())
 	}
 	s.a.hostPortsChanged(att)
-	slog.Info("pod added", "pod", key, "ip", att.IP, "k8s", kns+"/"+kname)
+	slog.Info("pod added", "pod", key, "ips", att.IPs, "k8s", kns+"/"+kname)
 	return &apiv1.CNIResponse{Result: res}, nil
 }
 
-// result renders the ADD result in the configuration's CNI version.
+// result renders the ADD result in the configuration's CNI version: per
+// address (one per family, in the node's order), the address as a host
+// prefix, its gateway, and a default route.
 func (s *cniServer) result(att ipam.Attachment, link datapath.PodLink, cniVersion string) ([]byte, error) {
-	gw := s.a.gateway()
 	podIdx := 1
 	r := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
@@ -365,12 +366,16 @@ func (s *cniServer) result(att ipam.Attachment, link datapath.PodLink, cniVersio
 			{Name: att.HostIface, Mac: link.HostMAC.String()},
 			{Name: att.IfName, Mac: link.PodMAC.String(), Sandbox: att.Netns, Mtu: s.a.podMTU},
 		},
-		IPs: []*current.IPConfig{{
+	}
+	for _, ip := range att.IPs {
+		gw := s.a.gatewayOf(ip)
+		bits := ip.BitLen()
+		r.IPs = append(r.IPs, &current.IPConfig{
 			Interface: &podIdx,
-			Address:   net.IPNet{IP: att.IP.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			Address:   net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(bits, bits)},
 			Gateway:   gw.AsSlice(),
-		}},
-		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: gw.AsSlice()}},
+		})
+		r.Routes = append(r.Routes, &types.Route{Dst: net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}, GW: gw.AsSlice()})
 	}
 	out, err := r.GetAsVersion(cniVersion)
 	if err != nil {
@@ -411,7 +416,7 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 		return err
 	}
 	if had {
-		slog.Info("pod deleted", "pod", key, "ip", att.IP)
+		slog.Info("pod deleted", "pod", key, "ips", att.IPs)
 		if s.a.policy != nil {
 			s.a.policy.Signal() // its rules go
 		}
@@ -431,14 +436,13 @@ func (s *cniServer) Check(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CN
 	if !ok {
 		return fail(ErrCheckFailed, fmt.Sprintf("container %s has no interface %s on this network", key.ContainerID, key.IfName))
 	}
-	found := false
-	for _, ip := range r.prev.IPs {
-		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok && a.Unmap() == att.IP {
-			found = true
+	for _, want := range att.IPs {
+		if !slices.ContainsFunc(r.prev.IPs, func(ip *current.IPConfig) bool {
+			a, ok := netip.AddrFromSlice(ip.Address.IP)
+			return ok && a.Unmap() == want
+		}) {
+			return fail(ErrCheckFailed, fmt.Sprintf("prevResult does not hold the pod's address %s", want))
 		}
-	}
-	if !found {
-		return fail(ErrCheckFailed, fmt.Sprintf("prevResult does not hold the pod's address %s", att.IP))
 	}
 	pod := s.a.podOf(att)
 	pod.Netns, pod.IfName = req.Netns, req.Ifname // CHECK asks about the runtime's view
@@ -485,7 +489,7 @@ func (s *cniServer) GC(ctx context.Context, req *apiv1.CNIRequest) (*apiv1.CNIRe
 		if err := s.release(pool, att.Key); err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", att.Key, err))
 		} else {
-			slog.Info("garbage-collected a stale pod attachment", "pod", att.Key, "ip", att.IP)
+			slog.Info("garbage-collected a stale pod attachment", "pod", att.Key, "ips", att.IPs)
 		}
 		unlock()
 	}

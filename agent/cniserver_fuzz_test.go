@@ -47,7 +47,7 @@ var fuzzCIDR = netip.MustParsePrefix("10.244.7.0/24")
 func newReadyAgent(tb testing.TB, edit ...func(*Config)) *testAgent {
 	tb.Helper()
 	ta := newAgentOn(tb, stubStore{}, edit...)
-	if err := ta.Agent.bringUp(context.Background(), fuzzCIDR); err != nil {
+	if err := ta.Agent.bringUp(context.Background(), []netip.Prefix{fuzzCIDR}); err != nil {
 		tb.Fatal(err)
 	}
 	ta.setNotReady("")
@@ -291,7 +291,7 @@ func (ta *testAgent) podState(t *testing.T) podState {
 	t.Helper()
 	pool, _ := ta.readyPool()
 	st := podState{pool: addrs(pool.List())}
-	stored, dropped, err := ipam.Open(ta.stateFile(), fuzzCIDR)
+	stored, dropped, err := ipam.Open(ta.stateFile(), []netip.Prefix{fuzzCIDR})
 	if err != nil || len(dropped) > 0 {
 		t.Fatalf("stored attachments: %v, inconsistent: %v", err, dropped)
 	}
@@ -305,7 +305,7 @@ func (ta *testAgent) podState(t *testing.T) podState {
 func addrs(atts []ipam.Attachment) map[ipam.Key]netip.Addr {
 	m := make(map[ipam.Key]netip.Addr, len(atts))
 	for _, a := range atts {
-		m[a.Key] = a.IP
+		m[a.Key] = a.IPs[0]
 	}
 	return m
 }

@@ -69,7 +69,7 @@ func (ta *testAgent) leftovers(t *testing.T, container string) []string {
 	key := ipam.Key{ContainerID: container, IfName: "eth0"}
 	pool, _ := ta.readyPool()
 	if att, ok := pool.Get(key); ok {
-		out = append(out, "address "+att.IP.String())
+		out = append(out, "address "+ipam.FormatAddrs(att.IPs))
 	}
 	if b, err := os.ReadFile(ta.stateFile()); err == nil && strings.Contains(string(b), container) {
 		out = append(out, "address in "+filepath.Base(ta.stateFile()))
@@ -574,7 +574,7 @@ func TestAddHostPorts(t *testing.T) {
 	if !reflect.DeepEqual(att.PortMappings, want) {
 		t.Fatalf("recorded hostPorts %+v, want %+v", att.PortMappings, want)
 	}
-	reopened, _, err := ipam.Open(ta.stateFile(), netip.MustParsePrefix("10.244.7.0/24"))
+	reopened, _, err := ipam.Open(ta.stateFile(), []netip.Prefix{netip.MustParsePrefix("10.244.7.0/24")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -134,7 +135,7 @@ func (f *fakeDatapath) CheckPod(p datapath.Pod) error {
 		return fmt.Errorf("host interface %s missing", p.HostIface)
 	case f.broken[p.HostIface] != "":
 		return errors.New(f.broken[p.HostIface])
-	case have.IP != p.IP || have.IfName != p.IfName || have.MTU != p.MTU || have.Gateway != p.Gateway:
+	case !slices.Equal(have.IPs, p.IPs) || have.IfName != p.IfName || have.MTU != p.MTU || !slices.Equal(have.Gateways, p.Gateways):
 		return fmt.Errorf("pod interface %s is not as made: %+v, want %+v", p.IfName, have, p)
 	}
 	return nil

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/onc-net/onc/agent/ipam"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -78,7 +79,7 @@ func (s *onctlServer) ListPods(ctx context.Context, _ *apiv1.ListPodsRequest) (*
 	var out apiv1.ListPodsResponse
 	for _, att := range pool.List() {
 		pod := &apiv1.Pod{
-			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: att.IP.String(), Mac: att.MAC,
+			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: ipam.FormatAddrs(att.IPs), Mac: att.MAC,
 			HostIface: att.HostIface, K8SNamespace: att.K8sNamespace, K8SName: att.K8sName, CreatedUnix: att.Created.Unix(),
 		}
 		if s.a.cfg.Pods != nil && att.K8sName != "" {
@@ -259,7 +260,9 @@ func (a *Agent) podNames() map[netip.Addr]string {
 	names := map[netip.Addr]string{}
 	for _, att := range a.attachments() {
 		if att.K8sName != "" {
-			names[att.IP] = att.K8sNamespace + "/" + att.K8sName
+			for _, ip := range att.IPs {
+				names[ip] = att.K8sNamespace + "/" + att.K8sName
+			}
 		}
 	}
 	return names

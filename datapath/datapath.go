@@ -68,10 +68,12 @@ type NodeSetup struct {
 	PodCIDR     netip.Prefix
 	ClusterCIDR netip.Prefix
 	VTEPMAC     net.HardwareAddr // persisted by the agent, so peers' FDB entries survive restarts
-	// PodCIDRv6 is the node's IPv6 pod CIDR, zero when it has none. Pods
-	// are IPv4 only so far (issue 28): only the overlay guard uses it, as
-	// the only inner destination of the IPv6 frames it lets on.
-	PodCIDRv6 netip.Prefix
+	// PodCIDRv6 is the node's IPv6 pod CIDR, zero when it has none: its
+	// pods' IPv6 addresses, and the only inner destination of the IPv6
+	// frames the overlay guard lets on. ClusterCIDRv6 is the cluster's
+	// IPv6 pod CIDR (masquerade to outside it). IPv6 pods take the slow
+	// path (issue 28).
+	PodCIDRv6, ClusterCIDRv6 netip.Prefix
 }
 
 // DeviceName is the VXLAN device ONC owns.
@@ -103,12 +105,22 @@ type FastPath interface {
 }
 
 func (n *Node) writeSysctl(name, val string) error {
+	if err := os.WriteFile(n.sysctlPath(name), []byte(val), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), val, err)
+	}
+	return nil
+}
+
+// readSysctl reads sysctl name (a path under net/), trimmed.
+func (n *Node) readSysctl(name string) (string, error) {
+	b, err := os.ReadFile(n.sysctlPath(name))
+	return strings.TrimSpace(string(b)), err
+}
+
+func (n *Node) sysctlPath(name string) string {
 	dir := n.cfg.ProcSys
 	if dir == "" {
 		dir = "/proc/sys"
 	}
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(val), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), val, err)
-	}
-	return nil
+	return filepath.Join(dir, name)
 }

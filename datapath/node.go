@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -128,6 +129,11 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := n.writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
+	if s.PodCIDRv6.IsValid() {
+		if err := n.forwardIPv6(); err != nil {
+			return err
+		}
+	}
 	// Peers' learned headers hold this uplink's MAC: if it changes, tell
 	// them at once (gratuitous ARP), so their agents evict those headers
 	// (EvictStaleHeaders) instead of their kernels finding out seconds later.
@@ -135,7 +141,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		return err
 	}
 	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
-		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw})
+		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw, Gateway6: gateway6(s.PodCIDRv6), ProcSys: n.cfg.ProcSys})
 	if err != nil {
 		return err
 	}
@@ -160,6 +166,9 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := netfilter.EnsureUplinkLB(lbMarks); err != nil {
 		return err
 	}
+	if err := netfilter.EnsureIPv6(s.ClusterCIDRv6); err != nil {
+		return err
+	}
 	// Conntrack does not see the data the fast path carries, so its TCP
 	// window falls behind; strict window checks would then mark the
 	// flow's FIN, or its packets after a fast-path switch, INVALID.
@@ -182,8 +191,30 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	}
 	n.bypass.Load()
 	n.ovl = ovl
-	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "vxlan", overlay.DeviceName)
+	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "podCIDRv6", s.PodCIDRv6, "vxlan", overlay.DeviceName)
 	return nil
+}
+
+// gateway6 is the IPv6 gateway of cidr, invalid without one.
+func gateway6(cidr netip.Prefix) netip.Addr {
+	if !cidr.IsValid() {
+		return netip.Addr{}
+	}
+	return Gateway(cidr)
+}
+
+// forwardIPv6 turns on IPv6 forwarding, which IPv6 pods need. The kernel
+// then ignores router advertisements on interfaces whose accept_ra is 1:
+// the uplink's goes to 2 (accept them even when forwarding), so a node
+// that learns its IPv6 route by advertisements keeps it.
+func (n *Node) forwardIPv6() error {
+	ra := filepath.Join("net/ipv6/conf", n.up.Name, "accept_ra")
+	if v, err := n.readSysctl(ra); err == nil && v == "1" {
+		if err := n.writeSysctl(ra, "2"); err != nil {
+			return err
+		}
+	}
+	return n.writeSysctl("net/ipv6/conf/all/forwarding", "1")
 }
 
 // openFastPath loads the eBPF datapath (adopting pinned maps and links).
@@ -468,6 +499,7 @@ func (n *Node) ProgrammedPeers() map[string]bool {
 func (n *Node) AttachPod(p Pod) (PodLink, error) {
 	spec := p.spec()
 	spec.Cookie = n.socketsOwnPods()
+	spec.ProcSys = n.cfg.ProcSys
 	link, err := pods.Setup(spec)
 	if err != nil {
 		return PodLink{}, err
@@ -512,11 +544,15 @@ func (n *Node) addToFastPath(p Pod, hostIndex int, hostMAC net.HardwareAddr) err
 		return nil
 	}
 	if len(p.MAC) != 6 {
-		return fmt.Errorf("pod %s: no MAC recorded for its interface", p.IP)
+		return fmt.Errorf("pod %v: no MAC recorded for its interface", p.IPs)
 	}
-	if err := fp.SetLocalPod(p.IP, hostIndex, p.MAC, hostMAC); err != nil {
-		return err
+	if ip := p.ipv4(); ip.IsValid() {
+		if err := fp.SetLocalPod(ip, hostIndex, p.MAC, hostMAC); err != nil {
+			return err
+		}
 	}
+	// Attached whatever its families: the programs on its veth guard
+	// the overlay in both.
 	return fp.AttachPod(p.HostIface)
 }
 
@@ -531,7 +567,11 @@ func (n *Node) socketsOwnPods() bool {
 // mode all, which must know it before the pod runs or its first
 // connections would go to kube-proxy, and the intra-node bypass.
 func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
-	return errors.Join(n.services.OwnPod(cookie, p.IP, p.Netns), n.bypass.OwnPod(p.IP, p.Netns, cookie))
+	ip := p.ipv4()
+	if !ip.IsValid() {
+		return nil
+	}
+	return errors.Join(n.services.OwnPod(cookie, ip, p.Netns), n.bypass.OwnPod(ip, p.Netns, cookie))
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.
@@ -541,10 +581,11 @@ func (n *Node) CheckPod(p Pod) error { return pods.Check(p.spec()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
-	errs := []error{n.services.ForgetPod(p.IP), n.bypass.ForgetPod(p.IP)}
+	ip := p.ipv4()
+	errs := []error{n.services.ForgetPod(ip), n.bypass.ForgetPod(ip)}
 	if fp := n.fastPath(); fp != nil {
-		if p.IP.IsValid() {
-			errs = append(errs, fp.DeleteLocalPod(p.IP))
+		if ip.IsValid() {
+			errs = append(errs, fp.DeleteLocalPod(ip))
 		}
 		errs = append(errs, fp.DetachPod(p.HostIface))
 		if err := errors.Join(errs...); err != nil {

@@ -47,9 +47,10 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 	var s peerSet
 	owner := map[any]string{}
 	for _, nd := range nodes {
-		// The overlay, and so the guard, is IPv4: one record with another
-		// address must not stop every peer's programming.
-		podCIDR := nd.IPv4PodCIDR() // pods are IPv4 only so far (issue 28)
+		// The overlay's tunnel endpoints, and so the guard's, are IPv4,
+		// and a node needs an IPv4 pod CIDR so far (issue 28): one record
+		// with another address must not stop every peer's programming.
+		podCIDR := nd.IPv4PodCIDR()
 		if !nd.IP.Is4() {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s or pod CIDR %s is not IPv4", nd.Name, nd.IP, podCIDR))
 			continue
@@ -58,8 +59,8 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		if !podCIDR.IsValid() {
 			continue
 		}
-		// Only the overlay guard uses it so far: pods are IPv4 only.
-		podCIDR6 := datastore.BlockOf(nd.PodCIDRs, datastore.IPv6)
+		// Its IPv6 pods, reached over the same tunnel.
+		podCIDR6 := datastore.BlockOf(nd.PodCIDRs, datastore.IPv6).Masked()
 		if podCIDR6.IsValid() && podCIDR6.Addr().Is4In6() {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its IPv6 pod CIDR %s is IPv4-mapped", nd.Name, podCIDR6))
 			continue
@@ -82,7 +83,7 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		if nd.Name == self {
 			continue
 		}
-		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR})
+		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR, PodCIDR6: podCIDR6})
 		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: sources})
 		if nd.FastPath {
 			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR, NodeIP: nd.IP})

@@ -101,7 +101,7 @@ func dualStack(n datastore.Node, cidr6 string) datastore.Node {
 // A peer's IPv6 pod CIDR is a source it may speak for, beside its IPv4
 // ones; a peer without one speaks for IPv4 sources alone. Pods are IPv4
 // only so far: the paths get the IPv4 CIDRs alone.
-func TestPeersOfGivesTheGuardIPv6PodCIDRs(t *testing.T) {
+func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
 	s := peersOf("a", []datastore.Node{
 		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),  // self: in no sender
 		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::1/64"), // masked
@@ -114,6 +114,11 @@ func TestPeersOfGivesTheGuardIPv6PodCIDRs(t *testing.T) {
 	}
 	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || len(s.fastPath) != 1 || s.fastPath[0].PodCIDR.String() != "10.244.2.0/24" {
 		t.Errorf("peers %+v / %+v, want b and c with their IPv4 CIDRs", s.overlay, s.fastPath)
+	}
+	// The overlay routes b's IPv6 pods (masked), c has none; the fast
+	// path stays IPv4.
+	if len(s.overlay) == 2 && (s.overlay[0].PodCIDR6.String() != "fd00:10:244:2::/64" || s.overlay[1].PodCIDR6.IsValid()) {
+		t.Errorf("overlay peers' IPv6 CIDRs %v and %v, want fd00:10:244:2::/64 and none", s.overlay[0].PodCIDR6, s.overlay[1].PodCIDR6)
 	}
 	if len(s.conflicts) != 0 {
 		t.Errorf("conflicts %v, want none", s.conflicts)

@@ -17,11 +17,11 @@ var (
 
 // Pod is one attachment as the datapath programs it.
 type Pod struct {
-	Netns     string // path of the pod's network namespace
-	IfName    string // interface in the pod, e.g. eth0
-	HostIface string // host end of the veth
-	IP        netip.Addr
-	Gateway   netip.Addr
+	Netns     string       // path of the pod's network namespace
+	IfName    string       // interface in the pod, e.g. eth0
+	HostIface string       // host end of the veth
+	IPs       []netip.Addr // one per family
+	Gateways  []netip.Addr // the node's, one for each of IPs
 	MTU       int
 	MAC       net.HardwareAddr // the pod end's; what AttachPod returned, for AdoptPod
 }
@@ -39,5 +39,17 @@ func HostIfaceName(containerID, ifname string) string {
 }
 
 func (p Pod) spec() pods.Pod {
-	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IP: p.IP, Gateway: p.Gateway, MTU: p.MTU}
+	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IPs: p.IPs, Gateways: p.Gateways, MTU: p.MTU}
+}
+
+// ipv4 is the pod's IPv4 address, invalid when it has none: the fast
+// path, the socket programs and the bypass know pods by it (IPv6 pods
+// take the slow path, issue 28).
+func (p Pod) ipv4() netip.Addr {
+	for _, ip := range p.IPs {
+		if ip.Is4() {
+			return ip
+		}
+	}
+	return netip.Addr{}
 }

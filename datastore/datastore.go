@@ -67,11 +67,13 @@ type ClusterConfig struct {
 	Pools []Pool
 }
 
-// IPv4 is the IPv4 pool, what the agent uses so far; the zero Pool if
-// the cluster has none.
-func (c ClusterConfig) IPv4() Pool {
+// IPv4 is the IPv4 pool; the zero Pool if the cluster has none.
+func (c ClusterConfig) IPv4() Pool { return c.PoolOf(IPv4) }
+
+// PoolOf is the pool of family f; the zero Pool if the cluster has none.
+func (c ClusterConfig) PoolOf(f Family) Pool {
 	for _, p := range c.Pools {
-		if FamilyOf(p.CIDR) == IPv4 {
+		if FamilyOf(p.CIDR) == f {
 			return p
 		}
 	}

@@ -171,11 +171,17 @@ func allPairsPass(t *testing.T, l *lab.Lab, when string) {
 	}
 	var out strings.Builder
 	failed := lab.PrintMatrix(&out, results)
-	pods := 0
+	pods, pods6 := 0, 0
 	for _, n := range l.Nodes {
-		pods += len(n.Pods)
+		for _, p := range n.Pods {
+			pods++
+			if p.IPv6.IsValid() {
+				pods6++
+			}
+		}
 	}
-	want := pods*(pods-1) + 2*pods*len(l.Nodes)
+	// IPv4: pod↔pod, node→pod, pod→node; IPv6: pod↔pod, node→pod.
+	want := pods*(pods-1) + 2*pods*len(l.Nodes) + pods6*(pods6-1) + pods6*len(l.Nodes)
 	if failed > 0 || len(results) != want {
 		t.Fatalf("%s: %d of %d pairs failed (want %d pairs):\n%s", when, failed, len(results), want, out.String())
 	}

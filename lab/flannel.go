@@ -181,8 +181,11 @@ func (l *Lab) AddFlannelPod(ctx context.Context, n *Node) (*Pod, error) {
 	cfg := libcni.NewCNIConfigWithCacheDir([]string{filepath.Join(l.Flannel.Dir, "cni")}, filepath.Join(n.flannelDir(), "cni-cache"), nil)
 	// The plugins create cni0 and their routes in the namespace of the
 	// thread that runs them, the node's, as a runtime on the node would.
-	err = InNetns(n.Netns, func() (err error) {
-		p.IP, err = cniAttach(ctx, cfg, list, p.RuntimeConf())
+	err = InNetns(n.Netns, func() error {
+		ips, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
+		if err == nil {
+			p.setAddrs(ips)
+		}
 		return err
 	})
 	if err != nil {

@@ -218,11 +218,15 @@ func (l *Lab) podRunning(ctx context.Context, n *Node, p *Pod) error {
 		for _, c := range []corev1.PodConditionType{corev1.PodScheduled, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
 			conds = append(conds, corev1.PodCondition{Type: c, Status: corev1.ConditionTrue, LastTransitionTime: now})
 		}
+		podIPs := []corev1.PodIP{{IP: p.IP.String()}}
+		if p.IPv6.IsValid() {
+			podIPs = append(podIPs, corev1.PodIP{IP: p.IPv6.String()})
+		}
 		pod.Status = corev1.PodStatus{
 			Phase:      corev1.PodRunning,
 			Conditions: conds,
 			HostIP:     n.IP.String(), HostIPs: []corev1.HostIP{{IP: n.IP.String()}},
-			PodIP: p.IP.String(), PodIPs: []corev1.PodIP{{IP: p.IP.String()}},
+			PodIP: p.IP.String(), PodIPs: podIPs,
 			StartTime: &now,
 			QOSClass:  corev1.PodQOSBestEffort,
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Image: "lab", ImageID: "lab", Ready: true, Started: ptr.To(true),

@@ -72,7 +72,20 @@ type Options struct {
 	// bridge (ExternalClientIP, namespace <prefix>-ext): a client of
 	// NodePorts, externalIPs and load balancer IPs.
 	ExternalClient bool
+	// IPFamily is the pods' families: IPFamilyIPv4 (default) or
+	// IPFamilyDual (ClusterCIDRs, IPv4 first). The underlay is IPv4.
+	IPFamily string
 }
+
+// IP families of Options.IPFamily.
+const (
+	IPFamilyIPv4 = "ipv4"
+	IPFamilyDual = "dual"
+)
+
+// ClusterCIDRs are a dual-stack lab's pod ranges, in the cluster's family
+// order.
+const ClusterCIDRs = "10.244.0.0/16,fd00:10:244::/56"
 
 // Underlay addressing (inside the lab's own namespaces only).
 var (
@@ -151,6 +164,8 @@ type Pod struct {
 	Netns       string     `json:"netns"`
 	ContainerID string     `json:"containerID"`
 	IP          netip.Addr `json:"ip"`
+	// IPv6 is its IPv6 address in a dual-stack lab, invalid otherwise.
+	IPv6 netip.Addr `json:"ipv6,omitzero"`
 	// Namespace is its Kubernetes namespace; "" (older state) is "lab".
 	Namespace string                 `json:"namespace,omitempty"`
 	Node      string                 `json:"node,omitempty"`
@@ -226,6 +241,13 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	}
 	if o.ExternalClient && o.Underlay == UnderlayDirect {
 		return nil, errors.New("an external client joins the underlay bridge; underlay direct has none between the nodes")
+	}
+	switch o.IPFamily {
+	case "", IPFamilyIPv4:
+	case IPFamilyDual:
+		o.ControllerArgs = append([]string{"--cluster-cidr", ClusterCIDRs}, o.ControllerArgs...)
+	default:
+		return nil, fmt.Errorf("IP family %q: %s or %s (IPv6-only pods need an agent that runs without IPv4, issue 28)", o.IPFamily, IPFamilyIPv4, IPFamilyDual)
 	}
 	for _, b := range []string{"onc", "onc-agent", "onc-controller", "onc-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
@@ -633,16 +655,29 @@ func (l *Lab) cni(n *Node) (*libcni.CNIConfig, *libcni.NetworkConfigList, error)
 
 // attach makes p's network namespace and runs CNI ADD for it; if ADD
 // fails, the namespace is removed again.
-func attach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, p *Pod) (netip.Addr, error) {
+func attach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, p *Pod) ([]netip.Addr, error) {
 	if err := run([][]string{{"ip", "netns", "add", p.Netns}}); err != nil {
-		return netip.Addr{}, err
+		return nil, err
 	}
-	ip, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
+	ips, err := cniAttach(ctx, cfg, list, p.RuntimeConf())
 	if err != nil {
 		_ = delNetns(p.Netns)
-		return netip.Addr{}, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
+		return nil, fmt.Errorf("CNI ADD for %s: %w", p.Netns, err)
 	}
-	return ip, nil
+	return ips, nil
+}
+
+// setAddrs records the addresses CNI ADD gave p: IP its IPv4 one (its
+// first if it has none), IPv6 its IPv6 one.
+func (p *Pod) setAddrs(ips []netip.Addr) {
+	p.IP, p.IPv6 = ips[0], netip.Addr{}
+	for _, ip := range ips {
+		if ip.Is4() {
+			p.IP = ip
+		} else if !p.IPv6.IsValid() {
+			p.IPv6 = ip
+		}
+	}
 }
 
 // detach runs CNI DEL for p and removes its network namespace.
@@ -722,9 +757,11 @@ func (l *Lab) AddPodSpec(ctx context.Context, n *Node, s PodSpec) (_ *Pod, err e
 	if err != nil {
 		return nil, err
 	}
-	if p.IP, err = attach(ctx, cfg, list, p); err != nil {
+	ips, err := attach(ctx, cfg, list, p)
+	if err != nil {
 		return nil, err
 	}
+	p.setAddrs(ips)
 	if object {
 		if err := l.podRunning(ctx, n, p); err != nil {
 			err = fmt.Errorf("after CNI ADD for %s: %w", p.Netns, err)
@@ -752,13 +789,13 @@ func (l *Lab) ReattachPod(ctx context.Context, n *Node, p *Pod) error {
 	l.mu.Lock()
 	p.ContainerID = newContainerID()
 	l.mu.Unlock()
-	ip, err := attach(ctx, cfg, list, p)
+	ips, err := attach(ctx, cfg, list, p)
 	if err != nil {
 		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	p.IP = ip
+	p.setAddrs(ips)
 	return l.save()
 }
 
@@ -772,10 +809,10 @@ func newContainerID() string {
 // cniAttach runs ADD and returns the result's first IP. When ADD fails,
 // or its result has no IP, it runs DEL, as a runtime must, so nothing
 // stays half made.
-func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (netip.Addr, error) {
+func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) ([]netip.Addr, error) {
 	res, err := cfg.AddNetworkList(ctx, list, rt)
 	if err != nil {
-		return netip.Addr{}, errors.Join(err, cfg.DelNetworkList(context.WithoutCancel(ctx), list, rt))
+		return nil, errors.Join(err, cfg.DelNetworkList(context.WithoutCancel(ctx), list, rt))
 	}
 	var parsed struct {
 		IPs []struct {
@@ -783,18 +820,23 @@ func cniAttach(ctx context.Context, cfg *libcni.CNIConfig, list *libcni.NetworkC
 		} `json:"ips"`
 	}
 	raw, _ := json.Marshal(res)
-	pfx, perr := netip.Prefix{}, json.Unmarshal(raw, &parsed)
+	perr := json.Unmarshal(raw, &parsed)
 	if perr == nil && len(parsed.IPs) == 0 {
 		perr = errors.New("no IP")
 	}
-	if perr == nil {
-		pfx, perr = netip.ParsePrefix(parsed.IPs[0].Address)
+	var ips []netip.Addr
+	for _, ip := range parsed.IPs {
+		var pfx netip.Prefix
+		if pfx, perr = netip.ParsePrefix(ip.Address); perr != nil {
+			break
+		}
+		ips = append(ips, pfx.Addr())
 	}
 	if perr != nil {
 		delErr := cfg.DelNetworkList(context.WithoutCancel(ctx), list, rt)
-		return netip.Addr{}, errors.Join(fmt.Errorf("result %s: %w", raw, perr), delErr)
+		return nil, errors.Join(fmt.Errorf("result %s: %w", raw, perr), delErr)
 	}
-	return pfx.Addr(), nil
+	return ips, nil
 }
 
 // DelPod detaches a pod through libcni and removes its namespace, then its

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,7 +34,8 @@ type Endpoint struct {
 	Name  string
 	Netns string
 	IP    netip.Addr
-	Node  string // the node it is on (itself for a node)
+	IPv6  netip.Addr // a dual-stack pod's IPv6 address; invalid for nodes
+	Node  string     // the node it is on (itself for a node)
 	IsPod bool
 }
 
@@ -43,7 +45,7 @@ func (l *Lab) Endpoints() []Endpoint {
 	for _, n := range l.Nodes {
 		eps = append(eps, Endpoint{Name: n.Name, Netns: n.Netns, IP: n.IP, Node: n.Name})
 		for _, p := range n.Pods {
-			eps = append(eps, Endpoint{Name: p.Netns, Netns: p.Netns, IP: p.IP, Node: n.Name, IsPod: true})
+			eps = append(eps, Endpoint{Name: p.Netns, Netns: p.Netns, IP: p.IP, IPv6: p.IPv6, Node: n.Name, IsPod: true})
 		}
 	}
 	return eps
@@ -64,12 +66,22 @@ func Kind(from, to Endpoint) string {
 	return "node→node"
 }
 
-// Result of one pair: an error per protocol, nil when it worked.
+// Result of one pair in one family: an error per protocol, nil when it
+// worked.
 type Result struct {
 	From, To Endpoint
+	IPv6     bool // probed To.IPv6
 	ICMP     error
 	TCP      error
 	UDP      error
+}
+
+// dst is the address the result probed.
+func (r Result) dst() netip.Addr {
+	if r.IPv6 {
+		return r.To.IPv6
+	}
+	return r.To.IP
 }
 
 // OK reports whether every protocol worked.
@@ -80,7 +92,9 @@ func (r Result) OK() bool { return r.ICMP == nil && r.TCP == nil && r.UDP == nil
 // and a UDP flow in its first two, so the rest show the fast path at work.
 const matrixExchanges = 5
 
-// Matrix probes every pair except node→node with ICMP, TCP and UDP.
+// Matrix probes every pair except node→node with ICMP, TCP and UDP; in a
+// dual-stack lab, pod and node→pod pairs in IPv6 too (pods are a node's
+// only IPv6 addresses: pod→node is IPv4's).
 func (l *Lab) Matrix(ctx context.Context) ([]Result, error) {
 	eps := l.Endpoints()
 	stop, err := serve(eps)
@@ -94,11 +108,18 @@ func (l *Lab) Matrix(ctx context.Context) ([]Result, error) {
 			if from.Name == to.Name || (!from.IsPod && !to.IsPod) {
 				continue
 			}
-			r := Result{From: from, To: to}
-			r.ICMP = InNetns(from.Netns, func() error { return pingOnce(to.IP) })
-			_, r.TCP = probe(from.Netns, "tcp", to.IP, ProbePort, 3*time.Second, matrixExchanges)
-			_, r.UDP = probe(from.Netns, "udp", to.IP, ProbePort, 3*time.Second, matrixExchanges)
-			out = append(out, r)
+			families := []bool{false}
+			if to.IPv6.IsValid() && (from.IPv6.IsValid() || !from.IsPod) {
+				families = append(families, true)
+			}
+			for _, v6 := range families {
+				r := Result{From: from, To: to, IPv6: v6}
+				dst := r.dst()
+				r.ICMP = InNetns(from.Netns, func() error { return pingOnce(dst) })
+				_, r.TCP = probe(from.Netns, "tcp", dst, ProbePort, 3*time.Second, matrixExchanges)
+				_, r.UDP = probe(from.Netns, "udp", dst, ProbePort, 3*time.Second, matrixExchanges)
+				out = append(out, r)
+			}
 		}
 	}
 	return out, ctx.Err()
@@ -115,6 +136,9 @@ func PrintMatrix(w io.Writer, results []Result) int {
 	failed := 0
 	for _, r := range results {
 		k := Kind(r.From, r.To)
+		if r.IPv6 {
+			k += " IPv6"
+		}
 		if kinds[k] == nil {
 			kinds[k] = &count{}
 			order = append(order, k)
@@ -125,17 +149,17 @@ func PrintMatrix(w io.Writer, results []Result) int {
 		} else {
 			failed++
 		}
-		fmt.Fprintf(tw, "%s\t%s (%s)\t%s (%s)\t%s\t%s\t%s\n", k, r.From.Name, r.From.IP, r.To.Name, r.To.IP, mark(r.ICMP), mark(r.TCP), mark(r.UDP))
+		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s\n", k, r.From.Name, r.To.Name, r.dst(), mark(r.ICMP), mark(r.TCP), mark(r.UDP))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, k := range order {
-		fmt.Fprintf(w, "%-20s %d/%d pairs pass\n", k, kinds[k].ok, kinds[k].all)
+		fmt.Fprintf(w, "%-25s %d/%d pairs pass\n", k, kinds[k].ok, kinds[k].all)
 	}
 	for _, r := range results {
 		for proto, err := range map[string]error{"ICMP": r.ICMP, "TCP": r.TCP, "UDP": r.UDP} {
 			if err != nil {
-				fmt.Fprintf(w, "FAIL %s %s → %s: %v\n", proto, r.From.Name, r.To.Name, err)
+				fmt.Fprintf(w, "FAIL %s %s → %s (%s): %v\n", proto, r.From.Name, r.To.Name, r.dst(), err)
 			}
 		}
 	}
@@ -166,14 +190,20 @@ func token() string {
 }
 
 func pingOnce(dst netip.Addr) error {
-	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
+	var request, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if dst.Is6() {
+		network, listen, proto = "ip6:ipv6-icmp", "::", 58
+		request, reply = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
+	c, err := icmp.ListenPacket(network, listen)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	id := os.Getpid() & 0xffff
 	for seq := 1; seq <= 3; seq++ {
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("onc")}}
+		msg := icmp.Message{Type: request, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("onc")}}
 		b, _ := msg.Marshal(nil)
 		if _, err := c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
 			return err
@@ -186,8 +216,8 @@ func pingOnce(dst netip.Addr) error {
 			if err != nil {
 				break
 			}
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+			m, err := icmp.ParseMessage(proto, buf[:n])
+			if err != nil || m.Type != reply {
 				continue
 			}
 			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq && peer.String() == dst.String() {
@@ -199,19 +229,44 @@ func pingOnce(dst netip.Addr) error {
 }
 
 // serve starts TCP and UDP echo servers on ProbePort in every endpoint's
-// namespace.
+// namespace, in IPv6 too where it has an IPv6 address.
 func serve(eps []Endpoint) (func(), error) {
-	var names []string
+	var names, names6 []string
 	for _, ep := range eps {
 		names = append(names, ep.Netns)
+		if ep.IPv6.IsValid() {
+			names6 = append(names6, ep.Netns)
+		}
 	}
-	return ServeEcho(names, []int{ProbePort}, []int{ProbePort})
+	stop, err := ServeEcho(names, []int{ProbePort}, []int{ProbePort})
+	if err != nil {
+		return nil, err
+	}
+	stop6, err := ServeEcho6(names6, []int{ProbePort}, []int{ProbePort})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return func() { stop(); stop6() }, nil
 }
 
 // ServeEcho starts echo servers in every namespace of netnses: TCP on
 // tcpPorts (each connection gets back all it sends) and UDP on udpPorts
-// (each datagram comes back), on every address. stop closes them all.
+// (each datagram comes back), on every IPv4 address. stop closes them
+// all.
 func ServeEcho(netnses []string, tcpPorts, udpPorts []int) (stop func(), err error) {
+	return serveEcho(netnses, "4", tcpPorts, udpPorts)
+}
+
+// ServeEcho6 is ServeEcho on every IPv6 address.
+func ServeEcho6(netnses []string, tcpPorts, udpPorts []int) (stop func(), err error) {
+	return serveEcho(netnses, "6", tcpPorts, udpPorts)
+}
+
+// serveEcho is ServeEcho in family "4" or "6" (IPv6 only: an IPv4
+// client of a dual-stack socket would be an IPv4-mapped IPv6 one to the
+// socket programs).
+func serveEcho(netnses []string, family string, tcpPorts, udpPorts []int) (stop func(), err error) {
 	var closers []io.Closer
 	var wg sync.WaitGroup
 	stop = func() {
@@ -225,14 +280,14 @@ func ServeEcho(netnses []string, tcpPorts, udpPorts []int) (stop func(), err err
 		var uls []net.PacketConn
 		err := InNetns(netns, func() error {
 			for _, port := range tcpPorts {
-				l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+				l, err := net.Listen("tcp"+family, fmt.Sprintf(":%d", port))
 				if err != nil {
 					return err
 				}
 				tls, closers = append(tls, l), append(closers, l)
 			}
 			for _, port := range udpPorts {
-				c, err := net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+				c, err := net.ListenPacket("udp"+family, fmt.Sprintf(":%d", port))
 				if err != nil {
 					return err
 				}
@@ -290,19 +345,26 @@ func Probe(netns, network string, ip netip.Addr, port int, timeout time.Duration
 func probe(netns, network string, ip netip.Addr, port int, timeout time.Duration, exchanges int) (local netip.AddrPort, err error) {
 	deadline := time.Now().Add(timeout)
 	d := net.Dialer{Deadline: deadline}
+	family, wildcard := "4", unix.Sockaddr(&unix.SockaddrInet4{})
+	if ip.Is6() {
+		family, wildcard = "6", &unix.SockaddrInet6{}
+	}
 	if network == "tcp" {
 		// Bind before connect, so the source port is known even if the
 		// connection never comes up.
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
 			var err error
 			cerr := rc.Control(func(fd uintptr) {
-				if err = unix.Bind(int(fd), &unix.SockaddrInet4{}); err != nil {
+				if err = unix.Bind(int(fd), wildcard); err != nil {
 					return
 				}
 				var sa unix.Sockaddr
 				if sa, err = unix.Getsockname(int(fd)); err == nil {
-					if sa4, ok := sa.(*unix.SockaddrInet4); ok {
-						local = netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), uint16(sa4.Port))
+					switch sa := sa.(type) {
+					case *unix.SockaddrInet4:
+						local = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+					case *unix.SockaddrInet6:
+						local = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 					}
 				}
 			})
@@ -311,7 +373,7 @@ func probe(netns, network string, ip netip.Addr, port int, timeout time.Duration
 	}
 	var c net.Conn
 	err = InNetns(netns, func() (err error) {
-		c, err = d.Dial(network+"4", netip.AddrPortFrom(ip, uint16(port)).String())
+		c, err = d.Dial(network+family, netip.AddrPortFrom(ip, uint16(port)).String())
 		return err
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
-// Package ipam gives pods addresses from their node's CIDR and remembers
-// every attachment (container, interface, address, host veth) in one file,
-// written atomically on each change, so allocations survive agent restarts.
+// Package ipam gives pods addresses from their node's CIDRs, one address
+// per CIDR (IPv4, IPv6, or both), and remembers every attachment
+// (container, interface, addresses, host veth) in one file, written
+// atomically on each change, so allocations survive agent restarts.
 package ipam
 
 import (
@@ -9,14 +10,16 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/onc-net/onc/internal/atomicfile"
 )
 
-// ErrExhausted: no free address is left in the node CIDR.
+// ErrExhausted: no free address is left in a node CIDR.
 var ErrExhausted = errors.New("no free pod address left")
 
 // ErrExists: the (container, interface) attachment already has an address.
@@ -33,16 +36,66 @@ func (k Key) String() string { return k.ContainerID + "/" + k.IfName }
 // Attachment is one pod interface of this node.
 type Attachment struct {
 	Key
-	IP           netip.Addr `json:"ip"`
-	Netns        string     `json:"netns"`
-	HostIface    string     `json:"hostIface"`
-	MAC          string     `json:"mac,omitempty"`
-	K8sNamespace string     `json:"k8sNamespace,omitempty"`
-	K8sName      string     `json:"k8sName,omitempty"`
-	Created      time.Time  `json:"created"`
+	// IPs are the pod's addresses, one from each of the node's CIDRs when
+	// it was made, in their order. The file also keeps the IPv4 one as
+	// "ip", all that agents before IPv6 read.
+	IPs          []netip.Addr `json:"ips"`
+	Netns        string       `json:"netns"`
+	HostIface    string       `json:"hostIface"`
+	MAC          string       `json:"mac,omitempty"`
+	K8sNamespace string       `json:"k8sNamespace,omitempty"`
+	K8sName      string       `json:"k8sName,omitempty"`
+	Created      time.Time    `json:"created"`
 	// PortMappings are the pod's hostPorts (the CNI portMappings
 	// capability), served by the Service programs.
 	PortMappings []PortMapping `json:"portMappings,omitempty"`
+}
+
+// IPv4 is the pod's IPv4 address; invalid when it has none.
+func (a Attachment) IPv4() netip.Addr {
+	for _, ip := range a.IPs {
+		if ip.Is4() {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// FormatAddrs renders a pod's addresses for onctl: "10.244.1.5" or
+// "10.244.1.5,fd00:10:244:1::5".
+func FormatAddrs(ips []netip.Addr) string {
+	s := make([]string, len(ips))
+	for i, ip := range ips {
+		s[i] = ip.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// MarshalJSON writes a's IPv4 address also as "ip".
+func (a Attachment) MarshalJSON() ([]byte, error) {
+	type plain Attachment // without these methods
+	return json.Marshal(struct {
+		IP netip.Addr `json:"ip,omitzero"`
+		plain
+	}{a.IPv4(), plain(a)})
+}
+
+// UnmarshalJSON reads an attachment an agent before IPv6 wrote, which has
+// only "ip", too.
+func (a *Attachment) UnmarshalJSON(data []byte) error {
+	type plain Attachment
+	var f struct {
+		IP netip.Addr `json:"ip,omitzero"`
+		plain
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return err
+	}
+	*a = Attachment(f.plain)
+	if len(a.IPs) == 0 && f.IP.IsValid() {
+		a.IPs = []netip.Addr{f.IP}
+	}
+	return nil
 }
 
 // PortMapping is one hostPort: the node's HostIP:HostPort (every node
@@ -54,32 +107,54 @@ type PortMapping struct {
 	HostIP        netip.Addr `json:"hostIP,omitzero"`
 }
 
+// state is the file. CIDR and Last are the IPv4 CIDR's, as agents before
+// IPv6 wrote and read them; CIDRs and Lasts have one entry per CIDR.
 type state struct {
-	CIDR        netip.Prefix  `json:"cidr"`
-	Last        netip.Addr    `json:"last"`
-	Attachments []*Attachment `json:"attachments"`
+	CIDR        netip.Prefix   `json:"cidr"`
+	Last        netip.Addr     `json:"last"`
+	CIDRs       []netip.Prefix `json:"cidrs"`
+	Lasts       []netip.Addr   `json:"lasts"`
+	Attachments []*Attachment  `json:"attachments"`
 }
 
-// Pool allocates from one node CIDR. Safe for concurrent use.
+// Pool allocates from a node's CIDRs, at most one per family. Safe for
+// concurrent use.
 type Pool struct {
 	mu       sync.Mutex
 	path     string
-	cidr     netip.Prefix
+	cidrs    []netip.Prefix
 	reserved map[netip.Addr]bool
-	last     netip.Addr // allocation continues after it, so a freed address is reused last
+	last     []netip.Addr // per CIDR: allocation continues after it, so a freed address is reused last
 	byKey    map[Key]*Attachment
 	byIP     map[netip.Addr]*Attachment
 }
 
 // Open loads the pool stored at path (a missing file is an empty pool).
-// Addresses in reserved (the node gateway) are never handed out. If the
-// stored CIDR differs from cidr, the stored attachments that fall outside
-// cidr are dropped and returned so the caller can clean them up.
-func Open(path string, cidr netip.Prefix, reserved ...netip.Addr) (*Pool, []Attachment, error) {
-	if !cidr.IsValid() || !cidr.Addr().Is4() || cidr.Bits() > 30 {
-		return nil, nil, fmt.Errorf("pod CIDR %s: need an IPv4 prefix of /30 or larger", cidr)
+// Each attachment gets one address from each of cidrs (an IPv4 prefix of
+// /30 or larger, an IPv6 one of /120 or larger, at most one of each).
+// Addresses in reserved (the node gateways) are never handed out. If the
+// stored CIDRs differ from cidrs, the stored attachments with an address
+// outside cidrs are dropped and returned so the caller can clean them up;
+// one that lacks a family of cidrs stays as it is.
+func Open(path string, cidrs []netip.Prefix, reserved ...netip.Addr) (*Pool, []Attachment, error) {
+	if len(cidrs) == 0 {
+		return nil, nil, errors.New("no pod CIDR")
 	}
-	p := &Pool{path: path, cidr: cidr.Masked(), reserved: map[netip.Addr]bool{}, byKey: map[Key]*Attachment{}, byIP: map[netip.Addr]*Attachment{}}
+	p := &Pool{path: path, reserved: map[netip.Addr]bool{}, byKey: map[Key]*Attachment{}, byIP: map[netip.Addr]*Attachment{}}
+	for _, cidr := range cidrs {
+		switch {
+		case !cidr.IsValid() || cidr.Addr().Is4In6():
+			return nil, nil, fmt.Errorf("pod CIDR %s: not an IP prefix", cidr)
+		case cidr.Addr().Is4() && cidr.Bits() > 30:
+			return nil, nil, fmt.Errorf("pod CIDR %s: need an IPv4 prefix of /30 or larger", cidr)
+		case cidr.Addr().Is6() && cidr.Bits() > 120:
+			return nil, nil, fmt.Errorf("pod CIDR %s: need an IPv6 prefix of /120 or larger", cidr)
+		case slices.ContainsFunc(p.cidrs, func(c netip.Prefix) bool { return c.Addr().Is4() == cidr.Addr().Is4() }):
+			return nil, nil, fmt.Errorf("pod CIDRs %v: two of one family", cidrs)
+		}
+		p.cidrs = append(p.cidrs, cidr.Masked())
+	}
+	p.last = make([]netip.Addr, len(p.cidrs))
 	for _, r := range reserved {
 		p.reserved[r] = true
 	}
@@ -96,14 +171,19 @@ func Open(path string, cidr netip.Prefix, reserved ...netip.Addr) (*Pool, []Atta
 	}
 	var dropped []Attachment
 	for _, a := range st.Attachments {
-		if !p.cidr.Contains(a.IP) || !p.usable(a.IP) || p.byIP[a.IP] != nil {
+		if !p.fits(a) {
 			dropped = append(dropped, *a)
 			continue
 		}
-		p.byKey[a.Key], p.byIP[a.IP] = a, a
+		p.byKey[a.Key] = a
+		for _, ip := range a.IPs {
+			p.byIP[ip] = a
+		}
 	}
-	if p.cidr.Contains(st.Last) {
-		p.last = st.Last
+	for _, last := range append(st.Lasts, st.Last) {
+		if i := p.index(last); i >= 0 && !p.last[i].IsValid() {
+			p.last[i] = last
+		}
 	}
 	if len(dropped) > 0 {
 		if err := p.save(); err != nil {
@@ -113,68 +193,105 @@ func Open(path string, cidr netip.Prefix, reserved ...netip.Addr) (*Pool, []Atta
 	return p, dropped, nil
 }
 
-// CIDR is the pool's prefix.
-func (p *Pool) CIDR() netip.Prefix { return p.cidr }
+// CIDRs are the pool's prefixes.
+func (p *Pool) CIDRs() []netip.Prefix { return p.cidrs }
 
-// usable excludes the network and broadcast addresses and reserved ones.
-func (p *Pool) usable(ip netip.Addr) bool {
-	if ip == p.cidr.Addr() || ip == broadcast(p.cidr) {
+// index is the position of the CIDR that holds ip; -1 if none.
+func (p *Pool) index(ip netip.Addr) int {
+	return slices.IndexFunc(p.cidrs, func(c netip.Prefix) bool { return c.Contains(ip) })
+}
+
+// fits reports whether a stored attachment can stay: each address usable
+// in a CIDR of its own family, no two of one family, none taken.
+func (p *Pool) fits(a *Attachment) bool {
+	seen := make([]bool, len(p.cidrs))
+	for _, ip := range a.IPs {
+		i := p.index(ip)
+		if i < 0 || seen[i] || !p.usable(ip, p.cidrs[i]) || p.byIP[ip] != nil {
+			return false
+		}
+		seen[i] = true
+	}
+	return len(a.IPs) > 0
+}
+
+// usable excludes the network and (IPv4) broadcast addresses and reserved
+// ones.
+func (p *Pool) usable(ip netip.Addr, cidr netip.Prefix) bool {
+	if ip == cidr.Addr() || ip.Is4() && ip == lastAddr(cidr) {
 		return false
 	}
 	return !p.reserved[ip]
 }
 
-func broadcast(p netip.Prefix) netip.Addr {
-	a := p.Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v |= (1 << (32 - p.Bits())) - 1
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+// lastAddr is the last address of c.
+func lastAddr(c netip.Prefix) netip.Addr {
+	b := c.Masked().Addr().AsSlice()
+	for i := c.Bits(); i < 8*len(b); i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
-// Allocate records a new attachment with the next free address and returns
-// it (with IP and Created filled in).
+// Allocate records a new attachment with the next free address of each
+// CIDR and returns it (with IPs and Created filled in).
 func (p *Pool) Allocate(a Attachment) (Attachment, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if old := p.byKey[a.Key]; old != nil {
-		return *old, fmt.Errorf("%w: %s has %s", ErrExists, a.Key, old.IP)
+		return *old, fmt.Errorf("%w: %s has %v", ErrExists, a.Key, old.IPs)
 	}
-	ip, ok := p.next()
-	if !ok {
-		return Attachment{}, fmt.Errorf("%w in %s (%d in use)", ErrExhausted, p.cidr, len(p.byIP))
+	a.IPs = make([]netip.Addr, len(p.cidrs))
+	for i, cidr := range p.cidrs {
+		ip, ok := p.next(i)
+		if !ok {
+			return Attachment{}, fmt.Errorf("%w in %s (%d attachments)", ErrExhausted, cidr, len(p.byKey))
+		}
+		a.IPs[i] = ip
 	}
-	a.IP, a.Created = ip, time.Now().UTC().Truncate(time.Second)
+	a.Created = time.Now().UTC().Truncate(time.Second)
 	stored := a
-	p.byKey[a.Key], p.byIP[ip] = &stored, &stored
-	prevLast := p.last
-	p.last = ip
+	p.byKey[a.Key] = &stored
+	for _, ip := range a.IPs {
+		p.byIP[ip] = &stored
+	}
+	prevLast := slices.Clone(p.last)
+	copy(p.last, a.IPs)
 	if err := p.save(); err != nil {
 		delete(p.byKey, a.Key)
-		delete(p.byIP, ip)
+		for _, ip := range a.IPs {
+			delete(p.byIP, ip)
+		}
 		p.last = prevLast
 		return Attachment{}, err
 	}
 	return a, nil
 }
 
-func (p *Pool) next() (netip.Addr, bool) {
-	start := p.last
+// next is the next free address of the CIDR at index i. In an IPv6 CIDR
+// it looks at most a million addresses on from the last one: a /64 never
+// wraps, and a pool that full is exhausted in practice.
+func (p *Pool) next(i int) (netip.Addr, bool) {
+	cidr := p.cidrs[i]
+	start := p.last[i]
 	if !start.IsValid() {
-		start = p.cidr.Addr()
+		start = cidr.Addr()
 	}
 	ip := start
-	for {
+	for range 1 << 20 {
 		ip = ip.Next()
-		if !p.cidr.Contains(ip) {
-			ip = p.cidr.Addr()
+		if !cidr.Contains(ip) {
+			ip = cidr.Addr()
 		}
-		if p.usable(ip) && p.byIP[ip] == nil {
+		if p.usable(ip, cidr) && p.byIP[ip] == nil {
 			return ip, true
 		}
 		if ip == start {
-			return netip.Addr{}, false
+			break
 		}
 	}
+	return netip.Addr{}, false
 }
 
 // Update changes a stored attachment's details (not its key or address).
@@ -182,8 +299,8 @@ func (p *Pool) Update(a Attachment) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	old := p.byKey[a.Key]
-	if old == nil || old.IP != a.IP {
-		return fmt.Errorf("attachment %s with %s not found", a.Key, a.IP)
+	if old == nil || !slices.Equal(old.IPs, a.IPs) {
+		return fmt.Errorf("attachment %s with %v not found", a.Key, a.IPs)
 	}
 	prev := *old
 	*old = a
@@ -204,9 +321,14 @@ func (p *Pool) Release(k Key) (Attachment, bool, error) {
 		return Attachment{}, false, nil
 	}
 	delete(p.byKey, k)
-	delete(p.byIP, a.IP)
+	for _, ip := range a.IPs {
+		delete(p.byIP, ip)
+	}
 	if err := p.save(); err != nil {
-		p.byKey[k], p.byIP[a.IP] = a, a
+		p.byKey[k] = a
+		for _, ip := range a.IPs {
+			p.byIP[ip] = a
+		}
 		return Attachment{}, false, err
 	}
 	return *a, true, nil
@@ -222,26 +344,34 @@ func (p *Pool) Get(k Key) (Attachment, bool) {
 	return Attachment{}, false
 }
 
-// List returns every attachment, ordered by address; never nil.
+// List returns every attachment, ordered by first address; never nil.
 func (p *Pool) List() []Attachment {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]Attachment, 0, len(p.byIP))
-	for _, a := range p.byIP {
+	out := make([]Attachment, 0, len(p.byKey))
+	for _, a := range p.sorted() {
 		out = append(out, *a)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].IP.Less(out[j].IP) })
+	return out
+}
+
+// sorted is every attachment, by first address.
+func (p *Pool) sorted() []*Attachment {
+	out := make([]*Attachment, 0, len(p.byKey))
+	for _, a := range p.byKey {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].IPs[0].Less(out[j].IPs[0]) })
 	return out
 }
 
 // save writes the state to a temporary file, syncs it and renames it over
 // the old one, so a crash leaves either the old or the new state.
 func (p *Pool) save() error {
-	st := state{CIDR: p.cidr, Last: p.last, Attachments: make([]*Attachment, 0, len(p.byIP))}
-	for _, a := range p.byIP {
-		st.Attachments = append(st.Attachments, a)
+	st := state{CIDRs: p.cidrs, Lasts: p.last, Attachments: p.sorted()}
+	if i := slices.IndexFunc(p.cidrs, func(c netip.Prefix) bool { return c.Addr().Is4() }); i >= 0 {
+		st.CIDR, st.Last = p.cidrs[i], p.last[i]
 	}
-	sort.Slice(st.Attachments, func(i, j int) bool { return st.Attachments[i].IP.Less(st.Attachments[j].IP) })
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

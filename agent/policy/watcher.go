@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -122,13 +121,13 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 			continue
 		}
 		seen[key] = true
-		local = append(local, LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IPs: []netip.Addr{att.IP}})
+		local = append(local, LocalPod{Namespace: att.K8sNamespace, Name: att.K8sName, Iface: att.HostIface, IPs: att.IPs})
 	}
 	rs := w.compiler.Compile(w.inputs.Snapshot(), local)
 	for _, att := range extra {
 		pod := *rs.Pod(att.K8sNamespace + "/" + att.K8sName)
 		pod.Key = fmt.Sprintf("%s (%s/%s)", pod.Key, att.ContainerID[:min(12, len(att.ContainerID))], att.IfName)
-		pod.Iface, pod.IPs = att.HostIface, []netip.Addr{att.IP}
+		pod.Iface, pod.IPs = att.HostIface, att.IPs
 		rs.Pods = append(rs.Pods, pod)
 	}
 	sortPods(rs.Pods)
@@ -167,7 +166,7 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 			continue
 		}
 		c := counters[pod.Key]
-		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: joinAddrs(pod.IPs), HostIface: pod.Iface,
+		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: ipam.FormatAddrs(pod.IPs), HostIface: pod.Iface,
 			Ingress: direction(pod.Ingress, c.IngressAllowed, c.IngressDenied),
 			Egress:  direction(pod.Egress, c.EgressAllowed, c.EgressDenied)})
 	}
@@ -197,14 +196,4 @@ func direction(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirecti
 		out.Rules = append(out.Rules, pr)
 	}
 	return out
-}
-
-// joinAddrs renders a pod's addresses for onctl: "10.244.1.5" or
-// "10.244.1.5,fd00:10:244:1::5".
-func joinAddrs(ips []netip.Addr) string {
-	s := make([]string, len(ips))
-	for i, ip := range ips {
-		s[i] = ip.String()
-	}
-	return strings.Join(s, ",")
 }

@@ -63,7 +63,7 @@ var denyAllTo = Snapshot{
 }
 
 func attachment(container, ifname, ip string) ipam.Attachment {
-	return ipam.Attachment{Key: ipam.Key{ContainerID: container, IfName: ifname}, IP: netip.MustParseAddr(ip),
+	return ipam.Attachment{Key: ipam.Key{ContainerID: container, IfName: ifname}, IPs: []netip.Addr{netip.MustParseAddr(ip)},
 		HostIface: "onc" + container, K8sNamespace: "db", K8sName: "db-0"}
 }
 

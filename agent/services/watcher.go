@@ -102,7 +102,7 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	}
 	pods := make([]netip.Addr, 0, len(atts))
 	for _, att := range atts {
-		pods = append(pods, att.IP)
+		pods = append(pods, att.IPs...)
 	}
 	snap := w.inputs.Snapshot()
 	w.reportUnserved(snap)
@@ -157,8 +157,11 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 		if att.K8sName != "" {
 			pod = att.K8sNamespace + "/" + att.K8sName
 		}
-		for _, pm := range att.PortMappings {
-			out.HostPorts = append(out.HostPorts, HostPort{Pod: pod, Backend: att.IP, PortMapping: pm})
+		// hostPorts reach pods over IPv4 so far (issue 28).
+		if backend := att.IPv4(); backend.IsValid() {
+			for _, pm := range att.PortMappings {
+				out.HostPorts = append(out.HostPorts, HostPort{Pod: pod, Backend: backend, PortMapping: pm})
+			}
 		}
 	}
 	// Two pods claiming one hostPort (the scheduler prevents it): the

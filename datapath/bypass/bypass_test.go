@@ -75,7 +75,7 @@ func newPods(t *testing.T, names ...string) *bed {
 		ns := testutil.Netns(t, b.prefix+"-"+name)
 		b.inNetns(b.node, func() error {
 			_, err := pods.Setup(pods.Pod{Netns: ns, IfName: "eth0", HostIface: b.prefix + name,
-				IP: ip, Gateway: gateway, MTU: 1500})
+				IPs: []netip.Addr{ip}, Gateways: []netip.Addr{gateway}, MTU: 1500})
 			return err
 		})
 		b.pods[name], b.netns[name] = ip, ns

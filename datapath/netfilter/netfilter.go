@@ -90,31 +90,61 @@ func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) 
 	if err := fill(ipt, "mangle", guardForwardChain, "FORWARD", guard[guardForwardChain]); err != nil {
 		return err
 	}
-	vxlanDev := ovl.Device
-	masquerade := func(match ...string) []string {
-		return append(append([]string{"-s", clusterCIDR, "!", "-d", "224.0.0.0/4"}, match...),
-			"-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully")
-	}
-	nat := [][]string{{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"}}
-	if masqueradePorts != "" { // ports are TCP's and UDP's only
-		nat = append(nat, append(masquerade("-p", "tcp"), "--to-ports", masqueradePorts),
-			append(masquerade("-p", "udp"), "--to-ports", masqueradePorts))
-	}
-	nat = append(nat, masquerade())
-	fwd := [][]string{
-		{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
-		{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
-	}
-	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
+	if err := fillPods(ipt, clusterCIDR, "224.0.0.0/4", masqueradePorts); err != nil {
 		return err
 	}
 	if err := fillPeerHost(ipt, clusterCIDR, ovl); err != nil {
 		return err
 	}
-	if err := fillMark(ipt, vxlanDev, m); err != nil {
+	return fillMark(ipt, ovl.Device, m)
+}
+
+// fillPods fills the chains of pods' traffic in ipt's family: masquerade
+// (to masqueradePorts, "" any) from clusterCIDR to anywhere outside it but
+// multicast, and FORWARD accepts from and to it. With clusterCIDR "" the
+// chains are left empty.
+func fillPods(ipt *iptables.IPTables, clusterCIDR, multicast, masqueradePorts string) error {
+	var nat, fwd [][]string
+	if clusterCIDR != "" {
+		masquerade := func(match ...string) []string {
+			return append(append([]string{"-s", clusterCIDR, "!", "-d", multicast}, match...),
+				"-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully")
+		}
+		nat = [][]string{{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"}}
+		if masqueradePorts != "" { // ports are TCP's and UDP's only
+			nat = append(nat, append(masquerade("-p", "tcp"), "--to-ports", masqueradePorts),
+				append(masquerade("-p", "udp"), "--to-ports", masqueradePorts))
+		}
+		nat = append(nat, masquerade())
+		fwd = [][]string{
+			{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
+			{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
+		}
+	}
+	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
 		return err
 	}
 	return fill(ipt, "filter", forwardChain, "FORWARD", fwd)
+}
+
+// EnsureIPv6 makes ip6tables hold the rules of IPv6 pods, whose addresses
+// are in clusterCIDR: masquerade to outside it, FORWARD accepts. The
+// overlay's other rules stay IPv4's: the tunnel's endpoints are IPv4 and
+// IPv6 pods take the slow path. With an invalid clusterCIDR (no IPv6
+// pods) it empties ONC's ip6tables chains, if ip6tables is there at all.
+func EnsureIPv6(clusterCIDR netip.Prefix) error {
+	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
+	if err != nil {
+		if !clusterCIDR.IsValid() {
+			return nil
+		}
+		return fmt.Errorf("ip6tables, which IPv6 pods need: %w", err)
+	}
+	cidr := ""
+	if clusterCIDR.IsValid() {
+		cidr = clusterCIDR.String()
+	}
+	return fillPods(ipt, cidr, "ff00::/8", "")
 }
 
 // Marking is where the fast path's ESTABLISHED bit goes, on packets of

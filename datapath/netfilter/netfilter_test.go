@@ -3,8 +3,11 @@
 package netfilter
 
 import (
+	"net/netip"
+	"strings"
 	"testing"
 
+	"github.com/coreos/go-iptables/iptables"
 	"github.com/onc-net/onc/internal/testutil"
 )
 
@@ -28,6 +31,47 @@ func TestEnsureUplinkLBRemovesTheOldMarkChain(t *testing.T) {
 			if r != "-P FORWARD ACCEPT" {
 				t.Fatalf("mangle FORWARD still holds %q", r)
 			}
+		}
+	})
+}
+
+// IPv6 pods get the IPv4 ones' masquerade and FORWARD accepts in
+// ip6tables, in ONC's chains jumped to first; without an IPv6 cluster CIDR
+// the chains are emptied. Idempotent both ways.
+func TestEnsureIPv6(t *testing.T) {
+	testutil.InNewNetns(t, "nf6", func() {
+		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
+		testutil.Must(t, err)
+		rules := func(table, chain string) []string {
+			t.Helper()
+			r, err := ipt.List(table, chain)
+			testutil.Must(t, err)
+			return r
+		}
+		cidr := netip.MustParsePrefix("fd00:10:244::/56")
+		for range 2 {
+			testutil.Must(t, EnsureIPv6(cidr))
+		}
+		nat := strings.Join(rules("nat", natChain), "\n")
+		for _, want := range []string{
+			`-A ONC-POSTROUTING -s fd00:10:244::/56 -d fd00:10:244::/56 -m comment --comment "onc: pod to pod, no NAT" -j RETURN`,
+			`-A ONC-POSTROUTING -s fd00:10:244::/56 ! -d ff00::/8 -m comment --comment "onc: pod to outside" -j MASQUERADE --random-fully`,
+		} {
+			if !strings.Contains(nat, want) {
+				t.Errorf("nat %s lacks %q:\n%s", natChain, want, nat)
+			}
+		}
+		if fwd := rules("filter", forwardChain); len(fwd) != 3 {
+			t.Errorf("filter %s: %v, want the chain and 2 accepts", forwardChain, fwd)
+		}
+		for table, parent := range map[string]string{"nat": "POSTROUTING", "filter": "FORWARD"} {
+			if r := rules(table, parent); len(r) != 2 || !strings.Contains(r[1], "-j ONC-") {
+				t.Errorf("%s %s: %v, want one jump to ONC's chain first", table, parent, r)
+			}
+		}
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}))
+		if r := rules("nat", natChain); len(r) != 1 {
+			t.Errorf("nat %s after IPv6 went: %v", natChain, r)
 		}
 	})
 }

@@ -3,6 +3,9 @@
 // remote VTEP MAC), an FDB entry (remote VTEP MAC → remote node IP) and an
 // onlink route (remote pod CIDR via remote gateway), the route added last
 // and removed first so no packet is routed to an unresolvable next hop.
+// A remote node with an IPv6 pod CIDR gets the same neighbour and route in
+// IPv6, over the same FDB entry: the overlay carries both families in
+// frames between IPv4 tunnel endpoints.
 package overlay
 
 import (
@@ -38,6 +41,10 @@ type Config struct {
 	MAC     net.HardwareAddr
 	MTU     int        // uplink MTU − Overhead
 	Gateway netip.Addr // this node's gateway, set on the device as /32
+	// Gateway6 is this node's IPv6 gateway, set on the device as /128;
+	// invalid when the node has no IPv6 pod CIDR.
+	Gateway6 netip.Addr
+	ProcSys  string // where the node's sysctls are, "" = /proc/sys
 }
 
 // A peer's host reaches this node's pods over the overlay from its node
@@ -57,10 +64,23 @@ const (
 
 // Peer is a remote node as the overlay needs it.
 type Peer struct {
-	Name    string
-	NodeIP  netip.Addr
-	VTEPMAC net.HardwareAddr
-	PodCIDR netip.Prefix
+	Name     string
+	NodeIP   netip.Addr
+	VTEPMAC  net.HardwareAddr
+	PodCIDR  netip.Prefix
+	PodCIDR6 netip.Prefix // invalid when it has none
+}
+
+// ipv6 reports whether p's IPv6 pods are reached over the device: both
+// nodes have IPv6 pods (a node without has no IPv6 on the device).
+func (o *Overlay) ipv6(p Peer) bool { return p.PodCIDR6.IsValid() && o.cfg.Gateway6.IsValid() }
+
+// gateways are the peer's gateways, the next hops of its pod CIDRs.
+func (o *Overlay) gateways(p Peer) []netip.Addr {
+	if o.ipv6(p) {
+		return []netip.Addr{Gateway(p.PodCIDR), Gateway(p.PodCIDR6)}
+	}
+	return []netip.Addr{Gateway(p.PodCIDR)}
 }
 
 // Gateway of a pod CIDR: its first usable address.
@@ -113,10 +133,24 @@ func Ensure(cfg Config) (*Overlay, error) {
 			return nil, fmt.Errorf("%s MTU %d: %w", DeviceName, cfg.MTU, err)
 		}
 	}
-	if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: &net.IPNet{IP: cfg.Gateway.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-		return nil, fmt.Errorf("gateway address %s on %s: %w", cfg.Gateway, DeviceName, err)
+	if cfg.Gateway6.IsValid() {
+		// No link-local address (the device would solicit routers and
+		// join groups over the overlay), and IPv6 on even where new
+		// interfaces start without it.
+		if err := pods.WriteIPv6Conf(cfg.ProcSys, DeviceName, map[string]string{"addr_gen_mode": "1", "disable_ipv6": "0"}); err != nil {
+			return nil, err
+		}
 	}
-	if err := removeOtherAddrs(l, cfg.Gateway); err != nil {
+	for _, gw := range []netip.Addr{cfg.Gateway, cfg.Gateway6} {
+		if !gw.IsValid() {
+			continue
+		}
+		bits := gw.BitLen()
+		if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: &net.IPNet{IP: gw.AsSlice(), Mask: net.CIDRMask(bits, bits)}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("gateway address %s on %s: %w", gw, DeviceName, err)
+		}
+	}
+	if err := removeOtherAddrs(l, cfg.Gateway, cfg.Gateway6); err != nil {
 		return nil, err
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
@@ -155,14 +189,15 @@ func matches(l netlink.Link, cfg Config) bool {
 		v.SrcAddr.Equal(cfg.LocalIP.AsSlice()) && !v.Learning && !v.UDPCSum && v.HardwareAddr.String() == cfg.MAC.String()
 }
 
-// removeOtherAddrs drops a gateway left from an earlier pod CIDR.
-func removeOtherAddrs(l netlink.Link, keep netip.Addr) error {
-	addrs, err := netlink.AddrList(l, unix.AF_INET)
+// removeOtherAddrs drops a gateway left from an earlier pod CIDR, of
+// either family (a link-local address stays: the kernel's).
+func removeOtherAddrs(l netlink.Link, keep ...netip.Addr) error {
+	addrs, err := netlink.AddrList(l, unix.AF_UNSPEC)
 	if err != nil {
 		return err
 	}
 	for _, a := range addrs {
-		if ip, _ := netip.AddrFromSlice(a.IP); ip.Unmap() != keep {
+		if ip, _ := netip.AddrFromSlice(a.IP); !slices.Contains(keep, ip.Unmap()) && !ip.IsLinkLocalUnicast() {
 			if err := netlink.AddrDel(l, &a); err != nil {
 				return fmt.Errorf("remove stale address %s from %s: %w", a.IPNet, DeviceName, err)
 			}
@@ -277,14 +312,29 @@ func (o *Overlay) entriesOf(peers []Peer) entries {
 		for _, r := range o.routes(p) {
 			e.routes[keyOf(r)] = r
 		}
-		e.neighs[Gateway(p.PodCIDR)], e.fdb[p.VTEPMAC.String()] = o.neigh(p), o.fdb(p)
+		for _, n := range o.neighs(p) {
+			e.neighs[addrOf(n.IP)] = n
+		}
+		e.fdb[p.VTEPMAC.String()] = o.fdb(p)
 	}
 	return e
 }
 
-func (o *Overlay) neigh(p Peer) netlink.Neigh {
-	return netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
-		IP: Gateway(p.PodCIDR).AsSlice(), HardwareAddr: p.VTEPMAC}
+// neighs are the peer's gateways at its VTEP MAC.
+func (o *Overlay) neighs(p Peer) []netlink.Neigh {
+	var out []netlink.Neigh
+	for _, gw := range o.gateways(p) {
+		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: family(gw), State: netlink.NUD_PERMANENT,
+			IP: gw.AsSlice(), HardwareAddr: p.VTEPMAC})
+	}
+	return out
+}
+
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
 }
 
 func (o *Overlay) fdb(p Peer) netlink.Neigh {
@@ -292,44 +342,65 @@ func (o *Overlay) fdb(p Peer) netlink.Neigh {
 		Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC}
 }
 
-// routes are a peer's routes via its gateway: its pod CIDR, and in
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added
+// without one (IP6_RT_PRIO_USER).
+const ip6DefaultMetric = 1024
+
+// routes are a peer's routes via its gateways: its pod CIDRs, and in
 // PeerHostTable its node address.
 func (o *Overlay) routes(p Peer) []netlink.Route {
-	via := func(dst netip.Prefix, table int) netlink.Route {
+	via := func(dst netip.Prefix, gw netip.Addr, table int) netlink.Route {
+		priority := 0
+		if gw.Is6() {
+			priority = ip6DefaultMetric // as the kernel reads it back
+		}
 		return netlink.Route{
+			Priority:  priority,
 			LinkIndex: o.link.Attrs().Index,
-			Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), 32)},
-			Gw:        Gateway(p.PodCIDR).AsSlice(),
+			Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
+			Gw:        gw.AsSlice(),
 			Flags:     int(netlink.FLAG_ONLINK),
 			Protocol:  pods.RouteProtocol,
 			Table:     table,
+			Family:    family(gw),
 		}
 	}
-	return []netlink.Route{via(p.PodCIDR, unix.RT_TABLE_MAIN), via(netip.PrefixFrom(p.NodeIP, 32), PeerHostTable)}
+	gw := Gateway(p.PodCIDR)
+	routes := []netlink.Route{via(p.PodCIDR, gw, unix.RT_TABLE_MAIN), via(netip.PrefixFrom(p.NodeIP, 32), gw, PeerHostTable)}
+	if o.ipv6(p) {
+		routes = append(routes, via(p.PodCIDR6, Gateway(p.PodCIDR6), unix.RT_TABLE_MAIN))
+	}
+	return routes
 }
 
 // read returns ONC's entries on the device as the kernel holds them.
 func (o *Overlay) read() (entries, error) {
 	idx := o.link.Attrs().Index
 	e := newEntries()
-	for _, table := range []int{unix.RT_TABLE_MAIN, PeerHostTable} {
-		routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: idx, Table: table},
-			netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return e, fmt.Errorf("list routes of %s in table %d: %w", DeviceName, table, err)
-		}
-		for _, r := range routes {
-			if r.Dst != nil && r.Protocol == pods.RouteProtocol { // not the kernel's routes of the device's own address
-				e.routes[keyOf(r)] = r
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		for _, table := range []int{unix.RT_TABLE_MAIN, PeerHostTable} {
+			routes, err := netlink.RouteListFiltered(fam, &netlink.Route{LinkIndex: idx, Table: table},
+				netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return e, fmt.Errorf("list routes of %s in table %d: %w", DeviceName, table, err)
+			}
+			for _, r := range routes {
+				if r.Dst != nil && r.Protocol == pods.RouteProtocol { // not the kernel's routes of the device's own address
+					e.routes[keyOf(r)] = r
+				}
 			}
 		}
-	}
-	neighs, err := netlink.NeighList(idx, unix.AF_INET)
-	if err != nil {
-		return e, fmt.Errorf("list neighbours of %s: %w", DeviceName, err)
-	}
-	for _, n := range neighs {
-		e.neighs[addrOf(n.IP)] = n
+		neighs, err := netlink.NeighList(idx, fam)
+		if err != nil {
+			return e, fmt.Errorf("list neighbours of %s: %w", DeviceName, err)
+		}
+		for _, n := range neighs {
+			// IPv6's own entries (multicast groups: NOARP) are the
+			// kernel's; ONC writes permanent ones.
+			if fam == unix.AF_INET || n.State&netlink.NUD_PERMANENT != 0 {
+				e.neighs[addrOf(n.IP)] = n
+			}
+		}
 	}
 	fdb, err := netlink.NeighList(idx, unix.AF_BRIDGE)
 	if err != nil {
@@ -386,12 +457,14 @@ func describe(n netlink.Neigh) string {
 // neighbour, the FDB entry, then the routes, so their next hop resolves
 // before they exist.
 func (o *Overlay) add(have entries, p Peer) error {
-	n, f := o.neigh(p), o.fdb(p)
-	if h, ok := have.neighs[Gateway(p.PodCIDR)]; !ok || !sameNeigh(h, n) {
-		if err := o.write(netlink.NeighSet(&n)); err != nil {
-			return fmt.Errorf("neighbour %s: %w", Gateway(p.PodCIDR), err)
+	for _, n := range o.neighs(p) {
+		if h, ok := have.neighs[addrOf(n.IP)]; !ok || !sameNeigh(h, n) {
+			if err := o.write(netlink.NeighSet(&n)); err != nil {
+				return fmt.Errorf("neighbour %s: %w", n.IP, err)
+			}
 		}
 	}
+	f := o.fdb(p)
 	if h, ok := have.fdb[p.VTEPMAC.String()]; !ok || !sameNeigh(h, f) {
 		if err := o.write(netlink.NeighSet(&f)); err != nil {
 			return fmt.Errorf("fdb %s: %w", p.VTEPMAC, err)

@@ -114,26 +114,29 @@ func readKernel(t *testing.T) kernel {
 		t.Fatal(err)
 	}
 	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: l.Attrs().Index, Table: unix.RT_TABLE_UNSPEC},
-		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range routes {
-		if r.Protocol == pods.RouteProtocol {
-			k.routes[fmt.Sprintf("table %d %s", r.Table, r.Dst)] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{LinkIndex: l.Attrs().Index, Table: unix.RT_TABLE_UNSPEC},
+			netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range routes {
+			if r.Protocol == pods.RouteProtocol {
+				k.routes[fmt.Sprintf("table %d %s", r.Table, r.Dst)] = fmt.Sprintf("via %s onlink=%v", r.Gw, r.Flags&int(netlink.FLAG_ONLINK) != 0)
+			}
 		}
 	}
-	for fam, m := range map[int]map[string]string{unix.AF_INET: k.neighs, unix.AF_BRIDGE: k.fdb} {
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6, unix.AF_BRIDGE} {
 		ns, err := netlink.NeighList(l.Attrs().Index, fam)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range ns {
-			if fam == unix.AF_INET {
-				m[n.IP.String()] = fmt.Sprintf("%s state=%#x", n.HardwareAddr, n.State)
-			} else {
-				m[n.HardwareAddr.String()] += fmt.Sprintf("dst %s state=%#x;", n.IP, n.State)
+			switch {
+			case fam == unix.AF_BRIDGE:
+				k.fdb[n.HardwareAddr.String()] += fmt.Sprintf("dst %s state=%#x;", n.IP, n.State)
+			case fam == unix.AF_INET || n.State != netlink.NUD_NOARP: // IPv6 multicast groups: the kernel's
+				k.neighs[n.IP.String()] = fmt.Sprintf("%s state=%#x", n.HardwareAddr, n.State)
 			}
 		}
 	}
@@ -150,6 +153,11 @@ func wantKernel(peers []overlay.Peer) kernel {
 		k.routes[fmt.Sprintf("table %d %s/32", overlay.PeerHostTable, p.NodeIP)] = fmt.Sprintf("via %s onlink=true", gw)
 		k.neighs[gw.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
 		k.fdb[p.VTEPMAC.String()] = fmt.Sprintf("dst %s state=%#x;", p.NodeIP, netlink.NUD_PERMANENT)
+		if p.PodCIDR6.IsValid() {
+			gw6 := overlay.Gateway(p.PodCIDR6)
+			k.routes[fmt.Sprintf("table %d %s", unix.RT_TABLE_MAIN, p.PodCIDR6)] = fmt.Sprintf("via %s onlink=true", gw6)
+			k.neighs[gw6.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
+		}
 	}
 	return k
 }
@@ -340,4 +348,70 @@ func expectPeerHostRules(t *testing.T, when string, n int) {
 	if got != n {
 		t.Fatalf("%s: %d rules fwmark %#x lookup %d, want %d: %v", when, got, overlay.PeerHostMark, overlay.PeerHostTable, n, rules)
 	}
+}
+
+// A node with IPv6 pods routes its dual-stack peers' IPv6 CIDRs over the
+// device too (one FDB entry serves both families), holds its IPv6 gateway
+// without a link-local address (nothing of the device's own goes into the
+// overlay), writes nothing at steady state and after an agent restart, and
+// removes a peer's IPv6 entries when the peer loses its IPv6 CIDR. A node
+// without IPv6 pods programs no IPv6 at all.
+func TestDualStackPeers(t *testing.T) {
+	inNode(t, func(uplink int) {
+		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("192.0.2.1"), Uplink: uplink,
+			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1450, Gateway: netip.MustParseAddr("10.244.1.1"),
+			Gateway6: netip.MustParseAddr("fd00:10:244:1::1")}
+		o, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, err := netlink.AddrList(o.Link(), unix.AF_UNSPEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, a := range addrs {
+			got = append(got, a.IPNet.String())
+		}
+		slices.Sort(got)
+		if want := []string{"10.244.1.1/32", "fd00:10:244:1::1/128"}; !slices.Equal(got, want) {
+			t.Fatalf("device addresses %v, want %v", got, want)
+		}
+		a, b := peer("a", "192.0.2.2", "10.244.2.0/24", 2), peer("b", "192.0.2.3", "10.244.3.0/24", 3)
+		a.PodCIDR6 = netip.MustParsePrefix("fd00:10:244:2::/64")
+		peers := []overlay.Peer{a, b}
+		if err := o.Sync(peers, false); err != nil {
+			t.Fatal(err)
+		}
+		expectKernel(t, "dual-stack peer", peers)
+		expectWrites(t, "steady state", syncWrites(t, o, peers, true), 0)
+		again, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectWrites(t, "after a restart", syncWrites(t, again, peers, true), 0)
+		a.PodCIDR6 = netip.Prefix{}
+		peers = []overlay.Peer{a, b}
+		if err := again.Sync(peers, false); err != nil {
+			t.Fatal(err)
+		}
+		expectKernel(t, "the peer without its IPv6 CIDR", peers)
+
+		// This node without IPv6 pods: the peer's IPv6 CIDR is not routed,
+		// and the device's IPv6 gateway goes.
+		cfg.Gateway6 = netip.Addr{}
+		v4, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.PodCIDR6 = netip.MustParsePrefix("fd00:10:244:2::/64")
+		if err := v4.Sync([]overlay.Peer{a, b}, true); err != nil {
+			t.Fatal(err)
+		}
+		a.PodCIDR6 = netip.Prefix{}
+		expectKernel(t, "a node without IPv6 pods", []overlay.Peer{a, b})
+		if addrs, _ := netlink.AddrList(v4.Link(), unix.AF_INET6); len(addrs) != 0 {
+			t.Fatalf("IPv6 addresses left on the device: %v", addrs)
+		}
+	})
 }

@@ -1,7 +1,9 @@
 // Package pods wires a pod into its node: a veth pair whose pod end is
-// the pod's interface (a /32 address, a default route via the node
-// gateway) and whose host end carries a /32 route to the pod. Both sides
-// get permanent neighbour entries, so no ARP is needed in either direction.
+// the pod's interface (per family, a /32 or /128 address and a default
+// route via the node's gateway of that family) and whose host end carries
+// a host route to each of the pod's addresses. Both sides get permanent
+// neighbour entries, so no ARP or IPv6 neighbour discovery is needed in
+// either direction.
 package pods
 
 import (
@@ -11,6 +13,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/vishvananda/netlink"
@@ -26,12 +31,15 @@ const RouteProtocol netlink.RouteProtocol = 0xb7
 
 // Pod describes one pod interface.
 type Pod struct {
-	Netns     string     // path of the pod's network namespace
-	IfName    string     // interface in the pod, e.g. eth0
-	HostIface string     // host end of the veth
-	IP        netip.Addr // the pod's address (configured as /32)
-	Gateway   netip.Addr // the node gateway (first address of the node CIDR)
+	Netns     string       // path of the pod's network namespace
+	IfName    string       // interface in the pod, e.g. eth0
+	HostIface string       // host end of the veth
+	IPs       []netip.Addr // the pod's addresses, at most one per family (each configured as a host prefix)
+	Gateways  []netip.Addr // the node's gateways, one for each of IPs' families (first address of its node CIDR)
 	MTU       int
+	// ProcSys is where the node's sysctls are ("" = /proc/sys); in the
+	// pod's namespace its net/ subtree shows the pod's.
+	ProcSys string
 	// Cookie asks Setup for the namespace's cookie (SO_NETNS_COOKIE,
 	// Linux 5.14), for the socket programs that act on pods' sockets.
 	Cookie bool
@@ -92,7 +100,7 @@ func Setup(p Pod) (Link, error) {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return Link{}, fmt.Errorf("create veth %s: %w", p.HostIface, err)
 	}
-	link, err := setup(p, nh, tmp)
+	link, err := setup(p, ns, nh, tmp)
 	if err == nil && p.Cookie {
 		if link.NetnsCookie, err = netns.CookieOf(ns); err != nil {
 			err = fmt.Errorf("pod sockets: %w", err)
@@ -107,7 +115,7 @@ func Setup(p Pod) (Link, error) {
 	return link, nil
 }
 
-func setup(p Pod, nh *netlink.Handle, tmp string) (Link, error) {
+func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error) {
 	host, err := netlink.LinkByName(p.HostIface)
 	if err != nil {
 		return Link{}, err
@@ -125,49 +133,97 @@ func setup(p Pod, nh *netlink.Handle, tmp string) (Link, error) {
 	podMAC := pod.Attrs().HardwareAddr
 	hostMAC := host.Attrs().HardwareAddr
 
+	if len(p.IPs) == 0 || len(p.Gateways) != len(p.IPs) {
+		return Link{}, fmt.Errorf("pod addresses %v need one gateway each, have %v", p.IPs, p.Gateways)
+	}
+	// IPv6 on both ends even where the node or the runtime turned it off
+	// by default, and no duplicate address detection on the pod's end:
+	// its address is the node's to give, and usable at once.
+	if slices.ContainsFunc(p.IPs, netip.Addr.Is6) {
+		err := netns.Do(ns, func() error {
+			return WriteIPv6Conf(p.ProcSys, p.IfName, map[string]string{"disable_ipv6": "0", "accept_dad": "0"})
+		})
+		if err != nil {
+			return Link{}, err
+		}
+		if err := WriteIPv6Conf(p.ProcSys, p.HostIface, map[string]string{"disable_ipv6": "0"}); err != nil {
+			return Link{}, err
+		}
+	}
+
 	// Pod side.
 	if lo, err := nh.LinkByName("lo"); err == nil {
 		if err := nh.LinkSetUp(lo); err != nil {
 			return Link{}, fmt.Errorf("pod lo up: %w", err)
 		}
 	}
-	if err := nh.AddrAdd(pod, &netlink.Addr{IPNet: host32(p.IP)}); err != nil {
-		return Link{}, fmt.Errorf("pod address %s: %w", p.IP, err)
+	for _, ip := range p.IPs {
+		if err := nh.AddrAdd(pod, &netlink.Addr{IPNet: hostPrefix(ip), Flags: unix.IFA_F_NODAD}); err != nil {
+			return Link{}, fmt.Errorf("pod address %s: %w", ip, err)
+		}
 	}
 	if err := nh.LinkSetUp(pod); err != nil {
 		return Link{}, fmt.Errorf("pod %s up: %w", p.IfName, err)
 	}
-	if err := nh.NeighAdd(&netlink.Neigh{LinkIndex: pod.Attrs().Index, State: netlink.NUD_PERMANENT,
-		IP: p.Gateway.AsSlice(), HardwareAddr: hostMAC, Family: unix.AF_INET}); err != nil {
-		return Link{}, fmt.Errorf("pod neighbour for gateway: %w", err)
-	}
-	if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: host32(p.Gateway)}); err != nil {
-		return Link{}, fmt.Errorf("pod route to gateway: %w", err)
-	}
-	if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: p.Gateway.AsSlice()}); err != nil {
-		return Link{}, fmt.Errorf("pod default route: %w", err)
+	for _, gw := range p.Gateways {
+		if err := nh.NeighAdd(&netlink.Neigh{LinkIndex: pod.Attrs().Index, State: netlink.NUD_PERMANENT,
+			IP: gw.AsSlice(), HardwareAddr: hostMAC, Family: family(gw)}); err != nil {
+			return Link{}, fmt.Errorf("pod neighbour for gateway %s: %w", gw, err)
+		}
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: hostPrefix(gw)}); err != nil {
+			return Link{}, fmt.Errorf("pod route to gateway %s: %w", gw, err)
+		}
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: gw.AsSlice(), Family: family(gw)}); err != nil {
+			return Link{}, fmt.Errorf("pod default route via %s: %w", gw, err)
+		}
 	}
 
 	// Host side.
 	if err := netlink.LinkSetUp(host); err != nil {
 		return Link{}, fmt.Errorf("host %s up: %w", p.HostIface, err)
 	}
-	if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: host.Attrs().Index, State: netlink.NUD_PERMANENT,
-		IP: p.IP.AsSlice(), HardwareAddr: podMAC, Family: unix.AF_INET}); err != nil {
-		return Link{}, fmt.Errorf("host neighbour for pod: %w", err)
-	}
-	if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, p.IP)); err != nil {
-		return Link{}, fmt.Errorf("host route to pod %s: %w", p.IP, err)
+	for _, ip := range p.IPs {
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: host.Attrs().Index, State: netlink.NUD_PERMANENT,
+			IP: ip.AsSlice(), HardwareAddr: podMAC, Family: family(ip)}); err != nil {
+			return Link{}, fmt.Errorf("host neighbour for pod %s: %w", ip, err)
+		}
+		if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, ip)); err != nil {
+			return Link{}, fmt.Errorf("host route to pod %s: %w", ip, err)
+		}
 	}
 	return Link{PodMAC: podMAC, HostMAC: hostMAC, HostIndex: host.Attrs().Index}, nil
 }
 
-func hostRoute(ifindex int, ip netip.Addr) *netlink.Route {
-	return &netlink.Route{LinkIndex: ifindex, Scope: netlink.SCOPE_LINK, Dst: host32(ip), Protocol: RouteProtocol}
+// WriteIPv6Conf writes IPv6 settings of interface ifname
+// (net/ipv6/conf/<ifname>/<name> under procSys, "" = /proc/sys) in the
+// calling thread's network namespace.
+func WriteIPv6Conf(procSys, ifname string, settings map[string]string) error {
+	if procSys == "" {
+		procSys = "/proc/sys"
+	}
+	for name, value := range settings {
+		path := filepath.Join(procSys, "net/ipv6/conf", ifname, name)
+		if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+			return fmt.Errorf("IPv6 on %s: %w", ifname, err)
+		}
+	}
+	return nil
 }
 
-func host32(ip netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
+func hostRoute(ifindex int, ip netip.Addr) *netlink.Route {
+	return &netlink.Route{LinkIndex: ifindex, Scope: netlink.SCOPE_LINK, Dst: hostPrefix(ip), Protocol: RouteProtocol}
+}
+
+// hostPrefix is ip as a /32 or /128.
+func hostPrefix(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
 }
 
 func randHex(n int) string {
@@ -204,9 +260,11 @@ func Check(p Pod) error {
 	if host.Attrs().OperState == netlink.OperDown || host.Attrs().Flags&net.FlagUp == 0 {
 		return fmt.Errorf("host interface %s is down", p.HostIface)
 	}
-	routes, err := netlink.RouteListFiltered(unix.AF_INET, hostRoute(host.Attrs().Index, p.IP), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
-	if err != nil || len(routes) == 0 {
-		return fmt.Errorf("host route %s dev %s missing", p.IP, p.HostIface)
+	for _, ip := range p.IPs {
+		routes, err := netlink.RouteListFiltered(family(ip), hostRoute(host.Attrs().Index, ip), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
+		if err != nil || len(routes) == 0 {
+			return fmt.Errorf("host route %s dev %s missing", ip, p.HostIface)
+		}
 	}
 	ns, err := netns.Open(p.Netns)
 	if err != nil {
@@ -228,27 +286,30 @@ func Check(p Pod) error {
 	if pod.Attrs().MTU != p.MTU {
 		return fmt.Errorf("pod interface %s has MTU %d, want %d", p.IfName, pod.Attrs().MTU, p.MTU)
 	}
-	addrs, err := nh.AddrList(pod, unix.AF_INET)
+	addrs, err := nh.AddrList(pod, unix.AF_UNSPEC)
 	if err != nil {
 		return err
 	}
-	found := false
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == p.IP {
-			found = true
+	for _, want := range p.IPs {
+		if !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { ip, _ := netip.AddrFromSlice(a.IP); return ip.Unmap() == want }) {
+			return fmt.Errorf("pod interface %s lacks address %s", p.IfName, want)
 		}
 	}
-	if !found {
-		return fmt.Errorf("pod interface %s lacks address %s", p.IfName, p.IP)
-	}
-	defaults, err := nh.RouteListFiltered(unix.AF_INET, &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
-	if err != nil {
-		return err
-	}
-	for _, r := range defaults {
-		if (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && net.IP(p.Gateway.AsSlice()).Equal(r.Gw) {
-			return nil
+	for _, gw := range p.Gateways {
+		routes, err := nh.RouteListFiltered(family(gw), &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(routes, func(r netlink.Route) bool {
+			return (r.Dst == nil || r.Dst.IP.IsUnspecified() && isZero(r.Dst.Mask)) && net.IP(gw.AsSlice()).Equal(r.Gw)
+		}) {
+			return fmt.Errorf("pod default route via %s dev %s missing", gw, p.IfName)
 		}
 	}
-	return fmt.Errorf("pod default route via %s dev %s missing", p.Gateway, p.IfName)
+	return nil
+}
+
+func isZero(m net.IPMask) bool {
+	ones, _ := m.Size()
+	return ones == 0
 }

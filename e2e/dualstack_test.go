@@ -1,0 +1,132 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/internal/testutil"
+	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// A dual-stack lab (IPv4 first): every pod gets an address of each family
+// from its node's blocks, onctl shows both, and the matrix passes in both
+// families (pod↔pod on one node and across nodes, node→pod), on each
+// datastore. On Kubernetes a NetworkPolicy that admits one client pod by
+// its labels admits it over IPv6 too (its IPv6 address comes from its
+// status.podIPs) and denies another pod in IPv6 as in IPv4.
+func TestDualStack(t *testing.T) {
+	t.Run("etcd", func(t *testing.T) {
+		l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 2, IPFamily: lab.IPFamilyDual})
+		dualStackAddresses(t, l)
+		allPairsPass(t, l, "the dual-stack matrix")
+	})
+	t.Run("kubernetes", func(t *testing.T) {
+		l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1, IPFamily: lab.IPFamilyDual, Datastore: "kubernetes"})
+		dualStackAddresses(t, l)
+		allPairsPass(t, l, "the dual-stack matrix")
+		policyInBothFamilies(t, l)
+	})
+}
+
+// dualStackAddresses checks every pod's two addresses: IPv4 as before, IPv6
+// from the cluster's IPv6 range, one /64 per node, none twice; and that
+// onctl pods lists both.
+func dualStackAddresses(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	cluster6 := netip.MustParsePrefix("fd00:10:244::/56")
+	seen := map[netip.Addr]string{}
+	blocks := map[netip.Prefix]string{}
+	for _, n := range l.Nodes {
+		resp, err := agent(t, n).ListPods(context.Background(), &apiv1.ListPodsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]string{}
+		for _, p := range resp.Pods {
+			listed[p.ContainerId] = p.Ip
+		}
+		for _, p := range n.Pods {
+			if !p.IP.Is4() || !cluster6.Contains(p.IPv6) || seen[p.IPv6] != "" {
+				t.Fatalf("pod %s has %s and %s: want IPv4 and a unique IPv6 address of %s", p.Key(), p.IP, p.IPv6, cluster6)
+			}
+			seen[p.IPv6] = p.Key()
+			block, _ := p.IPv6.Prefix(64)
+			if other := blocks[block]; other != "" && other != n.Name {
+				t.Fatalf("pod %s's IPv6 block %s is node %s's too", p.Key(), block, other)
+			}
+			blocks[block] = n.Name
+			if want := p.IP.String() + "," + p.IPv6.String(); listed[p.ContainerID] != want {
+				t.Fatalf("onctl pods on %s lists %s with %q, want %q", n.Name, p.Key(), listed[p.ContainerID], want)
+			}
+		}
+	}
+}
+
+// policyInBothFamilies isolates a server pod to admit one client pod on
+// one TCP port: the client gets in over IPv4 and IPv6 alike, another pod
+// in neither.
+func policyInBothFamilies(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	ctx := context.Background()
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "dual"
+	if err := l.SetNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	add := func(n *lab.Node, name, role string) *lab.Pod {
+		p, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: name, Labels: map[string]string{"role": role}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	server, client, other := add(l.Nodes[1], "server", "server"), add(l.Nodes[0], "client", "client"), add(l.Nodes[0], "other", "other")
+	const serverPort = 9300
+	for _, serve := range []func([]string, []int, []int) (func(), error){lab.ServeEcho, lab.ServeEcho6} {
+		stop, err := serve([]string{server.Netns}, []int{serverPort}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+	}
+	pol := netpol(ns, "server", sel("role", "server"), ingressOnly,
+		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("role", "client")}), port(corev1.ProtocolTCP, serverPort)), nil)
+	if _, err := kube.NetworkingV1().NetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	api := agent(t, l.Nodes[1])
+	testutil.WaitFor(t, "the server isolated for ingress", 15*time.Second, func() bool {
+		resp, err := api.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: server.Key()})
+		return err == nil && len(resp.Pods) == 1 && resp.Pods[0].Ingress.GetIsolated()
+	})
+	var failed []string
+	for _, c := range []struct {
+		from *lab.Pod
+		dst  netip.Addr
+		ok   bool
+	}{
+		{client, server.IP, true}, {client, server.IPv6, true},
+		{other, server.IP, false}, {other, server.IPv6, false},
+	} {
+		_, err := lab.Probe(c.from.Netns, "tcp", c.dst, serverPort, 2*time.Second)
+		if (err == nil) != c.ok {
+			failed = append(failed, c.from.Name+" → "+c.dst.String()+": "+map[bool]string{true: "works", false: "fails"}[err == nil])
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("policy admitting only the client:\n%s", strings.Join(failed, "\n"))
+	}
+}
