@@ -290,15 +290,20 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			a.setNotReady(err.Error())
 			return err
 		}
-	case cidr.IsValid() && own.IsValid() && cidr != own:
+	case cidr.IsValid() && own.IsValid() && cidr != own.Masked():
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, own))
 		return nil
 	case cidr.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
 		// A cluster turned dual-stack under a running agent: pods keep
 		// what they have; the new block serves after a restart.
-		if now := datastore.BlockOf(self.PodCIDRs, datastore.IPv6); now != a.warnedCIDR6 {
-			slog.Warn("this node's IPv6 pod CIDR changed since the agent started; restart the agent to give new pods addresses from it",
-				"now", now, "serving", cidr6)
+		if now := datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked(); now != a.warnedCIDR6 {
+			advice := "restart the agent to give new pods addresses from it"
+			if cidr6.IsValid() {
+				// A restart removes the pods whose addresses are
+				// outside the node's blocks.
+				advice = "drain the node, then restart the agent"
+			}
+			slog.Warn("this node's IPv6 pod CIDR changed since the agent started; "+advice, "now", now, "serving", cidr6)
 			a.warnedCIDR6 = now
 		}
 	}
@@ -332,17 +337,14 @@ func (a *Agent) published() datastore.NodeSpec {
 	return a.spec
 }
 
-// nodeBlocks are the node's pod CIDRs the agent serves, in the node
-// record's family order: its IPv4 block and, dual-stack, its IPv6 one.
+// nodeBlocks are the node's pod CIDRs the agent serves, masked, in the
+// node record's family order: the first of each family.
 func nodeBlocks(self *datastore.Node) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range self.PodCIDRs {
-		if p == self.IPv4PodCIDR() || p == datastore.BlockOf(self.PodCIDRs, datastore.IPv6) {
+		if p == datastore.BlockOf(self.PodCIDRs, datastore.FamilyOf(p)) {
 			out = append(out, p.Masked())
 		}
-	}
-	if len(out) == 0 { // a record of before pools per family
-		out = append(out, self.IPv4PodCIDR())
 	}
 	return out
 }

@@ -3,13 +3,13 @@ package agent
 import (
 	"context"
 	"fmt"
-	"github.com/onc-net/onc/agent/ipam"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 
 	"github.com/onc-net/onc/agent/bypass"
+	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"

@@ -4,7 +4,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +26,8 @@ import (
 // families (pod↔pod on one node and across nodes, node→pod), on each
 // datastore. On Kubernetes a NetworkPolicy that admits one client pod by
 // its labels admits it over IPv6 too (its IPv6 address comes from its
-// status.podIPs) and denies another pod in IPv6 as in IPv4.
+// status.podIPs) and denies another pod in IPv6 as in IPv4, also when that
+// pod sends with the client's IPv6 address.
 func TestDualStack(t *testing.T) {
 	t.Run("etcd", func(t *testing.T) {
 		l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 2, IPFamily: lab.IPFamilyDual})
@@ -73,8 +77,8 @@ func dualStackAddresses(t *testing.T, l *lab.Lab) {
 }
 
 // policyInBothFamilies isolates a server pod to admit one client pod on
-// one TCP port: the client gets in over IPv4 and IPv6 alike, another pod
-// in neither.
+// one TCP and one UDP port: the client gets in over IPv4 and IPv6 alike,
+// another pod in neither, not even with the client's IPv6 address.
 func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	ctx := context.Background()
@@ -94,7 +98,7 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 		return p
 	}
 	server, client, other := add(l.Nodes[1], "server", "server"), add(l.Nodes[0], "client", "client"), add(l.Nodes[0], "other", "other")
-	const serverPort = 9300
+	const serverPort, udpPort = 9300, 9301
 	for _, serve := range []func([]string, []int, []int) (func(), error){lab.ServeEcho, lab.ServeEcho6} {
 		stop, err := serve([]string{server.Netns}, []int{serverPort}, nil)
 		if err != nil {
@@ -102,8 +106,17 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 		}
 		t.Cleanup(stop)
 	}
+	var pc net.PacketConn
+	if err := lab.InNetns(server.Netns, func() (err error) {
+		pc, err = net.ListenPacket("udp6", fmt.Sprintf(":%d", udpPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
 	pol := netpol(ns, "server", sel("role", "server"), ingressOnly,
-		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("role", "client")}), port(corev1.ProtocolTCP, serverPort)), nil)
+		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("role", "client")}),
+			port(corev1.ProtocolTCP, serverPort), port(corev1.ProtocolUDP, udpPort)), nil)
 	if _, err := kube.NetworkingV1().NetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -128,5 +141,48 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 	}
 	if len(failed) > 0 {
 		t.Fatalf("policy admitting only the client:\n%s", strings.Join(failed, "\n"))
+	}
+
+	// The other pod takes the client's IPv6 address too (as a pod may add
+	// any to its interface): one-way UDP from it never arrives, while the
+	// client's own does.
+	if out, err := exec.Command("ip", "-n", other.Netns, "addr", "add", client.IPv6.String()+"/128", "dev", "eth0", "nodad").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	received := func(p *lab.Pod) bool {
+		t.Helper()
+		want := "from " + p.Name
+		var c net.Conn
+		if err := lab.InNetns(p.Netns, func() (err error) {
+			d := net.Dialer{LocalAddr: &net.UDPAddr{IP: client.IPv6.AsSlice()}}
+			c, err = d.Dial("udp6", netip.AddrPortFrom(server.IPv6, udpPort).String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for range 3 {
+			if _, err := c.Write([]byte(want)); err != nil {
+				t.Fatal(err)
+			}
+			_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					break
+				}
+				if string(buf[:n]) == want {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if !received(client) {
+		t.Fatal("the client's own IPv6 datagram did not arrive")
+	}
+	if received(other) {
+		t.Fatal("a datagram another pod sent with the client's IPv6 address arrived")
 	}
 }

@@ -129,11 +129,11 @@ func scaleSteadyState(t *testing.T, datastore string) {
 	// route do not change. The fast path's host map adds the new address
 	// and deletes the old (2), and the peer map's entry for the CIDR now
 	// names another node IP: it is deleted (evicting what was learned
-	// towards the old one) and put again (2). The overlay guard's sender
-	// map adds the new address's three entries (the endpoint alone, with
-	// the pod CIDR, with the node address) and deletes the old address's
-	// three (6).
-	const want = 13
+	// towards the old one) and put again (2). The overlay guard's IPv4
+	// sender map adds the new address's three entries (the endpoint alone,
+	// with the pod CIDR, with the node address) and deletes the old
+	// address's three (6); its IPv6 map, the endpoint alone (2).
+	const want = 15
 	if d := agent().KernelWrites - before.KernelWrites; d != want {
 		t.Errorf("%d kernel writes to readdress one peer, want %d", d, want)
 	}

@@ -269,9 +269,10 @@ func (p *Pool) Allocate(a Attachment) (Attachment, error) {
 	return a, nil
 }
 
-// next is the next free address of the CIDR at index i. In an IPv6 CIDR
-// it looks at most a million addresses on from the last one: a /64 never
-// wraps, and a pool that full is exhausted in practice.
+// next is the next free address of the CIDR at index i. It looks at most
+// a million addresses on from the last one (2^20: every address of an
+// IPv4 CIDR up to /12, and an IPv6 /64 never wraps anyway); a CIDR so
+// large and that full is exhausted in practice.
 func (p *Pool) next(i int) (netip.Addr, bool) {
 	cidr := p.cidrs[i]
 	start := p.last[i]

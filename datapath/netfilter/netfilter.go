@@ -11,6 +11,7 @@ package netfilter
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -131,20 +132,38 @@ func fillPods(ipt *iptables.IPTables, clusterCIDR, multicast, masqueradePorts st
 // are in clusterCIDR: masquerade to outside it, FORWARD accepts. The
 // overlay's other rules stay IPv4's: the tunnel's endpoints are IPv4 and
 // IPv6 pods take the slow path. With an invalid clusterCIDR (no IPv6
-// pods) it empties ONC's ip6tables chains, if ip6tables is there at all.
+// pods) it makes nothing, and empties the chains an earlier dual-stack
+// run left; a node without IPv6 pods does not need ip6tables to work, so
+// that is only logged if it fails.
 func EnsureIPv6(clusterCIDR netip.Prefix) error {
 	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
-	if err != nil {
-		if !clusterCIDR.IsValid() {
-			return nil
+	if !clusterCIDR.IsValid() {
+		if err == nil {
+			err = clearIfPresent(ipt, map[string]string{"nat": natChain, "filter": forwardChain})
 		}
+		if err != nil {
+			slog.Warn("cannot check ip6tables for IPv6 pods' rules of an earlier run", "err", err)
+		}
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("ip6tables, which IPv6 pods need: %w", err)
 	}
-	cidr := ""
-	if clusterCIDR.IsValid() {
-		cidr = clusterCIDR.String()
+	return fillPods(ipt, clusterCIDR.String(), "ff00::/8", "")
+}
+
+// clearIfPresent empties the chains (by table) that exist.
+func clearIfPresent(ipt *iptables.IPTables, chains map[string]string) error {
+	for table, chain := range chains {
+		ok, err := ipt.ChainExists(table, chain)
+		if err == nil && ok {
+			err = ipt.ClearChain(table, chain)
+		}
+		if err != nil {
+			return fmt.Errorf("ip6tables -t %s %s: %w", table, chain, err)
+		}
 	}
-	return fillPods(ipt, cidr, "ff00::/8", "")
+	return nil
 }
 
 // Marking is where the fast path's ESTABLISHED bit goes, on packets of

@@ -37,11 +37,18 @@ func TestEnsureUplinkLBRemovesTheOldMarkChain(t *testing.T) {
 
 // IPv6 pods get the IPv4 ones' masquerade and FORWARD accepts in
 // ip6tables, in ONC's chains jumped to first; without an IPv6 cluster CIDR
-// the chains are emptied. Idempotent both ways.
+// the chains are emptied. Idempotent both ways. A node that never had IPv6
+// pods gets nothing in ip6tables.
 func TestEnsureIPv6(t *testing.T) {
 	testutil.InNewNetns(t, "nf6", func() {
 		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
 		testutil.Must(t, err)
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}))
+		for table, chain := range map[string]string{"nat": natChain, "filter": forwardChain} {
+			if ok, err := ipt.ChainExists(table, chain); err != nil || ok {
+				t.Fatalf("an IPv4-only node made ip6tables %s %s (%v)", table, chain, err)
+			}
+		}
 		rules := func(table, chain string) []string {
 			t.Helper()
 			r, err := ipt.List(table, chain)

@@ -137,7 +137,7 @@ func Ensure(cfg Config) (*Overlay, error) {
 		// No link-local address (the device would solicit routers and
 		// join groups over the overlay), and IPv6 on even where new
 		// interfaces start without it.
-		if err := pods.WriteIPv6Conf(cfg.ProcSys, DeviceName, map[string]string{"addr_gen_mode": "1", "disable_ipv6": "0"}); err != nil {
+		if err := pods.WriteIPv6Conf(cfg.ProcSys, DeviceName, "addr_gen_mode=1", "disable_ipv6=0"); err != nil {
 			return nil, err
 		}
 	}
@@ -150,7 +150,7 @@ func Ensure(cfg Config) (*Overlay, error) {
 			return nil, fmt.Errorf("gateway address %s on %s: %w", gw, DeviceName, err)
 		}
 	}
-	if err := removeOtherAddrs(l, cfg.Gateway, cfg.Gateway6); err != nil {
+	if err := removeOtherAddrs(l, cfg.Gateway6.IsValid(), cfg.Gateway, cfg.Gateway6); err != nil {
 		return nil, err
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
@@ -190,14 +190,15 @@ func matches(l netlink.Link, cfg Config) bool {
 }
 
 // removeOtherAddrs drops a gateway left from an earlier pod CIDR, of
-// either family (a link-local address stays: the kernel's).
-func removeOtherAddrs(l netlink.Link, keep ...netip.Addr) error {
+// either family, and with linkLocal the device's link-local address (one
+// an earlier version's device got before addr_gen_mode said none).
+func removeOtherAddrs(l netlink.Link, linkLocal bool, keep ...netip.Addr) error {
 	addrs, err := netlink.AddrList(l, unix.AF_UNSPEC)
 	if err != nil {
 		return err
 	}
 	for _, a := range addrs {
-		if ip, _ := netip.AddrFromSlice(a.IP); !slices.Contains(keep, ip.Unmap()) && !ip.IsLinkLocalUnicast() {
+		if ip, _ := netip.AddrFromSlice(a.IP); !slices.Contains(keep, ip.Unmap()) && (linkLocal || !ip.IsLinkLocalUnicast()) {
 			if err := netlink.AddrDel(l, &a); err != nil {
 				return fmt.Errorf("remove stale address %s from %s: %w", a.IPNet, DeviceName, err)
 			}
@@ -324,17 +325,10 @@ func (o *Overlay) entriesOf(peers []Peer) entries {
 func (o *Overlay) neighs(p Peer) []netlink.Neigh {
 	var out []netlink.Neigh
 	for _, gw := range o.gateways(p) {
-		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: family(gw), State: netlink.NUD_PERMANENT,
+		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: pods.Family(gw), State: netlink.NUD_PERMANENT,
 			IP: gw.AsSlice(), HardwareAddr: p.VTEPMAC})
 	}
 	return out
-}
-
-func family(ip netip.Addr) int {
-	if ip.Is4() {
-		return unix.AF_INET
-	}
-	return unix.AF_INET6
 }
 
 func (o *Overlay) fdb(p Peer) netlink.Neigh {
@@ -362,7 +356,7 @@ func (o *Overlay) routes(p Peer) []netlink.Route {
 			Flags:     int(netlink.FLAG_ONLINK),
 			Protocol:  pods.RouteProtocol,
 			Table:     table,
-			Family:    family(gw),
+			Family:    pods.Family(gw),
 		}
 	}
 	gw := Gateway(p.PodCIDR)

@@ -361,6 +361,14 @@ func TestDualStackPeers(t *testing.T) {
 		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("192.0.2.1"), Uplink: uplink,
 			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1450, Gateway: netip.MustParseAddr("10.244.1.1"),
 			Gateway6: netip.MustParseAddr("fd00:10:244:1::1")}
+		// The device as a node without IPv6 pods (or an earlier version)
+		// made it, with the link-local address the kernel gives it; then
+		// adopted by a dual-stack agent.
+		v4 := cfg
+		v4.Gateway6 = netip.Addr{}
+		if _, err := overlay.Ensure(v4); err != nil {
+			t.Fatal(err)
+		}
 		o, err := overlay.Ensure(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -399,18 +407,17 @@ func TestDualStackPeers(t *testing.T) {
 
 		// This node without IPv6 pods: the peer's IPv6 CIDR is not routed,
 		// and the device's IPv6 gateway goes.
-		cfg.Gateway6 = netip.Addr{}
-		v4, err := overlay.Ensure(cfg)
+		o4, err := overlay.Ensure(v4)
 		if err != nil {
 			t.Fatal(err)
 		}
 		a.PodCIDR6 = netip.MustParsePrefix("fd00:10:244:2::/64")
-		if err := v4.Sync([]overlay.Peer{a, b}, true); err != nil {
+		if err := o4.Sync([]overlay.Peer{a, b}, true); err != nil {
 			t.Fatal(err)
 		}
 		a.PodCIDR6 = netip.Prefix{}
 		expectKernel(t, "a node without IPv6 pods", []overlay.Peer{a, b})
-		if addrs, _ := netlink.AddrList(v4.Link(), unix.AF_INET6); len(addrs) != 0 {
+		if addrs, _ := netlink.AddrList(o4.Link(), unix.AF_INET6); len(addrs) != 0 {
 			t.Fatalf("IPv6 addresses left on the device: %v", addrs)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/vishvananda/netlink"
@@ -141,12 +142,12 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	// its address is the node's to give, and usable at once.
 	if slices.ContainsFunc(p.IPs, netip.Addr.Is6) {
 		err := netns.Do(ns, func() error {
-			return WriteIPv6Conf(p.ProcSys, p.IfName, map[string]string{"disable_ipv6": "0", "accept_dad": "0"})
+			return WriteIPv6Conf(p.ProcSys, p.IfName, "accept_dad=0", "disable_ipv6=0")
 		})
 		if err != nil {
 			return Link{}, err
 		}
-		if err := WriteIPv6Conf(p.ProcSys, p.HostIface, map[string]string{"disable_ipv6": "0"}); err != nil {
+		if err := WriteIPv6Conf(p.ProcSys, p.HostIface, "disable_ipv6=0"); err != nil {
 			return Link{}, err
 		}
 	}
@@ -167,13 +168,13 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	}
 	for _, gw := range p.Gateways {
 		if err := nh.NeighAdd(&netlink.Neigh{LinkIndex: pod.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: gw.AsSlice(), HardwareAddr: hostMAC, Family: family(gw)}); err != nil {
+			IP: gw.AsSlice(), HardwareAddr: hostMAC, Family: Family(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod neighbour for gateway %s: %w", gw, err)
 		}
 		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: hostPrefix(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod route to gateway %s: %w", gw, err)
 		}
-		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: gw.AsSlice(), Family: family(gw)}); err != nil {
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: gw.AsSlice(), Family: Family(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod default route via %s: %w", gw, err)
 		}
 	}
@@ -184,7 +185,7 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	}
 	for _, ip := range p.IPs {
 		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: host.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: ip.AsSlice(), HardwareAddr: podMAC, Family: family(ip)}); err != nil {
+			IP: ip.AsSlice(), HardwareAddr: podMAC, Family: Family(ip)}); err != nil {
 			return Link{}, fmt.Errorf("host neighbour for pod %s: %w", ip, err)
 		}
 		if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, ip)); err != nil {
@@ -194,14 +195,15 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	return Link{PodMAC: podMAC, HostMAC: hostMAC, HostIndex: host.Attrs().Index}, nil
 }
 
-// WriteIPv6Conf writes IPv6 settings of interface ifname
-// (net/ipv6/conf/<ifname>/<name> under procSys, "" = /proc/sys) in the
-// calling thread's network namespace.
-func WriteIPv6Conf(procSys, ifname string, settings map[string]string) error {
+// WriteIPv6Conf writes IPv6 settings of interface ifname, each
+// "name=value" (net/ipv6/conf/<ifname>/<name> under procSys, "" =
+// /proc/sys), in order, in the calling thread's network namespace.
+func WriteIPv6Conf(procSys, ifname string, settings ...string) error {
 	if procSys == "" {
 		procSys = "/proc/sys"
 	}
-	for name, value := range settings {
+	for _, s := range settings {
+		name, value, _ := strings.Cut(s, "=")
 		path := filepath.Join(procSys, "net/ipv6/conf", ifname, name)
 		if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
 			return fmt.Errorf("IPv6 on %s: %w", ifname, err)
@@ -210,7 +212,8 @@ func WriteIPv6Conf(procSys, ifname string, settings map[string]string) error {
 	return nil
 }
 
-func family(ip netip.Addr) int {
+// Family is ip's address family as netlink names it.
+func Family(ip netip.Addr) int {
 	if ip.Is4() {
 		return unix.AF_INET
 	}
@@ -261,7 +264,7 @@ func Check(p Pod) error {
 		return fmt.Errorf("host interface %s is down", p.HostIface)
 	}
 	for _, ip := range p.IPs {
-		routes, err := netlink.RouteListFiltered(family(ip), hostRoute(host.Attrs().Index, ip), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
+		routes, err := netlink.RouteListFiltered(Family(ip), hostRoute(host.Attrs().Index, ip), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
 		if err != nil || len(routes) == 0 {
 			return fmt.Errorf("host route %s dev %s missing", ip, p.HostIface)
 		}
@@ -296,7 +299,7 @@ func Check(p Pod) error {
 		}
 	}
 	for _, gw := range p.Gateways {
-		routes, err := nh.RouteListFiltered(family(gw), &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
+		routes, err := nh.RouteListFiltered(Family(gw), &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
 		if err != nil {
 			return err
 		}

@@ -31,8 +31,8 @@ const nftTimeout = 30 * time.Second
 // drop packets from a pod veth whose source is not that pod's address of
 // the packet's family (sets pod-addrs and pod-addrs6: no pod can pass for
 // an allowed peer, and one without an address of a family sends nothing
-// in it but IPv6 link-local neighbour discovery), accept that neighbour
-// discovery, accept established and related packets, drop invalid ones to
+// in it beyond its link), accept neighbour discovery with the node
+// (input), accept established and related packets, drop invalid ones to
 // or from a pod veth (set pod-ifaces) and TCP ones that would start a
 // connection without a SYN to or from an isolated pod's (set isolated), and
 // jump through the verdict maps egress (keyed by iifname) and ingress
@@ -530,10 +530,14 @@ func addBase(tx *knftables.Transaction) {
 		// no further than the pod's link, the node.
 		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
 		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 drop"})
-		// Neighbour discovery with its gateway, which conntrack does
-		// not track: a pod needs it whatever its egress policy, as it
-		// needs ARP. Hop limit 255: sent on the link, never routed.
-		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept"})
+		// Neighbour discovery with the node, which conntrack does not
+		// track: ONC gives pods a permanent entry for their gateway, but
+		// a pod may still solicit the node (its link-local address, an
+		// entry it flushed) whatever its egress policy, as it may ARP.
+		// Hop limit 255: sent on the link, so it reaches input only.
+		if hook == knftables.InputHook {
+			tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept"})
+		}
 		// Only the first packet of a connection is judged; Revoke ends
 		// connections a change denies.
 		tx.Add(&knftables.Rule{Chain: name, Rule: "ct state established,related accept"})
