@@ -264,28 +264,54 @@ func sourceRanges(svc *corev1.Service) []netip.Prefix {
 
 var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP, corev1.ProtocolUDP: services.UDP}
 
-// UnservedPort is a Service port nobody serves.
+// UnservedPort is a Service port nobody serves, and why.
 type UnservedPort struct {
 	Service *corev1.Service
-	Port    string // namespace/name:port-name/SCTP
+	Port    string // namespace/name:port-name/PROTO, with " (IPv6)" for its IPv6 cluster IP
+	Reason  string // one of the Unserved* reasons
 }
 
-// Unserved lists the Service ports nobody serves: SCTP, which has no
-// sockets on ONC's kernels to translate at, and whose checksum covers the
-// addresses a translation on the wire would change.
+// Why Unserved lists a port.
+const (
+	UnservedSCTP = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
+	UnservedIPv6 = "IPv6: ONC serves Services over IPv4 so far, and without kube-proxy nothing serves the IPv6 cluster IP (issue 28)"
+)
+
+// Unserved lists the Service ports nobody serves without kube-proxy: SCTP,
+// which has no sockets on ONC's kernels to translate at, and whose
+// checksum covers the addresses a translation on the wire would change;
+// and every port of an IPv6 cluster IP.
 func Unserved(snap Snapshot) []UnservedPort {
 	var out []UnservedPort
 	for _, svc := range snap.Services {
-		if _, ok := clusterIPv4(svc); !ok {
-			continue
+		name := svc.Namespace + "/" + svc.Name + ":"
+		if _, ok := clusterIPv4(svc); ok {
+			for _, p := range svc.Spec.Ports {
+				if p.Protocol == corev1.ProtocolSCTP {
+					out = append(out, UnservedPort{svc, name + p.Name + "/SCTP", UnservedSCTP})
+				}
+			}
 		}
-		for _, p := range svc.Spec.Ports {
-			if p.Protocol == corev1.ProtocolSCTP {
-				out = append(out, UnservedPort{svc, svc.Namespace + "/" + svc.Name + ":" + p.Name + "/SCTP"})
+		if hasClusterIPv6(svc) {
+			for _, p := range svc.Spec.Ports {
+				out = append(out, UnservedPort{svc, name + p.Name + "/" + string(p.Protocol) + " (IPv6)", UnservedIPv6})
 			}
 		}
 	}
 	return out
+}
+
+// hasClusterIPv6 reports whether the Service has an IPv6 cluster IP.
+func hasClusterIPv6(s *corev1.Service) bool {
+	if s.Spec.Type == corev1.ServiceTypeExternalName {
+		return false
+	}
+	i := slices.Index(s.Spec.IPFamilies, corev1.IPv6Protocol)
+	if i < 0 || i >= len(s.Spec.ClusterIPs) {
+		return false
+	}
+	ip, err := netip.ParseAddr(s.Spec.ClusterIPs[i])
+	return err == nil && ip.Is6()
 }
 
 // clusterIPv4 is the Service's IPv4 cluster IP, chosen as kube-proxy does

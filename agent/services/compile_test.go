@@ -549,11 +549,29 @@ func TestCompileTopology(t *testing.T) {
 	}
 }
 
+// Without kube-proxy nothing serves an SCTP port, nor any port of an IPv6
+// cluster IP (ONC serves Services over IPv4 so far): each is listed, with
+// why.
 func TestUnserved(t *testing.T) {
 	svc := web(func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) })
-	got := Unserved(Snapshot{Services: []*corev1.Service{svc}})
-	if want := []UnservedPort{{svc, "app/web:assoc/SCTP"}}; !reflect.DeepEqual(got, want) {
-		t.Errorf("got %+v, want %+v", got, want)
+	dual := web(func(s *corev1.ServiceSpec) {
+		s.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		s.ClusterIPs = []string{s.ClusterIP, "fd00:10:96::10"}
+	})
+	dual.Name = "dual"
+	v6only := web(func(s *corev1.ServiceSpec) {
+		s.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		s.ClusterIP, s.ClusterIPs = "fd00:10:96::11", []string{"fd00:10:96::11"}
+	})
+	v6only.Name = "v6only"
+	got := Unserved(Snapshot{Services: []*corev1.Service{svc, dual, v6only}})
+	var lines []string
+	for _, p := range got {
+		lines = append(lines, p.Port+" "+map[string]string{UnservedSCTP: "sctp", UnservedIPv6: "ipv6"}[p.Reason])
+	}
+	want := []string{"app/web:assoc/SCTP sctp", "app/dual:http/TCP (IPv6) ipv6", "app/v6only:http/TCP (IPv6) ipv6"}
+	if !reflect.DeepEqual(lines, want) || got[0].Service != svc {
+		t.Errorf("got %v, want %v", lines, want)
 	}
 }
 

@@ -117,14 +117,11 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	return nil
 }
 
-// unservedReason is why an SCTP port is served by nobody.
-const unservedReason = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
-
 // reportUnserved logs, and records as an event on its Service, each port
 // nobody serves without kube-proxy, once while it lasts.
 func (w *Watcher) reportUnserved(snap Snapshot) {
 	var ports []UnservedPort
-	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP is kube-proxy's
+	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP and IPv6 are kube-proxy's
 		ports = Unserved(snap)
 	}
 	now := make(map[string]bool, len(ports))
@@ -133,13 +130,17 @@ func (w *Watcher) reportUnserved(snap Snapshot) {
 		if w.warned[p.Port] {
 			continue
 		}
-		slog.Warn("a Service port is not served", "port", p.Port, "reason", unservedReason)
-		w.inputs.Warn(p.Service, "ProtocolNotSupported", fmt.Sprintf("port %s is not served by ONC on node %s: %s", p.Port, w.node.Name, unservedReason))
+		slog.Warn("a Service port is not served", "port", p.Port, "reason", p.Reason)
+		event := "ProtocolNotSupported"
+		if p.Reason == UnservedIPv6 {
+			event = "IPFamilyNotSupported"
+		}
+		w.inputs.Warn(p.Service, event, fmt.Sprintf("port %s is not served by ONC on node %s: %s", p.Port, w.node.Name, p.Reason))
 	}
 	w.warned = now
 	list := make([]string, len(ports))
 	for i, p := range ports {
-		list[i] = p.Port + ": " + unservedReason
+		list[i] = p.Port + ": " + p.Reason
 	}
 	w.mu.Lock()
 	w.unserved = list

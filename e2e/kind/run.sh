@@ -19,6 +19,10 @@
 # default), nftables or ipvs run kube-proxy in that mode beside ONC.
 # LB_MODE=dsr (with KUBE_PROXY=none) sets load-balancer-mode: direct server
 # return for clients outside (docs/services.md); snat is the default.
+# IP_FAMILY=dual makes a dual-stack cluster (IPv4 first: pods
+# 10.244.0.0/16 and fd00:10:244::/56, Services 10.96.0.0/16 and
+# fd00:10:96::/112) and installs ONC with both pod ranges; ipv4 (the
+# default) a single-stack one.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -37,6 +41,12 @@ PROCS=${PROCS:-1}
 RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 KUBE_PROXY=${KUBE_PROXY:-iptables}
 LB_MODE=${LB_MODE:-snat}
+IP_FAMILY=${IP_FAMILY:-ipv4}
+case "$IP_FAMILY" in
+ipv4) CLUSTER_CIDR=10.244.0.0/16 ;;
+dual) CLUSTER_CIDR=10.244.0.0/16,fd00:10:244::/56 ;;
+*) echo "IP_FAMILY=$IP_FAMILY: ipv4 or dual (IPv6-only nodes are not supported yet, issue 28)" >&2; exit 1 ;;
+esac
 # Nodes in the cluster, the first the control plane, and the zones the
 # workers are spread over in turn (topology.kubernetes.io/zone zone-0,
 # zone-1, ...). Without zones (0) every node takes pods; with zones the
@@ -60,11 +70,14 @@ in_ns() { "${NS[@]}" "$@"; }
 kc() { in_ns kubectl "$@"; }
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 
-# cluster_config is cluster.yaml with the kube-proxy mode and the nodes
-# asked for.
+# cluster_config is cluster.yaml with the kube-proxy mode, the IP
+# families and the nodes asked for.
 cluster_config() {
-  local i
-  sed -e "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" -e '/^  - role: /d' "$here/cluster.yaml" |
+  local i family=()
+  if [ "$IP_FAMILY" = dual ]; then
+    family=(-e "s|^  podSubnet: .*|  podSubnet: $CLUSTER_CIDR|" -e 's|^  disableDefaultCNI: true$|&\n  ipFamily: dual\n  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|')
+  fi
+  sed -e "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" -e '/^  - role: /d' "${family[@]}" "$here/cluster.yaml" |
     while IFS= read -r line; do
       printf '%s\n' "$line"
       [ "$line" = "nodes:" ] || continue
@@ -101,14 +114,16 @@ up() {
   fi
   in_ns kind export kubeconfig --name "$CLUSTER" --kubeconfig "$KUBECONFIG"
   # A cluster left up is reused: it must have kube-proxy or not as asked,
-  # as many nodes and zones.
-  local want=yes have=yes count zones
+  # as many nodes and zones, the same IP families.
+  local want=yes have=yes count zones families
   [ "$KUBE_PROXY" != none ] || want=no
   kc -n kube-system get daemonset kube-proxy >/dev/null 2>&1 || have=no
   count=$(in_ns kind get nodes --name "$CLUSTER" | wc -l)
   zones=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.labels.topology\.kubernetes\.io/zone}{"\n"}{end}' | sort -u | grep -c . || true)
-  if [ "$want" != "$have" ] || [ "$count" != "$NODES" ] || [ "$zones" != "$ZONES" ]; then
-    echo "cluster $CLUSTER (kube-proxy: $have, $count nodes, $zones zones) was made for another KUBE_PROXY, NODES or ZONES than $KUBE_PROXY, $NODES, $ZONES: make e2e-kind-down first" >&2
+  families=ipv4
+  ! kc get nodes -o jsonpath='{.items[0].status.addresses[*].address}' | grep -q : || families=dual
+  if [ "$want" != "$have" ] || [ "$count" != "$NODES" ] || [ "$zones" != "$ZONES" ] || [ "$families" != "$IP_FAMILY" ]; then
+    echo "cluster $CLUSTER (kube-proxy: $have, $count nodes, $zones zones, $families) was made for another KUBE_PROXY, NODES, ZONES or IP_FAMILY than $KUBE_PROXY, $NODES, $ZONES, $IP_FAMILY: make e2e-kind-down first" >&2
     exit 1
   fi
   if [ "$ZONES" -gt 0 ]; then
@@ -122,7 +137,11 @@ up() {
   done
   log "loading the ONC image and applying manifests/onc.yaml"
   in_ns kind load docker-image onc:dev --name "$CLUSTER"
-  kc apply -f "$root/manifests/onc.yaml"
+  # The pod ranges before the controller's first start: a Node keeps the
+  # pod CIDRs it first gets.
+  sed "s|^  cluster-cidr: \"10.244.0.0/16\"$|  cluster-cidr: \"$CLUSTER_CIDR\"|" "$root/manifests/onc.yaml" | kc apply -f -
+  kc -n onc-system get configmap onc-config -o jsonpath='{.data.cluster-cidr}' | grep -qx "$CLUSTER_CIDR" ||
+    { echo "onc-config's cluster-cidr is not $CLUSTER_CIDR" >&2; exit 1; }
   if [ "$KUBE_PROXY" = none ]; then
     # The edit docs/install.md asks for; the restart below brings it in.
     local apiserver
@@ -286,7 +305,7 @@ summarize() {
     echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
     echo
     echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(cat "$CACHE/$CLUSTER.image-commit" 2>/dev/null || echo unknown) (the image's tree),"
-    echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it, load-balancer-mode $LB_MODE)"),"
+    echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it, load-balancer-mode $LB_MODE)"), IP family $IP_FAMILY,"
     echo "$NODES nodes$([ "$ZONES" = 0 ] || echo " in $ZONES zones"),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
     echo
