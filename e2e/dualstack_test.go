@@ -161,23 +161,7 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		buf := make([]byte, 64)
-		for range 3 {
-			if _, err := c.Write([]byte(want)); err != nil {
-				t.Fatal(err)
-			}
-			_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-			for {
-				n, _, err := pc.ReadFrom(buf)
-				if err != nil {
-					break
-				}
-				if string(buf[:n]) == want {
-					return true
-				}
-			}
-		}
-		return false
+		return testutil.Delivered(t, c, pc, want)
 	}
 	if !received(client) {
 		t.Fatal("the client's own IPv6 datagram did not arrive")

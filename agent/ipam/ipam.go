@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/internal/atomicfile"
+	"github.com/onc-net/onc/internal/netaddr"
 )
 
 // ErrExhausted: no free address is left in a node CIDR.
@@ -218,20 +219,10 @@ func (p *Pool) fits(a *Attachment) bool {
 // usable excludes the network and (IPv4) broadcast addresses and reserved
 // ones.
 func (p *Pool) usable(ip netip.Addr, cidr netip.Prefix) bool {
-	if ip == cidr.Addr() || ip.Is4() && ip == lastAddr(cidr) {
+	if ip == cidr.Addr() || ip.Is4() && ip == netaddr.Last(cidr) {
 		return false
 	}
 	return !p.reserved[ip]
-}
-
-// lastAddr is the last address of c.
-func lastAddr(c netip.Prefix) netip.Addr {
-	b := c.Masked().Addr().AsSlice()
-	for i := c.Bits(); i < 8*len(b); i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 // Allocate records a new attachment with the next free address of each

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+
+	"github.com/onc-net/onc/internal/netaddr"
 )
 
 // allows is the verdict of the compiled sets, as nft reaches it.
@@ -112,7 +114,7 @@ func sampleAddrs(r *rand.Rand, d *Direction) []netip.Addr {
 		for _, p := range rule.Peers {
 			m := p.Masked()
 			b := m.Addr().AsSlice()
-			out = append(out, m.Addr(), m.Addr().Prev(), lastAddr(m), lastAddr(m).Next())
+			out = append(out, m.Addr(), m.Addr().Prev(), netaddr.Last(m), netaddr.Last(m).Next())
 			b[len(b)-1] ^= byte(r.IntN(256))
 			a, _ := netip.AddrFromSlice(b)
 			out = append(out, a)
@@ -123,16 +125,6 @@ func sampleAddrs(r *rand.Rand, d *Direction) []netip.Addr {
 			netip.AddrFrom16([16]byte{0: 0xfd, 14: byte(r.IntN(2)), 15: byte(r.IntN(256))}))
 	}
 	return out
-}
-
-// lastAddr is the last address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < 8*len(b); i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 func samplePorts(r *rand.Rand, d *Direction) []uint16 {

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/onc-net/onc/internal/testutil"
@@ -610,24 +609,7 @@ func TestSpoofedSourceIsDropped(t *testing.T) {
 					return err
 				})
 				defer conn.Close()
-				want := fmt.Sprintf("from %s via %s", src, conn.LocalAddr())
-				buf := make([]byte, 64)
-				for range 3 {
-					if _, err := conn.Write([]byte(want)); err != nil {
-						t.Fatal(err)
-					}
-					_ = pc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-					for {
-						n, _, err := pc.ReadFrom(buf)
-						if err != nil {
-							break
-						}
-						if string(buf[:n]) == want {
-							return true
-						}
-					}
-				}
-				return false
+				return testutil.Delivered(t, conn, pc, fmt.Sprintf("from %s via %s", src, conn.LocalAddr()))
 			}
 			// c also holds a's address, as a pod that added it to its eth0 would.
 			aAddr := netip.PrefixFrom(family.addr(a), family.addr(a).BitLen())

@@ -1,0 +1,17 @@
+package netaddr
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func TestLast(t *testing.T) {
+	for p, want := range map[string]string{
+		"10.244.1.0/24": "10.244.1.255", "10.244.1.7/24": "10.244.1.255", "0.0.0.0/0": "255.255.255.255", "10.0.0.1/32": "10.0.0.1",
+		"fd00::/120": "fd00::ff", "fd00:10:244:1::/64": "fd00:10:244:1:ffff:ffff:ffff:ffff", "::/0": "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+	} {
+		if got := Last(netip.MustParsePrefix(p)); got.String() != want {
+			t.Errorf("Last(%s) = %s, want %s", p, got, want)
+		}
+	}
+}
