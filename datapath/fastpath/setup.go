@@ -163,20 +163,19 @@ func connOf(k FlowKey, v FlowVal) Conn {
 	return Conn{local, remote, k.Proto}
 }
 
-// closed reports whether a connection the fast path opened is over but
-// for its last ACK, which the flow's cache entry carries: a FIN went each
-// way. (The packet that ends it forgets it: a local pod's reset, the ACK
-// of both FINs. A reset from the other end may be forged, and the
-// connection go on: it is handed over.)
+// closed reports whether a connection the fast path opened is over: reset,
+// or a FIN went each way (only its last ACK may be left, which conntrack
+// would pick up as a new connection, and the flow's cache entry carries).
 func closed(v FlowVal) bool {
 	const bothFINs = closingLocalFIN | closingRemoteFIN
-	return v.Closing&bothFINs == bothFINs
+	return v.Closing&closingRST != 0 || v.Closing&bothFINs == bothFINs
 }
 
 // As FLOW_CLOSING_* (include/flow_cache.h).
 const (
 	closingLocalFIN  = 1
 	closingRemoteFIN = 2
+	closingRST       = 4
 )
 
 // conntrackEstablish puts conns into conntrack as the connections they

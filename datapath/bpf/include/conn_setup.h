@@ -88,14 +88,10 @@ slow:
  * cannot carry. The end is the ACK of the second of the two FINs once
  * the first is acknowledged too (not merely the first packet after
  * both: after a half-close an ACK of data crosses the second FIN, and in
- * a simultaneous close each end acknowledges the other's), or an RST with
- * ACK the local pod sends, its stack's abort. An RST from the other end
- * is not trusted with that: anyone outside could forge one with a
- * client's address, and the pod's stack ignores one outside its window,
- * so the connection may go on. Nor is the pod's bare RST (no ACK): its
- * stack answers so a segment it will not take (an ACK of data it never
- * sent, which anyone could forge during a handshake) and keeps the
- * connection.
+ * a simultaneous close each end acknowledges the other's), or an RST the
+ * local pod sends. An RST from the other end is not trusted with that:
+ * anyone outside could forge one with a client's address, and the pod's
+ * stack ignores one outside its window, so the connection may go on.
  */
 static __always_inline int flow_close_step(const struct flow_key *k, const struct flow_val *v, int out,
 					   const struct tcp_seg *seg)
@@ -106,10 +102,9 @@ static __always_inline int flow_close_step(const struct flow_key *k, const struc
 	if (!v || !v->opener || !v->closing)
 		return 0;
 	if (seg->flags & TCP_RST) {
-		if (!out || !(seg->flags & TCP_ACK))
-			return 0;
-		bpf_map_delete_elem(&onc_fin, k);
-		return 1;
+		if (out)
+			bpf_map_delete_elem(&onc_fin, k);
+		return out;
 	}
 	cur = bpf_map_lookup_elem(&onc_fin, k);
 	if (cur)
