@@ -94,8 +94,8 @@ type Agent struct {
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
-	// warnedCIDR6 is the IPv6 pod CIDR in the datastore that reconcile
-	// last warned differs from podCIDR6 (reconcile's own).
+	// warnedCIDR6 is the IPv6 pod CIDR a node without one at bring-up
+	// got later, once reconcile warned of it (reconcile's own).
 	warnedCIDR6 netip.Prefix
 
 	mu          sync.Mutex
@@ -293,17 +293,16 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	case cidr.IsValid() && own.IsValid() && cidr != own.Masked():
 		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, own))
 		return nil
+	case cidr.IsValid() && cidr6.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
+		// The block it serves may be another node's now, as for IPv4.
+		a.setNotReady(fmt.Sprintf("IPv6 pod CIDR changed from %s to %v in the datastore; restart the agent after draining the node",
+			cidr6, datastore.BlockOf(self.PodCIDRs, datastore.IPv6)))
+		return nil
 	case cidr.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
 		// A cluster turned dual-stack under a running agent: pods keep
 		// what they have; the new block serves after a restart.
 		if now := datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked(); now != a.warnedCIDR6 {
-			advice := "restart the agent to give new pods addresses from it"
-			if cidr6.IsValid() {
-				// A restart removes the pods whose addresses are
-				// outside the node's blocks.
-				advice = "drain the node, then restart the agent"
-			}
-			slog.Warn("this node's IPv6 pod CIDR changed since the agent started; "+advice, "now", now, "serving", cidr6)
+			slog.Warn("this node got an IPv6 pod CIDR after the agent started; restart the agent to give new pods addresses from it", "cidr", now)
 			a.warnedCIDR6 = now
 		}
 	}

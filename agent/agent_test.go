@@ -206,6 +206,21 @@ func TestReconcileBringUp(t *testing.T) {
 		if fmt.Sprint(pod.IPs, pod.Gateways) != "[fd00:10:244:1::2 10.244.1.2] [fd00:10:244:1::1 10.244.1.1]" {
 			t.Errorf("the datapath made the pod with %v via %v", pod.IPs, pod.Gateways)
 		}
+		// Its IPv6 block changes under it: it may be another node's now.
+		if err := ta.store.ReleaseCIDR(ctx(t), self); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"10.244.1.0/24", "fd00:10:244:9::/64"} {
+			if _, err := datastore.ClaimCIDR(ctx(t), ta.store, self, prefix(p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "IPv6 pod CIDR changed from fd00:10:244:1::/64 to fd00:10:244:9::/64") {
+			t.Errorf("after its IPv6 block changed: not-ready reason %q", reason)
+		}
 	})
 	t.Run("a changed CIDR stops readiness", func(t *testing.T) {
 		ta := newTestAgent(t)

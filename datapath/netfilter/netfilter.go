@@ -10,9 +10,11 @@
 package netfilter
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,7 +143,7 @@ func EnsureIPv6(clusterCIDR netip.Prefix) error {
 		if err == nil {
 			err = clearIfPresent(ipt, map[string]string{"nat": natChain, "filter": forwardChain})
 		}
-		if err != nil {
+		if err != nil && !errors.Is(err, exec.ErrNotFound) { // no ip6tables, no rules to empty
 			slog.Warn("cannot check ip6tables for IPv6 pods' rules of an earlier run", "err", err)
 		}
 		return nil

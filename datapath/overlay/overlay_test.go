@@ -366,8 +366,12 @@ func TestDualStackPeers(t *testing.T) {
 		// adopted by a dual-stack agent.
 		v4 := cfg
 		v4.Gateway6 = netip.Addr{}
-		if _, err := overlay.Ensure(v4); err != nil {
+		o4, err := overlay.Ensure(v4)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if addrs, _ := netlink.AddrList(o4.Link(), unix.AF_INET6); len(addrs) != 1 || !addrs[0].IP.IsLinkLocalUnicast() {
+			t.Fatalf("the IPv4-only device's IPv6 addresses %v, want the kernel's link-local one (else this tests nothing)", addrs)
 		}
 		o, err := overlay.Ensure(cfg)
 		if err != nil {
@@ -407,8 +411,7 @@ func TestDualStackPeers(t *testing.T) {
 
 		// This node without IPv6 pods: the peer's IPv6 CIDR is not routed,
 		// and the device's IPv6 gateway goes.
-		o4, err := overlay.Ensure(v4)
-		if err != nil {
+		if o4, err = overlay.Ensure(v4); err != nil {
 			t.Fatal(err)
 		}
 		a.PodCIDR6 = netip.MustParsePrefix("fd00:10:244:2::/64")

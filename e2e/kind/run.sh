@@ -109,6 +109,8 @@ up() {
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "creating kind cluster $CLUSTER, kube-proxy mode $KUBE_PROXY"
     cluster_config > "$CACHE/$CLUSTER.cluster.yaml"
+    [ "$IP_FAMILY" != dual ] || grep -q '^  ipFamily: dual$' "$CACHE/$CLUSTER.cluster.yaml" ||
+      { echo "cluster.yaml took no ipFamily: dual; see cluster_config" >&2; exit 1; }
     in_ns kind create cluster --name "$CLUSTER" --config "$CACHE/$CLUSTER.cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
       --kubeconfig "$KUBECONFIG"
   fi
@@ -120,8 +122,8 @@ up() {
   kc -n kube-system get daemonset kube-proxy >/dev/null 2>&1 || have=no
   count=$(in_ns kind get nodes --name "$CLUSTER" | wc -l)
   zones=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.labels.topology\.kubernetes\.io/zone}{"\n"}{end}' | sort -u | grep -c . || true)
-  families=ipv4
-  ! kc get nodes -o jsonpath='{.items[0].status.addresses[*].address}' | grep -q : || families=dual
+  families=$(kc get nodes -o jsonpath='{.items[0].status.addresses[*].address}')
+  case $families in *:*) families=dual ;; *) families=ipv4 ;; esac
   if [ "$want" != "$have" ] || [ "$count" != "$NODES" ] || [ "$zones" != "$ZONES" ] || [ "$families" != "$IP_FAMILY" ]; then
     echo "cluster $CLUSTER (kube-proxy: $have, $count nodes, $zones zones, $families) was made for another KUBE_PROXY, NODES, ZONES or IP_FAMILY than $KUBE_PROXY, $NODES, $ZONES, $IP_FAMILY: make e2e-kind-down first" >&2
     exit 1
