@@ -564,14 +564,27 @@ func TestUnserved(t *testing.T) {
 		s.ClusterIP, s.ClusterIPs = "fd00:10:96::11", []string{"fd00:10:96::11"}
 	})
 	v6only.Name = "v6only"
-	got := Unserved(Snapshot{Services: []*corev1.Service{svc, dual, v6only}})
+	v6first := web(func(s *corev1.ServiceSpec) { // IPv6 the primary family
+		s.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+		s.ClusterIP, s.ClusterIPs = "fd00:10:96::12", []string{"fd00:10:96::12", "10.96.0.12"}
+	})
+	v6first.Name = "v6first"
+	got := Unserved(Snapshot{Services: []*corev1.Service{svc, dual, v6only, v6first}})
 	var lines []string
 	for _, p := range got {
 		lines = append(lines, p.Port+" "+map[string]string{UnservedSCTP: "sctp", UnservedIPv6: "ipv6"}[p.Reason])
 	}
-	want := []string{"app/web:assoc/SCTP sctp", "app/dual:http/TCP (IPv6) ipv6", "app/v6only:http/TCP (IPv6) ipv6"}
+	want := []string{"app/web:assoc/SCTP sctp", "app/dual:http/TCP (IPv6) ipv6", "app/v6only:http/TCP (IPv6) ipv6", "app/v6first:http/TCP (IPv6) ipv6"}
 	if !reflect.DeepEqual(lines, want) || got[0].Service != svc {
 		t.Errorf("got %v, want %v", lines, want)
+	}
+	// The IPv4 family of a Service whose primary is IPv6 is served.
+	served := false
+	for _, c := range Compile(Snapshot{Services: []*corev1.Service{v6first}}, n1, Proxying{Replace: true}) {
+		served = served || c.VIP == netip.MustParseAddr("10.96.0.12")
+	}
+	if !served {
+		t.Error("the IPv4 cluster IP of an IPv6-primary Service is not compiled")
 	}
 }
 
