@@ -121,8 +121,8 @@ int onc_egress_fast(struct __sk_buff *skb)
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(p.ip->tos)))
 		goto err;
 
-	if (key.proto == IPPROTO_TCP && flow_close_step(&key, flow, 1, &p.seg))
-		bpf_map_delete_elem(&onc_filter, &key);
+	if (key.proto == IPPROTO_TCP)
+		flow_close_step(&key, flow, 1, &p.seg);
 	count(&onc_stats, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
 	return bpf_redirect(encap->ifindex, 0);
 err:
@@ -233,8 +233,8 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
 	eth->h_proto = bpf_htons(ETH_P_IP);
 
-	if (key.proto == IPPROTO_TCP && flow_close_step(&key, flow, 0, &p.seg))
-		bpf_map_delete_elem(&onc_filter, &key);
+	if (key.proto == IPPROTO_TCP)
+		flow_close_step(&key, flow, 0, &p.seg);
 	count(&onc_stats, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
 	return bpf_redirect_peer(ifindex, 0);
 err:

@@ -255,7 +255,7 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	if (p.proto == IPPROTO_TCP && flow_close_step(&cached, flow, 1, &p.seg)) {
 		be.ip = p.saddr;
 		be.port = p.sport;
-		lb_forget(p.daddr, p.dport, &fe, &be, p.proto, &cached);
+		lb_forget(p.daddr, p.dport, &fe, &be, p.proto);
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_REPLY, 1);
 	return bpf_redirect_neigh(ifindex, NULL, 0, 0);

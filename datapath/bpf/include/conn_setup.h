@@ -81,8 +81,9 @@ slow:
  * flow_close_step follows the close of a connection the fast path opened
  * (v, its entry, NULL if none), one packet at a time: seg is the packet's
  * TCP segment, out whether the local pod sent it. It returns 1 when the
- * packet ends the connection, and the program that sends it on then
- * forgets the connection: left in the LRU maps, the records of closed
+ * packet ends the connection, having forgotten it in the flow cache
+ * (flow_forget; the uplink's caller forgets its own records): left in the
+ * LRU maps, the records of closed
  * connections would pile up until a burst of short connections evicted
  * the only record of a long idle one, whose next packets the slow path
  * cannot carry. The end is the ACK of the second of the two FINs once
@@ -103,7 +104,7 @@ static __always_inline int flow_close_step(const struct flow_key *k, const struc
 		return 0;
 	if (seg->flags & TCP_RST) {
 		if (out)
-			bpf_map_delete_elem(&onc_fin, k);
+			flow_forget(k);
 		return out;
 	}
 	cur = bpf_map_lookup_elem(&onc_fin, k);
@@ -120,7 +121,7 @@ static __always_inline int flow_close_step(const struct flow_key *k, const struc
 	if ((seg->flags & TCP_ACK) && f.sent[o] && seg->ack == f.end[o])
 		f.acked[o] = 1;
 	if (f.acked[FLOW_DIR_OUT] && f.acked[FLOW_DIR_IN]) {
-		bpf_map_delete_elem(&onc_fin, k);
+		flow_forget(k);
 		return 1;
 	}
 	if (!cur || cur->sent[d] != f.sent[d] || cur->end[d] != f.end[d] || cur->acked[o] != f.acked[o])

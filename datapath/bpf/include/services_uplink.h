@@ -394,14 +394,14 @@ static __always_inline int lb_open(struct __sk_buff *skb, const struct flow_key 
 }
 
 /*
- * lb_forget deletes the records of a connection to a backend on this node
- * that ended on the fast path (flow_close_step): its flow's entries both ways
- * and the flow cache's, cached. The client's entry is keyed by the
- * frontend it sent to (fe); with direct server return it was the sending
- * node's, and there is none here to delete.
+ * lb_forget deletes the uplink's records of a connection to a backend on
+ * this node that ended on the fast path (flow_close_step, which forgot the
+ * flow cache's): its flow's entries both ways. The client's entry is
+ * keyed by the frontend it sent to (fe); with direct server return it was
+ * the sending node's, and there is none here to delete.
  */
 static __always_inline void lb_forget(__be32 client, __be16 client_port, const struct lb_addr *fe,
-				      const struct lb_addr *be, __u8 proto, const struct flow_key *cached)
+				      const struct lb_addr *be, __u8 proto)
 {
 	struct lb_flow_key in = {
 		.saddr = client, .daddr = fe->ip, .sport = client_port, .dport = fe->port,
@@ -411,7 +411,6 @@ static __always_inline void lb_forget(__be32 client, __be16 client_port, const s
 
 	bpf_map_delete_elem(&onc_lb_flows, &in);
 	bpf_map_delete_elem(&onc_lb_flows, &out);
-	bpf_map_delete_elem(&onc_filter, cached);
 }
 
 /*
@@ -464,7 +463,7 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 		return TC_ACT_SHOT;
 	}
 	if (p->proto == IPPROTO_TCP && flow_close_step(&key, flow, 0, &p->seg))
-		lb_forget(p->saddr, p->sport, &fe, be, p->proto, &key);
+		lb_forget(p->saddr, p->sport, &fe, be, p->proto);
 	count(&onc_lb_uplink_stats, setup == SETUP_OPEN ? LB_STAT_UPLINK_OPEN : LB_STAT_UPLINK_FAST_TO_POD, 1);
 	return bpf_redirect_peer(pod->ifindex, 0);
 }
