@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/onc-net/onc/internal/netaddr"
 	"github.com/onc-net/onc/internal/netns"
 
 	"github.com/onc-net/onc/datapath/pods"
@@ -45,11 +46,4 @@ func (p Pod) spec() pods.Pod {
 // ipv4 is the pod's IPv4 address, invalid when it has none: the fast
 // path, the socket programs and the bypass know pods by it (IPv6 pods
 // take the slow path, issue 28).
-func (p Pod) ipv4() netip.Addr {
-	for _, ip := range p.IPs {
-		if ip.Is4() {
-			return ip
-		}
-	}
-	return netip.Addr{}
-}
+func (p Pod) ipv4() netip.Addr { return netaddr.IPv4(p.IPs) }

@@ -53,14 +53,7 @@ type Attachment struct {
 }
 
 // IPv4 is the pod's IPv4 address; invalid when it has none.
-func (a Attachment) IPv4() netip.Addr {
-	for _, ip := range a.IPs {
-		if ip.Is4() {
-			return ip
-		}
-	}
-	return netip.Addr{}
-}
+func (a Attachment) IPv4() netip.Addr { return netaddr.IPv4(a.IPs) }
 
 // FormatAddrs renders a pod's addresses for onctl: "10.244.1.5" or
 // "10.244.1.5,fd00:10:244:1::5".

@@ -1,4 +1,5 @@
-// Package netaddr has what net/netip lacks for prefixes.
+// Package netaddr has what net/netip lacks for prefixes and for lists
+// of addresses of both families.
 package netaddr
 
 import "net/netip"
@@ -11,4 +12,15 @@ func Last(p netip.Prefix) netip.Addr {
 	}
 	a, _ := netip.AddrFromSlice(b)
 	return a
+}
+
+// IPv4 is the first IPv4 address of ips (a dual-stack pod's, say);
+// invalid when there is none.
+func IPv4(ips []netip.Addr) netip.Addr {
+	for _, ip := range ips {
+		if ip.Is4() {
+			return ip
+		}
+	}
+	return netip.Addr{}
 }

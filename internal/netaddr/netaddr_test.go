@@ -15,3 +15,15 @@ func TestLast(t *testing.T) {
 		}
 	}
 }
+
+func TestIPv4(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("fd00::2")
+	for _, c := range []struct {
+		ips  []netip.Addr
+		want netip.Addr
+	}{{nil, netip.Addr{}}, {[]netip.Addr{v6}, netip.Addr{}}, {[]netip.Addr{v6, v4}, v4}, {[]netip.Addr{v4, v6}, v4}} {
+		if got := IPv4(c.ips); got != c.want {
+			t.Errorf("IPv4(%v) = %v, want %v", c.ips, got, c.want)
+		}
+	}
+}
