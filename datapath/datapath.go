@@ -7,18 +7,14 @@
 package datapath
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/onc-net/onc/datapath/bypass"
-
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/services"
+	"github.com/onc-net/onc/internal/sysctl"
 )
 
 // Config of a node's datapath.
@@ -104,23 +100,7 @@ type FastPath interface {
 	Flows() ([]fastpath.Flow, error)
 }
 
-func (n *Node) writeSysctl(name, val string) error {
-	if err := os.WriteFile(n.sysctlPath(name), []byte(val), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(name, "/", "."), val, err)
-	}
-	return nil
-}
+func (n *Node) writeSysctl(name, val string) error { return sysctl.Write(n.cfg.ProcSys, name, val) }
 
 // readSysctl reads sysctl name (a path under net/), trimmed.
-func (n *Node) readSysctl(name string) (string, error) {
-	b, err := os.ReadFile(n.sysctlPath(name))
-	return strings.TrimSpace(string(b)), err
-}
-
-func (n *Node) sysctlPath(name string) string {
-	dir := n.cfg.ProcSys
-	if dir == "" {
-		dir = "/proc/sys"
-	}
-	return filepath.Join(dir, name)
-}
+func (n *Node) readSysctl(name string) (string, error) { return sysctl.Read(n.cfg.ProcSys, name) }

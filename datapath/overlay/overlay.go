@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 
 	"github.com/onc-net/onc/datapath/pods"
+	"github.com/onc-net/onc/internal/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/utils/ptr"
@@ -137,7 +138,7 @@ func Ensure(cfg Config) (*Overlay, error) {
 		// No link-local address (the device would solicit routers and
 		// join groups over the overlay), and IPv6 on even where new
 		// interfaces start without it.
-		if err := pods.WriteIPv6Conf(cfg.ProcSys, DeviceName, "addr_gen_mode=1", "disable_ipv6=0"); err != nil {
+		if err := sysctl.WriteIPv6Conf(cfg.ProcSys, DeviceName, "addr_gen_mode=1", "disable_ipv6=0"); err != nil {
 			return nil, err
 		}
 	}

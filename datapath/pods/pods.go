@@ -13,12 +13,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/onc-net/onc/internal/netns"
+	"github.com/onc-net/onc/internal/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -142,12 +140,12 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	// its address is the node's to give, and usable at once.
 	if slices.ContainsFunc(p.IPs, netip.Addr.Is6) {
 		err := netns.Do(ns, func() error {
-			return WriteIPv6Conf(p.ProcSys, p.IfName, "accept_dad=0", "disable_ipv6=0")
+			return sysctl.WriteIPv6Conf(p.ProcSys, p.IfName, "accept_dad=0", "disable_ipv6=0")
 		})
 		if err != nil {
 			return Link{}, err
 		}
-		if err := WriteIPv6Conf(p.ProcSys, p.HostIface, "disable_ipv6=0"); err != nil {
+		if err := sysctl.WriteIPv6Conf(p.ProcSys, p.HostIface, "disable_ipv6=0"); err != nil {
 			return Link{}, err
 		}
 	}
@@ -193,23 +191,6 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 		}
 	}
 	return Link{PodMAC: podMAC, HostMAC: hostMAC, HostIndex: host.Attrs().Index}, nil
-}
-
-// WriteIPv6Conf writes IPv6 settings of interface ifname, each
-// "name=value" (net/ipv6/conf/<ifname>/<name> under procSys, "" =
-// /proc/sys), in order, in the calling thread's network namespace.
-func WriteIPv6Conf(procSys, ifname string, settings ...string) error {
-	if procSys == "" {
-		procSys = "/proc/sys"
-	}
-	for _, s := range settings {
-		name, value, _ := strings.Cut(s, "=")
-		path := filepath.Join(procSys, "net/ipv6/conf", ifname, name)
-		if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-			return fmt.Errorf("IPv6 on %s: %w", ifname, err)
-		}
-	}
-	return nil
 }
 
 // Family is ip's address family as netlink names it.
