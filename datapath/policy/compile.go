@@ -19,6 +19,7 @@ import (
 type elements struct {
 	all   []netip.Prefix // peers allowed on every protocol and port
 	ports []portElem     // peer . protocol . port range
+	has6  bool           // whether any is an IPv6 peer (the direction then has IPv6 sets)
 }
 
 type portElem struct {
@@ -103,6 +104,8 @@ func compile(d *Direction) elements {
 		}
 		flush()
 	}
+	el.has6 = slices.ContainsFunc(el.all, func(p netip.Prefix) bool { return p.Addr().Is6() }) ||
+		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.Addr().Is6() })
 	return el
 }
 
@@ -149,21 +152,6 @@ func parent(p netip.Prefix) netip.Prefix {
 
 func siblings(a, b netip.Prefix) bool {
 	return a.Bits() == b.Bits() && a.Bits() > 0 && parent(a) == parent(b)
-}
-
-// has6 reports whether el allows an IPv6 peer.
-func (el elements) has6() bool {
-	for _, p := range el.all {
-		if p.Addr().Is6() {
-			return true
-		}
-	}
-	for _, pe := range el.ports {
-		if pe.peer.Addr().Is6() {
-			return true
-		}
-	}
-	return false
 }
 
 // fingerprint identifies the compiled contents of a direction's sets.

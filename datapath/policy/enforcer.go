@@ -610,7 +610,7 @@ func setNames(chain string, f int, second bool) (ports, all string) {
 // exist, empty, even for a pod without IPv4, as they did before IPv6),
 // IPv6 when it allows an IPv6 peer.
 func (c *compiled) setFamilies() []int {
-	if c.el.has6() {
+	if c.el.has6 {
 		return []int{ipv4, ipv6}
 	}
 	return []int{ipv4}
@@ -693,7 +693,7 @@ func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled)
 	// cuts the element out of every lookup bitmap) and 0.5 per element of
 	// an -all set (nft's own interval handling); an add, about 15.
 	inPlace := 6*len(gonePorts)*len(was.el.ports) + len(goneAll)*len(was.el.all)/2 + 15*(len(newPorts)+len(newAll))
-	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6() != now.el.has6() {
+	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6 != now.el.has6 {
 		now.second = !was.second
 		addSets(tx, chain, now)
 		tx.Flush(&knftables.Chain{Name: chain})
