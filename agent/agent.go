@@ -286,7 +286,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 				return nil
 			}
 		}
-		if err := a.bringUp(ctx, nodeBlocks(self)); err != nil {
+		if err := a.bringUp(cc, nodeBlocks(self)); err != nil {
 			a.setNotReady(err.Error())
 			return err
 		}
@@ -349,13 +349,9 @@ func nodeBlocks(self *datastore.Node) []netip.Prefix {
 }
 
 // bringUp builds the node's datapath for its pod CIDRs (an IPv4 one, and
-// an IPv6 one on a dual-stack node, in the node's family order) and takes
-// over the pods of before a restart.
-func (a *Agent) bringUp(ctx context.Context, cidrs []netip.Prefix) error {
-	cc, err := a.store.ClusterConfig(ctx)
-	if err != nil {
-		return fmt.Errorf("read cluster config: %w", err)
-	}
+// an IPv6 one on a dual-stack node, in the node's family order) in the
+// cluster cc and takes over the pods of before a restart.
+func (a *Agent) bringUp(cc datastore.ClusterConfig, cidrs []netip.Prefix) error {
 	cidr, cidr6 := datastore.BlockOf(cidrs, datastore.IPv4), datastore.BlockOf(cidrs, datastore.IPv6)
 	clusterCIDR := cc.IPv4().CIDR
 	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, PodCIDRv6: cidr6, ClusterCIDR: clusterCIDR,

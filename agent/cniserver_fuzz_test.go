@@ -47,7 +47,8 @@ var fuzzCIDR = netip.MustParsePrefix("10.244.7.0/24")
 func newReadyAgent(tb testing.TB, edit ...func(*Config)) *testAgent {
 	tb.Helper()
 	ta := newAgentOn(tb, stubStore{}, edit...)
-	if err := ta.Agent.bringUp(context.Background(), []netip.Prefix{fuzzCIDR}); err != nil {
+	cc, _ := stubStore{}.ClusterConfig(context.Background())
+	if err := ta.Agent.bringUp(cc, []netip.Prefix{fuzzCIDR}); err != nil {
 		tb.Fatal(err)
 	}
 	ta.setNotReady("")
