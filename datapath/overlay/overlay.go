@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 
 	"github.com/onc-net/onc/datapath/pods"
+	"github.com/onc-net/onc/internal/netaddr"
 	"github.com/onc-net/onc/internal/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -146,8 +147,7 @@ func Ensure(cfg Config) (*Overlay, error) {
 		if !gw.IsValid() {
 			continue
 		}
-		bits := gw.BitLen()
-		if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: &net.IPNet{IP: gw.AsSlice(), Mask: net.CIDRMask(bits, bits)}, Flags: unix.IFA_F_NODAD}); err != nil {
+		if err := netlink.AddrReplace(l, &netlink.Addr{IPNet: netaddr.HostPrefix(gw), Flags: unix.IFA_F_NODAD}); err != nil {
 			return nil, fmt.Errorf("gateway address %s on %s: %w", gw, DeviceName, err)
 		}
 	}
@@ -326,7 +326,7 @@ func (o *Overlay) entriesOf(peers []Peer) entries {
 func (o *Overlay) neighs(p Peer) []netlink.Neigh {
 	var out []netlink.Neigh
 	for _, gw := range o.gateways(p) {
-		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: pods.Family(gw), State: netlink.NUD_PERMANENT,
+		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: netaddr.Family(gw), State: netlink.NUD_PERMANENT,
 			IP: gw.AsSlice(), HardwareAddr: p.VTEPMAC})
 	}
 	return out
@@ -357,7 +357,7 @@ func (o *Overlay) routes(p Peer) []netlink.Route {
 			Flags:     int(netlink.FLAG_ONLINK),
 			Protocol:  pods.RouteProtocol,
 			Table:     table,
-			Family:    pods.Family(gw),
+			Family:    netaddr.Family(gw),
 		}
 	}
 	gw := Gateway(p.PodCIDR)

@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/onc-net/onc/internal/netaddr"
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/onc-net/onc/internal/sysctl"
 	"github.com/vishvananda/netlink"
@@ -157,7 +158,7 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 		}
 	}
 	for _, ip := range p.IPs {
-		if err := nh.AddrAdd(pod, &netlink.Addr{IPNet: hostPrefix(ip), Flags: unix.IFA_F_NODAD}); err != nil {
+		if err := nh.AddrAdd(pod, &netlink.Addr{IPNet: netaddr.HostPrefix(ip), Flags: unix.IFA_F_NODAD}); err != nil {
 			return Link{}, fmt.Errorf("pod address %s: %w", ip, err)
 		}
 	}
@@ -166,13 +167,13 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	}
 	for _, gw := range p.Gateways {
 		if err := nh.NeighAdd(&netlink.Neigh{LinkIndex: pod.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: gw.AsSlice(), HardwareAddr: hostMAC, Family: Family(gw)}); err != nil {
+			IP: gw.AsSlice(), HardwareAddr: hostMAC, Family: netaddr.Family(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod neighbour for gateway %s: %w", gw, err)
 		}
-		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: hostPrefix(gw)}); err != nil {
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: netaddr.HostPrefix(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod route to gateway %s: %w", gw, err)
 		}
-		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: gw.AsSlice(), Family: Family(gw)}); err != nil {
+		if err := nh.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Gw: gw.AsSlice(), Family: netaddr.Family(gw)}); err != nil {
 			return Link{}, fmt.Errorf("pod default route via %s: %w", gw, err)
 		}
 	}
@@ -183,7 +184,7 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	}
 	for _, ip := range p.IPs {
 		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: host.Attrs().Index, State: netlink.NUD_PERMANENT,
-			IP: ip.AsSlice(), HardwareAddr: podMAC, Family: Family(ip)}); err != nil {
+			IP: ip.AsSlice(), HardwareAddr: podMAC, Family: netaddr.Family(ip)}); err != nil {
 			return Link{}, fmt.Errorf("host neighbour for pod %s: %w", ip, err)
 		}
 		if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, ip)); err != nil {
@@ -193,21 +194,8 @@ func setup(p Pod, ns netns.Handle, nh *netlink.Handle, tmp string) (Link, error)
 	return Link{PodMAC: podMAC, HostMAC: hostMAC, HostIndex: host.Attrs().Index}, nil
 }
 
-// Family is ip's address family as netlink names it.
-func Family(ip netip.Addr) int {
-	if ip.Is4() {
-		return unix.AF_INET
-	}
-	return unix.AF_INET6
-}
-
 func hostRoute(ifindex int, ip netip.Addr) *netlink.Route {
-	return &netlink.Route{LinkIndex: ifindex, Scope: netlink.SCOPE_LINK, Dst: hostPrefix(ip), Protocol: RouteProtocol}
-}
-
-// hostPrefix is ip as a /32 or /128.
-func hostPrefix(ip netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+	return &netlink.Route{LinkIndex: ifindex, Scope: netlink.SCOPE_LINK, Dst: netaddr.HostPrefix(ip), Protocol: RouteProtocol}
 }
 
 func randHex(n int) string {
@@ -245,7 +233,7 @@ func Check(p Pod) error {
 		return fmt.Errorf("host interface %s is down", p.HostIface)
 	}
 	for _, ip := range p.IPs {
-		routes, err := netlink.RouteListFiltered(Family(ip), hostRoute(host.Attrs().Index, ip), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
+		routes, err := netlink.RouteListFiltered(netaddr.Family(ip), hostRoute(host.Attrs().Index, ip), netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
 		if err != nil || len(routes) == 0 {
 			return fmt.Errorf("host route %s dev %s missing", ip, p.HostIface)
 		}
@@ -280,7 +268,7 @@ func Check(p Pod) error {
 		}
 	}
 	for _, gw := range p.Gateways {
-		routes, err := nh.RouteListFiltered(Family(gw), &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
+		routes, err := nh.RouteListFiltered(netaddr.Family(gw), &netlink.Route{LinkIndex: pod.Attrs().Index}, netlink.RT_FILTER_OIF)
 		if err != nil {
 			return err
 		}

@@ -1,8 +1,13 @@
-// Package netaddr has what net/netip lacks for prefixes and for lists
-// of addresses of both families.
+// Package netaddr has what net/netip lacks for prefixes, lists of
+// addresses of both families, and netlink's forms of an address.
 package netaddr
 
-import "net/netip"
+import (
+	"net"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+)
 
 // Last is the last address of p, of either family.
 func Last(p netip.Prefix) netip.Addr {
@@ -23,4 +28,17 @@ func IPv4(ips []netip.Addr) netip.Addr {
 		}
 	}
 	return netip.Addr{}
+}
+
+// Family is ip's address family as netlink names it.
+func Family(ip netip.Addr) int {
+	if ip.Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
+// HostPrefix is ip as a /32 or /128.
+func HostPrefix(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
 }

@@ -3,6 +3,8 @@ package netaddr
 import (
 	"net/netip"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestLast(t *testing.T) {
@@ -25,5 +27,15 @@ func TestIPv4(t *testing.T) {
 		if got := IPv4(c.ips); got != c.want {
 			t.Errorf("IPv4(%v) = %v, want %v", c.ips, got, c.want)
 		}
+	}
+}
+
+func TestNetlinkForms(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("fd00::1")
+	if Family(v4) != unix.AF_INET || Family(v6) != unix.AF_INET6 {
+		t.Error("Family")
+	}
+	if HostPrefix(v4).String() != "10.244.1.1/32" || HostPrefix(v6).String() != "fd00::1/128" {
+		t.Errorf("HostPrefix: %s, %s", HostPrefix(v4), HostPrefix(v6))
 	}
 }
