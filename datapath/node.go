@@ -141,7 +141,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		return err
 	}
 	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
-		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw, Gateway6: gateway6(s.PodCIDRv6), ProcSys: n.cfg.ProcSys})
+		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw, Gateway6: Gateway(s.PodCIDRv6), ProcSys: n.cfg.ProcSys})
 	if err != nil {
 		return err
 	}
@@ -193,14 +193,6 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "podCIDRv6", s.PodCIDRv6, "vxlan", overlay.DeviceName)
 	return nil
-}
-
-// gateway6 is the IPv6 gateway of cidr, invalid without one.
-func gateway6(cidr netip.Prefix) netip.Addr {
-	if !cidr.IsValid() {
-		return netip.Addr{}
-	}
-	return Gateway(cidr)
 }
 
 // forwardIPv6 turns on IPv6 forwarding, which IPv6 pods need. The kernel

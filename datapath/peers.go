@@ -70,8 +70,8 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
 		sources := []netip.Prefix{podCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}
 		if podCIDR6.IsValid() {
-			keys[podCIDR6.Masked()] = "IPv6 pod CIDR " + podCIDR6.String()
-			sources = append(sources, podCIDR6.Masked())
+			keys[podCIDR6] = "IPv6 pod CIDR " + podCIDR6.String()
+			sources = append(sources, podCIDR6)
 		}
 		if why := conflict(owner, keys); why != "" {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: %s", nd.Name, why))

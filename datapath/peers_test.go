@@ -148,3 +148,14 @@ func TestPeersOfLeavesIPv6ConflictsOut(t *testing.T) {
 		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A node without a block of a family has no gateway in it: BringUp
+// passes the overlay an IPv6 gateway only on a dual-stack node.
+func TestGatewayOfNoBlockIsInvalid(t *testing.T) {
+	if gw := Gateway(netip.Prefix{}); gw.IsValid() {
+		t.Errorf("Gateway of no prefix = %s, want invalid", gw)
+	}
+	if gw := Gateway(netip.MustParsePrefix("fd00:10:244:1::/64")); gw.String() != "fd00:10:244:1::1" {
+		t.Errorf("Gateway = %s", gw)
+	}
+}

@@ -85,7 +85,8 @@ func (o *Overlay) gateways(p Peer) []netip.Addr {
 	return []netip.Addr{Gateway(p.PodCIDR)}
 }
 
-// Gateway of a pod CIDR: its first usable address.
+// Gateway of a pod CIDR: its first usable address; invalid for an
+// invalid prefix (a node without a block of that family).
 func Gateway(cidr netip.Prefix) netip.Addr { return cidr.Masked().Addr().Next() }
 
 // Overlay owns the device and its peer entries.
