@@ -38,16 +38,16 @@ var (
 		"Other nodes by state: programmed (their routes and tunnel entries are in place), pending (registered, not programmed: no pod CIDR yet, or programming failed).",
 		[]string{"state"}, nil)
 	descFastPathPackets = prometheus.NewDesc("onc_fastpath_packets_total",
-		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit; open: a SYN that opened its connection on the fast path; miss; error) and reason of a miss.",
-		[]string{"program", "result", "reason"}, nil)
+		"Packets the fast-path programs saw, by program (egress: from pods, ingress: from the uplink), result (hit; open: a SYN that opened its connection on the fast path; miss; error), reason of a miss, and family (ipv4, ipv6).",
+		[]string{"program", "result", "reason", "family"}, nil)
 	descOverlayDrops = prometheus.NewDesc("onc_overlay_dropped_packets_total",
 		"VXLAN frames the overlay guard dropped, by reason: unknown_sender (not from a peer's tunnel endpoint), inner_source (a peer speaking for a source not its own), inner_destination (to neither a pod of this node nor the node), malformed (a fragment, IP options, a VLAN tag, another VNI or destination, an inner packet not IPv4), from_pod (a pod sending to the VXLAN port), other_interface (by another interface than the uplink), translated (led to the VXLAN port by address translation), forwarded (a VXLAN datagram this node would forward).",
 		[]string{"reason"}, nil)
 	descFastPathLearn = prometheus.NewDesc("onc_fastpath_learn_total",
-		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning.",
-		[]string{"event"}, nil)
+		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning; and by family (ipv4, ipv6).",
+		[]string{"event", "family"}, nil)
 	descCacheEntries = prometheus.NewDesc("onc_fastpath_cache_entries",
-		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods).",
+		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods); filter6, egress6 and local6 the same for IPv6.",
 		[]string{"map"}, nil)
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
@@ -212,7 +212,7 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range sources {
 		if counters, err := s.read(); m.ok(s.name, err) {
 			for _, c := range counters {
-				if desc, labels := s.sample(c.Name); desc != nil {
+				if desc, labels := s.sample(c); desc != nil {
 					ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(c.Value), labels...)
 				}
 			}
@@ -261,26 +261,26 @@ func b2f(b bool) float64 {
 type counterSource struct {
 	name   string // of onc_scrape_errors_total
 	read   func() ([]bpf.Counter, error)
-	sample func(counter string) (*prometheus.Desc, []string)
+	sample func(bpf.Counter) (*prometheus.Desc, []string)
 }
 
 // The sample functions are the one place counter names become metrics: the
 // metric and label values of a counter, or a nil Desc for one not exported.
 
 // fastPathSample maps enum onc_stat: <program>_hit, <program>_open, <program>_error,
-// <program>_miss_<reason>, learn_<event> and the overlay guard's
-// overlay_drop_<reason>.
-func fastPathSample(counter string) (*prometheus.Desc, []string) {
-	prog, rest, _ := strings.Cut(counter, "_")
+// <program>_miss_<reason>, learn_<event> (each by family) and the overlay
+// guard's overlay_drop_<reason>.
+func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
+	prog, rest, _ := strings.Cut(c.Name, "_")
 	switch {
 	case prog == "learn":
-		return descFastPathLearn, []string{rest}
+		return descFastPathLearn, []string{rest, c.Family}
 	case prog == "overlay" && strings.HasPrefix(rest, "drop_"):
 		return descOverlayDrops, []string{strings.TrimPrefix(rest, "drop_")}
 	case rest == "hit" || rest == "open" || rest == "error":
-		return descFastPathPackets, []string{prog, rest, ""}
+		return descFastPathPackets, []string{prog, rest, "", c.Family}
 	case strings.HasPrefix(rest, "miss_"):
-		return descFastPathPackets, []string{prog, "miss", strings.TrimPrefix(rest, "miss_")}
+		return descFastPathPackets, []string{prog, "miss", strings.TrimPrefix(rest, "miss_"), c.Family}
 	}
 	return nil, nil
 }
@@ -290,7 +290,8 @@ func fastPathSample(counter string) (*prometheus.Desc, []string) {
 // and enum lb_dsr_stat's dsr_<event>. The uplink's other counters count
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
-func servicesSample(counter string) (*prometheus.Desc, []string) {
+func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
+	counter := c.Name
 	if dir, ok := strings.CutPrefix(counter, "uplink_fast_"); ok {
 		return descUplinkFast, []string{dir}
 	}
@@ -312,7 +313,8 @@ func servicesSample(counter string) (*prometheus.Desc, []string) {
 
 // bypassSample maps enum bp_stat's redirected_msgs, redirected_bytes and
 // fallback_<reason>.
-func bypassSample(counter string) (*prometheus.Desc, []string) {
+func bypassSample(c bpf.Counter) (*prometheus.Desc, []string) {
+	counter := c.Name
 	switch {
 	case counter == "redirected_msgs":
 		return descBypassMessages, nil

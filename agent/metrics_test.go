@@ -87,7 +87,7 @@ func enumCounters(t *testing.T, load func() (*ebpf.CollectionSpec, error), enum,
 	return names
 }
 
-type sampleFunc = func(counter string) (*prometheus.Desc, []string)
+type sampleFunc = func(bpf.Counter) (*prometheus.Desc, []string)
 
 // Every counter of the fast path's enum becomes a sample; those of the
 // socket LB and the bypass that docs/metrics.md lists do, and nothing else.
@@ -98,11 +98,11 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		desc    *prometheus.Desc
 		labels  []string
 	}{
-		{fastPathSample, "egress_hit", descFastPathPackets, []string{"egress", "hit", ""}},
-		{fastPathSample, "ingress_error", descFastPathPackets, []string{"ingress", "error", ""}},
-		{fastPathSample, "egress_miss_tcp_flags", descFastPathPackets, []string{"egress", "miss", "tcp_flags"}},
-		{fastPathSample, "ingress_miss_no_pod", descFastPathPackets, []string{"ingress", "miss", "no_pod"}},
-		{fastPathSample, "learn_known", descFastPathLearn, []string{"known"}},
+		{fastPathSample, "egress_hit", descFastPathPackets, []string{"egress", "hit", "", "ipv4"}},
+		{fastPathSample, "ingress_error", descFastPathPackets, []string{"ingress", "error", "", "ipv4"}},
+		{fastPathSample, "egress_miss_tcp_flags", descFastPathPackets, []string{"egress", "miss", "tcp_flags", "ipv4"}},
+		{fastPathSample, "ingress_miss_no_pod", descFastPathPackets, []string{"ingress", "miss", "no_pod", "ipv4"}},
+		{fastPathSample, "learn_known", descFastPathLearn, []string{"known", "ipv4"}},
 		{fastPathSample, "overlay_drop_inner_source", descOverlayDrops, []string{"inner_source"}},
 		{fastPathSample, "overlay_drop_from_pod", descOverlayDrops, []string{"from_pod"}},
 		{fastPathSample, "overlay_drop_other_interface", descOverlayDrops, []string{"other_interface"}},
@@ -118,7 +118,11 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{bypassSample, "fallback_peer_full", descBypassFallbacks, []string{"peer_full"}},
 		{bypassSample, "stack_msgs", nil, nil},
 	} {
-		if d, labels := c.sample(c.counter); d != c.desc || !slices.Equal(labels, c.labels) {
+		family := ""
+		if c.desc == descFastPathPackets || c.desc == descFastPathLearn {
+			family = "ipv4"
+		}
+		if d, labels := c.sample(bpf.Counter{Name: c.counter, Family: family}); d != c.desc || !slices.Equal(labels, c.labels) {
 			t.Errorf("%s: %v %q, want %v %q", c.counter, d, labels, c.desc, c.labels)
 		}
 	}
@@ -126,7 +130,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 	// The enums as compiled: a counter added to the C is exported (the fast
 	// path's) or must be looked at here.
 	for _, name := range enumCounters(t, bpf.LoadFastpath, "onc_stat", "STAT_") {
-		if d, _ := fastPathSample(name); d == nil {
+		if d, _ := fastPathSample(bpf.Counter{Name: name}); d == nil {
 			t.Errorf("fast-path counter %s is not exported", name)
 		}
 	}
@@ -142,7 +146,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
-			if d, _ := src.sample(name); d != nil {
+			if d, _ := src.sample(bpf.Counter{Name: name}); d != nil {
 				exported[d]++
 			}
 		}
@@ -169,7 +173,8 @@ func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
 	ta.mustAdd(t, "c1", "/ns/c1")
 	ta.dp.mu.Lock()
 	ta.dp.fp = &fakeFastPath{
-		stats:   []fastpath.Stat{{Name: "egress_hit", Value: 7}, {Name: "egress_miss_flow", Value: 3}, {Name: "learn_egress", Value: 2}},
+		stats: []fastpath.Stat{{Name: "egress_hit", Family: "ipv4", Value: 7}, {Name: "egress_miss_flow", Family: "ipv4", Value: 3},
+			{Name: "learn_egress", Family: "ipv4", Value: 2}, {Name: "egress_hit", Family: "ipv6", Value: 5}},
 		entries: map[string]int{"filter": 4, "egress": 1, "encap": 1, "local": 1},
 	}
 	ta.dp.mu.Unlock()
@@ -182,9 +187,10 @@ func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
 	want(t, mfs, "onc_pods", 1)
 	want(t, mfs, "onc_peers", 1, "state", "programmed")
 	want(t, mfs, "onc_peers", 1, "state", "pending")
-	want(t, mfs, "onc_fastpath_packets_total", 7, "program", "egress", "result", "hit", "reason", "")
-	want(t, mfs, "onc_fastpath_packets_total", 3, "program", "egress", "result", "miss", "reason", "flow")
-	want(t, mfs, "onc_fastpath_learn_total", 2, "event", "egress")
+	want(t, mfs, "onc_fastpath_packets_total", 7, "program", "egress", "result", "hit", "reason", "", "family", "ipv4")
+	want(t, mfs, "onc_fastpath_packets_total", 5, "program", "egress", "result", "hit", "reason", "", "family", "ipv6")
+	want(t, mfs, "onc_fastpath_packets_total", 3, "program", "egress", "result", "miss", "reason", "flow", "family", "ipv4")
+	want(t, mfs, "onc_fastpath_learn_total", 2, "event", "egress", "family", "ipv4")
 	want(t, mfs, "onc_fastpath_cache_entries", 4, "map", "filter")
 	want(t, mfs, "onc_bypass_redirected_messages_total", 10)
 	want(t, mfs, "onc_bypass_redirected_bytes_total", 1000)

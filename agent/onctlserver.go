@@ -164,7 +164,7 @@ func (s *onctlServer) GetStats(ctx context.Context, _ *apiv1.GetStatsRequest) (*
 	var out apiv1.GetStatsResponse
 	for _, c := range st {
 		prog, name, _ := strings.Cut(c.Name, "_")
-		out.Counters = append(out.Counters, &apiv1.Counter{Program: prog, Name: name, Value: c.Value})
+		out.Counters = append(out.Counters, &apiv1.Counter{Program: prog, Name: name, Value: c.Value, Family: c.Family})
 	}
 	return &out, nil
 }

@@ -50,7 +50,7 @@ type Node struct {
 	// replacement); uplinkLBErr is its last failure, logged when it changes.
 	uplinkAttached, uplinkLBAttached bool
 	uplinkLBErr                      string
-	clusterCIDR                      netip.Prefix // from BringUp
+	clusterCIDR, clusterCIDRv6       netip.Prefix // from BringUp
 }
 
 // reservedMarks are ONC's fixed skb->mark bits, which the fast path's
@@ -102,7 +102,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	gw := Gateway(s.PodCIDR)
-	n.clusterCIDR = s.ClusterCIDR
+	n.clusterCIDR, n.clusterCIDRv6 = s.ClusterCIDR, s.ClusterCIDRv6
 	fp := n.fp
 	if fp == nil {
 		if fp, err = n.openFastPath(s); err != nil {
@@ -255,7 +255,7 @@ func (n *Node) netfilterOverlay() netfilter.Overlay {
 // overlay, and with the kube-proxy replacement on, by the uplink (the
 // uplink programs carry what the flow cache learns there).
 func (n *Node) marking() netfilter.Marking {
-	m := netfilter.Marking{Mark: n.cfg.FastPathMark}
+	m := netfilter.Marking{Mark: n.cfg.FastPathMark, IPv6: n.clusterCIDRv6.IsValid()}
 	if n.cfg.KubeProxyReplacement {
 		m.Uplink = n.up.Name
 	}
@@ -538,13 +538,11 @@ func (n *Node) addToFastPath(p Pod, hostIndex int, hostMAC net.HardwareAddr) err
 	if len(p.MAC) != 6 {
 		return fmt.Errorf("pod %v: no MAC recorded for its interface", p.IPs)
 	}
-	if ip := p.ipv4(); ip.IsValid() {
+	for _, ip := range p.IPs {
 		if err := fp.SetLocalPod(ip, hostIndex, p.MAC, hostMAC); err != nil {
 			return err
 		}
 	}
-	// Attached whatever its families: the programs on its veth guard
-	// the overlay in both.
 	return fp.AttachPod(p.HostIface)
 }
 
@@ -576,8 +574,8 @@ func (n *Node) DetachPod(p Pod) error {
 	ip := p.ipv4()
 	errs := []error{n.services.ForgetPod(ip), n.bypass.ForgetPod(ip)}
 	if fp := n.fastPath(); fp != nil {
-		if ip.IsValid() {
-			errs = append(errs, fp.DeleteLocalPod(ip))
+		for _, a := range p.IPs {
+			errs = append(errs, fp.DeleteLocalPod(a))
 		}
 		errs = append(errs, fp.DetachPod(p.HostIface))
 		if err := errors.Join(errs...); err != nil {

@@ -87,6 +87,9 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: sources})
 		if nd.FastPath {
 			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR, NodeIP: nd.IP})
+			if podCIDR6.IsValid() {
+				s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR6, NodeIP: nd.IP})
+			}
 		}
 	}
 	return s

@@ -99,8 +99,8 @@ func dualStack(n datastore.Node, cidr6 string) datastore.Node {
 }
 
 // A peer's IPv6 pod CIDR is a source it may speak for, beside its IPv4
-// ones; a peer without one speaks for IPv4 sources alone. Pods are IPv4
-// only so far: the paths get the IPv4 CIDRs alone.
+// ones; a peer without one speaks for IPv4 sources alone. The overlay
+// routes both; the fast path carries both for a peer that runs it.
 func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
 	s := peersOf("a", []datastore.Node{
 		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),  // self: in no sender
@@ -112,11 +112,13 @@ func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
 	if got := fmt.Sprint(s.senders); got != want {
 		t.Errorf("overlay senders %s, want %s", got, want)
 	}
-	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || len(s.fastPath) != 1 || s.fastPath[0].PodCIDR.String() != "10.244.2.0/24" {
-		t.Errorf("peers %+v / %+v, want b and c with their IPv4 CIDRs", s.overlay, s.fastPath)
+	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" {
+		t.Errorf("overlay peers %+v, want b and c with their IPv4 CIDRs", s.overlay)
 	}
-	// The overlay routes b's IPv6 pods (masked), c has none; the fast
-	// path stays IPv4.
+	if want := "[{10.244.2.0/24 192.0.2.2} {fd00:10:244:2::/64 192.0.2.2}]"; fmt.Sprint(s.fastPath) != want {
+		t.Errorf("fast-path peers %v, want %s (b's CIDRs, masked; c runs no fast path)", s.fastPath, want)
+	}
+	// The overlay routes b's IPv6 pods (masked), c has none.
 	if len(s.overlay) == 2 && (s.overlay[0].PodCIDR6.String() != "fd00:10:244:2::/64" || s.overlay[1].PodCIDR6.IsValid()) {
 		t.Errorf("overlay peers' IPv6 CIDRs %v and %v, want fd00:10:244:2::/64 and none", s.overlay[0].PodCIDR6, s.overlay[1].PodCIDR6)
 	}
@@ -136,7 +138,7 @@ func TestPeersOfLeavesIPv6ConflictsOut(t *testing.T) {
 		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::/64"),
 		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),
 	})
-	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || len(s.senders) != 1 || s.senders[0].NodeIP.String() != "192.0.2.2" {
+	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 2 || len(s.senders) != 1 || s.senders[0].NodeIP.String() != "192.0.2.2" {
 		t.Errorf("peers %+v / %+v / senders %+v, want only b on both paths and in the guard", s.overlay, s.fastPath, s.senders)
 	}
 	want := []string{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
@@ -33,6 +34,7 @@ func TestDualStack(t *testing.T) {
 		l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 2, IPFamily: lab.IPFamilyDual})
 		dualStackAddresses(t, l)
 		allPairsPass(t, l, "the dual-stack matrix")
+		fastPathCarriesIPv6(t, l)
 	})
 	t.Run("kubernetes", func(t *testing.T) {
 		l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1, IPFamily: lab.IPFamilyDual, Datastore: "kubernetes"})
@@ -40,6 +42,40 @@ func TestDualStack(t *testing.T) {
 		allPairsPass(t, l, "the dual-stack matrix")
 		policyInBothFamilies(t, l)
 	})
+}
+
+// fastPathCarriesIPv6: after the handshake, IPv6 TCP and UDP between pods
+// on different nodes take the fast path both ways, counted as IPv6's.
+func fastPathCarriesIPv6(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	n1, n2 := l.Nodes[0], l.Nodes[1]
+	a, b := n1.Pods[0], n2.Pods[0]
+	bypasstest.ServeEcho(listenOn(t, b.Netns, "tcp6", 9000))
+	echoUDP(listenPacketOn(t, b.Netns, "udp6", 9001))
+	before1, before2 := settled(t, n1), settled(t, n2)
+	if err := rr(dial(t, a.Netns, "tcp6", b.IPv6, 9000), 2000); err != nil {
+		t.Fatal(err)
+	}
+	if err := udpRR(dial(t, a.Netns, "udp6", b.IPv6, 9001), 2000); err != nil {
+		t.Fatal(err)
+	}
+	after1, after2 := stats(t, n1), stats(t, n2)
+	for _, c := range []struct {
+		node          string
+		before, after map[string]uint64
+	}{{n1.Name, before1, after1}, {n2.Name, before2, after2}} {
+		for _, counter := range []string{"egress6_hit", "ingress6_hit"} {
+			if got := c.after[counter] - c.before[counter]; got < 3900 {
+				t.Errorf("%s %s = %d for 4000 IPv6 exchanges; want nearly all on the fast path", c.node, counter, got)
+			}
+		}
+		if got := c.after["egress_hit"] - c.before["egress_hit"]; got > 100 {
+			t.Errorf("%s: IPv4's egress_hit grew by %d over IPv6 exchanges", c.node, got)
+		}
+		if e := c.after["egress6_error"] + c.after["ingress6_error"]; e != 0 {
+			t.Errorf("%s: %d IPv6 fast-path errors", c.node, e)
+		}
+	}
 }
 
 // dualStackAddresses checks every pod's two addresses: IPv4 as before, IPv6
@@ -114,6 +150,16 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
+	// Before the policy, the other pod's IPv6 connection rides the fast
+	// path; the policy must end it (strict revocation, in IPv6 too).
+	before := settled(t, l.Nodes[1])
+	early := dial(t, other.Netns, "tcp6", server.IPv6, serverPort)
+	if err := rr(early, 200); err != nil {
+		t.Fatal(err)
+	}
+	if hits := stats(t, l.Nodes[1])["ingress6_hit"] - before["ingress6_hit"]; hits < 150 {
+		t.Fatalf("the server's node carried %d of 200 IPv6 requests on its fast path before the policy; want nearly all", hits)
+	}
 	pol := netpol(ns, "server", sel("role", "server"), ingressOnly,
 		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("role", "client")}),
 			port(corev1.ProtocolTCP, serverPort), port(corev1.ProtocolUDP, udpPort)), nil)
@@ -125,6 +171,9 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 		resp, err := api.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: server.Key()})
 		return err == nil && len(resp.Pods) == 1 && resp.Pods[0].Ingress.GetIsolated()
 	})
+	if err := rr(early, 1); err == nil {
+		t.Fatal("an IPv6 connection the new policy denies went on after it took effect")
+	}
 	var failed []string
 	for _, c := range []struct {
 		from *lab.Pod

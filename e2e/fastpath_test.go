@@ -72,11 +72,16 @@ func setFastPath(t *testing.T, n *lab.Node, on bool) {
 	}
 }
 
-// listen opens a listener of network ("tcp4"/"udp4") in a namespace.
+// listenTCP and listenUDP listen on an IPv4 port in a namespace.
 func listenTCP(t *testing.T, netns string, port int) net.Listener {
+	return listenOn(t, netns, "tcp4", port)
+}
+
+// listenOn listens on port in netns, network tcp4 or tcp6.
+func listenOn(t *testing.T, netns, network string, port int) net.Listener {
 	t.Helper()
 	var l net.Listener
-	if err := lab.InNetns(netns, func() (err error) { l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return }); err != nil {
+	if err := lab.InNetns(netns, func() (err error) { l, err = net.Listen(network, fmt.Sprintf(":%d", port)); return }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
@@ -84,9 +89,14 @@ func listenTCP(t *testing.T, netns string, port int) net.Listener {
 }
 
 func listenUDP(t *testing.T, netns string, port int) net.PacketConn {
+	return listenPacketOn(t, netns, "udp4", port)
+}
+
+// listenPacketOn listens on port in netns, network udp4 or udp6.
+func listenPacketOn(t *testing.T, netns, network string, port int) net.PacketConn {
 	t.Helper()
 	var c net.PacketConn
-	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port)); return }); err != nil {
+	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket(network, fmt.Sprintf(":%d", port)); return }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })

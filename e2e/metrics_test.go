@@ -252,14 +252,14 @@ func fastPathCounters(t *testing.T, mfs map[string]*dto.MetricFamily) map[string
 	out := map[string]uint64{}
 	samples(mfs, out, "onc_fastpath_packets_total", func(l map[string]string) string {
 		if l["result"] == "miss" {
-			return l["program"] + "_miss_" + l["reason"]
+			return lab.CounterKey(l["family"], l["program"], "miss_"+l["reason"])
 		}
 		if l["reason"] != "" {
 			t.Errorf("a %s sample with reason %q", l["result"], l["reason"])
 		}
-		return l["program"] + "_" + l["result"]
+		return lab.CounterKey(l["family"], l["program"], l["result"])
 	})
-	samples(mfs, out, "onc_fastpath_learn_total", func(l map[string]string) string { return "learn_" + l["event"] })
+	samples(mfs, out, "onc_fastpath_learn_total", func(l map[string]string) string { return lab.CounterKey(l["family"], "learn", l["event"]) })
 	samples(mfs, out, "onc_overlay_dropped_packets_total", func(l map[string]string) string { return "overlay_drop_" + l["reason"] })
 	return out
 }

@@ -13,7 +13,8 @@ import (
 )
 
 // Stats reads a node's fast-path counters, as onctl stats shows them, by
-// "program_name": egress_hit, ingress_miss_flow, learn_egress, ...
+// "program_name": egress_hit, ingress_miss_flow, learn_egress, ... (see
+// CounterKey for IPv6's).
 func (n *Node) Stats(ctx context.Context) (map[string]uint64, error) {
 	c, conn, err := n.AgentAPI()
 	if err != nil {
@@ -26,9 +27,19 @@ func (n *Node) Stats(ctx context.Context) (map[string]uint64, error) {
 	}
 	out := map[string]uint64{}
 	for _, ctr := range resp.Counters {
-		out[ctr.Program+"_"+ctr.Name] = ctr.Value
+		out[CounterKey(ctr.Family, ctr.Program, ctr.Name)] = ctr.Value
 	}
 	return out, nil
+}
+
+// CounterKey is how Node.Stats names a fast-path counter: program_name as
+// onctl stats shows them (egress_hit, learn_known), the program suffixed
+// 6 for IPv6 packets' (egress6_hit, ingress6_miss_flow).
+func CounterKey(family, program, name string) string {
+	if family == "ipv6" {
+		program += "6"
+	}
+	return program + "_" + name
 }
 
 // NodeStats are one node's fast-path counters (Node.Stats).
@@ -71,7 +82,7 @@ func StatsDelta(before, after []NodeStats) []CounterDelta {
 		var rows []CounterDelta
 		for name, v := range s.Counters {
 			prog, ctr, _ := strings.Cut(name, "_")
-			if was := base[s.Node][name]; v > was && prog != "learn" {
+			if was := base[s.Node][name]; v > was && !strings.HasPrefix(prog, "learn") {
 				rows = append(rows, CounterDelta{Node: s.Node, Program: prog, Counter: ctr, Delta: v - was})
 			}
 		}

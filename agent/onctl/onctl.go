@@ -302,9 +302,13 @@ func printFastPath(o *options, st *apiv1.NodeStatus) error {
 func printStats(o *options, resp *apiv1.GetStatsResponse) error {
 	var rows [][]string
 	for _, ctr := range resp.Counters {
-		rows = append(rows, []string{ctr.Program, ctr.Name, fmt.Sprint(ctr.Value)})
+		family := ctr.Family
+		if family == "" {
+			family = "-"
+		}
+		rows = append(rows, []string{ctr.Program, ctr.Name, family, fmt.Sprint(ctr.Value)})
 	}
-	return o.table([]string{"PROGRAM", "COUNTER", "VALUE"}, rows)
+	return o.table([]string{"PROGRAM", "COUNTER", "FAMILY", "VALUE"}, rows)
 }
 
 // printCache prints the tables of the cache list asked for: table, or

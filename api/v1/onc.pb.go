@@ -1605,8 +1605,11 @@ type Counter struct {
 	// services (ListServices) or bypass (ListBypass).
 	Program string `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
 	// hit, miss_<reason>, error, egress, ingress, paused
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Value         uint64 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`
+	Name  string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Value uint64 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`
+	// The fast path's: ipv4 or ipv6, the family of the packets counted
+	// (empty for the overlay guard's drops, which judge frames).
+	Family        string `protobuf:"bytes,4,opt,name=family,proto3" json:"family,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1660,6 +1663,13 @@ func (x *Counter) GetValue() uint64 {
 		return x.Value
 	}
 	return 0
+}
+
+func (x *Counter) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
 }
 
 type GetStatsResponse struct {
@@ -2952,11 +2962,12 @@ const file_onc_proto_rawDesc = "" +
 	"\x06filter\x18\x04 \x03(\v2\x11.onc.v1.FlowEntryR\x06filter\"\x13\n" +
 	"\x11FlushCacheRequest\"\x14\n" +
 	"\x12FlushCacheResponse\"\x11\n" +
-	"\x0fGetStatsRequest\"M\n" +
+	"\x0fGetStatsRequest\"e\n" +
 	"\aCounter\x12\x18\n" +
 	"\aprogram\x18\x01 \x01(\tR\aprogram\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\x04R\x05value\"?\n" +
+	"\x05value\x18\x03 \x01(\x04R\x05value\x12\x16\n" +
+	"\x06family\x18\x04 \x01(\tR\x06family\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
 	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"%\n" +
 	"\x11ListPolicyRequest\x12\x10\n" +

@@ -12,8 +12,11 @@ import (
 // enum without the prefix up to "STAT_", in lower case (egress_hit,
 // connect_refused, redirected_msgs).
 type Counter struct {
-	Name  string
-	Value uint64
+	Name string
+	// Family is the address family of the packets counted, "ipv4" or
+	// "ipv6", where a feature counts them apart (the fast path); else "".
+	Family string
+	Value  uint64
 }
 
 // Counters are a feature's counters: the per-CPU array ONC_COUNTERS

@@ -23,6 +23,88 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /*
+ * IPv6 pods' flows take the fast path as IPv4 pods' do once established,
+ * in maps of their own (onc_filter6, onc_local6, onc_egress6, onc_peers6;
+ * the header per node, onc_encap, is shared), with counters of their own
+ * (onc_stats6). Their connections open and close on the slow path: every
+ * SYN, FIN and RST goes through conntrack, and a SYN forgets what the
+ * cache held for its addresses and ports, as flow_setup does for IPv4.
+ */
+
+/* syn_forget6 is IPv6's flow_setup: whether p must take the slow path. */
+static __always_inline int syn_forget6(const struct flow_key6 *k, const struct l4 *p)
+{
+	if (p->tcp_flags & TCP_SYN)
+		bpf_map_delete_elem(&onc_filter6, k);
+	return p->tcp_flags != 0;
+}
+
+/* egress_fast6 is onc_egress_fast for an IPv6 packet (see it). */
+static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void *end)
+{
+	struct onc_config *cfg;
+	struct encap_val *encap;
+	struct egress_val *dst;
+	struct local_pod *src;
+	struct cidr_val *peer;
+	struct flow_key6 key = {};
+	struct l4 p;
+	__u32 hash;
+
+	if (parse_l4_6(data, end, sizeof(struct ethhdr), &p)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_NOT_IP, 1);
+		return TC_ACT_OK;
+	}
+	src = bpf_map_lookup_elem(&onc_local6, &p.ip6->saddr);
+	if (!src || src->ifindex != skb->ifindex) {
+		count(&onc_stats6, STAT_EGRESS_MISS_SPOOF, 1);
+		return TC_ACT_OK;
+	}
+	flow6_out(&key, &p);
+	if (syn_forget6(&key, &p)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_TCP_FLAGS, 1);
+		return TC_ACT_OK;
+	}
+	cfg = config();
+	if (!cfg || !cfg->enabled) {
+		count(&onc_stats6, STAT_EGRESS_MISS_DISABLED, 1);
+		return TC_ACT_OK;
+	}
+	peer = peer6_of(&p.ip6->daddr);
+	if (!peer) {
+		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		return TC_ACT_OK;
+	}
+	if (!filter_allowed(&onc_filter6, &key, cfg->epoch)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_FLOW, 1);
+		return TC_ACT_OK;
+	}
+	dst = bpf_map_lookup_elem(&onc_egress6, &p.ip6->daddr);
+	if (!dst || dst->node_ip != peer->node_ip) {
+		count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
+		return TC_ACT_OK;
+	}
+	encap = bpf_map_lookup_elem(&onc_encap, &peer->node_ip);
+	if (!encap) {
+		count(&onc_stats6, STAT_EGRESS_MISS_ENCAP, 1);
+		return TC_ACT_OK;
+	}
+	if (p.ip6->hop_limit <= 1) {
+		count(&onc_stats6, STAT_EGRESS_MISS_TTL, 1);
+		return TC_ACT_OK;
+	}
+	p.ip6->hop_limit--; /* no header checksum in IPv6 */
+	hash = encap_hash(skb, addr6_fold(&p.ip6->saddr), addr6_fold(&p.ip6->daddr), p.sport, p.dport);
+	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p.ip6))) ||
+	    encap_inner_ipv6(skb)) {
+		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_stats6, STAT_EGRESS_HIT, 1);
+	return bpf_redirect(encap->ifindex, 0);
+}
+
+/*
  * Egress fast path: tc ingress of a pod's host-side veth (packets leaving
  * the pod). On a hit the packet gets the outer headers the kernel's VXLAN
  * device put on earlier packets of the same destination and is redirected
@@ -52,6 +134,8 @@ int onc_egress_fast(struct __sk_buff *skb)
 	/* After the guard, which may have pulled data. */
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
+	if (is_ipv6(data, end))
+		return egress_fast6(skb, data, end);
 	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p)) {
 		count(&onc_stats, STAT_EGRESS_MISS_NOT_IP, 1);
 		return TC_ACT_OK;
@@ -143,6 +227,90 @@ static __always_inline int ingress_open(const struct flow_key *k, const struct c
 }
 
 /*
+ * Linux 6.3's flag for a decapsulation that leaves an IPv6 packet where
+ * the outer header was IPv4: it sets the skb's protocol, which nothing
+ * downstream recomputes (bpf_redirect_peer hands the packet to the pod
+ * as it is). The build's UAPI headers may predate it; ONC needs 6.6.
+ */
+#define ONC_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+
+/* decap takes a peer's frame's outer headers off and gives the packet
+ * the Ethernet header of pod (proto its type, ETH_P_IP or ETH_P_IPV6); 0,
+ * or -1 when the packet could not be rewritten (drop it: it may be half
+ * done). */
+static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *pod, __be16 proto)
+{
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
+	struct ethhdr *eth;
+	void *data, *end;
+
+	if (proto == bpf_htons(ETH_P_IPV6))
+		flags |= ONC_ADJ_ROOM_DECAP_L3_IPV6;
+	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, pod->pod_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
+	eth->h_proto = proto;
+	return 0;
+}
+
+/* ingress_fast6 is onc_ingress_fast for a peer's IPv6 packet (see it):
+ * outer is the frame's outer header, the guard passed it. */
+static __always_inline int ingress_fast6(struct __sk_buff *skb, struct iphdr *outer, void *data, void *end)
+{
+	struct onc_config *cfg;
+	struct local_pod *pod;
+	struct cidr_val *peer;
+	struct flow_key6 key = {};
+	struct l4 p;
+
+	if (parse_l4_6(data, end, ONC_HDR_LEN, &p)) {
+		count(&onc_stats6, STAT_INGRESS_MISS_NOT_VXLAN, 1);
+		return TC_ACT_OK;
+	}
+	flow6_in(&key, &p);
+	if (syn_forget6(&key, &p)) {
+		count(&onc_stats6, STAT_INGRESS_MISS_TCP_FLAGS, 1);
+		return TC_ACT_OK;
+	}
+	cfg = config();
+	if (!cfg || !cfg->enabled) {
+		count(&onc_stats6, STAT_INGRESS_MISS_DISABLED, 1);
+		return TC_ACT_OK;
+	}
+	peer = peer6_of(&p.ip6->saddr);
+	if (!peer || peer->node_ip != outer->saddr) {
+		count(&onc_stats6, STAT_INGRESS_MISS_NO_PEER, 1);
+		return TC_ACT_OK;
+	}
+	pod = bpf_map_lookup_elem(&onc_local6, &p.ip6->daddr);
+	if (!pod) {
+		count(&onc_stats6, STAT_INGRESS_MISS_NO_POD, 1);
+		return TC_ACT_OK;
+	}
+	if (!filter_allowed(&onc_filter6, &key, cfg->epoch)) {
+		count(&onc_stats6, STAT_INGRESS_MISS_FLOW, 1);
+		return TC_ACT_OK;
+	}
+	if (p.ip6->hop_limit <= 1) {
+		count(&onc_stats6, STAT_INGRESS_MISS_TTL, 1);
+		return TC_ACT_OK;
+	}
+	p.ip6->hop_limit--;
+	if (decap(skb, pod, bpf_htons(ETH_P_IPV6))) {
+		count(&onc_stats6, STAT_INGRESS_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_stats6, STAT_INGRESS_HIT, 1);
+	return bpf_redirect_peer(pod->ifindex, 0);
+}
+
+/*
  * Ingress fast path: tc ingress of the uplink. A VXLAN packet of a flow the
  * slow path established, from the node that owns the sender's CIDR, to a
  * local pod loses its outer headers, gets the pod's MACs and goes straight
@@ -160,9 +328,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	struct flow_val *flow;
 	struct flow_key key = {};
 	struct iphdr *outer;
-	struct ethhdr *eth;
 	struct l4 p;
-	__u32 ifindex;
 	int drop, setup;
 
 	drop = overlay_guard(skb);
@@ -174,6 +340,8 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	outer = parse_vxlan(data, end);
+	if (outer && is_ipv6(data + ONC_ENCAP_LEN, end))
+		return ingress_fast6(skb, outer, data, end);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
 	    parse_l4(data, end, ONC_HDR_LEN, &p)) {
 		count(&onc_stats, STAT_INGRESS_MISS_NOT_VXLAN, 1);
@@ -220,26 +388,14 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
-	ifindex = pod->ifindex;
-
-	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
-		goto err;
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	eth = data;
-	if ((void *)(eth + 1) > end)
-		goto err;
-	__builtin_memcpy(eth->h_dest, pod->pod_mac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, pod->host_mac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
-
+	if (decap(skb, pod, bpf_htons(ETH_P_IP))) {
+		count(&onc_stats, STAT_INGRESS_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
 	if (key.proto == IPPROTO_TCP)
 		flow_close_step(&key, flow, 0, &p.seg);
 	count(&onc_stats, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
-	return bpf_redirect_peer(ifindex, 0);
-err:
-	count(&onc_stats, STAT_INGRESS_ERROR, 1);
-	return TC_ACT_SHOT;
+	return bpf_redirect_peer(pod->ifindex, 0);
 }
 
 /*
@@ -252,11 +408,13 @@ err:
 /* The outer header as the egress program uses it: the fields it rewrites
  * per packet (IP length, id, checksum, ECN bits, which the kernel copies
  * from each inner packet; UDP source port, length, checksum) are zeroed,
- * so two packets to one node give the same template. */
+ * and the inner Ethernet type is IPv4's (encap_inner_ipv6 sets IPv6's per
+ * packet), so two packets to one node give the same template. */
 static __always_inline void encap_template(struct encap_val *e)
 {
 	struct iphdr *ip = (void *)(e->hdr + sizeof(struct ethhdr));
 	struct udphdr *udp = (void *)(ip + 1);
+	struct ethhdr *inner = (void *)(e->hdr + ONC_ENCAP_LEN);
 
 	ip->tos &= ~ONC_ECN_MASK;
 	ip->tot_len = 0;
@@ -265,6 +423,7 @@ static __always_inline void encap_template(struct encap_val *e)
 	udp->source = 0;
 	udp->len = 0;
 	udp->check = 0;
+	inner->h_proto = bpf_htons(ETH_P_IP); /* one header for both families */
 }
 
 static __always_inline int encap_equal(const struct encap_val *a, const struct encap_val *b)
@@ -278,6 +437,61 @@ static __always_inline int encap_equal(const struct encap_val *a, const struct e
 	return a->ifindex == b->ifindex;
 }
 
+/* learn_encap learns the header of skb, a frame to node: whether it wrote. */
+static __always_inline int learn_encap(struct __sk_buff *skb, __be32 node)
+{
+	struct encap_val encap = {}, *cur;
+
+	if (bpf_skb_load_bytes(skb, 0, encap.hdr, ONC_HDR_LEN))
+		return 0;
+	encap_template(&encap);
+	encap.ifindex = skb->ifindex;
+	/* Each write only when it changes (see filter_learn). */
+	cur = bpf_map_lookup_elem(&onc_encap, &node);
+	if (cur && encap_equal(cur, &encap))
+		return 0;
+	bpf_map_update_elem(&onc_encap, &node, &encap, BPF_ANY);
+	return 1;
+}
+
+/* learn_egress6 is onc_learn_egress for a frame whose inner packet is
+ * IPv6 (see it); outer is its outer header. */
+static __always_inline int learn_egress6(struct __sk_buff *skb, const struct onc_config *cfg, struct iphdr *outer,
+					 void *data, void *end)
+{
+	struct egress_val dst = { .node_ip = outer->daddr }, *cur_dst;
+	struct flow_key6 key = {};
+	struct cidr_val *peer;
+	int wrote;
+	struct l4 p;
+
+	if (parse_l4_6(data, end, ONC_HDR_LEN, &p))
+		return TC_ACT_OK;
+	if (!cfg->learning) {
+		count(&onc_stats6, STAT_LEARN_PAUSED, 1);
+		return TC_ACT_OK;
+	}
+	if (!learnable(&p))
+		return TC_ACT_OK;
+	peer = peer6_of(&p.ip6->daddr);
+	if (!peer || peer->node_ip != dst.node_ip)
+		return TC_ACT_OK;
+	wrote = learn_encap(skb, dst.node_ip);
+	if (!bpf_map_lookup_elem(&onc_local6, &p.ip6->saddr)) {
+		count(&onc_stats6, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
+		return TC_ACT_OK;
+	}
+	cur_dst = bpf_map_lookup_elem(&onc_egress6, &p.ip6->daddr);
+	if (!cur_dst || cur_dst->node_ip != dst.node_ip) {
+		bpf_map_update_elem(&onc_egress6, &p.ip6->daddr, &dst, BPF_ANY);
+		wrote = 1;
+	}
+	flow6_out(&key, &p);
+	wrote |= filter_learn(&onc_filter6, &key, cfg->epoch, 1);
+	count(&onc_stats6, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
+	return TC_ACT_OK;
+}
+
 SEC("tc")
 int onc_learn_egress(struct __sk_buff *skb)
 {
@@ -285,11 +499,10 @@ int onc_learn_egress(struct __sk_buff *skb)
 	void *end = (void *)(long)skb->data_end;
 	struct onc_config *cfg;
 	struct egress_val dst = {}, *cur_dst;
-	struct encap_val encap = {}, *cur_encap;
 	struct flow_key key = {};
 	struct cidr_val *peer;
 	struct iphdr *outer;
-	int wrote = 0;
+	int wrote;
 	struct l4 p;
 
 	if (!(skb->mark & onc_mark))
@@ -300,6 +513,8 @@ int onc_learn_egress(struct __sk_buff *skb)
 	if (!cfg || !cfg->enabled)
 		return TC_ACT_OK;
 	outer = parse_vxlan(data, end);
+	if (outer && is_ipv6(data + ONC_ENCAP_LEN, end))
+		return learn_egress6(skb, cfg, outer, data, end);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) || parse_l4(data, end, ONC_HDR_LEN, &p))
 		return TC_ACT_OK;
 	if (!cfg->learning) {
@@ -316,16 +531,7 @@ int onc_learn_egress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 
 	dst.node_ip = outer->daddr;
-	if (bpf_skb_load_bytes(skb, 0, encap.hdr, ONC_HDR_LEN))
-		return TC_ACT_OK;
-	encap_template(&encap);
-	encap.ifindex = skb->ifindex;
-	/* Each write only when it changes (see flow_learn). */
-	cur_encap = bpf_map_lookup_elem(&onc_encap, &dst.node_ip);
-	if (!cur_encap || !encap_equal(cur_encap, &encap)) {
-		bpf_map_update_elem(&onc_encap, &dst.node_ip, &encap, BPF_ANY);
-		wrote = 1;
-	}
+	wrote = learn_encap(skb, dst.node_ip);
 	/* The header is the node's, whoever sent: a flow from outside that
 	 * this node masqueraded to a backend there teaches it too, for the
 	 * uplink load balancer. Destinations and flows are local pods'. */
@@ -341,6 +547,25 @@ int onc_learn_egress(struct __sk_buff *skb)
 	flow_out(&key, &p);
 	wrote |= flow_learn(&key, cfg->epoch, 1);
 	count(&onc_stats, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
+	return TC_ACT_OK;
+}
+
+/* learn_ingress6 is onc_learn_ingress for an IPv6 packet (see it). */
+static __always_inline int learn_ingress6(const struct onc_config *cfg, void *data, void *end)
+{
+	struct flow_key6 key = {};
+	struct l4 p;
+
+	if (parse_l4_6(data, end, sizeof(struct ethhdr), &p))
+		return TC_ACT_OK;
+	if (!cfg->learning) {
+		count(&onc_stats6, STAT_LEARN_PAUSED, 1);
+		return TC_ACT_OK;
+	}
+	if (!learnable(&p) || !bpf_map_lookup_elem(&onc_local6, &p.ip6->daddr))
+		return TC_ACT_OK;
+	flow6_in(&key, &p);
+	count(&onc_stats6, filter_learn(&onc_filter6, &key, cfg->epoch, 0) ? STAT_LEARN_INGRESS : STAT_LEARN_KNOWN, 1);
 	return TC_ACT_OK;
 }
 
@@ -365,7 +590,11 @@ int onc_learn_ingress(struct __sk_buff *skb)
 	skb->mark &= ~onc_mark; /* ONC's bit never reaches the pod */
 	/* Off, the fast path learns nothing (it flushes when switched on). */
 	cfg = config();
-	if (!cfg || !cfg->enabled || !is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
+	if (!cfg || !cfg->enabled)
+		return TC_ACT_OK;
+	if (is_ipv6(data, end))
+		return learn_ingress6(cfg, data, end);
+	if (!is_ipv4(data, end) || parse_l4(data, end, sizeof(struct ethhdr), &p))
 		return TC_ACT_OK;
 	if (!cfg->learning) {
 		count(&onc_stats, STAT_LEARN_PAUSED, 1);

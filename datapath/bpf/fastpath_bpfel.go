@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type FastpathCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type FastpathCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -54,6 +60,16 @@ type FastpathFlowKey struct {
 	Pad        [3]uint8
 }
 
+type FastpathFlowKey6 struct {
+	_          structs.HostLayout
+	LocalIp    [16]uint8
+	RemoteIp   [16]uint8
+	LocalPort  uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
 type FastpathFlowVal struct {
 	_       structs.HostLayout
 	Epoch   uint32
@@ -76,6 +92,11 @@ type FastpathOncConfig struct {
 	Enabled  uint8
 	Learning uint8
 	Pad      [2]uint8
+}
+
+type FastpathOncIn6 struct {
+	_    structs.HostLayout
+	Addr [16]uint8
 }
 
 type FastpathOncStat uint32
@@ -143,17 +164,22 @@ type FastpathSenderVal struct {
 const (
 	FastpathMapOncCfg           = "onc_cfg"
 	FastpathMapOncEgress        = "onc_egress"
+	FastpathMapOncEgress6       = "onc_egress6"
 	FastpathMapOncEncap         = "onc_encap"
 	FastpathMapOncFilter        = "onc_filter"
+	FastpathMapOncFilter6       = "onc_filter6"
 	FastpathMapOncFin           = "onc_fin"
 	FastpathMapOncHooks         = "onc_hooks"
 	FastpathMapOncHosts         = "onc_hosts"
 	FastpathMapOncLocal         = "onc_local"
+	FastpathMapOncLocal6        = "onc_local6"
 	FastpathMapOncOpen          = "onc_open"
 	FastpathMapOncPeers         = "onc_peers"
+	FastpathMapOncPeers6        = "onc_peers6"
 	FastpathMapOncSenders       = "onc_senders"
 	FastpathMapOncSenders6      = "onc_senders6"
 	FastpathMapOncStats         = "onc_stats"
+	FastpathMapOncStats6        = "onc_stats6"
 	FastpathProgOncEgressFast   = "onc_egress_fast"
 	FastpathProgOncIngressFast  = "onc_ingress_fast"
 	FastpathProgOncLearnEgress  = "onc_learn_egress"
@@ -223,17 +249,22 @@ type FastpathProgramSpecs struct {
 type FastpathMapSpecs struct {
 	OncCfg      *ebpf.MapSpec `ebpf:"onc_cfg"`
 	OncEgress   *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEgress6  *ebpf.MapSpec `ebpf:"onc_egress6"`
 	OncEncap    *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncFilter   *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFilter6  *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin      *ebpf.MapSpec `ebpf:"onc_fin"`
 	OncHooks    *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts    *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLocal    *ebpf.MapSpec `ebpf:"onc_local"`
+	OncLocal6   *ebpf.MapSpec `ebpf:"onc_local6"`
 	OncOpen     *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers    *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncPeers6   *ebpf.MapSpec `ebpf:"onc_peers6"`
 	OncSenders  *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6 *ebpf.MapSpec `ebpf:"onc_senders6"`
 	OncStats    *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncStats6   *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
 
 // FastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -273,34 +304,44 @@ func (o *FastpathObjects) Close() error {
 type FastpathMaps struct {
 	OncCfg      *ebpf.Map `ebpf:"onc_cfg"`
 	OncEgress   *ebpf.Map `ebpf:"onc_egress"`
+	OncEgress6  *ebpf.Map `ebpf:"onc_egress6"`
 	OncEncap    *ebpf.Map `ebpf:"onc_encap"`
 	OncFilter   *ebpf.Map `ebpf:"onc_filter"`
+	OncFilter6  *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin      *ebpf.Map `ebpf:"onc_fin"`
 	OncHooks    *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts    *ebpf.Map `ebpf:"onc_hosts"`
 	OncLocal    *ebpf.Map `ebpf:"onc_local"`
+	OncLocal6   *ebpf.Map `ebpf:"onc_local6"`
 	OncOpen     *ebpf.Map `ebpf:"onc_open"`
 	OncPeers    *ebpf.Map `ebpf:"onc_peers"`
+	OncPeers6   *ebpf.Map `ebpf:"onc_peers6"`
 	OncSenders  *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6 *ebpf.Map `ebpf:"onc_senders6"`
 	OncStats    *ebpf.Map `ebpf:"onc_stats"`
+	OncStats6   *ebpf.Map `ebpf:"onc_stats6"`
 }
 
 func (m *FastpathMaps) Close() error {
 	return _FastpathClose(
 		m.OncCfg,
 		m.OncEgress,
+		m.OncEgress6,
 		m.OncEncap,
 		m.OncFilter,
+		m.OncFilter6,
 		m.OncFin,
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLocal,
+		m.OncLocal6,
 		m.OncOpen,
 		m.OncPeers,
+		m.OncPeers6,
 		m.OncSenders,
 		m.OncSenders6,
 		m.OncStats,
+		m.OncStats6,
 	)
 }
 

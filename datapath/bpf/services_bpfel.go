@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type ServicesCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
+
 type ServicesCidrKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -48,6 +54,16 @@ type ServicesFlowKey struct {
 	_          structs.HostLayout
 	LocalIp    uint32
 	RemoteIp   uint32
+	LocalPort  uint16
+	RemotePort uint16
+	Proto      uint8
+	Pad        [3]uint8
+}
+
+type ServicesFlowKey6 struct {
+	_          structs.HostLayout
+	LocalIp    [16]uint8
+	RemoteIp   [16]uint8
 	LocalPort  uint16
 	RemotePort uint16
 	Proto      uint8
@@ -244,6 +260,11 @@ type ServicesOncConfig struct {
 	Pad      [2]uint8
 }
 
+type ServicesOncIn6 struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
 type ServicesOncStat uint32
 
 const (
@@ -309,8 +330,10 @@ type ServicesSenderVal struct {
 const (
 	ServicesMapOncCfg                   = "onc_cfg"
 	ServicesMapOncEgress                = "onc_egress"
+	ServicesMapOncEgress6               = "onc_egress6"
 	ServicesMapOncEncap                 = "onc_encap"
 	ServicesMapOncFilter                = "onc_filter"
+	ServicesMapOncFilter6               = "onc_filter6"
 	ServicesMapOncFin                   = "onc_fin"
 	ServicesMapOncHooks                 = "onc_hooks"
 	ServicesMapOncHosts                 = "onc_hosts"
@@ -330,11 +353,14 @@ const (
 	ServicesMapOncLbSvcStats            = "onc_lb_svc_stats"
 	ServicesMapOncLbUplinkStats         = "onc_lb_uplink_stats"
 	ServicesMapOncLocal                 = "onc_local"
+	ServicesMapOncLocal6                = "onc_local6"
 	ServicesMapOncOpen                  = "onc_open"
 	ServicesMapOncPeers                 = "onc_peers"
+	ServicesMapOncPeers6                = "onc_peers6"
 	ServicesMapOncSenders               = "onc_senders"
 	ServicesMapOncSenders6              = "onc_senders6"
 	ServicesMapOncStats                 = "onc_stats"
+	ServicesMapOncStats6                = "onc_stats6"
 	ServicesProgOncSockConnect4         = "onc_sock_connect4"
 	ServicesProgOncSockGetpeername4     = "onc_sock_getpeername4"
 	ServicesProgOncSockRecvmsg4         = "onc_sock_recvmsg4"
@@ -416,8 +442,10 @@ type ServicesProgramSpecs struct {
 type ServicesMapSpecs struct {
 	OncCfg            *ebpf.MapSpec `ebpf:"onc_cfg"`
 	OncEgress         *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEgress6        *ebpf.MapSpec `ebpf:"onc_egress6"`
 	OncEncap          *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncFilter         *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFilter6        *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin            *ebpf.MapSpec `ebpf:"onc_fin"`
 	OncHooks          *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.MapSpec `ebpf:"onc_hosts"`
@@ -437,11 +465,14 @@ type ServicesMapSpecs struct {
 	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.MapSpec `ebpf:"onc_local"`
+	OncLocal6         *ebpf.MapSpec `ebpf:"onc_local6"`
 	OncOpen           *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers          *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncPeers6         *ebpf.MapSpec `ebpf:"onc_peers6"`
 	OncSenders        *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6       *ebpf.MapSpec `ebpf:"onc_senders6"`
 	OncStats          *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncStats6         *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -481,8 +512,10 @@ func (o *ServicesObjects) Close() error {
 type ServicesMaps struct {
 	OncCfg            *ebpf.Map `ebpf:"onc_cfg"`
 	OncEgress         *ebpf.Map `ebpf:"onc_egress"`
+	OncEgress6        *ebpf.Map `ebpf:"onc_egress6"`
 	OncEncap          *ebpf.Map `ebpf:"onc_encap"`
 	OncFilter         *ebpf.Map `ebpf:"onc_filter"`
+	OncFilter6        *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin            *ebpf.Map `ebpf:"onc_fin"`
 	OncHooks          *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.Map `ebpf:"onc_hosts"`
@@ -502,19 +535,24 @@ type ServicesMaps struct {
 	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
 	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
 	OncLocal          *ebpf.Map `ebpf:"onc_local"`
+	OncLocal6         *ebpf.Map `ebpf:"onc_local6"`
 	OncOpen           *ebpf.Map `ebpf:"onc_open"`
 	OncPeers          *ebpf.Map `ebpf:"onc_peers"`
+	OncPeers6         *ebpf.Map `ebpf:"onc_peers6"`
 	OncSenders        *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6       *ebpf.Map `ebpf:"onc_senders6"`
 	OncStats          *ebpf.Map `ebpf:"onc_stats"`
+	OncStats6         *ebpf.Map `ebpf:"onc_stats6"`
 }
 
 func (m *ServicesMaps) Close() error {
 	return _ServicesClose(
 		m.OncCfg,
 		m.OncEgress,
+		m.OncEgress6,
 		m.OncEncap,
 		m.OncFilter,
+		m.OncFilter6,
 		m.OncFin,
 		m.OncHooks,
 		m.OncHosts,
@@ -534,11 +572,14 @@ func (m *ServicesMaps) Close() error {
 		m.OncLbSvcStats,
 		m.OncLbUplinkStats,
 		m.OncLocal,
+		m.OncLocal6,
 		m.OncOpen,
 		m.OncPeers,
+		m.OncPeers6,
 		m.OncSenders,
 		m.OncSenders6,
 		m.OncStats,
+		m.OncStats6,
 	)
 }
 

@@ -25,12 +25,15 @@ import (
 // Map value and key types, as the C headers define them.
 type (
 	FlowKey    = bpf.FastpathFlowKey
+	FlowKey6   = bpf.FastpathFlowKey6
 	FlowVal    = bpf.FastpathFlowVal
 	EgressVal  = bpf.FastpathEgressVal
 	EncapVal   = bpf.FastpathEncapVal
 	LocalPod   = bpf.FastpathLocalPod
 	cidrKey    = bpf.FastpathCidrKey
 	cidrVal    = bpf.FastpathCidrVal
+	cidr6Key   = bpf.FastpathCidr6Key
+	addr6      = bpf.FastpathOncIn6
 	senderKey  = bpf.FastpathSenderKey
 	sender6Key = bpf.FastpathSender6Key
 	senderVal  = bpf.FastpathSenderVal
@@ -60,16 +63,18 @@ type Options struct {
 
 // Datapath is the loaded flow cache.
 type Datapath struct {
-	opts     Options
-	mode     Mode
-	objs     bpf.FastpathObjects
-	maps     *bpf.FastpathMaps
-	progs    *bpf.FastpathPrograms
-	counters *bpf.Counters
-	mu       sync.Mutex // serialises configuration writes and evictions
+	opts      Options
+	mode      Mode
+	objs      bpf.FastpathObjects
+	maps      *bpf.FastpathMaps
+	progs     *bpf.FastpathPrograms
+	counters  *bpf.Counters // IPv4 packets', and the overlay guard's drops
+	counters6 *bpf.Counters // IPv6 packets'
+	mu        sync.Mutex    // serialises configuration writes and evictions
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
 	peers      mirror[cidrKey, cidrVal]      // onc_peers as SyncPeers last wrote it
+	peers6     mirror[cidr6Key, cidrVal]     // onc_peers6 as SyncPeers last wrote it
 	hosts      mirror[uint32, uint8]         // onc_hosts as SetHosts last wrote it
 	senders    mirror[senderKey, senderVal]  // onc_senders as SyncSenders last wrote it
 	senders6   mirror[sender6Key, senderVal] // onc_senders6 as SyncSenders last wrote it
@@ -113,6 +118,10 @@ func Open(o Options) (*Datapath, error) {
 	}
 	d.maps, d.progs = &d.objs.FastpathMaps, &d.objs.FastpathPrograms
 	if d.counters, err = bpf.NewCounters(d.maps.OncStats, spec.Maps[bpf.FastpathMapOncStats]); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if d.counters6, err = bpf.NewCounters(d.maps.OncStats6, spec.Maps[bpf.FastpathMapOncStats6]); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -267,17 +276,29 @@ func (d *Datapath) Enabled() bool {
 	return err == nil && c.Enabled == 1
 }
 
-// SetLocalPod records a pod of this node for the ingress fast path.
+// SetLocalPod records a pod's address (of either family) on this node
+// for the fast path.
 func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.HardwareAddr) error {
 	v := LocalPod{Ifindex: uint32(ifindex)}
 	copy(v.PodMac[:], podMAC)
 	copy(v.HostMac[:], hostMAC)
+	if ip.Is6() {
+		return d.maps.OncLocal6.Put(addr6{Addr: ip.As16()}, v)
+	}
 	return d.maps.OncLocal.Put(bpf.NetIPv4(ip), v)
 }
 
-// DeleteLocalPod forgets a pod and every flow it had, with learning paused
-// so no packet in flight can re-insert one.
+// DeleteLocalPod forgets a pod's address and every flow it had, with
+// learning paused so no packet in flight can re-insert one.
 func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
+	if ip.Is6() {
+		return d.evict(func() error {
+			if err := d.maps.OncLocal6.Delete(addr6{Addr: ip.As16()}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return err
+			}
+			return deleteWhere(d.maps.OncFilter6, func(k FlowKey6, _ FlowVal) bool { return k.LocalIp == ip.As16() })
+		})
+	}
 	if err := d.open.delete(d.maps.OncOpen, bpf.NetIPv4(ip)); err != nil {
 		return err
 	}
@@ -326,13 +347,23 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 			}
 			return verdicts[k]
 		}
+		// IPv6 connections open on the slow path: nothing to hand over.
+		verdict6 := func(k FlowKey6, v FlowVal) Verdict {
+			local, remote := netip.AddrFrom16(k.LocalIp), netip.AddrFrom16(k.RemoteIp)
+			if !ips[local] {
+				return Keep
+			}
+			return judge(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto, Opener(v.Opener))
+		}
 		return errors.Join(
 			d.handOver(func(k FlowKey, v FlowVal) bool { return verdict(k, v) == HandOver }),
-			deleteWhere(d.maps.OncFilter, func(k FlowKey, v FlowVal) bool { return verdict(k, v) == Evict }))
+			deleteWhere(d.maps.OncFilter, func(k FlowKey, v FlowVal) bool { return verdict(k, v) == Evict }),
+			deleteWhere(d.maps.OncFilter6, func(k FlowKey6, v FlowVal) bool { return verdict6(k, v) == Evict }))
 	})
 }
 
-// Peer is a node running the fast path.
+// Peer is a node running the fast path: one of its pod CIDRs, IPv4 or
+// IPv6, and its (IPv4) tunnel endpoint.
 type Peer struct {
 	PodCIDR netip.Prefix
 	NodeIP  netip.Addr
@@ -340,29 +371,49 @@ type Peer struct {
 
 // SyncPeers makes the fast-path peer set exactly peers, writing only what
 // differs (see mirror for what it diffs against, and when it reads the map
-// back). A peer that left or changed loses its learned destinations,
-// headers and flows (learning paused meanwhile); its CIDR leaves the LPM
-// map first, so from that moment no packet takes the fast path towards it.
+// back). A peer CIDR that left or changed loses its node's learned
+// headers and its destinations and flows (learning paused meanwhile); it
+// leaves the LPM map first, so from that moment no packet takes the fast
+// path towards it.
 func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
-	want := map[cidrKey]cidrVal{}
+	want, want6 := map[cidrKey]cidrVal{}, map[cidr6Key]cidrVal{}
 	for _, p := range peers {
-		want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(p.PodCIDR.Masked().Addr())}] = cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}
+		v, a := cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}, p.PodCIDR.Masked().Addr()
+		if a.Is6() {
+			want6[cidr6Key{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: a.As16()}] = v
+		} else {
+			want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(a)}] = v
+		}
 	}
-	return d.peers.sync(d.maps.OncPeers, want, checkKernel, func(have map[cidrKey]cidrVal) error {
+	err := syncPeerMap(d, &d.peers, d.maps.OncPeers, want, checkKernel, func(k cidrKey) netip.Prefix {
+		return netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen))
+	})
+	if err != nil {
+		return err
+	}
+	return syncPeerMap(d, &d.peers6, d.maps.OncPeers6, want6, checkKernel, func(k cidr6Key) netip.Prefix {
+		return netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen))
+	})
+}
+
+// syncPeerMap is SyncPeers for one family's LPM map of peer CIDRs (their
+// keys K, each the CIDR cidrOf says).
+func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map, want map[K]cidrVal, checkKernel bool, cidrOf func(K) netip.Prefix) error {
+	return m.sync(lpm, want, checkKernel, func(have map[K]cidrVal) error {
 		added, changed, gone := diff(have, want)
 		// A changed peer is evicted like one that left, then re-added.
 		if stale := slices.Concat(changed, gone); len(stale) > 0 {
 			err := d.evict(func() error {
 				var evicted []Peer
 				for _, k := range stale {
-					evicted = append(evicted, Peer{PodCIDR: netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen)), NodeIP: bpf.IPv4(have[k].NodeIp)})
+					evicted = append(evicted, Peer{PodCIDR: cidrOf(k), NodeIP: bpf.IPv4(have[k].NodeIp)})
 				}
 				// While the fast path still carries them.
 				if err := d.handOver(toAny(evicted)); err != nil {
 					return err
 				}
 				for _, k := range stale {
-					if err := d.peerWrite(d.maps.OncPeers.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					if err := d.peerWrite(lpm.Delete(k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 						return err
 					}
 				}
@@ -373,7 +424,7 @@ func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 			}
 		}
 		for _, k := range slices.Concat(added, changed) {
-			if err := d.peerWrite(d.maps.OncPeers.Put(k, want[k])); err != nil {
+			if err := d.peerWrite(lpm.Put(k, want[k])); err != nil {
 				return err
 			}
 		}
@@ -390,11 +441,13 @@ func (d *Datapath) forgetPeers(peers []Peer) error {
 			return err
 		}
 	}
-	err := deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(peers, bpf.IPv4(ip)) })
-	if err != nil {
-		return err
-	}
-	return deleteWhere(d.maps.OncFilter, toAny(peers))
+	return errors.Join(
+		deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(peers, bpf.IPv4(ip)) }),
+		deleteWhere(d.maps.OncEgress6, func(ip addr6, v EgressVal) bool {
+			return nodes[v.NodeIp] || inAny(peers, netip.AddrFrom16(ip.Addr))
+		}),
+		deleteWhere(d.maps.OncFilter, toAny(peers)),
+		deleteWhere(d.maps.OncFilter6, func(k FlowKey6, _ FlowVal) bool { return inAny(peers, netip.AddrFrom16(k.RemoteIp)) }))
 }
 
 // inAny reports whether a is in one of the peers' pod CIDRs.
@@ -555,7 +608,7 @@ func (d *Datapath) Flush() error {
 			return err
 		}
 		all := func([]byte, []byte) bool { return true }
-		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEncap, d.maps.OncFilter, d.maps.OncFin} {
+		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEncap, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin} {
 			if err := deleteWhere(m, all); err != nil {
 				return err
 			}

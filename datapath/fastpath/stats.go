@@ -5,30 +5,58 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
 )
 
 // Stat is one counter, named as in the C enum onc_stat without "STAT_",
-// in lower case (egress_hit, egress_miss_flow, ...).
+// in lower case (egress_hit, egress_miss_flow, ...), with the family of
+// the packets it counted: "ipv4" or "ipv6", and "" for the overlay
+// guard's drops, which judge frames (overlay_drop_<reason>).
 type Stat = bpf.Counter
 
-// Stats sums every counter over the CPUs.
+// Stats sums every counter over the CPUs, by family.
 func (d *Datapath) Stats() ([]Stat, error) {
-	return d.counters.Read()
+	v4, err := d.counters.Read()
+	if err != nil {
+		return nil, err
+	}
+	v6, err := d.counters6.Read()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Stat, 0, len(v4)+len(v6))
+	for _, c := range v4 {
+		c.Family = "ipv4"
+		if strings.HasPrefix(c.Name, "overlay_") {
+			c.Family = ""
+		}
+		out = append(out, c)
+	}
+	for _, c := range v6 {
+		if !strings.HasPrefix(c.Name, "overlay_") { // the guard counts in onc_stats
+			c.Family = "ipv6"
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }
 
 // CacheEntries counts the entries of each cache map, by its name without
 // "onc_": filter (flows), egress (remote pods), encap (headers), local
-// (local pods).
+// (local pods), and filter6, egress6 and local6 for IPv6.
 func (d *Datapath) CacheEntries() (map[string]int, error) {
 	out := map[string]int{}
 	for name, count := range map[string]func() (int, error){
-		"filter": func() (int, error) { return entries[FlowKey, FlowVal](d.maps.OncFilter) },
-		"egress": func() (int, error) { return entries[uint32, EgressVal](d.maps.OncEgress) },
-		"encap":  func() (int, error) { return entries[uint32, EncapVal](d.maps.OncEncap) },
-		"local":  func() (int, error) { return entries[uint32, LocalPod](d.maps.OncLocal) },
+		"filter":  func() (int, error) { return entries[FlowKey, FlowVal](d.maps.OncFilter) },
+		"egress":  func() (int, error) { return entries[uint32, EgressVal](d.maps.OncEgress) },
+		"encap":   func() (int, error) { return entries[uint32, EncapVal](d.maps.OncEncap) },
+		"local":   func() (int, error) { return entries[uint32, LocalPod](d.maps.OncLocal) },
+		"filter6": func() (int, error) { return entries[FlowKey6, FlowVal](d.maps.OncFilter6) },
+		"egress6": func() (int, error) { return entries[addr6, EgressVal](d.maps.OncEgress6) },
+		"local6":  func() (int, error) { return entries[addr6, LocalPod](d.maps.OncLocal6) },
 	} {
 		n, err := count()
 		if err != nil {
@@ -111,16 +139,33 @@ func (d *Datapath) Flows() ([]Flow, error) {
 	for it.Next(&k, &v) {
 		out = append(out, decodeFlow(k, v, c.Epoch))
 	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	var k6 FlowKey6
+	it = d.maps.OncFilter6.Iterate()
+	for it.Next(&k6, &v) {
+		out = append(out, decodeFlow6(k6, v, c.Epoch))
+	}
 	return out, it.Err()
 }
 
 // decodeFlow is a filter entry as onctl shows it; a direction is learned
 // when its byte is not 0, as the programs read it (include/fastpath.h, flow_allowed).
 func decodeFlow(k FlowKey, v FlowVal, epoch uint32) Flow {
+	return flowOf(bpf.IPv4(k.LocalIp), bpf.IPv4(k.RemoteIp), k.LocalPort, k.RemotePort, k.Proto, v, epoch)
+}
+
+func decodeFlow6(k FlowKey6, v FlowVal, epoch uint32) Flow {
+	return flowOf(netip.AddrFrom16(k.LocalIp), netip.AddrFrom16(k.RemoteIp), k.LocalPort, k.RemotePort, k.Proto, v, epoch)
+}
+
+// flowOf is a filter entry of either family (ports in network order).
+func flowOf(local, remote netip.Addr, localPort, remotePort uint16, proto uint8, v FlowVal, epoch uint32) Flow {
 	return Flow{
-		Local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
-		Remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
-		Proto:  protoName(k.Proto), Egress: v.Egress != 0, Ingress: v.Ingress != 0, Live: v.Epoch == epoch,
+		Local:  netip.AddrPortFrom(local, bpf.NetPort(localPort)),
+		Remote: netip.AddrPortFrom(remote, bpf.NetPort(remotePort)),
+		Proto:  protoName(proto), Egress: v.Egress != 0, Ingress: v.Ingress != 0, Live: v.Epoch == epoch,
 		Opener: Opener(v.Opener), Closing: v.Closing != 0,
 	}
 }
@@ -133,6 +178,14 @@ func (d *Datapath) Dests() ([]Dest, error) {
 	it := d.maps.OncEgress.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, decodeDest(k, v))
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	var k6 addr6
+	it = d.maps.OncEgress6.Iterate()
+	for it.Next(&k6, &v) {
+		out = append(out, Dest{Pod: netip.AddrFrom16(k6.Addr), Node: bpf.IPv4(v.NodeIp)})
 	}
 	return out, it.Err()
 }
@@ -170,12 +223,20 @@ func (d *Datapath) Locals() ([]Local, error) {
 	var v LocalPod
 	it := d.maps.OncLocal.Iterate()
 	for it.Next(&k, &v) {
-		out = append(out, decodeLocal(k, &v))
+		out = append(out, decodeLocal(bpf.IPv4(k), &v))
+	}
+	if err := it.Err(); err != nil {
+		return nil, err
+	}
+	var k6 addr6
+	it = d.maps.OncLocal6.Iterate()
+	for it.Next(&k6, &v) {
+		out = append(out, decodeLocal(netip.AddrFrom16(k6.Addr), &v))
 	}
 	return out, it.Err()
 }
 
-func decodeLocal(k uint32, v *LocalPod) Local {
-	return Local{Pod: bpf.IPv4(k), Ifindex: int(v.Ifindex),
+func decodeLocal(pod netip.Addr, v *LocalPod) Local {
+	return Local{Pod: pod, Ifindex: int(v.Ifindex),
 		PodMAC: net.HardwareAddr(append([]byte(nil), v.PodMac[:]...)), HostMAC: net.HardwareAddr(append([]byte(nil), v.HostMac[:]...))}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/internal/testutil"
 )
 
@@ -112,7 +113,7 @@ func FuzzDecodeLocal(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key, val []byte) {
 		key, k := testutil.MapEntry[uint32](t, key)
 		val, v := testutil.MapEntry[LocalPod](t, val)
-		got := decodeLocal(k, &v)
+		got := decodeLocal(bpf.IPv4(k), &v)
 		want := [4]string{ip4(key, 0).String(), strconv.Itoa(int(binary.NativeEndian.Uint32(val))), mac(val, 4), mac(val, 10)}
 		v = LocalPod{} // the next entry
 		if have := [4]string{got.Pod.String(), strconv.Itoa(got.Ifindex), got.PodMAC.String(), got.HostMAC.String()}; have != want {

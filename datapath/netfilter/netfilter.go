@@ -99,7 +99,7 @@ func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) 
 	if err := fillPeerHost(ipt, clusterCIDR, ovl); err != nil {
 		return err
 	}
-	return fillMark(ipt, ovl.Device, m)
+	return ensureMarks(ipt, ovl.Device, m)
 }
 
 // fillPods fills the chains of pods' traffic in ipt's family: masquerade
@@ -170,12 +170,15 @@ func clearIfPresent(ipt *iptables.IPTables, chains map[string]string) error {
 
 // Marking is where the fast path's ESTABLISHED bit goes, on packets of
 // flows conntrack saw ESTABLISHED (an skb->mark bit, never a header bit):
-// pod traffic crossing the VXLAN device, and with Uplink set (the
-// kube-proxy replacement) connections opened from outside through Uplink
-// to this node's pods, both ways. The zero value marks nothing.
+// pod traffic crossing the VXLAN device, in IPv6 too with IPv6 set (the
+// node has IPv6 pods), and with Uplink set (the kube-proxy replacement)
+// connections opened from outside through Uplink to this node's pods, both
+// ways (IPv4: the uplink load balancer's family). The zero value marks
+// nothing.
 type Marking struct {
 	Mark   uint32
 	Uplink string
+	IPv6   bool
 }
 
 // EnsureMark sets or clears the ESTABLISHED mark alone: the fast path
@@ -186,7 +189,31 @@ func EnsureMark(vxlanDev string, m Marking) error {
 	if err != nil {
 		return err
 	}
-	return fillMark(ipt, vxlanDev, m)
+	return ensureMarks(ipt, vxlanDev, m)
+}
+
+// ensureMarks fills the mark chain of ipt (IPv4) and of ip6tables as m
+// says. Without IPv6 pods ip6tables' chain is emptied if it exists, as
+// EnsureIPv6 empties the others.
+func ensureMarks(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
+	if err := fillMark(ipt, vxlanDev, m); err != nil {
+		return err
+	}
+	ipt6, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
+	if !m.IPv6 {
+		if err == nil {
+			err = clearIfPresent(ipt6, map[string]string{"mangle": markChain})
+		}
+		if err != nil && !errors.Is(err, exec.ErrNotFound) {
+			slog.Warn("cannot check ip6tables for IPv6 pods' marks of an earlier run", "err", err)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ip6tables, which IPv6 pods need: %w", err)
+	}
+	m.Uplink = ""
+	return fillMark(ipt6, vxlanDev, m)
 }
 
 // GuardDrops counts the packets each of the overlay guard's rules dropped,

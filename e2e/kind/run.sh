@@ -353,10 +353,11 @@ summarize() {
 
 # hits prints the fast path's egress and ingress hit counters of the agent
 # on node $1, and its egress misses for want of a fast-path peer (what a
-# packet to a ClusterIP would count).
+# packet to a ClusterIP would count); IPv6 packets' as egress6_hit etc.
 hits() {
   kc -n onc-system exec "$(agent_pod "$1")" -c onc-agent -- onctl stats -o json |
-    jq -r '[.counters[] | select(.name == "hit" or .name == "miss_no_peer") | "\(.program)_\(.name)=\(.value)"] | join(" ")'
+    jq -r '[.counters[] | select(.name == "hit" or .name == "miss_no_peer") |
+      "\(.program)\(if .family == "ipv6" then "6" else "" end)_\(.name)=\(.value)"] | join(" ")'
 }
 
 # fastpath_probe sends 200 MB over TCP from a pod on the worker to a pod on

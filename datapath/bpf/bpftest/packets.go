@@ -19,33 +19,48 @@ var (
 	NICPeer  = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
 )
 
-// Frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum; TCP gets
-// the ACK flag unless tcpFlags is a lone SYN.
+// Frame builds Ethernet/IPv4/TCP-or-UDP with valid IP checksum, or
+// Ethernet/IPv6/TCP-or-UDP when src is IPv6 (hop limit 64, no extension
+// header); TCP gets the ACK flag unless tcpFlags is a lone SYN.
 func Frame(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, proto uint8, sport, dport uint16, tcpFlags byte, payload int) []byte {
 	l4 := 8
 	if proto == unix.IPPROTO_TCP {
 		l4 = 20
 	}
-	b := make([]byte, 14+20+l4+payload)
+	l3 := 20
+	if src.Is6() {
+		l3 = 40
+	}
+	b := make([]byte, 14+l3+l4+payload)
 	copy(b[0:6], dstMAC)
 	copy(b[6:12], srcMAC)
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0], ip[8], ip[9] = 0x45, 64, proto
-	binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-14))
-	copy(ip[12:16], src.AsSlice())
-	copy(ip[16:20], dst.AsSlice())
-	binary.BigEndian.PutUint16(ip[10:], IPChecksum(ip))
-	binary.BigEndian.PutUint16(b[34:], sport)
-	binary.BigEndian.PutUint16(b[36:], dport)
+	if src.Is6() {
+		binary.BigEndian.PutUint16(b[12:], 0x86dd)
+		ip := b[14:54]
+		ip[0], ip[6], ip[7] = 0x60, proto, 64
+		binary.BigEndian.PutUint16(ip[4:], uint16(l4+payload))
+		copy(ip[8:24], src.AsSlice())
+		copy(ip[24:40], dst.AsSlice())
+	} else {
+		binary.BigEndian.PutUint16(b[12:], 0x0800)
+		ip := b[14:34]
+		ip[0], ip[8], ip[9] = 0x45, 64, proto
+		binary.BigEndian.PutUint16(ip[2:], uint16(len(b)-14))
+		copy(ip[12:16], src.AsSlice())
+		copy(ip[16:20], dst.AsSlice())
+		binary.BigEndian.PutUint16(ip[10:], IPChecksum(ip))
+	}
+	h := b[14+l3:]
+	binary.BigEndian.PutUint16(h[0:], sport)
+	binary.BigEndian.PutUint16(h[2:], dport)
 	if proto == unix.IPPROTO_TCP {
-		b[34+12] = 5 << 4
-		b[34+13] = tcpFlags
+		h[12] = 5 << 4
+		h[13] = tcpFlags
 		if tcpFlags != 0x02 { // every segment but a connection's SYN carries an ACK
-			b[34+13] |= 0x10
+			h[13] |= 0x10
 		}
 	} else {
-		binary.BigEndian.PutUint16(b[38:], uint16(8+payload))
+		binary.BigEndian.PutUint16(h[4:], uint16(8+payload))
 	}
 	return b
 }

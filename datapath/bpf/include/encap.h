@@ -47,6 +47,12 @@ static __always_inline __u32 encap_hash(const struct __sk_buff *skb, __be32 sadd
 	return h;
 }
 
+/* An IPv6 address folded to 32 bits for encap_hash. */
+static __always_inline __be32 addr6_fold(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr32[0] ^ a->in6_u.u6_addr32[1] ^ a->in6_u.u6_addr32[2] ^ a->in6_u.u6_addr32[3];
+}
+
 /* The outer UDP source port for a flow's hash, in the range the kernel's
  * VXLAN device picks from. */
 static __always_inline __be16 encap_sport(__u32 hash)
@@ -101,6 +107,20 @@ static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_
 	oudp->source = sport;
 	oudp->len = bpf_htons(skb->len - sizeof(struct ethhdr) - sizeof(struct iphdr));
 	oudp->check = 0;
+	return 0;
+}
+
+/* encap_inner_ipv6 marks the inner Ethernet header encap_push wrote as
+ * carrying IPv6 (onc_encap stores IPv4's); 0, or -1 as encap_push. */
+static __always_inline int encap_inner_ipv6(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *inner = data + ONC_ENCAP_LEN;
+
+	if ((void *)(inner + 1) > end)
+		return -1;
+	inner->h_proto = bpf_htons(ETH_P_IPV6);
 	return 0;
 }
 

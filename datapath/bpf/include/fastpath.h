@@ -9,6 +9,7 @@
 #ifndef __ONC_FASTPATH_H
 #define __ONC_FASTPATH_H
 
+#include <linux/in6.h>
 #include <linux/pkt_cls.h>
 #include "common.h"
 #include "flow_cache.h"
@@ -40,6 +41,13 @@ struct cidr_key {
 
 struct cidr_val {
 	__be32 node_ip;
+};
+
+/* An IPv6 pod CIDR of a peer that runs the fast path (onc_peers6); the
+ * value is its node's IPv4 tunnel endpoint. */
+struct cidr6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
 };
 
 /*
@@ -105,6 +113,11 @@ enum onc_stat {
 	STAT_INGRESS_OPEN,
 	STAT_INGRESS_MISS_REPLY,      /* a SYN not opened: no learned header back to the client's node */
 	STAT_MAX,
+	/* IPv6 packets count in onc_stats6 (the same counters): egress
+	 * not_ip there is an IPv6 packet not TCP or UDP right after the fixed
+	 * header (ICMPv6, extension headers, fragments); tcp_flags every
+	 * SYN, FIN and RST, since IPv6 connections open and close on the
+	 * slow path. The overlay guard's drops count in onc_stats. */
 };
 
 /*
@@ -124,6 +137,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_egress SEC(".maps");
 
+/* Remote IPv6 pod -> the node it was last seen behind. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct onc_in6);
+	__type(value, struct egress_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_egress6 SEC(".maps");
+
+/* One header per node, whichever family its inner packets are: the inner
+ * Ethernet header's type is stored as IPv4's and set per packet. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, ONC_MAX_NODES);
@@ -140,6 +164,15 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ONC_MAX_NODES);
+	__type(key, struct cidr6_key);
+	__type(value, struct cidr_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_peers6 SEC(".maps");
 
 /* Nodes' own addresses: traffic to them takes the slow path. (A peer's
  * gateway address is not one: see datapath/peers.go.) */
@@ -224,6 +257,7 @@ struct {
 } onc_open SEC(".maps");
 
 ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
+ONC_COUNTERS(onc_stats6, onc_stat, STAT_MAX);
 
 /*
  * Where the fast path's programs pass on a packet that is none of theirs
@@ -264,6 +298,14 @@ static __always_inline struct cidr_val *peer_of(__be32 addr)
 	struct cidr_key k = { .prefixlen = 32, .addr = addr };
 
 	return bpf_map_lookup_elem(&onc_peers, &k);
+}
+
+static __always_inline struct cidr_val *peer6_of(const struct in6_addr *addr)
+{
+	struct cidr6_key k = { .prefixlen = 128 };
+
+	__builtin_memcpy(k.addr, addr, sizeof(k.addr));
+	return bpf_map_lookup_elem(&onc_peers6, &k);
 }
 
 #endif /* __ONC_FASTPATH_H */

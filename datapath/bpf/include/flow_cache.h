@@ -26,6 +26,23 @@ struct flow_key {
 	__u8 pad[3];
 };
 
+/* The same for IPv6 flows, in maps of their own (onc_filter6): the IPv4
+ * maps are pinned, and widening their keys would make an upgrade replace
+ * every map of the object, the flows and connections it carries with it. */
+struct flow_key6 {
+	__u8 local_ip[16];
+	__u8 remote_ip[16];
+	__be16 local_port;
+	__be16 remote_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* An IPv6 address as a map key. */
+struct onc_in6 {
+	__u8 addr[16];
+};
+
 /*
  * The slow path let this flow through as ESTABLISHED in each direction, or
  * the fast path opened it (opener): its SYN took the fast path because no
@@ -107,6 +124,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_fin SEC(".maps");
 
+/* IPv6 flows. Connections open and close on the slow path in IPv6 (no
+ * flow_setup), so their values have no opener and no onc_fin6 is needed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key6);
+	__type(value, struct flow_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_filter6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -114,6 +141,14 @@ struct {
 	__type(value, struct local_pod);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_local SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct onc_in6);
+	__type(value, struct local_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_local6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -131,23 +166,29 @@ static __always_inline struct onc_config *config(void)
 }
 
 /* A flow may take the fast path when the slow path saw it both ways in
- * this epoch, or the fast path opened it: its entry, else NULL. */
-static __always_inline struct flow_val *flow_allowed(const struct flow_key *k, __u32 epoch)
+ * this epoch, or the fast path opened it: its entry in filter (onc_filter
+ * for k a flow_key, onc_filter6 for a flow_key6), else NULL. */
+static __always_inline struct flow_val *filter_allowed(void *filter, const void *k, __u32 epoch)
 {
-	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+	struct flow_val *v = bpf_map_lookup_elem(filter, k);
 
 	return v && v->egress && v->ingress && v->epoch == epoch ? v : NULL;
 }
 
-/*
- * Learn one direction of a flow; a flow of an older epoch starts over.
- * Every marked packet of a learned flow comes here: write only what
- * changes, so a busy flow does not keep dirtying a shared cache line.
- * Returns whether anything was written.
- */
-static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int egress)
+static __always_inline struct flow_val *flow_allowed(const struct flow_key *k, __u32 epoch)
 {
-	struct flow_val *v = bpf_map_lookup_elem(&onc_filter, k);
+	return filter_allowed(&onc_filter, k, epoch);
+}
+
+/*
+ * Learn one direction of a flow in filter (as filter_allowed); a flow of
+ * an older epoch starts over. Every marked packet of a learned flow comes
+ * here: write only what changes, so a busy flow does not keep dirtying a
+ * shared cache line. Returns whether anything was written.
+ */
+static __always_inline int filter_learn(void *filter, const void *k, __u32 epoch, int egress)
+{
+	struct flow_val *v = bpf_map_lookup_elem(filter, k);
 	struct flow_val nv = { .epoch = epoch };
 
 	if (v && v->epoch == epoch) {
@@ -163,8 +204,13 @@ static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int
 		nv.egress = 1;
 	else
 		nv.ingress = 1;
-	bpf_map_update_elem(&onc_filter, k, &nv, BPF_ANY);
+	bpf_map_update_elem(filter, k, &nv, BPF_ANY);
 	return 1;
+}
+
+static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int egress)
+{
+	return filter_learn(&onc_filter, k, epoch, egress);
 }
 
 /*

@@ -5,6 +5,7 @@
 
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/in.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
@@ -15,11 +16,14 @@ struct vxlanhdr {
 	__be32 vni; /* VNI << 8 */
 };
 
-/* An IPv4 TCP or UDP packet whose IP header starts at off. */
+/* An IPv4 or IPv6 TCP or UDP packet (parse_l4, parse_l4_6): ip or ip6 is
+ * its IP header, the other NULL. */
 struct l4 {
 	struct iphdr *ip;
+	struct ipv6hdr *ip6;
 	__be16 sport;
 	__be16 dport;
+	__u8 proto;
 	__u8 tcp_flags; /* FIN 0x01, SYN 0x02, RST 0x04; 0 for UDP */
 	__u8 syn_ack;   /* SYN and ACK alone: the reply to a connection's SYN */
 	struct tcp_seg seg; /* TCP only */
@@ -31,6 +35,42 @@ struct l4 {
 #define TCP_ACK 0x10
 /* Flags conntrack must see: their packets always take the stack. */
 #define TCP_CTL (TCP_FIN | TCP_SYN | TCP_RST)
+
+/* parse_ports fills p from the TCP or UDP header at l4hdr (proto), whose
+ * segment is payload bytes long with its header; 0 on success. */
+static __always_inline int parse_ports(void *l4hdr, void *end, __u8 proto, __u32 payload, struct l4 *p)
+{
+	p->proto = proto;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *t = l4hdr;
+		__u8 flags;
+
+		if ((void *)(t + 1) > end)
+			return -1;
+		flags = ((__u8 *)t)[13];
+		p->sport = t->source;
+		p->dport = t->dest;
+		p->tcp_flags = flags & TCP_CTL;
+		p->syn_ack = p->tcp_flags == TCP_SYN && (flags & TCP_ACK);
+		p->seg.seq = bpf_ntohl(t->seq);
+		p->seg.ack = bpf_ntohl(t->ack_seq);
+		p->seg.len = payload - t->doff * 4;
+		p->seg.flags = flags;
+		return 0;
+	}
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *u = l4hdr;
+
+		if ((void *)(u + 1) > end)
+			return -1;
+		p->sport = u->source;
+		p->dport = u->dest;
+		p->tcp_flags = 0;
+		p->syn_ack = 0;
+		return 0;
+	}
+	return -1;
+}
 
 /* parse_l4 returns 0 when data+off holds an unfragmented IPv4 TCP/UDP
  * packet without IP options, filling p. */
@@ -45,35 +85,22 @@ static __always_inline int parse_l4(void *data, void *end, __u32 off, struct l4 
 	if (ip->frag_off & bpf_htons(0x3fff)) /* MF or offset */
 		return -1;
 	p->ip = ip;
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *t = (void *)(ip + 1);
-		__u8 flags;
+	p->ip6 = NULL;
+	return parse_ports(ip + 1, end, ip->protocol, (__u32)bpf_ntohs(ip->tot_len) - sizeof(*ip), p);
+}
 
-		if ((void *)(t + 1) > end)
-			return -1;
-		flags = ((__u8 *)t)[13];
-		p->sport = t->source;
-		p->dport = t->dest;
-		p->tcp_flags = flags & TCP_CTL;
-		p->syn_ack = p->tcp_flags == TCP_SYN && (flags & TCP_ACK);
-		p->seg.seq = bpf_ntohl(t->seq);
-		p->seg.ack = bpf_ntohl(t->ack_seq);
-		p->seg.len = (__u32)bpf_ntohs(ip->tot_len) - sizeof(*ip) - t->doff * 4;
-		p->seg.flags = flags;
-		return 0;
-	}
-	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *u = (void *)(ip + 1);
+/* parse_l4_6 returns 0 when data+off holds an IPv6 packet whose TCP or UDP
+ * header follows the fixed header: no extension header, so no fragment
+ * (those take the slow path), filling p. */
+static __always_inline int parse_l4_6(void *data, void *end, __u32 off, struct l4 *p)
+{
+	struct ipv6hdr *ip6 = data + off;
 
-		if ((void *)(u + 1) > end)
-			return -1;
-		p->sport = u->source;
-		p->dport = u->dest;
-		p->tcp_flags = 0;
-		p->syn_ack = 0;
-		return 0;
-	}
-	return -1;
+	if ((void *)(ip6 + 1) > end || ip6->version != 6)
+		return -1;
+	p->ip = NULL;
+	p->ip6 = ip6;
+	return parse_ports(ip6 + 1, end, ip6->nexthdr, bpf_ntohs(ip6->payload_len), p);
 }
 
 /*
@@ -97,7 +124,7 @@ static __always_inline void flow_out(struct flow_key *k, const struct l4 *p)
 	k->remote_ip = p->ip->daddr;
 	k->local_port = p->sport;
 	k->remote_port = p->dport;
-	k->proto = p->ip->protocol;
+	k->proto = p->proto;
 }
 
 /* flow_in is the key of a packet a local pod receives (local = destination). */
@@ -107,7 +134,26 @@ static __always_inline void flow_in(struct flow_key *k, const struct l4 *p)
 	k->remote_ip = p->ip->saddr;
 	k->local_port = p->dport;
 	k->remote_port = p->sport;
-	k->proto = p->ip->protocol;
+	k->proto = p->proto;
+}
+
+/* flow6_out and flow6_in are flow_out's and flow_in's IPv6 keys. */
+static __always_inline void flow6_out(struct flow_key6 *k, const struct l4 *p)
+{
+	__builtin_memcpy(k->local_ip, &p->ip6->saddr, sizeof(k->local_ip));
+	__builtin_memcpy(k->remote_ip, &p->ip6->daddr, sizeof(k->remote_ip));
+	k->local_port = p->sport;
+	k->remote_port = p->dport;
+	k->proto = p->proto;
+}
+
+static __always_inline void flow6_in(struct flow_key6 *k, const struct l4 *p)
+{
+	__builtin_memcpy(k->local_ip, &p->ip6->daddr, sizeof(k->local_ip));
+	__builtin_memcpy(k->remote_ip, &p->ip6->saddr, sizeof(k->remote_ip));
+	k->local_port = p->dport;
+	k->remote_port = p->sport;
+	k->proto = p->proto;
 }
 
 /* An Ethernet frame carrying IPv4 at data. */
@@ -116,6 +162,14 @@ static __always_inline int is_ipv4(void *data, void *end)
 	struct ethhdr *eth = data;
 
 	return (void *)(eth + 1) <= end && eth->h_proto == bpf_htons(ETH_P_IP);
+}
+
+/* An Ethernet frame carrying IPv6 at data. */
+static __always_inline int is_ipv6(void *data, void *end)
+{
+	struct ethhdr *eth = data;
+
+	return (void *)(eth + 1) <= end && eth->h_proto == bpf_htons(ETH_P_IPV6);
 }
 
 /* parse_vxlan checks data holds outer Ethernet/IPv4/UDP to our port with
@@ -150,6 +204,12 @@ static __always_inline void ip_dec_ttl(struct iphdr *ip)
 	check += (__u32)bpf_htons(0x0100);
 	ip->check = (__sum16)(check + (check >= 0xFFFF));
 	--ip->ttl;
+}
+
+/* The IPv6 traffic class: the byte IPv4 calls TOS. */
+static __always_inline __u8 ip6_tclass(const struct ipv6hdr *ip6)
+{
+	return ip6->priority << 4 | ip6->flow_lbl[0] >> 4;
 }
 
 #endif /* __ONC_PARSE_H */
