@@ -117,6 +117,7 @@ type Lab struct {
 	AgentArgs      []string `json:"agentArgs,omitempty"`
 	Datastore      string   `json:"datastore"`
 	Underlay       string   `json:"underlay"`
+	IPFamily       string   `json:"ipFamily,omitempty"` // Options.IPFamily
 	// Namespaces are the pod namespaces the lab made or labelled, with
 	// their labels (on etcd only recorded).
 	Namespaces map[string]map[string]string `json:"namespaces,omitempty"`
@@ -137,9 +138,13 @@ type Lab struct {
 
 // Node is one lab node.
 type Node struct {
-	Name  string         `json:"name"`
-	Netns string         `json:"netns"`
-	IP    netip.Addr     `json:"ip"`
+	Name  string     `json:"name"`
+	Netns string     `json:"netns"`
+	IP    netip.Addr `json:"ip"`
+	// IPv6 is its underlay's IPv6 address in a dual-stack lab, beside IP
+	// on the same interface: nothing of ONC's uses it (the tunnels are
+	// IPv4's); the bench reaches the node over it for IPv6's bare rows.
+	IPv6  netip.Addr     `json:"ipv6,omitzero"`
 	Dir   string         `json:"dir"`
 	Agent daemon.Process `json:"agent"`
 	// AgentArgs are this node's extra onc-agent flags, after the lab's
@@ -264,7 +269,8 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore, KubeBin: o.KubeBin, Underlay: o.Underlay}
+	l = &Lab{Prefix: o.Prefix, Dir: dir, BinDir: o.BinDir, AgentArgs: o.AgentArgs, Datastore: o.Datastore, KubeBin: o.KubeBin, Underlay: o.Underlay,
+		IPFamily: o.IPFamily}
 	defer func() {
 		if err != nil {
 			_ = l.Down()
@@ -510,6 +516,12 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		}
 		l.Nodes = append(l.Nodes, n)
 	}
+	if l.IPFamily == IPFamilyDual {
+		n.IPv6 = underlay6Addr(n.IP)
+		if err := run([][]string{{"ip", "-n", n.Netns, "addr", "add", netip.PrefixFrom(n.IPv6, 64).String(), "dev", "eth0", "nodad"}}); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(filepath.Join(n.Dir, "net.d"), 0o755); err != nil {
 		return nil, err
 	}
@@ -542,6 +554,14 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		return nil, err
 	}
 	return n, l.Save()
+}
+
+// underlay6Addr is the IPv6 underlay address of the node at IPv4 address
+// a: fd00:172:31:<a's third byte>::<a's fourth>, so nodes on one IPv4
+// underlay share a /64.
+func underlay6Addr(a netip.Addr) netip.Addr {
+	b4 := a.As4()
+	return netip.AddrFrom16([16]byte{0: 0xfd, 3: 172, 5: 31, 7: b4[2], 15: b4[3]})
 }
 
 // hostAddr is host number i of an IPv4 prefix.

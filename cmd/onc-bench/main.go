@@ -70,7 +70,21 @@ func netperfMain(ctx context.Context, args []string) error {
 	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: two veth pairs and a bridge under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	nodeports := fs.Bool("nodeports", true, "measure NodePorts from a host outside the cluster, on a lab of their own on the bridge underlay: "+strings.Join(bench.NodePortConfigs, ", "))
+	family := fs.String("ip-family", bench.FamilyIPv4, "the pod-to-pod rows' address family: ipv4, or ipv6 (a dual-stack lab; bare between the nodes' IPv6 underlay addresses; no Flannel row; the Service, intra-node and NodePort rows are IPv4's and left out)")
 	_ = fs.Parse(args)
+	switch *family {
+	case bench.FamilyIPv4:
+	case bench.FamilyIPv6:
+		for name, on := range map[string]*bool{"services": services, "intranode": intranode, "nodeports": nodeports} {
+			if fs.Changed(name) && *on {
+				return fmt.Errorf("--ip-family ipv6 measures pod to pod only: the --%s rows are IPv4's so far", name)
+			}
+			*on = false
+		}
+		*flannel = ""
+	default:
+		return fmt.Errorf("--ip-family %q: ipv4 or ipv6", *family)
+	}
 	np, err := filepath.Abs(*netperf)
 	if err != nil {
 		return err
@@ -91,7 +105,7 @@ func netperfMain(ctx context.Context, args []string) error {
 			}
 		}
 	}
-	o := bench.Options{Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Log: os.Stdout}
+	o := bench.Options{Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Family: *family, Log: os.Stdout}
 	var samples []bench.Sample
 	if *pods || *services || *intranode {
 		s, err := netperfLab(ctx, o, *kubeBin, *underlay, *flannel, *pods, *services, *intranode)
@@ -121,7 +135,7 @@ func netperfMain(ctx context.Context, args []string) error {
 		samples = append(samples, s...)
 	}
 	r := bench.NewReport(samples, *reps, *dur, kernel())
-	r.CPUs = *cpus
+	r.CPUs, r.Family = *cpus, *family
 	if err := bench.WriteFiles(*out, "latest", r); err != nil {
 		return err
 	}
@@ -134,8 +148,12 @@ func netperfMain(ctx context.Context, args []string) error {
 // netperfLab runs the rows of one lab on underlay: pod to pod, Services
 // (ClusterIP) and intra-node, as asked; the lab is down when it returns.
 func netperfLab(ctx context.Context, o bench.Options, kubeBin, underlay, flannel string, pods, services, intranode bool) ([]bench.Sample, error) {
+	labFamily := lab.IPFamilyIPv4
+	if o.Family == bench.FamilyIPv6 {
+		labFamily = lab.IPFamilyDual
+	}
 	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
-		Datastore: "kubernetes", KubeBin: kubeBin, Underlay: underlay})
+		Datastore: "kubernetes", KubeBin: kubeBin, Underlay: underlay, IPFamily: labFamily})
 	if err != nil {
 		return nil, err
 	}

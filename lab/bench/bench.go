@@ -55,12 +55,24 @@ type Options struct {
 	// RedisRequests is redis-benchmark -n of each of GET and SET; 0: no
 	// redis rows.
 	RedisRequests int
-	Log           io.Writer // progress
+	// Family is the pod-to-pod rows' address family: FamilyIPv4 ("" too)
+	// or FamilyIPv6, which needs a dual-stack lab (pods' IPv6 addresses,
+	// bare between the nodes' IPv6 underlay addresses) and leaves Flannel
+	// out (IPv4 only here).
+	Family string
+	Log    io.Writer // progress
 }
 
-// Configs are the package's Configs without flannel when the lab has no Flannel pods.
+// Address families of Options.Family.
+const (
+	FamilyIPv4 = "ipv4"
+	FamilyIPv6 = "ipv6"
+)
+
+// Configs are the package's Configs without flannel when the lab has no
+// Flannel pods or the rows are IPv6.
 func (o Options) Configs() []string {
-	if l := o.Lab; len(l.Nodes) < 2 || len(l.Nodes[0].FlannelPods) == 0 || len(l.Nodes[1].FlannelPods) == 0 {
+	if l := o.Lab; o.Family == FamilyIPv6 || len(l.Nodes) < 2 || len(l.Nodes[0].FlannelPods) == 0 || len(l.Nodes[1].FlannelPods) == 0 {
 		return slices.DeleteFunc(slices.Clone(Configs), func(c string) bool { return c == "flannel" })
 	}
 	return Configs
@@ -100,6 +112,9 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Family == FamilyIPv6 && (!server.IPv6.IsValid() || !server.Pods[0].IPv6.IsValid()) {
+		return nil, fmt.Errorf("IPv6 rows need a dual-stack lab: the server's node or pod has no IPv6 address")
+	}
 	configs := o.Configs()
 	servers := []string{server.Netns, server.Pods[0].Netns}
 	if slices.Contains(configs, "flannel") {
@@ -124,7 +139,7 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 		for _, test := range tests {
 			for i := range configs {
 				cfg := configs[(i+rep)%len(configs)]
-				from, to := endpoints(client, server, cfg)
+				from, to := endpoints(client, server, cfg, o.Family)
 				// Flannel's packets cross ONC's programs on the node's
 				// eth0 too: they run with the fast path off, as in slow.
 				if cfg != "bare" {
@@ -155,13 +170,17 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 }
 
 // endpoints are the namespace a config's client runs in and the address
-// it reaches the server at.
-func endpoints(client, server *lab.Node, cfg string) (from, to string) {
-	switch cfg {
-	case "bare":
+// it reaches the server at, in family.
+func endpoints(client, server *lab.Node, cfg, family string) (from, to string) {
+	switch {
+	case cfg == "bare" && family == FamilyIPv6:
+		return client.Netns, server.IPv6.String()
+	case cfg == "bare":
 		return client.Netns, server.IP.String()
-	case "flannel":
+	case cfg == "flannel":
 		return client.FlannelPods[0].Netns, server.FlannelPods[0].IP.String()
+	case family == FamilyIPv6:
+		return client.Pods[0].Netns, server.Pods[0].IPv6.String()
 	}
 	return client.Pods[0].Netns, server.Pods[0].IP.String()
 }

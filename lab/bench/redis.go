@@ -21,10 +21,11 @@ const RedisClients = 50
 const redisPort = "6379"
 
 // RedisServers starts one redis-server per namespace (no persistence, on
-// every address), on cpu if it is not empty; stop kills them by PID.
+// every IPv4 address and, where the namespace has IPv6, every IPv6 one:
+// "-::*" is optional), on cpu if it is not empty; stop kills them by PID.
 func RedisServers(ctx context.Context, cpu string, netns ...string) (stop func(), err error) {
 	stop, err = startIn(netns, func(ns string) []string {
-		return pinned(ns, cpu, "redis-server", "--port", redisPort, "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no")
+		return pinned(ns, cpu, "redis-server", "--port", redisPort, "--bind", "*", "-::*", "--protected-mode", "no", "--save", "", "--appendonly", "no")
 	})
 	if err != nil {
 		return nil, err

@@ -16,13 +16,16 @@ import (
 
 // Report is what bench-results/latest.json holds.
 type Report struct {
-	Date     string    `json:"date"`
-	Kernel   string    `json:"kernel"`
-	Reps     int       `json:"reps"`
-	Duration string    `json:"duration"`
-	CPUs     string    `json:"cpus"` // netperf -T
-	Results  []Summary `json:"results"`
-	Ratios   []Ratio   `json:"ratios"`
+	Date     string `json:"date"`
+	Kernel   string `json:"kernel"`
+	Reps     int    `json:"reps"`
+	Duration string `json:"duration"`
+	CPUs     string `json:"cpus"` // netperf -T
+	// Family is the pod-to-pod rows' address family, "ipv4" or "ipv6"
+	// (Options.Family; "" in reports from before it).
+	Family  string    `json:"family,omitempty"`
+	Results []Summary `json:"results"`
+	Ratios  []Ratio   `json:"ratios"`
 	// The pod-to-pod bar (absent without pod rows).
 	PodBar *BarVerdict `json:"podBar,omitempty"`
 	// The Service section's paired ratios and its bar (absent without it).
@@ -398,6 +401,9 @@ func (r Report) JSON(w io.Writer) error {
 // Markdown writes the tables docs/performance.md shows.
 func (r Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration, netperf -T %q.\n", r.Date, r.Kernel, r.Reps, r.Duration, r.CPUs)
+	if r.Family == FamilyIPv6 {
+		fmt.Fprintln(w, "\nThe pod-to-pod rows are IPv6: pods' IPv6 addresses over the IPv4 tunnel, and bare between the nodes' IPv6 underlay addresses.")
+	}
 	// The intra-node rows have their own table, by size.
 	rows := slices.DeleteFunc(slices.Clone(r.Results), func(s Summary) bool { return section(s.Config) == intranodeSection })
 	if len(rows) > 0 {
