@@ -21,6 +21,7 @@ import (
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/internal/netaddr"
 )
 
 const conf = `{"cniVersion":"1.1.0","name":"onc","type":"onc"}`
@@ -69,7 +70,7 @@ func (ta *testAgent) leftovers(t *testing.T, container string) []string {
 	key := ipam.Key{ContainerID: container, IfName: "eth0"}
 	pool, _ := ta.readyPool()
 	if att, ok := pool.Get(key); ok {
-		out = append(out, "address "+ipam.FormatAddrs(att.IPs))
+		out = append(out, "address "+strings.Join(netaddr.Strings(att.IPs), ","))
 	}
 	if b, err := os.ReadFile(ta.stateFile()); err == nil && strings.Contains(string(b), container) {
 		out = append(out, "address in "+filepath.Base(ta.stateFile()))

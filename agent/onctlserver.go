@@ -9,11 +9,11 @@ import (
 	"strings"
 
 	"github.com/onc-net/onc/agent/bypass"
-	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
+	"github.com/onc-net/onc/internal/netaddr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -79,7 +79,7 @@ func (s *onctlServer) ListPods(ctx context.Context, _ *apiv1.ListPodsRequest) (*
 	var out apiv1.ListPodsResponse
 	for _, att := range pool.List() {
 		pod := &apiv1.Pod{
-			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: ipam.FormatAddrs(att.IPs), Mac: att.MAC,
+			ContainerId: att.ContainerID, Ifname: att.IfName, Netns: att.Netns, Ip: netaddr.First(att.IPs), Ips: netaddr.Strings(att.IPs), Mac: att.MAC,
 			HostIface: att.HostIface, K8SNamespace: att.K8sNamespace, K8SName: att.K8sName, CreatedUnix: att.Created.Unix(),
 		}
 		if s.a.cfg.Pods != nil && att.K8sName != "" {

@@ -80,7 +80,7 @@ func fastPathCarriesIPv6(t *testing.T, l *lab.Lab) {
 
 // dualStackAddresses checks every pod's two addresses: IPv4 as before, IPv6
 // from the cluster's IPv6 range, one /64 per node, none twice; and that
-// onctl pods lists both.
+// onctl pods lists both (ips), the first as ip.
 func dualStackAddresses(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	cluster6 := netip.MustParsePrefix("fd00:10:244::/56")
@@ -93,7 +93,7 @@ func dualStackAddresses(t *testing.T, l *lab.Lab) {
 		}
 		listed := map[string]string{}
 		for _, p := range resp.Pods {
-			listed[p.ContainerId] = p.Ip
+			listed[p.ContainerId] = p.Ip + " " + strings.Join(p.Ips, ",")
 		}
 		for _, p := range n.Pods {
 			if !p.IP.Is4() || !cluster6.Contains(p.IPv6) || seen[p.IPv6] != "" {
@@ -105,7 +105,7 @@ func dualStackAddresses(t *testing.T, l *lab.Lab) {
 				t.Fatalf("pod %s's IPv6 block %s is node %s's too", p.Key(), block, other)
 			}
 			blocks[block] = n.Name
-			if want := p.IP.String() + "," + p.IPv6.String(); listed[p.ContainerID] != want {
+			if want := p.IP.String() + " " + p.IP.String() + "," + p.IPv6.String(); listed[p.ContainerID] != want {
 				t.Fatalf("onctl pods on %s lists %s with %q, want %q", n.Name, p.Key(), listed[p.ContainerID], want)
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -54,16 +53,6 @@ type Attachment struct {
 
 // IPv4 is the pod's IPv4 address; invalid when it has none.
 func (a Attachment) IPv4() netip.Addr { return netaddr.IPv4(a.IPs) }
-
-// FormatAddrs renders a pod's addresses for onctl: "10.244.1.5" or
-// "10.244.1.5,fd00:10:244:1::5".
-func FormatAddrs(ips []netip.Addr) string {
-	s := make([]string, len(ips))
-	for i, ip := range ips {
-		s[i] = ip.String()
-	}
-	return strings.Join(s, ",")
-}
 
 // MarshalJSON writes a's IPv4 address also as "ip".
 func (a Attachment) MarshalJSON() ([]byte, error) {

@@ -54,8 +54,8 @@ func (f *fakeAgent) switches() []*apiv1.SetBypassRequest {
 	return f.set
 }
 
-// serve runs f on a socket and returns its path.
-func serve(t *testing.T, f *fakeAgent) string {
+// serve runs agent f on a socket and returns its path.
+func serve(t *testing.T, f apiv1.AgentServer) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	l, err := net.Listen("unix", sock)

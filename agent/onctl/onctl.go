@@ -228,7 +228,7 @@ func printPods(o *options, resp *apiv1.ListPodsResponse) error {
 		if p.K8SName != "" {
 			pod = p.K8SNamespace + "/" + p.K8SName
 		}
-		rows = append(rows, []string{p.Ip, short(p.ContainerId), p.Ifname, p.HostIface, p.Mac, pod, orDash(p.K8SPhase),
+		rows = append(rows, []string{addrs(p.Ips, p.Ip), short(p.ContainerId), p.Ifname, p.HostIface, p.Mac, pod, orDash(p.K8SPhase),
 			time.Unix(p.CreatedUnix, 0).UTC().Format(time.RFC3339)})
 	}
 	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "PHASE", "CREATED"}, rows)
@@ -363,10 +363,19 @@ func printCache(table string) func(*options, *apiv1.ListCacheResponse) error {
 	}
 }
 
+// addrs shows a pod's addresses, comma-separated: ips, or ip from an agent
+// that sends only that.
+func addrs(ips []string, ip string) string {
+	if len(ips) == 0 {
+		return ip
+	}
+	return strings.Join(ips, ",")
+}
+
 func printPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 	var rows [][]string
 	for _, p := range resp.Pods {
-		rows = append(rows, []string{p.Key, p.Ip, isolation(p.Ingress), isolation(p.Egress),
+		rows = append(rows, []string{p.Key, addrs(p.Ips, p.Ip), isolation(p.Ingress), isolation(p.Egress),
 			fmt.Sprintf("%d/%d", p.Ingress.Allowed, p.Egress.Allowed), fmt.Sprintf("%d/%d", p.Ingress.Denied, p.Egress.Denied)})
 	}
 	if err := o.table([]string{"POD", "IP", "INGRESS", "EGRESS", "ALLOWED(IN/EG)", "DENIED(IN/EG)"}, rows); err != nil {
@@ -378,7 +387,7 @@ func printPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 
 func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 	p := resp.Pods[0]
-	fmt.Fprintf(o.out, "Pod:     %s (%s, host interface %s)\nPolicy:  %s\n", p.Key, p.Ip, p.HostIface, policyGeneration(resp))
+	fmt.Fprintf(o.out, "Pod:     %s (%s, host interface %s)\nPolicy:  %s\n", p.Key, addrs(p.Ips, p.Ip), p.HostIface, policyGeneration(resp))
 	for _, d := range []struct {
 		name string
 		dir  *apiv1.PolicyDirection

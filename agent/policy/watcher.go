@@ -13,6 +13,7 @@ import (
 	"github.com/onc-net/onc/agent/watch"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/policy"
+	"github.com/onc-net/onc/internal/netaddr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -166,7 +167,7 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 			continue
 		}
 		c := counters[pod.Key]
-		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: ipam.FormatAddrs(pod.IPs), HostIface: pod.Iface,
+		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: netaddr.First(pod.IPs), Ips: netaddr.Strings(pod.IPs), HostIface: pod.Iface,
 			Ingress: direction(pod.Ingress, c.IngressAllowed, c.IngressDenied),
 			Egress:  direction(pod.Egress, c.EgressAllowed, c.EgressDenied)})
 	}

@@ -668,21 +668,25 @@ func (*ListPodsRequest) Descriptor() ([]byte, []int) {
 }
 
 type Pod struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId  string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Ifname       string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
-	Netns        string                 `protobuf:"bytes,3,opt,name=netns,proto3" json:"netns,omitempty"`
-	Ip           string                 `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
-	Mac          string                 `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
-	HostIface    string                 `protobuf:"bytes,6,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
-	K8SNamespace string                 `protobuf:"bytes,7,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
-	K8SName      string                 `protobuf:"bytes,8,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
-	CreatedUnix  int64                  `protobuf:"varint,9,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Ifname      string                 `protobuf:"bytes,2,opt,name=ifname,proto3" json:"ifname,omitempty"`
+	Netns       string                 `protobuf:"bytes,3,opt,name=netns,proto3" json:"netns,omitempty"`
+	// The first of ips (the cluster's first family), for clients that read
+	// one address.
+	Ip           string `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
+	Mac          string `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
+	HostIface    string `protobuf:"bytes,6,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
+	K8SNamespace string `protobuf:"bytes,7,opt,name=k8s_namespace,json=k8sNamespace,proto3" json:"k8s_namespace,omitempty"`
+	K8SName      string `protobuf:"bytes,8,opt,name=k8s_name,json=k8sName,proto3" json:"k8s_name,omitempty"`
+	CreatedUnix  int64  `protobuf:"varint,9,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	// With the Kubernetes datastore: the pod's phase as the API has it on
 	// this node ("Running", "Pending", ...), or "gone" if the API has no
 	// such pod here (the runtime never called DEL: a leaked attachment).
 	// Empty without Kubernetes or for attachments without pod identity.
-	K8SPhase      string `protobuf:"bytes,10,opt,name=k8s_phase,json=k8sPhase,proto3" json:"k8s_phase,omitempty"`
+	K8SPhase string `protobuf:"bytes,10,opt,name=k8s_phase,json=k8sPhase,proto3" json:"k8s_phase,omitempty"`
+	// Every address of the pod, one per family, in the cluster's order.
+	Ips           []string `protobuf:"bytes,11,rep,name=ips,proto3" json:"ips,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -785,6 +789,13 @@ func (x *Pod) GetK8SPhase() string {
 		return x.K8SPhase
 	}
 	return ""
+}
+
+func (x *Pod) GetIps() []string {
+	if x != nil {
+		return x.Ips
+	}
+	return nil
 }
 
 type ListPodsResponse struct {
@@ -1925,12 +1936,14 @@ func (x *PolicyDirection) GetDenied() uint64 {
 }
 
 type PolicyPod struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Ip            string                 `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
-	HostIface     string                 `protobuf:"bytes,3,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
-	Ingress       *PolicyDirection       `protobuf:"bytes,4,opt,name=ingress,proto3" json:"ingress,omitempty"`
-	Egress        *PolicyDirection       `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The first of ips, as Pod's.
+	Ip            string           `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	HostIface     string           `protobuf:"bytes,3,opt,name=host_iface,json=hostIface,proto3" json:"host_iface,omitempty"`
+	Ingress       *PolicyDirection `protobuf:"bytes,4,opt,name=ingress,proto3" json:"ingress,omitempty"`
+	Egress        *PolicyDirection `protobuf:"bytes,5,opt,name=egress,proto3" json:"egress,omitempty"`
+	Ips           []string         `protobuf:"bytes,6,rep,name=ips,proto3" json:"ips,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1996,6 +2009,13 @@ func (x *PolicyPod) GetIngress() *PolicyDirection {
 func (x *PolicyPod) GetEgress() *PolicyDirection {
 	if x != nil {
 		return x.Egress
+	}
+	return nil
+}
+
+func (x *PolicyPod) GetIps() []string {
+	if x != nil {
+		return x.Ips
 	}
 	return nil
 }
@@ -2893,7 +2913,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x11last_applied_unix\x18\x04 \x01(\x03R\x0flastAppliedUnix\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\"\x11\n" +
-	"\x0fListPodsRequest\"\x97\x02\n" +
+	"\x0fListPodsRequest\"\xa9\x02\n" +
 	"\x03Pod\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
 	"\x06ifname\x18\x02 \x01(\tR\x06ifname\x12\x14\n" +
@@ -2906,7 +2926,8 @@ const file_onc_proto_rawDesc = "" +
 	"\bk8s_name\x18\b \x01(\tR\ak8sName\x12!\n" +
 	"\fcreated_unix\x18\t \x01(\x03R\vcreatedUnix\x12\x1b\n" +
 	"\tk8s_phase\x18\n" +
-	" \x01(\tR\bk8sPhase\"3\n" +
+	" \x01(\tR\bk8sPhase\x12\x10\n" +
+	"\x03ips\x18\v \x03(\tR\x03ips\"3\n" +
 	"\x10ListPodsResponse\x12\x1f\n" +
 	"\x04pods\x18\x01 \x03(\v2\v.onc.v1.PodR\x04pods\"\x12\n" +
 	"\x10ListPeersRequest\"\xdf\x01\n" +
@@ -2984,14 +3005,15 @@ const file_onc_proto_rawDesc = "" +
 	"\bpolicies\x18\x02 \x03(\tR\bpolicies\x12(\n" +
 	"\x05rules\x18\x03 \x03(\v2\x12.onc.v1.PolicyRuleR\x05rules\x12\x18\n" +
 	"\aallowed\x18\x04 \x01(\x04R\aallowed\x12\x16\n" +
-	"\x06denied\x18\x05 \x01(\x04R\x06denied\"\xb0\x01\n" +
+	"\x06denied\x18\x05 \x01(\x04R\x06denied\"\xc2\x01\n" +
 	"\tPolicyPod\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x1d\n" +
 	"\n" +
 	"host_iface\x18\x03 \x01(\tR\thostIface\x121\n" +
 	"\aingress\x18\x04 \x01(\v2\x17.onc.v1.PolicyDirectionR\aingress\x12/\n" +
-	"\x06egress\x18\x05 \x01(\v2\x17.onc.v1.PolicyDirectionR\x06egress\"\x88\x01\n" +
+	"\x06egress\x18\x05 \x01(\v2\x17.onc.v1.PolicyDirectionR\x06egress\x12\x10\n" +
+	"\x03ips\x18\x06 \x03(\tR\x03ips\"\x88\x01\n" +
 	"\x12ListPolicyResponse\x12\x12\n" +
 	"\x04seen\x18\x01 \x01(\x04R\x04seen\x12\x18\n" +
 	"\aapplied\x18\x02 \x01(\x04R\aapplied\x12\x1d\n" +

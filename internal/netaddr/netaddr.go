@@ -30,6 +30,24 @@ func IPv4(ips []netip.Addr) netip.Addr {
 	return netip.Addr{}
 }
 
+// Strings are ips as text, in their order (onctl's lists of a pod's
+// addresses).
+func Strings(ips []netip.Addr) []string {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i] = ip.String()
+	}
+	return out
+}
+
+// First is the first of ips as text, "" when there is none.
+func First(ips []netip.Addr) string {
+	if len(ips) == 0 {
+		return ""
+	}
+	return ips[0].String()
+}
+
 // Family is ip's address family as netlink names it.
 func Family(ip netip.Addr) int {
 	if ip.Is4() {

@@ -1,0 +1,66 @@
+package onctl_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+)
+
+// podsAgent answers onctl pods, stats and policy from fixed responses.
+type podsAgent struct {
+	apiv1.UnimplementedAgentServer
+	pods   *apiv1.ListPodsResponse
+	stats  *apiv1.GetStatsResponse
+	policy *apiv1.ListPolicyResponse
+}
+
+func (a *podsAgent) ListPods(context.Context, *apiv1.ListPodsRequest) (*apiv1.ListPodsResponse, error) {
+	return a.pods, nil
+}
+
+func (a *podsAgent) GetStats(context.Context, *apiv1.GetStatsRequest) (*apiv1.GetStatsResponse, error) {
+	return a.stats, nil
+}
+
+func (a *podsAgent) ListPolicy(context.Context, *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
+	return a.policy, nil
+}
+
+// A dual-stack pod shows both its addresses; an older agent that sends
+// only ip still shows it. Counters show their family.
+func TestOnctlShowsEveryFamily(t *testing.T) {
+	sock := serve(t, &podsAgent{
+		pods: &apiv1.ListPodsResponse{Pods: []*apiv1.Pod{
+			{ContainerId: "c1", Ifname: "eth0", Ip: "10.244.1.2", Ips: []string{"10.244.1.2", "fd00:10:244:1::2"}},
+			{ContainerId: "c2", Ifname: "eth0", Ip: "10.244.1.3"},
+		}},
+		stats: &apiv1.GetStatsResponse{Counters: []*apiv1.Counter{
+			{Program: "egress", Name: "hit", Family: "ipv4", Value: 5},
+			{Program: "egress", Name: "hit", Family: "ipv6", Value: 3},
+			{Program: "overlay", Name: "drop_from_pod", Value: 1},
+		}},
+		policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{
+			{Key: "ns/a", Ip: "10.244.1.2", Ips: []string{"10.244.1.2", "fd00:10:244:1::2"}, Ingress: &apiv1.PolicyDirection{}, Egress: &apiv1.PolicyDirection{}},
+		}},
+	})
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"pods"}, []string{"10.244.1.2,fd00:10:244:1::2  c1", "10.244.1.3                   c2"}},
+		{[]string{"stats"}, []string{"egress   hit            ipv4    5", "egress   hit            ipv6    3", "overlay  drop_from_pod  -       1"}},
+		{[]string{"policy"}, []string{"ns/a  10.244.1.2,fd00:10:244:1::2"}},
+	} {
+		out, err := run(append([]string{"-s", sock}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("onctl %v lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+}
