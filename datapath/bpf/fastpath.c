@@ -151,7 +151,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 	}
 	flow_out(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, p.tcp_flags, p.syn_ack, cfg, 1);
+	setup = flow_setup(&key, p.tcp_flags, p.seg.flags & TCP_ACK, cfg, 1);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_EGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
@@ -349,7 +349,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	}
 	flow_in(&key, &p);
 	cfg = config();
-	setup = flow_setup(&key, p.tcp_flags, p.syn_ack, cfg, 0);
+	setup = flow_setup(&key, p.tcp_flags, p.seg.flags & TCP_ACK, cfg, 0);
 	if (setup == SETUP_SLOW) {
 		count(&onc_stats, STAT_INGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;

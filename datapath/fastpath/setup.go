@@ -151,32 +151,44 @@ func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
 type Conn struct {
 	Client, Server netip.AddrPort
 	Proto          uint8
+	// Reset: the remote end sent an RST, and the local pod has sent
+	// nothing since. It may be over, or the RST forged and ignored.
+	Reset bool
 }
 
 // connOf is the connection of a flow the fast path opened.
 func connOf(k FlowKey, v FlowVal) Conn {
 	local := netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort))
 	remote := netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort))
+	reset := v.Closing&closingRemoteRST != 0
 	if Opener(v.Opener) == OpenedByRemote {
-		return Conn{remote, local, k.Proto}
+		return Conn{remote, local, k.Proto, reset}
 	}
-	return Conn{local, remote, k.Proto}
+	return Conn{local, remote, k.Proto, reset}
 }
 
-// closed reports whether a connection the fast path opened is over: reset,
-// or a FIN went each way (only its last ACK may be left, which conntrack
-// would pick up as a new connection, and the flow's cache entry carries).
+// closed reports whether a connection the fast path opened is over: a FIN
+// went each way (only its last ACK may be left, which conntrack would pick
+// up as a new connection, and the flow's cache entry carries). A local
+// pod's RST that ends one forgets it in the programs; a remote RST does
+// not make it over (Conn.Reset).
 func closed(v FlowVal) bool {
 	const bothFINs = closingLocalFIN | closingRemoteFIN
-	return v.Closing&closingRST != 0 || v.Closing&bothFINs == bothFINs
+	return v.Closing&bothFINs == bothFINs
 }
 
 // As FLOW_CLOSING_* (include/flow_cache.h).
 const (
 	closingLocalFIN  = 1
 	closingRemoteFIN = 2
-	closingRST       = 4
+	closingRemoteRST = 4
 )
+
+// resetTimeout is the conntrack timeout of a handed-over connection that
+// the remote end reset (Conn.Reset), in seconds: most are over, and 5 days
+// of ESTABLISHED each would fill the table; one that lives on refreshes
+// its entry with each packet the slow path carries.
+const resetTimeout = 300
 
 // conntrackEstablish puts conns into conntrack as the connections they
 // are: ESTABLISHED from their client, a reply seen (so that the policy
@@ -201,9 +213,13 @@ func conntrackEstablish(conns []Conn) error {
 	if err != nil {
 		return fmt.Errorf("conntrack: clear the way for %d connections the fast path opened: %w", len(conns), err)
 	}
-	timeout := establishedTimeout()
+	established := establishedTimeout()
 	var errs []error
 	for _, c := range conns {
+		timeout := established
+		if c.Reset {
+			timeout = resetTimeout
+		}
 		req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
 		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
 		req.AddData(tupleAttr(nl.CTA_TUPLE_ORIG, c.Client, c.Server, c.Proto))

@@ -149,14 +149,50 @@ func TestConnectionSetupOnTheFastPath(t *testing.T) {
 		noFlows(t, d, "the last ACK went out")
 	})
 	// A reset from the other end may be forged (the pod's stack ignores
-	// one outside its window): it closes nothing here.
+	// one outside its window): it closes nothing here, and the pod's next
+	// packet, which says the connection lives, takes the mark off.
 	t.Run("server's node, a reset from the client", func(t *testing.T) {
 		d := openedByPeer(t)
 		verdictIs(t, d, d.progs.OncIngressFast, peerSends(clientPort, 80, rstAck), actRedirect, "the client's RST")
 		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || !f.Closing {
 			t.Fatalf("flow %+v after the client's RST; want it kept, closing", f)
 		}
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, ack), 501, 111), actRedirect, "the pod's challenge ACK")
+		if f := onlyFlow(t, d); f.Opener != OpenedByRemote || f.Closing {
+			t.Fatalf("flow %+v after the pod answered; want it kept, not closing", f)
+		}
 	})
+	// The pod's bare RST (no ACK) after its FIN answers a late packet: its
+	// socket is gone, the connection over.
+	t.Run("server's node, the server's bare RST after its FIN", func(t *testing.T) {
+		d := openedByPeer(t)
+		verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(80, clientPort, finAck), 501, 111), actRedirect, "the server's FIN")
+		verdictIs(t, d, d.progs.OncEgressFast, bare(podSends(80, clientPort, rstAck)), actRedirect, "its bare RST")
+		noFlows(t, d, "the server reset the connection after its FIN")
+	})
+}
+
+// A client in SYN_SENT answers a SYN-ACK with a bad ACK (anyone's to
+// forge) with a bare RST and waits on: the connection stays, and the real
+// SYN-ACK still rides the fast path it opened on.
+func TestConnectionSetupBareRSTInTheHandshake(t *testing.T) {
+	d := setupNode(t, true, true)
+	verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(clientPort, 80, syn), 100, 0), actRedirect, "the client's SYN")
+	verdictIs(t, d, d.progs.OncEgressFast, bare(seg(podSends(clientPort, 80, rstAck), 7, 0)), actRedirect, "its bare RST to a forged SYN-ACK")
+	if f := onlyFlow(t, d); f.Opener != OpenedByLocal || f.Closing {
+		t.Fatalf("flow %+v after the bare RST; want the connection kept, not closing", f)
+	}
+	verdictIs(t, d, d.progs.OncIngressFast, seg(peerSends(80, clientPort, synAck), 500, 101), actRedirect, "the real SYN-ACK")
+	// With ACK, the pod's RST aborts the connection.
+	verdictIs(t, d, d.progs.OncEgressFast, seg(podSends(clientPort, 80, rstAck), 101, 501), actRedirect, "the client's RST")
+	noFlows(t, d, "the client aborted")
+}
+
+// bare clears the ACK bit of a pod's TCP segment (the builder sets it on
+// every segment but a SYN).
+func bare(pkt []byte) []byte {
+	pkt[14+20+13] &^= ack
+	return pkt
 }
 
 // openedByPeer is a server's node with a connection the client's SYN
@@ -332,8 +368,10 @@ func TestConnectionSetupSpoofedCloseChangesNothing(t *testing.T) {
 // Switched off, the fast path hands the connections it opened over to
 // conntrack: ESTABLISHED from the end that sent the SYN, a reply seen,
 // assured; a half-closed one too (conntrack follows the rest of its
-// close), not one that is over. An entry the slow path picked up with the
-// roles swapped is replaced. The slow path then carries them.
+// close), and one the remote end reset (perhaps forged: it may live on),
+// with a short timeout; not one that is over. An entry the slow path
+// picked up with the roles swapped is replaced. The slow path then
+// carries them.
 func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 	d := setupNode(t, true, true)
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, syn), actRedirect, "the local pod's SYN")
@@ -346,6 +384,7 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 	verdictIs(t, d, d.progs.OncIngressFast, peerSends(80, clientPort+3, finAck), actRedirect, "the FIN back")
 	first := netip.AddrPortFrom(localPod, clientPort).String() + " -> " + netip.AddrPortFrom(remotePod, 80).String()
 	second := netip.AddrPortFrom(remotePod, clientPort+1).String() + " -> " + netip.AddrPortFrom(localPod, 8080).String()
+	reset := netip.AddrPortFrom(localPod, clientPort+2).String() + " -> " + netip.AddrPortFrom(remotePod, 80).String()
 	var out []byte
 	testutil.InNewNetns(t, "handover", func() {
 		// The first connection, as the slow path would pick it up from
@@ -361,11 +400,12 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 			t.Fatalf("conntrack -L: %v: %s", err, out)
 		}
 	})
-	want := map[string]bool{first: true, second: true}
+	want := map[string]bool{first: true, second: true, reset: true}
 	for _, line := range strings.Split(string(out), "\n") {
 		if !strings.HasPrefix(line, "tcp") {
 			continue
 		}
+		timeout, _ := strconv.Atoi(strings.Fields(line)[2])
 		var src, dst netip.Addr
 		var sport, dport uint16
 		for _, f := range strings.Fields(line) {
@@ -385,7 +425,10 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 		}
 		conn := netip.AddrPortFrom(src, sport).String() + " -> " + netip.AddrPortFrom(dst, dport).String()
 		if !want[conn] || !strings.Contains(line, "ESTABLISHED") || !strings.Contains(line, "[ASSURED]") || strings.Contains(line, "UNREPLIED") {
-			t.Errorf("conntrack has %q; want only %s and %s, ESTABLISHED, replied, assured", line, first, second)
+			t.Errorf("conntrack has %q; want only %s, %s and %s, ESTABLISHED, replied, assured", line, first, second, reset)
+		}
+		if short := conn == reset; short != (timeout <= resetTimeout) {
+			t.Errorf("conntrack has %q with timeout %d s: want at most %d s only for the reset connection", line, timeout, resetTimeout)
 		}
 		delete(want, conn)
 	}
@@ -400,8 +443,8 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 			handed++
 		}
 	}
-	if handed != 2 {
-		t.Errorf("flows after the hand-over %+v: want the two handed over marked opened by the slow path", flows)
+	if handed != 3 {
+		t.Errorf("flows after the hand-over %+v: want the three handed over marked opened by the slow path", flows)
 	}
 	// The fast path off, their FINs take the slow path, where conntrack has them.
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "a FIN after the hand-over")

@@ -26,19 +26,20 @@ enum flow_setup {
 
 /*
  * flow_setup decides the way of a packet with SYN, FIN or RST (ctl, the
- * packet's flags of TCP_CTL; syn_ack, SYN and ACK alone), and forgets what
- * the cache holds for a connection a SYN starts anew (flow_forget).
- * egress: the local pod sent it. A SYN may open its connection on the
- * fast path when no policy isolates the local pod (onc_open; every pod
- * where no NetworkPolicy runs: onc_conn_setup) and learning runs; every
- * later packet of that connection, SYN-ACK and FIN included, then rides
- * the fast path on this node: conntrack has no entry for it, so the slow
- * path would find them invalid. Everything else opens and closes through
+ * packet's flags of TCP_CTL; ack, its ACK bit), and forgets what the cache
+ * holds for a connection a SYN starts anew (flow_forget). egress: the
+ * local pod sent it. A SYN may open its connection on the fast path when
+ * no policy isolates the local pod (onc_open; every pod where no
+ * NetworkPolicy runs: onc_conn_setup) and learning runs; every later
+ * packet of that connection, SYN-ACK and FIN included, then rides the
+ * fast path on this node: conntrack has no entry for it, so the slow path
+ * would find them invalid. Everything else opens and closes through
  * conntrack.
  */
-static __always_inline int flow_setup(const struct flow_key *k, __u8 ctl, __u8 syn_ack,
+static __always_inline int flow_setup(const struct flow_key *k, __u8 ctl, __u8 ack,
 				      const struct onc_config *cfg, int egress)
 {
+	__u8 syn_ack = ctl == TCP_SYN && ack;
 	struct flow_val *v;
 	__u8 closing;
 
@@ -57,15 +58,19 @@ static __always_inline int flow_setup(const struct flow_key *k, __u8 ctl, __u8 s
 	if (!cfg || !v || !v->opener || v->epoch != cfg->epoch)
 		goto slow;
 	/* A SYN-ACK answers the SYN that opened the connection, from its
-	 * other end, before any close: the entry of an earlier connection on
-	 * the same addresses and ports must not carry a new one that netfilter
-	 * translated onto them. */
-	if (syn_ack &&
-	    (v->closing || v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
+	 * other end, before any FIN: the entry of an earlier connection on
+	 * the same addresses and ports must not carry a new one that
+	 * netfilter translated onto them. (After a remote RST it still rides:
+	 * if the RST was real, the pod answers it with one of its own.) */
+	if (syn_ack && ((v->closing & (FLOW_CLOSING_LOCAL_FIN | FLOW_CLOSING_REMOTE_FIN)) ||
+			v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
 		goto slow;
+	/* The local pod's RST marks nothing: flow_close_step forgets the
+	 * connection if it ends it, and one that does not (SYN_SENT's bare
+	 * RST to a bad ACK) changes nothing. */
 	closing = v->closing;
-	if (ctl & TCP_RST)
-		closing |= FLOW_CLOSING_RST;
+	if ((ctl & TCP_RST) && !egress)
+		closing |= FLOW_CLOSING_REMOTE_RST;
 	else if (ctl & TCP_FIN)
 		closing |= egress ? FLOW_CLOSING_LOCAL_FIN : FLOW_CLOSING_REMOTE_FIN;
 	if (closing != v->closing)
@@ -83,30 +88,39 @@ slow:
  * TCP segment, out whether the local pod sent it. It returns 1 when the
  * packet ends the connection, having forgotten it in the flow cache
  * (flow_forget; the uplink's caller forgets its own records): left in the
- * LRU maps, the records of closed
- * connections would pile up until a burst of short connections evicted
- * the only record of a long idle one, whose next packets the slow path
- * cannot carry. The end is the ACK of the second of the two FINs once
- * the first is acknowledged too (not merely the first packet after
- * both: after a half-close an ACK of data crosses the second FIN, and in
- * a simultaneous close each end acknowledges the other's), or an RST the
- * local pod sends. An RST from the other end is not trusted with that:
- * anyone outside could forge one with a client's address, and the pod's
- * stack ignores one outside its window, so the connection may go on.
+ * LRU maps, the records of closed connections would pile up until a burst
+ * of short connections evicted the only record of a long idle one, whose
+ * next packets the slow path cannot carry. The end is the ACK of the
+ * second of the two FINs once the first is acknowledged too (not merely
+ * the first packet after both: after a half-close an ACK of data crosses
+ * the second FIN, and in a simultaneous close each end acknowledges the
+ * other's), or an RST the local pod sends with ACK (an abort) or after its
+ * own FIN (its socket gone, a late packet answered). Not its bare RST
+ * before its FIN: Linux sends one in SYN_SENT to a SYN-ACK with a bad ACK
+ * (which anyone could forge) and keeps the connection. An RST from the
+ * other end is not trusted to end it either: anyone outside could forge
+ * one with a client's address, and the pod's stack ignores one outside its
+ * window, so the connection may go on; flow_setup marks it, and the pod's
+ * next packet, which says it lives, clears the mark.
  */
-static __always_inline int flow_close_step(const struct flow_key *k, const struct flow_val *v, int out,
+static __always_inline int flow_close_step(const struct flow_key *k, struct flow_val *v, int out,
 					   const struct tcp_seg *seg)
 {
 	int d = out ? FLOW_DIR_OUT : FLOW_DIR_IN, o = out ? FLOW_DIR_IN : FLOW_DIR_OUT;
 	struct flow_fin f = {}, *cur;
 
-	if (!v || !v->opener || !v->closing)
+	if (!v || !v->opener)
 		return 0;
 	if (seg->flags & TCP_RST) {
-		if (out)
-			flow_forget(k);
-		return out;
+		if (!out || (!(seg->flags & TCP_ACK) && !(v->closing & FLOW_CLOSING_LOCAL_FIN)))
+			return 0;
+		flow_forget(k);
+		return 1;
 	}
+	if (out && (v->closing & FLOW_CLOSING_REMOTE_RST))
+		v->closing &= ~FLOW_CLOSING_REMOTE_RST;
+	if (!(v->closing & (FLOW_CLOSING_LOCAL_FIN | FLOW_CLOSING_REMOTE_FIN)))
+		return 0;
 	cur = bpf_map_lookup_elem(&onc_fin, k);
 	if (cur)
 		f = *cur;

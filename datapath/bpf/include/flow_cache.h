@@ -62,7 +62,11 @@ struct flow_val {
 
 #define FLOW_CLOSING_LOCAL_FIN 1  /* the local pod sent a FIN */
 #define FLOW_CLOSING_REMOTE_FIN 2 /* the remote pod sent one */
-#define FLOW_CLOSING_RST 4
+/* The remote end sent an RST and the local pod has sent nothing since:
+ * reset, or the RST was forged and the pod ignored it (its next packet
+ * clears the bit). The local pod's RST that ends a connection forgets it
+ * at once (flow_close_step). */
+#define FLOW_CLOSING_REMOTE_RST 4
 
 /* What following a connection's close needs of a TCP segment, in host
  * order (parse.h fills it). */

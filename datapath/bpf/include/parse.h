@@ -26,7 +26,7 @@ struct l4 {
 	__u8 proto;
 	__u8 tcp_flags; /* FIN 0x01, SYN 0x02, RST 0x04; 0 for UDP */
 	__u8 syn_ack;   /* SYN and ACK alone: the reply to a connection's SYN */
-	struct tcp_seg seg; /* TCP only */
+	struct tcp_seg seg; /* TCP's; for UDP only flags, 0 */
 };
 
 #define TCP_FIN 0x01
@@ -67,6 +67,7 @@ static __always_inline int parse_ports(void *l4hdr, void *end, __u8 proto, __u32
 		p->dport = u->dest;
 		p->tcp_flags = 0;
 		p->syn_ack = 0;
+		p->seg.flags = 0;
 		return 0;
 	}
 	return -1;

@@ -445,7 +445,7 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 	pod = bpf_map_lookup_elem(&onc_local, &be->ip);
 	if (!pod && ctl)
 		return LB_NEXT;
-	setup = flow_setup(&key, ctl, ctl == TCP_SYN && (p->tcp_flags & TCP_ACK), cfg, 0);
+	setup = flow_setup(&key, ctl, p->tcp_flags & TCP_ACK, cfg, 0);
 	if (setup == SETUP_SLOW || !cfg || !cfg->enabled || p->ttl <= 1)
 		return LB_NEXT;
 	if (!pod)
