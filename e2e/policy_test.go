@@ -32,16 +32,21 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// NetworkPolicy end to end, in the lab's Kubernetes mode on two nodes:
-// three namespaces, seven labelled pods with named container ports, both
-// same-node and cross-node pairs. One lab serves every subtest:
+// NetworkPolicy end to end, in the lab's Kubernetes mode on two nodes,
+// dual-stack: three namespaces, seven labelled pods with named container
+// ports and an address of each family, both same-node and cross-node
+// pairs. One lab serves every subtest:
 //
 //   - TruthTable: a sequence of policy sets (and label changes), each
-//     followed by a probe of every ordered pod pair over TCP and UDP,
-//     compared with an oracle written here from the Kubernetes semantics
-//     (not from agent/policy); with the fast path on, the flow cache must
-//     never hold a usable entry for a denied flow. Then again with the
-//     fast path off.
+//     followed by a probe of every ordered pod pair over TCP and UDP in
+//     IPv4, compared with an oracle written here from the Kubernetes
+//     semantics (not from agent/policy); with the fast path on, the flow
+//     cache must never hold a usable entry for a denied flow. Then again
+//     with the fast path off.
+//   - TruthTable/IPv6: the same steps with the fast path on, every pair
+//     probed at the destination's IPv6 address; the oracle judges an
+//     ipBlock by the probe's family (an IPv4 block matches no IPv6 peer),
+//     a peer pod by either of its addresses.
 //   - Onctl: `onctl policy` shows an isolated pod, its policies, rules and
 //     counters.
 //   - StrictRevocation: a policy that denies a running connection ends it
@@ -56,16 +61,17 @@ import (
 //     Bypass/SameAsStack: the intra-node bypass (e2e/bypass_test.go).
 func TestPolicy(t *testing.T) {
 	c := newPolicyCluster(t)
-	t.Run("TruthTable/FastPathOn", func(t *testing.T) { c.truthTable(t, true, false) })
+	t.Run("TruthTable/FastPathOn", func(t *testing.T) { c.truthTable(t, true, false, probeIPv4) })
+	t.Run("TruthTable/IPv6", func(t *testing.T) { c.truthTable(t, true, false, probeIPv6) })
 	t.Run("TruthTable/FastPathOff", func(t *testing.T) {
 		c.setFastPath(t, false)
 		defer c.setFastPath(t, true)
-		c.truthTable(t, false, false)
+		c.truthTable(t, false, false, probeIPv4)
 	})
 	t.Run("TruthTable/BypassOn", func(t *testing.T) {
 		c.setBypass(t, "on")
 		defer c.setBypass(t, "off")
-		c.truthTable(t, true, true)
+		c.truthTable(t, true, true, probeIPv4)
 	})
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
@@ -96,6 +102,17 @@ type probeKind struct {
 
 func (k probeKind) String() string { return fmt.Sprintf("%s/%d", k.proto, k.port) }
 
+// probeFamily is the IP family a probe runs in: from the source pod's
+// address of it to the destination's.
+type probeFamily int
+
+const (
+	probeIPv4 probeFamily = 4
+	probeIPv6 probeFamily = 6
+)
+
+func (f probeFamily) String() string { return fmt.Sprintf("IPv%d", int(f)) }
+
 // tpod is a pod of the test: what the oracle knows of it, and the lab pod.
 type tpod struct {
 	ns, name string
@@ -107,6 +124,14 @@ type tpod struct {
 
 func (p *tpod) key() string { return p.ns + "/" + p.name }
 
+// addr is p's address of family f.
+func (p *tpod) addr(f probeFamily) netip.Addr {
+	if f == probeIPv6 {
+		return p.lp.IPv6
+	}
+	return p.lp.IP
+}
+
 type policyCluster struct {
 	l        *lab.Lab
 	kube     kubernetes.Interface
@@ -114,11 +139,12 @@ type policyCluster struct {
 	byKey    map[string]*tpod
 	nsLabels map[string]map[string]string // as the oracle sees them
 	cidr     netip.Prefix                 // the cluster CIDR: every pod IP
+	cidr6    netip.Prefix                 // the IPv6 one: every pod IPv6
 }
 
 func newPolicyCluster(t *testing.T) *policyCluster {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes"})
+	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", IPFamily: lab.IPFamilyDual})
 	kube, err := l.Kube()
 	if err != nil {
 		t.Fatal(err)
@@ -167,11 +193,13 @@ func newPolicyCluster(t *testing.T) *policyCluster {
 	for _, p := range c.pods {
 		netnses = append(netnses, p.lp.Netns)
 	}
-	stop, err := lab.ServeEcho(netnses, tcpPorts, udpPorts)
-	if err != nil {
-		t.Fatal(err)
+	for _, serve := range []func([]string, []int, []int) (func(), error){lab.ServeEcho, lab.ServeEcho6} {
+		stop, err := serve(netnses, tcpPorts, udpPorts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
 	}
-	t.Cleanup(stop)
 	st, err := l.Nodes[0].Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -179,9 +207,14 @@ func newPolicyCluster(t *testing.T) *policyCluster {
 	if c.cidr, err = netip.ParsePrefix(st.ClusterCidr); err != nil {
 		t.Fatalf("cluster CIDR %q: %v", st.ClusterCidr, err)
 	}
+	for _, cidr := range strings.Split(lab.ClusterCIDRs, ",") {
+		if p := netip.MustParsePrefix(cidr); p.Addr().Is6() {
+			c.cidr6 = p
+		}
+	}
 	for _, p := range c.pods {
-		if !c.cidr.Contains(p.lp.IP) {
-			t.Fatalf("%s's IP %s is outside the cluster CIDR %s", p.key(), p.lp.IP, c.cidr)
+		if !c.cidr.Contains(p.lp.IP) || !c.cidr6.Contains(p.lp.IPv6) {
+			t.Fatalf("%s has %s and %s: want an address of %s and one of %s", p.key(), p.lp.IP, p.lp.IPv6, c.cidr, c.cidr6)
 		}
 	}
 	return c
@@ -218,23 +251,24 @@ func (c *policyCluster) setFastPath(t *testing.T, on bool) {
 // directly on the objects the test creates, for pods whose labels,
 // namespaces, IPs and container ports the test knows.
 
-// allowed is the verdict on a new connection from src to dst's port:
-// dst's ingress and src's egress must both allow it.
-func (c *policyCluster) allowed(pols []*networkingv1.NetworkPolicy, src, dst *tpod, k probeKind) bool {
-	return c.ingressAllows(pols, src, dst, k) && c.egressAllows(pols, src, dst, k)
+// allowed is the verdict on a new connection of ce, from its source to
+// its destination's port in its family: the destination's ingress and the
+// source's egress must both allow it.
+func (c *policyCluster) allowed(pols []*networkingv1.NetworkPolicy, ce cell) bool {
+	return c.ingressAllows(pols, ce) && c.egressAllows(pols, ce)
 }
 
 // ingressAllows: a pod no policy selects for ingress is not isolated;
 // an isolated one allows the union of its policies' ingress rules.
-func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, src, dst *tpod, k probeKind) bool {
+func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
 	isolated := false
 	for _, p := range pols {
-		if ing, _ := policyTypes(p); !ing || !c.selects(p, dst) {
+		if ing, _ := policyTypes(p); !ing || !c.selects(p, ce.dst) {
 			continue
 		}
 		isolated = true
 		for _, r := range p.Spec.Ingress {
-			if c.peersMatch(p.Namespace, r.From, src) && portsMatch(r.Ports, dst, k) {
+			if c.peersMatch(p.Namespace, r.From, ce.src, ce.fam) && portsMatch(r.Ports, ce.dst, ce.k) {
 				return true
 			}
 		}
@@ -242,17 +276,17 @@ func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, src, d
 	return !isolated
 }
 
-// egressAllows is the same for src's egress; named ports resolve on the
-// destination pod.
-func (c *policyCluster) egressAllows(pols []*networkingv1.NetworkPolicy, src, dst *tpod, k probeKind) bool {
+// egressAllows is the same for the source's egress; named ports resolve
+// on the destination pod.
+func (c *policyCluster) egressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
 	isolated := false
 	for _, p := range pols {
-		if _, eg := policyTypes(p); !eg || !c.selects(p, src) {
+		if _, eg := policyTypes(p); !eg || !c.selects(p, ce.src) {
 			continue
 		}
 		isolated = true
 		for _, r := range p.Spec.Egress {
-			if c.peersMatch(p.Namespace, r.To, dst) && portsMatch(r.Ports, dst, k) {
+			if c.peersMatch(p.Namespace, r.To, ce.dst, ce.fam) && portsMatch(r.Ports, ce.dst, ce.k) {
 				return true
 			}
 		}
@@ -291,14 +325,17 @@ func (c *policyCluster) selects(p *networkingv1.NetworkPolicy, pod *tpod) bool {
 	return p.Namespace == pod.ns && labelsMatch(&p.Spec.PodSelector, pod.labels)
 }
 
-// peersMatch: no peers means every peer; otherwise any one of them.
-func (c *policyCluster) peersMatch(policyNS string, peers []networkingv1.NetworkPolicyPeer, pod *tpod) bool {
+// peersMatch: no peers means every peer; otherwise any one of them. An
+// ipBlock matches pod's address of the connection's family f only (an
+// IPv4 CIDR holds no IPv6 address); a pod peer is the pod in either.
+func (c *policyCluster) peersMatch(policyNS string, peers []networkingv1.NetworkPolicyPeer, pod *tpod, f probeFamily) bool {
 	if len(peers) == 0 {
 		return true
 	}
+	ip := pod.addr(f)
 	for _, peer := range peers {
 		if b := peer.IPBlock; b != nil {
-			if prefixHas(b.CIDR, pod.lp.IP) && !slices.ContainsFunc(b.Except, func(e string) bool { return prefixHas(e, pod.lp.IP) }) {
+			if prefixHas(b.CIDR, ip) && !slices.ContainsFunc(b.Except, func(e string) bool { return prefixHas(e, ip) }) {
 				return true
 			}
 			continue
@@ -490,7 +527,19 @@ func (c *policyCluster) steps() []policyStep {
 	denyX := netpol("x", "deny-ingress", sel(), ingressOnly, nil, nil)
 	allowPod := netpol("x", "allow-a-from-b", sel("app", "a"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "b")})), nil)
 	allowNS := netpol("x", "allow-from-ns-y", sel(), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{NamespaceSelector: selp("ns", "y")})), nil)
-	yA := c.pod("y/a")
+	xA, xB, yA, yB := c.pod("x/a"), c.pod("x/b"), c.pod("y/a"), c.pod("y/b")
+	node2v6, err := xB.lp.IPv6.Prefix(64) // node 2's IPv6 block
+	if err != nil {
+		panic(err)
+	}
+	// host is p's address of family f as a CIDR.
+	host := func(p *tpod, f probeFamily) string {
+		ip := p.addr(f)
+		return netip.PrefixFrom(ip, ip.BitLen()).String()
+	}
+	block := func(cidr string, except ...string) networkingv1.NetworkPolicyPeer {
+		return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}
+	}
 	return []policyStep{
 		{name: "none", pols: nil},
 		{name: "default-deny ingress in x", pols: []*networkingv1.NetworkPolicy{denyX}},
@@ -500,10 +549,23 @@ func (c *policyCluster) steps() []policyStep {
 			netpol("x", "allow-app-a-from-y-z", sel(), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{
 				NamespaceSelector: expr("ns", metav1.LabelSelectorOpIn, "y", "z"), PodSelector: selp("app", "a")})), nil)}},
 		{name: "ipBlock with except", pols: []*networkingv1.NetworkPolicy{
-			netpol("x", "ipblock", sel("app", "a"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{
-				IPBlock: &networkingv1.IPBlock{CIDR: c.cidr.String(), Except: []string{netip.PrefixFrom(yA.lp.IP, 32).String()}}})), nil),
-			netpol("z", "ipblock-one", sel("app", "c"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{
-				IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(c.pod("x/b").lp.IP, 32).String()}})), nil)}},
+			netpol("x", "ipblock", sel("app", "a"), ingressOnly, ingressRule(from(block(c.cidr.String(), host(yA, probeIPv4)))), nil),
+			netpol("z", "ipblock-one", sel("app", "c"), ingressOnly, ingressRule(from(block(host(xB, probeIPv4)))), nil)}},
+		// The same in IPv6, and an egress one: these admit no IPv4 peer.
+		{name: "IPv6 ipBlock with except", pols: []*networkingv1.NetworkPolicy{
+			netpol("x", "ipblock6", sel("app", "a"), ingressOnly, ingressRule(from(block(c.cidr6.String(), host(yA, probeIPv6)))), nil),
+			netpol("z", "ipblock6-one", sel("app", "c"), ingressOnly, ingressRule(from(block(host(xB, probeIPv6)))), nil),
+			netpol("y", "b-to-node-1-ipv6", sel("app", "b"), egressOnly, nil, egressRule(from(block(c.cidr6.String(), node2v6.String()))))}},
+		// Each family's whole range admits nothing of the other; in one
+		// rule, a pod named by its IPv4 block, one by its IPv6 block and
+		// one by its labels (in either family).
+		{name: "ipBlocks of both families", pols: []*networkingv1.NetworkPolicy{
+			netpol("x", "c-from-any-ipv4", sel("app", "c"), ingressOnly, ingressRule(from(block("0.0.0.0/0"))), nil),
+			netpol("y", "a-from-any-ipv6", sel("app", "a"), ingressOnly, ingressRule(from(block("::/0", host(xB, probeIPv6))), port(tcp, 80, 81)), nil),
+			netpol("z", "a-to-mixed", sel("app", "a"), egressOnly, nil, egressRule(from(block(host(xA, probeIPv4)), block(host(xB, probeIPv6)),
+				networkingv1.NetworkPolicyPeer{NamespaceSelector: selp("ns", "y"), PodSelector: selp("app", "b")}))),
+			netpol("z", "c-from-mixed", sel("app", "c"), ingressOnly, ingressRule(from(block(host(yB, probeIPv4)),
+				networkingv1.NetworkPolicyPeer{NamespaceSelector: selp("ns", "x"), PodSelector: selp("tier", "web")})), nil)}},
 		{name: "named ports", pols: []*networkingv1.NetworkPolicy{
 			netpol("x", "named", sel(), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp(), NamespaceSelector: selp()}),
 				port(tcp, "serve-81-tcp"), port(udp, "serve-80-udp")), nil),
@@ -724,9 +786,11 @@ func dirName(ingress bool) string {
 // ---------------------------------------------------------------------
 // Probing.
 
+// cell is one probe: from src to dst's port k in family fam.
 type cell struct {
 	src, dst *tpod
 	k        probeKind
+	fam      probeFamily
 }
 
 type outcome struct {
@@ -746,7 +810,7 @@ func (c *policyCluster) probe(cells []cell, timeout time.Duration) map[cell]outc
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			local, err := lab.Probe(ce.src.lp.Netns, strings.ToLower(string(ce.k.proto)), ce.dst.lp.IP, ce.k.port, timeout)
+			local, err := lab.Probe(ce.src.lp.Netns, strings.ToLower(string(ce.k.proto)), ce.dst.addr(ce.fam), ce.k.port, timeout)
 			mu.Lock()
 			out[ce] = outcome{err: err, local: local}
 			mu.Unlock()
@@ -756,8 +820,9 @@ func (c *policyCluster) probe(cells []cell, timeout time.Duration) map[cell]outc
 	return out
 }
 
-// allCells is every ordered pair of distinct test pods with every probe.
-func (c *policyCluster) allCells() []cell {
+// allCells is every ordered pair of distinct test pods with every probe,
+// in family f.
+func (c *policyCluster) allCells(f probeFamily) []cell {
 	var cells []cell
 	for _, src := range c.pods {
 		for _, dst := range c.pods {
@@ -765,7 +830,7 @@ func (c *policyCluster) allCells() []cell {
 				continue
 			}
 			for _, k := range probes {
-				cells = append(cells, cell{src, dst, k})
+				cells = append(cells, cell{src, dst, k, f})
 			}
 		}
 	}
@@ -779,7 +844,8 @@ type tableStats struct {
 	learnedAllowed int
 }
 
-func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool) {
+// truthTable runs every step, probing in family f.
+func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool, f probeFamily) {
 	for _, n := range c.l.Nodes {
 		st, err := n.Status(context.Background())
 		if err != nil {
@@ -810,7 +876,7 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool) {
 			c.waitApplied(t, before, s.pols)
 		}
 		applied := time.Since(stepStart)
-		cells := c.allCells()
+		cells := c.allCells(f)
 		var recorded map[*lab.Node]uint64
 		if bypass {
 			recorded = c.bypassCounter(t, "recorded")
@@ -821,22 +887,22 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool) {
 		// path from a denial in the report: it is a difference either way.
 		var retry []cell
 		for _, ce := range cells {
-			if got[ce].err != nil && c.allowed(s.pols, ce.src, ce.dst, ce.k) {
+			if got[ce].err != nil && c.allowed(s.pols, ce) {
 				retry = append(retry, ce)
 			}
 		}
 		again := c.probe(retry, 3*probeTimeout)
-		report, bad := c.matrix(s.pols, cells, got, again)
+		report, bad := c.matrix(s.pols, f, got, again)
 		denied := 0
 		for _, ce := range cells {
-			if !c.allowed(s.pols, ce.src, ce.dst, ce.k) {
+			if !c.allowed(s.pols, ce) {
 				denied++
 			}
 		}
-		t.Logf("step %d %q: applied in %v, %d probes (%d denied by the oracle) in %v, %d differ from the oracle", i, s.name,
-			applied.Round(time.Millisecond), len(cells), denied, (time.Since(stepStart) - applied).Round(time.Millisecond), bad)
+		t.Logf("step %d %q: applied in %v, %d %s probes (%d denied by the oracle) in %v, %d differ from the oracle", i, s.name,
+			applied.Round(time.Millisecond), len(cells), f, denied, (time.Since(stepStart) - applied).Round(time.Millisecond), bad)
 		if bad > 0 {
-			t.Errorf("step %d %q (fast path %v): %d of %d probes differ from the oracle\n%s", i, s.name, fastPath, bad, len(cells), report)
+			t.Errorf("step %d %q (fast path %v, %s): %d of %d probes differ from the oracle\n%s", i, s.name, fastPath, f, bad, len(cells), report)
 		}
 		if fastPath {
 			c.checkCache(t, s, got, &ts)
@@ -845,27 +911,28 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool) {
 			bypassed += c.checkBypassed(t, s, cells, got, again, recorded)
 		}
 	}
-	t.Logf("truth table (fast path %v): %d steps in %v", fastPath, len(steps), time.Since(start).Round(time.Millisecond))
+	t.Logf("truth table (fast path %v, %s): %d steps in %v", fastPath, f, len(steps), time.Since(start).Round(time.Millisecond))
 	if bypass && bypassed == 0 {
 		t.Error("no same-node TCP probe ever got through: the bypass checks prove nothing")
 	}
 	if fastPath {
-		t.Logf("the flow cache held %d of the allowed probes' flows when checked", ts.learnedAllowed)
+		t.Logf("the flow cache held %d of the allowed %s probes' flows when checked", ts.learnedAllowed, f)
 		if ts.learnedAllowed == 0 {
-			t.Error("no allowed probe's flow was ever in the flow cache: the check that denied flows are never learned proves nothing")
+			t.Errorf("no allowed %s probe's flow was ever in the flow cache: the check that denied flows are never learned proves nothing", f)
 		}
 	}
 }
 
-// matrix renders the result against the oracle as one grid per pair and
-// counts the probes that differ. Each cell has one character per probe.
-func (c *policyCluster) matrix(pols []*networkingv1.NetworkPolicy, cells []cell, got, retried map[cell]outcome) (string, int) {
+// matrix renders the result of the probes in family f against the oracle
+// as one grid per pair and counts the probes that differ. Each cell has
+// one character per probe.
+func (c *policyCluster) matrix(pols []*networkingv1.NetworkPolicy, f probeFamily, got, retried map[cell]outcome) (string, int) {
 	var b strings.Builder
 	var kinds []string
 	for _, k := range probes {
 		kinds = append(kinds, k.String())
 	}
-	fmt.Fprintf(&b, "each cell is %s; '.' allowed and the oracle allows, 'x' denied and the oracle denies,\n", strings.Join(kinds, " "))
+	fmt.Fprintf(&b, "%s probes; each cell is %s; '.' allowed and the oracle allows, 'x' denied and the oracle denies,\n", f, strings.Join(kinds, " "))
 	b.WriteString("'A' ALLOWED BUT THE ORACLE DENIES, 'D' DENIED BUT THE ORACLE ALLOWS; rows: from, columns: to\n")
 	name := func(p *tpod) string { return fmt.Sprintf("%s(n%d)", p.key(), p.node+1) }
 	fmt.Fprintf(&b, "%-10s", "")
@@ -884,8 +951,8 @@ func (c *policyCluster) matrix(pols []*networkingv1.NetworkPolicy, cells []cell,
 					s += "-"
 					continue
 				}
-				ce := cell{src, dst, k}
-				want, o := c.allowed(pols, src, dst, k), got[ce]
+				ce := cell{src, dst, k, f}
+				want, o := c.allowed(pols, ce), got[ce]
 				switch {
 				case want && o.err == nil:
 					s += "."
@@ -923,6 +990,8 @@ func (c *policyCluster) matrix(pols []*networkingv1.NetworkPolicy, cells []cell,
 //   - no cached verdict may be one that the current policies deny to its
 //     local pod (its egress as the client, its ingress as the server):
 //     a change revokes cached verdicts before it is reported applied.
+//
+// Both hold for the flows of either family, whichever the step probed.
 func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outcome, ts *tableStats) {
 	t.Helper()
 	type tuple struct {
@@ -932,12 +1001,12 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 	probed := map[tuple]cell{}
 	for ce, o := range got {
 		if o.local.IsValid() {
-			probed[tuple{strings.ToLower(string(ce.k.proto)), o.local, netip.AddrPortFrom(ce.dst.lp.IP, uint16(ce.k.port))}] = ce
+			probed[tuple{strings.ToLower(string(ce.k.proto)), o.local, netip.AddrPortFrom(ce.dst.addr(ce.fam), uint16(ce.k.port))}] = ce
 		}
 	}
 	byIP := map[netip.Addr]*tpod{}
 	for _, p := range c.pods {
-		byIP[p.lp.IP] = p
+		byIP[p.lp.IP], byIP[p.lp.IPv6] = p, p
 	}
 	serverPort := func(p uint16) bool { return slices.Contains(tcpPorts, int(p)) || slices.Contains(udpPorts, int(p)) }
 	for _, n := range c.l.Nodes {
@@ -957,7 +1026,7 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 				if !ok {
 					continue
 				}
-				if c.allowed(s.pols, ce.src, ce.dst, ce.k) {
+				if c.allowed(s.pols, ce) {
 					ts.learnedAllowed++
 				} else if f.Live && f.Egress && f.Ingress {
 					t.Errorf("step %q: %s's flow cache holds %s %s → %s %s (entry %v), a flow the oracle denies: the fast path would carry it",
@@ -968,16 +1037,20 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 			if !f.Live || lp == nil || rp == nil {
 				continue
 			}
+			fam := probeIPv4
+			if local.Addr().Is6() {
+				fam = probeIPv6
+			}
 			switch {
 			case serverPort(local.Port()) && !serverPort(remote.Port()):
 				k := probeKind{corev1.Protocol(strings.ToUpper(proto)), int(local.Port())}
-				if !c.ingressAllows(s.pols, rp, lp, k) {
+				if !c.ingressAllows(s.pols, cell{rp, lp, k, fam}) {
 					t.Errorf("step %q: %s's flow cache holds %v: %s → %s %s, which %s's ingress policy denies now (not revoked)",
 						s.name, n.Name, f, rp.key(), lp.key(), k, lp.key())
 				}
 			case serverPort(remote.Port()) && !serverPort(local.Port()):
 				k := probeKind{corev1.Protocol(strings.ToUpper(proto)), int(remote.Port())}
-				if !c.egressAllows(s.pols, lp, rp, k) {
+				if !c.egressAllows(s.pols, cell{lp, rp, k, fam}) {
 					t.Errorf("step %q: %s's flow cache holds %v: %s → %s %s, which %s's egress policy denies now (not revoked)",
 						s.name, n.Name, f, lp.key(), rp.key(), k, lp.key())
 				}
@@ -1060,15 +1133,17 @@ func (c *policyCluster) onctl(t *testing.T) {
 		if len(one.Pods) != 1 || one.Pods[0].Key != b.key() {
 			t.Fatalf("onctl policy %s: %+v", b.key(), &one)
 		}
-		if one.Pods[0].Ip != b.lp.IP.String() || one.Pods[0].Egress.Isolated {
-			t.Errorf("onctl policy %s: ip %s, egress %+v; want %s, not isolated", b.key(), one.Pods[0].Ip, one.Pods[0].Egress, b.lp.IP)
+		if ips := b.lp.IP.String() + "," + b.lp.IPv6.String(); one.Pods[0].Ip != ips || one.Pods[0].Egress.Isolated {
+			t.Errorf("onctl policy %s: ip %s, egress %+v; want %s, not isolated", b.key(), one.Pods[0].Ip, one.Pods[0].Egress, ips)
 		}
 		return one.Pods[0].Ingress
 	}
 	in := detail()
+	// x/a is a peer by both its addresses.
+	peers := []string{netip.PrefixFrom(a.lp.IP, 32).String(), netip.PrefixFrom(a.lp.IPv6, 128).String()}
 	if !in.Isolated || !slices.Equal(in.Policies, []string{"x/b-from-a-tcp-80"}) || len(in.Rules) != 1 ||
-		!slices.Equal(in.Rules[0].Peers, []string{netip.PrefixFrom(a.lp.IP, 32).String()}) || !slices.Equal(in.Rules[0].Ports, []string{"TCP/80"}) {
-		t.Errorf("onctl policy %s: ingress %+v; want isolated by x/b-from-a-tcp-80, one rule from %s/32 on TCP/80", b.key(), in, a.lp.IP)
+		!slices.Equal(slices.Sorted(slices.Values(in.Rules[0].Peers)), peers) || !slices.Equal(in.Rules[0].Ports, []string{"TCP/80"}) {
+		t.Errorf("onctl policy %s: ingress %+v; want isolated by x/b-from-a-tcp-80, one rule from %v on TCP/80", b.key(), in, peers)
 	}
 	if _, err := lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 80, probeTimeout); err == nil {
 		t.Fatalf("%s → %s TCP/80 got through", yb.key(), b.key())
@@ -1349,14 +1424,14 @@ func (c *policyCluster) agentRestart(t *testing.T) {
 		t.Helper()
 		var cells []cell
 		for _, k := range []probeKind{{corev1.ProtocolTCP, 80}, {corev1.ProtocolUDP, 81}} {
-			cells = append(cells, cell{a, b, k})
+			cells = append(cells, cell{a, b, k, probeIPv4})
 			for _, d := range denied {
-				cells = append(cells, cell{d, b, k})
+				cells = append(cells, cell{d, b, k, probeIPv4})
 			}
 		}
 		got := c.probe(cells, probeTimeout)
 		for _, ce := range cells {
-			want := c.allowed(pols, ce.src, ce.dst, ce.k)
+			want := c.allowed(pols, ce)
 			if err := got[ce].err; want && err != nil {
 				_, again := lab.Probe(ce.src.lp.Netns, strings.ToLower(string(ce.k.proto)), ce.dst.lp.IP, ce.k.port, 3*probeTimeout)
 				t.Errorf("%s: %s → %s %s denied (%v; on a retry with a 3s timeout: %v); the policy allows it",
