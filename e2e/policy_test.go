@@ -1133,8 +1133,8 @@ func (c *policyCluster) onctl(t *testing.T) {
 		if len(one.Pods) != 1 || one.Pods[0].Key != b.key() {
 			t.Fatalf("onctl policy %s: %+v", b.key(), &one)
 		}
-		if ips := b.lp.IP.String() + "," + b.lp.IPv6.String(); one.Pods[0].Ip != ips || one.Pods[0].Egress.Isolated {
-			t.Errorf("onctl policy %s: ip %s, egress %+v; want %s, not isolated", b.key(), one.Pods[0].Ip, one.Pods[0].Egress, ips)
+		if ips := b.lp.IP.String() + "," + b.lp.IPv6.String(); one.Pods[0].Ip != b.lp.IP.String() || strings.Join(one.Pods[0].Ips, ",") != ips || one.Pods[0].Egress.Isolated {
+			t.Errorf("onctl policy %s: ip %s, ips %v, egress %+v; want %s first of %s, not isolated", b.key(), one.Pods[0].Ip, one.Pods[0].Ips, one.Pods[0].Egress, b.lp.IP, ips)
 		}
 		return one.Pods[0].Ingress
 	}
