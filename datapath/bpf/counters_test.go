@@ -16,6 +16,7 @@ func TestCounterNames(t *testing.T) {
 	}{
 		{bpf.LoadFastpath, bpf.FastpathMapOncStats, "egress_hit", "ingress_miss_reply"},
 		{bpf.LoadServices, bpf.ServicesMapOncLbStats, "connect_translated", "released"},
+		{bpf.LoadServices, bpf.ServicesMapOncLb6Stats, "connect6_translated", "released6"},
 		{bpf.LoadBypass, bpf.BypassMapOncBpStats, "recorded", "fallback_peer_full"},
 	} {
 		s, err := c.spec()

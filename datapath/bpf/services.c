@@ -20,15 +20,16 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 SEC("cgroup/connect4")
 int onc_sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return lb_translate(ctx, LB_STAT_CONNECT_TRANSLATED, LB_STAT_CONNECT_REFUSED);
+	return lb_translate(ctx, 0, LB_STAT_CONNECT_TRANSLATED, LB_STAT_CONNECT_REFUSED);
 }
 
 /* A datagram of an unconnected UDP socket to a ClusterIP is sent to a
- * backend pod instead. */
+ * backend pod instead; so is a dual-stack socket's to an IPv4-mapped
+ * ClusterIP, which the kernel sends as IPv4. */
 SEC("cgroup/sendmsg4")
 int onc_sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return lb_translate(ctx, LB_STAT_SENDMSG_TRANSLATED, LB_STAT_SENDMSG_REFUSED);
+	return lb_translate(ctx, 0, LB_STAT_SENDMSG_TRANSLATED, LB_STAT_SENDMSG_REFUSED);
 }
 
 /* A UDP reply from a backend reads as coming from the ClusterIP:port it
@@ -36,7 +37,7 @@ int onc_sock_sendmsg4(struct bpf_sock_addr *ctx)
 SEC("cgroup/recvmsg4")
 int onc_sock_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	lb_reverse(ctx, LB_STAT_RECVMSG_REVERSED);
+	lb_reverse(ctx, 0, LB_STAT_RECVMSG_REVERSED);
 	return SYS_PROCEED;
 }
 
@@ -45,69 +46,128 @@ int onc_sock_recvmsg4(struct bpf_sock_addr *ctx)
 SEC("cgroup/getpeername4")
 int onc_sock_getpeername4(struct bpf_sock_addr *ctx)
 {
-	lb_reverse(ctx, LB_STAT_GETPEERNAME_REVERSED);
+	lb_reverse(ctx, 0, LB_STAT_GETPEERNAME_REVERSED);
+	return SYS_PROCEED;
+}
+
+/* The same for AF_INET6 sockets: an IPv6 ClusterIP, or an IPv4 one
+ * IPv4-mapped (a dual-stack socket). */
+SEC("cgroup/connect6")
+int onc_sock_connect6(struct bpf_sock_addr *ctx)
+{
+	return lb_translate(ctx, 1, LB_STAT_CONNECT6_TRANSLATED, LB_STAT_CONNECT6_REFUSED);
+}
+
+SEC("cgroup/sendmsg6")
+int onc_sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return lb_translate(ctx, 1, LB_STAT_SENDMSG6_TRANSLATED, LB_STAT_SENDMSG6_REFUSED);
+}
+
+SEC("cgroup/recvmsg6")
+int onc_sock_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	lb_reverse(ctx, 1, LB_STAT_RECVMSG6_REVERSED);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername6")
+int onc_sock_getpeername6(struct bpf_sock_addr *ctx)
+{
+	lb_reverse(ctx, 1, LB_STAT_GETPEERNAME6_REVERSED);
 	return SYS_PROCEED;
 }
 
 /*
  * A closing socket's reverse translation goes with it. A connected socket
  * has one, keyed by its peer; an unconnected UDP socket's entries (one per
- * backend it sent to) age out of the LRU.
+ * backend it sent to) age out of the LRU. An AF_INET6 socket's peer keys
+ * the IPv6 entries, or the IPv4 ones when it is IPv4-mapped.
  */
 SEC("cgroup/sock_release")
 int onc_sock_release(struct bpf_sock *sk)
 {
-	struct lb_revnat_key key = {};
+	__u64 sock = bpf_get_socket_cookie(sk);
+	struct lb6_addr be = {};
+	__u8 proto = (__u8)sk->protocol;
+	int released;
 
-	if (sk->family != ONC_AF_INET || (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP) ||
-	    !sk->dst_ip4)
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return SYS_PROCEED;
-	key.sock = bpf_get_socket_cookie(sk);
-	key.be.ip = sk->dst_ip4;
-	key.be.port = sk->dst_port;
-	key.proto = (__u8)sk->protocol;
-	if (bpf_map_delete_elem(&onc_lb_revnat, &key) == 0)
-		count(&onc_lb_stats, LB_STAT_RELEASED, 1);
+	be.port = sk->dst_port;
+	if (sk->family == ONC_AF_INET) {
+		be.ip[0] = sk->dst_ip4;
+		if (!lb_unset(&be) && lb_revnat_delete(0, sock, &be, proto))
+			lb_count(0, LB_STAT_RELEASED);
+		return SYS_PROCEED;
+	}
+	if (sk->family != ONC_AF_INET6)
+		return SYS_PROCEED;
+	be.ip[0] = sk->dst_ip6[0];
+	be.ip[1] = sk->dst_ip6[1];
+	be.ip[2] = sk->dst_ip6[2];
+	be.ip[3] = sk->dst_ip6[3];
+	if (lb_unset(&be))
+		return SYS_PROCEED;
+	released = lb_unmap(&be) ? lb_revnat_delete(1, sock, &be, proto) : lb_revnat_delete(0, sock, &be, proto);
+	if (released)
+		lb_count(1, LB_STAT_RELEASED6);
 	return SYS_PROCEED;
 }
 
-/*
- * Ends each connected UDP socket of the iterated network namespace that
- * this node translated to a backend listed in onc_lb_gone for the service
- * it was translated for: its pending and next calls fail with
- * ECONNABORTED, and the client's next connect() picks a live backend. A
- * socket connected to a pod IP by the application has no reverse entry,
- * nor does one of another agent: neither is touched. Unconnected sockets
- * pick per datagram and need nothing.
- */
-SEC("iter/udp")
-int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
+/* Ends a connected UDP socket whose peer is be, if this node translated
+ * it there for a service that be has left (listed in onc_lb_gone or
+ * onc_lb6_gone). */
+static __always_inline int lb_udp_end(struct sock_common *sk, int fam6, const struct lb6_addr *be)
 {
-	struct sock_common *sk = ctx->udp_sk;
-	struct lb_revnat_key key = { .proto = IPPROTO_UDP };
-	struct lb_member_key gone = {};
-	struct lb_revnat *rev;
+	__u64 sock = bpf_get_socket_cookie(sk);
+	struct lb6_addr vip;
+	__u32 svc_id;
 
-	if (!sk || !bpf_sock_destroy || sk->skc_family != ONC_AF_INET || !sk->skc_daddr)
-		return 0;
-	key.sock = bpf_get_socket_cookie(sk);
-	key.be.ip = sk->skc_daddr;
-	key.be.port = sk->skc_dport;
-	rev = bpf_map_lookup_elem(&onc_lb_revnat, &key);
-	if (!rev)
-		return 0;
-	gone.svc_id = rev->svc_id;
-	gone.be = key.be;
-	if (!bpf_map_lookup_elem(&onc_lb_gone, &gone))
+	if (!lb_recall(fam6, sock, be, IPPROTO_UDP, &vip, &svc_id) ||
+	    !lb_listed(fam6, &onc_lb_gone, &onc_lb6_gone, svc_id, be))
 		return 0;
 	if (bpf_sock_destroy(sk)) {
 		count(&onc_lb_destroy_stats, LB_DESTROY_STAT_UDP_DESTROY_FAILED, 1);
 		return 0;
 	}
 	/* Disconnected now, so sock_release would not find the entry. */
-	bpf_map_delete_elem(&onc_lb_revnat, &key);
+	lb_revnat_delete(fam6, sock, be, IPPROTO_UDP);
 	count(&onc_lb_destroy_stats, LB_DESTROY_STAT_UDP_DESTROYED, 1);
 	return 0;
+}
+
+/*
+ * Ends each connected UDP socket of the iterated network namespace that
+ * this node translated to a backend listed as gone for the service it
+ * was translated for, of either family: its pending and next calls fail
+ * with ECONNABORTED, and the client's next connect() picks a live
+ * backend. A socket connected to a pod IP by the application has no
+ * reverse entry, nor does one of another agent: neither is touched.
+ * Unconnected sockets pick per datagram and need nothing.
+ */
+SEC("iter/udp")
+int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
+{
+	struct sock_common *sk = ctx->udp_sk;
+	struct lb6_addr be = {};
+
+	if (!sk || !bpf_sock_destroy)
+		return 0;
+	be.port = sk->skc_dport;
+	if (sk->skc_family == ONC_AF_INET) {
+		be.ip[0] = sk->skc_daddr;
+		return lb_unset(&be) ? 0 : lb_udp_end(sk, 0, &be);
+	}
+	if (sk->skc_family != ONC_AF_INET6)
+		return 0;
+	be.ip[0] = sk->skc_v6_daddr.in6_u.u6_addr32[0];
+	be.ip[1] = sk->skc_v6_daddr.in6_u.u6_addr32[1];
+	be.ip[2] = sk->skc_v6_daddr.in6_u.u6_addr32[2];
+	be.ip[3] = sk->skc_v6_daddr.in6_u.u6_addr32[3];
+	if (lb_unset(&be))
+		return 0;
+	return lb_unmap(&be) ? lb_udp_end(sk, 1, &be) : lb_udp_end(sk, 0, &be);
 }
 
 /*

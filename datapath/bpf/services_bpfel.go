@@ -79,6 +79,63 @@ type ServicesFlowVal struct {
 	Closing uint8
 }
 
+type ServicesLb6Addr struct {
+	_    structs.HostLayout
+	Ip   [4]uint32
+	Port uint16
+	Pad  [2]uint8
+}
+
+type ServicesLb6Aff struct {
+	_      structs.HostLayout
+	Be     ServicesLb6Addr
+	Pad    uint32
+	LastNs uint64
+}
+
+type ServicesLb6MemberKey struct {
+	_     structs.HostLayout
+	SvcId uint32
+	Be    ServicesLb6Addr
+}
+
+type ServicesLb6Revnat struct {
+	_     structs.HostLayout
+	Vip   ServicesLb6Addr
+	SvcId uint32
+}
+
+type ServicesLb6RevnatKey struct {
+	_     structs.HostLayout
+	Sock  uint64
+	Be    ServicesLb6Addr
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type ServicesLb6Stat uint32
+
+const (
+	ServicesLb6StatLB_STAT_CONNECT6TRANSLATED   ServicesLb6Stat = 0
+	ServicesLb6StatLB_STAT_CONNECT6REFUSED      ServicesLb6Stat = 1
+	ServicesLb6StatLB_STAT_SENDMSG6TRANSLATED   ServicesLb6Stat = 2
+	ServicesLb6StatLB_STAT_SENDMSG6REFUSED      ServicesLb6Stat = 3
+	ServicesLb6StatLB_STAT_NO_SLOT6             ServicesLb6Stat = 4
+	ServicesLb6StatLB_STAT_AFFINITY_HIT6        ServicesLb6Stat = 5
+	ServicesLb6StatLB_STAT_RECVMSG6REVERSED     ServicesLb6Stat = 6
+	ServicesLb6StatLB_STAT_GETPEERNAME6REVERSED ServicesLb6Stat = 7
+	ServicesLb6StatLB_STAT_RELEASED6            ServicesLb6Stat = 8
+	ServicesLb6StatLB_STAT6MAX                  ServicesLb6Stat = 9
+)
+
+type ServicesLb6SvcKey struct {
+	_     structs.HostLayout
+	Vip   [4]uint32
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
 type ServicesLbAddr struct {
 	_    structs.HostLayout
 	Ip   uint32
@@ -337,6 +394,13 @@ const (
 	ServicesMapOncFin                   = "onc_fin"
 	ServicesMapOncHooks                 = "onc_hooks"
 	ServicesMapOncHosts                 = "onc_hosts"
+	ServicesMapOncLb6Aff                = "onc_lb6_aff"
+	ServicesMapOncLb6Backend            = "onc_lb6_backend"
+	ServicesMapOncLb6Gone               = "onc_lb6_gone"
+	ServicesMapOncLb6Member             = "onc_lb6_member"
+	ServicesMapOncLb6Revnat             = "onc_lb6_revnat"
+	ServicesMapOncLb6Stats              = "onc_lb6_stats"
+	ServicesMapOncLb6Svc                = "onc_lb6_svc"
 	ServicesMapOncLbAff                 = "onc_lb_aff"
 	ServicesMapOncLbBackend             = "onc_lb_backend"
 	ServicesMapOncLbDestroyStats        = "onc_lb_destroy_stats"
@@ -362,10 +426,14 @@ const (
 	ServicesMapOncStats                 = "onc_stats"
 	ServicesMapOncStats6                = "onc_stats6"
 	ServicesProgOncSockConnect4         = "onc_sock_connect4"
+	ServicesProgOncSockConnect6         = "onc_sock_connect6"
 	ServicesProgOncSockGetpeername4     = "onc_sock_getpeername4"
+	ServicesProgOncSockGetpeername6     = "onc_sock_getpeername6"
 	ServicesProgOncSockRecvmsg4         = "onc_sock_recvmsg4"
+	ServicesProgOncSockRecvmsg6         = "onc_sock_recvmsg6"
 	ServicesProgOncSockRelease          = "onc_sock_release"
 	ServicesProgOncSockSendmsg4         = "onc_sock_sendmsg4"
+	ServicesProgOncSockSendmsg6         = "onc_sock_sendmsg6"
 	ServicesProgOncSockUdpDestroy       = "onc_sock_udp_destroy"
 	ServicesProgOncUplinkLbEgress       = "onc_uplink_lb_egress"
 	ServicesProgOncUplinkLbIngress      = "onc_uplink_lb_ingress"
@@ -425,10 +493,14 @@ type ServicesSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesProgramSpecs struct {
 	OncSockConnect4         *ebpf.ProgramSpec `ebpf:"onc_sock_connect4"`
+	OncSockConnect6         *ebpf.ProgramSpec `ebpf:"onc_sock_connect6"`
 	OncSockGetpeername4     *ebpf.ProgramSpec `ebpf:"onc_sock_getpeername4"`
+	OncSockGetpeername6     *ebpf.ProgramSpec `ebpf:"onc_sock_getpeername6"`
 	OncSockRecvmsg4         *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg4"`
+	OncSockRecvmsg6         *ebpf.ProgramSpec `ebpf:"onc_sock_recvmsg6"`
 	OncSockRelease          *ebpf.ProgramSpec `ebpf:"onc_sock_release"`
 	OncSockSendmsg4         *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg4"`
+	OncSockSendmsg6         *ebpf.ProgramSpec `ebpf:"onc_sock_sendmsg6"`
 	OncSockUdpDestroy       *ebpf.ProgramSpec `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress       *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress      *ebpf.ProgramSpec `ebpf:"onc_uplink_lb_ingress"`
@@ -449,6 +521,13 @@ type ServicesMapSpecs struct {
 	OncFin            *ebpf.MapSpec `ebpf:"onc_fin"`
 	OncHooks          *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLb6Aff         *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
+	OncLb6Backend     *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
+	OncLb6Gone        *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
+	OncLb6Member      *ebpf.MapSpec `ebpf:"onc_lb6_member"`
+	OncLb6Revnat      *ebpf.MapSpec `ebpf:"onc_lb6_revnat"`
+	OncLb6Stats       *ebpf.MapSpec `ebpf:"onc_lb6_stats"`
+	OncLb6Svc         *ebpf.MapSpec `ebpf:"onc_lb6_svc"`
 	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
@@ -519,6 +598,13 @@ type ServicesMaps struct {
 	OncFin            *ebpf.Map `ebpf:"onc_fin"`
 	OncHooks          *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts          *ebpf.Map `ebpf:"onc_hosts"`
+	OncLb6Aff         *ebpf.Map `ebpf:"onc_lb6_aff"`
+	OncLb6Backend     *ebpf.Map `ebpf:"onc_lb6_backend"`
+	OncLb6Gone        *ebpf.Map `ebpf:"onc_lb6_gone"`
+	OncLb6Member      *ebpf.Map `ebpf:"onc_lb6_member"`
+	OncLb6Revnat      *ebpf.Map `ebpf:"onc_lb6_revnat"`
+	OncLb6Stats       *ebpf.Map `ebpf:"onc_lb6_stats"`
+	OncLb6Svc         *ebpf.Map `ebpf:"onc_lb6_svc"`
 	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
 	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
 	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
@@ -556,6 +642,13 @@ func (m *ServicesMaps) Close() error {
 		m.OncFin,
 		m.OncHooks,
 		m.OncHosts,
+		m.OncLb6Aff,
+		m.OncLb6Backend,
+		m.OncLb6Gone,
+		m.OncLb6Member,
+		m.OncLb6Revnat,
+		m.OncLb6Stats,
+		m.OncLb6Svc,
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,
@@ -603,10 +696,14 @@ type ServicesVariables struct {
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesPrograms struct {
 	OncSockConnect4         *ebpf.Program `ebpf:"onc_sock_connect4"`
+	OncSockConnect6         *ebpf.Program `ebpf:"onc_sock_connect6"`
 	OncSockGetpeername4     *ebpf.Program `ebpf:"onc_sock_getpeername4"`
+	OncSockGetpeername6     *ebpf.Program `ebpf:"onc_sock_getpeername6"`
 	OncSockRecvmsg4         *ebpf.Program `ebpf:"onc_sock_recvmsg4"`
+	OncSockRecvmsg6         *ebpf.Program `ebpf:"onc_sock_recvmsg6"`
 	OncSockRelease          *ebpf.Program `ebpf:"onc_sock_release"`
 	OncSockSendmsg4         *ebpf.Program `ebpf:"onc_sock_sendmsg4"`
+	OncSockSendmsg6         *ebpf.Program `ebpf:"onc_sock_sendmsg6"`
 	OncSockUdpDestroy       *ebpf.Program `ebpf:"onc_sock_udp_destroy"`
 	OncUplinkLbEgress       *ebpf.Program `ebpf:"onc_uplink_lb_egress"`
 	OncUplinkLbIngress      *ebpf.Program `ebpf:"onc_uplink_lb_ingress"`
@@ -617,10 +714,14 @@ type ServicesPrograms struct {
 func (p *ServicesPrograms) Close() error {
 	return _ServicesClose(
 		p.OncSockConnect4,
+		p.OncSockConnect6,
 		p.OncSockGetpeername4,
+		p.OncSockGetpeername6,
 		p.OncSockRecvmsg4,
+		p.OncSockRecvmsg6,
 		p.OncSockRelease,
 		p.OncSockSendmsg4,
+		p.OncSockSendmsg6,
 		p.OncSockUdpDestroy,
 		p.OncUplinkLbEgress,
 		p.OncUplinkLbIngress,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -26,8 +27,14 @@ type udpEnder struct {
 	iter *link.Iter // nil: the kernel cannot end sockets (no bpf_sock_destroy)
 	// pending are the left backends whose sockets an earlier Sync failed
 	// to end in some namespace; the next Sync tries again.
-	pending  map[memberKey]bool
+	pending  map[departure]bool
 	counters *bpf.Counters
+}
+
+// departure is a backend that left a service, of either family.
+type departure struct {
+	id uint32
+	be netip.AddrPort
 }
 
 // openUDPEnder readies the iterator where the kernel has bpf_sock_destroy
@@ -35,7 +42,7 @@ type udpEnder struct {
 // never run, and connected UDP sockets keep their backend until they close.
 func (lb *LB) openUDPEnder(counters *ebpf.MapSpec) error {
 	var err error
-	lb.udp.pending = map[memberKey]bool{}
+	lb.udp.pending = map[departure]bool{}
 	if lb.udp.counters, err = bpf.NewCounters(lb.maps.OncLbDestroyStats, counters); err != nil {
 		return err
 	}
@@ -68,7 +75,7 @@ type udpBefore map[Key]memberSet
 
 type memberSet struct {
 	id  uint32
-	bes []lbAddr
+	bes []netip.AddrPort
 }
 
 // udpBackendsBefore records, before Sync writes, the backends of each UDP
@@ -87,7 +94,7 @@ func (lb *LB) udpBackendsBefore(want map[Key]Service) udpBefore {
 			set.bes = lb.liveBackends(k)
 		} else {
 			for _, b := range p.svc.Backends {
-				set.bes = append(set.bes, addrOfBackend(b.Addr))
+				set.bes = append(set.bes, b.Addr)
 			}
 		}
 		before[k] = set
@@ -97,15 +104,15 @@ func (lb *LB) udpBackendsBefore(want map[Key]Service) udpBefore {
 
 // liveBackends are the backends the kernel balances k to; what cannot be
 // read is left out (a socket it misses closes in its own time).
-func (lb *LB) liveBackends(k Key) []lbAddr {
+func (lb *LB) liveBackends(k Key) []netip.AddrPort {
+	f := lb.familyOf(k.VIP)
 	var v svcVal
-	if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil {
+	if f.svc.Lookup(k.mapKey(), &v) != nil {
 		return nil
 	}
-	var out []lbAddr
+	var out []netip.AddrPort
 	for i := range v.Count {
-		var a lbAddr
-		if lb.maps.OncLbBackend.Lookup(backendKey{SvcId: v.Id, Slot: i, Bank: v.Bank}, &a) == nil {
+		if a, err := f.backendAt(backendKey{SvcId: v.Id, Slot: i, Bank: v.Bank}); err == nil {
 			out = append(out, a)
 		}
 	}
@@ -121,18 +128,18 @@ func (lb *LB) liveBackends(k Key) []lbAddr {
 func (lb *LB) endLeftUDP(before udpBefore) error {
 	gone := lb.stillGone()
 	for k, old := range before {
-		now := map[lbAddr]bool{}
+		now := map[netip.AddrPort]bool{}
 		if p := lb.services[k]; p != nil {
 			if p.adopted {
 				continue
 			}
 			for _, b := range p.svc.Backends {
-				now[addrOfBackend(b.Addr)] = true
+				now[b.Addr] = true
 			}
 		}
 		for _, be := range old.bes {
 			if !now[be] {
-				gone[memberKey{SvcId: old.id, Be: be}] = true
+				gone[departure{old.id, be}] = true
 			}
 		}
 	}
@@ -156,15 +163,15 @@ func (lb *LB) endLeftUDP(before udpBefore) error {
 
 // stillGone are the pending backends that have not come back to their
 // service since.
-func (lb *LB) stillGone() map[memberKey]bool {
-	gone := map[memberKey]bool{}
+func (lb *LB) stillGone() map[departure]bool {
+	gone := map[departure]bool{}
 	if len(lb.udp.pending) == 0 {
 		return gone
 	}
-	live := map[memberKey]bool{}
+	live := map[departure]bool{}
 	for _, p := range lb.services {
 		for _, b := range p.svc.Backends {
-			live[memberKey{SvcId: p.id, Be: addrOfBackend(b.Addr)}] = true
+			live[departure{p.id, b.Addr}] = true
 		}
 	}
 	for m := range lb.udp.pending {
@@ -175,12 +182,13 @@ func (lb *LB) stillGone() map[memberKey]bool {
 	return gone
 }
 
-// endSockets lists gone in onc_lb_gone, runs the iterator in every
-// namespace this node balances, and empties the map again.
-func (lb *LB) endSockets(gone map[memberKey]bool) error {
+// endSockets lists gone in onc_lb_gone and onc_lb6_gone, runs the
+// iterator (which ends sockets of both families) in every namespace this
+// node balances, and empties the maps again.
+func (lb *LB) endSockets(gone map[departure]bool) error {
 	var errs []error
-	for m := range gone {
-		if err := lb.maps.OncLbGone.Put(m, uint8(1)); err != nil {
+	for d := range gone {
+		if err := lb.familyOf(d.be.Addr()).gone.Put(memberOf(d.id, d.be), uint8(1)); err != nil {
 			errs = append(errs, fmt.Errorf("list a backend that left: %w", err))
 			break
 		}
@@ -198,7 +206,9 @@ func (lb *LB) endSockets(gone map[memberKey]bool) error {
 			errs = append(errs, fmt.Errorf("read the namespaces: %w", err))
 		}
 	}
-	if _, err := bpf.DeleteIf(lb.maps.OncLbGone, func(memberKey, uint8) bool { return true }); err != nil {
+	_, err4 := bpf.DeleteIf(lb.maps.OncLbGone, func(memberKey, uint8) bool { return true })
+	_, err6 := bpf.DeleteIf(lb.maps.OncLb6Gone, func(member6Key, uint8) bool { return true })
+	if err := errors.Join(err4, err6); err != nil {
 		errs = append(errs, fmt.Errorf("empty the backends that left: %w", err))
 	}
 	return errors.Join(errs...)

@@ -1,6 +1,7 @@
 package services
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"time"
@@ -69,15 +70,18 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	}
 	now := uint64(ts.Nano())
 	var out []Affinity
-	var k bpf.ServicesLbAffKey
-	var v bpf.ServicesLbAff
-	it := lb.maps.OncLbAff.Iterate()
-	for it.Next(&k, &v) {
-		if a, live := decodeAffinity(k, v, now, byID, owned); live {
+	keep := func(a Affinity, live bool) {
+		if live {
 			out = append(out, a)
 		}
 	}
-	return out, it.Err()
+	err4 := each(lb.maps.OncLbAff, func(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff) {
+		keep(decodeAffinity(k, v, now, byID, owned))
+	})
+	err6 := each(lb.maps.OncLb6Aff, func(k bpf.ServicesLbAffKey, v bpf.ServicesLb6Aff) {
+		keep(affinityAt(k, backendAddr6(v.Be), v.LastNs, now, byID, owned))
+	})
+	return out, errors.Join(err4, err6)
 }
 
 // affinityService is what an affinity entry's service id names.
@@ -91,27 +95,35 @@ type affinityService struct {
 // program may have stamped it after now was read: its age is then 0.
 func decodeAffinity(k bpf.ServicesLbAffKey, v bpf.ServicesLbAff, now uint64, byID map[uint32]affinityService,
 	owned map[uint64]netip.Addr) (a Affinity, live bool) {
+	return affinityAt(k, backendAddr(v.Be), v.LastNs, now, byID, owned)
+}
+
+// affinityAt is decodeAffinity of an entry of either family: its key, its
+// backend and the time of its last connection.
+func affinityAt(k bpf.ServicesLbAffKey, be netip.AddrPort, last, now uint64, byID map[uint32]affinityService,
+	owned map[uint64]netip.Addr) (a Affinity, live bool) {
 	of, ok := byID[k.SvcId]
 	var age time.Duration
-	if now > v.LastNs {
-		age = time.Duration(now - v.LastNs)
+	if now > last {
+		age = time.Duration(now - last)
 	}
 	if !ok || age > of.timeout {
 		return Affinity{}, false
 	}
 	if of.service.Scope == Uplink { // keyed by the client's address (services_uplink.h)
-		return Affinity{Pod: bpf.IPv4(uint32(k.Netns)), Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
+		return Affinity{Pod: bpf.IPv4(uint32(k.Netns)), Service: of.service, Backend: be, Age: age}, true
 	}
 	pod, mine := owned[k.Netns]
-	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: backendAddr(v.Be), Age: age}, true
+	return Affinity{Netns: k.Netns, Pod: pod, Gone: !mine, Service: of.service, Backend: be, Age: age}, true
 }
 
-// Stats sums the programs' counters over the CPUs: the cgroup programs',
-// the UDP socket iterator's, then the uplink programs' (named uplink_*)
-// and their direct server return's (dsr_*).
+// Stats sums the programs' counters over the CPUs: the cgroup programs'
+// (the IPv4 hooks', then the IPv6 hooks', named with a 6), the UDP socket
+// iterator's, then the uplink programs' (named uplink_*) and their direct
+// server return's (dsr_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
 	var all []bpf.Counter
-	for _, c := range []*bpf.Counters{lb.counters, lb.udp.counters, lb.uplink, lb.dsr} {
+	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.dsr} {
 		st, err := c.Read()
 		if err != nil {
 			return nil, err

@@ -178,10 +178,10 @@ func UnbalanceAPIServer(bpffs string) error {
 		return nil
 	}
 	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
-	if err != nil || !ap.Addr().Is4() {
-		return nil // not an IPv4 ClusterIP: nothing of ONC's
+	if err != nil {
+		return nil // not a ClusterIP: nothing of ONC's
 	}
-	return Unbalance(bpffs, Key{VIP: ap.Addr(), Port: ap.Port(), Proto: TCP})
+	return Unbalance(bpffs, Key{VIP: ap.Addr().Unmap(), Port: ap.Port(), Proto: TCP})
 }
 
 // OwnPod registers a pod's network namespace (by its cookie and path) in

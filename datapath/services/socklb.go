@@ -27,13 +27,14 @@ type Options struct {
 
 // LB is the loaded socket load balancer.
 type LB struct {
-	opts     Options
-	objs     bpf.ServicesObjects
-	maps     *bpf.ServicesMaps
-	progs    []hook
-	counters *bpf.Counters
-	uplink   *bpf.Counters // the uplink programs'
-	dsr      *bpf.Counters // their direct server return's
+	opts      Options
+	objs      bpf.ServicesObjects
+	maps      *bpf.ServicesMaps
+	progs     []hook
+	counters  *bpf.Counters // the IPv4 hooks'
+	counters6 *bpf.Counters // the IPv6 hooks'
+	uplink    *bpf.Counters // the uplink programs'
+	dsr       *bpf.Counters // their direct server return's
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -74,8 +75,15 @@ func Open(o Options) (*LB, error) {
 		{hookNames[2], ebpf.AttachCGroupUDP4Recvmsg, p.OncSockRecvmsg4},
 		{hookNames[3], ebpf.AttachCgroupInet4GetPeername, p.OncSockGetpeername4},
 		{hookNames[4], ebpf.AttachCgroupInetSockRelease, p.OncSockRelease},
+		{hookNames[5], ebpf.AttachCGroupInet6Connect, p.OncSockConnect6},
+		{hookNames[6], ebpf.AttachCGroupUDP6Sendmsg, p.OncSockSendmsg6},
+		{hookNames[7], ebpf.AttachCGroupUDP6Recvmsg, p.OncSockRecvmsg6},
+		{hookNames[8], ebpf.AttachCgroupInet6GetPeername, p.OncSockGetpeername6},
 	}
 	if lb.counters, err = bpf.NewCounters(lb.maps.OncLbStats, spec.Maps[bpf.ServicesMapOncLbStats]); err == nil {
+		lb.counters6, err = bpf.NewCounters(lb.maps.OncLb6Stats, spec.Maps[bpf.ServicesMapOncLb6Stats])
+	}
+	if err == nil {
 		lb.uplink, err = bpf.NewCounters(lb.maps.OncLbUplinkStats, spec.Maps[bpf.ServicesMapOncLbUplinkStats])
 	}
 	if err == nil {
@@ -134,8 +142,11 @@ func Remove(pinDir string) error {
 	return bpf.RemoveMapPins(pinDir, spec)
 }
 
-// hookNames name the link pins, one per program, in the order of LB.progs.
-var hookNames = []string{"connect4", "sendmsg4", "recvmsg4", "getpeername4", "sock_release"}
+// hookNames name the link pins, one per program, in the order of LB.progs
+// (the IPv6 hooks last: they came later, and the names of the pins an
+// earlier agent made stay).
+var hookNames = []string{"connect4", "sendmsg4", "recvmsg4", "getpeername4", "sock_release",
+	"connect6", "sendmsg6", "recvmsg6", "getpeername6"}
 
 func linkPin(pinDir, hook string) string { return filepath.Join(pinDir, "link_cgroup_"+hook) }
 

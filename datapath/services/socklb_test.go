@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 var (
 	vip      = netip.MustParseAddr("10.96.0.10")
 	backends = []netip.Addr{netip.MustParseAddr("10.250.0.1"), netip.MustParseAddr("10.250.0.2"), netip.MustParseAddr("10.250.0.3")}
+	// The IPv6 family's, in the same bed.
+	vip6      = netip.MustParseAddr("fd00:10:96::10")
+	backends6 = []netip.Addr{netip.MustParseAddr("fd00:10:250::1"), netip.MustParseAddr("fd00:10:250::2"), netip.MustParseAddr("fd00:10:250::3")}
 )
 
 const (
@@ -51,13 +54,17 @@ const (
 	otherPort = 9090 // served on the VIP itself, never a Service
 )
 
-// clientReq is one client run: Op on Addr, N times.
+// clientReq is one client run: Op on Addr, N times, from an AF_INET
+// socket for an IPv4 Addr and an AF_INET6 one for an IPv6 Addr.
 type clientReq struct {
-	// tcp, udp (unconnected), udp6 (unconnected, AF_INET6), udpconn;
-	// hold (tcp) and udphold (connected udp): kept open until stdin closes
+	// tcp, udp (unconnected), udpconn; hold (tcp) and udphold
+	// (connected udp): kept open until stdin closes
 	Op   string
 	Addr string
 	N    int
+	// Mapped: a dual-stack (AF_INET6) socket dials the IPv4 Addr
+	// IPv4-mapped (::ffff:a.b.c.d).
+	Mapped bool
 }
 
 // clientRes is one attempt: the peer as getpeername() or recvfrom() gave
@@ -73,7 +80,10 @@ func runClient(raw string) int {
 		return 2
 	}
 	dst := netip.MustParseAddrPort(req.Addr)
-	sa := &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: dst.Addr().As16(), Port: int(dst.Port())}
+	if dst.Addr().Is4() && !req.Mapped {
+		sa = &unix.SockaddrInet4{Addr: dst.Addr().As4(), Port: int(dst.Port())}
+	}
 	enc := json.NewEncoder(os.Stdout)
 	for range req.N {
 		enc.Encode(attempt(req.Op, sa))
@@ -81,15 +91,13 @@ func runClient(raw string) int {
 	return 0
 }
 
-func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
+func attempt(op string, sa unix.Sockaddr) (r clientRes) {
 	typ, family := unix.SOCK_STREAM, unix.AF_INET
 	if strings.HasPrefix(op, "udp") {
 		typ = unix.SOCK_DGRAM
 	}
-	var to unix.Sockaddr = sa
-	if op == "udp6" { // dual-stack: to the v4-mapped address
+	if _, ok := sa.(*unix.SockaddrInet6); ok {
 		family = unix.AF_INET6
-		to = &unix.SockaddrInet6{Port: sa.Port, Addr: netip.AddrFrom4(sa.Addr).As16()}
 	}
 	fd, err := unix.Socket(family, typ|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -97,8 +105,8 @@ func attempt(op string, sa *unix.SockaddrInet4) (r clientRes) {
 	}
 	defer unix.Close(fd)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
-	if op == "udp" || op == "udp6" {
-		if err := unix.Sendto(fd, []byte("hi"), 0, to); err != nil {
+	if op == "udp" {
+		if err := unix.Sendto(fd, []byte("hi"), 0, sa); err != nil {
 			return clientRes{Err: errName(err)}
 		}
 		buf := make([]byte, 64)
@@ -190,8 +198,9 @@ func sockaddrString(sa unix.Sockaddr) string {
 	return fmt.Sprintf("%v", sa)
 }
 
-// bed is one network namespace with the backends and the VIP on its
-// loopback, each serving TCP and UDP with its own address as the reply.
+// bed is one network namespace with the backends and the VIP of each
+// family on its loopback, each serving TCP and UDP with its own address as
+// the reply.
 type bed struct {
 	t      *testing.T
 	ns     string // name under /run/netns
@@ -208,14 +217,16 @@ func newBed(t *testing.T, cgroup string) *bed {
 	lo, err := h.LinkByName("lo")
 	testutil.Must(t, err)
 	testutil.Must(t, h.LinkSetUp(lo))
-	for _, a := range append([]netip.Addr{vip}, backends...) {
-		testutil.Must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(32, 32)}}))
+	addrs := append(append([]netip.Addr{vip, vip6}, backends...), backends6...)
+	for _, a := range addrs {
+		testutil.Must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+			Flags: unix.IFA_F_NODAD}))
 	}
 	ns, err := netns.Open(b.path)
 	testutil.Must(t, err)
 	defer ns.Close()
 	testutil.Must(t, netns.Do(ns, func() error {
-		for _, a := range append([]netip.Addr{vip}, backends...) {
+		for _, a := range addrs {
 			for _, port := range []uint16{svcPort, otherPort} {
 				serve(t, netip.AddrPortFrom(a, port))
 			}
@@ -238,11 +249,15 @@ func serve(t *testing.T, addr netip.AddrPort) {
 // until the test ends: over TCP each connection by conn (then closed), in
 // a goroutine of its own; over UDP each datagram with reply's answer.
 func serveBoth(t *testing.T, addr netip.AddrPort, conn func(net.Conn), reply func(msg []byte, from net.Addr) []byte) error {
-	l, err := net.Listen("tcp4", addr.String())
+	family := "4"
+	if addr.Addr().Is6() {
+		family = "6"
+	}
+	l, err := net.Listen("tcp"+family, addr.String())
 	if err != nil {
 		return err
 	}
-	u, err := net.ListenPacket("udp4", addr.String())
+	u, err := net.ListenPacket("udp"+family, addr.String())
 	if err != nil {
 		l.Close()
 		return err
@@ -273,7 +288,20 @@ func serveBoth(t *testing.T, addr netip.AddrPort, conn func(net.Conn), reply fun
 // client runs a client in the bed's namespace and the test cgroup.
 func (b *bed) client(op string, addr netip.AddrPort, n int) []clientRes {
 	b.t.Helper()
-	cmd, out := b.clientCmd(op, addr, n)
+	return b.run(clientReq{Op: op, Addr: addr.String(), N: n})
+}
+
+// mappedClient runs a dual-stack client: an AF_INET6 socket dialling the
+// IPv4 addr IPv4-mapped.
+func (b *bed) mappedClient(op string, addr netip.AddrPort, n int) []clientRes {
+	b.t.Helper()
+	return b.run(clientReq{Op: op, Addr: addr.String(), N: n, Mapped: true})
+}
+
+func (b *bed) run(req clientReq) []clientRes {
+	b.t.Helper()
+	op, addr, n := req.Op, req.Addr, req.N
+	cmd, out := b.clientCmd(req)
 	testutil.Must(b.t, cmd.Start())
 	var res []clientRes
 	dec := json.NewDecoder(out)
@@ -293,9 +321,9 @@ func (b *bed) client(op string, addr netip.AddrPort, n int) []clientRes {
 	return res
 }
 
-func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Reader) {
+func (b *bed) clientCmd(r clientReq) (*exec.Cmd, io.Reader) {
 	b.t.Helper()
-	req, _ := json.Marshal(clientReq{Op: op, Addr: addr.String(), N: n})
+	req, _ := json.Marshal(r)
 	cg, err := os.Open(b.cgroup)
 	testutil.Must(b.t, err)
 	b.t.Cleanup(func() { cg.Close() })
@@ -312,7 +340,12 @@ func (b *bed) clientCmd(op string, addr netip.AddrPort, n int) (*exec.Cmd, io.Re
 // which lets it use its socket again and returns its second report.
 func (b *bed) hold(op string, addr netip.AddrPort) (first clientRes, release func() clientRes) {
 	b.t.Helper()
-	cmd, out := b.clientCmd(op, addr, 1)
+	return b.holdReq(clientReq{Op: op, Addr: addr.String(), N: 1})
+}
+
+func (b *bed) holdReq(req clientReq) (first clientRes, release func() clientRes) {
+	b.t.Helper()
+	cmd, out := b.clientCmd(req)
 	stdin, err := cmd.StdinPipe()
 	testutil.Must(b.t, err)
 	testutil.Must(b.t, cmd.Start())
@@ -345,6 +378,10 @@ func openLB(t *testing.T, cgroup string) *LB {
 }
 
 func service(port uint16, proto Proto, bes ...netip.Addr) Service {
+	return serviceAt(vip, port, proto, bes...)
+}
+
+func serviceAt(vip netip.Addr, port uint16, proto Proto, bes ...netip.Addr) Service {
 	s := Service{Name: "default/svc:p", VIP: vip, Port: port, Proto: proto}
 	for _, a := range bes {
 		s.Backends = append(s.Backends, Backend{Addr: netip.AddrPortFrom(a, port), Ready: true})
@@ -369,7 +406,9 @@ func checkAll(t *testing.T, what string, res []clientRes, ok func(clientRes) boo
 	}
 }
 
-func isBackend(served string, port uint16) bool {
+func isBackend(served string, port uint16) bool { return isBackendOf(backends, served, port) }
+
+func isBackendOf(backends []netip.Addr, served string, port uint16) bool {
 	for _, b := range backends {
 		if served == netip.AddrPortFrom(b, port).String() {
 			return true
@@ -622,12 +661,26 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	}
 	b := newBed(t, cg)
 	testutil.Must(t, lb.OwnHost(b.cookie))
-	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...)}, false))
+	svcs := []Service{service(svcPort, TCP, backends...), serviceAt(vip6, svcPort, TCP, backends6...)}
+	testutil.Must(t, lb.Sync(svcs, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
-	before, release := b.hold("hold", svc)
-	if before.Peer != svc.String() || !isBackend(before.Served, svcPort) {
-		t.Fatalf("before the restart: %+v", before)
+	// A socket of each family (the v0 agent attached no IPv6 hook).
+	type held struct {
+		svc      netip.AddrPort
+		backends []netip.Addr
+		release  func() clientRes
+	}
+	hold := []held{{svc: svc, backends: backends}}
+	if !fromV0 {
+		hold = append(hold, held{svc: netip.AddrPortFrom(vip6, svcPort), backends: backends6})
+	}
+	for i, h := range hold {
+		var before clientRes
+		before, hold[i].release = b.hold("hold", h.svc)
+		if before.Peer != h.svc.String() || !isBackendOf(h.backends, before.Served, svcPort) {
+			t.Fatalf("before the restart: %+v", before)
+		}
 	}
 	ids := linkIDs(t, dir)
 	lb.Close()
@@ -646,13 +699,17 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 			t.Fatalf("%d %s programs on the cgroup after restart, want 1", n, h.name)
 		}
 	}
-	testutil.Must(t, again.Sync([]Service{service(svcPort, TCP, backends...)}, false))
-	if after := release(); after.Peer != svc.String() {
-		t.Fatalf("a socket connected before the restart now reports %+v", after)
+	testutil.Must(t, again.Sync(svcs, false))
+	for _, h := range hold {
+		if after := h.release(); after.Peer != h.svc.String() {
+			t.Fatalf("a socket connected to %s before the restart now reports %+v", h.svc, after)
+		}
 	}
-	checkAll(t, "new connection after restart", b.client("tcp", svc, 5), func(r clientRes) bool {
-		return r.Peer == svc.String() && isBackend(r.Served, svcPort)
-	})
+	for _, h := range []held{{svc: svc, backends: backends}, {svc: netip.AddrPortFrom(vip6, svcPort), backends: backends6}} {
+		checkAll(t, "new connection after restart", b.client("tcp", h.svc, 5), func(r clientRes) bool {
+			return r.Peer == h.svc.String() && isBackendOf(h.backends, r.Served, svcPort)
+		})
+	}
 
 	// Remove (socket LB off, or failed to load) leaves the cgroup as it
 	// was, from the pins alone: the ClusterIP answers itself. The kernel
@@ -661,7 +718,8 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	again.Close()
 	testutil.Must(t, Remove(dir))
 	for _, at := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg,
-		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInetSockRelease} {
+		ebpf.AttachCGroupUDP4Recvmsg, ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInetSockRelease,
+		ebpf.AttachCGroupInet6Connect, ebpf.AttachCGroupUDP6Sendmsg, ebpf.AttachCGroupUDP6Recvmsg, ebpf.AttachCgroupInet6GetPeername} {
 		for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
 			n := attachedPrograms(t, cg, at)
 			if n == 0 {
@@ -738,24 +796,6 @@ func TestRemoveAndRepair(t *testing.T) {
 		if n := bpftest.Entries(t, m); n != 0 {
 			t.Fatalf("%d %s entries left after the Service was removed", n, name)
 		}
-	}
-}
-
-// A dual-stack (AF_INET6) socket is left to kube-proxy whole: its replies
-// would pass recvmsg6, which ONC does not attach, so translating its
-// datagrams would leave the replies coming from the backend.
-func TestDualStackSocketsAreLeftAlone(t *testing.T) {
-	cg := bpftest.Cgroup(t)
-	lb := openLB(t, cg)
-	b := newBed(t, cg)
-	testutil.Must(t, lb.OwnHost(b.cookie))
-	testutil.Must(t, lb.Sync([]Service{service(svcPort, UDP, backends...)}, false))
-	mapped := "[::ffff:" + vip.String() + "]:" + fmt.Sprint(svcPort)
-	checkAll(t, "AF_INET6 UDP to a v4-mapped ClusterIP", b.client("udp6", netip.AddrPortFrom(vip, svcPort), 3), func(r clientRes) bool {
-		return r.Err == "" && r.Peer == mapped && r.Served == netip.AddrPortFrom(vip, svcPort).String()
-	})
-	if got := counter(t, lb, "sendmsg_translated"); got != 0 {
-		t.Fatalf("sendmsg_translated %d for AF_INET6 sockets", got)
 	}
 }
 

@@ -41,10 +41,10 @@ type programmed struct {
 	// banks counts the slots written in each bank, so a rewrite or a
 	// removal deletes exactly those beyond the new set.
 	banks   [2]uint16
-	members map[lbAddr]bool // affinity membership entries written
-	ranges  map[srcKey]bool // source range entries written
-	adopted bool            // found pinned at start, or drifted: rewritten on the next Sync
-	flipped time.Time       // when the live bank last changed
+	members map[netip.AddrPort]bool // affinity membership entries written
+	ranges  map[srcKey]bool         // source range entries written
+	adopted bool                    // found pinned at start, or drifted: rewritten on the next Sync
+	flipped time.Time               // when the live bank last changed
 }
 
 // bankGrace is how long a bank stays untouched after the service flips
@@ -53,69 +53,56 @@ type programmed struct {
 // microseconds; a service updated again sooner waits out the rest.
 const bankGrace = 50 * time.Millisecond
 
-func (k Key) mapKey() svcKey {
-	return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: bpf.NetPort(k.Port), Proto: uint8(k.Proto), Scope: uint8(k.Scope)}
-}
-
-func keyOf(k svcKey) Key {
-	return Key{VIP: bpf.IPv4(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto), Scope: Scope(k.Scope)}
-}
-
-func addrOfBackend(a netip.AddrPort) lbAddr {
-	return lbAddr{Ip: bpf.NetIPv4(a.Addr()), Port: bpf.NetPort(a.Port())}
-}
-
-func backendAddr(a lbAddr) netip.AddrPort {
-	return netip.AddrPortFrom(bpf.IPv4(a.Ip), bpf.NetPort(a.Port))
-}
-
-// adopt reads what an earlier agent left in the pinned maps, so ids and
-// banks carry on and stale entries can be removed.
+// adopt reads what an earlier agent left in the pinned maps of both
+// families, so ids and banks carry on and stale entries can be removed.
 func (lb *LB) adopt() error {
-	var k svcKey
-	var v svcVal
-	it := lb.maps.OncLbSvc.Iterate()
-	for it.Next(&k, &v) {
-		lb.services[keyOf(k)] = &programmed{id: v.Id, bank: v.Bank, members: map[lbAddr]bool{}, ranges: map[srcKey]bool{}, adopted: true}
-		lb.ids.used(v.Id)
+	var errs []error
+	for _, f := range lb.families() {
+		byID, err := lb.adoptFamily(f)
+		if err != nil {
+			return err
+		}
+		if !f.is6 { // source ranges are the uplink's, IPv4
+			errs = append(errs, lb.adoptRanges(byID))
+		}
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read service map: %w", err)
-	}
+	return errors.Join(errs...)
+}
+
+// adoptFamily adopts f's services, and deletes its backends and members
+// of no service of f; it returns f's services by id.
+func (lb *LB) adoptFamily(f family) (map[uint32]*programmed, error) {
 	byID := map[uint32]*programmed{}
-	for _, p := range lb.services {
-		byID[p.id] = p
+	if err := f.eachService(func(k Key, v svcVal) {
+		p := &programmed{id: v.Id, bank: v.Bank, members: map[netip.AddrPort]bool{}, ranges: map[srcKey]bool{}, adopted: true}
+		lb.services[k] = p
+		byID[v.Id] = p
+		lb.ids.used(v.Id)
+	}); err != nil {
+		return nil, fmt.Errorf("read service map: %w", err)
 	}
-	var bk backendKey
-	var addr lbAddr
 	var orphans []backendKey
-	bit := lb.maps.OncLbBackend.Iterate()
-	for bit.Next(&bk, &addr) {
+	if err := each(f.backend, func(bk backendKey, _ []byte) {
 		p := byID[bk.SvcId]
 		if p == nil {
 			orphans = append(orphans, bk)
-			continue
+			return
 		}
 		p.banks[bk.Bank&1] = max(p.banks[bk.Bank&1], bk.Slot+1)
+	}); err != nil {
+		return nil, fmt.Errorf("read backend map: %w", err)
 	}
-	if err := bit.Err(); err != nil {
-		return fmt.Errorf("read backend map: %w", err)
-	}
-	var mk memberKey
-	var one uint8
-	var strays []memberKey
-	mit := lb.maps.OncLbMember.Iterate()
-	for mit.Next(&mk, &one) {
-		if p := byID[mk.SvcId]; p != nil {
-			p.members[mk.Be] = true
+	var strays []any
+	if err := f.eachMember(func(id uint32, be netip.AddrPort) {
+		if p := byID[id]; p != nil {
+			p.members[be] = true
 		} else {
-			strays = append(strays, mk)
+			strays = append(strays, memberOf(id, be))
 		}
+	}); err != nil {
+		return nil, fmt.Errorf("read member map: %w", err)
 	}
-	if err := mit.Err(); err != nil {
-		return fmt.Errorf("read member map: %w", err)
-	}
-	return errors.Join(deleteAll(lb.maps.OncLbBackend, orphans), deleteAll(lb.maps.OncLbMember, strays), lb.adoptRanges(byID))
+	return byID, errors.Join(deleteAll(f.backend, orphans), deleteAll(f.member, strays))
 }
 
 func deleteAll[K any](m *ebpf.Map, keys []K) error {
@@ -185,21 +172,21 @@ func (lb *LB) markDrifted() {
 		if p.adopted {
 			continue
 		}
+		f := lb.familyOf(k.VIP)
 		var v svcVal
-		if lb.maps.OncLbSvc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) ||
+		if f.svc.Lookup(k.mapKey(), &v) != nil || v.Id != p.id || v.Bank != p.bank || int(v.Count) != len(p.svc.Backends) ||
 			v.Flags != flagsOf(p.svc) || v.AffTimeout != affTimeoutOf(p.svc) {
 			p.adopted = true
 			continue
 		}
 		for i, b := range p.svc.Backends {
-			var a lbAddr
-			if lb.maps.OncLbBackend.Lookup(backendKey{SvcId: p.id, Slot: uint16(i), Bank: p.bank}, &a) != nil || a != addrOfBackend(b.Addr) {
+			if a, err := f.backendAt(backendKey{SvcId: p.id, Slot: uint16(i), Bank: p.bank}); err != nil || a != b.Addr {
 				p.adopted = true
 				break
 			}
 		}
 		for m := range p.members {
-			if lb.maps.OncLbMember.Lookup(memberKey{SvcId: p.id, Be: m}, &one) != nil {
+			if f.member.Lookup(memberOf(p.id, m), &one) != nil {
 				delete(p.members, m)
 				p.adopted = true
 			}
@@ -249,6 +236,10 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	if len(s.Backends) > maxBackends {
 		return fmt.Errorf("%d backends; at most %d are balanced", len(s.Backends), maxBackends)
 	}
+	if err := checkFamilies(s); err != nil {
+		return err
+	}
+	f := lb.familyOf(k.VIP)
 	if p == nil {
 		id, err := lb.ids.take()
 		if err != nil {
@@ -259,7 +250,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 			lb.ids.release(id)
 			return err
 		}
-		p = &programmed{id: id, bank: 1, members: map[lbAddr]bool{}, ranges: map[srcKey]bool{}}
+		p = &programmed{id: id, bank: 1, members: map[netip.AddrPort]bool{}, ranges: map[srcKey]bool{}}
 		lb.services[k] = p
 	}
 	idle := p.bank ^ 1
@@ -270,17 +261,17 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	written := size[idle]
 	size[idle] = max(size[idle], uint16(len(s.Backends)))
 	for i, b := range s.Backends {
-		if err := lb.maps.OncLbBackend.Put(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}, addrOfBackend(b.Addr)); err != nil {
+		if err := f.backend.Put(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}, backendValue(b.Addr)); err != nil {
 			return err
 		}
 	}
 	for i := len(s.Backends); i < int(written); i++ {
-		if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}); err != nil && !isNotExist(err) {
+		if err := f.backend.Delete(backendKey{SvcId: p.id, Slot: uint16(i), Bank: idle}); err != nil && !isNotExist(err) {
 			return err
 		}
 	}
 	size[idle] = uint16(len(s.Backends))
-	members := map[lbAddr]bool{}
+	members := map[netip.AddrPort]bool{}
 	if len(s.SourceRanges) > 0 {
 		if err := lb.addRanges(p, s); err != nil {
 			return err
@@ -288,25 +279,25 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 	}
 	if s.Affinity > 0 {
 		for _, b := range s.Backends {
-			members[addrOfBackend(b.Addr)] = true
+			members[b.Addr] = true
 		}
 	}
 	for m := range members {
 		if !p.members[m] {
-			if err := lb.maps.OncLbMember.Put(memberKey{SvcId: p.id, Be: m}, uint8(1)); err != nil {
+			if err := f.member.Put(memberOf(p.id, m), uint8(1)); err != nil {
 				return err
 			}
 			p.members[m] = true
 		}
 	}
 	v := svcVal{Id: p.id, Count: uint16(len(s.Backends)), Bank: idle, Flags: flagsOf(s), AffTimeout: affTimeoutOf(s)}
-	if err := lb.maps.OncLbSvc.Put(k.mapKey(), v); err != nil {
+	if err := f.svc.Put(k.mapKey(), v); err != nil {
 		return err
 	}
 	p.bank, p.flipped = idle, time.Now()
 	for m := range p.members {
 		if !members[m] {
-			if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
+			if err := f.member.Delete(memberOf(p.id, m)); err != nil && !isNotExist(err) {
 				return err
 			}
 			delete(p.members, m)
@@ -324,18 +315,19 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 // remove deletes the service entry first, so no socket picks a slot of a
 // bank that is going.
 func (lb *LB) remove(k Key, p *programmed) error {
-	if err := lb.maps.OncLbSvc.Delete(k.mapKey()); err != nil && !isNotExist(err) {
+	f := lb.familyOf(k.VIP)
+	if err := f.svc.Delete(k.mapKey()); err != nil && !isNotExist(err) {
 		return err
 	}
 	for bank := range uint8(2) {
 		for i := range p.banks[bank] {
-			if err := lb.maps.OncLbBackend.Delete(backendKey{SvcId: p.id, Slot: i, Bank: bank}); err != nil && !isNotExist(err) {
+			if err := f.backend.Delete(backendKey{SvcId: p.id, Slot: i, Bank: bank}); err != nil && !isNotExist(err) {
 				return err
 			}
 		}
 	}
 	for m := range p.members {
-		if err := lb.maps.OncLbMember.Delete(memberKey{SvcId: p.id, Be: m}); err != nil && !isNotExist(err) {
+		if err := f.member.Delete(memberOf(p.id, m)); err != nil && !isNotExist(err) {
 			return err
 		}
 	}
@@ -380,7 +372,11 @@ func (p *idPool) release(id uint32) { delete(p.taken, id) }
 // for the API server's Service, which it dials through its ClusterIP while
 // the entry an earlier agent left may name API servers that have moved.
 func Unbalance(pinDir string, k Key) error {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "onc_lb_svc"), nil)
+	name := bpf.ServicesMapOncLbSvc
+	if !k.VIP.Is4() {
+		name = bpf.ServicesMapOncLb6Svc
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

@@ -264,14 +264,14 @@ func (lb *LB) adoptRanges(byID map[uint32]*programmed) error {
 // backend still there, as kube-proxy deletes such conntrack entries. TCP
 // flows keep their backend, as under kube-proxy: a terminating pod may
 // still finish them.
-func (lb *LB) forgetUplinkFlows(gone map[memberKey]bool) error {
+func (lb *LB) forgetUplinkFlows(gone map[departure]bool) error {
 	const in = 0 // enum lb_flow_dir: IN names the backend, OUT is keyed by it
 	_, err := bpf.DeleteIf(lb.maps.OncLbFlows, func(k bpf.ServicesLbFlowKey, v bpf.ServicesLbFlow) bool {
 		be := lbAddr{Ip: v.Ip, Port: v.Port}
 		if k.Dir != in {
 			be = lbAddr{Ip: k.Saddr, Port: k.Sport}
 		}
-		return k.Proto == uint8(UDP) && gone[memberKey{SvcId: v.SvcId, Be: be}]
+		return k.Proto == uint8(UDP) && gone[departure{v.SvcId, backendAddr(be)}]
 	})
 	return err
 }

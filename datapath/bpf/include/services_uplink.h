@@ -518,25 +518,19 @@ static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, stru
 {
 	struct lb_aff_key akey = { .netns = client, .svc_id = svc->id };
 	struct lb_backend_key slot = { .svc_id = svc->id, .bank = svc->bank };
-	__u64 now = bpf_ktime_get_ns();
-	struct lb_aff aff = {};
-	struct lb_addr *found;
+	__u64 now = bpf_ktime_get_ns(), last;
+	struct lb6_addr pick = {};
 
-	if ((svc->flags & LB_SVC_AFFINITY) && lb_affine(&akey, svc, now, &aff)) {
+	if ((svc->flags & LB_SVC_AFFINITY) && lb_affine(0, &akey, svc, now, &pick, &last)) {
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_AFFINITY_HIT, 1);
-		*be = aff.be;
 	} else {
 		slot.slot = bpf_get_prandom_u32() % svc->count;
-		found = bpf_map_lookup_elem(&onc_lb_backend, &slot);
-		if (!found)
+		if (lb_backend(0, &slot, &pick))
 			return -1;
-		*be = *found;
 	}
-	if (svc->flags & LB_SVC_AFFINITY) {
-		aff.be = *be;
-		aff.last_ns = now;
-		bpf_map_update_elem(&onc_lb_aff, &akey, &aff, BPF_ANY);
-	}
+	if (svc->flags & LB_SVC_AFFINITY)
+		lb_affinity_put(0, &akey, &pick, now);
+	*be = lb_to4(&pick);
 	return 0;
 }
 
