@@ -53,10 +53,10 @@ var (
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
 	descServicesTranslations = prometheus.NewDesc("onc_services_translations_total",
-		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg).",
+		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg; connect6, sendmsg6 for AF_INET6 sockets).",
 		[]string{"hook"}, nil)
 	descServicesRefusals = prometheus.NewDesc("onc_services_refusals_total",
-		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg).",
+		"Calls the socket load balancer refused with ECONNREFUSED because the Service had no backend, by hook (connect, sendmsg; connect6, sendmsg6 for AF_INET6 sockets).",
 		[]string{"hook"}, nil)
 	descFrontends = prometheus.NewDesc("onc_services_frontends",
 		"Service frontends this node serves, by type (ClusterIP, NodePort, ExternalIP, LoadBalancer, HostPort) and scope (socket: this node's clients; uplink: clients outside the cluster).",
@@ -285,8 +285,8 @@ func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
 	return nil, nil
 }
 
-// servicesSample maps enum lb_stat's <hook>_translated and <hook>_refused
-// of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
+// servicesSample maps enum lb_stat's and lb6_stat's <hook>_translated and
+// <hook>_refused of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
 // and enum lb_dsr_stat's dsr_<event>. The uplink's other counters count
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
@@ -299,7 +299,7 @@ func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
 		return descDSRPackets, []string{event}
 	}
 	hook, what, _ := strings.Cut(counter, "_")
-	if hook != "connect" && hook != "sendmsg" {
+	if hook != "connect" && hook != "sendmsg" && hook != "connect6" && hook != "sendmsg6" {
 		return nil, nil
 	}
 	switch what {

@@ -109,6 +109,9 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{fastPathSample, "overlay_drop_forwarded", descOverlayDrops, []string{"forwarded"}},
 		{servicesSample, "connect_translated", descServicesTranslations, []string{"connect"}},
 		{servicesSample, "sendmsg_refused", descServicesRefusals, []string{"sendmsg"}},
+		{servicesSample, "connect6_translated", descServicesTranslations, []string{"connect6"}},
+		{servicesSample, "sendmsg6_refused", descServicesRefusals, []string{"sendmsg6"}},
+		{servicesSample, "recvmsg6_reversed", nil, nil},
 		{servicesSample, "no_slot", nil, nil},
 		{servicesSample, "recvmsg_reversed", nil, nil},
 		{servicesSample, "uplink_fast_to_pod", descUplinkFast, []string{"to_pod"}},
@@ -141,6 +144,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		enum, prefix string
 	}{
 		{servicesSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb6_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_uplink_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_dsr_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
@@ -151,7 +155,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 2, descServicesRefusals: 2, descUplinkFast: 4, descDSRPackets: 10,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 4, descDSRPackets: 10,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -51,53 +51,37 @@ type Proxying struct {
 // each frontend there (k8s.io/kubernetes pkg/proxy). It is deterministic,
 // so callers can compare two tables with reflect.DeepEqual.
 //
-// Without proxy.Replace (kube-proxy runs beside ONC) only the IPv4 cluster IPs
-// of TCP and UDP ports are ONC's, at the socket. With it, ONC is the
-// only proxy: NodePorts on every address of the node, externalIPs and load
-// balancer ingress IPs too, each at the socket (clients on this node) and
-// on the uplink (clients outside the cluster). SCTP and IPv6 are served by
-// nobody (Unserved lists the SCTP ports).
+// Without proxy.Replace (kube-proxy runs beside ONC) only the cluster IPs
+// of TCP and UDP ports are ONC's, at the socket: each family's (a
+// Service's spec.clusterIPs, one per family whatever its ipFamilyPolicy),
+// with the endpoints of that family's EndpointSlices. With it, ONC is the
+// only proxy: NodePorts on every IPv4 address of the node, IPv4
+// externalIPs and load balancer ingress IPs too, each at the socket
+// (clients on this node) and on the uplink (clients outside the cluster).
+// SCTP, and those external frontends in IPv6, are served by nobody
+// (Unserved lists them).
 func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
-	byService := slicesByService(snap)
+	bySlices := slicesByService(snap)
 	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, dsr: proxy.DSR}
 	// Claims go in this order: every ClusterIP first, so that no
 	// externalIP or hostPort another Service's author chose can take one
 	// (CVE-2020-8554); then hostPorts, as the portmap plugin's chain comes
 	// before kube-proxy's; then the external frontends.
-	type external struct {
-		svc  *corev1.Service
-		port corev1.ServicePort
-		base services.Service
-		sets endpointSets
-	}
 	var externals []external
 	for _, svc := range snap.Services {
-		vip, ok := clusterIPv4(svc)
-		if !ok {
-			continue
-		}
-		t.clusterIPs[vip] = true
-		key := svc.Namespace + "/" + svc.Name
-		eps := endpoints(byService[key], node.Name)
-		for _, p := range svc.Spec.Ports {
-			proto, ok := protos[p.Protocol]
+		for _, family := range families {
+			vip, ok := clusterIP(svc, family.ip)
 			if !ok {
 				continue
 			}
-			sets := categorize(eps[portName{p.Name, p.Protocol}], node, hintsApply(svc))
-			base := services.Service{Name: key + ":" + p.Name, Proto: proto, Affinity: affinity(svc)}
-			if internalLocal(svc) {
-				if sets.local != nil || !sets.any || proxy.Replace {
-					// No local endpoint, though some elsewhere: kube-proxy
-					// drops; without kube-proxy the socket refuses.
-					t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.local)
-				}
-				// else: left to kube-proxy's DROP rule.
-			} else {
-				t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
-			}
-			if proxy.Replace {
-				externals = append(externals, external{svc, p, base, sets})
+			t.clusterIPs[vip] = true
+			eps := endpoints(bySlices[sliceSet{svc.Namespace + "/" + svc.Name, family.slices}], family.ip, node.Name)
+			// The external frontends are served over IPv4 only, with the
+			// IPv4 family's endpoints, as kube-proxy's IPv4 proxier
+			// serves them.
+			ports := t.clusterIPPorts(svc, vip, eps, node, proxy.Replace)
+			if proxy.Replace && family.ip == corev1.IPv4Protocol {
+				externals = append(externals, ports...)
 			}
 		}
 	}
@@ -109,15 +93,69 @@ func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 	return t.out
 }
 
-// slicesByService groups the IPv4 EndpointSlices by their Service's
-// namespace/name (the kubernetes.io/service-name label).
-func slicesByService(snap Snapshot) map[string][]*discoveryv1.EndpointSlice {
-	out := map[string][]*discoveryv1.EndpointSlice{}
+// external is a Service port whose external frontends are added after
+// every cluster IP and hostPort claimed theirs.
+type external struct {
+	svc  *corev1.Service
+	port corev1.ServicePort
+	base services.Service
+	sets endpointSets
+}
+
+// clusterIPPorts adds the entries of one cluster IP of svc, one per TCP
+// and UDP port, with the endpoints of its family (eps); it returns the
+// ports, for their external frontends. replace: no kube-proxy runs.
+func (t *table) clusterIPPorts(svc *corev1.Service, vip netip.Addr, eps map[portName]map[netip.AddrPort]endpoint, node Node,
+	replace bool) []external {
+	var ports []external
+	for _, p := range svc.Spec.Ports {
+		proto, ok := protos[p.Protocol]
+		if !ok {
+			continue
+		}
+		sets := categorize(eps[portName{p.Name, p.Protocol}], node, hintsApply(svc))
+		base := services.Service{Name: svc.Namespace + "/" + svc.Name + ":" + p.Name, Proto: proto, Affinity: affinity(svc)}
+		if internalLocal(svc) {
+			if sets.local != nil || !sets.any || replace {
+				// No local endpoint, though some elsewhere: kube-proxy
+				// drops; without kube-proxy the socket refuses.
+				t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.local)
+			}
+			// else: left to kube-proxy's DROP rule.
+		} else {
+			t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
+		}
+		ports = append(ports, external{svc, p, base, sets})
+	}
+	return ports
+}
+
+// families are the address families a Service may have a cluster IP of,
+// each with the EndpointSlices that give it endpoints.
+var families = []struct {
+	ip     corev1.IPFamily
+	slices discoveryv1.AddressType
+}{{corev1.IPv4Protocol, discoveryv1.AddressTypeIPv4}, {corev1.IPv6Protocol, discoveryv1.AddressTypeIPv6}}
+
+// sliceSet names the EndpointSlices of one Service and address type.
+type sliceSet struct {
+	service string // namespace/name
+	family  discoveryv1.AddressType
+}
+
+// slicesByService groups the IPv4 and IPv6 EndpointSlices by their
+// Service's namespace/name (the kubernetes.io/service-name label) and
+// address type: a cluster IP takes the endpoints of its family's slices
+// only, as kube-proxy's proxier of that family does.
+func slicesByService(snap Snapshot) map[sliceSet][]*discoveryv1.EndpointSlice {
+	out := map[sliceSet][]*discoveryv1.EndpointSlice{}
 	for _, es := range snap.EndpointSlices {
 		name := es.Labels[discoveryv1.LabelServiceName]
-		if es.AddressType == discoveryv1.AddressTypeIPv4 && name != "" {
-			out[es.Namespace+"/"+name] = append(out[es.Namespace+"/"+name], es)
+		if name == "" || (es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6) {
+			continue
 		}
+		set := sliceSet{es.Namespace + "/" + name, es.AddressType}
+		out[set] = append(out[set], es)
 	}
 	return out
 }
@@ -163,24 +201,18 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 			}{kind, ip, port})
 		}
 	}
-	if p.NodePort != 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) {
+	if hasNodePort(svc, p) {
 		addAll(services.NodePort, uint16(p.NodePort), node.Addresses...)
 	}
+	// IPv4 only: Unserved lists the IPv6 ones.
 	for _, s := range svc.Spec.ExternalIPs {
 		if ip, ok := ipv4(s); ok {
 			addAll(services.ExternalIP, uint16(p.Port), ip)
 		}
 	}
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			// A load balancer in Proxy mode sends its traffic to the
-			// NodePorts with its own address; its IP is not ours to serve.
-			if ptr.Deref(in.IPMode, corev1.LoadBalancerIPModeVIP) == corev1.LoadBalancerIPModeProxy {
-				continue
-			}
-			if ip, ok := ipv4(in.IP); ok {
-				addAll(services.LoadBalancer, uint16(p.Port), ip)
-			}
+	for _, in := range vipIngress(svc) {
+		if ip, ok := ipv4(in); ok {
+			addAll(services.LoadBalancer, uint16(p.Port), ip)
 		}
 	}
 	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
@@ -221,13 +253,14 @@ func (t *table) hostPorts(node Node) {
 			continue // the CNI server admits TCP and UDP only
 		}
 		addrs := node.Addresses
-		if hp.HostIP.IsValid() {
+		if hostIP := hp.HostIP.Unmap(); hostIP.IsValid() {
 			// Loopback is the node's too: portmap serves it to the node's
-			// own processes, so does the socket scope.
-			if !slices.Contains(node.Addresses, hp.HostIP) && !hp.HostIP.IsLoopback() {
+			// own processes, so does the socket scope. An IPv6 hostIP is
+			// served nowhere: hostPorts reach the pod's IPv4 address.
+			if !hostIP.Is4() || (!slices.Contains(node.Addresses, hostIP) && !hostIP.IsLoopback()) {
 				continue
 			}
-			addrs = []netip.Addr{hp.HostIP}
+			addrs = []netip.Addr{hostIP}
 		}
 		base := services.Service{Name: hp.Pod + ":" + strconv.Itoa(int(hp.HostPort)) + "/" + hp.Protocol, Proto: proto}
 		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
@@ -264,80 +297,156 @@ func sourceRanges(svc *corev1.Service) []netip.Prefix {
 
 var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP, corev1.ProtocolUDP: services.UDP}
 
-// UnservedPort is a Service port nobody serves, and why.
+// UnservedPort is a Service port, or one of its frontends, nobody serves,
+// and why.
 type UnservedPort struct {
 	Service *corev1.Service
-	Port    string // namespace/name:port-name/PROTO, with " (IPv6)" for its IPv6 cluster IP
-	Reason  string // one of the Unserved* reasons
+	// Port is namespace/name:port-name/PROTO, followed for an IPv6
+	// frontend by where: " on externalIP fd00::7", " on load balancer IP
+	// fd00::8", " on NodePort 30080 of the node's IPv6 addresses".
+	Port   string
+	Reason string // one of the Unserved* reasons
 }
 
-// Why Unserved lists a port.
+// Why Unserved lists a port or frontend.
 const (
 	UnservedSCTP = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
-	UnservedIPv6 = "IPv6: ONC serves Services over IPv4 so far, and without kube-proxy nothing serves the IPv6 cluster IP (issue 28)"
+
+	UnservedIPv6ExternalIP     = "an IPv6 externalIP: ONC serves externalIPs over IPv4 only so far (issue 28), at the socket and on the uplink"
+	UnservedIPv6LoadBalancerIP = "an IPv6 load balancer IP: ONC serves load balancer IPs over IPv4 only so far (issue 28), at the socket and on the uplink"
+	UnservedIPv6NodePort       = "a NodePort on the node's IPv6 addresses: ONC serves NodePorts on the node's IPv4 addresses only so far (issue 28)"
 )
 
-// Unserved lists the Service ports nobody serves without kube-proxy: SCTP,
-// which has no sockets on ONC's kernels to translate at, and whose
-// checksum covers the addresses a translation on the wire would change;
-// and every port of an IPv6 cluster IP.
+// Unserved lists the Service ports and frontends nobody serves without
+// kube-proxy: SCTP ports, which have no sockets on ONC's kernels to
+// translate at, and whose checksum covers the addresses a translation on
+// the wire would change; and the frontends the uplink would serve in
+// IPv6, of a Service with an IPv6 cluster IP (whose IPv6 family kube-proxy
+// would serve them in): its IPv6 externalIPs and load balancer IPs, and
+// its NodePorts on the node's IPv6 addresses, if snap's Node lists any.
+// Cluster IPs of both families are served.
 func Unserved(snap Snapshot) []UnservedPort {
 	var out []UnservedPort
+	nodeIPv6 := len(nodeAddresses(snap.Node, corev1.IPv6Protocol)) > 0
 	for _, svc := range snap.Services {
-		name := svc.Namespace + "/" + svc.Name + ":"
-		if _, ok := clusterIPv4(svc); ok {
-			for _, p := range svc.Spec.Ports {
-				if p.Protocol == corev1.ProtocolSCTP {
-					out = append(out, UnservedPort{svc, name + p.Name + "/SCTP", UnservedSCTP})
+		_, has4 := clusterIP(svc, corev1.IPv4Protocol)
+		_, has6 := clusterIP(svc, corev1.IPv6Protocol)
+		for _, p := range svc.Spec.Ports {
+			port := svc.Namespace + "/" + svc.Name + ":" + p.Name + "/" + string(p.Protocol)
+			if p.Protocol == corev1.ProtocolSCTP {
+				if has4 || has6 {
+					out = append(out, UnservedPort{svc, port, UnservedSCTP})
 				}
+				continue
 			}
-		}
-		if hasClusterIPv6(svc) {
-			for _, p := range svc.Spec.Ports {
-				out = append(out, UnservedPort{svc, name + p.Name + "/" + string(p.Protocol) + " (IPv6)", UnservedIPv6})
+			if !has6 {
+				continue
+			}
+			for _, ip := range ipv6Frontends(svc) {
+				reason := UnservedIPv6ExternalIP
+				if ip.loadBalancer {
+					reason = UnservedIPv6LoadBalancerIP
+				}
+				out = append(out, UnservedPort{svc, port + " on " + ip.what, reason})
+			}
+			if nodeIPv6 && hasNodePort(svc, p) {
+				out = append(out, UnservedPort{svc, port + " on NodePort " + strconv.Itoa(int(p.NodePort)) + " of the node's IPv6 addresses",
+					UnservedIPv6NodePort})
 			}
 		}
 	}
 	return out
 }
 
-// hasClusterIPv6 reports whether the Service has an IPv6 cluster IP.
-func hasClusterIPv6(s *corev1.Service) bool {
-	if s.Spec.Type == corev1.ServiceTypeExternalName {
-		return false
-	}
-	i := slices.Index(s.Spec.IPFamilies, corev1.IPv6Protocol)
-	if i < 0 || i >= len(s.Spec.ClusterIPs) {
-		return false
-	}
-	ip, err := netip.ParseAddr(s.Spec.ClusterIPs[i])
-	return err == nil && ip.Is6()
+type ipv6Frontend struct {
+	what         string // "externalIP fd00::7", "load balancer IP fd00::8"
+	loadBalancer bool
 }
 
-// clusterIPv4 is the Service's IPv4 cluster IP, chosen as kube-proxy does
-// (pkg/proxy/util: ShouldSkipService, GetClusterIPByFamily): none for an
-// ExternalName Service, nor a headless one (its "None" does not parse).
-func clusterIPv4(s *corev1.Service) (netip.Addr, bool) {
+// ipv6Frontends are a Service's IPv6 externalIPs and (of a LoadBalancer,
+// not in Proxy mode) load balancer IPs.
+func ipv6Frontends(svc *corev1.Service) []ipv6Frontend {
+	var out []ipv6Frontend
+	for _, s := range svc.Spec.ExternalIPs {
+		if ip, ok := parseIP(s, corev1.IPv6Protocol); ok {
+			out = append(out, ipv6Frontend{"externalIP " + ip.String(), false})
+		}
+	}
+	for _, in := range vipIngress(svc) {
+		if ip, ok := parseIP(in, corev1.IPv6Protocol); ok {
+			out = append(out, ipv6Frontend{"load balancer IP " + ip.String(), true})
+		}
+	}
+	return out
+}
+
+// vipIngress are a LoadBalancer Service's ingress IPs ONC may serve:
+// not one in Proxy mode, whose load balancer sends its traffic to the
+// NodePorts with its own address.
+func vipIngress(svc *corev1.Service) []string {
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		return nil
+	}
+	var out []string
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if ptr.Deref(in.IPMode, corev1.LoadBalancerIPModeVIP) != corev1.LoadBalancerIPModeProxy {
+			out = append(out, in.IP)
+		}
+	}
+	return out
+}
+
+func hasNodePort(svc *corev1.Service, p corev1.ServicePort) bool {
+	return p.NodePort != 0 && (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer)
+}
+
+// clusterIP is the Service's cluster IP of family, chosen as kube-proxy
+// does (pkg/proxy/util: ShouldSkipService, GetClusterIPByFamily): none for
+// an ExternalName Service, nor a headless one (its "None" does not parse).
+func clusterIP(s *corev1.Service, family corev1.IPFamily) (netip.Addr, bool) {
 	if s.Spec.Type == corev1.ServiceTypeExternalName {
 		return netip.Addr{}, false
 	}
 	ip := ""
 	if len(s.Spec.IPFamilies) == 0 { // written by an API server older than dual-stack
 		ip = s.Spec.ClusterIP
-	} else if i := slices.Index(s.Spec.IPFamilies, corev1.IPv4Protocol); i >= 0 && i < len(s.Spec.ClusterIPs) {
+	} else if i := slices.Index(s.Spec.IPFamilies, family); i >= 0 && i < len(s.Spec.ClusterIPs) {
 		ip = s.Spec.ClusterIPs[i]
 	}
-	return ipv4(ip)
+	return parseIP(ip, family)
 }
 
-// ipv4 parses an address as kube-proxy does: the API still accepts
-// leading zeros in these fields ("010.0.0.1" is 10.0.0.1).
-func ipv4(s string) (netip.Addr, bool) {
-	ip := utilnet.ParseIPSloppy(s).To4()
-	if ip == nil {
+// parseIP parses an address of family as kube-proxy does: the API still
+// accepts leading zeros in IPv4 fields ("010.0.0.1" is 10.0.0.1).
+func parseIP(s string, family corev1.IPFamily) (netip.Addr, bool) {
+	ip := utilnet.ParseIPSloppy(s)
+	if ip4 := ip.To4(); ip4 != nil {
+		return netip.AddrFrom4([4]byte(ip4)), family == corev1.IPv4Protocol
+	}
+	if ip == nil || family != corev1.IPv6Protocol {
 		return netip.Addr{}, false
 	}
-	return netip.AddrFrom4([4]byte(ip)), true
+	return netip.AddrFrom16([16]byte(ip)), true
+}
+
+func ipv4(s string) (netip.Addr, bool) { return parseIP(s, corev1.IPv4Protocol) }
+
+// nodeAddresses are the node's InternalIP and ExternalIP addresses of
+// family, in its Node's order, each once.
+func nodeAddresses(n *corev1.Node, family corev1.IPFamily) []netip.Addr {
+	if n == nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, ok := parseIP(a.Address, family); ok && !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	return out
 }
 
 func affinity(s *corev1.Service) time.Duration {
@@ -385,7 +494,7 @@ type endpoint struct {
 // backend port is the slice port's number (how a named targetPort
 // resolves, per pod), and an address:port in several slices counts once,
 // the first seen unless a later one is on this node.
-func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[netip.AddrPort]endpoint {
+func endpoints(from []*discoveryv1.EndpointSlice, family corev1.IPFamily, node string) map[portName]map[netip.AddrPort]endpoint {
 	byPort := map[portName]map[netip.AddrPort]endpoint{}
 	for _, es := range from {
 		for _, p := range es.Ports {
@@ -400,7 +509,7 @@ func endpoints(from []*discoveryv1.EndpointSlice, node string) map[portName]map[
 				if len(ep.Addresses) == 0 {
 					continue
 				}
-				ip, ok := ipv4(ep.Addresses[0])
+				ip, ok := parseIP(ep.Addresses[0], family)
 				if !ok {
 					continue
 				}

@@ -210,7 +210,7 @@ func TestCompile(t *testing.T) {
 		want: []services.Service{{Name: "app/web:", VIP: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: services.TCP,
 			Backends: []services.Backend{backend("10.0.2.1", 8080, "n2", true)}}},
 	}, {
-		name: "not ours: headless, ExternalName, IPv6 only",
+		name: "not ours: headless, ExternalName; an IPv6 cluster IP takes no IPv4 slice's endpoints",
 		services: []*corev1.Service{
 			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "headless"}, Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone,
 				ClusterIPs: []string{corev1.ClusterIPNone}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports}},
@@ -223,8 +223,9 @@ func TestCompile(t *testing.T) {
 		},
 		slices: []*discoveryv1.EndpointSlice{slice("headless-1", "headless", http, ep("10.0.2.1", "n2", ready)),
 			slice("external-1", "external", http, ep("10.0.2.2", "n2", ready)), slice("v6-1", "v6", http, ep("10.0.2.3", "n2", ready))},
+		want: []services.Service{{Name: "app/v6:http", VIP: netip.MustParseAddr("fd00::10"), Port: 80, Proto: services.TCP}},
 	}, {
-		name: "the IPv4 one of dual-stack cluster IPs; a Service from before dual-stack",
+		name: "both of dual-stack cluster IPs; Services from before dual-stack, of either family",
 		services: []*corev1.Service{
 			web(func(s *corev1.ServiceSpec) {
 				s.ClusterIP, s.ClusterIPs = "fd00::10", []string{"fd00::10", "10.96.0.10"}
@@ -232,11 +233,15 @@ func TestCompile(t *testing.T) {
 			}),
 			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "old"}, Spec: corev1.ServiceSpec{ClusterIP: "010.096.000.011",
 				Ports: web().Spec.Ports}},
+			{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "old6"}, Spec: corev1.ServiceSpec{ClusterIP: "fd00::11",
+				Ports: web().Spec.Ports}},
 		},
 		want: []services.Service{webWant(),
-			{Name: "app/old:http", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: services.TCP}},
+			{Name: "app/old:http", VIP: netip.MustParseAddr("10.96.0.11"), Port: 80, Proto: services.TCP},
+			{Name: "app/web:http", VIP: netip.MustParseAddr("fd00::10"), Port: 80, Proto: services.TCP},
+			{Name: "app/old6:http", VIP: netip.MustParseAddr("fd00::11"), Port: 80, Proto: services.TCP}},
 	}, {
-		name:     "only IPv4 EndpointSlices of the Service, in its namespace",
+		name:     "only EndpointSlices of the Service's family (IPv4), in its namespace",
 		services: []*corev1.Service{web()},
 		slices: []*discoveryv1.EndpointSlice{
 			slice("web-1", "web", http, ep("10.0.2.1", "n2", ready)),
@@ -549,12 +554,16 @@ func TestCompileTopology(t *testing.T) {
 	}
 }
 
-// Without kube-proxy nothing serves an SCTP port, nor any port of an IPv6
-// cluster IP (ONC serves Services over IPv4 so far): each is listed, with
-// why.
+// Without kube-proxy nothing serves an SCTP port, nor, of a Service with an
+// IPv6 cluster IP, the IPv6 frontends the uplink would serve: its IPv6
+// externalIPs and load balancer IPs, and its NodePorts on the node's IPv6
+// addresses. Each is listed with its own reason. The cluster IPs of both
+// families are served: a dual-stack, an IPv6-only and an IPv6-primary
+// Service list nothing else and compile to an entry per cluster IP.
 func TestUnserved(t *testing.T) {
-	svc := web(func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) })
-	dual := web(func(s *corev1.ServiceSpec) {
+	sctp := func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) }
+	svc := web(sctp)
+	dual := web(sctp, func(s *corev1.ServiceSpec) {
 		s.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
 		s.ClusterIPs = []string{s.ClusterIP, "fd00:10:96::10"}
 	})
@@ -569,22 +578,54 @@ func TestUnserved(t *testing.T) {
 		s.ClusterIP, s.ClusterIPs = "fd00:10:96::12", []string{"fd00:10:96::12", "10.96.0.12"}
 	})
 	v6first.Name = "v6first"
-	got := Unserved(Snapshot{Services: []*corev1.Service{svc, dual, v6only, v6first}})
-	var lines []string
-	for _, p := range got {
-		lines = append(lines, p.Port+" "+map[string]string{UnservedSCTP: "sctp", UnservedIPv6: "ipv6"}[p.Reason])
+	ext := web(nodePort, func(s *corev1.ServiceSpec) {
+		s.Type = corev1.ServiceTypeLoadBalancer
+		s.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		s.ClusterIP, s.ClusterIPs = "10.96.0.13", []string{"10.96.0.13", "fd00:10:96::13"}
+		s.ExternalIPs = []string{"203.0.113.7", "fd00::7"}
+	})
+	ext.Name = "ext"
+	ext.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.50"}, {IP: "fd00::50"},
+		{IP: "fd00::51", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}}
+	// An IPv4-only Service's IPv6 externalIP is no family of its: not
+	// served by kube-proxy either.
+	v4ext := web(func(s *corev1.ServiceSpec) { s.ExternalIPs = []string{"fd00::8"} })
+	v4ext.Name = "v4ext"
+	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}, {Type: corev1.NodeInternalIP, Address: "fd00:192::1"}}}}
+	all := []*corev1.Service{svc, dual, v6only, v6first, ext, v4ext}
+	reasons := map[string]string{UnservedSCTP: "sctp", UnservedIPv6ExternalIP: "externalIP", UnservedIPv6LoadBalancerIP: "lb", UnservedIPv6NodePort: "nodeport"}
+	lines := func(got []UnservedPort) (out []string) {
+		for _, p := range got {
+			out = append(out, p.Port+" "+reasons[p.Reason])
+		}
+		return out
 	}
-	want := []string{"app/web:assoc/SCTP sctp", "app/dual:http/TCP (IPv6) ipv6", "app/v6only:http/TCP (IPv6) ipv6", "app/v6first:http/TCP (IPv6) ipv6"}
-	if !reflect.DeepEqual(lines, want) || got[0].Service != svc {
-		t.Errorf("got %v, want %v", lines, want)
+	got := Unserved(Snapshot{Services: all, Node: node})
+	want := []string{"app/web:assoc/SCTP sctp", "app/dual:assoc/SCTP sctp",
+		"app/ext:http/TCP on externalIP fd00::7 externalIP", "app/ext:http/TCP on load balancer IP fd00::50 lb",
+		"app/ext:http/TCP on NodePort 30080 of the node's IPv6 addresses nodeport"}
+	if l := lines(got); !reflect.DeepEqual(l, want) || got[0].Service != svc || got[4].Service != ext {
+		t.Errorf("got %v, want %v", l, want)
 	}
-	// The IPv4 family of a Service whose primary is IPv6 is served.
-	served := false
-	for _, c := range Compile(Snapshot{Services: []*corev1.Service{v6first}}, n1, Proxying{Replace: true}) {
-		served = served || c.VIP == netip.MustParseAddr("10.96.0.12")
+	// A node without IPv6 addresses has no NodePort to serve in IPv6.
+	if l := lines(Unserved(Snapshot{Services: all})); !reflect.DeepEqual(l, want[:4]) {
+		t.Errorf("without a Node: got %v, want %v", l, want[:4])
 	}
-	if !served {
-		t.Error("the IPv4 cluster IP of an IPv6-primary Service is not compiled")
+	// Every cluster IP of both families is compiled.
+	compiled := map[netip.Addr]bool{}
+	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true}) {
+		compiled[c.VIP] = true
+	}
+	for _, s := range all {
+		for _, ip := range s.Spec.ClusterIPs {
+			if !compiled[netip.MustParseAddr(ip)] {
+				t.Errorf("cluster IP %s of %s is not compiled", ip, s.Name)
+			}
+		}
+	}
+	if compiled[netip.MustParseAddr("fd00::7")] || compiled[netip.MustParseAddr("fd00::50")] || compiled[netip.MustParseAddr("fd00::8")] {
+		t.Error("an IPv6 externalIP or load balancer IP is compiled")
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/onc-net/onc/agent/watch"
 )
@@ -45,11 +46,12 @@ func HealthChecks(snap Snapshot, node string) []HealthCheck {
 			spec.HealthCheckNodePort == 0 {
 			continue
 		}
-		if _, ok := clusterIPv4(svc); !ok {
+		// The uplink serves IPv4: its endpoints are the IPv4 family's.
+		if _, ok := clusterIP(svc, corev1.IPv4Protocol); !ok {
 			continue
 		}
 		local := map[netip.Addr]bool{}
-		for _, eps := range endpoints(byService[svc.Namespace+"/"+svc.Name], node) {
+		for _, eps := range endpoints(byService[sliceSet{svc.Namespace + "/" + svc.Name, discoveryv1.AddressTypeIPv4}], corev1.IPv4Protocol, node) {
 			for _, e := range eps {
 				if e.local && e.Ready {
 					local[e.Addr.Addr()] = true

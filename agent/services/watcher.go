@@ -121,7 +121,7 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 // nobody serves without kube-proxy, once while it lasts.
 func (w *Watcher) reportUnserved(snap Snapshot) {
 	var ports []UnservedPort
-	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP and IPv6 are kube-proxy's
+	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP and the IPv6 external frontends are kube-proxy's
 		ports = Unserved(snap)
 	}
 	now := make(map[string]bool, len(ports))
@@ -131,9 +131,9 @@ func (w *Watcher) reportUnserved(snap Snapshot) {
 			continue
 		}
 		slog.Warn("a Service port is not served", "port", p.Port, "reason", p.Reason)
-		event := "ProtocolNotSupported"
-		if p.Reason == UnservedIPv6 {
-			event = "IPFamilyNotSupported"
+		event := "IPFamilyNotSupported"
+		if p.Reason == UnservedSCTP {
+			event = "ProtocolNotSupported"
 		}
 		w.inputs.Warn(p.Service, event, fmt.Sprintf("port %s is not served by ONC on node %s: %s", p.Port, w.node.Name, p.Reason))
 	}
@@ -172,11 +172,8 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 		return out
 	}
 	out.Zone = n.Labels[corev1.LabelTopologyZone]
-	for _, a := range n.Status.Addresses {
-		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
-			continue
-		}
-		if ip, ok := ipv4(a.Address); ok && !slices.Contains(out.Addresses, ip) {
+	for _, ip := range nodeAddresses(n, corev1.IPv4Protocol) {
+		if !slices.Contains(out.Addresses, ip) {
 			out.Addresses = append(out.Addresses, ip)
 		}
 	}

@@ -1,0 +1,56 @@
+package services
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// warned records the events a watcher records.
+type warned struct {
+	sources
+	events []string // reason: message
+}
+
+func (w *warned) Warn(_ *corev1.Service, reason, message string) {
+	w.events = append(w.events, reason+": "+message)
+}
+
+// Without kube-proxy each port or frontend nobody serves is evented once
+// while it lasts, SCTP as ProtocolNotSupported and an IPv6 frontend of the
+// uplink as IPFamilyNotSupported, each with its own reason; an IPv6
+// cluster IP is served, so it is evented as nothing. Beside kube-proxy
+// nothing is.
+func TestUnservedEvents(t *testing.T) {
+	svc := web(nodePort, func(s *corev1.ServiceSpec) {
+		s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999))
+		s.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		s.ClusterIPs = []string{s.ClusterIP, "fd00:10:96::10"}
+		s.ExternalIPs = []string{"fd00::7"}
+	})
+	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "fd00:192::1"}}}}
+	snap := Snapshot{Services: []*corev1.Service{svc}, Node: node}
+	in := &warned{}
+	w := &Watcher{inputs: in, node: Self{Name: "n1", KubeProxyReplacement: true}}
+	w.reportUnserved(snap)
+	w.reportUnserved(snap)
+	want := []string{
+		"IPFamilyNotSupported: port app/web:http/TCP on externalIP fd00::7 is not served by ONC on node n1: " + UnservedIPv6ExternalIP,
+		"IPFamilyNotSupported: port app/web:http/TCP on NodePort 30080 of the node's IPv6 addresses is not served by ONC on node n1: " + UnservedIPv6NodePort,
+		"ProtocolNotSupported: port app/web:assoc/SCTP is not served by ONC on node n1: " + UnservedSCTP,
+	}
+	if strings.Join(in.events, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events\n%s\nwant\n%s", strings.Join(in.events, "\n"), strings.Join(want, "\n"))
+	}
+	if len(w.unserved) != 3 {
+		t.Fatalf("onctl lists %q, want 3 lines", w.unserved)
+	}
+
+	beside := &warned{}
+	w = &Watcher{inputs: beside, node: Self{Name: "n1"}}
+	w.reportUnserved(snap)
+	if len(beside.events) != 0 || len(w.unserved) != 0 {
+		t.Fatalf("beside kube-proxy: events %q, listed %q", beside.events, w.unserved)
+	}
+}
