@@ -87,13 +87,14 @@ int onc_sock_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup/sock_release")
 int onc_sock_release(struct bpf_sock *sk)
 {
-	__u64 sock = bpf_get_socket_cookie(sk);
 	struct lb6_addr be = {};
 	__u8 proto = (__u8)sk->protocol;
 	int released;
+	__u64 sock;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return SYS_PROCEED;
+	sock = bpf_get_socket_cookie(sk);
 	be.port = sk->dst_port;
 	if (sk->family == ONC_AF_INET) {
 		be.ip[0] = sk->dst_ip4;
@@ -109,7 +110,10 @@ int onc_sock_release(struct bpf_sock *sk)
 	be.ip[3] = sk->dst_ip6[3];
 	if (lb_unset(&be))
 		return SYS_PROCEED;
-	released = lb_unmap(&be) ? lb_revnat_delete(1, sock, &be, proto) : lb_revnat_delete(0, sock, &be, proto);
+	if (lb_unmap(&be))
+		released = lb_revnat_delete(1, sock, &be, proto);
+	else
+		released = lb_revnat_delete(0, sock, &be, proto);
 	if (released)
 		lb_count(1, LB_STAT_RELEASED6);
 	return SYS_PROCEED;
