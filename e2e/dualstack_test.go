@@ -4,11 +4,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,8 +20,10 @@ import (
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/labtest"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // A dual-stack lab (IPv4 first): every pod gets an address of each family
@@ -217,5 +221,123 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 	}
 	if received(other) {
 		t.Fatal("a datagram another pod sent with the client's IPv6 address arrived")
+	}
+}
+
+// A dual-stack Service (RequireDualStack) in a dual-stack lab on the
+// Kubernetes datastore, the agents replacing kube-proxy (the lab runs
+// none): a pod on node 0 reaches the backend on node 1 through the
+// Service's IPv6 cluster IP, TCP and UDP, reading the cluster IP as its
+// peer and as the replies' source; node 0's socket LB counted each call
+// in its IPv6 hooks and on the IPv6 frontend, and onctl services shows
+// the IPv6 frontend with its IPv6 backend. Its IPv4 cluster IP still
+// reaches the backend's IPv4 address, and a Service with no IPv6
+// endpoints refuses over IPv6 at once.
+func TestDualStackServices(t *testing.T) {
+	ctx := context.Background()
+	l := labtest.Lab(t, lab.Options{Nodes: 2, IPFamily: lab.IPFamilyDual, Datastore: "kubernetes",
+		AgentArgs: []string{"--kube-proxy-replacement"}})
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
+		t.Fatal(err)
+	}
+	backend, err := l.AddPodSpec(ctx, l.Nodes[1], lab.PodSpec{Namespace: svcNS, Name: "backend", Labels: map[string]string{"app": "web"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := l.AddPodSpec(ctx, l.Nodes[0], lab.PodSpec{Namespace: svcNS, Name: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveName(t, backend.Netns, backend.Name)
+	var l6 net.Listener
+	var u6 net.PacketConn
+	if err := lab.InNetns(backend.Netns, func() (err error) {
+		if l6, err = net.Listen("tcp6", ":8080"); err != nil {
+			return err
+		}
+		u6, err = net.ListenPacket("udp6", ":8053")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l6.Close(); u6.Close() })
+	serveNameOn(l6, u6, backend.Name)
+
+	dual := func(name string) (v4, v6 netip.Addr) {
+		t.Helper()
+		policy := corev1.IPFamilyPolicyRequireDualStack
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: svcNS}, Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"}, IPFamilyPolicy: &policy,
+			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)},
+				{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(8053)},
+			}}}
+		created, err := kube.CoreV1().Services(svcNS).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(created.Spec.ClusterIPs) != 2 {
+			t.Fatalf("cluster IPs %v, want one of each family", created.Spec.ClusterIPs)
+		}
+		return netip.MustParseAddr(created.Spec.ClusterIPs[0]), netip.MustParseAddr(created.Spec.ClusterIPs[1])
+	}
+	vip4, vip6 := dual("web")
+	writeSlice(t, kube, "web", discoveryv1.AddressTypeIPv4, []*lab.Pod{backend}, nil)
+	writeSlice(t, kube, "web", discoveryv1.AddressTypeIPv6, []*lab.Pod{backend}, nil)
+	n := l.Nodes[0]
+	tcp6, udp6 := netip.AddrPortFrom(vip6, 80), netip.AddrPortFrom(vip6, 53)
+	waitFrontend(t, n, netip.AddrPortFrom(vip4, 80), "TCP", "socket", 1)
+	if s := waitFrontend(t, n, tcp6, "TCP", "socket", 1); s.Backends[0].Addr != netip.AddrPortFrom(backend.IPv6, 8080).String() {
+		t.Fatalf("%s's backends %v, want the backend's IPv6 address", tcp6, s.Backends)
+	}
+	waitFrontend(t, n, udp6, "UDP", "socket", 1)
+
+	before := lbCounters(t, n)
+	const tries = 20
+	for range tries {
+		name, peer, err := connectTCP(client.Netns, tcp6)
+		if err != nil || name != backend.Name || peer != tcp6.String() {
+			t.Fatalf("TCP to %s: %q with peer %s, %v; want %s with the cluster IP as peer", tcp6, name, peer, err, backend.Name)
+		}
+		name, from, err := askUDP(client.Netns, udp6)
+		if err != nil || name != backend.Name || from != udp6.String() {
+			t.Fatalf("UDP to %s: %q from %s, %v; want %s from the cluster IP", udp6, name, from, err, backend.Name)
+		}
+	}
+	after := lbCounters(t, n)
+	for name, want := range map[string]uint64{"connect6_translated": tries, "sendmsg6_translated": tries, "getpeername6_reversed": tries,
+		"recvmsg6_reversed": tries, "connect_translated": 0} {
+		if got := after[name] - before[name]; got != want {
+			t.Errorf("%s on %s rose by %d over %d calls, want %d", name, n.Name, got, tries, want)
+		}
+	}
+	if s := waitFrontend(t, n, tcp6, "TCP", "socket", 1); s.Translated != tries {
+		t.Errorf("the IPv6 frontend %s counted %d translations, want %d", tcp6, s.Translated, tries)
+	}
+	if name, peer, err := connectTCP(client.Netns, netip.AddrPortFrom(vip4, 80)); err != nil || name != backend.Name || peer != netip.AddrPortFrom(vip4, 80).String() {
+		t.Fatalf("TCP to the IPv4 cluster IP %s: %q, %s, %v", vip4, name, peer, err)
+	}
+	out, err := exec.Command(l.BinDir+"/onctl", "--socket", n.AgentSocket(), "services").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onctl services: %v\n%s", err, out)
+	}
+	row := tcp6.String() + "/TCP"
+	if be := netip.AddrPortFrom(backend.IPv6, 8080).String() + " (" + svcNS + "/backend on " + backend.Node + ")"; !strings.Contains(string(out), row) ||
+		!strings.Contains(string(out), be) || !strings.Contains(string(out), "connect6_translated=") {
+		t.Fatalf("onctl services on %s lacks %s with %s:\n%s", n.Name, row, be, out)
+	}
+
+	// No IPv6 endpoints: refused over IPv6 at once.
+	_, empty6 := dual("empty")
+	writeSlice(t, kube, "empty", discoveryv1.AddressTypeIPv4, []*lab.Pod{backend}, nil)
+	waitFrontend(t, n, netip.AddrPortFrom(empty6, 80), "TCP", "socket", 0)
+	start := time.Now()
+	if _, _, err := connectTCP(client.Netns, netip.AddrPortFrom(empty6, 80)); !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+		t.Fatalf("TCP to %s without IPv6 endpoints: %v after %v, want ECONNREFUSED at once", empty6, err, time.Since(start))
 	}
 }

@@ -91,9 +91,15 @@ func newServiceCluster(t *testing.T, agentArgs ...string) *serviceCluster {
 }
 
 // serveName answers every TCP connection on 8080 and every UDP datagram on
-// 8053 with the pod's name.
+// 8053 with the pod's name, over IPv4.
 func serveName(t *testing.T, netns, name string) {
-	l := listenTCP(t, netns, 8080)
+	serveNameOn(listenTCP(t, netns, 8080), listenUDP(t, netns, 8053), name)
+}
+
+// serveNameOn answers every connection l accepts and every datagram u
+// reads with name; a connection is then echoed, for request/response
+// tests.
+func serveNameOn(l net.Listener, u net.PacketConn, name string) {
 	go func() {
 		for {
 			conn, err := l.Accept()
@@ -107,12 +113,13 @@ func serveName(t *testing.T, netns, name string) {
 			}()
 		}
 	}()
-	serveNameUDP(t, netns, name)
+	answerUDP(u, name)
 }
 
 // serveNameUDP answers every UDP datagram on 8053 with the pod's name.
-func serveNameUDP(t *testing.T, netns, name string) {
-	u := listenUDP(t, netns, 8053)
+func serveNameUDP(t *testing.T, netns, name string) { answerUDP(listenUDP(t, netns, 8053), name) }
+
+func answerUDP(u net.PacketConn, name string) {
 	go func() {
 		buf := make([]byte, 64)
 		for {
@@ -181,10 +188,18 @@ func (c *serviceCluster) setEndpoints(t *testing.T, name string, vip netip.Addr,
 // ready) as a scale-down leaves them.
 func writeEndpoints(t *testing.T, kube kubernetes.Interface, name string, ready, terminating []*lab.Pod) {
 	t.Helper()
+	writeSlice(t, kube, name, discoveryv1.AddressTypeIPv4, ready, terminating)
+}
+
+// writeSlice writes Service name's EndpointSlice of an address type: the
+// pods' IPv4 or IPv6 addresses.
+func writeSlice(t *testing.T, kube kubernetes.Interface, name string, family discoveryv1.AddressType, ready, terminating []*lab.Pod) {
+	t.Helper()
 	ctx := context.Background()
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: name + "-abc12", Namespace: svcNS, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-" + strings.ToLower(string(family)) + "-abc12", Namespace: svcNS,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: family,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(8080))},
 			{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(int32(8053))},
@@ -194,8 +209,12 @@ func writeEndpoints(t *testing.T, kube kubernetes.Interface, name string, ready,
 		ready bool
 	}{{ready, true}, {terminating, false}} {
 		for _, p := range set.pods {
+			addr := p.IP
+			if family == discoveryv1.AddressTypeIPv6 {
+				addr = p.IPv6
+			}
 			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-				Addresses:  []string{p.IP.String()},
+				Addresses:  []string{addr.String()},
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(set.ready), Serving: ptr.To(true), Terminating: ptr.To(!set.ready)},
 				NodeName:   ptr.To(p.Node), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: svcNS, Name: p.Name}})
 		}
@@ -244,7 +263,7 @@ func findService(resp *apiv1.ListServicesResponse, vip, proto string) *apiv1.Bal
 func connectTCP(netns string, addr netip.AddrPort) (name, peer string, err error) {
 	var conn net.Conn
 	if err := lab.InNetns(netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		conn, err = net.DialTimeout("tcp"+family(addr.Addr()), addr.String(), 3*time.Second)
 		return err
 	}); err != nil {
 		return "", "", err
@@ -255,6 +274,14 @@ func connectTCP(netns string, addr netip.AddrPort) (name, peer string, err error
 	n, err := conn.Read(buf)
 	// Go's Dial asks getpeername() for the remote address.
 	return string(buf[:n]), conn.RemoteAddr().String(), err
+}
+
+// family is "4" or "6", as Go's networks name a's family ("tcp4").
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "4"
+	}
+	return "6"
 }
 
 // spread connects n times and counts the backends reached; every

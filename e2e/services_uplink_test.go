@@ -369,7 +369,7 @@ func askTCP(netns string, addr netip.AddrPort) (name, saw, from string, err erro
 // the backend's name and the address the reply came from.
 func askUDP(netns string, addr netip.AddrPort) (name, from string, err error) {
 	var c net.PacketConn
-	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket("udp4", ":0"); return err }); err != nil {
+	if err := lab.InNetns(netns, func() (err error) { c, err = net.ListenPacket("udp"+family(addr.Addr()), ":0"); return err }); err != nil {
 		return "", "", err
 	}
 	defer c.Close()

@@ -24,8 +24,9 @@ const apiServerPort = 6443
 
 // startKubernetes runs etcd (onc-lab etcd) and kube-apiserver in the
 // controller's namespace and applies ONC's CRD and RBAC from the manifest;
-// the workloads are the lab's own processes.
-func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
+// the workloads are the lab's own processes. In a dual-stack lab (dual)
+// Services may have a cluster IP of each family.
+func (l *Lab) startKubernetes(ctx context.Context, kubeBin string, dual bool) error {
 	bin := filepath.Join(kubeBin, "kube-apiserver")
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("kube-apiserver not found in %q (run make kube-bins): %w", kubeBin, err)
@@ -40,7 +41,11 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string) error {
 	if err := l.Save(); err != nil {
 		return err
 	}
-	a, err := kubeapiserver.Start(ctx, l.ctlNetns(), filepath.Join(l.Dir, "kube"), bin, etcdURL, controllerIP, apiServerPort)
+	serviceCIDRs := []string{kubeapiserver.ServiceCIDR}
+	if dual {
+		serviceCIDRs = append(serviceCIDRs, kubeapiserver.ServiceCIDR6)
+	}
+	a, err := kubeapiserver.Start(ctx, l.ctlNetns(), filepath.Join(l.Dir, "kube"), bin, etcdURL, controllerIP, apiServerPort, serviceCIDRs...)
 	if a != nil {
 		l.APIServer = a
 	}

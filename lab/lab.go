@@ -283,7 +283,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		return l, err
 	}
 	if l.Datastore == "kubernetes" {
-		if err := l.startKubernetes(ctx, o.KubeBin); err != nil {
+		if err := l.startKubernetes(ctx, o.KubeBin, o.IPFamily == IPFamilyDual); err != nil {
 			return l, err
 		}
 	}

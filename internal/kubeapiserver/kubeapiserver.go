@@ -41,9 +41,21 @@ type Server struct {
 	Netns      string `json:"netns,omitempty"`
 }
 
+// ServiceCIDR is the Services' range Start gives the server by default;
+// ServiceCIDR6 the IPv6 one a dual-stack cluster adds.
+const (
+	ServiceCIDR  = "10.96.0.0/16"
+	ServiceCIDR6 = "fd00:10:96::/112"
+)
+
 // Start runs bin in netns ("" = here) on ip:port with its state in
-// dir, backed by the etcd at etcdURL, and waits until it is ready.
-func Start(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, port int) (*Server, error) {
+// dir, backed by the etcd at etcdURL, and waits until it is ready. Its
+// Services get cluster IPs from serviceCIDRs (one per family, the primary
+// first), ServiceCIDR if none.
+func Start(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, port int, serviceCIDRs ...string) (*Server, error) {
+	if len(serviceCIDRs) == 0 {
+		serviceCIDRs = []string{ServiceCIDR}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -70,7 +82,7 @@ func Start(ctx context.Context, netns, dir, bin, etcdURL string, ip netip.Addr, 
 		"--authorization-mode", "Node,RBAC",
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey,
-		"--service-cluster-ip-range", "10.96.0.0/16",
+		"--service-cluster-ip-range", strings.Join(serviceCIDRs, ","),
 		"--enable-priority-and-fairness=false")
 	a.Process = p
 	if err != nil {
