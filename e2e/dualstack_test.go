@@ -235,15 +235,7 @@ func policyInBothFamilies(t *testing.T, l *lab.Lab) {
 // endpoints refuses over IPv6 at once.
 func TestDualStackServices(t *testing.T) {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, IPFamily: lab.IPFamilyDual, Datastore: "kubernetes",
-		AgentArgs: []string{"--kube-proxy-replacement"}})
-	kube, err := l.Kube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
-		t.Fatal(err)
-	}
+	l, kube := serviceLab(t, lab.Options{Nodes: 2, IPFamily: lab.IPFamilyDual, AgentArgs: []string{"--kube-proxy-replacement"}})
 	backend, err := l.AddPodSpec(ctx, l.Nodes[1], lab.PodSpec{Namespace: svcNS, Name: "backend", Labels: map[string]string{"app": "web"}})
 	if err != nil {
 		t.Fatal(err)

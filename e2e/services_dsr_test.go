@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/onc-net/onc/lab"
-	"github.com/onc-net/onc/lab/labtest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -23,15 +22,8 @@ import (
 // carries the established flow on its fast path until a policy revokes it.
 func TestServicesFromOutsideDSR(t *testing.T) {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", ExternalClient: true,
+	l, kube := serviceLab(t, lab.Options{Nodes: 2, ExternalClient: true,
 		AgentArgs: []string{"--kube-proxy-replacement", "--load-balancer-mode=dsr"}})
-	kube, err := l.Kube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
-		t.Fatal(err)
-	}
 	node0, node1 := l.Nodes[0], l.Nodes[1]
 	backend, err := l.AddPodSpec(ctx, node1, lab.PodSpec{Namespace: svcNS, Name: "web-1", Labels: map[string]string{"app": "web"}})
 	if err != nil {

@@ -59,17 +59,26 @@ type serviceCluster struct {
 	clients  []*lab.Pod // clients[i] on node i
 }
 
-func newServiceCluster(t *testing.T, agentArgs ...string) *serviceCluster {
-	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", AgentArgs: agentArgs})
+// serviceLab is a lab of opts on the Kubernetes datastore with the
+// Services' namespace, and an admin client of its API.
+func serviceLab(t *testing.T, opts lab.Options) (*lab.Lab, kubernetes.Interface) {
+	t.Helper()
+	opts.Datastore = "kubernetes"
+	l := labtest.Lab(t, opts)
 	kube, err := l.Kube()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &serviceCluster{l: l, kube: kube}
-	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
+	if err := l.SetNamespace(context.Background(), svcNS, nil); err != nil {
 		t.Fatal(err)
 	}
+	return l, kube
+}
+
+func newServiceCluster(t *testing.T, agentArgs ...string) *serviceCluster {
+	ctx := context.Background()
+	l, kube := serviceLab(t, lab.Options{Nodes: 2, AgentArgs: agentArgs})
+	c := &serviceCluster{l: l, kube: kube}
 	for i, node := range []int{0, 1, 1} {
 		p, err := l.AddPodSpec(ctx, l.Nodes[node], lab.PodSpec{Namespace: svcNS, Name: fmt.Sprintf("backend-%d", i),
 			Labels: map[string]string{"app": "web"},

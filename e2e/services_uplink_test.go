@@ -17,7 +17,6 @@ import (
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
-	"github.com/onc-net/onc/lab/labtest"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,15 +33,7 @@ import (
 // endpoints is refused. Every path is checked by node 0's counters.
 func TestServicesFromOutside(t *testing.T) {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 2, Datastore: "kubernetes", ExternalClient: true,
-		AgentArgs: []string{"--kube-proxy-replacement"}})
-	kube, err := l.Kube()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetNamespace(ctx, svcNS, nil); err != nil {
-		t.Fatal(err)
-	}
+	l, kube := serviceLab(t, lab.Options{Nodes: 2, ExternalClient: true, AgentArgs: []string{"--kube-proxy-replacement"}})
 	var backends []*lab.Pod
 	for i := range l.Nodes {
 		p, err := l.AddPodSpec(ctx, l.Nodes[i], lab.PodSpec{Namespace: svcNS, Name: fmt.Sprintf("web-%d", i),
