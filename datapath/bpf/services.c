@@ -3,11 +3,11 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * Services at the socket: every cgroup hook of the socket LB, as Cilium's
- * bpf_sock.c holds its own. A ClusterIP:port is rewritten to a backend pod
- * when a socket connects or sends, and back when it reads a reply or asks
- * for its peer (include/services.h). And from outside the cluster, on the
- * uplink: NodePorts, externalIPs and load balancer IPs
- * (include/services_uplink.h).
+ * bpf_sock.c holds its own. A ClusterIP:port, IPv4 or IPv6, is rewritten
+ * to a backend pod when a socket connects or sends, and back when it
+ * reads a reply or asks for its peer (include/services.h). And from
+ * outside the cluster, on the uplink: NodePorts, externalIPs and load
+ * balancer IPs, in IPv4 (include/services_uplink.h).
  */
 #include "include/services.h"
 #include "include/services_uplink.h"

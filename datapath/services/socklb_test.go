@@ -222,6 +222,16 @@ func newBed(t *testing.T, cgroup string) *bed {
 		testutil.Must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
 			Flags: unix.IFA_F_NODAD}))
 	}
+	// The kernel inserts an IPv6 address's local route from a work queue,
+	// a moment after the address: until then a datagram to it is lost.
+	testutil.WaitFor(t, "the IPv6 addresses' local routes", 5*time.Second, func() bool {
+		for _, a := range addrs {
+			if rs, err := h.RouteGet(a.AsSlice()); a.Is6() && (err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_LOCAL) {
+				return false
+			}
+		}
+		return true
+	})
 	ns, err := netns.Open(b.path)
 	testutil.Must(t, err)
 	defer ns.Close()
