@@ -557,11 +557,12 @@ func (n *Node) socketsOwnPods() bool {
 // mode all, which must know it before the pod runs or its first
 // connections would go to kube-proxy, and the intra-node bypass.
 func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
-	ip := p.ipv4()
-	if !ip.IsValid() {
-		return nil
+	var errs []error
+	if ip := p.ipv4(); ip.IsValid() {
+		errs = append(errs, n.services.OwnPod(cookie, ip, p.Netns))
 	}
-	return errors.Join(n.services.OwnPod(cookie, ip, p.Netns), n.bypass.OwnPod(ip, p.Netns, cookie))
+	// The bypass pairs pods in both families: every address.
+	return errors.Join(append(errs, n.bypass.OwnPod(p.IPs, p.Netns, cookie))...)
 }
 
 // CheckPod verifies that the pod's network is as AttachPod left it.
@@ -572,7 +573,7 @@ func (n *Node) CheckPod(p Pod) error { return pods.Check(p.spec()) }
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
 	ip := p.ipv4()
-	errs := []error{n.services.ForgetPod(ip), n.bypass.ForgetPod(ip)}
+	errs := []error{n.services.ForgetPod(ip), n.bypass.ForgetPod(p.IPs...)}
 	if fp := n.fastPath(); fp != nil {
 		for _, a := range p.IPs {
 			errs = append(errs, fp.DeleteLocalPod(a))

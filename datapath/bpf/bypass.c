@@ -17,25 +17,29 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * itself). The handshake went through netfilter, so a pair policy denies
  * never gets here.
  */
-static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
+/*
+ * Records one socket of either family: key is its key in socks and conns,
+ * local and remote its addresses (n 32-bit words each, the key of pods).
+ */
+static __always_inline void bp_record_in(struct bpf_sock_ops *skops, __u8 role, void *pods, void *conns, void *socks,
+					 void *key, const __u32 *local, const __u32 *remote, int n)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct bp_conn conn = { .role = role };
-	struct bp_key key = {};
 	struct bp_cfg *cfg;
 	__u64 *owner;
 
-	if (!sk || !bp_key_of(skops, &key))
+	if (!sk)
 		return;
 	/* Only this agent's pods, each in its own namespace: not the host,
 	 * not hostNetwork pods, not another agent's pods on a shared kernel. */
-	owner = bpf_map_lookup_elem(&onc_bp_pods, &key.local_ip);
+	owner = bpf_map_lookup_elem(pods, local);
 	if (!owner || *owner != bpf_get_netns_cookie(skops))
 		return;
 	/* A pod talking to itself goes over lo, never policed: leave it. */
-	if (key.local_ip == key.remote_ip)
+	if (bp_same_addr(local, remote, n))
 		return;
-	if (!bpf_map_lookup_elem(&onc_bp_pods, &key.remote_ip)) {
+	if (!bpf_map_lookup_elem(pods, remote)) {
 		count(&onc_bp_stats, BP_STAT_SKIP_REMOTE, 1);
 		return;
 	}
@@ -64,12 +68,12 @@ static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 	}
 	conn.since_ns = bpf_ktime_get_ns();
 	conn.cookie = bpf_get_socket_cookie(skops);
-	if (bpf_map_update_elem(&onc_bp_conn, &key, &conn, BPF_ANY)) {
+	if (bpf_map_update_elem(conns, key, &conn, BPF_ANY)) {
 		count(&onc_bp_stats, BP_STAT_RECORD_FAILED, 1);
 		return;
 	}
-	if (bpf_sock_hash_update(skops, &onc_bp_sock, &key, BPF_ANY)) {
-		bpf_map_delete_elem(&onc_bp_conn, &key);
+	if (bpf_sock_hash_update(skops, socks, key, BPF_ANY)) {
+		bpf_map_delete_elem(conns, key);
 		count(&onc_bp_stats, BP_STAT_RECORD_FAILED, 1);
 		return;
 	}
@@ -77,12 +81,36 @@ static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 	count(&onc_bp_stats, BP_STAT_RECORDED, 1);
 }
 
+/* IPv4 sockets (and dual-stack ones talking IPv4) go to the IPv4 maps,
+ * IPv6 ones to the IPv6 maps. */
+static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
+{
+	struct bp_key key = {};
+	struct bp_key6 key6 = {};
+
+	switch (bp_key_of(skops, &key, &key6)) {
+	case BP_KEY4:
+		bp_record_in(skops, role, &onc_bp_pods, &onc_bp_conn, &onc_bp_sock, &key, &key.local_ip, &key.remote_ip, 1);
+		break;
+	case BP_KEY6:
+		bp_record_in(skops, role, &onc_bp_pods6, &onc_bp_conn6, &onc_bp_sock6, &key6, key6.local_ip, key6.remote_ip, 4);
+		break;
+	}
+}
+
 static __always_inline void bp_closed(struct bpf_sock_ops *skops)
 {
 	struct bp_key key = {};
+	struct bp_key6 key6 = {};
 
-	if (bp_key_of(skops, &key))
+	switch (bp_key_of(skops, &key, &key6)) {
+	case BP_KEY4:
 		bpf_map_delete_elem(&onc_bp_conn, &key);
+		break;
+	case BP_KEY6:
+		bpf_map_delete_elem(&onc_bp_conn6, &key6);
+		break;
+	}
 }
 
 SEC("sockops")
@@ -160,16 +188,13 @@ static __always_inline int bp_decide_stack(struct sk_msg_md *msg, struct bp_sock
 	return bp_stack(msg);
 }
 
-SEC("sk_msg")
-int onc_sk_msg(struct sk_msg_md *msg)
+/* One send of a socket of either family: peer is the key of the other
+ * end in socks, its family's SOCKHASH. */
+static __always_inline int bp_send(struct sk_msg_md *msg, struct bpf_sock *sk, void *socks, void *peer)
 {
-	struct bpf_sock *sk = msg->sk;
-	struct bp_key key = {}, peer;
 	struct bp_cfg *cfg;
 	struct bp_sock *st;
 
-	if (!sk || !bp_key_of(msg, &key))
-		return SK_PASS;
 	/* Made when sock_ops recorded the socket. */
 	st = bpf_sk_storage_get(&onc_bp_dir, sk, 0, 0);
 	if (!st)
@@ -187,12 +212,8 @@ int onc_sk_msg(struct sk_msg_md *msg)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_OFF);
 	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_SMALL);
-	peer.local_ip = key.remote_ip;
-	peer.remote_ip = key.local_ip;
-	peer.local_port = key.remote_port;
-	peer.remote_port = key.local_port;
 	/* On a miss the helper sets no target, and SK_PASS means the stack. */
-	if (bpf_msg_redirect_hash(msg, &onc_bp_sock, &peer, BPF_F_INGRESS) != SK_PASS)
+	if (bpf_msg_redirect_hash(msg, socks, peer, BPF_F_INGRESS) != SK_PASS)
 		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);
 	count(&onc_bp_stats, BP_STAT_REDIRECTED_MSGS, 1);
 	count(&onc_bp_stats, BP_STAT_REDIRECTED_BYTES, msg->size);
@@ -204,5 +225,26 @@ int onc_sk_msg(struct sk_msg_md *msg)
 		return SK_PASS;
 	}
 	st->dir = BP_DIR_BYPASS;
+	return SK_PASS;
+}
+
+/* Attached to both SOCKHASHes: a socket's family names its peer's map. */
+SEC("sk_msg")
+int onc_sk_msg(struct sk_msg_md *msg)
+{
+	struct bpf_sock *sk = msg->sk;
+	struct bp_key key = {}, peer = {};
+	struct bp_key6 key6 = {}, peer6 = {};
+
+	if (!sk)
+		return SK_PASS;
+	switch (bp_key_of(msg, &key, &key6)) {
+	case BP_KEY4:
+		bp_peer_of(&key, &peer);
+		return bp_send(msg, sk, &onc_bp_sock, &peer);
+	case BP_KEY6:
+		bp_peer_of(&key6, &peer6);
+		return bp_send(msg, sk, &onc_bp_sock6, &peer6);
+	}
 	return SK_PASS;
 }

@@ -30,10 +30,23 @@ type BypassBpConn struct {
 	Pad     [7]uint8
 }
 
+type BypassBpIn6 struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
 type BypassBpKey struct {
 	_          structs.HostLayout
 	LocalIp    uint32
 	RemoteIp   uint32
+	LocalPort  uint16
+	RemotePort uint16
+}
+
+type BypassBpKey6 struct {
+	_          structs.HostLayout
+	LocalIp    [4]uint32
+	RemoteIp   [4]uint32
 	LocalPort  uint16
 	RemotePort uint16
 }
@@ -70,9 +83,12 @@ const (
 const (
 	BypassMapOncBpCfg    = "onc_bp_cfg"
 	BypassMapOncBpConn   = "onc_bp_conn"
+	BypassMapOncBpConn6  = "onc_bp_conn6"
 	BypassMapOncBpDir    = "onc_bp_dir"
 	BypassMapOncBpPods   = "onc_bp_pods"
+	BypassMapOncBpPods6  = "onc_bp_pods6"
 	BypassMapOncBpSock   = "onc_bp_sock"
+	BypassMapOncBpSock6  = "onc_bp_sock6"
 	BypassMapOncBpStats  = "onc_bp_stats"
 	BypassProgOncSkMsg   = "onc_sk_msg"
 	BypassProgOncSockOps = "onc_sock_ops"
@@ -130,9 +146,12 @@ type BypassProgramSpecs struct {
 type BypassMapSpecs struct {
 	OncBpCfg   *ebpf.MapSpec `ebpf:"onc_bp_cfg"`
 	OncBpConn  *ebpf.MapSpec `ebpf:"onc_bp_conn"`
+	OncBpConn6 *ebpf.MapSpec `ebpf:"onc_bp_conn6"`
 	OncBpDir   *ebpf.MapSpec `ebpf:"onc_bp_dir"`
 	OncBpPods  *ebpf.MapSpec `ebpf:"onc_bp_pods"`
+	OncBpPods6 *ebpf.MapSpec `ebpf:"onc_bp_pods6"`
 	OncBpSock  *ebpf.MapSpec `ebpf:"onc_bp_sock"`
+	OncBpSock6 *ebpf.MapSpec `ebpf:"onc_bp_sock6"`
 	OncBpStats *ebpf.MapSpec `ebpf:"onc_bp_stats"`
 }
 
@@ -164,9 +183,12 @@ func (o *BypassObjects) Close() error {
 type BypassMaps struct {
 	OncBpCfg   *ebpf.Map `ebpf:"onc_bp_cfg"`
 	OncBpConn  *ebpf.Map `ebpf:"onc_bp_conn"`
+	OncBpConn6 *ebpf.Map `ebpf:"onc_bp_conn6"`
 	OncBpDir   *ebpf.Map `ebpf:"onc_bp_dir"`
 	OncBpPods  *ebpf.Map `ebpf:"onc_bp_pods"`
+	OncBpPods6 *ebpf.Map `ebpf:"onc_bp_pods6"`
 	OncBpSock  *ebpf.Map `ebpf:"onc_bp_sock"`
+	OncBpSock6 *ebpf.Map `ebpf:"onc_bp_sock6"`
 	OncBpStats *ebpf.Map `ebpf:"onc_bp_stats"`
 }
 
@@ -174,9 +196,12 @@ func (m *BypassMaps) Close() error {
 	return _BypassClose(
 		m.OncBpCfg,
 		m.OncBpConn,
+		m.OncBpConn6,
 		m.OncBpDir,
 		m.OncBpPods,
+		m.OncBpPods6,
 		m.OncBpSock,
+		m.OncBpSock6,
 		m.OncBpStats,
 	)
 }

@@ -24,3 +24,13 @@ func FuzzByteOrder(f *testing.F) {
 		}
 	})
 }
+
+// TestIPv6Words: a context's local_ip6[0] of fd00:10:244:1::5 holds the
+// bytes fd 00 00 10, which a little-endian Go integer reads as 0x100000fd.
+func TestIPv6Words(t *testing.T) {
+	a := netip.MustParseAddr("fd00:10:244:1::5")
+	want := [4]uint32{0x100000fd, 0x01004402, 0, 0x05000000}
+	if got := NetIPv6(a); got != want || IPv6(got) != a {
+		t.Fatalf("NetIPv6(%s) = %#x (back %s), want %#x", a, got, IPv6(got), want)
+	}
+}

@@ -1,8 +1,8 @@
 // Package bypass loads and drives the intra-node TCP bypass: a sockops
 // program records each ESTABLISHED TCP socket whose two ends are pods of
-// this node in a SOCKHASH, and an sk_msg program on that map queues each
-// send straight onto the peer socket's receive queue, skipping both TCP/IP
-// stacks (datapath/bpf/bypass.c).
+// this node in a SOCKHASH (one per address family), and an sk_msg program
+// on those maps queues each send straight onto the peer socket's receive
+// queue, skipping both TCP/IP stacks (datapath/bpf/bypass.c).
 //
 // Everything is pinned: an agent restart, or the bypass switched off,
 // changes nothing for connections already open except that their next
@@ -139,12 +139,14 @@ func (b *Bypass) Attach() error {
 	if err := bpf.AttachCgroup(sockopsPin(b.opts.PinDir), b.opts.Cgroup, ebpf.AttachCGroupSockOps, b.objs.OncSockOps); err != nil {
 		return fmt.Errorf("bypass sockops: %w", err)
 	}
-	// Attached to the map, the program lives as long as the map does;
-	// attaching again replaces it.
-	err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: b.maps.OncBpSock.FD(), Program: b.objs.OncSkMsg,
-		Attach: ebpf.AttachSkMsgVerdict})
-	if err != nil {
-		return fmt.Errorf("attach the bypass sk_msg program to its map: %w", err)
+	// Attached to a map, the program lives as long as the map does;
+	// attaching again replaces it. One program serves both families'.
+	for _, m := range []*ebpf.Map{b.maps.OncBpSock, b.maps.OncBpSock6} {
+		err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: m.FD(), Program: b.objs.OncSkMsg,
+			Attach: ebpf.AttachSkMsgVerdict})
+		if err != nil {
+			return fmt.Errorf("attach the bypass sk_msg program to its map %s: %w", m, err)
+		}
 	}
 	return nil
 }

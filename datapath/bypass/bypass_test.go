@@ -31,22 +31,28 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// bed is one node as ONC wires it: a node namespace that routes between
-// pod namespaces over veths (pods.Setup), a bypass loaded on a private
-// bpffs and attached to a throwaway cgroup this test process joins, so
-// it acts on the test's sockets only.
+// bed is one dual-stack node as ONC wires it: a node namespace that
+// routes between pod namespaces over veths (pods.Setup), a bypass loaded
+// on a private bpffs and attached to a throwaway cgroup this test process
+// joins, so it acts on the test's sockets only. Its helpers connect pods
+// over IPv4, or over IPv6 in a bed of newBed6.
 type bed struct {
 	t      *testing.T
 	prefix string
-	node   string // node namespace path
-	pods   map[string]netip.Addr
-	netns  map[string]string // pod → namespace path
+	node   string                // node namespace path
+	pods   map[string]netip.Addr // IPv4 addresses
+	pods6  map[string]netip.Addr // IPv6 addresses
+	netns  map[string]string     // pod → namespace path
+	v6     bool                  // the helpers' connections are IPv6
 	pinDir string
 	cgroup string
 	bp     *Bypass
 }
 
-var gateway = netip.MustParseAddr("10.77.0.1")
+var (
+	gateway  = netip.MustParseAddr("10.77.0.1")
+	gateway6 = netip.MustParseAddr("fd77::1")
+)
 
 func newBed(t *testing.T, names ...string) *bed {
 	t.Helper()
@@ -54,31 +60,44 @@ func newBed(t *testing.T, names ...string) *bed {
 	b.pinDir = pinDir(t)
 	b.bp = b.open()
 	testutil.Must(t, b.bp.SetConfig(Config{Mode: On}))
-	for name, ip := range b.pods {
-		b.own(b.bp, name, ip)
-	}
+	b.ownAll(b.bp)
 	return b
+}
+
+// newBed6 is newBed whose helpers connect the pods over IPv6.
+func newBed6(t *testing.T, names ...string) *bed {
+	t.Helper()
+	b := newBed(t, names...)
+	b.v6 = true
+	return b
+}
+
+// families runs test with an IPv4 bed and an IPv6 one.
+func families(t *testing.T, test func(t *testing.T, newBed func(*testing.T, ...string) *bed)) {
+	t.Run("ipv4", func(t *testing.T) { test(t, newBed) })
+	t.Run("ipv6", func(t *testing.T) { test(t, newBed6) })
 }
 
 // newPods is a bed without a bypass.
 func newPods(t *testing.T, names ...string) *bed {
 	t.Helper()
 	testutil.Privileged(t)
-	b := &bed{t: t, prefix: testutil.Prefix(), pods: map[string]netip.Addr{}, netns: map[string]string{}}
+	b := &bed{t: t, prefix: testutil.Prefix(), pods: map[string]netip.Addr{}, pods6: map[string]netip.Addr{}, netns: map[string]string{}}
 	b.cgroup = bpftest.Cgroup(t)
 	bpftest.JoinCgroup(t, b.cgroup)
 	b.node = testutil.Netns(t, b.prefix+"-node")
-	run(t, "ip", "netns", "exec", b.prefix+"-node", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	run(t, "ip", "netns", "exec", b.prefix+"-node", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	run(t, "ip", "-n", b.prefix+"-node", "link", "set", "lo", "up")
 	for i, name := range names {
 		ip := netip.AddrFrom4([4]byte{10, 77, 0, byte(2 + i)})
+		ip6 := netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x77, 15: byte(2 + i)})
 		ns := testutil.Netns(t, b.prefix+"-"+name)
 		b.inNetns(b.node, func() error {
 			_, err := pods.Setup(pods.Pod{Netns: ns, IfName: "eth0", HostIface: b.prefix + name,
-				IPs: []netip.Addr{ip}, Gateways: []netip.Addr{gateway}, MTU: 1500})
+				IPs: []netip.Addr{ip, ip6}, Gateways: []netip.Addr{gateway, gateway6}, MTU: 1500})
 			return err
 		})
-		b.pods[name], b.netns[name] = ip, ns
+		b.pods[name], b.pods6[name], b.netns[name] = ip, ip6, ns
 	}
 	return b
 }
@@ -90,12 +109,55 @@ func pinDir(t *testing.T) string {
 	return dir
 }
 
-// own registers pod with bp, as the node does at CNI ADD.
+// own registers pod's address ip with bp, as the node does at CNI ADD.
 func (b *bed) own(bp *Bypass, pod string, ip netip.Addr) {
 	b.t.Helper()
 	cookie, err := netns.Cookie(b.netns[pod])
 	testutil.Must(b.t, err)
 	testutil.Must(b.t, bp.OwnPod(ip, b.netns[pod], cookie))
+}
+
+// ownAll registers every pod with bp by both its addresses.
+func (b *bed) ownAll(bp *Bypass) {
+	b.t.Helper()
+	for name := range b.netns {
+		b.own(bp, name, b.pods[name])
+		b.own(bp, name, b.pods6[name])
+	}
+}
+
+// ip is pod's address in the bed's family.
+func (b *bed) ip(pod string) netip.Addr {
+	if b.v6 {
+		return b.pods6[pod]
+	}
+	return b.pods[pod]
+}
+
+// gw is the node's gateway address in the bed's family.
+func (b *bed) gw() netip.Addr {
+	if b.v6 {
+		return gateway6
+	}
+	return gateway
+}
+
+// network is the bed's family as net.Dial names it.
+func (b *bed) network() string {
+	if b.v6 {
+		return "tcp6"
+	}
+	return "tcp4"
+}
+
+// iptables runs iptables, or ip6tables in an IPv6 bed, in the node.
+func (b *bed) iptables(args ...string) {
+	b.t.Helper()
+	cmd := "iptables"
+	if b.v6 {
+		cmd = "ip6tables"
+	}
+	run(b.t, "ip", append([]string{"netns", "exec", b.prefix + "-node", cmd}, args...)...)
 }
 
 // open loads and attaches a bypass on the bed's pins, as an agent does.
@@ -121,7 +183,7 @@ func (b *bed) listen(pod string, port int) *net.TCPListener {
 	b.t.Helper()
 	var l net.Listener
 	b.inNetns(b.netns[pod], func() (err error) {
-		l, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", b.pods[pod], port))
+		l, err = net.Listen(b.network(), netip.AddrPortFrom(b.ip(pod), uint16(port)).String())
 		return err
 	})
 	b.t.Cleanup(func() { l.Close() })
@@ -133,7 +195,7 @@ func (b *bed) dial(path string, addr net.Addr) *net.TCPConn {
 	b.t.Helper()
 	var c net.Conn
 	b.inNetns(path, func() (err error) {
-		c, err = net.DialTimeout("tcp4", addr.String(), 5*time.Second)
+		c, err = net.DialTimeout(b.network(), addr.String(), 5*time.Second)
 		return err
 	})
 	b.t.Cleanup(func() { c.Close() })
@@ -187,28 +249,37 @@ func (b *bed) waitGone(c *net.TCPConn) {
 	})
 }
 
+// TestTransferIntact: a connection between two pods, in each family, is
+// in the map with both ends, and its bytes arrive intact both ways, every
+// one redirected.
 func TestTransferIntact(t *testing.T) {
-	b := newBed(t, "a", "b")
-	c, s := b.pair("a", "b")
-	conn, ok := b.conn(c)
-	if !ok || !conn.Paired() {
-		t.Fatalf("connection %s -> %s not paired in the map: %+v (ok=%v)", c.LocalAddr(), c.RemoteAddr(), conn, ok)
-	}
-	if conn.Server != s.LocalAddr().(*net.TCPAddr).AddrPort() {
-		t.Fatalf("server end decoded as %s, want %s", conn.Server, s.LocalAddr())
-	}
-	const size = 256 << 20
-	before := b.stat("redirected_bytes")
-	sent, got := transfer(t, c, s, size, nil)
-	if sent != got {
-		t.Fatalf("sha256 differs: sent %x, received %x", sent, got)
-	}
-	if n := b.stat("redirected_bytes") - before; n < size {
-		t.Fatalf("only %d of %d bytes redirected", n, size)
-	}
-	c.Close()
-	s.Close()
-	b.waitGone(c)
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b")
+		c, s := b.pair("a", "b")
+		conn, ok := b.conn(c)
+		if !ok || !conn.Paired() {
+			t.Fatalf("connection %s -> %s not paired in the map: %+v (ok=%v)", c.LocalAddr(), c.RemoteAddr(), conn, ok)
+		}
+		if conn.Client.Addr() != b.ip("a") || conn.Server != s.LocalAddr().(*net.TCPAddr).AddrPort() {
+			t.Fatalf("connection decoded as %s -> %s, want %s -> %s", conn.Client, conn.Server, c.LocalAddr(), s.LocalAddr())
+		}
+		const size, back = 256 << 20, 64 << 20
+		before := b.stat("redirected_bytes")
+		for _, d := range []struct {
+			w, r *net.TCPConn
+			size int
+		}{{c, s, size}, {s, c, back}} {
+			if sent, got := transfer(t, d.w, d.r, d.size, nil); sent != got {
+				t.Fatalf("%s -> %s: sha256 differs: sent %x, received %x", d.w.LocalAddr(), d.r.LocalAddr(), sent, got)
+			}
+		}
+		if n := b.stat("redirected_bytes") - before; n < size+back {
+			t.Fatalf("only %d of %d bytes redirected", n, size+back)
+		}
+		c.Close()
+		s.Close()
+		b.waitGone(c)
+	})
 }
 
 // transfer sends size random bytes from w to r (closing w's write side at
@@ -280,9 +351,7 @@ func TestRestartMidStream(t *testing.T) {
 		// The agent goes away and a new one adopts the pins.
 		testutil.Must(t, b.bp.Close())
 		b.bp = b.open()
-		for name, ip := range b.pods {
-			b.own(b.bp, name, ip)
-		}
+		b.ownAll(b.bp)
 	})
 	if sent != got {
 		t.Fatal("sha256 differs across an agent restart")
@@ -333,9 +402,7 @@ func TestUpgradeFromV0MidStream(t *testing.T) {
 		ops.Close()
 		msg.Close()
 		b.bp = b.open()
-		for name, ip := range b.pods {
-			b.own(b.bp, name, ip)
-		}
+		b.ownAll(b.bp)
 	})
 	if sent != got {
 		t.Fatal("sha256 differs across the upgrade")
@@ -429,59 +496,90 @@ func TestManyConnections(t *testing.T) {
 
 // TestOnlyPodsOfThisNode: connections with the host, with another node's
 // pods (another agent's, sharing the kernel) and of a pod with itself
-// never enter the map, and are not disturbed.
+// never enter the map, and are not disturbed; in each family.
 func TestOnlyPodsOfThisNode(t *testing.T) {
-	b := newBed(t, "a", "b", "c")
-	// c is another node's pod: a second agent owns it.
-	other, err := Open(Options{PinDir: pinDir(t), Cgroup: b.cgroup})
-	testutil.Must(t, err)
-	t.Cleanup(func() { other.Close() })
-	testutil.Must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] }))
-	testutil.Must(t, other.Attach())
-	testutil.Must(t, other.SetConfig(Config{Mode: On}))
-	b.own(other, "c", b.pods["c"])
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b", "c")
+		// c is another node's pod: a second agent owns it.
+		other, err := Open(Options{PinDir: pinDir(t), Cgroup: b.cgroup})
+		testutil.Must(t, err)
+		t.Cleanup(func() { other.Close() })
+		testutil.Must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] && a != b.pods6["c"] }))
+		testutil.Must(t, other.Attach())
+		testutil.Must(t, other.SetConfig(Config{Mode: On}))
+		b.own(other, "c", b.ip("c"))
 
-	check := func(what string, c, s *net.TCPConn) {
-		t.Helper()
-		echo(t, c, s, []byte(what))
-		for _, bp := range []*Bypass{b.bp, other} {
-			conns, err := bp.Conns()
-			testutil.Must(t, err)
-			if len(conns) != 0 {
-				t.Fatalf("%s: in the map: %+v", what, conns)
+		check := func(what string, c, s *net.TCPConn) {
+			t.Helper()
+			echo(t, c, s, []byte(what))
+			for _, bp := range []*Bypass{b.bp, other} {
+				conns, err := bp.Conns()
+				testutil.Must(t, err)
+				if len(conns) != 0 {
+					t.Fatalf("%s: in the map: %+v", what, conns)
+				}
 			}
 		}
-	}
-	c, s := b.pair("a", "c")
-	check("pod to another node's pod", c, s)
-	c, s = b.pair("c", "b")
-	check("another node's pod to a pod", c, s)
+		c, s := b.pair("a", "c")
+		check("pod to another node's pod", c, s)
+		c, s = b.pair("c", "b")
+		check("another node's pod to a pod", c, s)
 
-	// The host (the node namespace, with the gateway address as the node's
-	// own) to a pod and back.
-	run(t, "ip", "-n", b.prefix+"-node", "addr", "add", gateway.String()+"/32", "dev", "lo")
-	l := b.listen("a", 0)
-	hc := b.dial(b.node, l.Addr())
-	hs, err := l.AcceptTCP()
-	testutil.Must(t, err)
-	check("host to pod", hc, hs)
-	var hl net.Listener
-	b.inNetns(b.node, func() (err error) { hl, err = net.Listen("tcp4", gateway.String()+":0"); return err })
-	t.Cleanup(func() { hl.Close() })
-	pc := b.dial(b.netns["a"], hl.Addr())
-	ps, err := hl.Accept()
-	testutil.Must(t, err)
-	check("pod to host", pc, ps.(*net.TCPConn))
+		// The host (the node namespace, with the gateway address as the
+		// node's own) to a pod and back.
+		run(t, "ip", "-n", b.prefix+"-node", "addr", "add", netip.PrefixFrom(b.gw(), b.gw().BitLen()).String(), "dev", "lo")
+		l := b.listen("a", 0)
+		hc := b.dial(b.node, l.Addr())
+		hs, err := l.AcceptTCP()
+		testutil.Must(t, err)
+		check("host to pod", hc, hs)
+		var hl net.Listener
+		b.inNetns(b.node, func() (err error) {
+			hl, err = net.Listen(b.network(), netip.AddrPortFrom(b.gw(), 0).String())
+			return err
+		})
+		t.Cleanup(func() { hl.Close() })
+		pc := b.dial(b.netns["a"], hl.Addr())
+		ps, err := hl.Accept()
+		testutil.Must(t, err)
+		check("pod to host", pc, ps.(*net.TCPConn))
 
-	// A pod with itself goes over lo.
-	self := b.listen("a", 0)
-	sc := b.dial(b.netns["a"], self.Addr())
-	ss, err := self.AcceptTCP()
-	testutil.Must(t, err)
-	check("pod to itself", sc, ss)
-	if b.stat("skip_remote") == 0 {
-		t.Fatal("skip_remote not counted")
-	}
+		// A pod with itself goes over lo.
+		self := b.listen("a", 0)
+		sc := b.dial(b.netns["a"], self.Addr())
+		ss, err := self.AcceptTCP()
+		testutil.Must(t, err)
+		check("pod to itself", sc, ss)
+		if b.stat("skip_remote") == 0 {
+			t.Fatal("skip_remote not counted")
+		}
+	})
+}
+
+// TestOnlyThePodsNamespace: a socket with a pod's address in a namespace
+// that is not the pod's (as a hostNetwork pod's, or one that took the
+// address) is never recorded, in each family: here c's addresses are
+// registered with a's namespace. The other end, a pod's, is recorded
+// alone, and its sends miss and take the stack.
+func TestOnlyThePodsNamespace(t *testing.T) {
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b", "c")
+		testutil.Must(t, b.bp.ForgetPods(func(a netip.Addr) bool { return a != b.pods["c"] && a != b.pods6["c"] }))
+		cookie, err := netns.Cookie(b.netns["a"])
+		testutil.Must(t, err)
+		testutil.Must(t, b.bp.OwnPod(b.ip("c"), b.netns["a"], cookie))
+		c, s := b.pair("c", "b")
+		redirected := b.stat("redirected_msgs")
+		echo(t, c, s, []byte("not the pod's namespace"))
+		conn, ok := b.conn(c)
+		if !ok || conn.ClientCookie != 0 || conn.ServerCookie == 0 {
+			t.Fatalf("want only the server end in the map, have %+v (ok=%v)", conn, ok)
+		}
+		if b.stat("redirected_msgs") != redirected || b.stat("fallback_miss") != 1 {
+			t.Fatalf("redirected %d messages, fallback_miss %d: want none, and the server's first send a miss",
+				b.stat("redirected_msgs")-redirected, b.stat("fallback_miss"))
+		}
+	})
 }
 
 // TestSplice records the kernel limit that keeps the bypass off by
@@ -563,7 +661,8 @@ func TestStalledReader(t *testing.T) {
 
 // TestDualStackServer: a server listening on a dual-stack socket (Go's
 // net.Listen("tcp", ":port")) talks IPv4 through v4-mapped addresses; its
-// connections are bypassed, and ended, like AF_INET ones.
+// connections are bypassed, and ended, like AF_INET ones; its IPv6 ones
+// are bypassed as IPv6.
 func TestDualStackServer(t *testing.T) {
 	b := newBed(t, "a", "b")
 	var l net.Listener
@@ -595,44 +694,63 @@ func TestDualStackServer(t *testing.T) {
 	if _, err := s.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the dual-stack end survived Destroy")
 	}
+
+	// The same listener's IPv6 connections are bypassed in IPv6's maps.
+	b.v6 = true
+	c6 := b.dial(b.netns["a"], &net.TCPAddr{IP: b.pods6["b"].AsSlice(), Port: port})
+	sc6, err := l.Accept()
+	testutil.Must(t, err)
+	s6 := sc6.(*net.TCPConn)
+	t.Cleanup(func() { s6.Close() })
+	conn, ok = b.conn(c6)
+	if !ok || !conn.Paired() || conn.Server != netip.AddrPortFrom(b.pods6["b"], uint16(port)) {
+		t.Fatalf("IPv6 connection to the dual-stack listener not paired in the map: %+v (ok=%v)", conn, ok)
+	}
+	before = b.stat("redirected_msgs")
+	echo(t, c6, s6, []byte("both ways in IPv6"))
+	if b.stat("redirected_msgs")-before != 2 {
+		t.Fatal("the IPv6 connection's sends are not both redirected")
+	}
 }
 
 // TestConntrackKept: a bypassed connection passes no packet through
 // conntrack, so without KeepConntrack its entry expires and the FIN that
 // ends it is INVALID, which policy drops: the peer would never see EOF.
+// In each family.
 func TestConntrackKept(t *testing.T) {
-	for _, keep := range []bool{false, true} {
-		t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
-			b := newBed(t, "a", "b")
-			node := b.prefix + "-node"
-			run(t, "ip", "netns", "exec", node, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
-			run(t, "ip", "netns", "exec", node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_established=2")
-			c, s := b.pair("a", "b")
-			echo(t, c, s, []byte("bypassed"))
-			for range 8 { // 4 s: twice the timeout
-				if keep {
-					b.inNetns(b.node, func() error {
-						n, err := b.bp.KeepConntrack()
-						if err == nil && n != 1 {
-							err = fmt.Errorf("refreshed %d entries, want 1", n)
-						}
-						return err
-					})
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		for _, keep := range []bool{false, true} {
+			t.Run(fmt.Sprintf("keep=%v", keep), func(t *testing.T) {
+				b := newBed(t, "a", "b")
+				b.iptables("-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+				run(t, "ip", "netns", "exec", b.prefix+"-node", "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_established=2")
+				c, s := b.pair("a", "b")
+				echo(t, c, s, []byte("bypassed"))
+				for range 8 { // 4 s: twice the timeout
+					if keep {
+						b.inNetns(b.node, func() error {
+							n, err := b.bp.KeepConntrack()
+							if err == nil && n != 1 {
+								err = fmt.Errorf("refreshed %d entries, want 1", n)
+							}
+							return err
+						})
+					}
+					time.Sleep(500 * time.Millisecond)
 				}
-				time.Sleep(500 * time.Millisecond)
-			}
-			echo(t, c, s, []byte("still bypassed"))
-			c.Close()
-			testutil.Must(t, s.SetReadDeadline(time.Now().Add(3*time.Second)))
-			_, err := s.Read(make([]byte, 1))
-			if keep && !errors.Is(err, io.EOF) {
-				t.Fatalf("the peer read %v, want EOF", err)
-			}
-			if !keep && !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("without refreshing, the FIN still arrived (%v): the test proves nothing", err)
-			}
-		})
-	}
+				echo(t, c, s, []byte("still bypassed"))
+				c.Close()
+				testutil.Must(t, s.SetReadDeadline(time.Now().Add(3*time.Second)))
+				_, err := s.Read(make([]byte, 1))
+				if keep && !errors.Is(err, io.EOF) {
+					t.Fatalf("the peer read %v, want EOF", err)
+				}
+				if !keep && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("without refreshing, the FIN still arrived (%v): the test proves nothing", err)
+				}
+			})
+		}
+	})
 }
 
 // TestPaused: while a policy change is applied, no new connection is
@@ -762,61 +880,66 @@ func echoSizes(t *testing.T, c, s *net.TCPConn, req, rep []byte) {
 }
 
 // TestPolicyJudgesTheHandshake: a connection netfilter drops in the node
-// never reaches ESTABLISHED, so never enters the map.
+// never reaches ESTABLISHED, so never enters the map; in each family.
 func TestPolicyJudgesTheHandshake(t *testing.T) {
-	b := newBed(t, "a", "b")
-	l := b.listen("b", 0)
-	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-	run(t, "ip", "netns", "exec", b.prefix+"-node", "iptables", "-I", "FORWARD", "-p", "tcp", "--dport", port, "-j", "DROP")
-	b.inNetns(b.netns["a"], func() error {
-		_, err := net.DialTimeout("tcp4", l.Addr().String(), 500*time.Millisecond)
-		if err == nil {
-			t.Fatal("connected through a DROP rule")
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b")
+		l := b.listen("b", 0)
+		port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+		b.iptables("-I", "FORWARD", "-p", "tcp", "--dport", port, "-j", "DROP")
+		b.inNetns(b.netns["a"], func() error {
+			_, err := net.DialTimeout(b.network(), l.Addr().String(), 500*time.Millisecond)
+			if err == nil {
+				t.Fatal("connected through a DROP rule")
+			}
+			return nil
+		})
+		conns, err := b.bp.Conns()
+		testutil.Must(t, err)
+		if len(conns) != 0 || b.stat("recorded") != 0 {
+			t.Fatalf("a denied connection is in the map: %+v", conns)
 		}
-		return nil
 	})
-	conns, err := b.bp.Conns()
-	testutil.Must(t, err)
-	if len(conns) != 0 || b.stat("recorded") != 0 {
-		t.Fatalf("a denied connection is in the map: %+v", conns)
-	}
 }
 
-// TestDestroy: revocation ends a bypassed connection at once, both ends.
+// TestDestroy: revocation ends a bypassed connection at once, both ends,
+// in each family.
 func TestDestroy(t *testing.T) {
-	b := newBed(t, "a", "b")
-	c, s := b.pair("a", "b")
-	echo(t, c, s, []byte("before"))
-	conn, ok := b.conn(c)
-	if !ok || !conn.Paired() {
-		t.Fatal("connection not bypassed")
-	}
-	errs := make(chan error, 2)
-	for _, x := range []*net.TCPConn{c, s} {
-		go func() {
-			_, err := x.Read(make([]byte, 1)) // blocked: nothing is sent
-			errs <- err
-		}()
-	}
-	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
-	testutil.Must(t, b.bp.Destroy(conn))
-	for range 2 {
-		select {
-		case err := <-errs:
-			if err == nil || errors.Is(err, io.EOF) {
-				t.Fatalf("a blocked read ended with %v, want an error", err)
-			}
-		case <-time.After(time.Second - time.Since(start)):
-			t.Fatal("connection not ended within 1 s")
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b")
+		c, s := b.pair("a", "b")
+		echo(t, c, s, []byte("before"))
+		conn, ok := b.conn(c)
+		if !ok || !conn.Paired() {
+			t.Fatal("connection not bypassed")
 		}
-	}
-	if _, err := c.Write([]byte("after")); err == nil {
-		t.Fatal("write after Destroy succeeded")
-	}
-	b.waitGone(c)
-	// Gone already: fine.
-	testutil.Must(t, b.bp.Destroy(conn))
+		errs := make(chan error, 2)
+		for _, x := range []*net.TCPConn{c, s} {
+			go func() {
+				_, err := x.Read(make([]byte, 1)) // blocked: nothing is sent
+				errs <- err
+			}()
+		}
+		time.Sleep(50 * time.Millisecond)
+		start := time.Now()
+		testutil.Must(t, b.bp.Destroy(conn))
+		for range 2 {
+			select {
+			case err := <-errs:
+				if err == nil || errors.Is(err, io.EOF) {
+					t.Fatalf("a blocked read ended with %v, want an error", err)
+				}
+			case <-time.After(time.Second - time.Since(start)):
+				t.Fatal("connection not ended within 1 s")
+			}
+		}
+		if _, err := c.Write([]byte("after")); err == nil {
+			t.Fatal("write after Destroy succeeded")
+		}
+		b.waitGone(c)
+		// Gone already: fine.
+		testutil.Must(t, b.bp.Destroy(conn))
+	})
 }
 
 func TestRemove(t *testing.T) {

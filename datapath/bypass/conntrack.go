@@ -61,17 +61,22 @@ func establishedTimeout() (uint32, error) {
 }
 
 // refreshConntrack sets the timeout of the entry whose original direction
-// is c's client to its server; nothing else of the entry changes.
+// is c's client to its server, in c's family; nothing else of the entry
+// changes.
 func refreshConntrack(c Conn, timeout uint32) error {
 	if timeout == 0 {
 		return nil
 	}
+	family, src, dst := uint8(unix.AF_INET), nl.CTA_IP_V4_SRC, nl.CTA_IP_V4_DST
+	if !c.Client.Addr().Unmap().Is4() {
+		family, src, dst = unix.AF_INET6, nl.CTA_IP_V6_SRC, nl.CTA_IP_V6_DST
+	}
 	req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
 	orig := nl.NewRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_ORIG, nil)
 	ip := orig.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_IP, nil)
-	ip.AddRtAttr(nl.CTA_IP_V4_SRC, c.Client.Addr().AsSlice())
-	ip.AddRtAttr(nl.CTA_IP_V4_DST, c.Server.Addr().AsSlice())
+	ip.AddRtAttr(src, c.Client.Addr().Unmap().AsSlice())
+	ip.AddRtAttr(dst, c.Server.Addr().Unmap().AsSlice())
 	proto := orig.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_PROTO, nil)
 	proto.AddRtAttr(nl.CTA_PROTO_NUM, []byte{unix.IPPROTO_TCP})
 	proto.AddRtAttr(nl.CTA_PROTO_SRC_PORT, binary.BigEndian.AppendUint16(nil, c.Client.Port()))

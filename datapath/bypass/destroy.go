@@ -54,8 +54,9 @@ func destroyIn(path string, local, remote netip.AddrPort, cookie uint64) error {
 	return nil
 }
 
-// sockDestroy sends one SOCK_DESTROY for an IPv4 TCP socket in any state,
-// matched on its addresses, ports and cookie.
+// sockDestroy sends one SOCK_DESTROY for a TCP socket in any state,
+// matched on its addresses, ports and cookie: AF_INET for IPv4 addresses
+// (which finds a dual-stack socket talking IPv4 too), AF_INET6 for IPv6.
 func sockDestroy(local, remote netip.AddrPort, cookie uint64) error {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
 	if err != nil {
@@ -71,14 +72,17 @@ func sockDestroy(local, remote netip.AddrPort, cookie uint64) error {
 	ne.PutUint32(msg[8:], 1) // sequence
 	req := msg[hdrLen:]
 	req[0] = unix.AF_INET
+	if !local.Addr().Unmap().Is4() {
+		req[0] = unix.AF_INET6
+	}
 	req[1] = unix.IPPROTO_TCP
 	ne.PutUint32(req[4:], ^uint32(0)) // every state
 	id := req[8:]                     // struct inet_diag_sockid
 	binary.BigEndian.PutUint16(id[0:], local.Port())
 	binary.BigEndian.PutUint16(id[2:], remote.Port())
-	src, dst := local.Addr().As4(), remote.Addr().As4()
-	copy(id[4:8], src[:])
-	copy(id[20:24], dst[:])
+	// idiag_src and idiag_dst: 16 bytes each, an IPv4 address in the first 4.
+	copy(id[4:20], local.Addr().Unmap().AsSlice())
+	copy(id[20:36], remote.Addr().Unmap().AsSlice())
 	ne.PutUint32(id[40:], uint32(cookie))
 	ne.PutUint32(id[44:], uint32(cookie>>32))
 	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {

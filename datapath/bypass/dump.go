@@ -91,10 +91,28 @@ func pairConns(socks []socket, now uint64) []Conn {
 	return out
 }
 
+// sockets are the open sockets of both families' maps.
 func (b *Bypass) sockets() ([]socket, error) {
-	var key bpf.BypassBpKey
-	var keys []bpf.BypassBpKey
-	it := b.maps.OncBpSock.Iterate()
+	v4, err := familySockets(b.maps.OncBpSock, b.maps.OncBpConn, func(k bpf.BypassBpKey) (netip.AddrPort, netip.AddrPort) {
+		return netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
+			netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort))
+	})
+	if err != nil {
+		return nil, err
+	}
+	v6, err := familySockets(b.maps.OncBpSock6, b.maps.OncBpConn6, func(k bpf.BypassBpKey6) (netip.AddrPort, netip.AddrPort) {
+		return netip.AddrPortFrom(bpf.IPv6(k.LocalIp), bpf.NetPort(k.LocalPort)),
+			netip.AddrPortFrom(bpf.IPv6(k.RemoteIp), bpf.NetPort(k.RemotePort))
+	})
+	return append(v4, v6...), err
+}
+
+// familySockets are the open sockets of one family's SOCKHASH socks, with
+// their metadata in conns; ends decodes a key.
+func familySockets[K any](socks, conns *ebpf.Map, ends func(K) (local, remote netip.AddrPort)) ([]socket, error) {
+	var key K
+	var keys []K
+	it := socks.Iterate()
 	var cookie uint64
 	for it.Next(&key, &cookie) {
 		keys = append(keys, key)
@@ -104,12 +122,10 @@ func (b *Bypass) sockets() ([]socket, error) {
 	}
 	out := make([]socket, 0, len(keys))
 	for _, k := range keys {
-		s := socket{
-			local:  netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
-			remote: netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)),
-		}
+		var s socket
+		s.local, s.remote = ends(k)
 		// A socket closing meanwhile is gone: skip it.
-		if err := b.maps.OncBpSock.Lookup(k, &s.cookie); err != nil {
+		if err := socks.Lookup(k, &s.cookie); err != nil {
 			if isNotExist(err) {
 				continue
 			}
@@ -118,7 +134,7 @@ func (b *Bypass) sockets() ([]socket, error) {
 		// The metadata goes when the socket reaches CLOSE; the entry only
 		// when its file is closed, which may be much later.
 		var meta bpf.BypassBpConn
-		if err := b.maps.OncBpConn.Lookup(k, &meta); isNotExist(err) || meta.Cookie != s.cookie {
+		if err := conns.Lookup(k, &meta); isNotExist(err) || meta.Cookie != s.cookie {
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("bypass metadata: %w", err)

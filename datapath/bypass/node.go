@@ -1,9 +1,11 @@
 package bypass
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/onc-net/onc/datapath/bpf"
 )
@@ -95,22 +97,28 @@ func (n *Node) Status() string {
 	return "not up yet"
 }
 
-// OwnPod registers the pod at ip, its namespace at path netns with cookie;
-// nothing when the bypass is not loaded.
-func (n *Node) OwnPod(ip netip.Addr, netns string, cookie uint64) error {
-	if bp := n.Loaded(); bp != nil {
-		return bp.OwnPod(ip, netns, cookie)
-	}
-	return nil
-}
-
-// ForgetPod forgets the pod at ip.
-func (n *Node) ForgetPod(ip netip.Addr) error {
+// OwnPod registers the pod at ips (each of its addresses, both families),
+// its namespace at path netns with cookie; nothing when the bypass is not
+// loaded.
+func (n *Node) OwnPod(ips []netip.Addr, netns string, cookie uint64) error {
 	bp := n.Loaded()
-	if bp == nil || !ip.IsValid() {
+	if bp == nil {
 		return nil
 	}
-	return bp.ForgetPods(func(a netip.Addr) bool { return a != ip })
+	var errs []error
+	for _, ip := range ips {
+		errs = append(errs, bp.OwnPod(ip, netns, cookie))
+	}
+	return errors.Join(errs...)
+}
+
+// ForgetPod forgets the pod at ips (each of its addresses).
+func (n *Node) ForgetPod(ips ...netip.Addr) error {
+	bp := n.Loaded()
+	if bp == nil || len(ips) == 0 {
+		return nil
+	}
+	return bp.ForgetPods(func(a netip.Addr) bool { return !slices.Contains(ips, a) })
 }
 
 // KeepConntrack keeps the conntrack entries of bypassed connections from

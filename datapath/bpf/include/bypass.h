@@ -30,6 +30,21 @@ struct bp_key {
 	__be16 remote_port;
 };
 
+/* The same for an IPv6 connection, in maps of its own beside IPv4's (a
+ * pinned map keeps its layout across upgrades). The addresses are the
+ * context's words, in network order. */
+struct bp_key6 {
+	__be32 local_ip[4];
+	__be32 remote_ip[4];
+	__be16 local_port;
+	__be16 remote_port;
+};
+
+/* A pod's IPv6 address, the key of onc_bp_pods6. */
+struct bp_in6 {
+	__u8 addr[16];
+};
+
 /* A recorded socket's metadata, for onctl and revocation. */
 enum bp_role {
 	BP_ROLE_CLIENT = 1, /* it connected */
@@ -123,6 +138,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_bp_pods SEC(".maps");
 
+/* IPv6 connections: onc_bp_sock's, onc_bp_conn's and onc_bp_pods's
+ * counterparts, the same sk_msg program on the SOCKHASH. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, BP_MAX_SOCKETS);
+	__type(key, struct bp_key6);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_sock6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, BP_MAX_SOCKETS);
+	__type(key, struct bp_key6);
+	__type(value, struct bp_conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_conn6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct bp_in6);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_bp_pods6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -172,10 +213,22 @@ static __always_inline int bp_v4mapped(__u32 w0, __u32 w1, __u32 w2)
  * pointer, which the verifier refuses. */
 #define bp_ctx_read(field) (*(volatile __u32 *)&(field))
 
-/* A socket's addresses and ports as a key: IPv4, or IPv4 mapped into a
- * dual-stack socket; 0 for anything else. ctx is a bpf_sock_ops or an
- * sk_msg_md, which name these fields alike. */
-#define bp_key_of(ctx, key)                                                             \
+/* The families of bp_key_of. */
+#define BP_KEY4 4
+#define BP_KEY6 6
+
+/* A key's ports from the context's fields. */
+#define bp_set_ports(key, local, remote)                  \
+	do {                                              \
+		(key)->local_port = bp_local_port(local);    \
+		(key)->remote_port = bp_remote_port(remote); \
+	} while (0)
+
+/* A socket's addresses and ports as a key: key for IPv4, or IPv4 mapped
+ * into a dual-stack socket (BP_KEY4); key6 for IPv6 (BP_KEY6); 0 for
+ * anything else. ctx is a bpf_sock_ops or an sk_msg_md, which name these
+ * fields alike. */
+#define bp_key_of(ctx, key, key6)                                                       \
 	({                                                                              \
 		__u32 __family = bp_ctx_read((ctx)->family);                            \
 		__u32 __l4 = bp_ctx_read((ctx)->local_ip4);                             \
@@ -188,20 +241,52 @@ static __always_inline int bp_v4mapped(__u32 w0, __u32 w1, __u32 w2)
 		__u32 __r1 = bp_ctx_read((ctx)->remote_ip6[1]);                         \
 		__u32 __r2 = bp_ctx_read((ctx)->remote_ip6[2]);                         \
 		__u32 __r3 = bp_ctx_read((ctx)->remote_ip6[3]);                         \
-		int __ok = 1;                                                           \
+		__u32 __lp = bp_ctx_read((ctx)->local_port);                            \
+		__u32 __rp = bp_ctx_read((ctx)->remote_port);                           \
+		int __lmapped = bp_v4mapped(__l0, __l1, __l2);                          \
+		int __rmapped = bp_v4mapped(__r0, __r1, __r2);                          \
+		int __kind = 0;                                                         \
 		if (__family == ONC_AF_INET) {                                          \
 			(key)->local_ip = __l4;                                         \
 			(key)->remote_ip = __r4;                                        \
-		} else if (__family == ONC_AF_INET6 && bp_v4mapped(__l0, __l1, __l2) && \
-			   bp_v4mapped(__r0, __r1, __r2)) {                             \
+			__kind = BP_KEY4;                                               \
+		} else if (__family == ONC_AF_INET6 && __lmapped && __rmapped) {        \
 			(key)->local_ip = __l3;                                         \
 			(key)->remote_ip = __r3;                                        \
-		} else {                                                                \
-			__ok = 0;                                                       \
+			__kind = BP_KEY4;                                               \
+		} else if (__family == ONC_AF_INET6 && !__lmapped && !__rmapped) {      \
+			(key6)->local_ip[0] = __l0;                                     \
+			(key6)->local_ip[1] = __l1;                                     \
+			(key6)->local_ip[2] = __l2;                                     \
+			(key6)->local_ip[3] = __l3;                                     \
+			(key6)->remote_ip[0] = __r0;                                    \
+			(key6)->remote_ip[1] = __r1;                                    \
+			(key6)->remote_ip[2] = __r2;                                    \
+			(key6)->remote_ip[3] = __r3;                                    \
+			__kind = BP_KEY6;                                               \
 		}                                                                       \
-		(key)->local_port = bp_local_port(bp_ctx_read((ctx)->local_port));      \
-		(key)->remote_port = bp_remote_port(bp_ctx_read((ctx)->remote_port));   \
-		__ok;                                                                   \
+		bp_set_ports(key, __lp, __rp);                                          \
+		bp_set_ports(key6, __lp, __rp);                                         \
+		__kind;                                                                 \
 	})
+
+/* The key of the other end of the connection key names, of either family. */
+#define bp_peer_of(key, peer)                                                                   \
+	do {                                                                                    \
+		__builtin_memcpy(&(peer)->local_ip, &(key)->remote_ip, sizeof((key)->remote_ip)); \
+		__builtin_memcpy(&(peer)->remote_ip, &(key)->local_ip, sizeof((key)->local_ip));  \
+		(peer)->local_port = (key)->remote_port;                                        \
+		(peer)->remote_port = (key)->local_port;                                        \
+	} while (0)
+
+/* Whether two addresses of n 32-bit words are equal. */
+static __always_inline int bp_same_addr(const __u32 *a, const __u32 *b, int n)
+{
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		if (a[i] != b[i])
+			return 0;
+	return 1;
+}
 
 #endif /* __ONC_BYPASS_H */
