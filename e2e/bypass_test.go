@@ -4,8 +4,11 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -13,14 +16,19 @@ import (
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
+	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The intra-node bypass (docs/bypass.md) in the policy lab: the truth
 // table with it on (TestPolicy's TruthTable/BypassOn, checked here by
 // checkBypassed), strict revocation of a bypassed connection, and a
-// bypassed connection in onctl and across an agent restart.
+// bypassed connection in onctl and across an agent restart; and in a
+// dual-stack lab, IPv6 connections (TestBypassIPv6).
 
 // setBypass switches every node's bypass at runtime.
 func (c *policyCluster) setBypass(t *testing.T, mode string) {
@@ -97,7 +105,14 @@ func (c *policyCluster) checkBypassed(t *testing.T, s policyStep, cells []cell, 
 // bypassConn finds the map's entry for the connection p runs.
 func bypassConn(t *testing.T, n *lab.Node, p *pinger) *apiv1.BypassConn {
 	t.Helper()
-	client := p.conn.LocalAddr().String()
+	return bypassEntry(t, n, p.conn)
+}
+
+// bypassEntry finds the map's entry for the connection whose client end
+// is c.
+func bypassEntry(t *testing.T, n *lab.Node, c net.Conn) *apiv1.BypassConn {
+	t.Helper()
+	client := c.LocalAddr().String()
 	for _, bc := range listBypass(t, n).Conns {
 		if bc.Client == client {
 			return bc
@@ -265,5 +280,113 @@ func (c *policyCluster) bypassSameAsStack(t *testing.T) {
 	})
 	if got := c.bypassCounter(t, "recorded")[n] - before; got < 2*conns {
 		t.Errorf("%d sockets recorded for %d connections, want both ends of each", got, conns)
+	}
+}
+
+// TestBypassIPv6: in a dual-stack lab, two pods of one node talking TCP
+// over IPv6 with the bypass on are carried by it: onctl bypass lists the
+// connection by the pods' IPv6 addresses and names, and the bytes of its
+// exchanges are all redirected. A NetworkPolicy that lets the client in
+// over IPv4 only ends the bypassed IPv6 connection (its bytes never pass
+// netfilter: the agent aborts its sockets) and leaves a bypassed IPv4 one
+// between the same pods running.
+func TestBypassIPv6(t *testing.T) {
+	l := labtest.Lab(t, lab.Options{Nodes: 1, IPFamily: lab.IPFamilyDual, Datastore: "kubernetes", AgentArgs: []string{"--bypass=on"}})
+	ctx := context.Background()
+	n, api := l.Nodes[0], agent(t, l.Nodes[0])
+	kube, err := l.Kube()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns, srvPort = "bypass6", 9400
+	if err := l.SetNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	client, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "server", Labels: map[string]string{"app": "server"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !client.IPv6.IsValid() || !server.IPv6.IsValid() {
+		t.Fatalf("pods without IPv6 addresses: %s, %s", client.IPv6, server.IPv6)
+	}
+	bypasstest.ServeEcho(listenOn(t, server.Netns, "tcp", srvPort)) // both families
+
+	c6 := dial(t, client.Netns, "tcp6", server.IPv6, srvPort)
+	c4 := dial(t, client.Netns, "tcp4", server.IP, srvPort)
+	for _, c := range []net.Conn{c6, c4} {
+		if err := rr(c, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bc := bypassEntry(t, n, c6)
+	wantServer := netip.AddrPortFrom(server.IPv6, srvPort).String()
+	if bc == nil || !bc.Paired || bc.Server != wantServer || bc.ClientPod != client.Key() || bc.ServerPod != server.Key() {
+		t.Fatalf("onctl's view of the IPv6 connection: %v; want paired, %s → %s (%s)", bc, client.Key(), server.Key(), wantServer)
+	}
+	if bc4 := bypassEntry(t, n, c4); bc4 == nil || !bc4.Paired {
+		t.Fatalf("the IPv4 connection between the same pods is not bypassed: %v", bc4)
+	}
+	out, err := exec.Command(l.BinDir+"/onctl", "--socket", n.AgentSocket(), "bypass").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onctl bypass: %v\n%s", err, out)
+	}
+	for _, want := range []string{client.Key(), server.Key(), bc.Client, bc.Server} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("onctl bypass lacks %q:\n%s", want, out)
+		}
+	}
+	counter := func(name string) uint64 {
+		t.Helper()
+		for _, ctr := range listBypass(t, n).Counters {
+			if ctr.Name == name {
+				return ctr.Value
+			}
+		}
+		t.Fatalf("no bypass counter %s", name)
+		return 0
+	}
+	const exchanges = 200
+	before := counter("redirected_bytes")
+	if err := rr(c6, exchanges); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter("redirected_bytes") - before; got < 2*exchanges*100 {
+		t.Fatalf("the bypass carried %d of the %d bytes exchanged over IPv6", got, 2*exchanges*100)
+	}
+
+	// The server now lets the client in over IPv4 alone.
+	pol := netpol(ns, "server", sel("app", "server"), ingressOnly,
+		ingressRule(from(networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: client.IP.String() + "/32"}}),
+			port(corev1.ProtocolTCP, srvPort)), nil)
+	if _, err := kube.NetworkingV1().NetworkPolicies(ns).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the server isolated for ingress", 15*time.Second, func() bool {
+		resp, err := api.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: server.Key()})
+		return err == nil && len(resp.Pods) == 1 && resp.Pods[0].Ingress.GetIsolated()
+	})
+	var ended error
+	testutil.WaitFor(t, "the denied bypassed IPv6 connection ended", 2*time.Second, func() bool {
+		ended = rr(c6, 1)
+		return ended != nil
+	})
+	if errors.Is(ended, os.ErrDeadlineExceeded) {
+		t.Fatalf("the denied IPv6 connection stalled (%v) instead of being aborted", ended)
+	}
+	if bc := bypassEntry(t, n, c6); bc != nil {
+		t.Errorf("the ended IPv6 connection is still listed: %v", bc)
+	}
+	if err := rr(c4, 10); err != nil {
+		t.Fatalf("the allowed IPv4 connection broke: %v", err)
+	}
+	if bc4 := bypassEntry(t, n, c4); bc4 == nil || !bc4.Paired {
+		t.Errorf("the allowed IPv4 connection is no longer bypassed: %v", bc4)
+	}
+	if _, err := lab.Probe(client.Netns, "tcp", server.IPv6, srvPort, time.Second); err == nil {
+		t.Error("a new IPv6 connection got through the policy")
 	}
 }
