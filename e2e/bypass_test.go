@@ -299,17 +299,7 @@ func TestBypassIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns, srvPort = "bypass6", 9400
-	if err := l.SetNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
-	client, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "client"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "server", Labels: map[string]string{"app": "server"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, server := clientServer(t, l, n, ns)
 	if !client.IPv6.IsValid() || !server.IPv6.IsValid() {
 		t.Fatalf("pods without IPv6 addresses: %s, %s", client.IPv6, server.IPv6)
 	}
@@ -389,4 +379,23 @@ func TestBypassIPv6(t *testing.T) {
 	if _, err := lab.Probe(client.Netns, "tcp", server.IPv6, srvPort, time.Second); err == nil {
 		t.Error("a new IPv6 connection got through the policy")
 	}
+}
+
+// clientServer adds a namespace ns and, on node n, its pods "client" and
+// "server" (labelled app=server).
+func clientServer(t *testing.T, l *lab.Lab, n *lab.Node, ns string) (client, server *lab.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	if err := l.SetNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	client, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err = l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "server", Labels: map[string]string{"app": "server"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, server
 }

@@ -100,17 +100,7 @@ func TestMetricsPolicyServicesBypass(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns = "metrics"
-	if err := l.SetNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
-	client, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "client"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: ns, Name: "server", Labels: map[string]string{"app": "server"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client, server := clientServer(t, l, n, ns)
 	bypasstest.ServeEcho(listenTCP(t, server.Netns, 9000))
 	listenTCP(t, server.Netns, 9001)
 
