@@ -11,15 +11,15 @@
 char __license[] SEC("license") = "Dual BSD/GPL";
 
 /*
- * cgroup sock_ops: records a TCP socket in the bypass map when it reaches
- * ESTABLISHED and both its ends are pods of this node, and forgets its
+ * cgroup sock_ops: records a TCP socket in its family's bypass map when it
+ * reaches ESTABLISHED and both its ends are pods of this node, and forgets its
  * metadata when it closes (the kernel unlinks the socket from the map
  * itself). The handshake went through netfilter, so a pair policy denies
  * never gets here.
- */
-/*
- * Records one socket of either family: key is its key in socks and conns,
- * local and remote its addresses (n 32-bit words each, the key of pods).
+ *
+ * bp_record_in records one socket of either family: key is its key in
+ * socks and conns, local and remote its addresses (n 32-bit words each,
+ * keys of pods), all of its family.
  */
 static __always_inline void bp_record_in(struct bpf_sock_ops *skops, __u8 role, void *pods, void *conns, void *socks,
 					 void *key, const __u32 *local, const __u32 *remote, int n)

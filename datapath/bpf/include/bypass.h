@@ -4,15 +4,15 @@
  * (bypass.c).
  *
  * A TCP connection whose two ends are pods of this node is recorded, once
- * ESTABLISHED, in a SOCKHASH keyed by its addresses and ports. Each send
- * is then queued straight onto the peer socket's receive queue, skipping
- * both TCP/IP stacks. The handshake took the stack (and netfilter, so
- * policy judged it); anything not recorded, and any miss, takes the stack
- * as before.
+ * ESTABLISHED, in a SOCKHASH keyed by its addresses and ports (one map per
+ * address family, IPv4 and IPv6). Each send is then queued straight onto
+ * the peer socket's receive queue, skipping both TCP/IP stacks. The
+ * handshake took the stack (and netfilter, so policy judged it); anything
+ * not recorded, and any miss, takes the stack as before.
  *
  * Several agents may share one kernel and one cgroup (the lab, kind), each
  * with its own pinned maps: a program only records sockets of network
- * namespaces its agent registered in onc_bp_pods.
+ * namespaces its agent registered in onc_bp_pods (onc_bp_pods6).
  */
 #ifndef __ONC_BYPASS_H
 #define __ONC_BYPASS_H
