@@ -43,7 +43,7 @@ func (p Pod) spec() pods.Pod {
 	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IPs: p.IPs, Gateways: p.Gateways, MTU: p.MTU}
 }
 
-// ipv4 is the pod's IPv4 address, invalid when it has none: the socket
-// programs and the bypass know pods by it (IPv6 sockets are not theirs
-// yet, issue 28).
+// ipv4 is the pod's IPv4 address, invalid when it has none: the socket LB
+// names a pod's network namespace by it (every pod has one so far:
+// IPv6-only clusters are not supported yet, issue 28).
 func (p Pod) ipv4() netip.Addr { return netaddr.IPv4(p.IPs) }
