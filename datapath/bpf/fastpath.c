@@ -230,7 +230,8 @@ static __always_inline int ingress_open(const struct flow_key *k, const struct c
  * Linux 6.3's flag for a decapsulation that leaves an IPv6 packet where
  * the outer header was IPv4: it sets the skb's protocol, which nothing
  * downstream recomputes (bpf_redirect_peer hands the packet to the pod
- * as it is). The build's UAPI headers may predate it; ONC needs 6.6.
+ * as it is). The build's UAPI headers may predate it; older kernels
+ * refuse it (onc_decap_ipv6).
  */
 #define ONC_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 
@@ -244,7 +245,7 @@ static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *
 	struct ethhdr *eth;
 	void *data, *end;
 
-	if (proto == bpf_htons(ETH_P_IPV6))
+	if (proto == bpf_htons(ETH_P_IPV6) && onc_decap_ipv6)
 		flags |= ONC_ADJ_ROOM_DECAP_L3_IPV6;
 	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
 		return -1;
@@ -307,7 +308,9 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, struct iphdr *ou
 		return TC_ACT_SHOT;
 	}
 	count(&onc_stats6, STAT_INGRESS_HIT, 1);
-	return bpf_redirect_peer(pod->ifindex, 0);
+	/* Without the flag the skb still says IPv4: the veth's crossing
+	 * reads the protocol from the Ethernet header. */
+	return onc_decap_ipv6 ? bpf_redirect_peer(pod->ifindex, 0) : bpf_redirect(pod->ifindex, 0);
 }
 
 /*

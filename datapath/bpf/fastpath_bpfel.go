@@ -185,6 +185,7 @@ const (
 	FastpathProgOncLearnEgress  = "onc_learn_egress"
 	FastpathProgOncLearnIngress = "onc_learn_ingress"
 	FastpathVarOncConnSetup     = "onc_conn_setup"
+	FastpathVarOncDecapIpv6     = "onc_decap_ipv6"
 	FastpathVarOncMark          = "onc_mark"
 	FastpathVarOncNodeIp        = "onc_node_ip"
 	FastpathVarOncPod6Mask      = "onc_pod6_mask"
@@ -272,6 +273,7 @@ type FastpathMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathVariableSpecs struct {
 	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
+	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
 	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
@@ -350,6 +352,7 @@ func (m *FastpathMaps) Close() error {
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathVariables struct {
 	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
+	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
 	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`

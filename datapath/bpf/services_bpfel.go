@@ -440,6 +440,7 @@ const (
 	ServicesProgOncUplinkLbOverlayReply = "onc_uplink_lb_overlay_reply"
 	ServicesProgOncUplinkLbReply        = "onc_uplink_lb_reply"
 	ServicesVarOncConnSetup             = "onc_conn_setup"
+	ServicesVarOncDecapIpv6             = "onc_decap_ipv6"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
 	ServicesVarOncPod6Mask              = "onc_pod6_mask"
@@ -559,6 +560,7 @@ type ServicesMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesVariableSpecs struct {
 	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
+	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
 	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
@@ -681,6 +683,7 @@ func (m *ServicesMaps) Close() error {
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesVariables struct {
 	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
+	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
 	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`

@@ -59,6 +59,8 @@ type Options struct {
 	// ConnSetup says which TCP connections may open and close on the fast
 	// path (setup.go).
 	ConnSetup ConnSetup
+
+	decapIPv6 bool // DecapSetsIPv6, probed by Open
 }
 
 // Datapath is the loaded flow cache.
@@ -101,6 +103,9 @@ func Open(o Options) (*Datapath, error) {
 	d.mode = mode
 	spec, err := bpf.LoadFastpath()
 	if err != nil {
+		return nil, err
+	}
+	if o.decapIPv6, err = decapProbe(); err != nil {
 		return nil, err
 	}
 	if err := bpf.SetConstants(spec, o.constants()); err != nil {
@@ -178,6 +183,7 @@ func (o Options) constants() map[string]any {
 		"onc_pod6_net":   pod6Net,
 		"onc_pod6_mask":  pod6Mask,
 		"onc_conn_setup": uint8(o.ConnSetup),
+		"onc_decap_ipv6": b2u(o.decapIPv6),
 	}
 }
 
@@ -377,28 +383,31 @@ type Peer struct {
 // path towards it.
 func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 	want, want6 := map[cidrKey]cidrVal{}, map[cidr6Key]cidrVal{}
+	staying := map[uint32]bool{}
 	for _, p := range peers {
 		v, a := cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}, p.PodCIDR.Masked().Addr()
+		staying[v.NodeIp] = true
 		if a.Is6() {
 			want6[cidr6Key{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: a.As16()}] = v
 		} else {
 			want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(a)}] = v
 		}
 	}
-	err := syncPeerMap(d, &d.peers, d.maps.OncPeers, want, checkKernel, func(k cidrKey) netip.Prefix {
+	err := syncPeerMap(d, &d.peers, d.maps.OncPeers, want, staying, checkKernel, func(k cidrKey) netip.Prefix {
 		return netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen))
 	})
 	if err != nil {
 		return err
 	}
-	return syncPeerMap(d, &d.peers6, d.maps.OncPeers6, want6, checkKernel, func(k cidr6Key) netip.Prefix {
+	return syncPeerMap(d, &d.peers6, d.maps.OncPeers6, want6, staying, checkKernel, func(k cidr6Key) netip.Prefix {
 		return netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen))
 	})
 }
 
 // syncPeerMap is SyncPeers for one family's LPM map of peer CIDRs (their
-// keys K, each the CIDR cidrOf says).
-func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map, want map[K]cidrVal, checkKernel bool, cidrOf func(K) netip.Prefix) error {
+// keys K, each the CIDR cidrOf says); staying are the nodes that remain
+// peers in either family.
+func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map, want map[K]cidrVal, staying map[uint32]bool, checkKernel bool, cidrOf func(K) netip.Prefix) error {
 	return m.sync(lpm, want, checkKernel, func(have map[K]cidrVal) error {
 		added, changed, gone := diff(have, want)
 		// A changed peer is evicted like one that left, then re-added.
@@ -417,7 +426,7 @@ func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map
 						return err
 					}
 				}
-				return d.forgetPeers(evicted)
+				return d.forgetPeers(evicted, staying)
 			})
 			if err != nil {
 				return err
@@ -432,12 +441,19 @@ func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map
 	})
 }
 
-// forgetPeers drops what was learned about the peers' nodes and CIDRs.
-func (d *Datapath) forgetPeers(peers []Peer) error {
+// forgetPeers drops what was learned about the peers' CIDRs, and about
+// their nodes unless staying says a node is still a peer (by its other
+// family's CIDR): connections the fast path opened to it in that family
+// need its header (onc_encap, one per node).
+func (d *Datapath) forgetPeers(peers []Peer, staying map[uint32]bool) error {
 	nodes := map[uint32]bool{}
 	for _, p := range peers {
-		nodes[bpf.NetIPv4(p.NodeIP)] = true
-		if err := d.maps.OncEncap.Delete(bpf.NetIPv4(p.NodeIP)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		node := bpf.NetIPv4(p.NodeIP)
+		if staying[node] {
+			continue
+		}
+		nodes[node] = true
+		if err := d.maps.OncEncap.Delete(node); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
 	}

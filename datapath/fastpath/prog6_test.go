@@ -89,7 +89,18 @@ func TestEgress6FastPathHitEncapsulates(t *testing.T) {
 	}
 }
 
+// On a kernel that cannot set an IPv6 protocol on decapsulation (before
+// 6.3) the packet goes through the pod's veth instead, as rewritten.
 func TestIngress6FastPathHitDecapsulates(t *testing.T) {
+	t.Run("Linux 6.3 on", func(t *testing.T) { ingress6Hit(t) })
+	t.Run("older kernels", func(t *testing.T) {
+		defer func(p func() (bool, error)) { decapProbe = p }(decapProbe)
+		decapProbe = func() (bool, error) { return false, nil }
+		ingress6Hit(t)
+	})
+}
+
+func ingress6Hit(t *testing.T) {
 	d := open6(t)
 	established6(t, d)
 	inner := frame(vtepLocal, vtepPeer, remotePod6, localPod6, unix.IPPROTO_TCP, 80, 40000, 0, 100)
@@ -246,10 +257,14 @@ func TestEvictions6(t *testing.T) {
 		t.Fatalf("flows after an IPv6 pod's eviction: %+v; want its kept flow and the IPv4 pod's", flows)
 	}
 	// The peer's IPv6 CIDR goes: its IPv6 destinations and flows go, its
-	// IPv4 ones stay (their header is learned again).
+	// IPv4 ones stay, and so does its node's header, which they (and the
+	// connections the fast path opened to it) need.
 	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
-	if n := counts(); n["filter6"] != 0 || n["egress6"] != 0 || n["filter"] != 1 {
+	if n := counts(); n["filter6"] != 0 || n["egress6"] != 0 || n["filter"] != 1 || n["egress"] != 1 || n["encap"] != 1 {
 		t.Fatalf("after the peer's IPv6 CIDR went: %v", n)
+	}
+	if ret, _ := run(t, d.progs.OncEgressFast, frame(hostMAC, podMAC, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 10), 0); ret != actRedirect {
+		t.Fatal("the peer's IPv4 flow left the fast path when its IPv6 CIDR went")
 	}
 	if ret, _ := run(t, d.progs.OncEgressFast, frame(hostMAC, podMAC, localPod6, remotePod6, unix.IPPROTO_TCP, 40000, 80, 0, 10), 0); ret != actOK || stat6(t, d, "egress_miss_no_peer") != 1 {
 		t.Fatal("an IPv6 packet to a CIDR that left took the fast path")

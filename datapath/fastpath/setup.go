@@ -117,7 +117,8 @@ const (
 // handOver gives conntrack the connections the fast path opened that match
 // and are not over, and marks their flows opened by the slow path: from
 // then on their SYN-ACK, FIN and RST go through conntrack, which knows
-// them. The caller holds learning paused (evict).
+// them. A reset one (Conn.Reset) leaves the cache instead. The caller
+// holds learning paused (evict).
 func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
 	opened, err := contents[FlowKey, FlowVal](d.maps.OncFilter)
 	if err != nil {
@@ -138,8 +139,16 @@ func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
 	}
 	var errs []error
 	for k, v := range opened {
-		v.Opener, v.Closing = uint8(OpenedBySlowPath), 0
-		if err := d.maps.OncFilter.Update(k, v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		var err error
+		if v.Closing&closingRemoteRST != 0 {
+			// Its short conntrack entry is refreshed only by packets the
+			// slow path carries: let it carry them.
+			err = d.maps.OncFilter.Delete(k)
+		} else {
+			v.Opener, v.Closing = uint8(OpenedBySlowPath), 0
+			err = d.maps.OncFilter.Update(k, v, ebpf.UpdateExist)
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -187,7 +196,8 @@ const (
 // resetTimeout is the conntrack timeout of a handed-over connection that
 // the remote end reset (Conn.Reset), in seconds: most are over, and 5 days
 // of ESTABLISHED each would fill the table; one that lives on refreshes
-// its entry with each packet the slow path carries.
+// its entry with each packet the slow path carries, which handOver leaves
+// it to.
 const resetTimeout = 300
 
 // conntrackEstablish puts conns into conntrack as the connections they

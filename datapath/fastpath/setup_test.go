@@ -336,6 +336,7 @@ func TestConnectionSetupOnlyForWhatTheFastPathOpened(t *testing.T) {
 		val  FlowVal
 	}{
 		{"an earlier connection's, closed", FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByLocal), Closing: closingLocalFIN | closingRemoteFIN}},
+		{"an earlier connection's, refused (reset by the other end)", FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByLocal), Closing: closingRemoteRST}},
 		{"one the remote pod opened", FlowVal{Egress: 1, Ingress: 1, Opener: uint8(OpenedByRemote)}},
 	} {
 		testutil.Must(t, d.maps.OncFilter.Put(key, c.val))
@@ -443,8 +444,8 @@ func TestHandOverGivesConntrackTheConnections(t *testing.T) {
 			handed++
 		}
 	}
-	if handed != 3 {
-		t.Errorf("flows after the hand-over %+v: want the three handed over marked opened by the slow path", flows)
+	if handed != 2 || len(flows) != 3 {
+		t.Errorf("flows after the hand-over %+v: want the two live ones handed over marked opened by the slow path, the reset one gone, the closed one left", flows)
 	}
 	// The fast path off, their FINs take the slow path, where conntrack has them.
 	verdictIs(t, d, d.progs.OncEgressFast, podSends(clientPort, 80, finAck), actOK, "a FIN after the hand-over")

@@ -58,12 +58,11 @@ static __always_inline int flow_setup(const struct flow_key *k, __u8 ctl, __u8 a
 	if (!cfg || !v || !v->opener || v->epoch != cfg->epoch)
 		goto slow;
 	/* A SYN-ACK answers the SYN that opened the connection, from its
-	 * other end, before any FIN: the entry of an earlier connection on
-	 * the same addresses and ports must not carry a new one that
-	 * netfilter translated onto them. (After a remote RST it still rides:
-	 * if the RST was real, the pod answers it with one of its own.) */
-	if (syn_ack && ((v->closing & (FLOW_CLOSING_LOCAL_FIN | FLOW_CLOSING_REMOTE_FIN)) ||
-			v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
+	 * other end, before any FIN or remote RST: the entry of an earlier
+	 * connection on the same addresses and ports (one refused leaves its
+	 * remote RST's mark) must not carry a new one that netfilter
+	 * translated onto them. */
+	if (syn_ack && (v->closing || v->opener != (egress ? FLOW_OPENED_BY_REMOTE : FLOW_OPENED_BY_LOCAL)))
 		goto slow;
 	/* The local pod's RST marks nothing: flow_close_step forgets the
 	 * connection if it ends it, and one that does not (SYN_SENT's bare

@@ -75,6 +75,12 @@ volatile const __be32 onc_pod6_mask[4] = {};
 #define CONN_SETUP_EVERY_POD 2
 volatile const __u8 onc_conn_setup = CONN_SETUP_OFF;
 
+/* Whether this kernel's bpf_skb_adjust_room sets an IPv6 skb protocol on
+ * decapsulation (Linux 6.3, probed by the agent): then a peer's IPv6
+ * packet goes straight into the pod; else through the pod's veth, whose
+ * crossing sets it. */
+volatile const __u8 onc_decap_ipv6 = 0;
+
 /* Counters (per CPU); onctl stats decodes them by these names. */
 enum onc_stat {
 	STAT_EGRESS_HIT,
