@@ -55,7 +55,8 @@ func settled(t *testing.T, n *lab.Node) map[string]uint64 {
 	for {
 		time.Sleep(300 * time.Millisecond)
 		cur := stats(t, n)
-		if cur["ingress_hit"] == prev["ingress_hit"] && cur["egress_hit"] == prev["egress_hit"] {
+		if cur["ingress_hit"] == prev["ingress_hit"] && cur["egress_hit"] == prev["egress_hit"] &&
+			cur["ingress6_hit"] == prev["ingress6_hit"] && cur["egress6_hit"] == prev["egress6_hit"] {
 			return cur
 		}
 		if time.Now().After(deadline) {

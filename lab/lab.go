@@ -557,11 +557,11 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 }
 
 // underlay6Addr is the IPv6 underlay address of the node at IPv4 address
-// a: fd00:172:31:<a's third byte>::<a's fourth>, so nodes on one IPv4
-// underlay share a /64.
+// a.b.c.d: fd00:a:b:c::d, its decimal digits read as hex, so nodes on one
+// IPv4 underlay share a /64 and 172.31.251.12 is fd00:172:31:251::12.
 func underlay6Addr(a netip.Addr) netip.Addr {
-	b4 := a.As4()
-	return netip.AddrFrom16([16]byte{0: 0xfd, 3: 172, 5: 31, 7: b4[2], 15: b4[3]})
+	b := a.As4()
+	return netip.MustParseAddr(fmt.Sprintf("fd00:%d:%d:%d::%d", b[0], b[1], b[2], b[3]))
 }
 
 // hostAddr is host number i of an IPv4 prefix.

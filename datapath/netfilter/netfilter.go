@@ -131,9 +131,9 @@ func fillPods(ipt *iptables.IPTables, clusterCIDR, multicast, masqueradePorts st
 }
 
 // EnsureIPv6 makes ip6tables hold the rules of IPv6 pods, whose addresses
-// are in clusterCIDR: masquerade to outside it, FORWARD accepts. The
-// overlay's other rules stay IPv4's: the tunnel's endpoints are IPv4 and
-// IPv6 pods take the slow path. With an invalid clusterCIDR (no IPv6
+// are in clusterCIDR: masquerade to outside it, FORWARD accepts (the fast
+// path's mark is ensureMarks'). The overlay guard's rules stay IPv4's: the
+// tunnel's endpoints are IPv4. With an invalid clusterCIDR (no IPv6
 // pods) it makes nothing, and empties the chains an earlier dual-stack
 // run left; a node without IPv6 pods does not need ip6tables to work, so
 // that is only logged if it fails.
