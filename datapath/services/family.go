@@ -1,7 +1,6 @@
 package services
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 
@@ -65,31 +64,13 @@ func checkFamilies(s Service) error {
 	return nil
 }
 
-// ip6 is an IPv6 address as a program holds it (__be32[4]).
-func ip6(a netip.Addr) (w [4]uint32) {
-	b := a.As16()
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return w
-}
-
-// addr6 is the IPv6 address a program holds as w.
-func addr6(w [4]uint32) netip.Addr {
-	var b [16]byte
-	for i, x := range w {
-		binary.LittleEndian.PutUint32(b[4*i:], x)
-	}
-	return netip.AddrFrom16(b)
-}
-
 // mapKey is k as its family's service map keys it.
 func (k Key) mapKey() any {
 	port, proto, scope := bpf.NetPort(k.Port), uint8(k.Proto), uint8(k.Scope)
 	if k.VIP.Is4() {
 		return svcKey{Vip: bpf.NetIPv4(k.VIP), Port: port, Proto: proto, Scope: scope}
 	}
-	return svc6Key{Vip: ip6(k.VIP), Port: port, Proto: proto, Scope: scope}
+	return svc6Key{Vip: bpf.NetIPv6(k.VIP), Port: port, Proto: proto, Scope: scope}
 }
 
 func keyOf(k svcKey) Key {
@@ -97,7 +78,7 @@ func keyOf(k svcKey) Key {
 }
 
 func keyOf6(k svc6Key) Key {
-	return Key{VIP: addr6(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto), Scope: Scope(k.Scope)}
+	return Key{VIP: bpf.IPv6(k.Vip), Port: bpf.NetPort(k.Port), Proto: Proto(k.Proto), Scope: Scope(k.Scope)}
 }
 
 func addrOfBackend(a netip.AddrPort) lbAddr {
@@ -105,7 +86,7 @@ func addrOfBackend(a netip.AddrPort) lbAddr {
 }
 
 func addr6OfBackend(a netip.AddrPort) lb6Addr {
-	return lb6Addr{Ip: ip6(a.Addr()), Port: bpf.NetPort(a.Port())}
+	return lb6Addr{Ip: bpf.NetIPv6(a.Addr()), Port: bpf.NetPort(a.Port())}
 }
 
 func backendAddr(a lbAddr) netip.AddrPort {
@@ -113,7 +94,7 @@ func backendAddr(a lbAddr) netip.AddrPort {
 }
 
 func backendAddr6(a lb6Addr) netip.AddrPort {
-	return netip.AddrPortFrom(addr6(a.Ip), bpf.NetPort(a.Port))
+	return netip.AddrPortFrom(bpf.IPv6(a.Ip), bpf.NetPort(a.Port))
 }
 
 // backendValue is a backend as its family's backend map holds it.

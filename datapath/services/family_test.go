@@ -12,12 +12,12 @@ import (
 // network order in memory) and comes back the same.
 func TestIPv6InMaps(t *testing.T) {
 	a := netip.MustParseAddr("fd00:10:96::a")
-	w := ip6(a)
+	w := bpf.NetIPv6(a)
 	if w[0] != 0x1000_00fd || w[3] != 0x0a00_0000 {
 		t.Fatalf("fd00:10:96::a as %#x, want the bytes fd 00 00 10 first", w)
 	}
-	if addr6(w) != a {
-		t.Fatalf("back as %s", addr6(w))
+	if bpf.IPv6(w) != a {
+		t.Fatalf("back as %s", bpf.IPv6(w))
 	}
 	k := Key{VIP: a, Port: 443, Proto: UDP}
 	if got := keyOf6(k.mapKey().(svc6Key)); got != k {
