@@ -536,19 +536,33 @@ func countingEcho(c net.PacketConn) *atomic.Int64 {
 // A pod IP that moves to another node (its node went, the CIDR was given
 // to a new node) is never delivered to the old location, even from a
 // socket whose flow the fast path had cached; the new pod is reachable.
+// In both families: the lab is dual-stack, and the pod's IPv6 address
+// moves with its node's IPv6 block.
 func TestPodIPReuseOnAnotherNode(t *testing.T) {
 	ctx := context.Background()
-	l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, NodeTimeout: 2 * time.Second})
+	l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, NodeTimeout: 2 * time.Second, IPFamily: lab.IPFamilyDual})
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	a, old := n1.Pods[0], n2.Pods[0]
-	oldHits := countingEcho(listenUDP(t, old.Netns, 9600))
-	cached := dial(t, a.Netns, "udp4", old.IP, 9600)
-	before := stats(t, n1)
-	if err := udpRR(cached, 200); err != nil {
-		t.Fatal(err)
+	// One flow per family, each to the old pod's address of that family.
+	families := []struct {
+		name, udp, hits string
+		addr            func(*lab.Pod) netip.Addr
+	}{
+		{"IPv4", "udp4", "egress_hit", func(p *lab.Pod) netip.Addr { return p.IP }},
+		{"IPv6", "udp6", "egress6_hit", func(p *lab.Pod) netip.Addr { return p.IPv6 }},
 	}
-	if stats(t, n1)["egress_hit"]-before["egress_hit"] < 150 {
-		t.Fatal("the flow to the old pod was not on the fast path (the test would prove nothing)")
+	oldHits := map[string]*atomic.Int64{}
+	cached := map[string]net.Conn{}
+	for _, f := range families {
+		oldHits[f.name] = countingEcho(listenPacketOn(t, old.Netns, f.udp, 9600))
+		cached[f.name] = dial(t, a.Netns, f.udp, f.addr(old), 9600)
+		before := stats(t, n1)
+		if err := udpRR(cached[f.name], 200); err != nil {
+			t.Fatal(err)
+		}
+		if stats(t, n1)[f.hits]-before[f.hits] < 150 {
+			t.Fatalf("the %s flow to the old pod was not on the fast path (the test would prove nothing)", f.name)
+		}
 	}
 
 	// The old node's agent stops; its pods and kernel state stay, so a
@@ -581,29 +595,33 @@ func TestPodIPReuseOnAnotherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if moved.IP != old.IP {
-		t.Fatalf("the new pod got %s, not the old pod's %s: the test would prove nothing", moved.IP, old.IP)
-	}
-	newHits := countingEcho(listenUDP(t, moved.Netns, 9600))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if waitErr := udpRR(dial(t, a.Netns, "udp4", moved.IP, 9600), 1); waitErr == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("new location never reachable: %v", waitErr)
+	for _, f := range families {
+		if f.addr(moved) != f.addr(old) {
+			t.Fatalf("the new pod got %s, not the old pod's %s: the test would prove nothing", f.addr(moved), f.addr(old))
 		}
 	}
-	oldHits.Store(0)
-	if err := udpRR(cached, 200); err != nil { // the socket of the cached flow
-		t.Fatalf("cached flow after the move: %v", err)
-	}
-	if err := udpRR(dial(t, a.Netns, "udp4", moved.IP, 9600), 200); err != nil {
-		t.Fatalf("new flow after the move: %v", err)
-	}
-	if got := oldHits.Load(); got != 0 {
-		t.Fatalf("%d packets reached the old location", got)
-	}
-	if got := newHits.Load(); got < 400 {
-		t.Fatalf("the new location got %d of 400 packets", got)
+	for _, f := range families {
+		newHits := countingEcho(listenPacketOn(t, moved.Netns, f.udp, 9600))
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if waitErr := udpRR(dial(t, a.Netns, f.udp, f.addr(moved), 9600), 1); waitErr == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s: new location never reachable: %v", f.name, waitErr)
+			}
+		}
+		oldHits[f.name].Store(0)
+		if err := udpRR(cached[f.name], 200); err != nil { // the socket of the cached flow
+			t.Fatalf("%s: cached flow after the move: %v", f.name, err)
+		}
+		if err := udpRR(dial(t, a.Netns, f.udp, f.addr(moved), 9600), 200); err != nil {
+			t.Fatalf("%s: new flow after the move: %v", f.name, err)
+		}
+		if got := oldHits[f.name].Load(); got != 0 {
+			t.Fatalf("%s: %d packets reached the old location", f.name, got)
+		}
+		if got := newHits.Load(); got < 400 {
+			t.Fatalf("%s: the new location got %d of 400 packets", f.name, got)
+		}
 	}
 }
 
