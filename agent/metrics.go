@@ -291,14 +291,13 @@ func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
 func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
-	counter := c.Name
-	if dir, ok := strings.CutPrefix(counter, "uplink_fast_"); ok {
+	if dir, ok := strings.CutPrefix(c.Name, "uplink_fast_"); ok {
 		return descUplinkFast, []string{dir}
 	}
-	if event, ok := strings.CutPrefix(counter, "dsr_"); ok {
+	if event, ok := strings.CutPrefix(c.Name, "dsr_"); ok {
 		return descDSRPackets, []string{event}
 	}
-	hook, what, _ := strings.Cut(counter, "_")
+	hook, what, _ := strings.Cut(c.Name, "_")
 	if hook != "connect" && hook != "sendmsg" && hook != "connect6" && hook != "sendmsg6" {
 		return nil, nil
 	}
@@ -314,14 +313,13 @@ func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
 // bypassSample maps enum bp_stat's redirected_msgs, redirected_bytes and
 // fallback_<reason>.
 func bypassSample(c bpf.Counter) (*prometheus.Desc, []string) {
-	counter := c.Name
 	switch {
-	case counter == "redirected_msgs":
+	case c.Name == "redirected_msgs":
 		return descBypassMessages, nil
-	case counter == "redirected_bytes":
+	case c.Name == "redirected_bytes":
 		return descBypassBytes, nil
-	case strings.HasPrefix(counter, "fallback_"):
-		return descBypassFallbacks, []string{strings.TrimPrefix(counter, "fallback_")}
+	case strings.HasPrefix(c.Name, "fallback_"):
+		return descBypassFallbacks, []string{strings.TrimPrefix(c.Name, "fallback_")}
 	}
 	return nil, nil
 }
