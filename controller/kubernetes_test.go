@@ -90,10 +90,11 @@ func TestKubernetesControllerReplicas(t *testing.T) {
 	if got := cidrOf("n2"); got != netip.MustParsePrefix("10.244.42.0/24") {
 		t.Fatalf("n2 got %v; want the pod CIDR its Node already had", got)
 	}
-	n1, _ := kube.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
-	if n1.Spec.PodCIDR != cidrOf("n1").String() {
-		t.Fatalf("Node n1 spec.podCIDR = %q, want %v", n1.Spec.PodCIDR, cidrOf("n1"))
-	}
+	// The Node's spec.podCIDR is written after the ONCNode's copy.
+	testutil.WaitFor(t, "Node n1's spec.podCIDR", 30*time.Second, func() bool {
+		n1, err := kube.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		return err == nil && n1.Spec.PodCIDR == cidrOf("n1").String()
+	})
 
 	leader := holder(t, kube)
 	t.Logf("leader %s; killing it without a chance to hand over", leader)
