@@ -94,17 +94,18 @@ type Agent struct {
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
-	// warnedCIDR6 is the IPv6 pod CIDR a node without one at bring-up
-	// got later, once reconcile warned of it (reconcile's own).
-	warnedCIDR6 netip.Prefix
+	// warnedCIDR is, by family, the pod CIDR a node without one at
+	// bring-up got later, once reconcile warned of it (reconcile's own).
+	warnedCIDR map[datastore.Family]netip.Prefix
 
-	mu          sync.Mutex
-	notReady    string // why not ready; "" when ready
-	podCIDR     netip.Prefix
-	podCIDR6    netip.Prefix // invalid on a node without IPv6 pods
-	clusterCIDR netip.Prefix
-	pool        *ipam.Pool
-	spec        datastore.NodeSpec // as published
+	mu       sync.Mutex
+	notReady string // why not ready; "" when ready
+	// podCIDRs are the blocks the node serves, one per family in the
+	// node's order (none before it is up), and clusterCIDRs the cluster's
+	// CIDRs of the same families.
+	podCIDRs, clusterCIDRs []netip.Prefix
+	pool                   *ipam.Pool
+	spec                   datastore.NodeSpec // as published
 
 	locks keyLocks
 
@@ -120,10 +121,10 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		return nil, fmt.Errorf("resync period %v: must be positive", cfg.Resync)
 	}
 	up := dp.Node.Uplink()
-	podMTU := up.MTU - datapath.OverlayOverhead
+	podMTU := up.MTU - up.Overhead()
 	if cfg.MTU != 0 {
 		if cfg.MTU < 576 || cfg.MTU > podMTU {
-			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, datapath.OverlayOverhead, podMTU)
+			return nil, fmt.Errorf("MTU %d: must be between 576 and the uplink's %d − %d = %d", cfg.MTU, up.MTU, up.Overhead(), podMTU)
 		}
 		podMTU = cfg.MTU
 	}
@@ -132,8 +133,8 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
-		notReady: "registering the node",
-		spec:     datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
+		notReady: "registering the node", warnedCIDR: map[datastore.Family]netip.Prefix{},
+		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && up.CarriesFastPath()}}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
@@ -266,14 +267,10 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	}
 	a.metrics.registeredPeers.Store(int64(len(nodes) - 1))
 	a.mu.Lock()
-	cidr, cidr6 := a.podCIDR, a.podCIDR6
+	served := a.podCIDRs
 	a.mu.Unlock()
-	own := self.IPv4PodCIDR() // a node needs an IPv4 block so far (issue 28)
-	switch {
-	case !cidr.IsValid() && !own.IsValid() && len(self.PodCIDRs) > 0:
-		a.setNotReady(fmt.Sprintf("this node's pod CIDRs %v hold no IPv4 block: IPv6-only nodes are not supported yet", self.PodCIDRs))
-		return nil
-	case !cidr.IsValid() && own.IsValid():
+	up := len(served) > 0
+	if !up && len(self.PodCIDRs) > 0 {
 		// A dual-stack node comes up with both blocks: the controller
 		// may record them one after the other.
 		cc, err := a.store.ClusterConfig(ctx)
@@ -290,20 +287,20 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			a.setNotReady(err.Error())
 			return err
 		}
-	case cidr.IsValid() && own.IsValid() && cidr != own.Masked():
-		a.setNotReady(fmt.Sprintf("pod CIDR changed from %s to %s in the datastore; restart the agent after draining the node", cidr, own))
-		return nil
-	case cidr.IsValid() && cidr6.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
-		// The block it serves may be another node's now, as for IPv4.
-		a.setNotReady(fmt.Sprintf("IPv6 pod CIDR changed from %s to %v in the datastore; restart the agent after draining the node",
-			cidr6, datastore.BlockOf(self.PodCIDRs, datastore.IPv6)))
-		return nil
-	case cidr.IsValid() && datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked() != cidr6:
-		// A cluster turned dual-stack under a running agent: pods keep
-		// what they have; the new block serves after a restart.
-		if now := datastore.BlockOf(self.PodCIDRs, datastore.IPv6).Masked(); now != a.warnedCIDR6 {
-			slog.Warn("this node got an IPv6 pod CIDR after the agent started; restart the agent to give new pods addresses from it", "cidr", now)
-			a.warnedCIDR6 = now
+		up = true
+	}
+	for _, f := range datastore.Families {
+		have, now := datastore.BlockOf(served, f), datastore.BlockOf(self.PodCIDRs, f).Masked()
+		switch {
+		case have.IsValid() && now != have:
+			// The block it serves may be another node's now.
+			a.setNotReady(fmt.Sprintf("%spod CIDR changed from %s to %v in the datastore; restart the agent after draining the node", map[datastore.Family]string{datastore.IPv6: "IPv6 "}[f], have, now))
+			return nil
+		case up && !have.IsValid() && now.IsValid() && now != a.warnedCIDR[f]:
+			// A cluster given another family under a running agent: pods
+			// keep what they have; the new block serves after a restart.
+			slog.Warn("this node got a pod CIDR of another family after the agent started; restart the agent to give new pods addresses from it", "cidr", now)
+			a.warnedCIDR[f] = now
 		}
 	}
 	// A registration that differs from what this agent publishes (an
@@ -314,7 +311,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			return err
 		}
 	}
-	if !own.IsValid() {
+	if !up {
 		return nil
 	}
 	if err := a.dp.Node.SyncPeers(a.cfg.NodeName, nodes, resync); err != nil {
@@ -352,22 +349,22 @@ func nodeBlocks(self *datastore.Node) []netip.Prefix {
 // an IPv6 one on a dual-stack node, in the node's family order) in the
 // cluster cc and takes over the pods of before a restart.
 func (a *Agent) bringUp(cc datastore.ClusterConfig, cidrs []netip.Prefix) error {
-	cidr, cidr6 := datastore.BlockOf(cidrs, datastore.IPv4), datastore.BlockOf(cidrs, datastore.IPv6)
-	clusterCIDR := cc.IPv4().CIDR
-	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: cidr, PodCIDRv6: cidr6, ClusterCIDR: clusterCIDR,
-		ClusterCIDRv6: cc.PoolOf(datastore.IPv6).CIDR, VTEPMAC: a.vtepMAC}); err != nil {
+	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: datastore.BlockOf(cidrs, datastore.IPv4), ClusterCIDR: cc.IPv4().CIDR,
+		PodCIDRv6: datastore.BlockOf(cidrs, datastore.IPv6), ClusterCIDRv6: cc.PoolOf(datastore.IPv6).CIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err
 	}
 	var gws []netip.Addr
+	var clusterCIDRs []netip.Prefix
 	for _, c := range cidrs {
 		gws = append(gws, datapath.Gateway(c))
+		clusterCIDRs = append(clusterCIDRs, cc.PoolOf(datastore.FamilyOf(c)).CIDR)
 	}
 	pool, dropped, err := ipam.Open(filepath.Join(a.cfg.StateDir, "ipam.json"), cidrs, gws...)
 	if err != nil {
 		return err
 	}
 	a.mu.Lock()
-	a.podCIDR, a.podCIDR6, a.clusterCIDR, a.pool = cidr, cidr6, clusterCIDR, pool
+	a.podCIDRs, a.clusterCIDRs, a.pool = cidrs, clusterCIDRs, pool
 	a.mu.Unlock()
 	for _, d := range dropped {
 		slog.Warn("dropping a pod attachment outside this node's CIDRs", "pod", d.Key, "ips", d.IPs)

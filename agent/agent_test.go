@@ -139,19 +139,30 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("brought up with %+v", got)
 		}
 	})
-	// Until the agent runs without an IPv4 block, a node of an IPv6-only
-	// cluster says so; one of a dual-stack cluster runs pods of both.
-	t.Run("an IPv6 block alone is not ready, saying why", func(t *testing.T) {
+	// A node of an IPv6-only cluster runs with its IPv6 block alone.
+	t.Run("an IPv6-only node brings up its IPv6 block", func(t *testing.T) {
 		ta := newTestAgent(t)
-		ta.addNode(t, self, "192.0.2.1", "fd00:10:244:1::/64", true)
+		ta.addNode(t, self, "fd00:172::1", "fd00:10:244:1::/64", true)
 		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := ta.reconcile(ctx(t), false); err != nil {
 			t.Fatal(err)
 		}
-		if _, reason := ta.readyPool(); !strings.Contains(reason, "IPv6-only nodes are not supported yet") || ta.dp.setup != nil {
-			t.Errorf("not-ready reason %q, brought up with %+v", reason, ta.dp.setup)
+		if _, reason := ta.readyPool(); reason != "" {
+			t.Errorf("not ready: %s", reason)
+		}
+		if got := ta.dp.setup; got == nil || got.PodCIDR.IsValid() || got.ClusterCIDR.IsValid() ||
+			got.PodCIDRv6 != prefix("fd00:10:244:1::/64") || got.ClusterCIDRv6 != prefix("fd00:10:244::/56") {
+			t.Errorf("brought up with %+v", got)
+		}
+		r := ta.mustAdd(t, "c1", "/run/netns/p1")
+		var res current.Result
+		if err := json.Unmarshal(r.Result, &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.IPs) != 1 || res.IPs[0].Address.String() != "fd00:10:244:1::2/128" || res.IPs[0].Gateway.String() != "fd00:10:244:1::1" {
+			t.Errorf("ADD result %+v, want one IPv6 address via the IPv6 gateway", res.IPs)
 		}
 	})
 	t.Run("a dual-stack node brings up both blocks, in the cluster's family order", func(t *testing.T) {

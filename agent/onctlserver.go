@@ -33,8 +33,13 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 		PodMtu: uint32(a.podMTU), Ready: a.notReady == "", NotReadyReason: a.notReady,
 		Datastore: a.store.Describe(), Version: Version, StartedUnix: a.started.Unix(), MetricsAddr: a.metrics.address(),
 	}
-	if a.podCIDR.IsValid() {
-		st.PodCidr, st.Gateway, st.ClusterCidr = a.podCIDR.String(), datapath.Gateway(a.podCIDR).String(), a.clusterCIDR.String()
+	for i, cidr := range a.podCIDRs {
+		st.PodCidrs = append(st.PodCidrs, cidr.String())
+		st.Gateways = append(st.Gateways, datapath.Gateway(cidr).String())
+		st.ClusterCidrs = append(st.ClusterCidrs, a.clusterCIDRs[i].String())
+	}
+	if len(a.podCIDRs) > 0 {
+		st.PodCidr, st.Gateway, st.ClusterCidr = st.PodCidrs[0], st.Gateways[0], st.ClusterCidrs[0]
 	}
 	pool := a.pool
 	a.mu.Unlock()
@@ -106,8 +111,12 @@ func (s *onctlServer) ListPeers(ctx context.Context, _ *apiv1.ListPeersRequest) 
 			continue
 		}
 		p := &apiv1.Peer{NodeName: n.Name, NodeIp: n.IP.String(), VtepMac: n.VTEPMAC.String(), FastPath: n.FastPath, Alive: alive[n.Name]}
-		if cidr := n.IPv4PodCIDR(); cidr.IsValid() {
-			p.PodCidr, p.Gateway, p.Programmed = cidr.String(), datapath.Gateway(cidr).String(), programmed[n.Name]
+		for _, cidr := range nodeBlocks(&n) {
+			p.PodCidrs = append(p.PodCidrs, cidr.String())
+			p.Gateways = append(p.Gateways, datapath.Gateway(cidr).String())
+		}
+		if len(p.PodCidrs) > 0 {
+			p.PodCidr, p.Gateway, p.Programmed = p.PodCidrs[0], p.Gateways[0], programmed[n.Name]
 		}
 		out.Peers = append(out.Peers, p)
 	}

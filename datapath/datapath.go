@@ -61,23 +61,21 @@ type Config struct {
 
 // NodeSetup is what bringing the node up needs from the control plane.
 type NodeSetup struct {
+	// PodCIDR is the node's IPv4 pod CIDR and ClusterCIDR the cluster's,
+	// zero on an IPv6-only node.
 	PodCIDR     netip.Prefix
 	ClusterCIDR netip.Prefix
 	VTEPMAC     net.HardwareAddr // persisted by the agent, so peers' FDB entries survive restarts
 	// PodCIDRv6 is the node's IPv6 pod CIDR, zero when it has none: its
 	// pods' IPv6 addresses, and the only inner destination of the IPv6
 	// frames the overlay guard lets on. ClusterCIDRv6 is the cluster's
-	// IPv6 pod CIDR (masquerade to outside it). IPv6 pods take the slow
-	// path (issue 28).
+	// IPv6 pod CIDR (masquerade to outside it). A node has at least one
+	// of PodCIDR and PodCIDRv6.
 	PodCIDRv6, ClusterCIDRv6 netip.Prefix
 }
 
 // DeviceName is the VXLAN device ONC owns.
 const DeviceName = overlay.DeviceName
-
-// OverlayOverhead is what VXLAN over IPv4 adds to a frame: a pod's MTU is
-// at most the uplink's minus this.
-const OverlayOverhead = overlay.Overhead
 
 // Gateway of a pod CIDR: its first usable address, on the host side.
 func Gateway(cidr netip.Prefix) netip.Addr { return overlay.Gateway(cidr) }

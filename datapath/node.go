@@ -80,6 +80,10 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.FastPath && !up.CarriesFastPath() {
+		slog.Warn("fast path off: the tunnel headers it learns are IPv4's, and this node's underlay is IPv6; the slow path carries every flow", "nodeIP", up.NodeIP)
+		cfg.FastPath = false
+	}
 	n := &Node{cfg: cfg, up: up}
 	// The socket LB and the bypass attach to one cgroup, resolved once for
 	// both (resolving may mount a cgroup v2 hierarchy).
@@ -137,11 +141,15 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	// Peers' learned headers hold this uplink's MAC: if it changes, tell
 	// them at once (gratuitous ARP), so their agents evict those headers
 	// (EvictStaleHeaders) instead of their kernels finding out seconds later.
-	if err := n.writeSysctl("net/ipv4/conf/"+n.up.Name+"/arp_notify", "1"); err != nil {
+	notify := "net/ipv4/conf/" + n.up.Name + "/arp_notify"
+	if n.up.NodeIP.Is6() {
+		notify = "net/ipv6/conf/" + n.up.Name + "/ndisc_notify"
+	}
+	if err := n.writeSysctl(notify, "1"); err != nil {
 		return err
 	}
 	ovl, err := overlay.Ensure(overlay.Config{VNI: n.cfg.VNI, Port: n.cfg.Port, LocalIP: n.up.NodeIP, Uplink: n.up.Index,
-		MAC: s.VTEPMAC, MTU: n.up.MTU - overlay.Overhead, Gateway: gw, Gateway6: Gateway(s.PodCIDRv6), ProcSys: n.cfg.ProcSys})
+		MAC: s.VTEPMAC, MTU: n.up.MTU - n.up.Overhead(), Gateway: gw, Gateway6: Gateway(s.PodCIDRv6), ProcSys: n.cfg.ProcSys})
 	if err != nil {
 		return err
 	}
@@ -156,17 +164,17 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	}
 	var lbMarks netfilter.UplinkLB // zero: the rules go
 	masqueradePorts := ""
-	if n.cfg.KubeProxyReplacement {
+	if n.uplinkLB() {
 		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR}
 		masqueradePorts = services.MasqueradePorts
 	}
-	if err := netfilter.Ensure(s.ClusterCIDR.String(), n.netfilterOverlay(), marking, masqueradePorts); err != nil {
+	if err := netfilter.Ensure(s.ClusterCIDR, n.netfilterOverlay(), marking, masqueradePorts); err != nil {
 		return err
 	}
 	if err := netfilter.EnsureUplinkLB(lbMarks); err != nil {
 		return err
 	}
-	if err := netfilter.EnsureIPv6(s.ClusterCIDRv6); err != nil {
+	if err := netfilter.EnsureIPv6(s.ClusterCIDRv6, n.netfilterOverlay()); err != nil {
 		return err
 	}
 	// Conntrack does not see the data the fast path carries, so its TCP
@@ -248,7 +256,8 @@ func (n *Node) connSetup() fastpath.ConnSetup {
 
 // netfilterOverlay is what the overlay's iptables rules need.
 func (n *Node) netfilterOverlay() netfilter.Overlay {
-	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port, PeerHostMark: overlay.PeerHostMark}
+	return netfilter.Overlay{Device: overlay.DeviceName, Uplink: n.up.Name, Port: n.cfg.Port, IPv6: n.up.NodeIP.Is6(),
+		PeerHostMark: overlay.PeerHostMark}
 }
 
 // marking is where the fast path on marks ESTABLISHED flows: across the
@@ -434,11 +443,19 @@ func (n *Node) attachServicesUplinkLocked() {
 // the kube-proxy replacement on, and takes it off otherwise, so that no
 // program translates with service entries nobody updates.
 func (n *Node) attachServicesUplink() error {
-	if !n.cfg.KubeProxyReplacement {
+	if !n.uplinkLB() {
 		return services.RemoveUplink(n.cfg.BPFFS)
 	}
 	internal := []netip.Prefix{n.clusterCIDR, netip.PrefixFrom(n.up.NodeIP, 32)}
 	return n.services.AttachUplink(n.up.Name, internal)
+}
+
+// uplinkLB says whether the uplink load balancer serves clients outside:
+// with the kube-proxy replacement on, on a node with IPv4 pods and an
+// IPv4 underlay (its programs translate IPv4; IPv6 frontends are reported
+// unserved).
+func (n *Node) uplinkLB() bool {
+	return n.cfg.KubeProxyReplacement && n.up.NodeIP.Is4() && n.clusterCIDR.IsValid()
 }
 
 // logConflicts says once which nodes are left out of the peers and why:
@@ -558,7 +575,7 @@ func (n *Node) socketsOwnPods() bool {
 // connections would go to kube-proxy, and the intra-node bypass.
 func (n *Node) ownPodSockets(p Pod, cookie uint64) error {
 	var errs []error
-	if ip := p.ipv4(); ip.IsValid() {
+	if ip := p.name(); ip.IsValid() {
 		errs = append(errs, n.services.OwnPod(cookie, ip, p.Netns))
 	}
 	// The bypass pairs pods in both families: every address.
@@ -572,8 +589,7 @@ func (n *Node) CheckPod(p Pod) error { return pods.Check(p.spec()) }
 // address can be reused, then removes its veth. Missing parts are fine:
 // DEL is idempotent.
 func (n *Node) DetachPod(p Pod) error {
-	ip := p.ipv4()
-	errs := []error{n.services.ForgetPod(ip), n.bypass.ForgetPod(p.IPs...)}
+	errs := []error{n.services.ForgetPod(p.name()), n.bypass.ForgetPod(p.IPs...)}
 	if fp := n.fastPath(); fp != nil {
 		for _, a := range p.IPs {
 			errs = append(errs, fp.DeleteLocalPod(a))

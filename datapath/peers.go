@@ -15,20 +15,22 @@ import (
 type peerSet struct {
 	overlay  []overlay.Peer
 	fastPath []fastpath.Peer
-	// hosts are the nodes' own addresses: never fast-pathed, even if one
-	// lay in a peer's pod CIDR. A peer's gateway address is not one: it
+	// hosts are the nodes' own IPv4 addresses: never fast-pathed, even if
+	// one lay in a peer's pod CIDR (none on an IPv6 underlay, where the
+	// fast path is off). A peer's gateway address is not one: it
 	// is what the peer's host, and its masquerade of a flow from outside
 	// to a backend here, send from over the overlay, like a pod of it.
 	hosts []netip.Addr
 	// senders are the peers the overlay guard accepts frames from, each
-	// speaking for its pod CIDRs (IPv4, and IPv6 if it has one) and its
-	// node address.
+	// speaking for its pod CIDRs (of one family or both) and its node
+	// address.
 	senders []fastpath.Sender
 	// conflicts are the nodes left out because a pod CIDR, gateway or
 	// VTEP MAC of theirs is this node's or an earlier one's (by name):
 	// programming both would send one CIDR's packets two ways, and the
 	// guard would let a peer speak for another's pods; and those whose
-	// address is not IPv4 or whose IPv6 pod CIDR is not IPv6.
+	// address is not of this node's family (the underlay's) or whose IPv6
+	// pod CIDR is IPv4-mapped.
 	conflicts []string
 }
 
@@ -46,33 +48,43 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 	})
 	var s peerSet
 	owner := map[any]string{}
+	underlay4 := true // the family of this node's address, the tunnel's
 	for _, nd := range nodes {
-		// The overlay's tunnel endpoints, and so the guard's, are IPv4,
-		// and a node needs an IPv4 pod CIDR so far (issue 28): one record
-		// with another address must not stop every peer's programming.
-		podCIDR := nd.IPv4PodCIDR()
-		if !nd.IP.Is4() {
-			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s or pod CIDR %s is not IPv4", nd.Name, nd.IP, podCIDR))
+		if nd.Name == self {
+			underlay4 = nd.IP.Is4()
+		}
+	}
+	for _, nd := range nodes {
+		// One record with an address of the other family (or none) must
+		// not stop every peer's programming: the tunnel's endpoints are
+		// all of one family.
+		if !nd.IP.IsValid() || nd.IP.Is4() != underlay4 || nd.IP.Is4In6() {
+			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its address %s is not of this node's underlay family", nd.Name, nd.IP))
 			continue
 		}
-		s.hosts = append(s.hosts, nd.IP)
-		if !podCIDR.IsValid() {
-			continue
+		if nd.IP.Is4() { // the flow cache's host map is IPv4's, as its tunnels
+			s.hosts = append(s.hosts, nd.IP)
 		}
-		// Its IPv6 pods, reached over the same tunnel.
+		podCIDR := nd.IPv4PodCIDR().Masked()
 		podCIDR6 := datastore.BlockOf(nd.PodCIDRs, datastore.IPv6).Masked()
+		if !podCIDR.IsValid() && !podCIDR6.IsValid() {
+			continue
+		}
 		if podCIDR6.IsValid() && podCIDR6.Addr().Is4In6() {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: its IPv6 pod CIDR %s is IPv4-mapped", nd.Name, podCIDR6))
 			continue
 		}
-		gw := Gateway(podCIDR)
-		keys := map[any]string{podCIDR.Masked(): "pod CIDR " + podCIDR.String(), gw: "gateway " + gw.String(),
-			nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
-		sources := []netip.Prefix{podCIDR.Masked(), netip.PrefixFrom(nd.IP, 32)}
-		if podCIDR6.IsValid() {
-			keys[podCIDR6] = "IPv6 pod CIDR " + podCIDR6.String()
-			sources = append(sources, podCIDR6)
+		keys := map[any]string{nd.VTEPMAC.String(): "VTEP MAC " + nd.VTEPMAC.String()}
+		sources := []netip.Prefix{netip.PrefixFrom(nd.IP, nd.IP.BitLen())}
+		var cidrs []netip.Prefix
+		for _, c := range []netip.Prefix{podCIDR, podCIDR6} {
+			if c.IsValid() {
+				gw := Gateway(c)
+				keys[c], keys[gw] = familyWord(c)+"pod CIDR "+c.String(), "gateway "+gw.String()
+				cidrs = append(cidrs, c)
+			}
 		}
+		sources = append(cidrs, sources...)
 		if why := conflict(owner, keys); why != "" {
 			s.conflicts = append(s.conflicts, fmt.Sprintf("node %s left out: %s", nd.Name, why))
 			continue
@@ -85,14 +97,22 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 		}
 		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR, PodCIDR6: podCIDR6})
 		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: sources})
-		if nd.FastPath {
-			s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR, NodeIP: nd.IP})
-			if podCIDR6.IsValid() {
-				s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: podCIDR6, NodeIP: nd.IP})
+		if nd.FastPath && nd.IP.Is4() { // its learned headers are IPv4 tunnels'
+			for _, c := range cidrs {
+				s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: c, NodeIP: nd.IP})
 			}
 		}
 	}
 	return s
+}
+
+// familyWord names an IPv6 prefix's family in a conflict ("" for IPv4's,
+// the older and usual one).
+func familyWord(p netip.Prefix) string {
+	if p.Addr().Is6() {
+		return "IPv6 "
+	}
+	return ""
 }
 
 // conflict says which of keys another node owns already, "" if none.

@@ -70,10 +70,10 @@ func TestPeersOfLeavesConflictsOut(t *testing.T) {
 	}
 }
 
-// A record whose address is not IPv4 (a node may write its own) is left
-// out, and the others are still programmed: one such record must not stop
-// every peer's sync, nor the overlay guard's.
-func TestPeersOfLeavesNonIPv4Out(t *testing.T) {
+// A record whose address is not of this node's family (a node may write
+// its own) is left out, and the others are still programmed: one such
+// record must not stop every peer's sync, nor the overlay guard's.
+func TestPeersOfLeavesOtherFamilyOut(t *testing.T) {
 	v6 := node("c", "2001:db8::3", "10.244.3.0/24", true)
 	mapped := node("d", "::ffff:192.0.2.4", "10.244.4.0/24", true)
 	s := peersOf("a", []datastore.Node{node("a", "192.0.2.1", "10.244.1.0/24", true), node("b", "192.0.2.2", "10.244.2.0/24", true), v6, mapped})
@@ -84,11 +84,40 @@ func TestPeersOfLeavesNonIPv4Out(t *testing.T) {
 		t.Errorf("hosts %v, want %s", s.hosts, want)
 	}
 	want := []string{
-		"node c left out: its address 2001:db8::3 or pod CIDR 10.244.3.0/24 is not IPv4",
-		"node d left out: its address ::ffff:192.0.2.4 or pod CIDR 10.244.4.0/24 is not IPv4",
+		"node c left out: its address 2001:db8::3 is not of this node's underlay family",
+		"node d left out: its address ::ffff:192.0.2.4 is not of this node's underlay family",
 	}
 	if fmt.Sprint(s.conflicts) != fmt.Sprint(want) {
 		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// On an IPv6 underlay every tunnel endpoint is IPv6: IPv6-only peers
+// speak for their IPv6 pods and their node address (/128), and a record
+// with an IPv4 address is left out.
+func TestPeersOfOnAnIPv6Underlay(t *testing.T) {
+	s := peersOf("a", []datastore.Node{
+		node("a", "fd00:172::1", "fd00:10:244:1::/64", true),
+		node("b", "fd00:172::2", "fd00:10:244:2::/64", true),
+		dualStack(node("c", "fd00:172::3", "10.244.3.0/24", false), "fd00:10:244:3::/64"),
+		node("d", "192.0.2.4", "fd00:10:244:4::/64", true),
+	})
+	want := "[{fd00:172::2 [fd00:10:244:2::/64 fd00:172::2/128]} {fd00:172::3 [10.244.3.0/24 fd00:10:244:3::/64 fd00:172::3/128]}]"
+	if got := fmt.Sprint(s.senders); got != want {
+		t.Errorf("overlay senders %s, want %s", got, want)
+	}
+	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.IsValid() || s.overlay[0].PodCIDR6.String() != "fd00:10:244:2::/64" ||
+		s.overlay[1].NodeIP.String() != "fd00:172::3" {
+		t.Errorf("overlay peers %+v, want b (IPv6 only) and c", s.overlay)
+	}
+	if len(s.fastPath) != 0 {
+		t.Errorf("fast-path peers %v, want none: the flow cache's tunnels are IPv4's", s.fastPath)
+	}
+	if len(s.hosts) != 0 {
+		t.Errorf("hosts %v, want none: the flow cache's host map is IPv4's", s.hosts)
+	}
+	if want := "[node d left out: its address 192.0.2.4 is not of this node's underlay family]"; fmt.Sprint(s.conflicts) != want {
+		t.Errorf("conflicts %v, want %s", s.conflicts, want)
 	}
 }
 
@@ -106,20 +135,21 @@ func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
 		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),  // self: in no sender
 		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::1/64"), // masked
 		node("c", "192.0.2.3", "10.244.3.0/24", false),                                  // IPv4 only
-		dualStack(node("d", "192.0.2.4", "", true), "fd00:10:244:4::/64"),               // no IPv4 CIDR: no peer
+		dualStack(node("d", "192.0.2.4", "", true), "fd00:10:244:4::/64"),               // IPv6 only
 	})
-	want := "[{192.0.2.2 [10.244.2.0/24 192.0.2.2/32 fd00:10:244:2::/64]} {192.0.2.3 [10.244.3.0/24 192.0.2.3/32]}]"
+	want := "[{192.0.2.2 [10.244.2.0/24 fd00:10:244:2::/64 192.0.2.2/32]} {192.0.2.3 [10.244.3.0/24 192.0.2.3/32]} " +
+		"{192.0.2.4 [fd00:10:244:4::/64 192.0.2.4/32]}]"
 	if got := fmt.Sprint(s.senders); got != want {
 		t.Errorf("overlay senders %s, want %s", got, want)
 	}
-	if len(s.overlay) != 2 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" {
-		t.Errorf("overlay peers %+v, want b and c with their IPv4 CIDRs", s.overlay)
+	if len(s.overlay) != 3 || s.overlay[0].PodCIDR.String() != "10.244.2.0/24" || s.overlay[2].PodCIDR.IsValid() {
+		t.Errorf("overlay peers %+v, want b and c with their IPv4 CIDRs, d without", s.overlay)
 	}
-	if want := "[{10.244.2.0/24 192.0.2.2} {fd00:10:244:2::/64 192.0.2.2}]"; fmt.Sprint(s.fastPath) != want {
+	if want := "[{10.244.2.0/24 192.0.2.2} {fd00:10:244:2::/64 192.0.2.2} {fd00:10:244:4::/64 192.0.2.4}]"; fmt.Sprint(s.fastPath) != want {
 		t.Errorf("fast-path peers %v, want %s (b's CIDRs, masked; c runs no fast path)", s.fastPath, want)
 	}
 	// The overlay routes b's IPv6 pods (masked), c has none.
-	if len(s.overlay) == 2 && (s.overlay[0].PodCIDR6.String() != "fd00:10:244:2::/64" || s.overlay[1].PodCIDR6.IsValid()) {
+	if len(s.overlay) == 3 && (s.overlay[0].PodCIDR6.String() != "fd00:10:244:2::/64" || s.overlay[1].PodCIDR6.IsValid()) {
 		t.Errorf("overlay peers' IPv6 CIDRs %v and %v, want fd00:10:244:2::/64 and none", s.overlay[0].PodCIDR6, s.overlay[1].PodCIDR6)
 	}
 	if len(s.conflicts) != 0 {
@@ -142,9 +172,9 @@ func TestPeersOfLeavesIPv6ConflictsOut(t *testing.T) {
 		t.Errorf("peers %+v / %+v / senders %+v, want only b on both paths and in the guard", s.overlay, s.fastPath, s.senders)
 	}
 	want := []string{
-		"node c left out: its IPv6 pod CIDR fd00:10:244:2::/64 is node b's",
+		"node c left out: its IPv6 pod CIDR fd00:10:244:2::/64 is node b's, its gateway fd00:10:244:2::1 is node b's",
 		"node d left out: its IPv6 pod CIDR ::ffff:10.244.4.0/120 is IPv4-mapped",
-		"node e left out: its IPv6 pod CIDR fd00:10:244:1::/64 is node a's",
+		"node e left out: its IPv6 pod CIDR fd00:10:244:1::/64 is node a's, its gateway fd00:10:244:1::1 is node a's",
 	}
 	if fmt.Sprint(s.conflicts) != fmt.Sprint(want) {
 		t.Errorf("conflicts:\n%s\nwant:\n%s", strings.Join(s.conflicts, "\n"), strings.Join(want, "\n"))

@@ -43,7 +43,15 @@ func (p Pod) spec() pods.Pod {
 	return pods.Pod{Netns: p.Netns, IfName: p.IfName, HostIface: p.HostIface, IPs: p.IPs, Gateways: p.Gateways, MTU: p.MTU}
 }
 
-// ipv4 is the pod's IPv4 address, invalid when it has none: the socket LB
-// names a pod's network namespace by it (every pod has one so far:
-// IPv6-only clusters are not supported yet, issue 28).
-func (p Pod) ipv4() netip.Addr { return netaddr.IPv4(p.IPs) }
+// name is the address the socket LB names a pod's network namespace by:
+// its IPv4 one, or on an IPv6-only node its IPv6 one; invalid without
+// any.
+func (p Pod) name() netip.Addr {
+	if ip := netaddr.IPv4(p.IPs); ip.IsValid() {
+		return ip
+	}
+	if len(p.IPs) == 0 {
+		return netip.Addr{}
+	}
+	return p.IPs[0]
+}

@@ -3,8 +3,10 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 
+	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -17,9 +19,19 @@ type Uplink struct {
 	NodeIP netip.Addr
 }
 
+// Overhead is what VXLAN over the uplink's family adds to a frame.
+func (u Uplink) Overhead() int { return overlay.OverheadOf(u.NodeIP) }
+
+// CarriesFastPath says whether the flow cache can run over this uplink:
+// the tunnel headers it learns and pushes are IPv4's, so on an IPv6
+// underlay the slow path carries every flow.
+func (u Uplink) CarriesFastPath() bool { return u.NodeIP.Is4() }
+
 // findUplink picks the uplink: the interface named iface, else the one that
-// holds nodeIP, else the one of the default route. The node IP is nodeIP
-// if given, else the interface's first IPv4 address.
+// holds nodeIP, else the one of the default route (IPv4's, else IPv6's).
+// The node IP, the overlay's tunnel endpoint, is nodeIP if given, else
+// the interface's first IPv4 address, else its first global IPv6 one (an
+// IPv6 underlay).
 func findUplink(iface string, nodeIP netip.Addr) (Uplink, error) {
 	var link netlink.Link
 	var err error
@@ -37,31 +49,39 @@ func findUplink(iface string, nodeIP netip.Addr) (Uplink, error) {
 			return Uplink{}, err
 		}
 	}
-	addrs, err := netlink.AddrList(link, unix.AF_INET)
+	addrs, err := netlink.AddrList(link, unix.AF_UNSPEC)
 	if err != nil {
 		return Uplink{}, err
 	}
 	up := Uplink{Name: link.Attrs().Name, Index: link.Attrs().Index, MTU: link.Attrs().MTU, NodeIP: nodeIP}
+	var first6 netip.Addr
 	for _, a := range addrs {
 		ip, _ := netip.AddrFromSlice(a.IP)
-		if !nodeIP.IsValid() && !up.NodeIP.IsValid() {
-			up.NodeIP = ip.Unmap()
-		}
-		if ip.Unmap() == nodeIP {
+		ip = ip.Unmap()
+		if nodeIP.IsValid() && ip == nodeIP {
 			return up, nil
+		}
+		switch {
+		case ip.Is4() && !up.NodeIP.IsValid():
+			up.NodeIP = ip
+		case ip.Is6() && ip.IsGlobalUnicast() && !first6.IsValid():
+			first6 = ip
 		}
 	}
 	if nodeIP.IsValid() {
 		return Uplink{}, fmt.Errorf("node IP %s is not an address of uplink %s", nodeIP, up.Name)
 	}
 	if !up.NodeIP.IsValid() {
-		return Uplink{}, fmt.Errorf("uplink %s has no IPv4 address; set --node-ip", up.Name)
+		up.NodeIP = first6
+	}
+	if !up.NodeIP.IsValid() {
+		return Uplink{}, fmt.Errorf("uplink %s has no IPv4 or global IPv6 address; set --node-ip", up.Name)
 	}
 	return up, nil
 }
 
 func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
-	addrs, err := netlink.AddrList(nil, unix.AF_INET)
+	addrs, err := netlink.AddrList(nil, unix.AF_UNSPEC)
 	if err != nil {
 		return nil, err
 	}
@@ -74,14 +94,25 @@ func linkWithAddr(ip netip.Addr) (netlink.Link, error) {
 }
 
 func defaultRouteLink() (netlink.Link, error) {
-	routes, err := netlink.RouteList(nil, unix.AF_INET)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range routes {
-		if (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && r.LinkIndex > 0 {
-			return netlink.LinkByIndex(r.LinkIndex)
+	for _, family := range []int{unix.AF_INET, unix.AF_INET6} {
+		routes, err := netlink.RouteList(nil, family)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range routes {
+			if isDefault(r.Dst) && r.LinkIndex > 0 {
+				return netlink.LinkByIndex(r.LinkIndex)
+			}
 		}
 	}
 	return nil, errors.New("no default route to pick the uplink from; set --iface or --node-ip")
+}
+
+// isDefault says whether dst is a default route's destination.
+func isDefault(dst *net.IPNet) bool {
+	if dst == nil {
+		return true
+	}
+	ones, _ := dst.Mask.Size()
+	return ones == 0
 }

@@ -46,6 +46,16 @@ func stats(t *testing.T, n *lab.Node) map[string]uint64 {
 	return s
 }
 
+// nodeStatus is n's agent's status.
+func nodeStatus(t *testing.T, n *lab.Node) *apiv1.NodeStatus {
+	t.Helper()
+	st, err := n.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // settled returns n's counters once its fast path has carried nothing for
 // 300 ms, so that a late packet of an earlier flow (a delayed ACK waits up
 // to 200 ms) does not count towards the next measurement.

@@ -40,54 +40,79 @@ const (
 
 // vxlanFrame is the payload of a VXLAN datagram as a peer's kernel would
 // build it: the VXLAN header, then an Ethernet frame to the receiving
-// node's VTEP MAC carrying a UDP datagram from src to dst:injectPort.
+// node's VTEP MAC carrying a UDP datagram from src to dst:injectPort, in
+// IPv4 or IPv6 (src's family).
 func vxlanFrame(vtep net.HardwareAddr, src, dst netip.Addr, payload string) []byte {
-	b := make([]byte, 8+14+20+8+len(payload))
+	ipLen := 20
+	if src.Is6() {
+		ipLen = 40
+	}
+	b := make([]byte, 8+14+ipLen+8+len(payload))
 	b[0] = 0x08 // a VNI is present
 	binary.BigEndian.PutUint32(b[4:], vxlanVNI<<8)
 	eth := b[8:]
 	copy(eth[0:6], vtep)
 	copy(eth[6:12], net.HardwareAddr{0x02, 0xbe, 0xef, 0, 0, 1})
+	ip, udp := eth[14:14+ipLen], eth[14+ipLen:]
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], injectPort)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	copy(udp[8:], payload)
+	if src.Is6() {
+		binary.BigEndian.PutUint16(eth[12:], 0x86dd)
+		ip[0], ip[6], ip[7] = 0x60, 17, 64
+		binary.BigEndian.PutUint16(ip[4:], uint16(8+len(payload)))
+		copy(ip[8:24], src.AsSlice())
+		copy(ip[24:40], dst.AsSlice())
+		// IPv6 requires the UDP checksum: over the pseudo-header (the
+		// addresses, length and next header) and the datagram.
+		pseudo := slices.Concat(ip[8:40], []byte{0, 0, byte(len(udp) >> 8), byte(len(udp)), 0, 0, 0, 17}, udp)
+		binary.BigEndian.PutUint16(udp[6:], checksum(pseudo))
+		return b
+	}
 	binary.BigEndian.PutUint16(eth[12:], 0x0800)
-	ip := eth[14:34]
 	ip[0], ip[8], ip[9] = 0x45, 64, 17
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
 	copy(ip[12:16], src.AsSlice())
 	copy(ip[16:20], dst.AsSlice())
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip)) // UDP checksum 0: none
+	return b
+}
+
+// checksum is the Internet checksum of b.
+func checksum(b []byte) uint16 {
 	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
 	}
 	for sum > 0xffff {
 		sum = sum&0xffff + sum>>16
 	}
-	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
-	udp := eth[34:]
-	binary.BigEndian.PutUint16(udp[0:], 40000)
-	binary.BigEndian.PutUint16(udp[2:], injectPort)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload))) // checksum 0: none
-	copy(udp[8:], payload)
-	return b
+	return ^uint16(sum)
 }
 
 // injector sends crafted frames to a target pod and sees which arrive.
 type injector struct {
-	target *lab.Pod
-	node   *lab.Node // the target's node
-	vtep   net.HardwareAddr
-	mu     sync.Mutex
-	got    map[string]bool // payloads the target received
+	target   *lab.Pod
+	node     *lab.Node  // the target's node
+	endpoint netip.Addr // its tunnel endpoint
+	vtep     net.HardwareAddr
+	mu       sync.Mutex
+	got      map[string]bool // payloads the target received
 }
 
 // newInjector listens on injectPort in target's namespace.
-func newInjector(t *testing.T, node *lab.Node, target *lab.Pod) *injector {
+func newInjector(t *testing.T, l *lab.Lab, node *lab.Node, target *lab.Pod) *injector {
 	t.Helper()
 	link, err := testutil.NetlinkAt(t, node.Netns).LinkByName(datapath.DeviceName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &injector{target: target, node: node, vtep: link.Attrs().HardwareAddr, got: map[string]bool{}}
-	c := listenUDP(t, target.Netns, injectPort)
+	in := &injector{target: target, node: node, endpoint: l.TunnelIP(node), vtep: link.Attrs().HardwareAddr, got: map[string]bool{}}
+	c := listenPacketOn(t, target.Netns, "udp", injectPort) // either family
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -159,7 +184,7 @@ func (in *injector) sendUntilArrived(t *testing.T, netns string, dst netip.AddrP
 	t.Helper()
 	var c net.Conn
 	err := lab.InNetns(netns, func() (err error) {
-		c, err = net.Dial("udp4", dst.String())
+		c, err = net.Dial("udp", dst.String())
 		return err
 	})
 	if err != nil {
@@ -206,7 +231,7 @@ type injection struct {
 func expectInjections(t *testing.T, in *injector, cases []injection) {
 	t.Helper()
 	for _, c := range cases {
-		expectInjection(t, in, c, in.node.IP, vxlanPort)
+		expectInjection(t, in, c, in.endpoint, vxlanPort)
 	}
 }
 
@@ -238,7 +263,7 @@ func TestOverlayGuard(t *testing.T) {
 	l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1})
 	n1, n2, n3 := l.Nodes[0], l.Nodes[1], l.Nodes[2]
 	p1, p3 := n1.Pods[0], n3.Pods[0]
-	in := newInjector(t, n2, n2.Pods[0])
+	in := newInjector(t, l, n2, n2.Pods[0])
 	outsiderIP := netip.MustParseAddr("172.31.250.200")
 	outsider, cleanup, err := l.AddOutsider(l.Prefix+"-out", outsiderIP)
 	if err != nil {
@@ -367,7 +392,7 @@ func (c *policyCluster) overlayInjection(t *testing.T) {
 	c.set(t, []*networkingv1.NetworkPolicy{netpol("x", "db-from-web", sel("tier", "db"), ingressOnly,
 		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("tier", "web")})), nil)})
 	defer c.set(t, nil)
-	in := newInjector(t, dbNode, db.lp)
+	in := newInjector(t, c.l, dbNode, db.lp)
 	outsider, cleanup, err := c.l.AddOutsider(c.l.Prefix+"-out", netip.MustParseAddr("172.31.250.200"))
 	if err != nil {
 		t.Fatal(err)

@@ -24,9 +24,10 @@ const apiServerPort = 6443
 
 // startKubernetes runs etcd (onc-lab etcd) and kube-apiserver in the
 // controller's namespace and applies ONC's CRD and RBAC from the manifest;
-// the workloads are the lab's own processes. In a dual-stack lab (dual)
-// Services may have a cluster IP of each family.
-func (l *Lab) startKubernetes(ctx context.Context, kubeBin string, dual bool) error {
+// the workloads are the lab's own processes. In a lab with IPv6 pods
+// (ipv6) Services may have a cluster IP of each family; the API server
+// itself stays IPv4's, as the rest of the control plane.
+func (l *Lab) startKubernetes(ctx context.Context, kubeBin string, ipv6 bool) error {
 	bin := filepath.Join(kubeBin, "kube-apiserver")
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("kube-apiserver not found in %q (run make kube-bins): %w", kubeBin, err)
@@ -42,7 +43,7 @@ func (l *Lab) startKubernetes(ctx context.Context, kubeBin string, dual bool) er
 		return err
 	}
 	serviceCIDRs := []string{kubeapiserver.ServiceCIDR}
-	if dual {
+	if ipv6 {
 		serviceCIDRs = append(serviceCIDRs, kubeapiserver.ServiceCIDR6)
 	}
 	a, err := kubeapiserver.Start(ctx, l.ctlNetns(), filepath.Join(l.Dir, "kube"), bin, etcdURL, controllerIP, apiServerPort, serviceCIDRs...)
@@ -80,7 +81,7 @@ func (l *Lab) createNode(ctx context.Context, n *Node) error {
 		return err
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
-		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IP.String()}}}}
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: l.TunnelIP(n).String()}}}}
 	_, err = kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	return err
 }

@@ -72,8 +72,10 @@ type Options struct {
 	// bridge (ExternalClientIP, namespace <prefix>-ext): a client of
 	// NodePorts, externalIPs and load balancer IPs.
 	ExternalClient bool
-	// IPFamily is the pods' families: IPFamilyIPv4 (default) or
-	// IPFamilyDual (ClusterCIDRs, IPv4 first). The underlay is IPv4.
+	// IPFamily is the pods' families: IPFamilyIPv4 (default),
+	// IPFamilyDual (ClusterCIDRs, IPv4 first; the tunnels IPv4's) or
+	// IPFamilyIPv6 (ClusterCIDR6, and the tunnels between the nodes'
+	// IPv6 underlay addresses). The control plane talks IPv4 either way.
 	IPFamily string
 }
 
@@ -81,11 +83,15 @@ type Options struct {
 const (
 	IPFamilyIPv4 = "ipv4"
 	IPFamilyDual = "dual"
+	IPFamilyIPv6 = "ipv6"
 )
 
 // ClusterCIDRs are a dual-stack lab's pod ranges, in the cluster's family
-// order.
-const ClusterCIDRs = "10.244.0.0/16,fd00:10:244::/56"
+// order, and ClusterCIDR6 an IPv6 lab's.
+const (
+	ClusterCIDRs = "10.244.0.0/16," + ClusterCIDR6
+	ClusterCIDR6 = "fd00:10:244::/56"
+)
 
 // Underlay addressing (inside the lab's own namespaces only).
 var (
@@ -141,9 +147,9 @@ type Node struct {
 	Name  string     `json:"name"`
 	Netns string     `json:"netns"`
 	IP    netip.Addr `json:"ip"`
-	// IPv6 is its underlay's IPv6 address in a dual-stack lab, beside IP
-	// on the same interface: nothing of ONC's uses it (the tunnels are
-	// IPv4's); the bench reaches the node over it for IPv6's bare rows.
+	// IPv6 is its underlay's IPv6 address in a dual-stack or IPv6 lab,
+	// beside IP on the same interface: in an IPv6 lab its tunnel endpoint
+	// (TunnelIP); the bench reaches the node over it for IPv6's bare rows.
 	IPv6  netip.Addr     `json:"ipv6,omitzero"`
 	Dir   string         `json:"dir"`
 	Agent daemon.Process `json:"agent"`
@@ -169,7 +175,8 @@ type Pod struct {
 	Netns       string     `json:"netns"`
 	ContainerID string     `json:"containerID"`
 	IP          netip.Addr `json:"ip"`
-	// IPv6 is its IPv6 address in a dual-stack lab, invalid otherwise.
+	// IPv6 is its IPv6 address in a dual-stack or IPv6 lab, invalid
+	// otherwise (in an IPv6 lab IP is the same).
 	IPv6 netip.Addr `json:"ipv6,omitzero"`
 	// Namespace is its Kubernetes namespace; "" (older state) is "lab".
 	Namespace string                 `json:"namespace,omitempty"`
@@ -251,8 +258,10 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 	case "", IPFamilyIPv4:
 	case IPFamilyDual:
 		o.ControllerArgs = append([]string{"--cluster-cidr", ClusterCIDRs}, o.ControllerArgs...)
+	case IPFamilyIPv6:
+		o.ControllerArgs = append([]string{"--cluster-cidr", ClusterCIDR6}, o.ControllerArgs...)
 	default:
-		return nil, fmt.Errorf("IP family %q: %s or %s (IPv6-only pods need an agent that runs without IPv4, issue 28)", o.IPFamily, IPFamilyIPv4, IPFamilyDual)
+		return nil, fmt.Errorf("IP family %q: %s, %s or %s", o.IPFamily, IPFamilyIPv4, IPFamilyDual, IPFamilyIPv6)
 	}
 	for _, b := range []string{"onc", "onc-agent", "onc-controller", "onc-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
@@ -283,7 +292,7 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		return l, err
 	}
 	if l.Datastore == "kubernetes" {
-		if err := l.startKubernetes(ctx, o.KubeBin, o.IPFamily == IPFamilyDual); err != nil {
+		if err := l.startKubernetes(ctx, o.KubeBin, o.IPFamily != "" && o.IPFamily != IPFamilyIPv4); err != nil {
 			return l, err
 		}
 	}
@@ -516,7 +525,7 @@ func (l *Lab) AddNode(ctx context.Context) (*Node, error) {
 		}
 		l.Nodes = append(l.Nodes, n)
 	}
-	if l.IPFamily == IPFamilyDual {
+	if l.IPFamily == IPFamilyDual || l.IPFamily == IPFamilyIPv6 {
 		n.IPv6 = underlay6Addr(n.IP)
 		if err := run([][]string{{"ip", "-n", n.Netns, "addr", "add", netip.PrefixFrom(n.IPv6, 64).String(), "dev", "eth0", "nodad"}}); err != nil {
 			return nil, err
@@ -578,9 +587,18 @@ func (l *Lab) nodeCert(n *Node) error {
 		filepath.Join(l.BinDir, "onc-controller"), "node-cert", n.Name, "--out", n.etcdDir()}, l.embeddedEtcdArgs()...)})
 }
 
+// TunnelIP is n's address as ONC knows it, its overlay's tunnel
+// endpoint: IPv6 in an IPv6 lab, IPv4 otherwise.
+func (l *Lab) TunnelIP(n *Node) netip.Addr {
+	if l.IPFamily == IPFamilyIPv6 {
+		return n.IPv6
+	}
+	return n.IP
+}
+
 // StartAgent (re)starts a node's agent process.
 func (l *Lab) StartAgent(n *Node) error {
-	args := []string{"--node-name", n.Name, "--node-ip", n.IP.String(),
+	args := []string{"--node-name", n.Name, "--node-ip", l.TunnelIP(n).String(),
 		"--state-dir", filepath.Join(n.Dir, "state"), "--run-dir", filepath.Join(n.Dir, "run"), "--bpffs", n.BPFFS(),
 		"--lease-ttl", "5s"}
 	if l.Datastore == "kubernetes" {

@@ -39,13 +39,19 @@ type Endpoint struct {
 	IsPod bool
 }
 
-// Endpoints lists every node and pod of the lab.
+// Endpoints lists every node and pod of the lab. In an IPv6 lab IP is
+// the IPv6 address of each (the node's tunnel endpoint), and IPv6 unset:
+// there is one family to probe.
 func (l *Lab) Endpoints() []Endpoint {
 	var eps []Endpoint
 	for _, n := range l.Nodes {
-		eps = append(eps, Endpoint{Name: n.Name, Netns: n.Netns, IP: n.IP, Node: n.Name})
+		eps = append(eps, Endpoint{Name: n.Name, Netns: n.Netns, IP: l.TunnelIP(n), Node: n.Name})
 		for _, p := range n.Pods {
-			eps = append(eps, Endpoint{Name: p.Netns, Netns: p.Netns, IP: p.IP, IPv6: p.IPv6, Node: n.Name, IsPod: true})
+			ep := Endpoint{Name: p.Netns, Netns: p.Netns, IP: p.IP, IPv6: p.IPv6, Node: n.Name, IsPod: true}
+			if l.IPFamily == IPFamilyIPv6 {
+				ep.IPv6 = netip.Addr{}
+			}
+			eps = append(eps, ep)
 		}
 	}
 	return eps

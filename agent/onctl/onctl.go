@@ -192,7 +192,7 @@ func printStatus(o *options, st *apiv1.NodeStatus) error {
 		{"Node:", st.NodeName},
 		{"Ready:", ready},
 		{"Node IP:", st.NodeIp + " (uplink " + st.Uplink + ")"},
-		{"Pod CIDR:", orDash(st.PodCidr) + " (gateway " + orDash(st.Gateway) + ", cluster " + orDash(st.ClusterCidr) + ")"},
+		{"Pod CIDR:", podCIDRs(st)},
 		{"VXLAN:", fmt.Sprintf("%s VNI %d port %d VTEP MAC %s", st.VxlanDevice, st.Vni, st.VxlanPort, st.VtepMac)},
 		{"Pod MTU:", fmt.Sprint(st.PodMtu)},
 		{"Fast path:", fastPathState(st)},
@@ -234,10 +234,23 @@ func printPods(o *options, resp *apiv1.ListPodsResponse) error {
 	return o.table([]string{"IP", "CONTAINER", "IFACE", "HOST-IFACE", "MAC", "POD", "PHASE", "CREATED"}, rows)
 }
 
+// podCIDRs describes the node's pod CIDRs, each with its gateway and
+// cluster CIDR.
+func podCIDRs(st *apiv1.NodeStatus) string {
+	if len(st.PodCidrs) != len(st.Gateways) || len(st.PodCidrs) != len(st.ClusterCidrs) {
+		return "malformed status: " + fmt.Sprint(st.PodCidrs, st.Gateways, st.ClusterCidrs)
+	}
+	var out []string
+	for i, cidr := range st.PodCidrs {
+		out = append(out, cidr+" (gateway "+st.Gateways[i]+", cluster "+st.ClusterCidrs[i]+")")
+	}
+	return orDash(strings.Join(out, ", "))
+}
+
 func printPeers(o *options, resp *apiv1.ListPeersResponse) error {
 	var rows [][]string
 	for _, p := range resp.Peers {
-		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(p.PodCidr), orDash(p.Gateway), p.VtepMac,
+		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(strings.Join(p.PodCidrs, ",")), orDash(strings.Join(p.Gateways, ",")), p.VtepMac,
 			yesNo(p.Alive), yesNo(p.Programmed), yesNo(p.FastPath)})
 	}
 	return o.table([]string{"NODE", "NODE-IP", "POD-CIDR", "GATEWAY", "VTEP-MAC", "ALIVE", "PROGRAMMED", "FAST-PATH"}, rows)

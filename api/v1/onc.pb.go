@@ -309,8 +309,14 @@ type NodeStatus struct {
 	// Which TCP connections open and close on the fast path: "off", "pods
 	// no policy isolates" or "every pod (no NetworkPolicy)".
 	FastPathConnectionSetup string `protobuf:"bytes,30,opt,name=fast_path_connection_setup,json=fastPathConnectionSetup,proto3" json:"fast_path_connection_setup,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// The node's pod CIDRs, their gateways and the cluster's CIDRs of the
+	// same families, in the node's family order (one per family); the
+	// singular fields above are the first of each.
+	PodCidrs      []string `protobuf:"bytes,31,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
+	Gateways      []string `protobuf:"bytes,32,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	ClusterCidrs  []string `protobuf:"bytes,33,rep,name=cluster_cidrs,json=clusterCidrs,proto3" json:"cluster_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -551,6 +557,27 @@ func (x *NodeStatus) GetFastPathConnectionSetup() string {
 		return x.FastPathConnectionSetup
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetPodCidrs() []string {
+	if x != nil {
+		return x.PodCidrs
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetGateways() []string {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetClusterCidrs() []string {
+	if x != nil {
+		return x.ClusterCidrs
+	}
+	return nil
 }
 
 type Watcher struct {
@@ -889,7 +916,11 @@ type Peer struct {
 	// The peer's agent holds its liveness lease.
 	Alive bool `protobuf:"varint,7,opt,name=alive,proto3" json:"alive,omitempty"`
 	// Routes, FDB and neighbour entries for the peer are in place here.
-	Programmed    bool `protobuf:"varint,8,opt,name=programmed,proto3" json:"programmed,omitempty"`
+	Programmed bool `protobuf:"varint,8,opt,name=programmed,proto3" json:"programmed,omitempty"`
+	// The peer's pod CIDRs and gateways, one per family; pod_cidr and
+	// gateway are the first.
+	PodCidrs      []string `protobuf:"bytes,9,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
+	Gateways      []string `protobuf:"bytes,10,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -978,6 +1009,20 @@ func (x *Peer) GetProgrammed() bool {
 		return x.Programmed
 	}
 	return false
+}
+
+func (x *Peer) GetPodCidrs() []string {
+	if x != nil {
+		return x.PodCidrs
+	}
+	return nil
+}
+
+func (x *Peer) GetGateways() []string {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
 }
 
 type ListPeersResponse struct {
@@ -2870,7 +2915,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xd2\a\n" +
+	"\x10GetStatusRequest\"\xb0\b\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2905,7 +2950,10 @@ const file_onc_proto_rawDesc = "" +
 	"\fmetrics_addr\x18\x1c \x01(\tR\vmetricsAddr\x12\x1d\n" +
 	"\n" +
 	"kube_proxy\x18\x1d \x01(\tR\tkubeProxy\x12;\n" +
-	"\x1afast_path_connection_setup\x18\x1e \x01(\tR\x17fastPathConnectionSetup\"\x96\x01\n" +
+	"\x1afast_path_connection_setup\x18\x1e \x01(\tR\x17fastPathConnectionSetup\x12\x1b\n" +
+	"\tpod_cidrs\x18\x1f \x03(\tR\bpodCidrs\x12\x1a\n" +
+	"\bgateways\x18  \x03(\tR\bgateways\x12#\n" +
+	"\rcluster_cidrs\x18! \x03(\tR\fclusterCidrs\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +
@@ -2930,7 +2978,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x03ips\x18\v \x03(\tR\x03ips\"3\n" +
 	"\x10ListPodsResponse\x12\x1f\n" +
 	"\x04pods\x18\x01 \x03(\v2\v.onc.v1.PodR\x04pods\"\x12\n" +
-	"\x10ListPeersRequest\"\xdf\x01\n" +
+	"\x10ListPeersRequest\"\x98\x02\n" +
 	"\x04Peer\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\anode_ip\x18\x02 \x01(\tR\x06nodeIp\x12\x19\n" +
@@ -2941,7 +2989,10 @@ const file_onc_proto_rawDesc = "" +
 	"\x05alive\x18\a \x01(\bR\x05alive\x12\x1e\n" +
 	"\n" +
 	"programmed\x18\b \x01(\bR\n" +
-	"programmed\"7\n" +
+	"programmed\x12\x1b\n" +
+	"\tpod_cidrs\x18\t \x03(\tR\bpodCidrs\x12\x1a\n" +
+	"\bgateways\x18\n" +
+	" \x03(\tR\bgateways\"7\n" +
 	"\x11ListPeersResponse\x12\"\n" +
 	"\x05peers\x18\x01 \x03(\v2\f.onc.v1.PeerR\x05peers\".\n" +
 	"\x12SetFastPathRequest\x12\x18\n" +

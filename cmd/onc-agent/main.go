@@ -27,7 +27,7 @@ func main() {
 	fs := pflag.NewFlagSet("onc-agent", pflag.ExitOnError)
 	host, _ := os.Hostname()
 	fs.StringVar(&cfg.NodeName, "node-name", cmdutil.EnvOr("NODE_NAME", host), "this node's name (env NODE_NAME)")
-	nodeIP := fs.String("node-ip", "", "this node's underlay IPv4 address (default: the uplink's first address)")
+	nodeIP := fs.String("node-ip", "", "this node's underlay address, IPv4 or IPv6: the overlay's tunnel endpoint (default: the uplink's first IPv4 address, else its first global IPv6 one)")
 	fs.StringVar(&cfg.Datapath.Iface, "iface", "", "uplink interface (default: the one holding --node-ip, else the default route's)")
 	fs.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "persistent state: VTEP MAC, pod addresses")
 	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "where cni.sock and agent.sock are served")
@@ -102,8 +102,8 @@ func main() {
 	}
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
-		if err != nil || !ip.Is4() {
-			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not an IPv4 address", *nodeIP))
+		if err != nil || ip.Is4In6() || ip.Zone() != "" || !ip.IsGlobalUnicast() {
+			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not a global unicast IPv4 or IPv6 address", *nodeIP))
 		}
 		cfg.Datapath.NodeIP = ip
 	}

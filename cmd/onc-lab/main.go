@@ -68,7 +68,7 @@ func newRoot() *cobra.Command {
 	upFlags.BoolVar(&slow, "slow-path-only", false, "start the agents with the fast path off")
 	upFlags.StringVar(&o.Datastore, "datastore", "etcd", "etcd (embedded in the controller) or kubernetes (a real kube-apiserver; make kube-bins)")
 	upFlags.StringVar(&o.Underlay, "underlay", lab.UnderlayBridge, "bridge (every node on one bridge) or direct (2 nodes on one veth pair, as the bench runs)")
-	upFlags.StringVar(&o.IPFamily, "ip-family", lab.IPFamilyIPv4, "pods' address families: ipv4, or dual (IPv4 and IPv6, cluster CIDRs "+lab.ClusterCIDRs+"; the underlay stays IPv4)")
+	upFlags.StringVar(&o.IPFamily, "ip-family", lab.IPFamilyIPv4, "pods' address families: ipv4; dual (IPv4 and IPv6, cluster CIDRs "+lab.ClusterCIDRs+", IPv4 tunnels); or ipv6 (cluster CIDR "+lab.ClusterCIDR6+", IPv6 tunnels)")
 	upFlags.BoolVar(&o.ExternalClient, "external-client", false, "add a host outside the cluster on the underlay (namespace <prefix>-ext, "+lab.ExternalClientIP.String()+"), a client of NodePorts and external IPs")
 	upFlags.StringVar(&o.KubeBin, "kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory with kube-apiserver for --datastore=kubernetes (env ONC_KUBE_BIN)")
 	up.Flags().AddFlagSet(upFlags)

@@ -37,6 +37,9 @@ type Overlay struct {
 	Device string // the VXLAN device
 	Uplink string // the only interface VXLAN frames may come in by
 	Port   int    // the VXLAN UDP port
+	// IPv6: the tunnel's endpoints are IPv6 (an IPv6 underlay), so the
+	// guard's rules and the peer host's marks are ip6tables'.
+	IPv6 bool
 	// PeerHostMark: on the packets of connections a peer's host opened
 	// over the device, both ways, for policy routing (datapath/overlay);
 	// cleared before they are encapsulated. Required.
@@ -71,21 +74,39 @@ func guardRules(ovl Overlay) []guardRule {
 
 func (r guardRule) comment() string { return "onc: overlay guard, " + r.reason }
 
-// Ensure makes the chains hold exactly the rules for clusterCIDR and ovl,
-// pods' traffic to outside masqueraded to masqueradePorts ("" any; a range
-// "low-high" keeps it off ports the uplink load balancer serves, whose
-// programs take any UDP packet to them for a new flow),
-// and jumps to them first in POSTROUTING, FORWARD and mangle's
-// PREROUTING, INPUT, FORWARD and POSTROUTING, with the ESTABLISHED mark as
-// m says. It is idempotent.
-func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) error {
+// Ensure makes iptables' chains hold exactly the rules for clusterCIDR
+// (IPv4's; invalid on an IPv6-only node) and ovl, pods' traffic to outside
+// masqueraded to masqueradePorts ("" any; a range "low-high" keeps it off
+// ports the uplink load balancer serves, whose programs take any UDP
+// packet to them for a new flow), and jumps to them first in POSTROUTING,
+// FORWARD and mangle's PREROUTING, INPUT, FORWARD and POSTROUTING, with
+// the ESTABLISHED mark as m says. The guard's rules and the peer host's
+// marks are there on an IPv4 underlay, empty on an IPv6 one (EnsureIPv6
+// has them then). It is idempotent.
+func Ensure(clusterCIDR netip.Prefix, ovl Overlay, m Marking, masqueradePorts string) error {
 	ipt, err := newIPv4()
 	if err != nil {
 		return err
 	}
+	if err := fillOverlay(ipt, clusterCIDR, ovl, !ovl.IPv6); err != nil {
+		return err
+	}
+	if err := fillPods(ipt, clusterCIDR, "224.0.0.0/4", masqueradePorts); err != nil {
+		return err
+	}
+	return ensureMarks(ipt, ovl.Device, m)
+}
+
+// fillOverlay fills the guard's chains and the peer host's in ipt's
+// family: with underlay for the tunnel's endpoints of that family, empty
+// otherwise (the other family's chains, which an earlier run on another
+// underlay may have filled).
+func fillOverlay(ipt *iptables.IPTables, clusterCIDR netip.Prefix, ovl Overlay, underlay bool) error {
 	guard := map[string][][]string{guardInputChain: nil, guardForwardChain: nil}
-	for _, r := range guardRules(ovl) {
-		guard[r.chain] = append(guard[r.chain], append(r.match, "-m", "comment", "--comment", r.comment(), "-j", "DROP"))
+	if underlay {
+		for _, r := range guardRules(ovl) {
+			guard[r.chain] = append(guard[r.chain], append(r.match, "-m", "comment", "--comment", r.comment(), "-j", "DROP"))
+		}
 	}
 	if err := fill(ipt, "mangle", guardInputChain, "INPUT", guard[guardInputChain]); err != nil {
 		return err
@@ -93,35 +114,30 @@ func Ensure(clusterCIDR string, ovl Overlay, m Marking, masqueradePorts string) 
 	if err := fill(ipt, "mangle", guardForwardChain, "FORWARD", guard[guardForwardChain]); err != nil {
 		return err
 	}
-	if err := fillPods(ipt, clusterCIDR, "224.0.0.0/4", masqueradePorts); err != nil {
-		return err
-	}
-	if err := fillPeerHost(ipt, clusterCIDR, ovl); err != nil {
-		return err
-	}
-	return ensureMarks(ipt, ovl.Device, m)
+	return fillPeerHost(ipt, clusterCIDR, ovl, underlay && clusterCIDR.IsValid())
 }
 
 // fillPods fills the chains of pods' traffic in ipt's family: masquerade
 // (to masqueradePorts, "" any) from clusterCIDR to anywhere outside it but
-// multicast, and FORWARD accepts from and to it. With clusterCIDR "" the
-// chains are left empty.
-func fillPods(ipt *iptables.IPTables, clusterCIDR, multicast, masqueradePorts string) error {
+// multicast, and FORWARD accepts from and to it. With an invalid
+// clusterCIDR the chains are left empty.
+func fillPods(ipt *iptables.IPTables, clusterCIDR netip.Prefix, multicast, masqueradePorts string) error {
 	var nat, fwd [][]string
-	if clusterCIDR != "" {
+	if clusterCIDR.IsValid() {
+		cidr := clusterCIDR.String()
 		masquerade := func(match ...string) []string {
-			return append(append([]string{"-s", clusterCIDR, "!", "-d", multicast}, match...),
+			return append(append([]string{"-s", cidr, "!", "-d", multicast}, match...),
 				"-m", "comment", "--comment", "onc: pod to outside", "-j", "MASQUERADE", "--random-fully")
 		}
-		nat = [][]string{{"-s", clusterCIDR, "-d", clusterCIDR, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"}}
+		nat = [][]string{{"-s", cidr, "-d", cidr, "-m", "comment", "--comment", "onc: pod to pod, no NAT", "-j", "RETURN"}}
 		if masqueradePorts != "" { // ports are TCP's and UDP's only
 			nat = append(nat, append(masquerade("-p", "tcp"), "--to-ports", masqueradePorts),
 				append(masquerade("-p", "udp"), "--to-ports", masqueradePorts))
 		}
 		nat = append(nat, masquerade())
 		fwd = [][]string{
-			{"-s", clusterCIDR, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
-			{"-d", clusterCIDR, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
+			{"-s", cidr, "-m", "comment", "--comment", "onc: from pods", "-j", "ACCEPT"},
+			{"-d", cidr, "-m", "comment", "--comment", "onc: to pods", "-j", "ACCEPT"},
 		}
 	}
 	if err := fill(ipt, "nat", natChain, "POSTROUTING", nat); err != nil {
@@ -132,31 +148,36 @@ func fillPods(ipt *iptables.IPTables, clusterCIDR, multicast, masqueradePorts st
 
 // EnsureIPv6 makes ip6tables hold the rules of IPv6 pods, whose addresses
 // are in clusterCIDR: masquerade to outside it, FORWARD accepts (the fast
-// path's mark is ensureMarks'). The overlay guard's rules stay IPv4's: the
-// tunnel's endpoints are IPv4. With an invalid clusterCIDR (no IPv6
-// pods) it makes nothing, and empties the chains an earlier dual-stack
-// run left; a node without IPv6 pods does not need ip6tables to work, so
-// that is only logged if it fails.
-func EnsureIPv6(clusterCIDR netip.Prefix) error {
+// path's mark is ensureMarks'), and on an IPv6 underlay (ovl.IPv6) the
+// guard's rules and the peer host's marks. A node with neither IPv6 pods
+// nor an IPv6 underlay makes nothing, and empties the chains an earlier
+// run left; it does not need ip6tables to work, so that is only logged if
+// it fails.
+func EnsureIPv6(clusterCIDR netip.Prefix, ovl Overlay) error {
 	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
-	if !clusterCIDR.IsValid() {
+	if !clusterCIDR.IsValid() && !ovl.IPv6 {
 		if err == nil {
-			err = clearIfPresent(ipt, map[string]string{"nat": natChain, "filter": forwardChain})
+			err = clearIfPresent(ipt, [][2]string{{"nat", natChain}, {"filter", forwardChain},
+				{"mangle", guardInputChain}, {"mangle", guardForwardChain}, {"mangle", peerHostChain}, {"mangle", peerHostOutChain}})
 		}
 		if err != nil && !errors.Is(err, exec.ErrNotFound) { // no ip6tables, no rules to empty
-			slog.Warn("cannot check ip6tables for IPv6 pods' rules of an earlier run", "err", err)
+			slog.Warn("cannot check ip6tables for IPv6 rules of an earlier run", "err", err)
 		}
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("ip6tables, which IPv6 pods need: %w", err)
+		return fmt.Errorf("ip6tables, which IPv6 pods and an IPv6 underlay need: %w", err)
 	}
-	return fillPods(ipt, clusterCIDR.String(), "ff00::/8", "")
+	if err := fillOverlay(ipt, clusterCIDR, ovl, ovl.IPv6); err != nil {
+		return err
+	}
+	return fillPods(ipt, clusterCIDR, "ff00::/8", "")
 }
 
-// clearIfPresent empties the chains (by table) that exist.
-func clearIfPresent(ipt *iptables.IPTables, chains map[string]string) error {
-	for table, chain := range chains {
+// clearIfPresent empties the chains (table, chain) that exist.
+func clearIfPresent(ipt *iptables.IPTables, chains [][2]string) error {
+	for _, tc := range chains {
+		table, chain := tc[0], tc[1]
 		ok, err := ipt.ChainExists(table, chain)
 		if err == nil && ok {
 			err = ipt.ClearChain(table, chain)
@@ -202,7 +223,7 @@ func ensureMarks(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 	ipt6, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
 	if !m.IPv6 {
 		if err == nil {
-			err = clearIfPresent(ipt6, map[string]string{"mangle": markChain})
+			err = clearIfPresent(ipt6, [][2]string{{"mangle", markChain}})
 		}
 		if err != nil && !errors.Is(err, exec.ErrNotFound) {
 			slog.Warn("cannot check ip6tables for IPv6 pods' marks of an earlier run", "err", err)
@@ -217,9 +238,12 @@ func ensureMarks(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 }
 
 // GuardDrops counts the packets each of the overlay guard's rules dropped,
-// by reason.
+// by reason, in the underlay's family.
 func GuardDrops(ovl Overlay) (map[string]uint64, error) {
 	ipt, err := newIPv4()
+	if ovl.IPv6 {
+		ipt, err = iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -275,9 +299,14 @@ func fillMark(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 // fillPeerHost marks the connections a peer's host opens to a pod over
 // the overlay (source outside the cluster CIDR: by the guard, that peer's
 // node address), and their packets both ways, for ovl.PeerHostMark's
-// policy route. The mark is cleared as a packet enters the device (that
-// chain filled first): the tunnel's own route lookup must not take it.
-func fillPeerHost(ipt *iptables.IPTables, clusterCIDR string, ovl Overlay) error {
+// policy route; with on false (node addresses of the other family) the
+// chains are left empty. The mark is cleared as a packet enters the device
+// (that chain filled first): the tunnel's own route lookup must not take
+// it.
+func fillPeerHost(ipt *iptables.IPTables, clusterCIDR netip.Prefix, ovl Overlay, on bool) error {
+	if !on {
+		return errors.Join(fill(ipt, "mangle", peerHostOutChain, "POSTROUTING", nil), fill(ipt, "mangle", peerHostChain, "PREROUTING", nil))
+	}
 	m := fmt.Sprintf("0x%x/0x%x", ovl.PeerHostMark, ovl.PeerHostMark)
 	out := [][]string{{"-o", ovl.Device, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
 		"onc: routed, not for the tunnel", "-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/0x%x", ovl.PeerHostMark)}}
@@ -285,7 +314,7 @@ func fillPeerHost(ipt *iptables.IPTables, clusterCIDR string, ovl Overlay) error
 		return err
 	}
 	in := [][]string{
-		{"-i", ovl.Device, "!", "-s", clusterCIDR, "-d", clusterCIDR, "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
+		{"-i", ovl.Device, "!", "-s", clusterCIDR.String(), "-d", clusterCIDR.String(), "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
 			"onc: a peer's host to a pod", "-j", "CONNMARK", "--set-xmark", m},
 		// onc+ is the pods' veths (the replies) and the device itself (the
 		// peer's packets, which the reverse-path check must route by the

@@ -35,6 +35,12 @@ func TestEnsureUplinkLBRemovesTheOldMarkChain(t *testing.T) {
 	})
 }
 
+// ovl4 and ovl6 are the overlay on an IPv4 and on an IPv6 underlay.
+var (
+	ovl4 = Overlay{Device: "onc.vxlan", Uplink: "eth0", Port: 4789, PeerHostMark: 0x200000}
+	ovl6 = Overlay{Device: "onc.vxlan", Uplink: "eth0", Port: 4789, PeerHostMark: 0x200000, IPv6: true}
+)
+
 // IPv6 pods get the IPv4 ones' masquerade and FORWARD accepts in
 // ip6tables, in ONC's chains jumped to first; without an IPv6 cluster CIDR
 // the chains are emptied. Idempotent both ways. A node that never had IPv6
@@ -43,7 +49,7 @@ func TestEnsureIPv6(t *testing.T) {
 	testutil.InNewNetns(t, "nf6", func() {
 		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
 		testutil.Must(t, err)
-		testutil.Must(t, EnsureIPv6(netip.Prefix{}))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
 		for table, chain := range map[string]string{"nat": natChain, "filter": forwardChain} {
 			if ok, err := ipt.ChainExists(table, chain); err != nil || ok {
 				t.Fatalf("an IPv4-only node made ip6tables %s %s (%v)", table, chain, err)
@@ -57,7 +63,7 @@ func TestEnsureIPv6(t *testing.T) {
 		}
 		cidr := netip.MustParsePrefix("fd00:10:244::/56")
 		for range 2 {
-			testutil.Must(t, EnsureIPv6(cidr))
+			testutil.Must(t, EnsureIPv6(cidr, ovl4))
 		}
 		nat := strings.Join(rules("nat", natChain), "\n")
 		for _, want := range []string{
@@ -76,9 +82,67 @@ func TestEnsureIPv6(t *testing.T) {
 				t.Errorf("%s %s: %v, want one jump to ONC's chain first", table, parent, r)
 			}
 		}
-		testutil.Must(t, EnsureIPv6(netip.Prefix{}))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
 		if r := rules("nat", natChain); len(r) != 1 {
 			t.Errorf("nat %s after IPv6 went: %v", natChain, r)
+		}
+	})
+}
+
+// On an IPv6 underlay the overlay guard's rules and the peer host's marks
+// are ip6tables' (the kernel's VXLAN socket is IPv6's), iptables' chains
+// for them stay empty, and GuardDrops reads ip6tables; moved back to an
+// IPv4 underlay, each family's chains swap again. An IPv6-only node has
+// no IPv4 pod rules.
+func TestGuardFollowsTheUnderlayFamily(t *testing.T) {
+	testutil.InNewNetns(t, "nfu", func() {
+		ipt4, err := newIPv4()
+		testutil.Must(t, err)
+		ipt6, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
+		testutil.Must(t, err)
+		count := func(ipt *iptables.IPTables, table, chain string) int {
+			t.Helper()
+			r, err := ipt.List(table, chain)
+			testutil.Must(t, err)
+			return len(r) - 1 // less the chain itself
+		}
+		cidr6 := netip.MustParsePrefix("fd00:10:244::/56")
+		ensure := func(cidr4 netip.Prefix, ovl Overlay) {
+			t.Helper()
+			testutil.Must(t, Ensure(cidr4, ovl, Marking{}, ""))
+			testutil.Must(t, EnsureIPv6(cidr6, ovl))
+		}
+		ensure(netip.Prefix{}, ovl6)
+		for _, c := range []struct {
+			ipt          *iptables.IPTables
+			table, chain string
+			want         int
+		}{
+			{ipt6, "mangle", guardInputChain, 2}, {ipt6, "mangle", guardForwardChain, 1},
+			{ipt6, "mangle", peerHostChain, 2}, {ipt6, "mangle", peerHostOutChain, 1},
+			{ipt4, "mangle", guardInputChain, 0}, {ipt4, "mangle", guardForwardChain, 0},
+			{ipt4, "mangle", peerHostChain, 0}, {ipt4, "nat", natChain, 0},
+		} {
+			if got := count(c.ipt, c.table, c.chain); got != c.want {
+				t.Errorf("IPv6 underlay: %v %s %s holds %d rules, want %d", c.ipt.Proto(), c.table, c.chain, got, c.want)
+			}
+		}
+		drops, err := GuardDrops(ovl6)
+		testutil.Must(t, err)
+		if len(drops) != 3 {
+			t.Errorf("guard drops on an IPv6 underlay: %v, want the 3 rules' counters", drops)
+		}
+		if _, err := GuardDrops(ovl4); err == nil {
+			t.Error("GuardDrops read an IPv4 guard that is not there")
+		}
+		ensure(netip.MustParsePrefix("10.244.0.0/16"), ovl4)
+		for _, c := range []struct {
+			ipt  *iptables.IPTables
+			want int
+		}{{ipt4, 2}, {ipt6, 0}} {
+			if got := count(c.ipt, "mangle", guardInputChain); got != c.want {
+				t.Errorf("back on IPv4: %v guard input holds %d rules, want %d", c.ipt.Proto(), got, c.want)
+			}
 		}
 	})
 }

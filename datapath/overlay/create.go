@@ -23,7 +23,11 @@ func createVXLAN(cfg Config) error {
 	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
 	data.AddRtAttr(nl.IFLA_VXLAN_ID, nl.Uint32Attr(uint32(cfg.VNI)))
 	data.AddRtAttr(nl.IFLA_VXLAN_LINK, nl.Uint32Attr(uint32(cfg.Uplink)))
-	data.AddRtAttr(nl.IFLA_VXLAN_LOCAL, cfg.LocalIP.AsSlice())
+	if cfg.LocalIP.Is6() {
+		data.AddRtAttr(nl.IFLA_VXLAN_LOCAL6, cfg.LocalIP.AsSlice())
+	} else {
+		data.AddRtAttr(nl.IFLA_VXLAN_LOCAL, cfg.LocalIP.AsSlice())
+	}
 	port := make([]byte, 2)
 	binary.BigEndian.PutUint16(port, uint16(cfg.Port))
 	data.AddRtAttr(nl.IFLA_VXLAN_PORT, port)

@@ -3,9 +3,10 @@
 // remote VTEP MAC), an FDB entry (remote VTEP MAC → remote node IP) and an
 // onlink route (remote pod CIDR via remote gateway), the route added last
 // and removed first so no packet is routed to an unresolvable next hop.
-// A remote node with an IPv6 pod CIDR gets the same neighbour and route in
-// IPv6, over the same FDB entry: the overlay carries both families in
-// frames between IPv4 tunnel endpoints.
+// A node has a pod CIDR of one family or of both, and the overlay carries
+// each family both nodes have over the same FDB entry, in frames between
+// tunnel endpoints of the underlay's family: IPv4, or IPv6 (then every
+// node's endpoint is IPv6).
 package overlay
 
 import (
@@ -31,20 +32,27 @@ import (
 // DeviceName is the VXLAN device ONC owns.
 const DeviceName = "onc.vxlan"
 
-// Overhead is what VXLAN over IPv4 adds to a frame.
-const Overhead = 50
+// OverheadOf is what VXLAN between tunnel endpoints of local's family adds
+// to a frame: outer IPv4 (20 bytes) or IPv6 (40), UDP, VXLAN and the
+// inner Ethernet header.
+func OverheadOf(local netip.Addr) int {
+	if local.Is6() {
+		return 70
+	}
+	return 50
+}
 
 // Config of the VXLAN device.
 type Config struct {
 	VNI     int
 	Port    int
-	LocalIP netip.Addr // the node IP; outer source
+	LocalIP netip.Addr // the node IP; outer source, IPv4 or IPv6
 	Uplink  int        // ifindex the outer packets leave by
 	MAC     net.HardwareAddr
-	MTU     int        // uplink MTU − Overhead
-	Gateway netip.Addr // this node's gateway, set on the device as /32
-	// Gateway6 is this node's IPv6 gateway, set on the device as /128;
-	// invalid when the node has no IPv6 pod CIDR.
+	MTU     int // uplink MTU − OverheadOf(LocalIP)
+	// Gateway and Gateway6 are this node's gateways, set on the device as
+	// /32 and /128; invalid when the node has no pod CIDR of that family.
+	Gateway  netip.Addr
 	Gateway6 netip.Addr
 	ProcSys  string // where the node's sysctls are, "" = /proc/sys
 }
@@ -69,20 +77,22 @@ type Peer struct {
 	Name     string
 	NodeIP   netip.Addr
 	VTEPMAC  net.HardwareAddr
-	PodCIDR  netip.Prefix
+	PodCIDR  netip.Prefix // invalid when it has none (an IPv6-only node)
 	PodCIDR6 netip.Prefix // invalid when it has none
 }
 
-// ipv6 reports whether p's IPv6 pods are reached over the device: both
-// nodes have IPv6 pods (a node without has no IPv6 on the device).
-func (o *Overlay) ipv6(p Peer) bool { return p.PodCIDR6.IsValid() && o.cfg.Gateway6.IsValid() }
-
-// gateways are the peer's gateways, the next hops of its pod CIDRs.
-func (o *Overlay) gateways(p Peer) []netip.Addr {
-	if o.ipv6(p) {
-		return []netip.Addr{Gateway(p.PodCIDR), Gateway(p.PodCIDR6)}
+// podCIDRs are the pod CIDRs of p reached over the device: those of a
+// family both nodes have pods of (a node without has no address of that
+// family on the device).
+func (o *Overlay) podCIDRs(p Peer) []netip.Prefix {
+	var out []netip.Prefix
+	if p.PodCIDR.IsValid() && o.cfg.Gateway.IsValid() {
+		out = append(out, p.PodCIDR)
 	}
-	return []netip.Addr{Gateway(p.PodCIDR)}
+	if p.PodCIDR6.IsValid() && o.cfg.Gateway6.IsValid() {
+		out = append(out, p.PodCIDR6)
+	}
+	return out
 }
 
 // Gateway of a pod CIDR: its first usable address; invalid for an
@@ -158,19 +168,21 @@ func Ensure(cfg Config) (*Overlay, error) {
 	if err := netlink.LinkSetUp(l); err != nil {
 		return nil, fmt.Errorf("%s up: %w", DeviceName, err)
 	}
-	if err := ensurePeerHostRule(); err != nil {
+	if err := ensurePeerHostRule(netaddr.Family(cfg.LocalIP)); err != nil {
 		return nil, err
 	}
 	return &Overlay{cfg: cfg, link: l, peers: map[string]Peer{}}, nil
 }
 
 // ensurePeerHostRule adds the rule that routes PeerHostMark'ed packets by
-// PeerHostTable, unless it is there.
-func ensurePeerHostRule() error {
+// PeerHostTable, in the family of the node addresses (the underlay's),
+// unless it is there.
+func ensurePeerHostRule(family int) error {
 	want := netlink.NewRule()
+	want.Family = family
 	want.Priority, want.Table = PeerHostRulePriority, PeerHostTable
 	want.Mark, want.Mask = PeerHostMark, ptr.To(uint32(PeerHostMark))
-	rules, err := netlink.RuleListFiltered(unix.AF_INET, want, netlink.RT_FILTER_PRIORITY)
+	rules, err := netlink.RuleListFiltered(family, want, netlink.RT_FILTER_PRIORITY)
 	if err != nil {
 		return fmt.Errorf("list ip rules: %w", err)
 	}
@@ -247,7 +259,7 @@ func (o *Overlay) Sync(peers []Peer, checkKernel bool) error {
 		if have, err = o.read(); err != nil {
 			return err
 		}
-		if err := ensurePeerHostRule(); err != nil {
+		if err := ensurePeerHostRule(netaddr.Family(o.cfg.LocalIP)); err != nil {
 			return err
 		}
 	} else {
@@ -326,7 +338,8 @@ func (o *Overlay) entriesOf(peers []Peer) entries {
 // neighs are the peer's gateways at its VTEP MAC.
 func (o *Overlay) neighs(p Peer) []netlink.Neigh {
 	var out []netlink.Neigh
-	for _, gw := range o.gateways(p) {
+	for _, cidr := range o.podCIDRs(p) {
+		gw := Gateway(cidr)
 		out = append(out, netlink.Neigh{LinkIndex: o.link.Attrs().Index, Family: netaddr.Family(gw), State: netlink.NUD_PERMANENT,
 			IP: gw.AsSlice(), HardwareAddr: p.VTEPMAC})
 	}
@@ -343,7 +356,9 @@ func (o *Overlay) fdb(p Peer) netlink.Neigh {
 const ip6DefaultMetric = 1024
 
 // routes are a peer's routes via its gateways: its pod CIDRs, and in
-// PeerHostTable its node address.
+// PeerHostTable its node address, via its gateway of that family (none
+// when the two nodes have no pods of the underlay's family: a host then
+// reaches pods from its device's gateway, never its node address).
 func (o *Overlay) routes(p Peer) []netlink.Route {
 	via := func(dst netip.Prefix, gw netip.Addr, table int) netlink.Route {
 		priority := 0
@@ -361,10 +376,13 @@ func (o *Overlay) routes(p Peer) []netlink.Route {
 			Family:    netaddr.Family(gw),
 		}
 	}
-	gw := Gateway(p.PodCIDR)
-	routes := []netlink.Route{via(p.PodCIDR, gw, unix.RT_TABLE_MAIN), via(netip.PrefixFrom(p.NodeIP, 32), gw, PeerHostTable)}
-	if o.ipv6(p) {
-		routes = append(routes, via(p.PodCIDR6, Gateway(p.PodCIDR6), unix.RT_TABLE_MAIN))
+	var routes []netlink.Route
+	for _, cidr := range o.podCIDRs(p) {
+		gw := Gateway(cidr)
+		routes = append(routes, via(cidr, gw, unix.RT_TABLE_MAIN))
+		if cidr.Addr().Is4() == p.NodeIP.Is4() {
+			routes = append(routes, via(netip.PrefixFrom(p.NodeIP, p.NodeIP.BitLen()), gw, PeerHostTable))
+		}
 	}
 	return routes
 }

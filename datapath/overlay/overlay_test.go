@@ -147,17 +147,20 @@ func readKernel(t *testing.T) kernel {
 func wantKernel(peers []overlay.Peer) kernel {
 	k := kernel{map[string]string{}, map[string]string{}, map[string]string{}}
 	for _, p := range peers {
-		gw := overlay.Gateway(p.PodCIDR)
-		k.routes[fmt.Sprintf("table %d %s", unix.RT_TABLE_MAIN, p.PodCIDR)] = fmt.Sprintf("via %s onlink=true", gw)
-		// The peer's host, in the table its marked connections are routed by.
-		k.routes[fmt.Sprintf("table %d %s/32", overlay.PeerHostTable, p.NodeIP)] = fmt.Sprintf("via %s onlink=true", gw)
-		k.neighs[gw.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
-		k.fdb[p.VTEPMAC.String()] = fmt.Sprintf("dst %s state=%#x;", p.NodeIP, netlink.NUD_PERMANENT)
-		if p.PodCIDR6.IsValid() {
-			gw6 := overlay.Gateway(p.PodCIDR6)
-			k.routes[fmt.Sprintf("table %d %s", unix.RT_TABLE_MAIN, p.PodCIDR6)] = fmt.Sprintf("via %s onlink=true", gw6)
-			k.neighs[gw6.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
+		for _, cidr := range []netip.Prefix{p.PodCIDR, p.PodCIDR6} {
+			if !cidr.IsValid() {
+				continue
+			}
+			gw := overlay.Gateway(cidr)
+			k.routes[fmt.Sprintf("table %d %s", unix.RT_TABLE_MAIN, cidr)] = fmt.Sprintf("via %s onlink=true", gw)
+			k.neighs[gw.String()] = fmt.Sprintf("%s state=%#x", p.VTEPMAC, netlink.NUD_PERMANENT)
+			if cidr.Addr().Is4() == p.NodeIP.Is4() {
+				// The peer's host, in the table its marked connections
+				// are routed by.
+				k.routes[fmt.Sprintf("table %d %s", overlay.PeerHostTable, netip.PrefixFrom(p.NodeIP, p.NodeIP.BitLen()))] = fmt.Sprintf("via %s onlink=true", gw)
+			}
 		}
+		k.fdb[p.VTEPMAC.String()] = fmt.Sprintf("dst %s state=%#x;", p.NodeIP, netlink.NUD_PERMANENT)
 	}
 	return k
 }
@@ -334,7 +337,13 @@ func TestSyncAfterAFailedWriteReadsTheKernel(t *testing.T) {
 // expectPeerHostRules wants n rules fwmark PeerHostMark lookup PeerHostTable.
 func expectPeerHostRules(t *testing.T, when string, n int) {
 	t.Helper()
-	rules, err := netlink.RuleList(unix.AF_INET)
+	expectPeerHostRulesOf(t, unix.AF_INET, when, n)
+}
+
+// expectPeerHostRulesOf is expectPeerHostRules in family.
+func expectPeerHostRulesOf(t *testing.T, family int, when string, n int) {
+	t.Helper()
+	rules, err := netlink.RuleList(family)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,5 +432,56 @@ func TestDualStackPeers(t *testing.T) {
 		if addrs, _ := netlink.AddrList(o4.Link(), unix.AF_INET6); len(addrs) != 0 {
 			t.Fatalf("IPv6 addresses left on the device: %v", addrs)
 		}
+	})
+}
+
+// On an IPv6 underlay the device's tunnel endpoint is the node's IPv6
+// address and its FDB entries send to the peers' IPv6 addresses; an
+// IPv6-only node routes its IPv6-only peers' pods and, in the peer-host
+// table, their node addresses (/128) via their IPv6 gateways, with the
+// peer-host rule in IPv6. Steady state and a restart write nothing.
+func TestIPv6Underlay(t *testing.T) {
+	inNode(t, func(uplink int) {
+		ul, err := netlink.LinkByIndex(uplink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.AddrAdd(ul, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:172::1"), Mask: net.CIDRMask(64, 128)},
+			Flags: unix.IFA_F_NODAD}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("fd00:172::1"), Uplink: uplink,
+			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1500 - overlay.OverheadOf(netip.MustParseAddr("fd00:172::1")),
+			Gateway6: netip.MustParseAddr("fd00:10:244:1::1")}
+		o, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := o.Link().(*netlink.Vxlan); !v.SrcAddr.Equal(net.ParseIP("fd00:172::1")) || v.MTU != 1430 {
+			t.Fatalf("device local %s, MTU %d; want fd00:172::1 and 1430", v.SrcAddr, v.MTU)
+		}
+		expectPeerHostRulesOf(t, unix.AF_INET6, "an IPv6 underlay", 1)
+		a := overlay.Peer{Name: "a", NodeIP: netip.MustParseAddr("fd00:172::2"), PodCIDR6: netip.MustParsePrefix("fd00:10:244:2::/64"),
+			VTEPMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 2}}
+		b := overlay.Peer{Name: "b", NodeIP: netip.MustParseAddr("fd00:172::3"), PodCIDR6: netip.MustParsePrefix("fd00:10:244:3::/64"),
+			VTEPMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 3}}
+		peers := []overlay.Peer{a, b}
+		if err := o.Sync(peers, false); err != nil {
+			t.Fatal(err)
+		}
+		expectKernel(t, "IPv6-only peers", peers)
+		expectWrites(t, "steady state", syncWrites(t, o, peers, true), 0)
+		again, err := overlay.Ensure(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Link().Attrs().Index != o.Link().Attrs().Index {
+			t.Fatal("the unchanged device was recreated instead of adopted")
+		}
+		expectWrites(t, "after a restart", syncWrites(t, again, peers, true), 0)
+		if err := again.Sync([]overlay.Peer{a}, false); err != nil {
+			t.Fatal(err)
+		}
+		expectKernel(t, "after b left", []overlay.Peer{a})
 	})
 }

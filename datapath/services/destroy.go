@@ -195,11 +195,11 @@ func (lb *LB) endSockets(gone map[departure]bool) error {
 	}
 	if len(errs) == 0 {
 		var cookie uint64
-		var pod uint32
+		var name uint32
 		it := lb.maps.OncLbNetns.Iterate()
-		for it.Next(&cookie, &pod) {
+		for it.Next(&cookie, &name) {
 			if err := lb.endIn(cookie); err != nil {
-				errs = append(errs, fmt.Errorf("netns %d (pod %s): %w", cookie, bpf.IPv4(pod), err))
+				errs = append(errs, fmt.Errorf("netns %d (pod %s): %w", cookie, lb.podOf(cookie, name), err))
 			}
 		}
 		if err := it.Err(); err != nil {

@@ -20,15 +20,37 @@ func (lb *LB) OwnHost(cookie uint64) error {
 
 // OwnPod makes the programs balance the sockets of a pod's network
 // namespace, at path (as the runtime gave it: sockets are ended there,
-// destroy.go); the pod's address names the entry for ForgetPod.
+// destroy.go); the pod's address (its IPv4 one, if it has one) names the
+// entry for ForgetPod.
 func (lb *LB) OwnPod(cookie uint64, pod netip.Addr, path string) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	if err := lb.maps.OncLbNetns.Put(cookie, bpf.NetIPv4(pod)); err != nil {
+	if err := lb.maps.OncLbNetns.Put(cookie, podName(pod)); err != nil {
 		return err
 	}
-	lb.netns[cookie] = path
+	lb.netns[cookie], lb.pods[cookie] = path, pod
 	return nil
+}
+
+// podName is what onc_lb_netns holds for a pod: its IPv4 address, or the
+// low 32 bits of an IPv6-only pod's (unique within the node's block, and
+// never 0, the host's: a block's first address is the gateway).
+func podName(pod netip.Addr) uint32 {
+	if pod.Is4() {
+		return bpf.NetIPv4(pod)
+	}
+	a := pod.As16()
+	return bpf.NetIPv4(netip.AddrFrom4([4]byte(a[12:])))
+}
+
+// podOf is the address of the pod whose namespace has cookie and name in
+// onc_lb_netns: as OwnPod was given it, or, for an entry of an earlier
+// run that no pod took again, the name as IPv4.
+func (lb *LB) podOf(cookie uint64, name uint32) netip.Addr {
+	if a, ok := lb.pods[cookie]; ok {
+		return a
+	}
+	return bpf.IPv4(name)
 }
 
 // ForgetPods removes the namespaces of pods whose address keep rejects
@@ -37,9 +59,12 @@ func (lb *LB) OwnPod(cookie uint64, pod netip.Addr, path string) error {
 func (lb *LB) ForgetPods(keep func(netip.Addr) bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	gone, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(_ uint64, ip uint32) bool { return ip != 0 && !keep(bpf.IPv4(ip)) })
+	gone, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(cookie uint64, name uint32) bool {
+		return name != 0 && !keep(lb.podOf(cookie, name))
+	})
 	for _, cookie := range gone {
 		delete(lb.netns, cookie)
+		delete(lb.pods, cookie)
 	}
 	return err
 }
@@ -49,13 +74,15 @@ func (lb *LB) ForgetPods(keep func(netip.Addr) bool) error {
 func (lb *LB) Owned() (map[uint64]netip.Addr, error) {
 	out := map[uint64]netip.Addr{}
 	var cookie uint64
-	var ip uint32
+	var name uint32
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
 	it := lb.maps.OncLbNetns.Iterate()
-	for it.Next(&cookie, &ip) {
-		if ip == 0 {
+	for it.Next(&cookie, &name) {
+		if name == 0 {
 			out[cookie] = netip.Addr{}
 		} else {
-			out[cookie] = bpf.IPv4(ip)
+			out[cookie] = lb.podOf(cookie, name)
 		}
 	}
 	return out, it.Err()

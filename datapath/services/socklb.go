@@ -3,6 +3,7 @@ package services
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -39,7 +40,8 @@ type LB struct {
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
 	ids      idPool
-	netns    map[uint64]string // owned namespaces: cookie → path, "" for the agent's own
+	netns    map[uint64]string     // owned namespaces: cookie → path, "" for the agent's own
+	pods     map[uint64]netip.Addr // the pods' of them OwnPod was given: cookie → address
 	udp      udpEnder
 }
 
@@ -56,7 +58,7 @@ func Open(o Options) (*LB, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
-	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}}
+	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}, pods: map[uint64]netip.Addr{}}
 	spec, shared, err := loadSpec(o.FlowCache)
 	if err != nil {
 		return nil, err

@@ -21,8 +21,10 @@
 # return for clients outside (docs/services.md); snat is the default.
 # IP_FAMILY=dual makes a dual-stack cluster (IPv4 first: pods
 # 10.244.0.0/16 and fd00:10:244::/56, Services 10.96.0.0/16 and
-# fd00:10:96::/112) and installs ONC with both pod ranges; ipv4 (the
-# default) a single-stack one.
+# fd00:10:96::/112) and installs ONC with both pod ranges; ipv6 an
+# IPv6-only one (pods fd00:10:244::/56, Services fd00:10:96::/112, the
+# nodes' IPv6 addresses the overlay's tunnel endpoints); ipv4 (the
+# default) an IPv4 one.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -45,7 +47,8 @@ IP_FAMILY=${IP_FAMILY:-ipv4}
 case "$IP_FAMILY" in
 ipv4) CLUSTER_CIDR=10.244.0.0/16 ;;
 dual) CLUSTER_CIDR=10.244.0.0/16,fd00:10:244::/56 ;;
-*) echo "IP_FAMILY=$IP_FAMILY: ipv4 or dual (IPv6-only nodes are not supported yet, issue 28)" >&2; exit 1 ;;
+ipv6) CLUSTER_CIDR=fd00:10:244::/56 ;;
+*) echo "IP_FAMILY=$IP_FAMILY: ipv4, dual or ipv6" >&2; exit 1 ;;
 esac
 # Nodes in the cluster, the first the control plane, and the zones the
 # workers are spread over in turn (topology.kubernetes.io/zone zone-0,
@@ -74,9 +77,10 @@ log() { echo "== $(date -u +%H:%M:%S) $*"; }
 # families and the nodes asked for.
 cluster_config() {
   local i family=()
-  if [ "$IP_FAMILY" = dual ]; then
-    family=(-e "s|^  podSubnet: .*|  podSubnet: $CLUSTER_CIDR|" -e 's|^  disableDefaultCNI: true$|&\n  ipFamily: dual\n  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|')
-  fi
+  case "$IP_FAMILY" in
+  dual) family=(-e "s|^  podSubnet: .*|  podSubnet: $CLUSTER_CIDR|" -e 's|^  disableDefaultCNI: true$|&\n  ipFamily: dual\n  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|') ;;
+  ipv6) family=(-e "s|^  podSubnet: .*|  podSubnet: $CLUSTER_CIDR|" -e 's|^  disableDefaultCNI: true$|&\n  ipFamily: ipv6\n  serviceSubnet: fd00:10:96::/112|') ;;
+  esac
   sed -e "s/^  kubeProxyMode: iptables$/  kubeProxyMode: $KUBE_PROXY/" -e '/^  - role: /d' "${family[@]}" "$here/cluster.yaml" |
     while IFS= read -r line; do
       printf '%s\n' "$line"
@@ -109,8 +113,8 @@ up() {
   if ! in_ns kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "creating kind cluster $CLUSTER, kube-proxy mode $KUBE_PROXY"
     cluster_config > "$CACHE/$CLUSTER.cluster.yaml"
-    [ "$IP_FAMILY" != dual ] || grep -q '^  ipFamily: dual$' "$CACHE/$CLUSTER.cluster.yaml" ||
-      { echo "cluster.yaml took no ipFamily: dual; see cluster_config" >&2; exit 1; }
+    [ "$IP_FAMILY" = ipv4 ] || grep -q "^  ipFamily: $IP_FAMILY\$" "$CACHE/$CLUSTER.cluster.yaml" ||
+      { echo "cluster.yaml took no ipFamily: $IP_FAMILY; see cluster_config" >&2; exit 1; }
     in_ns kind create cluster --name "$CLUSTER" --config "$CACHE/$CLUSTER.cluster.yaml" ${NODE_IMAGE:+--image "$NODE_IMAGE"} \
       --kubeconfig "$KUBECONFIG"
   fi
@@ -123,7 +127,11 @@ up() {
   count=$(in_ns kind get nodes --name "$CLUSTER" | wc -l)
   zones=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.labels.topology\.kubernetes\.io/zone}{"\n"}{end}' | sort -u | grep -c . || true)
   families=$(kc get nodes -o jsonpath='{.items[0].status.addresses[*].address}')
-  case $families in *:*) families=dual ;; *) families=ipv4 ;; esac
+  case " $families " in
+  *" "*.*.*.*" "*:*|*:*" "*.*.*.*" "*) families=dual ;;
+  *:*) families=ipv6 ;;
+  *) families=ipv4 ;;
+  esac
   if [ "$want" != "$have" ] || [ "$count" != "$NODES" ] || [ "$zones" != "$ZONES" ] || [ "$families" != "$IP_FAMILY" ]; then
     echo "cluster $CLUSTER (kube-proxy: $have, $count nodes, $zones zones, $families) was made for another KUBE_PROXY, NODES, ZONES or IP_FAMILY than $KUBE_PROXY, $NODES, $ZONES, $IP_FAMILY: make e2e-kind-down first" >&2
     exit 1
