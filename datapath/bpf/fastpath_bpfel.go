@@ -146,10 +146,24 @@ type FastpathSender6Key struct {
 	Inner     [16]uint8
 }
 
+type FastpathSender6U6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
+	Inner     [16]uint8
+}
+
 type FastpathSenderKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Peer      uint32
+	Inner     uint32
+}
+
+type FastpathSenderU6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
 	Inner     uint32
 }
 
@@ -178,6 +192,8 @@ const (
 	FastpathMapOncPeers6        = "onc_peers6"
 	FastpathMapOncSenders       = "onc_senders"
 	FastpathMapOncSenders6      = "onc_senders6"
+	FastpathMapOncSenders6U6    = "onc_senders6_u6"
+	FastpathMapOncSendersU6     = "onc_senders_u6"
 	FastpathMapOncStats         = "onc_stats"
 	FastpathMapOncStats6        = "onc_stats6"
 	FastpathProgOncEgressFast   = "onc_egress_fast"
@@ -188,6 +204,7 @@ const (
 	FastpathVarOncDecapIpv6     = "onc_decap_ipv6"
 	FastpathVarOncMark          = "onc_mark"
 	FastpathVarOncNodeIp        = "onc_node_ip"
+	FastpathVarOncNodeIp6       = "onc_node_ip6"
 	FastpathVarOncPod6Mask      = "onc_pod6_mask"
 	FastpathVarOncPod6Net       = "onc_pod6_net"
 	FastpathVarOncPodMask       = "onc_pod_mask"
@@ -248,24 +265,26 @@ type FastpathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathMapSpecs struct {
-	OncCfg      *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress   *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEgress6  *ebpf.MapSpec `ebpf:"onc_egress6"`
-	OncEncap    *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter   *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncFilter6  *ebpf.MapSpec `ebpf:"onc_filter6"`
-	OncFin      *ebpf.MapSpec `ebpf:"onc_fin"`
-	OncHooks    *ebpf.MapSpec `ebpf:"onc_hooks"`
-	OncHosts    *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLocal    *ebpf.MapSpec `ebpf:"onc_local"`
-	OncLocal6   *ebpf.MapSpec `ebpf:"onc_local6"`
-	OncOpen     *ebpf.MapSpec `ebpf:"onc_open"`
-	OncPeers    *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncPeers6   *ebpf.MapSpec `ebpf:"onc_peers6"`
-	OncSenders  *ebpf.MapSpec `ebpf:"onc_senders"`
-	OncSenders6 *ebpf.MapSpec `ebpf:"onc_senders6"`
-	OncStats    *ebpf.MapSpec `ebpf:"onc_stats"`
-	OncStats6   *ebpf.MapSpec `ebpf:"onc_stats6"`
+	OncCfg        *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress     *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEgress6    *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEncap      *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter     *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFilter6    *ebpf.MapSpec `ebpf:"onc_filter6"`
+	OncFin        *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncHooks      *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts      *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLocal      *ebpf.MapSpec `ebpf:"onc_local"`
+	OncLocal6     *ebpf.MapSpec `ebpf:"onc_local6"`
+	OncOpen       *ebpf.MapSpec `ebpf:"onc_open"`
+	OncPeers      *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncPeers6     *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncSenders    *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncSenders6   *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncSenders6U6 *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
+	OncSendersU6  *ebpf.MapSpec `ebpf:"onc_senders_u6"`
+	OncStats      *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncStats6     *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
 
 // FastpathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -276,6 +295,7 @@ type FastpathVariableSpecs struct {
 	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
@@ -304,24 +324,26 @@ func (o *FastpathObjects) Close() error {
 //
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathMaps struct {
-	OncCfg      *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress   *ebpf.Map `ebpf:"onc_egress"`
-	OncEgress6  *ebpf.Map `ebpf:"onc_egress6"`
-	OncEncap    *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter   *ebpf.Map `ebpf:"onc_filter"`
-	OncFilter6  *ebpf.Map `ebpf:"onc_filter6"`
-	OncFin      *ebpf.Map `ebpf:"onc_fin"`
-	OncHooks    *ebpf.Map `ebpf:"onc_hooks"`
-	OncHosts    *ebpf.Map `ebpf:"onc_hosts"`
-	OncLocal    *ebpf.Map `ebpf:"onc_local"`
-	OncLocal6   *ebpf.Map `ebpf:"onc_local6"`
-	OncOpen     *ebpf.Map `ebpf:"onc_open"`
-	OncPeers    *ebpf.Map `ebpf:"onc_peers"`
-	OncPeers6   *ebpf.Map `ebpf:"onc_peers6"`
-	OncSenders  *ebpf.Map `ebpf:"onc_senders"`
-	OncSenders6 *ebpf.Map `ebpf:"onc_senders6"`
-	OncStats    *ebpf.Map `ebpf:"onc_stats"`
-	OncStats6   *ebpf.Map `ebpf:"onc_stats6"`
+	OncCfg        *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress     *ebpf.Map `ebpf:"onc_egress"`
+	OncEgress6    *ebpf.Map `ebpf:"onc_egress6"`
+	OncEncap      *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter     *ebpf.Map `ebpf:"onc_filter"`
+	OncFilter6    *ebpf.Map `ebpf:"onc_filter6"`
+	OncFin        *ebpf.Map `ebpf:"onc_fin"`
+	OncHooks      *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts      *ebpf.Map `ebpf:"onc_hosts"`
+	OncLocal      *ebpf.Map `ebpf:"onc_local"`
+	OncLocal6     *ebpf.Map `ebpf:"onc_local6"`
+	OncOpen       *ebpf.Map `ebpf:"onc_open"`
+	OncPeers      *ebpf.Map `ebpf:"onc_peers"`
+	OncPeers6     *ebpf.Map `ebpf:"onc_peers6"`
+	OncSenders    *ebpf.Map `ebpf:"onc_senders"`
+	OncSenders6   *ebpf.Map `ebpf:"onc_senders6"`
+	OncSenders6U6 *ebpf.Map `ebpf:"onc_senders6_u6"`
+	OncSendersU6  *ebpf.Map `ebpf:"onc_senders_u6"`
+	OncStats      *ebpf.Map `ebpf:"onc_stats"`
+	OncStats6     *ebpf.Map `ebpf:"onc_stats6"`
 }
 
 func (m *FastpathMaps) Close() error {
@@ -342,6 +364,8 @@ func (m *FastpathMaps) Close() error {
 		m.OncPeers6,
 		m.OncSenders,
 		m.OncSenders6,
+		m.OncSenders6U6,
+		m.OncSendersU6,
 		m.OncStats,
 		m.OncStats6,
 	)
@@ -355,6 +379,7 @@ type FastpathVariables struct {
 	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.Variable `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`

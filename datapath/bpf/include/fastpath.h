@@ -58,7 +58,7 @@ struct cidr6_key {
  */
 volatile const __u32 onc_vni = 0;           /* host order */
 volatile const __be16 onc_vxlan_port = 0;
-volatile const __be32 onc_node_ip = 0;      /* this node's tunnel endpoint */
+volatile const __be32 onc_node_ip = 0;      /* this node's IPv4 tunnel endpoint (0: none) */
 volatile const __be32 onc_pod_net = 0;      /* this node's pod CIDR: with the node itself, the only */
 volatile const __be32 onc_pod_mask = 0;     /* inner destinations of frames from peers (the guard) */
 /* This node's IPv6 pod CIDR, the only inner destination of IPv6 frames

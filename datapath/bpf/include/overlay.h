@@ -7,10 +7,12 @@
  * it (routing, policy, conntrack) knows who built the frame. So every frame
  * for the port is judged on the uplink before the kernel sees it, with the
  * fast path on or off: it must come whole from a peer's tunnel endpoint to
- * this node's, carry our VNI and an IPv4 packet whose source that peer may
- * speak for (onc_senders) and whose destination is this node's pod CIDR
- * or this node, or an IPv6 packet whose source that peer may speak for
- * (onc_senders6) and whose destination is this node's IPv6 pod CIDR.
+ * this node's, over the underlay's family (IPv4, or IPv6), carry our VNI
+ * and an IPv4 packet whose source that peer may speak for (onc_senders,
+ * or onc_senders_u6 from an IPv6 endpoint) and whose destination is this
+ * node's pod CIDR or this node's IPv4 endpoint, or an IPv6 packet whose
+ * source that peer may speak for (onc_senders6, onc_senders6_u6) and whose
+ * destination is this node's IPv6 pod CIDR or its IPv6 endpoint.
  * And no pod may send to the port at all, over IPv4 or IPv6: its frame
  * would leave masqueraded as its node, a trusted sender. (Frames by
  * another interface, and ones address translation sends to the port,
@@ -28,14 +30,27 @@ struct vlanhdr {
 	__be16 proto;
 };
 
-/* What the guard reads: up to two VLAN tags, the outer IPv4 header with
- * options, UDP and VXLAN, the inner Ethernet and IPv4 or IPv6 header (the
- * longer). A pod's IPv6 packet is shorter than that up to its UDP header,
- * unless extension headers come first (to_vxlan_port6 reads those with
- * bpf_skb_load_bytes). */
-#define ONC_GUARD_LEN (sizeof(struct ethhdr) + 2 * sizeof(struct vlanhdr) + 60 + \
-		       sizeof(struct udphdr) + sizeof(struct vxlanhdr) + \
-		       sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
+/*
+ * An IPv6 underlay's outer Ethernet, IPv6, UDP and VXLAN headers (fixed:
+ * peers send no extension header), then the inner Ethernet header: the
+ * IPv4 underlay's ONC_ENCAP_LEN and ONC_HDR_LEN (fastpath.h) for IPv6.
+ */
+#define ONC_ENCAP6_LEN (sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + \
+			sizeof(struct udphdr) + sizeof(struct vxlanhdr))
+#define ONC_HDR6_LEN (ONC_ENCAP6_LEN + sizeof(struct ethhdr))
+
+/* What the guard reads of an outer IPv4 frame: up to two VLAN tags, the
+ * IPv4 header with options, UDP and VXLAN, the inner Ethernet and IPv4 or
+ * IPv6 header (the longer). A pod's IPv6 packet is shorter than that up
+ * to its UDP header, unless extension headers come first (to_vxlan_port6
+ * reads those with bpf_skb_load_bytes). */
+#define ONC_GUARD_LEN4 (sizeof(struct ethhdr) + 2 * sizeof(struct vlanhdr) + 60 + \
+			sizeof(struct udphdr) + sizeof(struct vxlanhdr) + \
+			sizeof(struct ethhdr) + sizeof(struct ipv6hdr))
+/* And of an outer IPv6 frame, untagged with UDP right after the fixed
+ * header (anything else is dropped before the inner headers are read). */
+#define ONC_GUARD_LEN6 (ONC_HDR6_LEN + sizeof(struct ipv6hdr))
+#define ONC_GUARD_LEN (ONC_GUARD_LEN4 > ONC_GUARD_LEN6 ? ONC_GUARD_LEN4 : ONC_GUARD_LEN6)
 
 /*
  * guard_pull makes the headers the guard reads linear: a driver (or a
@@ -178,6 +193,88 @@ static __always_inline int to_vxlan_port6(struct __sk_buff *skb, struct ipv6hdr 
 	return 1;
 }
 
+/*
+ * This node's IPv6 tunnel endpoint on an IPv6 underlay, all zeros on an
+ * IPv4 one (where onc_node_ip, fastpath.h, is set instead, and zero here).
+ * Only the guard reads it, so only the fast path's object declares it:
+ * objects that share the flow cache include fastpath.h, not this file.
+ */
+volatile const __be32 onc_node_ip6[4] = {};
+
+/*
+ * The senders of an IPv6 underlay: onc_senders' and onc_senders6's
+ * entries keyed by a peer's IPv6 tunnel endpoint, the endpoint alone
+ * (prefixlen 128, may_send 0) in both, so that a miss again tells an
+ * unknown sender from a known one speaking for others. Maps of their own
+ * for the reason onc_senders6 is one (fastpath.h): a pinned map whose
+ * layout changed would make an upgrade replace every map.
+ */
+struct sender_u6_key {
+	__u32 prefixlen; /* 128 + the inner prefix's length */
+	__u8 peer[16];   /* outer source: the peer's IPv6 tunnel endpoint */
+	__be32 inner;    /* inner IPv4 source prefix */
+};
+
+struct sender6_u6_key {
+	__u32 prefixlen; /* 128 + the inner prefix's length */
+	__u8 peer[16];   /* outer source: the peer's IPv6 tunnel endpoint */
+	__u8 inner[16];  /* inner IPv6 source prefix */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
+	__type(key, struct sender_u6_key);
+	__type(value, struct sender_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_senders_u6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
+	__type(key, struct sender6_u6_key);
+	__type(value, struct sender_val);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_senders6_u6 SEC(".maps");
+
+/* A frame's outer source: a peer's IPv4 tunnel endpoint ip, or its IPv6
+ * one at ip6 (in the frame) when that is not NULL. */
+struct guard_peer {
+	__be32 ip;
+	const struct in6_addr *ip6;
+};
+
+/* The sender entry of peer for an inner IPv4 source (NULL: none, not
+ * even the endpoint's). */
+static __always_inline struct sender_val *sender4_of(const struct guard_peer *peer, __be32 inner)
+{
+	struct sender_u6_key k6 = { .prefixlen = 128 + 32, .inner = inner };
+	struct sender_key k = { .prefixlen = 32 + 32, .peer = peer->ip, .inner = inner };
+
+	if (!peer->ip6)
+		return bpf_map_lookup_elem(&onc_senders, &k);
+	__builtin_memcpy(k6.peer, peer->ip6, sizeof(k6.peer));
+	return bpf_map_lookup_elem(&onc_senders_u6, &k6);
+}
+
+/* The same for an inner IPv6 source. */
+static __always_inline struct sender_val *sender6_of(const struct guard_peer *peer,
+						     const struct in6_addr *inner)
+{
+	struct sender6_u6_key k6 = { .prefixlen = 128 + 128 };
+	struct sender6_key k = { .prefixlen = 32 + 128, .peer = peer->ip };
+
+	if (!peer->ip6) {
+		__builtin_memcpy(k.inner, inner, sizeof(k.inner));
+		return bpf_map_lookup_elem(&onc_senders6, &k);
+	}
+	__builtin_memcpy(k6.peer, peer->ip6, sizeof(k6.peer));
+	__builtin_memcpy(k6.inner, inner, sizeof(k6.inner));
+	return bpf_map_lookup_elem(&onc_senders6_u6, &k6);
+}
+
 /* The drop, if any, for a frame whose inner source found sender in a
  * sender map (NULL: no entry, not even the endpoint's). */
 static __always_inline int sender_drop(const struct sender_val *sender)
@@ -189,22 +286,33 @@ static __always_inline int sender_drop(const struct sender_val *sender)
 	return 0;
 }
 
-/* guard_inner4 judges a peer's inner IPv4 packet at inner. */
-static __always_inline int guard_inner4(__be32 peer, struct iphdr *inner, void *end)
+/*
+ * Whether an inner IPv4 destination is this node's: in its pod CIDR or
+ * its IPv4 tunnel endpoint. Peers send only to our pods (and gateway),
+ * and to this node itself the replies of its host's connections to their
+ * pods: anything else would make this node a relay for them. A node
+ * without an IPv4 pod CIDR has an all-zero mask, which would take every
+ * address, and one on an IPv6 underlay a zero endpoint: neither counts.
+ */
+static __always_inline int to_node4(__be32 daddr)
 {
-	struct sender_key key = { .prefixlen = 64, .peer = peer };
+	if (onc_pod_mask && (daddr & onc_pod_mask) == onc_pod_net)
+		return 1;
+	return onc_node_ip && daddr == onc_node_ip;
+}
+
+/* guard_inner4 judges peer's inner IPv4 packet at inner. */
+static __always_inline int guard_inner4(const struct guard_peer *peer, struct iphdr *inner,
+					void *end)
+{
 	int drop;
 
 	if ((void *)(inner + 1) > end)
 		return STAT_OVERLAY_DROP_MALFORMED;
-	key.inner = inner->saddr;
-	drop = sender_drop(bpf_map_lookup_elem(&onc_senders, &key));
+	drop = sender_drop(sender4_of(peer, inner->saddr));
 	if (drop)
 		return drop;
-	/* Peers send only to our pods (and gateway), and to this node itself
-	 * the replies of its host's connections to their pods: anything else
-	 * would make this node a relay for them. */
-	if ((inner->daddr & onc_pod_mask) != onc_pod_net && inner->daddr != onc_node_ip)
+	if (!to_node4(inner->daddr))
 		return STAT_OVERLAY_DROP_INNER_DESTINATION;
 	return 0;
 }
@@ -221,61 +329,125 @@ static __always_inline int in_pod6(const struct in6_addr *addr)
 	return 1;
 }
 
-/* guard_inner6 judges a peer's inner IPv6 packet at inner. */
-static __always_inline int guard_inner6(__be32 peer, struct ipv6hdr *inner, void *end)
+/* Whether addr is this node's IPv6 tunnel endpoint: never on an IPv4
+ * underlay, where it is all zeros. */
+static __always_inline int is_node_ip6(const struct in6_addr *addr)
 {
-	struct sender6_key key = { .prefixlen = 32 + 128, .peer = peer };
+	if (!(onc_node_ip6[0] | onc_node_ip6[1] | onc_node_ip6[2] | onc_node_ip6[3]))
+		return 0;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		if (addr->in6_u.u6_addr32[i] != onc_node_ip6[i])
+			return 0;
+	return 1;
+}
+
+/* guard_inner6 judges peer's inner IPv6 packet at inner. */
+static __always_inline int guard_inner6(const struct guard_peer *peer, struct ipv6hdr *inner,
+					void *end)
+{
 	int drop;
 
 	if ((void *)(inner + 1) > end || inner->version != 6)
 		return STAT_OVERLAY_DROP_MALFORMED;
-	__builtin_memcpy(key.inner, &inner->saddr, sizeof(key.inner));
-	drop = sender_drop(bpf_map_lookup_elem(&onc_senders6, &key));
+	drop = sender_drop(sender6_of(peer, &inner->saddr));
 	if (drop)
 		return drop;
-	/* Only to our pods (and gateway): a node's own address is IPv4. */
-	if (!in_pod6(&inner->daddr))
+	/* Only to our pods (and gateway), and to this node's IPv6 endpoint
+	 * the replies of its host's connections (on an IPv4 underlay a
+	 * node's own address is IPv4). */
+	if (!in_pod6(&inner->daddr) && !is_node_ip6(&inner->daddr))
 		return STAT_OVERLAY_DROP_INNER_DESTINATION;
 	return 0;
 }
 
-/*
- * overlay_guard judges a packet arriving on the uplink: 0 to let it on
- * (not for the VXLAN port, or a frame a peer may send), else the counter
- * of the reason to drop it. It may pull data: packet pointers taken before
- * it are void after it.
- */
-static __always_inline int overlay_guard(struct __sk_buff *skb)
+/* guard_inner judges the inner packet of peer's frame whose inner
+ * Ethernet header is eth and network header inner. */
+static __always_inline int guard_inner(const struct guard_peer *peer, struct ethhdr *eth,
+				       void *inner, void *end)
 {
-	struct iphdr *outer;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return guard_inner4(peer, inner, end);
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return guard_inner6(peer, inner, end);
+	return STAT_OVERLAY_DROP_MALFORMED;
+}
+
+/* guard_outer4 judges the frame at data, tags VLAN tags left in it, whose
+ * outer IPv4 header is at outer: 0 when it is not for the VXLAN port. */
+static __always_inline int guard_outer4(void *data, void *end, struct iphdr *outer, int tags)
+{
+	struct guard_peer peer = {};
 	struct vxlanhdr *vx;
 	struct ethhdr *eth;
-	void *data, *end;
-	__be16 proto;
-	int tags;
 
-	guard_pull(skb);
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	/* The underlay is IPv4: no node listens for VXLAN on IPv6. */
-	outer = frame_l3(data, end, &proto, &tags);
-	if (!outer || proto != bpf_htons(ETH_P_IP) || !to_vxlan_port(outer, end))
+	if (!to_vxlan_port(outer, end))
 		return 0;
 	/* ONC's peers send whole, untagged frames without IP options, to our
-	 * endpoint. */
+	 * endpoint; on an IPv6 underlay there is none (a zero onc_node_ip). */
 	if (tags || outer->ihl != 5 || outer->frag_off & bpf_htons(0x2000) ||
-	    outer->daddr != onc_node_ip)
+	    !onc_node_ip || outer->daddr != onc_node_ip)
 		return STAT_OVERLAY_DROP_MALFORMED;
 	/* At fixed offsets now (the verifier follows those, not ihl's). */
 	vx = data + sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
 	eth = data + ONC_ENCAP_LEN;
 	if ((void *)(eth + 1) > end || vx->vni != bpf_htonl(onc_vni << 8))
 		return STAT_OVERLAY_DROP_MALFORMED;
-	if (eth->h_proto == bpf_htons(ETH_P_IP))
-		return guard_inner4(outer->saddr, data + ONC_HDR_LEN, end);
-	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		return guard_inner6(outer->saddr, data + ONC_HDR_LEN, end);
-	return STAT_OVERLAY_DROP_MALFORMED;
+	peer.ip = outer->saddr;
+	return guard_inner(&peer, eth, data + ONC_HDR_LEN, end);
+}
+
+/* guard_outer6 is guard_outer4 for an outer IPv6 header, off bytes into
+ * the skb. ONC_GUARD_LEN covers what it reads in place. */
+static __always_inline int guard_outer6(struct __sk_buff *skb, void *data, void *end,
+					struct ipv6hdr *outer, int tags, __u32 off)
+{
+	struct guard_peer peer = {};
+	struct vxlanhdr *vx;
+	struct ethhdr *eth;
+
+	/* Past any extension headers, so that none can hide the port. */
+	if (!to_vxlan_port6(skb, outer, end, off))
+		return 0;
+	/* ONC's peers send untagged frames with UDP right after the fixed
+	 * header (no extension header, so no fragment), to our endpoint; on
+	 * an IPv4 underlay there is none. */
+	if (tags || outer->nexthdr != IPPROTO_UDP || !is_node_ip6(&outer->daddr))
+		return STAT_OVERLAY_DROP_MALFORMED;
+	vx = data + sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct udphdr);
+	eth = data + ONC_ENCAP6_LEN;
+	if ((void *)(eth + 1) > end || vx->vni != bpf_htonl(onc_vni << 8))
+		return STAT_OVERLAY_DROP_MALFORMED;
+	peer.ip6 = &outer->saddr;
+	return guard_inner(&peer, eth, data + ONC_HDR6_LEN, end);
+}
+
+/*
+ * overlay_guard judges a packet arriving on the uplink: 0 to let it on
+ * (not for the VXLAN port, or a frame a peer may send), else the counter
+ * of the reason to drop it. Frames of either outer family are judged on
+ * every node: one of the family the underlay does not use has no
+ * destination here. It may pull data: packet pointers taken before it
+ * are void after it.
+ */
+static __always_inline int overlay_guard(struct __sk_buff *skb)
+{
+	void *data, *end, *l3;
+	__be16 proto;
+	int tags;
+
+	guard_pull(skb);
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	l3 = frame_l3(data, end, &proto, &tags);
+	if (!l3)
+		return 0;
+	if (proto == bpf_htons(ETH_P_IP))
+		return guard_outer4(data, end, l3, tags);
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return guard_outer6(skb, data, end, l3, tags,
+				    sizeof(struct ethhdr) + tags * sizeof(struct vlanhdr));
+	return 0;
 }
 
 /* from_pod_to_vxlan says whether a packet a pod sends is for a VXLAN port.
