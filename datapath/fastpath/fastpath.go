@@ -48,13 +48,19 @@ type Options struct {
 	Port   int
 	Mark   uint32 // the skb->mark bit the slow path sets on ESTABLISHED pod traffic
 	Mode   Mode   // how programs attach; ModeAuto picks tcx when the kernel has it
-	// NodeIP is this node's tunnel endpoint and PodCIDR its pods': the
-	// only outer and inner destinations the overlay guard lets frames have.
-	NodeIP  netip.Addr
+	// NodeIP is this node's tunnel endpoint, IPv4 or IPv6 (the
+	// underlay's family; not IPv4-mapped): the only outer destination the
+	// overlay guard lets frames have, and with the pod CIDR of its family
+	// the only inner one. On an IPv6 underlay the flow cache cannot run
+	// (CheckFastPath).
+	NodeIP netip.Addr
+	// PodCIDR is this node's IPv4 pod CIDR, zero when it has none (an
+	// IPv6-only node): the only inner destination, with an IPv4 NodeIP,
+	// of the IPv4 frames the guard lets on (none without either).
 	PodCIDR netip.Prefix
 	// PodCIDRv6 is this node's IPv6 pod CIDR, zero when it has none: the
-	// only inner destination of the IPv6 frames the guard lets on (none
-	// without it).
+	// only inner destination, with an IPv6 NodeIP, of the IPv6 frames the
+	// guard lets on. A node has a pod CIDR of at least one family.
 	PodCIDRv6 netip.Prefix
 	// ConnSetup says which TCP connections may open and close on the fast
 	// path (setup.go).
@@ -88,12 +94,8 @@ func Open(o Options) (*Datapath, error) {
 	if err := bpf.EnsurePinDir(o.PinDir); err != nil {
 		return nil, err
 	}
-	if !o.NodeIP.Is4() || !o.PodCIDR.Addr().Is4() {
-		return nil, fmt.Errorf("node IP %v, pod CIDR %v: the overlay guard needs this node's IPv4 tunnel endpoint and pod CIDR", o.NodeIP, o.PodCIDR)
-	}
-	// The programs take an all-zero mask for no IPv6 pod CIDR.
-	if v6 := o.PodCIDRv6; v6.IsValid() && (!v6.Addr().Is6() || v6.Addr().Is4In6() || v6.Bits() == 0) {
-		return nil, fmt.Errorf("IPv6 pod CIDR %v: not an IPv6 prefix of at least one bit", v6)
+	if err := o.checkGuard(); err != nil {
+		return nil, err
 	}
 	d := &Datapath{opts: o}
 	mode, err := resolveMode(o.Mode)
@@ -109,6 +111,9 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	if err := bpf.SetConstants(spec, o.constants()); err != nil {
+		return nil, err
+	}
+	if err := bpf.SetConstants(spec, o.guardConstants()); err != nil {
 		return nil, err
 	}
 	// An upgrade that changed a map's layout starts the caches afresh:
@@ -141,6 +146,40 @@ func Open(o Options) (*Datapath, error) {
 	return d, nil
 }
 
+// checkGuard refuses the settings the overlay guard cannot hold: the
+// programs read an all-zero endpoint or mask as none, so an unspecified
+// endpoint and a /0 pod CIDR would look like none, and an IPv4-mapped
+// endpoint or CIDR would never match a frame.
+func (o Options) checkGuard() error {
+	switch ip := o.NodeIP; {
+	case !ip.IsValid() || ip.IsUnspecified():
+		return fmt.Errorf("node IP %v: the overlay guard needs this node's tunnel endpoint", ip)
+	case ip.Is4In6():
+		return fmt.Errorf("node IP %v: an IPv4-mapped tunnel endpoint; give it as IPv4", ip)
+	}
+	if v4 := o.PodCIDR; v4.IsValid() && (!v4.Addr().Is4() || v4.Bits() == 0) {
+		return fmt.Errorf("pod CIDR %v: not an IPv4 prefix of at least one bit", v4)
+	}
+	if v6 := o.PodCIDRv6; v6.IsValid() && (!v6.Addr().Is6() || v6.Addr().Is4In6() || v6.Bits() == 0) {
+		return fmt.Errorf("IPv6 pod CIDR %v: not an IPv6 prefix of at least one bit", v6)
+	}
+	if !o.PodCIDR.IsValid() && !o.PodCIDRv6.IsValid() {
+		return errors.New("no pod CIDR: the overlay guard needs this node's pod CIDR of at least one family")
+	}
+	return nil
+}
+
+// CheckFastPath says why the fast path (the flow cache) cannot run with
+// these options, nil when it can: it carries learned IPv4 outer headers
+// only, so it needs an IPv4 tunnel endpoint. Configure and Switch refuse
+// to turn it on otherwise; the overlay guard runs either way.
+func (o Options) CheckFastPath() error {
+	if !o.NodeIP.Is4() {
+		return fmt.Errorf("the fast path needs an IPv4 underlay: this node's tunnel endpoint is %v", o.NodeIP)
+	}
+	return nil
+}
+
 // switchOffPinned turns the pinned config's enabled and learning switches
 // off, leaving the rest of it (an earlier version kept its settings
 // there, its overlay guard's among them) as it is. Both switches sit at
@@ -170,14 +209,19 @@ func switchOffPinned(pinDir string) error {
 
 // constants are this node's settings as the programs' constants
 // (include/fastpath.h), which every object sharing the flow cache gets.
+// onc_node_ip is the IPv4 tunnel endpoint, zero on an IPv6 underlay.
 func (o Options) constants() map[string]any {
 	podNet, podMask := o.podNet()
 	pod6Net, pod6Mask := o.podNet6()
+	var nodeIP uint32
+	if o.NodeIP.Is4() {
+		nodeIP = bpf.NetIPv4(o.NodeIP)
+	}
 	return map[string]any{
 		"onc_vni":        uint32(o.VNI),
 		"onc_vxlan_port": bpf.NetPort(uint16(o.Port)),
 		"onc_mark":       o.Mark,
-		"onc_node_ip":    bpf.NetIPv4(o.NodeIP),
+		"onc_node_ip":    nodeIP,
 		"onc_pod_net":    podNet,
 		"onc_pod_mask":   podMask,
 		"onc_pod6_net":   pod6Net,
@@ -187,8 +231,23 @@ func (o Options) constants() map[string]any {
 	}
 }
 
-// podNet is the pod CIDR's address and mask, in network order.
+// guardConstants are the overlay guard's own constants
+// (include/overlay.h), which only the fast path's object has: the IPv6
+// tunnel endpoint, all zeros on an IPv4 underlay.
+func (o Options) guardConstants() map[string]any {
+	var nodeIP6 [16]byte
+	if o.NodeIP.Is6() {
+		nodeIP6 = o.NodeIP.As16()
+	}
+	return map[string]any{"onc_node_ip6": nodeIP6}
+}
+
+// podNet is the pod CIDR's address and mask, in network order; zeros
+// without one.
 func (o Options) podNet() (addr, mask uint32) {
+	if !o.PodCIDR.IsValid() {
+		return 0, 0
+	}
 	return bpf.NetIPv4(o.PodCIDR.Masked().Addr()), bpf.NetIPv4(netip.AddrFrom4([4]byte(net.CIDRMask(o.PodCIDR.Bits(), 32))))
 }
 
@@ -202,7 +261,8 @@ func (o Options) podNet6() (addr, mask [16]byte) {
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
-// it (bpf.FlowCache).
+// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero, as the
+// fast path cannot run there (CheckFastPath).
 func (d *Datapath) FlowCache() *bpf.FlowCache {
 	return bpf.NewFlowCache(d.maps, d.opts.constants())
 }
@@ -221,8 +281,12 @@ func (d *Datapath) Close() error {
 
 // Configure writes the switches; learning resumes, the epoch is kept.
 // Switched off, the fast path first hands the connections it opened over
-// to conntrack, which carries them on.
+// to conntrack, which carries them on. It cannot be switched on where
+// CheckFastPath says it cannot run.
 func (d *Datapath) Configure(enabled bool) error {
+	if err := d.opts.CheckFastPath(); enabled && err != nil {
+		return err
+	}
 	if !enabled {
 		// Off before learning resumes: no SYN may open a connection
 		// between the hand-over and the switch.
@@ -254,8 +318,12 @@ func (d *Datapath) Configure(enabled bool) error {
 func everyFlow(FlowKey, FlowVal) bool { return true }
 
 // Switch turns the fast path on or off. Turning it on flushes first:
-// verdicts learned while it was off may be stale.
+// verdicts learned while it was off may be stale. It cannot be switched
+// on where CheckFastPath says it cannot run.
 func (d *Datapath) Switch(enabled bool) error {
+	if err := d.opts.CheckFastPath(); enabled && err != nil {
+		return err
+	}
 	if enabled && !d.Enabled() {
 		if err := d.Flush(); err != nil {
 			return fmt.Errorf("flush: %w", err)
