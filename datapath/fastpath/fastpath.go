@@ -24,20 +24,22 @@ import (
 
 // Map value and key types, as the C headers define them.
 type (
-	FlowKey    = bpf.FastpathFlowKey
-	FlowKey6   = bpf.FastpathFlowKey6
-	FlowVal    = bpf.FastpathFlowVal
-	EgressVal  = bpf.FastpathEgressVal
-	EncapVal   = bpf.FastpathEncapVal
-	LocalPod   = bpf.FastpathLocalPod
-	cidrKey    = bpf.FastpathCidrKey
-	cidrVal    = bpf.FastpathCidrVal
-	cidr6Key   = bpf.FastpathCidr6Key
-	addr6      = bpf.FastpathOncIn6
-	senderKey  = bpf.FastpathSenderKey
-	sender6Key = bpf.FastpathSender6Key
-	senderVal  = bpf.FastpathSenderVal
-	config     = bpf.FastpathOncConfig
+	FlowKey      = bpf.FastpathFlowKey
+	FlowKey6     = bpf.FastpathFlowKey6
+	FlowVal      = bpf.FastpathFlowVal
+	EgressVal    = bpf.FastpathEgressVal
+	EncapVal     = bpf.FastpathEncapVal
+	LocalPod     = bpf.FastpathLocalPod
+	cidrKey      = bpf.FastpathCidrKey
+	cidrVal      = bpf.FastpathCidrVal
+	cidr6Key     = bpf.FastpathCidr6Key
+	addr6        = bpf.FastpathOncIn6
+	senderKey    = bpf.FastpathSenderKey
+	sender6Key   = bpf.FastpathSender6Key
+	senderU6Key  = bpf.FastpathSenderU6Key
+	sender6U6Key = bpf.FastpathSender6U6Key
+	senderVal    = bpf.FastpathSenderVal
+	config       = bpf.FastpathOncConfig
 )
 
 // Options of the datapath. All but PinDir and Mode are constants of the
@@ -81,12 +83,14 @@ type Datapath struct {
 	mu        sync.Mutex    // serialises configuration writes and evictions
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
-	peers      mirror[cidrKey, cidrVal]      // onc_peers as SyncPeers last wrote it
-	peers6     mirror[cidr6Key, cidrVal]     // onc_peers6 as SyncPeers last wrote it
-	hosts      mirror[uint32, uint8]         // onc_hosts as SetHosts last wrote it
-	senders    mirror[senderKey, senderVal]  // onc_senders as SyncSenders last wrote it
-	senders6   mirror[sender6Key, senderVal] // onc_senders6 as SyncSenders last wrote it
-	open       mirror[uint32, uint8]         // onc_open as SetOpen or NarrowOpen last wrote it
+	peers      mirror[cidrKey, cidrVal]        // onc_peers as SyncPeers last wrote it
+	peers6     mirror[cidr6Key, cidrVal]       // onc_peers6 as SyncPeers last wrote it
+	hosts      mirror[uint32, uint8]           // onc_hosts as SetHosts last wrote it
+	senders    mirror[senderKey, senderVal]    // onc_senders as SyncSenders last wrote it
+	senders6   mirror[sender6Key, senderVal]   // onc_senders6 as SyncSenders last wrote it
+	sendersU6  mirror[senderU6Key, senderVal]  // onc_senders_u6 as SyncSenders last wrote it
+	senders6U6 mirror[sender6U6Key, senderVal] // onc_senders6_u6 as SyncSenders last wrote it
+	open       mirror[uint32, uint8]           // onc_open as SetOpen or NarrowOpen last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.

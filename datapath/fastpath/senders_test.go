@@ -420,23 +420,29 @@ func expectSenders(t *testing.T, d *Datapath, want4 map[senderKey]senderVal, wan
 // before anything is written: the maps keep the last set.
 func TestSyncSendersRefusesWhatIsNoSender(t *testing.T) {
 	d := open(t)
-	testutil.Must(t, d.SyncSenders([]Sender{peerSender6}, false))
+	testutil.Must(t, d.SyncSenders([]Sender{peerSender6, peerSenderU6}, false))
 	want4, err := contents[senderKey, senderVal](d.maps.OncSenders)
 	testutil.Must(t, err)
 	want6, err := contents[sender6Key, senderVal](d.maps.OncSenders6)
+	testutil.Must(t, err)
+	wantU4, err := contents[senderU6Key, senderVal](d.maps.OncSendersU6)
+	testutil.Must(t, err)
+	wantU6, err := contents[sender6U6Key, senderVal](d.maps.OncSenders6U6)
 	testutil.Must(t, err)
 	for _, c := range []struct {
 		name, want string
 		bad        Sender
 	}{
-		{"an IPv6 tunnel endpoint", "not an IPv4 tunnel endpoint", Sender{NodeIP: netip.MustParseAddr("2001:db8::1"), Sources: []netip.Prefix{otherCIDR6}}},
-		{"an IPv4-mapped tunnel endpoint", "not an IPv4 tunnel endpoint", Sender{NodeIP: netip.MustParseAddr("::ffff:192.0.2.9")}},
-		{"no tunnel endpoint", "not an IPv4 tunnel endpoint", Sender{Sources: []netip.Prefix{otherCIDR6}}},
+		{"an IPv4-mapped tunnel endpoint", "IPv4-mapped", Sender{NodeIP: netip.MustParseAddr("::ffff:192.0.2.9")}},
+		{"an IPv4-mapped tunnel endpoint with sources", "IPv4-mapped", Sender{NodeIP: netip.MustParseAddr("::ffff:192.0.2.9"), Sources: []netip.Prefix{otherCIDR6}}},
+		{"no tunnel endpoint", "without a tunnel endpoint", Sender{Sources: []netip.Prefix{otherCIDR6}}},
 		{"a source that is no prefix", "no prefix", withSources(otherSender6, netip.Prefix{})},
 		{"an IPv4-mapped source", "IPv4-mapped", withSources(otherSender, netip.MustParsePrefix("::ffff:10.244.9.0/120"))},
+		{"an IPv6 endpoint with a source that is no prefix", "no prefix", withSources(otherSenderU6, netip.Prefix{})},
+		{"an IPv6 endpoint with an IPv4-mapped source", "IPv4-mapped", withSources(otherSenderU6, netip.MustParsePrefix("::ffff:10.244.9.0/120"))},
 	} {
 		before := d.PeerWrites()
-		err := d.SyncSenders([]Sender{otherSender6, c.bad}, false)
+		err := d.SyncSenders([]Sender{otherSender6, otherSenderU6, c.bad}, false)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error saying %q", c.name, err, c.want)
 		}
@@ -444,6 +450,7 @@ func TestSyncSendersRefusesWhatIsNoSender(t *testing.T) {
 			t.Errorf("%s: %d writes before the refusal", c.name, d.PeerWrites()-before)
 		}
 		expectSenders(t, d, want4, want6)
+		expectSendersU6(t, d, wantU4, wantU6)
 	}
 }
 
