@@ -441,7 +441,8 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 }
 
 // Peer is a node running the fast path: one of its pod CIDRs, IPv4 or
-// IPv6, and its (IPv4) tunnel endpoint.
+// IPv6, and its tunnel endpoint, IPv4 (the fast path needs an IPv4
+// underlay: CheckFastPath).
 type Peer struct {
 	PodCIDR netip.Prefix
 	NodeIP  netip.Addr
@@ -452,11 +453,15 @@ type Peer struct {
 // back). A peer CIDR that left or changed loses its node's learned
 // headers and its destinations and flows (learning paused meanwhile); it
 // leaves the LPM map first, so from that moment no packet takes the fast
-// path towards it.
+// path towards it. A peer whose endpoint is not IPv4 is refused before
+// anything is written.
 func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
 	want, want6 := map[cidrKey]cidrVal{}, map[cidr6Key]cidrVal{}
 	staying := map[uint32]bool{}
 	for _, p := range peers {
+		if !p.NodeIP.Unmap().Is4() {
+			return fmt.Errorf("fast-path peer %s (%s): the fast path needs an IPv4 underlay", p.NodeIP, p.PodCIDR)
+		}
 		v, a := cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}, p.PodCIDR.Masked().Addr()
 		staying[v.NodeIp] = true
 		if a.Is6() {
@@ -553,13 +558,17 @@ func toAny(peers []Peer) func(FlowKey, FlowVal) bool {
 	return func(k FlowKey, _ FlowVal) bool { return inAny(peers, bpf.IPv4(k.RemoteIp)) }
 }
 
-// SetHosts makes the host-address set (node IPs) exactly addrs,
-// writing only what differs (see mirror). Additions go first, so a failure
-// part-way leaves an address too many on the slow path, never one too few.
+// SetHosts makes the host-address set (node IPs) exactly addrs' IPv4
+// ones, writing only what differs (see mirror). Additions go first, so a
+// failure part-way leaves an address too many on the slow path, never one
+// too few. IPv6 addresses (an IPv6 underlay's) are left out: only IPv4
+// packets are looked up there.
 func (d *Datapath) SetHosts(addrs []netip.Addr, checkKernel bool) error {
 	want := map[uint32]uint8{}
 	for _, a := range addrs {
-		want[bpf.NetIPv4(a)] = 1
+		if a.Unmap().Is4() {
+			want[bpf.NetIPv4(a)] = 1
+		}
 	}
 	return d.hosts.sync(d.maps.OncHosts, want, checkKernel, func(have map[uint32]uint8) error {
 		return putThenDelete(d.maps.OncHosts, have, want, d.peerWrite)

@@ -475,3 +475,25 @@ func TestUpgradeAddsTheIPv6EndpointSenderMaps(t *testing.T) {
 		t.Fatalf("%d read-backs in the first sync, want one of each sender map", got-reads)
 	}
 }
+
+// On an IPv6 underlay the agent has IPv6 node addresses: SetHosts leaves
+// them out of onc_hosts (its IPv4 ones stay), and SyncPeers refuses a
+// fast-path peer at one, before writing anything, rather than take it for
+// IPv4.
+func TestSyncPeersAndSetHostsOnAnIPv6Underlay(t *testing.T) {
+	d := open(t)
+	established(t, d)
+	expectPeerWrites(t, "hosts of both families", peerWrites(t, d, func() error {
+		return d.SetHosts([]netip.Addr{peerNode6, otherNode, otherNode6}, false)
+	}), 1)
+	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries([]netip.Addr{otherNode}))
+	before := d.PeerWrites()
+	err := d.SyncPeers([]Peer{{PodCIDR: otherCIDR6, NodeIP: otherNode}, {PodCIDR: peerCIDR6, NodeIP: peerNode6}}, false)
+	if err == nil || !strings.Contains(err.Error(), "needs an IPv4 underlay") {
+		t.Fatalf("a fast-path peer at an IPv6 endpoint: %v, want refused", err)
+	}
+	if d.PeerWrites() != before {
+		t.Fatalf("%d writes before the refusal", d.PeerWrites()-before)
+	}
+	expectMap(t, "peers", func() (map[cidrKey]cidrVal, error) { return contents[cidrKey, cidrVal](d.maps.OncPeers) }, peerEntries([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}))
+}
