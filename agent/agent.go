@@ -134,7 +134,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
 		notReady: "registering the node", warnedCIDR: map[datastore.Family]netip.Prefix{},
-		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && up.CarriesFastPath()}}
+		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && up.CheckFastPath() == nil}}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
@@ -287,7 +287,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 			a.setNotReady(err.Error())
 			return err
 		}
-		up = true
+		served, up = nodeBlocks(self), true
 	}
 	for _, f := range datastore.Families {
 		have, now := datastore.BlockOf(served, f), datastore.BlockOf(self.PodCIDRs, f).Masked()

@@ -80,8 +80,8 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.FastPath && !up.CarriesFastPath() {
-		slog.Warn("fast path off: the tunnel headers it learns are IPv4's, and this node's underlay is IPv6; the slow path carries every flow", "nodeIP", up.NodeIP)
+	if err := up.CheckFastPath(); cfg.FastPath && err != nil {
+		slog.Warn("fast path off; the slow path carries every flow", "err", err)
 		cfg.FastPath = false
 	}
 	n := &Node{cfg: cfg, up: up}

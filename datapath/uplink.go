@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -22,10 +23,10 @@ type Uplink struct {
 // Overhead is what VXLAN over the uplink's family adds to a frame.
 func (u Uplink) Overhead() int { return overlay.OverheadOf(u.NodeIP) }
 
-// CarriesFastPath says whether the flow cache can run over this uplink:
-// the tunnel headers it learns and pushes are IPv4's, so on an IPv6
-// underlay the slow path carries every flow.
-func (u Uplink) CarriesFastPath() bool { return u.NodeIP.Is4() }
+// CheckFastPath says why the flow cache cannot run over this uplink (the
+// tunnel headers it learns and pushes are IPv4's: on an IPv6 underlay the
+// slow path carries every flow), nil when it can.
+func (u Uplink) CheckFastPath() error { return fastpath.Options{NodeIP: u.NodeIP}.CheckFastPath() }
 
 // findUplink picks the uplink: the interface named iface, else the one that
 // holds nodeIP, else the one of the default route (IPv4's, else IPv6's).

@@ -225,13 +225,13 @@ func (l *Lab) podRunning(ctx context.Context, n *Node, p *Pod) error {
 			conds = append(conds, corev1.PodCondition{Type: c, Status: corev1.ConditionTrue, LastTransitionTime: now})
 		}
 		podIPs := []corev1.PodIP{{IP: p.IP.String()}}
-		if p.IPv6.IsValid() {
+		if p.IPv6.IsValid() && p.IPv6 != p.IP { // dual-stack
 			podIPs = append(podIPs, corev1.PodIP{IP: p.IPv6.String()})
 		}
 		pod.Status = corev1.PodStatus{
 			Phase:      corev1.PodRunning,
 			Conditions: conds,
-			HostIP:     n.IP.String(), HostIPs: []corev1.HostIP{{IP: n.IP.String()}},
+			HostIP:     l.TunnelIP(n).String(), HostIPs: []corev1.HostIP{{IP: l.TunnelIP(n).String()}},
 			PodIP: p.IP.String(), PodIPs: podIPs,
 			StartTime: &now,
 			QOSClass:  corev1.PodQOSBestEffort,

@@ -239,8 +239,10 @@ func pingOnce(dst netip.Addr) error {
 func serve(eps []Endpoint) (func(), error) {
 	var names, names6 []string
 	for _, ep := range eps {
-		names = append(names, ep.Netns)
-		if ep.IPv6.IsValid() {
+		if ep.IP.Is4() {
+			names = append(names, ep.Netns)
+		}
+		if ep.IPv6.IsValid() || ep.IP.Is6() {
 			names6 = append(names6, ep.Netns)
 		}
 	}
@@ -460,23 +462,47 @@ func echoUDP(c net.Conn, msg string, timeout time.Duration, deadline time.Time) 
 // counting them in received if it is not nil. The answer leaves from the
 // address the datagram came to, as a connected client needs when c is
 // bound to every address of a node with more than one (ctl0 and eth0 on
-// the direct underlay).
+// the direct underlay; in IPv6 the kernel would pick the address sharing
+// the longest prefix with the client, a pod's gateway for a pod).
 func EchoUDP(c net.PacketConn, received *atomic.Int64) {
+	if a, ok := c.LocalAddr().(*net.UDPAddr); ok && a.IP.To4() == nil && a.IP != nil {
+		pc := ipv6.NewPacketConn(c)
+		withDst := pc.SetControlMessage(ipv6.FlagDst, true) == nil
+		echo(received, func(buf []byte) (int, func([]byte), error) {
+			n, cm, addr, err := pc.ReadFrom(buf)
+			var reply *ipv6.ControlMessage
+			if withDst && cm != nil {
+				reply = &ipv6.ControlMessage{Src: cm.Dst}
+			}
+			return n, func(b []byte) { _, _ = pc.WriteTo(b, reply, addr) }, err
+		})
+		return
+	}
 	pc := ipv4.NewPacketConn(c)
 	withDst := pc.SetControlMessage(ipv4.FlagDst, true) == nil
+	echo(received, func(buf []byte) (int, func([]byte), error) {
+		n, cm, addr, err := pc.ReadFrom(buf)
+		var reply *ipv4.ControlMessage
+		if withDst && cm != nil {
+			reply = &ipv4.ControlMessage{Src: cm.Dst}
+		}
+		return n, func(b []byte) { _, _ = pc.WriteTo(b, reply, addr) }, err
+	})
+}
+
+// echo reads datagrams with read and answers each with itself through the
+// answer read returned, counting them in received if it is not nil, until
+// read fails.
+func echo(received *atomic.Int64, read func([]byte) (int, func([]byte), error)) {
 	buf := make([]byte, 65536)
 	for {
-		n, cm, addr, err := pc.ReadFrom(buf)
+		n, answer, err := read(buf)
 		if err != nil {
 			return
 		}
 		if received != nil {
 			received.Add(1)
 		}
-		var reply *ipv4.ControlMessage
-		if withDst && cm != nil {
-			reply = &ipv4.ControlMessage{Src: cm.Dst}
-		}
-		_, _ = pc.WriteTo(buf[:n], reply, addr)
+		answer(buf[:n])
 	}
 }

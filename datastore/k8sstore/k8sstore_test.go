@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -89,6 +90,7 @@ func TestKubernetesBackend(t *testing.T) {
 		}
 		nodePodCIDRs(t, kube, open(t, admin, "dual"))
 	})
+	t.Run("NodeIPOfEitherFamily", func(t *testing.T) { nodeIPOfEitherFamily(t, dyn, open(t, admin, "onc-system")) })
 	t.Run("LeaseRenewedAfterAConflict", func(t *testing.T) { leaseRenewedAfterAConflict(t, kube, admin) })
 	t.Run("MissingCRDIsNamed", func(t *testing.T) {
 		cfg := api.ServiceAccountConfig("default:nobody")
@@ -389,4 +391,28 @@ func leaseRenewedAfterAConflict(t *testing.T, kube kubernetes.Interface, admin *
 	}
 	touched := time.Now()
 	testutil.WaitFor(t, "renewals after the conflict", 10*time.Second, func() bool { return renewed().After(touched.Add(time.Second)) })
+}
+
+// nodeIPOfEitherFamily: an ONCNode's nodeIP, the tunnel endpoint, may be
+// IPv4 or IPv6 (an IPv6 underlay) and reads back as written; anything
+// else the API server refuses, naming the field.
+func nodeIPOfEitherFamily(t *testing.T, dyn dynamic.Interface, s *k8sstore.Store) {
+	ctx := context.Background()
+	spec := datastore.NodeSpec{Name: "v6-node", IP: netip.MustParseAddr("fd00:172::7"), VTEPMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7}}
+	if err := s.RegisterNode(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the IPv6 registration read back", 10*time.Second, func() bool {
+		n, err := s.Node(ctx, spec.Name)
+		return err == nil && n.IP == spec.IP
+	})
+	for _, bad := range []string{"10.0.0.300", "fd00::1::2", "node-1"} {
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "onc.io/v1alpha1", "kind": "ONCNode",
+			"metadata": map[string]any{"name": "bad-node"}, "spec": map[string]any{"nodeIP": bad, "vtepMAC": "02:00:00:00:00:08"}}}
+		_, err := dyn.Resource(k8sstore.ONCNodes).Create(ctx, u, metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "spec.nodeIP") || !strings.Contains(err.Error(), "must be an IPv4 or IPv6 address") {
+			t.Errorf("nodeIP %q: err = %v, want a refusal naming spec.nodeIP", bad, err)
+			_ = dyn.Resource(k8sstore.ONCNodes).Delete(ctx, "bad-node", metav1.DeleteOptions{})
+		}
+	}
 }

@@ -44,10 +44,12 @@ RESTART_AFTER=${RESTART_AFTER:-120} # seconds into the test run (of about 6 min)
 KUBE_PROXY=${KUBE_PROXY:-iptables}
 LB_MODE=${LB_MODE:-snat}
 IP_FAMILY=${IP_FAMILY:-ipv4}
+# The bed's own servers (nc -l) listen in the pods' primary family.
+NC_FAMILY=
 case "$IP_FAMILY" in
 ipv4) CLUSTER_CIDR=10.244.0.0/16 ;;
 dual) CLUSTER_CIDR=10.244.0.0/16,fd00:10:244::/56 ;;
-ipv6) CLUSTER_CIDR=fd00:10:244::/56 ;;
+ipv6) CLUSTER_CIDR=fd00:10:244::/56 NC_FAMILY=-6 ;;
 *) echo "IP_FAMILY=$IP_FAMILY: ipv4, dual or ipv6" >&2; exit 1 ;;
 esac
 # Nodes in the cluster, the first the control plane, and the zones the
@@ -206,7 +208,7 @@ rolling_restart() {
   exec > "$OUT/rolling-restart.txt" 2>&1
   for ns in onc-restart-to-cp onc-restart-to-wk; do
     if [ "$ns" = onc-restart-to-cp ]; then from=$wk to=$cp; else from=$cp to=$wk; fi
-    ip=$(serve "$ns" "$to" 'nc -l 8080 | wc -l; sleep infinity')
+    ip=$(serve "$ns" "$to" "nc $NC_FAMILY -l 8080 | wc -l; sleep infinity")
     echo "traffic from $from to pod $ip on $to (namespace $ns)"
     run_on "$ns" src "$from" "ping -q -i 0.2 -c 600 $ip > /tmp/ping & i=0
       while [ \$i -lt 1200 ]; do i=\$((i+1)); echo \$i; sleep 0.1; done | nc -N $ip 8080; rc=\$?
@@ -375,7 +377,7 @@ fastpath_probe() {
   local cp wk ip
   cp=$(control_plane)
   wk=$(worker)
-  ip=$(serve onc-probe "$cp" 'while true; do nc -l 8080 > /dev/null; done' 2>/dev/null)
+  ip=$(serve onc-probe "$cp" "while true; do nc $NC_FAMILY -l 8080 > /dev/null; done" 2>/dev/null)
   {
     echo "# 200 MB TCP, pod on $wk -> pod $ip on $cp"
     echo "before: $wk $(hits "$wk") | $cp $(hits "$cp")"
@@ -394,7 +396,7 @@ service_probe() {
   local cp wk ip vip
   cp=$(control_plane)
   wk=$(worker)
-  ip=$(serve onc-svcprobe "$cp" 'while true; do nc -l 8080 > /dev/null; done' 2>/dev/null)
+  ip=$(serve onc-svcprobe "$cp" "while true; do nc $NC_FAMILY -l 8080 > /dev/null; done" 2>/dev/null)
   kc -n onc-svcprobe expose pod sink --port 80 --target-port 8080 >/dev/null
   vip=$(kc -n onc-svcprobe get service sink -o jsonpath='{.spec.clusterIP}')
   sleep 2 # the agents' informers
@@ -411,19 +413,51 @@ service_probe() {
   cat "$OUT/service-probe.txt"
 }
 
+# checksum prints the Internet checksum of the hex digits $1 (whole bytes),
+# as 4 hex digits.
+checksum() {
+  local hex=$1 sum=0 i
+  ((${#hex} % 4 == 0)) || hex+=00
+  for ((i = 0; i < ${#hex}; i += 4)); do sum=$((sum + 16#${hex:i:4})); done
+  while ((sum > 0xffff)); do sum=$(((sum & 0xffff) + (sum >> 16))); done
+  printf '%04x' $((~sum & 0xffff))
+}
+
+# ip6hex prints IPv6 address $1 as its 32 hex digits.
+ip6hex() {
+  local a=$1 head tail g i n out=
+  local -a h=() t=()
+  if [[ $a == *::* ]]; then head=${a%%::*} tail=${a#*::}; else head=$a tail=; fi
+  [ -z "$head" ] || IFS=: read -ra h <<<"$head"
+  [ -z "$tail" ] || IFS=: read -ra t <<<"$tail"
+  n=$((8 - ${#h[@]} - ${#t[@]}))
+  for g in "${h[@]}"; do out+=$(printf '%04x' $((16#$g))); done
+  for ((i = 0; i < n; i++)); do out+=0000; done
+  for g in "${t[@]}"; do out+=$(printf '%04x' $((16#$g))); done
+  echo "$out"
+}
+
 # vxlan_frame prints, as printf's octal escapes, the payload of a VXLAN datagram
 # as a peer's kernel builds it (VNI 1): an Ethernet frame to the VTEP MAC
-# $1 carrying a UDP datagram from $2 to $3:7999 whose payload is $4.
+# $1 carrying a UDP datagram from $2 to $3:7999 whose payload is $4, in
+# IPv4 or IPv6 (the addresses').
 vxlan_frame() { # vtep-mac inner-src inner-dst payload
-  local mac=$1 src=$2 dst=$3 payload=$4 hex ip sum=0 i w
-  local len=$((20 + 8 + ${#payload}))
+  local mac=$1 src=$2 dst=$3 payload=$4 hex ip udp data i
+  local udplen=$((8 + ${#payload}))
   hx() { printf '%02x' "$@"; }
-  ip="4500$(printf '%04x' "$len")0000000040110000$(hx ${src//./ })$(hx ${dst//./ })"
-  for ((i = 0; i < 40; i += 4)); do w=$((16#${ip:i:4})); sum=$((sum + w)); done
-  while ((sum > 0xffff)); do sum=$(((sum & 0xffff) + (sum >> 16))); done
-  ip="${ip:0:20}$(printf '%04x' $((~sum & 0xffff)))${ip:24}"
-  hex="0800000000000100${mac//:/}02beef000001""0800$ip""9c401f3f$(printf '%04x' $((8 + ${#payload})))0000"
-  hex+=$(printf '%s' "$payload" | od -An -tx1 | tr -d ' \n')
+  data=$(printf '%s' "$payload" | od -An -tx1 | tr -d ' \n')
+  if [[ $src == *:* ]]; then
+    src=$(ip6hex "$src") dst=$(ip6hex "$dst")
+    ip="60000000$(printf '%04x' "$udplen")1140$src$dst"
+    # IPv6 requires the UDP checksum, over the pseudo-header too.
+    udp="9c401f3f$(printf '%04x' "$udplen")"
+    udp+=$(checksum "$src$dst$(printf '%08x' "$udplen")00000011${udp}0000$data")
+    hex="0800000000000100${mac//:/}02beef000001""86dd$ip$udp$data"
+  else
+    ip="4500$(printf '%04x' $((20 + udplen)))0000000040110000$(hx ${src//./ })$(hx ${dst//./ })"
+    ip="${ip:0:20}$(checksum "$ip")${ip:24}"
+    hex="0800000000000100${mac//:/}02beef000001""0800$ip""9c401f3f$(printf '%04x' "$udplen")0000$data"
+  fi
   # Octal escapes: the pods' sh (dash) has no \x in printf.
   for ((i = 0; i < ${#hex}; i += 2)); do printf '\\%03o' "0x${hex:i:2}"; done
 }
@@ -439,7 +473,7 @@ overlay_probe() {
   local cp wk ip cpip mac victim f before after got ok=1
   cp=$(control_plane)
   wk=$(worker)
-  ip=$(serve onc-overlayprobe "$cp" 'nc -u -l 7999 > /tmp/got; sleep infinity' 2>/dev/null)
+  ip=$(serve onc-overlayprobe "$cp" "nc $NC_FAMILY -u -l 7999 > /tmp/got; sleep infinity" 2>/dev/null)
   cpip=$(kc get oncnode "$cp" -o jsonpath='{.spec.nodeIP}')
   mac=$(kc get oncnode "$cp" -o jsonpath='{.spec.vtepMAC}')
   run_on onc-overlayprobe victim "$wk" 'sleep infinity' 2>/dev/null
@@ -461,7 +495,7 @@ overlay_probe() {
     [ "$(drop_count "$after" from_pod)" -ge $(($(drop_count "$before" from_pod) + 5)) ] ||
       { echo "FAIL: $wk did not count the pod's 5 frames as from_pod"; ok=0; }
     f=$(vxlan_frame "$mac" "$victim" "$ip" "sent-by-the-node")
-    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:$cpip:4789; sleep 0.2; done; rm /tmp/onc-frame"
+    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:[$cpip]:4789; sleep 0.2; done; rm /tmp/onc-frame"
     sleep 1
     got=$(kc -n onc-overlayprobe exec sink -- cat /tmp/got)
     echo "control, the same frame from $wk itself: the pod on $cp received: [$got]"
