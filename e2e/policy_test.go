@@ -46,7 +46,9 @@ import (
 //   - TruthTable/IPv6: the same steps with the fast path on, every pair
 //     probed at the destination's IPv6 address; the oracle judges an
 //     ipBlock by the probe's family (an IPv4 block matches no IPv6 peer),
-//     a peer pod by either of its addresses.
+//     a peer pod by either of its addresses. TruthTable/IPv6/FastPathOff
+//     and TruthTable/IPv6/BypassOn: the same with the fast path off, and
+//     with the intra-node bypass on.
 //   - Onctl: `onctl policy` shows an isolated pod, its policies, rules and
 //     counters.
 //   - StrictRevocation: a policy that denies a running connection ends it
@@ -72,6 +74,16 @@ func TestPolicy(t *testing.T) {
 		c.setBypass(t, "on")
 		defer c.setBypass(t, "off")
 		c.truthTable(t, true, true, probeIPv4)
+	})
+	t.Run("TruthTable/IPv6/FastPathOff", func(t *testing.T) {
+		c.setFastPath(t, false)
+		defer c.setFastPath(t, true)
+		c.truthTable(t, false, false, probeIPv6)
+	})
+	t.Run("TruthTable/IPv6/BypassOn", func(t *testing.T) {
+		c.setBypass(t, "on")
+		defer c.setBypass(t, "off")
+		c.truthTable(t, true, true, probeIPv6)
 	})
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
