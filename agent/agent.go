@@ -294,7 +294,12 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 		switch {
 		case have.IsValid() && now != have:
 			// The block it serves may be another node's now.
-			a.setNotReady(fmt.Sprintf("%spod CIDR changed from %s to %v in the datastore; restart the agent after draining the node", map[datastore.Family]string{datastore.IPv6: "IPv6 "}[f], have, now))
+			to := "none"
+			if now.IsValid() {
+				to = now.String()
+			}
+			a.setNotReady(fmt.Sprintf("%spod CIDR changed from %s to %s in the datastore; restart the agent after draining the node",
+				map[datastore.Family]string{datastore.IPv6: "IPv6 "}[f], have, to))
 			return nil
 		case up && !have.IsValid() && now.IsValid() && now != a.warnedCIDR[f]:
 			// A cluster given another family under a running agent: pods
