@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
@@ -61,8 +62,8 @@ func ipv6OnlyNodes(t *testing.T, l *lab.Lab) {
 		if want := uint32(uplink.Attrs().MTU - 70); st.PodMtu != want {
 			t.Errorf("%s: pod MTU %d, want %d (VXLAN over IPv6 adds 70 bytes)", n.Name, st.PodMtu, want)
 		}
-		if st.FastPath {
-			t.Errorf("%s: the fast path is on over an IPv6 underlay, whose tunnel headers it cannot learn", n.Name)
+		if st.FastPath || !strings.Contains(st.FastPathUnavailable, "needs an IPv4 underlay") {
+			t.Errorf("%s: fast path %v (unavailable: %q); want it off over an IPv6 underlay, saying why", n.Name, st.FastPath, st.FastPathUnavailable)
 		}
 		dev, err := testutil.NetlinkAt(t, n.Netns).LinkByName(datapath.DeviceName)
 		if err != nil {
