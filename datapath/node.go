@@ -191,7 +191,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 			return err
 		}
 	}
-	n.services.Load(fp.FlowCache())
+	n.services.Load(fp.FlowCache(), s.PodCIDRv6.IsValid() || s.ClusterCIDRv6.IsValid())
 	// On a fresh node the uplink got its programs before the services
 	// loaded; on a restart it gets them at the first peer sync.
 	if n.uplinkAttached {

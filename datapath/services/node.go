@@ -71,33 +71,35 @@ func (n *Node) Mode() Mode { return n.mode }
 // with maps nobody updates: the node leaves Services to kube-proxy. It
 // runs once: a node whose socket LB cannot load leaves Services to
 // kube-proxy rather than failing to come up. cache is the fast path's
-// flow cache, which the uplink programs share.
-func (n *Node) Load(cache *bpf.FlowCache) {
+// flow cache, which the uplink programs share. ipv6 says the node's
+// cluster has IPv6 pods (Options.IPv6): without, the IPv6 maps the
+// programs write are loaded small.
+func (n *Node) Load(cache *bpf.FlowCache, ipv6 bool) {
 	n.lb.Load("socket load balancing unavailable; kube-proxy balances every Service",
-		func() (*LB, bool, error) { return n.load(cache) })
+		func() (*LB, bool, error) { return n.load(cache, ipv6) })
 }
 
-func (n *Node) load(cache *bpf.FlowCache) (*LB, bool, error) {
+func (n *Node) load(cache *bpf.FlowCache, ipv6 bool) (*LB, bool, error) {
 	if n.mode == Off {
 		return nil, false, Remove(n.pinDir)
 	}
-	lb, err := n.attach(cache)
+	lb, err := n.attach(cache, ipv6)
 	if err != nil {
 		if rerr := Remove(n.pinDir); rerr != nil {
 			err = fmt.Errorf("%w; removing the programs an earlier agent left failed too: %w", err, rerr)
 		}
 		return nil, false, err
 	}
-	slog.Info("socket load balancing on", "mode", n.mode, "cgroup", lb.Cgroup())
+	slog.Info("socket load balancing on", "mode", n.mode, "cgroup", lb.Cgroup(), "ipv6", ipv6)
 	return lb, true, nil
 }
 
-func (n *Node) attach(cache *bpf.FlowCache) (*LB, error) {
+func (n *Node) attach(cache *bpf.FlowCache, ipv6 bool) (*LB, error) {
 	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, err
 	}
-	lb, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup, FlowCache: cache})
+	lb, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup, FlowCache: cache, IPv6: ipv6})
 	if err != nil {
 		return nil, err
 	}

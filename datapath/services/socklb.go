@@ -24,6 +24,12 @@ type Options struct {
 	// established flow past the stack, to a backend on this node or over
 	// the overlay to another's. Nil: always through the stack.
 	FlowCache *bpf.FlowCache
+	// IPv6 says the node's cluster has IPv6 pods, so IPv6 Services have
+	// endpoints: the IPv6 programs' LRU maps (reverse translation,
+	// affinity) get their full size. Without it they get a token one,
+	// which saves about 38 MB of kernel memory (see lru6Small); a pinned
+	// map of the other size is replaced.
+	IPv6 bool
 }
 
 // LB is the loaded socket load balancer.
@@ -43,6 +49,7 @@ type LB struct {
 	netns    map[uint64]string     // owned namespaces: cookie → path, "" for the agent's own
 	pods     map[uint64]netip.Addr // the pods' of them OwnPod was given: cookie → address
 	udp      udpEnder
+	warned6  bool // of an IPv6 Service on a node without IPv6 (warnSmall6)
 }
 
 // hook is one program and the cgroup attach point it serves.
@@ -61,6 +68,9 @@ func Open(o Options) (*LB, error) {
 	lb := &LB{opts: o, services: map[Key]*programmed{}, netns: map[uint64]string{}, pods: map[uint64]netip.Addr{}}
 	spec, shared, err := loadSpec(o.FlowCache)
 	if err != nil {
+		return nil, err
+	}
+	if err := sizeLRU6(spec, o.PinDir, o.IPv6); err != nil {
 		return nil, err
 	}
 	// An upgrade that changed a map's layout starts afresh: sockets already

@@ -372,12 +372,12 @@ func (b *bed) holdReq(req clientReq) (first clientRes, release func() clientRes)
 	}
 }
 
-// openLB loads a balancer (one agent's) pinned on a private bpffs and
-// attached to cgroup.
+// openLB loads a balancer (one agent's, of a dual-stack cluster) pinned
+// on a private bpffs and attached to cgroup.
 func openLB(t *testing.T, cgroup string) *LB {
 	t.Helper()
 	dir := t.TempDir()
-	lb, err := Open(Options{PinDir: dir, Cgroup: cgroup})
+	lb, err := Open(Options{PinDir: dir, Cgroup: cgroup, IPv6: true})
 	testutil.Must(t, err)
 	t.Cleanup(func() {
 		lb.Close()
@@ -664,7 +664,7 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 			testutil.Must(t, bpf.AttachCgroup(linkPin(dir, hook), cg, v0.attach, c.Programs[v0.prog]))
 		}
 	}
-	lb, err := Open(Options{PinDir: dir, Cgroup: cg})
+	lb, err := Open(Options{PinDir: dir, Cgroup: cg, IPv6: true})
 	testutil.Must(t, err)
 	if !fromV0 {
 		testutil.Must(t, lb.Attach())
@@ -695,7 +695,7 @@ func liveSocketsAcrossRestart(t *testing.T, fromV0 bool) {
 	ids := linkIDs(t, dir)
 	lb.Close()
 
-	again, err := Open(Options{PinDir: dir, Cgroup: cg})
+	again, err := Open(Options{PinDir: dir, Cgroup: cg, IPv6: true})
 	testutil.Must(t, err)
 	defer again.Close()
 	testutil.Must(t, again.Attach())

@@ -3,6 +3,7 @@ package services
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/netip"
 	"os"
@@ -129,6 +130,7 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 	want := make(map[Key]Service, len(svcs))
 	for _, s := range svcs {
 		want[s.Key()] = s
+		lb.warnSmall6(s)
 	}
 	before := lb.udpBackendsBefore(want)
 	var errs []error
@@ -150,6 +152,17 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 	}
 	errs = append(errs, lb.endLeftUDP(before))
 	return errors.Join(errs...)
+}
+
+// warnSmall6 warns, once, of an IPv6 Service with endpoints on a node
+// loaded without IPv6 (lru6Small).
+func (lb *LB) warnSmall6(s Service) {
+	if lb.opts.IPv6 || lb.warned6 || !s.VIP.Is6() || len(s.Backends) == 0 {
+		return
+	}
+	lb.warned6 = true
+	slog.Warn("an IPv6 Service has endpoints, but the node's cluster has no IPv6 pods: its sockets' reverse translation and affinity get small maps, and once they fill getpeername() and UDP replies may show a backend's address",
+		"service", s.Name, "entries", lru6Small)
 }
 
 // markDrifted marks for rewriting every service whose entry (its
