@@ -338,6 +338,9 @@ func (a *Agent) published() datastore.NodeSpec {
 	return a.spec
 }
 
+// minMTU6 is IPv6's minimum link MTU (RFC 8200).
+const minMTU6 = 1280
+
 // nodeBlocks are the node's pod CIDRs the agent serves, masked, in the
 // node record's family order: the first of each family.
 func nodeBlocks(self *datastore.Node) []netip.Prefix {
@@ -354,6 +357,12 @@ func nodeBlocks(self *datastore.Node) []netip.Prefix {
 // an IPv6 one on a dual-stack node, in the node's family order) in the
 // cluster cc and takes over the pods of before a restart.
 func (a *Agent) bringUp(cc datastore.ClusterConfig, cidrs []netip.Prefix) error {
+	// Linux turns IPv6 off on an interface whose MTU is under IPv6's
+	// minimum: the node's IPv6 pods would have none.
+	if datastore.BlockOf(cidrs, datastore.IPv6).IsValid() && a.podMTU < minMTU6 {
+		return fmt.Errorf("pod MTU %d is under IPv6's minimum of %d: IPv6 pods need --mtu (or the uplink's MTU less %d) of at least %d",
+			a.podMTU, minMTU6, a.up.Overhead(), minMTU6)
+	}
 	if err := a.dp.Node.BringUp(datapath.NodeSetup{PodCIDR: datastore.BlockOf(cidrs, datastore.IPv4), ClusterCIDR: cc.IPv4().CIDR,
 		PodCIDRv6: datastore.BlockOf(cidrs, datastore.IPv6), ClusterCIDRv6: cc.PoolOf(datastore.IPv6).CIDR, VTEPMAC: a.vtepMAC}); err != nil {
 		return err

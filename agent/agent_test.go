@@ -165,6 +165,21 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("ADD result %+v, want one IPv6 address via the IPv6 gateway", res.IPs)
 		}
 	})
+	// Linux turns IPv6 off on a link under 1280 bytes: a node whose pods
+	// would get less does not come up with IPv6 pods, saying why.
+	t.Run("an IPv6 block with a pod MTU under 1280 is not ready", func(t *testing.T) {
+		ta := newTestAgent(t, func(c *Config) { c.MTU = 1200 })
+		ta.addNode(t, self, "fd00:172::1", "fd00:10:244:1::/64", true)
+		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t), false); err == nil {
+			t.Fatal("brought up IPv6 pods with an MTU of 1200")
+		}
+		if _, reason := ta.readyPool(); !strings.Contains(reason, "pod MTU 1200 is under IPv6's minimum of 1280") || ta.dp.setup != nil {
+			t.Errorf("not-ready reason %q, brought up with %+v", reason, ta.dp.setup)
+		}
+	})
 	t.Run("a dual-stack node brings up both blocks, in the cluster's family order", func(t *testing.T) {
 		ta := newTestAgent(t)
 		dual := datastore.ClusterConfig{Pools: []datastore.Pool{

@@ -123,9 +123,12 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	}()
 	// A fresh node: nothing listens on the VXLAN port yet, so the guard
 	// goes on the uplink before the device does, dropping every frame
-	// until it knows the peers. On a restart or upgrade the uplink's
-	// programs stay as they are until the first peer sync (attachUplink).
-	if !overlay.Present() {
+	// until it knows the peers. So does a node whose tunnel endpoint
+	// changed: an earlier version's guard may not judge frames of the new
+	// family (before 68f69b2 it let every outer IPv6 frame on). On a
+	// restart or upgrade the uplink's programs stay as they are until the
+	// first peer sync (attachUplink).
+	if !overlay.ListensOn(n.up.NodeIP) {
 		if err := n.attachUplinkLocked(fp); err != nil {
 			return err
 		}
@@ -308,6 +311,10 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if enabled {
+		// Refused before any mark goes in (an IPv6 underlay).
+		if err := f.CheckFastPath(); err != nil {
+			return err
+		}
 		// Marks first: the fast path learns from its first packet on.
 		if err := netfilter.EnsureMark(overlay.DeviceName, f.marking); err != nil {
 			return err
@@ -373,7 +380,7 @@ func (n *Node) SyncPeers(self string, nodes []datastore.Node, checkKernel bool) 
 	if ovl == nil {
 		return errNotUp
 	}
-	want := peersOf(self, nodes)
+	want := peersOf(self, n.up.NodeIP, nodes)
 	n.logConflicts(want.conflicts)
 	// The guard first: a peer that left is refused before its routes go,
 	// one that came is accepted before traffic is routed to it.

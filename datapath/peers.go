@@ -35,8 +35,9 @@ type peerSet struct {
 }
 
 // peersOf is the one place datastore nodes become peers, for the slow and
-// the fast path alike.
-func peersOf(self string, nodes []datastore.Node) peerSet {
+// the fast path alike; local is this node's tunnel endpoint, whose family
+// every peer's must be.
+func peersOf(self string, local netip.Addr, nodes []datastore.Node) peerSet {
 	nodes = slices.SortedFunc(slices.Values(nodes), func(a, b datastore.Node) int {
 		switch {
 		case a.Name == self:
@@ -48,12 +49,7 @@ func peersOf(self string, nodes []datastore.Node) peerSet {
 	})
 	var s peerSet
 	owner := map[any]string{}
-	underlay4 := true // the family of this node's address, the tunnel's
-	for _, nd := range nodes {
-		if nd.Name == self {
-			underlay4 = nd.IP.Is4()
-		}
-	}
+	underlay4 := local.Is4()
 	for _, nd := range nodes {
 		// One record with an address of the other family (or none) must
 		// not stop every peer's programming: the tunnel's endpoints are

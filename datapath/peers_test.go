@@ -19,8 +19,11 @@ func node(name, ip, cidr string, fastPath bool) datastore.Node {
 	return n
 }
 
+// local4 is node a's tunnel endpoint in the IPv4 tests.
+var local4 = netip.MustParseAddr("192.0.2.1")
+
 func TestPeersOf(t *testing.T) {
-	s := peersOf("a", []datastore.Node{
+	s := peersOf("a", local4, []datastore.Node{
 		node("a", "192.0.2.1", "10.244.1.0/24", true),  // self: hosts only
 		node("b", "192.0.2.2", "10.244.2.0/24", true),  // fast-path peer
 		node("c", "192.0.2.3", "10.244.3.0/24", false), // slow-path-only peer
@@ -55,7 +58,7 @@ func TestPeersOfLeavesConflictsOut(t *testing.T) {
 	sameMAC.VTEPMAC = b.VTEPMAC
 	stealsSelf := node("d", "192.0.2.4", "10.244.1.0/24", true)
 	sameGateway := node("e", "192.0.2.5", "10.244.2.0/25", true) // first address = b's gateway
-	s := peersOf("a", []datastore.Node{sameGateway, stealsSelf, sameMAC, b, node("a", "192.0.2.1", "10.244.1.0/24", true)})
+	s := peersOf("a", local4, []datastore.Node{sameGateway, stealsSelf, sameMAC, b, node("a", "192.0.2.1", "10.244.1.0/24", true)})
 	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.fastPath) != 1 || s.fastPath[0].NodeIP.String() != "192.0.2.2" ||
 		len(s.senders) != 1 || s.senders[0].NodeIP.String() != "192.0.2.2" {
 		t.Errorf("peers %+v / %+v / senders %+v, want only b on both paths and in the guard", s.overlay, s.fastPath, s.senders)
@@ -76,7 +79,7 @@ func TestPeersOfLeavesConflictsOut(t *testing.T) {
 func TestPeersOfLeavesOtherFamilyOut(t *testing.T) {
 	v6 := node("c", "2001:db8::3", "10.244.3.0/24", true)
 	mapped := node("d", "::ffff:192.0.2.4", "10.244.4.0/24", true)
-	s := peersOf("a", []datastore.Node{node("a", "192.0.2.1", "10.244.1.0/24", true), node("b", "192.0.2.2", "10.244.2.0/24", true), v6, mapped})
+	s := peersOf("a", local4, []datastore.Node{node("a", "192.0.2.1", "10.244.1.0/24", true), node("b", "192.0.2.2", "10.244.2.0/24", true), v6, mapped})
 	if len(s.overlay) != 1 || s.overlay[0].Name != "b" || len(s.senders) != 1 || len(s.fastPath) != 1 {
 		t.Errorf("peers %+v / senders %+v, want only b", s.overlay, s.senders)
 	}
@@ -96,7 +99,7 @@ func TestPeersOfLeavesOtherFamilyOut(t *testing.T) {
 // speak for their IPv6 pods and their node address (/128), and a record
 // with an IPv4 address is left out.
 func TestPeersOfOnAnIPv6Underlay(t *testing.T) {
-	s := peersOf("a", []datastore.Node{
+	s := peersOf("a", netip.MustParseAddr("fd00:172::1"), []datastore.Node{
 		node("a", "fd00:172::1", "fd00:10:244:1::/64", true),
 		node("b", "fd00:172::2", "fd00:10:244:2::/64", true),
 		dualStack(node("c", "fd00:172::3", "10.244.3.0/24", false), "fd00:10:244:3::/64"),
@@ -131,7 +134,7 @@ func dualStack(n datastore.Node, cidr6 string) datastore.Node {
 // ones; a peer without one speaks for IPv4 sources alone. The overlay
 // routes both; the fast path carries both for a peer that runs it.
 func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
-	s := peersOf("a", []datastore.Node{
+	s := peersOf("a", local4, []datastore.Node{
 		dualStack(node("a", "192.0.2.1", "10.244.1.0/24", true), "fd00:10:244:1::/64"),  // self: in no sender
 		dualStack(node("b", "192.0.2.2", "10.244.2.0/24", true), "fd00:10:244:2::1/64"), // masked
 		node("c", "192.0.2.3", "10.244.3.0/24", false),                                  // IPv4 only
@@ -161,7 +164,7 @@ func TestPeersOfGivesIPv6PodCIDRs(t *testing.T) {
 // out, as one claiming an IPv4 pod CIDR is: the guard would let it speak
 // for those pods. So is one whose IPv6 block is IPv4-mapped.
 func TestPeersOfLeavesIPv6ConflictsOut(t *testing.T) {
-	s := peersOf("a", []datastore.Node{
+	s := peersOf("a", local4, []datastore.Node{
 		dualStack(node("e", "192.0.2.5", "10.244.5.0/24", true), "fd00:10:244:1::/64"),
 		dualStack(node("c", "192.0.2.3", "10.244.3.0/24", true), "fd00:10:244:2::/64"),
 		dualStack(node("d", "192.0.2.4", "10.244.4.0/24", true), "::ffff:10.244.4.0/120"),

@@ -28,11 +28,16 @@ func (u Uplink) Overhead() int { return overlay.OverheadOf(u.NodeIP) }
 // slow path carries every flow), nil when it can.
 func (u Uplink) CheckFastPath() error { return fastpath.Options{NodeIP: u.NodeIP}.CheckFastPath() }
 
+// unstableAddr flags an IPv6 address no tunnel endpoint may be: one that
+// goes away or changes (a privacy address, one being deprecated) or is
+// not usable yet or at all (duplicate address detection).
+const unstableAddr = unix.IFA_F_TEMPORARY | unix.IFA_F_DEPRECATED | unix.IFA_F_TENTATIVE | unix.IFA_F_DADFAILED
+
 // findUplink picks the uplink: the interface named iface, else the one that
 // holds nodeIP, else the one of the default route (IPv4's, else IPv6's).
 // The node IP, the overlay's tunnel endpoint, is nodeIP if given, else
-// the interface's first IPv4 address, else its first global IPv6 one (an
-// IPv6 underlay).
+// the interface's first IPv4 address, else its first stable global IPv6
+// one (an IPv6 underlay).
 func findUplink(iface string, nodeIP netip.Addr) (Uplink, error) {
 	var link netlink.Link
 	var err error
@@ -65,7 +70,7 @@ func findUplink(iface string, nodeIP netip.Addr) (Uplink, error) {
 		switch {
 		case ip.Is4() && !up.NodeIP.IsValid():
 			up.NodeIP = ip
-		case ip.Is6() && ip.IsGlobalUnicast() && !first6.IsValid():
+		case ip.Is6() && ip.IsGlobalUnicast() && !first6.IsValid() && a.Flags&unstableAddr == 0:
 			first6 = ip
 		}
 	}

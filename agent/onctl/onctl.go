@@ -237,6 +237,9 @@ func printPods(o *options, resp *apiv1.ListPodsResponse) error {
 // podCIDRs describes the node's pod CIDRs, each with its gateway and
 // cluster CIDR.
 func podCIDRs(st *apiv1.NodeStatus) string {
+	if len(st.PodCidrs) == 0 && st.PodCidr != "" { // an agent before pod_cidrs
+		return st.PodCidr + " (gateway " + st.Gateway + ", cluster " + st.ClusterCidr + ")"
+	}
 	if len(st.PodCidrs) != len(st.Gateways) || len(st.PodCidrs) != len(st.ClusterCidrs) {
 		return "malformed status: " + fmt.Sprint(st.PodCidrs, st.Gateways, st.ClusterCidrs)
 	}
@@ -250,7 +253,11 @@ func podCIDRs(st *apiv1.NodeStatus) string {
 func printPeers(o *options, resp *apiv1.ListPeersResponse) error {
 	var rows [][]string
 	for _, p := range resp.Peers {
-		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(strings.Join(p.PodCidrs, ",")), orDash(strings.Join(p.Gateways, ",")), p.VtepMac,
+		cidrs, gws := p.PodCidrs, p.Gateways
+		if len(cidrs) == 0 && p.PodCidr != "" { // an agent before pod_cidrs
+			cidrs, gws = []string{p.PodCidr}, []string{p.Gateway}
+		}
+		rows = append(rows, []string{p.NodeName, p.NodeIp, orDash(strings.Join(cidrs, ",")), orDash(strings.Join(gws, ",")), p.VtepMac,
 			yesNo(p.Alive), yesNo(p.Programmed), yesNo(p.FastPath)})
 	}
 	return o.table([]string{"NODE", "NODE-IP", "POD-CIDR", "GATEWAY", "VTEP-MAC", "ALIVE", "PROGRAMMED", "FAST-PATH"}, rows)

@@ -148,11 +148,15 @@ func (w *Watcher) reportUnserved(snap Snapshot) {
 }
 
 // of is the node as the compiler sees it: its NodePorts and hostPorts are
-// served on its underlay address and every IPv4 InternalIP and ExternalIP
-// its Node object lists, as kube-proxy's default nodePortAddresses serves
-// the node's primary addresses.
+// served on its underlay address (if IPv4: the frontends it serves are
+// IPv4's) and every IPv4 InternalIP and ExternalIP its Node object lists,
+// as kube-proxy's default nodePortAddresses serves the node's primary
+// addresses.
 func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
-	out := Node{Name: s.Name, Addresses: []netip.Addr{s.IP}}
+	out := Node{Name: s.Name}
+	if s.IP.Is4() {
+		out.Addresses = append(out.Addresses, s.IP)
+	}
 	for _, att := range atts {
 		pod := att.Key.String()
 		if att.K8sName != "" {

@@ -1,6 +1,8 @@
 package services
 
 import (
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -52,5 +54,22 @@ func TestUnservedEvents(t *testing.T) {
 	w.reportUnserved(snap)
 	if len(beside.events) != 0 || len(w.unserved) != 0 {
 		t.Fatalf("beside kube-proxy: events %q, listed %q", beside.events, w.unserved)
+	}
+}
+
+// On an IPv6 underlay the node's tunnel endpoint is no NodePort or
+// hostPort address (the frontends it serves are IPv4's): the IPv4
+// InternalIPs of its Node are, as on an IPv4 underlay beside its endpoint.
+func TestNodeAddressesOfEitherUnderlay(t *testing.T) {
+	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "192.0.2.9"}, {Type: corev1.NodeInternalIP, Address: "fd00:172::9"}}}}
+	for _, c := range []struct {
+		ip   string
+		want string
+	}{{"fd00:172::9", "[192.0.2.9]"}, {"192.0.2.1", "[192.0.2.1 192.0.2.9]"}} {
+		got := Self{Name: "n1", IP: netip.MustParseAddr(c.ip)}.of(node, nil).Addresses
+		if fmt.Sprint(got) != c.want {
+			t.Errorf("node at %s: NodePort addresses %v, want %s", c.ip, got, c.want)
+		}
 	}
 }

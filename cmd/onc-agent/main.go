@@ -102,8 +102,11 @@ func main() {
 	}
 	if *nodeIP != "" {
 		ip, err := netip.ParseAddr(*nodeIP)
-		if err != nil || ip.Is4In6() || ip.Zone() != "" || !ip.IsGlobalUnicast() {
-			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not a global unicast IPv4 or IPv6 address", *nodeIP))
+		// A tunnel endpoint is a unicast address without a zone: an IPv6
+		// link-local one would need its interface on every peer.
+		if err != nil || ip.Is4In6() || ip.Zone() != "" || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() ||
+			ip.Is6() && ip.IsLinkLocalUnicast() {
+			cmdutil.Fatal("bad flag", fmt.Errorf("--node-ip %q: not a unicast IPv4 or global IPv6 address", *nodeIP))
 		}
 		cfg.Datapath.NodeIP = ip
 	}

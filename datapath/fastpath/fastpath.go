@@ -184,6 +184,9 @@ func (o Options) CheckFastPath() error {
 	return nil
 }
 
+// CheckFastPath is the loaded datapath's Options.CheckFastPath.
+func (d *Datapath) CheckFastPath() error { return d.opts.CheckFastPath() }
+
 // switchOffPinned turns the pinned config's enabled and learning switches
 // off, leaving the rest of it (an earlier version kept its settings
 // there, its overlay guard's among them) as it is. Both switches sit at
@@ -288,7 +291,7 @@ func (d *Datapath) Close() error {
 // to conntrack, which carries them on. It cannot be switched on where
 // CheckFastPath says it cannot run.
 func (d *Datapath) Configure(enabled bool) error {
-	if err := d.opts.CheckFastPath(); enabled && err != nil {
+	if err := d.CheckFastPath(); enabled && err != nil {
 		return err
 	}
 	if !enabled {
@@ -325,7 +328,7 @@ func everyFlow(FlowKey, FlowVal) bool { return true }
 // verdicts learned while it was off may be stale. It cannot be switched
 // on where CheckFastPath says it cannot run.
 func (d *Datapath) Switch(enabled bool) error {
-	if err := d.opts.CheckFastPath(); enabled && err != nil {
+	if err := d.CheckFastPath(); enabled && err != nil {
 		return err
 	}
 	if enabled && !d.Enabled() {

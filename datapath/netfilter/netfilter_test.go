@@ -144,5 +144,14 @@ func TestGuardFollowsTheUnderlayFamily(t *testing.T) {
 				t.Errorf("back on IPv4: %v guard input holds %d rules, want %d", c.ipt.Proto(), got, c.want)
 			}
 		}
+		// And without IPv6 pods as well: ip6tables is only emptied.
+		ensure(netip.MustParsePrefix("10.244.0.0/16"), ovl6) // refill ip6tables' chains first
+		testutil.Must(t, Ensure(netip.MustParsePrefix("10.244.0.0/16"), ovl4, Marking{}, ""))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
+		for _, chain := range []string{guardInputChain, guardForwardChain, peerHostChain, peerHostOutChain} {
+			if got := count(ipt6, "mangle", chain); got != 0 {
+				t.Errorf("an IPv4 node without IPv6 pods: ip6tables mangle %s holds %d rules, want none", chain, got)
+			}
+		}
 	})
 }

@@ -112,11 +112,16 @@ type Overlay struct {
 	writes atomic.Uint64 // netlink writes made by Sync
 }
 
-// Present says whether the device exists: a node that has none yet has
-// nothing listening on the VXLAN port.
-func Present() bool {
-	_, err := netlink.LinkByName(DeviceName)
-	return err == nil
+// ListensOn says whether the device exists with local as its tunnel
+// endpoint: otherwise nothing listens on the VXLAN port at that address
+// yet (a fresh node, or one whose underlay address or family changed).
+func ListensOn(local netip.Addr) bool {
+	l, err := netlink.LinkByName(DeviceName)
+	if err != nil {
+		return false
+	}
+	v, ok := l.(*netlink.Vxlan)
+	return ok && v.SrcAddr.Equal(local.AsSlice())
 }
 
 // Ensure creates the device, or adopts an existing one whose settings

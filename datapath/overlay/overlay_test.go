@@ -450,6 +450,9 @@ func TestIPv6Underlay(t *testing.T) {
 			Flags: unix.IFA_F_NODAD}); err != nil {
 			t.Fatal(err)
 		}
+		if overlay.ListensOn(netip.MustParseAddr("fd00:172::1")) {
+			t.Fatal("ListensOn without a device")
+		}
 		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("fd00:172::1"), Uplink: uplink,
 			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1500 - overlay.OverheadOf(netip.MustParseAddr("fd00:172::1")),
 			Gateway6: netip.MustParseAddr("fd00:10:244:1::1")}
@@ -459,6 +462,11 @@ func TestIPv6Underlay(t *testing.T) {
 		}
 		if v := o.Link().(*netlink.Vxlan); !v.SrcAddr.Equal(net.ParseIP("fd00:172::1")) || v.MTU != 1430 {
 			t.Fatalf("device local %s, MTU %d; want fd00:172::1 and 1430", v.SrcAddr, v.MTU)
+		}
+		// BringUp puts the new guard first where the device does not
+		// listen on the node's endpoint (a changed family, say).
+		if !overlay.ListensOn(cfg.LocalIP) || overlay.ListensOn(netip.MustParseAddr("192.0.2.1")) {
+			t.Error("ListensOn does not tell the device's tunnel endpoint")
 		}
 		expectPeerHostRulesOf(t, unix.AF_INET6, "an IPv6 underlay", 1)
 		a := overlay.Peer{Name: "a", NodeIP: netip.MustParseAddr("fd00:172::2"), PodCIDR6: netip.MustParsePrefix("fd00:10:244:2::/64"),
