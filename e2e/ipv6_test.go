@@ -82,7 +82,8 @@ func ipv6OnlyNodes(t *testing.T, l *lab.Lab) {
 
 // guardOnIPv6Underlay: TestOverlayGuard's cases over an IPv6 underlay,
 // the frames crafted with IPv6 inside and sent to the target node's IPv6
-// tunnel endpoint; the fast path is off there.
+// tunnel endpoint (address translation by ip6tables; the target's agent
+// down); the fast path is off there.
 func guardOnIPv6Underlay(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	n1, n2, n3 := l.Nodes[0], l.Nodes[1], l.Nodes[2]
@@ -111,6 +112,19 @@ func guardOnIPv6Underlay(t *testing.T, l *lab.Lab) {
 		{"a peer speaking for an address outside the cluster", n1.Netns, netip.MustParseAddr("2001:db8::9"), n2, "inner_source"},
 	})
 	expectInjection(t, in, injection{"a host by another interface than the uplink", outsider, p1.IP, n2, "other_interface"}, side, vxlanPort)
+	translatedToTheVXLANPort(t, l, in, outsider, netip.MustParseAddr("fd00:172:31:253::9"))
+	// While the target's agent is down, its pinned programs and maps
+	// guard on.
+	n2.Agent.Stop()
+	if in.send(t, outsider, p1.IP, in.endpoint) || in.send(t, n1.Netns, p3.IP, in.endpoint) {
+		t.Error("with the target's agent down, a frame the guard refuses was delivered")
+	}
+	if !in.send(t, n1.Netns, p1.IP, in.endpoint) {
+		t.Error("with the target's agent down, a peer's frame for its own pod was not delivered")
+	}
+	if err := l.RestartAgent(context.Background(), n2); err != nil {
+		t.Fatal(err)
+	}
 	// The fast path cannot be switched on over this underlay.
 	if _, err := agent(t, n2).SetFastPath(context.Background(), &apiv1.SetFastPathRequest{Enabled: true}); err == nil {
 		t.Error("the fast path switched on over an IPv6 underlay")

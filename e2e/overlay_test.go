@@ -316,31 +316,7 @@ func TestOverlayGuard(t *testing.T) {
 	// going elsewhere: here a DNAT rule as a Service endpoint at a node's
 	// VXLAN port would make.
 	t.Run("AddressTranslation", func(t *testing.T) {
-		const viaPort = 9999
-		dnat := func(netns string, match []string, to netip.Addr) {
-			rule := append(append([]string{"-t", "nat", "-I", "PREROUTING"}, match...),
-				"-p", "udp", "--dport", fmt.Sprint(viaPort), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(to, vxlanPort).String())
-			mustRun(t, append([]string{"ip", "netns", "exec", netns, "iptables"}, rule...))
-			t.Cleanup(func() {
-				rule[2] = "-D"
-				mustRun(t, append([]string{"ip", "netns", "exec", netns, "iptables"}, rule...))
-			})
-		}
-		// A pod's datagram to an address its node translates to a peer's
-		// VXLAN port would leave masqueraded as the node.
-		dnat(n1.Netns, []string{"-s", p1.IP.String()}, n2.IP)
-		// An outside host's datagram to a port the target node translates
-		// to its own VXLAN port would come by the uplink.
-		dnat(n2.Netns, []string{"-d", n2.IP.String()}, n2.IP)
-		for _, c := range []struct {
-			injection
-			to netip.Addr
-		}{
-			{injection{"a pod, through its node's address translation", p1.Netns, p1.IP, n1, "forwarded"}, netip.MustParseAddr("172.31.253.9")},
-			{injection{"a host that is no node, through the target's address translation", outsider, p1.IP, n2, "translated"}, n2.IP},
-		} {
-			expectInjection(t, in, c.injection, c.to, viaPort)
-		}
+		translatedToTheVXLANPort(t, l, in, outsider, netip.MustParseAddr("172.31.253.9"))
 	})
 	t.Run("RemovedNodeRefusedAtOnce", func(t *testing.T) {
 		ip := n3.IP
@@ -360,6 +336,47 @@ func TestOverlayGuard(t *testing.T) {
 	})
 	// Everything legitimate still flows, every direction.
 	allPairsPass(t, l, "with the overlay guard")
+}
+
+// translatedToTheVXLANPort: address translation (kube-proxy's NodePorts,
+// externalIPs and Service endpoints) may lead a datagram to a VXLAN port
+// that the programs saw going elsewhere; here a DNAT rule as a Service
+// endpoint at a node's VXLAN port would make, in the underlay's family
+// (iptables or ip6tables), with node 1's pod and outsider as senders to
+// the target, node 2. elsewhere is an address outside the cluster that
+// node 1 translates.
+func translatedToTheVXLANPort(t *testing.T, l *lab.Lab, in *injector, outsider string, elsewhere netip.Addr) {
+	t.Helper()
+	const viaPort = 9999
+	n1, p1 := l.Nodes[0], l.Nodes[0].Pods[0]
+	tool := "iptables"
+	if in.endpoint.Is6() {
+		tool = "ip6tables"
+	}
+	dnat := func(netns string, match []string) {
+		rule := append(append([]string{"-t", "nat", "-I", "PREROUTING"}, match...),
+			"-p", "udp", "--dport", fmt.Sprint(viaPort), "-j", "DNAT", "--to-destination", netip.AddrPortFrom(in.endpoint, vxlanPort).String())
+		mustRun(t, append([]string{"ip", "netns", "exec", netns, tool}, rule...))
+		t.Cleanup(func() {
+			rule[2] = "-D"
+			mustRun(t, append([]string{"ip", "netns", "exec", netns, tool}, rule...))
+		})
+	}
+	// A pod's datagram to an address its node translates to a peer's
+	// VXLAN port would leave masqueraded as the node.
+	dnat(n1.Netns, []string{"-s", p1.IP.String()})
+	// An outside host's datagram to a port the target node translates
+	// to its own VXLAN port would come by the uplink.
+	dnat(in.node.Netns, []string{"-d", in.endpoint.String()})
+	for _, c := range []struct {
+		injection
+		to netip.Addr
+	}{
+		{injection{"a pod, through its node's address translation", p1.Netns, p1.IP, n1, "forwarded"}, elsewhere},
+		{injection{"a host that is no node, through the target's address translation", outsider, p1.IP, in.node, "translated"}, in.endpoint},
+	} {
+		expectInjection(t, in, c.injection, c.to, viaPort)
+	}
 }
 
 // waitPeerGone waits until n no longer lists peer.

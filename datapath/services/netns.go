@@ -53,16 +53,31 @@ func (lb *LB) podOf(cookie uint64, name uint32) netip.Addr {
 	return bpf.IPv4(name)
 }
 
-// ForgetPods removes the namespaces of pods whose address keep rejects
-// (and never the host's); a cookie is never reused, so an entry left
-// behind is only garbage.
-func (lb *LB) ForgetPods(keep func(netip.Addr) bool) error {
+// ForgetPods removes the namespaces of pods but those of keep (by their
+// names, podName: an entry of an earlier run that no pod took again yet
+// is known by its name alone), and never the host's; a cookie is never
+// reused, so an entry left behind is only garbage.
+func (lb *LB) ForgetPods(keep ...netip.Addr) error {
+	names := make(map[uint32]bool, len(keep))
+	for _, a := range keep {
+		names[podName(a)] = true
+	}
+	return lb.forget(func(name uint32) bool { return !names[name] })
+}
+
+// ForgetPod removes the namespace of the pod at ip.
+func (lb *LB) ForgetPod(ip netip.Addr) error {
+	name := podName(ip)
+	return lb.forget(func(n uint32) bool { return n == name })
+}
+
+// forget removes the pods' namespaces whose name gone says, never the
+// host's (name 0).
+func (lb *LB) forget(gone func(name uint32) bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	gone, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(cookie uint64, name uint32) bool {
-		return name != 0 && !keep(lb.podOf(cookie, name))
-	})
-	for _, cookie := range gone {
+	cookies, err := bpf.DeleteIf(lb.maps.OncLbNetns, func(_ uint64, name uint32) bool { return name != 0 && gone(name) })
+	for _, cookie := range cookies {
 		delete(lb.netns, cookie)
 		delete(lb.pods, cookie)
 	}

@@ -108,7 +108,7 @@ func (n *Node) attach(cache *bpf.FlowCache, ipv6 bool) (*LB, error) {
 		err = lb.OwnHost(host)
 	}
 	if err == nil && n.mode == HostOnly {
-		err = lb.ForgetPods(func(netip.Addr) bool { return false }) // owned in an earlier mode
+		err = lb.ForgetPods() // owned in an earlier mode
 	}
 	if err == nil {
 		err = lb.Attach()
@@ -155,11 +155,7 @@ func (n *Node) Sync(svcs []Service, pods []netip.Addr, checkKernel bool) error {
 		return errNotOn
 	}
 	if checkKernel && n.mode == All {
-		local := make(map[netip.Addr]bool, len(pods))
-		for _, a := range pods {
-			local[a] = true
-		}
-		if err := lb.ForgetPods(func(a netip.Addr) bool { return local[a] }); err != nil {
+		if err := lb.ForgetPods(pods...); err != nil {
 			return err
 		}
 	}
@@ -202,7 +198,7 @@ func (n *Node) ForgetPod(ip netip.Addr) error {
 	if lb == nil || !ip.IsValid() {
 		return nil
 	}
-	return lb.ForgetPods(func(a netip.Addr) bool { return a != ip })
+	return lb.ForgetPod(ip)
 }
 
 // BalancesPods says whether pods' sockets are balanced (mode all, loaded).

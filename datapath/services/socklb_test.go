@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -862,4 +864,40 @@ func TestUnbalanceUntilTheNextSync(t *testing.T) {
 	testutil.Must(t, again.Attach())
 	testutil.Must(t, again.Sync([]Service{s}, false))
 	checkAll(t, "synced again", b.client("tcp", svc, 5), func(r clientRes) bool { return isBackend(r.Served, svcPort) })
+}
+
+// A restarted agent's LB knows the namespaces an earlier one owned by
+// their names alone: ForgetPods keeps those of the pods it is given, an
+// IPv6-only pod's too (named by its address's low 32 bits), before any
+// pod is owned again; ForgetPod removes one pod's.
+func TestForgetPodsByName(t *testing.T) {
+	dir := t.TempDir()
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	v4, v6 := netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00:10:244:1::5")
+	before, err := Open(Options{PinDir: dir, IPv6: true})
+	testutil.Must(t, err)
+	testutil.Must(t, before.OwnPod(101, v4, "/run/netns/a"))
+	testutil.Must(t, before.OwnPod(102, v6, "/run/netns/b"))
+	before.Close()
+	lb, err := Open(Options{PinDir: dir, IPv6: true})
+	testutil.Must(t, err)
+	t.Cleanup(func() { lb.Close() })
+	owned := func() []uint64 {
+		t.Helper()
+		m, err := lb.Owned()
+		testutil.Must(t, err)
+		return slices.Sorted(maps.Keys(m))
+	}
+	testutil.Must(t, lb.ForgetPods(v4, v6))
+	if got := owned(); !slices.Equal(got, []uint64{101, 102}) {
+		t.Fatalf("after keeping both pods: namespaces %v, want 101 and 102", got)
+	}
+	testutil.Must(t, lb.ForgetPods(v4))
+	if got := owned(); !slices.Equal(got, []uint64{101}) {
+		t.Fatalf("after keeping the IPv4 pod: namespaces %v, want 101", got)
+	}
+	testutil.Must(t, lb.ForgetPod(v4))
+	if got := owned(); len(got) != 0 {
+		t.Fatalf("after forgetting it: namespaces %v, want none", got)
+	}
 }
