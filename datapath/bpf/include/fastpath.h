@@ -210,14 +210,19 @@ struct sender_val {
 
 #define ONC_SENDERS_PER_NODE 3
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
-	__type(key, struct sender_key);
-	__type(value, struct sender_val);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_senders SEC(".maps");
+/* A sender map: every one is an LPM trie of the same size, keyed by one
+ * of the key layouts (outer endpoint family × inner source family). */
+#define ONC_SENDER_MAP(name, key_type)                                     \
+	struct {                                                           \
+		__uint(type, BPF_MAP_TYPE_LPM_TRIE);                       \
+		__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES); \
+		__type(key, key_type);                                     \
+		__type(value, struct sender_val);                          \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                      \
+		__uint(pinning, LIBBPF_PIN_BY_NAME);                       \
+	} name SEC(".maps")
+
+ONC_SENDER_MAP(onc_senders, struct sender_key);
 
 /*
  * The same for IPv6 inner sources (the tunnel endpoint stays IPv4): each
@@ -236,14 +241,7 @@ struct sender6_key {
 	__u8 inner[16];  /* inner IPv6 source prefix */
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
-	__type(key, struct sender6_key);
-	__type(value, struct sender_val);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_senders6 SEC(".maps");
+ONC_SENDER_MAP(onc_senders6, struct sender6_key);
 
 /*
  * Local pods no NetworkPolicy isolates, in either direction: a new

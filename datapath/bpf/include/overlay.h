@@ -97,6 +97,18 @@ static __always_inline void *frame_l3(void *data, void *end, __be16 *proto, int 
 	return l3;
 }
 
+/* guard_frame makes the headers the guard reads linear (guard_pull) and
+ * returns the frame's network header as frame_l3 does, setting *data and
+ * *end to the skb's data as they are after the pull. */
+static __always_inline void *guard_frame(struct __sk_buff *skb, void **data, void **end,
+					 __be16 *proto, int *tags)
+{
+	guard_pull(skb);
+	*data = (void *)(long)skb->data;
+	*end = (void *)(long)skb->data_end;
+	return frame_l3(*data, *end, proto, tags);
+}
+
 /* Whether an IPv4 packet at ip is the first (or only) fragment of a UDP
  * datagram to the VXLAN port. */
 static __always_inline int to_vxlan_port(struct iphdr *ip, void *end)
@@ -221,23 +233,9 @@ struct sender6_u6_key {
 	__u8 inner[16];  /* inner IPv6 source prefix */
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
-	__type(key, struct sender_u6_key);
-	__type(value, struct sender_val);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_senders_u6 SEC(".maps");
+ONC_SENDER_MAP(onc_senders_u6, struct sender_u6_key);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, ONC_SENDERS_PER_NODE * ONC_MAX_NODES);
-	__type(key, struct sender6_u6_key);
-	__type(value, struct sender_val);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_senders6_u6 SEC(".maps");
+ONC_SENDER_MAP(onc_senders6_u6, struct sender6_u6_key);
 
 /* A frame's outer source: a peer's IPv4 tunnel endpoint ip, or its IPv6
  * one at ip6 (in the frame) when that is not NULL. */
@@ -436,10 +434,7 @@ static __always_inline int overlay_guard(struct __sk_buff *skb)
 	__be16 proto;
 	int tags;
 
-	guard_pull(skb);
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	l3 = frame_l3(data, end, &proto, &tags);
+	l3 = guard_frame(skb, &data, &end, &proto, &tags);
 	if (!l3)
 		return 0;
 	if (proto == bpf_htons(ETH_P_IP))
@@ -458,10 +453,7 @@ static __always_inline int from_pod_to_vxlan(struct __sk_buff *skb)
 	__be16 proto;
 	int tags;
 
-	guard_pull(skb);
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	l3 = frame_l3(data, end, &proto, &tags);
+	l3 = guard_frame(skb, &data, &end, &proto, &tags);
 	if (!l3)
 		return 0;
 	if (proto == bpf_htons(ETH_P_IP))
