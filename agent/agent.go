@@ -134,7 +134,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
 		notReady: "registering the node", warnedCIDR: map[datastore.Family]netip.Prefix{},
-		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && up.CheckFastPath() == nil}}
+		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)

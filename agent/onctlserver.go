@@ -43,9 +43,6 @@ func (s *onctlServer) GetStatus(ctx context.Context, _ *apiv1.GetStatusRequest) 
 	}
 	pool := a.pool
 	a.mu.Unlock()
-	if err := a.up.CheckFastPath(); err != nil {
-		st.FastPathUnavailable = err.Error()
-	}
 	if fp := a.dp.Node.FastPath(); fp != nil {
 		st.FastPathLoaded, st.FastPath, st.FastPathMode = true, fp.Enabled(), string(fp.Mode())
 		st.FastPathConnectionSetup = fp.ConnSetup().String()

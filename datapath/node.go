@@ -80,10 +80,6 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := up.CheckFastPath(); cfg.FastPath && err != nil {
-		slog.Warn("fast path off; the slow path carries every flow", "err", err)
-		cfg.FastPath = false
-	}
 	n := &Node{cfg: cfg, up: up}
 	// The socket LB and the bypass attach to one cgroup, resolved once for
 	// both (resolving may mount a cgroup v2 hierarchy).
@@ -91,7 +87,7 @@ func New(cfg Config) (*Node, error) {
 	n.services = services.NewNode(cfg.Services, cfg.BPFFS, cgroup)
 	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
 	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
-	n.underlay = underlay.NewNode(up.Index, n.fastPath)
+	n.underlay = underlay.NewNode(up.Index, up.NodeIP, n.fastPath)
 	return n, nil
 }
 
@@ -311,10 +307,6 @@ func (f nodeFastPath) Switch(enabled bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if enabled {
-		// Refused before any mark goes in (an IPv6 underlay).
-		if err := f.CheckFastPath(); err != nil {
-			return err
-		}
 		// Marks first: the fast path learns from its first packet on.
 		if err := netfilter.EnsureMark(overlay.DeviceName, f.marking); err != nil {
 			return err

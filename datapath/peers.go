@@ -93,7 +93,7 @@ func peersOf(self string, local netip.Addr, nodes []datastore.Node) peerSet {
 		}
 		s.overlay = append(s.overlay, overlay.Peer{Name: nd.Name, NodeIP: nd.IP, VTEPMAC: nd.VTEPMAC, PodCIDR: podCIDR, PodCIDR6: podCIDR6})
 		s.senders = append(s.senders, fastpath.Sender{NodeIP: nd.IP, Sources: sources})
-		if nd.FastPath && nd.IP.Is4() { // its learned headers are IPv4 tunnels'
+		if nd.FastPath { // over an IPv6 underlay its IPv4 CIDR is left out (fastpath.SyncPeers)
 			for _, c := range cidrs {
 				s.fastPath = append(s.fastPath, fastpath.Peer{PodCIDR: c, NodeIP: nd.IP})
 			}

@@ -96,7 +96,8 @@ func TestPeersOfLeavesOtherFamilyOut(t *testing.T) {
 }
 
 // On an IPv6 underlay every tunnel endpoint is IPv6: IPv6-only peers
-// speak for their IPv6 pods and their node address (/128), and a record
+// speak for their IPv6 pods and their node address (/128), those that
+// run the fast path are its peers by their IPv6 endpoints, and a record
 // with an IPv4 address is left out.
 func TestPeersOfOnAnIPv6Underlay(t *testing.T) {
 	s := peersOf("a", netip.MustParseAddr("fd00:172::1"), []datastore.Node{
@@ -113,8 +114,9 @@ func TestPeersOfOnAnIPv6Underlay(t *testing.T) {
 		s.overlay[1].NodeIP.String() != "fd00:172::3" {
 		t.Errorf("overlay peers %+v, want b (IPv6 only) and c", s.overlay)
 	}
-	if len(s.fastPath) != 0 {
-		t.Errorf("fast-path peers %v, want none: the flow cache's tunnels are IPv4's", s.fastPath)
+	// b runs the fast path, c does not.
+	if want := "[{fd00:10:244:2::/64 fd00:172::2}]"; fmt.Sprint(s.fastPath) != want {
+		t.Errorf("fast-path peers %v, want %s", s.fastPath, want)
 	}
 	if len(s.hosts) != 0 {
 		t.Errorf("hosts %v, want none: the flow cache's host map is IPv4's", s.hosts)

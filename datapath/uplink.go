@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -22,11 +21,6 @@ type Uplink struct {
 
 // Overhead is what VXLAN over the uplink's family adds to a frame.
 func (u Uplink) Overhead() int { return overlay.OverheadOf(u.NodeIP) }
-
-// CheckFastPath says why the flow cache cannot run over this uplink (the
-// tunnel headers it learns and pushes are IPv4's: on an IPv6 underlay the
-// slow path carries every flow), nil when it can.
-func (u Uplink) CheckFastPath() error { return fastpath.Options{NodeIP: u.NodeIP}.CheckFastPath() }
 
 // unstableAddr flags an IPv6 address no tunnel endpoint may be: one that
 // goes away or changes (a privacy address, one being deprecated) or is

@@ -5,10 +5,8 @@ package e2e
 import (
 	"context"
 	"net/netip"
-	"strings"
 	"testing"
 
-	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
@@ -18,9 +16,9 @@ import (
 
 // An IPv6 lab: pods with IPv6 addresses alone, and the overlay's tunnels
 // between the nodes' IPv6 underlay addresses (VXLAN over IPv6, 70 bytes of
-// overhead). The fast path is off there (the tunnel headers it learns are
-// IPv4's) and the node says so. The matrix passes (pod↔pod on one node and
-// across nodes, node→pod, pod→node); the overlay guard refuses crafted
+// overhead). The matrix passes (pod↔pod on one node and across nodes,
+// node→pod, pod→node); after the handshake pods' TCP and UDP across nodes
+// take the fast path, in IPv6 tunnels; the overlay guard refuses crafted
 // frames over the IPv6 underlay as it does over IPv4's, each counted by
 // its reason. On Kubernetes a NetworkPolicy admits one client pod and
 // denies another, also when that pod sends with the client's address.
@@ -29,6 +27,7 @@ func TestIPv6Only(t *testing.T) {
 		l := labtest.Lab(t, lab.Options{Nodes: 3, PodsPerNode: 1, IPFamily: lab.IPFamilyIPv6})
 		ipv6OnlyNodes(t, l)
 		allPairsPass(t, l, "the IPv6 matrix")
+		fastPathCarriesIPv6(t, l)
 		guardOnIPv6Underlay(t, l)
 	})
 	t.Run("kubernetes", func(t *testing.T) {
@@ -40,7 +39,7 @@ func TestIPv6Only(t *testing.T) {
 }
 
 // ipv6OnlyNodes checks each node's status (one IPv6 block of the cluster's
-// range, the pod MTU 70 bytes under the uplink's, the fast path off), its
+// range, the pod MTU 70 bytes under the uplink's, the fast path on), its
 // VXLAN device's IPv6 tunnel endpoint, and that its pods have one IPv6
 // address of its block.
 func ipv6OnlyNodes(t *testing.T, l *lab.Lab) {
@@ -62,8 +61,8 @@ func ipv6OnlyNodes(t *testing.T, l *lab.Lab) {
 		if want := uint32(uplink.Attrs().MTU - 70); st.PodMtu != want {
 			t.Errorf("%s: pod MTU %d, want %d (VXLAN over IPv6 adds 70 bytes)", n.Name, st.PodMtu, want)
 		}
-		if st.FastPath || !strings.Contains(st.FastPathUnavailable, "needs an IPv4 underlay") {
-			t.Errorf("%s: fast path %v (unavailable: %q); want it off over an IPv6 underlay, saying why", n.Name, st.FastPath, st.FastPathUnavailable)
+		if !st.FastPath {
+			t.Errorf("%s: fast path off; want it on over an IPv6 underlay", n.Name)
 		}
 		dev, err := testutil.NetlinkAt(t, n.Netns).LinkByName(datapath.DeviceName)
 		if err != nil {
@@ -83,7 +82,7 @@ func ipv6OnlyNodes(t *testing.T, l *lab.Lab) {
 // guardOnIPv6Underlay: TestOverlayGuard's cases over an IPv6 underlay,
 // the frames crafted with IPv6 inside and sent to the target node's IPv6
 // tunnel endpoint (address translation by ip6tables; the target's agent
-// down); the fast path is off there.
+// down).
 func guardOnIPv6Underlay(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	n1, n2, n3 := l.Nodes[0], l.Nodes[1], l.Nodes[2]
@@ -124,10 +123,6 @@ func guardOnIPv6Underlay(t *testing.T, l *lab.Lab) {
 	}
 	if err := l.RestartAgent(context.Background(), n2); err != nil {
 		t.Fatal(err)
-	}
-	// The fast path cannot be switched on over this underlay.
-	if _, err := agent(t, n2).SetFastPath(context.Background(), &apiv1.SetFastPathRequest{Enabled: true}); err == nil {
-		t.Error("the fast path switched on over an IPv6 underlay")
 	}
 	allPairsPass(t, l, "after the injections")
 }

@@ -311,9 +311,6 @@ func fastPathState(st *apiv1.NodeStatus) string {
 	case st.FastPath:
 		return "on (" + st.FastPathMode + "), connection setup: " + st.FastPathConnectionSetup
 	}
-	if st.FastPathUnavailable != "" {
-		return "off (" + st.FastPathMode + "): " + st.FastPathUnavailable
-	}
 	return "off (" + st.FastPathMode + ")"
 }
 

@@ -312,14 +312,11 @@ type NodeStatus struct {
 	// The node's pod CIDRs, their gateways and the cluster's CIDRs of the
 	// same families, in the node's family order (one per family); the
 	// singular fields above are the first of each.
-	PodCidrs     []string `protobuf:"bytes,31,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
-	Gateways     []string `protobuf:"bytes,32,rep,name=gateways,proto3" json:"gateways,omitempty"`
-	ClusterCidrs []string `protobuf:"bytes,33,rep,name=cluster_cidrs,json=clusterCidrs,proto3" json:"cluster_cidrs,omitempty"`
-	// Why the fast path cannot run on this node (an IPv6 underlay); empty
-	// when it can.
-	FastPathUnavailable string `protobuf:"bytes,34,opt,name=fast_path_unavailable,json=fastPathUnavailable,proto3" json:"fast_path_unavailable,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	PodCidrs      []string `protobuf:"bytes,31,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
+	Gateways      []string `protobuf:"bytes,32,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	ClusterCidrs  []string `protobuf:"bytes,33,rep,name=cluster_cidrs,json=clusterCidrs,proto3" json:"cluster_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
@@ -581,13 +578,6 @@ func (x *NodeStatus) GetClusterCidrs() []string {
 		return x.ClusterCidrs
 	}
 	return nil
-}
-
-func (x *NodeStatus) GetFastPathUnavailable() string {
-	if x != nil {
-		return x.FastPathUnavailable
-	}
-	return ""
 }
 
 type Watcher struct {
@@ -2925,7 +2915,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x10\n" +
 	"\x03msg\x18\x02 \x01(\tR\x03msg\x12\x18\n" +
 	"\adetails\x18\x03 \x01(\tR\adetails\"\x12\n" +
-	"\x10GetStatusRequest\"\xe4\b\n" +
+	"\x10GetStatusRequest\"\xcd\b\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
@@ -2963,8 +2953,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x1afast_path_connection_setup\x18\x1e \x01(\tR\x17fastPathConnectionSetup\x12\x1b\n" +
 	"\tpod_cidrs\x18\x1f \x03(\tR\bpodCidrs\x12\x1a\n" +
 	"\bgateways\x18  \x03(\tR\bgateways\x12#\n" +
-	"\rcluster_cidrs\x18! \x03(\tR\fclusterCidrs\x122\n" +
-	"\x15fast_path_unavailable\x18\" \x01(\tR\x13fastPathUnavailable\"\x96\x01\n" +
+	"\rcluster_cidrs\x18! \x03(\tR\fclusterCidrsJ\x04\b\"\x10#R\x15fast_path_unavailable\"\x96\x01\n" +
 	"\aWatcher\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x04R\x04seen\x12\x18\n" +

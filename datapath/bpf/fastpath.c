@@ -16,6 +16,7 @@
  */
 #include "include/conn_setup.h"
 #include "include/encap.h"
+#include "include/encap6.h"
 #include "include/fastpath.h"
 #include "include/overlay.h"
 #include "include/parse.h"
@@ -29,7 +30,15 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * (onc_stats6). Their connections open and close on the slow path: every
  * SYN, FIN and RST goes through conntrack, and a SYN forgets what the
  * cache held for its addresses and ports, as flow_setup does for IPv4.
+ *
+ * On an IPv6 underlay (a zero onc_node_ip: the node's endpoint is
+ * onc_node_ip6) they ride IPv6 tunnels, through the maps of encap6.h;
+ * IPv4 pods' packets take the slow path there.
  */
+static __always_inline int underlay6(void)
+{
+	return !onc_node_ip;
+}
 
 /* syn_forget6 is IPv6's flow_setup: whether p must take the slow path. */
 static __always_inline int syn_forget6(const struct flow_key6 *k, const struct l4 *p)
@@ -37,6 +46,58 @@ static __always_inline int syn_forget6(const struct flow_key6 *k, const struct l
 	if (p->tcp_flags & TCP_SYN)
 		bpf_map_delete_elem(&onc_filter6, k);
 	return p->tcp_flags != 0;
+}
+
+/* hop_down6 lowers p's hop limit as a forwarding hop does (no header
+ * checksum in IPv6); 0, counting miss, when it would reach 0: the slow
+ * path sends the time-exceeded error. */
+static __always_inline int hop_down6(struct l4 *p, enum onc_stat miss)
+{
+	if (p->ip6->hop_limit <= 1) {
+		count(&onc_stats6, miss, 1);
+		return 0;
+	}
+	p->ip6->hop_limit--;
+	return 1;
+}
+
+/* egress6_send_u6 is the rest of egress_fast6 on an IPv6 underlay: the
+ * same checks, in the maps keyed by the peers' IPv6 endpoints. */
+static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, const struct flow_key6 *key,
+					   const struct onc_config *cfg)
+{
+	struct encap6_val *encap;
+	struct onc_in6 *peer, *dst;
+	__u32 hash;
+
+	peer = peer6_u6_of(&p->ip6->daddr);
+	if (!peer) {
+		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		return TC_ACT_OK;
+	}
+	if (!filter_allowed(&onc_filter6, key, cfg->epoch)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_FLOW, 1);
+		return TC_ACT_OK;
+	}
+	dst = bpf_map_lookup_elem(&onc_egress6_u6, &p->ip6->daddr);
+	if (!dst || !addr6_equal(dst, peer)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
+		return TC_ACT_OK;
+	}
+	encap = bpf_map_lookup_elem(&onc_encap_u6, peer);
+	if (!encap) {
+		count(&onc_stats6, STAT_EGRESS_MISS_ENCAP, 1);
+		return TC_ACT_OK;
+	}
+	if (!hop_down6(p, STAT_EGRESS_MISS_TTL))
+		return TC_ACT_OK;
+	hash = encap_hash(skb, addr6_fold(&p->ip6->saddr), addr6_fold(&p->ip6->daddr), p->sport, p->dport);
+	if (encap_push6(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p->ip6)))) {
+		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_stats6, STAT_EGRESS_HIT, 1);
+	return bpf_redirect(encap->ifindex, 0);
 }
 
 /* egress_fast6 is onc_egress_fast for an IPv6 packet (see it). */
@@ -70,6 +131,8 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 		count(&onc_stats6, STAT_EGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
 	}
+	if (underlay6())
+		return egress6_send_u6(skb, &p, &key, cfg);
 	peer = peer6_of(&p.ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
@@ -89,11 +152,8 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 		count(&onc_stats6, STAT_EGRESS_MISS_ENCAP, 1);
 		return TC_ACT_OK;
 	}
-	if (p.ip6->hop_limit <= 1) {
-		count(&onc_stats6, STAT_EGRESS_MISS_TTL, 1);
+	if (!hop_down6(&p, STAT_EGRESS_MISS_TTL))
 		return TC_ACT_OK;
-	}
-	p.ip6->hop_limit--; /* no header checksum in IPv6 */
 	hash = encap_hash(skb, addr6_fold(&p.ip6->saddr), addr6_fold(&p.ip6->daddr), p.sport, p.dport);
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p.ip6))) ||
 	    encap_inner_ipv6(skb)) {
@@ -235,11 +295,11 @@ static __always_inline int ingress_open(const struct flow_key *k, const struct c
  */
 #define ONC_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 
-/* decap takes a peer's frame's outer headers off and gives the packet
- * the Ethernet header of pod (proto its type, ETH_P_IP or ETH_P_IPV6); 0,
- * or -1 when the packet could not be rewritten (drop it: it may be half
- * done). */
-static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *pod, __be16 proto)
+/* decap takes a peer's frame's outer headers (len bytes) off and gives
+ * the packet the Ethernet header of pod (proto its type, ETH_P_IP or
+ * ETH_P_IPV6); 0, or -1 when the packet could not be rewritten (drop it:
+ * it may be half done). */
+static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *pod, __be16 proto, __s32 len)
 {
 	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
 	struct ethhdr *eth;
@@ -247,7 +307,7 @@ static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *
 
 	if (proto == bpf_htons(ETH_P_IPV6) && onc_decap_ipv6)
 		flags |= ONC_ADJ_ROOM_DECAP_L3_IPV6;
-	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
+	if (bpf_skb_adjust_room(skb, -len, BPF_ADJ_ROOM_MAC, flags))
 		return -1;
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
@@ -260,17 +320,34 @@ static __always_inline int decap(struct __sk_buff *skb, const struct local_pod *
 	return 0;
 }
 
-/* ingress_fast6 is onc_ingress_fast for a peer's IPv6 packet (see it):
- * outer is the frame's outer header, the guard passed it. */
-static __always_inline int ingress_fast6(struct __sk_buff *skb, struct iphdr *outer, void *data, void *end)
+/* owned6 says whether the IPv6 pod address pod is in the CIDR of a
+ * fast-path peer whose tunnel endpoint is node, an IPv4 address (node4)
+ * or, on an IPv6 underlay, an IPv6 one (node6). */
+static __always_inline int owned6(const struct in6_addr *pod, __be32 node4, const struct in6_addr *node6)
+{
+	struct cidr_val *peer;
+	struct onc_in6 *peer6;
+
+	if (underlay6()) {
+		peer6 = peer6_u6_of(pod);
+		return peer6 && addr6_equal(peer6, node6);
+	}
+	peer = peer6_of(pod);
+	return peer && peer->node_ip == node4;
+}
+
+/* ingress_fast6 is onc_ingress_fast for a peer's IPv6 packet (see it),
+ * in a frame of len bytes of outer headers from the tunnel endpoint
+ * outer4 or, on an IPv6 underlay, outer6; the guard passed it. */
+static __always_inline int ingress_fast6(struct __sk_buff *skb, __be32 outer4, const struct in6_addr *outer6,
+					 __s32 len, void *data, void *end)
 {
 	struct onc_config *cfg;
 	struct local_pod *pod;
-	struct cidr_val *peer;
 	struct flow_key6 key = {};
 	struct l4 p;
 
-	if (parse_l4_6(data, end, ONC_HDR_LEN, &p)) {
+	if (parse_l4_6(data, end, len + sizeof(struct ethhdr), &p)) {
 		count(&onc_stats6, STAT_INGRESS_MISS_NOT_VXLAN, 1);
 		return TC_ACT_OK;
 	}
@@ -284,8 +361,7 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, struct iphdr *ou
 		count(&onc_stats6, STAT_INGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
 	}
-	peer = peer6_of(&p.ip6->saddr);
-	if (!peer || peer->node_ip != outer->saddr) {
+	if (!owned6(&p.ip6->saddr, outer4, outer6)) {
 		count(&onc_stats6, STAT_INGRESS_MISS_NO_PEER, 1);
 		return TC_ACT_OK;
 	}
@@ -298,19 +374,29 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, struct iphdr *ou
 		count(&onc_stats6, STAT_INGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
-	if (p.ip6->hop_limit <= 1) {
-		count(&onc_stats6, STAT_INGRESS_MISS_TTL, 1);
+	if (!hop_down6(&p, STAT_INGRESS_MISS_TTL))
 		return TC_ACT_OK;
-	}
-	p.ip6->hop_limit--;
-	if (decap(skb, pod, bpf_htons(ETH_P_IPV6))) {
+	if (decap(skb, pod, bpf_htons(ETH_P_IPV6), len)) {
 		count(&onc_stats6, STAT_INGRESS_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
 	count(&onc_stats6, STAT_INGRESS_HIT, 1);
-	/* Without the flag the skb still says IPv4: the veth's crossing
-	 * reads the protocol from the Ethernet header. */
-	return onc_decap_ipv6 ? bpf_redirect_peer(pod->ifindex, 0) : bpf_redirect(pod->ifindex, 0);
+	/* Out of an IPv4 tunnel without the flag the skb still says IPv4:
+	 * the veth's crossing reads the protocol from the Ethernet header. */
+	return onc_decap_ipv6 || underlay6() ? bpf_redirect_peer(pod->ifindex, 0) : bpf_redirect(pod->ifindex, 0);
+}
+
+/* ingress_fast_u6 is onc_ingress_fast on an IPv6 underlay, after the
+ * guard: only IPv6 pods' packets take the fast path there. */
+static __always_inline int ingress_fast_u6(struct __sk_buff *skb, void *data, void *end)
+{
+	struct ipv6hdr *outer = parse_vxlan6(data, end);
+
+	if (!outer || !is_ipv6(data + ONC_ENCAP6_LEN, end)) {
+		count(&onc_stats, STAT_INGRESS_MISS_NOT_VXLAN, 1);
+		return TC_ACT_OK;
+	}
+	return ingress_fast6(skb, 0, &outer->saddr, ONC_ENCAP6_LEN, data, end);
 }
 
 /*
@@ -342,9 +428,11 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	/* After the guard, which may have pulled data. */
 	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
+	if (underlay6())
+		return ingress_fast_u6(skb, data, end);
 	outer = parse_vxlan(data, end);
 	if (outer && is_ipv6(data + ONC_ENCAP_LEN, end))
-		return ingress_fast6(skb, outer, data, end);
+		return ingress_fast6(skb, outer->saddr, NULL, ONC_ENCAP_LEN, data, end);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) ||
 	    parse_l4(data, end, ONC_HDR_LEN, &p)) {
 		count(&onc_stats, STAT_INGRESS_MISS_NOT_VXLAN, 1);
@@ -391,7 +479,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
-	if (decap(skb, pod, bpf_htons(ETH_P_IP))) {
+	if (decap(skb, pod, bpf_htons(ETH_P_IP), ONC_ENCAP_LEN)) {
 		count(&onc_stats, STAT_INGRESS_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
@@ -457,42 +545,74 @@ static __always_inline int learn_encap(struct __sk_buff *skb, __be32 node)
 	return 1;
 }
 
-/* learn_egress6 is onc_learn_egress for a frame whose inner packet is
- * IPv6 (see it); outer is its outer header. */
-static __always_inline int learn_egress6(struct __sk_buff *skb, const struct onc_config *cfg, struct iphdr *outer,
-					 void *data, void *end)
+/* learn_dest6 remembers that the remote IPv6 pod is behind the node
+ * whose tunnel endpoint is node4 or, on an IPv6 underlay, node6: whether
+ * it wrote. */
+static __always_inline int learn_dest6(const struct in6_addr *pod, __be32 node4, const struct in6_addr *node6)
 {
-	struct egress_val dst = { .node_ip = outer->daddr }, *cur_dst;
+	struct egress_val dst = { .node_ip = node4 }, *cur;
+	struct onc_in6 dst6, *cur6;
+
+	if (underlay6()) {
+		cur6 = bpf_map_lookup_elem(&onc_egress6_u6, pod);
+		if (cur6 && addr6_equal(cur6, node6))
+			return 0;
+		__builtin_memcpy(&dst6, node6, sizeof(dst6));
+		bpf_map_update_elem(&onc_egress6_u6, pod, &dst6, BPF_ANY);
+		return 1;
+	}
+	cur = bpf_map_lookup_elem(&onc_egress6, pod);
+	if (cur && cur->node_ip == node4)
+		return 0;
+	bpf_map_update_elem(&onc_egress6, pod, &dst, BPF_ANY);
+	return 1;
+}
+
+/* learn_egress6 is onc_learn_egress for a frame whose inner packet is
+ * IPv6 (see it), with len bytes of outer headers to the tunnel endpoint
+ * outer4 or, on an IPv6 underlay, outer6. */
+static __always_inline int learn_egress6(struct __sk_buff *skb, const struct onc_config *cfg, __be32 outer4,
+					 const struct in6_addr *outer6, __s32 len, void *data, void *end)
+{
 	struct flow_key6 key = {};
-	struct cidr_val *peer;
+	struct onc_in6 node6;
 	int wrote;
 	struct l4 p;
 
-	if (parse_l4_6(data, end, ONC_HDR_LEN, &p))
+	if (parse_l4_6(data, end, len + sizeof(struct ethhdr), &p))
 		return TC_ACT_OK;
 	if (!cfg->learning) {
 		count(&onc_stats6, STAT_LEARN_PAUSED, 1);
 		return TC_ACT_OK;
 	}
-	if (!learnable(&p))
+	if (!learnable(&p) || !owned6(&p.ip6->daddr, outer4, outer6))
 		return TC_ACT_OK;
-	peer = peer6_of(&p.ip6->daddr);
-	if (!peer || peer->node_ip != dst.node_ip)
-		return TC_ACT_OK;
-	wrote = learn_encap(skb, dst.node_ip);
+	if (underlay6()) {
+		__builtin_memcpy(&node6, outer6, sizeof(node6));
+		wrote = learn_encap6(skb, &node6);
+	} else {
+		wrote = learn_encap(skb, outer4);
+	}
 	if (!bpf_map_lookup_elem(&onc_local6, &p.ip6->saddr)) {
 		count(&onc_stats6, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
 		return TC_ACT_OK;
 	}
-	cur_dst = bpf_map_lookup_elem(&onc_egress6, &p.ip6->daddr);
-	if (!cur_dst || cur_dst->node_ip != dst.node_ip) {
-		bpf_map_update_elem(&onc_egress6, &p.ip6->daddr, &dst, BPF_ANY);
-		wrote = 1;
-	}
+	wrote |= learn_dest6(&p.ip6->daddr, outer4, outer6);
 	flow6_out(&key, &p);
 	wrote |= filter_learn(&onc_filter6, &key, cfg->epoch, 1);
 	count(&onc_stats6, wrote ? STAT_LEARN_EGRESS : STAT_LEARN_KNOWN, 1);
 	return TC_ACT_OK;
+}
+
+/* learn_egress_u6 is onc_learn_egress on an IPv6 underlay: only IPv6
+ * pods' flows are learned there. */
+static __always_inline int learn_egress_u6(struct __sk_buff *skb, const struct onc_config *cfg, void *data, void *end)
+{
+	struct ipv6hdr *outer = parse_vxlan6(data, end);
+
+	if (!outer || !is_ipv6(data + ONC_ENCAP6_LEN, end))
+		return TC_ACT_OK;
+	return learn_egress6(skb, cfg, 0, &outer->daddr, ONC_ENCAP6_LEN, data, end);
 }
 
 SEC("tc")
@@ -515,9 +635,11 @@ int onc_learn_egress(struct __sk_buff *skb)
 	cfg = config();
 	if (!cfg || !cfg->enabled)
 		return TC_ACT_OK;
+	if (underlay6())
+		return learn_egress_u6(skb, cfg, data, end);
 	outer = parse_vxlan(data, end);
 	if (outer && is_ipv6(data + ONC_ENCAP_LEN, end))
-		return learn_egress6(skb, cfg, outer, data, end);
+		return learn_egress6(skb, cfg, outer->daddr, NULL, ONC_ENCAP_LEN, data, end);
 	if (!outer || !is_ipv4(data + ONC_ENCAP_LEN, end) || parse_l4(data, end, ONC_HDR_LEN, &p))
 		return TC_ACT_OK;
 	if (!cfg->learning) {

@@ -35,6 +35,12 @@ type FastpathEgressVal struct {
 	NodeIp uint32
 }
 
+type FastpathEncap6Val struct {
+	_       structs.HostLayout
+	Hdr     [84]uint8
+	Ifindex uint32
+}
+
 type FastpathEncapVal struct {
 	_       structs.HostLayout
 	Hdr     [64]uint8
@@ -179,7 +185,9 @@ const (
 	FastpathMapOncCfg           = "onc_cfg"
 	FastpathMapOncEgress        = "onc_egress"
 	FastpathMapOncEgress6       = "onc_egress6"
+	FastpathMapOncEgress6U6     = "onc_egress6_u6"
 	FastpathMapOncEncap         = "onc_encap"
+	FastpathMapOncEncapU6       = "onc_encap_u6"
 	FastpathMapOncFilter        = "onc_filter"
 	FastpathMapOncFilter6       = "onc_filter6"
 	FastpathMapOncFin           = "onc_fin"
@@ -190,6 +198,7 @@ const (
 	FastpathMapOncOpen          = "onc_open"
 	FastpathMapOncPeers         = "onc_peers"
 	FastpathMapOncPeers6        = "onc_peers6"
+	FastpathMapOncPeers6U6      = "onc_peers6_u6"
 	FastpathMapOncSenders       = "onc_senders"
 	FastpathMapOncSenders6      = "onc_senders6"
 	FastpathMapOncSenders6U6    = "onc_senders6_u6"
@@ -268,7 +277,9 @@ type FastpathMapSpecs struct {
 	OncCfg        *ebpf.MapSpec `ebpf:"onc_cfg"`
 	OncEgress     *ebpf.MapSpec `ebpf:"onc_egress"`
 	OncEgress6    *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEgress6U6  *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncEncapU6    *ebpf.MapSpec `ebpf:"onc_encap_u6"`
 	OncFilter     *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin        *ebpf.MapSpec `ebpf:"onc_fin"`
@@ -279,6 +290,7 @@ type FastpathMapSpecs struct {
 	OncOpen       *ebpf.MapSpec `ebpf:"onc_open"`
 	OncPeers      *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncPeers6     *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncPeers6U6   *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
 	OncSenders    *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6   *ebpf.MapSpec `ebpf:"onc_senders6"`
 	OncSenders6U6 *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
@@ -327,7 +339,9 @@ type FastpathMaps struct {
 	OncCfg        *ebpf.Map `ebpf:"onc_cfg"`
 	OncEgress     *ebpf.Map `ebpf:"onc_egress"`
 	OncEgress6    *ebpf.Map `ebpf:"onc_egress6"`
+	OncEgress6U6  *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.Map `ebpf:"onc_encap"`
+	OncEncapU6    *ebpf.Map `ebpf:"onc_encap_u6"`
 	OncFilter     *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin        *ebpf.Map `ebpf:"onc_fin"`
@@ -338,6 +352,7 @@ type FastpathMaps struct {
 	OncOpen       *ebpf.Map `ebpf:"onc_open"`
 	OncPeers      *ebpf.Map `ebpf:"onc_peers"`
 	OncPeers6     *ebpf.Map `ebpf:"onc_peers6"`
+	OncPeers6U6   *ebpf.Map `ebpf:"onc_peers6_u6"`
 	OncSenders    *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6   *ebpf.Map `ebpf:"onc_senders6"`
 	OncSenders6U6 *ebpf.Map `ebpf:"onc_senders6_u6"`
@@ -351,7 +366,9 @@ func (m *FastpathMaps) Close() error {
 		m.OncCfg,
 		m.OncEgress,
 		m.OncEgress6,
+		m.OncEgress6U6,
 		m.OncEncap,
+		m.OncEncapU6,
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
@@ -362,6 +379,7 @@ func (m *FastpathMaps) Close() error {
 		m.OncOpen,
 		m.OncPeers,
 		m.OncPeers6,
+		m.OncPeers6U6,
 		m.OncSenders,
 		m.OncSenders6,
 		m.OncSenders6U6,

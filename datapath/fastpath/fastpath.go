@@ -29,6 +29,7 @@ type (
 	FlowVal      = bpf.FastpathFlowVal
 	EgressVal    = bpf.FastpathEgressVal
 	EncapVal     = bpf.FastpathEncapVal
+	Encap6Val    = bpf.FastpathEncap6Val
 	LocalPod     = bpf.FastpathLocalPod
 	cidrKey      = bpf.FastpathCidrKey
 	cidrVal      = bpf.FastpathCidrVal
@@ -53,8 +54,8 @@ type Options struct {
 	// NodeIP is this node's tunnel endpoint, IPv4 or IPv6 (the
 	// underlay's family; not IPv4-mapped): the only outer destination the
 	// overlay guard lets frames have, and with the pod CIDR of its family
-	// the only inner one. On an IPv6 underlay the flow cache cannot run
-	// (CheckFastPath).
+	// the only inner one. On an IPv6 underlay only IPv6 pods' flows take
+	// the fast path.
 	NodeIP netip.Addr
 	// PodCIDR is this node's IPv4 pod CIDR, zero when it has none (an
 	// IPv6-only node): the only inner destination, with an IPv4 NodeIP,
@@ -85,6 +86,7 @@ type Datapath struct {
 	peerWrites atomic.Uint64
 	peers      mirror[cidrKey, cidrVal]        // onc_peers as SyncPeers last wrote it
 	peers6     mirror[cidr6Key, cidrVal]       // onc_peers6 as SyncPeers last wrote it
+	peers6U6   mirror[cidr6Key, addr6]         // onc_peers6_u6 as SyncPeers last wrote it
 	hosts      mirror[uint32, uint8]           // onc_hosts as SetHosts last wrote it
 	senders    mirror[senderKey, senderVal]    // onc_senders as SyncSenders last wrote it
 	senders6   mirror[sender6Key, senderVal]   // onc_senders6 as SyncSenders last wrote it
@@ -173,20 +175,6 @@ func (o Options) checkGuard() error {
 	return nil
 }
 
-// CheckFastPath says why the fast path (the flow cache) cannot run with
-// these options, nil when it can: it carries learned IPv4 outer headers
-// only, so it needs an IPv4 tunnel endpoint. Configure and Switch refuse
-// to turn it on otherwise; the overlay guard runs either way.
-func (o Options) CheckFastPath() error {
-	if !o.NodeIP.Is4() {
-		return fmt.Errorf("the fast path needs an IPv4 underlay: this node's tunnel endpoint is %v", o.NodeIP)
-	}
-	return nil
-}
-
-// CheckFastPath is the loaded datapath's Options.CheckFastPath.
-func (d *Datapath) CheckFastPath() error { return d.opts.CheckFastPath() }
-
 // switchOffPinned turns the pinned config's enabled and learning switches
 // off, leaving the rest of it (an earlier version kept its settings
 // there, its overlay guard's among them) as it is. Both switches sit at
@@ -268,8 +256,8 @@ func (o Options) podNet6() (addr, mask [16]byte) {
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
-// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero, as the
-// fast path cannot run there (CheckFastPath).
+// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero (the
+// uplink load balancer does not run there).
 func (d *Datapath) FlowCache() *bpf.FlowCache {
 	return bpf.NewFlowCache(d.maps, d.opts.constants())
 }
@@ -288,12 +276,8 @@ func (d *Datapath) Close() error {
 
 // Configure writes the switches; learning resumes, the epoch is kept.
 // Switched off, the fast path first hands the connections it opened over
-// to conntrack, which carries them on. It cannot be switched on where
-// CheckFastPath says it cannot run.
+// to conntrack, which carries them on.
 func (d *Datapath) Configure(enabled bool) error {
-	if err := d.CheckFastPath(); enabled && err != nil {
-		return err
-	}
 	if !enabled {
 		// Off before learning resumes: no SYN may open a connection
 		// between the hand-over and the switch.
@@ -325,12 +309,8 @@ func (d *Datapath) Configure(enabled bool) error {
 func everyFlow(FlowKey, FlowVal) bool { return true }
 
 // Switch turns the fast path on or off. Turning it on flushes first:
-// verdicts learned while it was off may be stale. It cannot be switched
-// on where CheckFastPath says it cannot run.
+// verdicts learned while it was off may be stale.
 func (d *Datapath) Switch(enabled bool) error {
-	if err := d.CheckFastPath(); enabled && err != nil {
-		return err
-	}
 	if enabled && !d.Enabled() {
 		if err := d.Flush(); err != nil {
 			return fmt.Errorf("flush: %w", err)
@@ -444,8 +424,9 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 }
 
 // Peer is a node running the fast path: one of its pod CIDRs, IPv4 or
-// IPv6, and its tunnel endpoint, IPv4 (the fast path needs an IPv4
-// underlay: CheckFastPath).
+// IPv6, and its tunnel endpoint, of the underlay's family (this node's
+// NodeIP's). Over an IPv6 underlay only IPv6 pods' flows take the fast
+// path: a peer's IPv4 CIDR is left out there.
 type Peer struct {
 	PodCIDR netip.Prefix
 	NodeIP  netip.Addr
@@ -456,46 +437,53 @@ type Peer struct {
 // back). A peer CIDR that left or changed loses its node's learned
 // headers and its destinations and flows (learning paused meanwhile); it
 // leaves the LPM map first, so from that moment no packet takes the fast
-// path towards it. A peer whose endpoint is not IPv4 is refused before
-// anything is written.
+// path towards it. A peer whose endpoint is not of the underlay's family
+// is refused before anything is written.
 func (d *Datapath) SyncPeers(peers []Peer, checkKernel bool) error {
-	want, want6 := map[cidrKey]cidrVal{}, map[cidr6Key]cidrVal{}
-	staying := map[uint32]bool{}
+	want, want6, want6U6 := map[cidrKey]cidrVal{}, map[cidr6Key]cidrVal{}, map[cidr6Key]addr6{}
+	staying := map[netip.Addr]bool{}
+	underlay6 := d.opts.NodeIP.Is6()
 	for _, p := range peers {
-		if !p.NodeIP.Unmap().Is4() {
-			return fmt.Errorf("fast-path peer %s (%s): the fast path needs an IPv4 underlay", p.NodeIP, p.PodCIDR)
+		node, a := p.NodeIP.Unmap(), p.PodCIDR.Masked().Addr()
+		if node.Is6() != underlay6 {
+			return fmt.Errorf("fast-path peer %s (%s): not of the underlay's family (this node's tunnel endpoint is %s)", p.NodeIP, p.PodCIDR, d.opts.NodeIP)
 		}
-		v, a := cidrVal{NodeIp: bpf.NetIPv4(p.NodeIP)}, p.PodCIDR.Masked().Addr()
-		staying[v.NodeIp] = true
-		if a.Is6() {
-			want6[cidr6Key{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: a.As16()}] = v
-		} else {
-			want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(a)}] = v
+		staying[node] = true
+		k6 := cidr6Key{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: a.As16()}
+		switch {
+		case underlay6 && a.Is6():
+			want6U6[k6] = addr6{Addr: node.As16()}
+		case underlay6: // IPv4 pods over IPv6 tunnels: the slow path
+		case a.Is6():
+			want6[k6] = cidrVal{NodeIp: bpf.NetIPv4(node)}
+		default:
+			want[cidrKey{Prefixlen: uint32(p.PodCIDR.Bits()), Addr: bpf.NetIPv4(a)}] = cidrVal{NodeIp: bpf.NetIPv4(node)}
 		}
 	}
-	err := syncPeerMap(d, &d.peers, d.maps.OncPeers, want, staying, checkKernel, func(k cidrKey) netip.Prefix {
-		return netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen))
-	})
-	if err != nil {
-		return err
-	}
-	return syncPeerMap(d, &d.peers6, d.maps.OncPeers6, want6, staying, checkKernel, func(k cidr6Key) netip.Prefix {
-		return netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen))
-	})
+	cidrOf6 := func(k cidr6Key) netip.Prefix { return netip.PrefixFrom(netip.AddrFrom16(k.Addr), int(k.Prefixlen)) }
+	nodeOf := func(v cidrVal) netip.Addr { return bpf.IPv4(v.NodeIp) }
+	return errors.Join(
+		syncPeerMap(d, &d.peers, d.maps.OncPeers, want, staying, checkKernel, func(k cidrKey) netip.Prefix {
+			return netip.PrefixFrom(bpf.IPv4(k.Addr), int(k.Prefixlen))
+		}, nodeOf),
+		syncPeerMap(d, &d.peers6, d.maps.OncPeers6, want6, staying, checkKernel, cidrOf6, nodeOf),
+		syncPeerMap(d, &d.peers6U6, d.maps.OncPeers6U6, want6U6, staying, checkKernel, cidrOf6, func(v addr6) netip.Addr {
+			return netip.AddrFrom16(v.Addr)
+		}))
 }
 
-// syncPeerMap is SyncPeers for one family's LPM map of peer CIDRs (their
-// keys K, each the CIDR cidrOf says); staying are the nodes that remain
-// peers in either family.
-func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map, want map[K]cidrVal, staying map[uint32]bool, checkKernel bool, cidrOf func(K) netip.Prefix) error {
-	return m.sync(lpm, want, checkKernel, func(have map[K]cidrVal) error {
+// syncPeerMap is SyncPeers for one of the LPM maps of peer CIDRs (their
+// keys K, each the CIDR cidrOf says; their values V, each the tunnel
+// endpoint nodeOf says); staying are the nodes that remain peers in any.
+func syncPeerMap[K, V comparable](d *Datapath, m *mirror[K, V], lpm *ebpf.Map, want map[K]V, staying map[netip.Addr]bool, checkKernel bool, cidrOf func(K) netip.Prefix, nodeOf func(V) netip.Addr) error {
+	return m.sync(lpm, want, checkKernel, func(have map[K]V) error {
 		added, changed, gone := diff(have, want)
 		// A changed peer is evicted like one that left, then re-added.
 		if stale := slices.Concat(changed, gone); len(stale) > 0 {
 			err := d.evict(func() error {
 				var evicted []Peer
 				for _, k := range stale {
-					evicted = append(evicted, Peer{PodCIDR: cidrOf(k), NodeIP: bpf.IPv4(have[k].NodeIp)})
+					evicted = append(evicted, Peer{PodCIDR: cidrOf(k), NodeIP: nodeOf(have[k])})
 				}
 				// While the fast path still carries them.
 				if err := d.handOver(toAny(evicted)); err != nil {
@@ -524,23 +512,34 @@ func syncPeerMap[K comparable](d *Datapath, m *mirror[K, cidrVal], lpm *ebpf.Map
 // forgetPeers drops what was learned about the peers' CIDRs, and about
 // their nodes unless staying says a node is still a peer (by its other
 // family's CIDR): connections the fast path opened to it in that family
-// need its header (onc_encap, one per node).
-func (d *Datapath) forgetPeers(peers []Peer, staying map[uint32]bool) error {
-	nodes := map[uint32]bool{}
+// need its header (one per node).
+func (d *Datapath) forgetPeers(peers []Peer, staying map[netip.Addr]bool) error {
+	nodes := map[netip.Addr]bool{}
 	for _, p := range peers {
-		node := bpf.NetIPv4(p.NodeIP)
+		node := p.NodeIP.Unmap()
 		if staying[node] {
 			continue
 		}
 		nodes[node] = true
-		if err := d.maps.OncEncap.Delete(node); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		var err error
+		if node.Is4() {
+			err = d.maps.OncEncap.Delete(bpf.NetIPv4(node))
+		} else {
+			err = d.maps.OncEncapU6.Delete(addr6{Addr: node.As16()})
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
 	}
 	return errors.Join(
-		deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool { return nodes[v.NodeIp] || inAny(peers, bpf.IPv4(ip)) }),
+		deleteWhere(d.maps.OncEgress, func(ip uint32, v EgressVal) bool {
+			return nodes[bpf.IPv4(v.NodeIp)] || inAny(peers, bpf.IPv4(ip))
+		}),
 		deleteWhere(d.maps.OncEgress6, func(ip addr6, v EgressVal) bool {
-			return nodes[v.NodeIp] || inAny(peers, netip.AddrFrom16(ip.Addr))
+			return nodes[bpf.IPv4(v.NodeIp)] || inAny(peers, netip.AddrFrom16(ip.Addr))
+		}),
+		deleteWhere(d.maps.OncEgress6U6, func(ip addr6, v addr6) bool {
+			return nodes[netip.AddrFrom16(v.Addr)] || inAny(peers, netip.AddrFrom16(ip.Addr))
 		}),
 		deleteWhere(d.maps.OncFilter, toAny(peers)),
 		deleteWhere(d.maps.OncFilter6, func(k FlowKey6, _ FlowVal) bool { return inAny(peers, netip.AddrFrom16(k.RemoteIp)) }))
@@ -708,7 +707,7 @@ func (d *Datapath) Flush() error {
 			return err
 		}
 		all := func([]byte, []byte) bool { return true }
-		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEncap, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin} {
+		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEgress6U6, d.maps.OncEncap, d.maps.OncEncapU6, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin} {
 			if err := deleteWhere(m, all); err != nil {
 				return err
 			}
@@ -723,66 +722,102 @@ func (d *Datapath) Flush() error {
 // flows take the slow path once and learn the current header. stale runs
 // once per header; with none stale, learning is not paused.
 func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
-	type header struct {
-		node uint32
-		val  EncapVal
-	}
-	verdicts := map[header]bool{}
-	judge := func(k uint32, v EncapVal) bool {
-		h := header{k, v}
-		s, ok := verdicts[h]
-		if !ok {
-			s = stale(decodeEncap(k, &v))
-			verdicts[h] = s
-		}
-		return s
-	}
+	headers := newHeaderJudge(d.maps.OncEncap, decodeEncap, stale)
+	headers6 := newHeaderJudge(d.maps.OncEncapU6, decodeEncap6, stale)
 	// A first look, unpaused: nothing stale, nothing to do.
-	anyStale := false
-	var k uint32
-	var v EncapVal
-	it := d.maps.OncEncap.Iterate()
-	for it.Next(&k, &v) {
-		anyStale = judge(k, v) || anyStale
-	}
-	if err := it.Err(); err != nil {
+	nodes, err := headers.staleNodes()
+	if err != nil {
 		return 0, err
 	}
-	if !anyStale {
-		return 0, nil
+	nodes6, err := headers6.staleNodes()
+	if err != nil || len(nodes)+len(nodes6) == 0 {
+		return 0, err
 	}
-	// Paused, on the map as it is then: a header learned since the first
-	// look is judged too.
+	// Paused, on the maps as they are then: a header learned since the
+	// first look is judged too.
 	evicted := 0
-	err := d.evict(func() error {
-		nodes := map[uint32]bool{}
-		it := d.maps.OncEncap.Iterate()
-		for it.Next(&k, &v) {
-			if judge(k, v) {
-				nodes[k] = true
-			}
+	err = d.evict(func() error {
+		if nodes, err = headers.staleNodes(); err != nil {
+			return err
 		}
-		if err := it.Err(); err != nil {
+		if nodes6, err = headers6.staleNodes(); err != nil {
 			return err
 		}
 		// The connections the fast path opened to pods behind those nodes
-		// take the slow path until it learns the new headers.
+		// take the slow path until it learns the new headers (IPv4 ones:
+		// IPv6 connections open on the slow path).
 		behind := func(k FlowKey, _ FlowVal) bool {
 			var p cidrVal
-			return d.maps.OncPeers.Lookup(cidrKey{Prefixlen: 32, Addr: k.RemoteIp}, &p) == nil && nodes[p.NodeIp]
+			return d.maps.OncPeers.Lookup(cidrKey{Prefixlen: 32, Addr: k.RemoteIp}, &p) == nil && slices.Contains(nodes, p.NodeIp)
 		}
 		if err := d.handOver(behind); err != nil {
 			return err
 		}
-		return deleteWhere(d.maps.OncEncap, func(k uint32, v EncapVal) bool {
-			s := nodes[k]
-			if s {
-				evicted++
-			}
-			return s
-		})
+		n, err := deleteKeys(d.maps.OncEncap, nodes)
+		evicted += n
+		if err != nil {
+			return err
+		}
+		n, err = deleteKeys(d.maps.OncEncapU6, nodes6)
+		evicted += n
+		return err
 	})
 	return evicted, err
+}
+
+// headerJudge judges the learned headers of one map (onc_encap, keyed by
+// IPv4 endpoints, or onc_encap_u6), each header once.
+type headerJudge[K, V comparable] struct {
+	m        *ebpf.Map
+	decode   func(K, *V) Encap
+	stale    func(Encap) bool
+	verdicts map[header[K, V]]bool
+}
+
+// header is a learned header as a map holds it: its node and value.
+type header[K, V comparable] struct {
+	node K
+	val  V
+}
+
+func newHeaderJudge[K, V comparable](m *ebpf.Map, decode func(K, *V) Encap, stale func(Encap) bool) *headerJudge[K, V] {
+	return &headerJudge[K, V]{m: m, decode: decode, stale: stale, verdicts: map[header[K, V]]bool{}}
+}
+
+// staleNodes lists the nodes whose header in the map is stale now.
+func (j *headerJudge[K, V]) staleNodes() ([]K, error) {
+	var out []K
+	var k K
+	var v V
+	it := j.m.Iterate()
+	for it.Next(&k, &v) {
+		h := header[K, V]{k, v}
+		s, ok := j.verdicts[h]
+		if !ok {
+			s = j.stale(j.decode(k, &v))
+			j.verdicts[h] = s
+		}
+		if s {
+			out = append(out, k)
+		}
+	}
+	return out, it.Err()
+}
+
+// deleteKeys deletes keys from m: how many were there.
+func deleteKeys[K any](m *ebpf.Map, keys []K) (int, error) {
+	n := 0
+	for _, k := range keys {
+		err := m.Delete(k)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // evict runs fn with learning paused: a packet that was being learned when

@@ -229,66 +229,6 @@ func TestOverlayGuardOnAnIPv6OnlyNodeOfTheIPv4Underlay(t *testing.T) {
 	}
 }
 
-// Should the fast path be on (a pinned switch the agent has not turned
-// off yet), none of its programs reads a frame with an outer IPv6 header
-// as VXLAN: the guard's verdict stands, the frame is left to the kernel
-// unchanged, and nothing is learned from one leaving.
-func TestFastPathLeavesIPv6UnderlayFramesAlone(t *testing.T) {
-	d := openU6(t, localCIDR)
-	established(t, d)
-	testutil.Must(t, d.SyncSenders([]Sender{peerSenderU6}, false))
-	testutil.Must(t, d.maps.OncCfg.Put(uint32(0), config{Enabled: 1, Learning: 1}))
-	if !d.Enabled() {
-		t.Fatal("the fast path is not on")
-	}
-	in := vxlan6(frame(vtepLocal, vtepPeer, remotePod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 100), peerNode6, localNode6, 1)
-	before := stat(t, d, "ingress_miss_not_vxlan")
-	ret, out := run(t, d.progs.OncIngressFast, in, 0)
-	if ret != actOK || string(out) != string(in) {
-		t.Fatalf("a peer's frame over IPv6 to an established flow: verdict %d, changed %v; want it left to the kernel as it is", ret, string(out) != string(in))
-	}
-	if stat(t, d, "ingress_miss_not_vxlan") != before+1 || stat(t, d, "ingress_hit") != 0 {
-		t.Fatal("the frame was not counted as not VXLAN for the fast path")
-	}
-	// The same flow leaving, marked established by the slow path.
-	testutil.Must(t, d.maps.OncEncap.Delete(bpf.NetIPv4(peerNode)))
-	testutil.Must(t, d.maps.OncEgress.Delete(bpf.NetIPv4(remotePod)))
-	outbound := vxlan6(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_TCP, 40000, 80, 0, 100), localNode6, peerNode6, 1)
-	if ret, _ := run(t, d.progs.OncLearnEgress, outbound, mark); ret != actOK {
-		t.Fatalf("learning a frame over IPv6: verdict %d", ret)
-	}
-	if n, e := bpftest.Entries(t, d.maps.OncEncap), bpftest.Entries(t, d.maps.OncEgress); n != 0 || e != 0 {
-		t.Fatalf("%d headers and %d destinations learned from a frame over IPv6, want none", n, e)
-	}
-}
-
-// The flow cache carries IPv4 outer headers only: on an IPv6 underlay it
-// cannot be switched on, and the caller can know so before it tries.
-func TestFastPathNeedsAnIPv4Underlay(t *testing.T) {
-	if err := (Options{NodeIP: localNode}).CheckFastPath(); err != nil {
-		t.Fatalf("IPv4 underlay: %v", err)
-	}
-	if err := (Options{NodeIP: localNode6}).CheckFastPath(); err == nil || !strings.Contains(err.Error(), "IPv4 underlay") {
-		t.Fatalf("IPv6 underlay: %v, want an error saying the fast path needs an IPv4 underlay", err)
-	}
-	d := openU6(t, localCIDR)
-	c, err := d.config()
-	testutil.Must(t, err)
-	for what, on := range map[string]func() error{"Configure": func() error { return d.Configure(true) }, "Switch": func() error { return d.Switch(true) }} {
-		if err := on(); err == nil || !strings.Contains(err.Error(), "the fast path needs an IPv4 underlay") {
-			t.Errorf("%s(true) on an IPv6 underlay: %v, want refused", what, err)
-		}
-		if after, err := d.config(); err != nil || after != c {
-			t.Errorf("%s(true) refused, the config went from %+v to %+v (%v)", what, c, after, err)
-		}
-	}
-	testutil.Must(t, d.Configure(false))
-	testutil.Must(t, d.Switch(false))
-	if d.Enabled() {
-		t.Fatal("the fast path is on")
-	}
-}
-
 // What Open gives the programs: the endpoint of the underlay's family,
 // the other zero, and an all-zero mask for a family without pods.
 func TestOpenSetsTheEndpointOfTheUnderlaysFamily(t *testing.T) {
@@ -476,10 +416,10 @@ func TestUpgradeAddsTheIPv6EndpointSenderMaps(t *testing.T) {
 	}
 }
 
-// On an IPv6 underlay the agent has IPv6 node addresses: SetHosts leaves
-// them out of onc_hosts (its IPv4 ones stay), and SyncPeers refuses a
-// fast-path peer at one, before writing anything, rather than take it for
-// IPv4.
+// The agent may hand an IPv4-underlay node IPv6 node addresses: SetHosts
+// leaves them out of onc_hosts (its IPv4 ones stay), and SyncPeers refuses
+// a fast-path peer at one, before writing anything, rather than take it
+// for IPv4.
 func TestSyncPeersAndSetHostsOnAnIPv6Underlay(t *testing.T) {
 	d := open(t)
 	established(t, d)
@@ -489,7 +429,7 @@ func TestSyncPeersAndSetHostsOnAnIPv6Underlay(t *testing.T) {
 	expectMap(t, "hosts", func() (map[uint32]uint8, error) { return contents[uint32, uint8](d.maps.OncHosts) }, hostEntries([]netip.Addr{otherNode}))
 	before := d.PeerWrites()
 	err := d.SyncPeers([]Peer{{PodCIDR: otherCIDR6, NodeIP: otherNode}, {PodCIDR: peerCIDR6, NodeIP: peerNode6}}, false)
-	if err == nil || !strings.Contains(err.Error(), "needs an IPv4 underlay") {
+	if err == nil || !strings.Contains(err.Error(), "not of the underlay's family") {
 		t.Fatalf("a fast-path peer at an IPv6 endpoint: %v, want refused", err)
 	}
 	if d.PeerWrites() != before {

@@ -46,17 +46,20 @@ func (d *Datapath) Stats() ([]Stat, error) {
 
 // CacheEntries counts the entries of each cache map, by its name without
 // "onc_": filter (flows), egress (remote pods), encap (headers), local
-// (local pods), and filter6, egress6 and local6 for IPv6.
+// (local pods), and filter6, egress6 and local6 for IPv6; egress6_u6 and
+// encap_u6 on an IPv6 underlay.
 func (d *Datapath) CacheEntries() (map[string]int, error) {
 	out := map[string]int{}
 	for name, count := range map[string]func() (int, error){
-		"filter":  func() (int, error) { return entries[FlowKey, FlowVal](d.maps.OncFilter) },
-		"egress":  func() (int, error) { return entries[uint32, EgressVal](d.maps.OncEgress) },
-		"encap":   func() (int, error) { return entries[uint32, EncapVal](d.maps.OncEncap) },
-		"local":   func() (int, error) { return entries[uint32, LocalPod](d.maps.OncLocal) },
-		"filter6": func() (int, error) { return entries[FlowKey6, FlowVal](d.maps.OncFilter6) },
-		"egress6": func() (int, error) { return entries[addr6, EgressVal](d.maps.OncEgress6) },
-		"local6":  func() (int, error) { return entries[addr6, LocalPod](d.maps.OncLocal6) },
+		"filter":     func() (int, error) { return entries[FlowKey, FlowVal](d.maps.OncFilter) },
+		"egress":     func() (int, error) { return entries[uint32, EgressVal](d.maps.OncEgress) },
+		"encap":      func() (int, error) { return entries[uint32, EncapVal](d.maps.OncEncap) },
+		"local":      func() (int, error) { return entries[uint32, LocalPod](d.maps.OncLocal) },
+		"filter6":    func() (int, error) { return entries[FlowKey6, FlowVal](d.maps.OncFilter6) },
+		"egress6":    func() (int, error) { return entries[addr6, EgressVal](d.maps.OncEgress6) },
+		"egress6_u6": func() (int, error) { return entries[addr6, addr6](d.maps.OncEgress6U6) },
+		"encap_u6":   func() (int, error) { return entries[addr6, Encap6Val](d.maps.OncEncapU6) },
+		"local6":     func() (int, error) { return entries[addr6, LocalPod](d.maps.OncLocal6) },
 	} {
 		n, err := count()
 		if err != nil {
@@ -132,20 +135,20 @@ func (d *Datapath) Flows() ([]Flow, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Flow
-	var k FlowKey
-	var v FlowVal
-	it := d.maps.OncFilter.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, decodeFlow(k, v, c.Epoch))
-	}
-	if err := it.Err(); err != nil {
+	out, err := appendEach(nil, d.maps.OncFilter, func(k FlowKey, v *FlowVal) Flow { return decodeFlow(k, *v, c.Epoch) })
+	if err != nil {
 		return nil, err
 	}
-	var k6 FlowKey6
-	it = d.maps.OncFilter6.Iterate()
-	for it.Next(&k6, &v) {
-		out = append(out, decodeFlow6(k6, v, c.Epoch))
+	return appendEach(out, d.maps.OncFilter6, func(k FlowKey6, v *FlowVal) Flow { return decodeFlow6(k, *v, c.Epoch) })
+}
+
+// appendEach appends to out each entry of m as decode makes it.
+func appendEach[K, V, T any](out []T, m *ebpf.Map, decode func(K, *V) T) ([]T, error) {
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, decode(k, &v))
 	}
 	return out, it.Err()
 }
@@ -170,40 +173,35 @@ func flowOf(local, remote netip.Addr, localPort, remotePort uint16, proto uint8,
 	}
 }
 
-// Dests lists the egress cache.
+// Dests lists the egress cache: remote pods of either family and the
+// node each was last seen behind, by its endpoint of either family.
 func (d *Datapath) Dests() ([]Dest, error) {
-	var out []Dest
-	var k uint32
-	var v EgressVal
-	it := d.maps.OncEgress.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, decodeDest(k, v))
-	}
-	if err := it.Err(); err != nil {
+	out, err := appendEach(nil, d.maps.OncEgress, func(k uint32, v *EgressVal) Dest { return decodeDest(k, *v) })
+	if err != nil {
 		return nil, err
 	}
-	var k6 addr6
-	it = d.maps.OncEgress6.Iterate()
-	for it.Next(&k6, &v) {
-		out = append(out, Dest{Pod: netip.AddrFrom16(k6.Addr), Node: bpf.IPv4(v.NodeIp)})
+	out, err = appendEach(out, d.maps.OncEgress6, func(k addr6, v *EgressVal) Dest {
+		return Dest{Pod: netip.AddrFrom16(k.Addr), Node: bpf.IPv4(v.NodeIp)}
+	})
+	if err != nil {
+		return nil, err
 	}
-	return out, it.Err()
+	return appendEach(out, d.maps.OncEgress6U6, func(k addr6, v *addr6) Dest {
+		return Dest{Pod: netip.AddrFrom16(k.Addr), Node: netip.AddrFrom16(v.Addr)}
+	})
 }
 
 func decodeDest(k uint32, v EgressVal) Dest {
 	return Dest{Pod: bpf.IPv4(k), Node: bpf.IPv4(v.NodeIp)}
 }
 
-// Encaps lists the learned headers.
+// Encaps lists the learned headers, to IPv4 endpoints and to IPv6 ones.
 func (d *Datapath) Encaps() ([]Encap, error) {
-	var out []Encap
-	var k uint32
-	var v EncapVal
-	it := d.maps.OncEncap.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, decodeEncap(k, &v))
+	out, err := appendEach(nil, d.maps.OncEncap, decodeEncap)
+	if err != nil {
+		return nil, err
 	}
-	return out, it.Err()
+	return appendEach(out, d.maps.OncEncapU6, decodeEncap6)
 }
 
 func decodeEncap(k uint32, v *EncapVal) Encap {
@@ -216,24 +214,25 @@ func decodeEncap(k uint32, v *EncapVal) Encap {
 	}
 }
 
+// decodeEncap6 is decodeEncap for a header to an IPv6 endpoint (outer
+// IPv6 addresses at 22 and 38, the inner Ethernet header at 70).
+func decodeEncap6(k addr6, v *Encap6Val) Encap {
+	h := v.Hdr[:]
+	return Encap{
+		Node: netip.AddrFrom16(k.Addr), Ifindex: int(v.Ifindex),
+		OuterDst: net.HardwareAddr(append([]byte(nil), h[0:6]...)), OuterSrc: net.HardwareAddr(append([]byte(nil), h[6:12]...)),
+		OuterSrcIP: netip.AddrFrom16([16]byte(h[22:38])), OuterDstIP: netip.AddrFrom16([16]byte(h[38:54])),
+		InnerDst: net.HardwareAddr(append([]byte(nil), h[70:76]...)), InnerSrc: net.HardwareAddr(append([]byte(nil), h[76:82]...)),
+	}
+}
+
 // Locals lists the local pods the ingress fast path delivers to.
 func (d *Datapath) Locals() ([]Local, error) {
-	var out []Local
-	var k uint32
-	var v LocalPod
-	it := d.maps.OncLocal.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, decodeLocal(bpf.IPv4(k), &v))
-	}
-	if err := it.Err(); err != nil {
+	out, err := appendEach(nil, d.maps.OncLocal, func(k uint32, v *LocalPod) Local { return decodeLocal(bpf.IPv4(k), v) })
+	if err != nil {
 		return nil, err
 	}
-	var k6 addr6
-	it = d.maps.OncLocal6.Iterate()
-	for it.Next(&k6, &v) {
-		out = append(out, decodeLocal(netip.AddrFrom16(k6.Addr), &v))
-	}
-	return out, it.Err()
+	return appendEach(out, d.maps.OncLocal6, func(k addr6, v *LocalPod) Local { return decodeLocal(netip.AddrFrom16(k.Addr), v) })
 }
 
 func decodeLocal(pod netip.Addr, v *LocalPod) Local {

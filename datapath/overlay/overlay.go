@@ -205,7 +205,8 @@ func ensurePeerHostRule(family int) error {
 func matches(l netlink.Link, cfg Config) bool {
 	v, ok := l.(*netlink.Vxlan)
 	return ok && v.VxlanId == cfg.VNI && v.Port == cfg.Port && v.VtepDevIndex == cfg.Uplink &&
-		v.SrcAddr.Equal(cfg.LocalIP.AsSlice()) && !v.Learning && !v.UDPCSum && v.HardwareAddr.String() == cfg.MAC.String()
+		v.SrcAddr.Equal(cfg.LocalIP.AsSlice()) && !v.Learning && !v.UDPCSum && v.UDP6ZeroCSumRx == cfg.LocalIP.Is6() &&
+		v.HardwareAddr.String() == cfg.MAC.String()
 }
 
 // removeOtherAddrs drops a gateway left from an earlier pod CIDR, of

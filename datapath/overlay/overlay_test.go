@@ -460,8 +460,9 @@ func TestIPv6Underlay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := o.Link().(*netlink.Vxlan); !v.SrcAddr.Equal(net.ParseIP("fd00:172::1")) || v.MTU != 1430 {
-			t.Fatalf("device local %s, MTU %d; want fd00:172::1 and 1430", v.SrcAddr, v.MTU)
+		// The fast path's frames come with a zero UDP checksum.
+		if v := o.Link().(*netlink.Vxlan); !v.SrcAddr.Equal(net.ParseIP("fd00:172::1")) || v.MTU != 1430 || !v.UDP6ZeroCSumRx {
+			t.Fatalf("device local %s, MTU %d, udp6zerocsumrx %v; want fd00:172::1, 1430 and on", v.SrcAddr, v.MTU, v.UDP6ZeroCSumRx)
 		}
 		// BringUp puts the new guard first where the device does not
 		// listen on the node's endpoint (a changed family, say).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/pods"
+	"github.com/onc-net/onc/internal/netaddr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -31,16 +32,18 @@ import (
 // Node is a node's underlay as the fast path depends on it.
 type Node struct {
 	uplink   int                       // the uplink's ifindex
+	family   int                       // the underlay's address family (the node IP's)
 	fastPath func() *fastpath.Datapath // nil when not loaded
 
 	mu    sync.Mutex
 	vteps map[netip.Addr]net.HardwareAddr // each peer's VTEP MAC, by node IP, as last set
 }
 
-// NewNode is the underlay of the node whose uplink has ifindex uplink;
-// fastPath returns the flow cache (nil when not loaded).
-func NewNode(uplink int, fastPath func() *fastpath.Datapath) *Node {
-	return &Node{uplink: uplink, fastPath: fastPath}
+// NewNode is the underlay of the node whose uplink has ifindex uplink and
+// whose tunnel endpoint is nodeIP; fastPath returns the flow cache (nil
+// when not loaded).
+func NewNode(uplink int, nodeIP netip.Addr, fastPath func() *fastpath.Datapath) *Node {
+	return &Node{uplink: uplink, family: netaddr.Family(nodeIP), fastPath: fastPath}
 }
 
 // SetPeers records each peer's VTEP MAC (by node IP), which a learned
@@ -104,7 +107,7 @@ func (n *Node) Watch(ctx context.Context, changed func()) error {
 	}
 	// A neighbour's state moves between REACHABLE and STALE all the time;
 	// only another address, a failure or a removal matters.
-	have, err := netlink.NeighList(n.uplink, unix.AF_INET)
+	have, err := netlink.NeighList(n.uplink, n.family)
 	if err != nil {
 		return fmt.Errorf("list the uplink's neighbours: %w", err)
 	}
@@ -125,7 +128,7 @@ func (n *Node) Watch(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: neighbour subscription closed")
 			}
-			if ip, ok := netip.AddrFromSlice(u.IP); ok && u.LinkIndex == n.uplink && ip.Unmap().Is4() &&
+			if ip, ok := netip.AddrFromSlice(u.IP); ok && u.LinkIndex == n.uplink && u.Family == n.family &&
 				neighbourChanged(seen, ip.Unmap(), u) {
 				changed()
 			}
@@ -133,7 +136,7 @@ func (n *Node) Watch(ctx context.Context, changed func()) error {
 			if !ok {
 				return errors.New("underlay watch: route subscription closed")
 			}
-			if u.Family == unix.AF_INET && u.Protocol != pods.RouteProtocol {
+			if u.Family == n.family && u.Protocol != pods.RouteProtocol {
 				changed()
 			}
 		case u, ok := <-links:
@@ -197,14 +200,20 @@ func (n *Node) EvictStaleHeaders() (int, error) {
 }
 
 // underlayView is the kernel's links and neighbours as one pass reads them:
-// each link's neighbour table is dumped once, however many headers use it.
+// each link's neighbour table of a family is dumped once, however many
+// headers use it.
 type underlayView struct {
 	links  map[int]net.HardwareAddr
-	neighs map[int]map[netip.Addr]netlink.Neigh
+	neighs map[neighTable]map[netip.Addr]netlink.Neigh
+}
+
+// neighTable is one link's neighbours of one family (ARP's or NDP's).
+type neighTable struct {
+	ifindex, family int
 }
 
 func newUnderlayView() *underlayView {
-	return &underlayView{links: map[int]net.HardwareAddr{}, neighs: map[int]map[netip.Addr]netlink.Neigh{}}
+	return &underlayView{links: map[int]net.HardwareAddr{}, neighs: map[neighTable]map[netip.Addr]netlink.Neigh{}}
 }
 
 // headerStale says whether a learned header no longer matches how the
@@ -256,7 +265,7 @@ func nextHop(node netip.Addr) (int, netip.Addr, error) {
 		return r.LinkIndex, gw.Unmap(), nil
 	}
 	if r.Via != nil {
-		return 0, netip.Addr{}, fmt.Errorf("next hop %s is not IPv4: not supported", r.Via)
+		return 0, netip.Addr{}, fmt.Errorf("next hop %s is of another family than %s: not supported", r.Via, node)
 	}
 	return r.LinkIndex, node, nil
 }
@@ -274,9 +283,10 @@ func (v *underlayView) link(ifindex int) (net.HardwareAddr, error) {
 }
 
 func (v *underlayView) neighbour(ifindex int, ip netip.Addr) (netlink.Neigh, bool, error) {
-	table, ok := v.neighs[ifindex]
+	key := neighTable{ifindex, netaddr.Family(ip)}
+	table, ok := v.neighs[key]
 	if !ok {
-		list, err := netlink.NeighList(ifindex, unix.AF_INET)
+		list, err := netlink.NeighList(ifindex, key.family)
 		if err != nil {
 			return netlink.Neigh{}, false, err
 		}
@@ -286,7 +296,7 @@ func (v *underlayView) neighbour(ifindex int, ip netip.Addr) (netlink.Neigh, boo
 				table[a.Unmap()] = nb
 			}
 		}
-		v.neighs[ifindex] = table
+		v.neighs[key] = table
 	}
 	nb, known := table[ip]
 	return nb, known, nil
@@ -296,7 +306,7 @@ func (v *underlayView) neighbour(ifindex int, ip netip.Addr) (netlink.Neigh, boo
 // (NTF_USE), as slow-path traffic to it would: its entry is made or kept
 // in use, and its address confirmed.
 func resolve(ifindex int, ip netip.Addr) {
-	err := netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: unix.AF_INET, IP: ip.AsSlice(), Flags: netlink.NTF_USE})
+	err := netlink.NeighSet(&netlink.Neigh{LinkIndex: ifindex, Family: netaddr.Family(ip), IP: ip.AsSlice(), Flags: netlink.NTF_USE})
 	if err != nil {
 		slog.Warn("fast path: cannot ask the kernel to resolve a next hop", "ip", ip, "err", err)
 	}

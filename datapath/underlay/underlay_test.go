@@ -14,16 +14,29 @@ import (
 )
 
 // TestHeaderStale checks a learned header against the kernel's real routes,
-// neighbours and links in a throwaway namespace: a header stays while the
+// neighbours and links in a throwaway namespace, over an IPv4 underlay and
+// an IPv6 one (NDP's neighbours, IPv6 routes): a header stays while the
 // underlay matches it (or the kernel merely collected the next hop's entry,
 // which it is then asked to resolve), and goes when the peer's or the
 // gateway's MAC, the uplink's MAC, the route's interface or the peer's VTEP
-// MAC changes, or the next hop failed to resolve.
+// MAC changed, or the next hop failed.
 func TestHeaderStale(t *testing.T) {
+	t.Run("IPv4", func(t *testing.T) {
+		headerStale(t, unix.AF_INET, "192.0.2.1/24", "192.0.2.2", "198.51.100.0/24", "198.51.100.7", "192.0.2.254")
+	})
+	t.Run("IPv6", func(t *testing.T) {
+		headerStale(t, unix.AF_INET6, "2001:db8:2::1/64", "2001:db8:2::2", "2001:db8:51::/64", "2001:db8:51::7", "2001:db8:2::fe")
+	})
+}
+
+// headerStale is TestHeaderStale on an underlay of family: the uplink's
+// address (a prefix), a peer on its subnet, a subnet behind a gateway
+// with a peer in it, and the gateway.
+func headerStale(t *testing.T, family int, uplinkAddr, directPeer, remoteNet, routedPeer, gatewayAddr string) {
 	var (
-		direct  = netip.MustParseAddr("192.0.2.2")    // a peer on the uplink's subnet
-		routed  = netip.MustParseAddr("198.51.100.7") // a peer behind a gateway
-		gateway = net.ParseIP("192.0.2.254")
+		direct  = netip.MustParseAddr(directPeer)
+		routed  = netip.MustParseAddr(routedPeer)
+		gateway = net.ParseIP(gatewayAddr)
 		nodeMAC = net.HardwareAddr{2, 0, 0, 0, 0xb, 1}
 		peerMAC = net.HardwareAddr{2, 0, 0, 0, 0xb, 2}
 		gwMAC   = net.HardwareAddr{2, 0, 0, 0, 0xb, 0xfe}
@@ -38,13 +51,17 @@ func TestHeaderStale(t *testing.T) {
 			return l
 		}
 		up := veth("up0", "up1", nodeMAC)
-		testutil.Must(t, netlink.AddrAdd(up, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("192.0.2.1"), Mask: net.CIDRMask(24, 32)}}))
+		addr, err := netlink.ParseIPNet(uplinkAddr)
+		testutil.Must(t, err)
+		testutil.Must(t, netlink.AddrAdd(up, &netlink.Addr{IPNet: addr, Flags: unix.IFA_F_NODAD}))
 		neigh := func(ip net.IP, mac net.HardwareAddr) {
-			testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: ip, HardwareAddr: mac}))
+			testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: family, State: netlink.NUD_REACHABLE, IP: ip, HardwareAddr: mac}))
 		}
 		neigh(direct.AsSlice(), peerMAC)
 		neigh(gateway, gwMAC)
-		viaGateway := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.0"), Mask: net.CIDRMask(24, 32)}, Gw: gateway, LinkIndex: up.Attrs().Index}
+		dst, err := netlink.ParseIPNet(remoteNet)
+		testutil.Must(t, err)
+		viaGateway := &netlink.Route{Dst: dst, Gw: gateway, LinkIndex: up.Attrs().Index}
 		testutil.Must(t, netlink.RouteAdd(viaGateway))
 
 		header := func(node netip.Addr, next net.HardwareAddr) fastpath.Encap {
@@ -71,18 +88,18 @@ func TestHeaderStale(t *testing.T) {
 
 		// An entry the kernel collected says nothing changed: the header
 		// stays, and the kernel is asked to resolve the next hop again.
-		testutil.Must(t, netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, IP: gateway}))
+		testutil.Must(t, netlink.NeighDel(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: family, IP: gateway}))
 		expect("next hop's entry collected", header(routed, gwMAC), vtep, false, false)
-		if !hasNeighbour(t, up.Attrs().Index, gateway) {
+		if !hasNeighbour(t, up.Attrs().Index, family, gateway) {
 			t.Error("the kernel was not asked to resolve the collected next hop")
 		}
-		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_FAILED, IP: gateway}))
+		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: up.Attrs().Index, Family: family, State: netlink.NUD_FAILED, IP: gateway}))
 		expect("next hop failed", header(routed, gwMAC), vtep, true, false)
 
 		other := veth("up2", "up3", nodeMAC) // same MAC too: only the interface differs
 		testutil.Must(t, netlink.RouteReplace(&netlink.Route{Dst: viaGateway.Dst, LinkIndex: other.Attrs().Index, Scope: netlink.SCOPE_LINK}))
 		// Resolved there with the old next hop's MAC.
-		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: other.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_REACHABLE, IP: routed.AsSlice(), HardwareAddr: gwMAC}))
+		testutil.Must(t, netlink.NeighSet(&netlink.Neigh{LinkIndex: other.Attrs().Index, Family: family, State: netlink.NUD_REACHABLE, IP: routed.AsSlice(), HardwareAddr: gwMAC}))
 		expect("route moved to another interface", header(routed, gwMAC), vtep, true, false)
 
 		testutil.Must(t, netlink.LinkSetHardwareAddr(up, net.HardwareAddr{2, 0, 0, 0, 0xb, 0x11}))
@@ -90,9 +107,9 @@ func TestHeaderStale(t *testing.T) {
 	})
 }
 
-func hasNeighbour(t *testing.T, ifindex int, ip net.IP) bool {
+func hasNeighbour(t *testing.T, ifindex, family int, ip net.IP) bool {
 	t.Helper()
-	list, err := netlink.NeighList(ifindex, unix.AF_INET)
+	list, err := netlink.NeighList(ifindex, family)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@
 #define __ONC_OVERLAY_H
 
 #include <linux/ipv6.h>
+#include "encap6.h"
 #include "fastpath.h"
 #include "parse.h"
 
@@ -29,15 +30,6 @@ struct vlanhdr {
 	__be16 tci;
 	__be16 proto;
 };
-
-/*
- * An IPv6 underlay's outer Ethernet, IPv6, UDP and VXLAN headers (fixed:
- * peers send no extension header), then the inner Ethernet header: the
- * IPv4 underlay's ONC_ENCAP_LEN and ONC_HDR_LEN (fastpath.h) for IPv6.
- */
-#define ONC_ENCAP6_LEN (sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + \
-			sizeof(struct udphdr) + sizeof(struct vxlanhdr))
-#define ONC_HDR6_LEN (ONC_ENCAP6_LEN + sizeof(struct ethhdr))
 
 /* What the guard reads of an outer IPv4 frame: up to two VLAN tags, the
  * IPv4 header with options, UDP and VXLAN, the inner Ethernet and IPv4 or
