@@ -70,20 +70,20 @@ func netperfMain(ctx context.Context, args []string) error {
 	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: two veth pairs and a bridge under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
 	nodeports := fs.Bool("nodeports", true, "measure NodePorts from a host outside the cluster, on a lab of their own on the bridge underlay: "+strings.Join(bench.NodePortConfigs, ", "))
-	family := fs.String("ip-family", bench.FamilyIPv4, "the pod-to-pod rows' address family: ipv4, or ipv6 (a dual-stack lab; bare between the nodes' IPv6 underlay addresses; no Flannel row; the Service, intra-node and NodePort rows are IPv4's and left out)")
+	family := fs.String("ip-family", bench.FamilyIPv4, "the pod-to-pod rows' address family: ipv4; ipv6 (an IPv6 lab: IPv6 pods in IPv6 tunnels); or dual (a dual-stack lab: pods' IPv6 addresses over the IPv4 tunnel). With ipv6 and dual: bare between the nodes' IPv6 underlay addresses, no Flannel row, the Service, intra-node and NodePort rows (IPv4's) left out")
 	_ = fs.Parse(args)
 	switch *family {
 	case bench.FamilyIPv4:
-	case bench.FamilyIPv6:
+	case bench.FamilyIPv6, bench.FamilyDual:
 		for name, on := range map[string]*bool{"services": services, "intranode": intranode, "nodeports": nodeports} {
 			if fs.Changed(name) && *on {
-				return fmt.Errorf("--ip-family ipv6 measures pod to pod only: the --%s rows are IPv4's so far", name)
+				return fmt.Errorf("--ip-family %s measures pod to pod only: the --%s rows are IPv4's so far", *family, name)
 			}
 			*on = false
 		}
 		*flannel = ""
 	default:
-		return fmt.Errorf("--ip-family %q: ipv4 or ipv6", *family)
+		return fmt.Errorf("--ip-family %q: ipv4, ipv6 or dual", *family)
 	}
 	np, err := filepath.Abs(*netperf)
 	if err != nil {
@@ -148,10 +148,7 @@ func netperfMain(ctx context.Context, args []string) error {
 // netperfLab runs the rows of one lab on underlay: pod to pod, Services
 // (ClusterIP) and intra-node, as asked; the lab is down when it returns.
 func netperfLab(ctx context.Context, o bench.Options, kubeBin, underlay, flannel string, pods, services, intranode bool) ([]bench.Sample, error) {
-	labFamily := lab.IPFamilyIPv4
-	if o.Family == bench.FamilyIPv6 {
-		labFamily = lab.IPFamilyDual
-	}
+	labFamily := map[string]string{bench.FamilyIPv4: lab.IPFamilyIPv4, bench.FamilyIPv6: lab.IPFamilyIPv6, bench.FamilyDual: lab.IPFamilyDual}[o.Family]
 	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
 		Datastore: "kubernetes", KubeBin: kubeBin, Underlay: underlay, IPFamily: labFamily})
 	if err != nil {

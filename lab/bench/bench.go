@@ -55,10 +55,11 @@ type Options struct {
 	// RedisRequests is redis-benchmark -n of each of GET and SET; 0: no
 	// redis rows.
 	RedisRequests int
-	// Family is the pod-to-pod rows' address family: FamilyIPv4 ("" too)
-	// or FamilyIPv6, which needs a dual-stack lab (pods' IPv6 addresses,
-	// bare between the nodes' IPv6 underlay addresses) and leaves Flannel
-	// out (IPv4 only here).
+	// Family is the pod-to-pod rows' address family: FamilyIPv4 ("" too),
+	// FamilyIPv6 (an IPv6 lab: pods' IPv6 addresses in IPv6 tunnels) or
+	// FamilyDual (a dual-stack lab: pods' IPv6 addresses over the IPv4
+	// tunnel). Both IPv6 ones run bare between the nodes' IPv6 underlay
+	// addresses and leave Flannel out (IPv4 only here).
 	Family string
 	Log    io.Writer // progress
 }
@@ -67,12 +68,16 @@ type Options struct {
 const (
 	FamilyIPv4 = "ipv4"
 	FamilyIPv6 = "ipv6"
+	FamilyDual = "dual"
 )
+
+// ipv6Rows says whether family's pod-to-pod rows run over IPv6 addresses.
+func ipv6Rows(family string) bool { return family == FamilyIPv6 || family == FamilyDual }
 
 // Configs are the package's Configs without flannel when the lab has no
 // Flannel pods or the rows are IPv6.
 func (o Options) Configs() []string {
-	if l := o.Lab; o.Family == FamilyIPv6 || len(l.Nodes) < 2 || len(l.Nodes[0].FlannelPods) == 0 || len(l.Nodes[1].FlannelPods) == 0 {
+	if l := o.Lab; ipv6Rows(o.Family) || len(l.Nodes) < 2 || len(l.Nodes[0].FlannelPods) == 0 || len(l.Nodes[1].FlannelPods) == 0 {
 		return slices.DeleteFunc(slices.Clone(Configs), func(c string) bool { return c == "flannel" })
 	}
 	return Configs
@@ -112,8 +117,8 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.Family == FamilyIPv6 && (!server.IPv6.IsValid() || !server.Pods[0].IPv6.IsValid()) {
-		return nil, fmt.Errorf("IPv6 rows need a dual-stack lab: the server's node or pod has no IPv6 address")
+	if ipv6Rows(o.Family) && (!server.IPv6.IsValid() || !server.Pods[0].IPv6.IsValid()) {
+		return nil, fmt.Errorf("IPv6 rows need an IPv6 or dual-stack lab: the server's node or pod has no IPv6 address")
 	}
 	configs := o.Configs()
 	servers := []string{server.Netns, server.Pods[0].Netns}
@@ -173,13 +178,13 @@ func Run(ctx context.Context, o Options) ([]Sample, error) {
 // it reaches the server at, in family.
 func endpoints(client, server *lab.Node, cfg, family string) (from, to string) {
 	switch {
-	case cfg == "bare" && family == FamilyIPv6:
+	case cfg == "bare" && ipv6Rows(family):
 		return client.Netns, server.IPv6.String()
 	case cfg == "bare":
 		return client.Netns, server.IP.String()
 	case cfg == "flannel":
 		return client.FlannelPods[0].Netns, server.FlannelPods[0].IP.String()
-	case family == FamilyIPv6:
+	case ipv6Rows(family):
 		return client.Pods[0].Netns, server.Pods[0].IPv6.String()
 	}
 	return client.Pods[0].Netns, server.Pods[0].IP.String()

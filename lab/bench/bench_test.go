@@ -30,6 +30,8 @@ func TestIPv6Rows(t *testing.T) {
 		{"bare", FamilyIPv6, "n1", "fd00:172:31:251::12"},
 		{"fast", FamilyIPv4, "p1", "10.244.1.2"},
 		{"slow", FamilyIPv6, "p1", "fd00:10:244:1::2"},
+		{"fast", FamilyDual, "p1", "fd00:10:244:1::2"},
+		{"bare", FamilyDual, "n1", "fd00:172:31:251::12"},
 		{"flannel", "", "f1", "10.10.1.2"},
 	} {
 		if from, to := endpoints(client, server, c.cfg, c.family); from != c.from || to != c.to {
@@ -40,12 +42,14 @@ func TestIPv6Rows(t *testing.T) {
 	if got := (Options{Lab: l}).Configs(); !slices.Contains(got, "flannel") {
 		t.Errorf("IPv4 configs %v lack flannel", got)
 	}
-	if got := (Options{Lab: l, Family: FamilyIPv6}).Configs(); !slices.Equal(got, []string{"bare", "slow", "fast"}) {
-		t.Errorf("IPv6 configs %v, want bare, slow, fast", got)
-	}
-	var b bytes.Buffer
-	Report{Family: FamilyIPv6}.Markdown(&b)
-	if !strings.Contains(b.String(), "rows are IPv6") {
-		t.Errorf("an IPv6 report does not say so:\n%s", b.String())
+	for family, tunnel := range map[string]string{FamilyIPv6: "in IPv6 tunnels", FamilyDual: "over the IPv4 tunnel"} {
+		if got := (Options{Lab: l, Family: family}).Configs(); !slices.Equal(got, []string{"bare", "slow", "fast"}) {
+			t.Errorf("%s configs %v, want bare, slow, fast", family, got)
+		}
+		var b bytes.Buffer
+		Report{Family: family}.Markdown(&b)
+		if !strings.Contains(b.String(), "rows are IPv6") || !strings.Contains(b.String(), tunnel) {
+			t.Errorf("a %s report does not say its rows are IPv6 %s:\n%s", family, tunnel, b.String())
+		}
 	}
 }

@@ -21,8 +21,9 @@ type Report struct {
 	Reps     int    `json:"reps"`
 	Duration string `json:"duration"`
 	CPUs     string `json:"cpus"` // netperf -T
-	// Family is the pod-to-pod rows' address family, "ipv4" or "ipv6"
-	// (Options.Family; "" in reports from before it).
+	// Family is the pod-to-pod rows' address family, "ipv4", "ipv6" or
+	// "dual" (Options.Family; "" in reports from before it; "ipv6" in
+	// reports before 2026-11-27 meant what "dual" means now).
 	Family  string    `json:"family,omitempty"`
 	Results []Summary `json:"results"`
 	Ratios  []Ratio   `json:"ratios"`
@@ -401,8 +402,11 @@ func (r Report) JSON(w io.Writer) error {
 // Markdown writes the tables docs/performance.md shows.
 func (r Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Run %s, kernel %s, %d interleaved repetitions of %s per test and configuration, netperf -T %q.\n", r.Date, r.Kernel, r.Reps, r.Duration, r.CPUs)
-	if r.Family == FamilyIPv6 {
-		fmt.Fprintln(w, "\nThe pod-to-pod rows are IPv6: pods' IPv6 addresses over the IPv4 tunnel, and bare between the nodes' IPv6 underlay addresses.")
+	switch r.Family {
+	case FamilyIPv6:
+		fmt.Fprintln(w, "\nThe pod-to-pod rows are IPv6: an IPv6 lab, pods' IPv6 addresses in IPv6 tunnels, and bare between the nodes' IPv6 underlay addresses.")
+	case FamilyDual:
+		fmt.Fprintln(w, "\nThe pod-to-pod rows are IPv6: a dual-stack lab, pods' IPv6 addresses over the IPv4 tunnel, and bare between the nodes' IPv6 underlay addresses.")
 	}
 	// The intra-node rows have their own table, by size.
 	rows := slices.DeleteFunc(slices.Clone(r.Results), func(s Summary) bool { return section(s.Config) == intranodeSection })
