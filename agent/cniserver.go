@@ -82,7 +82,8 @@ type portMapping struct {
 }
 
 // portMappings checks the pod's hostPorts: each a TCP or UDP port pair,
-// on an IPv4 host address or all of them. SCTP is refused rather than
+// on one host address of either family or all of them (a host address
+// of a family the pod has no address of serves it nowhere, as portmap). SCTP is refused rather than
 // left unserved: the pod would start with a hostPort nobody serves.
 func portMappings(in []portMapping) ([]ipam.PortMapping, error) {
 	var out []ipam.PortMapping
@@ -105,10 +106,8 @@ func portMappings(in []portMapping) ([]ipam.PortMapping, error) {
 			switch {
 			case err != nil:
 				return nil, fmt.Errorf("%s: hostIP %q: %v", field, m.HostIP, err)
-			case ip.Is4() && !ip.IsUnspecified():
-				pm.HostIP = ip
 			case !ip.IsUnspecified():
-				return nil, fmt.Errorf("%s: hostIP %s: ONC serves IPv4 hostPorts only", field, ip)
+				pm.HostIP = ip.Unmap()
 			}
 		}
 		out = append(out, pm)

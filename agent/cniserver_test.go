@@ -563,7 +563,9 @@ func TestAddHostPorts(t *testing.T) {
 	r := req("c1", ta.netns("/ns/1"))
 	r.Config = withPorts(map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
 		map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "UDP", "hostIP": "192.0.2.1"},
-		map[string]any{"hostPort": 9090, "containerPort": 90, "hostIP": "0.0.0.0"})
+		map[string]any{"hostPort": 9090, "containerPort": 90, "hostIP": "0.0.0.0"},
+		map[string]any{"hostPort": 9191, "containerPort": 91, "hostIP": "fd00::1"},
+		map[string]any{"hostPort": 9292, "containerPort": 92, "hostIP": "::"})
 	if resp, err := ta.cni.Add(ctx(t), r); code(t, resp, err) != 0 {
 		t.Fatalf("ADD with hostPorts: %v", resp.Error)
 	}
@@ -571,7 +573,9 @@ func TestAddHostPorts(t *testing.T) {
 	att, _ := pool.Get(ipam.Key{ContainerID: "c1", IfName: "eth0"})
 	want := []ipam.PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"},
 		{HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: netip.MustParseAddr("192.0.2.1")},
-		{HostPort: 9090, ContainerPort: 90, Protocol: "tcp"}}
+		{HostPort: 9090, ContainerPort: 90, Protocol: "tcp"},
+		{HostPort: 9191, ContainerPort: 91, Protocol: "tcp", HostIP: netip.MustParseAddr("fd00::1")},
+		{HostPort: 9292, ContainerPort: 92, Protocol: "tcp"}}
 	if !reflect.DeepEqual(att.PortMappings, want) {
 		t.Fatalf("recorded hostPorts %+v, want %+v", att.PortMappings, want)
 	}
@@ -590,7 +594,6 @@ func TestAddHostPorts(t *testing.T) {
 		{map[string]any{"hostPort": 0, "containerPort": 80}, "portMappings[0]: hostPort 0"},
 		{map[string]any{"hostPort": 80, "containerPort": 70000}, "containerPort 70000"},
 		{map[string]any{"hostPort": 80, "containerPort": 80, "protocol": "sctp"}, `protocol "sctp"`},
-		{map[string]any{"hostPort": 80, "containerPort": 80, "hostIP": "fd00::1"}, "hostIP fd00::1"},
 		{map[string]any{"hostPort": 80, "containerPort": 80, "hostIP": "host"}, `hostIP "host"`},
 	} {
 		r := req("c2", ta.netns("/ns/2"))

@@ -24,6 +24,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 )
 
 // A dual-stack lab (IPv4 first): every pod gets an address of each family
@@ -333,5 +334,73 @@ func TestDualStackServices(t *testing.T) {
 	start := time.Now()
 	if _, _, err := connectTCP(client.Netns, netip.AddrPortFrom(empty6, 80)); !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
 		t.Fatalf("TCP to %s without IPv6 endpoints: %v after %v, want ECONNREFUSED at once", empty6, err, time.Since(start))
+	}
+	externalFrontends6(t, l, kube, client, backend)
+}
+
+// externalFrontends6: a dual-stack NodePort Service's IPv6 NodePort (on
+// the node's IPv6 InternalIP) and IPv6 externalIP, and a dual-stack pod's
+// hostPort on the node's IPv6 address, are served at the socket to the
+// node's pods and host, with the IPv6 backends; the uplink serves none of
+// them in IPv6 yet, and onctl services lists each as not served there.
+func externalFrontends6(t *testing.T, l *lab.Lab, kube kubernetes.Interface, client, backend *lab.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	n := l.Nodes[0]
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc, err := kube.CoreV1().Services(svcNS).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ext6", Namespace: svcNS},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "web"}, IPFamilyPolicy: &policy,
+			IPFamilies:  []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol},
+			ExternalIPs: []string{"fd00:203::30"},
+			Ports:       []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeSlice(t, kube, "ext6", discoveryv1.AddressTypeIPv4, []*lab.Pod{backend}, nil)
+	writeSlice(t, kube, "ext6", discoveryv1.AddressTypeIPv6, []*lab.Pod{backend}, nil)
+	hostPod, err := l.AddPodSpec(ctx, n, lab.PodSpec{Namespace: svcNS, Name: "hostport6",
+		Ports: []corev1.ContainerPort{{ContainerPort: 8080, HostPort: 18080, Protocol: corev1.ProtocolTCP}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveNameOn(listenOn(t, hostPod.Netns, "tcp6", 8080), listenPacketOn(t, hostPod.Netns, "udp6", 8053), hostPod.Name)
+	for _, c := range []struct {
+		what     string
+		addr     netip.AddrPort
+		frontend string
+		want     *lab.Pod
+	}{
+		{"the IPv6 NodePort", netip.AddrPortFrom(n.IPv6, uint16(svc.Spec.Ports[0].NodePort)), "NodePort", backend},
+		{"the IPv6 externalIP", netip.MustParseAddrPort("[fd00:203::30]:80"), "ExternalIP", backend},
+		{"the hostPort on the node's IPv6 address", netip.AddrPortFrom(n.IPv6, 18080), "HostPort", hostPod},
+	} {
+		s := waitFrontend(t, n, c.addr, "TCP", "socket", 1)
+		if want := c.want.IPv6.String(); s.Frontend != c.frontend || netip.MustParseAddrPort(s.Backends[0].Addr).Addr().String() != want {
+			t.Fatalf("%s: %+v, want a %s to %s", c.what, s, c.frontend, want)
+		}
+		for _, netns := range []string{client.Netns, n.Netns} {
+			if name, peer, err := connectTCP(netns, c.addr); err != nil || name != c.want.Name || peer != c.addr.String() {
+				t.Fatalf("%s %s from %s: %q with peer %s, %v; want %s", c.what, c.addr, netns, name, peer, err, c.want.Name)
+			}
+		}
+		resp, err := agent(t, n).ListServices(ctx, &apiv1.ListServicesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range resp.Services {
+			if s.Vip == c.addr.String() && s.Scope == "uplink" {
+				t.Fatalf("%s has an uplink entry, which translates IPv4 only", c.what)
+			}
+		}
+	}
+	out, err := exec.Command(l.BinDir+"/onctl", "--socket", n.AgentSocket(), "services").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onctl services: %v\n%s", err, out)
+	}
+	for _, want := range []string{"on externalIP fd00:203::30", "of the node's IPv6 addresses"} {
+		if !strings.Contains(string(out), want) || !strings.Contains(string(out), "the uplink translates IPv4 only") {
+			t.Errorf("onctl services does not list %q as not served on the uplink:\n%s", want, out)
+		}
 	}
 }

@@ -74,14 +74,20 @@ func (l *Lab) agentKubeconfig(n *Node) (string, error) {
 	return path, l.APIServer.WriteKubeconfig(path, "onc-system:onc-agent", n.Name)
 }
 
-// createNode registers n as a Kubernetes Node, as its kubelet would.
+// createNode registers n as a Kubernetes Node, as its kubelet would: its
+// tunnel address as an InternalIP, and in a dual-stack lab its IPv6 one
+// too, as a dual-stack kubelet lists both.
 func (l *Lab) createNode(ctx context.Context, n *Node) error {
 	kube, err := kubernetes.NewForConfig(l.APIServer.RESTConfig())
 	if err != nil {
 		return err
 	}
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: l.TunnelIP(n).String()}}
+	if n.IPv6.IsValid() && n.IPv6 != l.TunnelIP(n) {
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.IPv6.String()})
+	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{"kubernetes.io/hostname": n.Name}},
-		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: l.TunnelIP(n).String()}}}}
+		Status: corev1.NodeStatus{Addresses: addrs}}
 	_, err = kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	return err
 }

@@ -22,7 +22,8 @@ type Node struct {
 	// Zone is its topology.kubernetes.io/zone label, "" if none: topology
 	// hints for zones are then ignored, as kube-proxy ignores them.
 	Zone string
-	// Addresses are where its NodePorts are served (its IPv4 addresses).
+	// Addresses are where its NodePorts are served (its addresses of
+	// both families; each family's NodePorts on that family's).
 	Addresses []netip.Addr
 	// HostPorts are its pods' hostPorts (the CNI portMappings capability).
 	HostPorts []HostPort
@@ -31,7 +32,7 @@ type Node struct {
 // HostPort is one of a pod's hostPorts.
 type HostPort struct {
 	Pod     string     // namespace/name, or the attachment's key outside Kubernetes
-	Backend netip.Addr // the pod's address
+	Backend netip.Addr // the pod's address of the family it is served in
 	ipam.PortMapping
 }
 
@@ -55,10 +56,11 @@ type Proxying struct {
 // of TCP and UDP ports are ONC's, at the socket: each family's (a
 // Service's spec.clusterIPs, one per family whatever its ipFamilyPolicy),
 // with the endpoints of that family's EndpointSlices. With it, ONC is the
-// only proxy: NodePorts on every IPv4 address of the node, IPv4
-// externalIPs and load balancer ingress IPs too, each at the socket
-// (clients on this node) and on the uplink (clients outside the cluster).
-// SCTP, and those external frontends in IPv6, are served by nobody
+// only proxy: each family's NodePorts on every address of the node of
+// that family, externalIPs and load balancer ingress IPs too, each at the
+// socket (clients on this node) and, IPv4 ones so far, on the uplink
+// (clients outside the cluster, or on other nodes). SCTP is served by
+// nobody, and the IPv6 external frontends by nobody on the uplink
 // (Unserved lists them).
 func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 	bySlices := slicesByService(snap)
@@ -76,30 +78,30 @@ func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 			}
 			t.clusterIPs[vip] = true
 			eps := endpoints(bySlices[sliceSet{svc.Namespace + "/" + svc.Name, family.slices}], family.ip, node.Name)
-			// The external frontends are served over IPv4 only, with the
-			// IPv4 family's endpoints, as kube-proxy's IPv4 proxier
-			// serves them.
+			// A family's external frontends get that family's
+			// endpoints, as kube-proxy's proxier of the family serves them.
 			ports := t.clusterIPPorts(svc, vip, eps, node, proxy.Replace)
-			if proxy.Replace && family.ip == corev1.IPv4Protocol {
+			if proxy.Replace {
 				externals = append(externals, ports...)
 			}
 		}
 	}
 	t.hostPorts(node)
 	for _, e := range externals {
-		t.external(e.svc, e.port, e.base, node, e.sets)
+		t.external(e, node)
 	}
 	services.SortServices(t.out)
 	return t.out
 }
 
-// external is a Service port whose external frontends are added after
-// every cluster IP and hostPort claimed theirs.
+// external is a Service port of one family whose external frontends are
+// added after every cluster IP and hostPort claimed theirs.
 type external struct {
-	svc  *corev1.Service
-	port corev1.ServicePort
-	base services.Service
-	sets endpointSets
+	svc    *corev1.Service
+	port   corev1.ServicePort
+	family corev1.IPFamily
+	base   services.Service
+	sets   endpointSets
 }
 
 // clusterIPPorts adds the entries of one cluster IP of svc, one per TCP
@@ -125,7 +127,7 @@ func (t *table) clusterIPPorts(svc *corev1.Service, vip netip.Addr, eps map[port
 		} else {
 			t.add(base, services.ClusterIP, services.Socket, vip, uint16(p.Port), sets.cluster)
 		}
-		ports = append(ports, external{svc, p, base, sets})
+		ports = append(ports, external{svc, p, familyOf(vip), base, sets})
 	}
 	return ports
 }
@@ -181,12 +183,15 @@ func (t *table) add(base services.Service, f services.Frontend, scope services.S
 	return &t.out[len(t.out)-1]
 }
 
-// external adds a port's frontends for traffic from outside: NodePorts,
-// externalIPs and load balancer IPs. Clients on this node reach them at
-// the socket and get the cluster-wide backends (kube-proxy short-circuits
-// pod and host traffic to them likewise); clients outside reach them on
-// the uplink, where externalTrafficPolicy applies.
-func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base services.Service, node Node, sets endpointSets) {
+// external adds a port's frontends of its family for traffic from
+// outside: NodePorts on the node's addresses of the family, externalIPs
+// and load balancer IPs. Clients on this node reach them at the socket
+// and get the cluster-wide backends (kube-proxy short-circuits pod and
+// host traffic to them likewise); clients outside reach them on the
+// uplink, where externalTrafficPolicy applies: IPv4 ones only so far
+// (Unserved says so of the IPv6 ones).
+func (t *table) external(e external, node Node) {
+	svc, p, base, sets := e.svc, e.port, e.base, e.sets
 	var frontends []struct {
 		kind services.Frontend
 		ip   netip.Addr
@@ -202,16 +207,15 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 		}
 	}
 	if hasNodePort(svc, p) {
-		addAll(services.NodePort, uint16(p.NodePort), node.Addresses...)
+		addAll(services.NodePort, uint16(p.NodePort), ofFamily(node.Addresses, e.family)...)
 	}
-	// IPv4 only: Unserved lists the IPv6 ones.
 	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := ipv4(s); ok {
+		if ip, ok := parseIP(s, e.family); ok {
 			addAll(services.ExternalIP, uint16(p.Port), ip)
 		}
 	}
 	for _, in := range vipIngress(svc) {
-		if ip, ok := ipv4(in); ok {
+		if ip, ok := parseIP(in, e.family); ok {
 			addAll(services.LoadBalancer, uint16(p.Port), ip)
 		}
 	}
@@ -222,6 +226,9 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 			continue
 		}
 		t.add(base, f.kind, services.Socket, f.ip, f.port, sets.cluster)
+		if !f.ip.Is4() {
+			continue // the uplink translates IPv4 only so far
+		}
 		outside := t.add(base, f.kind, services.Uplink, f.ip, f.port, sets.cluster)
 		if outside == nil {
 			continue
@@ -242,22 +249,25 @@ func (t *table) external(svc *corev1.Service, p corev1.ServicePort, base service
 
 // hostPorts adds the pods' hostPorts, at the socket and on the uplink:
 // served as the portmap plugin serves them, to the pod on this node, the
-// client's address kept. Like portmap, which matches local destinations
-// only, a hostIP that is neither one of the node's addresses nor loopback
-// is served nowhere: it could otherwise take any address from the node's
-// clients.
+// client's address kept, on the node's addresses of the pod address's
+// family (a dual-stack pod's hostPort is served in both). Like portmap,
+// which matches local destinations only, a hostIP that is neither one of
+// the node's addresses nor loopback is served nowhere: it could otherwise
+// take any address from the node's clients. The uplink serves IPv4 ones
+// only so far.
 func (t *table) hostPorts(node Node) {
 	for _, hp := range node.HostPorts {
 		proto, ok := protos[corev1.Protocol(strings.ToUpper(hp.Protocol))]
 		if !ok {
 			continue // the CNI server admits TCP and UDP only
 		}
-		addrs := node.Addresses
+		family := familyOf(hp.Backend)
+		addrs := ofFamily(node.Addresses, family)
 		if hostIP := hp.HostIP.Unmap(); hostIP.IsValid() {
 			// Loopback is the node's too: portmap serves it to the node's
-			// own processes, so does the socket scope. An IPv6 hostIP is
-			// served nowhere: hostPorts reach the pod's IPv4 address.
-			if !hostIP.Is4() || (!slices.Contains(node.Addresses, hostIP) && !hostIP.IsLoopback()) {
+			// own processes, so does the socket scope. A hostIP of the
+			// other family is this backend's to serve nowhere.
+			if familyOf(hostIP) != family || (!slices.Contains(node.Addresses, hostIP) && !hostIP.IsLoopback()) {
 				continue
 			}
 			addrs = []netip.Addr{hostIP}
@@ -266,8 +276,8 @@ func (t *table) hostPorts(node Node) {
 		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
 		for _, ip := range addrs {
 			t.add(base, services.HostPort, services.Socket, ip, hp.HostPort, be)
-			if ip.IsLoopback() {
-				continue // never on the wire
+			if ip.IsLoopback() || !ip.Is4() {
+				continue // never on the wire; the uplink translates IPv4 only so far
 			}
 			if outside := t.add(base, services.HostPort, services.Uplink, ip, hp.HostPort, be); outside != nil {
 				outside.KeepClient = true
@@ -312,9 +322,9 @@ type UnservedPort struct {
 const (
 	UnservedSCTP = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
 
-	UnservedIPv6ExternalIP     = "an IPv6 externalIP: ONC serves externalIPs over IPv4 only so far (issue 28), at the socket and on the uplink"
-	UnservedIPv6LoadBalancerIP = "an IPv6 load balancer IP: ONC serves load balancer IPs over IPv4 only so far (issue 28), at the socket and on the uplink"
-	UnservedIPv6NodePort       = "a NodePort on the node's IPv6 addresses: ONC serves NodePorts on the node's IPv4 addresses only so far (issue 28)"
+	UnservedIPv6ExternalIP     = "an IPv6 externalIP: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
+	UnservedIPv6LoadBalancerIP = "an IPv6 load balancer IP: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
+	UnservedIPv6NodePort       = "a NodePort on the node's IPv6 addresses: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
 )
 
 // Unserved lists the Service ports and frontends nobody serves without
@@ -322,9 +332,10 @@ const (
 // translate at, and whose checksum covers the addresses a translation on
 // the wire would change; and the frontends the uplink would serve in
 // IPv6, of a Service with an IPv6 cluster IP (whose IPv6 family kube-proxy
-// would serve them in): its IPv6 externalIPs and load balancer IPs, and
-// its NodePorts on the node's IPv6 addresses, if snap's Node lists any.
-// Cluster IPs of both families are served.
+// would serve them in), which only the socket serves: its IPv6
+// externalIPs and load balancer IPs, and its NodePorts on the node's IPv6
+// addresses, if snap's Node lists any. Cluster IPs of both families are
+// served.
 func Unserved(snap Snapshot) []UnservedPort {
 	var out []UnservedPort
 	nodeIPv6 := len(nodeAddresses(snap.Node, corev1.IPv6Protocol)) > 0
@@ -429,7 +440,24 @@ func parseIP(s string, family corev1.IPFamily) (netip.Addr, bool) {
 	return netip.AddrFrom16([16]byte(ip)), true
 }
 
-func ipv4(s string) (netip.Addr, bool) { return parseIP(s, corev1.IPv4Protocol) }
+// familyOf is ip's address family.
+func familyOf(ip netip.Addr) corev1.IPFamily {
+	if ip.Is4() {
+		return corev1.IPv4Protocol
+	}
+	return corev1.IPv6Protocol
+}
+
+// ofFamily are the addresses of family among addrs.
+func ofFamily(addrs []netip.Addr, family corev1.IPFamily) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if familyOf(a) == family {
+			out = append(out, a)
+		}
+	}
+	return out
+}
 
 // nodeAddresses are the node's InternalIP and ExternalIP addresses of
 // family, in its Node's order, each once.

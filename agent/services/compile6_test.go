@@ -1,8 +1,11 @@
 package services
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +61,7 @@ func TestCompilePerFamily(t *testing.T) {
 		service *corev1.Service
 		slices  []*discoveryv1.EndpointSlice
 		proxy   Proxying
+		node    *Node // n1 unless set
 		want    []services.Service
 	}{{
 		name:    "SingleStack IPv6: the IPv6 cluster IP with the IPv6 slices' endpoints only",
@@ -119,25 +123,34 @@ func TestCompilePerFamily(t *testing.T) {
 			ep("fd00:10:244:2::1", "n2", servingTerm), ep("fd00:10:244:2::2", "n2", notReady))},
 		want: []services.Service{webWant(here4, there4), webWant6(backend("fd00:10:244:2::1", 8080, "n2", false))},
 	}, {
-		name: "without kube-proxy the external frontends are IPv4's, with the IPv4 endpoints",
-		service: web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v6, v4), nodePort, func(s *corev1.ServiceSpec) {
+		name: "without kube-proxy each family's external frontends, with its endpoints; IPv6 ones at the socket only",
+		service: withIngress(web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v6, v4), nodePort, func(s *corev1.ServiceSpec) {
+			s.Type = corev1.ServiceTypeLoadBalancer
 			s.ExternalIPs = []string{"203.0.113.7", "fd00::7"}
-		}),
+		}), "203.0.113.50", "fd00::50"),
 		slices: []*discoveryv1.EndpointSlice{both4, both6},
 		proxy:  Proxying{Replace: true},
+		node:   &Node{Name: "n1", Zone: "z1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fd00:192::1")}},
 		want: []services.Service{
 			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here4, there4),
 			entry(services.NodePort, services.Socket, "192.0.2.1:30080", here4, there4),
 			entry(services.NodePort, services.Uplink, "192.0.2.1:30080", here4, there4),
-			entry(services.NodePort, services.Socket, "198.51.100.1:30080", here4, there4),
-			entry(services.NodePort, services.Uplink, "198.51.100.1:30080", here4, there4),
 			entry(services.ExternalIP, services.Socket, "203.0.113.7:80", here4, there4),
 			entry(services.ExternalIP, services.Uplink, "203.0.113.7:80", here4, there4),
+			entry(services.LoadBalancer, services.Socket, "203.0.113.50:80", here4, there4),
+			entry(services.LoadBalancer, services.Uplink, "203.0.113.50:80", here4, there4),
 			entry(services.ClusterIP, services.Socket, "[fd00:10:96::10]:80", here6, there6),
+			entry(services.NodePort, services.Socket, "[fd00:192::1]:30080", here6, there6),
+			entry(services.ExternalIP, services.Socket, "[fd00::7]:80", here6, there6),
+			entry(services.LoadBalancer, services.Socket, "[fd00::50]:80", here6, there6),
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Compile(Snapshot{Services: []*corev1.Service{tc.service}, EndpointSlices: tc.slices}, n1, tc.proxy)
+			node := n1
+			if tc.node != nil {
+				node = *tc.node
+			}
+			got := Compile(Snapshot{Services: []*corev1.Service{tc.service}, EndpointSlices: tc.slices}, node, tc.proxy)
 			services.SortServices(tc.want)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
@@ -146,19 +159,45 @@ func TestCompilePerFamily(t *testing.T) {
 	}
 }
 
-// An IPv6 hostIP of a hostPort is served nowhere (hostPorts reach the
-// pod's IPv4 address), nor is an IPv4-mapped one taken for another
-// family's: it is the IPv4 address.
-func TestCompileHostPortFamilies(t *testing.T) {
-	node := n1
-	pod := netip.MustParseAddr("10.0.1.7")
-	on := func(ip string, port uint16) ipam.PortMapping {
-		return ipam.PortMapping{HostPort: port, ContainerPort: 80, Protocol: "tcp", HostIP: netip.MustParseAddr(ip)}
+// withIngress gives a LoadBalancer Service its ingress IPs.
+func withIngress(svc *corev1.Service, ips ...string) *corev1.Service {
+	for _, ip := range ips {
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
 	}
-	node.HostPorts = []HostPort{{Pod: "app/hp", Backend: pod, PortMapping: on("::1", 8081)},
-		{Pod: "app/hp", Backend: pod, PortMapping: on("fd00:192::1", 8082)}, {Pod: "app/hp", Backend: pod, PortMapping: on("::ffff:192.0.2.1", 8083)}}
-	got := Compile(Snapshot{}, node, Proxying{Replace: true})
-	if len(got) != 2 || got[0].VIP != netip.MustParseAddr("192.0.2.1") || got[0].Port != 8083 {
-		t.Fatalf("got %+v, want port 8083 on 192.0.2.1 only (socket and uplink)", got)
+	return svc
+}
+
+// A hostPort is served in the family of the pod address it reaches, on
+// the node's addresses of that family or its hostIP if of that family;
+// an IPv4-mapped hostIP is the IPv4 address.
+func TestCompileHostPortFamilies(t *testing.T) {
+	node := Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fd00:192::1")}}
+	pod4, pod6 := netip.MustParseAddr("10.0.1.7"), netip.MustParseAddr("fd00:10:244:1::7")
+	on := func(ip string, port uint16) ipam.PortMapping {
+		pm := ipam.PortMapping{HostPort: port, ContainerPort: 80, Protocol: "tcp"}
+		if ip != "" {
+			pm.HostIP = netip.MustParseAddr(ip)
+		}
+		return pm
+	}
+	// A dual-stack pod's hostPorts are one per address (Self.of).
+	both := func(pm ipam.PortMapping) []HostPort {
+		return []HostPort{{Pod: "app/hp", Backend: pod4, PortMapping: pm}, {Pod: "app/hp", Backend: pod6, PortMapping: pm}}
+	}
+	node.HostPorts = slices.Concat(both(on("", 8080)), both(on("::1", 8081)), both(on("fd00:192::1", 8082)),
+		both(on("::ffff:192.0.2.1", 8083)), both(on("fd00:9::9", 8084)))
+	var got []string
+	for _, s := range Compile(Snapshot{}, node, Proxying{Replace: true}) {
+		got = append(got, fmt.Sprintf("%s %s -> %s", s.Scope, netip.AddrPortFrom(s.VIP, s.Port), s.Backends[0].Addr.Addr()))
+	}
+	// Each on the node's addresses of the backend's family or its hostIP
+	// of that family; loopback at the socket only; the IPv4-mapped hostIP
+	// as IPv4; a hostIP not the node's nowhere; IPv6 at the socket only.
+	want := []string{
+		"socket 192.0.2.1:8080 -> 10.0.1.7", "uplink 192.0.2.1:8080 -> 10.0.1.7", "socket 192.0.2.1:8083 -> 10.0.1.7", "uplink 192.0.2.1:8083 -> 10.0.1.7",
+		"socket [::1]:8081 -> fd00:10:244:1::7", "socket [fd00:192::1]:8080 -> fd00:10:244:1::7", "socket [fd00:192::1]:8082 -> fd00:10:244:1::7",
+	}
+	if slices.Sort(got); !reflect.DeepEqual(got, slices.Sorted(slices.Values(want))) {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(slices.Sorted(slices.Values(want)), "\n"))
 	}
 }

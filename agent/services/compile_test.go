@@ -555,11 +555,12 @@ func TestCompileTopology(t *testing.T) {
 }
 
 // Without kube-proxy nothing serves an SCTP port, nor, of a Service with an
-// IPv6 cluster IP, the IPv6 frontends the uplink would serve: its IPv6
-// externalIPs and load balancer IPs, and its NodePorts on the node's IPv6
-// addresses. Each is listed with its own reason. The cluster IPs of both
-// families are served: a dual-stack, an IPv6-only and an IPv6-primary
-// Service list nothing else and compile to an entry per cluster IP.
+// IPv6 cluster IP, the IPv6 frontends on the uplink: its IPv6 externalIPs
+// and load balancer IPs, and its NodePorts on the node's IPv6 addresses,
+// which the socket alone serves. Each is listed with its own reason. The
+// cluster IPs of both families are served: a dual-stack, an IPv6-only and
+// an IPv6-primary Service list nothing else and compile to an entry per
+// cluster IP.
 func TestUnserved(t *testing.T) {
 	sctp := func(s *corev1.ServiceSpec) { s.Ports = append(s.Ports, svcPort("assoc", corev1.ProtocolSCTP, 9999)) }
 	svc := web(sctp)
@@ -624,8 +625,16 @@ func TestUnserved(t *testing.T) {
 			}
 		}
 	}
-	if compiled[netip.MustParseAddr("fd00::7")] || compiled[netip.MustParseAddr("fd00::50")] || compiled[netip.MustParseAddr("fd00::8")] {
-		t.Error("an IPv6 externalIP or load balancer IP is compiled")
+	// The IPv6 ones listed are served at the socket; an IPv4-only
+	// Service's IPv6 externalIP nowhere.
+	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true}) {
+		if ip := c.VIP.String(); (ip == "fd00::7" || ip == "fd00::50") && c.Scope != services.Socket || ip == "fd00::8" {
+			t.Errorf("%s compiled for the %s", ip, c.Scope)
+		}
+		compiled[c.VIP] = true
+	}
+	if !compiled[netip.MustParseAddr("fd00::7")] || !compiled[netip.MustParseAddr("fd00::50")] {
+		t.Error("an IPv6 externalIP or load balancer IP is not served at the socket")
 	}
 }
 

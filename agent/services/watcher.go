@@ -148,13 +148,13 @@ func (w *Watcher) reportUnserved(snap Snapshot) {
 }
 
 // of is the node as the compiler sees it: its NodePorts and hostPorts are
-// served on its underlay address (if IPv4: the frontends it serves are
-// IPv4's) and every IPv4 InternalIP and ExternalIP its Node object lists,
-// as kube-proxy's default nodePortAddresses serves the node's primary
-// addresses.
+// served on its underlay address and every InternalIP and ExternalIP its
+// Node object lists, of both families, as kube-proxy's default
+// nodePortAddresses serves the node's primary addresses; a pod's hostPorts
+// reach each of its addresses.
 func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 	out := Node{Name: s.Name}
-	if s.IP.Is4() {
+	if s.IP.IsValid() {
 		out.Addresses = append(out.Addresses, s.IP)
 	}
 	for _, att := range atts {
@@ -162,8 +162,7 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 		if att.K8sName != "" {
 			pod = att.K8sNamespace + "/" + att.K8sName
 		}
-		// hostPorts reach pods over IPv4 so far (issue 28).
-		if backend := att.IPv4(); backend.IsValid() {
+		for _, backend := range att.IPs {
 			for _, pm := range att.PortMappings {
 				out.HostPorts = append(out.HostPorts, HostPort{Pod: pod, Backend: backend, PortMapping: pm})
 			}
@@ -176,7 +175,7 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 		return out
 	}
 	out.Zone = n.Labels[corev1.LabelTopologyZone]
-	for _, ip := range nodeAddresses(n, corev1.IPv4Protocol) {
+	for _, ip := range slices.Concat(nodeAddresses(n, corev1.IPv4Protocol), nodeAddresses(n, corev1.IPv6Protocol)) {
 		if !slices.Contains(out.Addresses, ip) {
 			out.Addresses = append(out.Addresses, ip)
 		}

@@ -57,16 +57,16 @@ func TestUnservedEvents(t *testing.T) {
 	}
 }
 
-// On an IPv6 underlay the node's tunnel endpoint is no NodePort or
-// hostPort address (the frontends it serves are IPv4's): the IPv4
-// InternalIPs of its Node are, as on an IPv4 underlay beside its endpoint.
+// The node's NodePort and hostPort addresses: its tunnel endpoint, of
+// either family, and the InternalIPs of its Node of both families, once
+// each, sorted.
 func TestNodeAddressesOfEitherUnderlay(t *testing.T) {
 	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
 		{Type: corev1.NodeInternalIP, Address: "192.0.2.9"}, {Type: corev1.NodeInternalIP, Address: "fd00:172::9"}}}}
 	for _, c := range []struct {
 		ip   string
 		want string
-	}{{"fd00:172::9", "[192.0.2.9]"}, {"192.0.2.1", "[192.0.2.1 192.0.2.9]"}} {
+	}{{"fd00:172::9", "[192.0.2.9 fd00:172::9]"}, {"192.0.2.1", "[192.0.2.1 192.0.2.9 fd00:172::9]"}} {
 		got := Self{Name: "n1", IP: netip.MustParseAddr(c.ip)}.of(node, nil).Addresses
 		if fmt.Sprint(got) != c.want {
 			t.Errorf("node at %s: NodePort addresses %v, want %s", c.ip, got, c.want)
