@@ -517,17 +517,6 @@ static __always_inline void encap_template(struct encap_val *e)
 	inner->h_proto = bpf_htons(ETH_P_IP); /* one header for both families */
 }
 
-static __always_inline int encap_equal(const struct encap_val *a, const struct encap_val *b)
-{
-	const __u32 *x = (const void *)a->hdr, *y = (const void *)b->hdr;
-
-#pragma unroll
-	for (int i = 0; i < ONC_HDR_LEN / 4; i++)
-		if (x[i] != y[i])
-			return 0;
-	return a->ifindex == b->ifindex;
-}
-
 /* learn_encap learns the header of skb, a frame to node: whether it wrote. */
 static __always_inline int learn_encap(struct __sk_buff *skb, __be32 node)
 {
@@ -539,7 +528,7 @@ static __always_inline int learn_encap(struct __sk_buff *skb, __be32 node)
 	encap.ifindex = skb->ifindex;
 	/* Each write only when it changes (see filter_learn). */
 	cur = bpf_map_lookup_elem(&onc_encap, &node);
-	if (cur && encap_equal(cur, &encap))
+	if (cur && cur->ifindex == encap.ifindex && hdr_equal(cur->hdr, encap.hdr, ONC_HDR_LEN / 4))
 		return 0;
 	bpf_map_update_elem(&onc_encap, &node, &encap, BPF_ANY);
 	return 1;

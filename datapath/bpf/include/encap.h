@@ -69,6 +69,33 @@ static __always_inline __u8 encap_ecn(__u8 inner_tos)
 	return ecn == ONC_ECN_MASK ? ONC_ECN_ECT0 : ecn;
 }
 
+/* encap_room makes room for len bytes of outer headers (adjust_room's
+ * flags) in front of skb's Ethernet frame and writes the learned header
+ * hdr (hdr_len bytes: the outer ones and the inner Ethernet header) at
+ * its start: the packet's data then, or NULL when it could not be
+ * rewritten. */
+static __always_inline void *encap_room(struct __sk_buff *skb, __s32 len, __u64 flags, const void *hdr, __u32 hdr_len)
+{
+	if (bpf_skb_adjust_room(skb, len, BPF_ADJ_ROOM_MAC, flags))
+		return NULL;
+	if (bpf_skb_store_bytes(skb, 0, hdr, hdr_len, 0))
+		return NULL;
+	return (void *)(long)skb->data;
+}
+
+/* hdr_equal says whether two learned headers of words 32-bit words are
+ * the same. */
+static __always_inline int hdr_equal(const void *a, const void *b, int words)
+{
+	const __u32 *x = a, *y = b;
+
+#pragma unroll
+	for (int i = 0; i < words; i++)
+		if (x[i] != y[i])
+			return 0;
+	return 1;
+}
+
 /*
  * encap_push puts encap's headers in front of the Ethernet frame in skb
  * and fixes what differs per packet: outer IP length, ECN, id and
@@ -85,11 +112,9 @@ static __always_inline int encap_push(struct __sk_buff *skb, const struct encap_
 	__u32 sum = 0;
 	__u16 *w;
 
-	if (bpf_skb_adjust_room(skb, ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+	data = encap_room(skb, ONC_ENCAP_LEN, ENCAP_FLAGS, encap->hdr, ONC_HDR_LEN);
+	if (!data)
 		return -1;
-	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR_LEN, 0))
-		return -1;
-	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	oip = data + sizeof(struct ethhdr);
 	oudp = (void *)(oip + 1);

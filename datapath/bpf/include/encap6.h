@@ -115,11 +115,9 @@ static __always_inline int encap_push6(struct __sk_buff *skb, const struct encap
 	void *data, *end;
 	__be16 len;
 
-	if (bpf_skb_adjust_room(skb, ONC_ENCAP6_LEN, BPF_ADJ_ROOM_MAC, ENCAP6_FLAGS))
+	data = encap_room(skb, ONC_ENCAP6_LEN, ENCAP6_FLAGS, encap->hdr, ONC_HDR6_LEN);
+	if (!data)
 		return -1;
-	if (bpf_skb_store_bytes(skb, 0, encap->hdr, ONC_HDR6_LEN, 0))
-		return -1;
-	data = (void *)(long)skb->data;
 	end = (void *)(long)skb->data_end;
 	oip = data + sizeof(struct ethhdr);
 	oudp = (void *)(oip + 1);
@@ -152,17 +150,6 @@ static __always_inline void encap6_template(struct encap6_val *e)
 	udp->check = 0;
 }
 
-static __always_inline int encap6_equal(const struct encap6_val *a, const struct encap6_val *b)
-{
-	const __u32 *x = (const void *)a->hdr, *y = (const void *)b->hdr;
-
-#pragma unroll
-	for (int i = 0; i < ONC_HDR6_LEN / 4; i++)
-		if (x[i] != y[i])
-			return 0;
-	return a->ifindex == b->ifindex;
-}
-
 /* learn_encap6 learns the header of skb, a frame to the IPv6 endpoint
  * node: whether it wrote. */
 static __always_inline int learn_encap6(struct __sk_buff *skb, const struct onc_in6 *node)
@@ -174,7 +161,7 @@ static __always_inline int learn_encap6(struct __sk_buff *skb, const struct onc_
 	encap6_template(&encap);
 	encap.ifindex = skb->ifindex;
 	cur = bpf_map_lookup_elem(&onc_encap_u6, node);
-	if (cur && encap6_equal(cur, &encap))
+	if (cur && cur->ifindex == encap.ifindex && hdr_equal(cur->hdr, encap.hdr, ONC_HDR6_LEN / 4))
 		return 0;
 	bpf_map_update_elem(&onc_encap_u6, node, &encap, BPF_ANY);
 	return 1;
