@@ -155,13 +155,17 @@ func Open(o Options) (*Datapath, error) {
 // checkGuard refuses the settings the overlay guard cannot hold: the
 // programs read an all-zero endpoint or mask as none, so an unspecified
 // endpoint and a /0 pod CIDR would look like none, and an IPv4-mapped
-// endpoint or CIDR would never match a frame.
+// endpoint or CIDR would never match a frame. An IPv6 link-local
+// endpoint has no meaning off its link's zone, which the programs do not
+// see (the agent refuses one at start too).
 func (o Options) checkGuard() error {
 	switch ip := o.NodeIP; {
 	case !ip.IsValid() || ip.IsUnspecified():
 		return fmt.Errorf("node IP %v: the overlay guard needs this node's tunnel endpoint", ip)
 	case ip.Is4In6():
 		return fmt.Errorf("node IP %v: an IPv4-mapped tunnel endpoint; give it as IPv4", ip)
+	case ip.Is6() && (ip.IsLinkLocalUnicast() || ip.Zone() != ""):
+		return fmt.Errorf("node IP %v: an IPv6 link-local or zoned tunnel endpoint; give a global one", ip)
 	}
 	if v4 := o.PodCIDR; v4.IsValid() && (!v4.Addr().Is4() || v4.Bits() == 0) {
 		return fmt.Errorf("pod CIDR %v: not an IPv4 prefix of at least one bit", v4)

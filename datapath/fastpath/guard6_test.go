@@ -277,6 +277,8 @@ func TestOpenRefusesWhatTheGuardCannotHold(t *testing.T) {
 		{"no node IP", "tunnel endpoint", Options{PodCIDR: localCIDR}},
 		{"the IPv4 unspecified node IP", "tunnel endpoint", Options{NodeIP: netip.IPv4Unspecified(), PodCIDR: localCIDR}},
 		{"the IPv6 unspecified node IP", "tunnel endpoint", Options{NodeIP: netip.IPv6Unspecified(), PodCIDRv6: localCIDR6}},
+		{"an IPv6 link-local node IP", "link-local", Options{NodeIP: netip.MustParseAddr("fe80::1"), PodCIDRv6: localCIDR6}},
+		{"a zoned IPv6 node IP", "link-local or zoned", Options{NodeIP: netip.MustParseAddr("fd00::1%eth0"), PodCIDRv6: localCIDR6}},
 		{"an IPv6 prefix as the IPv4 pod CIDR", "not an IPv4 prefix", Options{NodeIP: localNode6, PodCIDR: localCIDR6}},
 		{"an IPv4-mapped prefix as the IPv4 pod CIDR", "not an IPv4 prefix", Options{NodeIP: localNode, PodCIDR: netip.MustParsePrefix("::ffff:10.244.1.0/120")}},
 		{"an IPv4 pod CIDR of /0", "not an IPv4 prefix", Options{NodeIP: localNode, PodCIDR: netip.MustParsePrefix("0.0.0.0/0")}},
