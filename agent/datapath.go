@@ -6,6 +6,7 @@ import (
 	"github.com/onc-net/onc/agent/services"
 	"github.com/onc-net/onc/agent/underlay"
 	"github.com/onc-net/onc/datapath"
+	dpservices "github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
 )
 
@@ -24,8 +25,17 @@ type Datapath struct {
 
 // KernelDatapath is n's parts.
 func KernelDatapath(n *datapath.Node) Datapath {
-	return Datapath{Node: n, Pods: n, Policy: n.Policy(), Services: n.Services(), Bypass: n.Bypass(), Underlay: n.Underlay()}
+	return Datapath{Node: n, Pods: n, Policy: n.Policy(), Services: nodeServices{n.Services(), n}, Bypass: n.Bypass(), Underlay: n.Underlay()}
 }
+
+// nodeServices is the node's socket load balancer, with the families its
+// uplink translates, which the node as a whole decides.
+type nodeServices struct {
+	*dpservices.Node
+	node *datapath.Node
+}
+
+func (s nodeServices) UplinkFamilies() (ipv4, ipv6 bool) { return s.node.UplinkFamilies() }
 
 // Node is the node's datapath as a whole and its overlay: what the peer
 // watcher, onctl status and the metrics need.

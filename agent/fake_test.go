@@ -168,10 +168,11 @@ func (f *fakeDatapath) Close() error { return nil }
 // cover Services.
 type noServices struct{}
 
-func (noServices) Tables() services.Tables { return nil }
-func (noServices) Status() string          { return "off" }
-func (noServices) Mode() services.Mode     { return services.Off }
-func (noServices) UplinkErr() error        { return nil }
+func (noServices) Tables() services.Tables      { return nil }
+func (noServices) Status() string               { return "off" }
+func (noServices) Mode() services.Mode          { return services.Off }
+func (noServices) UplinkErr() error             { return nil }
+func (noServices) UplinkFamilies() (bool, bool) { return false, false }
 func (noServices) Sync([]services.Service, []netip.Addr, bool) error {
 	return errors.New("no socket LB")
 }

@@ -450,11 +450,26 @@ func (n *Node) attachServicesUplink() error {
 }
 
 // uplinkLB says whether the uplink load balancer serves clients outside:
-// with the kube-proxy replacement on, on a node with IPv4 pods and an
-// IPv4 underlay (its programs translate IPv4; IPv6 frontends are reported
-// unserved).
+// with the kube-proxy replacement on, in a family it translates here.
 func (n *Node) uplinkLB() bool {
-	return n.cfg.KubeProxyReplacement && n.up.NodeIP.Is4() && n.clusterCIDR.IsValid()
+	ipv4, ipv6 := n.uplinkFamilies()
+	return ipv4 || ipv6
+}
+
+// UplinkFamilies are the address families the uplink load balancer
+// translates on this node with the kube-proxy replacement on: IPv4 where
+// the cluster has IPv4 pods and the underlay is IPv4 (its programs send
+// IPv4 tunnels); not IPv6 yet. The services watcher reports the
+// frontends of the others unserved there. Fixed once the node is up.
+func (n *Node) UplinkFamilies() (ipv4, ipv6 bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.uplinkFamilies()
+}
+
+// uplinkFamilies is UplinkFamilies with n.mu held.
+func (n *Node) uplinkFamilies() (ipv4, ipv6 bool) {
+	return n.cfg.KubeProxyReplacement && n.up.NodeIP.Is4() && n.clusterCIDR.IsValid(), false
 }
 
 // logConflicts says once which nodes are left out of the peers and why:

@@ -1,6 +1,7 @@
 package services
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -45,6 +46,19 @@ type Proxying struct {
 	// pod on another node directly, and the backend's node answers the
 	// client (--load-balancer-mode dsr).
 	DSR bool
+	// UplinkIPv4, UplinkIPv6: with Replace, this node's uplink load
+	// balancer translates the family's NodePorts, externalIPs, load
+	// balancer IPs and hostPorts for clients outside the cluster and on
+	// other nodes (datapath: the node's families and underlay decide).
+	UplinkIPv4, UplinkIPv6 bool
+}
+
+// uplink says whether the uplink translates family's frontends.
+func (p Proxying) uplink(family corev1.IPFamily) bool {
+	if family == corev1.IPv4Protocol {
+		return p.UplinkIPv4
+	}
+	return p.UplinkIPv6
 }
 
 // Compile resolves the Services of snap into the table the socket and
@@ -64,7 +78,7 @@ type Proxying struct {
 // (Unserved lists them).
 func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 	bySlices := slicesByService(snap)
-	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, dsr: proxy.DSR}
+	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, proxy: proxy}
 	// Claims go in this order: every ClusterIP first, so that no
 	// externalIP or hostPort another Service's author chose can take one
 	// (CVE-2020-8554); then hostPorts, as the portmap plugin's chain comes
@@ -166,7 +180,7 @@ func slicesByService(snap Snapshot) map[sliceSet][]*discoveryv1.EndpointSlice {
 // Services claim (an externalIP one also uses, say) is the first's, in the
 // snapshot's namespace/name order, as the API server lets such conflicts be.
 type table struct {
-	dsr        bool // Proxying.DSR
+	proxy      Proxying
 	out        []services.Service
 	seen       map[services.Key]bool
 	clusterIPs map[netip.Addr]bool // no other frontend may use one
@@ -188,8 +202,8 @@ func (t *table) add(base services.Service, f services.Frontend, scope services.S
 // and load balancer IPs. Clients on this node reach them at the socket
 // and get the cluster-wide backends (kube-proxy short-circuits pod and
 // host traffic to them likewise); clients outside reach them on the
-// uplink, where externalTrafficPolicy applies: IPv4 ones only so far
-// (Unserved says so of the IPv6 ones).
+// uplink, where externalTrafficPolicy applies, if it translates the
+// family (Unserved says so of the others).
 func (t *table) external(e external, node Node) {
 	svc, p, base, sets := e.svc, e.port, e.base, e.sets
 	var frontends []struct {
@@ -226,8 +240,8 @@ func (t *table) external(e external, node Node) {
 			continue
 		}
 		t.add(base, f.kind, services.Socket, f.ip, f.port, sets.cluster)
-		if !f.ip.Is4() {
-			continue // the uplink translates IPv4 only so far
+		if !t.proxy.uplink(e.family) {
+			continue
 		}
 		outside := t.add(base, f.kind, services.Uplink, f.ip, f.port, sets.cluster)
 		if outside == nil {
@@ -242,7 +256,7 @@ func (t *table) external(e external, node Node) {
 			// the load balancer's health check steers clients away.
 			outside.DropWhenEmpty = sets.local == nil && sets.any
 		} else {
-			outside.DSR = t.dsr
+			outside.DSR = t.proxy.DSR
 		}
 	}
 }
@@ -253,8 +267,8 @@ func (t *table) external(e external, node Node) {
 // family (a dual-stack pod's hostPort is served in both). Like portmap,
 // which matches local destinations only, a hostIP that is neither one of
 // the node's addresses nor loopback is served nowhere: it could otherwise
-// take any address from the node's clients. The uplink serves IPv4 ones
-// only so far.
+// take any address from the node's clients. The uplink serves those of
+// the families it translates.
 func (t *table) hostPorts(node Node) {
 	for _, hp := range node.HostPorts {
 		proto, ok := protos[corev1.Protocol(strings.ToUpper(hp.Protocol))]
@@ -276,8 +290,8 @@ func (t *table) hostPorts(node Node) {
 		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
 		for _, ip := range addrs {
 			t.add(base, services.HostPort, services.Socket, ip, hp.HostPort, be)
-			if ip.IsLoopback() || !ip.Is4() {
-				continue // never on the wire; the uplink translates IPv4 only so far
+			if ip.IsLoopback() || !t.proxy.uplink(family) {
+				continue // never on the wire, or not translated there
 			}
 			if outside := t.add(base, services.HostPort, services.Uplink, ip, hp.HostPort, be); outside != nil {
 				outside.KeepClient = true
@@ -311,9 +325,10 @@ var protos = map[corev1.Protocol]services.Proto{corev1.ProtocolTCP: services.TCP
 // and why.
 type UnservedPort struct {
 	Service *corev1.Service
-	// Port is namespace/name:port-name/PROTO, followed for an IPv6
-	// frontend by where: " on externalIP fd00::7", " on load balancer IP
-	// fd00::8", " on NodePort 30080 of the node's IPv6 addresses".
+	// Port is namespace/name:port-name/PROTO, followed for a frontend the
+	// uplink does not translate by where: " on externalIP fd00::7", " on
+	// load balancer IP fd00::8", " on NodePort 30080 of the node's IPv6
+	// addresses".
 	Port   string
 	Reason string // one of the Unserved* reasons
 }
@@ -322,23 +337,21 @@ type UnservedPort struct {
 const (
 	UnservedSCTP = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
 
-	UnservedIPv6ExternalIP     = "an IPv6 externalIP: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
-	UnservedIPv6LoadBalancerIP = "an IPv6 load balancer IP: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
-	UnservedIPv6NodePort       = "a NodePort on the node's IPv6 addresses: served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
+	UnservedIPv4Uplink = "served to this node's pods and processes at the socket, but this node's uplink does not translate IPv4 (it does with IPv4 pods over an IPv4 underlay): clients outside the cluster and on other nodes get no answer"
+	UnservedIPv6Uplink = "served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
 )
 
 // Unserved lists the Service ports and frontends nobody serves without
 // kube-proxy: SCTP ports, which have no sockets on ONC's kernels to
 // translate at, and whose checksum covers the addresses a translation on
-// the wire would change; and the frontends the uplink would serve in
-// IPv6, of a Service with an IPv6 cluster IP (whose IPv6 family kube-proxy
-// would serve them in), which only the socket serves: its IPv6
-// externalIPs and load balancer IPs, and its NodePorts on the node's IPv6
-// addresses, if snap's Node lists any. Cluster IPs of both families are
-// served.
-func Unserved(snap Snapshot) []UnservedPort {
+// the wire would change; and the frontends of a family this node's uplink
+// does not translate (proxy), which only the socket serves: of a Service
+// with a cluster IP of that family (whose proxier kube-proxy would serve
+// them in), its externalIPs and load balancer IPs of the family, and its
+// NodePorts on the node's addresses of the family, if snap's Node lists
+// any. Cluster IPs of both families are served.
+func Unserved(snap Snapshot, proxy Proxying) []UnservedPort {
 	var out []UnservedPort
-	nodeIPv6 := len(nodeAddresses(snap.Node, corev1.IPv6Protocol)) > 0
 	for _, svc := range snap.Services {
 		_, has4 := clusterIP(svc, corev1.IPv4Protocol)
 		_, has6 := clusterIP(svc, corev1.IPv6Protocol)
@@ -350,42 +363,39 @@ func Unserved(snap Snapshot) []UnservedPort {
 				}
 				continue
 			}
-			if !has6 {
-				continue
-			}
-			for _, ip := range ipv6Frontends(svc) {
-				reason := UnservedIPv6ExternalIP
-				if ip.loadBalancer {
-					reason = UnservedIPv6LoadBalancerIP
+			for _, family := range families {
+				if _, has := clusterIP(svc, family.ip); !has || proxy.uplink(family.ip) {
+					continue
 				}
-				out = append(out, UnservedPort{svc, port + " on " + ip.what, reason})
-			}
-			if nodeIPv6 && hasNodePort(svc, p) {
-				out = append(out, UnservedPort{svc, port + " on NodePort " + strconv.Itoa(int(p.NodePort)) + " of the node's IPv6 addresses",
-					UnservedIPv6NodePort})
+				reason := UnservedIPv4Uplink
+				if family.ip == corev1.IPv6Protocol {
+					reason = UnservedIPv6Uplink
+				}
+				for _, what := range externalFrontends(svc, family.ip) {
+					out = append(out, UnservedPort{svc, port + " on " + what, reason})
+				}
+				if len(nodeAddresses(snap.Node, family.ip)) > 0 && hasNodePort(svc, p) {
+					out = append(out, UnservedPort{svc, fmt.Sprintf("%s on NodePort %d of the node's %s addresses", port, p.NodePort, family.ip), reason})
+				}
 			}
 		}
 	}
 	return out
 }
 
-type ipv6Frontend struct {
-	what         string // "externalIP fd00::7", "load balancer IP fd00::8"
-	loadBalancer bool
-}
-
-// ipv6Frontends are a Service's IPv6 externalIPs and (of a LoadBalancer,
-// not in Proxy mode) load balancer IPs.
-func ipv6Frontends(svc *corev1.Service) []ipv6Frontend {
-	var out []ipv6Frontend
+// externalFrontends name a Service's externalIPs and (of a LoadBalancer,
+// not in Proxy mode) load balancer IPs of family: "externalIP fd00::7",
+// "load balancer IP fd00::8".
+func externalFrontends(svc *corev1.Service, family corev1.IPFamily) []string {
+	var out []string
 	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIP(s, corev1.IPv6Protocol); ok {
-			out = append(out, ipv6Frontend{"externalIP " + ip.String(), false})
+		if ip, ok := parseIP(s, family); ok {
+			out = append(out, "externalIP "+ip.String())
 		}
 	}
 	for _, in := range vipIngress(svc) {
-		if ip, ok := parseIP(in, corev1.IPv6Protocol); ok {
-			out = append(out, ipv6Frontend{"load balancer IP " + ip.String(), true})
+		if ip, ok := parseIP(in, family); ok {
+			out = append(out, "load balancer IP "+ip.String())
 		}
 	}
 	return out

@@ -114,7 +114,7 @@ func TestCompilePerFamily(t *testing.T) {
 		name:    "internalTrafficPolicy Local, IPv6 endpoints elsewhere only: refused without kube-proxy",
 		service: web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v4, v6), local),
 		slices:  []*discoveryv1.EndpointSlice{both4, slice6("web-6", "web", http, ep("fd00:10:244:2::1", "n2", ready))},
-		proxy:   Proxying{Replace: true},
+		proxy:   Proxying{Replace: true, UplinkIPv4: true},
 		want:    []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here4), webWant6()},
 	}, {
 		name:    "none ready in IPv6: its serving terminating endpoints, while IPv4 has ready ones",
@@ -129,7 +129,7 @@ func TestCompilePerFamily(t *testing.T) {
 			s.ExternalIPs = []string{"203.0.113.7", "fd00::7"}
 		}), "203.0.113.50", "fd00::50"),
 		slices: []*discoveryv1.EndpointSlice{both4, both6},
-		proxy:  Proxying{Replace: true},
+		proxy:  Proxying{Replace: true, UplinkIPv4: true},
 		node:   &Node{Name: "n1", Zone: "z1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fd00:192::1")}},
 		want: []services.Service{
 			entry(services.ClusterIP, services.Socket, "10.96.0.10:80", here4, there4),
@@ -187,7 +187,7 @@ func TestCompileHostPortFamilies(t *testing.T) {
 	node.HostPorts = slices.Concat(both(on("", 8080)), both(on("::1", 8081)), both(on("fd00:192::1", 8082)),
 		both(on("::ffff:192.0.2.1", 8083)), both(on("fd00:9::9", 8084)))
 	var got []string
-	for _, s := range Compile(Snapshot{}, node, Proxying{Replace: true}) {
+	for _, s := range Compile(Snapshot{}, node, Proxying{Replace: true, UplinkIPv4: true}) {
 		got = append(got, fmt.Sprintf("%s %s -> %s", s.Scope, netip.AddrPortFrom(s.VIP, s.Port), s.Backends[0].Addr.Addr()))
 	}
 	// Each on the node's addresses of the backend's family or its hostIP

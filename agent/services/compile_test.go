@@ -451,7 +451,7 @@ func TestCompileWithoutKubeProxy(t *testing.T) {
 		want:     []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80")},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, n1, Proxying{Replace: true})
+			got := Compile(Snapshot{Services: tc.services, EndpointSlices: tc.slices}, n1, Proxying{Replace: true, UplinkIPv4: true})
 			services.SortServices(tc.want)
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, tc.want)
@@ -476,7 +476,7 @@ func TestCompileDSR(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap := Snapshot{Services: []*corev1.Service{tc.service}, EndpointSlices: []*discoveryv1.EndpointSlice{both}}
-			want := Compile(snap, n1, Proxying{Replace: true})
+			want := Compile(snap, n1, Proxying{Replace: true, UplinkIPv4: true})
 			n := 0
 			for i, s := range want {
 				if s.Scope == services.Uplink && !s.KeepClient {
@@ -487,10 +487,23 @@ func TestCompileDSR(t *testing.T) {
 			if n != tc.dsr {
 				t.Fatalf("%d uplink entries without KeepClient, want %d", n, tc.dsr)
 			}
-			if got := Compile(snap, n1, Proxying{Replace: true, DSR: true}); !reflect.DeepEqual(got, want) {
+			if got := Compile(snap, n1, Proxying{Replace: true, UplinkIPv4: true, DSR: true}); !reflect.DeepEqual(got, want) {
 				t.Errorf("got\n%+v\nwant\n%+v", got, want)
 			}
 		})
+	}
+}
+
+// A node whose uplink does not translate IPv4 (IPv4 pods over an IPv6
+// underlay) gets the same socket entries and no uplink ones.
+func TestCompileWithoutTheUplink(t *testing.T) {
+	snap := Snapshot{Services: []*corev1.Service{web(nodePort, func(s *corev1.ServiceSpec) { s.ExternalIPs = []string{"203.0.113.7"} })},
+		EndpointSlices: []*discoveryv1.EndpointSlice{slice("web-1", "web", http, ep("10.0.1.1", "n1", ready))}}
+	with := Compile(snap, n1, Proxying{Replace: true, UplinkIPv4: true})
+	without := Compile(snap, n1, Proxying{Replace: true})
+	socket := slices.DeleteFunc(slices.Clone(with), func(s services.Service) bool { return s.Scope == services.Uplink })
+	if len(socket) == len(with) || !reflect.DeepEqual(without, socket) {
+		t.Fatalf("without the uplink\n%+v\nwant the socket entries of\n%+v", without, with)
 	}
 }
 
@@ -595,27 +608,39 @@ func TestUnserved(t *testing.T) {
 	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
 		{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}, {Type: corev1.NodeInternalIP, Address: "fd00:192::1"}}}}
 	all := []*corev1.Service{svc, dual, v6only, v6first, ext, v4ext}
-	reasons := map[string]string{UnservedSCTP: "sctp", UnservedIPv6ExternalIP: "externalIP", UnservedIPv6LoadBalancerIP: "lb", UnservedIPv6NodePort: "nodeport"}
+	reasons := map[string]string{UnservedSCTP: "sctp", UnservedIPv4Uplink: "ipv4", UnservedIPv6Uplink: "ipv6"}
 	lines := func(got []UnservedPort) (out []string) {
 		for _, p := range got {
 			out = append(out, p.Port+" "+reasons[p.Reason])
 		}
 		return out
 	}
-	got := Unserved(Snapshot{Services: all, Node: node})
+	ipv4Uplink := Proxying{Replace: true, UplinkIPv4: true}
+	got := Unserved(Snapshot{Services: all, Node: node}, ipv4Uplink)
 	want := []string{"app/web:assoc/SCTP sctp", "app/dual:assoc/SCTP sctp",
-		"app/ext:http/TCP on externalIP fd00::7 externalIP", "app/ext:http/TCP on load balancer IP fd00::50 lb",
-		"app/ext:http/TCP on NodePort 30080 of the node's IPv6 addresses nodeport"}
+		"app/ext:http/TCP on externalIP fd00::7 ipv6", "app/ext:http/TCP on load balancer IP fd00::50 ipv6",
+		"app/ext:http/TCP on NodePort 30080 of the node's IPv6 addresses ipv6"}
 	if l := lines(got); !reflect.DeepEqual(l, want) || got[0].Service != svc || got[4].Service != ext {
 		t.Errorf("got %v, want %v", l, want)
 	}
 	// A node without IPv6 addresses has no NodePort to serve in IPv6.
-	if l := lines(Unserved(Snapshot{Services: all})); !reflect.DeepEqual(l, want[:4]) {
+	if l := lines(Unserved(Snapshot{Services: all}, ipv4Uplink)); !reflect.DeepEqual(l, want[:4]) {
 		t.Errorf("without a Node: got %v, want %v", l, want[:4])
+	}
+	// An uplink that translates neither family (IPv4 pods over an IPv6
+	// underlay): the IPv4 frontends too; one that translates both: SCTP only.
+	want4 := []string{"app/web:assoc/SCTP sctp", "app/dual:assoc/SCTP sctp",
+		"app/ext:http/TCP on externalIP 203.0.113.7 ipv4", "app/ext:http/TCP on load balancer IP 203.0.113.50 ipv4",
+		"app/ext:http/TCP on NodePort 30080 of the node's IPv4 addresses ipv4", want[2], want[3], want[4]}
+	if l := lines(Unserved(Snapshot{Services: all, Node: node}, Proxying{Replace: true})); !reflect.DeepEqual(l, want4) {
+		t.Errorf("no uplink: got %v, want %v", l, want4)
+	}
+	if l := lines(Unserved(Snapshot{Services: all, Node: node}, Proxying{Replace: true, UplinkIPv4: true, UplinkIPv6: true})); !reflect.DeepEqual(l, want[:2]) {
+		t.Errorf("both families on the uplink: got %v, want %v", l, want[:2])
 	}
 	// Every cluster IP of both families is compiled.
 	compiled := map[netip.Addr]bool{}
-	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true}) {
+	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true, UplinkIPv4: true}) {
 		compiled[c.VIP] = true
 	}
 	for _, s := range all {
@@ -627,7 +652,7 @@ func TestUnserved(t *testing.T) {
 	}
 	// The IPv6 ones listed are served at the socket; an IPv4-only
 	// Service's IPv6 externalIP nowhere.
-	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true}) {
+	for _, c := range Compile(Snapshot{Services: all}, n1, Proxying{Replace: true, UplinkIPv4: true}) {
 		if ip := c.VIP.String(); (ip == "fd00::7" || ip == "fd00::50") && c.Scope != services.Socket || ip == "fd00::8" {
 			t.Errorf("%s compiled for the %s", ip, c.Scope)
 		}
@@ -652,7 +677,7 @@ func TestCompileHostPorts(t *testing.T) {
 		{Pod: "app/hp", Backend: pod, PortMapping: ipam.PortMapping{HostPort: 54323, ContainerPort: 80, Protocol: "tcp",
 			HostIP: netip.MustParseAddr("127.0.0.1")}},
 	}
-	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, Proxying{Replace: true})
+	got := Compile(Snapshot{Services: []*corev1.Service{web(nodePort)}}, node, Proxying{Replace: true, UplinkIPv4: true})
 	be := func(port uint16) []services.Backend {
 		return []services.Backend{{Addr: netip.AddrPortFrom(pod, port), Pod: "app/hp", Node: "n1", Ready: true}}
 	}
@@ -690,7 +715,7 @@ func TestCompileClaimsNoClusterIP(t *testing.T) {
 		ClusterIPs: []string{"10.96.0.66"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, Ports: web().Spec.Ports,
 		ExternalIPs: []string{"10.96.0.10"}}}
 	for _, order := range [][]*corev1.Service{{thief, web()}, {web(), thief}} {
-		got := Compile(Snapshot{Services: order}, node, Proxying{Replace: true})
+		got := Compile(Snapshot{Services: order}, node, Proxying{Replace: true, UplinkIPv4: true})
 		want := []services.Service{entry(services.ClusterIP, services.Socket, "10.96.0.10:80"),
 			{Name: "a/thief:http", VIP: netip.MustParseAddr("10.96.0.66"), Port: 80, Proto: services.TCP}}
 		services.SortServices(want)

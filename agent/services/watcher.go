@@ -34,6 +34,10 @@ type Datapath interface {
 	Mode() services.Mode
 	// UplinkErr is why the uplink load balancer is not attached, if so.
 	UplinkErr() error
+	// UplinkFamilies are the address families the uplink load balancer
+	// translates on this node, with the kube-proxy replacement on (fixed
+	// once the node is up: its pod families and underlay decide).
+	UplinkFamilies() (ipv4, ipv6 bool)
 	// Sync makes the socket programs balance exactly svcs; with
 	// checkKernel it also reads the maps back, repairing drift, and
 	// forgets the namespaces of pods not among pods.
@@ -105,8 +109,9 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 		pods = append(pods, att.IPs...)
 	}
 	snap := w.inputs.Snapshot()
-	w.reportUnserved(snap)
-	svcs := Compile(snap, w.node.of(snap.Node, atts), Proxying{Replace: w.node.KubeProxyReplacement, DSR: w.node.DSR})
+	proxy := w.proxying()
+	w.reportUnserved(snap, proxy)
+	svcs := Compile(snap, w.node.of(snap.Node, atts), proxy)
 	if err := w.dp.Sync(svcs, pods, full); err != nil {
 		return err
 	}
@@ -117,12 +122,21 @@ func (w *Watcher) reconcile(ctx context.Context, full bool) error {
 	return nil
 }
 
+// proxying is how this node serves Services.
+func (w *Watcher) proxying() Proxying {
+	p := Proxying{Replace: w.node.KubeProxyReplacement, DSR: w.node.DSR}
+	if p.Replace {
+		p.UplinkIPv4, p.UplinkIPv6 = w.dp.UplinkFamilies()
+	}
+	return p
+}
+
 // reportUnserved logs, and records as an event on its Service, each port
 // nobody serves without kube-proxy, once while it lasts.
-func (w *Watcher) reportUnserved(snap Snapshot) {
+func (w *Watcher) reportUnserved(snap Snapshot, proxy Proxying) {
 	var ports []UnservedPort
-	if w.node.KubeProxyReplacement { // beside kube-proxy, SCTP and the IPv6 external frontends are kube-proxy's
-		ports = Unserved(snap)
+	if proxy.Replace { // beside kube-proxy, SCTP and the frontends the uplink does not translate are kube-proxy's
+		ports = Unserved(snap, proxy)
 	}
 	now := make(map[string]bool, len(ports))
 	for _, p := range ports {

@@ -35,11 +35,12 @@ func TestUnservedEvents(t *testing.T) {
 	snap := Snapshot{Services: []*corev1.Service{svc}, Node: node}
 	in := &warned{}
 	w := &Watcher{inputs: in, node: Self{Name: "n1", KubeProxyReplacement: true}}
-	w.reportUnserved(snap)
-	w.reportUnserved(snap)
+	proxy := Proxying{Replace: true, UplinkIPv4: true}
+	w.reportUnserved(snap, proxy)
+	w.reportUnserved(snap, proxy)
 	want := []string{
-		"IPFamilyNotSupported: port app/web:http/TCP on externalIP fd00::7 is not served by ONC on node n1: " + UnservedIPv6ExternalIP,
-		"IPFamilyNotSupported: port app/web:http/TCP on NodePort 30080 of the node's IPv6 addresses is not served by ONC on node n1: " + UnservedIPv6NodePort,
+		"IPFamilyNotSupported: port app/web:http/TCP on externalIP fd00::7 is not served by ONC on node n1: " + UnservedIPv6Uplink,
+		"IPFamilyNotSupported: port app/web:http/TCP on NodePort 30080 of the node's IPv6 addresses is not served by ONC on node n1: " + UnservedIPv6Uplink,
 		"ProtocolNotSupported: port app/web:assoc/SCTP is not served by ONC on node n1: " + UnservedSCTP,
 	}
 	if strings.Join(in.events, "\n") != strings.Join(want, "\n") {
@@ -51,7 +52,7 @@ func TestUnservedEvents(t *testing.T) {
 
 	beside := &warned{}
 	w = &Watcher{inputs: beside, node: Self{Name: "n1"}}
-	w.reportUnserved(snap)
+	w.reportUnserved(snap, Proxying{})
 	if len(beside.events) != 0 || len(w.unserved) != 0 {
 		t.Fatalf("beside kube-proxy: events %q, listed %q", beside.events, w.unserved)
 	}

@@ -104,7 +104,9 @@ func TestEgressOverAnIPv6UnderlayEncapsulates(t *testing.T) {
 func TestEgressOverAnIPv6UnderlayMissReasons(t *testing.T) {
 	d := openFastU6(t, localCIDR)
 	establishedU6(t, d)
-	pkt := func() []byte { return frame(hostMAC, podMAC, localPod6, remotePod6, unix.IPPROTO_TCP, 40000, 80, 0, 10) }
+	pkt := func() []byte {
+		return frame(hostMAC, podMAC, localPod6, remotePod6, unix.IPPROTO_TCP, 40000, 80, 0, 10)
+	}
 	expectMiss := func(what, counter string, pkt []byte) {
 		t.Helper()
 		before := stat6(t, d, counter)
