@@ -17,6 +17,8 @@ func TestCounterNames(t *testing.T) {
 		{bpf.LoadFastpath, bpf.FastpathMapOncStats, "egress_hit", "ingress_miss_reply"},
 		{bpf.LoadServices, bpf.ServicesMapOncLbStats, "connect_translated", "released"},
 		{bpf.LoadServices, bpf.ServicesMapOncLb6Stats, "connect6_translated", "released6"},
+		{bpf.LoadServices, bpf.ServicesMapOncLbUplinkStats, "uplink_translated", "uplink_open"},
+		{bpf.LoadServices, bpf.ServicesMapOncLb6UplinkStats, "uplink6_translated", "uplink6_error"},
 		{bpf.LoadBypass, bpf.BypassMapOncBpStats, "recorded", "fallback_peer_full"},
 	} {
 		s, err := c.spec()

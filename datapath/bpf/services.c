@@ -7,10 +7,12 @@
  * to a backend pod when a socket connects or sends, and back when it
  * reads a reply or asks for its peer (include/services.h). And from
  * outside the cluster, on the uplink: NodePorts, externalIPs and load
- * balancer IPs, in IPv4 (include/services_uplink.h).
+ * balancer IPs, in IPv4 (include/services_uplink.h) and, on the slow path
+ * only, in IPv6 (include/services_uplink6.h).
  */
 #include "include/services.h"
 #include "include/services_uplink.h"
+#include "include/services_uplink6.h"
 #include "include/services_dsr.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
@@ -181,10 +183,14 @@ int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
  * sent to its flow's backend, through the stack or past it, or to the
  * backend's node directly (direct server return); one the service has
  * none for is left to netfilter to refuse, or dropped. And a peer's
- * frame for a flow it sends directly is taken (services_dsr.h).
+ * frame for a flow it sends directly is taken (services_dsr.h). An IPv6
+ * packet is lb6_uplink_ingress's (services_uplink6.h).
+ *
+ * Each family's half is a function of its own, not inlined: each has its
+ * own stack frame (together they would exceed the 512 bytes a program
+ * may use), and the IPv4 half is verified as it was.
  */
-SEC("tc")
-int onc_uplink_lb_ingress(struct __sk_buff *skb)
+static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 {
 	struct lb_svc_key key = { .scope = LB_SCOPE_UPLINK };
 	struct lb_svc *found;
@@ -247,12 +253,22 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
 	return lb_fast_path(skb, &p, &be);
 }
 
+/* The program: its IPv4 half above, its IPv6 one in services_uplink6.h. */
+SEC("tc")
+int onc_uplink_lb_ingress(struct __sk_buff *skb)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return lb6_uplink_ingress(skb);
+	return lb_uplink_ingress4(skb);
+}
+
 /*
  * tcx egress of the uplink, ahead of the fast path's learning: a backend's
  * reply to a client (after conntrack undid the SNAT, for a remote backend;
  * a local backend's to a flow a peer sent directly) leaves from the
  * frontend the client sent to, and, when netfilter marked it ESTABLISHED,
- * teaches the flow cache that the flow may leave.
+ * teaches the flow cache that the flow may leave. An IPv6 packet is
+ * lb6_uplink_egress's (services_uplink6.h), which teaches nothing.
  */
 SEC("tc")
 int onc_uplink_lb_egress(struct __sk_buff *skb)
@@ -261,6 +277,8 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 	struct lb_addr fe;
 	struct lb_pkt p;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return lb6_uplink_egress(skb);
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
 	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);

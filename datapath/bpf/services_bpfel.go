@@ -93,6 +93,33 @@ type ServicesLb6Aff struct {
 	LastNs uint64
 }
 
+type ServicesLb6Flow struct {
+	_       structs.HostLayout
+	Ip      [4]uint32
+	Port    uint16
+	Dsr     uint8
+	Pad     uint8
+	SvcId   uint32
+	Ifindex uint32
+}
+
+type ServicesLb6FlowKey struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   [2]uint8
+}
+
+type ServicesLb6InternalKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ip        [4]uint32
+}
+
 type ServicesLb6MemberKey struct {
 	_     structs.HostLayout
 	SvcId uint32
@@ -111,6 +138,13 @@ type ServicesLb6RevnatKey struct {
 	Be    ServicesLb6Addr
 	Proto uint8
 	Pad   [3]uint8
+}
+
+type ServicesLb6SrcKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	SvcId     uint32
+	Ip        [4]uint32
 }
 
 type ServicesLb6Stat uint32
@@ -135,6 +169,28 @@ type ServicesLb6SvcKey struct {
 	Proto uint8
 	Scope uint8
 }
+
+type ServicesLb6UplinkAffKey struct {
+	_      structs.HostLayout
+	Client [4]uint32
+	SvcId  uint32
+}
+
+type ServicesLb6UplinkStat uint32
+
+const (
+	ServicesLb6UplinkStatLB_STAT_UPLINK6TRANSLATED        ServicesLb6UplinkStat = 0
+	ServicesLb6UplinkStatLB_STAT_UPLINK6NEW_FLOW          ServicesLb6UplinkStat = 1
+	ServicesLb6UplinkStatLB_STAT_UPLINK6AFFINITY_HIT      ServicesLb6UplinkStat = 2
+	ServicesLb6UplinkStatLB_STAT_UPLINK6REFUSED           ServicesLb6UplinkStat = 3
+	ServicesLb6UplinkStatLB_STAT_UPLINK6NO_ENDPOINTS_DROP ServicesLb6UplinkStat = 4
+	ServicesLb6UplinkStatLB_STAT_UPLINK6SOURCE_RANGE_DROP ServicesLb6UplinkStat = 5
+	ServicesLb6UplinkStatLB_STAT_UPLINK6SPOOFED           ServicesLb6UplinkStat = 6
+	ServicesLb6UplinkStatLB_STAT_UPLINK6REVERSED          ServicesLb6UplinkStat = 7
+	ServicesLb6UplinkStatLB_STAT_UPLINK6NO_SLOT           ServicesLb6UplinkStat = 8
+	ServicesLb6UplinkStatLB_STAT_UPLINK6ERROR             ServicesLb6UplinkStat = 9
+	ServicesLb6UplinkStatLB_STAT_UPLINK6MAX               ServicesLb6UplinkStat = 10
+)
 
 type ServicesLbAddr struct {
 	_    structs.HostLayout
@@ -396,11 +452,16 @@ const (
 	ServicesMapOncHosts                 = "onc_hosts"
 	ServicesMapOncLb6Aff                = "onc_lb6_aff"
 	ServicesMapOncLb6Backend            = "onc_lb6_backend"
+	ServicesMapOncLb6Flows              = "onc_lb6_flows"
 	ServicesMapOncLb6Gone               = "onc_lb6_gone"
+	ServicesMapOncLb6Internal           = "onc_lb6_internal"
 	ServicesMapOncLb6Member             = "onc_lb6_member"
 	ServicesMapOncLb6Revnat             = "onc_lb6_revnat"
+	ServicesMapOncLb6SourceRanges       = "onc_lb6_source_ranges"
 	ServicesMapOncLb6Stats              = "onc_lb6_stats"
 	ServicesMapOncLb6Svc                = "onc_lb6_svc"
+	ServicesMapOncLb6UplinkAff          = "onc_lb6_uplink_aff"
+	ServicesMapOncLb6UplinkStats        = "onc_lb6_uplink_stats"
 	ServicesMapOncLbAff                 = "onc_lb_aff"
 	ServicesMapOncLbBackend             = "onc_lb_backend"
 	ServicesMapOncLbDestroyStats        = "onc_lb_destroy_stats"
@@ -513,46 +574,51 @@ type ServicesProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
-	OncCfg            *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress         *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEgress6        *ebpf.MapSpec `ebpf:"onc_egress6"`
-	OncEncap          *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncFilter         *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncFilter6        *ebpf.MapSpec `ebpf:"onc_filter6"`
-	OncFin            *ebpf.MapSpec `ebpf:"onc_fin"`
-	OncHooks          *ebpf.MapSpec `ebpf:"onc_hooks"`
-	OncHosts          *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLb6Aff         *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
-	OncLb6Backend     *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
-	OncLb6Gone        *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
-	OncLb6Member      *ebpf.MapSpec `ebpf:"onc_lb6_member"`
-	OncLb6Revnat      *ebpf.MapSpec `ebpf:"onc_lb6_revnat"`
-	OncLb6Stats       *ebpf.MapSpec `ebpf:"onc_lb6_stats"`
-	OncLb6Svc         *ebpf.MapSpec `ebpf:"onc_lb6_svc"`
-	OncLbAff          *ebpf.MapSpec `ebpf:"onc_lb_aff"`
-	OncLbBackend      *ebpf.MapSpec `ebpf:"onc_lb_backend"`
-	OncLbDestroyStats *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
-	OncLbDsrStats     *ebpf.MapSpec `ebpf:"onc_lb_dsr_stats"`
-	OncLbFlows        *ebpf.MapSpec `ebpf:"onc_lb_flows"`
-	OncLbGone         *ebpf.MapSpec `ebpf:"onc_lb_gone"`
-	OncLbInternal     *ebpf.MapSpec `ebpf:"onc_lb_internal"`
-	OncLbMember       *ebpf.MapSpec `ebpf:"onc_lb_member"`
-	OncLbNetns        *ebpf.MapSpec `ebpf:"onc_lb_netns"`
-	OncLbRevnat       *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
-	OncLbSourceRanges *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
-	OncLbStats        *ebpf.MapSpec `ebpf:"onc_lb_stats"`
-	OncLbSvc          *ebpf.MapSpec `ebpf:"onc_lb_svc"`
-	OncLbSvcStats     *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
-	OncLbUplinkStats  *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
-	OncLocal          *ebpf.MapSpec `ebpf:"onc_local"`
-	OncLocal6         *ebpf.MapSpec `ebpf:"onc_local6"`
-	OncOpen           *ebpf.MapSpec `ebpf:"onc_open"`
-	OncPeers          *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncPeers6         *ebpf.MapSpec `ebpf:"onc_peers6"`
-	OncSenders        *ebpf.MapSpec `ebpf:"onc_senders"`
-	OncSenders6       *ebpf.MapSpec `ebpf:"onc_senders6"`
-	OncStats          *ebpf.MapSpec `ebpf:"onc_stats"`
-	OncStats6         *ebpf.MapSpec `ebpf:"onc_stats6"`
+	OncCfg             *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress          *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEgress6         *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEncap           *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncFilter          *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFilter6         *ebpf.MapSpec `ebpf:"onc_filter6"`
+	OncFin             *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncHooks           *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts           *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLb6Aff          *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
+	OncLb6Backend      *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
+	OncLb6Flows        *ebpf.MapSpec `ebpf:"onc_lb6_flows"`
+	OncLb6Gone         *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
+	OncLb6Internal     *ebpf.MapSpec `ebpf:"onc_lb6_internal"`
+	OncLb6Member       *ebpf.MapSpec `ebpf:"onc_lb6_member"`
+	OncLb6Revnat       *ebpf.MapSpec `ebpf:"onc_lb6_revnat"`
+	OncLb6SourceRanges *ebpf.MapSpec `ebpf:"onc_lb6_source_ranges"`
+	OncLb6Stats        *ebpf.MapSpec `ebpf:"onc_lb6_stats"`
+	OncLb6Svc          *ebpf.MapSpec `ebpf:"onc_lb6_svc"`
+	OncLb6UplinkAff    *ebpf.MapSpec `ebpf:"onc_lb6_uplink_aff"`
+	OncLb6UplinkStats  *ebpf.MapSpec `ebpf:"onc_lb6_uplink_stats"`
+	OncLbAff           *ebpf.MapSpec `ebpf:"onc_lb_aff"`
+	OncLbBackend       *ebpf.MapSpec `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats  *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats      *ebpf.MapSpec `ebpf:"onc_lb_dsr_stats"`
+	OncLbFlows         *ebpf.MapSpec `ebpf:"onc_lb_flows"`
+	OncLbGone          *ebpf.MapSpec `ebpf:"onc_lb_gone"`
+	OncLbInternal      *ebpf.MapSpec `ebpf:"onc_lb_internal"`
+	OncLbMember        *ebpf.MapSpec `ebpf:"onc_lb_member"`
+	OncLbNetns         *ebpf.MapSpec `ebpf:"onc_lb_netns"`
+	OncLbRevnat        *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges  *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
+	OncLbStats         *ebpf.MapSpec `ebpf:"onc_lb_stats"`
+	OncLbSvc           *ebpf.MapSpec `ebpf:"onc_lb_svc"`
+	OncLbSvcStats      *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats   *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
+	OncLocal           *ebpf.MapSpec `ebpf:"onc_local"`
+	OncLocal6          *ebpf.MapSpec `ebpf:"onc_local6"`
+	OncOpen            *ebpf.MapSpec `ebpf:"onc_open"`
+	OncPeers           *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncPeers6          *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncSenders         *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncSenders6        *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncStats           *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncStats6          *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -591,46 +657,51 @@ func (o *ServicesObjects) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
-	OncCfg            *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress         *ebpf.Map `ebpf:"onc_egress"`
-	OncEgress6        *ebpf.Map `ebpf:"onc_egress6"`
-	OncEncap          *ebpf.Map `ebpf:"onc_encap"`
-	OncFilter         *ebpf.Map `ebpf:"onc_filter"`
-	OncFilter6        *ebpf.Map `ebpf:"onc_filter6"`
-	OncFin            *ebpf.Map `ebpf:"onc_fin"`
-	OncHooks          *ebpf.Map `ebpf:"onc_hooks"`
-	OncHosts          *ebpf.Map `ebpf:"onc_hosts"`
-	OncLb6Aff         *ebpf.Map `ebpf:"onc_lb6_aff"`
-	OncLb6Backend     *ebpf.Map `ebpf:"onc_lb6_backend"`
-	OncLb6Gone        *ebpf.Map `ebpf:"onc_lb6_gone"`
-	OncLb6Member      *ebpf.Map `ebpf:"onc_lb6_member"`
-	OncLb6Revnat      *ebpf.Map `ebpf:"onc_lb6_revnat"`
-	OncLb6Stats       *ebpf.Map `ebpf:"onc_lb6_stats"`
-	OncLb6Svc         *ebpf.Map `ebpf:"onc_lb6_svc"`
-	OncLbAff          *ebpf.Map `ebpf:"onc_lb_aff"`
-	OncLbBackend      *ebpf.Map `ebpf:"onc_lb_backend"`
-	OncLbDestroyStats *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
-	OncLbDsrStats     *ebpf.Map `ebpf:"onc_lb_dsr_stats"`
-	OncLbFlows        *ebpf.Map `ebpf:"onc_lb_flows"`
-	OncLbGone         *ebpf.Map `ebpf:"onc_lb_gone"`
-	OncLbInternal     *ebpf.Map `ebpf:"onc_lb_internal"`
-	OncLbMember       *ebpf.Map `ebpf:"onc_lb_member"`
-	OncLbNetns        *ebpf.Map `ebpf:"onc_lb_netns"`
-	OncLbRevnat       *ebpf.Map `ebpf:"onc_lb_revnat"`
-	OncLbSourceRanges *ebpf.Map `ebpf:"onc_lb_source_ranges"`
-	OncLbStats        *ebpf.Map `ebpf:"onc_lb_stats"`
-	OncLbSvc          *ebpf.Map `ebpf:"onc_lb_svc"`
-	OncLbSvcStats     *ebpf.Map `ebpf:"onc_lb_svc_stats"`
-	OncLbUplinkStats  *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
-	OncLocal          *ebpf.Map `ebpf:"onc_local"`
-	OncLocal6         *ebpf.Map `ebpf:"onc_local6"`
-	OncOpen           *ebpf.Map `ebpf:"onc_open"`
-	OncPeers          *ebpf.Map `ebpf:"onc_peers"`
-	OncPeers6         *ebpf.Map `ebpf:"onc_peers6"`
-	OncSenders        *ebpf.Map `ebpf:"onc_senders"`
-	OncSenders6       *ebpf.Map `ebpf:"onc_senders6"`
-	OncStats          *ebpf.Map `ebpf:"onc_stats"`
-	OncStats6         *ebpf.Map `ebpf:"onc_stats6"`
+	OncCfg             *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress          *ebpf.Map `ebpf:"onc_egress"`
+	OncEgress6         *ebpf.Map `ebpf:"onc_egress6"`
+	OncEncap           *ebpf.Map `ebpf:"onc_encap"`
+	OncFilter          *ebpf.Map `ebpf:"onc_filter"`
+	OncFilter6         *ebpf.Map `ebpf:"onc_filter6"`
+	OncFin             *ebpf.Map `ebpf:"onc_fin"`
+	OncHooks           *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts           *ebpf.Map `ebpf:"onc_hosts"`
+	OncLb6Aff          *ebpf.Map `ebpf:"onc_lb6_aff"`
+	OncLb6Backend      *ebpf.Map `ebpf:"onc_lb6_backend"`
+	OncLb6Flows        *ebpf.Map `ebpf:"onc_lb6_flows"`
+	OncLb6Gone         *ebpf.Map `ebpf:"onc_lb6_gone"`
+	OncLb6Internal     *ebpf.Map `ebpf:"onc_lb6_internal"`
+	OncLb6Member       *ebpf.Map `ebpf:"onc_lb6_member"`
+	OncLb6Revnat       *ebpf.Map `ebpf:"onc_lb6_revnat"`
+	OncLb6SourceRanges *ebpf.Map `ebpf:"onc_lb6_source_ranges"`
+	OncLb6Stats        *ebpf.Map `ebpf:"onc_lb6_stats"`
+	OncLb6Svc          *ebpf.Map `ebpf:"onc_lb6_svc"`
+	OncLb6UplinkAff    *ebpf.Map `ebpf:"onc_lb6_uplink_aff"`
+	OncLb6UplinkStats  *ebpf.Map `ebpf:"onc_lb6_uplink_stats"`
+	OncLbAff           *ebpf.Map `ebpf:"onc_lb_aff"`
+	OncLbBackend       *ebpf.Map `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats  *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats      *ebpf.Map `ebpf:"onc_lb_dsr_stats"`
+	OncLbFlows         *ebpf.Map `ebpf:"onc_lb_flows"`
+	OncLbGone          *ebpf.Map `ebpf:"onc_lb_gone"`
+	OncLbInternal      *ebpf.Map `ebpf:"onc_lb_internal"`
+	OncLbMember        *ebpf.Map `ebpf:"onc_lb_member"`
+	OncLbNetns         *ebpf.Map `ebpf:"onc_lb_netns"`
+	OncLbRevnat        *ebpf.Map `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges  *ebpf.Map `ebpf:"onc_lb_source_ranges"`
+	OncLbStats         *ebpf.Map `ebpf:"onc_lb_stats"`
+	OncLbSvc           *ebpf.Map `ebpf:"onc_lb_svc"`
+	OncLbSvcStats      *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats   *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
+	OncLocal           *ebpf.Map `ebpf:"onc_local"`
+	OncLocal6          *ebpf.Map `ebpf:"onc_local6"`
+	OncOpen            *ebpf.Map `ebpf:"onc_open"`
+	OncPeers           *ebpf.Map `ebpf:"onc_peers"`
+	OncPeers6          *ebpf.Map `ebpf:"onc_peers6"`
+	OncSenders         *ebpf.Map `ebpf:"onc_senders"`
+	OncSenders6        *ebpf.Map `ebpf:"onc_senders6"`
+	OncStats           *ebpf.Map `ebpf:"onc_stats"`
+	OncStats6          *ebpf.Map `ebpf:"onc_stats6"`
 }
 
 func (m *ServicesMaps) Close() error {
@@ -646,11 +717,16 @@ func (m *ServicesMaps) Close() error {
 		m.OncHosts,
 		m.OncLb6Aff,
 		m.OncLb6Backend,
+		m.OncLb6Flows,
 		m.OncLb6Gone,
+		m.OncLb6Internal,
 		m.OncLb6Member,
 		m.OncLb6Revnat,
+		m.OncLb6SourceRanges,
 		m.OncLb6Stats,
 		m.OncLb6Svc,
+		m.OncLb6UplinkAff,
+		m.OncLb6UplinkStats,
 		m.OncLbAff,
 		m.OncLbBackend,
 		m.OncLbDestroyStats,

@@ -365,34 +365,64 @@ type UplinkLB struct {
 	// reply).
 	SNATMark  uint32
 	LocalPods netip.Prefix // this node's pod CIDR
+	// LocalPods6 is this node's IPv6 pod CIDR, if it has one: the IPv6
+	// twin of LocalPods, for ip6tables' rules.
+	LocalPods6 netip.Prefix
 	// RejectMark: a packet to a service without backends; refused as
 	// kube-proxy's REJECT refuses it, TCP with a reset, UDP with an ICMP
 	// port unreachable.
 	RejectMark uint32
 }
 
-// EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
-// rules for lb, jumped to first from nat POSTROUTING, filter INPUT and
-// FORWARD (a refused frontend is a node address or one the node forwards).
-func EnsureUplinkLB(lb UplinkLB) error {
-	ipt, err := newIPv4()
-	if err != nil {
-		return err
-	}
-	var nat, reject [][]string
+// uplinkLBRules are the uplink load balancer's rules in one family: nat
+// POSTROUTING's masquerade, not to localPods (if valid), and filter's
+// refusals with unreachable (ICMP's or ICMPv6's port unreachable).
+func uplinkLBRules(lb UplinkLB, localPods netip.Prefix, unreachable string) (nat, reject [][]string) {
 	if lb.SNATMark != 0 {
 		m := fmt.Sprintf("0x%x/0x%x", lb.SNATMark, lb.SNATMark)
-		nat = [][]string{{"!", "-d", lb.LocalPods.String(), "-m", "mark", "--mark", m, "-m", "comment", "--comment",
-			"onc: service from outside, to another node", "-j", "MASQUERADE", "--random-fully"}}
+		var notLocal []string
+		if localPods.IsValid() {
+			notLocal = []string{"!", "-d", localPods.String()}
+		}
+		nat = [][]string{append(notLocal, "-m", "mark", "--mark", m, "-m", "comment", "--comment",
+			"onc: service from outside, to another node", "-j", "MASQUERADE", "--random-fully")}
 	}
 	if lb.RejectMark != 0 {
 		m := fmt.Sprintf("0x%x/0x%x", lb.RejectMark, lb.RejectMark)
 		comment := []string{"-m", "comment", "--comment", "onc: service without endpoints"}
 		reject = [][]string{
 			append(append([]string{"-p", "tcp", "-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "tcp-reset"),
-			append(append([]string{"-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", "icmp-port-unreachable"),
+			append(append([]string{"-m", "mark", "--mark", m}, comment...), "-j", "REJECT", "--reject-with", unreachable),
 		}
 	}
+	return nat, reject
+}
+
+// fillUplinkLB fills the uplink load balancer's chains of ipt.
+func fillUplinkLB(ipt *iptables.IPTables, nat, reject [][]string) error {
+	if err := fill(ipt, "nat", lbNATChain, "POSTROUTING", nat); err != nil {
+		return err
+	}
+	if err := fill(ipt, "filter", lbInputChain, "INPUT", reject); err != nil {
+		return err
+	}
+	return fill(ipt, "filter", lbForwardChain, "FORWARD", reject)
+}
+
+// EnsureUplinkLB makes ONC's uplink load balancer chains hold exactly the
+// rules for lb, jumped to first from nat POSTROUTING, filter INPUT and
+// FORWARD (a refused frontend is a node address or one the node forwards),
+// in iptables and, for IPv6 frontends, in ip6tables: there with
+// LocalPods6 for LocalPods, and ICMPv6's port unreachable. A node without
+// ip6tables gets the IPv4 rules alone, unless it has IPv6 pods
+// (LocalPods6), which need them. Without LocalPods (LocalPods6) every
+// marked packet of that family is masqueraded: the node has no pods of it.
+func EnsureUplinkLB(lb UplinkLB) error {
+	ipt, err := newIPv4()
+	if err != nil {
+		return err
+	}
+	nat, reject := uplinkLBRules(lb, lb.LocalPods, "icmp-port-unreachable")
 	// Agents of 6365723..087c936 kept the uplink's ESTABLISHED marks in a
 	// chain of their own, now ONC-MARK's: left, it would go on marking
 	// with the fast path switched off.
@@ -407,11 +437,34 @@ func EnsureUplinkLB(lb UplinkLB) error {
 			return fmt.Errorf("remove mangle ONC-LB-MARK: %w", err)
 		}
 	}
-	if err := fill(ipt, "nat", lbNATChain, "POSTROUTING", nat); err != nil {
+	if err := fillUplinkLB(ipt, nat, reject); err != nil {
 		return err
 	}
-	if err := fill(ipt, "filter", lbInputChain, "INPUT", reject); err != nil {
-		return err
+	return ensureUplinkLB6(lb)
+}
+
+// ensureUplinkLB6 fills ip6tables' uplink load balancer chains for lb,
+// where ip6tables is: a node without it, and without IPv6 pods, has no
+// IPv6 frontend that needs them. The zero lb empties the chains that
+// exist, and makes none.
+func ensureUplinkLB6(lb UplinkLB) error {
+	ipt6, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
+	if lb.SNATMark == 0 && lb.RejectMark == 0 {
+		if err == nil {
+			err = clearIfPresent(ipt6, [][2]string{{"nat", lbNATChain}, {"filter", lbInputChain}, {"filter", lbForwardChain}})
+		}
+		if err != nil && !errors.Is(err, exec.ErrNotFound) { // no ip6tables, no rules to empty
+			slog.Warn("cannot check ip6tables for the uplink load balancer's rules of an earlier run", "err", err)
+		}
+		return nil
 	}
-	return fill(ipt, "filter", lbForwardChain, "FORWARD", reject)
+	if errors.Is(err, exec.ErrNotFound) && !lb.LocalPods6.IsValid() {
+		slog.Debug("no ip6tables: the uplink load balancer's IPv6 rules are left out")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("ip6tables, which the uplink load balancer's IPv6 frontends need: %w", err)
+	}
+	nat, reject := uplinkLBRules(lb, lb.LocalPods6, "icmp6-port-unreachable")
+	return fillUplinkLB(ipt6, nat, reject)
 }

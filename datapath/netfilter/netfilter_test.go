@@ -155,3 +155,80 @@ func TestGuardFollowsTheUnderlayFamily(t *testing.T) {
 		}
 	})
 }
+
+// The uplink load balancer's rules have an ip6tables twin for IPv6
+// frontends: the masquerade of marked packets not to the node's IPv6 pods
+// (every marked packet without an IPv6 pod CIDR), and the refusals with a
+// TCP reset or an ICMPv6 port unreachable, in ONC's chains jumped to first.
+// Idempotent; the zero value empties the chains, and on a node that never
+// had them makes none.
+func TestEnsureUplinkLB6(t *testing.T) {
+	testutil.InNewNetns(t, "nflb6", func() {
+		ipt4, err := newIPv4()
+		testutil.Must(t, err)
+		ipt6, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
+		testutil.Must(t, err)
+		rules := func(ipt *iptables.IPTables, table, chain string) []string {
+			t.Helper()
+			r, err := ipt.List(table, chain)
+			testutil.Must(t, err)
+			return r
+		}
+		testutil.Must(t, EnsureUplinkLB(UplinkLB{}))
+		for table, chain := range map[string]string{"nat": lbNATChain, "filter": lbInputChain} {
+			if ok, err := ipt6.ChainExists(table, chain); err != nil || ok {
+				t.Fatalf("the replacement off made ip6tables %s %s (%v)", table, chain, err)
+			}
+		}
+		lb := UplinkLB{SNATMark: 0x80000, RejectMark: 0x100000, LocalPods: netip.MustParsePrefix("10.244.1.0/24"),
+			LocalPods6: netip.MustParsePrefix("fd00:10:244:1::/64")}
+		for range 2 {
+			testutil.Must(t, EnsureUplinkLB(lb))
+		}
+		for _, c := range []struct {
+			ipt          *iptables.IPTables
+			table, chain string
+			want         []string
+		}{
+			{ipt6, "nat", lbNATChain, []string{
+				`-A ONC-LB-POSTROUTING ! -d fd00:10:244:1::/64 -m mark --mark 0x80000/0x80000 -m comment --comment "onc: service from outside, to another node" -j MASQUERADE --random-fully`}},
+			{ipt6, "filter", lbInputChain, []string{
+				`-A ONC-LB-INPUT -p tcp -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with tcp-reset`,
+				`-A ONC-LB-INPUT -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with icmp6-port-unreachable`}},
+			{ipt6, "filter", lbForwardChain, []string{
+				`-A ONC-LB-FORWARD -p tcp -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with tcp-reset`,
+				`-A ONC-LB-FORWARD -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with icmp6-port-unreachable`}},
+			{ipt4, "nat", lbNATChain, []string{
+				`-A ONC-LB-POSTROUTING ! -d 10.244.1.0/24 -m mark --mark 0x80000/0x80000 -m comment --comment "onc: service from outside, to another node" -j MASQUERADE --random-fully`}},
+			{ipt4, "filter", lbForwardChain, []string{
+				`-A ONC-LB-FORWARD -p tcp -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with tcp-reset`,
+				`-A ONC-LB-FORWARD -m mark --mark 0x100000/0x100000 -m comment --comment "onc: service without endpoints" -j REJECT --reject-with icmp-port-unreachable`}},
+		} {
+			got := rules(c.ipt, c.table, c.chain)[1:] // less the chain itself
+			if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
+				t.Errorf("%v %s %s:\n%s\nwant\n%s", c.ipt.Proto(), c.table, c.chain, strings.Join(got, "\n"), strings.Join(c.want, "\n"))
+			}
+		}
+		for table, parent := range map[string]string{"nat": "POSTROUTING", "filter": "INPUT"} {
+			if r := rules(ipt6, table, parent); len(r) != 2 || !strings.Contains(r[1], "-j ONC-LB-") {
+				t.Errorf("ip6tables %s %s: %v, want one jump to ONC's chain first", table, parent, r)
+			}
+		}
+		if r := rules(ipt6, "filter", "FORWARD"); len(r) != 2 || !strings.Contains(r[1], "-j "+lbForwardChain) {
+			t.Errorf("ip6tables filter FORWARD: %v, want one jump to %s first", r, lbForwardChain)
+		}
+		// Without IPv6 pods of its own the node masquerades every marked
+		// IPv6 packet.
+		lb.LocalPods6 = netip.Prefix{}
+		testutil.Must(t, EnsureUplinkLB(lb))
+		if r := rules(ipt6, "nat", lbNATChain); len(r) != 2 || strings.Contains(r[1], "! -d") || !strings.Contains(r[1], "MASQUERADE") {
+			t.Errorf("ip6tables nat %s without IPv6 pods: %v", lbNATChain, r)
+		}
+		testutil.Must(t, EnsureUplinkLB(UplinkLB{}))
+		for _, c := range [][3]string{{"nat", lbNATChain}, {"filter", lbInputChain}, {"filter", lbForwardChain}} {
+			if r := rules(ipt6, c[0], c[1]); len(r) != 1 {
+				t.Errorf("ip6tables %s %s after the replacement went off: %v", c[0], c[1], r)
+			}
+		}
+	})
+}

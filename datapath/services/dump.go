@@ -81,7 +81,22 @@ func (lb *LB) Affinities() ([]Affinity, error) {
 	err6 := each(lb.maps.OncLb6Aff, func(k bpf.ServicesLbAffKey, v bpf.ServicesLb6Aff) {
 		keep(affinityAt(k, backendAddr6(v.Be), v.LastNs, now, byID, owned))
 	})
-	return out, errors.Join(err4, err6)
+	errUp6 := each(lb.maps.OncLb6UplinkAff, func(k bpf.ServicesLb6UplinkAffKey, v bpf.ServicesLb6Aff) {
+		keep(uplinkAffinity6(k, v, now, byID))
+	})
+	return out, errors.Join(err4, err6, errUp6)
+}
+
+// uplinkAffinity6 is an entry of onc_lb6_uplink_aff, the uplink's ClientIP
+// affinity in IPv6, keyed by the client's address, as decodeAffinity
+// reads the others.
+func uplinkAffinity6(k bpf.ServicesLb6UplinkAffKey, v bpf.ServicesLb6Aff, now uint64, byID map[uint32]affinityService) (Affinity, bool) {
+	a, live := affinityAt(bpf.ServicesLbAffKey{SvcId: k.SvcId}, backendAddr6(v.Be), v.LastNs, now, byID, nil)
+	if !live || a.Service.Scope != Uplink {
+		return Affinity{}, false
+	}
+	a.Pod = bpf.IPv6(k.Client)
+	return a, true
 }
 
 // affinityService is what an affinity entry's service id names.
@@ -119,11 +134,11 @@ func affinityAt(k bpf.ServicesLbAffKey, be netip.AddrPort, last, now uint64, byI
 
 // Stats sums the programs' counters over the CPUs: the cgroup programs'
 // (the IPv4 hooks', then the IPv6 hooks', named with a 6), the UDP socket
-// iterator's, then the uplink programs' (named uplink_*) and their direct
-// server return's (dsr_*).
+// iterator's, then the uplink programs' (named uplink_*; in IPv6
+// uplink6_*) and their direct server return's (dsr_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
 	var all []bpf.Counter
-	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.dsr} {
+	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.uplink6, lb.dsr} {
 		st, err := c.Read()
 		if err != nil {
 			return nil, err

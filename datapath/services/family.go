@@ -46,15 +46,13 @@ func (lb *LB) familyOf(a netip.Addr) family {
 }
 
 // checkFamilies reports what no map of either family can hold: a frontend
-// and backends of different families, an IPv4-mapped IPv6 address (the
-// programs key such a socket's calls by the IPv4 address), and an IPv6
-// frontend of the uplink scope, which translates IPv4 only.
+// and backends of different families, and an IPv4-mapped IPv6 address (the
+// programs key such a socket's calls by the IPv4 address). Either family
+// serves either scope; an IPv6 entry of the uplink scope with DSR is
+// served as without (include/services_uplink6.h).
 func checkFamilies(s Service) error {
-	if s.VIP.Is4In6() || !s.VIP.IsValid() {
+	if s.VIP.Is4In6() || !s.VIP.IsValid() || s.VIP.Zone() != "" {
 		return fmt.Errorf("frontend %s: want an IPv4 or IPv6 address", s.VIP)
-	}
-	if s.Scope == Uplink && !s.VIP.Is4() {
-		return fmt.Errorf("frontend %s: the uplink translates IPv4 only", s.VIP)
 	}
 	for _, b := range s.Backends {
 		if b.Addr.Addr().Is4() != s.VIP.Is4() || b.Addr.Addr().Is4In6() {

@@ -11,21 +11,22 @@ import (
 	"github.com/onc-net/onc/datapath/bpf"
 )
 
-// The IPv6 maps the programs write, reverse translation and affinity, are
-// preallocated LRU hashes: at their full size (include/services.h) they
-// take about 38 MB of kernel memory whether any IPv6 socket uses them or
-// not. A node whose cluster has no IPv6 pods (Options.IPv6 false) loads
-// them at lru6Small entries. (The agent's IPv6 tables, hashes that
+// The IPv6 maps the programs write, the sockets' reverse translation and
+// affinity and the uplink's flows and affinity, are preallocated LRU
+// hashes: at their full size (include/services.h, services_uplink6.h) they
+// take about 64 MB of kernel memory whether any IPv6 socket or client uses
+// them or not. A node whose cluster has no IPv6 pods (Options.IPv6 false)
+// loads them at lru6Small entries. (The agent's IPv6 tables, hashes that
 // allocate entries as they fill, keep their size: an empty one still
 // holds its bucket array.)
-var lru6Maps = []string{bpf.ServicesMapOncLb6Revnat, bpf.ServicesMapOncLb6Aff}
+var lru6Maps = []string{bpf.ServicesMapOncLb6Revnat, bpf.ServicesMapOncLb6Aff, bpf.ServicesMapOncLb6Flows, bpf.ServicesMapOncLb6UplinkAff}
 
 // lru6Small is those maps' size on a node without IPv6 pods. There they
 // hold nothing: an IPv6 Service has endpoints only in IPv6 EndpointSlices,
 // which list IPv6 pods. The exception is IPv6 endpoints that are no pod's
 // (a selectorless Service's, hostNetwork pods' on IPv6 node addresses) in
-// a cluster whose pods are IPv4: the host's sockets still reach them,
-// through these maps (Sync warns). The kernel takes any size from 1 for a
+// a cluster whose pods are IPv4: the host's sockets and clients outside
+// still reach them, through these maps (Sync warns). The kernel takes any size from 1 for a
 // common LRU hash (it rounds up only a BPF_F_NO_COMMON_LRU one, to a
 // multiple of the possible CPUs), but a common LRU moves free entries to a
 // CPU, and evicts when none is free, in batches of up to 128

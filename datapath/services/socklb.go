@@ -21,13 +21,14 @@ type Options struct {
 	// socket created in it or below is balanced. See bpf.ResolveCgroup.
 	Cgroup string
 	// FlowCache is the fast path's: with it, the uplink programs send an
-	// established flow past the stack, to a backend on this node or over
-	// the overlay to another's. Nil: always through the stack.
+	// established IPv4 flow past the stack, to a backend on this node or
+	// over the overlay to another's. Nil: always through the stack (IPv6
+	// flows always are).
 	FlowCache *bpf.FlowCache
 	// IPv6 says the node's cluster has IPv6 pods, so IPv6 Services have
 	// endpoints: the IPv6 programs' LRU maps (reverse translation,
-	// affinity) get their full size. Without it they get a token one,
-	// which saves about 38 MB of kernel memory (see lru6Small); a pinned
+	// affinity, the uplink's flows) get their full size. Without it they get a token one,
+	// which saves about 64 MB of kernel memory (see lru6Small); a pinned
 	// map of the other size is replaced.
 	IPv6 bool
 }
@@ -40,7 +41,8 @@ type LB struct {
 	progs     []hook
 	counters  *bpf.Counters // the IPv4 hooks'
 	counters6 *bpf.Counters // the IPv6 hooks'
-	uplink    *bpf.Counters // the uplink programs'
+	uplink    *bpf.Counters // the uplink programs' (IPv4)
+	uplink6   *bpf.Counters // their IPv6 functions'
 	dsr       *bpf.Counters // their direct server return's
 
 	mu       sync.Mutex // serialises Sync and the netns writes
@@ -97,6 +99,9 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		lb.uplink, err = bpf.NewCounters(lb.maps.OncLbUplinkStats, spec.Maps[bpf.ServicesMapOncLbUplinkStats])
+	}
+	if err == nil {
+		lb.uplink6, err = bpf.NewCounters(lb.maps.OncLb6UplinkStats, spec.Maps[bpf.ServicesMapOncLb6UplinkStats])
 	}
 	if err == nil {
 		lb.dsr, err = bpf.NewCounters(lb.maps.OncLbDsrStats, spec.Maps[bpf.ServicesMapOncLbDsrStats])

@@ -248,7 +248,7 @@ func TestConnectedUDP6SocketEndsWhenItsBackendLeaves(t *testing.T) {
 
 // Sync writes an IPv6 Service into the IPv6 maps only, repairs them when
 // they drift, and leaves nothing there when it goes; what no map can hold
-// is refused.
+// (backends or source ranges of the other family) is refused.
 func TestIPv6MapsSyncRepairRemove(t *testing.T) {
 	lb, b := ownedBed(t)
 	s := serviceAt(vip6, svcPort, TCP, backends6...)
@@ -276,9 +276,9 @@ func TestIPv6MapsSyncRepairRemove(t *testing.T) {
 	})
 
 	mixed := serviceAt(vip6, svcPort, TCP, backends[0])
-	uplink := serviceAt(vip6, svcPort, TCP, backends6[0])
-	uplink.Scope = Uplink
-	for _, bad := range []Service{mixed, uplink} {
+	ranges := serviceAt(vip6, svcPort, TCP, backends6[0])
+	ranges.Scope, ranges.SourceRanges = Uplink, []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
+	for _, bad := range []Service{mixed, ranges} {
 		if err := lb.Sync([]Service{bad}, false); err == nil {
 			t.Errorf("Sync of %+v: no error", bad)
 		}

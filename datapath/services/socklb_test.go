@@ -794,7 +794,7 @@ func TestRemoveAndRepair(t *testing.T) {
 	testutil.Must(t, lb.Sync([]Service{s, lbIP}, false))
 	members, ranges := bpftest.Entries(t, lb.maps.OncLbMember), bpftest.Entries(t, lb.maps.OncLbSourceRanges)
 	testutil.Must(t, lb.maps.OncLbMember.Delete(memberKey{SvcId: lb.services[s.Key()].id, Be: addrOfBackend(s.Backends[0].Addr)}))
-	testutil.Must(t, lb.maps.OncLbSourceRanges.Delete(rangeKey(lb.services[lbIP.Key()].id, lbIP.SourceRanges[1])))
+	testutil.Must(t, lb.maps.OncLbSourceRanges.Delete(srcRange{lb.services[lbIP.Key()].id, lbIP.SourceRanges[1]}.mapKey()))
 	testutil.Must(t, lb.Sync([]Service{s, lbIP}, true))
 	if m, r := bpftest.Entries(t, lb.maps.OncLbMember), bpftest.Entries(t, lb.maps.OncLbSourceRanges); m != members || r != ranges {
 		t.Fatalf("after the repair %d members and %d source ranges, want %d and %d", m, r, members, ranges)

@@ -43,7 +43,7 @@ type programmed struct {
 	// removal deletes exactly those beyond the new set.
 	banks   [2]uint16
 	members map[netip.AddrPort]bool // affinity membership entries written
-	ranges  map[srcKey]bool         // source range entries written
+	ranges  map[netip.Prefix]bool   // source range entries written (masked)
 	adopted bool                    // found pinned at start, or drifted: rewritten on the next Sync
 	flipped time.Time               // when the live bank last changed
 }
@@ -63,9 +63,7 @@ func (lb *LB) adopt() error {
 		if err != nil {
 			return err
 		}
-		if !f.is6 { // source ranges are the uplink's, IPv4
-			errs = append(errs, lb.adoptRanges(byID))
-		}
+		errs = append(errs, lb.adoptRanges(f, byID))
 	}
 	return errors.Join(errs...)
 }
@@ -75,7 +73,7 @@ func (lb *LB) adopt() error {
 func (lb *LB) adoptFamily(f family) (map[uint32]*programmed, error) {
 	byID := map[uint32]*programmed{}
 	if err := f.eachService(func(k Key, v svcVal) {
-		p := &programmed{id: v.Id, bank: v.Bank, members: map[netip.AddrPort]bool{}, ranges: map[srcKey]bool{}, adopted: true}
+		p := &programmed{id: v.Id, bank: v.Bank, members: map[netip.AddrPort]bool{}, ranges: map[netip.Prefix]bool{}, adopted: true}
 		lb.services[k] = p
 		byID[v.Id] = p
 		lb.ids.used(v.Id)
@@ -161,7 +159,7 @@ func (lb *LB) warnSmall6(s Service) {
 		return
 	}
 	lb.warned6 = true
-	slog.Warn("an IPv6 Service has endpoints, but the node's cluster has no IPv6 pods: its sockets' reverse translation and affinity get small maps, and once they fill getpeername() and UDP replies may show a backend's address",
+	slog.Warn("an IPv6 Service has endpoints, but the node's cluster has no IPv6 pods: its sockets' reverse translation and affinity, and the uplink's IPv6 flows and affinity, get small maps; once they fill, getpeername() and UDP replies may show a backend's address, and flows from outside may lose their backend",
 		"service", s.Name, "entries", lru6Small)
 }
 
@@ -171,16 +169,9 @@ func (lb *LB) warnSmall6(s Service) {
 // member or range that vanished is forgotten as written, so the rewrite
 // puts it back.
 func (lb *LB) markDrifted() {
-	// Read whole: a lookup in the trie matches the longest prefix, and
-	// would find a service's wider range for a narrower one gone.
-	ranges := map[srcKey]bool{}
-	var rk srcKey
+	ranges, err := lb.readRanges()
+	rangesRead := err == nil
 	var one uint8
-	it := lb.maps.OncLbSourceRanges.Iterate()
-	for it.Next(&rk, &one) {
-		ranges[rk] = true
-	}
-	rangesRead := it.Err() == nil
 	for k, p := range lb.services {
 		if p.adopted {
 			continue
@@ -205,7 +196,7 @@ func (lb *LB) markDrifted() {
 			}
 		}
 		for r := range p.ranges {
-			if !rangesRead || !ranges[r] {
+			if !rangesRead || !ranges[srcRange{p.id, r}] {
 				delete(p.ranges, r)
 				p.adopted = true
 			}
@@ -263,7 +254,7 @@ func (lb *LB) write(k Key, p *programmed, s Service) error {
 			lb.ids.release(id)
 			return err
 		}
-		p = &programmed{id: id, bank: 1, members: map[netip.AddrPort]bool{}, ranges: map[srcKey]bool{}}
+		p = &programmed{id: id, bank: 1, members: map[netip.AddrPort]bool{}, ranges: map[netip.Prefix]bool{}}
 		lb.services[k] = p
 	}
 	idle := p.bank ^ 1

@@ -32,8 +32,10 @@ const MasqueradePorts = "32768-60999"
 const flagSourceRanges = 2 // LB_SVC_SOURCE_RANGES
 
 type (
-	srcKey      = bpf.ServicesLbSrcKey
-	internalKey = bpf.ServicesLbInternalKey
+	srcKey       = bpf.ServicesLbSrcKey
+	src6Key      = bpf.ServicesLb6SrcKey
+	internalKey  = bpf.ServicesLbInternalKey
+	internal6Key = bpf.ServicesLb6InternalKey
 )
 
 // uplinkHook is one uplink program and the tcx hook it serves.
@@ -174,25 +176,40 @@ func clearHooks(pinDir string) error {
 }
 
 // SetInternal makes the uplink programs drop, as spoofed, packets to a
-// service whose source is in one of prefixes: the cluster's pod CIDR and
-// this node's addresses, which nobody outside may speak for.
+// service whose source is in one of prefixes: the cluster's pod CIDRs and
+// this node's addresses, which nobody outside may speak for. Prefixes of
+// either family: each goes into its family's map (onc_lb_internal,
+// onc_lb6_internal), and what either map holds beyond them goes.
 func (lb *LB) SetInternal(prefixes []netip.Prefix) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	want := map[internalKey]bool{}
+	want4 := map[internalKey]bool{}
+	want6 := map[internal6Key]bool{}
 	for _, p := range prefixes {
-		if !p.Addr().Is4() {
-			return fmt.Errorf("internal prefix %s: not IPv4", p)
+		if !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return fmt.Errorf("internal prefix %s: want an IPv4 or IPv6 prefix", p)
 		}
 		p = p.Masked()
-		want[internalKey{Prefixlen: uint32(p.Bits()), Ip: bpf.NetIPv4(p.Addr())}] = true
-	}
-	for k := range want {
-		if err := lb.maps.OncLbInternal.Put(k, uint8(1)); err != nil {
-			return fmt.Errorf("internal prefix %s: %w", internalPrefix(k), err)
+		if p.Addr().Is4() {
+			want4[internalKey{Prefixlen: uint32(p.Bits()), Ip: bpf.NetIPv4(p.Addr())}] = true
+		} else {
+			want6[internal6Key{Prefixlen: uint32(p.Bits()), Ip: bpf.NetIPv6(p.Addr())}] = true
 		}
 	}
-	_, err := bpf.DeleteIf(lb.maps.OncLbInternal, func(k internalKey, _ uint8) bool { return !want[k] })
+	if err := setAll(lb.maps.OncLbInternal, want4, internalPrefix); err != nil {
+		return err
+	}
+	return setAll(lb.maps.OncLb6Internal, want6, internal6Prefix)
+}
+
+// setAll makes m, an internal prefix map, hold exactly want.
+func setAll[K comparable](m *ebpf.Map, want map[K]bool, prefix func(K) netip.Prefix) error {
+	for k := range want {
+		if err := m.Put(k, uint8(1)); err != nil {
+			return fmt.Errorf("internal prefix %s: %w", prefix(k), err)
+		}
+	}
+	_, err := bpf.DeleteIf(m, func(k K, _ uint8) bool { return !want[k] })
 	return err
 }
 
@@ -200,26 +217,59 @@ func internalPrefix(k internalKey) netip.Prefix {
 	return netip.PrefixFrom(bpf.IPv4(k.Ip), int(k.Prefixlen))
 }
 
-func rangeKey(id uint32, p netip.Prefix) srcKey {
-	p = p.Masked()
-	return srcKey{Prefixlen: 32 + uint32(p.Bits()), SvcId: id, Ip: bpf.NetIPv4(p.Addr())}
+func internal6Prefix(k internal6Key) netip.Prefix {
+	return netip.PrefixFrom(bpf.IPv6(k.Ip), int(k.Prefixlen))
+}
+
+// srcRange is a service's source range as the maps hold it: the service's
+// id and the prefix, masked.
+type srcRange struct {
+	id     uint32
+	prefix netip.Prefix
+}
+
+// mapKey is r as its family's source range map keys it.
+func (r srcRange) mapKey() any {
+	bits := uint32(r.prefix.Bits())
+	if r.prefix.Addr().Is4() {
+		return srcKey{Prefixlen: 32 + bits, SvcId: r.id, Ip: bpf.NetIPv4(r.prefix.Addr())}
+	}
+	return src6Key{Prefixlen: 32 + bits, SvcId: r.id, Ip: bpf.NetIPv6(r.prefix.Addr())}
+}
+
+func rangeOf(k srcKey) srcRange {
+	return srcRange{k.SvcId, netip.PrefixFrom(bpf.IPv4(k.Ip), int(k.Prefixlen)-32)}
+}
+
+func rangeOf6(k src6Key) srcRange {
+	return srcRange{k.SvcId, netip.PrefixFrom(bpf.IPv6(k.Ip), int(k.Prefixlen)-32)}
+}
+
+// rangeMap is the source range map of a's family.
+func (lb *LB) rangeMap(a netip.Addr) *ebpf.Map {
+	if a.Is4() {
+		return lb.maps.OncLbSourceRanges
+	}
+	return lb.maps.OncLb6SourceRanges
 }
 
 // addRanges writes the source ranges of s that p lacks; before the service
-// entry flips, so a client in a new range is never refused.
+// entry flips, so a client in a new range is never refused. Each range is
+// of the frontend's family: the programs look a client up in its own
+// family's map.
 func (lb *LB) addRanges(p *programmed, s Service) error {
 	for _, r := range s.SourceRanges {
-		if !r.Addr().Is4() {
-			return fmt.Errorf("source range %s: not IPv4", r)
+		if !r.IsValid() || r.Addr().Is4() != s.VIP.Is4() || r.Addr().Is4In6() || r.Addr().Zone() != "" {
+			return fmt.Errorf("source range %s: not of the frontend's family", r)
 		}
-		k := rangeKey(p.id, r)
-		if p.ranges[k] {
+		r = r.Masked()
+		if p.ranges[r] {
 			continue
 		}
-		if err := lb.maps.OncLbSourceRanges.Put(k, uint8(1)); err != nil {
+		if err := lb.rangeMap(r.Addr()).Put(srcRange{p.id, r}.mapKey(), uint8(1)); err != nil {
 			return fmt.Errorf("source range %s: %w", r, err)
 		}
-		p.ranges[k] = true
+		p.ranges[r] = true
 	}
 	return nil
 }
@@ -227,51 +277,74 @@ func (lb *LB) addRanges(p *programmed, s Service) error {
 // pruneRanges deletes the source ranges p has beyond s's; after the flip,
 // so a service dropping its ranges never refuses a client meanwhile.
 func (lb *LB) pruneRanges(p *programmed, s Service) error {
-	keep := map[srcKey]bool{}
+	keep := map[netip.Prefix]bool{}
 	for _, r := range s.SourceRanges {
-		keep[rangeKey(p.id, r)] = true
+		keep[r.Masked()] = true
 	}
-	for k := range p.ranges {
-		if keep[k] {
+	for r := range p.ranges {
+		if keep[r] {
 			continue
 		}
-		if err := lb.maps.OncLbSourceRanges.Delete(k); err != nil && !isNotExist(err) {
-			return fmt.Errorf("source range %s: %w", netip.PrefixFrom(bpf.IPv4(k.Ip), int(k.Prefixlen)-32), err)
+		if err := lb.rangeMap(r.Addr()).Delete(srcRange{p.id, r}.mapKey()); err != nil && !isNotExist(err) {
+			return fmt.Errorf("source range %s: %w", r, err)
 		}
-		delete(p.ranges, k)
+		delete(p.ranges, r)
 	}
 	return nil
 }
 
-// adoptRanges gives the services adopted from an earlier agent their
-// source ranges and deletes those of services gone.
-func (lb *LB) adoptRanges(byID map[uint32]*programmed) error {
-	_, err := bpf.DeleteIf(lb.maps.OncLbSourceRanges, func(k srcKey, _ uint8) bool {
-		p := byID[k.SvcId]
+// adoptRanges gives the services of f adopted from an earlier agent (byID)
+// their source ranges, from f's map, and deletes those of services gone.
+func (lb *LB) adoptRanges(f family, byID map[uint32]*programmed) error {
+	keep := func(r srcRange) bool {
+		p := byID[r.id]
 		if p != nil {
-			p.ranges[k] = true
+			p.ranges[r.prefix] = true
 		}
-		return p == nil
-	})
+		return p != nil
+	}
+	var err error
+	if f.is6 {
+		_, err = bpf.DeleteIf(lb.maps.OncLb6SourceRanges, func(k src6Key, _ uint8) bool { return !keep(rangeOf6(k)) })
+	} else {
+		_, err = bpf.DeleteIf(lb.maps.OncLbSourceRanges, func(k srcKey, _ uint8) bool { return !keep(rangeOf(k)) })
+	}
 	if err != nil {
 		return fmt.Errorf("read source range map: %w", err)
 	}
 	return nil
 }
 
+// readRanges reads both families' source range maps whole (a lookup in a
+// trie matches the longest prefix, and would find a service's wider range
+// for a narrower one gone).
+func (lb *LB) readRanges() (map[srcRange]bool, error) {
+	ranges := map[srcRange]bool{}
+	err4 := each(lb.maps.OncLbSourceRanges, func(k srcKey, _ uint8) { ranges[rangeOf(k)] = true })
+	err6 := each(lb.maps.OncLb6SourceRanges, func(k src6Key, _ uint8) { ranges[rangeOf6(k)] = true })
+	return ranges, errors.Join(err4, err6)
+}
+
 // forgetUplinkFlows deletes the uplink's UDP flows to backends that left
-// their service, both ways, so that the client's next datagram picks a
-// backend still there, as kube-proxy deletes such conntrack entries. TCP
-// flows keep their backend, as under kube-proxy: a terminating pod may
-// still finish them.
+// their service, both ways and in both families, so that the client's next
+// datagram picks a backend still there, as kube-proxy deletes such
+// conntrack entries. TCP flows keep their backend, as under kube-proxy: a
+// terminating pod may still finish them.
 func (lb *LB) forgetUplinkFlows(gone map[departure]bool) error {
 	const in = 0 // enum lb_flow_dir: IN names the backend, OUT is keyed by it
-	_, err := bpf.DeleteIf(lb.maps.OncLbFlows, func(k bpf.ServicesLbFlowKey, v bpf.ServicesLbFlow) bool {
+	_, err4 := bpf.DeleteIf(lb.maps.OncLbFlows, func(k bpf.ServicesLbFlowKey, v bpf.ServicesLbFlow) bool {
 		be := lbAddr{Ip: v.Ip, Port: v.Port}
 		if k.Dir != in {
 			be = lbAddr{Ip: k.Saddr, Port: k.Sport}
 		}
 		return k.Proto == uint8(UDP) && gone[departure{v.SvcId, backendAddr(be)}]
 	})
-	return err
+	_, err6 := bpf.DeleteIf(lb.maps.OncLb6Flows, func(k bpf.ServicesLb6FlowKey, v bpf.ServicesLb6Flow) bool {
+		be := lb6Addr{Ip: v.Ip, Port: v.Port}
+		if k.Dir != in {
+			be = lb6Addr{Ip: k.Saddr, Port: k.Sport}
+		}
+		return k.Proto == uint8(UDP) && gone[departure{v.SvcId, backendAddr6(be)}]
+	})
+	return errors.Join(err4, err6)
 }

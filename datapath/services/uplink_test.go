@@ -228,6 +228,15 @@ func parseAnswer(reply string, from net.Addr) answer {
 	return answer{Backend: be, SeenAs: seenAddr, From: from.String()}
 }
 
+// network is "tcp4" or "udp4" (proto "tcp", "udp") for an IPv4 dst, else
+// "tcp6" or "udp6".
+func network(proto string, dst netip.AddrPort) string {
+	if dst.Addr().Is4() {
+		return proto + "4"
+	}
+	return proto + "6"
+}
+
 // tcp connects from the client namespace (from src, if valid) to dst and
 // reads the backend's answer; a successful handshake with dst shows the
 // node's replies came from dst.
@@ -238,7 +247,7 @@ func (b *uplinkBed) tcp(src netip.Addr, dst netip.AddrPort) (a answer) {
 		if src.IsValid() {
 			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
 		}
-		c, err := d.Dial("tcp4", dst.String())
+		c, err := d.Dial(network("tcp", dst), dst.String())
 		if err != nil {
 			a.Err = err
 			return nil
@@ -265,7 +274,7 @@ func (b *uplinkBed) udp(connected bool, dst netip.AddrPort) (a answer) {
 	in(b.t, b.client, func() error {
 		buf := make([]byte, 128)
 		if connected {
-			c, err := net.Dial("udp4", dst.String())
+			c, err := net.Dial(network("udp", dst), dst.String())
 			if err != nil {
 				a.Err = err
 				return nil
@@ -284,7 +293,7 @@ func (b *uplinkBed) udp(connected bool, dst netip.AddrPort) (a answer) {
 			a = parseAnswer(string(buf[:n]), c.RemoteAddr())
 			return nil
 		}
-		c, err := net.ListenPacket("udp4", ":0")
+		c, err := net.ListenPacket(network("udp", dst), ":0")
 		if err != nil {
 			return err
 		}

@@ -117,16 +117,91 @@ func RunFrom(t *testing.T, p *ebpf.Program, pkt []byte, ifindex int) (uint32, []
 	})
 }
 
+// RunMarked is Run that also returns the skb's mark as p left it.
+func RunMarked(t *testing.T, p *ebpf.Program, pkt []byte, skbMark uint32) (ret uint32, out []byte, mark uint32) {
+	t.Helper()
+	ctxOut := make([]byte, skbLen)
+	ret, out = runCtx(t, p, pkt, func(ctx []byte) { binary.LittleEndian.PutUint32(ctx[8:], skbMark) }, ctxOut)
+	return ret, out, binary.LittleEndian.Uint32(ctxOut[8:])
+}
+
+// skbLen is the size of struct __sk_buff.
+const skbLen = 4 * 48
+
 // run runs p on pkt with the struct __sk_buff that set writes.
 func run(t *testing.T, p *ebpf.Program, pkt []byte, set func(ctx []byte)) (uint32, []byte) {
 	t.Helper()
+	return runCtx(t, p, pkt, set, nil)
+}
+
+// runCtx is run that reads the struct __sk_buff p left into ctxOut, if
+// not nil.
+func runCtx(t *testing.T, p *ebpf.Program, pkt []byte, set func(ctx []byte), ctxOut []byte) (uint32, []byte) {
+	t.Helper()
 	out := make([]byte, len(pkt)+256)
-	ctx := make([]byte, 4*48) // struct __sk_buff
+	ctx := make([]byte, skbLen)
 	set(ctx)
-	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx}
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out, Context: ctx, ContextOut: ctxOut}
 	ret, err := p.Run(opts)
 	if err != nil {
 		t.Fatalf("BPF_PROG_RUN: %v", err)
 	}
 	return ret, opts.DataOut
+}
+
+// SetL4Checksum6 writes the TCP or UDP checksum of an Ethernet/IPv6 frame
+// whose L4 header follows the IPv6 header (Frame's), over the IPv6
+// pseudo-header; a UDP checksum that comes out 0 is written 0xffff.
+func SetL4Checksum6(b []byte) {
+	off := l4ChecksumOffset6(b)
+	b[off], b[off+1] = 0, 0
+	c := ^fold(sum6(b))
+	if c == 0 && b[20] == unix.IPPROTO_UDP {
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(b[off:], c)
+}
+
+// L4Checksum6OK says whether the TCP or UDP checksum of such a frame is
+// right over the IPv6 pseudo-header (and, for UDP, not 0: none, which
+// IPv6 forbids).
+func L4Checksum6OK(b []byte) bool {
+	if binary.BigEndian.Uint16(b[l4ChecksumOffset6(b):]) == 0 {
+		return false
+	}
+	return fold(sum6(b)) == 0xffff
+}
+
+func l4ChecksumOffset6(b []byte) int {
+	if b[20] == unix.IPPROTO_TCP {
+		return 54 + 16
+	}
+	return 54 + 6
+}
+
+// sum6 is the one's complement sum, unfolded, of the pseudo-header (the
+// addresses, the L4 length, the protocol) and the L4 segment of an
+// Ethernet/IPv6 frame, the L4 length taken from the IPv6 header.
+func sum6(b []byte) uint32 {
+	l4len := int(binary.BigEndian.Uint16(b[18:]))
+	var s uint32
+	add := func(p []byte) {
+		for i := 0; i+1 < len(p); i += 2 {
+			s += uint32(binary.BigEndian.Uint16(p[i:]))
+		}
+		if len(p)%2 == 1 {
+			s += uint32(p[len(p)-1]) << 8
+		}
+	}
+	add(b[22:54]) // source and destination
+	s += uint32(l4len) + uint32(b[20])
+	add(b[54 : 54+l4len])
+	return s
+}
+
+func fold(s uint32) uint16 {
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return uint16(s)
 }

@@ -198,8 +198,8 @@ static __always_inline void lb_count_svc(__u32 id, int refused)
 
 /*
  * IPv6: the same tables keyed by IPv6 addresses, in maps of their own, so
- * that the IPv4 ones keep their layout and an upgrade adopts them. Socket
- * scope only: the uplink translates IPv4 so far.
+ * that the IPv4 ones keep their layout and an upgrade adopts them. Both
+ * scopes: the uplink's IPv6 maps of its own are services_uplink6.h's.
  */
 
 /* An IPv6 address and port. The translation below holds an address of
@@ -214,7 +214,7 @@ struct lb6_svc_key {
 	__be32 vip[4];
 	__be16 port;
 	__u8 proto;
-	__u8 scope; /* enum lb_scope: LB_SCOPE_SOCKET */
+	__u8 scope; /* enum lb_scope */
 };
 
 struct lb6_member_key {

@@ -1,0 +1,419 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Services from outside the cluster on the uplink, in IPv6: a packet to
+ * an IPv6 NodePort, externalIP or load balancer IP (an LB_SCOPE_UPLINK
+ * entry of onc_lb6_svc) gets a backend's address and port before the
+ * stack sees it, and replies leaving by the uplink get the frontend's
+ * back, as services_uplink.h does for IPv4: the same checks (spoofed
+ * sources, loadBalancerSourceRanges), the same flows (one backend per
+ * 5-tuple, ClientIP affinity), the same marks for netfilter (ip6tables'
+ * MASQUERADE and REJECT rules, datapath/netfilter).
+ *
+ * The slow path only: every translated packet goes on to the stack.
+ * These functions never hand a flow to the flow cache, never send a
+ * packet past the stack (no fast path, no connection setup), and an entry
+ * with LB_SVC_DSR is served as without (SNAT): direct server return
+ * carries the frontend in a VXLAN header's 32 reserved bits, which hold
+ * no IPv6 address. The fast path's reply programs (onc_uplink_lb_reply,
+ * onc_uplink_lb_overlay_reply) parse IPv4 only, so an IPv6 reply takes
+ * the stack and this egress function.
+ *
+ * Only a TCP or UDP header right after the IPv6 header is read: a packet
+ * with extension headers (a fragment among them), ICMPv6 (neighbour
+ * discovery) and anything else go on untouched.
+ *
+ * Each program dispatches here on the Ethernet type. The entry points
+ * are global functions, which the verifier checks once on their own: the
+ * IPv4 programs' paths, and what the verifier spends on them, stay as
+ * they were.
+ *
+ * IPv6 has maps of its own (the IPv4 ones keep their layout, so an
+ * upgrade adopts them): flows, source ranges, internal prefixes, ClientIP
+ * affinity keyed by the client's address, and counters (named uplink6_*).
+ */
+#ifndef __ONC_SERVICES_UPLINK6_H
+#define __ONC_SERVICES_UPLINK6_H
+
+#include <linux/ipv6.h>
+#include "services_uplink.h"
+
+/* Counters of the IPv6 uplink functions (per CPU), named as
+ * lb_uplink_stat's slow-path ones with a 6. */
+enum lb6_uplink_stat {
+	LB_STAT_UPLINK6_TRANSLATED,        /* packets sent to a backend */
+	LB_STAT_UPLINK6_NEW_FLOW,          /* flows given a backend */
+	LB_STAT_UPLINK6_AFFINITY_HIT,      /* new flows sent to the client's remembered backend */
+	LB_STAT_UPLINK6_REFUSED,           /* no backend: left to the REJECT rule */
+	LB_STAT_UPLINK6_NO_ENDPOINTS_DROP, /* no backend, DROP_WHEN_EMPTY */
+	LB_STAT_UPLINK6_SOURCE_RANGE_DROP, /* client outside loadBalancerSourceRanges */
+	LB_STAT_UPLINK6_SPOOFED,           /* source claims a pod or this node */
+	LB_STAT_UPLINK6_REVERSED,          /* replies given the frontend's address */
+	LB_STAT_UPLINK6_NO_SLOT,           /* a backend slot was missing: dropped */
+	LB_STAT_UPLINK6_ERROR,             /* rewriting the packet failed: dropped */
+	LB_STAT_UPLINK6_MAX,
+};
+
+ONC_COUNTERS(onc_lb6_uplink_stats, lb6_uplink_stat, LB_STAT_UPLINK6_MAX);
+
+/* loadBalancerSourceRanges in IPv6: a service's allowed client prefixes. */
+struct lb6_src_key {
+	__u32 prefixlen; /* 32 (the service id) + the client prefix's length */
+	__u32 svc_id;
+	__be32 ip[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__type(key, struct lb6_src_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb6_source_ranges SEC(".maps");
+
+/* Sources no IPv6 packet from outside may carry: the cluster's IPv6 pod
+ * CIDR and this node's IPv6 addresses. */
+struct lb6_internal_key {
+	__u32 prefixlen;
+	__be32 ip[4];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 64);
+	__type(key, struct lb6_internal_key);
+	__type(value, __u8);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb6_internal SEC(".maps");
+
+/* A flow through the uplink, both ways, as lb_flow_key (dir: enum
+ * lb_flow_dir). */
+struct lb6_flow_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+/* lb_flow's fields in IPv6. dsr and ifindex stay 0 (no direct server
+ * return, no fast path in IPv6 yet): there so that the map keeps its
+ * layout when they come. */
+struct lb6_flow {
+	__be32 ip[4]; /* IN: the backend; OUT: the frontend */
+	__be16 port;
+	__u8 dsr;
+	__u8 pad;
+	__u32 svc_id; /* IN: a flow of a service since replaced picks again */
+	__u32 ifindex;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 131072); /* 65,536 flows, two entries each */
+	__type(key, struct lb6_flow_key);
+	__type(value, struct lb6_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_lb6_flows SEC(".maps");
+
+/* ClientIP affinity from outside: by the client's address, which
+ * onc_lb6_aff's key (a network namespace cookie) cannot hold. */
+struct lb6_uplink_aff_key {
+	__be32 client[4];
+	__u32 svc_id;
+};
+
+LB_LRU(onc_lb6_uplink_aff, 65536, struct lb6_uplink_aff_key, struct lb6_aff);
+
+/* An IPv6 TCP or UDP packet without extension headers, read with
+ * bpf_skb_load_bytes. */
+struct lb6_pkt {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 syn; /* TCP, SYN without ACK: a connection's first packet */
+	__u8 pad[2];
+	__u32 l4off;
+};
+
+static __always_inline int lb6_parse(struct __sk_buff *skb, struct lb6_pkt *p)
+{
+	struct ipv6hdr ip6;
+	__be16 ports[2];
+	__u8 flags;
+
+	if (skb->protocol != bpf_htons(ETH_P_IPV6))
+		return -1;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+		return -1;
+	/* An extension header (hop-by-hop, routing, a fragment, ...) is
+	 * never read past: such a packet is not ours. */
+	if (ip6.version != 6 || (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP))
+		return -1;
+	p->l4off = ETH_HLEN + sizeof(ip6);
+	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
+		return -1;
+	p->syn = 0;
+	if (ip6.nexthdr == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, p->l4off + 13, &flags, sizeof(flags)))
+			return -1;
+		p->syn = (flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	}
+	__builtin_memcpy(p->saddr, &ip6.saddr, sizeof(p->saddr));
+	__builtin_memcpy(p->daddr, &ip6.daddr, sizeof(p->daddr));
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->proto = ip6.nexthdr;
+	return 0;
+}
+
+/*
+ * Adds diff, the change of a 16-byte address of the pseudo-header, to the
+ * L4 checksum at csum_off. BPF_F_IPV6 (Linux 6.16, and stable kernels
+ * since) leaves skb->csum alone, which a NIC's CHECKSUM_COMPLETE sum needs
+ * in IPv6 (no L3 checksum moves with the address); an older kernel refuses
+ * the flag, and its adjustment of skb->csum is undone.
+ */
+static __always_inline int lb6_csum_addr(struct __sk_buff *skb, __u32 csum_off, __s64 diff, __u64 flags)
+{
+	flags |= BPF_F_PSEUDO_HDR;
+	if (!bpf_l4_csum_replace(skb, csum_off, 0, diff, flags | BPF_F_IPV6))
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum_off, 0, diff, flags))
+		return -1;
+	bpf_csum_update(skb, diff); /* fails unless CHECKSUM_COMPLETE: nothing to undo */
+	return 0;
+}
+
+/*
+ * Rewrites the destination (dst) or source address and port, keeping the
+ * TCP/UDP checksum right over the IPv6 pseudo-header. UDP in IPv6 always
+ * carries a checksum: one that comes out 0 is written as 0xffff.
+ */
+static __always_inline int lb6_rewrite(struct __sk_buff *skb, const struct lb6_pkt *p, int dst,
+				       const struct lb6_addr *to)
+{
+	__u32 ip_off = ETH_HLEN + (dst ? offsetof(struct ipv6hdr, daddr) : offsetof(struct ipv6hdr, saddr));
+	__u32 port_off = p->l4off + (dst ? offsetof(struct udphdr, dest) : offsetof(struct udphdr, source));
+	__u32 csum_off = p->l4off + (p->proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) :
+				     offsetof(struct udphdr, check));
+	__u64 mangled = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 | BPF_F_MARK_ENFORCE : 0;
+	const __be32 *old_ip = dst ? p->daddr : p->saddr;
+	__be16 old_port = dst ? p->dport : p->sport;
+	__s64 diff;
+
+	diff = bpf_csum_diff((__be32 *)old_ip, 16, (__be32 *)to->ip, 16, 0);
+	if (diff < 0 || lb6_csum_addr(skb, csum_off, diff, mangled))
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum_off, old_port, to->port, mangled | sizeof(to->port)))
+		return -1;
+	if (bpf_skb_store_bytes(skb, ip_off, to->ip, sizeof(to->ip), 0))
+		return -1;
+	return bpf_skb_store_bytes(skb, port_off, &to->port, sizeof(to->port), 0);
+}
+
+static __always_inline void lb6_copy(__be32 *to, const __be32 *from)
+{
+	to[0] = from[0];
+	to[1] = from[1];
+	to[2] = from[2];
+	to[3] = from[3];
+}
+
+static __always_inline int lb6_internal(const __be32 *addr)
+{
+	struct lb6_internal_key key = { .prefixlen = 128 };
+
+	lb6_copy(key.ip, addr);
+	return bpf_map_lookup_elem(&onc_lb6_internal, &key) != NULL;
+}
+
+static __always_inline int lb6_source_allowed(__u32 svc_id, const __be32 *client)
+{
+	struct lb6_src_key key = { .prefixlen = 32 + 128, .svc_id = svc_id };
+
+	lb6_copy(key.ip, client);
+	return bpf_map_lookup_elem(&onc_lb6_source_ranges, &key) != NULL;
+}
+
+/* The flow's entry for a packet of a client, or of a backend's reply. */
+static __always_inline struct lb6_flow_key lb6_flow_key(const __be32 *saddr, const __be32 *daddr, __be16 sport,
+							 __be16 dport, __u8 proto, __u8 dir)
+{
+	struct lb6_flow_key key = { .sport = sport, .dport = dport, .proto = proto, .dir = dir };
+
+	lb6_copy(key.saddr, saddr);
+	lb6_copy(key.daddr, daddr);
+	return key;
+}
+
+/* A new flow's backend: the client's remembered one (ClientIP affinity,
+ * as lb_pick), else one at random. */
+static __always_inline int lb6_pick(const struct lb_svc *svc, const __be32 *client, struct lb6_addr *be)
+{
+	struct lb6_uplink_aff_key akey = { .svc_id = svc->id };
+	struct lb_backend_key slot = { .svc_id = svc->id, .bank = svc->bank };
+	__u64 now = bpf_ktime_get_ns();
+	struct lb6_aff *aff, put = {};
+
+	lb6_copy(akey.client, client);
+	if (svc->flags & LB_SVC_AFFINITY) {
+		aff = bpf_map_lookup_elem(&onc_lb6_uplink_aff, &akey);
+		if (aff) {
+			*be = aff->be;
+			if (now - aff->last_ns <= (__u64)svc->aff_timeout * LB_NSEC_PER_SEC &&
+			    lb_listed(1, &onc_lb_member, &onc_lb6_member, svc->id, be)) {
+				count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_AFFINITY_HIT, 1);
+				goto picked;
+			}
+		}
+	}
+	slot.slot = bpf_get_prandom_u32() % svc->count;
+	if (lb_backend(1, &slot, be))
+		return -1;
+picked:
+	if (svc->flags & LB_SVC_AFFINITY) {
+		put.be = *be;
+		put.last_ns = now;
+		bpf_map_update_elem(&onc_lb6_uplink_aff, &akey, &put, BPF_ANY);
+	}
+	return 0;
+}
+
+/*
+ * The flow's backend, as lb_flow_backend: the one it has, else (a TCP
+ * flow only at a SYN) a new pick within the source ranges, recorded both
+ * ways. Never direct server return.
+ */
+static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be)
+{
+	struct lb6_flow_key in = lb6_flow_key(p->saddr, p->daddr, p->sport, p->dport, p->proto, LB_FLOW_IN), out;
+	struct lb6_flow fwd = { .svc_id = svc->id }, rev = { .port = p->dport, .svc_id = svc->id };
+	struct lb6_flow *cur = bpf_map_lookup_elem(&onc_lb6_flows, &in);
+
+	if (cur && cur->svc_id == svc->id && !p->syn) {
+		lb6_copy(be->ip, cur->ip);
+		be->port = cur->port;
+		return LB_FLOW_OK;
+	}
+	if (p->proto == IPPROTO_TCP && !p->syn)
+		return LB_FLOW_FOREIGN;
+	if ((svc->flags & LB_SVC_SOURCE_RANGES) && !lb6_source_allowed(svc->id, p->saddr))
+		return LB_FLOW_OUT_OF_RANGE;
+	if (!svc->count)
+		return LB_FLOW_EMPTY;
+	if (lb6_pick(svc, p->saddr, be)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NO_SLOT, 1);
+		return LB_FLOW_ERROR;
+	}
+	lb6_copy(fwd.ip, be->ip);
+	fwd.port = be->port;
+	lb6_copy(rev.ip, p->daddr);
+	out = lb6_flow_key(be->ip, p->saddr, be->port, p->sport, p->proto, LB_FLOW_OUT);
+	/* The reply's entry first: the backend may answer before this
+	 * program returns. */
+	bpf_map_update_elem(&onc_lb6_flows, &out, &rev, BPF_ANY);
+	bpf_map_update_elem(&onc_lb6_flows, &in, &fwd, BPF_ANY);
+	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NEW_FLOW, 1);
+	lb_count_svc(svc->id, 0);
+	return LB_FLOW_OK;
+}
+
+/*
+ * onc_uplink_lb_ingress for an IPv6 packet: one from outside to an IPv6
+ * uplink frontend is checked (a spoofed source, a client outside the
+ * source ranges: dropped), sent to its flow's backend through the stack,
+ * marked for SNAT unless the entry keeps the client; one the service has
+ * no backend for is marked for netfilter to refuse, or dropped. A frame
+ * to the VXLAN port is the overlay guard's, never a frontend's.
+ */
+__attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
+{
+	struct lb6_svc_key key = { .scope = LB_SCOPE_UPLINK };
+	struct lb_svc *found;
+	struct lb6_addr be = {};
+	struct lb_svc svc;
+	struct lb6_pkt p;
+
+	if (lb6_parse(skb, &p) || (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port))
+		return LB_NEXT;
+	lb6_copy(key.vip, p.daddr);
+	key.port = p.dport;
+	key.proto = p.proto;
+	found = bpf_map_lookup_elem(&onc_lb6_svc, &key);
+	if (!found)
+		return LB_NEXT;
+	svc = *found;
+	/* Nobody outside speaks for a pod or for this node. */
+	if (lb6_internal(p.saddr)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_SPOOFED, 1);
+		return TC_ACT_SHOT;
+	}
+	switch (lb6_flow_backend(&p, &svc, &be)) {
+	case LB_FLOW_OK:
+		break;
+	case LB_FLOW_FOREIGN:
+		return LB_NEXT;
+	case LB_FLOW_OUT_OF_RANGE:
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_SOURCE_RANGE_DROP, 1);
+		lb_count_svc(svc.id, 1);
+		return TC_ACT_SHOT;
+	case LB_FLOW_EMPTY:
+		lb_count_svc(svc.id, 1);
+		if (svc.flags & LB_SVC_DROP_WHEN_EMPTY) {
+			count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NO_ENDPOINTS_DROP, 1);
+			return TC_ACT_SHOT;
+		}
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_REFUSED, 1);
+		skb->mark |= LB_MARK_REJECT;
+		return LB_NEXT;
+	default:
+		return TC_ACT_SHOT;
+	}
+	if (lb6_rewrite(skb, &p, 1, &be)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_TRANSLATED, 1);
+	/* A backend on another node must answer through this one (LB_SVC_DSR
+	 * or not: see above). */
+	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
+		skb->mark |= LB_MARK_SNAT;
+	return LB_NEXT;
+}
+
+/*
+ * onc_uplink_lb_egress for an IPv6 packet: a backend's reply to a client
+ * (after conntrack undid the SNAT, for a remote backend) leaves from the
+ * frontend the client sent to. Nothing is learned: IPv6 flows stay on the
+ * slow path.
+ */
+__attribute__((noinline)) int lb6_uplink_egress(struct __sk_buff *skb)
+{
+	struct lb6_flow_key key;
+	struct lb6_flow *rev;
+	struct lb6_addr fe = {};
+	struct lb6_pkt p;
+
+	if (lb6_parse(skb, &p))
+		return LB_NEXT;
+	key = lb6_flow_key(p.saddr, p.daddr, p.sport, p.dport, p.proto, LB_FLOW_OUT);
+	rev = bpf_map_lookup_elem(&onc_lb6_flows, &key);
+	if (!rev)
+		return LB_NEXT;
+	lb6_copy(fe.ip, rev->ip);
+	fe.port = rev->port;
+	if (lb6_rewrite(skb, &p, 0, &fe)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_REVERSED, 1);
+	return LB_NEXT;
+}
+
+#endif /* __ONC_SERVICES_UPLINK6_H */
