@@ -164,7 +164,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	var lbMarks netfilter.UplinkLB // zero: the rules go
 	masqueradePorts := ""
 	if n.uplinkLB() {
-		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR}
+		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR, LocalPods6: s.PodCIDRv6}
 		masqueradePorts = services.MasqueradePorts
 	}
 	if err := netfilter.Ensure(s.ClusterCIDR, n.netfilterOverlay(), marking, masqueradePorts); err != nil {
@@ -445,7 +445,14 @@ func (n *Node) attachServicesUplink() error {
 	if !n.uplinkLB() {
 		return services.RemoveUplink(n.cfg.BPFFS)
 	}
-	internal := []netip.Prefix{n.clusterCIDR, netip.PrefixFrom(n.up.NodeIP, 32)}
+	// Sources no packet from outside may carry: the cluster's pods and
+	// this node's tunnel endpoint, in each family it has.
+	var internal []netip.Prefix
+	for _, p := range []netip.Prefix{n.clusterCIDR, n.clusterCIDRv6, netip.PrefixFrom(n.up.NodeIP, n.up.NodeIP.BitLen())} {
+		if p.IsValid() {
+			internal = append(internal, p)
+		}
+	}
 	return n.services.AttachUplink(n.up.Name, internal)
 }
 
@@ -458,9 +465,10 @@ func (n *Node) uplinkLB() bool {
 
 // UplinkFamilies are the address families the uplink load balancer
 // translates on this node with the kube-proxy replacement on: IPv4 where
-// the cluster has IPv4 pods and the underlay is IPv4 (its programs send
-// IPv4 tunnels); not IPv6 yet. The services watcher reports the
-// frontends of the others unserved there. Fixed once the node is up.
+// the cluster has IPv4 pods and the underlay is IPv4 (its fast path sends
+// IPv4 tunnels), IPv6 where the cluster has IPv6 pods (on the slow path,
+// over either underlay). The services watcher reports the frontends of
+// the others unserved there. Fixed once the node is up.
 func (n *Node) UplinkFamilies() (ipv4, ipv6 bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -469,7 +477,8 @@ func (n *Node) UplinkFamilies() (ipv4, ipv6 bool) {
 
 // uplinkFamilies is UplinkFamilies with n.mu held.
 func (n *Node) uplinkFamilies() (ipv4, ipv6 bool) {
-	return n.cfg.KubeProxyReplacement && n.up.NodeIP.Is4() && n.clusterCIDR.IsValid(), false
+	replace := n.cfg.KubeProxyReplacement
+	return replace && n.up.NodeIP.Is4() && n.clusterCIDR.IsValid(), replace && n.clusterCIDRv6.IsValid()
 }
 
 // logConflicts says once which nodes are left out of the peers and why:

@@ -321,9 +321,16 @@ func nodePortService(name string, tcpPort, udpPort int32) *corev1.Service {
 		}}}
 }
 
-// serveWhoSaw answers TCP on 8080 and UDP on 8053 with "name peer-address".
+// serveWhoSaw answers TCP on 8080 with "name peer-address" and UDP on
+// 8053 with name, over IPv4.
 func serveWhoSaw(t *testing.T, netns, name string) {
-	l := listenTCP(t, netns, 8080)
+	serveWhoSawOn(listenTCP(t, netns, 8080), name)
+	serveNameUDP(t, netns, name)
+}
+
+// serveWhoSawOn answers every connection l accepts with "name
+// peer-address".
+func serveWhoSawOn(l net.Listener, name string) {
 	go func() {
 		for {
 			conn, err := l.Accept()
@@ -335,7 +342,6 @@ func serveWhoSaw(t *testing.T, netns, name string) {
 			conn.Close()
 		}
 	}()
-	serveNameUDP(t, netns, name)
 }
 
 // askTCP connects from netns to addr: the backend's name, the address it
@@ -343,7 +349,7 @@ func serveWhoSaw(t *testing.T, netns, name string) {
 func askTCP(netns string, addr netip.AddrPort) (name, saw, from string, err error) {
 	var conn net.Conn
 	if err := lab.InNetns(netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", addr.String(), 3*time.Second)
+		conn, err = net.DialTimeout("tcp"+family(addr.Addr()), addr.String(), 3*time.Second)
 		return err
 	}); err != nil {
 		return "", "", "", err

@@ -69,8 +69,9 @@ type Options struct {
 	// bridge either way, which the nodes join by ctl0 for the control plane.
 	Underlay string
 	// ExternalClient adds a host outside the cluster on the underlay
-	// bridge (ExternalClientIP, namespace <prefix>-ext): a client of
-	// NodePorts, externalIPs and load balancer IPs.
+	// bridge (ExternalClientIP, and ExternalClientIPv6 with an IPv6
+	// family; namespace <prefix>-ext): a client of NodePorts, externalIPs
+	// and load balancer IPs.
 	ExternalClient bool
 	// IPFamily is the pods' families: IPFamilyIPv4 (default),
 	// IPFamilyDual (ClusterCIDRs, IPv4 first; the tunnels IPv4's) or
@@ -98,8 +99,10 @@ var (
 	underlay     = netip.MustParsePrefix("172.31.250.0/24")
 	controllerIP = netip.MustParseAddr("172.31.250.250")
 	// ExternalClientIP is Options.ExternalClient's address: above every
-	// node's (.11 to .210) and below the controller's.
-	ExternalClientIP = netip.MustParseAddr("172.31.250.240")
+	// node's (.11 to .210) and below the controller's; in a dual-stack or
+	// IPv6 lab it has ExternalClientIPv6 too, as the nodes have theirs.
+	ExternalClientIP   = netip.MustParseAddr("172.31.250.240")
+	ExternalClientIPv6 = underlay6Addr(ExternalClientIP)
 	// directUnderlay addresses the direct pair's ends (Underlay "direct").
 	directUnderlay = netip.MustParsePrefix("172.31.251.0/24")
 )
@@ -325,6 +328,11 @@ func Up(ctx context.Context, o Options) (l *Lab, err error) {
 		// Down removes it with every namespace of the prefix.
 		if l.ExternalClient, _, err = l.AddOutsider(l.Prefix+"-ext", ExternalClientIP); err != nil {
 			return l, err
+		}
+		if l.IPFamily == IPFamilyDual || l.IPFamily == IPFamilyIPv6 {
+			if err := run([][]string{{"ip", "-n", l.ExternalClient, "addr", "add", netip.PrefixFrom(ExternalClientIPv6, 64).String(), "dev", "eth0", "nodad"}}); err != nil {
+				return l, err
+			}
 		}
 	}
 	return l, l.Save()

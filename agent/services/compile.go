@@ -234,7 +234,7 @@ func (t *table) external(e external, node Node) {
 		}
 	}
 	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	ranges := sourceRanges(svc)
+	ranges := sourceRanges(svc, e.family)
 	for _, f := range frontends {
 		if t.clusterIPs[f.ip] {
 			continue
@@ -256,7 +256,8 @@ func (t *table) external(e external, node Node) {
 			// the load balancer's health check steers clients away.
 			outside.DropWhenEmpty = sets.local == nil && sets.any
 		} else {
-			outside.DSR = t.proxy.DSR
+			// IPv6 answers by SNAT: direct server return is IPv4's.
+			outside.DSR = t.proxy.DSR && e.family == corev1.IPv4Protocol
 		}
 	}
 }
@@ -300,13 +301,14 @@ func (t *table) hostPorts(node Node) {
 	}
 }
 
-// sourceRanges are the clients a load balancer IP admits
-// (spec.loadBalancerSourceRanges, IPv4); nil admits all.
-func sourceRanges(svc *corev1.Service) []netip.Prefix {
+// sourceRanges are the clients of family a load balancer IP of that
+// family admits (spec.loadBalancerSourceRanges of the family, as
+// kube-proxy's proxier of each family takes them); nil admits all.
+func sourceRanges(svc *corev1.Service, family corev1.IPFamily) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range svc.Spec.LoadBalancerSourceRanges {
 		p, err := netip.ParsePrefix(s)
-		if err == nil && p.Addr().Is4() {
+		if err == nil && familyOf(p.Addr()) == family && !p.Addr().Is4In6() {
 			out = append(out, p.Masked())
 		}
 	}
@@ -338,7 +340,7 @@ const (
 	UnservedSCTP = "SCTP: this kernel has no SCTP sockets, and translating SCTP on the wire would break its checksum, which covers the addresses"
 
 	UnservedIPv4Uplink = "served to this node's pods and processes at the socket, but this node's uplink does not translate IPv4 (it does with IPv4 pods over an IPv4 underlay): clients outside the cluster and on other nodes get no answer"
-	UnservedIPv6Uplink = "served to this node's pods and processes at the socket, but the uplink translates IPv4 only so far (issue 28): clients outside the cluster and on other nodes get no answer"
+	UnservedIPv6Uplink = "served to this node's pods and processes at the socket, but this node's uplink does not translate IPv6 (it does where the cluster has IPv6 pods): clients outside the cluster and on other nodes get no answer"
 )
 
 // Unserved lists the Service ports and frontends nobody serves without

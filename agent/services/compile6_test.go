@@ -2,6 +2,7 @@ package services
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -199,5 +200,47 @@ func TestCompileHostPortFamilies(t *testing.T) {
 	}
 	if slices.Sort(got); !reflect.DeepEqual(got, slices.Sorted(slices.Values(want))) {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(slices.Sorted(slices.Values(want)), "\n"))
+	}
+}
+
+// With the uplink translating both families, each family's external
+// frontends get uplink entries, with the loadBalancerSourceRanges of
+// their family; direct server return is IPv4's (IPv6 answers by SNAT).
+func TestCompileUplinkPerFamily(t *testing.T) {
+	svc := withIngress(web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v4, v6), nodePort, func(s *corev1.ServiceSpec) {
+		s.Type = corev1.ServiceTypeLoadBalancer
+		s.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "2001:db8::/32", "::ffff:192.0.2.0/120"}
+	}), "203.0.113.50", "fd00::50")
+	here4, here6 := backend("10.0.1.1", 8080, "n1", true), backend("fd00:10:244:1::1", 8080, "n1", true)
+	node := Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("fd00:192::1")}}
+	snap := Snapshot{Services: []*corev1.Service{svc}, EndpointSlices: []*discoveryv1.EndpointSlice{
+		slice("web-4", "web", http, ep("10.0.1.1", "n1", ready)), slice6("web-6", "web", http, ep("fd00:10:244:1::1", "n1", ready))}}
+	uplink := map[string]services.Service{}
+	for _, s := range Compile(snap, node, Proxying{Replace: true, DSR: true, UplinkIPv4: true, UplinkIPv6: true}) {
+		if s.Scope == services.Uplink {
+			uplink[fmt.Sprintf("%s %s", s.Frontend, netip.AddrPortFrom(s.VIP, s.Port))] = s
+		}
+	}
+	for key, want := range map[string]struct {
+		backend services.Backend
+		ranges  string
+		dsr     bool
+	}{
+		"NodePort 192.0.2.1:30080":     {here4, "[]", true},
+		"NodePort [fd00:192::1]:30080": {here6, "[]", false},
+		"LoadBalancer 203.0.113.50:80": {here4, "[198.51.100.0/24]", true},
+		"LoadBalancer [fd00::50]:80":   {here6, "[2001:db8::/32]", false},
+	} {
+		s, ok := uplink[key]
+		if !ok {
+			t.Errorf("no uplink entry %s among %v", key, slices.Collect(maps.Keys(uplink)))
+			continue
+		}
+		if len(s.Backends) != 1 || s.Backends[0] != want.backend || fmt.Sprint(s.SourceRanges) != want.ranges || s.DSR != want.dsr {
+			t.Errorf("%s: backends %v, ranges %v, DSR %v; want %v, %s, %v", key, s.Backends, s.SourceRanges, s.DSR, want.backend, want.ranges, want.dsr)
+		}
+	}
+	if len(uplink) != 4 {
+		t.Errorf("%d uplink entries, want 4: %v", len(uplink), slices.Collect(maps.Keys(uplink)))
 	}
 }

@@ -363,8 +363,10 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
+	/* A node without IPv4 pods has a zero mask, which every address
+	 * would match. */
 	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1 ||
-	    (p.daddr & onc_pod_mask) != onc_pod_net)
+	    !onc_pod_mask || (p.daddr & onc_pod_mask) != onc_pod_net)
 		return TC_ACT_OK;
 	t.saddr = p.saddr;
 	t.daddr = p.daddr;
