@@ -134,7 +134,10 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, store: store, dp: dp, started: time.Now(), up: up, vtepMAC: mac, podMTU: podMTU,
 		notReady: "registering the node", warnedCIDR: map[datastore.Family]netip.Prefix{},
-		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath}}
+		// Over an IPv6 underlay the fast path is published once the node
+		// is up (bringUp): peers send it zero-checksum frames, which only
+		// the rebuilt onc.vxlan takes.
+		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && !up.NodeIP.Is6()}}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
@@ -390,6 +393,11 @@ func (a *Agent) bringUp(cc datastore.ClusterConfig, cidrs []netip.Prefix) error 
 		}
 	}
 	slog.Info("node up", "podCIDRs", cidrs, "gateways", gws, "podMTU", a.podMTU)
+	if a.up.NodeIP.Is6() {
+		a.mu.Lock()
+		a.spec.FastPath = a.cfg.Datapath.FastPath // registered again by this pass (reconcile)
+		a.mu.Unlock()
+	}
 	if a.policy != nil {
 		a.policy.Signal() // the adopted pods' rules
 	}

@@ -165,6 +165,31 @@ func TestReconcileBringUp(t *testing.T) {
 			t.Errorf("ADD result %+v, want one IPv6 address via the IPv6 gateway", res.IPs)
 		}
 	})
+	// Over an IPv6 underlay a node publishes the fast path only once it
+	// is up: peers then send it zero-checksum frames, which only the
+	// rebuilt onc.vxlan takes (an upgraded agent's first registration
+	// comes before the device is rebuilt).
+	t.Run("an IPv6-underlay node publishes the fast path once up", func(t *testing.T) {
+		dp := newFakeDatapath()
+		dp.up.NodeIP = netip.MustParseAddr("fd00:172::1")
+		ta := newAgentWith(t, testStore(t), dp, func(c *Config) { c.Datapath.FastPath = true })
+		if err := ta.store.RegisterNode(ctx(t), ta.published()); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := ta.store.Node(ctx(t), self); err != nil || n.FastPath {
+			t.Fatalf("registered before the node is up: fast path %v (%v), want off", n.FastPath, err)
+		}
+		ta.addNode(t, self, "fd00:172::1", "fd00:10:244:1::/64", false)
+		if err := ta.store.PutClusterConfig(ctx(t), datastore.ClusterConfig{Pools: []datastore.Pool{{CIDR: prefix("fd00:10:244::/56"), NodePrefixLen: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := ta.store.Node(ctx(t), self); err != nil || !n.FastPath {
+			t.Fatalf("once up: fast path %v (%v), want on", n.FastPath, err)
+		}
+	})
 	// Linux turns IPv6 off on a link under 1280 bytes: a node whose pods
 	// would get less does not come up with IPv6 pods, saying why.
 	t.Run("an IPv6 block with a pod MTU under 1280 is not ready", func(t *testing.T) {

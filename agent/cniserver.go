@@ -82,8 +82,9 @@ type portMapping struct {
 }
 
 // portMappings checks the pod's hostPorts: each a TCP or UDP port pair,
-// on one host address of either family or all of them (a host address
-// of a family the pod has no address of serves it nowhere, as portmap). SCTP is refused rather than
+// on one host address of either family, all of one family (0.0.0.0,
+// ::) or all of both (none given); a host address of a family the pod has
+// no address of serves it nowhere, as portmap. SCTP is refused rather than
 // left unserved: the pod would start with a hostPort nobody serves.
 func portMappings(in []portMapping) ([]ipam.PortMapping, error) {
 	var out []ipam.PortMapping
@@ -102,13 +103,13 @@ func portMappings(in []portMapping) ([]ipam.PortMapping, error) {
 		}
 		pm := ipam.PortMapping{HostPort: uint16(m.HostPort), ContainerPort: uint16(m.ContainerPort), Protocol: proto}
 		if m.HostIP != "" {
+			// 0.0.0.0 and :: stand for every host address of their family
+			// (as portmap reads them); "" for every one of both.
 			ip, err := netip.ParseAddr(m.HostIP)
-			switch {
-			case err != nil:
+			if err != nil {
 				return nil, fmt.Errorf("%s: hostIP %q: %v", field, m.HostIP, err)
-			case !ip.IsUnspecified():
-				pm.HostIP = ip.Unmap()
 			}
+			pm.HostIP = ip.Unmap()
 		}
 		out = append(out, pm)
 	}

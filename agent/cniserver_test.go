@@ -573,9 +573,9 @@ func TestAddHostPorts(t *testing.T) {
 	att, _ := pool.Get(ipam.Key{ContainerID: "c1", IfName: "eth0"})
 	want := []ipam.PortMapping{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"},
 		{HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: netip.MustParseAddr("192.0.2.1")},
-		{HostPort: 9090, ContainerPort: 90, Protocol: "tcp"},
+		{HostPort: 9090, ContainerPort: 90, Protocol: "tcp", HostIP: netip.IPv4Unspecified()},
 		{HostPort: 9191, ContainerPort: 91, Protocol: "tcp", HostIP: netip.MustParseAddr("fd00::1")},
-		{HostPort: 9292, ContainerPort: 92, Protocol: "tcp"}}
+		{HostPort: 9292, ContainerPort: 92, Protocol: "tcp", HostIP: netip.IPv6Unspecified()}}
 	if !reflect.DeepEqual(att.PortMappings, want) {
 		t.Fatalf("recorded hostPorts %+v, want %+v", att.PortMappings, want)
 	}

@@ -261,13 +261,19 @@ func newTestAgent(t *testing.T, edit ...func(*Config)) *testAgent {
 // newAgentOn is newTestAgent on store.
 func newAgentOn(tb testing.TB, store datastore.Store, edit ...func(*Config)) *testAgent {
 	tb.Helper()
+	return newAgentWith(tb, store, newFakeDatapath(), edit...)
+}
+
+// newAgentWith is newAgentOn with dp as its node's datapath.
+func newAgentWith(tb testing.TB, store datastore.Store, dp *fakeDatapath, edit ...func(*Config)) *testAgent {
+	tb.Helper()
 	cfg := DefaultConfig()
 	cfg.NodeName, cfg.StateDir, cfg.RunDir = self, tb.TempDir(), tb.TempDir()
 	cfg.Datapath.FastPath = false
 	for _, e := range edit {
 		e(&cfg)
 	}
-	dp, pol, bp := newFakeDatapath(), &fakePolicy{}, &fakeBypass{}
+	pol, bp := &fakePolicy{}, &fakeBypass{}
 	a, err := New(cfg, store, fakeParts(dp, pol, bp))
 	if err != nil {
 		tb.Fatal(err)

@@ -47,7 +47,7 @@ var (
 		"Packets the learning programs saw, by event: egress and ingress taught the cache something, known were of a flow already learned, paused came while an eviction (a policy change, a peer or pod that went, a changed underlay, a flush) held learning; and by family (ipv4, ipv6).",
 		[]string{"event", "family"}, nil)
 	descCacheEntries = prometheus.NewDesc("onc_fastpath_cache_entries",
-		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods); filter6, egress6 and local6 the same for IPv6.",
+		"Entries of each fast-path cache map: filter (flows), egress (remote pods), encap (headers per node), local (local pods); filter6, egress6 and local6 the same for IPv6; egress6_u6 and encap_u6 over an IPv6 underlay.",
 		[]string{"map"}, nil)
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",

@@ -162,10 +162,18 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 		marking = n.marking() // off, nothing marks (nodeFastPath.Switch)
 	}
 	var lbMarks netfilter.UplinkLB // zero: the rules go
-	masqueradePorts := ""
-	if n.uplinkLB() {
+	// Pods' masquerade keeps clear of the ports the uplink serves in each
+	// family it translates: a reply to a pod's flow would otherwise find
+	// a NodePort's entry.
+	masqueradePorts, masqueradePorts6 := "", ""
+	if uplink4, uplink6 := n.uplinkFamilies(); uplink4 || uplink6 {
 		lbMarks = netfilter.UplinkLB{SNATMark: services.SNATMark, RejectMark: services.RejectMark, LocalPods: s.PodCIDR, LocalPods6: s.PodCIDRv6}
-		masqueradePorts = services.MasqueradePorts
+		if uplink4 {
+			masqueradePorts = services.MasqueradePorts
+		}
+		if uplink6 {
+			masqueradePorts6 = services.MasqueradePorts
+		}
 	}
 	if err := netfilter.Ensure(s.ClusterCIDR, n.netfilterOverlay(), marking, masqueradePorts); err != nil {
 		return err
@@ -173,7 +181,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if err := netfilter.EnsureUplinkLB(lbMarks); err != nil {
 		return err
 	}
-	if err := netfilter.EnsureIPv6(s.ClusterCIDRv6, n.netfilterOverlay()); err != nil {
+	if err := netfilter.EnsureIPv6(s.ClusterCIDRv6, n.netfilterOverlay(), masqueradePorts6); err != nil {
 		return err
 	}
 	// Conntrack does not see the data the fast path carries, so its TCP

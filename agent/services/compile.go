@@ -72,10 +72,10 @@ func (p Proxying) uplink(family corev1.IPFamily) bool {
 // with the endpoints of that family's EndpointSlices. With it, ONC is the
 // only proxy: each family's NodePorts on every address of the node of
 // that family, externalIPs and load balancer ingress IPs too, each at the
-// socket (clients on this node) and, IPv4 ones so far, on the uplink
-// (clients outside the cluster, or on other nodes). SCTP is served by
-// nobody, and the IPv6 external frontends by nobody on the uplink
-// (Unserved lists them).
+// socket (clients on this node) and, in the families proxy's uplink
+// translates, on the uplink (clients outside the cluster, or on other
+// nodes). SCTP is served by nobody, and the external frontends of the
+// other families by nobody on the uplink (Unserved lists them).
 func Compile(snap Snapshot, node Node, proxy Proxying) []services.Service {
 	bySlices := slicesByService(snap)
 	t := table{seen: map[services.Key]bool{}, clusterIPs: map[netip.Addr]bool{}, proxy: proxy}
@@ -279,13 +279,19 @@ func (t *table) hostPorts(node Node) {
 		family := familyOf(hp.Backend)
 		addrs := ofFamily(node.Addresses, family)
 		if hostIP := hp.HostIP.Unmap(); hostIP.IsValid() {
-			// Loopback is the node's too: portmap serves it to the node's
-			// own processes, so does the socket scope. A hostIP of the
-			// other family is this backend's to serve nowhere.
-			if familyOf(hostIP) != family || (!slices.Contains(node.Addresses, hostIP) && !hostIP.IsLoopback()) {
+			// A hostIP of the other family is this backend's to serve
+			// nowhere; an unspecified one is every node address of its
+			// family. Loopback is the node's too: portmap serves it to the
+			// node's own processes, so does the socket scope.
+			switch {
+			case familyOf(hostIP) != family:
 				continue
+			case hostIP.IsUnspecified():
+			case !slices.Contains(node.Addresses, hostIP) && !hostIP.IsLoopback():
+				continue
+			default:
+				addrs = []netip.Addr{hostIP}
 			}
-			addrs = []netip.Addr{hostIP}
 		}
 		base := services.Service{Name: hp.Pod + ":" + strconv.Itoa(int(hp.HostPort)) + "/" + hp.Protocol, Proto: proto}
 		be := []services.Backend{{Addr: netip.AddrPortFrom(hp.Backend, hp.ContainerPort), Pod: hp.Pod, Node: node.Name, Ready: true}}
@@ -302,8 +308,11 @@ func (t *table) hostPorts(node Node) {
 }
 
 // sourceRanges are the clients of family a load balancer IP of that
-// family admits (spec.loadBalancerSourceRanges of the family, as
-// kube-proxy's proxier of each family takes them); nil admits all.
+// family admits: spec.loadBalancerSourceRanges of the family; nil admits
+// all. A Service that restricts its clients only in the other family
+// admits none of this one (the unspecified address alone, which no
+// client has): kube-proxy's proxier of the family would admit every one,
+// leaving open what the Service's author meant to close.
 func sourceRanges(svc *corev1.Service, family corev1.IPFamily) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range svc.Spec.LoadBalancerSourceRanges {
@@ -311,6 +320,13 @@ func sourceRanges(svc *corev1.Service, family corev1.IPFamily) []netip.Prefix {
 		if err == nil && familyOf(p.Addr()) == family && !p.Addr().Is4In6() {
 			out = append(out, p.Masked())
 		}
+	}
+	if len(out) == 0 && len(svc.Spec.LoadBalancerSourceRanges) > 0 {
+		none := netip.IPv6Unspecified()
+		if family == corev1.IPv4Protocol {
+			none = netip.IPv4Unspecified()
+		}
+		return []netip.Prefix{netip.PrefixFrom(none, none.BitLen())}
 	}
 	slices.SortFunc(out, func(a, b netip.Prefix) int {
 		if c := a.Addr().Compare(b.Addr()); c != 0 {

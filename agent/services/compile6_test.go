@@ -186,17 +186,20 @@ func TestCompileHostPortFamilies(t *testing.T) {
 		return []HostPort{{Pod: "app/hp", Backend: pod4, PortMapping: pm}, {Pod: "app/hp", Backend: pod6, PortMapping: pm}}
 	}
 	node.HostPorts = slices.Concat(both(on("", 8080)), both(on("::1", 8081)), both(on("fd00:192::1", 8082)),
-		both(on("::ffff:192.0.2.1", 8083)), both(on("fd00:9::9", 8084)))
+		both(on("::ffff:192.0.2.1", 8083)), both(on("fd00:9::9", 8084)), both(on("0.0.0.0", 8085)), both(on("::", 8086)))
 	var got []string
 	for _, s := range Compile(Snapshot{}, node, Proxying{Replace: true, UplinkIPv4: true}) {
 		got = append(got, fmt.Sprintf("%s %s -> %s", s.Scope, netip.AddrPortFrom(s.VIP, s.Port), s.Backends[0].Addr.Addr()))
 	}
 	// Each on the node's addresses of the backend's family or its hostIP
-	// of that family; loopback at the socket only; the IPv4-mapped hostIP
-	// as IPv4; a hostIP not the node's nowhere; IPv6 at the socket only.
+	// of that family (an unspecified one: every address of its family
+	// only); loopback at the socket only; the IPv4-mapped hostIP as IPv4;
+	// a hostIP not the node's nowhere; IPv6 at the socket only.
 	want := []string{
 		"socket 192.0.2.1:8080 -> 10.0.1.7", "uplink 192.0.2.1:8080 -> 10.0.1.7", "socket 192.0.2.1:8083 -> 10.0.1.7", "uplink 192.0.2.1:8083 -> 10.0.1.7",
+		"socket 192.0.2.1:8085 -> 10.0.1.7", "uplink 192.0.2.1:8085 -> 10.0.1.7",
 		"socket [::1]:8081 -> fd00:10:244:1::7", "socket [fd00:192::1]:8080 -> fd00:10:244:1::7", "socket [fd00:192::1]:8082 -> fd00:10:244:1::7",
+		"socket [fd00:192::1]:8086 -> fd00:10:244:1::7",
 	}
 	if slices.Sort(got); !reflect.DeepEqual(got, slices.Sorted(slices.Values(want))) {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(slices.Sorted(slices.Values(want)), "\n"))
@@ -205,7 +208,8 @@ func TestCompileHostPortFamilies(t *testing.T) {
 
 // With the uplink translating both families, each family's external
 // frontends get uplink entries, with the loadBalancerSourceRanges of
-// their family; direct server return is IPv4's (IPv6 answers by SNAT).
+// their family (ranges of the other family only admit no client of
+// this one); direct server return is IPv4's (IPv6 answers by SNAT).
 func TestCompileUplinkPerFamily(t *testing.T) {
 	svc := withIngress(web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v4, v6), nodePort, func(s *corev1.ServiceSpec) {
 		s.Type = corev1.ServiceTypeLoadBalancer
@@ -242,5 +246,11 @@ func TestCompileUplinkPerFamily(t *testing.T) {
 	}
 	if len(uplink) != 4 {
 		t.Errorf("%d uplink entries, want 4: %v", len(uplink), slices.Collect(maps.Keys(uplink)))
+	}
+	svc.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24"}
+	for _, s := range Compile(snap, node, Proxying{Replace: true, UplinkIPv4: true, UplinkIPv6: true}) {
+		if s.Scope == services.Uplink && s.Frontend == services.LoadBalancer && s.VIP.Is6() && fmt.Sprint(s.SourceRanges) != "[::/128]" {
+			t.Errorf("IPv4 ranges only: the IPv6 load balancer IP admits %v, want no client ([::/128])", s.SourceRanges)
+		}
 	}
 }

@@ -198,18 +198,30 @@ func (s Self) of(n *corev1.Node, atts []ipam.Attachment) Node {
 	return out
 }
 
-// KubeProxy is onctl status's line on kube-proxy.
+// KubeProxy is onctl status's line on kube-proxy, with p's uplink
+// families as dp says.
 func KubeProxy(dp Datapath, p Proxying) string {
-	if p.Replace {
-		if err := dp.UplinkErr(); err != nil {
-			return "replaced, but clients outside the cluster reach no Service: " + err.Error()
-		}
-		if p.DSR {
-			return "replaced: ONC serves every Service frontend, at the socket and on the uplink; backends on other nodes answer clients outside directly (DSR)"
-		}
-		return "replaced: ONC serves every Service frontend, at the socket and on the uplink"
+	if !p.Replace {
+		return "beside ONC: kube-proxy serves NodePorts, externalIPs, load balancer IPs and clients outside the cluster"
 	}
-	return "beside ONC: kube-proxy serves NodePorts, externalIPs, load balancer IPs and clients outside the cluster"
+	if err := dp.UplinkErr(); err != nil {
+		return "replaced, but clients outside the cluster reach no Service: " + err.Error()
+	}
+	var families []string
+	if p.UplinkIPv4, p.UplinkIPv6 = dp.UplinkFamilies(); p.UplinkIPv4 {
+		families = append(families, "IPv4")
+	}
+	if p.UplinkIPv6 {
+		families = append(families, "IPv6")
+	}
+	switch {
+	case len(families) == 0:
+		return "replaced at the socket; this node's uplink translates no family: clients outside the cluster reach no Service here (onctl services lists what is not served)"
+	case p.DSR && p.UplinkIPv4:
+		return "replaced: ONC serves every Service frontend at the socket, and on the uplink in " + strings.Join(families, " and ") +
+			"; backends on other nodes answer IPv4 clients outside directly (DSR)"
+	}
+	return "replaced: ONC serves every Service frontend at the socket, and on the uplink in " + strings.Join(families, " and ")
 }
 
 // Status is onctl status's line: the mode, or why nothing is balanced at

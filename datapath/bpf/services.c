@@ -201,8 +201,10 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
-	/* A peer's frame: perhaps a client's packet for a backend here. */
-	if (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
+	/* A peer's frame: perhaps a client's packet for a backend here
+	 * (DSR frames come over an IPv4 underlay only; on an IPv6 one the
+	 * overlay guard behind judges what this is). */
+	if (onc_node_ip && p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
 		return lb_dsr_receive(skb, &p);
 	key.vip = p.daddr;
 	key.port = p.dport;

@@ -260,8 +260,8 @@ func (o Options) podNet6() (addr, mask [16]byte) {
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
-// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero (the
-// uplink load balancer does not run there).
+// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero: the
+// uplink's IPv4 path (fast path, DSR) does not run there.
 func (d *Datapath) FlowCache() *bpf.FlowCache {
 	return bpf.NewFlowCache(d.maps, d.opts.constants())
 }

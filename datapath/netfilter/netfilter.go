@@ -147,13 +147,14 @@ func fillPods(ipt *iptables.IPTables, clusterCIDR netip.Prefix, multicast, masqu
 }
 
 // EnsureIPv6 makes ip6tables hold the rules of IPv6 pods, whose addresses
-// are in clusterCIDR: masquerade to outside it, FORWARD accepts (the fast
-// path's mark is ensureMarks'), and on an IPv6 underlay (ovl.IPv6) the
+// are in clusterCIDR: masquerade to outside it (TCP and UDP to
+// masqueradePorts if given, as Ensure), FORWARD accepts (the fast path's
+// mark is ensureMarks'), and on an IPv6 underlay (ovl.IPv6) the
 // guard's rules and the peer host's marks. A node with neither IPv6 pods
 // nor an IPv6 underlay makes nothing, and empties the chains an earlier
 // run left; it does not need ip6tables to work, so that is only logged if
 // it fails.
-func EnsureIPv6(clusterCIDR netip.Prefix, ovl Overlay) error {
+func EnsureIPv6(clusterCIDR netip.Prefix, ovl Overlay, masqueradePorts string) error {
 	ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6), iptables.Timeout(10))
 	if !clusterCIDR.IsValid() && !ovl.IPv6 {
 		if err == nil {
@@ -171,7 +172,7 @@ func EnsureIPv6(clusterCIDR netip.Prefix, ovl Overlay) error {
 	if err := fillOverlay(ipt, clusterCIDR, ovl, ovl.IPv6); err != nil {
 		return err
 	}
-	return fillPods(ipt, clusterCIDR, "ff00::/8", "")
+	return fillPods(ipt, clusterCIDR, "ff00::/8", masqueradePorts)
 }
 
 // clearIfPresent empties the chains (table, chain) that exist.

@@ -49,7 +49,7 @@ func TestEnsureIPv6(t *testing.T) {
 	testutil.InNewNetns(t, "nf6", func() {
 		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv6))
 		testutil.Must(t, err)
-		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4, ""))
 		for table, chain := range map[string]string{"nat": natChain, "filter": forwardChain} {
 			if ok, err := ipt.ChainExists(table, chain); err != nil || ok {
 				t.Fatalf("an IPv4-only node made ip6tables %s %s (%v)", table, chain, err)
@@ -63,7 +63,7 @@ func TestEnsureIPv6(t *testing.T) {
 		}
 		cidr := netip.MustParsePrefix("fd00:10:244::/56")
 		for range 2 {
-			testutil.Must(t, EnsureIPv6(cidr, ovl4))
+			testutil.Must(t, EnsureIPv6(cidr, ovl4, ""))
 		}
 		nat := strings.Join(rules("nat", natChain), "\n")
 		for _, want := range []string{
@@ -77,12 +77,22 @@ func TestEnsureIPv6(t *testing.T) {
 		if fwd := rules("filter", forwardChain); len(fwd) != 3 {
 			t.Errorf("filter %s: %v, want the chain and 2 accepts", forwardChain, fwd)
 		}
+		// With the uplink translating IPv6, pods' TCP and UDP keep clear of
+		// the ports it serves.
+		testutil.Must(t, EnsureIPv6(cidr, ovl4, "32768-60999"))
+		nat = strings.Join(rules("nat", natChain), "\n")
+		for _, proto := range []string{"tcp", "udp"} {
+			if want := `-p ` + proto + ` -m comment --comment "onc: pod to outside" -j MASQUERADE --to-ports 32768-60999 --random-fully`; !strings.Contains(nat, want) {
+				t.Errorf("nat %s lacks %q:\n%s", natChain, want, nat)
+			}
+		}
+		testutil.Must(t, EnsureIPv6(cidr, ovl4, ""))
 		for table, parent := range map[string]string{"nat": "POSTROUTING", "filter": "FORWARD"} {
 			if r := rules(table, parent); len(r) != 2 || !strings.Contains(r[1], "-j ONC-") {
 				t.Errorf("%s %s: %v, want one jump to ONC's chain first", table, parent, r)
 			}
 		}
-		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4, ""))
 		if r := rules("nat", natChain); len(r) != 1 {
 			t.Errorf("nat %s after IPv6 went: %v", natChain, r)
 		}
@@ -110,7 +120,7 @@ func TestGuardFollowsTheUnderlayFamily(t *testing.T) {
 		ensure := func(cidr4 netip.Prefix, ovl Overlay) {
 			t.Helper()
 			testutil.Must(t, Ensure(cidr4, ovl, Marking{}, ""))
-			testutil.Must(t, EnsureIPv6(cidr6, ovl))
+			testutil.Must(t, EnsureIPv6(cidr6, ovl, ""))
 		}
 		ensure(netip.Prefix{}, ovl6)
 		for _, c := range []struct {
@@ -147,7 +157,7 @@ func TestGuardFollowsTheUnderlayFamily(t *testing.T) {
 		// And without IPv6 pods as well: ip6tables is only emptied.
 		ensure(netip.MustParsePrefix("10.244.0.0/16"), ovl6) // refill ip6tables' chains first
 		testutil.Must(t, Ensure(netip.MustParsePrefix("10.244.0.0/16"), ovl4, Marking{}, ""))
-		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4))
+		testutil.Must(t, EnsureIPv6(netip.Prefix{}, ovl4, ""))
 		for _, chain := range []string{guardInputChain, guardForwardChain, peerHostChain, peerHostOutChain} {
 			if got := count(ipt6, "mangle", chain); got != 0 {
 				t.Errorf("an IPv4 node without IPv6 pods: ip6tables mangle %s holds %d rules, want none", chain, got)

@@ -456,9 +456,22 @@ func TestIPv6Underlay(t *testing.T) {
 		cfg := overlay.Config{VNI: 1, Port: 4789, LocalIP: netip.MustParseAddr("fd00:172::1"), Uplink: uplink,
 			MAC: net.HardwareAddr{0x02, 1, 1, 1, 1, 1}, MTU: 1500 - overlay.OverheadOf(netip.MustParseAddr("fd00:172::1")),
 			Gateway6: netip.MustParseAddr("fd00:10:244:1::1")}
+		// An earlier agent's device, alike but for zero-checksum frames,
+		// which the kernel cannot turn on in place: replaced.
+		if err := netlink.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: overlay.DeviceName, MTU: cfg.MTU, HardwareAddr: cfg.MAC},
+			VxlanId: cfg.VNI, VtepDevIndex: uplink, SrcAddr: net.ParseIP("fd00:172::1"), Port: cfg.Port}); err != nil {
+			t.Fatal(err)
+		}
+		older, err := netlink.LinkByName(overlay.DeviceName)
+		if err != nil {
+			t.Fatal(err)
+		}
 		o, err := overlay.Ensure(cfg)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if o.Link().Attrs().Index == older.Attrs().Index {
+			t.Fatal("a device that refuses zero-checksum frames was adopted")
 		}
 		// The fast path's frames come with a zero UDP checksum.
 		if v := o.Link().(*netlink.Vxlan); !v.SrcAddr.Equal(net.ParseIP("fd00:172::1")) || v.MTU != 1430 || !v.UDP6ZeroCSumRx {
