@@ -422,7 +422,7 @@ func TestUpgradeAddsTheIPv6EndpointSenderMaps(t *testing.T) {
 // leaves them out of onc_hosts (its IPv4 ones stay), and SyncPeers refuses
 // a fast-path peer at one, before writing anything, rather than take it
 // for IPv4.
-func TestSyncPeersAndSetHostsOnAnIPv6Underlay(t *testing.T) {
+func TestSyncPeersAndSetHostsWithIPv6Addresses(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	expectPeerWrites(t, "hosts of both families", peerWrites(t, d, func() error {

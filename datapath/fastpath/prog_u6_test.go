@@ -254,6 +254,15 @@ func TestEvictionsOverAnIPv6Underlay(t *testing.T) {
 			t.Errorf("%d %s left after the peer left", m, name)
 		}
 	}
+	// A CIDR whose endpoint changed (its node re-addressed): the old
+	// endpoint's header and destinations go, the new one is the peer.
+	establishedU6(t, d)
+	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR6, NodeIP: otherNode6}}, false))
+	var now addr6
+	testutil.Must(t, d.maps.OncPeers6U6.Lookup(cidr6Key{Prefixlen: 64, Addr: peerCIDR6.Addr().As16()}, &now))
+	if netip.AddrFrom16(now.Addr) != otherNode6 || bpftest.Entries(t, d.maps.OncEncapU6)+bpftest.Entries(t, d.maps.OncEgress6U6) != 0 {
+		t.Fatalf("after the endpoint changed: peer %s, %d headers and destinations left", netip.AddrFrom16(now.Addr), bpftest.Entries(t, d.maps.OncEncapU6)+bpftest.Entries(t, d.maps.OncEgress6U6))
+	}
 	establishedU6(t, d)
 	testutil.Must(t, d.Flush())
 	if n := bpftest.Entries(t, d.maps.OncEncapU6) + bpftest.Entries(t, d.maps.OncEgress6U6); n != 0 {
