@@ -506,12 +506,26 @@ func TestEvictFlows6HandsOverTheConnectionsTheFastPathOpened(t *testing.T) {
 	}
 }
 
+// closedConn6 opens a connection on clientPort+1 from the local IPv6 pod
+// and sends a FIN each way: it is over, but for its last ACK, and its
+// close is still followed. Nothing hands it over.
+func closedConn6(t *testing.T, d *Datapath, u6 bool) {
+	t.Helper()
+	verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort+1, 80, syn), actRedirect, "a SYN of a connection closed next")
+	verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort+1, 80, finAck), actRedirect, "its FIN")
+	verdictIs(t, d, d.progs.OncIngressFast, peer6Sends(u6, 80, clientPort+1, finAck), actRedirect, "the FIN back")
+	if bpftest.Entries(t, d.maps.OncFin6) == 0 {
+		t.Fatal("the close of a connection is not followed in onc_fin6")
+	}
+}
+
 // A flush hands the IPv6 connections the fast path opened over before it
 // forgets them, and forgets what it followed of their closes.
 func TestFlush6HandsOverAndForgets(t *testing.T) {
 	d := setupNode6(t, false, true, true)
 	verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort, 80, syn), actRedirect, "the SYN")
 	verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort, 80, finAck), actRedirect, "its FIN")
+	closedConn6(t, d, false)
 	var ct map[string]ctEntry
 	testutil.InNewNetns(t, "flush6", func() {
 		testutil.Must(t, d.Flush())
@@ -531,6 +545,7 @@ func TestPeerEvictions6HandOver(t *testing.T) {
 			d := setupNode6(t, u.u6, true, true)
 			verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort, 80, syn), actRedirect, "the SYN")
 			verdictIs(t, d, d.progs.OncEgressFast, pod6Sends(clientPort, 80, finAck), actRedirect, "its FIN")
+			closedConn6(t, d, u.u6)
 			var staying []Peer
 			if !u.u6 {
 				staying = []Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}
