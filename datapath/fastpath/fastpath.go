@@ -394,21 +394,18 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 // only learns what conntrack sees ESTABLISHED.
 func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn) (judge func(local, remote netip.AddrPort, proto uint8, opener Opener) Verdict, err error)) error {
 	return d.evict(func() error {
-		var opened []Conn
 		theirs := func(e flowEnds, v FlowVal) bool {
 			return Opener(v.Opener) != OpenedBySlowPath && ips[e.local.Addr()]
 		}
-		for _, m := range []func() ([]Conn, error){
-			func() ([]Conn, error) { return openedConns[FlowKey](d.maps.OncFilter, theirs) },
-			func() ([]Conn, error) { return openedConns[FlowKey6](d.maps.OncFilter6, theirs) },
-		} {
-			conns, err := m()
-			if err != nil {
-				return err
-			}
-			opened = append(opened, conns...)
+		opened4, err := openedConns[FlowKey](d.maps.OncFilter, theirs)
+		if err != nil {
+			return err
 		}
-		judge, err := decide(opened)
+		opened6, err := openedConns[FlowKey6](d.maps.OncFilter6, theirs)
+		if err != nil {
+			return err
+		}
+		judge, err := decide(slices.Concat(opened4, opened6))
 		if err != nil {
 			return err
 		}
