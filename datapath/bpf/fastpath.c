@@ -27,9 +27,10 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * IPv6 pods' flows take the fast path as IPv4 pods' do once established,
  * in maps of their own (onc_filter6, onc_local6, onc_egress6, onc_peers6;
  * the header per node, onc_encap, is shared), with counters of their own
- * (onc_stats6). Their connections open and close on the slow path: every
- * SYN, FIN and RST goes through conntrack, and a SYN forgets what the
- * cache held for its addresses and ports, as flow_setup does for IPv4.
+ * (onc_stats6). Their connections open and close as IPv4's do
+ * (conn_setup.h, flow6_setup): on the fast path where no policy can deny
+ * them (onc_open6), through conntrack otherwise, with onc_fin6 following
+ * the closes.
  *
  * On an IPv6 underlay (a zero onc_node_ip: the node's endpoint is
  * onc_node_ip6) they ride IPv6 tunnels, through the maps of encap6.h;
@@ -40,34 +41,53 @@ static __always_inline int underlay6(void)
 	return !onc_node_ip;
 }
 
-/* syn_forget6 is IPv6's flow_setup: whether p must take the slow path. */
-static __always_inline int syn_forget6(const struct flow_key6 *k, const struct l4 *p)
-{
-	if (p->tcp_flags & TCP_SYN)
-		bpf_map_delete_elem(&onc_filter6, k);
-	return p->tcp_flags != 0;
-}
-
-/* hop_down6 lowers p's hop limit as a forwarding hop does (no header
- * checksum in IPv6); 0, counting miss, when it would reach 0: the slow
- * path sends the time-exceeded error. */
-static __always_inline int hop_down6(struct l4 *p, enum onc_stat miss)
+/* hop_ok6 says whether p's hop limit may be lowered as a forwarding hop
+ * does (no header checksum in IPv6: the caller decrements it); 0,
+ * counting miss, when it would reach 0: the slow path sends the
+ * time-exceeded error. */
+static __always_inline int hop_ok6(const struct l4 *p, enum onc_stat miss)
 {
 	if (p->ip6->hop_limit <= 1) {
 		count(&onc_stats6, miss, 1);
 		return 0;
 	}
-	p->ip6->hop_limit--;
 	return 1;
+}
+
+/* egress6_open opens the connection of a SYN setup says opens (the
+ * packet's last check passed): 0, counting tcp_flags, when it cannot be
+ * recorded, and the SYN takes the slow path. */
+static __always_inline int egress6_open(const struct flow_key6 *key, const struct onc_config *cfg, int setup)
+{
+	if (setup == SETUP_OPEN && flow6_open(key, cfg->epoch, FLOW_OPENED_BY_LOCAL)) {
+		count(&onc_stats6, STAT_EGRESS_MISS_TCP_FLAGS, 1);
+		return 0;
+	}
+	return 1;
+}
+
+/* sent6 is the end of a packet the fast path sent on (out: the local pod
+ * sent it), its flow's entry flow (NULL for a SYN that opened it): the
+ * close followed, the packet counted as open or hit. */
+static __always_inline void sent6(const struct flow_key6 *key, struct flow_val *flow, const struct l4 *p, int setup,
+				  int out)
+{
+	if (key->proto == IPPROTO_TCP)
+		flow6_close_step(key, flow, out, &p->seg);
+	if (out)
+		count(&onc_stats6, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
+	else
+		count(&onc_stats6, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
 }
 
 /* egress6_send_u6 is the rest of egress_fast6 on an IPv6 underlay: the
  * same checks, in the maps keyed by the peers' IPv6 endpoints. */
 static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, const struct flow_key6 *key,
-					   const struct onc_config *cfg)
+					   const struct onc_config *cfg, int setup)
 {
 	struct encap6_val *encap;
 	struct onc_in6 *peer, *dst;
+	struct flow_val *flow;
 	__u32 hash;
 
 	peer = peer6_u6_of(&p->ip6->daddr);
@@ -75,28 +95,34 @@ static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, 
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
 		return TC_ACT_OK;
 	}
-	if (!filter_allowed(&onc_filter6, key, cfg->epoch)) {
+	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, key, cfg->epoch);
+	if (setup != SETUP_OPEN && !flow) {
 		count(&onc_stats6, STAT_EGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
-	dst = bpf_map_lookup_elem(&onc_egress6_u6, &p->ip6->daddr);
-	if (!dst || !addr6_equal(dst, peer)) {
-		count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
-		return TC_ACT_OK;
+	/* As onc_egress_fast: one the fast path opens or opened goes to the
+	 * CIDR's owner, learned or not. */
+	if (setup != SETUP_OPEN && !flow->opener) {
+		dst = bpf_map_lookup_elem(&onc_egress6_u6, &p->ip6->daddr);
+		if (!dst || !addr6_equal(dst, peer)) {
+			count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
+			return TC_ACT_OK;
+		}
 	}
 	encap = bpf_map_lookup_elem(&onc_encap_u6, peer);
 	if (!encap) {
 		count(&onc_stats6, STAT_EGRESS_MISS_ENCAP, 1);
 		return TC_ACT_OK;
 	}
-	if (!hop_down6(p, STAT_EGRESS_MISS_TTL))
+	if (!hop_ok6(p, STAT_EGRESS_MISS_TTL) || !egress6_open(key, cfg, setup))
 		return TC_ACT_OK;
+	p->ip6->hop_limit--;
 	hash = encap_hash(skb, addr6_fold(&p->ip6->saddr), addr6_fold(&p->ip6->daddr), p->sport, p->dport);
 	if (encap_push6(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p->ip6)))) {
 		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
-	count(&onc_stats6, STAT_EGRESS_HIT, 1);
+	sent6(key, flow, p, setup, 1);
 	return bpf_redirect(encap->ifindex, 0);
 }
 
@@ -108,9 +134,11 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 	struct egress_val *dst;
 	struct local_pod *src;
 	struct cidr_val *peer;
+	struct flow_val *flow;
 	struct flow_key6 key = {};
 	struct l4 p;
 	__u32 hash;
+	int setup;
 
 	if (parse_l4_6(data, end, sizeof(struct ethhdr), &p)) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NOT_IP, 1);
@@ -122,45 +150,50 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 		return TC_ACT_OK;
 	}
 	flow6_out(&key, &p);
-	if (syn_forget6(&key, &p)) {
+	cfg = config();
+	setup = flow6_setup(&key, p.tcp_flags, p.seg.flags & TCP_ACK, cfg, 1);
+	if (setup == SETUP_SLOW) {
 		count(&onc_stats6, STAT_EGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
 	}
-	cfg = config();
 	if (!cfg || !cfg->enabled) {
 		count(&onc_stats6, STAT_EGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
 	}
 	if (underlay6())
-		return egress6_send_u6(skb, &p, &key, cfg);
+		return egress6_send_u6(skb, &p, &key, cfg, setup);
 	peer = peer6_of(&p.ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
 		return TC_ACT_OK;
 	}
-	if (!filter_allowed(&onc_filter6, &key, cfg->epoch)) {
+	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, &key, cfg->epoch);
+	if (setup != SETUP_OPEN && !flow) {
 		count(&onc_stats6, STAT_EGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
-	dst = bpf_map_lookup_elem(&onc_egress6, &p.ip6->daddr);
-	if (!dst || dst->node_ip != peer->node_ip) {
-		count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
-		return TC_ACT_OK;
+	if (setup != SETUP_OPEN && !flow->opener) {
+		dst = bpf_map_lookup_elem(&onc_egress6, &p.ip6->daddr);
+		if (!dst || dst->node_ip != peer->node_ip) {
+			count(&onc_stats6, STAT_EGRESS_MISS_DEST, 1);
+			return TC_ACT_OK;
+		}
 	}
 	encap = bpf_map_lookup_elem(&onc_encap, &peer->node_ip);
 	if (!encap) {
 		count(&onc_stats6, STAT_EGRESS_MISS_ENCAP, 1);
 		return TC_ACT_OK;
 	}
-	if (!hop_down6(&p, STAT_EGRESS_MISS_TTL))
+	if (!hop_ok6(&p, STAT_EGRESS_MISS_TTL) || !egress6_open(&key, cfg, setup))
 		return TC_ACT_OK;
+	p.ip6->hop_limit--;
 	hash = encap_hash(skb, addr6_fold(&p.ip6->saddr), addr6_fold(&p.ip6->daddr), p.sport, p.dport);
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p.ip6))) ||
 	    encap_inner_ipv6(skb)) {
 		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
-	count(&onc_stats6, STAT_EGRESS_HIT, 1);
+	sent6(&key, flow, &p, setup, 1);
 	return bpf_redirect(encap->ifindex, 0);
 }
 
@@ -336,6 +369,18 @@ static __always_inline int owned6(const struct in6_addr *pod, __be32 node4, cons
 	return peer && peer->node_ip == node4;
 }
 
+/* ingress6_open opens the connection of a SYN from a peer's IPv6 pod, as
+ * ingress_open does IPv4's: only when this node knows the header back to
+ * the client's node, its tunnel endpoint node4 or, on an IPv6 underlay,
+ * node6 (the frame's outer source, which owned6 checked). */
+static __always_inline int ingress6_open(const struct flow_key6 *k, __be32 node4, const struct in6_addr *node6,
+					 __u32 epoch)
+{
+	if (underlay6() ? !bpf_map_lookup_elem(&onc_encap_u6, node6) : !bpf_map_lookup_elem(&onc_encap, &node4))
+		return -1;
+	return flow6_open(k, epoch, FLOW_OPENED_BY_REMOTE);
+}
+
 /* ingress_fast6 is onc_ingress_fast for a peer's IPv6 packet (see it),
  * in a frame of len bytes of outer headers from the tunnel endpoint
  * outer4 or, on an IPv6 underlay, outer6; the guard passed it. */
@@ -344,19 +389,22 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, __be32 outer4, c
 {
 	struct onc_config *cfg;
 	struct local_pod *pod;
+	struct flow_val *flow;
 	struct flow_key6 key = {};
 	struct l4 p;
+	int setup;
 
 	if (parse_l4_6(data, end, len + sizeof(struct ethhdr), &p)) {
 		count(&onc_stats6, STAT_INGRESS_MISS_NOT_VXLAN, 1);
 		return TC_ACT_OK;
 	}
 	flow6_in(&key, &p);
-	if (syn_forget6(&key, &p)) {
+	cfg = config();
+	setup = flow6_setup(&key, p.tcp_flags, p.seg.flags & TCP_ACK, cfg, 0);
+	if (setup == SETUP_SLOW) {
 		count(&onc_stats6, STAT_INGRESS_MISS_TCP_FLAGS, 1);
 		return TC_ACT_OK;
 	}
-	cfg = config();
 	if (!cfg || !cfg->enabled) {
 		count(&onc_stats6, STAT_INGRESS_MISS_DISABLED, 1);
 		return TC_ACT_OK;
@@ -370,17 +418,23 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, __be32 outer4, c
 		count(&onc_stats6, STAT_INGRESS_MISS_NO_POD, 1);
 		return TC_ACT_OK;
 	}
-	if (!filter_allowed(&onc_filter6, &key, cfg->epoch)) {
+	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, &key, cfg->epoch);
+	if (setup != SETUP_OPEN && !flow) {
 		count(&onc_stats6, STAT_INGRESS_MISS_FLOW, 1);
 		return TC_ACT_OK;
 	}
-	if (!hop_down6(&p, STAT_INGRESS_MISS_TTL))
+	if (!hop_ok6(&p, STAT_INGRESS_MISS_TTL))
 		return TC_ACT_OK;
+	if (setup == SETUP_OPEN && ingress6_open(&key, outer4, outer6, cfg->epoch)) {
+		count(&onc_stats6, STAT_INGRESS_MISS_REPLY, 1);
+		return TC_ACT_OK;
+	}
+	p.ip6->hop_limit--;
 	if (decap(skb, pod, bpf_htons(ETH_P_IPV6), len)) {
 		count(&onc_stats6, STAT_INGRESS_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
-	count(&onc_stats6, STAT_INGRESS_HIT, 1);
+	sent6(&key, flow, &p, setup, 0);
 	/* Out of an IPv4 tunnel without the flag the skb still says IPv4:
 	 * the veth's crossing reads the protocol from the Ethernet header. */
 	return onc_decap_ipv6 || underlay6() ? bpf_redirect_peer(pod->ifindex, 0) : bpf_redirect(pod->ifindex, 0);

@@ -191,11 +191,13 @@ const (
 	FastpathMapOncFilter        = "onc_filter"
 	FastpathMapOncFilter6       = "onc_filter6"
 	FastpathMapOncFin           = "onc_fin"
+	FastpathMapOncFin6          = "onc_fin6"
 	FastpathMapOncHooks         = "onc_hooks"
 	FastpathMapOncHosts         = "onc_hosts"
 	FastpathMapOncLocal         = "onc_local"
 	FastpathMapOncLocal6        = "onc_local6"
 	FastpathMapOncOpen          = "onc_open"
+	FastpathMapOncOpen6         = "onc_open6"
 	FastpathMapOncPeers         = "onc_peers"
 	FastpathMapOncPeers6        = "onc_peers6"
 	FastpathMapOncPeers6U6      = "onc_peers6_u6"
@@ -283,11 +285,13 @@ type FastpathMapSpecs struct {
 	OncFilter     *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin        *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncFin6       *ebpf.MapSpec `ebpf:"onc_fin6"`
 	OncHooks      *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts      *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLocal      *ebpf.MapSpec `ebpf:"onc_local"`
 	OncLocal6     *ebpf.MapSpec `ebpf:"onc_local6"`
 	OncOpen       *ebpf.MapSpec `ebpf:"onc_open"`
+	OncOpen6      *ebpf.MapSpec `ebpf:"onc_open6"`
 	OncPeers      *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncPeers6     *ebpf.MapSpec `ebpf:"onc_peers6"`
 	OncPeers6U6   *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
@@ -345,11 +349,13 @@ type FastpathMaps struct {
 	OncFilter     *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin        *ebpf.Map `ebpf:"onc_fin"`
+	OncFin6       *ebpf.Map `ebpf:"onc_fin6"`
 	OncHooks      *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts      *ebpf.Map `ebpf:"onc_hosts"`
 	OncLocal      *ebpf.Map `ebpf:"onc_local"`
 	OncLocal6     *ebpf.Map `ebpf:"onc_local6"`
 	OncOpen       *ebpf.Map `ebpf:"onc_open"`
+	OncOpen6      *ebpf.Map `ebpf:"onc_open6"`
 	OncPeers      *ebpf.Map `ebpf:"onc_peers"`
 	OncPeers6     *ebpf.Map `ebpf:"onc_peers6"`
 	OncPeers6U6   *ebpf.Map `ebpf:"onc_peers6_u6"`
@@ -372,11 +378,13 @@ func (m *FastpathMaps) Close() error {
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
+		m.OncFin6,
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLocal,
 		m.OncLocal6,
 		m.OncOpen,
+		m.OncOpen6,
 		m.OncPeers,
 		m.OncPeers6,
 		m.OncPeers6U6,

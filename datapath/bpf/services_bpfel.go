@@ -448,6 +448,7 @@ const (
 	ServicesMapOncFilter                = "onc_filter"
 	ServicesMapOncFilter6               = "onc_filter6"
 	ServicesMapOncFin                   = "onc_fin"
+	ServicesMapOncFin6                  = "onc_fin6"
 	ServicesMapOncHooks                 = "onc_hooks"
 	ServicesMapOncHosts                 = "onc_hosts"
 	ServicesMapOncLb6Aff                = "onc_lb6_aff"
@@ -480,6 +481,7 @@ const (
 	ServicesMapOncLocal                 = "onc_local"
 	ServicesMapOncLocal6                = "onc_local6"
 	ServicesMapOncOpen                  = "onc_open"
+	ServicesMapOncOpen6                 = "onc_open6"
 	ServicesMapOncPeers                 = "onc_peers"
 	ServicesMapOncPeers6                = "onc_peers6"
 	ServicesMapOncSenders               = "onc_senders"
@@ -581,6 +583,7 @@ type ServicesMapSpecs struct {
 	OncFilter          *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6         *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin             *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncFin6            *ebpf.MapSpec `ebpf:"onc_fin6"`
 	OncHooks           *ebpf.MapSpec `ebpf:"onc_hooks"`
 	OncHosts           *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLb6Aff          *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
@@ -613,6 +616,7 @@ type ServicesMapSpecs struct {
 	OncLocal           *ebpf.MapSpec `ebpf:"onc_local"`
 	OncLocal6          *ebpf.MapSpec `ebpf:"onc_local6"`
 	OncOpen            *ebpf.MapSpec `ebpf:"onc_open"`
+	OncOpen6           *ebpf.MapSpec `ebpf:"onc_open6"`
 	OncPeers           *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncPeers6          *ebpf.MapSpec `ebpf:"onc_peers6"`
 	OncSenders         *ebpf.MapSpec `ebpf:"onc_senders"`
@@ -664,6 +668,7 @@ type ServicesMaps struct {
 	OncFilter          *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6         *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin             *ebpf.Map `ebpf:"onc_fin"`
+	OncFin6            *ebpf.Map `ebpf:"onc_fin6"`
 	OncHooks           *ebpf.Map `ebpf:"onc_hooks"`
 	OncHosts           *ebpf.Map `ebpf:"onc_hosts"`
 	OncLb6Aff          *ebpf.Map `ebpf:"onc_lb6_aff"`
@@ -696,6 +701,7 @@ type ServicesMaps struct {
 	OncLocal           *ebpf.Map `ebpf:"onc_local"`
 	OncLocal6          *ebpf.Map `ebpf:"onc_local6"`
 	OncOpen            *ebpf.Map `ebpf:"onc_open"`
+	OncOpen6           *ebpf.Map `ebpf:"onc_open6"`
 	OncPeers           *ebpf.Map `ebpf:"onc_peers"`
 	OncPeers6          *ebpf.Map `ebpf:"onc_peers6"`
 	OncSenders         *ebpf.Map `ebpf:"onc_senders"`
@@ -713,6 +719,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
+		m.OncFin6,
 		m.OncHooks,
 		m.OncHosts,
 		m.OncLb6Aff,
@@ -745,6 +752,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncLocal,
 		m.OncLocal6,
 		m.OncOpen,
+		m.OncOpen6,
 		m.OncPeers,
 		m.OncPeers6,
 		m.OncSenders,

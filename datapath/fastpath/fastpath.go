@@ -93,6 +93,7 @@ type Datapath struct {
 	sendersU6  mirror[senderU6Key, senderVal]  // onc_senders_u6 as SyncSenders last wrote it
 	senders6U6 mirror[sender6U6Key, senderVal] // onc_senders6_u6 as SyncSenders last wrote it
 	open       mirror[uint32, uint8]           // onc_open as SetOpen or NarrowOpen last wrote it
+	open6      mirror[addr6, uint8]            // onc_open6 as SetOpen or NarrowOpen last wrote it
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -310,7 +311,7 @@ func (d *Datapath) Configure(enabled bool) error {
 	return d.maps.OncCfg.Put(uint32(0), c)
 }
 
-func everyFlow(FlowKey, FlowVal) bool { return true }
+func everyFlow(flowEnds, FlowVal) bool { return true }
 
 // Switch turns the fast path on or off. Turning it on flushes first:
 // verdicts learned while it was off may be stale.
@@ -353,15 +354,21 @@ func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.H
 	return d.maps.OncLocal.Put(bpf.NetIPv4(ip), v)
 }
 
-// DeleteLocalPod forgets a pod's address and every flow it had, with
-// learning paused so no packet in flight can re-insert one.
+// DeleteLocalPod forgets a pod's address (of either family): it is no
+// longer open, and every flow it had goes, with learning paused so no
+// packet in flight can re-insert one.
 func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
+	mine := func(e flowEnds, _ FlowVal) bool { return e.local.Addr() == ip }
 	if ip.Is6() {
+		a := addr6{Addr: ip.As16()}
+		if err := d.open6.delete(d.maps.OncOpen6, a); err != nil {
+			return err
+		}
 		return d.evict(func() error {
-			if err := d.maps.OncLocal6.Delete(addr6{Addr: ip.As16()}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := d.maps.OncLocal6.Delete(a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
-			return deleteWhere(d.maps.OncFilter6, func(k FlowKey6, _ FlowVal) bool { return k.LocalIp == ip.As16() })
+			return forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, mine)
 		})
 	}
 	if err := d.open.delete(d.maps.OncOpen, bpf.NetIPv4(ip)); err != nil {
@@ -371,60 +378,69 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 		if err := d.maps.OncLocal.Delete(bpf.NetIPv4(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
-		return deleteWhere(d.maps.OncFilter, func(k FlowKey, _ FlowVal) bool { return k.LocalIp == bpf.NetIPv4(ip) })
+		return forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, mine)
 	})
 }
 
-// EvictFlows forgets the learned verdicts of the local pods ips that the
-// slow path may no longer allow. With learning paused it first runs
-// decide with the connections of those pods the fast path opened (which
-// conntrack may know only as the slow path picked them up mid-way, with
-// the wrong end as client). decide ends connections in conntrack and
-// returns the verdict on each of those pods' flows, given who opened it.
-// Then EvictFlows hands over the ones to hand over (see handOver) and
-// deletes the ones to evict. A packet of a connection decide ended cannot
-// be learned again in between, since the slow path only learns what
-// conntrack sees ESTABLISHED.
+// EvictFlows forgets the learned verdicts of the local pods ips (of
+// either family) that the slow path may no longer allow. With learning
+// paused it first runs decide with the connections of those pods the fast
+// path opened (which conntrack may know only as the slow path picked them
+// up mid-way, with the wrong end as client). decide ends connections in
+// conntrack and returns the verdict on each of those pods' flows, given
+// who opened it. Then EvictFlows hands over the ones to hand over (see
+// handOver) and deletes the ones to evict. A packet of a connection
+// decide ended cannot be learned again in between, since the slow path
+// only learns what conntrack sees ESTABLISHED.
 func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn) (judge func(local, remote netip.AddrPort, proto uint8, opener Opener) Verdict, err error)) error {
 	return d.evict(func() error {
-		flows, err := contents[FlowKey, FlowVal](d.maps.OncFilter)
+		theirs := func(e flowEnds, v FlowVal) bool {
+			return Opener(v.Opener) != OpenedBySlowPath && ips[e.local.Addr()]
+		}
+		opened4, err := openedConns[FlowKey](d.maps.OncFilter, theirs)
 		if err != nil {
 			return err
 		}
-		var opened []Conn
-		for k, v := range flows {
-			if Opener(v.Opener) != OpenedBySlowPath && ips[bpf.IPv4(k.LocalIp)] {
-				opened = append(opened, connOf(k, v))
-			}
-		}
-		judge, err := decide(opened)
+		opened6, err := openedConns[FlowKey6](d.maps.OncFilter6, theirs)
 		if err != nil {
 			return err
 		}
-		verdicts := map[FlowKey]Verdict{}
-		verdict := func(k FlowKey, v FlowVal) Verdict {
-			local, remote := bpf.IPv4(k.LocalIp), bpf.IPv4(k.RemoteIp)
-			if !ips[local] {
+		judge, err := decide(slices.Concat(opened4, opened6))
+		if err != nil {
+			return err
+		}
+		// Judged once each: judge may count what it ends.
+		verdicts := map[flowEnds]Verdict{}
+		verdict := func(e flowEnds, v FlowVal) Verdict {
+			if !ips[e.local.Addr()] {
 				return Keep
 			}
-			if _, ok := verdicts[k]; !ok {
-				verdicts[k] = judge(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto, Opener(v.Opener))
+			if _, ok := verdicts[e]; !ok {
+				verdicts[e] = judge(e.local, e.remote, e.proto, Opener(v.Opener))
 			}
-			return verdicts[k]
+			return verdicts[e]
 		}
-		// IPv6 connections open on the slow path: nothing to hand over.
-		verdict6 := func(k FlowKey6, v FlowVal) Verdict {
-			local, remote := netip.AddrFrom16(k.LocalIp), netip.AddrFrom16(k.RemoteIp)
-			if !ips[local] {
-				return Keep
-			}
-			return judge(netip.AddrPortFrom(local, bpf.NetPort(k.LocalPort)), netip.AddrPortFrom(remote, bpf.NetPort(k.RemotePort)), k.Proto, Opener(v.Opener))
-		}
+		evicted := func(e flowEnds, v FlowVal) bool { return verdict(e, v) == Evict }
 		return errors.Join(
-			d.handOver(func(k FlowKey, v FlowVal) bool { return verdict(k, v) == HandOver }),
-			deleteWhere(d.maps.OncFilter, func(k FlowKey, v FlowVal) bool { return verdict(k, v) == Evict }),
-			deleteWhere(d.maps.OncFilter6, func(k FlowKey6, v FlowVal) bool { return verdict6(k, v) == Evict }))
+			d.handOver(func(e flowEnds, v FlowVal) bool { return verdict(e, v) == HandOver }),
+			forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, evicted),
+			forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, evicted))
 	})
+}
+
+// openedConns are the connections of the flows of filter that match,
+// whatever their state (see openedFlows for those still to hand over).
+func openedConns[K flowKey](filter *ebpf.Map, match func(flowEnds, FlowVal) bool) ([]Conn, error) {
+	var conns []Conn
+	var k K
+	var v FlowVal
+	it := filter.Iterate()
+	for it.Next(&k, &v) {
+		if e := endsOf(k); match(e, v) {
+			conns = append(conns, connOf(e, v))
+		}
+	}
+	return conns, it.Err()
 }
 
 // Peer is a node running the fast path: one of its pod CIDRs, IPv4 or
@@ -545,8 +561,8 @@ func (d *Datapath) forgetPeers(peers []Peer, staying map[netip.Addr]bool) error 
 		deleteWhere(d.maps.OncEgress6U6, func(ip addr6, v addr6) bool {
 			return nodes[netip.AddrFrom16(v.Addr)] || inAny(peers, netip.AddrFrom16(ip.Addr))
 		}),
-		deleteWhere(d.maps.OncFilter, toAny(peers)),
-		deleteWhere(d.maps.OncFilter6, func(k FlowKey6, _ FlowVal) bool { return inAny(peers, netip.AddrFrom16(k.RemoteIp)) }))
+		forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, toAny(peers)),
+		forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, toAny(peers)))
 }
 
 // inAny reports whether a is in one of the peers' pod CIDRs.
@@ -559,9 +575,10 @@ func inAny(peers []Peer, a netip.Addr) bool {
 	return false
 }
 
-// toAny matches the flows with a pod of one of the peers.
-func toAny(peers []Peer) func(FlowKey, FlowVal) bool {
-	return func(k FlowKey, _ FlowVal) bool { return inAny(peers, bpf.IPv4(k.RemoteIp)) }
+// toAny matches the flows (of either family) with a pod of one of the
+// peers.
+func toAny(peers []Peer) func(flowEnds, FlowVal) bool {
+	return func(e flowEnds, _ FlowVal) bool { return inAny(peers, e.remote.Addr()) }
 }
 
 // SetHosts makes the host-address set (node IPs) exactly addrs' IPv4
@@ -711,7 +728,7 @@ func (d *Datapath) Flush() error {
 			return err
 		}
 		all := func([]byte, []byte) bool { return true }
-		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEgress6U6, d.maps.OncEncap, d.maps.OncEncapU6, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin} {
+		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEgress6U6, d.maps.OncEncap, d.maps.OncEncapU6, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin, d.maps.OncFin6} {
 			if err := deleteWhere(m, all); err != nil {
 				return err
 			}
@@ -748,13 +765,8 @@ func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
 			return err
 		}
 		// The connections the fast path opened to pods behind those nodes
-		// take the slow path until it learns the new headers (IPv4 ones:
-		// IPv6 connections open on the slow path).
-		behind := func(k FlowKey, _ FlowVal) bool {
-			var p cidrVal
-			return d.maps.OncPeers.Lookup(cidrKey{Prefixlen: 32, Addr: k.RemoteIp}, &p) == nil && slices.Contains(nodes, p.NodeIp)
-		}
-		if err := d.handOver(behind); err != nil {
+		// take the slow path until it learns the new headers.
+		if err := d.handOver(d.behind(nodes, nodes6)); err != nil {
 			return err
 		}
 		n, err := deleteKeys(d.maps.OncEncap, nodes)
@@ -767,6 +779,26 @@ func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
 		return err
 	})
 	return evicted, err
+}
+
+// behind matches the flows to pods whose CIDR belongs to a fast-path peer
+// at one of the tunnel endpoints nodes (IPv4 ones, onc_encap's keys) or
+// nodes6 (IPv6 ones, onc_encap_u6's): IPv4 pods through onc_peers, IPv6
+// pods through onc_peers6 or, on an IPv6 underlay, onc_peers6_u6.
+func (d *Datapath) behind(nodes []uint32, nodes6 []addr6) func(flowEnds, FlowVal) bool {
+	return func(e flowEnds, _ FlowVal) bool {
+		remote := e.remote.Addr()
+		var p cidrVal
+		if remote.Is4() {
+			return d.maps.OncPeers.Lookup(cidrKey{Prefixlen: 32, Addr: bpf.NetIPv4(remote)}, &p) == nil && slices.Contains(nodes, p.NodeIp)
+		}
+		k := cidr6Key{Prefixlen: 128, Addr: remote.As16()}
+		if d.maps.OncPeers6.Lookup(k, &p) == nil && slices.Contains(nodes, p.NodeIp) {
+			return true
+		}
+		var p6 addr6
+		return d.maps.OncPeers6U6.Lookup(k, &p6) == nil && slices.Contains(nodes6, p6)
+	}
 }
 
 // headerJudge judges the learned headers of one map (onc_encap, keyed by

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,36 +70,54 @@ func (o Opener) String() string {
 	return fmt.Sprintf("opener(%d)", uint8(o))
 }
 
-// NarrowOpen removes from the open pods (onc_open: those no NetworkPolicy
-// isolates) the ones want does not hold, and SetOpen makes them exactly
-// want. Policy narrows before its rules that isolate a pod take effect and
-// sets after, so no SYN takes the fast path while the rules in force could
-// deny it.
+// NarrowOpen removes from the open pods (onc_open for IPv4 addresses,
+// onc_open6 for IPv6 ones: those no NetworkPolicy isolates) the ones want
+// does not hold, and SetOpen makes them exactly want. Policy narrows
+// before its rules that isolate a pod take effect and sets after, so no
+// SYN takes the fast path while the rules in force could deny it. Both
+// families are narrowed (or set) even if one fails.
 func (d *Datapath) NarrowOpen(want map[netip.Addr]bool) error {
-	narrow := func(have map[uint32]uint8) map[uint32]uint8 {
-		narrowed := map[uint32]uint8{}
+	return errors.Join(
+		narrowOpen(&d.open, d.maps.OncOpen, want, bpf.IPv4),
+		narrowOpen(&d.open6, d.maps.OncOpen6, want, func(k addr6) netip.Addr { return netip.AddrFrom16(k.Addr) }))
+}
+
+// narrowOpen is NarrowOpen for one family's map m of open pods, whose
+// key addr makes an address of.
+func narrowOpen[K comparable](s *mirror[K, uint8], m *ebpf.Map, want map[netip.Addr]bool, addr func(K) netip.Addr) error {
+	narrow := func(have map[K]uint8) map[K]uint8 {
+		narrowed := map[K]uint8{}
 		for k, v := range have {
-			if want[bpf.IPv4(k)] {
+			if want[addr(k)] {
 				narrowed[k] = v
 			}
 		}
 		return narrowed
 	}
-	return d.open.syncTo(d.maps.OncOpen, false, narrow, func(have, narrowed map[uint32]uint8) error {
-		return putThenDelete(d.maps.OncOpen, have, narrowed, noteWrite)
+	return s.syncTo(m, false, narrow, func(have, narrowed map[K]uint8) error {
+		return putThenDelete(m, have, narrowed, noteWrite)
 	})
 }
 
 // SetOpen makes the open pods exactly want (see NarrowOpen).
 func (d *Datapath) SetOpen(want map[netip.Addr]bool, checkKernel bool) error {
-	w := map[uint32]uint8{}
+	w4, w6 := map[uint32]uint8{}, map[addr6]uint8{}
 	for ip, open := range want {
-		if open && ip.Is4() {
-			w[bpf.NetIPv4(ip)] = 1
+		switch {
+		case !open:
+		case ip.Is4():
+			w4[bpf.NetIPv4(ip)] = 1
+		case ip.Is6():
+			w6[addr6{Addr: ip.As16()}] = 1
 		}
 	}
-	return d.open.sync(d.maps.OncOpen, w, checkKernel, func(have map[uint32]uint8) error {
-		return putThenDelete(d.maps.OncOpen, have, w, noteWrite)
+	return errors.Join(setOpen(&d.open, d.maps.OncOpen, w4, checkKernel), setOpen(&d.open6, d.maps.OncOpen6, w6, checkKernel))
+}
+
+// setOpen is SetOpen for one family's map m of open pods.
+func setOpen[K comparable](s *mirror[K, uint8], m *ebpf.Map, want map[K]uint8, checkKernel bool) error {
+	return s.sync(m, want, checkKernel, func(have map[K]uint8) error {
+		return putThenDelete(m, have, want, noteWrite)
 	})
 }
 
@@ -115,40 +134,105 @@ const (
 )
 
 // handOver gives conntrack the connections the fast path opened that match
-// and are not over, and marks their flows opened by the slow path: from
-// then on their SYN-ACK, FIN and RST go through conntrack, which knows
-// them. A reset one (Conn.Reset) leaves the cache instead. The caller
-// holds learning paused (evict).
-func (d *Datapath) handOver(match func(FlowKey, FlowVal) bool) error {
-	opened, err := contents[FlowKey, FlowVal](d.maps.OncFilter)
+// and are not over, of both families, and marks their flows opened by the
+// slow path: from then on their SYN-ACK, FIN and RST go through
+// conntrack, which knows them. A reset one (Conn.Reset) leaves the cache
+// instead. The caller holds learning paused (evict).
+func (d *Datapath) handOver(match func(flowEnds, FlowVal) bool) error {
+	opened4, err := openedFlows[FlowKey](d.maps.OncFilter, match)
 	if err != nil {
 		return err
 	}
-	maps.DeleteFunc(opened, func(k FlowKey, v FlowVal) bool {
-		return Opener(v.Opener) == OpenedBySlowPath || closed(v) || !match(k, v)
-	})
-	if len(opened) == 0 {
-		return nil
-	}
-	conns := make([]Conn, 0, len(opened))
-	for k, v := range opened {
-		conns = append(conns, connOf(k, v))
-	}
-	if err := conntrackEstablish(conns); err != nil {
+	opened6, err := openedFlows[FlowKey6](d.maps.OncFilter6, match)
+	if err != nil {
 		return err
 	}
+	if len(opened4)+len(opened6) == 0 {
+		return nil
+	}
+	if err := conntrackEstablish(slices.Concat(connsOf(opened4), connsOf(opened6))); err != nil {
+		return err
+	}
+	return errors.Join(handedOver(d.maps.OncFilter, d.maps.OncFin, opened4), handedOver(d.maps.OncFilter6, d.maps.OncFin6, opened6))
+}
+
+// openedFlows are the flows of filter (onc_filter, or onc_filter6) that
+// the fast path opened, that are not over and that match.
+func openedFlows[K flowKey](filter *ebpf.Map, match func(flowEnds, FlowVal) bool) (map[K]FlowVal, error) {
+	opened, err := contents[K, FlowVal](filter)
+	if err != nil {
+		return nil, err
+	}
+	maps.DeleteFunc(opened, func(k K, v FlowVal) bool {
+		return Opener(v.Opener) == OpenedBySlowPath || closed(v) || !match(endsOf(k), v)
+	})
+	return opened, nil
+}
+
+// connsOf are the connections of flows the fast path opened.
+func connsOf[K flowKey](opened map[K]FlowVal) []Conn {
+	conns := make([]Conn, 0, len(opened))
+	for k, v := range opened {
+		conns = append(conns, connOf(endsOf(k), v))
+	}
+	return conns
+}
+
+// handedOver marks the flows of filter whose connections conntrack now
+// has as the slow path's, and forgets what fin followed of their close
+// (no program reads it for such a flow); a reset one leaves filter.
+func handedOver[K flowKey](filter, fin *ebpf.Map, opened map[K]FlowVal) error {
 	var errs []error
 	for k, v := range opened {
 		var err error
 		if v.Closing&closingRemoteRST != 0 {
 			// Its short conntrack entry is refreshed only by packets the
 			// slow path carries: let it carry them.
-			err = d.maps.OncFilter.Delete(k)
+			err = filter.Delete(k)
 		} else {
 			v.Opener, v.Closing = uint8(OpenedBySlowPath), 0
-			err = d.maps.OncFilter.Update(k, v, ebpf.UpdateExist)
+			err = filter.Update(k, v, ebpf.UpdateExist)
 		}
 		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+		if err := fin.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// flowKey is the key of a filter map: onc_filter's or onc_filter6's.
+type flowKey interface{ FlowKey | FlowKey6 }
+
+// flowEnds is a cached flow's two ends, of either family, and its
+// protocol: what its key says.
+type flowEnds struct {
+	local, remote netip.AddrPort
+	proto         uint8
+}
+
+// endsOf is what k says.
+func endsOf[K flowKey](k K) flowEnds {
+	switch k := any(k).(type) {
+	case FlowKey:
+		return flowEnds{netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort)),
+			netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort)), k.Proto}
+	case FlowKey6:
+		return flowEnds{netip.AddrPortFrom(netip.AddrFrom16(k.LocalIp), bpf.NetPort(k.LocalPort)),
+			netip.AddrPortFrom(netip.AddrFrom16(k.RemoteIp), bpf.NetPort(k.RemotePort)), k.Proto}
+	}
+	panic("unreachable")
+}
+
+// forgetFlows deletes the flows of filter that match, with what fin (the
+// closes of filter's family) followed of them.
+func forgetFlows[K flowKey](filter, fin *ebpf.Map, match func(flowEnds, FlowVal) bool) error {
+	gone, err := bpf.DeleteIf(filter, func(k K, v FlowVal) bool { return match(endsOf(k), v) })
+	errs := []error{err}
+	for _, k := range gone {
+		if err := fin.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, err)
 		}
 	}
@@ -166,14 +250,12 @@ type Conn struct {
 }
 
 // connOf is the connection of a flow the fast path opened.
-func connOf(k FlowKey, v FlowVal) Conn {
-	local := netip.AddrPortFrom(bpf.IPv4(k.LocalIp), bpf.NetPort(k.LocalPort))
-	remote := netip.AddrPortFrom(bpf.IPv4(k.RemoteIp), bpf.NetPort(k.RemotePort))
+func connOf(e flowEnds, v FlowVal) Conn {
 	reset := v.Closing&closingRemoteRST != 0
 	if Opener(v.Opener) == OpenedByRemote {
-		return Conn{remote, local, k.Proto, reset}
+		return Conn{e.remote, e.local, e.proto, reset}
 	}
-	return Conn{local, remote, k.Proto, reset}
+	return Conn{e.local, e.remote, e.proto, reset}
 }
 
 // closed reports whether a connection the fast path opened is over: a FIN
@@ -209,19 +291,26 @@ const resetTimeout = 300
 // first: a change could not turn it around.
 func conntrackEstablish(conns []Conn) error {
 	ends := map[[2]netip.AddrPort]bool{}
+	families := map[netlink.InetFamily]bool{}
 	for _, c := range conns {
 		ends[[2]netip.AddrPort{c.Client, c.Server}] = true
 		ends[[2]netip.AddrPort{c.Server, c.Client}] = true
+		families[familyOf(c)] = true
 	}
-	var err error
-	for range 3 { // a dump interrupted by concurrent changes may miss entries
-		_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, conntrackEnds(ends))
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
+	for _, family := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		if !families[family] {
+			continue
 		}
-	}
-	if err != nil {
-		return fmt.Errorf("conntrack: clear the way for %d connections the fast path opened: %w", len(conns), err)
+		var err error
+		for range 3 { // a dump interrupted by concurrent changes may miss entries
+			_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, conntrackEnds(ends))
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("conntrack: clear the way for %d connections the fast path opened: %w", len(conns), err)
+		}
 	}
 	established := establishedTimeout()
 	var errs []error
@@ -231,7 +320,7 @@ func conntrackEstablish(conns []Conn) error {
 			timeout = resetTimeout
 		}
 		req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_NEW, unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(familyOf(c)), Version: nl.NFNETLINK_V0})
 		req.AddData(tupleAttr(nl.CTA_TUPLE_ORIG, c.Client, c.Server, c.Proto))
 		req.AddData(tupleAttr(nl.CTA_TUPLE_REPLY, c.Server, c.Client, c.Proto))
 		req.AddData(nl.NewRtAttr(nl.CTA_STATUS, nl.BEUint32Attr(ipsSeenReply|ipsAssured|ipsConfirmed)))
@@ -249,6 +338,15 @@ func conntrackEstablish(conns []Conn) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// familyOf is the address family of c, AF_INET or AF_INET6, as conntrack
+// keeps it.
+func familyOf(c Conn) netlink.InetFamily {
+	if c.Client.Addr().Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
 }
 
 // Conntrack's status bits and TCP flags (linux/netfilter/nf_conntrack_common.h,
@@ -273,12 +371,16 @@ func (e conntrackEnds) MatchConntrackFlow(f *netlink.ConntrackFlow) bool {
 }
 
 // tupleAttr is a nested conntrack tuple attribute (CTA_TUPLE_ORIG or
-// CTA_TUPLE_REPLY) from src to dst.
+// CTA_TUPLE_REPLY) from src to dst, both IPv4 or both IPv6.
 func tupleAttr(kind int, src, dst netip.AddrPort, proto uint8) *nl.RtAttr {
 	t := nl.NewRtAttr(unix.NLA_F_NESTED|kind, nil)
 	ip := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_IP, nil)
-	ip.AddRtAttr(nl.CTA_IP_V4_SRC, src.Addr().AsSlice())
-	ip.AddRtAttr(nl.CTA_IP_V4_DST, dst.Addr().AsSlice())
+	srcAttr, dstAttr := nl.CTA_IP_V4_SRC, nl.CTA_IP_V4_DST
+	if src.Addr().Is6() {
+		srcAttr, dstAttr = nl.CTA_IP_V6_SRC, nl.CTA_IP_V6_DST
+	}
+	ip.AddRtAttr(srcAttr, src.Addr().AsSlice())
+	ip.AddRtAttr(dstAttr, dst.Addr().AsSlice())
 	pr := t.AddRtAttr(unix.NLA_F_NESTED|nl.CTA_TUPLE_PROTO, nil)
 	pr.AddRtAttr(nl.CTA_PROTO_NUM, []byte{proto})
 	pr.AddRtAttr(nl.CTA_PROTO_SRC_PORT, nl.BEUint16Attr(src.Port()))

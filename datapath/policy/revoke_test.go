@@ -93,11 +93,16 @@ func TestOpenPods(t *testing.T) {
 		// Two attachments of one address, one of them isolated.
 		{Key: "x/new", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}},
 		{Key: "x/old", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Ingress: &Direction{}},
+		// Dual-stack pods: both addresses go to the fast path (SetOpen
+		// puts the IPv6 ones in onc_open6).
+		{Key: "x/dual", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("fd00:10:244:1::6")}},
+		{Key: "x/dual-in", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00:10:244:1::7")}, Ingress: &Direction{}},
 	}}
 	got := openPods(rs)
-	want := map[string]bool{"10.244.1.2": true, "10.244.1.3": false, "10.244.1.4": false, "10.244.1.5": false}
+	want := map[string]bool{"10.244.1.2": true, "10.244.1.3": false, "10.244.1.4": false, "10.244.1.5": false,
+		"10.244.1.6": true, "fd00:10:244:1::6": true, "10.244.1.7": false, "fd00:10:244:1::7": false}
 	for ip, o := range want {
-		if got[netip.MustParseAddr(ip)] != o {
+		if v, ok := got[netip.MustParseAddr(ip)]; v != o || !ok {
 			t.Errorf("%s: open %v, want %v", ip, got[netip.MustParseAddr(ip)], o)
 		}
 	}

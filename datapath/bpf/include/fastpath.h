@@ -68,8 +68,9 @@ volatile const __be32 onc_pod6_net[4] = {};
 volatile const __be32 onc_pod6_mask[4] = {};
 
 /* Which connections may open on the fast path (flow_setup): none, those of
- * pods onc_open says are open, or every local pod's (no NetworkPolicy
- * runs on this node); set by the agent before loading. */
+ * pods onc_open (onc_open6 for IPv6 addresses) says are open, or every
+ * local pod's (no NetworkPolicy runs on this node); set by the agent
+ * before loading. */
 #define CONN_SETUP_OFF 0
 #define CONN_SETUP_OPEN_PODS 1
 #define CONN_SETUP_EVERY_POD 2
@@ -121,9 +122,8 @@ enum onc_stat {
 	STAT_MAX,
 	/* IPv6 packets count in onc_stats6 (the same counters): egress
 	 * not_ip there is an IPv6 packet not TCP or UDP right after the fixed
-	 * header (ICMPv6, extension headers, fragments); tcp_flags every
-	 * SYN, FIN and RST, since IPv6 connections open and close on the
-	 * slow path. The overlay guard's drops count in onc_stats. */
+	 * header (ICMPv6, extension headers, fragments). The overlay guard's
+	 * drops count in onc_stats. */
 };
 
 /*
@@ -259,6 +259,16 @@ struct {
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_open SEC(".maps");
+
+/* The same for local pods' IPv6 addresses (a map of its own, added beside
+ * the pinned ones, as onc_senders6 is). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct onc_in6);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_open6 SEC(".maps");
 
 ONC_COUNTERS(onc_stats, onc_stat, STAT_MAX);
 ONC_COUNTERS(onc_stats6, onc_stat, STAT_MAX);

@@ -128,8 +128,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_fin SEC(".maps");
 
-/* IPv6 flows. Connections open and close on the slow path in IPv6 (no
- * flow_setup), so their values have no opener and no onc_fin6 is needed. */
+/* IPv6 flows, as onc_filter: the connections the fast path opens in IPv6
+ * are recorded here too (flow6_setup), with their opener. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -137,6 +137,17 @@ struct {
 	__type(value, struct flow_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_filter6 SEC(".maps");
+
+/* The closes of IPv6 connections the fast path opened, as onc_fin. A map
+ * of its own, added beside the pinned ones (an upgrade adopts those and
+ * creates this one: see onc_senders6 in fastpath.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key6);
+	__type(value, struct flow_fin);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} onc_fin6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -223,11 +234,18 @@ static __always_inline int flow_learn(const struct flow_key *k, __u32 epoch, int
  * new one differently (NAT a clashing source port to another, or DNAT a
  * Service connection whose replies then need the slow path's reverse
  * translation). The new connection learns afresh once established.
+ * filter_forget forgets k (a flow_key or flow_key6) in filter and fin,
+ * the maps of its family; flow_forget an IPv4 flow.
  */
+static __always_inline void filter_forget(void *filter, void *fin, const void *k)
+{
+	bpf_map_delete_elem(filter, k);
+	bpf_map_delete_elem(fin, k);
+}
+
 static __always_inline void flow_forget(const struct flow_key *k)
 {
-	bpf_map_delete_elem(&onc_filter, k);
-	bpf_map_delete_elem(&onc_fin, k);
+	filter_forget(&onc_filter, &onc_fin, k);
 }
 
 #endif /* __ONC_FLOW_CACHE_H */
