@@ -15,6 +15,7 @@ import (
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
+	"github.com/onc-net/onc/lab/labtest"
 )
 
 // cachedFlow is node n's filter entry between local and remote, if any.
@@ -39,9 +40,24 @@ func cachedFlow(t *testing.T, n *lab.Node, local, remote netip.AddrPort) *apiv1.
 // conntrack on both (the other node's peer leaves its fast path), and the
 // slow path carries it on to a clean close.
 func TestConnectionSetup(t *testing.T) {
-	l, a, b := twoNodes(t)
+	t.Run("IPv4", func(t *testing.T) { connectionSetup(t, lab.IPFamilyIPv4) })
+	t.Run("IPv6", func(t *testing.T) { connectionSetup(t, lab.IPFamilyIPv6) })
+}
+
+// connectionSetup is TestConnectionSetup in a lab of ipFamily: IPv4, or
+// IPv6 (IPv6 pods in IPv6 tunnels, counted in the IPv6 counters).
+func connectionSetup(t *testing.T, ipFamily string) {
+	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1, IPFamily: ipFamily})
+	a, b := l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
 	n1, n2 := l.Nodes[0], l.Nodes[1]
-	bypasstest.ServeEcho(listenTCP(t, b.Netns, 9600))
+	// A counter of the family's: egress_open, or egress6_open in IPv6.
+	counter := func(program, rest string) string {
+		if b.IP.Is6() {
+			program += "6"
+		}
+		return program + "_" + rest
+	}
+	bypasstest.ServeEcho(listenOn(t, b.Netns, "tcp"+family(b.IP), 9600))
 	st, err := n1.Status(context.Background())
 	if err != nil || st.FastPathConnectionSetup != "every pod (no NetworkPolicy)" {
 		t.Fatalf("%s status: connection setup %q (%v); want every pod, on an etcd cluster", n1.Name, st.GetFastPathConnectionSetup(), err)
@@ -65,8 +81,8 @@ func TestConnectionSetup(t *testing.T) {
 		name string
 		got  uint64
 	}{
-		{n1.Name, "egress_open", delta(after1, before1, "egress_open")},
-		{n2.Name, "ingress_open", delta(after2, before2, "ingress_open")},
+		{n1.Name, counter("egress", "open"), delta(after1, before1, counter("egress", "open"))},
+		{n2.Name, counter("ingress", "open"), delta(after2, before2, counter("ingress", "open"))},
 	} {
 		if c.got != conns {
 			t.Errorf("%s: %s grew by %d over %d connections; want every SYN to open on the fast path", c.node, c.name, c.got, conns)
@@ -76,10 +92,10 @@ func TestConnectionSetup(t *testing.T) {
 		name          string
 		before, after map[string]uint64
 	}{{n1.Name, before1, after1}, {n2.Name, before2, after2}} {
-		if slow := delta(n.after, n.before, "egress_miss_tcp_flags") + delta(n.after, n.before, "ingress_miss_tcp_flags"); slow != 0 {
+		if slow := delta(n.after, n.before, counter("egress", "miss_tcp_flags")) + delta(n.after, n.before, counter("ingress", "miss_tcp_flags")); slow != 0 {
 			t.Errorf("%s: %d SYN, FIN or RST took the slow path; want none", n.name, slow)
 		}
-		if e := delta(n.after, n.before, "egress_error") + delta(n.after, n.before, "ingress_error"); e != 0 {
+		if e := delta(n.after, n.before, counter("egress", "error")) + delta(n.after, n.before, counter("ingress", "error")); e != 0 {
 			t.Errorf("%s: %d fast-path errors", n.name, e)
 		}
 	}
@@ -90,7 +106,7 @@ func TestConnectionSetup(t *testing.T) {
 	}
 
 	// A live connection, handed over when n1's fast path goes off.
-	c := dial(t, a.Netns, "tcp4", b.IP, 9600)
+	c := dial(t, a.Netns, "tcp"+family(b.IP), b.IP, 9600)
 	if err := rr(c, 50); err != nil {
 		t.Fatal(err)
 	}
