@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -137,23 +136,23 @@ const (
 // and are not over, of both families, and marks their flows opened by the
 // slow path: from then on their SYN-ACK, FIN and RST go through
 // conntrack, which knows them. A reset one (Conn.Reset) leaves the cache
-// instead. The caller holds learning paused (evict).
+// instead. Each family on its own, so that one's failure leaves the
+// other's handed over. The caller holds learning paused (evict).
 func (d *Datapath) handOver(match func(flowEnds, FlowVal) bool) error {
-	opened4, err := openedFlows[FlowKey](d.maps.OncFilter, match)
-	if err != nil {
+	return errors.Join(handOverFamily[FlowKey](d.maps.OncFilter, d.maps.OncFin, match),
+		handOverFamily[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, match))
+}
+
+// handOverFamily is handOver for one family's filter and fin maps.
+func handOverFamily[K flowKey](filter, fin *ebpf.Map, match func(flowEnds, FlowVal) bool) error {
+	opened, err := openedFlows[K](filter, match)
+	if err != nil || len(opened) == 0 {
 		return err
 	}
-	opened6, err := openedFlows[FlowKey6](d.maps.OncFilter6, match)
-	if err != nil {
+	if err := conntrackEstablish(connsOf(opened)); err != nil {
 		return err
 	}
-	if len(opened4)+len(opened6) == 0 {
-		return nil
-	}
-	if err := conntrackEstablish(slices.Concat(connsOf(opened4), connsOf(opened6))); err != nil {
-		return err
-	}
-	return errors.Join(handedOver(d.maps.OncFilter, d.maps.OncFin, opened4), handedOver(d.maps.OncFilter6, d.maps.OncFin6, opened6))
+	return handedOver(filter, fin, opened)
 }
 
 // openedFlows are the flows of filter (onc_filter, or onc_filter6) that
