@@ -42,35 +42,41 @@ func cachedFlow(t *testing.T, n *lab.Node, local, remote netip.AddrPort) *apiv1.
 func TestConnectionSetup(t *testing.T) {
 	t.Run("IPv4", func(t *testing.T) { connectionSetup(t, lab.IPFamilyIPv4) })
 	t.Run("IPv6", func(t *testing.T) { connectionSetup(t, lab.IPFamilyIPv6) })
+	t.Run("IPv6OverIPv4", func(t *testing.T) { connectionSetup(t, lab.IPFamilyDual) })
 }
 
-// connectionSetup is TestConnectionSetup in a lab of ipFamily: IPv4, or
-// IPv6 (IPv6 pods in IPv6 tunnels, counted in the IPv6 counters).
+// connectionSetup is TestConnectionSetup in a lab of ipFamily: IPv4; IPv6
+// (IPv6 pods in IPv6 tunnels, counted in the IPv6 counters); or dual,
+// over the pods' IPv6 addresses in IPv4 tunnels.
 func connectionSetup(t *testing.T, ipFamily string) {
 	l := labtest.Lab(t, lab.Options{Nodes: 2, PodsPerNode: 1, IPFamily: ipFamily})
 	a, b := l.Nodes[0].Pods[0], l.Nodes[1].Pods[0]
+	server := b.IP
+	if ipFamily == lab.IPFamilyDual {
+		server = b.IPv6 // IPv6 over the IPv4 tunnel
+	}
 	n1, n2 := l.Nodes[0], l.Nodes[1]
 	// A counter of the family's: egress_open, or egress6_open in IPv6.
 	counter := func(program, rest string) string {
-		if b.IP.Is6() {
+		if server.Is6() {
 			program += "6"
 		}
 		return program + "_" + rest
 	}
-	bypasstest.ServeEcho(listenOn(t, b.Netns, "tcp"+family(b.IP), 9600))
+	bypasstest.ServeEcho(listenOn(t, b.Netns, "tcp"+family(server), 9600))
 	st, err := n1.Status(context.Background())
 	if err != nil || st.FastPathConnectionSetup != "every pod (no NetworkPolicy)" {
 		t.Fatalf("%s status: connection setup %q (%v); want every pod, on an etcd cluster", n1.Name, st.GetFastPathConnectionSetup(), err)
 	}
 	// A first connection teaches each node the header to the other.
-	if _, err := lab.Probe(a.Netns, "tcp", b.IP, 9600, 3*time.Second); err != nil {
+	if _, err := lab.Probe(a.Netns, "tcp", server, 9600, 3*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
 	before1, before2 := settled(t, n1), settled(t, n2)
 	const conns = 200
 	for i := range conns {
-		if _, err := lab.Probe(a.Netns, "tcp", b.IP, 9600, 3*time.Second); err != nil {
+		if _, err := lab.Probe(a.Netns, "tcp", server, 9600, 3*time.Second); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
@@ -100,31 +106,31 @@ func connectionSetup(t *testing.T, ipFamily string) {
 		}
 	}
 	for _, n := range l.Nodes {
-		if ct := conntrackTo(t, n, b.IP, 9600); len(ct) > 1 { // the first connection's, closing
+		if ct := conntrackTo(t, n, server, 9600); len(ct) > 1 { // the first connection's, closing
 			t.Errorf("%s: conntrack saw connections the fast path opened:\n%s", n.Name, strings.Join(ct, "\n"))
 		}
 	}
 
 	// A live connection, handed over when n1's fast path goes off.
-	c := dial(t, a.Netns, "tcp"+family(b.IP), b.IP, 9600)
+	c := dial(t, a.Netns, "tcp"+family(server), server, 9600)
 	if err := rr(c, 50); err != nil {
 		t.Fatal(err)
 	}
 	client := netip.MustParseAddrPort(c.LocalAddr().String())
-	server := netip.AddrPortFrom(b.IP, 9600)
-	if f := cachedFlow(t, n1, client, server); f == nil || f.OpenedBy != "local" {
+	serverEnd := netip.AddrPortFrom(server, 9600)
+	if f := cachedFlow(t, n1, client, serverEnd); f == nil || f.OpenedBy != "local" {
 		t.Fatalf("%s: the connection's flow is %v; want one the local pod opened on the fast path", n1.Name, f)
 	}
-	if f := cachedFlow(t, n2, server, client); f == nil || f.OpenedBy != "remote" {
+	if f := cachedFlow(t, n2, serverEnd, client); f == nil || f.OpenedBy != "remote" {
 		t.Fatalf("%s: the connection's flow is %v; want one the remote pod opened on the fast path", n2.Name, f)
 	}
 	setFastPath(t, n1, false)
 	defer setFastPath(t, n1, true)
 	waitPeerFlag(t, n2, n1.Name, false)
-	want := fmt.Sprintf("src=%s dst=%s sport=%d dport=9600", client.Addr(), b.IP, client.Port())
+	want := fmt.Sprintf("src=%s dst=%s sport=%d dport=9600", client.Addr(), server, client.Port())
 	for _, n := range l.Nodes {
 		testutil.WaitFor(t, n.Name+" hands the connection over to conntrack", 5*time.Second, func() bool {
-			for _, line := range conntrackTo(t, n, b.IP, 9600) {
+			for _, line := range conntrackTo(t, n, server, 9600) {
 				if strings.Contains(line, "ESTABLISHED") && strings.Contains(line, want) {
 					return true
 				}
