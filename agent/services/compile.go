@@ -223,16 +223,8 @@ func (t *table) external(e external, node Node) {
 	if hasNodePort(svc, p) {
 		addAll(services.NodePort, uint16(p.NodePort), ofFamily(node.Addresses, e.family)...)
 	}
-	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIP(s, e.family); ok {
-			addAll(services.ExternalIP, uint16(p.Port), ip)
-		}
-	}
-	for _, in := range vipIngress(svc) {
-		if ip, ok := parseIP(in, e.family); ok {
-			addAll(services.LoadBalancer, uint16(p.Port), ip)
-		}
-	}
+	addAll(services.ExternalIP, uint16(p.Port), ipsOf(svc.Spec.ExternalIPs, e.family)...)
+	addAll(services.LoadBalancer, uint16(p.Port), ipsOf(vipIngress(svc), e.family)...)
 	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	ranges := sourceRanges(svc, e.family)
 	for _, f := range frontends {
@@ -406,14 +398,22 @@ func Unserved(snap Snapshot, proxy Proxying) []UnservedPort {
 // "load balancer IP fd00::8".
 func externalFrontends(svc *corev1.Service, family corev1.IPFamily) []string {
 	var out []string
-	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIP(s, family); ok {
-			out = append(out, "externalIP "+ip.String())
-		}
+	for _, ip := range ipsOf(svc.Spec.ExternalIPs, family) {
+		out = append(out, "externalIP "+ip.String())
 	}
-	for _, in := range vipIngress(svc) {
-		if ip, ok := parseIP(in, family); ok {
-			out = append(out, "load balancer IP "+ip.String())
+	for _, ip := range ipsOf(vipIngress(svc), family) {
+		out = append(out, "load balancer IP "+ip.String())
+	}
+	return out
+}
+
+// ipsOf are the addresses of family among the API's strings list, as
+// parseIP reads them.
+func ipsOf(list []string, family corev1.IPFamily) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range list {
+		if ip, ok := parseIP(s, family); ok {
+			out = append(out, ip)
 		}
 	}
 	return out
