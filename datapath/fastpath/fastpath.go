@@ -9,6 +9,7 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -117,6 +118,7 @@ func Open(o Options) (*Datapath, error) {
 	if o.decapIPv6, err = decapProbe(); err != nil {
 		return nil, err
 	}
+	d.opts.decapIPv6 = o.decapIPv6 // FlowCache's constants too
 	if err := bpf.SetConstants(spec, o.constants()); err != nil {
 		return nil, err
 	}
@@ -261,10 +263,14 @@ func (o Options) podNet6() (addr, mask [16]byte) {
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
-// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero: the
-// uplink's IPv4 path (fast path, DSR) does not run there.
+// it (bpf.FlowCache), with the guard's constants too: IPv6's direct server
+// return sends from, and takes frames to, the IPv6 tunnel endpoint. On an
+// IPv6 underlay its onc_node_ip is zero: the uplink's IPv4 path (fast
+// path, DSR) does not run there.
 func (d *Datapath) FlowCache() *bpf.FlowCache {
-	return bpf.NewFlowCache(d.maps, d.opts.constants())
+	c := d.opts.constants()
+	maps.Copy(c, d.opts.guardConstants())
+	return bpf.NewFlowCache(d.maps, c)
 }
 
 // Mode reports how programs are attached.
