@@ -35,6 +35,12 @@ type ServicesEgressVal struct {
 	NodeIp uint32
 }
 
+type ServicesEncap6Val struct {
+	_       structs.HostLayout
+	Hdr     [84]uint8
+	Ifindex uint32
+}
+
 type ServicesEncapVal struct {
 	_       structs.HostLayout
 	Hdr     [64]uint8
@@ -92,6 +98,22 @@ type ServicesLb6Aff struct {
 	Pad    uint32
 	LastNs uint64
 }
+
+type ServicesLb6DsrStat uint32
+
+const (
+	ServicesLb6DsrStatLB_STAT_DSR6SENT           ServicesLb6DsrStat = 0
+	ServicesLb6DsrStatLB_STAT_DSR6TOO_BIG        ServicesLb6DsrStat = 1
+	ServicesLb6DsrStatLB_STAT_DSR6NO_ROUTE       ServicesLb6DsrStat = 2
+	ServicesLb6DsrStatLB_STAT_DSR6TTL_EXPIRED    ServicesLb6DsrStat = 3
+	ServicesLb6DsrStatLB_STAT_DSR6RECEIVED       ServicesLb6DsrStat = 4
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_MALFORMED ServicesLb6DsrStat = 5
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_SENDER    ServicesLb6DsrStat = 6
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_CLIENT    ServicesLb6DsrStat = 7
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_BACKEND   ServicesLb6DsrStat = 8
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_FRONTEND  ServicesLb6DsrStat = 9
+	ServicesLb6DsrStatLB_STAT_DSR6MAX            ServicesLb6DsrStat = 10
+)
 
 type ServicesLb6Flow struct {
 	_       structs.HostLayout
@@ -425,10 +447,24 @@ type ServicesSender6Key struct {
 	Inner     [16]uint8
 }
 
+type ServicesSender6U6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
+	Inner     [16]uint8
+}
+
 type ServicesSenderKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Peer      uint32
+	Inner     uint32
+}
+
+type ServicesSenderU6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
 	Inner     uint32
 }
 
@@ -444,7 +480,9 @@ const (
 	ServicesMapOncCfg                   = "onc_cfg"
 	ServicesMapOncEgress                = "onc_egress"
 	ServicesMapOncEgress6               = "onc_egress6"
+	ServicesMapOncEgress6U6             = "onc_egress6_u6"
 	ServicesMapOncEncap                 = "onc_encap"
+	ServicesMapOncEncapU6               = "onc_encap_u6"
 	ServicesMapOncFilter                = "onc_filter"
 	ServicesMapOncFilter6               = "onc_filter6"
 	ServicesMapOncFin                   = "onc_fin"
@@ -453,6 +491,8 @@ const (
 	ServicesMapOncHosts                 = "onc_hosts"
 	ServicesMapOncLb6Aff                = "onc_lb6_aff"
 	ServicesMapOncLb6Backend            = "onc_lb6_backend"
+	ServicesMapOncLb6DsrNodeport        = "onc_lb6_dsr_nodeport"
+	ServicesMapOncLb6DsrStats           = "onc_lb6_dsr_stats"
 	ServicesMapOncLb6Flows              = "onc_lb6_flows"
 	ServicesMapOncLb6Gone               = "onc_lb6_gone"
 	ServicesMapOncLb6Internal           = "onc_lb6_internal"
@@ -484,8 +524,11 @@ const (
 	ServicesMapOncOpen6                 = "onc_open6"
 	ServicesMapOncPeers                 = "onc_peers"
 	ServicesMapOncPeers6                = "onc_peers6"
+	ServicesMapOncPeers6U6              = "onc_peers6_u6"
 	ServicesMapOncSenders               = "onc_senders"
 	ServicesMapOncSenders6              = "onc_senders6"
+	ServicesMapOncSenders6U6            = "onc_senders6_u6"
+	ServicesMapOncSendersU6             = "onc_senders_u6"
 	ServicesMapOncStats                 = "onc_stats"
 	ServicesMapOncStats6                = "onc_stats6"
 	ServicesProgOncSockConnect4         = "onc_sock_connect4"
@@ -506,6 +549,7 @@ const (
 	ServicesVarOncDecapIpv6             = "onc_decap_ipv6"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
+	ServicesVarOncNodeIp6               = "onc_node_ip6"
 	ServicesVarOncPod6Mask              = "onc_pod6_mask"
 	ServicesVarOncPod6Net               = "onc_pod6_net"
 	ServicesVarOncPodMask               = "onc_pod_mask"
@@ -579,7 +623,9 @@ type ServicesMapSpecs struct {
 	OncCfg             *ebpf.MapSpec `ebpf:"onc_cfg"`
 	OncEgress          *ebpf.MapSpec `ebpf:"onc_egress"`
 	OncEgress6         *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEgress6U6       *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap           *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncEncapU6         *ebpf.MapSpec `ebpf:"onc_encap_u6"`
 	OncFilter          *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6         *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin             *ebpf.MapSpec `ebpf:"onc_fin"`
@@ -588,6 +634,8 @@ type ServicesMapSpecs struct {
 	OncHosts           *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLb6Aff          *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
 	OncLb6Backend      *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport  *ebpf.MapSpec `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats     *ebpf.MapSpec `ebpf:"onc_lb6_dsr_stats"`
 	OncLb6Flows        *ebpf.MapSpec `ebpf:"onc_lb6_flows"`
 	OncLb6Gone         *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
 	OncLb6Internal     *ebpf.MapSpec `ebpf:"onc_lb6_internal"`
@@ -619,8 +667,11 @@ type ServicesMapSpecs struct {
 	OncOpen6           *ebpf.MapSpec `ebpf:"onc_open6"`
 	OncPeers           *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncPeers6          *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncPeers6U6        *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
 	OncSenders         *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6        *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncSenders6U6      *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
+	OncSendersU6       *ebpf.MapSpec `ebpf:"onc_senders_u6"`
 	OncStats           *ebpf.MapSpec `ebpf:"onc_stats"`
 	OncStats6          *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
@@ -633,6 +684,7 @@ type ServicesVariableSpecs struct {
 	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
@@ -664,7 +716,9 @@ type ServicesMaps struct {
 	OncCfg             *ebpf.Map `ebpf:"onc_cfg"`
 	OncEgress          *ebpf.Map `ebpf:"onc_egress"`
 	OncEgress6         *ebpf.Map `ebpf:"onc_egress6"`
+	OncEgress6U6       *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap           *ebpf.Map `ebpf:"onc_encap"`
+	OncEncapU6         *ebpf.Map `ebpf:"onc_encap_u6"`
 	OncFilter          *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6         *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin             *ebpf.Map `ebpf:"onc_fin"`
@@ -673,6 +727,8 @@ type ServicesMaps struct {
 	OncHosts           *ebpf.Map `ebpf:"onc_hosts"`
 	OncLb6Aff          *ebpf.Map `ebpf:"onc_lb6_aff"`
 	OncLb6Backend      *ebpf.Map `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport  *ebpf.Map `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats     *ebpf.Map `ebpf:"onc_lb6_dsr_stats"`
 	OncLb6Flows        *ebpf.Map `ebpf:"onc_lb6_flows"`
 	OncLb6Gone         *ebpf.Map `ebpf:"onc_lb6_gone"`
 	OncLb6Internal     *ebpf.Map `ebpf:"onc_lb6_internal"`
@@ -704,8 +760,11 @@ type ServicesMaps struct {
 	OncOpen6           *ebpf.Map `ebpf:"onc_open6"`
 	OncPeers           *ebpf.Map `ebpf:"onc_peers"`
 	OncPeers6          *ebpf.Map `ebpf:"onc_peers6"`
+	OncPeers6U6        *ebpf.Map `ebpf:"onc_peers6_u6"`
 	OncSenders         *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6        *ebpf.Map `ebpf:"onc_senders6"`
+	OncSenders6U6      *ebpf.Map `ebpf:"onc_senders6_u6"`
+	OncSendersU6       *ebpf.Map `ebpf:"onc_senders_u6"`
 	OncStats           *ebpf.Map `ebpf:"onc_stats"`
 	OncStats6          *ebpf.Map `ebpf:"onc_stats6"`
 }
@@ -715,7 +774,9 @@ func (m *ServicesMaps) Close() error {
 		m.OncCfg,
 		m.OncEgress,
 		m.OncEgress6,
+		m.OncEgress6U6,
 		m.OncEncap,
+		m.OncEncapU6,
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
@@ -724,6 +785,8 @@ func (m *ServicesMaps) Close() error {
 		m.OncHosts,
 		m.OncLb6Aff,
 		m.OncLb6Backend,
+		m.OncLb6DsrNodeport,
+		m.OncLb6DsrStats,
 		m.OncLb6Flows,
 		m.OncLb6Gone,
 		m.OncLb6Internal,
@@ -755,8 +818,11 @@ func (m *ServicesMaps) Close() error {
 		m.OncOpen6,
 		m.OncPeers,
 		m.OncPeers6,
+		m.OncPeers6U6,
 		m.OncSenders,
 		m.OncSenders6,
+		m.OncSenders6U6,
+		m.OncSendersU6,
 		m.OncStats,
 		m.OncStats6,
 	)
@@ -770,6 +836,7 @@ type ServicesVariables struct {
 	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.Variable `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`

@@ -11,10 +11,10 @@
  *
  * The slow path only: every translated packet goes on to the stack.
  * These functions never hand a flow to the flow cache, never send a
- * packet past the stack (no fast path, no connection setup), and an entry
- * with LB_SVC_DSR is served as without (SNAT): direct server return
- * carries the frontend in a VXLAN header's 32 reserved bits, which hold
- * no IPv6 address. The fast path's reply programs (onc_uplink_lb_reply,
+ * packet past the stack (no fast path, no connection setup), but for an
+ * entry with LB_SVC_DSR: a flow to a pod on another node is sent to that
+ * node directly, which answers the client itself (services_dsr6.h, which
+ * includes this file). The fast path's reply programs (onc_uplink_lb_reply,
  * onc_uplink_lb_overlay_reply) parse IPv4 only, so an IPv6 reply takes
  * the stack and this egress function.
  *
@@ -35,6 +35,7 @@
 #define __ONC_SERVICES_UPLINK6_H
 
 #include <linux/ipv6.h>
+#include "services_dsr.h"
 #include "services_uplink.h"
 
 /* Counters of the IPv6 uplink functions (per CPU), named as
@@ -99,13 +100,12 @@ struct lb6_flow_key {
 	__u8 pad[2];
 };
 
-/* lb_flow's fields in IPv6. dsr and ifindex stay 0 (no direct server
- * return, no fast path in IPv6 yet): there so that the map keeps its
- * layout when they come. */
+/* lb_flow's fields in IPv6. ifindex stays 0 (no fast path in IPv6
+ * yet): there so that the map keeps its layout when it comes. */
 struct lb6_flow {
 	__be32 ip[4]; /* IN: the backend; OUT: the frontend */
 	__be16 port;
-	__u8 dsr;
+	__u8 dsr;     /* IN: sent to the backend's node directly (services_dsr6.h) */
 	__u8 pad;
 	__u32 svc_id; /* IN: a flow of a service since replaced picks again */
 	__u32 ifindex;
@@ -171,6 +171,11 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct lb6_pkt *p)
 	p->proto = ip6.nexthdr;
 	return 0;
 }
+
+/* Whether a new flow goes to its backend's node directly (services_dsr6.h,
+ * which includes this file). */
+static __always_inline int lb_dsr6_wanted(const struct lb_svc *svc, const __be32 *client, const __be32 *fe,
+					  const struct lb6_addr *be);
 
 /*
  * Adds diff, the change of a 16-byte address of the pseudo-header, to the
@@ -288,9 +293,11 @@ picked:
 /*
  * The flow's backend, as lb_flow_backend: the one it has, else (a TCP
  * flow only at a SYN) a new pick within the source ranges, recorded both
- * ways. Never direct server return.
+ * ways (one way for a DSR flow). *dsr says whether the flow goes to its
+ * backend's node directly, decided at its first packet.
  */
-static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be)
+static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be,
+					    __u8 *dsr)
 {
 	struct lb6_flow_key in = lb6_flow_key(p->saddr, p->daddr, p->sport, p->dport, p->proto, LB_FLOW_IN), out;
 	struct lb6_flow fwd = { .svc_id = svc->id }, rev = { .port = p->dport, .svc_id = svc->id };
@@ -299,6 +306,7 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 	if (cur && cur->svc_id == svc->id && !p->syn) {
 		lb6_copy(be->ip, cur->ip);
 		be->port = cur->port;
+		*dsr = cur->dsr;
 		return LB_FLOW_OK;
 	}
 	if (p->proto == IPPROTO_TCP && !p->syn)
@@ -314,13 +322,17 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 	lb6_copy(fwd.ip, be->ip);
 	fwd.port = be->port;
 	lb6_copy(rev.ip, p->daddr);
-	out = lb6_flow_key(be->ip, p->saddr, be->port, p->sport, p->proto, LB_FLOW_OUT);
-	/* The reply's entry first: the backend may answer before this
-	 * program returns. */
-	bpf_map_update_elem(&onc_lb6_flows, &out, &rev, BPF_ANY);
+	fwd.dsr = lb_dsr6_wanted(svc, p->saddr, p->daddr, be);
+	if (!fwd.dsr) {
+		out = lb6_flow_key(be->ip, p->saddr, be->port, p->sport, p->proto, LB_FLOW_OUT);
+		/* The reply's entry first: the backend may answer before this
+		 * program returns. */
+		bpf_map_update_elem(&onc_lb6_flows, &out, &rev, BPF_ANY);
+	}
 	bpf_map_update_elem(&onc_lb6_flows, &in, &fwd, BPF_ANY);
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NEW_FLOW, 1);
 	lb_count_svc(svc->id, 0);
+	*dsr = fwd.dsr;
 	return LB_FLOW_OK;
 }
 
@@ -329,8 +341,9 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
  * uplink frontend is checked (a spoofed source, a client outside the
  * source ranges: dropped), sent to its flow's backend through the stack,
  * marked for SNAT unless the entry keeps the client; one the service has
- * no backend for is marked for netfilter to refuse, or dropped. A frame
- * to the VXLAN port is the overlay guard's, never a frontend's.
+ * no backend for is marked for netfilter to refuse, or dropped; a DSR
+ * flow's goes to its backend's node. A frame to the VXLAN port is never
+ * a frontend's: a peer's DSR frame, or the overlay guard's.
  */
 __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
 {
@@ -339,9 +352,12 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
 	struct lb6_addr be = {};
 	struct lb_svc svc;
 	struct lb6_pkt p;
+	__u8 dsr = 0;
 
-	if (lb6_parse(skb, &p) || (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port))
+	if (lb6_parse(skb, &p))
 		return LB_NEXT;
+	if (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
+		return LB_DSR6_RECEIVE6;
 	lb6_copy(key.vip, p.daddr);
 	key.port = p.dport;
 	key.proto = p.proto;
@@ -354,7 +370,7 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_SPOOFED, 1);
 		return TC_ACT_SHOT;
 	}
-	switch (lb6_flow_backend(&p, &svc, &be)) {
+	switch (lb6_flow_backend(&p, &svc, &be, &dsr)) {
 	case LB_FLOW_OK:
 		break;
 	case LB_FLOW_FOREIGN:
@@ -375,13 +391,14 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_SHOT;
 	}
+	if (dsr)
+		return LB_DSR6_SEND;
 	if (lb6_rewrite(skb, &p, 1, &be)) {
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_TRANSLATED, 1);
-	/* A backend on another node must answer through this one (LB_SVC_DSR
-	 * or not: see above). */
+	/* A backend on another node must answer through this one. */
 	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
 		skb->mark |= LB_MARK_SNAT;
 	return LB_NEXT;
