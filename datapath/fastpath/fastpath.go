@@ -234,8 +234,9 @@ func (o Options) constants() map[string]any {
 }
 
 // guardConstants are the overlay guard's own constants
-// (include/overlay.h), which only the fast path's object has: the IPv6
-// tunnel endpoint, all zeros on an IPv4 underlay.
+// (include/overlay.h), which the fast path's object has and the services
+// one (FlowCache), but not every object that shares the flow cache: the
+// IPv6 tunnel endpoint, all zeros on an IPv4 underlay.
 func (o Options) guardConstants() map[string]any {
 	var nodeIP6 [16]byte
 	if o.NodeIP.Is6() {
