@@ -157,7 +157,9 @@ up() {
   if [ "$KUBE_PROXY" = none ]; then
     # The edit docs/install.md asks for; the restart below brings it in.
     local apiserver
-    apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+    # A dual-stack node lists an InternalIP per family: the first is the
+    # cluster's first family's, the one its API server advertises.
+    apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' | awk '{print $1}')
     log "kube-proxy replacement on ($LB_MODE), API server at $apiserver:6443"
     kc -n onc-system patch configmap onc-config --type merge \
       -p '{"data":{"kube-proxy-replacement":"true","load-balancer-mode":"'"$LB_MODE"'","k8s-service-host":"'"$apiserver"'","k8s-service-port":"6443"}}'
