@@ -497,7 +497,10 @@ overlay_probe() {
     [ "$(drop_count "$after" from_pod)" -ge $(($(drop_count "$before" from_pod) + 5)) ] ||
       { echo "FAIL: $wk did not count the pod's 5 frames as from_pod"; ok=0; }
     f=$(vxlan_frame "$mac" "$victim" "$ip" "sent-by-the-node")
-    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:[$cpip]:4789; sleep 0.2; done; rm /tmp/onc-frame"
+    # socat takes an IPv6 address in brackets, and an IPv4 one without.
+    local to=$cpip
+    [[ $cpip == *:* ]] && to="[$cpip]"
+    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:$to:4789; sleep 0.2; done; rm /tmp/onc-frame"
     sleep 1
     got=$(kc -n onc-overlayprobe exec sink -- cat /tmp/got)
     echo "control, the same frame from $wk itself: the pod on $cp received: [$got]"
