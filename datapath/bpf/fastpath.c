@@ -93,6 +93,8 @@ static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, 
 	peer = peer6_u6_of(&p->ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		/* Perhaps a reply to a client outside; returns only if not. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
 	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, key, cfg->epoch);
@@ -165,6 +167,8 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 	peer = peer6_of(&p.ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		/* Perhaps a reply to a client outside; returns only if not. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
 	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, &key, cfg->epoch);

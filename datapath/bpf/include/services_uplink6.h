@@ -9,14 +9,14 @@
  * 5-tuple, ClientIP affinity), the same marks for netfilter (ip6tables'
  * MASQUERADE and REJECT rules, datapath/netfilter).
  *
- * The slow path only: every translated packet goes on to the stack.
- * These functions never hand a flow to the flow cache, never send a
- * packet past the stack (no fast path, no connection setup), and an entry
- * with LB_SVC_DSR is served as without (SNAT): direct server return
- * carries the frontend in a VXLAN header's 32 reserved bits, which hold
- * no IPv6 address. The fast path's reply programs (onc_uplink_lb_reply,
- * onc_uplink_lb_overlay_reply) parse IPv4 only, so an IPv6 reply takes
- * the stack and this egress function.
+ * Once netfilter let a flow to a backend on this node through
+ * ESTABLISHED both ways (ip6tables' marks, the flow cache's verdict in
+ * onc_filter6), its packets skip the stack both ways (lb6_uplink_fast,
+ * lb6_uplink_reply), as IPv4's do. Not yet in IPv6: a flow to a backend
+ * on another node, and connections opened on the fast path, take the
+ * stack. An entry with LB_SVC_DSR is served as without (SNAT): direct
+ * server return carries the frontend in a VXLAN header's 32 reserved
+ * bits, which hold no IPv6 address.
  *
  * Only a TCP or UDP header right after the IPv6 header is read: a packet
  * with extension headers (a fragment among them), ICMPv6 (neighbour
@@ -29,7 +29,8 @@
  *
  * IPv6 has maps of its own (the IPv4 ones keep their layout, so an
  * upgrade adopts them): flows, source ranges, internal prefixes, ClientIP
- * affinity keyed by the client's address, and counters (named uplink6_*).
+ * affinity keyed by the client's address, and counters (named uplink6_*;
+ * the fast path's in onc_lb6_uplink_fast_stats).
  */
 #ifndef __ONC_SERVICES_UPLINK6_H
 #define __ONC_SERVICES_UPLINK6_H
@@ -54,6 +55,18 @@ enum lb6_uplink_stat {
 };
 
 ONC_COUNTERS(onc_lb6_uplink_stats, lb6_uplink_stat, LB_STAT_UPLINK6_MAX);
+
+/* Counters of the IPv6 fast path from outside (per CPU), named as
+ * lb_uplink_stat's fast ones with a 6: a map of their own, so that
+ * onc_lb6_uplink_stats keeps its pinned size. */
+enum lb6_uplink_fast_stat {
+	LB_STAT_UPLINK6_FAST_TO_POD,  /* packets handed straight into a local backend */
+	LB_STAT_UPLINK6_FAST_REPLY,   /* replies sent straight out of the uplink */
+	LB_STAT_UPLINK6_LEARNED,      /* a reply taught the flow cache that its flow may leave */
+	LB_STAT_UPLINK6_FAST_MAX,
+};
+
+ONC_COUNTERS(onc_lb6_uplink_fast_stats, lb6_uplink_fast_stat, LB_STAT_UPLINK6_FAST_MAX);
 
 /* loadBalancerSourceRanges in IPv6: a service's allowed client prefixes. */
 struct lb6_src_key {
@@ -137,15 +150,18 @@ struct lb6_pkt {
 	__be16 dport;
 	__u8 proto;
 	__u8 syn; /* TCP, SYN without ACK: a connection's first packet */
-	__u8 pad[2];
+	__u8 tcp_flags; /* 0 for UDP */
+	__u8 hop_limit;
 	__u32 l4off;
+	__u8 tclass;
+	__u8 pad[3];
+	struct tcp_seg seg; /* TCP only */
 };
 
 static __always_inline int lb6_parse(struct __sk_buff *skb, struct lb6_pkt *p)
 {
 	struct ipv6hdr ip6;
 	__be16 ports[2];
-	__u8 flags;
 
 	if (skb->protocol != bpf_htons(ETH_P_IPV6))
 		return -1;
@@ -158,12 +174,27 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct lb6_pkt *p)
 	p->l4off = ETH_HLEN + sizeof(ip6);
 	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
 		return -1;
-	p->syn = 0;
+	p->tcp_flags = 0;
 	if (ip6.nexthdr == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, p->l4off + 13, &flags, sizeof(flags)))
+		/* From the sequence number to the flags, as lb_parse_at. */
+		struct {
+			__be32 seq;
+			__be32 ack;
+			__u8 doff;
+			__u8 flags;
+		} t;
+
+		if (bpf_skb_load_bytes(skb, p->l4off + 4, &t, sizeof(t)))
 			return -1;
-		p->syn = (flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+		p->tcp_flags = t.flags;
+		p->seg.seq = bpf_ntohl(t.seq);
+		p->seg.ack = bpf_ntohl(t.ack);
+		p->seg.len = bpf_ntohs(ip6.payload_len) - (t.doff >> 4) * 4;
+		p->seg.flags = t.flags;
 	}
+	p->syn = (p->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	p->hop_limit = ip6.hop_limit;
+	p->tclass = ip6_tclass(&ip6);
 	__builtin_memcpy(p->saddr, &ip6.saddr, sizeof(p->saddr));
 	__builtin_memcpy(p->daddr, &ip6.daddr, sizeof(p->daddr));
 	p->sport = ports[0];
@@ -325,6 +356,190 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 }
 
 /*
+ * The fast path in IPv6, as services_uplink.h's in IPv4: once netfilter
+ * let a flow to a backend on this node through ESTABLISHED both ways (the
+ * flow cache's verdict, onc_filter6), its packets skip the stack into
+ * the pod, and the pod's replies, which the fast path's egress program
+ * passes on (onc_hooks), leave by the uplink at once.
+ */
+
+/* A packet lb6_uplink_ingress translated, for lb6_uplink_fast: the
+ * packet as it came and its backend; ok 0 when there is none. It lives in
+ * the program's frame, so that neither function's frame grows: the
+ * verifier allows 512 bytes along a chain of calls. */
+struct lb6_xlat {
+	struct lb6_pkt p;
+	struct lb6_addr be;
+	__u8 ok;
+	__u8 pad[3];
+};
+
+/* The flow cache's key of a flow between a backend pod of this node and a
+ * client outside. */
+static __always_inline void lb6_cache_key(struct flow_key6 *k, const __be32 *pod, __be16 pod_port,
+					  const __be32 *client, __be16 client_port, __u8 proto)
+{
+	__builtin_memcpy(k->local_ip, pod, sizeof(k->local_ip));
+	__builtin_memcpy(k->remote_ip, client, sizeof(k->remote_ip));
+	k->local_port = pod_port;
+	k->remote_port = client_port;
+	k->proto = proto;
+}
+
+/* The flow a backend's packet to a client replies to, if any. */
+static __always_inline struct lb6_flow *lb6_reply_flow(const __be32 *backend, __be16 backend_port,
+							const __be32 *client, __be16 client_port, __u8 proto)
+{
+	struct lb6_flow_key key = lb6_flow_key(backend, client, backend_port, client_port, proto, LB_FLOW_OUT);
+
+	return bpf_map_lookup_elem(&onc_lb6_flows, &key);
+}
+
+/* lb6_dec_hop lowers the hop limit by one, as the forwarding hop the
+ * stack would have been (no header checksum in IPv6). The caller checked
+ * that it is above 1. */
+static __always_inline int lb6_dec_hop(struct __sk_buff *skb, const struct lb6_pkt *p)
+{
+	__u8 hop = p->hop_limit - 1;
+
+	return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop, sizeof(hop), 0);
+}
+
+/* lb6_forget is lb_forget in IPv6: a connection that ended on the fast
+ * path takes its flow's entries along, both ways. */
+static __always_inline void lb6_forget(const __be32 *client, __be16 client_port, const struct lb6_addr *fe,
+				       const struct lb6_addr *be, __u8 proto)
+{
+	struct lb6_flow_key in = lb6_flow_key(client, fe->ip, client_port, fe->port, proto, LB_FLOW_IN);
+	struct lb6_flow_key out = lb6_flow_key(be->ip, client, be->port, client_port, proto, LB_FLOW_OUT);
+
+	bpf_map_delete_elem(&onc_lb6_flows, &in);
+	bpf_map_delete_elem(&onc_lb6_flows, &out);
+}
+
+/*
+ * lb6_uplink_fast is lb_fast_path in IPv6 (see it), for the packet
+ * lb6_uplink_ingress translated (x): into a backend on this node when the
+ * flow cache says netfilter let its flow through ESTABLISHED both ways in
+ * this epoch and, for UDP, conntrack still holds it established. Every
+ * TCP SYN, FIN and RST takes the stack, and so does a packet to a backend
+ * on another node. Returns LB_NEXT when the stack must take it.
+ */
+__attribute__((noinline)) int lb6_uplink_fast(struct __sk_buff *skb, struct lb6_xlat *x)
+{
+	struct lb6_addr fe = {};
+	struct flow_key6 key = {};
+	struct ct6_ends t = {}, reply;
+	struct onc_config *cfg;
+	struct local_pod *pod;
+	struct flow_val *flow;
+	struct lb6_pkt *p;
+	int setup;
+
+	if (!x || !x->ok)
+		return LB_NEXT;
+	p = &x->p;
+	lb6_cache_key(&key, x->be.ip, x->be.port, p->saddr, p->sport, p->proto);
+	pod = bpf_map_lookup_elem(&onc_local6, key.local_ip);
+	if (!pod)
+		return LB_NEXT;
+	cfg = config();
+	setup = flow6_setup(&key, p->tcp_flags & TCP_CTL, p->tcp_flags & TCP_ACK, cfg, 0);
+	if (setup != SETUP_NONE || !cfg || !cfg->enabled || p->hop_limit <= 1)
+		return LB_NEXT;
+	flow = filter_allowed(&onc_filter6, &key, cfg->epoch);
+	if (!flow)
+		return LB_NEXT;
+	if (p->proto == IPPROTO_UDP) {
+		lb6_copy(t.saddr, p->saddr);
+		lb6_copy(t.daddr, x->be.ip);
+		t.sport = p->sport;
+		t.dport = x->be.port;
+		if (ct_established6(skb, &t, p->proto, CT_DIR_ORIGINAL, 0, &reply))
+			return LB_NEXT;
+	}
+	if (lb6_dec_hop(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	if (p->proto == IPPROTO_TCP && flow6_close_step(&key, flow, 0, &p->seg)) {
+		lb6_copy(fe.ip, p->daddr);
+		fe.port = p->dport;
+		lb6_forget(p->saddr, p->sport, &fe, &x->be, p->proto);
+	}
+	count(&onc_lb6_uplink_fast_stats, LB_STAT_UPLINK6_FAST_TO_POD, 1);
+	return bpf_redirect_peer(pod->ifindex, 0);
+}
+
+/* lb6_learn_reply is lb_learn_reply in IPv6 (see it): from a reply the
+ * slow path let out by the uplink as part of an ESTABLISHED flow, by
+ * which device replies leave, and for a backend on this node that the
+ * flow may leave. */
+static __always_inline void lb6_learn_reply(struct __sk_buff *skb, const struct lb6_pkt *p, struct lb6_flow *rev)
+{
+	struct flow_key6 key = {};
+	struct onc_config *cfg;
+
+	if (!(skb->mark & onc_mark) || (p->tcp_flags & (TCP_FIN | TCP_RST)))
+		return;
+	cfg = config();
+	if (!cfg || !cfg->enabled || !cfg->learning)
+		return;
+	if (rev->ifindex != skb->ifindex)
+		rev->ifindex = skb->ifindex;
+	lb6_cache_key(&key, p->saddr, p->sport, p->daddr, p->dport, p->proto);
+	if (!bpf_map_lookup_elem(&onc_local6, key.local_ip))
+		return;
+	if (filter_learn(&onc_filter6, &key, cfg->epoch, 1))
+		count(&onc_lb6_uplink_fast_stats, LB_STAT_UPLINK6_LEARNED, 1);
+}
+
+/*
+ * onc_uplink_lb_reply for an IPv6 packet (see it): a local backend's
+ * reply to a client outside, of a flow established both ways, gets its
+ * frontend's address and leaves by the uplink at once. Every SYN-ACK,
+ * FIN and RST takes the stack, and so does anything else.
+ */
+__attribute__((noinline)) int lb6_uplink_reply(struct __sk_buff *skb)
+{
+	struct flow_key6 cached = {};
+	struct onc_config *cfg;
+	struct flow_val *flow;
+	struct lb6_flow *rev;
+	struct lb6_addr fe = {}, be = {};
+	struct lb6_pkt p;
+	__u32 ifindex;
+
+	if (lb6_parse(skb, &p) || (p.tcp_flags & TCP_CTL) || p.hop_limit <= 1)
+		return TC_ACT_OK;
+	rev = lb6_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
+	if (!rev || !rev->ifindex)
+		return TC_ACT_OK;
+	cfg = config();
+	if (!cfg || !cfg->enabled)
+		return TC_ACT_OK;
+	lb6_cache_key(&cached, p.saddr, p.sport, p.daddr, p.dport, p.proto);
+	flow = filter_allowed(&onc_filter6, &cached, cfg->epoch);
+	if (!flow)
+		return TC_ACT_OK;
+	lb6_copy(fe.ip, rev->ip);
+	fe.port = rev->port;
+	ifindex = rev->ifindex;
+	if (lb6_rewrite(skb, &p, 0, &fe) || lb6_dec_hop(skb, &p)) {
+		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
+		return TC_ACT_SHOT;
+	}
+	if (p.proto == IPPROTO_TCP && flow6_close_step(&cached, flow, 1, &p.seg)) {
+		lb6_copy(be.ip, p.saddr);
+		be.port = p.sport;
+		lb6_forget(p.daddr, p.dport, &fe, &be, p.proto);
+	}
+	count(&onc_lb6_uplink_fast_stats, LB_STAT_UPLINK6_FAST_REPLY, 1);
+	return bpf_redirect_neigh(ifindex, NULL, 0, 0);
+}
+
+/*
  * onc_uplink_lb_ingress for an IPv6 packet: one from outside to an IPv6
  * uplink frontend is checked (a spoofed source, a client outside the
  * source ranges: dropped), sent to its flow's backend through the stack,
@@ -332,7 +547,7 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
  * no backend for is marked for netfilter to refuse, or dropped. A frame
  * to the VXLAN port is the overlay guard's, never a frontend's.
  */
-__attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
+__attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct lb6_xlat *x)
 {
 	struct lb6_svc_key key = { .scope = LB_SCOPE_UPLINK };
 	struct lb_svc *found;
@@ -384,6 +599,11 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb)
 	 * or not: see above). */
 	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
 		skb->mark |= LB_MARK_SNAT;
+	if (x) { /* for lb6_uplink_fast */
+		x->p = p;
+		x->be = be;
+		x->ok = 1;
+	}
 	return LB_NEXT;
 }
 
@@ -406,6 +626,7 @@ __attribute__((noinline)) int lb6_uplink_egress(struct __sk_buff *skb)
 	rev = bpf_map_lookup_elem(&onc_lb6_flows, &key);
 	if (!rev)
 		return LB_NEXT;
+	lb6_learn_reply(skb, &p, rev);
 	lb6_copy(fe.ip, rev->ip);
 	fe.port = rev->port;
 	if (lb6_rewrite(skb, &p, 0, &fe)) {
