@@ -158,7 +158,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 6, descDSRPackets: 10,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 8, descDSRPackets: 10,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

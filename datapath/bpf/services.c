@@ -375,6 +375,8 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
+	if (lb6_overlay_frame(skb))
+		return lb6_uplink_overlay_reply(skb);
 	/* A node without IPv4 pods has a zero mask, which every address
 	 * would match. */
 	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1 ||

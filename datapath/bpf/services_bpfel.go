@@ -35,6 +35,12 @@ type ServicesEgressVal struct {
 	NodeIp uint32
 }
 
+type ServicesEncap6Val struct {
+	_       structs.HostLayout
+	Hdr     [84]uint8
+	Ifindex uint32
+}
+
 type ServicesEncapVal struct {
 	_       structs.HostLayout
 	Hdr     [64]uint8
@@ -179,10 +185,13 @@ type ServicesLb6UplinkAffKey struct {
 type ServicesLb6UplinkFastStat uint32
 
 const (
-	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_TO_POD ServicesLb6UplinkFastStat = 0
-	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_REPLY  ServicesLb6UplinkFastStat = 1
-	ServicesLb6UplinkFastStatLB_STAT_UPLINK6LEARNED     ServicesLb6UplinkFastStat = 2
-	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_MAX    ServicesLb6UplinkFastStat = 3
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_TO_POD      ServicesLb6UplinkFastStat = 0
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_REPLY       ServicesLb6UplinkFastStat = 1
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_TO_REMOTE   ServicesLb6UplinkFastStat = 2
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_FROM_REMOTE ServicesLb6UplinkFastStat = 3
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6LEARNED          ServicesLb6UplinkFastStat = 4
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6OPEN             ServicesLb6UplinkFastStat = 5
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_MAX         ServicesLb6UplinkFastStat = 6
 )
 
 type ServicesLb6UplinkStat uint32
@@ -453,7 +462,9 @@ const (
 	ServicesMapOncCfg                   = "onc_cfg"
 	ServicesMapOncEgress                = "onc_egress"
 	ServicesMapOncEgress6               = "onc_egress6"
+	ServicesMapOncEgress6U6             = "onc_egress6_u6"
 	ServicesMapOncEncap                 = "onc_encap"
+	ServicesMapOncEncapU6               = "onc_encap_u6"
 	ServicesMapOncFilter                = "onc_filter"
 	ServicesMapOncFilter6               = "onc_filter6"
 	ServicesMapOncFin                   = "onc_fin"
@@ -494,6 +505,7 @@ const (
 	ServicesMapOncOpen6                 = "onc_open6"
 	ServicesMapOncPeers                 = "onc_peers"
 	ServicesMapOncPeers6                = "onc_peers6"
+	ServicesMapOncPeers6U6              = "onc_peers6_u6"
 	ServicesMapOncSenders               = "onc_senders"
 	ServicesMapOncSenders6              = "onc_senders6"
 	ServicesMapOncStats                 = "onc_stats"
@@ -589,7 +601,9 @@ type ServicesMapSpecs struct {
 	OncCfg                *ebpf.MapSpec `ebpf:"onc_cfg"`
 	OncEgress             *ebpf.MapSpec `ebpf:"onc_egress"`
 	OncEgress6            *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEgress6U6          *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncEncapU6            *ebpf.MapSpec `ebpf:"onc_encap_u6"`
 	OncFilter             *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6            *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin                *ebpf.MapSpec `ebpf:"onc_fin"`
@@ -630,6 +644,7 @@ type ServicesMapSpecs struct {
 	OncOpen6              *ebpf.MapSpec `ebpf:"onc_open6"`
 	OncPeers              *ebpf.MapSpec `ebpf:"onc_peers"`
 	OncPeers6             *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncPeers6U6           *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
 	OncSenders            *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6           *ebpf.MapSpec `ebpf:"onc_senders6"`
 	OncStats              *ebpf.MapSpec `ebpf:"onc_stats"`
@@ -675,7 +690,9 @@ type ServicesMaps struct {
 	OncCfg                *ebpf.Map `ebpf:"onc_cfg"`
 	OncEgress             *ebpf.Map `ebpf:"onc_egress"`
 	OncEgress6            *ebpf.Map `ebpf:"onc_egress6"`
+	OncEgress6U6          *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.Map `ebpf:"onc_encap"`
+	OncEncapU6            *ebpf.Map `ebpf:"onc_encap_u6"`
 	OncFilter             *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6            *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin                *ebpf.Map `ebpf:"onc_fin"`
@@ -716,6 +733,7 @@ type ServicesMaps struct {
 	OncOpen6              *ebpf.Map `ebpf:"onc_open6"`
 	OncPeers              *ebpf.Map `ebpf:"onc_peers"`
 	OncPeers6             *ebpf.Map `ebpf:"onc_peers6"`
+	OncPeers6U6           *ebpf.Map `ebpf:"onc_peers6_u6"`
 	OncSenders            *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6           *ebpf.Map `ebpf:"onc_senders6"`
 	OncStats              *ebpf.Map `ebpf:"onc_stats"`
@@ -727,7 +745,9 @@ func (m *ServicesMaps) Close() error {
 		m.OncCfg,
 		m.OncEgress,
 		m.OncEgress6,
+		m.OncEgress6U6,
 		m.OncEncap,
+		m.OncEncapU6,
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
@@ -768,6 +788,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncOpen6,
 		m.OncPeers,
 		m.OncPeers6,
+		m.OncPeers6U6,
 		m.OncSenders,
 		m.OncSenders6,
 		m.OncStats,

@@ -289,3 +289,110 @@ func bpftest6Run(t *testing.T, p *ebpf.Program, pkt []byte) (uint32, []byte) {
 	ret, out, _ := bpftest.RunMarked(t, p, pkt, 0)
 	return ret, out
 }
+
+// With connection setup on the fast path, a client's IPv6 SYN to a
+// backend on the node that no policy isolates opens its connection past
+// the stack, over either underlay: every packet of it, both ways, SYN and
+// FIN included, rides, conntrack never sees it, and its last ACK takes
+// its records along. An isolated backend's connection opens through the
+// stack; one the fast path lets go of is handed over to conntrack and
+// goes on through the stack.
+func TestUplink6OpensConnectionsToAnOpenBackend(t *testing.T) {
+	for _, u := range []struct {
+		name     string
+		endpoint netip.Addr
+	}{{"IPv4 underlay", nodeIP}, {"IPv6 underlay", nodeIP6}} {
+		t.Run(u.name, func(t *testing.T) {
+			b := newOpeningUplink6Bed(t, u.endpoint)
+			echo := netip.AddrPortFrom(localBE6.Addr(), 8081)
+			serveEcho(t, b.be, echo)
+			testutil.Must(t, b.lb.Sync([]Service{uplinkService(nodeIP6, TCP, echo)}, false))
+			const n = 20
+			counters := []string{"uplink6_open", "uplink6_fast_to_pod", "uplink6_fast_reply", "uplink6_translated",
+				"uplink6_reversed", "uplink_open"}
+			exchange := func() (client netip.AddrPort) {
+				c := b.dialClient("tcp6", nodePort6)
+				if err := roundTrips(c, n); err != nil {
+					t.Fatal(err)
+				}
+				client = c.LocalAddr().(*net.TCPAddr).AddrPort()
+				c.Close()
+				return client
+			}
+
+			open := map[netip.Addr]bool{localBE6.Addr(): true}
+			testutil.Must(t, b.fp.SetOpen(open, false))
+			var client netip.AddrPort
+			got := b.delta(func() {
+				client = exchange()
+				testutil.WaitFor(t, "the close on the fast path", 2*time.Second, func() bool { return !b.remembers6(client) })
+			}, counters...)
+			if got["uplink6_open"] != 1 || got["uplink6_fast_to_pod"] < n+1 || got["uplink6_fast_reply"] < n+1 ||
+				got["uplink6_translated"] != got["uplink6_open"]+got["uplink6_fast_to_pod"] || got["uplink6_reversed"] != 0 ||
+				got["uplink_open"] != 0 {
+				t.Errorf("an open backend: %v; want 1 connection opened and every packet fast, in IPv6's counters", got)
+			}
+			_, opened := b.conntrack6(client, echo)
+			_, pickedUp := b.conntrack6(echo, client)
+			if opened || pickedUp {
+				t.Error("conntrack has an entry of a connection the fast path opened and closed")
+			}
+
+			testutil.Must(t, b.fp.SetOpen(nil, false))
+			got = b.delta(func() { client = exchange() }, counters...)
+			if got["uplink6_open"] != 0 {
+				t.Errorf("a backend not open: %v; want no connection opened on the fast path", got)
+			}
+			if _, ok := b.conntrack6(client, echo); !ok {
+				t.Error("a backend not open: conntrack has no entry of the connection")
+			}
+
+			// Handed over (as when a policy now isolates the backend but
+			// allows the connection), it goes on through conntrack.
+			testutil.Must(t, b.fp.SetOpen(open, false))
+			c := b.dialClient("tcp6", nodePort6)
+			testutil.Must(t, roundTrips(c, 3))
+			client = c.LocalAddr().(*net.TCPAddr).AddrPort()
+			if f, ok := b.flow(client); !ok || f.Opener != fastpath.OpenedByRemote {
+				t.Fatalf("the connection to hand over: flow %+v (%v); want one the fast path opened", f, ok)
+			}
+			testutil.Must(t, b.fp.SetOpen(nil, false))
+			in(t, b.node, func() error {
+				return b.fp.EvictFlows(map[netip.Addr]bool{echo.Addr(): true},
+					func([]fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, _ fastpath.Opener) fastpath.Verdict, error) {
+						return func(netip.AddrPort, netip.AddrPort, uint8, fastpath.Opener) fastpath.Verdict {
+							return fastpath.HandOver
+						}, nil
+					})
+			})
+			if left, ok := b.conntrack6(client, echo); !ok || left < time.Hour {
+				t.Fatalf("handed over: conntrack timeout %v (entry %v); want an established entry's", left, ok)
+			}
+			if err := roundTrips(c, n); err != nil {
+				t.Errorf("a connection handed over to conntrack: %v", err)
+			}
+		})
+	}
+}
+
+// remembers6 is remembers for an IPv6 client: an entry of the uplink's
+// IPv6 flows either way, or of the flow cache.
+func (b *uplinkBed) remembers6(client netip.AddrPort) bool {
+	b.t.Helper()
+	if _, ok := b.flow(client); ok {
+		return true
+	}
+	var (
+		k bpf.ServicesLb6FlowKey
+		v bpf.ServicesLb6Flow
+	)
+	ip, port := bpf.NetIPv6(client.Addr()), bpf.NetPort(client.Port())
+	it := b.lb.maps.OncLb6Flows.Iterate()
+	for it.Next(&k, &v) {
+		if (k.Saddr == ip && k.Sport == port) || (k.Daddr == ip && k.Dport == port) {
+			return true
+		}
+	}
+	testutil.Must(b.t, it.Err())
+	return false
+}

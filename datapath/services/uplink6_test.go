@@ -68,10 +68,17 @@ func uplink6Node(t *testing.T) (*LB, *fastpath.Datapath) {
 // (an IPv6 underlay).
 func uplink6NodeOver(t *testing.T, endpoint netip.Addr) (*LB, *fastpath.Datapath) {
 	t.Helper()
+	return uplink6NodeWith(t, endpoint, fastpath.SetupOff)
+}
+
+// uplink6NodeWith is uplink6NodeOver with connection setup on the fast
+// path as setup says.
+func uplink6NodeWith(t *testing.T, endpoint netip.Addr, setup fastpath.ConnSetup) (*LB, *fastpath.Datapath) {
+	t.Helper()
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	fp, err := fastpath.Open(fastpath.Options{PinDir: dir, VNI: 1, Port: vxlanPort, Mark: fastPathMark, NodeIP: endpoint,
-		PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), PodCIDRv6: localPods6})
+		PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), PodCIDRv6: localPods6, ConnSetup: setup})
 	testutil.Must(t, err)
 	t.Cleanup(func() { fp.Close() })
 	testutil.Must(t, fp.Configure(true))
@@ -554,7 +561,7 @@ func withExt6(f []byte, kind uint8, ext []byte) []byte {
 // "remote" one behind r0.
 func newUplink6Bed(t *testing.T) *uplinkBed {
 	t.Helper()
-	return buildUplink6Bed(t, netip.Addr{})
+	return buildUplink6Bed(t, netip.Addr{}, fastpath.SetupOff)
 }
 
 // newFastUplink6Bed is newUplink6Bed's bed with the node's fast path over
@@ -564,12 +571,20 @@ func newUplink6Bed(t *testing.T) *uplinkBed {
 // the kube-proxy replacement.
 func newFastUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
 	t.Helper()
-	return buildUplink6Bed(t, endpoint)
+	return buildUplink6Bed(t, endpoint, fastpath.SetupOff)
+}
+
+// newOpeningUplink6Bed is newFastUplink6Bed's bed with connection setup on
+// the fast path for the pods onc_open6 holds (none at first).
+func newOpeningUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
+	t.Helper()
+	return buildUplink6Bed(t, endpoint, fastpath.SetupOpenPods)
 }
 
 // buildUplink6Bed builds the bed, with the fast path's marks and local pod
-// over the underlay of endpoint when it is valid.
-func buildUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
+// over the underlay of endpoint when it is valid, connection setup as
+// setup says.
+func buildUplink6Bed(t *testing.T, endpoint netip.Addr, setup fastpath.ConnSetup) *uplinkBed {
 	t.Helper()
 	p := testutil.Prefix()
 	b := &uplinkBed{t: t, client: p + "-cl", node: p + "-nd", be: p + "-be", rbe: p + "-rb"}
@@ -599,7 +614,7 @@ func buildUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
 	if !fast {
 		endpoint = nodeIP
 	}
-	b.lb, b.fp = uplink6NodeOver(t, endpoint)
+	b.lb, b.fp = uplink6NodeWith(t, endpoint, setup)
 	rules := netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24"), LocalPods6: localPods6}
 	if fast {
 		// As the agent sets it: conntrack's window falls behind the
