@@ -118,16 +118,15 @@ struct lb6_flow_key {
 	__u8 pad[2];
 };
 
-/* lb_flow's fields in IPv6. dsr and ifindex stay 0 (no direct server
- * return, no fast path in IPv6 yet): there so that the map keeps its
- * layout when they come. */
+/* lb_flow's fields in IPv6. dsr stays 0 (no direct server return in
+ * IPv6): there so that the map keeps its layout when it comes. */
 struct lb6_flow {
 	__be32 ip[4]; /* IN: the backend; OUT: the frontend */
 	__be16 port;
 	__u8 dsr;
 	__u8 pad;
 	__u32 svc_id; /* IN: a flow of a service since replaced picks again */
-	__u32 ifindex;
+	__u32 ifindex; /* OUT: the uplink replies leave by (the fast path's) */
 };
 
 struct {
@@ -372,9 +371,11 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 /*
  * The fast path in IPv6, as services_uplink.h's in IPv4: once netfilter
  * let a flow to a backend on this node through ESTABLISHED both ways (the
- * flow cache's verdict, onc_filter6), its packets skip the stack into
- * the pod, and the pod's replies, which the fast path's egress program
- * passes on (onc_hooks), leave by the uplink at once.
+ * flow cache's verdict, onc_filter6), or the fast path opened it, its
+ * packets skip the stack into the pod, and the pod's replies, which the
+ * fast path's egress program passes on (onc_hooks), leave by the uplink
+ * at once; a flow to a backend on another node skips it once conntrack
+ * holds it established and masqueraded, both ways.
  */
 
 /* A packet lb6_uplink_ingress translated, for lb6_uplink_fast: the
