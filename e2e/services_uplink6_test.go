@@ -199,6 +199,13 @@ func servicesFromOutsideIPv6(t *testing.T, labFamily string) {
 	t.Run("ConnectionsOpenOnTheFastPath", func(t *testing.T) {
 		const n = 20
 		be := backends[0].IPv6
+		// The agent opens a pod again only after the rules that stopped
+		// isolating it (the revocations above) took effect.
+		testutil.WaitFor(t, "node 0's backend open on the fast path", 10*time.Second, func() bool {
+			was := counters()["uplink6_open"]
+			_, _, _, err := askTCP(client, nodePort)
+			return err == nil && counters()["uplink6_open"] > was
+		})
 		conntrackTCP(t, node0, "-D", be, 8080, "-f", "ipv6")
 		before := counters()
 		for range n {
