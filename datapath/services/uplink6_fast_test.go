@@ -396,3 +396,37 @@ func (b *uplinkBed) remembers6(client netip.AddrPort) bool {
 	testutil.Must(b.t, it.Err())
 	return false
 }
+
+// A peer's frame to no pod of this node carrying IPv6 is sent out of the
+// uplink only as the reply of a flow conntrack holds established and
+// masqueraded: a frame that claims to be one (a known flow's backend
+// answering this node's gateway), but of no such conntrack entry, is left
+// to the stack untouched, as are a FIN and a reply to an address outside
+// the node's IPv6 pod CIDR. A frame carrying IPv4 takes the IPv4 path.
+func TestUplink6OverlayReplyRefusals(t *testing.T) {
+	lb, _ := uplink6Node(t)
+	testutil.Must(t, lb.Sync([]Service{uplinkService(nodeIP6, UDP, remoteBE6), uplinkService(nodeIP6, TCP, remoteBE6)}, false))
+	ingress6(t, lb, frame6(client6, nodePort6, udp6, 0))
+	ingress6(t, lb, frame6(client6, nodePort6, tcp6, syn))
+	gw := netip.AddrPortFrom(netip.MustParseAddr("fd00:10:244:1::1"), 40000) // the masquerade's source
+	peer := netip.MustParseAddr("192.0.2.9")
+	for _, c := range []struct {
+		name  string
+		inner []byte
+	}{
+		{"UDP conntrack does not hold", frame6(remoteBE6, gw, udp6, 0)},
+		{"TCP conntrack does not hold", frame6(remoteBE6, gw, tcp6, 0)},
+		{"a FIN", frame6(remoteBE6, gw, tcp6, 0x01)},
+		{"to the client itself", frame6(remoteBE6, client6, udp6, 0)},
+		{"IPv4", bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, remoteBE.Addr(), netip.MustParseAddr("10.244.1.1"), udp6, 8080, 40000, 0, 11)},
+	} {
+		frame := bpftest.VXLAN(c.inner, peer, nodeIP, 1)
+		var ret uint32
+		var out []byte
+		got := grew(t, lb, func() { ret, out = bpftest6Run(t, lb.objs.OncUplinkLbOverlayReply, frame) },
+			"uplink6_fast_from_remote", "uplink_fast_from_remote", "uplink6_error")
+		if ret != actOK || string(out) != string(frame) || got["uplink6_fast_from_remote"]+got["uplink_fast_from_remote"]+got["uplink6_error"] != 0 {
+			t.Errorf("%s: verdict %d, changed %v, counters grew %v; want the stack's, untouched", c.name, ret, string(out) != string(frame), got)
+		}
+	}
+}
