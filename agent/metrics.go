@@ -65,8 +65,8 @@ var (
 		"Connections (and unconnected datagrams) to Service frontends, by frontend type, scope and outcome: translated to a backend, or refused for want of one.",
 		[]string{"frontend", "scope", "outcome"}, nil)
 	descUplinkFast = prometheus.NewDesc("onc_services_uplink_fast_packets_total",
-		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink).",
-		[]string{"direction"}, nil)
+		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink); and family (ipv4, ipv6).",
+		[]string{"direction", "family"}, nil)
 	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
 		[]string{"event"}, nil)
@@ -287,12 +287,16 @@ func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
 
 // servicesSample maps enum lb_stat's and lb6_stat's <hook>_translated and
 // <hook>_refused of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
+// (enum lb6_uplink_fast_stat's uplink6_fast_<direction> in IPv6)
 // and enum lb_dsr_stat's dsr_<event>. The uplink's other counters count
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
 func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
 	if dir, ok := strings.CutPrefix(c.Name, "uplink_fast_"); ok {
-		return descUplinkFast, []string{dir}
+		return descUplinkFast, []string{dir, "ipv4"}
+	}
+	if dir, ok := strings.CutPrefix(c.Name, "uplink6_fast_"); ok {
+		return descUplinkFast, []string{dir, "ipv6"}
 	}
 	if event, ok := strings.CutPrefix(c.Name, "dsr_"); ok {
 		return descDSRPackets, []string{event}

@@ -114,7 +114,9 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{servicesSample, "recvmsg6_reversed", nil, nil},
 		{servicesSample, "no_slot", nil, nil},
 		{servicesSample, "recvmsg_reversed", nil, nil},
-		{servicesSample, "uplink_fast_to_pod", descUplinkFast, []string{"to_pod"}},
+		{servicesSample, "uplink_fast_to_pod", descUplinkFast, []string{"to_pod", "ipv4"}},
+		{servicesSample, "uplink6_fast_reply", descUplinkFast, []string{"reply", "ipv6"}},
+		{servicesSample, "uplink6_learned", nil, nil},
 		{servicesSample, "uplink_reversed", nil, nil},
 		{bypassSample, "redirected_msgs", descBypassMessages, nil},
 		{bypassSample, "redirected_bytes", descBypassBytes, nil},
@@ -146,6 +148,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{servicesSample, bpf.LoadServices, "lb_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb6_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_uplink_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb6_uplink_fast_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_dsr_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
@@ -155,7 +158,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 4, descDSRPackets: 10,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 8, descDSRPackets: 10,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

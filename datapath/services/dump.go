@@ -138,7 +138,7 @@ func affinityAt(k bpf.ServicesLbAffKey, be netip.AddrPort, last, now uint64, byI
 // uplink6_*) and their direct server return's (dsr_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
 	var all []bpf.Counter
-	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.uplink6, lb.dsr} {
+	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.uplink6, lb.uplink6f, lb.dsr} {
 		st, err := c.Read()
 		if err != nil {
 			return nil, err
