@@ -41,16 +41,26 @@ func (c *policyCluster) onctlFlows(t *testing.T, n *lab.Node, args ...string) []
 	return recs
 }
 
-// deniedRecord finds, among recs, the record of a packet from src to dst
-// (the probe's local address; dst's port).
-func deniedRecord(recs []*apiv1.FlowRecord, src, dst netip.AddrPort) *apiv1.FlowRecord {
+// deniedRecord finds, among recs, the record of a packet from src (or,
+// src invalid, from any port of srcIP) to dst.
+func deniedRecord(recs []*apiv1.FlowRecord, src netip.AddrPort, srcIP netip.Addr, dst netip.AddrPort) *apiv1.FlowRecord {
+	if src.IsValid() {
+		srcIP = src.Addr()
+	}
 	for _, r := range recs {
-		if r.Verdict == "denied" && r.Source.GetIp() == src.Addr().String() && r.Source.GetPort() == uint32(src.Port()) &&
+		if r.Verdict == "denied" && r.Source.GetIp() == srcIP.String() && (!src.IsValid() || r.Source.GetPort() == uint32(src.Port())) &&
 			r.Destination.GetIp() == dst.Addr().String() && r.Destination.GetPort() == uint32(dst.Port()) {
 			return r
 		}
 	}
 	return nil
+}
+
+func familyOf(a netip.Addr) probeFamily {
+	if a.Is6() {
+		return probeIPv6
+	}
+	return probeIPv4
 }
 
 // flows: a connection a policy denies appears in onctl flows --verdict
@@ -75,15 +85,27 @@ func (c *policyCluster) flows(t *testing.T) {
 		{"tcp", netip.AddrPortFrom(b.lp.IP, 80)},
 		{"udp", netip.AddrPortFrom(b.lp.IPv6, 81)},
 	} {
-		local, err := lab.Probe(yb.lp.Netns, probe.proto, probe.dst.Addr(), int(probe.dst.Port()), probeTimeout)
-		if err == nil {
+		// The record must come within 1 s of the probe's first packet,
+		// while the probe still waits for an answer.
+		type result struct {
+			local netip.AddrPort
+			err   error
+		}
+		done := make(chan result, 1)
+		start := time.Now()
+		go func() {
+			local, err := lab.Probe(yb.lp.Netns, probe.proto, probe.dst.Addr(), int(probe.dst.Port()), probeTimeout)
+			done <- result{local, err}
+		}()
+		var rec *apiv1.FlowRecord
+		for deadline := start.Add(time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			rec = deniedRecord(c.onctlFlows(t, nb, "--verdict", "denied", "--pod", b.key(), "--since", "5s"), netip.AddrPort{}, yb.addr(familyOf(probe.dst.Addr())), probe.dst)
+		}
+		res := <-done
+		if res.err == nil {
 			t.Fatalf("%s → %s %s %s got through", yb.key(), b.key(), probe.proto, probe.dst)
 		}
-		var rec *apiv1.FlowRecord
-		start := time.Now()
-		for deadline := start.Add(time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			rec = deniedRecord(c.onctlFlows(t, nb, "--verdict", "denied", "--pod", b.key()), local, probe.dst)
-		}
+		local := res.local
 		if rec == nil {
 			t.Fatalf("onctl flows on %s: no denied record of %s %s → %s within 1 s of the probe; it has %v",
 				nb.Name, probe.proto, local, probe.dst, c.onctlFlows(t, nb))
@@ -106,7 +128,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		t.Fatalf("%s → %s TCP/80: %v", a.key(), b.key(), err)
 	}
 	time.Sleep(time.Second)
-	if r := deniedRecord(c.onctlFlows(t, nb), local, netip.AddrPortFrom(b.lp.IP, 80)); r != nil {
+	if r := deniedRecord(c.onctlFlows(t, nb), local, netip.Addr{}, netip.AddrPortFrom(b.lp.IP, 80)); r != nil {
 		t.Errorf("the allowed %s → %s TCP/80 has a denied record: %v", a.key(), b.key(), r)
 	}
 
@@ -129,7 +151,6 @@ func (c *policyCluster) flows(t *testing.T) {
 		}
 		close(lines)
 	}()
-	time.Sleep(200 * time.Millisecond) // onctl connected
 	local, err = lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 8080, probeTimeout)
 	if err == nil {
 		t.Fatalf("%s → %s TCP/8080 got through", yb.key(), b.key())
@@ -145,7 +166,7 @@ func (c *policyCluster) flows(t *testing.T) {
 			if err := protojson.Unmarshal([]byte(line), r); err != nil {
 				t.Fatalf("onctl flows --follow: %v in %q", err, line)
 			}
-			if deniedRecord([]*apiv1.FlowRecord{r}, local, dst) == nil {
+			if deniedRecord([]*apiv1.FlowRecord{r}, local, netip.Addr{}, dst) == nil {
 				continue
 			}
 		case <-timeout:

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -23,21 +25,30 @@ type Recorder struct {
 	rules func() policy.Ruleset // this node's pods, as last enforced
 	pods  func() []*corev1.Pod  // the cluster's, as the policy informers hold them
 
-	mu    sync.Mutex
-	index map[netip.Addr]Endpoint // the cluster's pods by address; nil: to build
-	lost  atomic.Uint64
+	mu sync.Mutex
+	// index is the cluster's pods by address, built at indexed and read
+	// again, at most once a second, once they changed (stale).
+	index   map[netip.Addr]Endpoint
+	indexed time.Time
+	stale   bool
+	reindex time.Duration // at most this often
+	// local is the local pods by chain id, for the rules whose pod list
+	// localOf is.
+	local   map[string]localPodOf
+	localOf *policy.Pod
+	lost    atomic.Uint64
 }
 
 // NewRecorder records into store for node.
 func NewRecorder(store *Store, node string, rules func() policy.Ruleset, pods func() []*corev1.Pod) *Recorder {
-	return &Recorder{store: store, node: node, rules: rules, pods: pods}
+	return &Recorder{store: store, node: node, rules: rules, pods: pods, stale: true, reindex: time.Second}
 }
 
-// PodsChanged says the cluster's pods changed: the next record reads them
-// again.
+// PodsChanged says the cluster's pods may have changed: a record a second
+// after the last reading of them or later reads them again.
 func (r *Recorder) PodsChanged() {
 	r.mu.Lock()
-	r.index = nil
+	r.stale = true
 	r.mu.Unlock()
 }
 
@@ -78,7 +89,7 @@ func (r *Recorder) Packet(p dpflows.Packet) {
 	}
 	switch {
 	case !found:
-		rec.Reason = "default deny of a pod that has left this node since"
+		rec.Reason = "default deny of a pod this agent's rules do not hold (new, or gone)"
 	case d == nil:
 		rec.Reason = fmt.Sprintf("default deny: %s was %s isolated then, and is not now", *local, rec.Direction)
 	default:
@@ -94,26 +105,31 @@ type localPodOf struct {
 	ns, name string
 }
 
-// localPod finds the pod of chain id among the rules as last enforced.
+// localPod finds the pod of chain id among the rules as last enforced,
+// hashing their keys only when the rules changed.
 func (r *Recorder) localPod(id string) (localPodOf, bool) {
-	for _, p := range r.rules().Pods {
-		if policy.PodID(p.Key) != id {
-			continue
+	pods := r.rules().Pods
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if first := unsafe.SliceData(pods); r.local == nil || first != r.localOf || len(pods) != len(r.local) {
+		r.local, r.localOf = make(map[string]localPodOf, len(pods)), first
+		for _, p := range pods {
+			// A pod's other attachments have "ns/name (container/ifname)" keys.
+			key, _, _ := strings.Cut(p.Key, " ")
+			ns, name, _ := strings.Cut(key, "/")
+			r.local[policy.PodID(p.Key)] = localPodOf{Pod: p, ns: ns, name: name}
 		}
-		// A pod's other attachments have "ns/name (container/ifname)" keys.
-		key, _, _ := strings.Cut(p.Key, " ")
-		ns, name, _ := strings.Cut(key, "/")
-		return localPodOf{Pod: p, ns: ns, name: name}, true
 	}
-	return localPodOf{}, false
+	p, ok := r.local[id]
+	return p, ok
 }
 
 // clusterPod finds the pod of the cluster with address ip.
 func (r *Recorder) clusterPod(ip netip.Addr) (Endpoint, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.index == nil {
-		r.index = map[netip.Addr]Endpoint{}
+	if r.stale && time.Since(r.indexed) >= r.reindex {
+		r.index, r.indexed, r.stale = map[netip.Addr]Endpoint{}, time.Now(), false
 		for _, p := range r.pods() {
 			if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 				continue // a host-network pod's address is its node's

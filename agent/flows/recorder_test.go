@@ -53,18 +53,27 @@ func TestRecorderResolves(t *testing.T) {
 		g.Reason != "default deny: x/b (10.244.0.5:5000) was egress isolated then, and is not now" {
 		t.Errorf("egress record of a pod no longer isolated: %+v", g)
 	}
-	if g := got[2]; g.Dst.Kind != KindIP || g.Src.Name != "a" || g.Reason != "default deny of a pod that has left this node since" {
+	if g := got[2]; g.Dst.Kind != KindIP || g.Src.Name != "a" || g.Reason != "default deny of a pod this agent's rules do not hold (new, or gone)" {
 		t.Errorf("record of a gone pod: %+v", g)
 	}
-	// The cluster's pods are read again only once they changed.
+	// The cluster's pods are read again once they changed, at most once
+	// a second.
 	pods = []*corev1.Pod{clusterPod("z", "c", "n3", "10.244.1.7")}
-	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictDenied, Ingress: true, PodID: policy.PodID("x/b"), Proto: 6,
-		Src: netip.MustParseAddrPort("10.244.1.7:40002"), Dst: netip.MustParseAddrPort("10.244.0.5:80")})
+	deny := func(port uint16) Endpoint {
+		r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictDenied, Ingress: true, PodID: policy.PodID("x/b"), Proto: 6,
+			Src: netip.AddrPortFrom(netip.MustParseAddr("10.244.1.7"), port), Dst: netip.MustParseAddrPort("10.244.0.5:80")})
+		got := s.List(Filter{})
+		return got[len(got)-1].Src
+	}
+	if e := deny(40002); e.Name != "a" {
+		t.Errorf("before PodsChanged: %v, want y/a still", e)
+	}
 	r.PodsChanged()
-	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictDenied, Ingress: true, PodID: policy.PodID("x/b"), Proto: 6,
-		Src: netip.MustParseAddrPort("10.244.1.7:40003"), Dst: netip.MustParseAddrPort("10.244.0.5:80")})
-	got = s.List(Filter{})
-	if got[3].Src.Name != "a" || got[4].Src.Name != "c" || got[4].Src.Namespace != "z" {
-		t.Errorf("before and after PodsChanged: %+v, %+v", got[3].Src, got[4].Src)
+	if e := deny(40003); e.Name != "a" {
+		t.Errorf("right after PodsChanged: %v, want y/a still (read at most once a second)", e)
+	}
+	r.reindex = 0
+	if e := deny(40004); e.Name != "c" || e.Namespace != "z" {
+		t.Errorf("after PodsChanged and the wait: %v, want z/c", e)
 	}
 }

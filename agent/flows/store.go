@@ -107,6 +107,7 @@ type Store struct {
 	ring      []Record
 	next      int  // where the next record goes
 	full      bool // the ring has wrapped
+	added     uint64
 	followers map[*follower]bool
 }
 
@@ -127,6 +128,7 @@ func (s *Store) Add(r Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ring[s.next] = r
+	s.added++
 	s.next = (s.next + 1) % len(s.ring)
 	s.full = s.full || s.next == 0
 	for fl := range s.followers {
@@ -154,14 +156,11 @@ func lostRecord(n int, node string) Record {
 	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
 }
 
-// Len is how many records the store holds.
-func (s *Store) Len() int {
+// Added is how many records were ever added.
+func (s *Store) Added() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.full {
-		return len(s.ring)
-	}
-	return s.next
+	return s.added
 }
 
 // list is the stored records f selects, oldest first (s.mu held).

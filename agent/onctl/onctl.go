@@ -116,10 +116,11 @@ func (o *options) runFor(timeout time.Duration, v view) error {
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(context.Background(), timeout)
-	}
 	defer cancel()
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	if err := v(ctx, apiv1.NewAgentClient(conn), o); err != nil {
 		return fmt.Errorf("agent at %s: %w", o.socket, err)
 	}

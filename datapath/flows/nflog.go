@@ -87,7 +87,8 @@ func parseIP(b []byte) (proto uint8, src, dst netip.AddrPort, err error) {
 		if len(b) < 40 {
 			return 0, src, dst, fmt.Errorf("IPv6 packet of %d bytes: truncated", len(b))
 		}
-		proto, s, d, l4 = b[6], netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40])), b[40:]
+		s, d = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
+		proto, l4 = skipExtensions(b[6], b[40:])
 	default:
 		return 0, src, dst, fmt.Errorf("IP version %d", b[0]>>4)
 	}
@@ -99,6 +100,38 @@ func parseIP(b []byte) (proto uint8, src, dst netip.AddrPort, err error) {
 		}
 	}
 	return proto, netip.AddrPortFrom(s, sp), netip.AddrPortFrom(d, dp), nil
+}
+
+// skipExtensions follows an IPv6 packet's extension headers from next,
+// the fixed header's next header, to its transport protocol and header
+// (nil if the copy ends first, or a fragment header says it is not the
+// first fragment).
+func skipExtensions(next uint8, b []byte) (uint8, []byte) {
+	for {
+		switch next {
+		case unix.IPPROTO_HOPOPTS, unix.IPPROTO_ROUTING, unix.IPPROTO_DSTOPTS:
+			if len(b) < 8 || len(b) < 8+int(b[1])*8 {
+				return next, nil
+			}
+			next, b = b[0], b[8+int(b[1])*8:]
+		case unix.IPPROTO_FRAGMENT:
+			if len(b) < 8 || binary.BigEndian.Uint16(b[2:4])&0xfff8 != 0 {
+				return b0(b), nil
+			}
+			next, b = b[0], b[8:]
+		default:
+			return next, b
+		}
+	}
+}
+
+// b0 is b's first byte (the next header of an extension header), or
+// IPPROTO_FRAGMENT when b is too short to say.
+func b0(b []byte) uint8 {
+	if len(b) == 0 {
+		return unix.IPPROTO_FRAGMENT
+	}
+	return b[0]
 }
 
 // Reader reads the policy table's log group.
@@ -127,11 +160,14 @@ func Open(group uint16) (*Reader, error) {
 	return &Reader{nf: nf, group: group}, nil
 }
 
-// Run reads until ctx ends, calling fn for each packet of ONC's; lost
-// counts the messages the kernel could not queue (the agent fell behind)
-// and those that could not be decoded. It closes the reader.
-func (r *Reader) Run(ctx context.Context, fn func(Packet), lost func(n int)) error {
+// Run reads until ctx ends or reading fails, calling fn for each packet
+// of ONC's; lost counts the messages that could not be decoded, and each
+// time the kernel could not queue some (the reader fell behind: how many
+// it does not say). It closes the reader.
+func (r *Reader) Run(parent context.Context, fn func(Packet), lost func(n int)) error {
 	defer r.nf.Close()
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
 	hook := func(a nflog.Attribute) int {
 		if a.Prefix == nil || a.Payload == nil {
 			return 0
@@ -149,17 +185,28 @@ func (r *Reader) Run(ctx context.Context, fn func(Packet), lost func(n int)) err
 		return 0
 	}
 	// Messages the kernel dropped (ENOBUFS: the reader fell behind) are
-	// gone; count them and read on.
+	// gone: count that and read on. Any other error ends the run.
 	errFn := func(err error) int {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return 1
+		case errors.Is(err, unix.ENOBUFS):
+			lost(1)
+			return 0
 		}
-		lost(1)
-		return 0
+		stop(err)
+		return 1
 	}
 	if err := r.nf.RegisterWithErrorFunc(ctx, hook, errFn); err != nil {
+		// go-nflog keeps only the text of the kernel's EPERM.
+		if errors.Is(err, unix.EPERM) || strings.Contains(err.Error(), unix.EPERM.Error()) {
+			return fmt.Errorf("NFLOG group %d: another program of this network namespace reads it (pick another --flows-log-group): %w", r.group, err)
+		}
 		return fmt.Errorf("NFLOG group %d: %w", r.group, err)
 	}
 	<-ctx.Done()
-	return nil
+	if parent.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("NFLOG group %d: %w", r.group, context.Cause(ctx))
 }

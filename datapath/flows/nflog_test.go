@@ -20,6 +20,14 @@ func TestParsePacket(t *testing.T) {
 	v6[0], v6[6] = 0x60, 17
 	v6[8], v6[23], v6[24], v6[39] = 0xfd, 1, 0xfd, 2
 	v6[40], v6[41], v6[42], v6[43] = 0x9c, 0x40, 0, 53
+	// The same UDP datagram behind a hop-by-hop and a destination options
+	// header.
+	ext := append(append([]byte{}, v6[:40]...), 60, 0, 0, 0, 0, 0, 0, 0, 17, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	ext[6] = 0
+	ext = append(ext, v6[40:]...)
+	frag := append(append([]byte{}, v6[:40]...), 17, 0, 0, 8, 0, 0, 0, 1) // a second fragment
+	frag[6] = 44
+	frag = append(frag, v6[40:]...)
 	for _, c := range []struct {
 		name, prefix string
 		pkt          []byte
@@ -35,6 +43,12 @@ func TestParsePacket(t *testing.T) {
 		{"a later fragment has no ports", "onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 185),
 			Packet{Verdict: VerdictDenied, Ingress: true, PodID: "0123456789", Proto: 6,
 				Src: netip.MustParseAddrPort("10.0.0.1:0"), Dst: netip.MustParseAddrPort("10.0.0.2:0")}, nil},
+		{"IPv6 extension headers", "onc1 D eg abcdef0123", ext,
+			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
+				Src: netip.MustParseAddrPort("[fd00::1]:40000"), Dst: netip.MustParseAddrPort("[fd00::2]:53")}, nil},
+		{"an IPv6 later fragment has no ports", "onc1 D eg abcdef0123", frag,
+			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
+				Src: netip.MustParseAddrPort("[fd00::1]:0"), Dst: netip.MustParseAddrPort("[fd00::2]:0")}, nil},
 		{"someone else's prefix", "IN=eth0 DROP", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"another grammar version", "onc2 D in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"an unknown verdict", "onc1 Q in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},

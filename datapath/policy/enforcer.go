@@ -45,11 +45,11 @@ const nftTimeout = 30 * time.Second
 // so on (changeSets), and drop otherwise, counting both with the named
 // counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
 // also logs what it drops (NFLOG, the prefix naming the verdict, the
-// direction and the pod's id: datapath/flows), at most 3 packets at once
-// and then 1 a second per connection (sets flows-denied and
-// flows-denied6 hold each connection's budget for a minute after its last
-// logged packet). Returning instead of accepting
-// lets same-node traffic pass the sender's egress and then the receiver's
+// direction and the pod's id: datapath/flows), at most 20 packets a second
+// per chain and, of those, 3 at once and then 1 a second per connection
+// (sets flows-denied and flows-denied6 hold each connection's budget until
+// it has been quiet for a minute). Returning instead of accepting lets
+// same-node traffic pass the sender's egress and then the receiver's
 // ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
 //
@@ -72,6 +72,15 @@ type Enforcer struct {
 	owned    ownership // whether the kernel's table is still the one last written
 	logGroup uint16    // where pods' chains log what they drop; 0: they do not
 }
+
+// Log rates (docs/observability.md): per pod chain, so that a flood of
+// new connections to one pod costs the agent a bounded number of messages
+// and fills the sets of connections slowly; per connection, so that one
+// noisy connection does not use up its pod's.
+const (
+	chainLogRate = "limit rate 20/second burst 50 packets"
+	connLogRate  = "limit rate 1/second burst 3 packets"
+)
 
 // applied is what the table holds for one pod.
 type applied struct {
@@ -109,6 +118,7 @@ type family struct {
 	expr     string // the packet's header in rules: ip, ip6
 	addrType string // of set keys
 	suffix   string // of the names of a chain's sets of this family
+	version  string // of its header
 }
 
 // The indexes of families.
@@ -118,8 +128,8 @@ const (
 )
 
 var families = [2]family{
-	ipv4: {"IPv4", "ip", "ipv4_addr", ""},
-	ipv6: {"IPv6", "ip6", "ipv6_addr", "6"},
+	ipv4: {"IPv4", "ip", "ipv4_addr", "", "4"},
+	ipv6: {"IPv6", "ip6", "ipv6_addr", "6", "6"},
 }
 
 func familyOf(a netip.Addr) int {
@@ -133,7 +143,8 @@ func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
 
 // NewEnforcer checks that nft works here. It does not touch the table
 // until the first Apply. The pods' chains log what they drop to NFLOG
-// group logGroup, unless it is 0.
+// group logGroup, unless it is 0 or the kernel cannot (then they log
+// nothing, and a warning says why): logging must never stop policy.
 func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("NetworkPolicy needs the nft command (install the nftables package): %w", err)
@@ -146,7 +157,28 @@ func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}, logGroup: logGroup}, nil
+	e := &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}, logGroup: logGroup}
+	if logGroup != 0 {
+		if err := e.checkLog(); err != nil {
+			slog.Warn("network policy: denied packets are not logged (no flow records): the kernel refuses the log rules", "err", err)
+			e.logGroup = 0
+		}
+	}
+	return e, nil
+}
+
+// checkLog asks the kernel (a transaction checked, never committed)
+// whether it takes the log rules: they need nft's log, limit and dynamic
+// set expressions and nfnetlink_log.
+func (e *Enforcer) checkLog() error {
+	tx := e.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	addDeniedSets(tx)
+	tx.Add(&knftables.Chain{Name: "log-check"})
+	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check"))
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	return e.nft.Check(ctx, tx)
 }
 
 // Close releases the Enforcer. The table stays, enforcing the last Ruleset
@@ -517,16 +549,23 @@ func isolatedElem(iface string) *knftables.Element {
 // chain logged lately, each with its own rate limit.
 var deniedSets = [2]string{ipv4: "flows-denied", ipv6: "flows-denied6"}
 
+// addDeniedSets adds the sets of connections whose drops were logged
+// lately: a connection leaves its set after a minute without a logged
+// packet, and a full set logs no new connection until one leaves.
+func addDeniedSets(tx *knftables.Transaction) {
+	for f, set := range deniedSets {
+		a := families[f].addrType
+		tx.Add(&knftables.Set{Name: set, Type: a + " . " + a + " . inet_proto . inet_service . inet_service",
+			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+			Size:  knftables.PtrTo[uint64](65536), Timeout: knftables.PtrTo(time.Minute)})
+	}
+}
+
 // addBase adds the base chains and the maps and sets they use.
 func addBase(tx *knftables.Transaction, logGroup uint16) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
 	if logGroup != 0 {
-		for f, set := range deniedSets {
-			a := families[f].addrType
-			tx.Add(&knftables.Set{Name: set, Type: a + " . " + a + " . inet_proto . inet_service . inet_service",
-				Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
-				Size:  knftables.PtrTo[uint64](65536), Timeout: knftables.PtrTo(time.Minute)})
-		}
+		addDeniedSets(tx)
 	}
 	for f, set := range podAddrSets {
 		tx.Add(&knftables.Set{Name: set, Type: "ifname . " + families[f].addrType})
@@ -679,17 +718,23 @@ func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *c
 		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", peer, all, chain+"-allow")})
 	}
 	if logGroup != 0 {
-		// A limit never sits in a rule with a verdict: over it, the rule
-		// would not match, and the packet would pass.
-		prefix := flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id)
-		for f, set := range deniedSets {
-			h := families[f].expr
-			tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf(
-				"add @%s { %s saddr . %s daddr . meta l4proto . th sport . th dport limit rate 1/second burst 3 packets } log prefix %q group %d",
-				set, h, h, prefix, logGroup)})
-		}
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
+}
+
+// addLogRules adds to chain the rules logging a packet to logGroup with
+// prefix, within the chain's and the connection's rates. A limit never
+// sits in a rule with a verdict: over it, the rule would not match, and
+// the packet would pass. Protocols without ports count each packet as a
+// connection: the chain's rate bounds them.
+func addLogRules(tx *knftables.Transaction, logGroup uint16, chain, prefix string) {
+	for f, set := range deniedSets {
+		h := families[f].expr
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf(
+			"%s %s update @%s { %s saddr . %s daddr . meta l4proto . th sport . th dport %s } log prefix %q group %d",
+			h+" version "+families[f].version, chainLogRate, set, h, h, connLogRate, prefix, logGroup)})
+	}
 }
 
 func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
