@@ -70,6 +70,10 @@ var (
 	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
 		[]string{"event"}, nil)
+	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
+		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates.", nil, nil)
+	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
+		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -232,6 +236,10 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
 			}
 		}
+	}
+	if a.recorder != nil {
+		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
+		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
 	}
 	m.scrapeErrors.Collect(ch)
 }

@@ -87,6 +87,7 @@ func TestPolicy(t *testing.T) {
 	})
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
+	t.Run("Flows", c.flows)
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)
 	t.Run("ConnectionSetup", c.connectionSetup)
