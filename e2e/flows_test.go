@@ -121,8 +121,7 @@ func (c *policyCluster) flows(t *testing.T) {
 
 	// Allowed: no denied record.
 	start := time.Now()
-	local, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout)
-	if err != nil {
+	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout); err != nil {
 		t.Fatalf("%s → %s TCP/80: %v", a.key(), b.key(), err)
 	}
 	time.Sleep(time.Second)
@@ -150,7 +149,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		close(lines)
 	}()
 	start = time.Now()
-	local, err = lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 8080, probeTimeout)
+	local, err := lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 8080, probeTimeout)
 	if err == nil {
 		t.Fatalf("%s → %s TCP/8080 got through", yb.key(), b.key())
 	}
