@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/onc-net/onc/agent/bypass"
+	"github.com/onc-net/onc/agent/flows"
 	"github.com/onc-net/onc/agent/ipam"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
@@ -31,6 +32,7 @@ import (
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/internal/atomicfile"
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Version is set at build time.
@@ -66,6 +68,10 @@ type Config struct {
 	// Pods, with the Kubernetes datastore, tells the phase of the pod an
 	// attachment belongs to (onctl pods); nil elsewhere.
 	Pods PodPhases
+
+	// FlowsBuffer is how many flow records the agent keeps (agent/flows),
+	// read from Datapath.PolicyLogGroup; 0, or no Policy: none.
+	FlowsBuffer int
 }
 
 // PodPhases looks up a pod of this node in the Kubernetes API: its phase,
@@ -91,6 +97,8 @@ type Agent struct {
 	podMTU   int
 	peers    *watch.Watcher    // the node and its peers, from the datastore
 	policy   *policy.Watcher   // nil without Config.Policy
+	flows    *flows.Store      // nil when no flows are recorded
+	recorder *flows.Recorder   // nil when no flows are recorded
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
@@ -143,6 +151,11 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
 	if cfg.Policy != nil {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
+		if cfg.FlowsBuffer > 0 && cfg.Datapath.PolicyLogGroup != 0 {
+			a.flows = flows.NewStore(cfg.FlowsBuffer)
+			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
+			cfg.Policy.OnChange(a.recorder.PodsChanged)
+		}
 	} else {
 		slog.Warn("network policy " + policy.NeedsKubernetes)
 	}
@@ -241,6 +254,9 @@ func (a *Agent) runners() []func(context.Context) {
 	if a.policy != nil {
 		rs = append(rs, a.policy.Run)
 	}
+	if a.recorder != nil {
+		rs = append(rs, a.recordFlows)
+	}
 	if a.svcs != nil {
 		rs = append(rs, a.svcs.Run)
 	}
@@ -248,6 +264,23 @@ func (a *Agent) runners() []func(context.Context) {
 		rs = append(rs, a.health.Run)
 	}
 	return rs
+}
+
+// recordFlows reads what the policy table logs into flow records until
+// ctx ends, opening the log group again a resync period after it fails
+// (another process may hold it).
+func (a *Agent) recordFlows(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := a.recorder.Run(ctx, a.cfg.Datapath.PolicyLogGroup)
+		if err == nil {
+			return
+		}
+		slog.Error("flow records: reading the policy table's log", "group", a.cfg.Datapath.PolicyLogGroup, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(a.cfg.Resync):
+		}
+	}
 }
 
 // reconcile is the peer watcher's: it brings the node up once its CIDR

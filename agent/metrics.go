@@ -65,11 +65,15 @@ var (
 		"Connections (and unconnected datagrams) to Service frontends, by frontend type, scope and outcome: translated to a backend, or refused for want of one.",
 		[]string{"frontend", "scope", "outcome"}, nil)
 	descUplinkFast = prometheus.NewDesc("onc_services_uplink_fast_packets_total",
-		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink).",
-		[]string{"direction"}, nil)
+		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink); and family (ipv4, ipv6).",
+		[]string{"direction", "family"}, nil)
 	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend); and by the client's family (ipv4, ipv6).",
 		[]string{"event", "family"}, nil)
+	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
+		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates.", nil, nil)
+	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
+		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -233,6 +237,10 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	if a.recorder != nil {
+		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
+		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
+	}
 	m.scrapeErrors.Collect(ch)
 }
 
@@ -286,13 +294,17 @@ func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
 }
 
 // servicesSample maps enum lb_stat's and lb6_stat's <hook>_translated and
-// <hook>_refused of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>,
+// <hook>_refused of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
+// (enum lb6_uplink_fast_stat's uplink6_fast_<direction> in IPv6),
 // enum lb_dsr_stat's dsr_<event> and lb6_dsr_stat's dsr6_<event>. The uplink's other counters count
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
 func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
 	if dir, ok := strings.CutPrefix(c.Name, "uplink_fast_"); ok {
-		return descUplinkFast, []string{dir}
+		return descUplinkFast, []string{dir, "ipv4"}
+	}
+	if dir, ok := strings.CutPrefix(c.Name, "uplink6_fast_"); ok {
+		return descUplinkFast, []string{dir, "ipv6"}
 	}
 	if event, ok := strings.CutPrefix(c.Name, "dsr_"); ok {
 		return descDSRPackets, []string{event, "ipv4"}

@@ -9,11 +9,13 @@ import (
 	"strings"
 
 	"github.com/onc-net/onc/agent/bypass"
+	"github.com/onc-net/onc/agent/flows"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/internal/netaddr"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -261,6 +263,10 @@ func (s *onctlServer) SetBypass(ctx context.Context, req *apiv1.SetBypassRequest
 		return nil, err
 	}
 	return s.ListBypass(ctx, nil)
+}
+
+func (s *onctlServer) GetFlows(req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServer[apiv1.FlowRecord]) error {
+	return flows.Serve(s.a.flows, req, stream)
 }
 
 // podNames names this node's pods (namespace/name) by address, from

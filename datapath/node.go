@@ -86,7 +86,7 @@ func New(cfg Config) (*Node, error) {
 	cgroup := sync.OnceValues(func() (string, error) { return bpf.ResolveCgroup(cfg.Cgroup) })
 	n.services = services.NewNode(cfg.Services, cfg.BPFFS, cgroup)
 	n.bypass = bypass.NewNode(cfg.Bypass, cfg.BPFFS, cgroup)
-	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded)
+	n.policy = policy.NewNode(n.fastPath, n.bypass.Loaded, cfg.PolicyLogGroup)
 	n.underlay = underlay.NewNode(up.Index, up.NodeIP, n.fastPath)
 	return n, nil
 }

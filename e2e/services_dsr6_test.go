@@ -83,7 +83,9 @@ func servicesFromOutsideDSR6(t *testing.T, labFamily string) {
 		if d := grew(after0, before0, "uplink6_reversed"); d != 0 {
 			t.Errorf("node 0 reversed %d replies, want none: they must not pass it", d)
 		}
-		if d := grew(after1, before1, "uplink6_reversed"); d < packets/2 {
+		// Its replies leave by the egress function, or by the fast path's
+		// reply program once the flow cache learned their flow.
+		if d := grew(after1, before1, "uplink6_reversed") + grew(after1, before1, "uplink6_fast_reply"); d < packets/2 {
 			t.Errorf("node 1 gave %d replies the frontend's address, want ≥ %d", d, packets/2)
 		}
 		for _, c := range []map[string]uint64{after0, after1} {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/internal/testutil"
 	"github.com/onc-net/onc/lab"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -128,6 +129,52 @@ func servicesFromOutsideIPv6(t *testing.T, labFamily string) {
 		}
 	})
 
+	// An established flow to node 0's backend skips node 0's stack both
+	// ways once ip6tables saw it so (node 0's IPv6 fast counters take
+	// its datagrams), until a policy shuts its client out: then not one
+	// more datagram reaches the pod.
+	t.Run("FastPathToALocalBackend", func(t *testing.T) {
+		udp := netip.AddrPortFrom(node0.IPv6, 30053)
+		var ask func() error
+		var from netip.AddrPort
+		testutil.WaitFor(t, "a flow to node 0's backend", 10*time.Second, func() bool {
+			ask, from = dialUDP(t, client, udp, backends[0].Name)
+			return ask() == nil
+		})
+		fastExchanges(t, node0, from, ask, counters, "uplink6_fast_to_pod", "uplink6_fast_reply")
+		revoke(t, kube, ask, func() uint64 { return counters()["uplink6_fast_to_pod"] })
+	})
+
+	// A flow to node 1's backend skips node 0's stack both ways once
+	// conntrack holds it established and masqueraded: sent over the
+	// overlay (IPv4 tunnels in the dual-stack lab, IPv6 ones in the IPv6
+	// lab) with its masqueraded source, the replies decapsulated and
+	// reversed on the uplink; node 1 carries it on its fast path too. A
+	// policy at node 1 then shuts it out there.
+	t.Run("FastPathToAnotherNode", func(t *testing.T) {
+		udp := netip.AddrPortFrom(node0.IPv6, 30053)
+		var ask func() error
+		var from netip.AddrPort
+		testutil.WaitFor(t, "a flow to node 1's backend", 10*time.Second, func() bool {
+			ask, from = dialUDP(t, client, udp, backends[1].Name)
+			return ask() == nil
+		})
+		fastExchanges(t, node0, from, ask, counters, "uplink6_fast_to_remote", "uplink6_fast_from_remote")
+		before1 := stats(t, l.Nodes[1])
+		for range 30 {
+			if err := ask(); err != nil {
+				t.Fatalf("exchange: %v", err)
+			}
+		}
+		after1 := stats(t, l.Nodes[1])
+		for _, c := range []string{"ingress6_hit", "egress6_hit"} {
+			if d := after1[c] - before1[c]; d < 30 {
+				t.Errorf("node 1's %s grew by %d over 30 exchanges, want ≥ 30", c, d)
+			}
+		}
+		revoke(t, kube, ask, func() uint64 { return stats(t, l.Nodes[1])["ingress6_hit"] })
+	})
+
 	t.Run("ExternalTrafficPolicyLocal", func(t *testing.T) {
 		cur, err := kube.CoreV1().Services(svcNS).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
@@ -143,6 +190,38 @@ func servicesFromOutsideIPv6(t *testing.T, labFamily string) {
 			if err != nil || name != backends[0].Name || saw != lab.ExternalClientIPv6.String() {
 				t.Fatalf("externalTrafficPolicy Local: %s saw %s (%v); want %s seeing %s", name, saw, err, backends[0].Name, lab.ExternalClientIPv6)
 			}
+		}
+	})
+
+	// Every backend now on node 0 (externalTrafficPolicy Local), none
+	// isolated by a policy: each TCP connection from outside opens, runs
+	// and closes on node 0's fast path, and conntrack never sees it.
+	t.Run("ConnectionsOpenOnTheFastPath", func(t *testing.T) {
+		const n = 20
+		be := backends[0].IPv6
+		// The agent opens a pod again only after the rules that stopped
+		// isolating it (the revocations above) took effect.
+		testutil.WaitFor(t, "node 0's backend open on the fast path", 10*time.Second, func() bool {
+			was := counters()["uplink6_open"]
+			_, _, _, err := askTCP(client, nodePort)
+			return err == nil && counters()["uplink6_open"] > was
+		})
+		conntrackTCP(t, node0, "-D", be, 8080, "-f", "ipv6")
+		before := counters()
+		for range n {
+			if name, _, _, err := askTCP(client, nodePort); err != nil || name != backends[0].Name {
+				t.Fatalf("TCP to %s from outside: %s (%v); want %s", nodePort, name, err, backends[0].Name)
+			}
+		}
+		after := counters()
+		if d := after["uplink6_open"] - before["uplink6_open"]; d != n {
+			t.Errorf("uplink6_open grew by %d over %d connections, want %d", d, n, n)
+		}
+		if d := after["uplink6_reversed"] - before["uplink6_reversed"]; d != 0 {
+			t.Errorf("uplink6_reversed grew by %d: replies took the stack", d)
+		}
+		if lines := conntrackTo(t, node0, be, 8080, "-f", "ipv6"); len(lines) != 0 {
+			t.Errorf("node 0's conntrack saw connections the fast path opened: %q", lines)
 		}
 	})
 

@@ -388,8 +388,12 @@ func askUDP(netns string, addr netip.AddrPort) (name, from string, err error) {
 func dialUDP(t *testing.T, netns string, addr netip.AddrPort, want string) (func() error, netip.AddrPort) {
 	t.Helper()
 	var conn net.Conn
+	network := "udp4"
+	if addr.Addr().Is6() {
+		network = "udp6"
+	}
 	if err := lab.InNetns(netns, func() (err error) {
-		conn, err = net.Dial("udp4", addr.String())
+		conn, err = net.Dial(network, addr.String())
 		return err
 	}); err != nil {
 		t.Fatal(err)

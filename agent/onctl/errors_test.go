@@ -24,4 +24,7 @@ func TestOnctlErrorsAreClear(t *testing.T) {
 	if _, err := run("-o", "yaml", "status"); err == nil || !strings.Contains(err.Error(), "table or json") {
 		t.Fatalf("bad output format: err = %v", err)
 	}
+	if _, err := run("-s", "/nonexistent/agent.sock", "flows", "--since", "-5m"); err == nil || !strings.Contains(err.Error(), "--since") {
+		t.Fatalf("negative --since: err = %v, want one naming --since", err)
+	}
 }

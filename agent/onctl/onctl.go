@@ -77,6 +77,7 @@ func NewCommand() *cobra.Command {
 			RunE: o.runE(show(apiv1.AgentClient.ListServices, &apiv1.ListServicesRequest{}, printServices))},
 		cacheCommand(o),
 		bypassCommand(o),
+		flowsCommand(o),
 	)
 	return root
 }
@@ -101,7 +102,11 @@ func cacheCommand(o *options) *cobra.Command {
 
 type view func(ctx context.Context, c apiv1.AgentClient, o *options) error
 
-func (o *options) run(v view) error {
+func (o *options) run(v view) error { return o.runFor(o.timeout, v) }
+
+// runFor runs v with a deadline timeout from now (0: none, for a view
+// that follows the agent until interrupted).
+func (o *options) runFor(timeout time.Duration, v view) error {
 	if _, err := os.Stat(o.socket); err != nil {
 		return fmt.Errorf("onc-agent is not reachable at %s: %w (is the agent running? set --socket)", o.socket, err)
 	}
@@ -110,8 +115,12 @@ func (o *options) run(v view) error {
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	if err := v(ctx, apiv1.NewAgentClient(conn), o); err != nil {
 		return fmt.Errorf("agent at %s: %w", o.socket, err)
 	}

@@ -68,6 +68,11 @@ func TestOnctlAgainstARealAgent(t *testing.T) {
 		t.Fatalf("pods = %+v, want the lab's pod %s", pods, n.Pods[0].IP)
 	}
 
+	// An etcd cluster enforces no NetworkPolicy: no flow records.
+	if _, err := run("-s", sock, "flows"); err == nil || !strings.Contains(err.Error(), "FailedPrecondition") || !strings.Contains(err.Error(), "records no flows") {
+		t.Errorf("flows on an etcd node: %v, want FailedPrecondition saying it records no flows", err)
+	}
+
 	out, err = run("-s", sock, "peers")
 	if err != nil {
 		t.Fatal(err)

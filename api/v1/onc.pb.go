@@ -2895,6 +2895,297 @@ func (x *SetBypassRequest) GetMinSize() uint32 {
 	return 0
 }
 
+// Which flow records to send; every field empty: all.
+type GetFlowsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Follow        bool                   `protobuf:"varint,1,opt,name=follow,proto3" json:"follow,omitempty"`
+	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`                                             // namespace/name: records with that pod at either end
+	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`                                 // records with a pod of that namespace at either end
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied
+	SinceUnixNano int64                  `protobuf:"varint,5,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"` // records from then on
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetFlowsRequest) Reset() {
+	*x = GetFlowsRequest{}
+	mi := &file_onc_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetFlowsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetFlowsRequest) ProtoMessage() {}
+
+func (x *GetFlowsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetFlowsRequest.ProtoReflect.Descriptor instead.
+func (*GetFlowsRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *GetFlowsRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+func (x *GetFlowsRequest) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
+}
+
+func (x *GetFlowsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *GetFlowsRequest) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *GetFlowsRequest) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+// One end of a flow.
+type FlowEndpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pod: a pod the agent knows, of this node or another; ip: an address
+	// of no pod it knows (a node, a host outside, a pod not seen yet).
+	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"` // pods
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`           // pods
+	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`           // the node the pod runs on
+	Ip            string `protobuf:"bytes,5,opt,name=ip,proto3" json:"ip,omitempty"`
+	Port          uint32 `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"` // 0 for protocols without ports
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowEndpoint) Reset() {
+	*x = FlowEndpoint{}
+	mi := &file_onc_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowEndpoint) ProtoMessage() {}
+
+func (x *FlowEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowEndpoint.ProtoReflect.Descriptor instead.
+func (*FlowEndpoint) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *FlowEndpoint) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *FlowEndpoint) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *FlowEndpoint) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FlowEndpoint) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FlowEndpoint) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *FlowEndpoint) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+// A flow record: what the datapath did with a packet, and why.
+type FlowRecord struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixNano int64                  `protobuf:"varint,1,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"` // the node that recorded it
+	// policy: a policy verdict on a packet; lost: records this reader did
+	// not get, being too slow (reason says how many).
+	Event         string        `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	Verdict       string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`     // denied
+	Direction     string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the pod whose policy decided
+	Protocol      string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
+	Source        *FlowEndpoint `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
+	Reason        string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
+	Policies      []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
+	Path          string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow: the kernel's stack and netfilter
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowRecord) Reset() {
+	*x = FlowRecord{}
+	mi := &file_onc_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowRecord) ProtoMessage() {}
+
+func (x *FlowRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowRecord.ProtoReflect.Descriptor instead.
+func (*FlowRecord) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *FlowRecord) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *FlowRecord) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetDirection() string {
+	if x != nil {
+		return x.Direction
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetSource() *FlowEndpoint {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *FlowRecord) GetDestination() *FlowEndpoint {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
+func (x *FlowRecord) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *FlowRecord) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 var File_onc_proto protoreflect.FileDescriptor
 
 const file_onc_proto_rawDesc = "" +
@@ -3135,13 +3426,40 @@ const file_onc_proto_rawDesc = "" +
 	"\bcounters\x18\x03 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"A\n" +
 	"\x10SetBypassRequest\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x19\n" +
-	"\bmin_size\x18\x02 \x01(\rR\aminSize2\xf9\x01\n" +
+	"\bmin_size\x18\x02 \x01(\rR\aminSize\"\x9b\x01\n" +
+	"\x0fGetFlowsRequest\x12\x16\n" +
+	"\x06follow\x18\x01 \x01(\bR\x06follow\x12\x10\n" +
+	"\x03pod\x18\x02 \x01(\tR\x03pod\x12\x1c\n" +
+	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x18\n" +
+	"\averdict\x18\x04 \x01(\tR\averdict\x12&\n" +
+	"\x0fsince_unix_nano\x18\x05 \x01(\x03R\rsinceUnixNano\"\x8c\x01\n" +
+	"\fFlowEndpoint\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
+	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xde\x02\n" +
+	"\n" +
+	"FlowRecord\x12$\n" +
+	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
+	"\x05event\x18\x03 \x01(\tR\x05event\x12\x18\n" +
+	"\averdict\x18\x04 \x01(\tR\averdict\x12\x1c\n" +
+	"\tdirection\x18\x05 \x01(\tR\tdirection\x12\x1a\n" +
+	"\bprotocol\x18\x06 \x01(\tR\bprotocol\x12,\n" +
+	"\x06source\x18\a \x01(\v2\x14.onc.v1.FlowEndpointR\x06source\x126\n" +
+	"\vdestination\x18\b \x01(\v2\x14.onc.v1.FlowEndpointR\vdestination\x12\x16\n" +
+	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
+	"\bpolicies\x18\n" +
+	" \x03(\tR\bpolicies\x12\x12\n" +
+	"\x04path\x18\v \x01(\tR\x04path2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xe0\x05\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\x9b\x06\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
@@ -3156,7 +3474,8 @@ const file_onc_proto_rawDesc = "" +
 	"\fListServices\x12\x1b.onc.v1.ListServicesRequest\x1a\x1c.onc.v1.ListServicesResponse\x12C\n" +
 	"\n" +
 	"ListBypass\x12\x19.onc.v1.ListBypassRequest\x1a\x1a.onc.v1.ListBypassResponse\x12A\n" +
-	"\tSetBypass\x12\x18.onc.v1.SetBypassRequest\x1a\x1a.onc.v1.ListBypassResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"\tSetBypass\x12\x18.onc.v1.SetBypassRequest\x1a\x1a.onc.v1.ListBypassResponse\x129\n" +
+	"\bGetFlows\x12\x17.onc.v1.GetFlowsRequest\x1a\x12.onc.v1.FlowRecord0\x01B%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -3170,7 +3489,7 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),           // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),          // 1: onc.v1.CNIResponse
@@ -3211,6 +3530,9 @@ var file_onc_proto_goTypes = []any{
 	(*BypassConn)(nil),           // 36: onc.v1.BypassConn
 	(*ListBypassResponse)(nil),   // 37: onc.v1.ListBypassResponse
 	(*SetBypassRequest)(nil),     // 38: onc.v1.SetBypassRequest
+	(*GetFlowsRequest)(nil),      // 39: onc.v1.GetFlowsRequest
+	(*FlowEndpoint)(nil),         // 40: onc.v1.FlowEndpoint
+	(*FlowRecord)(nil),           // 41: onc.v1.FlowRecord
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
@@ -3234,43 +3556,47 @@ var file_onc_proto_depIdxs = []int32{
 	34, // 18: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
 	36, // 19: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
 	22, // 20: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
-	0,  // 21: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 22: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 23: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 24: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 25: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 26: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 27: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 28: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 29: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 30: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 31: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 32: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 33: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 34: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	35, // 35: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
-	38, // 36: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
-	1,  // 37: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 38: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 39: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 40: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 41: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 42: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 43: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 44: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 45: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 46: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 47: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 48: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 49: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 50: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	37, // 51: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
-	37, // 52: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
-	37, // [37:53] is the sub-list for method output_type
-	21, // [21:37] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	40, // 21: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
+	40, // 22: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
+	0,  // 23: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 24: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 25: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 26: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 27: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 28: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 29: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 30: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 31: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 32: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 33: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 34: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 35: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 36: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	35, // 37: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	38, // 38: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	39, // 39: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
+	1,  // 40: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 41: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 42: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 43: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 44: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 45: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 46: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 47: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 48: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 49: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 50: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 51: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 52: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 53: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	37, // 54: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	37, // 55: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	41, // 56: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
+	40, // [40:57] is the sub-list for method output_type
+	23, // [23:40] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -3284,7 +3610,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -298,6 +298,7 @@ const (
 	Agent_ListServices_FullMethodName = "/onc.v1.Agent/ListServices"
 	Agent_ListBypass_FullMethodName   = "/onc.v1.Agent/ListBypass"
 	Agent_SetBypass_FullMethodName    = "/onc.v1.Agent/SetBypass"
+	Agent_GetFlows_FullMethodName     = "/onc.v1.Agent/GetFlows"
 )
 
 // AgentClient is the client API for Agent service.
@@ -339,6 +340,12 @@ type AgentClient interface {
 	// INVALID_ARGUMENT for a bad setting (the message names the field);
 	// FAILED_PRECONDITION when the bypass is not loaded.
 	SetBypass(ctx context.Context, in *SetBypassRequest, opts ...grpc.CallOption) (*ListBypassResponse, error)
+	// The flow records this node keeps (docs/observability.md) that the
+	// request selects, oldest first; with follow, then each new one as it
+	// comes, until the caller ends the call. INVALID_ARGUMENT for a bad
+	// filter (the message names the field); FAILED_PRECONDITION when this
+	// node records no flows (--flows-buffer 0, or no NetworkPolicy here).
+	GetFlows(ctx context.Context, in *GetFlowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowRecord], error)
 }
 
 type agentClient struct {
@@ -459,6 +466,25 @@ func (c *agentClient) SetBypass(ctx context.Context, in *SetBypassRequest, opts 
 	return out, nil
 }
 
+func (c *agentClient) GetFlows(ctx context.Context, in *GetFlowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowRecord], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[0], Agent_GetFlows_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetFlowsRequest, FlowRecord]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_GetFlowsClient = grpc.ServerStreamingClient[FlowRecord]
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -498,6 +524,12 @@ type AgentServer interface {
 	// INVALID_ARGUMENT for a bad setting (the message names the field);
 	// FAILED_PRECONDITION when the bypass is not loaded.
 	SetBypass(context.Context, *SetBypassRequest) (*ListBypassResponse, error)
+	// The flow records this node keeps (docs/observability.md) that the
+	// request selects, oldest first; with follow, then each new one as it
+	// comes, until the caller ends the call. INVALID_ARGUMENT for a bad
+	// filter (the message names the field); FAILED_PRECONDITION when this
+	// node records no flows (--flows-buffer 0, or no NetworkPolicy here).
+	GetFlows(*GetFlowsRequest, grpc.ServerStreamingServer[FlowRecord]) error
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -540,6 +572,9 @@ func (UnimplementedAgentServer) ListBypass(context.Context, *ListBypassRequest) 
 }
 func (UnimplementedAgentServer) SetBypass(context.Context, *SetBypassRequest) (*ListBypassResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetBypass not implemented")
+}
+func (UnimplementedAgentServer) GetFlows(*GetFlowsRequest, grpc.ServerStreamingServer[FlowRecord]) error {
+	return status.Errorf(codes.Unimplemented, "method GetFlows not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -760,6 +795,17 @@ func _Agent_SetBypass_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_GetFlows_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetFlowsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).GetFlows(m, &grpc.GenericServerStream[GetFlowsRequest, FlowRecord]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_GetFlowsServer = grpc.ServerStreamingServer[FlowRecord]
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -812,6 +858,12 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Agent_SetBypass_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "GetFlows",
+			Handler:       _Agent_GetFlows_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "onc.proto",
 }

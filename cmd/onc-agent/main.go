@@ -54,6 +54,8 @@ func main() {
 	lbMode := fs.String("load-balancer-mode", "snat", "with --kube-proxy-replacement, how a client outside the cluster reaches a backend pod on another node: snat (the backend sees this node's address and answers through it) or dsr (direct server return: the backend sees the client's address and its node answers the client itself; docs/services.md)")
 	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
+	fs.IntVar(&cfg.FlowsBuffer, "flows-buffer", 8192, "how many flow records the agent keeps for onctl flows (docs/observability.md); 0 records none")
+	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs what it drops to, for the flow records; pick one no other program of the node reads")
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
@@ -84,6 +86,14 @@ func main() {
 	}
 	if cfg.Datapath.DSR && !cfg.Datapath.KubeProxyReplacement {
 		cmdutil.Fatal("bad flag", errors.New("--load-balancer-mode dsr needs --kube-proxy-replacement: beside kube-proxy, kube-proxy serves clients outside the cluster"))
+	}
+	switch {
+	case cfg.FlowsBuffer < 0:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-buffer %d: a number of records, 0 or more", cfg.FlowsBuffer))
+	case *flowsGroup < 1 || *flowsGroup > 65535:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-log-group %d: an NFLOG group, 1-65535", *flowsGroup))
+	case cfg.FlowsBuffer > 0:
+		cfg.Datapath.PolicyLogGroup = uint16(*flowsGroup)
 	}
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))

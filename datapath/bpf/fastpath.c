@@ -93,6 +93,8 @@ static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, 
 	peer = peer6_u6_of(&p->ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		/* Perhaps a reply to a client outside; returns only if not. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
 	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, key, cfg->epoch);
@@ -165,6 +167,8 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 	peer = peer6_of(&p.ip6->daddr);
 	if (!peer) {
 		count(&onc_stats6, STAT_EGRESS_MISS_NO_PEER, 1);
+		/* Perhaps a reply to a client outside; returns only if not. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_POD_TO_NO_PEER);
 		return TC_ACT_OK;
 	}
 	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, &key, cfg->epoch);
@@ -319,15 +323,6 @@ static __always_inline int ingress_open(const struct flow_key *k, const struct c
 	return flow_open(k, epoch, FLOW_OPENED_BY_REMOTE);
 }
 
-/*
- * Linux 6.3's flag for a decapsulation that leaves an IPv6 packet where
- * the outer header was IPv4: it sets the skb's protocol, which nothing
- * downstream recomputes (bpf_redirect_peer hands the packet to the pod
- * as it is). The build's UAPI headers may predate it; older kernels
- * refuse it (onc_decap_ipv6).
- */
-#define ONC_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
-
 /* decap takes a peer's frame's outer headers (len bytes) off and gives
  * the packet the Ethernet header of pod (proto its type, ETH_P_IP or
  * ETH_P_IPV6); 0, or -1 when the packet could not be rewritten (drop it:
@@ -416,6 +411,8 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, __be32 outer4, c
 	pod = bpf_map_lookup_elem(&onc_local6, &p.ip6->daddr);
 	if (!pod) {
 		count(&onc_stats6, STAT_INGRESS_MISS_NO_POD, 1);
+		/* Perhaps a reply to a flow this node masqueraded. */
+		bpf_tail_call(skb, &onc_hooks, HOOK_OVERLAY_TO_NO_POD);
 		return TC_ACT_OK;
 	}
 	flow = setup == SETUP_OPEN ? NULL : filter_allowed(&onc_filter6, &key, cfg->epoch);

@@ -7,8 +7,8 @@
  * to a backend pod when a socket connects or sends, and back when it
  * reads a reply or asks for its peer (include/services.h). And from
  * outside the cluster, on the uplink: NodePorts, externalIPs and load
- * balancer IPs, in IPv4 (include/services_uplink.h) and, on the slow path
- * only, in IPv6 (include/services_uplink6.h).
+ * balancer IPs, in IPv4 (include/services_uplink.h) and IPv6
+ * (include/services_uplink6.h).
  */
 #include "include/services.h"
 #include "include/services_uplink.h"
@@ -256,17 +256,28 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 	return lb_fast_path(skb, &p, &be);
 }
 
-/* The program: its IPv4 half above, its IPv6 one in services_uplink6.h;
- * an IPv6 frontend's direct server return after either (lb_dsr6_step). */
+/*
+ * The program: its IPv4 half above, its IPv6 one in services_uplink6.h,
+ * whose fast path (lb6_uplink_fast) runs beside lb6_uplink_ingress, not
+ * inside it: each frame on its own, on top of this one's. An IPv6
+ * frontend's direct server return runs after either half, in frames of
+ * its own too (lb_dsr6_step). The two never share a packet, as in IPv4
+ * (lb_uplink_ingress4: lb_dsr_send or lb_fast_path): a DSR flow's packet
+ * leaves x empty, and what x holds is never a DSR step.
+ */
 SEC("tc")
 int onc_uplink_lb_ingress(struct __sk_buff *skb)
 {
+	struct lb6_xlat x = {};
 	int rc;
 
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		rc = lb6_uplink_ingress(skb);
-	else
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		rc = lb6_uplink_ingress(skb, &x);
+		if (x.ok)
+			return lb6_uplink_fast(skb, &x);
+	} else {
 		rc = lb_uplink_ingress4(skb);
+	}
 	return lb_dsr6_step(skb, rc);
 }
 
@@ -276,7 +287,7 @@ int onc_uplink_lb_ingress(struct __sk_buff *skb)
  * a local backend's to a flow a peer sent directly) leaves from the
  * frontend the client sent to, and, when netfilter marked it ESTABLISHED,
  * teaches the flow cache that the flow may leave. An IPv6 packet is
- * lb6_uplink_egress's (services_uplink6.h), which teaches nothing.
+ * lb6_uplink_egress's (services_uplink6.h).
  */
 SEC("tc")
 int onc_uplink_lb_egress(struct __sk_buff *skb)
@@ -311,7 +322,8 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
  * A SYN-ACK, FIN or RST does only in a connection the fast path opened
  * (lb_open): conntrack saw every other open and must see its close; the
  * packet that ends such a connection (flow_close_step) takes its records along.
- * Anything else takes the stack.
+ * Anything else takes the stack. An IPv6 packet is lb6_uplink_reply's
+ * (services_uplink6.h).
  */
 SEC("tc")
 int onc_uplink_lb_reply(struct __sk_buff *skb)
@@ -324,6 +336,8 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	struct lb_pkt p;
 	__u32 ifindex;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return lb6_uplink_reply(skb);
 	if (lb_parse(skb, &p) || p.syn || p.ttl <= 1)
 		return TC_ACT_OK;
 	rev = lb_reply_flow(p.saddr, p.sport, p.daddr, p.dport, p.proto);
@@ -371,6 +385,8 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	struct lb_flow *rev;
 	struct lb_pkt p;
 
+	if (lb6_overlay_frame(skb))
+		return lb6_uplink_overlay_reply(skb);
 	/* A node without IPv4 pods has a zero mask, which every address
 	 * would match. */
 	if (skb->gso_segs > 1 || lb_parse_at(skb, ONC_HDR_LEN, &p) || (p.tcp_flags & TCP_CTL) || p.ttl <= 1 ||

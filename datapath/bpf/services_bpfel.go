@@ -198,6 +198,18 @@ type ServicesLb6UplinkAffKey struct {
 	SvcId  uint32
 }
 
+type ServicesLb6UplinkFastStat uint32
+
+const (
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_TO_POD      ServicesLb6UplinkFastStat = 0
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_REPLY       ServicesLb6UplinkFastStat = 1
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_TO_REMOTE   ServicesLb6UplinkFastStat = 2
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_FROM_REMOTE ServicesLb6UplinkFastStat = 3
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6LEARNED          ServicesLb6UplinkFastStat = 4
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6OPEN             ServicesLb6UplinkFastStat = 5
+	ServicesLb6UplinkFastStatLB_STAT_UPLINK6FAST_MAX         ServicesLb6UplinkFastStat = 6
+)
+
 type ServicesLb6UplinkStat uint32
 
 const (
@@ -502,6 +514,7 @@ const (
 	ServicesMapOncLb6Stats              = "onc_lb6_stats"
 	ServicesMapOncLb6Svc                = "onc_lb6_svc"
 	ServicesMapOncLb6UplinkAff          = "onc_lb6_uplink_aff"
+	ServicesMapOncLb6UplinkFastStats    = "onc_lb6_uplink_fast_stats"
 	ServicesMapOncLb6UplinkStats        = "onc_lb6_uplink_stats"
 	ServicesMapOncLbAff                 = "onc_lb_aff"
 	ServicesMapOncLbBackend             = "onc_lb_backend"
@@ -620,60 +633,61 @@ type ServicesProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesMapSpecs struct {
-	OncCfg             *ebpf.MapSpec `ebpf:"onc_cfg"`
-	OncEgress          *ebpf.MapSpec `ebpf:"onc_egress"`
-	OncEgress6         *ebpf.MapSpec `ebpf:"onc_egress6"`
-	OncEgress6U6       *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
-	OncEncap           *ebpf.MapSpec `ebpf:"onc_encap"`
-	OncEncapU6         *ebpf.MapSpec `ebpf:"onc_encap_u6"`
-	OncFilter          *ebpf.MapSpec `ebpf:"onc_filter"`
-	OncFilter6         *ebpf.MapSpec `ebpf:"onc_filter6"`
-	OncFin             *ebpf.MapSpec `ebpf:"onc_fin"`
-	OncFin6            *ebpf.MapSpec `ebpf:"onc_fin6"`
-	OncHooks           *ebpf.MapSpec `ebpf:"onc_hooks"`
-	OncHosts           *ebpf.MapSpec `ebpf:"onc_hosts"`
-	OncLb6Aff          *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
-	OncLb6Backend      *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
-	OncLb6DsrNodeport  *ebpf.MapSpec `ebpf:"onc_lb6_dsr_nodeport"`
-	OncLb6DsrStats     *ebpf.MapSpec `ebpf:"onc_lb6_dsr_stats"`
-	OncLb6Flows        *ebpf.MapSpec `ebpf:"onc_lb6_flows"`
-	OncLb6Gone         *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
-	OncLb6Internal     *ebpf.MapSpec `ebpf:"onc_lb6_internal"`
-	OncLb6Member       *ebpf.MapSpec `ebpf:"onc_lb6_member"`
-	OncLb6Revnat       *ebpf.MapSpec `ebpf:"onc_lb6_revnat"`
-	OncLb6SourceRanges *ebpf.MapSpec `ebpf:"onc_lb6_source_ranges"`
-	OncLb6Stats        *ebpf.MapSpec `ebpf:"onc_lb6_stats"`
-	OncLb6Svc          *ebpf.MapSpec `ebpf:"onc_lb6_svc"`
-	OncLb6UplinkAff    *ebpf.MapSpec `ebpf:"onc_lb6_uplink_aff"`
-	OncLb6UplinkStats  *ebpf.MapSpec `ebpf:"onc_lb6_uplink_stats"`
-	OncLbAff           *ebpf.MapSpec `ebpf:"onc_lb_aff"`
-	OncLbBackend       *ebpf.MapSpec `ebpf:"onc_lb_backend"`
-	OncLbDestroyStats  *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
-	OncLbDsrStats      *ebpf.MapSpec `ebpf:"onc_lb_dsr_stats"`
-	OncLbFlows         *ebpf.MapSpec `ebpf:"onc_lb_flows"`
-	OncLbGone          *ebpf.MapSpec `ebpf:"onc_lb_gone"`
-	OncLbInternal      *ebpf.MapSpec `ebpf:"onc_lb_internal"`
-	OncLbMember        *ebpf.MapSpec `ebpf:"onc_lb_member"`
-	OncLbNetns         *ebpf.MapSpec `ebpf:"onc_lb_netns"`
-	OncLbRevnat        *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
-	OncLbSourceRanges  *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
-	OncLbStats         *ebpf.MapSpec `ebpf:"onc_lb_stats"`
-	OncLbSvc           *ebpf.MapSpec `ebpf:"onc_lb_svc"`
-	OncLbSvcStats      *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
-	OncLbUplinkStats   *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
-	OncLocal           *ebpf.MapSpec `ebpf:"onc_local"`
-	OncLocal6          *ebpf.MapSpec `ebpf:"onc_local6"`
-	OncOpen            *ebpf.MapSpec `ebpf:"onc_open"`
-	OncOpen6           *ebpf.MapSpec `ebpf:"onc_open6"`
-	OncPeers           *ebpf.MapSpec `ebpf:"onc_peers"`
-	OncPeers6          *ebpf.MapSpec `ebpf:"onc_peers6"`
-	OncPeers6U6        *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
-	OncSenders         *ebpf.MapSpec `ebpf:"onc_senders"`
-	OncSenders6        *ebpf.MapSpec `ebpf:"onc_senders6"`
-	OncSenders6U6      *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
-	OncSendersU6       *ebpf.MapSpec `ebpf:"onc_senders_u6"`
-	OncStats           *ebpf.MapSpec `ebpf:"onc_stats"`
-	OncStats6          *ebpf.MapSpec `ebpf:"onc_stats6"`
+	OncCfg                *ebpf.MapSpec `ebpf:"onc_cfg"`
+	OncEgress             *ebpf.MapSpec `ebpf:"onc_egress"`
+	OncEgress6            *ebpf.MapSpec `ebpf:"onc_egress6"`
+	OncEgress6U6          *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
+	OncEncap              *ebpf.MapSpec `ebpf:"onc_encap"`
+	OncEncapU6            *ebpf.MapSpec `ebpf:"onc_encap_u6"`
+	OncFilter             *ebpf.MapSpec `ebpf:"onc_filter"`
+	OncFilter6            *ebpf.MapSpec `ebpf:"onc_filter6"`
+	OncFin                *ebpf.MapSpec `ebpf:"onc_fin"`
+	OncFin6               *ebpf.MapSpec `ebpf:"onc_fin6"`
+	OncHooks              *ebpf.MapSpec `ebpf:"onc_hooks"`
+	OncHosts              *ebpf.MapSpec `ebpf:"onc_hosts"`
+	OncLb6Aff             *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
+	OncLb6Backend         *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport     *ebpf.MapSpec `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats        *ebpf.MapSpec `ebpf:"onc_lb6_dsr_stats"`
+	OncLb6Flows           *ebpf.MapSpec `ebpf:"onc_lb6_flows"`
+	OncLb6Gone            *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
+	OncLb6Internal        *ebpf.MapSpec `ebpf:"onc_lb6_internal"`
+	OncLb6Member          *ebpf.MapSpec `ebpf:"onc_lb6_member"`
+	OncLb6Revnat          *ebpf.MapSpec `ebpf:"onc_lb6_revnat"`
+	OncLb6SourceRanges    *ebpf.MapSpec `ebpf:"onc_lb6_source_ranges"`
+	OncLb6Stats           *ebpf.MapSpec `ebpf:"onc_lb6_stats"`
+	OncLb6Svc             *ebpf.MapSpec `ebpf:"onc_lb6_svc"`
+	OncLb6UplinkAff       *ebpf.MapSpec `ebpf:"onc_lb6_uplink_aff"`
+	OncLb6UplinkFastStats *ebpf.MapSpec `ebpf:"onc_lb6_uplink_fast_stats"`
+	OncLb6UplinkStats     *ebpf.MapSpec `ebpf:"onc_lb6_uplink_stats"`
+	OncLbAff              *ebpf.MapSpec `ebpf:"onc_lb_aff"`
+	OncLbBackend          *ebpf.MapSpec `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats     *ebpf.MapSpec `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats         *ebpf.MapSpec `ebpf:"onc_lb_dsr_stats"`
+	OncLbFlows            *ebpf.MapSpec `ebpf:"onc_lb_flows"`
+	OncLbGone             *ebpf.MapSpec `ebpf:"onc_lb_gone"`
+	OncLbInternal         *ebpf.MapSpec `ebpf:"onc_lb_internal"`
+	OncLbMember           *ebpf.MapSpec `ebpf:"onc_lb_member"`
+	OncLbNetns            *ebpf.MapSpec `ebpf:"onc_lb_netns"`
+	OncLbRevnat           *ebpf.MapSpec `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges     *ebpf.MapSpec `ebpf:"onc_lb_source_ranges"`
+	OncLbStats            *ebpf.MapSpec `ebpf:"onc_lb_stats"`
+	OncLbSvc              *ebpf.MapSpec `ebpf:"onc_lb_svc"`
+	OncLbSvcStats         *ebpf.MapSpec `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats      *ebpf.MapSpec `ebpf:"onc_lb_uplink_stats"`
+	OncLocal              *ebpf.MapSpec `ebpf:"onc_local"`
+	OncLocal6             *ebpf.MapSpec `ebpf:"onc_local6"`
+	OncOpen               *ebpf.MapSpec `ebpf:"onc_open"`
+	OncOpen6              *ebpf.MapSpec `ebpf:"onc_open6"`
+	OncPeers              *ebpf.MapSpec `ebpf:"onc_peers"`
+	OncPeers6             *ebpf.MapSpec `ebpf:"onc_peers6"`
+	OncPeers6U6           *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
+	OncSenders            *ebpf.MapSpec `ebpf:"onc_senders"`
+	OncSenders6           *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncSenders6U6         *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
+	OncSendersU6          *ebpf.MapSpec `ebpf:"onc_senders_u6"`
+	OncStats              *ebpf.MapSpec `ebpf:"onc_stats"`
+	OncStats6             *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
 
 // ServicesVariableSpecs contains global variables before they are loaded into the kernel.
@@ -713,60 +727,61 @@ func (o *ServicesObjects) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesMaps struct {
-	OncCfg             *ebpf.Map `ebpf:"onc_cfg"`
-	OncEgress          *ebpf.Map `ebpf:"onc_egress"`
-	OncEgress6         *ebpf.Map `ebpf:"onc_egress6"`
-	OncEgress6U6       *ebpf.Map `ebpf:"onc_egress6_u6"`
-	OncEncap           *ebpf.Map `ebpf:"onc_encap"`
-	OncEncapU6         *ebpf.Map `ebpf:"onc_encap_u6"`
-	OncFilter          *ebpf.Map `ebpf:"onc_filter"`
-	OncFilter6         *ebpf.Map `ebpf:"onc_filter6"`
-	OncFin             *ebpf.Map `ebpf:"onc_fin"`
-	OncFin6            *ebpf.Map `ebpf:"onc_fin6"`
-	OncHooks           *ebpf.Map `ebpf:"onc_hooks"`
-	OncHosts           *ebpf.Map `ebpf:"onc_hosts"`
-	OncLb6Aff          *ebpf.Map `ebpf:"onc_lb6_aff"`
-	OncLb6Backend      *ebpf.Map `ebpf:"onc_lb6_backend"`
-	OncLb6DsrNodeport  *ebpf.Map `ebpf:"onc_lb6_dsr_nodeport"`
-	OncLb6DsrStats     *ebpf.Map `ebpf:"onc_lb6_dsr_stats"`
-	OncLb6Flows        *ebpf.Map `ebpf:"onc_lb6_flows"`
-	OncLb6Gone         *ebpf.Map `ebpf:"onc_lb6_gone"`
-	OncLb6Internal     *ebpf.Map `ebpf:"onc_lb6_internal"`
-	OncLb6Member       *ebpf.Map `ebpf:"onc_lb6_member"`
-	OncLb6Revnat       *ebpf.Map `ebpf:"onc_lb6_revnat"`
-	OncLb6SourceRanges *ebpf.Map `ebpf:"onc_lb6_source_ranges"`
-	OncLb6Stats        *ebpf.Map `ebpf:"onc_lb6_stats"`
-	OncLb6Svc          *ebpf.Map `ebpf:"onc_lb6_svc"`
-	OncLb6UplinkAff    *ebpf.Map `ebpf:"onc_lb6_uplink_aff"`
-	OncLb6UplinkStats  *ebpf.Map `ebpf:"onc_lb6_uplink_stats"`
-	OncLbAff           *ebpf.Map `ebpf:"onc_lb_aff"`
-	OncLbBackend       *ebpf.Map `ebpf:"onc_lb_backend"`
-	OncLbDestroyStats  *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
-	OncLbDsrStats      *ebpf.Map `ebpf:"onc_lb_dsr_stats"`
-	OncLbFlows         *ebpf.Map `ebpf:"onc_lb_flows"`
-	OncLbGone          *ebpf.Map `ebpf:"onc_lb_gone"`
-	OncLbInternal      *ebpf.Map `ebpf:"onc_lb_internal"`
-	OncLbMember        *ebpf.Map `ebpf:"onc_lb_member"`
-	OncLbNetns         *ebpf.Map `ebpf:"onc_lb_netns"`
-	OncLbRevnat        *ebpf.Map `ebpf:"onc_lb_revnat"`
-	OncLbSourceRanges  *ebpf.Map `ebpf:"onc_lb_source_ranges"`
-	OncLbStats         *ebpf.Map `ebpf:"onc_lb_stats"`
-	OncLbSvc           *ebpf.Map `ebpf:"onc_lb_svc"`
-	OncLbSvcStats      *ebpf.Map `ebpf:"onc_lb_svc_stats"`
-	OncLbUplinkStats   *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
-	OncLocal           *ebpf.Map `ebpf:"onc_local"`
-	OncLocal6          *ebpf.Map `ebpf:"onc_local6"`
-	OncOpen            *ebpf.Map `ebpf:"onc_open"`
-	OncOpen6           *ebpf.Map `ebpf:"onc_open6"`
-	OncPeers           *ebpf.Map `ebpf:"onc_peers"`
-	OncPeers6          *ebpf.Map `ebpf:"onc_peers6"`
-	OncPeers6U6        *ebpf.Map `ebpf:"onc_peers6_u6"`
-	OncSenders         *ebpf.Map `ebpf:"onc_senders"`
-	OncSenders6        *ebpf.Map `ebpf:"onc_senders6"`
-	OncSenders6U6      *ebpf.Map `ebpf:"onc_senders6_u6"`
-	OncSendersU6       *ebpf.Map `ebpf:"onc_senders_u6"`
-	OncStats           *ebpf.Map `ebpf:"onc_stats"`
-	OncStats6          *ebpf.Map `ebpf:"onc_stats6"`
+	OncCfg                *ebpf.Map `ebpf:"onc_cfg"`
+	OncEgress             *ebpf.Map `ebpf:"onc_egress"`
+	OncEgress6            *ebpf.Map `ebpf:"onc_egress6"`
+	OncEgress6U6          *ebpf.Map `ebpf:"onc_egress6_u6"`
+	OncEncap              *ebpf.Map `ebpf:"onc_encap"`
+	OncEncapU6            *ebpf.Map `ebpf:"onc_encap_u6"`
+	OncFilter             *ebpf.Map `ebpf:"onc_filter"`
+	OncFilter6            *ebpf.Map `ebpf:"onc_filter6"`
+	OncFin                *ebpf.Map `ebpf:"onc_fin"`
+	OncFin6               *ebpf.Map `ebpf:"onc_fin6"`
+	OncHooks              *ebpf.Map `ebpf:"onc_hooks"`
+	OncHosts              *ebpf.Map `ebpf:"onc_hosts"`
+	OncLb6Aff             *ebpf.Map `ebpf:"onc_lb6_aff"`
+	OncLb6Backend         *ebpf.Map `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport     *ebpf.Map `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats        *ebpf.Map `ebpf:"onc_lb6_dsr_stats"`
+	OncLb6Flows           *ebpf.Map `ebpf:"onc_lb6_flows"`
+	OncLb6Gone            *ebpf.Map `ebpf:"onc_lb6_gone"`
+	OncLb6Internal        *ebpf.Map `ebpf:"onc_lb6_internal"`
+	OncLb6Member          *ebpf.Map `ebpf:"onc_lb6_member"`
+	OncLb6Revnat          *ebpf.Map `ebpf:"onc_lb6_revnat"`
+	OncLb6SourceRanges    *ebpf.Map `ebpf:"onc_lb6_source_ranges"`
+	OncLb6Stats           *ebpf.Map `ebpf:"onc_lb6_stats"`
+	OncLb6Svc             *ebpf.Map `ebpf:"onc_lb6_svc"`
+	OncLb6UplinkAff       *ebpf.Map `ebpf:"onc_lb6_uplink_aff"`
+	OncLb6UplinkFastStats *ebpf.Map `ebpf:"onc_lb6_uplink_fast_stats"`
+	OncLb6UplinkStats     *ebpf.Map `ebpf:"onc_lb6_uplink_stats"`
+	OncLbAff              *ebpf.Map `ebpf:"onc_lb_aff"`
+	OncLbBackend          *ebpf.Map `ebpf:"onc_lb_backend"`
+	OncLbDestroyStats     *ebpf.Map `ebpf:"onc_lb_destroy_stats"`
+	OncLbDsrStats         *ebpf.Map `ebpf:"onc_lb_dsr_stats"`
+	OncLbFlows            *ebpf.Map `ebpf:"onc_lb_flows"`
+	OncLbGone             *ebpf.Map `ebpf:"onc_lb_gone"`
+	OncLbInternal         *ebpf.Map `ebpf:"onc_lb_internal"`
+	OncLbMember           *ebpf.Map `ebpf:"onc_lb_member"`
+	OncLbNetns            *ebpf.Map `ebpf:"onc_lb_netns"`
+	OncLbRevnat           *ebpf.Map `ebpf:"onc_lb_revnat"`
+	OncLbSourceRanges     *ebpf.Map `ebpf:"onc_lb_source_ranges"`
+	OncLbStats            *ebpf.Map `ebpf:"onc_lb_stats"`
+	OncLbSvc              *ebpf.Map `ebpf:"onc_lb_svc"`
+	OncLbSvcStats         *ebpf.Map `ebpf:"onc_lb_svc_stats"`
+	OncLbUplinkStats      *ebpf.Map `ebpf:"onc_lb_uplink_stats"`
+	OncLocal              *ebpf.Map `ebpf:"onc_local"`
+	OncLocal6             *ebpf.Map `ebpf:"onc_local6"`
+	OncOpen               *ebpf.Map `ebpf:"onc_open"`
+	OncOpen6              *ebpf.Map `ebpf:"onc_open6"`
+	OncPeers              *ebpf.Map `ebpf:"onc_peers"`
+	OncPeers6             *ebpf.Map `ebpf:"onc_peers6"`
+	OncPeers6U6           *ebpf.Map `ebpf:"onc_peers6_u6"`
+	OncSenders            *ebpf.Map `ebpf:"onc_senders"`
+	OncSenders6           *ebpf.Map `ebpf:"onc_senders6"`
+	OncSenders6U6         *ebpf.Map `ebpf:"onc_senders6_u6"`
+	OncSendersU6          *ebpf.Map `ebpf:"onc_senders_u6"`
+	OncStats              *ebpf.Map `ebpf:"onc_stats"`
+	OncStats6             *ebpf.Map `ebpf:"onc_stats6"`
 }
 
 func (m *ServicesMaps) Close() error {
@@ -796,6 +811,7 @@ func (m *ServicesMaps) Close() error {
 		m.OncLb6Stats,
 		m.OncLb6Svc,
 		m.OncLb6UplinkAff,
+		m.OncLb6UplinkFastStats,
 		m.OncLb6UplinkStats,
 		m.OncLbAff,
 		m.OncLbBackend,

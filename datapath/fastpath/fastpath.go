@@ -118,7 +118,7 @@ func Open(o Options) (*Datapath, error) {
 	if o.decapIPv6, err = decapProbe(); err != nil {
 		return nil, err
 	}
-	d.opts.decapIPv6 = o.decapIPv6 // FlowCache's constants too
+	d.opts = o // with the probe's answer, which FlowCache's constants carry
 	if err := bpf.SetConstants(spec, o.constants()); err != nil {
 		return nil, err
 	}

@@ -100,6 +100,23 @@ func TestIngress6FastPathHitDecapsulates(t *testing.T) {
 	})
 }
 
+// The objects that share the flow cache get the fast path's constants as
+// its programs have them, the kernel's probed answer among them: the
+// uplink's IPv6 overlay reply decapsulates out of an IPv4 tunnel only
+// where onc_decap_ipv6 says the kernel sets the skb's protocol.
+func TestFlowCacheConstantsCarryTheProbe(t *testing.T) {
+	for _, probed := range []bool{true, false} {
+		func() {
+			defer func(p func() (bool, error)) { decapProbe = p }(decapProbe)
+			decapProbe = func() (bool, error) { return probed, nil }
+			d := open6(t)
+			if got, want := d.FlowCache().Constants["onc_decap_ipv6"], b2u(probed); got != want {
+				t.Errorf("probed %v: the flow cache's onc_decap_ipv6 is %v, want %v", probed, got, want)
+			}
+		}()
+	}
+}
+
 func ingress6Hit(t *testing.T) {
 	d := open6(t)
 	established6(t, d)

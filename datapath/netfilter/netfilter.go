@@ -195,8 +195,8 @@ func clearIfPresent(ipt *iptables.IPTables, chains [][2]string) error {
 // pod traffic crossing the VXLAN device, in IPv6 too with IPv6 set (the
 // node has IPv6 pods), and with Uplink set (the kube-proxy replacement)
 // connections opened from outside through Uplink to this node's pods, both
-// ways (IPv4: the uplink load balancer's family). The zero value marks
-// nothing.
+// ways, in each family the uplink load balancer carries on the fast path.
+// The zero value marks nothing.
 type Marking struct {
 	Mark   uint32
 	Uplink string
@@ -234,7 +234,6 @@ func ensureMarks(ipt *iptables.IPTables, vxlanDev string, m Marking) error {
 	if err != nil {
 		return fmt.Errorf("ip6tables, which IPv6 pods need: %w", err)
 	}
-	m.Uplink = ""
 	return fillMark(ipt6, vxlanDev, m)
 }
 

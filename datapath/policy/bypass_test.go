@@ -21,7 +21,7 @@ import (
 func TestEnforceEndsDeniedBypassedIPv6(t *testing.T) {
 	tp := newTopo(t, "a", "b", "c")
 	bp := tp.bypass()
-	n := NewNode(func() *fastpath.Datapath { return nil }, func() *bypass.Bypass { return bp })
+	n := NewNode(func() *fastpath.Datapath { return nil }, func() *bypass.Bypass { return bp }, 0)
 	t.Cleanup(func() { n.Close() })
 	enforce := func(rs Ruleset) Change {
 		t.Helper()

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onc-net/onc/datapath/flows"
 	"sigs.k8s.io/knftables"
 )
 
@@ -42,8 +43,13 @@ const nftTimeout = 30 * time.Second
 // packet (IPv4; <chain>-ports6 and <chain>-all6 for IPv6, made only when
 // the rules allow an IPv6 peer), or their second pair, <chain>-ports-b and
 // so on (changeSets), and drop otherwise, counting both with the named
-// counters <chain>-allow and <chain>-deny. Returning instead of accepting
-// lets same-node traffic pass the sender's egress and then the receiver's
+// counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
+// also logs what it drops (NFLOG, the prefix naming the verdict, the
+// direction and the pod's id: datapath/flows), at most 20 packets a second
+// per chain and, of those, 3 at once and then 1 a second per connection
+// (sets flows-denied and flows-denied6 hold each connection's budget until
+// it has been quiet for a minute). Returning instead of accepting lets
+// same-node traffic pass the sender's egress and then the receiver's
 // ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
 //
@@ -64,7 +70,17 @@ type Enforcer struct {
 	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
 	owned    ownership // whether the kernel's table is still the one last written
+	logGroup uint16    // where pods' chains log what they drop; 0: they do not
 }
+
+// Log rates (docs/observability.md): per pod chain, so that a flood of
+// new connections to one pod costs the agent a bounded number of messages
+// and fills the sets of connections slowly; per connection, so that one
+// noisy connection does not use up its pod's.
+const (
+	chainLogRate = "limit rate 20/second burst 50 packets"
+	connLogRate  = "limit rate 1/second burst 3 packets"
+)
 
 // applied is what the table holds for one pod.
 type applied struct {
@@ -102,6 +118,7 @@ type family struct {
 	expr     string // the packet's header in rules: ip, ip6
 	addrType string // of set keys
 	suffix   string // of the names of a chain's sets of this family
+	version  string // of its header
 }
 
 // The indexes of families.
@@ -111,8 +128,8 @@ const (
 )
 
 var families = [2]family{
-	ipv4: {"IPv4", "ip", "ipv4_addr", ""},
-	ipv6: {"IPv6", "ip6", "ipv6_addr", "6"},
+	ipv4: {"IPv4", "ip", "ipv4_addr", "", "4"},
+	ipv6: {"IPv6", "ip6", "ipv6_addr", "6", "6"},
 }
 
 func familyOf(a netip.Addr) int {
@@ -125,8 +142,10 @@ func familyOf(a netip.Addr) int {
 func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
 
 // NewEnforcer checks that nft works here. It does not touch the table
-// until the first Apply.
-func NewEnforcer() (*Enforcer, error) {
+// until the first Apply. The pods' chains log what they drop to NFLOG
+// group logGroup, unless it is 0 or the kernel cannot (then they log
+// nothing, and a warning says why): logging must never stop policy.
+func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil, fmt.Errorf("NetworkPolicy needs the nft command (install the nftables package): %w", err)
 	}
@@ -138,7 +157,28 @@ func NewEnforcer() (*Enforcer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	return &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}}, nil
+	e := &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}, logGroup: logGroup}
+	if logGroup != 0 {
+		if err := e.checkLog(); err != nil {
+			slog.Warn("network policy: denied packets are not logged (no flow records): the kernel refuses the log rules", "err", err)
+			e.logGroup = 0
+		}
+	}
+	return e, nil
+}
+
+// checkLog asks the kernel (a transaction checked, never committed)
+// whether it takes the log rules: they need nft's log, limit and dynamic
+// set expressions and nfnetlink_log.
+func (e *Enforcer) checkLog() error {
+	tx := e.nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	addDeniedSets(tx)
+	tx.Add(&knftables.Chain{Name: "log-check"})
+	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check"))
+	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
+	defer cancel()
+	return e.nft.Check(ctx, tx)
 }
 
 // Close releases the Enforcer. The table stays, enforcing the last Ruleset
@@ -184,9 +224,10 @@ func (p *plan) sets(d dir) *compiled {
 	return p.egSets
 }
 
-// podID is a short stable id for a pod key: nft names are at most 31
-// characters ("in-<id>-ports" is 19).
-func podID(key string) string {
+// PodID is a short stable id for a pod key, in the names of its chains,
+// sets and counters and in its chains' log prefixes: nft names are at most
+// 31 characters ("in-<id>-ports" is 19).
+func PodID(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:5])
 }
@@ -207,7 +248,7 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			return nil, nil, fmt.Errorf("pod %s twice in the ruleset", p.Key)
 		}
 		keys[p.Key] = true
-		id := podID(p.Key)
+		id := PodID(p.Key)
 		if other, dup := ids[id]; dup {
 			return nil, nil, fmt.Errorf("pods %s and %s hash to the same id %s", other, p.Key, id)
 		}
@@ -377,7 +418,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	tx.Add(&knftables.Table{}) // so that the delete finds one
 	tx.Delete(&knftables.Table{})
 	tx.Add(&knftables.Table{})
-	addBase(tx)
+	addBase(tx, e.logGroup)
 	for i := range want {
 		p := &want[i]
 		addPod(tx, p, kept)
@@ -386,7 +427,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 		}
 		for _, d := range []dir{ingress, egress} {
 			if c := p.sets(d); c != nil {
-				addDir(tx, d, p.id, p.iface, c)
+				addDir(tx, e.logGroup, d, p.id, p.iface, c)
 			}
 		}
 	}
@@ -459,10 +500,10 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			switch {
 			case c == nil:
 			case !was:
-				addDir(tx, d, p.id, p.iface, c)
+				addDir(tx, e.logGroup, d, p.id, p.iface, c)
 			default:
 				if d.fingerprint(p.applied) != d.fingerprint(old) {
-					changeSets(tx, d, p.id, e.compiled[d.key(p.key)], c)
+					changeSets(tx, e.logGroup, d, p.id, e.compiled[d.key(p.key)], c)
 				}
 				if p.iface != old.iface {
 					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
@@ -504,9 +545,28 @@ func isolatedElem(iface string) *knftables.Element {
 	return &knftables.Element{Set: "isolated", Key: []string{ifname(iface)}}
 }
 
-// addBase adds the base chains and the maps and set they use.
-func addBase(tx *knftables.Transaction) {
+// deniedSets are, by family, the sets of connections whose drops a pod's
+// chain logged lately, each with its own rate limit.
+var deniedSets = [2]string{ipv4: "flows-denied", ipv6: "flows-denied6"}
+
+// addDeniedSets adds the sets of connections whose drops were logged
+// lately: a connection leaves its set after a minute without a logged
+// packet, and a full set logs no new connection until one leaves.
+func addDeniedSets(tx *knftables.Transaction) {
+	for f, set := range deniedSets {
+		a := families[f].addrType
+		tx.Add(&knftables.Set{Name: set, Type: a + " . " + a + " . inet_proto . inet_service . inet_service",
+			Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+			Size:  knftables.PtrTo[uint64](65536), Timeout: knftables.PtrTo(time.Minute)})
+	}
+}
+
+// addBase adds the base chains and the maps and sets they use.
+func addBase(tx *knftables.Transaction, logGroup uint16) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
+	if logGroup != 0 {
+		addDeniedSets(tx)
+	}
 	for f, set := range podAddrSets {
 		tx.Add(&knftables.Set{Name: set, Type: "ifname . " + families[f].addrType})
 	}
@@ -587,11 +647,11 @@ func removePod(tx *knftables.Transaction, a applied) {
 
 // addDir adds the chain isolating a pod in direction d, its sets holding
 // c's elements, and the map element jumping to it.
-func addDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
+func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled) {
 	chain := d.chain(id)
 	addSets(tx, chain, c)
 	tx.Add(&knftables.Chain{Name: chain})
-	addRules(tx, d, chain, c)
+	addRules(tx, logGroup, d, id, c)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
@@ -646,16 +706,35 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 	return &knftables.Element{Set: ports, Key: pe.key()}
 }
 
-// addRules adds the rules of chain, a pod's chain in direction d, which
-// look the packet up in the sets of c.
-func addRules(tx *knftables.Transaction, d dir, chain string, c *compiled) {
+// addRules adds the rules of the chain of pod id in direction d, which
+// look the packet up in the sets of c, and log (to logGroup, unless 0)
+// and drop what they do not hold.
+func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled) {
+	chain := d.chain(id)
 	for _, f := range c.setFamilies() {
 		ports, all := setNames(chain, f, c.second)
 		peer := families[f].expr + " " + d.peer
 		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", peer, ports, chain+"-allow")})
 		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", peer, all, chain+"-allow")})
 	}
+	if logGroup != 0 {
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id))
+	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
+}
+
+// addLogRules adds to chain the rules logging a packet to logGroup with
+// prefix, within the chain's and the connection's rates. A limit never
+// sits in a rule with a verdict: over it, the rule would not match, and
+// the packet would pass. Protocols without ports count each packet as a
+// connection: the chain's rate bounds them.
+func addLogRules(tx *knftables.Transaction, logGroup uint16, chain, prefix string) {
+	for f, set := range deniedSets {
+		h := families[f].expr
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf(
+			"%s %s update @%s { %s saddr . %s daddr . meta l4proto . th sport . th dport %s } log prefix %q group %d",
+			h+" version "+families[f].version, chainLogRate, set, h, h, connLogRate, prefix, logGroup)})
+	}
 }
 
 func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
@@ -683,7 +762,7 @@ func removeDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) 
 // of sets, pointing the chain's rules at it and deleting the old pair
 // (always when the families of its sets change). Either way the kernel sees the whole change at once, in the Apply's
 // transaction.
-func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled) {
+func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now *compiled) {
 	chain := d.chain(id)
 	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
 	goneAll, newAll := diff(was.el.all, now.el.all)
@@ -697,7 +776,7 @@ func changeSets(tx *knftables.Transaction, d dir, id string, was, now *compiled)
 		now.second = !was.second
 		addSets(tx, chain, now)
 		tx.Flush(&knftables.Chain{Name: chain})
-		addRules(tx, d, chain, now)
+		addRules(tx, logGroup, d, id, now)
 		deleteSets(tx, chain, was)
 		return
 	}

@@ -221,7 +221,7 @@ func TestResyncRewritesOnlyADriftedTable(t *testing.T) {
 	// deleteDrop deletes b's ingress drop rule by hand: c gets in.
 	deleteDrop := func() {
 		t.Helper()
-		chain := ingress.chain(podID("ns/b"))
+		chain := ingress.chain(PodID("ns/b"))
 		out, err := tp.nft("-a", "list", "chain", "inet", Table, chain)
 		m := regexp.MustCompile(`drop # handle (\d+)`).FindStringSubmatch(out)
 		if err != nil || m == nil {
@@ -386,7 +386,7 @@ func TestRestart(t *testing.T) {
 	e3 := tp.enforcer()
 	tp.apply(e3, rs, "ns/a", "ns/b")
 	got := tp.listing()
-	if strings.Contains(got, podID("ns/x")) || strings.Contains(got, tp.pods["x"].iface) {
+	if strings.Contains(got, PodID("ns/x")) || strings.Contains(got, tp.pods["x"].iface) {
 		t.Errorf("x is still in the table:\n%s", got)
 	}
 	if c := tp.counters(e3); c["ns/b"].IngressDenied < counted["ns/b"].IngressDenied || len(c) != 2 {
@@ -461,7 +461,7 @@ func TestIncremental(t *testing.T) {
 	tp := &topo{t: t}
 	var e *Enforcer
 	start := func() {
-		tp.in(incNS, func() (err error) { e, err = NewEnforcer(); return err })
+		tp.in(incNS, func() (err error) { e, err = NewEnforcer(testLogGroup); return err })
 	}
 	start()
 
@@ -541,7 +541,7 @@ func TestIncremental(t *testing.T) {
 			t.Fatalf("step %d: Apply changed %v, want %v", step, changed, want)
 		}
 		tp.in(refNS, func() error {
-			fresh, err := NewEnforcer()
+			fresh, err := NewEnforcer(testLogGroup)
 			if err != nil {
 				return err
 			}

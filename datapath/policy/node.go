@@ -21,6 +21,7 @@ import (
 type Node struct {
 	fastPath func() *fastpath.Datapath // nil when not loaded
 	bypass   func() *bypass.Bypass     // nil when not loaded
+	logGroup uint16                    // NewEnforcer's
 
 	mu sync.Mutex
 	e  *Enforcer // nil until the first Enforce
@@ -30,9 +31,10 @@ type Node struct {
 }
 
 // NewNode is the node's policy; fastPath and bypass return those
-// features' tables, or nil while they are not loaded.
-func NewNode(fastPath func() *fastpath.Datapath, bypass func() *bypass.Bypass) *Node {
-	return &Node{fastPath: fastPath, bypass: bypass, revokePending: map[string]bool{}}
+// features' tables, or nil while they are not loaded. Pods' chains log
+// what they drop to NFLOG group logGroup, unless it is 0.
+func NewNode(fastPath func() *fastpath.Datapath, bypass func() *bypass.Bypass, logGroup uint16) *Node {
+	return &Node{fastPath: fastPath, bypass: bypass, logGroup: logGroup, revokePending: map[string]bool{}}
 }
 
 // Change is what one Enforce did.
@@ -55,7 +57,7 @@ type Change struct {
 func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	n.mu.Lock()
 	if n.e == nil {
-		e, err := NewEnforcer()
+		e, err := NewEnforcer(n.logGroup)
 		if err != nil {
 			n.mu.Unlock()
 			return Change{}, err

@@ -99,7 +99,7 @@ func wantSets(chain string, second bool, d *Direction) map[string][]string {
 // the sets hold exactly the new elements.
 func TestChangeWritesOnlyTheDifference(t *testing.T) {
 	e, nft := fakeEnforcer(t)
-	chain := ingress.chain(podID("ns/b"))
+	chain := ingress.chain(PodID("ns/b"))
 	apply := func(in *Direction) []string {
 		t.Helper()
 		rs := Ruleset{Pods: []Pod{{Key: "ns/b", Iface: "vethb", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.2")}, Ingress: in}}}

@@ -43,6 +43,7 @@ type LB struct {
 	counters6 *bpf.Counters // the IPv6 hooks'
 	uplink    *bpf.Counters // the uplink programs' (IPv4)
 	uplink6   *bpf.Counters // their IPv6 functions'
+	uplink6f  *bpf.Counters // their IPv6 fast path's
 	dsr       *bpf.Counters // their direct server return's
 	dsr6      *bpf.Counters // its IPv6 twins
 
@@ -107,6 +108,9 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		lb.uplink6, err = bpf.NewCounters(lb.maps.OncLb6UplinkStats, spec.Maps[bpf.ServicesMapOncLb6UplinkStats])
+	}
+	if err == nil {
+		lb.uplink6f, err = bpf.NewCounters(lb.maps.OncLb6UplinkFastStats, spec.Maps[bpf.ServicesMapOncLb6UplinkFastStats])
 	}
 	if err == nil {
 		lb.dsr, err = bpf.NewCounters(lb.maps.OncLbDsrStats, spec.Maps[bpf.ServicesMapOncLbDsrStats])

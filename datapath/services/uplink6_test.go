@@ -24,6 +24,7 @@ import (
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/netfilter"
 	"github.com/onc-net/onc/internal/testutil"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,10 +60,25 @@ func uplink6LB(t *testing.T) *LB {
 // uplink6Node is uplink6LB's and the fast path it shares maps with.
 func uplink6Node(t *testing.T) (*LB, *fastpath.Datapath) {
 	t.Helper()
+	return uplink6NodeOver(t, nodeIP)
+}
+
+// uplink6NodeOver is uplink6Node on the underlay of endpoint, the node's
+// tunnel endpoint: nodeIP (a dual-stack node's IPv4 underlay) or nodeIP6
+// (an IPv6 underlay).
+func uplink6NodeOver(t *testing.T, endpoint netip.Addr) (*LB, *fastpath.Datapath) {
+	t.Helper()
+	return uplink6NodeWith(t, endpoint, fastpath.SetupOff)
+}
+
+// uplink6NodeWith is uplink6NodeOver with connection setup on the fast
+// path as setup says.
+func uplink6NodeWith(t *testing.T, endpoint netip.Addr, setup fastpath.ConnSetup) (*LB, *fastpath.Datapath) {
+	t.Helper()
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	fp, err := fastpath.Open(fastpath.Options{PinDir: dir, VNI: 1, Port: vxlanPort, Mark: fastPathMark, NodeIP: nodeIP,
-		PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), PodCIDRv6: localPods6})
+	fp, err := fastpath.Open(fastpath.Options{PinDir: dir, VNI: 1, Port: vxlanPort, Mark: fastPathMark, NodeIP: endpoint,
+		PodCIDR: netip.MustParsePrefix("10.244.1.0/24"), PodCIDRv6: localPods6, ConnSetup: setup})
 	testutil.Must(t, err)
 	t.Cleanup(func() { fp.Close() })
 	testutil.Must(t, fp.Configure(true))
@@ -547,6 +563,31 @@ func withExt6(f []byte, kind uint8, ext []byte) []byte {
 // "remote" one behind r0.
 func newUplink6Bed(t *testing.T) *uplinkBed {
 	t.Helper()
+	return buildUplink6Bed(t, netip.Addr{}, fastpath.SetupOff)
+}
+
+// newFastUplink6Bed is newUplink6Bed's bed with the node's fast path over
+// the underlay of endpoint (see uplink6NodeOver): its programs on the
+// local backend's veth too, the backend its local pod, and ip6tables
+// marking flows from outside ESTABLISHED, as the agent sets them up with
+// the kube-proxy replacement.
+func newFastUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
+	t.Helper()
+	return buildUplink6Bed(t, endpoint, fastpath.SetupOff)
+}
+
+// newOpeningUplink6Bed is newFastUplink6Bed's bed with connection setup on
+// the fast path for the pods onc_open6 holds (none at first).
+func newOpeningUplink6Bed(t *testing.T, endpoint netip.Addr) *uplinkBed {
+	t.Helper()
+	return buildUplink6Bed(t, endpoint, fastpath.SetupOpenPods)
+}
+
+// buildUplink6Bed builds the bed, with the fast path's marks and local pod
+// over the underlay of endpoint when it is valid, connection setup as
+// setup says.
+func buildUplink6Bed(t *testing.T, endpoint netip.Addr, setup fastpath.ConnSetup) *uplinkBed {
+	t.Helper()
 	p := testutil.Prefix()
 	b := &uplinkBed{t: t, client: p + "-cl", node: p + "-nd", be: p + "-be", rbe: p + "-rb"}
 	for _, ns := range []string{b.client, b.node, b.be, b.rbe} {
@@ -571,11 +612,38 @@ func newUplink6Bed(t *testing.T) *uplinkBed {
 	}
 	serveWho(t, b.be, localBE6)
 	serveWho(t, b.rbe, remoteBE6)
-	b.lb, b.fp = uplink6Node(t)
+	fast := endpoint.IsValid()
+	if !fast {
+		endpoint = nodeIP
+	}
+	b.lb, b.fp = uplink6NodeWith(t, endpoint, setup)
 	rules := netfilter.UplinkLB{SNATMark: SNATMark, RejectMark: RejectMark, LocalPods: netip.MustParsePrefix("10.244.1.0/24"), LocalPods6: localPods6}
+	if fast {
+		// As the agent sets it: conntrack's window falls behind the
+		// packets the fast path carries.
+		if out, err := exec.Command("ip", "netns", "exec", b.node, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_be_liberal=1").CombinedOutput(); err != nil {
+			t.Fatalf("be_liberal: %v: %s", err, out)
+		}
+	}
+	podMAC := linkMAC(t, b.be, "b1")
 	in(t, b.node, func() error {
 		if err := netfilter.EnsureUplinkLB(rules); err != nil {
 			return err
+		}
+		if fast {
+			if err := netfilter.EnsureMark("onc.vxlan", netfilter.Marking{Mark: fastPathMark, Uplink: "n0", IPv6: true}); err != nil {
+				return err
+			}
+			host, err := netlink.LinkByName("oncb0")
+			if err != nil {
+				return err
+			}
+			if err := b.fp.AttachPod("oncb0"); err != nil {
+				return err
+			}
+			if err := b.fp.SetLocalPod(localBE6.Addr(), host.Attrs().Index, podMAC, host.Attrs().HardwareAddr); err != nil {
+				return err
+			}
 		}
 		// The fast path's programs behind ours, as on a node: they let
 		// every packet that is no VXLAN frame on to the stack.

@@ -157,7 +157,9 @@ up() {
   if [ "$KUBE_PROXY" = none ]; then
     # The edit docs/install.md asks for; the restart below brings it in.
     local apiserver
-    apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}')
+    # A dual-stack node lists an InternalIP per family: the first is the
+    # cluster's first family's, the one its API server advertises.
+    apiserver=$(kc get node "$(control_plane)" -o jsonpath='{.status.addresses[?(@.type=="InternalIP")].address}' | awk '{print $1}')
     log "kube-proxy replacement on ($LB_MODE), API server at $apiserver:6443"
     kc -n onc-system patch configmap onc-config --type merge \
       -p '{"data":{"kube-proxy-replacement":"true","load-balancer-mode":"'"$LB_MODE"'","k8s-service-host":"'"$apiserver"'","k8s-service-port":"6443"}}'
@@ -495,7 +497,10 @@ overlay_probe() {
     [ "$(drop_count "$after" from_pod)" -ge $(($(drop_count "$before" from_pod) + 5)) ] ||
       { echo "FAIL: $wk did not count the pod's 5 frames as from_pod"; ok=0; }
     f=$(vxlan_frame "$mac" "$victim" "$ip" "sent-by-the-node")
-    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:[$cpip]:4789; sleep 0.2; done; rm /tmp/onc-frame"
+    # socat takes an IPv6 address in brackets, and an IPv4 one without.
+    local to=$cpip
+    [[ $cpip == *:* ]] && to="[$cpip]"
+    in_ns docker exec "$wk" bash -c "printf '$f' > /tmp/onc-frame; for i in 1 2 3; do socat -u FILE:/tmp/onc-frame UDP:$to:4789; sleep 0.2; done; rm /tmp/onc-frame"
     sleep 1
     got=$(kc -n onc-overlayprobe exec sink -- cat /tmp/got)
     echo "control, the same frame from $wk itself: the pod on $cp received: [$got]"

@@ -201,7 +201,7 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 		t1 := time.Now()
 		err = netns.Do(ns, func() error {
 			if e == nil {
-				if e, err = dppolicy.NewEnforcer(); err != nil {
+				if e, err = dppolicy.NewEnforcer(0); err != nil {
 					return err
 				}
 				t1 = time.Now() // not the enforcer's start-up

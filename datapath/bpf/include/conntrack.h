@@ -16,6 +16,7 @@
 
 union nf_inet_addr {
 	__be32 ip;
+	__be32 ip6[4];
 } __attribute__((preserve_access_index));
 
 union nf_conntrack_man_proto {
@@ -153,6 +154,72 @@ static __always_inline int ct_established(struct __sk_buff *skb, const struct ct
 			ct_ends_of(other, ct, CT_DIR_REPLY);
 		else
 			ct_ends_of(other, ct, CT_DIR_ORIGINAL);
+		bpf_ct_change_timeout(ct, proto == IPPROTO_TCP ? CT_TCP_ESTABLISHED_MS : CT_UDP_STREAM_MS);
+		ret = 0;
+	}
+	bpf_ct_release(ct);
+	return ret;
+}
+
+/* The two ends of one direction of an IPv6 connection, in network order. */
+struct ct6_ends {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+};
+
+static __always_inline int ct6_ends_equal(const struct ct6_ends *a, const struct ct6_ends *b)
+{
+	return a->saddr[0] == b->saddr[0] && a->saddr[1] == b->saddr[1] && a->saddr[2] == b->saddr[2] &&
+	       a->saddr[3] == b->saddr[3] && a->daddr[0] == b->daddr[0] && a->daddr[1] == b->daddr[1] &&
+	       a->daddr[2] == b->daddr[2] && a->daddr[3] == b->daddr[3] && a->sport == b->sport &&
+	       a->dport == b->dport;
+}
+
+/* ct_ends_of for an IPv6 entry. */
+#define ct6_ends_of(e, ct, dir)                                                 \
+	do {                                                                    \
+		(e)->saddr[0] = (ct)->tuplehash[dir].tuple.src.u3.ip6[0];       \
+		(e)->saddr[1] = (ct)->tuplehash[dir].tuple.src.u3.ip6[1];       \
+		(e)->saddr[2] = (ct)->tuplehash[dir].tuple.src.u3.ip6[2];       \
+		(e)->saddr[3] = (ct)->tuplehash[dir].tuple.src.u3.ip6[3];       \
+		(e)->sport = (ct)->tuplehash[dir].tuple.src.u.all;              \
+		(e)->daddr[0] = (ct)->tuplehash[dir].tuple.dst.u3.ip6[0];       \
+		(e)->daddr[1] = (ct)->tuplehash[dir].tuple.dst.u3.ip6[1];       \
+		(e)->daddr[2] = (ct)->tuplehash[dir].tuple.dst.u3.ip6[2];       \
+		(e)->daddr[3] = (ct)->tuplehash[dir].tuple.dst.u3.ip6[3];       \
+		(e)->dport = (ct)->tuplehash[dir].tuple.dst.u.all;              \
+	} while (0)
+
+/* ct_established for an IPv6 connection (see it). */
+static __always_inline int ct_established6(struct __sk_buff *skb, const struct ct6_ends *t, __u8 proto, int dir,
+					   int snat, struct ct6_ends *other)
+{
+	struct bpf_sock_tuple tuple = {};
+	struct bpf_ct_opts opts = { .netns_id = -1, .l4proto = proto };
+	unsigned long need = (snat ? CT_SRC_NAT : 0) | CT_SEEN_REPLY;
+	struct ct6_ends found;
+	struct nf_conn *ct;
+	int ret = -1;
+
+	__builtin_memcpy(tuple.ipv6.saddr, t->saddr, sizeof(tuple.ipv6.saddr));
+	__builtin_memcpy(tuple.ipv6.daddr, t->daddr, sizeof(tuple.ipv6.daddr));
+	tuple.ipv6.sport = t->sport;
+	tuple.ipv6.dport = t->dport;
+	ct = bpf_skb_ct_lookup(skb, &tuple, sizeof(tuple.ipv6), &opts, CT_OPTS_SIZE);
+	if (!ct)
+		return -1;
+	if (dir == CT_DIR_ORIGINAL)
+		ct6_ends_of(&found, ct, CT_DIR_ORIGINAL);
+	else
+		ct6_ends_of(&found, ct, CT_DIR_REPLY);
+	if ((ct->status & need) == need && ct6_ends_equal(&found, t) &&
+	    (proto != IPPROTO_TCP || ct->proto.tcp.state == CT_TCP_ESTABLISHED)) {
+		if (dir == CT_DIR_ORIGINAL)
+			ct6_ends_of(other, ct, CT_DIR_REPLY);
+		else
+			ct6_ends_of(other, ct, CT_DIR_ORIGINAL);
 		bpf_ct_change_timeout(ct, proto == IPPROTO_TCP ? CT_TCP_ESTABLISHED_MS : CT_UDP_STREAM_MS);
 		ret = 0;
 	}

@@ -7,8 +7,9 @@
  *
  * The maps mirror onc_peers6, onc_egress6 and onc_encap with a peer's
  * IPv6 endpoint where those hold an IPv4 one: maps of their own, since
- * those are pinned (see onc_senders6 in fastpath.h). Only the fast path's
- * object declares them. IPv4 pods' packets on an IPv6 underlay take the
+ * those are pinned (see onc_senders6 in fastpath.h). The fast path's
+ * object owns them; the services object shares them (bpf.FlowCache), to
+ * send flows from outside to another node's IPv6 pods. IPv4 pods' packets on an IPv6 underlay take the
  * slow path.
  *
  * The outer UDP checksum is zero, as the kernel's VXLAN device sends it

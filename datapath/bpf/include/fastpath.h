@@ -82,6 +82,15 @@ volatile const __u8 onc_conn_setup = CONN_SETUP_OFF;
  * crossing sets it. */
 volatile const __u8 onc_decap_ipv6 = 0;
 
+/*
+ * Linux 6.3's flag for a decapsulation that leaves an IPv6 packet where
+ * the outer header was IPv4: it sets the skb's protocol, which nothing
+ * downstream recomputes (bpf_redirect_peer hands the packet to the pod
+ * as it is, bpf_redirect_neigh looks the next hop up by it). The build's
+ * UAPI headers may predate it; older kernels refuse it (onc_decap_ipv6).
+ */
+#define ONC_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+
 /* Counters (per CPU); onctl stats decodes them by these names. */
 enum onc_stat {
 	STAT_EGRESS_HIT,

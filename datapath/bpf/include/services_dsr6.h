@@ -29,9 +29,12 @@
  * has its counter (enum lb6_dsr_stat).
  *
  * What the backend's node takes goes up its stack as if the client's
- * packet had come in by the uplink (there is no IPv6 fast path for it);
- * the pod's replies leave by the uplink, where lb6_uplink_egress gives
- * them the frontend's address from the LB_FLOW_OUT entry recorded here.
+ * packet had come in by the uplink (the IPv6 fast path from outside,
+ * lb6_uplink_fast, takes only what lb6_uplink_ingress translated, never a
+ * DSR flow's packets, on either node); the pod's replies leave by the
+ * uplink, where lb6_uplink_egress gives them the frontend's address from
+ * the LB_FLOW_OUT entry recorded here, or, once the flow cache learned
+ * the flow, lb6_uplink_reply does, as IPv4's do.
  */
 #ifndef __ONC_SERVICES_DSR6_H
 #define __ONC_SERVICES_DSR6_H
@@ -41,11 +44,6 @@
 #include "overlay.h"
 #include "services_dsr.h"
 #include "services_uplink6.h"
-
-/* Linux 6.3's flag for a decapsulation that leaves an IPv6 packet where
- * the outer header was IPv4 (fastpath.c's ONC_ADJ_ROOM_DECAP_L3_IPV6;
- * onc_decap_ipv6 says whether this kernel has it). */
-#define LB_ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
 
 /* IPv6's twins of enum lb_dsr_stat, in a map of their own (the IPv4 one
  * keeps its size, so an upgrade adopts it). */
@@ -75,13 +73,6 @@ struct {
 	__type(value, struct onc_in6);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_lb6_dsr_nodeport SEC(".maps");
-
-/* The tunnels are IPv6 (this node's endpoint is onc_node_ip6), else IPv4
- * (onc_node_ip); neither when the fast path's constants are not set. */
-static __always_inline int lb6_underlay6(void)
-{
-	return !onc_node_ip && (onc_node_ip6[0] | onc_node_ip6[1] | onc_node_ip6[2] | onc_node_ip6[3]);
-}
 
 /* lb6_node_ip6 copies this node's IPv6 tunnel endpoint to to, a word at a
  * time: a copy of the whole would lose the constant's volatile, and the
@@ -225,7 +216,6 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 	struct bpf_redir_neigh nh = {};
 	struct lb6_flow_key in;
 	struct lb6_addr fe = {}, be = {};
-	__u8 b[2] = {}, hop = 0, tclass;
 	struct cidr_val *peer = NULL;
 	struct onc_in6 *peer6 = NULL;
 	struct lb6_flow *fwd;
@@ -242,12 +232,10 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 	be.port = fwd->port;
 	lb6_copy(fe.ip, p->daddr);
 	fe.port = p->dport;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, b, sizeof(b)) ||
-	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop, 1) || hop <= 1) {
+	if (p->hop_limit <= 1) {
 		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_TTL_EXPIRED, 1);
 		return TC_ACT_SHOT;
 	}
-	tclass = (b[0] & 0x0f) << 4 | b[1] >> 4;
 	if (u6)
 		peer6 = peer6_u6_of((const struct in6_addr *)be.ip);
 	else
@@ -270,15 +258,13 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 	if (rc)
 		return rc;
 
-	hop--;
-	if (lb6_rewrite(skb, p, 1, &be) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop, 1, 0))
+	if (lb6_rewrite(skb, p, 1, &be) || lb6_dec_hop(skb, p))
 		goto err;
 	if (peer6) {
 		struct encap6_val encap = {};
 
 		lb_dsr6_header6(&encap, peer6, &fe);
-		if (encap_push6(skb, &encap, fe.port, encap_ecn(tclass)))
+		if (encap_push6(skb, &encap, fe.port, encap_ecn(p->tclass)))
 			goto err;
 		nh.nh_family = ONC_AF_INET6;
 		__builtin_memcpy(nh.ipv6_nh, fib.ipv6_dst, sizeof(nh.ipv6_nh));
@@ -286,7 +272,7 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 		struct encap_val encap = {};
 
 		lb_dsr6_header4(&encap, peer->node_ip, &fe);
-		if (encap_push(skb, &encap, fe.port, encap_ecn(tclass)))
+		if (encap_push(skb, &encap, fe.port, encap_ecn(p->tclass)))
 			goto err;
 		nh.nh_family = ONC_AF_INET;
 		nh.ipv4_nh = fib.ipv4_dst;
@@ -371,29 +357,6 @@ static __always_inline int lb_dsr6_peer(int outer6, const __be32 *from)
 	return may && may->may_send;
 }
 
-/* lb_dsr6_parse reads the inner IPv6 TCP or UDP packet at l3off, without
- * extension headers, as lb6_parse does (the skb's protocol is the outer
- * header's). */
-static __always_inline int lb_dsr6_parse(struct __sk_buff *skb, __u32 l3off, struct lb6_pkt *p)
-{
-	struct ipv6hdr ip6;
-	__be16 ports[2];
-
-	if (bpf_skb_load_bytes(skb, l3off, &ip6, sizeof(ip6)) || ip6.version != 6 ||
-	    (ip6.nexthdr != IPPROTO_TCP && ip6.nexthdr != IPPROTO_UDP))
-		return -1;
-	p->l4off = l3off + sizeof(ip6);
-	if (bpf_skb_load_bytes(skb, p->l4off, ports, sizeof(ports)))
-		return -1;
-	__builtin_memcpy(p->saddr, &ip6.saddr, sizeof(p->saddr));
-	__builtin_memcpy(p->daddr, &ip6.daddr, sizeof(p->daddr));
-	p->sport = ports[0];
-	p->dport = ports[1];
-	p->proto = ip6.nexthdr;
-	p->syn = 0;
-	return 0;
-}
-
 /*
  * lb_dsr6_receive judges a frame to this node's VXLAN port, its outer
  * header IPv6 (outer6) or IPv4, as lb_dsr_receive does IPv4's: LB_NEXT for
@@ -427,7 +390,7 @@ __attribute__((noinline)) int lb_dsr6_receive(struct __sk_buff *skb, __u32 outer
 	 * packet in it: as ONC's peers send. */
 	if (!lb_dsr6_outer(skb, outer6, from) || bpf_ntohl(t.vx.flags) >> 24 != VXLAN_FLAG_VNI ||
 	    bpf_ntohl(t.vx.vni) >> 8 != onc_vni || t.proto != proto ||
-	    lb_dsr6_parse(skb, l4off + LB_DSR6_TUNNEL_LEN, &p)) {
+	    lb6_parse_at(skb, l4off + LB_DSR6_TUNNEL_LEN, &p)) {
 		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_MALFORMED, 1);
 		return TC_ACT_SHOT;
 	}
@@ -461,7 +424,7 @@ __attribute__((noinline)) int lb_dsr6_receive(struct __sk_buff *skb, __u32 outer
 	 * packet after it: as the client's packet would have come in by the
 	 * uplink. Out of an IPv4 tunnel, the skb must say IPv6 too. */
 	if (!outer6 && onc_decap_ipv6)
-		flags |= LB_ADJ_ROOM_DECAP_L3_IPV6;
+		flags |= ONC_ADJ_ROOM_DECAP_L3_IPV6;
 	if (bpf_skb_adjust_room(skb, -len, BPF_ADJ_ROOM_MAC, flags) ||
 	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto), 0)) {
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);

@@ -1,0 +1,53 @@
+package flows
+
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/l4"
+)
+
+// NotRecording is why a node without a store answers no GetFlows.
+const NotRecording = "this node records no flows: it enforces no NetworkPolicy (etcd datastore), or runs with --flows-buffer 0"
+
+// Serve answers GetFlows from s (nil: FAILED_PRECONDITION).
+func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServer[apiv1.FlowRecord]) error {
+	if s == nil {
+		return status.Error(codes.FailedPrecondition, NotRecording)
+	}
+	var since time.Time
+	if req.SinceUnixNano != 0 {
+		since = time.Unix(0, req.SinceUnixNano)
+	}
+	f, err := ParseFilter(req.Pod, req.Namespace, req.Verdict, since)
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	send := func(r Record) error { return stream.Send(toAPI(r)) }
+	if req.Follow {
+		return s.Follow(stream.Context(), f, send)
+	}
+	for _, r := range s.List(f) {
+		if err := send(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func toAPI(r Record) *apiv1.FlowRecord {
+	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
+		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
+		Reason: r.Reason, Policies: r.Policies, Path: r.Path}
+}
+
+func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
+	if e.Kind == "" {
+		return nil // a lost record has no ends
+	}
+	return &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Ip: e.Addr.Addr().String(), Port: uint32(e.Addr.Port())}
+}

@@ -1,0 +1,220 @@
+// Package flows keeps the flow records of this node (docs/observability.md):
+// what the datapath reported about single packets (datapath/flows),
+// resolved to the pods, nodes and policies they concern, in a buffer of the
+// last N records that onctl flows reads and follows.
+package flows
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Kinds of endpoint.
+const (
+	KindPod = "pod" // a pod the agent knows, of this node or another
+	KindIP  = "ip"  // an address of no pod the agent knows: a node, a host outside, a pod it has not seen
+)
+
+// Endpoint is one end of a flow.
+type Endpoint struct {
+	Kind      string
+	Namespace string // pods
+	Name      string // pods
+	Node      string // the node a pod runs on
+	Addr      netip.AddrPort
+}
+
+// String is "ns/name (ip:port)" for a pod, the address otherwise.
+func (e Endpoint) String() string {
+	if e.Kind == KindPod {
+		return fmt.Sprintf("%s/%s (%s)", e.Namespace, e.Name, e.Addr)
+	}
+	return e.Addr.String()
+}
+
+// Events and verdicts of records.
+const (
+	EventPolicy   = "policy" // a policy chain's verdict on a packet
+	EventLost     = "lost"   // records this follower did not get: it fell behind
+	VerdictDenied = "denied"
+)
+
+// Record is one flow record.
+type Record struct {
+	Time      time.Time
+	Node      string // the node that recorded it
+	Event     string
+	Verdict   string
+	Direction string // ingress or egress: of the local pod whose policy decided
+	Proto     uint8
+	Src, Dst  Endpoint
+	// Reason says why, in words; Policies are the policies it names.
+	Reason   string
+	Policies []string
+	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter)
+}
+
+// Filter selects records; its zero value selects every one.
+type Filter struct {
+	Pod       string // namespace/name: either end
+	Namespace string // either end's
+	Verdict   string
+	Since     time.Time
+}
+
+// Match reports whether f selects r.
+func (f Filter) Match(r *Record) bool {
+	ends := [2]Endpoint{r.Src, r.Dst}
+	switch {
+	case f.Verdict != "" && r.Verdict != f.Verdict:
+		return false
+	case !f.Since.IsZero() && r.Time.Before(f.Since):
+		return false
+	case f.Pod != "" && !matchEnds(ends, func(e Endpoint) bool { return e.Kind == KindPod && e.Namespace+"/"+e.Name == f.Pod }):
+		return false
+	case f.Namespace != "" && !matchEnds(ends, func(e Endpoint) bool { return e.Kind == KindPod && e.Namespace == f.Namespace }):
+		return false
+	}
+	return true
+}
+
+func matchEnds(ends [2]Endpoint, fn func(Endpoint) bool) bool { return fn(ends[0]) || fn(ends[1]) }
+
+// ParseFilter checks a request's filter fields.
+func ParseFilter(pod, namespace, verdict string, since time.Time) (Filter, error) {
+	if pod != "" && strings.Count(pod, "/") != 1 {
+		return Filter{}, fmt.Errorf("pod %q: give namespace/name", pod)
+	}
+	if verdict != "" && verdict != VerdictDenied {
+		return Filter{}, fmt.Errorf("verdict %q: the records have %q", verdict, VerdictDenied)
+	}
+	return Filter{Pod: pod, Namespace: namespace, Verdict: verdict, Since: since}, nil
+}
+
+// followBuffer is how many records a follower may be behind before it
+// loses some.
+const followBuffer = 1024
+
+// Store holds the last records in a ring of fixed size: appending never
+// allocates beyond a record's own strings, and memory is bounded by the
+// size. No writer ever waits for a reader.
+type Store struct {
+	mu        sync.Mutex
+	ring      []Record
+	next      int  // where the next record goes
+	full      bool // the ring has wrapped
+	added     uint64
+	followers map[*follower]bool
+}
+
+type follower struct {
+	f    Filter
+	ch   chan Record
+	lost int // records not queued since the last one sent: the channel was full
+}
+
+// NewStore keeps the last size records.
+func NewStore(size int) *Store {
+	return &Store{ring: make([]Record, size), followers: map[*follower]bool{}}
+}
+
+// Add stores r, dropping the oldest record when full, and hands it to
+// the followers it matches.
+func (s *Store) Add(r Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ring[s.next] = r
+	s.added++
+	s.next = (s.next + 1) % len(s.ring)
+	s.full = s.full || s.next == 0
+	for fl := range s.followers {
+		if !fl.f.Match(&r) {
+			continue
+		}
+		if fl.lost > 0 {
+			select {
+			case fl.ch <- lostRecord(fl.lost, r.Node):
+				fl.lost = 0
+			default:
+				fl.lost++
+				continue
+			}
+		}
+		select {
+		case fl.ch <- r:
+		default:
+			fl.lost++
+		}
+	}
+}
+
+func lostRecord(n int, node string) Record {
+	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+}
+
+// Added is how many records were ever added.
+func (s *Store) Added() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.added
+}
+
+// list is the stored records f selects, oldest first (s.mu held).
+func (s *Store) list(f Filter) []Record {
+	var out []Record
+	add := func(rs []Record) {
+		for i := range rs {
+			if f.Match(&rs[i]) {
+				out = append(out, rs[i])
+			}
+		}
+	}
+	if s.full {
+		add(s.ring[s.next:])
+	}
+	add(s.ring[:s.next])
+	return out
+}
+
+// List is the stored records f selects, oldest first.
+func (s *Store) List(f Filter) []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.list(f)
+}
+
+// Follow sends the stored records f selects, then every new one as it
+// comes, until ctx ends or send fails. A follower that falls more than
+// followBuffer records behind gets an EventLost record saying how many
+// it missed.
+func (s *Store) Follow(ctx context.Context, f Filter, send func(Record) error) error {
+	fl := &follower{f: f, ch: make(chan Record, followBuffer)}
+	s.mu.Lock()
+	stored := s.list(f)
+	s.followers[fl] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.followers, fl)
+		s.mu.Unlock()
+	}()
+	for _, r := range stored {
+		if err := send(r); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-fl.ch:
+			if err := send(r); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package flows
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func rec(i int, ns string) Record {
+	return Record{Time: time.Unix(int64(i), 0), Event: EventPolicy, Verdict: VerdictDenied,
+		Src: Endpoint{Kind: KindPod, Namespace: ns, Name: fmt.Sprint("p", i)}, Dst: Endpoint{Kind: KindIP, Addr: netip.MustParseAddrPort("10.0.0.1:80")}}
+}
+
+func names(rs []Record) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Src.Name)
+	}
+	return out
+}
+
+// The store keeps the last records, oldest first, and the filters select
+// by either end, verdict and time.
+func TestStoreKeepsTheLast(t *testing.T) {
+	s := NewStore(3)
+	for i := range 5 {
+		s.Add(rec(i, []string{"x", "y"}[i%2]))
+	}
+	if got := fmt.Sprint(names(s.List(Filter{}))); got != "[p2 p3 p4]" || s.Added() != 5 {
+		t.Fatalf("after 5 records in a store of 3: %s (%d added), want [p2 p3 p4]", got, s.Added())
+	}
+	for _, c := range []struct {
+		f    Filter
+		want string
+	}{
+		{Filter{Namespace: "x"}, "[p2 p4]"},
+		{Filter{Pod: "y/p3"}, "[p3]"},
+		{Filter{Pod: "x/p3"}, "[]"},
+		{Filter{Since: time.Unix(3, 0)}, "[p3 p4]"},
+		{Filter{Verdict: VerdictDenied}, "[p2 p3 p4]"},
+		{Filter{Verdict: "allowed"}, "[]"},
+	} {
+		if got := fmt.Sprint(names(s.List(c.f))); got != c.want {
+			t.Errorf("filter %+v: %s, want %s", c.f, got, c.want)
+		}
+	}
+	if _, err := ParseFilter("nons", "", "", time.Time{}); err == nil {
+		t.Error("pod without a namespace accepted")
+	}
+	if _, err := ParseFilter("", "", "allowed", time.Time{}); err == nil {
+		t.Error("verdict allowed accepted: no record has it yet")
+	}
+}
+
+// A follower gets the stored records and then new ones; one that stops
+// reading never holds up a writer, and learns how many it missed.
+func TestFollow(t *testing.T) {
+	s := NewStore(4)
+	s.Add(rec(0, "x"))
+	got := make(chan Record)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Follow(ctx, Filter{Namespace: "x"}, func(r Record) error { got <- r; return nil }) }()
+	if r := <-got; r.Src.Name != "p0" {
+		t.Fatalf("first: %+v, want the stored p0", r)
+	}
+	s.Add(rec(1, "y")) // not selected
+	s.Add(rec(2, "x"))
+	if r := <-got; r.Src.Name != "p2" {
+		t.Fatalf("then %+v, want p2", r)
+	}
+	// The follower stalls (nobody reads got): the writer goes on.
+	added := make(chan struct{})
+	go func() {
+		for i := range followBuffer + 10 {
+			s.Add(rec(3+i, "x"))
+		}
+		close(added)
+	}()
+	select {
+	case <-added:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stalled follower held up the writer")
+	}
+	// At least followBuffer of them were queued: it reads those. Then a
+	// new record finds room, and comes after at most one more queued one
+	// and a lost record: together they account for every record added.
+	for range followBuffer {
+		<-got
+	}
+	s.Add(rec(9999, "x"))
+	read, r := followBuffer, <-got
+	if r.Event != EventLost {
+		read, r = read+1, <-got
+	}
+	var n int
+	if _, err := fmt.Sscanf(r.Reason, "%d records not sent: this reader fell behind", &n); r.Event != EventLost || err != nil || read+n != followBuffer+10 {
+		t.Fatalf("after reading %d of %d records: %+v, want a lost record for the rest", read, followBuffer+10, r)
+	}
+	if r := <-got; r.Src.Name != "p9999" {
+		t.Fatalf("after the lost record: %+v, want p9999", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// A failed send ends the follow with its error.
+	boom := errors.New("boom")
+	if err := s.Follow(context.Background(), Filter{}, func(Record) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Follow with a failing send: %v", err)
+	}
+}

@@ -1,0 +1,212 @@
+// Package flows reads what the datapath reports about single packets: the
+// verdicts the policy table logs (NFLOG). The agent (agent/flows) turns
+// them into flow records.
+package flows
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/florianl/go-nflog/v2"
+	"golang.org/x/sys/unix"
+)
+
+// PrefixVersion starts every log prefix ONC writes, so that a reader
+// tells ONC's messages (and their grammar) from anyone else's in the group.
+const PrefixVersion = "onc1"
+
+// Verdicts a policy log prefix names.
+const (
+	VerdictDenied = "D" // the pod's chain dropped it: no rule of the policies isolating it allows it
+)
+
+// Packet is one packet the policy table logged.
+type Packet struct {
+	Time    time.Time // when the agent read it (the kernel does not stamp forwarded packets)
+	Verdict string    // VerdictDenied
+	Ingress bool      // the verdict is the ingress chain's (else egress)
+	PodID   string    // the chain's pod id (datapath/policy PodID)
+	Proto   uint8     // IP protocol number
+	Src     netip.AddrPort
+	Dst     netip.AddrPort
+}
+
+// PolicyPrefix is the log prefix of verdict for the chain of pod id in a
+// direction.
+func PolicyPrefix(verdict string, ingress bool, id string) string {
+	dir := "eg"
+	if ingress {
+		dir = "in"
+	}
+	return strings.Join([]string{PrefixVersion, verdict, dir, id}, " ")
+}
+
+// ErrNotOurs: a log message of another writer, or of a grammar this
+// reader does not know.
+var ErrNotOurs = errors.New("not a policy verdict of ONC's")
+
+// ParsePacket decodes a log message: its prefix and the IP packet it
+// carries (from its network header).
+func ParsePacket(prefix string, payload []byte) (Packet, error) {
+	var p Packet
+	f := strings.Fields(strings.TrimRight(prefix, "\x00"))
+	if len(f) != 4 || f[0] != PrefixVersion || f[1] != VerdictDenied || (f[2] != "in" && f[2] != "eg") || f[3] == "" {
+		return p, fmt.Errorf("%w: prefix %q", ErrNotOurs, prefix)
+	}
+	p.Verdict, p.Ingress, p.PodID = f[1], f[2] == "in", f[3]
+	var err error
+	p.Proto, p.Src, p.Dst, err = parseIP(payload)
+	return p, err
+}
+
+// parseIP reads the addresses, protocol and ports of an IPv4 or IPv6
+// packet. Ports are zero for protocols without them; an IPv6 packet with
+// extension headers names its first one as its protocol.
+func parseIP(b []byte) (proto uint8, src, dst netip.AddrPort, err error) {
+	if len(b) < 1 {
+		return 0, src, dst, errors.New("empty packet")
+	}
+	var s, d netip.Addr
+	var l4 []byte
+	switch b[0] >> 4 {
+	case 4:
+		ihl := int(b[0]&0x0f) * 4
+		if len(b) < 20 || ihl < 20 || len(b) < ihl {
+			return 0, src, dst, fmt.Errorf("IPv4 packet of %d bytes: truncated", len(b))
+		}
+		proto, s, d = b[9], netip.AddrFrom4([4]byte(b[12:16])), netip.AddrFrom4([4]byte(b[16:20]))
+		if binary.BigEndian.Uint16(b[6:8])&0x1fff == 0 { // a first fragment, or none: it has the ports
+			l4 = b[ihl:]
+		}
+	case 6:
+		if len(b) < 40 {
+			return 0, src, dst, fmt.Errorf("IPv6 packet of %d bytes: truncated", len(b))
+		}
+		s, d = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40]))
+		proto, l4 = skipExtensions(b[6], b[40:])
+	default:
+		return 0, src, dst, fmt.Errorf("IP version %d", b[0]>>4)
+	}
+	var sp, dp uint16
+	switch proto {
+	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
+		if len(l4) >= 4 {
+			sp, dp = binary.BigEndian.Uint16(l4[0:2]), binary.BigEndian.Uint16(l4[2:4])
+		}
+	}
+	return proto, netip.AddrPortFrom(s, sp), netip.AddrPortFrom(d, dp), nil
+}
+
+// skipExtensions follows an IPv6 packet's extension headers from next,
+// the fixed header's next header, to its transport protocol and header
+// (nil if the copy ends first, or a fragment header says it is not the
+// first fragment).
+func skipExtensions(next uint8, b []byte) (uint8, []byte) {
+	for {
+		switch next {
+		case unix.IPPROTO_HOPOPTS, unix.IPPROTO_ROUTING, unix.IPPROTO_DSTOPTS:
+			if len(b) < 8 || len(b) < 8+int(b[1])*8 {
+				return next, nil
+			}
+			next, b = b[0], b[8+int(b[1])*8:]
+		case unix.IPPROTO_FRAGMENT:
+			if len(b) < 8 || binary.BigEndian.Uint16(b[2:4])&0xfff8 != 0 {
+				return b0(b), nil
+			}
+			next, b = b[0], b[8:]
+		default:
+			return next, b
+		}
+	}
+}
+
+// b0 is b's first byte (the next header of an extension header), or
+// IPPROTO_FRAGMENT when b is too short to say.
+func b0(b []byte) uint8 {
+	if len(b) == 0 {
+		return unix.IPPROTO_FRAGMENT
+	}
+	return b[0]
+}
+
+// Reader reads the policy table's log group.
+type Reader struct {
+	nf    *nflog.Nflog
+	group uint16
+}
+
+// Open takes NFLOG group group in the calling thread's network namespace
+// (its socket stays there). Only one reader may hold a group.
+func Open(group uint16) (*Reader, error) {
+	nf, err := nflog.Open(&nflog.Config{
+		Group:    group,
+		Copymode: nflog.CopyPacket,
+		Bufsize:  128, // headers only
+		Timeout:  5,   // sent at least every 50 ms: a record within 1 s
+		QThresh:  64,  // or every 64 messages, whichever first
+	})
+	if err != nil {
+		return nil, fmt.Errorf("NFLOG group %d: %w", group, err)
+	}
+	if err := nf.Con.SetReadBuffer(1 << 20); err != nil {
+		nf.Close()
+		return nil, fmt.Errorf("NFLOG group %d: read buffer: %w", group, err)
+	}
+	return &Reader{nf: nf, group: group}, nil
+}
+
+// Run reads until ctx ends or reading fails, calling fn for each packet
+// of ONC's; lost counts the messages that could not be decoded, and each
+// time the kernel could not queue some (the reader fell behind: how many
+// it does not say). It closes the reader.
+func (r *Reader) Run(parent context.Context, fn func(Packet), lost func(n int)) error {
+	defer r.nf.Close()
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	hook := func(a nflog.Attribute) int {
+		if a.Prefix == nil || a.Payload == nil {
+			return 0
+		}
+		p, err := ParsePacket(*a.Prefix, *a.Payload)
+		if errors.Is(err, ErrNotOurs) {
+			return 0
+		}
+		if err != nil {
+			lost(1)
+			return 0
+		}
+		p.Time = time.Now()
+		fn(p)
+		return 0
+	}
+	// Messages the kernel dropped (ENOBUFS: the reader fell behind) are
+	// gone: count that and read on. Any other error ends the run.
+	errFn := func(err error) int {
+		switch {
+		case ctx.Err() != nil:
+			return 1
+		case errors.Is(err, unix.ENOBUFS):
+			lost(1)
+			return 0
+		}
+		stop(err)
+		return 1
+	}
+	if err := r.nf.RegisterWithErrorFunc(ctx, hook, errFn); err != nil {
+		// go-nflog keeps only the text of the kernel's EPERM.
+		if errors.Is(err, unix.EPERM) || strings.Contains(err.Error(), unix.EPERM.Error()) {
+			return fmt.Errorf("NFLOG group %d: another program of this network namespace reads it (pick another --flows-log-group): %w", r.group, err)
+		}
+		return fmt.Errorf("NFLOG group %d: %w", r.group, err)
+	}
+	<-ctx.Done()
+	if parent.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("NFLOG group %d: %w", r.group, context.Cause(ctx))
+}

@@ -1,0 +1,82 @@
+package flows
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+)
+
+func ipv4TCP(src, dst [4]byte, sport, dport uint16, fragOff uint16) []byte {
+	b := make([]byte, 40)
+	b[0], b[6], b[7], b[9] = 0x45, byte(fragOff>>8), byte(fragOff), 6
+	copy(b[12:], src[:])
+	copy(b[16:], dst[:])
+	b[20], b[21], b[22], b[23] = byte(sport>>8), byte(sport), byte(dport>>8), byte(dport)
+	return b
+}
+
+func TestParsePacket(t *testing.T) {
+	v6 := make([]byte, 48)
+	v6[0], v6[6] = 0x60, 17
+	v6[8], v6[23], v6[24], v6[39] = 0xfd, 1, 0xfd, 2
+	v6[40], v6[41], v6[42], v6[43] = 0x9c, 0x40, 0, 53
+	// The same UDP datagram behind a hop-by-hop and a destination options
+	// header.
+	ext := append(append([]byte{}, v6[:40]...), 60, 0, 0, 0, 0, 0, 0, 0, 17, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	ext[6] = 0
+	ext = append(ext, v6[40:]...)
+	frag := append(append([]byte{}, v6[:40]...), 17, 0, 0, 8, 0, 0, 0, 1) // a second fragment
+	frag[6] = 44
+	frag = append(frag, v6[40:]...)
+	for _, c := range []struct {
+		name, prefix string
+		pkt          []byte
+		want         Packet
+		err          error // nil: no error; errAny: some error
+	}{
+		{"IPv4 TCP, ingress", "onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
+			Packet{Verdict: VerdictDenied, Ingress: true, PodID: "0123456789", Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
+		{"IPv6 UDP, egress, NUL-terminated", "onc1 D eg abcdef0123\x00", v6,
+			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
+				Src: netip.MustParseAddrPort("[fd00::1]:40000"), Dst: netip.MustParseAddrPort("[fd00::2]:53")}, nil},
+		{"a later fragment has no ports", "onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 185),
+			Packet{Verdict: VerdictDenied, Ingress: true, PodID: "0123456789", Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:0"), Dst: netip.MustParseAddrPort("10.0.0.2:0")}, nil},
+		{"IPv6 extension headers", "onc1 D eg abcdef0123", ext,
+			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
+				Src: netip.MustParseAddrPort("[fd00::1]:40000"), Dst: netip.MustParseAddrPort("[fd00::2]:53")}, nil},
+		{"an IPv6 later fragment has no ports", "onc1 D eg abcdef0123", frag,
+			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
+				Src: netip.MustParseAddrPort("[fd00::1]:0"), Dst: netip.MustParseAddrPort("[fd00::2]:0")}, nil},
+		{"someone else's prefix", "IN=eth0 DROP", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"another grammar version", "onc2 D in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"an unknown verdict", "onc1 Q in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"an unknown direction", "onc1 D up 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"truncated IPv4", "onc1 D in 0123456789", []byte{0x45, 0, 0}, Packet{}, errAny},
+		{"truncated IPv6", "onc1 D in 0123456789", v6[:30], Packet{}, errAny},
+		{"not IP", "onc1 D in 0123456789", []byte{0x10}, Packet{}, errAny},
+	} {
+		got, err := ParsePacket(c.prefix, c.pkt)
+		switch {
+		case c.err == nil && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.err == errAny && err == nil, c.err != nil && c.err != errAny && !errors.Is(err, c.err):
+			t.Errorf("%s: error %v, want %v", c.name, err, c.err)
+		case c.err == nil && got != c.want:
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+}
+
+var errAny = errors.New("any error")
+
+func FuzzParsePacket(f *testing.F) {
+	f.Add("onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	f.Fuzz(func(t *testing.T, prefix string, pkt []byte) {
+		p, err := ParsePacket(prefix, pkt)
+		if err == nil && (!p.Src.Addr().IsValid() || p.Src.Addr().Is4() != p.Dst.Addr().Is4()) {
+			t.Fatalf("%q %x: %+v", prefix, pkt, p)
+		}
+	})
+}
