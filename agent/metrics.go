@@ -68,8 +68,8 @@ var (
 		"Packets of flows from outside the cluster that skipped the node's stack, by direction: to_pod (handed into a backend's pod on this node), reply (its reply, sent out of the uplink), to_remote (sent over the overlay to a backend on another node), from_remote (that backend's reply, decapsulated and sent out of the uplink); and family (ipv4, ipv6).",
 		[]string{"direction", "family"}, nil)
 	descDSRPackets = prometheus.NewDesc("onc_services_dsr_packets_total",
-		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend).",
-		[]string{"event"}, nil)
+		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend); and by the client's family (ipv4, ipv6).",
+		[]string{"event", "family"}, nil)
 	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
 		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates.", nil, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
@@ -295,8 +295,8 @@ func fastPathSample(c bpf.Counter) (*prometheus.Desc, []string) {
 
 // servicesSample maps enum lb_stat's and lb6_stat's <hook>_translated and
 // <hook>_refused of the socket hooks (calls), enum lb_uplink_stat's uplink_fast_<direction>
-// (enum lb6_uplink_fast_stat's uplink6_fast_<direction> in IPv6)
-// and enum lb_dsr_stat's dsr_<event>. The uplink's other counters count
+// (enum lb6_uplink_fast_stat's uplink6_fast_<direction> in IPv6),
+// enum lb_dsr_stat's dsr_<event> and lb6_dsr_stat's dsr6_<event>. The uplink's other counters count
 // packets; its flows are onc_services_frontend_connections_total's, by
 // scope.
 func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
@@ -307,7 +307,10 @@ func servicesSample(c bpf.Counter) (*prometheus.Desc, []string) {
 		return descUplinkFast, []string{dir, "ipv6"}
 	}
 	if event, ok := strings.CutPrefix(c.Name, "dsr_"); ok {
-		return descDSRPackets, []string{event}
+		return descDSRPackets, []string{event, "ipv4"}
+	}
+	if event, ok := strings.CutPrefix(c.Name, "dsr6_"); ok {
+		return descDSRPackets, []string{event, "ipv6"}
 	}
 	hook, what, _ := strings.Cut(c.Name, "_")
 	if hook != "connect" && hook != "sendmsg" && hook != "connect6" && hook != "sendmsg6" {

@@ -118,6 +118,9 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{servicesSample, "uplink6_fast_reply", descUplinkFast, []string{"reply", "ipv6"}},
 		{servicesSample, "uplink6_learned", nil, nil},
 		{servicesSample, "uplink_reversed", nil, nil},
+		{servicesSample, "dsr_sent", descDSRPackets, []string{"sent", "ipv4"}},
+		{servicesSample, "dsr6_drop_client", descDSRPackets, []string{"drop_client", "ipv6"}},
+		{servicesSample, "uplink6_reversed", nil, nil},
 		{bypassSample, "redirected_msgs", descBypassMessages, nil},
 		{bypassSample, "redirected_bytes", descBypassBytes, nil},
 		{bypassSample, "fallback_peer_full", descBypassFallbacks, []string{"peer_full"}},
@@ -150,6 +153,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 		{servicesSample, bpf.LoadServices, "lb_uplink_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb6_uplink_fast_stat", "LB_STAT_"},
 		{servicesSample, bpf.LoadServices, "lb_dsr_stat", "LB_STAT_"},
+		{servicesSample, bpf.LoadServices, "lb6_dsr_stat", "LB_STAT_"},
 		{bypassSample, bpf.LoadBypass, "bp_stat", "BP_STAT_"},
 	} {
 		for _, name := range enumCounters(t, src.load, src.enum, src.prefix) {
@@ -158,7 +162,7 @@ func TestMetricsMapTheProgramsCounters(t *testing.T) {
 			}
 		}
 	}
-	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 8, descDSRPackets: 10,
+	for d, n := range map[*prometheus.Desc]int{descServicesTranslations: 4, descServicesRefusals: 4, descUplinkFast: 8, descDSRPackets: 20,
 		descBypassMessages: 1, descBypassBytes: 1, descBypassFallbacks: 5} {
 		if exported[d] != n {
 			t.Errorf("%v: %d counters of the enums, want %d", d, exported[d], n)

@@ -248,8 +248,7 @@ func (t *table) external(e external, node Node) {
 			// the load balancer's health check steers clients away.
 			outside.DropWhenEmpty = sets.local == nil && sets.any
 		} else {
-			// IPv6 answers by SNAT: direct server return is IPv4's.
-			outside.DSR = t.proxy.DSR && e.family == corev1.IPv4Protocol
+			outside.DSR = t.proxy.DSR
 		}
 	}
 }

@@ -209,7 +209,7 @@ func TestCompileHostPortFamilies(t *testing.T) {
 // With the uplink translating both families, each family's external
 // frontends get uplink entries, with the loadBalancerSourceRanges of
 // their family (ranges of the other family only admit no client of
-// this one); direct server return is IPv4's (IPv6 answers by SNAT).
+// this one); direct server return in both.
 func TestCompileUplinkPerFamily(t *testing.T) {
 	svc := withIngress(web(withFamilies(corev1.IPFamilyPolicyRequireDualStack, v4, v6), nodePort, func(s *corev1.ServiceSpec) {
 		s.Type = corev1.ServiceTypeLoadBalancer
@@ -231,9 +231,9 @@ func TestCompileUplinkPerFamily(t *testing.T) {
 		dsr     bool
 	}{
 		"NodePort 192.0.2.1:30080":     {here4, "[]", true},
-		"NodePort [fd00:192::1]:30080": {here6, "[]", false},
+		"NodePort [fd00:192::1]:30080": {here6, "[]", true},
 		"LoadBalancer 203.0.113.50:80": {here4, "[198.51.100.0/24]", true},
-		"LoadBalancer [fd00::50]:80":   {here6, "[2001:db8::/32]", false},
+		"LoadBalancer [fd00::50]:80":   {here6, "[2001:db8::/32]", true},
 	} {
 		s, ok := uplink[key]
 		if !ok {

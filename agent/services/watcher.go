@@ -217,9 +217,10 @@ func KubeProxy(dp Datapath, p Proxying) string {
 	switch {
 	case len(families) == 0:
 		return "replaced at the socket; this node's uplink translates no family: clients outside the cluster reach no Service here (onctl services lists what is not served)"
-	case p.DSR && p.UplinkIPv4:
+	case p.DSR:
+		// Direct server return in each family the uplink translates.
 		return "replaced: ONC serves every Service frontend at the socket, and on the uplink in " + strings.Join(families, " and ") +
-			"; backends on other nodes answer IPv4 clients outside directly (DSR)"
+			"; backends on other nodes answer " + strings.Join(families, " and ") + " clients outside directly (DSR)"
 	}
 	return "replaced: ONC serves every Service frontend at the socket, and on the uplink in " + strings.Join(families, " and ")
 }

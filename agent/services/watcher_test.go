@@ -74,3 +74,32 @@ func TestNodeAddressesOfEitherUnderlay(t *testing.T) {
 		}
 	}
 }
+
+// uplinkOnly is a Datapath whose uplink translates the given families;
+// KubeProxy reads nothing else.
+type uplinkOnly struct {
+	Datapath
+	ipv4, ipv6 bool
+}
+
+func (d uplinkOnly) UplinkErr() error             { return nil }
+func (d uplinkOnly) UplinkFamilies() (bool, bool) { return d.ipv4, d.ipv6 }
+
+// onctl status names the families whose clients outside a remote backend
+// answers directly: each the uplink translates, IPv6 as IPv4.
+func TestKubeProxyNamesTheDSRFamilies(t *testing.T) {
+	for _, c := range []struct {
+		ipv4, ipv6, dsr bool
+		want            string
+	}{
+		{true, true, true, "answer IPv4 and IPv6 clients outside directly (DSR)"},
+		{false, true, true, "answer IPv6 clients outside directly (DSR)"},
+		{true, false, true, "answer IPv4 clients outside directly (DSR)"},
+		{true, true, false, ""},
+	} {
+		got := KubeProxy(uplinkOnly{ipv4: c.ipv4, ipv6: c.ipv6}, Proxying{Replace: true, DSR: c.dsr})
+		if c.want == "" && strings.Contains(got, "DSR") || c.want != "" && !strings.HasSuffix(got, c.want) {
+			t.Errorf("IPv4 %v, IPv6 %v, DSR %v: %q, want it to end %q", c.ipv4, c.ipv6, c.dsr, got, c.want)
+		}
+	}
+}

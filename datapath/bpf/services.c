@@ -14,6 +14,7 @@
 #include "include/services_uplink.h"
 #include "include/services_uplink6.h"
 #include "include/services_dsr.h"
+#include "include/services_dsr6.h"
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -183,8 +184,9 @@ int onc_sock_udp_destroy(struct bpf_iter__udp *ctx)
  * sent to its flow's backend, through the stack or past it, or to the
  * backend's node directly (direct server return); one the service has
  * none for is left to netfilter to refuse, or dropped. And a peer's
- * frame for a flow it sends directly is taken (services_dsr.h). An IPv6
- * packet is lb6_uplink_ingress's (services_uplink6.h).
+ * frame for a flow it sends directly is taken (services_dsr.h; an IPv6
+ * client's, services_dsr6.h). An IPv6 packet is lb6_uplink_ingress's
+ * (services_uplink6.h).
  *
  * Each family's half is a function of its own, not inlined: each has its
  * own stack frame (together they would exceed the 512 bytes a program
@@ -201,9 +203,8 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 
 	if (lb_parse(skb, &p))
 		return LB_NEXT;
-	/* A peer's frame: perhaps a client's packet for a backend here
-	 * (DSR frames come over an IPv4 underlay only; on an IPv6 one the
-	 * overlay guard behind judges what this is). */
+	/* A peer's frame: perhaps a client's packet for a backend here (an
+	 * IPv4 underlay's; on an IPv6 one lb6_uplink_ingress takes them). */
 	if (onc_node_ip && p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
 		return lb_dsr_receive(skb, &p);
 	key.vip = p.daddr;
@@ -255,20 +256,29 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 	return lb_fast_path(skb, &p, &be);
 }
 
-/* The program: its IPv4 half above, its IPv6 one in services_uplink6.h,
+/*
+ * The program: its IPv4 half above, its IPv6 one in services_uplink6.h,
  * whose fast path (lb6_uplink_fast) runs beside lb6_uplink_ingress, not
- * inside it: each frame on its own, on top of this one's. */
+ * inside it: each frame on its own, on top of this one's. An IPv6
+ * frontend's direct server return runs after either half, in frames of
+ * its own too (lb_dsr6_step). The two never share a packet, as in IPv4
+ * (lb_uplink_ingress4: lb_dsr_send or lb_fast_path): a DSR flow's packet
+ * leaves x empty, and what x holds is never a DSR step.
+ */
 SEC("tc")
 int onc_uplink_lb_ingress(struct __sk_buff *skb)
 {
 	struct lb6_xlat x = {};
-	int ret;
+	int rc;
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		ret = lb6_uplink_ingress(skb, &x);
-		return x.ok ? lb6_uplink_fast(skb, &x) : ret;
+		rc = lb6_uplink_ingress(skb, &x);
+		if (x.ok)
+			return lb6_uplink_fast(skb, &x);
+	} else {
+		rc = lb_uplink_ingress4(skb);
 	}
-	return lb_uplink_ingress4(skb);
+	return lb_dsr6_step(skb, rc);
 }
 
 /*

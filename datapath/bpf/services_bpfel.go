@@ -99,6 +99,22 @@ type ServicesLb6Aff struct {
 	LastNs uint64
 }
 
+type ServicesLb6DsrStat uint32
+
+const (
+	ServicesLb6DsrStatLB_STAT_DSR6SENT           ServicesLb6DsrStat = 0
+	ServicesLb6DsrStatLB_STAT_DSR6TOO_BIG        ServicesLb6DsrStat = 1
+	ServicesLb6DsrStatLB_STAT_DSR6NO_ROUTE       ServicesLb6DsrStat = 2
+	ServicesLb6DsrStatLB_STAT_DSR6TTL_EXPIRED    ServicesLb6DsrStat = 3
+	ServicesLb6DsrStatLB_STAT_DSR6RECEIVED       ServicesLb6DsrStat = 4
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_MALFORMED ServicesLb6DsrStat = 5
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_SENDER    ServicesLb6DsrStat = 6
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_CLIENT    ServicesLb6DsrStat = 7
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_BACKEND   ServicesLb6DsrStat = 8
+	ServicesLb6DsrStatLB_STAT_DSR6DROP_FRONTEND  ServicesLb6DsrStat = 9
+	ServicesLb6DsrStatLB_STAT_DSR6MAX            ServicesLb6DsrStat = 10
+)
+
 type ServicesLb6Flow struct {
 	_       structs.HostLayout
 	Ip      [4]uint32
@@ -443,10 +459,24 @@ type ServicesSender6Key struct {
 	Inner     [16]uint8
 }
 
+type ServicesSender6U6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
+	Inner     [16]uint8
+}
+
 type ServicesSenderKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
 	Peer      uint32
+	Inner     uint32
+}
+
+type ServicesSenderU6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      [16]uint8
 	Inner     uint32
 }
 
@@ -473,6 +503,8 @@ const (
 	ServicesMapOncHosts                 = "onc_hosts"
 	ServicesMapOncLb6Aff                = "onc_lb6_aff"
 	ServicesMapOncLb6Backend            = "onc_lb6_backend"
+	ServicesMapOncLb6DsrNodeport        = "onc_lb6_dsr_nodeport"
+	ServicesMapOncLb6DsrStats           = "onc_lb6_dsr_stats"
 	ServicesMapOncLb6Flows              = "onc_lb6_flows"
 	ServicesMapOncLb6Gone               = "onc_lb6_gone"
 	ServicesMapOncLb6Internal           = "onc_lb6_internal"
@@ -508,6 +540,8 @@ const (
 	ServicesMapOncPeers6U6              = "onc_peers6_u6"
 	ServicesMapOncSenders               = "onc_senders"
 	ServicesMapOncSenders6              = "onc_senders6"
+	ServicesMapOncSenders6U6            = "onc_senders6_u6"
+	ServicesMapOncSendersU6             = "onc_senders_u6"
 	ServicesMapOncStats                 = "onc_stats"
 	ServicesMapOncStats6                = "onc_stats6"
 	ServicesProgOncSockConnect4         = "onc_sock_connect4"
@@ -528,6 +562,7 @@ const (
 	ServicesVarOncDecapIpv6             = "onc_decap_ipv6"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
+	ServicesVarOncNodeIp6               = "onc_node_ip6"
 	ServicesVarOncPod6Mask              = "onc_pod6_mask"
 	ServicesVarOncPod6Net               = "onc_pod6_net"
 	ServicesVarOncPodMask               = "onc_pod_mask"
@@ -612,6 +647,8 @@ type ServicesMapSpecs struct {
 	OncHosts              *ebpf.MapSpec `ebpf:"onc_hosts"`
 	OncLb6Aff             *ebpf.MapSpec `ebpf:"onc_lb6_aff"`
 	OncLb6Backend         *ebpf.MapSpec `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport     *ebpf.MapSpec `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats        *ebpf.MapSpec `ebpf:"onc_lb6_dsr_stats"`
 	OncLb6Flows           *ebpf.MapSpec `ebpf:"onc_lb6_flows"`
 	OncLb6Gone            *ebpf.MapSpec `ebpf:"onc_lb6_gone"`
 	OncLb6Internal        *ebpf.MapSpec `ebpf:"onc_lb6_internal"`
@@ -647,6 +684,8 @@ type ServicesMapSpecs struct {
 	OncPeers6U6           *ebpf.MapSpec `ebpf:"onc_peers6_u6"`
 	OncSenders            *ebpf.MapSpec `ebpf:"onc_senders"`
 	OncSenders6           *ebpf.MapSpec `ebpf:"onc_senders6"`
+	OncSenders6U6         *ebpf.MapSpec `ebpf:"onc_senders6_u6"`
+	OncSendersU6          *ebpf.MapSpec `ebpf:"onc_senders_u6"`
 	OncStats              *ebpf.MapSpec `ebpf:"onc_stats"`
 	OncStats6             *ebpf.MapSpec `ebpf:"onc_stats6"`
 }
@@ -659,6 +698,7 @@ type ServicesVariableSpecs struct {
 	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
@@ -701,6 +741,8 @@ type ServicesMaps struct {
 	OncHosts              *ebpf.Map `ebpf:"onc_hosts"`
 	OncLb6Aff             *ebpf.Map `ebpf:"onc_lb6_aff"`
 	OncLb6Backend         *ebpf.Map `ebpf:"onc_lb6_backend"`
+	OncLb6DsrNodeport     *ebpf.Map `ebpf:"onc_lb6_dsr_nodeport"`
+	OncLb6DsrStats        *ebpf.Map `ebpf:"onc_lb6_dsr_stats"`
 	OncLb6Flows           *ebpf.Map `ebpf:"onc_lb6_flows"`
 	OncLb6Gone            *ebpf.Map `ebpf:"onc_lb6_gone"`
 	OncLb6Internal        *ebpf.Map `ebpf:"onc_lb6_internal"`
@@ -736,6 +778,8 @@ type ServicesMaps struct {
 	OncPeers6U6           *ebpf.Map `ebpf:"onc_peers6_u6"`
 	OncSenders            *ebpf.Map `ebpf:"onc_senders"`
 	OncSenders6           *ebpf.Map `ebpf:"onc_senders6"`
+	OncSenders6U6         *ebpf.Map `ebpf:"onc_senders6_u6"`
+	OncSendersU6          *ebpf.Map `ebpf:"onc_senders_u6"`
 	OncStats              *ebpf.Map `ebpf:"onc_stats"`
 	OncStats6             *ebpf.Map `ebpf:"onc_stats6"`
 }
@@ -756,6 +800,8 @@ func (m *ServicesMaps) Close() error {
 		m.OncHosts,
 		m.OncLb6Aff,
 		m.OncLb6Backend,
+		m.OncLb6DsrNodeport,
+		m.OncLb6DsrStats,
 		m.OncLb6Flows,
 		m.OncLb6Gone,
 		m.OncLb6Internal,
@@ -791,6 +837,8 @@ func (m *ServicesMaps) Close() error {
 		m.OncPeers6U6,
 		m.OncSenders,
 		m.OncSenders6,
+		m.OncSenders6U6,
+		m.OncSendersU6,
 		m.OncStats,
 		m.OncStats6,
 	)
@@ -804,6 +852,7 @@ type ServicesVariables struct {
 	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
 	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
 	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncNodeIp6   *ebpf.Variable `ebpf:"onc_node_ip6"`
 	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
 	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
 	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`

@@ -9,6 +9,7 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -233,8 +234,9 @@ func (o Options) constants() map[string]any {
 }
 
 // guardConstants are the overlay guard's own constants
-// (include/overlay.h), which only the fast path's object has: the IPv6
-// tunnel endpoint, all zeros on an IPv4 underlay.
+// (include/overlay.h), which the fast path's object has and the services
+// one (FlowCache), but not every object that shares the flow cache: the
+// IPv6 tunnel endpoint, all zeros on an IPv4 underlay.
 func (o Options) guardConstants() map[string]any {
 	var nodeIP6 [16]byte
 	if o.NodeIP.Is6() {
@@ -262,10 +264,14 @@ func (o Options) podNet6() (addr, mask [16]byte) {
 }
 
 // FlowCache is the flow cache as the uplink load balancer's programs share
-// it (bpf.FlowCache). On an IPv6 underlay its onc_node_ip is zero: the
-// uplink's IPv4 path (fast path, DSR) does not run there.
+// it (bpf.FlowCache), with the guard's constants too: IPv6's direct server
+// return sends from, and takes frames to, the IPv6 tunnel endpoint. On an
+// IPv6 underlay its onc_node_ip is zero: the uplink's IPv4 path (fast
+// path, DSR) does not run there.
 func (d *Datapath) FlowCache() *bpf.FlowCache {
-	return bpf.NewFlowCache(d.maps, d.opts.constants())
+	c := d.opts.constants()
+	maps.Copy(c, d.opts.guardConstants())
+	return bpf.NewFlowCache(d.maps, c)
 }
 
 // Mode reports how programs are attached.

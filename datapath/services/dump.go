@@ -135,10 +135,11 @@ func affinityAt(k bpf.ServicesLbAffKey, be netip.AddrPort, last, now uint64, byI
 // Stats sums the programs' counters over the CPUs: the cgroup programs'
 // (the IPv4 hooks', then the IPv6 hooks', named with a 6), the UDP socket
 // iterator's, then the uplink programs' (named uplink_*; in IPv6
-// uplink6_*) and their direct server return's (dsr_*).
+// uplink6_*, their fast path's too) and their direct server return's
+// (dsr_*; in IPv6 dsr6_*).
 func (lb *LB) Stats() ([]bpf.Counter, error) {
 	var all []bpf.Counter
-	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.uplink6, lb.uplink6f, lb.dsr} {
+	for _, c := range []*bpf.Counters{lb.counters, lb.counters6, lb.udp.counters, lb.uplink, lb.uplink6, lb.uplink6f, lb.dsr, lb.dsr6} {
 		st, err := c.Read()
 		if err != nil {
 			return nil, err

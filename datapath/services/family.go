@@ -48,8 +48,8 @@ func (lb *LB) familyOf(a netip.Addr) family {
 // checkFamilies reports what no map of either family can hold: a frontend
 // and backends of different families, and an IPv4-mapped IPv6 address (the
 // programs key such a socket's calls by the IPv4 address). Either family
-// serves either scope; an IPv6 entry of the uplink scope with DSR is
-// served as without (include/services_uplink6.h).
+// serves either scope, and direct server return in either family
+// (include/services_dsr6.h for IPv6).
 func checkFamilies(s Service) error {
 	if s.VIP.Is4In6() || !s.VIP.IsValid() || s.VIP.Zone() != "" {
 		return fmt.Errorf("frontend %s: want an IPv4 or IPv6 address", s.VIP)

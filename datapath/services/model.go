@@ -85,8 +85,8 @@ type Service struct {
 	// gets the client's packets with the client's address, from this node
 	// directly over the overlay, and answers the client itself from the
 	// frontend's address (direct server return); otherwise it sees this
-	// node's address and answers through it. IPv4 only: an IPv6 entry
-	// with DSR is served as without.
+	// node's address and answers through it. In either family; an IPv6
+	// frontend in ::/32 (reserved) is served as without.
 	DSR bool
 	// SourceRanges (loadBalancerSourceRanges, uplink scope): the clients
 	// allowed, each of the frontend's family; empty allows all.

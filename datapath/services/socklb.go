@@ -45,6 +45,7 @@ type LB struct {
 	uplink6   *bpf.Counters // their IPv6 functions'
 	uplink6f  *bpf.Counters // their IPv6 fast path's
 	dsr       *bpf.Counters // their direct server return's
+	dsr6      *bpf.Counters // its IPv6 twins
 
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
@@ -53,6 +54,10 @@ type LB struct {
 	pods     map[uint64]netip.Addr // the pods' of them OwnPod was given: cookie → address
 	udp      udpEnder
 	warned6  bool // of an IPv6 Service on a node without IPv6 (warnSmall6)
+	// nodePort6 is what onc_lb6_dsr_nodeport holds as Sync last wrote
+	// it; nodePort6Set is false until then (a pin may hold anything).
+	nodePort6    netip.Addr
+	nodePort6Set bool
 }
 
 // hook is one program and the cgroup attach point it serves.
@@ -109,6 +114,9 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		lb.dsr, err = bpf.NewCounters(lb.maps.OncLbDsrStats, spec.Maps[bpf.ServicesMapOncLbDsrStats])
+	}
+	if err == nil {
+		lb.dsr6, err = bpf.NewCounters(lb.maps.OncLb6DsrStats, spec.Maps[bpf.ServicesMapOncLb6DsrStats])
 	}
 	if err == nil {
 		err = lb.adopt()

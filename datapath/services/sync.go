@@ -124,6 +124,7 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 	defer lb.mu.Unlock()
 	if verify {
 		lb.markDrifted()
+		lb.nodePort6Set = false
 	}
 	want := make(map[Key]Service, len(svcs))
 	for _, s := range svcs {
@@ -148,8 +149,36 @@ func (lb *LB) Sync(svcs []Service, verify bool) error {
 			errs = append(errs, fmt.Errorf("service %s (%s): %w", k, s.Name, err))
 		}
 	}
-	errs = append(errs, lb.endLeftUDP(before))
+	errs = append(errs, lb.setNodePort6(svcs), lb.endLeftUDP(before))
 	return errors.Join(errs...)
+}
+
+// setNodePort6 writes onc_lb6_dsr_nodeport: an IPv6 address svcs serve
+// NodePorts on from outside (the least, so that it changes only when that
+// one goes), or none. A peer's IPv6 DSR frame through its own NodePort is
+// taken if this node serves the same port there: every node address gets
+// every NodePort, and no node knows another's IPv6 addresses.
+func (lb *LB) setNodePort6(svcs []Service) error {
+	var addr netip.Addr
+	for _, s := range svcs {
+		if s.Frontend == NodePort && s.Scope == Uplink && s.VIP.Is6() && !s.VIP.Is4In6() &&
+			(!addr.IsValid() || s.VIP.Less(addr)) {
+			addr = s.VIP
+		}
+	}
+	if lb.nodePort6Set && addr == lb.nodePort6 {
+		return nil
+	}
+	var v [16]byte
+	if addr.IsValid() {
+		v = addr.As16()
+	}
+	if err := lb.maps.OncLb6DsrNodeport.Put(uint32(0), v); err != nil {
+		lb.nodePort6Set = false
+		return fmt.Errorf("IPv6 NodePort address for direct server return: %w", err)
+	}
+	lb.nodePort6, lb.nodePort6Set = addr, true
+	return nil
 }
 
 // warnSmall6 warns, once, of an IPv6 Service with endpoints on a node

@@ -486,9 +486,11 @@ func TestUplink6WithoutBackends(t *testing.T) {
 	}
 }
 
-// An IPv6 entry with direct server return is served as without: the
-// packet translated for the stack and marked for SNAT, never wrapped.
-func TestUplink6DSRServedAsSNAT(t *testing.T) {
+// An IPv6 entry with direct server return whose backend is no fast-path
+// peer's pod (this node knows no peer) is served as without: the packet
+// translated for the stack and marked for SNAT, never wrapped
+// (dsr6_test.go has the flows that are).
+func TestUplink6DSRToNoPeerServedAsSNAT(t *testing.T) {
 	lb := uplink6LB(t)
 	svc := uplinkService(nodeIP6, TCP, remoteBE6)
 	svc.DSR = true
@@ -496,8 +498,8 @@ func TestUplink6DSRServedAsSNAT(t *testing.T) {
 	pkt := frame6(client6, nodePort6, tcp6, syn)
 	ret, out, mark := ingress6(t, lb, pkt)
 	checkRewritten(t, "DSR entry", pkt, out, true, remoteBE6)
-	if ret != actNext || mark != SNATMark || counter(t, lb, "dsr_sent") != 0 {
-		t.Errorf("DSR entry: verdict %d, mark %#x, dsr_sent %d; want the stack's, masqueraded", ret, mark, counter(t, lb, "dsr_sent"))
+	if ret != actNext || mark != SNATMark || counter(t, lb, "dsr6_sent") != 0 {
+		t.Errorf("DSR entry: verdict %d, mark %#x, dsr6_sent %d; want the stack's, masqueraded", ret, mark, counter(t, lb, "dsr6_sent"))
 	}
 	if _, _, ok := flow6(lb, remoteBE6, client6, tcp6, 1); !ok {
 		t.Error("no reply entry: the replies would come back untranslated")

@@ -200,8 +200,10 @@ static __always_inline int to_vxlan_port6(struct __sk_buff *skb, struct ipv6hdr 
 /*
  * This node's IPv6 tunnel endpoint on an IPv6 underlay, all zeros on an
  * IPv4 one (where onc_node_ip, fastpath.h, is set instead, and zero here).
- * Only the guard reads it, so only the fast path's object declares it:
- * objects that share the flow cache include fastpath.h, not this file.
+ * The guard reads it, and IPv6's direct server return (services_dsr6.h,
+ * which includes this file for it and the IPv6 senders): the objects
+ * that declare it are the fast path's and the services one, which gets
+ * it with the flow cache's constants.
  */
 volatile const __be32 onc_node_ip6[4] = {};
 

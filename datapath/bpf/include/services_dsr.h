@@ -34,6 +34,19 @@
 
 #define VXLAN_FLAG_VNI 0x08
 
+/*
+ * What an uplink half (lb_uplink_ingress4, lb6_uplink_ingress) returns
+ * for the program to do next with an IPv6 frontend's direct server
+ * return (services_dsr6.h): never a verdict the program returns. The
+ * program calls those functions itself, each in its own frame: a half's
+ * and theirs together would exceed the stack a program may use.
+ */
+enum lb_dsr6_step {
+	LB_DSR6_RECEIVE4 = 0x10000, /* a frame over IPv4 with an IPv6 client's packet */
+	LB_DSR6_RECEIVE6,           /* a frame to the VXLAN port over IPv6 */
+	LB_DSR6_SEND,               /* a client's packet of a DSR flow */
+};
+
 /* Counters of their own, so that onc_lb_uplink_stats keeps its size and
  * an upgrade adopts the pinned maps. */
 enum lb_dsr_stat {
@@ -206,11 +219,15 @@ static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb
 	if (!fe.ip)
 		return LB_NEXT;
 	fe.port = outer->sport;
+	if (bpf_skb_load_bytes(skb, ONC_HDR_LEN - sizeof(inner_proto), &inner_proto, sizeof(inner_proto)))
+		inner_proto = 0;
+	/* An IPv6 client's: an IPv6 frontend (services_dsr6.h). */
+	if (inner_proto == bpf_htons(ETH_P_IPV6))
+		return LB_DSR6_RECEIVE4;
 	/* Whole, untagged, without IP options, to our endpoint, our VNI, an
 	 * IPv4 TCP or UDP packet in it: as ONC's peers send. */
 	if (outer->l4off != ETH_HLEN + sizeof(struct iphdr) || outer->daddr != onc_node_ip ||
 	    bpf_ntohl(vx.flags) >> 24 != VXLAN_FLAG_VNI || bpf_ntohl(vx.vni) >> 8 != onc_vni ||
-	    bpf_skb_load_bytes(skb, ONC_HDR_LEN - sizeof(inner_proto), &inner_proto, sizeof(inner_proto)) ||
 	    inner_proto != bpf_htons(ETH_P_IP) || lb_parse_at(skb, ONC_HDR_LEN, &p)) {
 		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_MALFORMED, 1);
 		return TC_ACT_SHOT;

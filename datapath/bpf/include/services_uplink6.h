@@ -16,9 +16,10 @@
  * (lb6_uplink_fast, lb6_uplink_reply); a flow to a backend on another
  * node does once conntrack holds it established and masqueraded
  * (lb6_to_remote_pod, lb6_uplink_overlay_reply), over IPv4 or IPv6
- * tunnels. An entry with LB_SVC_DSR is served as without (SNAT): direct
- * server return carries the frontend in a VXLAN header's 32 reserved
- * bits, which hold no IPv6 address.
+ * tunnels. But for an entry with LB_SVC_DSR: a flow to a pod on another
+ * node is sent to that node directly, never on the fast path, and that
+ * node answers the client itself (services_dsr6.h, which includes this
+ * file).
  *
  * Only a TCP or UDP header right after the IPv6 header is read: a packet
  * with extension headers (a fragment among them), ICMPv6 (neighbour
@@ -38,7 +39,8 @@
 #define __ONC_SERVICES_UPLINK6_H
 
 #include <linux/ipv6.h>
-#include "encap6.h"
+#include "overlay.h"
+#include "services_dsr.h"
 #include "services_uplink.h"
 
 /* Counters of the IPv6 uplink functions (per CPU), named as
@@ -118,12 +120,11 @@ struct lb6_flow_key {
 	__u8 pad[2];
 };
 
-/* lb_flow's fields in IPv6. dsr stays 0 (no direct server return in
- * IPv6): there so that the map keeps its layout when it comes. */
+/* lb_flow's fields in IPv6. */
 struct lb6_flow {
 	__be32 ip[4]; /* IN: the backend; OUT: the frontend */
 	__be16 port;
-	__u8 dsr;
+	__u8 dsr;     /* IN: sent to the backend's node directly (services_dsr6.h) */
 	__u8 pad;
 	__u32 svc_id; /* IN: a flow of a service since replaced picks again */
 	__u32 ifindex; /* OUT: the uplink replies leave by (the fast path's) */
@@ -215,6 +216,11 @@ static __always_inline int lb6_parse(struct __sk_buff *skb, struct lb6_pkt *p)
 		return -1;
 	return lb6_parse_at(skb, ETH_HLEN, p);
 }
+
+/* Whether a new flow goes to its backend's node directly (services_dsr6.h,
+ * which includes this file). */
+static __always_inline int lb_dsr6_wanted(const struct lb_svc *svc, const __be32 *client, const __be32 *fe,
+					  const struct lb6_addr *be);
 
 /*
  * Adds diff, the change of a 16-byte address of the pseudo-header, to the
@@ -332,9 +338,11 @@ picked:
 /*
  * The flow's backend, as lb_flow_backend: the one it has, else (a TCP
  * flow only at a SYN) a new pick within the source ranges, recorded both
- * ways. Never direct server return.
+ * ways (one way for a DSR flow). *dsr says whether the flow goes to its
+ * backend's node directly, decided at its first packet.
  */
-static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be)
+static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be,
+					    __u8 *dsr)
 {
 	struct lb6_flow_key in = lb6_flow_key(p->saddr, p->daddr, p->sport, p->dport, p->proto, LB_FLOW_IN), out;
 	struct lb6_flow fwd = { .svc_id = svc->id }, rev = { .port = p->dport, .svc_id = svc->id };
@@ -343,6 +351,7 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 	if (cur && cur->svc_id == svc->id && !p->syn) {
 		lb6_copy(be->ip, cur->ip);
 		be->port = cur->port;
+		*dsr = cur->dsr;
 		return LB_FLOW_OK;
 	}
 	if (p->proto == IPPROTO_TCP && !p->syn)
@@ -358,13 +367,17 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 	lb6_copy(fwd.ip, be->ip);
 	fwd.port = be->port;
 	lb6_copy(rev.ip, p->daddr);
-	out = lb6_flow_key(be->ip, p->saddr, be->port, p->sport, p->proto, LB_FLOW_OUT);
-	/* The reply's entry first: the backend may answer before this
-	 * program returns. */
-	bpf_map_update_elem(&onc_lb6_flows, &out, &rev, BPF_ANY);
+	fwd.dsr = lb_dsr6_wanted(svc, p->saddr, p->daddr, be);
+	if (!fwd.dsr) {
+		out = lb6_flow_key(be->ip, p->saddr, be->port, p->sport, p->proto, LB_FLOW_OUT);
+		/* The reply's entry first: the backend may answer before this
+		 * program returns. */
+		bpf_map_update_elem(&onc_lb6_flows, &out, &rev, BPF_ANY);
+	}
 	bpf_map_update_elem(&onc_lb6_flows, &in, &fwd, BPF_ANY);
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NEW_FLOW, 1);
 	lb_count_svc(svc->id, 0);
+	*dsr = fwd.dsr;
 	return LB_FLOW_OK;
 }
 
@@ -432,10 +445,12 @@ static __always_inline void lb6_forget(const __be32 *client, __be16 client_port,
 	bpf_map_delete_elem(&onc_lb6_flows, &out);
 }
 
-/* underlay6 says whether the node's tunnels are IPv6 (no IPv4 endpoint). */
+/* The tunnels are IPv6 (this node's endpoint is onc_node_ip6, overlay.h),
+ * else IPv4 (onc_node_ip); neither when the fast path's constants are not
+ * set. */
 static __always_inline int lb6_underlay6(void)
 {
-	return !onc_node_ip;
+	return !onc_node_ip && (onc_node_ip6[0] | onc_node_ip6[1] | onc_node_ip6[2] | onc_node_ip6[3]);
 }
 
 /*
@@ -752,10 +767,13 @@ err:
 /*
  * onc_uplink_lb_ingress for an IPv6 packet: one from outside to an IPv6
  * uplink frontend is checked (a spoofed source, a client outside the
- * source ranges: dropped), sent to its flow's backend through the stack,
- * marked for SNAT unless the entry keeps the client; one the service has
- * no backend for is marked for netfilter to refuse, or dropped. A frame
- * to the VXLAN port is the overlay guard's, never a frontend's.
+ * source ranges: dropped), sent to its flow's backend, marked for SNAT
+ * unless the entry keeps the client, and handed to lb6_uplink_fast in x,
+ * which sends it past the stack or leaves it to it; one the service has
+ * no backend for is marked for netfilter to refuse, or dropped; a DSR
+ * flow's goes to its backend's node (LB_DSR6_SEND), x left empty: never
+ * on the fast path. A frame to the VXLAN port is never a frontend's: a
+ * peer's DSR frame, or the overlay guard's.
  */
 __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct lb6_xlat *x)
 {
@@ -764,9 +782,12 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 	struct lb6_addr be = {};
 	struct lb_svc svc;
 	struct lb6_pkt p;
+	__u8 dsr = 0;
 
-	if (lb6_parse(skb, &p) || (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port))
+	if (lb6_parse(skb, &p))
 		return LB_NEXT;
+	if (p.proto == IPPROTO_UDP && p.dport == onc_vxlan_port)
+		return LB_DSR6_RECEIVE6;
 	lb6_copy(key.vip, p.daddr);
 	key.port = p.dport;
 	key.proto = p.proto;
@@ -779,7 +800,7 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_SPOOFED, 1);
 		return TC_ACT_SHOT;
 	}
-	switch (lb6_flow_backend(&p, &svc, &be)) {
+	switch (lb6_flow_backend(&p, &svc, &be, &dsr)) {
 	case LB_FLOW_OK:
 		break;
 	case LB_FLOW_FOREIGN:
@@ -800,13 +821,14 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 	default:
 		return TC_ACT_SHOT;
 	}
+	if (dsr)
+		return LB_DSR6_SEND;
 	if (lb6_rewrite(skb, &p, 1, &be)) {
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
 		return TC_ACT_SHOT;
 	}
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_TRANSLATED, 1);
-	/* A backend on another node must answer through this one (LB_SVC_DSR
-	 * or not: see above). */
+	/* A backend on another node must answer through this one. */
 	if (!(svc.flags & LB_SVC_KEEP_CLIENT))
 		skb->mark |= LB_MARK_SNAT;
 	if (x) { /* for lb6_uplink_fast */
@@ -820,8 +842,8 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 /*
  * onc_uplink_lb_egress for an IPv6 packet: a backend's reply to a client
  * (after conntrack undid the SNAT, for a remote backend) leaves from the
- * frontend the client sent to. Nothing is learned: IPv6 flows stay on the
- * slow path.
+ * frontend the client sent to, and teaches the flow cache the flow as
+ * lb6_learn_reply says.
  */
 __attribute__((noinline)) int lb6_uplink_egress(struct __sk_buff *skb)
 {
