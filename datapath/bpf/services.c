@@ -256,6 +256,17 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 	return lb_fast_path(skb, &p, &be);
 }
 
+/* The IPv6 half, with x in a frame of its own: the IPv4 half's chain of
+ * frames is close to the verifier's 512 bytes. The fast path's verdicts
+ * are never DSR steps, so lb_dsr6_step passes them on. */
+static __attribute__((noinline)) int lb_uplink_ingress6(struct __sk_buff *skb)
+{
+	struct lb6_xlat x = {};
+	int rc = lb6_uplink_ingress(skb, &x);
+
+	return x.ok ? lb6_uplink_fast(skb, &x) : rc;
+}
+
 /*
  * The program: its IPv4 half above, its IPv6 one in services_uplink6.h,
  * whose fast path (lb6_uplink_fast) runs beside lb6_uplink_ingress, not
@@ -268,16 +279,12 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 SEC("tc")
 int onc_uplink_lb_ingress(struct __sk_buff *skb)
 {
-	struct lb6_xlat x = {};
 	int rc;
 
-	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		rc = lb6_uplink_ingress(skb, &x);
-		if (x.ok)
-			return lb6_uplink_fast(skb, &x);
-	} else {
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		rc = lb_uplink_ingress6(skb);
+	else
 		rc = lb_uplink_ingress4(skb);
-	}
 	return lb_dsr6_step(skb, rc);
 }
 

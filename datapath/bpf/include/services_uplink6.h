@@ -424,13 +424,15 @@ static __always_inline struct lb6_flow *lb6_reply_flow(const __be32 *backend, __
 }
 
 /* lb6_dec_hop lowers the hop limit by one, as the forwarding hop the
- * stack would have been (no header checksum in IPv6). The caller checked
- * that it is above 1. */
+ * stack would have been (no header checksum in IPv6, but a NIC's
+ * CHECKSUM_COMPLETE sum covers the byte: keep it right, for a packet
+ * handed into a pod). The caller checked that it is above 1. */
 static __always_inline int lb6_dec_hop(struct __sk_buff *skb, const struct lb6_pkt *p)
 {
 	__u8 hop = p->hop_limit - 1;
 
-	return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop, sizeof(hop), 0);
+	return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop, sizeof(hop),
+				   BPF_F_RECOMPUTE_CSUM);
 }
 
 /* lb6_forget is lb_forget in IPv6: a connection that ended on the fast
