@@ -533,6 +533,8 @@ collect() {
     for what in status stats peers services; do
       kc -n onc-system exec "$pod" -c onc-agent -- onctl "$what" > "$OUT/onctl-$what-$node.txt" 2>&1 || true
     done
+    # The packets policy denied during the run, as the node's flow records hold them.
+    kc -n onc-system exec "$pod" -c onc-agent -- onctl flows --verdict denied -o json > "$OUT/onctl-flows-denied-$node.json" 2>&1 || true
     # kube-proxy's health endpoint, the agent's when it replaces kube-proxy.
     in_ns docker exec "$node" curl -sS -i http://127.0.0.1:10256/healthz > "$OUT/healthz-$node.txt" 2>&1 || true
   done
