@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,7 @@ func (r *Recorder) Run(ctx context.Context, group uint16) error {
 
 // Packet records one packet a pod's chain logged.
 func (r *Recorder) Packet(p dpflows.Packet) {
-	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Verdict: VerdictDenied, Proto: p.Proto, Path: "slow",
+	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Verdict: verdicts[p.Verdict], Proto: p.Proto, Path: "slow",
 		Direction: "egress", Src: Endpoint{Kind: KindIP, Addr: p.Src}, Dst: Endpoint{Kind: KindIP, Addr: p.Dst}}
 	local, remote := &rec.Src, &rec.Dst
 	if p.Ingress {
@@ -80,23 +81,74 @@ func (r *Recorder) Packet(p dpflows.Packet) {
 		e.Addr = remote.Addr
 		*remote = e
 	}
-	var d *policy.Direction
-	if found {
-		d = pod.Egress
-		if p.Ingress {
-			d = pod.Ingress
+	if !found {
+		rec.Reason = "default deny of a pod this agent's rules do not hold (new, or gone)"
+		if p.Verdict == dpflows.VerdictWouldDeny {
+			rec.Reason = "audit would deny, at a pod this agent's rules do not hold (new, or gone); not enforced"
+		}
+		r.store.Add(rec)
+		return
+	}
+	enforced, audited := pod.Egress, pod.AuditEgress
+	if p.Ingress {
+		enforced, audited = pod.Ingress, pod.AuditIngress
+	}
+	if p.Verdict == dpflows.VerdictWouldDeny {
+		rec.Policies, rec.Reason = wouldDeny(rec.Direction, *local, audited)
+	} else {
+		rec.Policies, rec.Reason = defaultDeny(rec.Direction, *local, enforced)
+	}
+	if p.Verdict == dpflows.VerdictWouldAllow {
+		allowing := allowedBy(audited, remote.Addr.Addr(), p.Proto, rec.Dst.Addr.Port())
+		rec.Policies = append(slices.Clone(rec.Policies), allowing...)
+		if len(allowing) > 0 {
+			rec.Reason += fmt.Sprintf("; audited %s would allow it", strings.Join(allowing, ", "))
+		} else {
+			rec.Reason += "; an audited policy would have allowed it then, and none does now"
 		}
 	}
-	switch {
-	case !found:
-		rec.Reason = "default deny of a pod this agent's rules do not hold (new, or gone)"
-	case d == nil:
-		rec.Reason = fmt.Sprintf("default deny: %s was %s isolated then, and is not now", *local, rec.Direction)
-	default:
-		rec.Policies = d.Policies
-		rec.Reason = fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", rec.Direction, strings.Join(d.Policies, ", "))
-	}
 	r.store.Add(rec)
+}
+
+// verdicts are the records' verdicts of the policy table's.
+var verdicts = map[string]string{
+	dpflows.VerdictDenied:     VerdictDenied,
+	dpflows.VerdictWouldDeny:  VerdictWouldDeny,
+	dpflows.VerdictWouldAllow: VerdictWouldAllow,
+}
+
+// defaultDeny is why the enforcing policies d of local's direction
+// dropped a packet, and the policies that says.
+func defaultDeny(direction string, local Endpoint, d *policy.Direction) ([]string, string) {
+	if d == nil {
+		return nil, fmt.Sprintf("default deny: %s was %s isolated then, and is not now", local, direction)
+	}
+	return d.Policies, fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", direction, strings.Join(d.Policies, ", "))
+}
+
+// wouldDeny is why the audited policies d of local's direction would
+// have dropped a packet they let through, and the policies that says.
+func wouldDeny(direction string, local Endpoint, d *policy.Direction) ([]string, string) {
+	if d == nil {
+		return nil, fmt.Sprintf("audit would deny: %s was %s audited then, and is not now; not enforced", local, direction)
+	}
+	return d.Policies, fmt.Sprintf("audit would deny: %s audited by %s, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
+		direction, strings.Join(d.Policies, ", "))
+}
+
+// allowedBy is the policies of the audited direction d (nil: none) with
+// a rule allowing peer on proto/port, each once.
+func allowedBy(d *policy.Direction, peer netip.Addr, proto uint8, port uint16) []string {
+	if d == nil {
+		return nil
+	}
+	var out []string
+	for _, rule := range d.Rules {
+		if rule.Allows(peer, policy.Proto(proto), port) && !slices.Contains(out, rule.Policy) {
+			out = append(out, rule.Policy)
+		}
+	}
+	return out
 }
 
 // localPodOf is a local pod as the rules know it.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,7 +42,15 @@ const (
 	EventPolicy   = "policy" // a policy chain's verdict on a packet
 	EventLost     = "lost"   // records this follower did not get: it fell behind
 	VerdictDenied = "denied"
+	// Audit (policies annotated onc.io/policy-mode: audit): let through,
+	// and audited policies would deny it; dropped, and an audited policy
+	// would allow it.
+	VerdictWouldDeny  = "would-deny"
+	VerdictWouldAllow = "would-allow"
 )
+
+// Verdicts are the verdicts a filter may select.
+var Verdicts = []string{VerdictDenied, VerdictWouldDeny, VerdictWouldAllow}
 
 // Record is one flow record.
 type Record struct {
@@ -70,7 +79,8 @@ type Filter struct {
 func (f Filter) Match(r *Record) bool {
 	ends := [2]Endpoint{r.Src, r.Dst}
 	switch {
-	case f.Verdict != "" && r.Verdict != f.Verdict:
+	case f.Verdict != "" && r.Verdict != f.Verdict && (f.Verdict != VerdictDenied || r.Verdict != VerdictWouldAllow):
+		// A would-allow packet was denied too.
 		return false
 	case !f.Since.IsZero() && r.Time.Before(f.Since):
 		return false
@@ -89,8 +99,8 @@ func ParseFilter(pod, namespace, verdict string, since time.Time) (Filter, error
 	if pod != "" && strings.Count(pod, "/") != 1 {
 		return Filter{}, fmt.Errorf("pod %q: give namespace/name", pod)
 	}
-	if verdict != "" && verdict != VerdictDenied {
-		return Filter{}, fmt.Errorf("verdict %q: the records have %q", verdict, VerdictDenied)
+	if verdict != "" && !slices.Contains(Verdicts, verdict) {
+		return Filter{}, fmt.Errorf("verdict %q: the records have %s", verdict, strings.Join(Verdicts, ", "))
 	}
 	return Filter{Pod: pod, Namespace: namespace, Verdict: verdict, Since: since}, nil
 }

@@ -23,12 +23,15 @@ const PrefixVersion = "onc1"
 // Verdicts a policy log prefix names.
 const (
 	VerdictDenied = "D" // the pod's chain dropped it: no rule of the policies isolating it allows it
+	// Audit (policies annotated onc.io/policy-mode: audit):
+	VerdictWouldDeny  = "W" // let through: no enforcing policy isolates the pod here, and no rule of the audited ones allows it
+	VerdictWouldAllow = "U" // dropped as D, but a rule of an audited policy allows it
 )
 
 // Packet is one packet the policy table logged.
 type Packet struct {
 	Time    time.Time // when the agent read it (the kernel does not stamp forwarded packets)
-	Verdict string    // VerdictDenied
+	Verdict string    // VerdictDenied, VerdictWouldDeny or VerdictWouldAllow
 	Ingress bool      // the verdict is the ingress chain's (else egress)
 	PodID   string    // the chain's pod id (datapath/policy PodID)
 	Proto   uint8     // IP protocol number
@@ -55,13 +58,17 @@ var ErrNotOurs = errors.New("not a policy verdict of ONC's")
 func ParsePacket(prefix string, payload []byte) (Packet, error) {
 	var p Packet
 	f := strings.Fields(strings.TrimRight(prefix, "\x00"))
-	if len(f) != 4 || f[0] != PrefixVersion || f[1] != VerdictDenied || (f[2] != "in" && f[2] != "eg") || f[3] == "" {
+	if len(f) != 4 || f[0] != PrefixVersion || !knownVerdict(f[1]) || (f[2] != "in" && f[2] != "eg") || f[3] == "" {
 		return p, fmt.Errorf("%w: prefix %q", ErrNotOurs, prefix)
 	}
 	p.Verdict, p.Ingress, p.PodID = f[1], f[2] == "in", f[3]
 	var err error
 	p.Proto, p.Src, p.Dst, err = parseIP(payload)
 	return p, err
+}
+
+func knownVerdict(v string) bool {
+	return v == VerdictDenied || v == VerdictWouldDeny || v == VerdictWouldAllow
 }
 
 // parseIP reads the addresses, protocol and ports of an IPv4 or IPv6

@@ -48,7 +48,9 @@ const nftTimeout = 30 * time.Second
 // direction and the pod's id: datapath/flows), at most 20 packets a second
 // per chain and, of those, 3 at once and then 1 a second per connection
 // (sets flows-denied and flows-denied6 hold each connection's budget until
-// it has been quiet for a minute). Returning instead of accepting lets
+// it has been quiet for a minute). Audited policies add their own sets
+// and rules, which report and count and never change a verdict (audit.go).
+// Returning instead of accepting lets
 // same-node traffic pass the sender's egress and then the receiver's
 // ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
@@ -88,6 +90,9 @@ type applied struct {
 	iface  string
 	addrs  podAddrs
 	in, eg string // fingerprint of each direction's sets; "" when not isolated
+	// auIn, auEg: the same of the audited policies' sets; "" when none
+	// audits the direction.
+	auIn, auEg string
 }
 
 // podAddrs are a pod's addresses by family (ipv4, ipv6); invalid where it
@@ -140,6 +145,8 @@ func familyOf(a netip.Addr) int {
 }
 
 func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
+
+func (a applied) audited() bool { return a.auIn != "" || a.auEg != "" }
 
 // NewEnforcer checks that nft works here. It does not touch the table
 // until the first Apply. The pods' chains log what they drop to NFLOG
@@ -210,18 +217,35 @@ func (d dir) fingerprint(a applied) string {
 	return a.eg
 }
 
+// hasChain reports whether a has a chain in direction d: some policy,
+// enforcing or audited, selects it there.
+func (d dir) hasChain(a applied) bool { return d.fingerprint(a) != "" || d.auditFingerprint(a) != "" }
+
 // plan is the desired state of one pod.
 type plan struct {
 	applied
-	key            string
-	inSets, egSets *compiled // nil when not isolated
+	key                string
+	inSets, egSets     *compiled // nil when not isolated
+	auInSets, auEgSets *compiled // nil when not audited
 }
 
-func (p *plan) sets(d dir) *compiled {
+func (p *plan) sets(d dir) dirSets {
 	if d == ingress {
-		return p.inSets
+		return dirSets{p.inSets, p.auInSets}
 	}
-	return p.egSets
+	return dirSets{p.egSets, p.auEgSets}
+}
+
+// dirSets are what a pod's chain in one direction looks up: the sets of
+// the enforcing policies and of the audited ones, nil where none.
+type dirSets struct{ enforce, audit *compiled }
+
+func (s dirSets) none() bool { return s.enforce == nil && s.audit == nil }
+
+// setsOf are the sets of the last Apply of the pod with key in direction
+// d.
+func (e *Enforcer) setsOf(d dir, key string) dirSets {
+	return dirSets{e.compiled[d.key(key)], e.compiled[d.auditKey(key)]}
 }
 
 // PodID is a short stable id for a pod key, in the names of its chains,
@@ -272,6 +296,14 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 		if p.Egress != nil {
 			pl.egSets = e.elementsOf(egress.key(p.Key), p.Egress, next)
 			pl.eg = "eg:" + pl.egSets.fingerprint
+		}
+		if p.AuditIngress != nil {
+			pl.auInSets = e.elementsOf(ingress.auditKey(p.Key), p.AuditIngress, next)
+			pl.auIn = "ai:" + pl.auInSets.fingerprint
+		}
+		if p.AuditEgress != nil {
+			pl.auEgSets = e.elementsOf(egress.auditKey(p.Key), p.AuditEgress, next)
+			pl.auEg = "ae:" + pl.auEgSets.fingerprint
 		}
 		out = append(out, pl)
 	}
@@ -422,12 +454,15 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	for i := range want {
 		p := &want[i]
 		addPod(tx, p, kept)
+		if p.audited() {
+			addAuditCounters(tx, p.id, kept)
+		}
 		if p.isolated() {
 			tx.Add(isolatedElem(p.iface))
 		}
 		for _, d := range []dir{ingress, egress} {
-			if c := p.sets(d); c != nil {
-				addDir(tx, e.logGroup, d, p.id, p.iface, c)
+			if s := p.sets(d); !s.none() {
+				addDir(tx, e.logGroup, d, p.id, p.iface, s)
 			}
 		}
 	}
@@ -454,10 +489,10 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			continue
 		}
 		for _, d := range []dir{ingress, egress} {
-			was := d.fingerprint(old) != ""
+			was := d.hasChain(old)
 			switch {
-			case was && (p == nil || p.sets(d) == nil):
-				removeDir(tx, d, old.id, old.iface, e.compiled[d.key(key)])
+			case was && (p == nil || p.sets(d).none()):
+				removeDir(tx, d, old.id, old.iface, e.setsOf(d, key))
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -468,6 +503,9 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		switch {
 		case p == nil:
 			removePod(tx, old)
+			if old.audited() {
+				removeAuditCounters(tx, old.id)
+			}
 		case p.iface != old.iface:
 			tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(old.iface)}})
 			deletePodAddrs(tx, old, applied{})
@@ -494,21 +532,29 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		if p.isolated() && (!had || !old.isolated() || p.iface != old.iface) {
 			tx.Add(isolatedElem(p.iface))
 		}
+		// The audit counters come before the rules that count in them,
+		// and go after the rules that did are rewritten.
+		if p.audited() && (!had || !old.audited()) {
+			addAuditCounters(tx, p.id, nil)
+		}
 		for _, d := range []dir{ingress, egress} {
-			c := p.sets(d)
-			was := had && d.fingerprint(old) != ""
+			now := p.sets(d)
+			was := had && d.hasChain(old)
 			switch {
-			case c == nil:
+			case now.none():
 			case !was:
-				addDir(tx, e.logGroup, d, p.id, p.iface, c)
+				addDir(tx, e.logGroup, d, p.id, p.iface, now)
 			default:
-				if d.fingerprint(p.applied) != d.fingerprint(old) {
-					changeSets(tx, e.logGroup, d, p.id, e.compiled[d.key(p.key)], c)
+				if d.fingerprint(p.applied) != d.fingerprint(old) || d.auditFingerprint(p.applied) != d.auditFingerprint(old) {
+					changeDir(tx, e.logGroup, d, p.id, e.setsOf(d, p.key), now)
 				}
 				if p.iface != old.iface {
 					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
 				}
 			}
+		}
+		if had && old.audited() && !p.audited() {
+			removeAuditCounters(tx, p.id)
 		}
 	}
 	return tx
@@ -626,14 +672,19 @@ func addPod(tx *knftables.Transaction, p *plan, kept map[string]*knftables.Count
 	tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
 	addPodAddrs(tx, p.applied, applied{})
 	for _, d := range []dir{ingress, egress} {
-		for _, name := range []string{d.chain(p.id) + "-allow", d.chain(p.id) + "-deny"} {
-			c := &knftables.Counter{Name: name}
-			if old := kept[name]; old != nil && old.Packets != nil && old.Bytes != nil {
-				c.Packets, c.Bytes = old.Packets, old.Bytes
-			}
-			tx.Add(c)
-		}
+		addCounter(tx, d.chain(p.id)+"-allow", kept)
+		addCounter(tx, d.chain(p.id)+"-deny", kept)
 	}
+}
+
+// addCounter adds the named counter, with the values of the one of that
+// name kept holds, if any.
+func addCounter(tx *knftables.Transaction, name string, kept map[string]*knftables.Counter) {
+	c := &knftables.Counter{Name: name}
+	if old := kept[name]; old != nil && old.Packets != nil && old.Bytes != nil {
+		c.Packets, c.Bytes = old.Packets, old.Bytes
+	}
+	tx.Add(c)
 }
 
 func removePod(tx *knftables.Transaction, a applied) {
@@ -645,13 +696,21 @@ func removePod(tx *knftables.Transaction, a applied) {
 	}
 }
 
-// addDir adds the chain isolating a pod in direction d, its sets holding
-// c's elements, and the map element jumping to it.
-func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled) {
+// addDir adds the chain of a pod in direction d, its sets holding s's
+// elements, and the map element jumping to it.
+func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
-	addSets(tx, chain, c)
+	if s.enforce != nil {
+		addSets(tx, chain, s.enforce)
+	}
+	if s.audit != nil {
+		addSets(tx, auditSets(chain), s.audit)
+	}
+	if s.enforce != nil && s.audit != nil {
+		addWouldAllow(tx, logGroup, d, id)
+	}
 	tx.Add(&knftables.Chain{Name: chain})
-	addRules(tx, logGroup, d, id, c)
+	addRules(tx, logGroup, d, id, s)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
@@ -707,20 +766,36 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 }
 
 // addRules adds the rules of the chain of pod id in direction d, which
-// look the packet up in the sets of c, and log (to logGroup, unless 0)
-// and drop what they do not hold.
-func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled) {
+// look the packet up in the sets of s.enforce, and log (to logGroup,
+// unless 0) and drop what they do not hold; before the drop, the audited
+// policies' sets (addAuditRules). A chain of audited policies alone
+// drops nothing (addWouldDenyRules).
+func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	chain := d.chain(id)
-	for _, f := range c.setFamilies() {
-		ports, all := setNames(chain, f, c.second)
-		peer := families[f].expr + " " + d.peer
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", peer, ports, chain+"-allow")})
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", peer, all, chain+"-allow")})
+	if s.enforce == nil {
+		addWouldDenyRules(tx, logGroup, d, id, s.audit)
+		return
+	}
+	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q return", chain+"-allow"))
+	if s.audit != nil {
+		addLookups(tx, d, chain, auditSets(chain), s.audit, "goto "+wouldAllowChain(chain))
 	}
 	if logGroup != 0 {
 		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
+}
+
+// addLookups adds to chain the rules looking the packet's peer (and
+// protocol and port) up in c's sets, named from base, then doing what
+// then says.
+func addLookups(tx *knftables.Transaction, d dir, chain, base string, c *compiled, then string) {
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(base, f, c.second)
+		peer := families[f].expr + " " + d.peer
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s %s", peer, ports, then)})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s %s", peer, all, then)})
+	}
 }
 
 // addLogRules adds to chain the rules logging a packet to logGroup with
@@ -745,25 +820,76 @@ func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
 	}
 }
 
-// removeDir undoes addDir for the sets of c (the counters stay with the
+// removeDir undoes addDir for the sets of s (the counters stay with the
 // pod).
-func removeDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
+func removeDir(tx *knftables.Transaction, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
 	tx.Flush(&knftables.Chain{Name: chain})
 	tx.Delete(&knftables.Chain{Name: chain})
-	deleteSets(tx, chain, c)
+	if s.enforce != nil && s.audit != nil {
+		removeWouldAllow(tx, chain)
+	}
+	if s.enforce != nil {
+		deleteSets(tx, chain, s.enforce)
+	}
+	if s.audit != nil {
+		deleteSets(tx, auditSets(chain), s.audit)
+	}
 }
 
-// changeSets makes the sets of a pod's chain in direction d, which hold
-// was's elements, hold now's: in place, deleting the elements that left
-// and then adding the new ones (nft rejects an element that overlaps one
-// still in the set), or, where that costs more, by filling the other pair
-// of sets, pointing the chain's rules at it and deleting the old pair
-// (always when the families of its sets change). Either way the kernel sees the whole change at once, in the Apply's
-// transaction.
-func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now *compiled) {
+// changeDir makes a pod's chain in direction d, which looks up was's
+// sets, look up now's: each pair of sets changes (changeSets), comes or
+// goes, and the chain's rules are rewritten if that changed which sets
+// they name, or which of the enforcing and audited policies there are.
+func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now dirSets) {
 	chain := d.chain(id)
+	wasBoth, nowBoth := was.enforce != nil && was.audit != nil, now.enforce != nil && now.audit != nil
+	rewrite := (was.enforce == nil) != (now.enforce == nil) || (was.audit == nil) != (now.audit == nil)
+	type sets struct {
+		base string
+		c    *compiled
+	}
+	var stale []sets // to delete once no rule names them
+	for _, pair := range []struct {
+		base     string
+		was, now *compiled
+	}{{chain, was.enforce, now.enforce}, {auditSets(chain), was.audit, now.audit}} {
+		switch {
+		case pair.was == nil && pair.now == nil:
+		case pair.was == nil:
+			addSets(tx, pair.base, pair.now)
+		case pair.now == nil:
+			stale = append(stale, sets{pair.base, pair.was})
+		case changeSets(tx, pair.base, pair.was, pair.now):
+			rewrite = true
+			stale = append(stale, sets{pair.base, pair.was})
+		}
+	}
+	if nowBoth && !wasBoth {
+		addWouldAllow(tx, logGroup, d, id)
+	}
+	if rewrite {
+		tx.Flush(&knftables.Chain{Name: chain})
+		addRules(tx, logGroup, d, id, now)
+	}
+	if wasBoth && !nowBoth {
+		removeWouldAllow(tx, chain)
+	}
+	for _, s := range stale {
+		deleteSets(tx, s.base, s.c)
+	}
+}
+
+// changeSets makes the sets named from base, which hold was's elements,
+// hold now's: in place, deleting the elements that left and then adding
+// the new ones (nft rejects an element that overlaps one still in the
+// set), or, where that costs more, by filling the other pair of sets
+// (always when the families of its sets change): then it reports true,
+// and the caller points the chain's rules at the new pair and deletes the
+// old one. Either way the kernel sees the whole change at once, in the
+// Apply's transaction.
+func changeSets(tx *knftables.Transaction, chain string, was, now *compiled) (refilled bool) {
 	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
 	goneAll, newAll := diff(was.el.all, now.el.all)
 	// What nft and the kernel take, in µs, as measured on kernel 6.18 and
@@ -775,10 +901,7 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6 != now.el.has6 {
 		now.second = !was.second
 		addSets(tx, chain, now)
-		tx.Flush(&knftables.Chain{Name: chain})
-		addRules(tx, logGroup, d, id, now)
-		deleteSets(tx, chain, was)
-		return
+		return true
 	}
 	for _, p := range goneAll {
 		tx.Delete(allElem(chain, now.second, p))
@@ -792,6 +915,7 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	for _, pe := range newPorts {
 		tx.Add(portsElem(chain, now.second, pe))
 	}
+	return false
 }
 
 // diff returns the elements of was that now lacks and those of now that
@@ -824,6 +948,10 @@ func diff[E comparable](was, now []E) (gone, added []E) {
 // restarts, and reset when the pod leaves the ruleset.
 type Counters struct {
 	IngressAllowed, IngressDenied, EgressAllowed, EgressDenied uint64
+	// What audited policies would have done (addAuditCounters): packets
+	// let through that they would deny, and packets dropped that one of
+	// them would allow.
+	IngressWouldDeny, IngressWouldAllow, EgressWouldDeny, EgressWouldAllow uint64
 }
 
 // Counters returns the counters of every pod of the last Ruleset applied,
@@ -847,10 +975,14 @@ func (e *Enforcer) Counters() (map[string]Counters, error) {
 	for key, a := range e.pods {
 		in, eg := ingress.chain(a.id), egress.chain(a.id)
 		out[key] = Counters{
-			IngressAllowed: packets[in+"-allow"],
-			IngressDenied:  packets[in+"-deny"],
-			EgressAllowed:  packets[eg+"-allow"],
-			EgressDenied:   packets[eg+"-deny"],
+			IngressAllowed:    packets[in+"-allow"],
+			IngressDenied:     packets[in+"-deny"],
+			EgressAllowed:     packets[eg+"-allow"],
+			EgressDenied:      packets[eg+"-deny"],
+			IngressWouldDeny:  packets[in+wouldDeny],
+			IngressWouldAllow: packets[in+wouldAllow],
+			EgressWouldDeny:   packets[eg+wouldDeny],
+			EgressWouldAllow:  packets[eg+wouldAllow],
 		}
 	}
 	return out, nil

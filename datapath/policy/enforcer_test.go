@@ -509,6 +509,7 @@ func TestIncremental(t *testing.T) {
 			}
 			used[p.Iface] = true
 			p.Ingress, p.Egress = randDir(p.Ingress), randDir(p.Egress)
+			p.AuditIngress, p.AuditEgress = randDir(p.AuditIngress), randDir(p.AuditEgress)
 			rs.Pods = append(rs.Pods, p)
 		}
 		// Pods removed, added, or differing in what the table or Revoke
@@ -519,7 +520,8 @@ func TestIncremental(t *testing.T) {
 			switch {
 			case o == nil && n == nil:
 			case o == nil || n == nil || o.Iface != n.Iface || !slices.Equal(o.IPs, n.IPs) ||
-				!sameCompiled(o.Ingress, n.Ingress) || !sameCompiled(o.Egress, n.Egress):
+				!sameCompiled(o.Ingress, n.Ingress) || !sameCompiled(o.Egress, n.Egress) ||
+				!sameCompiled(o.AuditIngress, n.AuditIngress) || !sameCompiled(o.AuditEgress, n.AuditEgress):
 				want = append(want, key)
 			}
 		}
