@@ -64,3 +64,36 @@ func TestOnctlShowsEveryFamily(t *testing.T) {
 		}
 	}
 }
+
+// onctl policy shows audited policies apart from enforcing ones, with
+// what they would have done: would-deny where nothing enforcing isolates
+// the direction, would-allow where something does.
+func TestOnctlPolicyShowsAudit(t *testing.T) {
+	rule := &apiv1.PolicyRule{Policy: "ns/try", Peers: []string{"10.244.2.0/24"}, Ports: []string{"TCP/80"}}
+	sock := serve(t, &podsAgent{policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{{Key: "ns/a", Ip: "10.244.1.2",
+		Ingress: &apiv1.PolicyDirection{AuditPolicies: []string{"ns/try"}, AuditRules: []*apiv1.PolicyRule{rule}, WouldDeny: 17},
+		Egress: &apiv1.PolicyDirection{Isolated: true, Policies: []string{"ns/deny"}, Denied: 5,
+			AuditPolicies: []string{"ns/try-egress"}, WouldAllow: 3}}}}})
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"policy"}, []string{"open; audited by ns/try", "isolated by ns/deny; audited by ns/try-egress"}},
+		{[]string{"policy", "ns/a"}, []string{
+			"Ingress: open; 0 connections allowed, 0 denied\n  audited by ns/try (not enforced): would deny 17\n",
+			"  ns/try  0     10.244.2.0/24  TCP/80",
+			"Egress: isolated by ns/deny; 0 connections allowed, 5 denied\n  no rule: every connection is denied\n" +
+				"  audited by ns/try-egress (not enforced): would allow 3 of the denied; the enforcing policies rule, so audit reports no would-deny here\n" +
+				"  no rule: audit would allow nothing more\n"}},
+	} {
+		out, err := run(append([]string{"-s", sock}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("onctl %v lacks %q:\n%s", c.args, w, out)
+			}
+		}
+	}
+}
