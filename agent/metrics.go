@@ -52,6 +52,9 @@ var (
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
+	descPolicyAudit = prometheus.NewDesc("onc_policy_audit_packets_total",
+		"Packets audited NetworkPolicies (annotation onc.io/policy-mode: audit) would have treated otherwise, by the policy's namespace and name, direction and verdict: would_deny, let through and the audited policies would deny it (no enforcing policy isolates the pod there); would_allow, denied and a rule of the audited policies would allow it. A pod's packet counts for each audited policy of its direction; a policy's series goes when it audits no pod of this node.",
+		[]string{"namespace", "policy", "direction", "verdict"}, nil)
 	descServicesTranslations = prometheus.NewDesc("onc_services_translations_total",
 		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg; connect6, sendmsg6 for AF_INET6 sockets).",
 		[]string{"hook"}, nil)
@@ -101,6 +104,7 @@ type agentMetrics struct {
 	cniDuration  *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
 	policy       sums[string, int] // by pod, of policySeries
+	audit        auditTotals
 	services     sums[dpservices.Key, frontendSeries]
 	// registeredPeers is how many other nodes the peer watcher's last
 	// reconcile read from the datastore.
@@ -175,7 +179,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descPolicyAudit, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -234,6 +238,9 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			totals := m.policy.add(byPod)
 			for i, s := range policySeries {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
+			}
+			for s, v := range m.audit.add(a.policy.Enforced(), pods) {
+				ch <- prometheus.MustNewConstMetric(descPolicyAudit, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction, s.verdict)
 			}
 		}
 	}
@@ -349,6 +356,75 @@ var policySeries = [4]struct {
 	{"ingress", "denied", func(c policy.Counters) uint64 { return c.IngressDenied }},
 	{"egress", "allowed", func(c policy.Counters) uint64 { return c.EgressAllowed }},
 	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
+}
+
+// auditSeries is a series of onc_policy_audit_packets_total.
+type auditSeries struct{ namespace, policy, direction, verdict string }
+
+// auditCounters are the audit counters of a pod's direction, and its
+// audited policies there.
+var auditCounters = [4]struct {
+	direction, verdict string
+	of                 func(policy.Counters) uint64
+	audited            func(*policy.Pod) *policy.Direction
+}{
+	{"ingress", "would_deny", func(c policy.Counters) uint64 { return c.IngressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
+	{"ingress", "would_allow", func(c policy.Counters) uint64 { return c.IngressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
+	{"egress", "would_deny", func(c policy.Counters) uint64 { return c.EgressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
+	{"egress", "would_allow", func(c policy.Counters) uint64 { return c.EgressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
+}
+
+// auditTotals sums the audit counters by policy. The kernel counts per
+// pod and direction, and the policies auditing a pod change: so what a
+// counter grew by since the last scrape goes to the policies that audit
+// its direction now. A counter that went down was reset (its pod went,
+// or stopped being audited, and came back): it grew by its value.
+type auditTotals struct {
+	mu     sync.Mutex
+	last   map[auditKey]uint64 // as last scraped
+	totals map[auditSeries]uint64
+}
+
+type auditKey struct {
+	pod     string
+	counter int // index in auditCounters
+}
+
+// add takes the counters of the local pods of rs, by key, and returns the
+// totals of the policies auditing some pod of rs.
+func (t *auditTotals) add(rs policy.Ruleset, counters map[string]policy.Counters) map[auditSeries]uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.totals == nil {
+		t.totals = map[auditSeries]uint64{}
+	}
+	next := map[auditKey]uint64{}
+	current := map[auditSeries]bool{}
+	for i := range rs.Pods {
+		p := &rs.Pods[i]
+		c, ok := counters[p.Key]
+		for ci, ac := range auditCounters {
+			d := ac.audited(p)
+			if d == nil || !ok {
+				continue
+			}
+			k, v := auditKey{p.Key, ci}, ac.of(c)
+			next[k] = v
+			grew := v
+			if last, seen := t.last[k]; seen && last <= v {
+				grew = v - last
+			}
+			for _, key := range d.Policies {
+				ns, name, _ := strings.Cut(key, "/")
+				s := auditSeries{ns, name, ac.direction, ac.verdict}
+				current[s] = true
+				t.totals[s] += grew
+			}
+		}
+	}
+	maps.DeleteFunc(t.totals, func(s auditSeries, _ uint64) bool { return !current[s] })
+	t.last = next
+	return maps.Clone(t.totals)
 }
 
 // frontendSeries is a series of onc_services_frontend_connections_total.

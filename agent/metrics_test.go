@@ -20,6 +20,7 @@ import (
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -253,6 +254,52 @@ func TestPolicyTotalsNeverGoDown(t *testing.T) {
 	}
 	for i, s := range steps {
 		if got := p.add(s.pods); !maps.Equal(got, s.want) {
+			t.Errorf("step %d: totals %v, want %v", i, got, s.want)
+		}
+	}
+}
+
+// Audit counts go to the policies auditing the pod's direction when they
+// were counted; a policy's series goes when it audits no pod.
+func TestAuditTotalsFollowThePolicies(t *testing.T) {
+	var at auditTotals
+	pod := func(key string, in, eg []string) policy.Pod {
+		p := policy.Pod{Key: key}
+		if in != nil {
+			p.AuditIngress = &policy.Direction{Policies: in}
+		}
+		if eg != nil {
+			p.AuditEgress = &policy.Direction{Policies: eg}
+		}
+		return p
+	}
+	series := func(pol, dir, verdict string) auditSeries { return auditSeries{"x", pol, dir, verdict} }
+	steps := []struct {
+		pods     []policy.Pod
+		counters map[string]policy.Counters
+		want     map[auditSeries]uint64
+	}{{
+		pods:     []policy.Pod{pod("x/a", []string{"x/p"}, nil), pod("x/b", []string{"x/p"}, []string{"x/q"})},
+		counters: map[string]policy.Counters{"x/a": {IngressWouldDeny: 5}, "x/b": {IngressWouldDeny: 2, EgressWouldAllow: 1, EgressDenied: 9}},
+		want: map[auditSeries]uint64{series("p", "ingress", "would_deny"): 7, series("p", "ingress", "would_allow"): 0,
+			series("q", "egress", "would_deny"): 0, series("q", "egress", "would_allow"): 1},
+	}, {
+		// x/r joins x/p on a: only what a counts from now on is x/r's.
+		pods:     []policy.Pod{pod("x/a", []string{"x/p", "x/r"}, nil), pod("x/b", []string{"x/p"}, []string{"x/q"})},
+		counters: map[string]policy.Counters{"x/a": {IngressWouldDeny: 8}, "x/b": {IngressWouldDeny: 2, EgressWouldAllow: 1}},
+		want: map[auditSeries]uint64{series("p", "ingress", "would_deny"): 10, series("p", "ingress", "would_allow"): 0,
+			series("r", "ingress", "would_deny"): 3, series("r", "ingress", "would_allow"): 0,
+			series("q", "egress", "would_deny"): 0, series("q", "egress", "would_allow"): 1},
+	}, {
+		// b's egress audit goes (x/q with it), and b's counters reset
+		// (it was recreated).
+		pods:     []policy.Pod{pod("x/a", []string{"x/p", "x/r"}, nil), pod("x/b", []string{"x/p"}, nil)},
+		counters: map[string]policy.Counters{"x/a": {IngressWouldDeny: 8}, "x/b": {IngressWouldDeny: 1}},
+		want: map[auditSeries]uint64{series("p", "ingress", "would_deny"): 11, series("p", "ingress", "would_allow"): 0,
+			series("r", "ingress", "would_deny"): 3, series("r", "ingress", "would_allow"): 0},
+	}}
+	for i, s := range steps {
+		if got := at.add(policy.Ruleset{Pods: s.pods}, s.counters); !maps.Equal(got, s.want) {
 			t.Errorf("step %d: totals %v, want %v", i, got, s.want)
 		}
 	}
