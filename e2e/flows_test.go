@@ -41,11 +41,17 @@ func (c *policyCluster) onctlFlows(t *testing.T, n *lab.Node, args ...string) []
 	return recs
 }
 
-// deniedRecord finds, among recs, the first record made since since of
-// a packet from src to dst; src's port 0: any port.
+// deniedRecord finds, among recs, the first denied record made since
+// since of a packet from src to dst; src's port 0: any port.
 func deniedRecord(recs []*apiv1.FlowRecord, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
+	return flowRecord(recs, "denied", since, src, dst)
+}
+
+// flowRecord finds, among recs, the first record with verdict made since
+// since of a packet from src to dst; src's port 0: any port.
+func flowRecord(recs []*apiv1.FlowRecord, verdict string, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
 	for _, r := range recs {
-		if r.Verdict == "denied" && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
+		if r.Verdict == verdict && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
 			(src.Port() == 0 || r.Source.GetPort() == uint32(src.Port())) &&
 			r.Destination.GetIp() == dst.Addr().String() && r.Destination.GetPort() == uint32(dst.Port()) {
 			return r
@@ -183,5 +189,52 @@ func (c *policyCluster) flows(t *testing.T) {
 	}
 	if !slices.ContainsFunc(c.onctlFlows(t, nb, "--namespace", "y"), func(r *apiv1.FlowRecord) bool { return r.Source.GetNamespace() == "y" }) {
 		t.Error("onctl flows --namespace y: no record from namespace y")
+	}
+}
+
+// flowsAudit: an audited deny-all lets a connection through, and the node
+// that would have denied it records it in onctl flows --verdict would-deny
+// within 1 s, with both pods and the policy; onctl policy counts it.
+func (c *policyCluster) flowsAudit(t *testing.T) {
+	b, yb := c.pod("x/b"), c.pod("y/b")
+	nb := c.node(b)
+	pol := netpol("x", "b-audit-deny-all", sel("app", "b"), ingressOnly, nil, nil)
+	pol.Annotations = map[string]string{auditAnnotation: "audit"}
+	c.set(t, []*networkingv1.NetworkPolicy{pol})
+	defer c.set(t, nil)
+
+	start := time.Now()
+	dst := netip.AddrPortFrom(b.lp.IP, 80)
+	local, err := lab.Probe(yb.lp.Netns, "tcp", dst.Addr(), int(dst.Port()), 3*probeTimeout)
+	if err != nil {
+		t.Fatalf("%s → %s TCP/80 under an audited deny-all: %v", yb.key(), b.key(), err)
+	}
+	var rec *apiv1.FlowRecord
+	for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		rec = flowRecord(c.onctlFlows(t, nb, "--verdict", "would-deny", "--pod", b.key()), "would-deny", start, local, dst)
+	}
+	if rec == nil {
+		t.Fatalf("onctl flows on %s: no would-deny record of %s → %s; it has %v", nb.Name, local, dst, c.onctlFlows(t, nb))
+	}
+	if took := time.Unix(0, rec.TimeUnixNano).Sub(start); took > time.Second {
+		t.Errorf("%s → %s recorded %v after the probe started, want within 1 s", local, dst, took)
+	}
+	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "would-deny", Direction: "ingress", Protocol: "TCP",
+		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
+		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
+		Policies:    []string{"x/b-audit-deny-all"}, Path: "slow",
+		Reason: "audit would deny: ingress audited by x/b-audit-deny-all, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced"}
+	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
+		t.Errorf("record:\n%s\nwant:\n%s", got, w)
+	}
+	if r := flowRecord(c.onctlFlows(t, nb, "--verdict", "denied"), "denied", start, local, dst); r != nil {
+		t.Errorf("the audited connection has a denied record: %v", r)
+	}
+
+	var resp apiv1.ListPolicyResponse
+	c.onctlJSON(t, nb, &resp, "policy", b.key())
+	in := resp.Pods[0].Ingress
+	if in.Isolated || !slices.Equal(in.AuditPolicies, []string{"x/b-audit-deny-all"}) || in.WouldDeny < 1 || in.Denied != 0 {
+		t.Errorf("onctl policy %s: ingress %v; want not isolated, audited by x/b-audit-deny-all, would deny 1 or more", b.key(), in)
 	}
 }
