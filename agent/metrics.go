@@ -74,7 +74,7 @@ var (
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend); and by the client's family (ipv4, ipv6).",
 		[]string{"event", "family"}, nil)
 	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
-		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates.", nil, nil)
+		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, and what audited policies would deny or allow, as the policy table logged them within its rates.", nil, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
