@@ -49,10 +49,9 @@ const nftTimeout = 30 * time.Second
 // per chain and, of those, 3 at once and then 1 a second per connection
 // (sets flows-denied and flows-denied6 hold each connection's budget until
 // it has been quiet for a minute). Audited policies add their own sets
-// and rules, which report and count and never change a verdict (audit.go).
-// Returning instead of accepting lets
-// same-node traffic pass the sender's egress and then the receiver's
-// ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
+// and rules, which report and count and never change a verdict
+// (audit.go). Returning instead of accepting lets same-node traffic pass
+// the sender's egress and then the receiver's ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
 //
 // Every Apply is one nft transaction, so the kernel never sees a partial
@@ -767,9 +766,9 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 
 // addRules adds the rules of the chain of pod id in direction d, which
 // look the packet up in the sets of s.enforce, and log (to logGroup,
-// unless 0) and drop what they do not hold; before the drop, the audited
-// policies' sets (addAuditRules). A chain of audited policies alone
-// drops nothing (addWouldDenyRules).
+// unless 0) and drop what they do not hold; before the drop, in the
+// audited policies' sets, if any (audit.go). A chain of audited policies
+// alone drops nothing (addWouldDenyRules).
 func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	chain := d.chain(id)
 	if s.enforce == nil {
