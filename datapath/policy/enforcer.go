@@ -288,21 +288,21 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			return nil, nil, err
 		}
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
-		if p.Ingress != nil {
-			pl.inSets = e.elementsOf(ingress.key(p.Key), p.Ingress, next)
-			pl.in = "in:" + pl.inSets.fingerprint
-		}
-		if p.Egress != nil {
-			pl.egSets = e.elementsOf(egress.key(p.Key), p.Egress, next)
-			pl.eg = "eg:" + pl.egSets.fingerprint
-		}
-		if p.AuditIngress != nil {
-			pl.auInSets = e.elementsOf(ingress.auditKey(p.Key), p.AuditIngress, next)
-			pl.auIn = "ai:" + pl.auInSets.fingerprint
-		}
-		if p.AuditEgress != nil {
-			pl.auEgSets = e.elementsOf(egress.auditKey(p.Key), p.AuditEgress, next)
-			pl.auEg = "ae:" + pl.auEgSets.fingerprint
+		for _, side := range []struct {
+			d           *Direction
+			key, tag    string
+			sets        **compiled
+			fingerprint *string
+		}{
+			{p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in},
+			{p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg},
+			{p.AuditIngress, ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn},
+			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg},
+		} {
+			if side.d != nil {
+				*side.sets = e.elementsOf(side.key, side.d, next)
+				*side.fingerprint = side.tag + (*side.sets).fingerprint
+			}
 		}
 		out = append(out, pl)
 	}
