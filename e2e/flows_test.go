@@ -194,14 +194,19 @@ func (c *policyCluster) flows(t *testing.T) {
 
 // flowsAudit: an audited deny-all lets a connection through, and the node
 // that would have denied it records it in onctl flows --verdict would-deny
-// within 1 s, with both pods and the policy; onctl policy counts it.
+// within 1 s, with both pods and the policy; onctl policy counts it. With
+// the fast path on, the audited pod's new connections open on the slow
+// path, where the table sees them, and on the fast path again once the
+// audit goes.
 func (c *policyCluster) flowsAudit(t *testing.T) {
 	b, yb := c.pod("x/b"), c.pod("y/b")
 	nb := c.node(b)
+	c.setFastPath(t, true)
 	pol := netpol("x", "b-audit-deny-all", sel("app", "b"), ingressOnly, nil, nil)
 	pol.Annotations = map[string]string{auditAnnotation: "audit"}
 	c.set(t, []*networkingv1.NetworkPolicy{pol})
 	defer c.set(t, nil)
+	opened := stats(t, nb)["ingress_open"]
 
 	// The counters are the pod's since it came: compare with before.
 	ingress := func() *apiv1.PolicyDirection {
@@ -241,5 +246,18 @@ func (c *policyCluster) flowsAudit(t *testing.T) {
 	if in := ingress(); in.Isolated || !slices.Equal(in.AuditPolicies, []string{"x/b-audit-deny-all"}) || in.WouldDeny <= before.WouldDeny || in.Denied != before.Denied {
 		t.Errorf("onctl policy %s: ingress %v, before the probe %v; want not isolated, audited by x/b-audit-deny-all, would deny 1 more or so, no more denied",
 			b.key(), in, before)
+	}
+	if now := stats(t, nb)["ingress_open"]; now != opened {
+		t.Errorf("%s: connections to the audited %s opened on the fast path (ingress_open %d → %d)", nb.Name, b.key(), opened, now)
+	}
+
+	// The audit goes: x/b rejoins the fast path's connection setup.
+	c.set(t, nil)
+	opened = stats(t, nb)["ingress_open"]
+	if _, err := lab.Probe(yb.lp.Netns, "tcp", dst.Addr(), int(dst.Port()), 3*probeTimeout); err != nil {
+		t.Fatalf("%s → %s TCP/80 without policy: %v", yb.key(), b.key(), err)
+	}
+	if now := stats(t, nb)["ingress_open"]; now == opened {
+		t.Errorf("%s: with the audit gone, a new connection to %s did not open on the fast path (ingress_open %d)", nb.Name, b.key(), now)
 	}
 }
