@@ -58,8 +58,9 @@ func (c *policyCluster) export(t *testing.T) {
 	testutil.Require(t, err == nil, "the OpenTelemetry Collector is not built: run `make prereqs` (it sets ONC_OTELCOL_BIN for make test)")
 	b, yb := c.pod("x/b"), c.pod("y/b")
 	nb := c.node(b)
-	c.set(t, []*networkingv1.NetworkPolicy{netpol("x", "b-from-a-tcp-80", sel("app", "b"), ingressOnly,
-		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")}), port(corev1.ProtocolTCP, 80)), nil)})
+	pols := []*networkingv1.NetworkPolicy{netpol("x", "b-from-a-tcp-80", sel("app", "b"), ingressOnly,
+		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")}), port(corev1.ProtocolTCP, 80)), nil)}
+	c.set(t, pols)
 
 	// The collector runs in nb's namespace, where its agent dials it.
 	dir := t.TempDir()
@@ -81,6 +82,9 @@ func (c *policyCluster) export(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	// Until the restarted agent has enforced the policy, its records
+	// cannot name the pod's policies.
+	c.waitApplied(t, map[string]uint64{}, pols)
 
 	start := time.Now()
 	dst := netip.AddrPortFrom(b.lp.IP, 80)
@@ -94,7 +98,9 @@ func (c *policyCluster) export(t *testing.T) {
 		rec = deniedRecord(c.onctlFlows(t, nb, "--verdict", "denied"), start, local, dst)
 		return rec != nil
 	})
-
+	if rec.Policies == nil || rec.Source.GetName() == "" || rec.Destination.GetName() == "" {
+		t.Fatalf("the record lacks fields the check is for (both pods, the policy): %v", rec)
+	}
 	for deadline := time.Now().Add(10 * time.Second); collectorRecord(t, received, rec) == nil || fileRecord(t, file, rec) == nil; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			got, _ := os.ReadFile(received)
@@ -102,9 +108,6 @@ func (c *policyCluster) export(t *testing.T) {
 			t.Fatalf("onctl flows shows\n%s\nThe collector has (found: %v)\n%s\nThe file has (found: %v)\n%s", protojson.Format(rec),
 				collectorRecord(t, received, rec) != nil, got, fileRecord(t, file, rec) != nil, lines)
 		}
-	}
-	if rec.Policies == nil || rec.Source.GetName() == "" {
-		t.Errorf("the record lacks the fields the check is for: %v", rec)
 	}
 }
 

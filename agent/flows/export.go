@@ -118,8 +118,8 @@ func (e *Exporter) Run(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), exportShutdown)
 	defer cancel()
-	for ; len(pending) > 0; pending = e.queued(nil) {
-		e.deliver(ctx, pending)
+	for batch := e.queued(pending); len(batch) > 0; batch = e.queued(nil) {
+		e.deliver(ctx, batch)
 	}
 	if err := e.dest.close(); err != nil {
 		slog.Warn("flow export: closing", "exporter", e.Name, "err", err)

@@ -100,7 +100,7 @@ func (d *otlpDest) send(ctx context.Context, recs []*apiv1.FlowRecord) (int, err
 		cancel()
 		if err == nil {
 			if ps := resp.GetPartialSuccess(); ps.GetRejectedLogRecords() > 0 {
-				return len(recs) - int(ps.RejectedLogRecords), fmt.Errorf("OTLP receiver %s rejected %d records: %s", d.endpoint, ps.RejectedLogRecords, ps.ErrorMessage)
+				return max(0, len(recs)-int(ps.RejectedLogRecords)), fmt.Errorf("OTLP receiver %s rejected %d records: %s", d.endpoint, ps.RejectedLogRecords, ps.ErrorMessage)
 			}
 			return len(recs), nil
 		}
@@ -162,15 +162,15 @@ func exportRequest(recs []*apiv1.FlowRecord) *collogsv1.ExportLogsServiceRequest
 			req.ResourceLogs = append(req.ResourceLogs, &logsv1.ResourceLogs{ScopeLogs: []*logsv1.ScopeLogs{sl},
 				Resource: &resourcev1.Resource{Attributes: []*commonv1.KeyValue{stringAttr(attrService, serviceName), stringAttr(attrNode, r.Node)}}})
 		}
-		lr := LogRecord(r)
+		lr := logRecord(r)
 		lr.ObservedTimeUnixNano = now
 		sl.LogRecords = append(sl.LogRecords, lr)
 	}
 	return req
 }
 
-// LogRecord is r as an OTLP log record, its node aside (the resource's).
-func LogRecord(r *apiv1.FlowRecord) *logsv1.LogRecord {
+// logRecord is r as an OTLP log record, its node aside (the resource's).
+func logRecord(r *apiv1.FlowRecord) *logsv1.LogRecord {
 	lr := &logsv1.LogRecord{TimeUnixNano: uint64(r.TimeUnixNano), SeverityNumber: logsv1.SeverityNumber_SEVERITY_NUMBER_INFO,
 		SeverityText: "INFO", EventName: "onc.flow", Body: &commonv1.AnyValue{Value: &commonv1.AnyValue_StringValue{StringValue: r.Summary()}}}
 	lr.Attributes = attributes(nil, "", r.ProtoReflect())

@@ -196,10 +196,11 @@ func attrString(kvs []*commonv1.KeyValue) string {
 // with fail's errors, in turn, then takes the records.
 type fakeCollector struct {
 	collogsv1.UnimplementedLogsServiceServer
-	mu    sync.Mutex
-	fail  []error
-	calls int
-	got   []*apiv1.FlowRecord
+	mu     sync.Mutex
+	fail   []error
+	reject int64 // records each call reports rejecting
+	calls  int
+	got    []*apiv1.FlowRecord
 }
 
 func (f *fakeCollector) Export(_ context.Context, req *collogsv1.ExportLogsServiceRequest) (*collogsv1.ExportLogsServiceResponse, error) {
@@ -221,6 +222,9 @@ func (f *fakeCollector) Export(_ context.Context, req *collogsv1.ExportLogsServi
 				f.got = append(f.got, r)
 			}
 		}
+	}
+	if f.reject > 0 {
+		return &collogsv1.ExportLogsServiceResponse{PartialSuccess: &collogsv1.ExportLogsPartialSuccess{RejectedLogRecords: f.reject, ErrorMessage: "too old"}}, nil
 	}
 	return &collogsv1.ExportLogsServiceResponse{}, nil
 }
@@ -315,6 +319,23 @@ func TestOTLPLosesFailedBatch(t *testing.T) {
 		store.Add(rec(1, "x"))
 		waitExported(t, e, 1)
 		stop()
+	}
+}
+
+// Records the receiver reports rejecting are lost, counted; the others
+// arrived.
+func TestOTLPPartialSuccess(t *testing.T) {
+	f := &fakeCollector{reject: 1}
+	store := NewStore(16)
+	e := otlpExporter(t, store, f.serve(t, nil), nil, 16)
+	e.linger = time.Hour // one batch, sent at stop
+	stop := run(t, e)
+	for i := range 3 {
+		store.Add(rec(i, "x"))
+	}
+	stop()
+	if calls, _ := f.received(); calls != 1 || e.Exported() != 2 || e.Lost()[LostFailed] != 1 {
+		t.Fatalf("%d calls, %d exported, lost %v; want 1 call, 2 exported, 1 failed", calls, e.Exported(), e.Lost())
 	}
 }
 
