@@ -18,9 +18,11 @@ KUBE_BIN ?= /var/cache/onc/kube/$(KUBE_VERSION)
 export ONC_KUBE_BIN := $(KUBE_BIN)
 export ONC_FLANNEL_BIN := $(GOBIN_TOOLS)/flannel
 # The OpenTelemetry Collector the flow export's lab test sends to, built
-# from e2e/otelcol (its go.mod pins the release) into a cache keyed by it.
+# from e2e/otelcol (its go.mod pins the release) into a cache keyed by the
+# release and the module's files.
 OTELCOL_VERSION := $(shell awk '$$1=="go.opentelemetry.io/collector/otelcol" {print $$2}' e2e/otelcol/go.mod)
-OTELCOL_BIN ?= /var/cache/onc/otelcol/$(OTELCOL_VERSION)
+OTELCOL_KEY := $(shell cat e2e/otelcol/go.mod e2e/otelcol/go.sum e2e/otelcol/main.go | sha256sum | cut -c1-12)
+OTELCOL_BIN ?= /var/cache/onc/otelcol/$(OTELCOL_VERSION)-$(OTELCOL_KEY)
 export ONC_OTELCOL_BIN := $(OTELCOL_BIN)/otelcol
 
 all: build

@@ -2,7 +2,8 @@
 # Builds the OpenTelemetry Collector of the flow export's lab test
 # (e2e/otelcol: the OTLP receiver and the file exporter, every collector
 # module at one release) through the Go module proxy into a cache that
-# outlives clones, keyed by that release; skips it if already there.
+# outlives clones (the Makefile keys DIR by the release and the module's
+# files); skips it if already there.
 # Usage: hack/otelcol-build.sh DIR (the binary is DIR/otelcol).
 set -euo pipefail
 out=$1
