@@ -105,8 +105,14 @@ func (e *Exporter) Lost() map[string]uint64 {
 }
 
 // Run sends the queued records in batches until ctx ends, then what is
-// still queued, for at most exportShutdown, and closes the destination.
+// still queued, and closes the destination. Sends outlive ctx by
+// exportShutdown at most, so that a batch in flight when it ends, and what
+// is queued, still go.
 func (e *Exporter) Run(ctx context.Context) {
+	sendCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(exportShutdown, cancel) })
+	defer stop()
 	var pending []Record
 	for {
 		batch := e.next(ctx)
@@ -114,12 +120,10 @@ func (e *Exporter) Run(ctx context.Context) {
 			pending = batch
 			break
 		}
-		e.deliver(ctx, batch)
+		e.deliver(sendCtx, batch)
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), exportShutdown)
-	defer cancel()
 	for batch := e.queued(pending); len(batch) > 0; batch = e.queued(nil) {
-		e.deliver(ctx, batch)
+		e.deliver(sendCtx, batch)
 	}
 	if err := e.dest.close(); err != nil {
 		slog.Warn("flow export: closing", "exporter", e.Name, "err", err)

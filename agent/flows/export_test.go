@@ -198,15 +198,26 @@ type fakeCollector struct {
 	collogsv1.UnimplementedLogsServiceServer
 	mu     sync.Mutex
 	fail   []error
-	reject int64 // records each call reports rejecting
+	reject int64         // records each call reports rejecting
+	hold   chan struct{} // if set, calls wait until it is closed
 	calls  int
 	got    []*apiv1.FlowRecord
 }
 
-func (f *fakeCollector) Export(_ context.Context, req *collogsv1.ExportLogsServiceRequest) (*collogsv1.ExportLogsServiceResponse, error) {
+func (f *fakeCollector) Export(ctx context.Context, req *collogsv1.ExportLogsServiceRequest) (*collogsv1.ExportLogsServiceResponse, error) {
+	f.mu.Lock()
+	f.calls++
+	hold := f.hold
+	f.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls++
 	if len(f.fail) > 0 {
 		err := f.fail[0]
 		f.fail = f.fail[1:]
@@ -367,19 +378,21 @@ func TestExportQueueFull(t *testing.T) {
 	}
 }
 
-// Stopping sends what is queued first, without waiting for the batch to
-// fill.
+// Stopping sends the batch in flight and what is queued, without waiting
+// for a batch to fill.
 func TestExportShutdownFlushes(t *testing.T) {
-	f := &fakeCollector{}
+	f := &fakeCollector{hold: make(chan struct{})}
 	store := NewStore(2048)
 	e := otlpExporter(t, store, f.serve(t, nil), nil, 2048)
 	e.linger = time.Hour
 	stop := run(t, e)
-	const n = exportBatch + 100 // two batches
+	const n = 2*exportBatch + 100 // a batch in flight, one queued, and part of one
 	for i := range n {
 		store.Add(rec(i, "x"))
 	}
+	testutil.WaitFor(t, "a batch in flight", 5*time.Second, func() bool { calls, _ := f.received(); return calls == 1 })
 	start := time.Now()
+	time.AfterFunc(100*time.Millisecond, func() { close(f.hold) }) // the receiver answers after the stop
 	stop()
 	if took := time.Since(start); took > exportShutdown {
 		t.Errorf("stopping took %v", took)
