@@ -452,7 +452,8 @@ func jsonString(v any) string {
 
 // TestIncremental checks that a run of Applies, each changing some pods,
 // leaves the table exactly as one Apply of the last Ruleset on a fresh
-// table would, and reports the right pods changed.
+// table would, log rules and their fingerprints included, and reports the
+// right pods changed.
 func TestIncremental(t *testing.T) {
 	privileged(t)
 	pre := testutil.Prefix()
@@ -469,11 +470,17 @@ func TestIncremental(t *testing.T) {
 	keys := []string{"ns/k0", "ns/k1", "ns/k2", "ns/k3", "ns/k4", "ns/k5"}
 	ifaces := []string{"veth0", "veth1", "veth2", "veth3", "veth4", "veth5", "veth6", "veth7"}
 	randDir := func(old *Direction) *Direction {
-		switch r.IntN(4) {
+		switch r.IntN(5) {
 		case 0:
 			return nil
 		case 1, 2:
 			return old
+		case 3:
+			// Another policy isolating it, with no rules: the same sets,
+			// other log prefixes (and nothing for Revoke).
+			if old != nil {
+				return &Direction{Policies: append(slices.Clone(old.Policies), fmt.Sprintf("ns/p%d", r.IntN(100))), Rules: old.Rules}
+			}
 		}
 		d := isolate()
 		for range r.IntN(4) {
