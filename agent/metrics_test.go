@@ -15,11 +15,11 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
-	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/datapath/fastpath"
 	dppolicy "github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"

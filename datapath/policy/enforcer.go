@@ -45,10 +45,13 @@ const nftTimeout = 30 * time.Second
 // so on (changeSets), and drop otherwise, counting both with the named
 // counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
 // also logs what it drops (NFLOG, the prefix naming the verdict, the
-// direction and the pod's id: datapath/flows), at most 20 packets a second
-// per chain and, of those, 3 at once and then 1 a second per connection
-// (sets flows-denied and flows-denied6 hold each connection's budget until
-// it has been quiet for a minute). Returning instead of accepting lets
+// direction, the pod's id and the fingerprint of its rules:
+// datapath/flows), at most 20 packets a second per chain and, of those, 3
+// at once and then 1 a second per connection (sets flows-denied and
+// flows-denied6 hold each connection's budget until it has been quiet for
+// a minute), and goes to its allow-log chain instead of returning, which
+// logs the new connections it allows (verdicts.go); the base chains' drops
+// go to chains that count, log and drop them. Returning instead of accepting lets
 // same-node traffic pass the sender's egress and then the receiver's
 // ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
