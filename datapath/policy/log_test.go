@@ -230,9 +230,9 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 	allowedBy := func(src netip.AddrPort, port uint16, fp, policy string, index int) string {
 		t.Helper()
 		dst := netip.AddrPortFrom(b.ip, port)
-		got := l.waitFor(flows.VerdictAllowed, 0, src.Addr(), dst)
+		l.waitFor(flows.VerdictAllowed, 0, src.Addr(), dst)
 		time.Sleep(200 * time.Millisecond) // any other would have come by now
-		got = slices.DeleteFunc(l.of(flows.VerdictAllowed, 0, src.Addr(), dst), func(p flows.Packet) bool { return p.Src != src })
+		got := slices.DeleteFunc(l.of(flows.VerdictAllowed, 0, src.Addr(), dst), func(p flows.Packet) bool { return p.Src != src })
 		if len(got) != 1 {
 			t.Fatalf("%s → %s: %d allowed records, want 1: %+v", src, dst, len(got), got)
 		}
