@@ -29,7 +29,7 @@ func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got
 	for _, n := range c.l.Nodes {
 		clients[n] = agent(t, n)
 	}
-	bad := 0
+	bad, remote := 0, 0
 	for _, ce := range cells {
 		out, retried := again[ce]
 		if !retried {
@@ -44,6 +44,9 @@ func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got
 			t.Fatalf("step %q: trace %s → %s %s: %d paths, want 1", s.name, ce.src.key(), ce.dst.key(), ce.k, len(resp.Paths))
 		}
 		p := resp.Paths[0]
+		if c.node(ce.src) != c.node(ce.dst) {
+			remote++
+		}
 		traced, oracle, met := p.Verdict == "allowed", c.allowed(s.pols, ce), out.err == nil
 		problem := ""
 		switch {
@@ -61,6 +64,7 @@ func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got
 			t.Errorf("step %q, %s %s → %s %s: %s\n  %s", s.name, ce.fam, ce.src.key(), ce.dst.key(), ce.k, problem, strings.Join(hops, "\n  "))
 		}
 	}
+	t.Logf("step %q: traced %d %s probes (%d to another node's pod), %d disagree", s.name, len(cells), cells[0].fam, remote, bad)
 	return bad
 }
 
