@@ -131,13 +131,6 @@ type end struct {
 	pod  *corev1.Pod // nil: no pod the agent knows
 }
 
-func (e end) name() string {
-	if e.pod == nil {
-		return e.ip.String()
-	}
-	return e.pod.Namespace + "/" + e.pod.Name
-}
-
 func endpoint(e end) *apiv1.FlowEndpoint {
 	fe := &apiv1.FlowEndpoint{Kind: "ip", Ip: e.ip.String(), Port: uint32(e.port)}
 	if e.pod != nil {
