@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -73,6 +74,7 @@ type Enforcer struct {
 	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
 	owned    ownership // whether the kernel's table is still the one last written
+	commits  uint64    // Commits so far: what a Prepared was compiled against
 	logGroup uint16    // where the chains log their verdicts; 0: they do not
 	logged   logHistory
 }
@@ -354,40 +356,89 @@ func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compile
 
 // Apply makes the table enforce rs and returns the keys of the pods whose
 // enforcement changed (added, rules changed, removed), sorted: the caller
-// should Revoke their connections. On the first Apply and the first after
-// a failure, it rewrites the whole table, taking over one an earlier agent
-// left with no gap and keeping the counters; with checkKernel too if the
-// table may have drifted from what it last wrote (drift.go), repairing it;
-// otherwise it touches only the changed pods, and makes no transaction if
-// none changed. Either way it is at most one nft transaction.
+// should Revoke their connections. It is Prepare then Commit.
 func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
+	p, err := e.Prepare(rs)
+	if err != nil {
+		return nil, err
+	}
+	return p.Changed, e.Commit(p, checkKernel)
+}
+
+// Prepared is a ruleset compiled against what the table holds, for
+// Commit. Changed is known before anything is written, so that a caller
+// can make ready for a change (or skip that when there is none).
+type Prepared struct {
+	// Changed are the keys of the pods whose enforcement changes (added,
+	// rules changed, removed), sorted.
+	Changed  []string
+	want     []plan
+	compiled map[string]*compiled
+	commits  uint64 // e.commits when prepared
+}
+
+// Prepare compiles rs against what the table holds; nothing is written.
+func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	want, compiled, err := e.plans(rs)
 	if err != nil {
 		return nil, err
 	}
+	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
+	seen := make(map[string]bool, len(want))
+	for _, w := range want {
+		if old, ok := e.pods[w.key]; !ok || !old.sameSets(w.applied) {
+			p.Changed = append(p.Changed, w.key)
+		}
+		seen[w.key] = true
+	}
+	for key := range e.pods {
+		if !seen[key] {
+			p.Changed = append(p.Changed, key)
+		}
+	}
+	sort.Strings(p.Changed)
+	return p, nil
+}
+
+// Commit makes the table enforce what p was prepared from. On the first
+// Commit and the first after a failure, it rewrites the whole table,
+// taking over one an earlier agent left with no gap and keeping the
+// counters; with checkKernel too if the table may have drifted from what
+// it last wrote (drift.go), repairing it; otherwise it touches only
+// p.Changed, and makes no transaction if that is empty. Either way it is
+// at most one nft transaction. p must be the last one prepared since the
+// last Commit: the table's state it was compiled against must still hold.
+func (e *Enforcer) Commit(p *Prepared, checkKernel bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p.commits != e.commits {
+		return errors.New("network policy: a ruleset prepared before another was committed")
+	}
+	e.commits++
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	// A resync rewrites the table only if it may have drifted from what
 	// was last written (drift.go); the update then writes what rs changes.
 	rewrite := !e.synced || checkKernel && e.owned.drifted()
 	var tx *knftables.Transaction
+	var err error
 	if !rewrite {
-		tx = e.update(want)
-	} else if tx, err = e.rebuild(ctx, want); err != nil {
-		return nil, err
+		tx = e.update(p.want)
+	} else if tx, err = e.rebuild(ctx, p.want); err != nil {
+		return err
 	}
 	if tx.NumOperations() > 0 {
 		// Before the commit: a packet logged right after it finds its
 		// fingerprint.
 		if e.logGroup != 0 {
-			e.logged.record(want)
+			e.logged.record(p.want)
 		}
 		before, berr := RulesetGeneration()
 		if err := e.nft.Run(ctx, tx); err != nil {
 			e.synced = false
-			return nil, fmt.Errorf("nft: %w", err)
+			return fmt.Errorf("nft: %w", err)
 		}
 		if rewrite {
 			e.retireLegacy(ctx)
@@ -396,26 +447,20 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
 	e.synced = true
-	e.compiled = compiled
+	e.compiled = p.compiled
 
-	var changed []string
-	next := make(map[string]applied, len(want))
-	for _, p := range want {
-		if old, ok := e.pods[p.key]; !ok || !old.sameSets(p.applied) {
-			changed = append(changed, p.key)
-		}
-		next[p.key] = p.applied
-		delete(e.gone, p.key)
+	next := make(map[string]applied, len(p.want))
+	for _, w := range p.want {
+		next[w.key] = w.applied
+		delete(e.gone, w.key)
 	}
 	for key, old := range e.pods {
 		if _, ok := next[key]; !ok {
-			changed = append(changed, key)
 			e.gone[key] = old.addrs
 		}
 	}
 	e.pods = next
-	sort.Strings(changed)
-	return changed, nil
+	return nil
 }
 
 // retireLegacy deletes the table as agents before IPv6 wrote it, family
