@@ -42,7 +42,7 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
-		Reason: r.Reason, Policies: r.Policies, Path: r.Path}
+		Reason: r.Reason, Policies: r.Policies, Rule: int32(r.Rule), Path: r.Path}
 }
 
 func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {

@@ -3064,17 +3064,22 @@ type FlowRecord struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	TimeUnixNano int64                  `protobuf:"varint,1,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"` // the node that recorded it
-	// policy: a policy verdict on a packet; lost: records this reader did
-	// not get, being too slow (reason says how many).
-	Event         string        `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
-	Verdict       string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`     // denied
-	Direction     string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the pod whose policy decided
-	Protocol      string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
-	Source        *FlowEndpoint `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
-	Destination   *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
-	Reason        string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
-	Policies      []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
-	Path          string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow: the kernel's stack and netfilter
+	// policy: a pod's policy verdict on a packet; drop: a drop by a check
+	// before any pod's rules (reason says which); lost: records this reader
+	// did not get, being too slow (reason says how many).
+	Event string `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// denied, allowed (a new connection) or dropped.
+	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the local pod
+	Protocol    string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
+	Source      *FlowEndpoint `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	Destination *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
+	Reason      string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
+	Policies    []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
+	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow: the kernel's stack and netfilter
+	// The index of the rule that allowed it in its policy's ingress or
+	// egress list; -1 when no rule did.
+	Rule          int32 `protobuf:"varint,12,opt,name=rule,proto3" json:"rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3184,6 +3189,13 @@ func (x *FlowRecord) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *FlowRecord) GetRule() int32 {
+	if x != nil {
+		return x.Rule
+	}
+	return 0
 }
 
 type TraceRequest struct {
@@ -3743,7 +3755,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xde\x02\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xf2\x02\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -3757,7 +3769,8 @@ const file_onc_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
 	"\bpolicies\x18\n" +
 	" \x03(\tR\bpolicies\x12\x12\n" +
-	"\x04path\x18\v \x01(\tR\x04path\"x\n" +
+	"\x04path\x18\v \x01(\tR\x04path\x12\x12\n" +
+	"\x04rule\x18\f \x01(\x05R\x04rule\"x\n" +
 	"\fTraceRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x12\n" +

@@ -100,7 +100,8 @@ func (d *Direction) Allows(ip netip.Addr, proto Proto, port uint16) bool {
 
 // Decide is the rule that allows a new connection with the peer ip: the
 // first of d's rules that does (policies in order, each policy's rules in
-// its order), if any.
+// its order: the one flow records and onctl trace name), and false if
+// none does.
 func (d *Direction) Decide(ip netip.Addr, proto Proto, port uint16) (Rule, bool) {
 	for _, r := range d.Rules {
 		if r.Allows(ip, proto, port) {

@@ -207,15 +207,31 @@ func judgeFlow(rs Ruleset, open map[netip.Addr]bool, r Revoked, local, remote ne
 }
 
 // Counters are the connections each local pod's rules allowed and
-// denied, by pod key; empty before the first Enforce.
-func (n *Node) Counters() (map[string]Counters, error) {
-	n.mu.Lock()
-	e := n.e
-	n.mu.Unlock()
+// denied, by pod key, and the base chains' drops; empty before the first
+// Enforce.
+func (n *Node) Counters() (Counts, error) {
+	e := n.enforcer()
 	if e == nil {
-		return map[string]Counters{}, nil
+		return Counts{Pods: map[string]Counters{}, Drops: map[string]uint64{}}, nil
 	}
 	return e.Counters()
+}
+
+// Logged is what a fingerprint in a log prefix stands for
+// (Enforcer.Logged); nothing before the first Enforce.
+func (n *Node) Logged(id string, ingress bool, fp string) (Logged, bool) {
+	e := n.enforcer()
+	if e == nil {
+		return Logged{}, false
+	}
+	return e.Logged(id, ingress, fp)
+}
+
+// enforcer is the Enforcer, nil before the first Enforce.
+func (n *Node) enforcer() *Enforcer {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.e
 }
 
 // Close lets go of the nft connection; the table stays in force.
