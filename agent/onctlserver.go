@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/onc-net/onc/agent/bypass"
 	"github.com/onc-net/onc/agent/flows"
@@ -286,6 +287,20 @@ func (s *onctlServer) Trace(ctx context.Context, req *apiv1.TraceRequest) (*apiv
 		}}
 	if a.svcs != nil {
 		st.Services = a.svcs.List
+	}
+	st.Netns = func(key string) string {
+		for _, att := range a.attachments() {
+			if att.K8sNamespace+"/"+att.K8sName == key {
+				return att.Netns
+			}
+		}
+		return ""
+	}
+	st.Records = func(since time.Time) []*apiv1.FlowRecord {
+		if a.flows == nil {
+			return nil
+		}
+		return flows.Records(a.flows, flows.Filter{Since: since})
 	}
 	return trace.Trace(st, req)
 }

@@ -126,4 +126,44 @@ func (c *policyCluster) trace(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "FailedPrecondition") || !strings.Contains(string(out), c.node(b).Name) {
 		t.Errorf("onctl trace from %s (of %s) on %s: %v, %s; want FailedPrecondition naming its node", b.key(), c.node(b).Name, na.Name, err, out)
 	}
+	c.traceProbe(t)
+}
+
+// traceProbe: onctl trace --probe makes a real connection from the source
+// pod; what it meets agrees with the computed trace, whether the packet
+// is allowed, denied on another node or denied on this one (then this
+// node's flow record of the probe is in the answer), in TCP and UDP.
+func (c *policyCluster) traceProbe(t *testing.T) {
+	xa, xb, xc := c.pod("x/a"), c.pod("x/b"), c.pod("x/c")
+	if c.node(xa) != c.node(xc) || c.node(xa) == c.node(xb) || c.node(c.pod("y/a")) == c.node(xc) {
+		t.Fatal("the test wants x/a and x/c on one node, x/b and y/a on the other")
+	}
+	c.set(t, []*networkingv1.NetworkPolicy{
+		netpol("x", "b-from-a-tcp-80", sel("app", "b"), ingressOnly,
+			ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")}), port("TCP", 80)), nil),
+		netpol("x", "a-from-b", sel("app", "a"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "b")})), nil)})
+	for _, tc := range []struct {
+		src, dst, outcome string
+		deniedHere        string // the policy this node's record of the probe names
+	}{
+		{"x/a", "x/b:80/tcp", "connected", ""},
+		{"x/a", "x/b:81/tcp", "timed-out", ""}, // denied on x/b's node
+		{"x/c", "x/a:80/tcp", "timed-out", "x/a-from-b"},
+		{"x/c", "y/a:80/udp", "replied", ""},
+		{"x/a", "x/b:80/udp", "no-reply", ""}, // denied on x/b's node
+	} {
+		var resp apiv1.TraceResponse
+		c.onctlJSON(t, c.node(c.pod(tc.src)), &resp, "trace", "--probe", tc.src, tc.dst)
+		p := resp.Probe
+		if p.GetOutcome() != tc.outcome || p.GetAgreement() != "agrees" {
+			t.Errorf("trace --probe %s %s: %s, %s (%s); want %s, agrees", tc.src, tc.dst, p.GetOutcome(), p.GetAgreement(), p.GetDetail(), tc.outcome)
+			continue
+		}
+		denied := slices.ContainsFunc(p.Records, func(r *apiv1.FlowRecord) bool {
+			return r.Verdict == "denied" && slices.Equal(r.Policies, []string{tc.deniedHere}) && r.Source.GetPort() != 0
+		})
+		if tc.deniedHere != "" && !denied {
+			t.Errorf("trace --probe %s %s: no record of this node denying the probe by %s in %v", tc.src, tc.dst, tc.deniedHere, p.Records)
+		}
+	}
 }

@@ -51,3 +51,12 @@ func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
 	}
 	return &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Ip: e.Addr.Addr().String(), Port: uint32(e.Addr.Port())}
 }
+
+// Records are the stored records f selects, as the API renders them.
+func Records(s *Store, f Filter) []*apiv1.FlowRecord {
+	var out []*apiv1.FlowRecord
+	for _, r := range s.List(f) {
+		out = append(out, toAPI(r))
+	}
+	return out
+}

@@ -13,22 +13,28 @@ import (
 )
 
 func traceCommand(o *options) *cobra.Command {
-	return &cobra.Command{Use: "trace SRC DST[:PORT[/PROTO]]",
+	var probe bool
+	c := &cobra.Command{Use: "trace SRC DST[:PORT[/PROTO]]",
 		Short: "What ONC does with a new connection from a pod of this node, hop by hop (docs/observability.md)",
 		Long: "SRC is a pod of this node (namespace/name, or its address); DST a pod (namespace/name), or an address: a pod's,\n" +
 			"a Service's frontend, or a host's. PORT is needed; PROTO is TCP (the default), UDP or SCTP. The answer is\n" +
 			"computed from the agent's state: the socket LB's translation (one path per backend), the egress policy\n" +
 			"with the rule that decides, how this node forwards the packet, and the destination's ingress policy\n" +
-			"(another node's computed here from the cluster's policies). Nothing is sent.",
-		Example: "  onctl trace x/client y/web:80\n  onctl trace 10.244.1.5 10.96.0.10:53/UDP",
+			"(another node's computed here from the cluster's policies). Nothing is sent, unless --probe: then the agent\n" +
+			"also makes one real connection from SRC's network namespace (TCP: connect, no data; UDP: one datagram) and\n" +
+			"says what it met, what this node recorded of it, and whether that agrees with the computed trace.",
+		Example: "  onctl trace x/client y/web:80\n  onctl trace 10.244.1.5 10.96.0.10:53/UDP\n  onctl trace --probe x/client y/web:80",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {
 			req, err := parseTrace(args[0], args[1])
 			if err != nil {
 				return err
 			}
+			req.Probe = probe
 			return o.run(show(apiv1.AgentClient.Trace, req, printTrace))
 		}}
+	c.Flags().BoolVar(&probe, "probe", false, "also send a real connection from SRC and compare what it met with the trace")
+	return c
 }
 
 // parseTrace reads SRC and DST[:PORT[/PROTO]], where DST is
@@ -94,6 +100,10 @@ func printTrace(o *options, r *apiv1.TraceResponse) error {
 	}
 	if len(r.Paths) == 0 {
 		fmt.Fprintf(w, "=> REFUSED\n")
+	}
+	if p := r.Probe; p != nil {
+		fmt.Fprintf(w, "probe from %s: %s in %.3f s: %s\n", p.Local, strings.ToUpper(p.Outcome), p.Seconds, strings.ToUpper(p.Agreement))
+		fmt.Fprintf(w, "  %s\n", p.Detail)
 	}
 	return w.Flush()
 }

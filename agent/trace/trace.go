@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -61,6 +62,10 @@ type State struct {
 	// Lookup is the node kernel's forwarding of a packet from src, that
 	// arrived on iif, to dst (overlay.Lookup).
 	Lookup func(iif string, src, dst netip.Addr) (overlay.Forwarding, error)
+	// Netns is the path of a local pod's network namespace, by pod key,
+	// and Records this node's flow records since a time: for probes.
+	Netns   func(podKey string) string
+	Records func(since time.Time) []*apiv1.FlowRecord
 }
 
 // request is a parsed TraceRequest.
@@ -75,6 +80,9 @@ func Trace(st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
 	var err error
 	if r.proto, r.port, err = parseL4(req.Protocol, req.Port); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.Probe && r.proto == l4.SCTP {
+		return nil, status.Error(codes.InvalidArgument, "probe: SCTP is not probed (kernels may have no SCTP sockets); trace it without the probe")
 	}
 	if req.Source == "" || req.Destination == "" {
 		return nil, status.Error(codes.InvalidArgument, "source and destination: both needed (namespace/name of a pod, or an address)")
@@ -98,6 +106,11 @@ func Trace(st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
 	}
 	for _, d := range dsts {
 		resp.Paths = append(resp.Paths, t.path(src, d))
+	}
+	if req.Probe {
+		if resp.Probe, err = t.probe(src, dst, resp); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
 	}
 	return resp, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -14,6 +15,7 @@ import (
 	agentpolicy "github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/l4"
 	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/datapath/policy"
 	"google.golang.org/grpc/codes"
@@ -221,6 +223,53 @@ func TestTraceRefusals(t *testing.T) {
 		_, err := Trace(bed(t), tc.req)
 		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: %v, want %s with %q", tc.req, err, tc.code, tc.msg)
+		}
+	}
+}
+
+// TestJudgeProbe: a probe agrees when it met what the computed paths
+// give: an answer where they allow, none where they deny, the socket LB's
+// refusal at once where it has no backend; a UDP datagram nobody answered
+// proves nothing unless the node recorded a denial.
+func TestJudgeProbe(t *testing.T) {
+	paths := func(verdicts ...string) *apiv1.TraceResponse {
+		r := &apiv1.TraceResponse{}
+		for _, v := range verdicts {
+			r.Paths = append(r.Paths, &apiv1.TracePath{Verdict: v})
+		}
+		return r
+	}
+	lbRefused := &apiv1.TraceResponse{Hops: []*apiv1.TraceHop{{Step: StepSocketLB, Verdict: "refused"}}}
+	denial := []*apiv1.FlowRecord{{Node: "n1", Verdict: "denied", Direction: "egress", Reason: "default deny"}}
+	for _, tc := range []struct {
+		name    string
+		resp    *apiv1.TraceResponse
+		proto   l4.Proto
+		outcome string
+		took    time.Duration
+		records []*apiv1.FlowRecord
+		want    string
+	}{
+		{"allowed, connected", paths("allowed"), l4.TCP, Connected, 0, nil, "agrees"},
+		{"allowed, reset by a closed port", paths("allowed"), l4.TCP, Refused, 0, nil, "agrees"},
+		{"allowed, timed out", paths("allowed"), l4.TCP, TimedOut, ProbeWait, nil, "disagrees"},
+		{"denied, timed out", paths("denied"), l4.TCP, TimedOut, ProbeWait, denial, "agrees"},
+		{"denied, connected", paths("denied"), l4.TCP, Connected, 0, nil, "disagrees"},
+		{"unreachable, host unreachable", paths("unreachable"), l4.TCP, Unreachable, 0, nil, "agrees"},
+		{"no backend, refused at once", lbRefused, l4.TCP, Refused, time.Millisecond, nil, "agrees"},
+		{"no backend, connected", lbRefused, l4.TCP, Connected, time.Millisecond, nil, "disagrees"},
+		{"backends differ", paths("allowed", "denied"), l4.TCP, TimedOut, ProbeWait, nil, "agrees"},
+		{"UDP allowed, replied", paths("allowed"), l4.UDP, Replied, 0, nil, "agrees"},
+		{"UDP allowed, no reply", paths("allowed"), l4.UDP, NoReply, ProbeWait, nil, "inconclusive"},
+		{"UDP allowed, no reply, denied here", paths("allowed"), l4.UDP, NoReply, ProbeWait, denial, "disagrees"},
+		{"UDP denied, no reply", paths("denied"), l4.UDP, NoReply, ProbeWait, denial, "agrees"},
+	} {
+		got, detail := judgeProbe(tc.resp, tc.proto, sent{outcome: tc.outcome, took: tc.took}, tc.records, "n1")
+		if got != tc.want {
+			t.Errorf("%s: %s (%s), want %s", tc.name, got, detail, tc.want)
+		}
+		if len(tc.records) > 0 && !strings.Contains(detail, "n1 DENIED egress (default deny)") {
+			t.Errorf("%s: the detail %q does not name the node's record", tc.name, detail)
 		}
 	}
 }
