@@ -156,7 +156,7 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
 		if cfg.FlowsBuffer > 0 && cfg.Datapath.PolicyLogGroup != 0 {
 			a.flows = flows.NewStore(cfg.FlowsBuffer)
-			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
+			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, dp.Policy.Logged, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
 			cfg.Policy.OnChange(a.recorder.PodsChanged)
 			if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
 				return nil, fmt.Errorf("flow export: %w", err)

@@ -95,7 +95,7 @@ func (c *policyCluster) export(t *testing.T) {
 	local = probeSource(yb, dst.Addr(), local)
 	var rec *apiv1.FlowRecord
 	testutil.WaitFor(t, "the denied record in onctl flows", 2*time.Second, func() bool {
-		rec = deniedRecord(c.onctlFlows(t, nb, "--verdict", "denied"), start, local, dst)
+		rec = findRecord(c.onctlFlows(t, nb, "--verdict", "denied"), "denied", start, local, dst)
 		return rec != nil
 	})
 	if rec.Policies == nil || rec.Source.GetName() == "" || rec.Destination.GetName() == "" {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,10 +39,16 @@ func (e Endpoint) String() string {
 
 // Events and verdicts of records.
 const (
-	EventPolicy   = "policy" // a policy chain's verdict on a packet
-	EventLost     = "lost"   // records this follower did not get: it fell behind
-	VerdictDenied = "denied"
+	EventPolicy    = "policy" // a pod's policy chain's verdict on a packet
+	EventDrop      = "drop"   // a drop by a check before any pod's rules
+	EventLost      = "lost"   // records this follower did not get: it fell behind
+	VerdictDenied  = "denied"
+	VerdictAllowed = "allowed" // a new connection
+	VerdictDropped = "dropped"
 )
+
+// verdicts are the verdicts records have.
+var verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped}
 
 // Record is one flow record.
 type Record struct {
@@ -55,6 +62,7 @@ type Record struct {
 	// Reason says why, in words; Policies are the policies it names.
 	Reason   string
 	Policies []string
+	Rule     int    // the index of the rule that allowed it in its policy's list; -1: none
 	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter)
 }
 
@@ -89,8 +97,8 @@ func ParseFilter(pod, namespace, verdict string, since time.Time) (Filter, error
 	if pod != "" && strings.Count(pod, "/") != 1 {
 		return Filter{}, fmt.Errorf("pod %q: give namespace/name", pod)
 	}
-	if verdict != "" && verdict != VerdictDenied {
-		return Filter{}, fmt.Errorf("verdict %q: the records have %q", verdict, VerdictDenied)
+	if verdict != "" && !slices.Contains(verdicts, verdict) {
+		return Filter{}, fmt.Errorf("verdict %q: the records have %s", verdict, strings.Join(verdicts, ", "))
 	}
 	return Filter{Pod: pod, Namespace: namespace, Verdict: verdict, Since: since}, nil
 }
@@ -157,7 +165,7 @@ func (s *Store) Add(r Record) {
 }
 
 func lostRecord(n int, node string) Record {
-	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+	return Record{Time: time.Now(), Node: node, Event: EventLost, Rule: -1, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
 }
 
 // Tap has fn called with each record added from now on, under the

@@ -15,9 +15,12 @@ import (
 func flowsCommand(o *options) *cobra.Command {
 	req := &apiv1.GetFlowsRequest{}
 	var since time.Duration
-	c := &cobra.Command{Use: "flows", Short: "Flow records: the packets policy denied on this node, with both ends and the policies (docs/observability.md)",
-		Long: "Flow records of this node, oldest first: each packet a pod's NetworkPolicy denied (at most 3 at once and then\n" +
-			"1 a second per connection), with both ends as namespace/pod where known and the policies that isolate the pod.\n" +
+	c := &cobra.Command{Use: "flows", Short: "Flow records: policy verdicts and drops on this node, with both ends and the policies (docs/observability.md)",
+		Long: "Flow records of this node, oldest first, with both ends as namespace/pod where known: each packet a pod's\n" +
+			"NetworkPolicy denied (at most 3 at once and then 1 a second per connection) with the policies that isolate the pod;\n" +
+			"each new connection an isolated pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
+			"direction) with the policy and rule that allowed it; and each packet dropped before any pod's rules (a spoofed\n" +
+			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited.\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -36,7 +39,7 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed or dropped")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c
 }

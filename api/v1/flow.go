@@ -16,10 +16,12 @@ func (x *FlowRecord) Summary() string {
 		return fmt.Sprintf("%s LOST %s", x.Node, x.Reason)
 	}
 	return fmt.Sprintf("%s %s %s %s %s → %s: %s", x.Node, strings.ToUpper(x.Verdict), x.Direction, x.Protocol,
-		x.Source.summary(), x.Destination.summary(), x.Reason)
+		x.Source.Summary(), x.Destination.Summary(), x.Reason)
 }
 
-func (x *FlowEndpoint) summary() string {
+// Summary is the end as onctl prints it: "namespace/pod (address:port)"
+// for a pod, the address otherwise.
+func (x *FlowEndpoint) Summary() string {
 	addr := x.GetIp()
 	if x.GetPort() != 0 {
 		addr = net.JoinHostPort(x.Ip, fmt.Sprint(x.Port))
