@@ -80,6 +80,12 @@ var (
 		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates.", nil, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
+	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
+		"Flow records the export delivered, by exporter: file (JSON lines, or stdout), otlp (accepted by the OTLP receiver).",
+		[]string{"exporter"}, nil)
+	descFlowsExportLost = prometheus.NewDesc("onc_flows_export_lost_total",
+		"Flow records the export lost, by exporter (file, otlp) and reason: queue_full (the exporter fell behind by a full queue of 4096), failed (the write failed, or the receiver refused them or stayed unavailable through 30 s of retries).",
+		[]string{"exporter", "reason"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -182,7 +188,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descPolicyDenied, descPolicyDropped, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descPolicyDenied, descPolicyDropped, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -253,6 +259,12 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	if a.recorder != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
 		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
+	}
+	for _, e := range a.exports {
+		ch <- prometheus.MustNewConstMetric(descFlowsExported, prometheus.CounterValue, float64(e.Exported()), e.Name)
+		for reason, n := range e.Lost() {
+			ch <- prometheus.MustNewConstMetric(descFlowsExportLost, prometheus.CounterValue, float64(n), e.Name, reason)
+		}
 	}
 	m.scrapeErrors.Collect(ch)
 }

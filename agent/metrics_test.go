@@ -9,12 +9,15 @@ import (
 	"errors"
 	"maps"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/onc-net/onc/agent/flows"
 	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
@@ -309,6 +312,24 @@ func TestServeMetrics(t *testing.T) {
 	if err := ta.ServeMetrics(t.Context(), st.MetricsAddr); err == nil {
 		t.Fatal("a second server on the same address started")
 	}
+}
+
+// The export's counters, by exporter and reason.
+func TestMetricsCountTheExport(t *testing.T) {
+	ta := newTestAgent(t)
+	store := flows.NewStore(4)
+	exports, err := flows.NewExporters(store, flows.ExportConfig{File: filepath.Join(t.TempDir(), "flows.jsonl")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta.exports = exports
+	go exports[0].Run(t.Context())
+	store.Add(flows.Record{Time: time.Now(), Event: flows.EventPolicy})
+	testutil.WaitFor(t, "the record exported", 5*time.Second, func() bool { return exports[0].Exported() == 1 })
+	mfs := ta.scrape(t)
+	want(t, mfs, "onc_flows_exported_total", 1, "exporter", "file")
+	want(t, mfs, "onc_flows_export_lost_total", 0, "exporter", "file", "reason", "queue_full")
+	want(t, mfs, "onc_flows_export_lost_total", 0, "exporter", "file", "reason", "failed")
 }
 
 // Denied packets count for each policy isolating the pod in that

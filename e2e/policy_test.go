@@ -55,6 +55,9 @@ import (
 //     another node.
 //   - Onctl: `onctl policy` shows an isolated pod, its policies, rules and
 //     counters.
+//   - Flows and Export (e2e/flows_test.go, e2e/export_test.go): onctl
+//     flows shows denied connections; the export delivers them intact to
+//     a real OpenTelemetry Collector and a JSON-lines file.
 //   - StrictRevocation: a policy that denies a running connection ends it
 //     on the fast path within 1 s of the agents applying it.
 //   - ConnectionSetup: a connection the fast path opened (no policy
@@ -92,6 +95,7 @@ func TestPolicy(t *testing.T) {
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
 	t.Run("Flows", c.flows)
+	t.Run("Export", c.export)
 	t.Run("Trace", c.trace)
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)

@@ -117,6 +117,7 @@ type Store struct {
 	full      bool // the ring has wrapped
 	added     uint64
 	followers map[*follower]bool
+	taps      []func(*Record)
 }
 
 type follower struct {
@@ -139,6 +140,9 @@ func (s *Store) Add(r Record) {
 	s.added++
 	s.next = (s.next + 1) % len(s.ring)
 	s.full = s.full || s.next == 0
+	for _, tap := range s.taps {
+		tap(&r)
+	}
 	for fl := range s.followers {
 		if !fl.f.Match(&r) {
 			continue
@@ -162,6 +166,15 @@ func (s *Store) Add(r Record) {
 
 func lostRecord(n int, node string) Record {
 	return Record{Time: time.Now(), Node: node, Event: EventLost, Rule: -1, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+}
+
+// Tap has fn called with each record added from now on, under the
+// store's lock: fn must not block, nor keep r (the exporters copy it into
+// their queue, or count it lost).
+func (s *Store) Tap(fn func(r *Record)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.taps = append(s.taps, fn)
 }
 
 // Added is how many records were ever added.

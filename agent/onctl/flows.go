@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 )
@@ -61,7 +58,7 @@ func printFlows(ctx context.Context, c apiv1.AgentClient, o *options, req *apiv1
 			return err
 		}
 		if o.output == "json" {
-			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(r)
+			b, err := r.JSON()
 			if err != nil {
 				return err
 			}
@@ -72,24 +69,7 @@ func printFlows(ctx context.Context, c apiv1.AgentClient, o *options, req *apiv1
 	}
 }
 
-// flowLine is a record on one line: time, node, verdict, direction,
-// protocol, the ends, why.
+// flowLine is a record on one line: time, then its summary.
 func flowLine(r *apiv1.FlowRecord) string {
-	t := time.Unix(0, r.TimeUnixNano).Local().Format("15:04:05.000")
-	if r.Event == "lost" {
-		return fmt.Sprintf("%s %s LOST %s", t, r.Node, r.Reason)
-	}
-	return fmt.Sprintf("%s %s %s %s %s %s → %s: %s", t, r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Protocol,
-		endpoint(r.Source), endpoint(r.Destination), r.Reason)
-}
-
-func endpoint(e *apiv1.FlowEndpoint) string {
-	addr := e.Ip
-	if e.Port != 0 {
-		addr = net.JoinHostPort(e.Ip, fmt.Sprint(e.Port))
-	}
-	if e.Kind == "pod" {
-		return fmt.Sprintf("%s/%s (%s)", e.Namespace, e.Name, addr)
-	}
-	return addr
+	return time.Unix(0, r.TimeUnixNano).Local().Format("15:04:05.000") + " " + r.Summary()
 }

@@ -83,7 +83,7 @@ func isAddr(s string) bool {
 }
 
 func printTrace(o *options, r *apiv1.TraceResponse) error {
-	fmt.Fprintf(o.out, "%s %s → %s\n", r.Protocol, endpoint(r.Source), endpoint(r.Destination))
+	fmt.Fprintf(o.out, "%s %s → %s\n", r.Protocol, r.Source.Summary(), r.Destination.Summary())
 	w := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', 0)
 	hops := func(indent string, hs []*apiv1.TraceHop) {
 		for _, h := range hs {
@@ -93,7 +93,7 @@ func printTrace(o *options, r *apiv1.TraceResponse) error {
 	hops("", r.Hops)
 	for _, p := range r.Paths {
 		if len(r.Paths) > 1 || len(r.Hops) > 0 {
-			fmt.Fprintf(w, "to %s:\n", endpoint(p.Destination))
+			fmt.Fprintf(w, "to %s:\n", p.Destination.Summary())
 		}
 		hops("  ", p.Hops)
 		fmt.Fprintf(w, "  => %s\n", strings.ToUpper(p.Verdict))
