@@ -72,6 +72,8 @@ type Config struct {
 	// FlowsBuffer is how many flow records the agent keeps (agent/flows),
 	// read from Datapath.PolicyLogGroup; 0, or no Policy: none.
 	FlowsBuffer int
+	// FlowsExport is where the flow records are exported to, as they come.
+	FlowsExport flows.ExportConfig
 }
 
 // PodPhases looks up a pod of this node in the Kubernetes API: its phase,
@@ -99,6 +101,7 @@ type Agent struct {
 	policy   *policy.Watcher   // nil without Config.Policy
 	flows    *flows.Store      // nil when no flows are recorded
 	recorder *flows.Recorder   // nil when no flows are recorded
+	exports  []*flows.Exporter // of the records, as they come
 	svcs     *services.Watcher // nil without Config.Services
 	health   *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay *underlay.Watcher
@@ -153,11 +156,17 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
 		if cfg.FlowsBuffer > 0 && cfg.Datapath.PolicyLogGroup != 0 {
 			a.flows = flows.NewStore(cfg.FlowsBuffer)
-			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
+			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, dp.Policy.Logged, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
 			cfg.Policy.OnChange(a.recorder.PodsChanged)
+			if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
+				return nil, fmt.Errorf("flow export: %w", err)
+			}
 		}
 	} else {
 		slog.Warn("network policy " + policy.NeedsKubernetes)
+	}
+	if a.flows == nil && (cfg.FlowsExport.File != "" || cfg.FlowsExport.OTLP != "") {
+		slog.Warn("flow export: nothing to export: " + flows.NotRecording)
 	}
 	if cfg.Services != nil {
 		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
@@ -256,6 +265,9 @@ func (a *Agent) runners() []func(context.Context) {
 	}
 	if a.recorder != nil {
 		rs = append(rs, a.recordFlows)
+	}
+	for _, e := range a.exports {
+		rs = append(rs, e.Run)
 	}
 	if a.svcs != nil {
 		rs = append(rs, a.svcs.Run)

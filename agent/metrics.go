@@ -55,6 +55,12 @@ var (
 	descPolicyAudit = prometheus.NewDesc("onc_policy_audit_packets_total",
 		"Packets audited NetworkPolicies (annotation onc.io/policy-mode: audit) would have treated otherwise, by the policy's namespace and name, direction and verdict: would_deny, let through and the audited policies would deny it (no enforcing policy isolates the pod there); would_allow, denied and a rule of the audited policies would allow it. A pod's packet counts for each audited policy of its direction; a policy's series goes when it audits no pod of this node.",
 		[]string{"namespace", "policy", "direction", "verdict"}, nil)
+	descPolicyDenied = prometheus.NewDesc("onc_policy_denied_packets_total",
+		"Packets the rules of this node's pods denied (each retransmission counts), by namespace and name of each policy isolating the pod in that direction, and direction: a packet counts once for each such policy. A series goes when its policy isolates no pod of this node.",
+		[]string{"namespace", "policy", "direction"}, nil)
+	descPolicyDropped = prometheus.NewDesc("onc_policy_dropped_packets_total",
+		"Packets the policy table dropped before any pod's rules, by reason: spoof (from a pod, with a source address not its own), invalid (conntrack state invalid, to or from a pod), nosyn (a new TCP connection without a SYN, to or from an isolated pod).",
+		[]string{"reason"}, nil)
 	descServicesTranslations = prometheus.NewDesc("onc_services_translations_total",
 		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg; connect6, sendmsg6 for AF_INET6 sockets).",
 		[]string{"hook"}, nil)
@@ -77,6 +83,12 @@ var (
 		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, and what audited policies would deny or allow, as the policy table logged them within its rates.", nil, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
+	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
+		"Flow records the export delivered, by exporter: file (JSON lines, or stdout), otlp (accepted by the OTLP receiver).",
+		[]string{"exporter"}, nil)
+	descFlowsExportLost = prometheus.NewDesc("onc_flows_export_lost_total",
+		"Flow records the export lost, by exporter (file, otlp) and reason: queue_full (the exporter fell behind by a full queue of 4096), failed (the write failed, or the receiver refused them or stayed unavailable through 30 s of retries).",
+		[]string{"exporter", "reason"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -104,7 +116,8 @@ type agentMetrics struct {
 	cniDuration  *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
 	policy       sums[string, int] // by pod, of policySeries
-	audit        auditTotals
+	denied       byPolicy
+	audit        byPolicy
 	services     sums[dpservices.Key, frontendSeries]
 	// registeredPeers is how many other nodes the peer watcher's last
 	// reconcile read from the datastore.
@@ -115,7 +128,7 @@ type agentMetrics struct {
 }
 
 func newAgentMetrics(a *Agent) *agentMetrics {
-	m := &agentMetrics{a: a, reg: metrics.NewRegistry(),
+	m := &agentMetrics{a: a, reg: metrics.NewRegistry(), denied: byPolicy{counters: deniedCounters}, audit: byPolicy{counters: auditCounters},
 		cniRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onc_cni_requests_total",
 			Help: "CNI requests the agent answered, by verb and CNI result code (0: success; docs/cni.md lists the others)."},
 			[]string{"verb", "code"}),
@@ -179,7 +192,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descPolicyAudit, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descPolicyDenied, descPolicyDropped, descPolicyAudit, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -227,9 +240,9 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if a.policy != nil {
-		if pods, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
-			byPod := make(map[string]map[int]uint64, len(pods))
-			for pod, c := range pods {
+		if counts, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
+			byPod := make(map[string]map[int]uint64, len(counts.Pods))
+			for pod, c := range counts.Pods {
 				byPod[pod] = map[int]uint64{}
 				for i, s := range policySeries {
 					byPod[pod][i] = s.of(c)
@@ -239,14 +252,26 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			for i, s := range policySeries {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
 			}
-			for s, v := range m.audit.add(a.policy.Enforced(), pods) {
+			for s, v := range m.denied.add(a.policy.Enforced(), counts.Pods) {
+				ch <- prometheus.MustNewConstMetric(descPolicyDenied, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction)
+			}
+			for s, v := range m.audit.add(a.policy.Enforced(), counts.Pods) {
 				ch <- prometheus.MustNewConstMetric(descPolicyAudit, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction, s.verdict)
+			}
+			for why, v := range counts.Drops {
+				ch <- prometheus.MustNewConstMetric(descPolicyDropped, prometheus.CounterValue, float64(v), why)
 			}
 		}
 	}
 	if a.recorder != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
 		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
+	}
+	for _, e := range a.exports {
+		ch <- prometheus.MustNewConstMetric(descFlowsExported, prometheus.CounterValue, float64(e.Exported()), e.Name)
+		for reason, n := range e.Lost() {
+			ch <- prometheus.MustNewConstMetric(descFlowsExportLost, prometheus.CounterValue, float64(n), e.Name, reason)
+		}
 	}
 	m.scrapeErrors.Collect(ch)
 }
@@ -358,73 +383,91 @@ var policySeries = [4]struct {
 	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
 }
 
-// auditSeries is a series of onc_policy_audit_packets_total.
-type auditSeries struct{ namespace, policy, direction, verdict string }
-
-// auditCounters are the audit counters of a pod's direction, and its
-// audited policies there.
-var auditCounters = [4]struct {
+// podCounter is a pod's counter that byPolicy sums by the policies it
+// counts for: its direction, verdict (of audit's series), value, and the
+// policies of the pod it counts for.
+type podCounter struct {
 	direction, verdict string
 	of                 func(policy.Counters) uint64
-	audited            func(*policy.Pod) *policy.Direction
-}{
+	policies           func(*policy.Pod) *policy.Direction
+}
+
+// deniedCounters are summed into onc_policy_denied_packets_total, by the
+// policies isolating the pod.
+var deniedCounters = []podCounter{
+	{"ingress", "", func(c policy.Counters) uint64 { return c.IngressDenied }, func(p *policy.Pod) *policy.Direction { return p.Ingress }},
+	{"egress", "", func(c policy.Counters) uint64 { return c.EgressDenied }, func(p *policy.Pod) *policy.Direction { return p.Egress }},
+}
+
+// auditCounters are summed into onc_policy_audit_packets_total, by the
+// policies auditing the pod.
+var auditCounters = []podCounter{
 	{"ingress", "would_deny", func(c policy.Counters) uint64 { return c.IngressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
 	{"ingress", "would_allow", func(c policy.Counters) uint64 { return c.IngressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
 	{"egress", "would_deny", func(c policy.Counters) uint64 { return c.EgressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
 	{"egress", "would_allow", func(c policy.Counters) uint64 { return c.EgressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
 }
 
-// auditTotals sums the audit counters by policy. The kernel counts per
-// pod and direction, and the policies auditing a pod change: so what a
-// counter grew by since the last scrape goes to the policies that audit
-// its direction now. A counter that went down was reset (its pod went,
-// or stopped being audited, and came back): it grew by its value.
-type auditTotals struct {
-	mu     sync.Mutex
-	last   map[auditKey]uint64 // as last scraped
-	totals map[auditSeries]uint64
+// byPolicy sums pods' counters by policy: what a pod's counter grew by
+// since the scrape before counts for each policy of its direction now (at
+// the first sight of a pod, its whole count; a counter that went down was
+// reset, and grew by its value). A series is kept while its policy
+// applies to a pod of this node; if it comes back, it starts again from 0
+// (a counter reset).
+type byPolicy struct {
+	counters []podCounter
+	mu       sync.Mutex
+	last     map[podCounterKey]uint64 // each pod's counters at the scrape before
+	totals   map[policyTotal]uint64
 }
 
-type auditKey struct {
+type podCounterKey struct {
 	pod     string
-	counter int // index in auditCounters
+	counter int // index in byPolicy.counters
 }
 
-// add takes the counters of the local pods of rs, by key, and returns the
-// totals of the policies auditing some pod of rs.
-func (t *auditTotals) add(rs policy.Ruleset, counters map[string]policy.Counters) map[auditSeries]uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.totals == nil {
-		t.totals = map[auditSeries]uint64{}
+// policyTotal is a series of byPolicy: verdict is "" in
+// onc_policy_denied_packets_total's.
+type policyTotal struct{ namespace, policy, direction, verdict string }
+
+// add sums the counters of the pods of rs, the ruleset enforced, and
+// returns the totals.
+func (b *byPolicy) add(rs policy.Ruleset, pods map[string]policy.Counters) map[policyTotal]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.totals == nil {
+		b.totals = map[policyTotal]uint64{}
 	}
-	next := map[auditKey]uint64{}
-	current := map[auditSeries]bool{}
+	last := make(map[podCounterKey]uint64, len(b.counters)*len(pods))
+	live := map[policyTotal]bool{}
 	for i := range rs.Pods {
 		p := &rs.Pods[i]
-		c, ok := counters[p.Key]
-		for ci, ac := range auditCounters {
-			d := ac.audited(p)
-			if d == nil || !ok {
+		c, ok := pods[p.Key]
+		if !ok {
+			continue
+		}
+		for ci, pc := range b.counters {
+			key, now := podCounterKey{p.Key, ci}, pc.of(c)
+			last[key] = now
+			d := pc.policies(p)
+			if d == nil {
 				continue
 			}
-			k, v := auditKey{p.Key, ci}, ac.of(c)
-			next[k] = v
-			grew := v
-			if last, seen := t.last[k]; seen && last <= v {
-				grew = v - last
+			grew := now
+			if was, ok := b.last[key]; ok && was <= now {
+				grew = now - was
 			}
-			for _, key := range d.Policies {
-				ns, name, _ := strings.Cut(key, "/")
-				s := auditSeries{ns, name, ac.direction, ac.verdict}
-				current[s] = true
-				t.totals[s] += grew
+			for _, pol := range d.Policies {
+				ns, name, _ := strings.Cut(pol, "/")
+				s := policyTotal{ns, name, pc.direction, pc.verdict}
+				live[s] = true
+				b.totals[s] += grew
 			}
 		}
 	}
-	maps.DeleteFunc(t.totals, func(s auditSeries, _ uint64) bool { return !current[s] })
-	t.last = next
-	return maps.Clone(t.totals)
+	b.last = last
+	maps.DeleteFunc(b.totals, func(s policyTotal, _ uint64) bool { return !live[s] })
+	return maps.Clone(b.totals)
 }
 
 // frontendSeries is a series of onc_services_frontend_connections_total.

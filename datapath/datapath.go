@@ -53,8 +53,8 @@ type Config struct {
 	// Bypass is which connections between two pods of the node skip the
 	// TCP/IP stacks (docs/bypass.md).
 	Bypass bypass.Config
-	// PolicyLogGroup is the NFLOG group the policy table logs the packets
-	// it drops to (agent/flows reads it); 0: it logs nothing.
+	// PolicyLogGroup is the NFLOG group the policy table logs its
+	// verdicts to (agent/flows reads it); 0: it logs nothing.
 	PolicyLogGroup uint16
 	// Cgroup is the cgroup v2 directory the services and bypass programs
 	// attach to ("" = the highest one mounted, mounting a cgroup2

@@ -42,7 +42,7 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
-		Reason: r.Reason, Policies: r.Policies, Path: r.Path}
+		Reason: r.Reason, Policies: r.Policies, Rule: int32(r.Rule), Path: r.Path}
 }
 
 func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
@@ -50,4 +50,13 @@ func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
 		return nil // a lost record has no ends
 	}
 	return &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Ip: e.Addr.Addr().String(), Port: uint32(e.Addr.Port())}
+}
+
+// Records are the stored records f selects, as the API renders them.
+func Records(s *Store, f Filter) []*apiv1.FlowRecord {
+	var out []*apiv1.FlowRecord
+	for _, r := range s.List(f) {
+		out = append(out, toAPI(r))
+	}
+	return out
 }

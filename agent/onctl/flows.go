@@ -5,12 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 )
@@ -18,11 +15,14 @@ import (
 func flowsCommand(o *options) *cobra.Command {
 	req := &apiv1.GetFlowsRequest{}
 	var since time.Duration
-	c := &cobra.Command{Use: "flows", Short: "Flow records: the packets policy denied on this node, or audit would have, with both ends and the policies (docs/observability.md)",
-		Long: "Flow records of this node, oldest first: each packet a pod's NetworkPolicy denied (at most 3 at once and then\n" +
-			"1 a second per connection), with both ends as namespace/pod where known and the policies that isolate the pod;\n" +
-			"and what audited policies (annotation onc.io/policy-mode: audit) would change: would-deny, a packet let through\n" +
-			"that they would deny; would-allow, a packet denied that one of them would allow (--verdict denied shows those too).\n" +
+	c := &cobra.Command{Use: "flows", Short: "Flow records: policy verdicts and drops on this node, with both ends and the policies (docs/observability.md)",
+		Long: "Flow records of this node, oldest first, with both ends as namespace/pod where known: each packet a pod's\n" +
+			"NetworkPolicy denied (at most 3 at once and then 1 a second per connection) with the policies that isolate the pod;\n" +
+			"each new connection an isolated pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
+			"direction) with the policy and rule that allowed it; and each packet dropped before any pod's rules (a spoofed\n" +
+			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited. What audited\n" +
+			"policies (annotation onc.io/policy-mode: audit) would change: would-deny, a packet let through that they would\n" +
+			"deny; would-allow, a packet denied that one of them would allow (--verdict denied shows those too).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -41,7 +41,7 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, would-deny or would-allow")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, would-deny or would-allow")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c
 }
@@ -60,7 +60,7 @@ func printFlows(ctx context.Context, c apiv1.AgentClient, o *options, req *apiv1
 			return err
 		}
 		if o.output == "json" {
-			b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(r)
+			b, err := r.JSON()
 			if err != nil {
 				return err
 			}
@@ -71,24 +71,7 @@ func printFlows(ctx context.Context, c apiv1.AgentClient, o *options, req *apiv1
 	}
 }
 
-// flowLine is a record on one line: time, node, verdict, direction,
-// protocol, the ends, why.
+// flowLine is a record on one line: time, then its summary.
 func flowLine(r *apiv1.FlowRecord) string {
-	t := time.Unix(0, r.TimeUnixNano).Local().Format("15:04:05.000")
-	if r.Event == "lost" {
-		return fmt.Sprintf("%s %s LOST %s", t, r.Node, r.Reason)
-	}
-	return fmt.Sprintf("%s %s %s %s %s %s → %s: %s", t, r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Protocol,
-		endpoint(r.Source), endpoint(r.Destination), r.Reason)
-}
-
-func endpoint(e *apiv1.FlowEndpoint) string {
-	addr := e.Ip
-	if e.Port != 0 {
-		addr = net.JoinHostPort(e.Ip, fmt.Sprint(e.Port))
-	}
-	if e.Kind == "pod" {
-		return fmt.Sprintf("%s/%s (%s)", e.Namespace, e.Name, addr)
-	}
-	return addr
+	return time.Unix(0, r.TimeUnixNano).Local().Format("15:04:05.000") + " " + r.Summary()
 }

@@ -44,6 +44,15 @@ func (d dir) auditFingerprint(a applied) string {
 	return a.auEg
 }
 
+// auditLogFingerprint picks a's log fingerprint of the audited rules in
+// direction d.
+func (d dir) auditLogFingerprint(a applied) string {
+	if d == ingress {
+		return a.auInLog
+	}
+	return a.auEgLog
+}
+
 // auditSets is the base of the names of the audited policies' sets of
 // chain (setNames).
 func auditSets(chain string) string { return chain + "-a" }
@@ -54,25 +63,38 @@ func wouldAllowChain(chain string) string { return chain + wouldAllow }
 
 // addWouldDenyRules adds the rules of the chain of pod id in direction d
 // that no enforcing policy isolates: return what c's sets hold, and log
-// (to logGroup, unless 0) and count the rest, which returns too.
-func addWouldDenyRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled) {
+// (to logGroup, unless 0, with the audited rules' fingerprint fp) and
+// count the rest, which returns too.
+func addWouldDenyRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled, fp string) {
 	chain := d.chain(id)
 	addLookups(tx, d, chain, auditSets(chain), c, "return")
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictWouldDeny, d == ingress, id))
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictWouldDeny, d == ingress, id, fp))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q", chain+wouldDeny)})
 }
 
 // addWouldAllow adds the chain of pod id in direction d that counts, logs
-// and drops what the enforcing policies drop and an audited one allows.
-func addWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id string) {
+// (with the audited rules' fingerprint fp) and drops what the enforcing
+// policies drop and an audited one allows.
+func addWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
+	tx.Add(&knftables.Chain{Name: wouldAllowChain(d.chain(id))})
+	addWouldAllowRules(tx, logGroup, d, id, fp)
+}
+
+// rewriteWouldAllow replaces the rules of the would-allow chain of pod id
+// in direction d, for a new fingerprint fp.
+func rewriteWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
+	tx.Flush(&knftables.Chain{Name: wouldAllowChain(d.chain(id))})
+	addWouldAllowRules(tx, logGroup, d, id, fp)
+}
+
+func addWouldAllowRules(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
 	chain := d.chain(id)
 	name := wouldAllowChain(chain)
-	tx.Add(&knftables.Chain{Name: name})
 	tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("counter name %q", chain+wouldAllow)})
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, name, flows.PolicyPrefix(flows.VerdictWouldAllow, d == ingress, id))
+		addLogRules(tx, logGroup, name, flows.PolicyPrefix(flows.VerdictWouldAllow, d == ingress, id, fp))
 	}
 	tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
 }
@@ -89,8 +111,8 @@ func removeWouldAllow(tx *knftables.Transaction, chain string) {
 // the ones kept holds (a rewrite's).
 func addAuditCounters(tx *knftables.Transaction, id string, kept map[string]*knftables.Counter) {
 	for _, d := range []dir{ingress, egress} {
-		addCounter(tx, d.chain(id)+wouldDeny, kept)
-		addCounter(tx, d.chain(id)+wouldAllow, kept)
+		tx.Add(keptCounter(d.chain(id)+wouldDeny, kept))
+		tx.Add(keptCounter(d.chain(id)+wouldAllow, kept))
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -45,13 +46,17 @@ const nftTimeout = 30 * time.Second
 // so on (changeSets), and drop otherwise, counting both with the named
 // counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
 // also logs what it drops (NFLOG, the prefix naming the verdict, the
-// direction and the pod's id: datapath/flows), at most 20 packets a second
-// per chain and, of those, 3 at once and then 1 a second per connection
-// (sets flows-denied and flows-denied6 hold each connection's budget until
-// it has been quiet for a minute). Audited policies add their own sets
-// and rules, which report and count and never change a verdict
+// direction, the pod's id and the fingerprint of its rules:
+// datapath/flows), at most 20 packets a second per chain and, of those, 3
+// at once and then 1 a second per connection (sets flows-denied and
+// flows-denied6 hold each connection's budget until it has been quiet for
+// a minute), and goes to its allow-log chain instead of returning, which
+// logs the new connections it allows (verdicts.go); the base chains' drops
+// go to chains that count, log and drop them. Audited policies add their
+// own sets and rules, which report and count and never change a verdict
 // (audit.go). Returning instead of accepting lets same-node traffic pass
-// the sender's egress and then the receiver's ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
+// the sender's egress and then the receiver's ingress chain. Traffic from
+// the node to its pods leaves by OUTPUT and is
 // never policed.
 //
 // Every Apply is one nft transaction, so the kernel never sees a partial
@@ -71,7 +76,9 @@ type Enforcer struct {
 	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
 	owned    ownership // whether the kernel's table is still the one last written
-	logGroup uint16    // where pods' chains log what they drop; 0: they do not
+	commits  uint64    // Commits so far: what a Prepared was compiled against
+	logGroup uint16    // where the chains log their verdicts; 0: they do not
+	logged   logHistory
 }
 
 // Log rates (docs/observability.md): per pod chain, so that a flood of
@@ -92,6 +99,18 @@ type applied struct {
 	// auIn, auEg: the same of the audited policies' sets; "" when none
 	// audits the direction.
 	auIn, auEg string
+	// inLog and egLog are the fingerprints of each direction's enforcing
+	// rules its log prefixes carry (logFingerprint), auInLog and auEgLog
+	// those of its audited ones; "" when there are none or the table
+	// does not log. Rules can change without changing the sets.
+	inLog, egLog, auInLog, auEgLog string
+}
+
+// sameEnforcement reports whether a and b enforce the same: only their
+// log prefixes and their audited policies may differ, which never change
+// a verdict (so never revoke a connection).
+func (a applied) sameEnforcement(b applied) bool {
+	return a.id == b.id && a.iface == b.iface && a.addrs == b.addrs && a.in == b.in && a.eg == b.eg
 }
 
 // podAddrs are a pod's addresses by family (ipv4, ipv6); invalid where it
@@ -181,7 +200,8 @@ func (e *Enforcer) checkLog() error {
 	tx.Add(&knftables.Table{})
 	addDeniedSets(tx)
 	tx.Add(&knftables.Chain{Name: "log-check"})
-	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check"))
+	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check", "check"))
+	tx.Add(&knftables.Rule{Chain: "log-check", Rule: allowLogRule(e.logGroup, flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))})
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	return e.nft.Check(ctx, tx)
@@ -220,31 +240,68 @@ func (d dir) fingerprint(a applied) string {
 // enforcing or audited, selects it there.
 func (d dir) hasChain(a applied) bool { return d.fingerprint(a) != "" || d.auditFingerprint(a) != "" }
 
+// logFingerprint picks a's log fingerprint of the enforcing rules in
+// direction d.
+func (d dir) logFingerprint(a applied) string {
+	if d == ingress {
+		return a.inLog
+	}
+	return a.egLog
+}
+
+// sameDir reports whether a and b have the same chain in direction d:
+// the same sets and the same log prefixes.
+func (d dir) sameDir(a, b applied) bool {
+	return d.fingerprint(a) == d.fingerprint(b) && d.auditFingerprint(a) == d.auditFingerprint(b) &&
+		d.logFingerprint(a) == d.logFingerprint(b) && d.auditLogFingerprint(a) == d.auditLogFingerprint(b)
+}
+
 // plan is the desired state of one pod.
 type plan struct {
 	applied
 	key                string
-	inSets, egSets     *compiled // nil when not isolated
-	auInSets, auEgSets *compiled // nil when not audited
+	inSets, egSets     *compiled  // nil when not isolated
+	auInSets, auEgSets *compiled  // nil when not audited
+	inDir, egDir       *Direction // the rules they come from
+	auInDir, auEgDir   *Direction
 }
 
 func (p *plan) sets(d dir) dirSets {
 	if d == ingress {
-		return dirSets{p.inSets, p.auInSets}
+		return dirSets{p.inSets, p.auInSets, p.inLog, p.auInLog}
 	}
-	return dirSets{p.egSets, p.auEgSets}
+	return dirSets{p.egSets, p.auEgSets, p.egLog, p.auEgLog}
 }
 
 // dirSets are what a pod's chain in one direction looks up: the sets of
-// the enforcing policies and of the audited ones, nil where none.
-type dirSets struct{ enforce, audit *compiled }
+// the enforcing policies and of the audited ones, nil where none, and the
+// fingerprints of their rules its log prefixes carry (A and D the
+// enforcing ones', W and U the audited ones').
+type dirSets struct {
+	enforce, audit    *compiled
+	logFP, auditLogFP string
+}
 
 func (s dirSets) none() bool { return s.enforce == nil && s.audit == nil }
 
 // setsOf are the sets of the last Apply of the pod with key in direction
-// d.
+// d (without fingerprints: what to delete or change).
 func (e *Enforcer) setsOf(d dir, key string) dirSets {
-	return dirSets{e.compiled[d.key(key)], e.compiled[d.auditKey(key)]}
+	return dirSets{enforce: e.compiled[d.key(key)], audit: e.compiled[d.auditKey(key)]}
+}
+
+func (p *plan) rules(d dir) *Direction {
+	if d == ingress {
+		return p.inDir
+	}
+	return p.egDir
+}
+
+func (p *plan) auditRules(d dir) *Direction {
+	if d == ingress {
+		return p.auInDir
+	}
+	return p.auEgDir
 }
 
 // PodID is a short stable id for a pod key, in the names of its chains,
@@ -289,19 +346,23 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 		}
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
 		for _, side := range []struct {
-			d           *Direction
-			key, tag    string
-			sets        **compiled
-			fingerprint *string
+			d              *Direction
+			key, tag       string
+			sets           **compiled
+			fingerprint    *string
+			logFingerprint *string
+			rules          **Direction
 		}{
-			{p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in},
-			{p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg},
-			{p.AuditIngress, ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn},
-			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg},
+			{p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in, &pl.inLog, &pl.inDir},
+			{p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg, &pl.egLog, &pl.egDir},
+			{p.AuditIngress, ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn, &pl.auInLog, &pl.auInDir},
+			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg, &pl.auEgLog, &pl.auEgDir},
 		} {
 			if side.d != nil {
 				*side.sets = e.elementsOf(side.key, side.d, next)
 				*side.fingerprint = side.tag + (*side.sets).fingerprint
+				*side.logFingerprint = e.logFingerprint(side.d, *side.sets)
+				*side.rules = side.d
 			}
 		}
 		out = append(out, pl)
@@ -331,6 +392,7 @@ type compiled struct {
 	el          elements
 	fingerprint string
 	second      bool
+	rulesHash   []byte // of rules, once a log fingerprint needed it (logFingerprint)
 }
 
 // elementsOf compiles d, or reuses what the last Apply compiled for key
@@ -349,35 +411,89 @@ func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compile
 
 // Apply makes the table enforce rs and returns the keys of the pods whose
 // enforcement changed (added, rules changed, removed), sorted: the caller
-// should Revoke their connections. On the first Apply and the first after
-// a failure, it rewrites the whole table, taking over one an earlier agent
-// left with no gap and keeping the counters; with checkKernel too if the
-// table may have drifted from what it last wrote (drift.go), repairing it;
-// otherwise it touches only the changed pods, and makes no transaction if
-// none changed. Either way it is at most one nft transaction.
+// should Revoke their connections. It is Prepare then Commit.
 func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
+	p, err := e.Prepare(rs)
+	if err != nil {
+		return nil, err
+	}
+	return p.Changed, e.Commit(p, checkKernel)
+}
+
+// Prepared is a ruleset compiled against what the table holds, for
+// Commit. Changed is known before anything is written, so that a caller
+// can make ready for a change (or skip that when there is none).
+type Prepared struct {
+	// Changed are the keys of the pods whose enforcement changes (added,
+	// rules changed, removed), sorted.
+	Changed  []string
+	want     []plan
+	compiled map[string]*compiled
+	commits  uint64 // e.commits when prepared
+}
+
+// Prepare compiles rs against what the table holds; nothing is written.
+func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	want, compiled, err := e.plans(rs)
 	if err != nil {
 		return nil, err
 	}
+	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
+	seen := make(map[string]bool, len(want))
+	for _, w := range want {
+		if old, ok := e.pods[w.key]; !ok || !old.sameEnforcement(w.applied) {
+			p.Changed = append(p.Changed, w.key)
+		}
+		seen[w.key] = true
+	}
+	for key := range e.pods {
+		if !seen[key] {
+			p.Changed = append(p.Changed, key)
+		}
+	}
+	sort.Strings(p.Changed)
+	return p, nil
+}
+
+// Commit makes the table enforce what p was prepared from. On the first
+// Commit and the first after a failure, it rewrites the whole table,
+// taking over one an earlier agent left with no gap and keeping the
+// counters; with checkKernel too if the table may have drifted from what
+// it last wrote (drift.go), repairing it; otherwise it touches only
+// p.Changed, and makes no transaction if that is empty. Either way it is
+// at most one nft transaction. p must be the last one prepared since the
+// last Commit: the table's state it was compiled against must still hold.
+func (e *Enforcer) Commit(p *Prepared, checkKernel bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p.commits != e.commits {
+		return errors.New("network policy: a ruleset prepared before another was committed")
+	}
+	e.commits++
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	// A resync rewrites the table only if it may have drifted from what
 	// was last written (drift.go); the update then writes what rs changes.
 	rewrite := !e.synced || checkKernel && e.owned.drifted()
 	var tx *knftables.Transaction
+	var err error
 	if !rewrite {
-		tx = e.update(want)
-	} else if tx, err = e.rebuild(ctx, want); err != nil {
-		return nil, err
+		tx = e.update(p.want)
+	} else if tx, err = e.rebuild(ctx, p.want); err != nil {
+		return err
 	}
 	if tx.NumOperations() > 0 {
+		// Before the commit: a packet logged right after it finds its
+		// fingerprint.
+		if e.logGroup != 0 {
+			e.logged.record(p.want)
+		}
 		before, berr := RulesetGeneration()
 		if err := e.nft.Run(ctx, tx); err != nil {
 			e.synced = false
-			return nil, fmt.Errorf("nft: %w", err)
+			return fmt.Errorf("nft: %w", err)
 		}
 		if rewrite {
 			e.retireLegacy(ctx)
@@ -386,26 +502,20 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
 	e.synced = true
-	e.compiled = compiled
+	e.compiled = p.compiled
 
-	var changed []string
-	next := make(map[string]applied, len(want))
-	for _, p := range want {
-		if old, ok := e.pods[p.key]; !ok || old != p.applied {
-			changed = append(changed, p.key)
-		}
-		next[p.key] = p.applied
-		delete(e.gone, p.key)
+	next := make(map[string]applied, len(p.want))
+	for _, w := range p.want {
+		next[w.key] = w.applied
+		delete(e.gone, w.key)
 	}
 	for key, old := range e.pods {
 		if _, ok := next[key]; !ok {
-			changed = append(changed, key)
 			e.gone[key] = old.addrs
 		}
 	}
 	e.pods = next
-	sort.Strings(changed)
-	return changed, nil
+	return nil
 }
 
 // retireLegacy deletes the table as agents before IPv6 wrote it, family
@@ -449,7 +559,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	tx.Add(&knftables.Table{}) // so that the delete finds one
 	tx.Delete(&knftables.Table{})
 	tx.Add(&knftables.Table{})
-	addBase(tx, e.logGroup)
+	addBase(tx, e.logGroup, kept)
 	for i := range want {
 		p := &want[i]
 		addPod(tx, p, kept)
@@ -491,7 +601,7 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			was := d.hasChain(old)
 			switch {
 			case was && (p == nil || p.sets(d).none()):
-				removeDir(tx, d, old.id, old.iface, e.setsOf(d, key))
+				removeDir(tx, e.logGroup, d, old.id, old.iface, e.setsOf(d, key))
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -544,7 +654,7 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			case !was:
 				addDir(tx, e.logGroup, d, p.id, p.iface, now)
 			default:
-				if d.fingerprint(p.applied) != d.fingerprint(old) || d.auditFingerprint(p.applied) != d.auditFingerprint(old) {
+				if !d.sameDir(p.applied, old) {
 					changeDir(tx, e.logGroup, d, p.id, e.setsOf(d, p.key), now)
 				}
 				if p.iface != old.iface {
@@ -606,12 +716,15 @@ func addDeniedSets(tx *knftables.Transaction) {
 	}
 }
 
-// addBase adds the base chains and the maps and sets they use.
-func addBase(tx *knftables.Transaction, logGroup uint16) {
+// addBase adds the base chains and the maps, sets, chains and counters
+// they use, the counters with the values of the ones kept holds (a
+// rewrite's).
+func addBase(tx *knftables.Transaction, logGroup uint16, kept map[string]*knftables.Counter) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
 	if logGroup != 0 {
 		addDeniedSets(tx)
 	}
+	addDropChains(tx, logGroup, kept)
 	for f, set := range podAddrSets {
 		tx.Add(&knftables.Set{Name: set, Type: "ifname . " + families[f].addrType})
 	}
@@ -633,8 +746,8 @@ func addBase(tx *knftables.Transaction, logGroup uint16) {
 		// into that peer's connections. IPv6 link-local sources (and
 		// the unspecified one of duplicate address detection) reach
 		// no further than the pod's link, the node.
-		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
-		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 drop"})
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs " + dropVerdict(flows.DropSpoof, egress)})
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 " + dropVerdict(flows.DropSpoof, egress)})
 		// Neighbour discovery with the node, which conntrack does not
 		// track: ONC gives pods a permanent entry for their gateway, but
 		// a pod may still solicit the node (its link-local address, an
@@ -650,10 +763,10 @@ func addBase(tx *knftables.Transaction, logGroup uint16) {
 		// Revoke) from any packet, so one from the server would revive it
 		// with the roles swapped, judged as the server's: to or from an
 		// isolated pod, only a SYN may start one.
-		for _, drop := range [][2]string{{"ct state invalid", "pod-ifaces"}, {"ct state new tcp flags & (fin|syn|rst|ack) != syn", "isolated"}} {
-			tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s iifname @%s drop", drop[0], drop[1])})
+		for _, drop := range [][3]string{{"ct state invalid", "pod-ifaces", flows.DropInvalid}, {"ct state new tcp flags & (fin|syn|rst|ack) != syn", "isolated", flows.DropNoSYN}} {
+			tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s iifname @%s %s", drop[0], drop[1], dropVerdict(drop[2], egress))})
 			if hook == knftables.ForwardHook {
-				tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s oifname @%s drop", drop[0], drop[1])})
+				tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s oifname @%s %s", drop[0], drop[1], dropVerdict(drop[2], ingress))})
 			}
 		}
 		// A pod's egress to the node itself arrives at input.
@@ -671,19 +784,10 @@ func addPod(tx *knftables.Transaction, p *plan, kept map[string]*knftables.Count
 	tx.Add(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(p.iface)}})
 	addPodAddrs(tx, p.applied, applied{})
 	for _, d := range []dir{ingress, egress} {
-		addCounter(tx, d.chain(p.id)+"-allow", kept)
-		addCounter(tx, d.chain(p.id)+"-deny", kept)
+		for _, name := range []string{d.chain(p.id) + "-allow", d.chain(p.id) + "-deny"} {
+			tx.Add(keptCounter(name, kept))
+		}
 	}
-}
-
-// addCounter adds the named counter, with the values of the one of that
-// name kept holds, if any.
-func addCounter(tx *knftables.Transaction, name string, kept map[string]*knftables.Counter) {
-	c := &knftables.Counter{Name: name}
-	if old := kept[name]; old != nil && old.Packets != nil && old.Bytes != nil {
-		c.Packets, c.Bytes = old.Packets, old.Bytes
-	}
-	tx.Add(c)
 }
 
 func removePod(tx *knftables.Transaction, a applied) {
@@ -696,7 +800,8 @@ func removePod(tx *knftables.Transaction, a applied) {
 }
 
 // addDir adds the chain of a pod in direction d, its sets holding s's
-// elements, and the map element jumping to it.
+// elements, its log prefixes carrying s's fingerprints, and the map
+// element jumping to it.
 func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
 	if s.enforce != nil {
@@ -706,9 +811,12 @@ func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string,
 		addSets(tx, auditSets(chain), s.audit)
 	}
 	if s.enforce != nil && s.audit != nil {
-		addWouldAllow(tx, logGroup, d, id)
+		addWouldAllow(tx, logGroup, d, id, s.auditLogFP)
 	}
 	tx.Add(&knftables.Chain{Name: chain})
+	if logGroup != 0 {
+		tx.Add(&knftables.Chain{Name: d.allowLog(id)})
+	}
 	addRules(tx, logGroup, d, id, s)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
@@ -765,22 +873,32 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 }
 
 // addRules adds the rules of the chain of pod id in direction d, which
-// look the packet up in the sets of s.enforce, and log (to logGroup,
-// unless 0) and drop what they do not hold; before the drop, in the
-// audited policies' sets, if any (audit.go). A chain of audited policies
-// alone drops nothing (addWouldDenyRules).
+// look the packet up in the sets of s.enforce, and drop what they do not
+// hold; before the drop, in the audited policies' sets, if any
+// (audit.go). With a log group (unless 0), they log both, with s.logFP:
+// what the enforcing sets hold by going to the chain's allow-log chain,
+// which logs it and returns to the base chain, as return does without
+// one. A chain of audited policies alone drops nothing, and logs only
+// what they would deny (addWouldDenyRules): what it lets through no rule
+// in force allows (the direction is not isolated), so it has no allowed
+// record, as it would have none without the chain.
 func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	chain := d.chain(id)
 	if s.enforce == nil {
-		addWouldDenyRules(tx, logGroup, d, id, s.audit)
+		addWouldDenyRules(tx, logGroup, d, id, s.audit, s.auditLogFP)
 		return
 	}
-	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q return", chain+"-allow"))
+	allowed := "return"
+	if logGroup != 0 {
+		allowed = "goto " + d.allowLog(id)
+		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))})
+	}
+	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q %s", chain+"-allow", allowed))
 	if s.audit != nil {
 		addLookups(tx, d, chain, auditSets(chain), s.audit, "goto "+wouldAllowChain(chain))
 	}
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id))
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id, s.logFP))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
 }
@@ -821,11 +939,15 @@ func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
 
 // removeDir undoes addDir for the sets of s (the counters stay with the
 // pod).
-func removeDir(tx *knftables.Transaction, d dir, id, iface string, s dirSets) {
+func removeDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
 	tx.Flush(&knftables.Chain{Name: chain})
 	tx.Delete(&knftables.Chain{Name: chain})
+	if logGroup != 0 {
+		tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+		tx.Delete(&knftables.Chain{Name: d.allowLog(id)})
+	}
 	if s.enforce != nil && s.audit != nil {
 		removeWouldAllow(tx, chain)
 	}
@@ -838,13 +960,17 @@ func removeDir(tx *knftables.Transaction, d dir, id, iface string, s dirSets) {
 }
 
 // changeDir makes a pod's chain in direction d, which looks up was's
-// sets, look up now's: each pair of sets changes (changeSets), comes or
-// goes, and the chain's rules are rewritten if that changed which sets
-// they name, or which of the enforcing and audited policies there are.
+// sets, look up now's and log with now's fingerprints: each pair of sets
+// changes (changeSets), comes or goes, and the chain's rules are
+// rewritten if that changed which sets they name, or which of the
+// enforcing and audited policies there are, and always with a log group
+// (the caller calls it only for a change of the rules, so of some
+// fingerprint the prefixes carry). The kernel sees it all at once, in the
+// Apply's transaction.
 func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now dirSets) {
 	chain := d.chain(id)
 	wasBoth, nowBoth := was.enforce != nil && was.audit != nil, now.enforce != nil && now.audit != nil
-	rewrite := (was.enforce == nil) != (now.enforce == nil) || (was.audit == nil) != (now.audit == nil)
+	rewrite := logGroup != 0 || (was.enforce == nil) != (now.enforce == nil) || (was.audit == nil) != (now.audit == nil)
 	type sets struct {
 		base string
 		c    *compiled
@@ -865,11 +991,17 @@ func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was
 			stale = append(stale, sets{pair.base, pair.was})
 		}
 	}
-	if nowBoth && !wasBoth {
-		addWouldAllow(tx, logGroup, d, id)
+	switch {
+	case nowBoth && !wasBoth:
+		addWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+	case nowBoth && logGroup != 0:
+		rewriteWouldAllow(tx, logGroup, d, id, now.auditLogFP)
 	}
 	if rewrite {
 		tx.Flush(&knftables.Chain{Name: chain})
+		if logGroup != 0 {
+			tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+		}
 		addRules(tx, logGroup, d, id, now)
 	}
 	if wasBoth && !nowBoth {
@@ -953,16 +1085,24 @@ type Counters struct {
 	IngressWouldDeny, IngressWouldAllow, EgressWouldDeny, EgressWouldAllow uint64
 }
 
-// Counters returns the counters of every pod of the last Ruleset applied,
-// by pod key.
-func (e *Enforcer) Counters() (map[string]Counters, error) {
+// Counts are the table's counters.
+type Counts struct {
+	Pods map[string]Counters // by pod key: every pod of the last Ruleset applied
+	// Drops are the packets the base chains dropped, by why
+	// (flows.DropSpoof, DropInvalid, DropNoSYN); they survive agent
+	// restarts.
+	Drops map[string]uint64
+}
+
+// Counters returns the table's counters.
+func (e *Enforcer) Counters() (Counts, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	list, err := e.nft.ListCounters(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list counters: %w", err)
+		return Counts{}, fmt.Errorf("list counters: %w", err)
 	}
 	packets := make(map[string]uint64, len(list))
 	for _, c := range list {
@@ -970,10 +1110,10 @@ func (e *Enforcer) Counters() (map[string]Counters, error) {
 			packets[c.Name] = *c.Packets
 		}
 	}
-	out := make(map[string]Counters, len(e.pods))
+	out := Counts{Pods: make(map[string]Counters, len(e.pods)), Drops: make(map[string]uint64, len(dropReasons))}
 	for key, a := range e.pods {
 		in, eg := ingress.chain(a.id), egress.chain(a.id)
-		out[key] = Counters{
+		out.Pods[key] = Counters{
 			IngressAllowed:    packets[in+"-allow"],
 			IngressDenied:     packets[in+"-deny"],
 			EgressAllowed:     packets[eg+"-allow"],
@@ -983,6 +1123,9 @@ func (e *Enforcer) Counters() (map[string]Counters, error) {
 			EgressWouldDeny:   packets[eg+wouldDeny],
 			EgressWouldAllow:  packets[eg+wouldAllow],
 		}
+	}
+	for _, why := range dropReasons {
+		out.Drops[why] = packets[dropCounter(why)]
 	}
 	return out, nil
 }
