@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
@@ -99,6 +101,10 @@ type FastPath interface {
 	Encaps() ([]fastpath.Encap, error)
 	Locals() ([]fastpath.Local, error)
 	Flows() ([]fastpath.Flow, error)
+	// Events is the ring of flow events (include/flows.h), the fast
+	// path's and the services object's; EventStats what became of them.
+	Events() *ebpf.Map
+	EventStats() ([]fastpath.Stat, error)
 }
 
 func (n *Node) writeSysctl(name, val string) error { return sysctl.Write(n.cfg.ProcSys, name, val) }

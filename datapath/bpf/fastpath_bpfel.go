@@ -47,6 +47,24 @@ type FastpathEncapVal struct {
 	Ifindex uint32
 }
 
+type FastpathFlowEvKey struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Reason uint16
+		Family uint8
+		Proto  uint8
+		Table  uint8
+		Pad    [3]uint8
+	}
+	Ifindex uint32
+	Cookie  uint64
+}
+
 type FastpathFlowEvSlot struct {
 	_          structs.HostLayout
 	Tat        uint64
@@ -55,14 +73,12 @@ type FastpathFlowEvSlot struct {
 	Pad        uint32
 	Ev         struct {
 		_          structs.HostLayout
-		T          FastpathFlowTuple
+		K          FastpathFlowEvKey
 		Xaddr      [16]uint8
 		Xport      uint16
 		Xfamily    uint8
 		Class      uint8
-		Ifindex    uint32
 		Suppressed uint32
-		Cookie     uint64
 		TsNs       uint64
 	}
 	Tables [0]uint32
@@ -95,19 +111,6 @@ type FastpathFlowKey6 struct {
 	RemotePort uint16
 	Proto      uint8
 	Pad        [3]uint8
-}
-
-type FastpathFlowTuple struct {
-	_      structs.HostLayout
-	Saddr  [16]uint8
-	Daddr  [16]uint8
-	Sport  uint16
-	Dport  uint16
-	Reason uint16
-	Family uint8
-	Proto  uint8
-	Table  uint8
-	Pad    [3]uint8
 }
 
 type FastpathFlowVal struct {
@@ -152,7 +155,8 @@ const (
 	FastpathOncEvClassEV_LEARN     FastpathOncEvClass = 2
 	FastpathOncEvClassEV_TRANSLATE FastpathOncEvClass = 3
 	FastpathOncEvClassEV_UPLINK    FastpathOncEvClass = 4
-	FastpathOncEvClassEV_CLASS_MAX FastpathOncEvClass = 5
+	FastpathOncEvClassEV_REFUSE    FastpathOncEvClass = 5
+	FastpathOncEvClassEV_CLASS_MAX FastpathOncEvClass = 6
 )
 
 type FastpathOncIn6 struct {

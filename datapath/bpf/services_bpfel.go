@@ -47,6 +47,24 @@ type ServicesEncapVal struct {
 	Ifindex uint32
 }
 
+type ServicesFlowEvKey struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Reason uint16
+		Family uint8
+		Proto  uint8
+		Table  uint8
+		Pad    [3]uint8
+	}
+	Ifindex uint32
+	Cookie  uint64
+}
+
 type ServicesFlowEvSlot struct {
 	_          structs.HostLayout
 	Tat        uint64
@@ -55,14 +73,12 @@ type ServicesFlowEvSlot struct {
 	Pad        uint32
 	Ev         struct {
 		_          structs.HostLayout
-		T          ServicesFlowTuple
+		K          ServicesFlowEvKey
 		Xaddr      [16]uint8
 		Xport      uint16
 		Xfamily    uint8
 		Class      uint8
-		Ifindex    uint32
 		Suppressed uint32
-		Cookie     uint64
 		TsNs       uint64
 	}
 	Tables [0]uint32
@@ -95,19 +111,6 @@ type ServicesFlowKey6 struct {
 	RemotePort uint16
 	Proto      uint8
 	Pad        [3]uint8
-}
-
-type ServicesFlowTuple struct {
-	_      structs.HostLayout
-	Saddr  [16]uint8
-	Daddr  [16]uint8
-	Sport  uint16
-	Dport  uint16
-	Reason uint16
-	Family uint8
-	Proto  uint8
-	Table  uint8
-	Pad    [3]uint8
 }
 
 type ServicesFlowVal struct {
@@ -459,7 +462,8 @@ const (
 	ServicesOncEvClassEV_LEARN     ServicesOncEvClass = 2
 	ServicesOncEvClassEV_TRANSLATE ServicesOncEvClass = 3
 	ServicesOncEvClassEV_UPLINK    ServicesOncEvClass = 4
-	ServicesOncEvClassEV_CLASS_MAX ServicesOncEvClass = 5
+	ServicesOncEvClassEV_REFUSE    ServicesOncEvClass = 5
+	ServicesOncEvClassEV_CLASS_MAX ServicesOncEvClass = 6
 )
 
 type ServicesOncIn6 struct {

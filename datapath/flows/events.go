@@ -19,9 +19,9 @@ import (
 // Event is one flow event of the eBPF programs (include/flows.h).
 type Event struct {
 	Time  time.Time
-	Class string // drop, open, learn, translate, uplink (enum onc_ev_class)
-	// Reason is, for a drop, the counter it counted in
-	// (overlay_drop_inner_source, ...).
+	Class string // drop, open, learn, translate, uplink, refuse (enum onc_ev_class)
+	// Reason is, for a drop or a refusal, the counter it counted in
+	// (overlay_drop_inner_source, connect_refused, ...).
 	Reason   string
 	Proto    uint8
 	Src, Dst netip.AddrPort
@@ -43,9 +43,9 @@ const EventSize = 88
 const (
 	evSaddr, evDaddr, evSport, evDport = 0, 16, 32, 34
 	evReason, evFamily, evProto        = 36, 38, 39
-	evTable, evXaddr, evXport          = 40, 44, 60
-	evXfamily, evClass, evIfindex      = 62, 63, 64
-	evSuppressed, evCookie, evTs       = 68, 72, 80
+	evTable, evIfindex, evCookie       = 40, 44, 48
+	evXaddr, evXport, evXfamily        = 56, 72, 74
+	evClass, evSuppressed, evTs        = 75, 76, 80
 )
 
 // Address families as the programs write them.
@@ -69,7 +69,7 @@ func DecodeEvent(raw []byte, names *bpf.EventNames, ts func(mono uint64) time.Ti
 		Netns:      le.Uint64(raw[evCookie:]),
 		Suppressed: le.Uint32(raw[evSuppressed:]),
 	}
-	if e.Class == "drop" {
+	if e.Class == "drop" || e.Class == "refuse" {
 		e.Reason = names.Reason(raw[evTable], le.Uint16(raw[evReason:]))
 	}
 	fam := raw[evFamily]

@@ -37,6 +37,11 @@ func TestEventLayoutMatchesBTF(t *testing.T) {
 	}
 	for _, m := range ev.Members {
 		got[m.Name] = int(m.Offset.Bytes())
+		if key, ok := m.Type.(*btf.Struct); ok { // k: the dedupe key
+			for _, km := range key.Members {
+				got[km.Name] = int(m.Offset.Bytes() + km.Offset.Bytes())
+			}
+		}
 	}
 	for name, off := range want {
 		if o, ok := got[name]; !ok || o != off {
@@ -90,7 +95,7 @@ func TestEventNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"drop", "open", "learn", "translate", "uplink"}; !slices.Equal(n.Classes, want) {
+	if want := []string{"drop", "open", "learn", "translate", "uplink", "refuse"}; !slices.Equal(n.Classes, want) {
 		t.Fatalf("classes %q, want %q", n.Classes, want)
 	}
 	if got := n.Reason(0, 30); got != "overlay_drop_from_pod" {

@@ -192,7 +192,7 @@ static __always_inline void ev_conn(__u32 class, const void *k, int fam6, int ou
 
 	if (!s)
 		return;
-	t = &s->ev.t;
+	t = &s->ev.k.t;
 	if (fam6) {
 		__builtin_memcpy(out ? t->saddr : t->daddr, k6->local_ip, 16);
 		__builtin_memcpy(out ? t->daddr : t->saddr, k6->remote_ip, 16);

@@ -30,6 +30,7 @@ enum onc_ev_class {
 	EV_LEARN,     /* a flow became usable on the fast path (both ways learned) */
 	EV_TRANSLATE, /* the socket LB gave a connection a backend */
 	EV_UPLINK,    /* the uplink LB gave a client outside a backend */
+	EV_REFUSE,    /* the socket LB refused a call: the Service has no backend */
 	EV_CLASS_MAX,
 };
 
@@ -38,13 +39,14 @@ enum onc_ev_class {
 enum onc_ev_table {
 	EV_TABLE_ONC_STAT,
 	EV_TABLE_LB_STAT,
+	EV_TABLE_LB6_STAT,
 	EV_TABLE_LB_UPLINK_STAT,
 	EV_TABLE_LB6_UPLINK_STAT,
 	EV_TABLE_LB_DSR_STAT,
 };
 
-/* A flow as an event names it, and the key of the drops' dedupe: IPv4
- * addresses in the first 4 bytes of their 16. */
+/* A flow as an event names it: IPv4 addresses in the first 4 bytes of
+ * their 16. A socket call's event has only a destination. */
 struct flow_tuple {
 	__u8 saddr[16];
 	__u8 daddr[16];
@@ -57,18 +59,23 @@ struct flow_tuple {
 	__u8 pad[3];
 };
 
-/* One event, as the agent decodes it (datapath/flows/events.go). x is
- * the third end: the backend (translate, uplink), the peer node (open,
- * learn) or the outer source of a frame (overlay drops). */
-struct flow_event {
+/* Who an event is about: the drops' dedupe key. */
+struct flow_ev_key {
 	struct flow_tuple t;
+	__u32 ifindex; /* the interface the packet came in by (tc), else 0 */
+	__u64 cookie;  /* the network namespace of the socket (socket LB), else 0 */
+};
+
+/* One event, as the agent decodes it (datapath/flows/events.go). x is
+ * the third end: the backend (translate, uplink) or the outer source of a
+ * frame (overlay drops). */
+struct flow_event {
+	struct flow_ev_key k;
 	__u8 xaddr[16];
 	__be16 xport;
-	__u8 xfamily;    /* 0: no third end */
-	__u8 class;      /* enum onc_ev_class */
-	__u32 ifindex;    /* the interface the packet came in by (tc), else 0 */
+	__u8 xfamily;     /* 0: no third end */
+	__u8 class;       /* enum onc_ev_class */
 	__u32 suppressed; /* events of this class the budget held back on this CPU since the last one emitted */
-	__u64 cookie;     /* the network namespace of the socket (socket LB), else 0 */
 	__u64 ts_ns;      /* bpf_ktime_get_ns */
 };
 
@@ -117,11 +124,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_ev_slots SEC(".maps");
 
-/* The drops' dedupe: flow and reason -> when its last event went. */
+/* The drops' dedupe: flow, reason, interface or netns -> when its last
+ * event went. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, struct flow_tuple);
+	__type(key, struct flow_ev_key);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } onc_ev_seen SEC(".maps");
@@ -143,19 +151,6 @@ static __always_inline struct flow_ev_slot *ev_start(__u32 class)
 	s->ev.class = class;
 	s->ev.ts_ns = bpf_ktime_get_ns();
 	return s;
-}
-
-/* ev_dup says whether a drop of the same flow and reason sent an event
- * within the second (and notes this one when not). */
-static __always_inline int ev_dup(struct flow_ev_slot *s)
-{
-	__u64 *last = bpf_map_lookup_elem(&onc_ev_seen, &s->ev.t);
-
-	if (last && s->ev.ts_ns - *last < EV_DEDUPE_NS)
-		return 1;
-	s->seen = s->ev.ts_ns;
-	bpf_map_update_elem(&onc_ev_seen, &s->ev.t, &s->seen, BPF_ANY);
-	return 0;
 }
 
 /* ev_send emits s's event if the budget allows: a generic cell rate
@@ -182,6 +177,21 @@ static __always_inline void ev_send(struct flow_ev_slot *s)
 	}
 	s->suppressed = 0;
 	count(&onc_ev_stats, FLOWS_STAT_EMITTED, 1);
+}
+
+/* ev_send_drop emits a drop unless the same flow and reason sent one
+ * within the second. */
+static __always_inline void ev_send_drop(struct flow_ev_slot *s)
+{
+	__u64 *last = bpf_map_lookup_elem(&onc_ev_seen, &s->ev.k);
+
+	if (last && s->ev.ts_ns - *last < EV_DEDUPE_NS) {
+		count(&onc_ev_stats, FLOWS_STAT_DEDUPED, 1);
+		return;
+	}
+	s->seen = s->ev.ts_ns;
+	bpf_map_update_elem(&onc_ev_seen, &s->ev.k, &s->seen, BPF_ANY);
+	ev_send(s);
 }
 
 /* ev_load_ip fills t's addresses, protocol and ports from the IP header at
@@ -224,21 +234,64 @@ static __always_inline void ev_drop(struct __sk_buff *skb, __u32 off, __u32 oute
 
 	if (!s)
 		return;
-	s->ev.ifindex = skb->ifindex;
-	s->ev.t.table = table;
-	s->ev.t.reason = reason;
-	ev_load_ip(skb, off, &s->ev.t);
+	s->ev.k.ifindex = skb->ifindex;
+	s->ev.k.t.table = table;
+	s->ev.k.t.reason = reason;
+	ev_load_ip(skb, off, &s->ev.k.t);
 	if (outer && !bpf_skb_load_bytes(skb, outer, &b, 1)) {
 		if (b >> 4 == 4 && !bpf_skb_load_bytes(skb, outer + 12, s->ev.xaddr, 4))
 			s->ev.xfamily = ONC_AF_INET;
 		else if (b >> 4 == 6 && !bpf_skb_load_bytes(skb, outer + 8, s->ev.xaddr, 16))
 			s->ev.xfamily = ONC_AF_INET6;
 	}
-	if (ev_dup(s)) {
-		count(&onc_ev_stats, FLOWS_STAT_DEDUPED, 1);
+	ev_send_drop(s);
+}
+
+/* ev_addr copies an address of fam6's family into an event's slot. */
+static __always_inline void ev_addr(__u8 *slot, const void *a, int fam6)
+{
+	if (fam6)
+		__builtin_memcpy(slot, a, 16);
+	else
+		__builtin_memcpy(slot, a, 4);
+}
+
+/*
+ * ev_three emits class's event of a flow from saddr:sport to daddr:dport
+ * (proto; a socket call's has no source) with a third end, x:xport (NULL:
+ * none), all of fam6's family. A refusal (EV_REFUSE) is a drop: reason,
+ * a value of table, and the dedupe.
+ */
+static __always_inline void ev_three(__u32 class, __u64 netns, int fam6, __u8 proto, const void *saddr,
+				     __be16 sport, const void *daddr, __be16 dport, const void *x, __be16 xport,
+				     __u8 table, __u16 reason)
+{
+	struct flow_ev_slot *s = ev_start(class);
+	struct flow_tuple *t;
+
+	if (!s)
+		return;
+	t = &s->ev.k.t;
+	s->ev.k.cookie = netns;
+	t->family = fam6 ? ONC_AF_INET6 : ONC_AF_INET;
+	t->proto = proto;
+	if (saddr)
+		ev_addr(t->saddr, saddr, fam6);
+	t->sport = sport;
+	ev_addr(t->daddr, daddr, fam6);
+	t->dport = dport;
+	if (x) {
+		ev_addr(s->ev.xaddr, x, fam6);
+		s->ev.xport = xport;
+		s->ev.xfamily = t->family;
+	}
+	if (class != EV_REFUSE) {
+		ev_send(s);
 		return;
 	}
-	ev_send(s);
+	t->table = table;
+	t->reason = reason;
+	ev_send_drop(s);
 }
 
 #endif /* __ONC_FLOWS_H */
