@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onc-net/onc/agent/bypass"
@@ -70,7 +71,8 @@ type Config struct {
 	Pods PodPhases
 
 	// FlowsBuffer is how many flow records the agent keeps (agent/flows),
-	// read from Datapath.PolicyLogGroup; 0, or no Policy: none.
+	// read from Datapath.PolicyLogGroup (with Policy) and the eBPF
+	// programs' events (Datapath.FlowEvents); 0: none.
 	FlowsBuffer int
 }
 
@@ -95,13 +97,17 @@ type Agent struct {
 	up       datapath.Uplink
 	vtepMAC  net.HardwareAddr
 	podMTU   int
-	peers    *watch.Watcher    // the node and its peers, from the datastore
-	policy   *policy.Watcher   // nil without Config.Policy
-	flows    *flows.Store      // nil when no flows are recorded
-	recorder *flows.Recorder   // nil when no flows are recorded
-	svcs     *services.Watcher // nil without Config.Services
-	health   *services.Health  // nil unless svcs and the kube-proxy replacement
-	underlay *underlay.Watcher
+	peers    *watch.Watcher       // the node and its peers, from the datastore
+	policy   *policy.Watcher      // nil without Config.Policy
+	flows    *flows.Store         // nil when no flows are recorded
+	recorder *flows.Recorder      // nil when no policy verdicts are recorded
+	events   *flows.EventRecorder // nil when no eBPF events are recorded
+	// nodeAddrs names the cluster's nodes by address, as reconcile last
+	// read them (for the flow records).
+	nodeAddrs atomic.Pointer[map[netip.Addr]string]
+	svcs      *services.Watcher // nil without Config.Services
+	health    *services.Health  // nil unless svcs and the kube-proxy replacement
+	underlay  *underlay.Watcher
 	// warnedCIDR is, by family, the pod CIDR a node without one at
 	// bring-up got later, once reconcile warned of it (reconcile's own).
 	warnedCIDR map[datastore.Family]netip.Prefix
@@ -149,15 +155,20 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
+	if cfg.FlowsBuffer > 0 {
+		a.flows = flows.NewStore(cfg.FlowsBuffer)
+	}
 	if cfg.Policy != nil {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
-		if cfg.FlowsBuffer > 0 && cfg.Datapath.PolicyLogGroup != 0 {
-			a.flows = flows.NewStore(cfg.FlowsBuffer)
+		if a.flows != nil && cfg.Datapath.PolicyLogGroup != 0 {
 			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
 			cfg.Policy.OnChange(a.recorder.PodsChanged)
 		}
 	} else {
 		slog.Warn("network policy " + policy.NeedsKubernetes)
+	}
+	if a.flows != nil && cfg.Datapath.FlowEvents > 0 {
+		a.events = flows.NewEventRecorder(a.flows, cfg.NodeName, a.flowResolver())
 	}
 	if cfg.Services != nil {
 		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
@@ -257,6 +268,9 @@ func (a *Agent) runners() []func(context.Context) {
 	if a.recorder != nil {
 		rs = append(rs, a.recordFlows)
 	}
+	if a.events != nil {
+		rs = append(rs, a.recordEvents)
+	}
 	if a.svcs != nil {
 		rs = append(rs, a.svcs.Run)
 	}
@@ -291,6 +305,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	if err != nil {
 		return err
 	}
+	a.noteNodes(nodes)
 	var self *datastore.Node
 	for i := range nodes {
 		if nodes[i].Name == a.cfg.NodeName {

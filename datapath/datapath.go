@@ -58,6 +58,9 @@ type Config struct {
 	// PolicyLogGroup is the NFLOG group the policy table logs the packets
 	// it drops to (agent/flows reads it); 0: it logs nothing.
 	PolicyLogGroup uint16
+	// FlowEvents is the eBPF programs' flow events' budget: of each class,
+	// on each CPU, per second on average (include/flows.h); 0: none.
+	FlowEvents uint32
 	// Cgroup is the cgroup v2 directory the services and bypass programs
 	// attach to ("" = the highest one mounted, mounting a cgroup2
 	// hierarchy where none is; bpf.ResolveCgroup).

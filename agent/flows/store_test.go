@@ -47,10 +47,10 @@ func TestStoreKeepsTheLast(t *testing.T) {
 			t.Errorf("filter %+v: %s, want %s", c.f, got, c.want)
 		}
 	}
-	if _, err := ParseFilter("nons", "", "", time.Time{}); err == nil {
+	if _, err := ParseFilter("nons", "", "", "", time.Time{}); err == nil {
 		t.Error("pod without a namespace accepted")
 	}
-	if _, err := ParseFilter("", "", "allowed", time.Time{}); err == nil {
+	if _, err := ParseFilter("", "", "allowed", "", time.Time{}); err == nil {
 		t.Error("verdict allowed accepted: no record has it yet")
 	}
 }

@@ -18,9 +18,11 @@ import (
 func flowsCommand(o *options) *cobra.Command {
 	req := &apiv1.GetFlowsRequest{}
 	var since time.Duration
-	c := &cobra.Command{Use: "flows", Short: "Flow records: the packets policy denied on this node, with both ends and the policies (docs/observability.md)",
+	c := &cobra.Command{Use: "flows", Short: "Flow records: what policy and the eBPF programs did with flows on this node (docs/observability.md)",
 		Long: "Flow records of this node, oldest first: each packet a pod's NetworkPolicy denied (at most 3 at once and then\n" +
-			"1 a second per connection), with both ends as namespace/pod where known and the policies that isolate the pod.\n" +
+			"1 a second per connection), with both ends as namespace/pod where known and the policies that isolate the pod;\n" +
+			"and the eBPF programs' events: drops by reason, Service translations (with the backend chosen), refusals,\n" +
+			"fast-path open and learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -39,7 +41,8 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, dropped, refused, translated, cached")
+	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c
 }
@@ -76,8 +79,28 @@ func flowLine(r *apiv1.FlowRecord) string {
 	if r.Event == "lost" {
 		return fmt.Sprintf("%s %s LOST %s", t, r.Node, r.Reason)
 	}
-	return fmt.Sprintf("%s %s %s %s %s %s → %s: %s", t, r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Protocol,
-		endpoint(r.Source), endpoint(r.Destination), r.Reason)
+	if r.Event == "policy" {
+		return fmt.Sprintf("%s %s %s %s %s %s → %s: %s", t, r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Protocol,
+			endpoint(r.Source), endpoint(r.Destination), r.Reason)
+	}
+	// The eBPF programs': the event and path for the direction, the third
+	// end after the destination.
+	line := fmt.Sprintf("%s %s %s %s %s %s %s → %s", t, r.Node, strings.ToUpper(r.Verdict), r.Event, r.Path, r.Protocol,
+		endpoint(r.Source), endpoint(r.Destination))
+	if r.Translated != nil {
+		via := " ⇒ "
+		if r.Event == "drop" {
+			via = " from " // the node that sent the frame
+		}
+		line += via + endpoint(r.Translated)
+	}
+	if r.Reason != "" {
+		line += ": " + r.Reason
+	}
+	if r.Suppressed > 0 {
+		line += fmt.Sprintf(" (+%d suppressed)", r.Suppressed)
+	}
+	return line
 }
 
 func endpoint(e *apiv1.FlowEndpoint) string {
@@ -85,8 +108,16 @@ func endpoint(e *apiv1.FlowEndpoint) string {
 	if e.Port != 0 {
 		addr = net.JoinHostPort(e.Ip, fmt.Sprint(e.Port))
 	}
-	if e.Kind == "pod" {
+	switch e.Kind {
+	case "pod":
 		return fmt.Sprintf("%s/%s (%s)", e.Namespace, e.Name, addr)
+	case "service":
+		return fmt.Sprintf("service %s/%s (%s)", e.Namespace, e.Name, addr)
+	case "node":
+		if e.Ip == "" {
+			return "node " + e.Name // a socket call from the node's host
+		}
+		return fmt.Sprintf("node %s (%s)", e.Name, addr)
 	}
 	return addr
 }

@@ -24,8 +24,11 @@ func EventConstants(perSecond uint32) map[string]any {
 // the objects' BTF so they never drift from the C.
 type EventNames struct {
 	Classes []string // by enum onc_ev_class: drop, open, learn, ...
-	// Reasons are, by enum onc_ev_table, the counter names of that
-	// table's enum: a drop's reason is the counter it counted in.
+	// Tables are, by enum onc_ev_table, the names of the counters enums
+	// a reason may be a value of (onc_stat, lb_uplink_stat, ...); Reasons
+	// the counter names of each: a drop's reason is the counter it counted
+	// in.
+	Tables  []string
 	Reasons [][]string
 }
 
@@ -62,11 +65,10 @@ func LoadEventNames() (*EventNames, error) {
 	if n.Classes, err = enumNames(classes, len(classes.Values)-1, "EV_"); err != nil { // less EV_CLASS_MAX
 		return nil, err
 	}
-	tableNames, err := enumNames(tables, len(tables.Values), "EV_TABLE_")
-	if err != nil {
+	if n.Tables, err = enumNames(tables, len(tables.Values), "EV_TABLE_"); err != nil {
 		return nil, err
 	}
-	for _, name := range tableNames {
+	for _, name := range n.Tables {
 		e, err := find(name)
 		if err != nil {
 			return nil, err
@@ -88,6 +90,14 @@ func (n *EventNames) Reason(table uint8, reason uint16) string {
 		return n.Reasons[table][reason]
 	}
 	return fmt.Sprintf("reason %d of table %d", reason, table)
+}
+
+// Table names table, or "" for one unknown.
+func (n *EventNames) Table(table uint8) string {
+	if int(table) < len(n.Tables) {
+		return n.Tables[table]
+	}
+	return ""
 }
 
 // Class names class, or says it has no name.

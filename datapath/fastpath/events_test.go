@@ -102,7 +102,7 @@ func TestGuardDropEmitsOneEventPerFlow(t *testing.T) {
 		t.Fatalf("%d events for one flow dropped three times, want 1: %+v", len(evs), evs)
 	}
 	e := evs[0]
-	want := dpflows.Event{Class: "drop", Reason: "overlay_drop_inner_source", Proto: unix.IPPROTO_TCP,
+	want := dpflows.Event{Class: "drop", Reason: "overlay_drop_inner_source", Counters: "onc_stat", Proto: unix.IPPROTO_TCP,
 		Src: netip.AddrPortFrom(otherPod, 80), Dst: netip.AddrPortFrom(localPod, 40000), Via: netip.AddrPortFrom(peerNode, 0), Ifindex: loIndex}
 	got := e
 	got.Time = time.Time{}

@@ -22,7 +22,11 @@ type Event struct {
 	Class string // drop, open, learn, translate, uplink, refuse (enum onc_ev_class)
 	// Reason is, for a drop or a refusal, the counter it counted in
 	// (overlay_drop_inner_source, connect_refused, ...).
-	Reason   string
+	Reason string
+	// Counters is the counters enum of a drop's reason: onc_stat (the
+	// fast path), lb_stat or lb6_stat (the socket LB), lb_uplink_stat,
+	// lb6_uplink_stat or lb_dsr_stat (the uplink LB).
+	Counters string
 	Proto    uint8
 	Src, Dst netip.AddrPort
 	// Via is the third end, if any: the backend chosen (translate,
@@ -71,6 +75,7 @@ func DecodeEvent(raw []byte, names *bpf.EventNames, ts func(mono uint64) time.Ti
 	}
 	if e.Class == "drop" || e.Class == "refuse" {
 		e.Reason = names.Reason(raw[evTable], le.Uint16(raw[evReason:]))
+		e.Counters = names.Table(raw[evTable])
 	}
 	fam := raw[evFamily]
 	e.Src = addrPort(fam, raw[evSaddr:evSaddr+16], raw[evSport:])

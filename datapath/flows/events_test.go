@@ -74,7 +74,7 @@ func TestDecodeEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Event{Time: time.Unix(0, 5), Class: "drop", Reason: "overlay_drop_inner_source", Proto: 6,
+	want := Event{Time: time.Unix(0, 5), Class: "drop", Reason: "overlay_drop_inner_source", Counters: "onc_stat", Proto: 6,
 		Src: netip.MustParseAddrPort("10.244.9.3:80"), Dst: netip.MustParseAddrPort("10.244.1.2:40000"),
 		Via: netip.MustParseAddrPort("[2001:db8::2]:0"), Suppressed: 7}
 	if e != want {
