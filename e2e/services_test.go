@@ -37,7 +37,8 @@ import (
 //
 // Three backend pods (one on node 0, two on node 1) serve TCP on a named
 // port and UDP, each answering with its own name; clients are a pod on
-// each node and node 0's host.
+// each node and node 0's host. FlowEvents (e2e/flow_events_test.go)
+// checks the eBPF programs' flow records.
 func TestServices(t *testing.T) {
 	c := newServiceCluster(t)
 	t.Run("SpreadTCP", c.spreadTCP)
@@ -46,6 +47,7 @@ func TestServices(t *testing.T) {
 	t.Run("ScaleDown", c.scaleDown)
 	t.Run("NoEndpointsRefused", c.noEndpoints)
 	t.Run("FastPathCarriesServiceTraffic", c.fastPath)
+	t.Run("FlowEvents", c.flowEvents)
 	t.Run("Onctl", c.onctl)
 	t.Run("Modes", c.modes)
 }
