@@ -8,6 +8,8 @@ package fastpath
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -186,5 +188,36 @@ func TestOpenAndLearnEvents(t *testing.T) {
 	if len(evs) != 1 || evs[0].Class != "learn" || evs[0].Proto != unix.IPPROTO_UDP ||
 		evs[0].Src != netip.AddrPortFrom(localPod, 40000) || evs[0].Dst != netip.AddrPortFrom(remotePod, 53) {
 		t.Fatalf("learn events %+v, want one from %s:40000 to %s:53", evs, localPod, remotePod)
+	}
+}
+
+// An agent of a version without flow events left pins without their maps:
+// the upgrade adopts the others (the learned flows stay) and creates the
+// events' beside them.
+func TestUpgradeAddsTheFlowEventMaps(t *testing.T) {
+	old := open(t)
+	established(t, old)
+	testutil.Must(t, old.Close())
+	events := []string{bpf.FastpathMapOncEvents, bpf.FastpathMapOncEvSlots, bpf.FastpathMapOncEvSeen, bpf.FastpathMapOncEvStats}
+	for _, m := range events {
+		testutil.Must(t, os.Remove(filepath.Join(old.opts.PinDir, m)))
+	}
+	o := old.opts
+	o.EventsPerSecond = 1000
+	d, err := Open(o)
+	testutil.Must(t, err)
+	t.Cleanup(func() { d.Close() })
+	if flows, err := d.Flows(); err != nil || len(flows) != 1 {
+		t.Fatalf("flows %v (%v) after the upgrade, want the learned one adopted", flows, err)
+	}
+	for _, m := range events {
+		if _, err := os.Stat(filepath.Join(o.PinDir, m)); err != nil {
+			t.Fatalf("%s not pinned after the upgrade: %v", m, err)
+		}
+	}
+	ch := readEvents(t, d)
+	run(t, d.progs.OncIngressFast, vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1), 0)
+	if evs := collect(ch); len(evs) != 1 || evs[0].Reason != "overlay_drop_inner_source" {
+		t.Fatalf("events after the upgrade: %+v, want the guard's drop", evs)
 	}
 }
