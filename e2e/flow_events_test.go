@@ -24,18 +24,7 @@ import (
 func (c *serviceCluster) flowEvents(t *testing.T) {
 	remote, client, node := c.backends[1], c.clients[0], c.l.Nodes[0] // remote on node 1
 	vip := c.service(t, "events", false, remote)
-	var conn net.Conn
-	if err := lab.InNetns(client.Netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(vip, 80).String(), 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	greeting := make([]byte, len(remote.Name))
-	if _, err := conn.Read(greeting); err != nil || string(greeting) != remote.Name {
-		t.Fatalf("greeting %q, %v", greeting, err)
-	}
+	conn := dialGreeted(t, client, vip, remote)
 	if err := rr(conn, 20); err != nil { // the flow is learned both ways
 		t.Fatal(err)
 	}

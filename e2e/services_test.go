@@ -421,18 +421,7 @@ func (c *serviceCluster) fastPath(t *testing.T) {
 	vip := c.service(t, "remote", false, remote)
 	node := c.l.Nodes[0]
 	before := settled(t, node)
-	var conn net.Conn
-	if err := lab.InNetns(c.clients[0].Netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(vip, 80).String(), 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	greeting := make([]byte, len(remote.Name))
-	if _, err := io.ReadFull(conn, greeting); err != nil || string(greeting) != remote.Name {
-		t.Fatalf("greeting %q, %v", greeting, err)
-	}
+	conn := dialGreeted(t, c.clients[0], vip, remote)
 	const exchanges = 200
 	if err := rr(conn, exchanges); err != nil {
 		t.Fatal(err)
@@ -448,6 +437,25 @@ func (c *serviceCluster) fastPath(t *testing.T) {
 		t.Fatalf("egress_miss_no_peer rose from %d to %d: packets to the ClusterIP reached the egress program",
 			before["egress_miss_no_peer"], after["egress_miss_no_peer"])
 	}
+}
+
+// dialGreeted connects client to vip:80, a Service of the one backend,
+// and reads its greeting; the test's end closes the connection.
+func dialGreeted(t *testing.T, client *lab.Pod, vip netip.Addr, backend *lab.Pod) net.Conn {
+	t.Helper()
+	var conn net.Conn
+	if err := lab.InNetns(client.Netns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(vip, 80).String(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	greeting := make([]byte, len(backend.Name))
+	if _, err := io.ReadFull(conn, greeting); err != nil || string(greeting) != backend.Name {
+		t.Fatalf("greeting %q, %v", greeting, err)
+	}
+	return conn
 }
 
 // onctl services shows the table with backends (pod, node), counters and

@@ -6,7 +6,6 @@ package fastpath
 // back from the ring as the agent reads them.
 
 import (
-	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,56 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/onc-net/onc/datapath/bpf"
+	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	dpflows "github.com/onc-net/onc/datapath/flows"
 	"github.com/onc-net/onc/internal/testutil"
 )
 
-// readEvents reads d's ring until ctx of the test ends; events arrive on
-// the channel.
-func readEvents(t *testing.T, d *Datapath) <-chan dpflows.Event {
-	t.Helper()
-	names, err := bpf.LoadEventNames()
-	testutil.Must(t, err)
-	rd, err := dpflows.OpenEvents(d.Events(), names)
-	testutil.Must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan dpflows.Event, 1024)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = rd.Run(ctx, func(e dpflows.Event) { ch <- e })
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return ch
-}
-
-// collect is the events that arrive within a reader's poll deadline and a
-// margin.
-func collect(ch <-chan dpflows.Event) []dpflows.Event {
-	var out []dpflows.Event
-	deadline := time.After(300 * time.Millisecond)
-	for {
-		select {
-		case e := <-ch:
-			out = append(out, e)
-		case <-deadline:
-			return out
-		}
-	}
-}
-
-func evStat(t *testing.T, d *Datapath, name string) uint64 {
-	t.Helper()
-	st, err := d.EventStats()
-	testutil.Must(t, err)
-	for _, s := range st {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	t.Fatalf("no flow event counter %s", name)
-	return 0
-}
+func evStat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.EventStats, name) }
 
 // onOneCPU keeps the test's thread on one CPU: the budget is per CPU.
 func onOneCPU(t *testing.T) {
@@ -90,7 +45,7 @@ func onOneCPU(t *testing.T) {
 func TestGuardDropEmitsOneEventPerFlow(t *testing.T) {
 	d := openWith(t, Options{EventsPerSecond: 1000})
 	established(t, d)
-	ch := readEvents(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
 	forged := func(sport uint16) []byte {
 		return vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, sport, 40000, 0, 10), peerNode, localNode, 1)
 	}
@@ -99,7 +54,7 @@ func TestGuardDropEmitsOneEventPerFlow(t *testing.T) {
 			t.Fatalf("verdict %d: the guard let a forged inner source on", ret)
 		}
 	}
-	evs := collect(ch)
+	evs := ev.Collect("")
 	if len(evs) != 1 {
 		t.Fatalf("%d events for one flow dropped three times, want 1: %+v", len(evs), evs)
 	}
@@ -118,7 +73,7 @@ func TestGuardDropEmitsOneEventPerFlow(t *testing.T) {
 		t.Errorf("deduped %d, want 2", n)
 	}
 	run(t, d.progs.OncIngressFast, forged(81), 0)
-	if evs := collect(ch); len(evs) != 1 || evs[0].Src.Port() != 81 {
+	if evs := ev.Collect(""); len(evs) != 1 || evs[0].Src.Port() != 81 {
 		t.Fatalf("another flow's drop: %+v, want one event from port 81", evs)
 	}
 }
@@ -130,14 +85,14 @@ func TestEventBudgetSuppressesAndCounts(t *testing.T) {
 	const rate, burst, extra = 1, 2, 5 // EventConstants: the burst is twice the rate
 	d := openWith(t, Options{EventsPerSecond: rate})
 	established(t, d)
-	ch := readEvents(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
 	forged := func(sport uint16) []byte {
 		return vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, sport, 40000, 0, 10), peerNode, localNode, 1)
 	}
 	for i := range burst + extra {
 		run(t, d.progs.OncIngressFast, forged(uint16(1000+i)), 0) // a flow each: no dedupe
 	}
-	if evs := collect(ch); len(evs) != burst {
+	if evs := ev.Collect(""); len(evs) != burst {
 		t.Fatalf("%d events of %d drops, want the burst of %d", len(evs), burst+extra, burst)
 	}
 	if n := evStat(t, d, "suppressed"); n != extra {
@@ -145,7 +100,7 @@ func TestEventBudgetSuppressesAndCounts(t *testing.T) {
 	}
 	time.Sleep(time.Second / rate * 3 / 2) // a token back
 	run(t, d.progs.OncIngressFast, forged(2000), 0)
-	evs := collect(ch)
+	evs := ev.Collect("")
 	if len(evs) != 1 || evs[0].Suppressed != extra {
 		t.Fatalf("after a pause: %+v, want one event carrying suppressed %d", evs, extra)
 	}
@@ -155,9 +110,9 @@ func TestEventBudgetSuppressesAndCounts(t *testing.T) {
 func TestNoEventsWithoutABudget(t *testing.T) {
 	d := open(t)
 	established(t, d)
-	ch := readEvents(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
 	run(t, d.progs.OncIngressFast, vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1), 0)
-	if evs := collect(ch); len(evs) != 0 || evStat(t, d, "emitted") != 0 {
+	if evs := ev.Collect(""); len(evs) != 0 || evStat(t, d, "emitted") != 0 {
 		t.Fatalf("events with none asked for: %+v", evs)
 	}
 }
@@ -167,11 +122,11 @@ func TestNoEventsWithoutABudget(t *testing.T) {
 func TestOpenAndLearnEvents(t *testing.T) {
 	d := openWith(t, Options{ConnSetup: SetupEveryPod, EventsPerSecond: 1000})
 	established(t, d)
-	ch := readEvents(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
 	if ret, _ := run(t, d.progs.OncEgressFast, podSends(clientPort, 80, syn), 0); ret != actRedirect {
 		t.Fatalf("verdict %d: the SYN did not open on the fast path", ret)
 	}
-	evs := collect(ch)
+	evs := ev.Collect("")
 	if len(evs) != 1 || evs[0].Class != "open" || evs[0].Src != netip.AddrPortFrom(localPod, clientPort) || evs[0].Dst != netip.AddrPortFrom(remotePod, 80) {
 		t.Fatalf("open events %+v, want one from %s:%d to %s:80", evs, localPod, clientPort, remotePod)
 	}
@@ -179,12 +134,12 @@ func TestOpenAndLearnEvents(t *testing.T) {
 	out := vxlan(frame(vtepPeer, vtepLocal, localPod, remotePod, unix.IPPROTO_UDP, 40000, 53, 0, 10), localNode, peerNode, 1)
 	back := frame(podMAC, hostMAC, remotePod, localPod, unix.IPPROTO_UDP, 53, 40000, 0, 10)
 	run(t, d.progs.OncLearnEgress, out, mark)
-	if evs := collect(ch); len(evs) != 0 {
+	if evs := ev.Collect(""); len(evs) != 0 {
 		t.Fatalf("a flow learned one way only gave events %+v", evs)
 	}
 	run(t, d.progs.OncLearnIngress, back, mark)
 	run(t, d.progs.OncLearnIngress, back, mark) // known: nothing written
-	evs = collect(ch)
+	evs = ev.Collect("")
 	if len(evs) != 1 || evs[0].Class != "learn" || evs[0].Proto != unix.IPPROTO_UDP ||
 		evs[0].Src != netip.AddrPortFrom(localPod, 40000) || evs[0].Dst != netip.AddrPortFrom(remotePod, 53) {
 		t.Fatalf("learn events %+v, want one from %s:40000 to %s:53", evs, localPod, remotePod)
@@ -215,9 +170,9 @@ func TestUpgradeAddsTheFlowEventMaps(t *testing.T) {
 			t.Fatalf("%s not pinned after the upgrade: %v", m, err)
 		}
 	}
-	ch := readEvents(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
 	run(t, d.progs.OncIngressFast, vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1), 0)
-	if evs := collect(ch); len(evs) != 1 || evs[0].Reason != "overlay_drop_inner_source" {
+	if evs := ev.Collect(""); len(evs) != 1 || evs[0].Reason != "overlay_drop_inner_source" {
 		t.Fatalf("events after the upgrade: %+v, want the guard's drop", evs)
 	}
 }

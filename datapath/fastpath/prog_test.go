@@ -86,9 +86,12 @@ var (
 	run   = bpftest.Run
 )
 
-func stat(t *testing.T, d *Datapath, name string) uint64 {
+func stat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.Stats, name) }
+
+// counterOf is counter name of those read reads.
+func counterOf(t *testing.T, read func() ([]Stat, error), name string) uint64 {
 	t.Helper()
-	st, err := d.Stats()
+	st, err := read()
 	if err != nil {
 		t.Fatal(err)
 	}

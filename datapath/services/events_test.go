@@ -7,24 +7,20 @@ package services
 // its counter, once a second per namespace and Service.
 
 import (
-	"context"
 	"net/netip"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bpf/bpftest"
 	"github.com/onc-net/onc/datapath/fastpath"
-	dpflows "github.com/onc-net/onc/datapath/flows"
 	"github.com/onc-net/onc/internal/testutil"
 )
 
 // openLBWithEvents loads the fast path with events on and the services
-// object sharing its maps, as the agent does, attached to cgroup; the
-// events come on the channel.
-func openLBWithEvents(t *testing.T, cgroup string) (*LB, <-chan dpflows.Event) {
+// object sharing its maps, as the agent does, attached to cgroup, and
+// reads the events.
+func openLBWithEvents(t *testing.T, cgroup string) (*LB, *bpftest.Events) {
 	t.Helper()
 	dir := t.TempDir()
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
@@ -37,48 +33,19 @@ func openLBWithEvents(t *testing.T, cgroup string) (*LB, <-chan dpflows.Event) {
 	t.Cleanup(func() { lb.Close() })
 	testutil.Must(t, lb.Attach())
 
-	names, err := bpf.LoadEventNames()
-	testutil.Must(t, err)
-	rd, err := dpflows.OpenEvents(fp.Events(), names)
-	testutil.Must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan dpflows.Event, 1024)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = rd.Run(ctx, func(e dpflows.Event) { ch <- e })
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return lb, ch
-}
-
-// eventsOf is the events of class that arrive within a reader's poll
-// deadline and a margin.
-func eventsOf(ch <-chan dpflows.Event, class string) []dpflows.Event {
-	var out []dpflows.Event
-	deadline := time.After(300 * time.Millisecond)
-	for {
-		select {
-		case e := <-ch:
-			if e.Class == class {
-				out = append(out, e)
-			}
-		case <-deadline:
-			return out
-		}
-	}
+	return lb, bpftest.ReadEvents(t, fp.Events())
 }
 
 func TestTranslationEvents(t *testing.T) {
 	cg := bpftest.Cgroup(t)
-	lb, ch := openLBWithEvents(t, cg)
+	lb, ev := openLBWithEvents(t, cg)
 	b := newBed(t, cg)
 	testutil.Must(t, lb.OwnPod(b.cookie, netip.MustParseAddr("10.244.0.5"), b.path))
 	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP, backends...), service(svcPort, UDP, backends...)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 
 	res := b.client("tcp", svc, 3)
-	evs := eventsOf(ch, "translate")
+	evs := ev.Collect("translate")
 	if len(evs) != len(res) {
 		t.Fatalf("%d translate events for %d connections: %+v", len(evs), len(res), evs)
 	}
@@ -90,20 +57,20 @@ func TestTranslationEvents(t *testing.T) {
 
 	// One unconnected UDP socket sending three datagrams: one event.
 	b.client("udp3", svc, 1)
-	if evs := eventsOf(ch, "translate"); len(evs) != 1 || evs[0].Proto != unix.IPPROTO_UDP {
+	if evs := ev.Collect("translate"); len(evs) != 1 || evs[0].Proto != unix.IPPROTO_UDP {
 		t.Fatalf("a UDP socket's three datagrams gave translate events %+v, want one", evs)
 	}
 }
 
 func TestRefusalEvents(t *testing.T) {
 	cg := bpftest.Cgroup(t)
-	lb, ch := openLBWithEvents(t, cg)
+	lb, ev := openLBWithEvents(t, cg)
 	b := newBed(t, cg)
 	testutil.Must(t, lb.OwnHost(b.cookie))
 	testutil.Must(t, lb.Sync([]Service{service(svcPort, TCP)}, false))
 	svc := netip.AddrPortFrom(vip, svcPort)
 	b.client("tcp", svc, 3)
-	evs := eventsOf(ch, "refuse")
+	evs := ev.Collect("refuse")
 	if len(evs) != 1 || evs[0].Reason != "connect_refused" || evs[0].Netns != b.cookie || evs[0].Dst != svc {
 		t.Fatalf("three refused connects gave %+v, want one refuse event (connect_refused, netns %d, to %s)", evs, b.cookie, svc)
 	}
