@@ -81,7 +81,7 @@ func (a *Agent) noteNodes(nodes []datastore.Node) {
 
 // recordEvents reads the eBPF programs' flow events into records until
 // ctx ends, from when the fast path's object (which owns their ring) is
-// loaded.
+// loaded; from then on, the fast path's evictions are recorded too.
 func (a *Agent) recordEvents(ctx context.Context) {
 	names, err := bpf.LoadEventNames()
 	if err != nil {
@@ -90,6 +90,7 @@ func (a *Agent) recordEvents(ctx context.Context) {
 	}
 	for ctx.Err() == nil {
 		if fp := a.dp.Node.FastPath(); fp != nil {
+			fp.OnEvict(a.events.Evicted)
 			rd, err := dpflows.OpenEvents(fp.Events(), names)
 			if err == nil {
 				err = a.events.Run(ctx, rd)

@@ -108,6 +108,9 @@ type FastPath interface {
 	// path's and the services object's; EventStats what became of them.
 	Events() *ebpf.Map
 	EventStats() ([]fastpath.Stat, error)
+	// OnEvict has fn told of each flow a NetworkPolicy change takes off
+	// the fast path (EvictFlows).
+	OnEvict(fn func(local, remote netip.AddrPort, proto uint8))
 }
 
 func (n *Node) writeSysctl(name, val string) error { return sysctl.Write(n.cfg.ProcSys, name, val) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	dpflows "github.com/onc-net/onc/datapath/flows"
 )
@@ -21,11 +22,13 @@ const (
 	EventTranslate = "translate" // a load balancer gave a flow a backend
 	EventOpen      = "open"      // a connection opened on the fast path
 	EventLearn     = "learn"     // a flow became usable on the fast path
+	EventEvict     = "evict"     // the agent took a flow off the fast path
 
 	VerdictDropped    = "dropped"
 	VerdictRefused    = "refused"
 	VerdictTranslated = "translated"
 	VerdictCached     = "cached"
+	VerdictEvicted    = "evicted"
 
 	PathFast     = "fast"      // the fast path's programs (tc)
 	PathSocketLB = "socket-lb" // the socket LB (cgroup socket calls)
@@ -34,8 +37,8 @@ const (
 
 // Verdicts and Events are what a filter may ask for.
 var (
-	Verdicts = []string{VerdictDenied, VerdictDropped, VerdictRefused, VerdictTranslated, VerdictCached}
-	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn}
+	Verdicts = []string{VerdictDenied, VerdictDropped, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
+	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict}
 )
 
 // Resolver names the ends of the eBPF programs' events, in this order: a
@@ -51,8 +54,8 @@ type Resolver struct {
 	Service func(uplink bool, vip netip.AddrPort, proto uint8) (namespace, name string, ok bool)
 }
 
-// EventRecorder turns the eBPF programs' events (datapath/flows) into
-// records.
+// EventRecorder turns the eBPF programs' events (datapath/flows), and the
+// agent's evictions from the fast path, into records.
 type EventRecorder struct {
 	store *Store
 	node  string
@@ -103,6 +106,14 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 		return // a class of a newer object than this agent: nothing to say
 	}
 	r.store.Add(rec)
+}
+
+// Evicted records a flow a NetworkPolicy change took off the fast path
+// (datapath/fastpath EvictFlows): its next packet takes the slow path,
+// where the policy judges it.
+func (r *EventRecorder) Evicted(local, remote netip.AddrPort, proto uint8) {
+	r.store.Add(Record{Time: time.Now(), Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast,
+		Proto: proto, Src: r.endpoint(local), Dst: r.endpoint(remote), Reason: "a NetworkPolicy change revoked it"})
 }
 
 // pathOfCounters is the path whose counters a drop's reason is of.

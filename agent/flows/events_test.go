@@ -146,3 +146,18 @@ func TestEventFilters(t *testing.T) {
 		t.Error("suppressed counted with none held back")
 	}
 }
+
+// A flow a policy change took off the fast path is an evict record of
+// both pods.
+func TestEvictedRecord(t *testing.T) {
+	s := NewStore(4)
+	NewEventRecorder(s, "a", fakeResolver()).Evicted(netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(backendPod, 80), 6)
+	f, err := ParseFilter("app/web-1", "", "evicted", "evict", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.List(f)
+	if len(rs) != 1 || rs[0].Path != PathFast || rs[0].Src.Name != "client" || rs[0].Dst.Name != "web-1" || rs[0].Proto != 6 {
+		t.Fatalf("evict records %+v", rs)
+	}
+}

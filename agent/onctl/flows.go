@@ -22,7 +22,8 @@ func flowsCommand(o *options) *cobra.Command {
 		Long: "Flow records of this node, oldest first: each packet a pod's NetworkPolicy denied (at most 3 at once and then\n" +
 			"1 a second per connection), with both ends as namespace/pod where known and the policies that isolate the pod;\n" +
 			"and the eBPF programs' events: drops by reason, Service translations (with the backend chosen), refusals,\n" +
-			"fast-path open and learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded).\n" +
+			"fast-path open and learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded);\n" +
+			"and the flows a NetworkPolicy change took off the fast path (evict).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -41,8 +42,8 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, dropped, refused, translated, cached")
-	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, dropped, refused, translated, cached, evicted")
+	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn, evict")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c
 }

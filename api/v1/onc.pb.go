@@ -2901,9 +2901,9 @@ type GetFlowsRequest struct {
 	Follow        bool                   `protobuf:"varint,1,opt,name=follow,proto3" json:"follow,omitempty"`
 	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`                                             // namespace/name: records with that pod at either end
 	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`                                 // records with a pod of that namespace at either end
-	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied, dropped, refused, translated, cached
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied, dropped, refused, translated, cached, evicted
 	SinceUnixNano int64                  `protobuf:"varint,5,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"` // records from then on
-	Event         string                 `protobuf:"bytes,15,opt,name=event,proto3" json:"event,omitempty"`                                        // records of that event: policy, drop, refuse, translate, open, learn
+	Event         string                 `protobuf:"bytes,15,opt,name=event,proto3" json:"event,omitempty"`                                        // records of that event: policy, drop, refuse, translate, open, learn, evict
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3076,9 +3076,9 @@ type FlowRecord struct {
 	// policy: a policy verdict on a packet; lost: records this reader did
 	// not get, being too slow (reason says how many). From the eBPF
 	// programs (docs/observability.md): drop, refuse, translate, open,
-	// learn.
+	// learn; from the agent: evict.
 	Event       string        `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
-	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`     // denied, dropped, refused, translated, cached
+	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`     // denied, dropped, refused, translated, cached, evicted
 	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the pod whose policy decided
 	Protocol    string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
 	Source      *FlowEndpoint `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`

@@ -100,6 +100,9 @@ type Datapath struct {
 	senders6U6 mirror[sender6U6Key, senderVal] // onc_senders6_u6 as SyncSenders last wrote it
 	open       mirror[uint32, uint8]           // onc_open as SetOpen or NarrowOpen last wrote it
 	open6      mirror[addr6, uint8]            // onc_open6 as SetOpen or NarrowOpen last wrote it
+	// onEvict, if set, is told of each flow EvictFlows takes off the fast
+	// path (the flow records, agent/flows); under mu.
+	onEvict func(local, remote netip.AddrPort, proto uint8)
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -447,12 +450,28 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 			}
 			return verdicts[e]
 		}
-		evicted := func(e flowEnds, v FlowVal) bool { return verdict(e, v) == Evict }
+		evicted := func(e flowEnds, v FlowVal) bool {
+			if verdict(e, v) != Evict {
+				return false
+			}
+			if d.onEvict != nil {
+				d.onEvict(e.local, e.remote, e.proto)
+			}
+			return true
+		}
 		return errors.Join(
 			d.handOver(func(e flowEnds, v FlowVal) bool { return verdict(e, v) == HandOver }),
 			forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, evicted),
 			forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, evicted))
 	})
+}
+
+// OnEvict has fn told of each flow EvictFlows takes off the fast path, by
+// its local and remote ends, from the next eviction on.
+func (d *Datapath) OnEvict(fn func(local, remote netip.AddrPort, proto uint8)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.onEvict = fn
 }
 
 // openedConns are the connections of the flows of filter that match,
