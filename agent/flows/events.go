@@ -3,6 +3,7 @@ package flows
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,13 +62,25 @@ type EventRecorder struct {
 	node  string
 	res   Resolver
 	// suppressed is how many events the programs' budget held back, as the
-	// events that came after them said.
+	// events that came after them said, and evict records held back.
 	suppressed atomic.Uint64
+
+	now func() time.Time
+	mu  sync.Mutex
+	// The evict records of the second from evictSince: evicts made,
+	// evictHeld held back since the last one made.
+	evictSince        time.Time
+	evicts, evictHeld uint32
 }
+
+// evictsPerSecond bounds the evict records: one policy change may take
+// thousands of flows off the fast path, which would push every other
+// record out of the buffer.
+const evictsPerSecond = 100
 
 // NewEventRecorder records into store for node.
 func NewEventRecorder(store *Store, node string, res Resolver) *EventRecorder {
-	return &EventRecorder{store: store, node: node, res: res}
+	return &EventRecorder{store: store, node: node, res: res, now: time.Now}
 }
 
 // Suppressed is how many events the programs held back, as far as the
@@ -110,9 +123,25 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 
 // Evicted records a flow a NetworkPolicy change took off the fast path
 // (datapath/fastpath EvictFlows): its next packet takes the slow path,
-// where the policy judges it.
+// where the policy judges it. Past evictsPerSecond records a second, it
+// counts instead, in the next record's Suppressed.
 func (r *EventRecorder) Evicted(local, remote netip.AddrPort, proto uint8) {
-	r.store.Add(Record{Time: time.Now(), Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast,
+	now := r.now()
+	r.mu.Lock()
+	if now.Sub(r.evictSince) >= time.Second {
+		r.evictSince, r.evicts = now, 0
+	}
+	if r.evicts >= evictsPerSecond {
+		r.evictHeld++
+		r.mu.Unlock()
+		r.suppressed.Add(1)
+		return
+	}
+	r.evicts++
+	held := r.evictHeld
+	r.evictHeld = 0
+	r.mu.Unlock()
+	r.store.Add(Record{Time: now, Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast, Suppressed: held,
 		Proto: proto, Src: r.endpoint(local), Dst: r.endpoint(remote), Reason: "a NetworkPolicy change revoked it"})
 }
 

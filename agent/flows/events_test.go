@@ -161,3 +161,24 @@ func TestEvictedRecord(t *testing.T) {
 		t.Fatalf("evict records %+v", rs)
 	}
 }
+
+// One policy change evicting many flows makes at most evictsPerSecond
+// records a second; the next says how many were held back.
+func TestEvictRecordsAreBounded(t *testing.T) {
+	s := NewStore(1024)
+	r := NewEventRecorder(s, "a", Resolver{})
+	now := time.Unix(100, 0)
+	r.now = func() time.Time { return now }
+	for i := range evictsPerSecond + 50 {
+		r.Evicted(netip.AddrPortFrom(clientPod, uint16(i)), netip.AddrPortFrom(backendPod, 80), 6)
+	}
+	if n := len(s.List(Filter{})); n != evictsPerSecond || r.Suppressed() != 50 {
+		t.Fatalf("%d records, %d suppressed; want %d and 50", n, r.Suppressed(), evictsPerSecond)
+	}
+	now = now.Add(time.Second)
+	r.Evicted(netip.AddrPortFrom(clientPod, 1), netip.AddrPortFrom(backendPod, 80), 6)
+	rs := s.List(Filter{})
+	if len(rs) != evictsPerSecond+1 || rs[len(rs)-1].Suppressed != 50 {
+		t.Fatalf("a second later: %d records, the last %+v; want it to carry suppressed 50", len(rs), rs[len(rs)-1])
+	}
+}
