@@ -17,6 +17,13 @@ KUBE_VERSION := $(shell awk '$$1=="require" && $$2=="k8s.io/kubernetes" {print $
 KUBE_BIN ?= /var/cache/onc/kube/$(KUBE_VERSION)
 export ONC_KUBE_BIN := $(KUBE_BIN)
 export ONC_FLANNEL_BIN := $(GOBIN_TOOLS)/flannel
+# The OpenTelemetry Collector the flow export's lab test sends to, built
+# from e2e/otelcol (its go.mod pins the release) into a cache keyed by the
+# release and the module's files.
+OTELCOL_VERSION := $(shell awk '$$1=="go.opentelemetry.io/collector/otelcol" {print $$2}' e2e/otelcol/go.mod)
+OTELCOL_KEY := $(shell cat e2e/otelcol/go.mod e2e/otelcol/go.sum e2e/otelcol/main.go | sha256sum | cut -c1-12)
+OTELCOL_BIN ?= /var/cache/onc/otelcol/$(OTELCOL_VERSION)-$(OTELCOL_KEY)
+export ONC_OTELCOL_BIN := $(OTELCOL_BIN)/otelcol
 
 all: build
 
@@ -24,9 +31,12 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 
-# Debian packages the lab and the tests use (root; run once per machine).
+# Debian packages the lab and the tests use (root; run once per machine),
+# and the OpenTelemetry Collector of the flow export's test (first build
+# several minutes).
 prereqs:
 	./hack/prereqs.sh
+	./hack/otelcol-build.sh $(OTELCOL_BIN)
 
 # Brings up the local lab (3 nodes, 2 pods each, embedded etcd), prints its
 # connectivity matrix and what the fast path did with the matrix's traffic

@@ -74,6 +74,8 @@ type Config struct {
 	// read from Datapath.PolicyLogGroup (with Policy) and the eBPF
 	// programs' events (Datapath.FlowEvents); 0: none.
 	FlowsBuffer int
+	// FlowsExport is where the flow records are exported to, as they come.
+	FlowsExport flows.ExportConfig
 }
 
 // PodPhases looks up a pod of this node in the Kubernetes API: its phase,
@@ -102,6 +104,7 @@ type Agent struct {
 	flows    *flows.Store         // nil when no flows are recorded
 	recorder *flows.Recorder      // nil when no policy verdicts are recorded
 	events   *flows.EventRecorder // nil when no eBPF events are recorded
+	exports  []*flows.Exporter    // of the records, as they come
 	// nodeAddrs names the cluster's nodes by address, as reconcile last
 	// read them (for the flow records).
 	nodeAddrs atomic.Pointer[map[netip.Addr]string]
@@ -157,11 +160,16 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
 	if cfg.FlowsBuffer > 0 {
 		a.flows = flows.NewStore(cfg.FlowsBuffer)
+		if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
+			return nil, fmt.Errorf("flow export: %w", err)
+		}
+	} else if cfg.FlowsExport.File != "" || cfg.FlowsExport.OTLP != "" {
+		slog.Warn("flow export: nothing to export: " + flows.NotRecording)
 	}
 	if cfg.Policy != nil {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
 		if a.flows != nil && cfg.Datapath.PolicyLogGroup != 0 {
-			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
+			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, dp.Policy.Logged, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
 			cfg.Policy.OnChange(a.recorder.PodsChanged)
 		}
 	} else {
@@ -270,6 +278,9 @@ func (a *Agent) runners() []func(context.Context) {
 	}
 	if a.events != nil {
 		rs = append(rs, a.recordEvents)
+	}
+	for _, e := range a.exports {
+		rs = append(rs, e.Run)
 	}
 	if a.svcs != nil {
 		rs = append(rs, a.svcs.Run)

@@ -52,6 +52,12 @@ var (
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
+	descPolicyDenied = prometheus.NewDesc("onc_policy_denied_packets_total",
+		"Packets the rules of this node's pods denied (each retransmission counts), by namespace and name of each policy isolating the pod in that direction, and direction: a packet counts once for each such policy. A series goes when its policy isolates no pod of this node.",
+		[]string{"namespace", "policy", "direction"}, nil)
+	descPolicyDropped = prometheus.NewDesc("onc_policy_dropped_packets_total",
+		"Packets the policy table dropped before any pod's rules, by reason: spoof (from a pod, with a source address not its own), invalid (conntrack state invalid, to or from a pod), nosyn (a new TCP connection without a SYN, to or from an isolated pod).",
+		[]string{"reason"}, nil)
 	descServicesTranslations = prometheus.NewDesc("onc_services_translations_total",
 		"Calls whose ClusterIP the socket load balancer translated to a backend, by hook (connect, sendmsg; connect6, sendmsg6 for AF_INET6 sockets).",
 		[]string{"hook"}, nil)
@@ -77,6 +83,12 @@ var (
 		[]string{"outcome"}, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
+	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
+		"Flow records the export delivered, by exporter: file (JSON lines, or stdout), otlp (accepted by the OTLP receiver).",
+		[]string{"exporter"}, nil)
+	descFlowsExportLost = prometheus.NewDesc("onc_flows_export_lost_total",
+		"Flow records the export lost, by exporter (file, otlp) and reason: queue_full (the exporter fell behind by a full queue of 4096), failed (the write failed, or the receiver refused them or stayed unavailable through 30 s of retries).",
+		[]string{"exporter", "reason"}, nil)
 	descBypassMessages = prometheus.NewDesc("onc_bypass_redirected_messages_total",
 		"Messages the intra-node bypass queued straight onto the peer socket.", nil, nil)
 	descBypassBytes = prometheus.NewDesc("onc_bypass_redirected_bytes_total",
@@ -105,6 +117,7 @@ type agentMetrics struct {
 	cniDuration  *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
 	policy       sums[string, int] // by pod, of policySeries
+	denied       deniedByPolicy
 	services     sums[dpservices.Key, frontendSeries]
 	// registeredPeers is how many other nodes the peer watcher's last
 	// reconcile read from the datastore.
@@ -179,7 +192,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks} {
+		descPolicy, descPolicyDenied, descPolicyDropped, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -228,9 +241,9 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if a.policy != nil {
-		if pods, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
-			byPod := make(map[string]map[int]uint64, len(pods))
-			for pod, c := range pods {
+		if counts, err := a.dp.Policy.Counters(); m.ok(sourcePolicy, err) {
+			byPod := make(map[string]map[int]uint64, len(counts.Pods))
+			for pod, c := range counts.Pods {
 				byPod[pod] = map[int]uint64{}
 				for i, s := range policySeries {
 					byPod[pod][i] = s.of(c)
@@ -240,6 +253,12 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			for i, s := range policySeries {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
 			}
+			for s, v := range m.denied.add(a.policy.Enforced(), counts.Pods) {
+				ch <- prometheus.MustNewConstMetric(descPolicyDenied, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction)
+			}
+			for why, v := range counts.Drops {
+				ch <- prometheus.MustNewConstMetric(descPolicyDropped, prometheus.CounterValue, float64(v), why)
+			}
 		}
 	}
 	if a.flows != nil {
@@ -247,6 +266,12 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if a.recorder != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
+	}
+	for _, e := range a.exports {
+		ch <- prometheus.MustNewConstMetric(descFlowsExported, prometheus.CounterValue, float64(e.Exported()), e.Name)
+		for reason, n := range e.Lost() {
+			ch <- prometheus.MustNewConstMetric(descFlowsExportLost, prometheus.CounterValue, float64(n), e.Name, reason)
+		}
 	}
 	m.scrapeErrors.Collect(ch)
 }
@@ -361,6 +386,68 @@ var policySeries = [4]struct {
 	{"ingress", "denied", func(c policy.Counters) uint64 { return c.IngressDenied }},
 	{"egress", "allowed", func(c policy.Counters) uint64 { return c.EgressAllowed }},
 	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
+}
+
+// deniedByPolicy sums the pods' denied packets into
+// onc_policy_denied_packets_total: what a pod's counter grew by since the
+// scrape before counts for each policy isolating it in that direction
+// now (at the first sight of a pod, its whole count). A series is kept
+// while its policy isolates a pod of this node; if it comes back, it
+// starts again from 0 (a counter reset).
+type deniedByPolicy struct {
+	mu     sync.Mutex
+	last   map[podDirection]uint64 // each pod's counters at the scrape before
+	totals map[deniedSeries]uint64
+}
+
+type podDirection struct {
+	pod     string
+	ingress bool
+}
+
+// deniedSeries is a series of onc_policy_denied_packets_total.
+type deniedSeries struct{ namespace, policy, direction string }
+
+// add sums the counters of the pods of rs, the ruleset enforced, and
+// returns the totals.
+func (d *deniedByPolicy) add(rs policy.Ruleset, pods map[string]policy.Counters) map[deniedSeries]uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.totals == nil {
+		d.totals = map[deniedSeries]uint64{}
+	}
+	last := make(map[podDirection]uint64, 2*len(pods))
+	live := map[deniedSeries]bool{}
+	for _, p := range rs.Pods {
+		c, ok := pods[p.Key]
+		if !ok {
+			continue
+		}
+		for _, dir := range []struct {
+			name  string
+			rules *policy.Direction
+			now   uint64
+		}{{"ingress", p.Ingress, c.IngressDenied}, {"egress", p.Egress, c.EgressDenied}} {
+			key := podDirection{p.Key, dir.name == "ingress"}
+			last[key] = dir.now
+			if dir.rules == nil {
+				continue
+			}
+			grew := dir.now
+			if was, ok := d.last[key]; ok && was <= dir.now {
+				grew = dir.now - was
+			}
+			for _, pol := range dir.rules.Policies {
+				ns, name, _ := strings.Cut(pol, "/")
+				s := deniedSeries{ns, name, dir.name}
+				live[s] = true
+				d.totals[s] += grew
+			}
+		}
+	}
+	d.last = last
+	maps.DeleteFunc(d.totals, func(s deniedSeries, _ uint64) bool { return !live[s] })
+	return maps.Clone(d.totals)
 }
 
 // frontendSeries is a series of onc_services_frontend_connections_total.

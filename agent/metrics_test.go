@@ -9,17 +9,22 @@ import (
 	"errors"
 	"maps"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/onc-net/onc/agent/flows"
+	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
+	dppolicy "github.com/onc-net/onc/datapath/policy"
 	"github.com/onc-net/onc/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -312,4 +317,66 @@ func TestServeMetrics(t *testing.T) {
 	if err := ta.ServeMetrics(t.Context(), st.MetricsAddr); err == nil {
 		t.Fatal("a second server on the same address started")
 	}
+}
+
+// The export's counters, by exporter and reason.
+func TestMetricsCountTheExport(t *testing.T) {
+	ta := newTestAgent(t)
+	store := flows.NewStore(4)
+	exports, err := flows.NewExporters(store, flows.ExportConfig{File: filepath.Join(t.TempDir(), "flows.jsonl")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta.exports = exports
+	go exports[0].Run(t.Context())
+	store.Add(flows.Record{Time: time.Now(), Event: flows.EventPolicy})
+	testutil.WaitFor(t, "the record exported", 5*time.Second, func() bool { return exports[0].Exported() == 1 })
+	mfs := ta.scrape(t)
+	want(t, mfs, "onc_flows_exported_total", 1, "exporter", "file")
+	want(t, mfs, "onc_flows_export_lost_total", 0, "exporter", "file", "reason", "queue_full")
+	want(t, mfs, "onc_flows_export_lost_total", 0, "exporter", "file", "reason", "failed")
+}
+
+// Denied packets count for each policy isolating the pod in that
+// direction when scraped, from what the pod's counter grew by since the
+// scrape before: a policy that comes later does not inherit the pod's
+// earlier denials, and a series goes with the last pod its policy
+// isolates.
+func TestDeniedByPolicy(t *testing.T) {
+	var d deniedByPolicy
+	in := func(policies ...string) *dppolicy.Direction { return &dppolicy.Direction{Policies: policies} }
+	steps := []struct {
+		rs   dppolicy.Ruleset
+		pods map[string]dppolicy.Counters
+		want map[deniedSeries]uint64
+	}{
+		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q")}, {Key: "x/b", Egress: in("x/p")}}},
+			map[string]dppolicy.Counters{"x/a": {IngressDenied: 5, EgressDenied: 7}, "x/b": {EgressDenied: 2}},
+			map[deniedSeries]uint64{{"x", "p", "ingress"}: 5, {"x", "q", "ingress"}: 5, {"x", "p", "egress"}: 2}},
+		// x/r isolates a's egress now: only what came since counts for it.
+		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q"), Egress: in("x/r")}, {Key: "x/b", Egress: in("x/p")}}},
+			map[string]dppolicy.Counters{"x/a": {IngressDenied: 6, EgressDenied: 10}, "x/b": {EgressDenied: 2}},
+			map[deniedSeries]uint64{{"x", "p", "ingress"}: 6, {"x", "q", "ingress"}: 6, {"x", "p", "egress"}: 2, {"x", "r", "egress"}: 3}},
+		// b went, and a's counters reset (it left and came back).
+		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/q")}}},
+			map[string]dppolicy.Counters{"x/a": {IngressDenied: 1}},
+			map[deniedSeries]uint64{{"x", "q", "ingress"}: 7}},
+	}
+	for i, s := range steps {
+		if got := d.add(s.rs, s.pods); !maps.Equal(got, s.want) {
+			t.Errorf("step %d: %v, want %v", i, got, s.want)
+		}
+	}
+}
+
+// The base chains' drops are served by reason.
+func TestPolicyDropsServed(t *testing.T) {
+	ta, _ := newPolicyAgent(t, policy.Snapshot{})
+	ta.policyDP.mu.Lock()
+	ta.policyDP.counts = dppolicy.Counts{Drops: map[string]uint64{"spoof": 3, "invalid": 0, "nosyn": 1}}
+	ta.policyDP.mu.Unlock()
+	mfs := ta.scrape(t)
+	want(t, mfs, "onc_policy_dropped_packets_total", 3, "reason", "spoof")
+	want(t, mfs, "onc_policy_dropped_packets_total", 0, "reason", "invalid")
+	want(t, mfs, "onc_policy_dropped_packets_total", 1, "reason", "nosyn")
 }

@@ -74,9 +74,10 @@ func newPolicyAgent(t *testing.T, snap policy.Snapshot) (*testAgent, *fakeInputs
 // fakePolicy is the kernel's policy enforcement: the ruleset last
 // enforced, or the error the test makes it fail with.
 type fakePolicy struct {
-	mu    sync.Mutex
-	rules dppolicy.Ruleset
-	fail  error
+	mu     sync.Mutex
+	rules  dppolicy.Ruleset
+	fail   error
+	counts dppolicy.Counts // what Counters returns
 }
 
 func (f *fakePolicy) Enforce(rs dppolicy.Ruleset, checkKernel bool) (dppolicy.Change, error) {
@@ -89,8 +90,14 @@ func (f *fakePolicy) Enforce(rs dppolicy.Ruleset, checkKernel bool) (dppolicy.Ch
 	return dppolicy.Change{}, nil
 }
 
-func (f *fakePolicy) Counters() (map[string]dppolicy.Counters, error) {
-	return map[string]dppolicy.Counters{}, nil
+func (f *fakePolicy) Logged(string, bool, string) (dppolicy.Logged, bool) {
+	return dppolicy.Logged{}, false
+}
+
+func (f *fakePolicy) Counters() (dppolicy.Counts, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts, nil
 }
 
 func (f *fakePolicy) setFail(err error) {

@@ -55,8 +55,8 @@ type Config struct {
 	// Bypass is which connections between two pods of the node skip the
 	// TCP/IP stacks (docs/bypass.md).
 	Bypass bypass.Config
-	// PolicyLogGroup is the NFLOG group the policy table logs the packets
-	// it drops to (agent/flows reads it); 0: it logs nothing.
+	// PolicyLogGroup is the NFLOG group the policy table logs its
+	// verdicts to (agent/flows reads it); 0: it logs nothing.
 	PolicyLogGroup uint16
 	// FlowEvents is the eBPF programs' flow events' budget: of each class,
 	// on each CPU, per second on average (include/flows.h); 0: none.

@@ -48,11 +48,11 @@ func onctlFlowRecords(t *testing.T, l *lab.Lab, n *lab.Node, args ...string) []*
 	return recs
 }
 
-// deniedRecord finds, among recs, the first record made since since of
-// a packet from src to dst; src's port 0: any port.
-func deniedRecord(recs []*apiv1.FlowRecord, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
+// findRecord finds, among recs, the first record with verdict made since
+// since of a packet from src to dst; src's port 0: any port.
+func findRecord(recs []*apiv1.FlowRecord, verdict string, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
 	for _, r := range recs {
-		if r.Verdict == "denied" && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
+		if r.Verdict == verdict && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
 			(src.Port() == 0 || r.Source.GetPort() == uint32(src.Port())) &&
 			r.Destination.GetIp() == dst.Addr().String() && r.Destination.GetPort() == uint32(dst.Port()) {
 			return r
@@ -80,8 +80,9 @@ func familyOf(a netip.Addr) probeFamily {
 // flows: a connection a policy denies appears in onctl flows --verdict
 // denied on the node that denied it within 1 s, with both pods (the other
 // one of another node), the direction and the policy isolating the pod,
-// in both families; onctl flows --follow shows one as it happens; an
-// allowed connection makes no denied record; bad filters are refused.
+// in both families; an allowed one appears in --verdict allowed, with the
+// policy and rule that allowed it, and makes no denied record; onctl flows
+// --follow shows a denial as it happens; bad filters are refused.
 func (c *policyCluster) flows(t *testing.T) {
 	a, b, yb := c.pod("x/a"), c.pod("x/b"), c.pod("y/b")
 	nb := c.node(b)
@@ -107,7 +108,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		local = probeSource(yb, probe.dst.Addr(), local)
 		var rec *apiv1.FlowRecord
 		for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			rec = deniedRecord(c.onctlFlows(t, nb, "--verdict", "denied", "--pod", b.key()), start, local, probe.dst)
+			rec = findRecord(c.onctlFlows(t, nb, "--verdict", "denied", "--pod", b.key()), "denied", start, local, probe.dst)
 		}
 		if rec == nil {
 			t.Fatalf("onctl flows on %s: no denied record of %s %s → %s; it has %v", nb.Name, probe.proto, local, probe.dst, c.onctlFlows(t, nb))
@@ -118,7 +119,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		want := &apiv1.FlowRecord{Node: nb.Name, Event: "policy", Verdict: "denied", Direction: "ingress", Protocol: strings.ToUpper(probe.proto),
 			Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 			Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: probe.dst.Addr().String(), Port: uint32(probe.dst.Port())},
-			Policies:    []string{"x/b-from-a-tcp-80"}, Path: "slow",
+			Policies:    []string{"x/b-from-a-tcp-80"}, Rule: -1, Path: "slow",
 			Reason: "default deny: ingress isolated by x/b-from-a-tcp-80, and no rule of theirs allows this"}
 		want.TimeUnixNano = rec.TimeUnixNano
 		if got, w := protojson.Format(rec), protojson.Format(want); got != w {
@@ -126,13 +127,35 @@ func (c *policyCluster) flows(t *testing.T) {
 		}
 	}
 
-	// Allowed: no denied record.
+	// Allowed, from another node: an allowed record on b's node naming
+	// the rule, and no denied one.
+	if c.node(a) == nb {
+		t.Fatalf("%s and %s share node %s: the test wants the allowed client on another node", a.key(), b.key(), nb.Name)
+	}
 	start := time.Now()
-	if _, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout); err != nil {
+	local, err := lab.Probe(a.lp.Netns, "tcp", b.lp.IP, 80, 3*probeTimeout)
+	if err != nil {
 		t.Fatalf("%s → %s TCP/80: %v", a.key(), b.key(), err)
 	}
-	time.Sleep(time.Second)
-	if r := deniedRecord(c.onctlFlows(t, nb), start, netip.AddrPortFrom(a.lp.IP, 0), netip.AddrPortFrom(b.lp.IP, 80)); r != nil {
+	dst := netip.AddrPortFrom(b.lp.IP, 80)
+	var rec *apiv1.FlowRecord
+	for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		rec = findRecord(c.onctlFlows(t, nb, "--verdict", "allowed", "--pod", b.key()), "allowed", start, local, dst)
+	}
+	if rec == nil {
+		t.Fatalf("onctl flows on %s: no allowed record of TCP %s → %s; it has %v", nb.Name, local, dst, c.onctlFlows(t, nb))
+	}
+	if took := time.Unix(0, rec.TimeUnixNano).Sub(start); took > time.Second {
+		t.Errorf("TCP %s → %s recorded %v after the probe started, want within 1 s", local, dst, took)
+	}
+	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "allowed", Direction: "ingress", Protocol: "TCP",
+		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "a", Node: c.node(a).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
+		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
+		Policies:    []string{"x/b-from-a-tcp-80"}, Rule: 0, Path: "slow", Reason: "allowed by x/b-from-a-tcp-80 ingress rule 0"}
+	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
+		t.Errorf("allowed record:\n%s\nwant:\n%s", got, w)
+	}
+	if r := findRecord(c.onctlFlows(t, nb), "denied", start, netip.AddrPortFrom(a.lp.IP, 0), dst); r != nil {
 		t.Errorf("the allowed %s → %s TCP/80 has a denied record: %v", a.key(), b.key(), r)
 	}
 
@@ -156,11 +179,11 @@ func (c *policyCluster) flows(t *testing.T) {
 		close(lines)
 	}()
 	start = time.Now()
-	local, err := lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 8080, probeTimeout)
+	local, err = lab.Probe(yb.lp.Netns, "tcp", b.lp.IP, 8080, probeTimeout)
 	if err == nil {
 		t.Fatalf("%s → %s TCP/8080 got through", yb.key(), b.key())
 	}
-	dst := netip.AddrPortFrom(b.lp.IP, 8080)
+	dst = netip.AddrPortFrom(b.lp.IP, 8080)
 	local = probeSource(yb, dst.Addr(), local)
 	for timeout := time.After(time.Second); ; {
 		select {
@@ -172,7 +195,7 @@ func (c *policyCluster) flows(t *testing.T) {
 			if err := protojson.Unmarshal([]byte(line), r); err != nil {
 				t.Fatalf("onctl flows --follow: %v in %q", err, line)
 			}
-			if deniedRecord([]*apiv1.FlowRecord{r}, start, local, dst) == nil {
+			if findRecord([]*apiv1.FlowRecord{r}, "denied", start, local, dst) == nil {
 				continue
 			}
 		case <-timeout:

@@ -41,16 +41,23 @@ import (
 //     followed by a probe of every ordered pod pair over TCP and UDP in
 //     IPv4, compared with an oracle written here from the Kubernetes
 //     semantics (not from agent/policy); with the fast path on, the flow
-//     cache must never hold a usable entry for a denied flow. Then again
-//     with the fast path off.
+//     cache must never hold a usable entry for a denied flow; and onctl
+//     trace of every probe must give the verdict the probe met, naming the
+//     policies the oracle names (e2e/trace_test.go). Then again with the
+//     fast path off.
 //   - TruthTable/IPv6: the same steps with the fast path on, every pair
 //     probed at the destination's IPv6 address; the oracle judges an
 //     ipBlock by the probe's family (an IPv4 block matches no IPv6 peer),
 //     a peer pod by either of its addresses. TruthTable/IPv6/FastPathOff
 //     and TruthTable/IPv6/BypassOn: the same with the fast path off, and
 //     with the intra-node bypass on.
+//   - Trace: the onctl binary prints traces and refuses a source of
+//     another node.
 //   - Onctl: `onctl policy` shows an isolated pod, its policies, rules and
 //     counters.
+//   - Flows and Export (e2e/flows_test.go, e2e/export_test.go): onctl
+//     flows shows denied connections; the export delivers them intact to
+//     a real OpenTelemetry Collector and a JSON-lines file.
 //   - StrictRevocation: a policy that denies a running connection ends it
 //     on the fast path within 1 s of the agents applying it.
 //   - ConnectionSetup: a connection the fast path opened (no policy
@@ -88,6 +95,8 @@ func TestPolicy(t *testing.T) {
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
 	t.Run("Flows", c.flows)
+	t.Run("Export", c.export)
+	t.Run("Trace", c.trace)
 	t.Run("StrictRevocation", c.strictRevocation)
 	t.Run("StrictRevocation/Bypassed", c.strictRevocationBypassed)
 	t.Run("ConnectionSetup", c.connectionSetup)
@@ -921,6 +930,7 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool, f probeF
 		if bad > 0 {
 			t.Errorf("step %d %q (fast path %v, %s): %d of %d probes differ from the oracle\n%s", i, s.name, fastPath, f, bad, len(cells), report)
 		}
+		c.checkTrace(t, s, cells, got, again)
 		if fastPath {
 			c.checkCache(t, s, got, before, &ts)
 		}

@@ -42,7 +42,7 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
-		Reason: r.Reason, Policies: r.Policies, Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed}
+		Reason: r.Reason, Policies: r.Policies, Rule: int32(r.Rule), Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed}
 }
 
 func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
@@ -52,6 +52,15 @@ func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
 	out := &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Port: uint32(e.Addr.Port())}
 	if e.Addr.IsValid() { // not for a node's host calling
 		out.Ip = e.Addr.Addr().String()
+	}
+	return out
+}
+
+// Records are the stored records f selects, as the API renders them.
+func Records(s *Store, f Filter) []*apiv1.FlowRecord {
+	var out []*apiv1.FlowRecord
+	for _, r := range s.List(f) {
+		out = append(out, toAPI(r))
 	}
 	return out
 }

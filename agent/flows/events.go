@@ -18,14 +18,12 @@ const (
 
 // The eBPF programs' events and verdicts (docs/observability.md).
 const (
-	EventDrop      = "drop"      // a program dropped a packet
 	EventRefuse    = "refuse"    // the socket LB refused a connect or sendmsg: no backend
 	EventTranslate = "translate" // a load balancer gave a flow a backend
 	EventOpen      = "open"      // a connection opened on the fast path
 	EventLearn     = "learn"     // a flow became usable on the fast path
 	EventEvict     = "evict"     // the agent took a flow off the fast path
 
-	VerdictDropped    = "dropped"
 	VerdictRefused    = "refused"
 	VerdictTranslated = "translated"
 	VerdictCached     = "cached"
@@ -38,7 +36,7 @@ const (
 
 // Verdicts and Events are what a filter may ask for.
 var (
-	Verdicts = []string{VerdictDenied, VerdictDropped, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
+	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
 	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict}
 )
 

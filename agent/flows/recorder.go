@@ -17,13 +17,15 @@ import (
 )
 
 // Recorder turns what the policy table logs into records: the local pod
-// by its chain's id among the rules as last enforced, the policies that
-// isolate it, and the other end among the cluster's pods.
+// by its chain's id (or, for the base chains' drops, by its veth) among
+// the rules as last enforced, the rules its chain enforced by their
+// fingerprint, and the other end among the cluster's pods.
 type Recorder struct {
-	store *Store
-	node  string
-	rules func() policy.Ruleset // this node's pods, as last enforced
-	pods  func() []*corev1.Pod  // the cluster's, as the policy informers hold them
+	store  *Store
+	node   string
+	rules  func() policy.Ruleset // this node's pods, as last enforced
+	logged Logged
+	pods   func() []*corev1.Pod // the cluster's, as the policy informers hold them
 
 	mu sync.Mutex
 	// index is the cluster's pods by address, built at indexed and read
@@ -32,16 +34,21 @@ type Recorder struct {
 	indexed time.Time
 	stale   bool
 	reindex time.Duration // at most this often
-	// local is the local pods by chain id, for the rules whose pod list
-	// localOf is.
+	// local and byIface are the local pods by chain id and by interface,
+	// for the rules whose pod list localOf is.
 	local   map[string]localPodOf
+	byIface map[string]localPodOf
 	localOf *policy.Pod
 	lost    atomic.Uint64
 }
 
+// Logged is what a fingerprint in a pod chain's log prefix stands for
+// (datapath/policy Enforcer.Logged).
+type Logged func(id string, ingress bool, fp string) (policy.Logged, bool)
+
 // NewRecorder records into store for node.
-func NewRecorder(store *Store, node string, rules func() policy.Ruleset, pods func() []*corev1.Pod) *Recorder {
-	return &Recorder{store: store, node: node, rules: rules, pods: pods, stale: true, reindex: time.Second}
+func NewRecorder(store *Store, node string, rules func() policy.Ruleset, logged Logged, pods func() []*corev1.Pod) *Recorder {
+	return &Recorder{store: store, node: node, rules: rules, logged: logged, pods: pods, stale: true, reindex: time.Second}
 }
 
 // PodsChanged says the cluster's pods may have changed: a record a second
@@ -64,39 +71,110 @@ func (r *Recorder) Run(ctx context.Context, group uint16) error {
 	return rd.Run(ctx, r.Packet, func(n int) { r.lost.Add(uint64(n)) })
 }
 
-// Packet records one packet a pod's chain logged.
+// Packet records one packet the policy table logged.
 func (r *Recorder) Packet(p dpflows.Packet) {
-	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Verdict: VerdictDenied, Proto: p.Proto, Path: "slow",
+	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Proto: p.Proto, Path: "slow", Rule: -1,
 		Direction: "egress", Src: Endpoint{Kind: KindIP, Addr: p.Src}, Dst: Endpoint{Kind: KindIP, Addr: p.Dst}}
 	local, remote := &rec.Src, &rec.Dst
 	if p.Ingress {
 		rec.Direction, local, remote = "ingress", &rec.Dst, &rec.Src
 	}
-	pod, found := r.localPod(p.PodID)
-	if found {
-		local.Kind, local.Namespace, local.Name, local.Node = KindPod, pod.ns, pod.name, r.node
+	if p.Verdict == dpflows.VerdictDropped {
+		r.dropped(&rec, p, local)
+	} else {
+		r.judged(&rec, p, local, remote.Addr.Addr())
 	}
 	if e, ok := r.clusterPod(remote.Addr.Addr()); ok {
 		e.Addr = remote.Addr
 		*remote = e
 	}
-	var d *policy.Direction
-	if found {
-		d = pod.Egress
-		if p.Ingress {
-			d = pod.Ingress
+	r.store.Add(rec)
+}
+
+// judged fills in the record of a pod chain's verdict: the local pod, and
+// the rules its chain enforced, which the prefix's fingerprint names (in
+// a prefix without one, of an agent before them, the rules now).
+func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer netip.Addr) {
+	verdict := "default deny"
+	rec.Verdict = VerdictDenied
+	if p.Verdict == dpflows.VerdictAllowed {
+		rec.Verdict, verdict = VerdictAllowed, "allowed"
+	}
+	var l policy.Logged
+	logged := false
+	if p.Fingerprint != "" {
+		l, logged = r.logged(p.PodID, p.Ingress, p.Fingerprint)
+	}
+	if !logged {
+		if pod, ok := r.localPod(p.PodID); ok {
+			l.Pod, l.Direction = pod.Key, pod.Egress
+			if p.Ingress {
+				l.Direction = pod.Ingress
+			}
 		}
 	}
+	if l.Pod != "" {
+		r.setPod(local, l.Pod)
+	}
+	d := l.Direction
 	switch {
-	case !found:
-		rec.Reason = "default deny of a pod this agent's rules do not hold (new, or gone)"
+	case l.Pod == "":
+		rec.Reason = verdict + " of a pod this agent's rules do not hold (new, or gone)"
+	case p.Fingerprint != "" && !logged:
+		rec.Reason = fmt.Sprintf("%s by %s rules this agent no longer holds (fingerprint %s)", verdict, rec.Direction, p.Fingerprint)
 	case d == nil:
-		rec.Reason = fmt.Sprintf("default deny: %s was %s isolated then, and is not now", *local, rec.Direction)
+		rec.Reason = fmt.Sprintf("%s: %s was %s isolated then, and is not now", verdict, *local, rec.Direction)
+	case p.Verdict == dpflows.VerdictAllowed:
+		rule, ok := d.Decide(peer, policy.Proto(p.Proto), p.Dst.Port())
+		if !ok {
+			rec.Policies = d.Policies
+			rec.Reason = fmt.Sprintf("allowed, yet no %s rule of %s allows this as the agent read it", rec.Direction, strings.Join(d.Policies, ", "))
+			break
+		}
+		rec.Policies, rec.Rule = []string{rule.Policy}, rule.Index
+		rec.Reason = fmt.Sprintf("allowed by %s %s rule %d", rule.Policy, rec.Direction, rule.Index)
 	default:
 		rec.Policies = d.Policies
 		rec.Reason = fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", rec.Direction, strings.Join(d.Policies, ", "))
 	}
-	r.store.Add(rec)
+}
+
+// dropped fills in the record of a base chain's drop: the local pod by
+// its veth.
+func (r *Recorder) dropped(rec *Record, p dpflows.Packet, local *Endpoint) {
+	rec.Event, rec.Verdict = EventDrop, VerdictDropped
+	pod := "the pod behind " + p.Iface
+	if p.Iface == "" {
+		pod = "a pod whose veth is gone"
+	}
+	if lp, ok := r.podByIface(p.Iface); ok {
+		r.setPod(local, lp.Key)
+		pod = lp.ns + "/" + lp.name
+	}
+	switch {
+	case p.Why == dpflows.DropSpoof:
+		rec.Reason = fmt.Sprintf("spoofed source: %s is not the address of %s", p.Src.Addr(), pod)
+	case p.Why == dpflows.DropInvalid:
+		rec.Reason = "conntrack state invalid: the packet belongs to no connection conntrack can follow"
+	case p.Ingress:
+		rec.Reason = "a new TCP connection without a SYN, to an isolated pod"
+	default:
+		rec.Reason = "a new TCP connection without a SYN, from an isolated pod"
+	}
+}
+
+// setPod makes e the local pod with key.
+func (r *Recorder) setPod(e *Endpoint, key string) {
+	e.Kind, e.Node = KindPod, r.node
+	e.Namespace, e.Name = splitKey(key)
+}
+
+// splitKey is the namespace and name of a pod key: a pod's other
+// attachments have "ns/name (container/ifname)" keys.
+func splitKey(key string) (ns, name string) {
+	key, _, _ = strings.Cut(key, " ")
+	ns, name, _ = strings.Cut(key, "/")
+	return ns, name
 }
 
 // localPodOf is a local pod as the rules know it.
@@ -105,23 +183,38 @@ type localPodOf struct {
 	ns, name string
 }
 
-// localPod finds the pod of chain id among the rules as last enforced,
-// hashing their keys only when the rules changed.
+// localPod finds the pod of chain id among the rules as last enforced.
 func (r *Recorder) localPod(id string) (localPodOf, bool) {
-	pods := r.rules().Pods
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if first := unsafe.SliceData(pods); r.local == nil || first != r.localOf || len(pods) != len(r.local) {
-		r.local, r.localOf = make(map[string]localPodOf, len(pods)), first
-		for _, p := range pods {
-			// A pod's other attachments have "ns/name (container/ifname)" keys.
-			key, _, _ := strings.Cut(p.Key, " ")
-			ns, name, _ := strings.Cut(key, "/")
-			r.local[policy.PodID(p.Key)] = localPodOf{Pod: p, ns: ns, name: name}
-		}
-	}
+	r.indexLocal()
 	p, ok := r.local[id]
 	return p, ok
+}
+
+// podByIface finds the pod with host-side veth iface among the rules as
+// last enforced.
+func (r *Recorder) podByIface(iface string) (localPodOf, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.indexLocal()
+	p, ok := r.byIface[iface]
+	return p, ok
+}
+
+// indexLocal indexes the local pods, hashing their keys only when the
+// rules changed (r.mu held).
+func (r *Recorder) indexLocal() {
+	pods := r.rules().Pods
+	if first := unsafe.SliceData(pods); r.local != nil && first == r.localOf && len(pods) == len(r.local) {
+		return
+	}
+	r.local, r.byIface, r.localOf = make(map[string]localPodOf, len(pods)), make(map[string]localPodOf, len(pods)), unsafe.SliceData(pods)
+	for _, p := range pods {
+		ns, name := splitKey(p.Key)
+		lp := localPodOf{Pod: p, ns: ns, name: name}
+		r.local[policy.PodID(p.Key)], r.byIface[p.Iface] = lp, lp
+	}
 }
 
 // clusterPod finds the pod of the cluster with address ip.

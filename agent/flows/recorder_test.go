@@ -27,7 +27,7 @@ func TestRecorderResolves(t *testing.T) {
 	rules := policy.Ruleset{Pods: []policy.Pod{b}}
 	pods := []*corev1.Pod{clusterPod("y", "a", "n2", "10.244.1.7"), clusterPod("x", "b", "n1", "10.244.0.5")}
 	s := NewStore(8)
-	r := NewRecorder(s, "n1", func() policy.Ruleset { return rules }, func() []*corev1.Pod { return pods })
+	r := NewRecorder(s, "n1", func() policy.Ruleset { return rules }, noneLogged, func() []*corev1.Pod { return pods })
 	now := time.Now()
 	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictDenied, Ingress: true, PodID: policy.PodID("x/b"), Proto: 6,
 		Src: netip.MustParseAddrPort("10.244.1.7:40000"), Dst: netip.MustParseAddrPort("10.244.0.5:80")})
@@ -44,8 +44,8 @@ func TestRecorderResolves(t *testing.T) {
 	want0 := Record{Time: now, Node: "n1", Event: EventPolicy, Verdict: VerdictDenied, Direction: "ingress", Proto: 6, Path: "slow",
 		Src:      Endpoint{Kind: KindPod, Namespace: "y", Name: "a", Node: "n2", Addr: netip.MustParseAddrPort("10.244.1.7:40000")},
 		Dst:      Endpoint{Kind: KindPod, Namespace: "x", Name: "b", Node: "n1", Addr: netip.MustParseAddrPort("10.244.0.5:80")},
-		Policies: []string{"x/deny-all", "x/web"},
-		Reason:   "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
+		Policies: []string{"x/deny-all", "x/web"}, Rule: -1,
+		Reason: "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
 	if g := got[0]; !reflect.DeepEqual(g, want0) {
 		t.Errorf("ingress record:\n%+v\nwant\n%+v", g, want0)
 	}
@@ -75,5 +75,113 @@ func TestRecorderResolves(t *testing.T) {
 	r.reindex = 0
 	if e := deny(40004); e.Name != "c" || e.Namespace != "z" {
 		t.Errorf("after PodsChanged and the wait: %v, want z/c", e)
+	}
+}
+
+func noneLogged(string, bool, string) (policy.Logged, bool) { return policy.Logged{}, false }
+
+// Records of a pod chain's verdicts name the rules of the fingerprint in
+// the prefix, not the rules now: an allowed connection the first rule
+// that allows it, a denied one the policies that isolated the pod, a
+// fingerprint of rules since superseded too; one the agent no longer
+// holds says so. Base chains' drops name the pod by its veth and the check.
+func TestRecorderVerdicts(t *testing.T) {
+	ip := netip.MustParseAddr
+	b := policy.Pod{Key: "x/b", Iface: "onc1234", IPs: []netip.Addr{ip("10.244.0.5")},
+		Ingress: &policy.Direction{Policies: []string{"x/now"}}}
+	rules := policy.Ruleset{Pods: []policy.Pod{b}}
+	// What the fingerprints in the prefixes stand for: cur is in force,
+	// old was superseded by it.
+	cur := &policy.Direction{Policies: []string{"x/allow-db", "x/allow-web"}, Rules: []policy.Rule{
+		{Policy: "x/allow-web", Index: 0, Peers: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, Ports: []policy.PortRange{{Proto: policy.TCP, First: 80, Last: 80}}},
+		{Policy: "x/allow-db", Index: 3, Peers: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, Ports: []policy.PortRange{{Proto: policy.TCP, First: 5000, Last: 5999}}},
+		{Policy: "x/allow-web", Index: 1, Peers: []netip.Prefix{netip.MustParsePrefix("10.244.1.7/32")}},
+	}}
+	old := &policy.Direction{Policies: []string{"x/old"}, Rules: []policy.Rule{
+		{Policy: "x/old", Index: 2, Peers: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}},
+	}}
+	id := policy.PodID("x/b")
+	history := map[string]policy.Logged{"cur": {Pod: "x/b", Direction: cur}, "old": {Pod: "x/b", Direction: old}}
+	logged := func(gotID string, ingress bool, fp string) (policy.Logged, bool) {
+		l, ok := history[fp]
+		return l, ok && gotID == id && ingress
+	}
+	s := NewStore(16)
+	r := NewRecorder(s, "n1", func() policy.Ruleset { return rules }, logged,
+		func() []*corev1.Pod { return []*corev1.Pod{clusterPod("y", "a", "n2", "10.244.1.7")} })
+	in := func(verdict, fp string, src string, dport uint16) Record {
+		r.Packet(dpflows.Packet{Verdict: verdict, Ingress: true, PodID: id, Fingerprint: fp, Proto: 6,
+			Src: netip.MustParseAddrPort(src), Dst: netip.AddrPortFrom(ip("10.244.0.5"), dport)})
+		got := s.List(Filter{})
+		return got[len(got)-1]
+	}
+	for _, c := range []struct {
+		name     string
+		got      Record
+		verdict  string
+		reason   string
+		policies []string
+		rule     int
+	}{
+		{"allowed, by the first rule that allows it", in(dpflows.VerdictAllowed, "cur", "10.244.1.7:40000", 80),
+			VerdictAllowed, "allowed by x/allow-web ingress rule 0", []string{"x/allow-web"}, 0},
+		{"allowed, in a port range", in(dpflows.VerdictAllowed, "cur", "10.244.1.8:40000", 5432),
+			VerdictAllowed, "allowed by x/allow-db ingress rule 3", []string{"x/allow-db"}, 3},
+		{"allowed, on every port", in(dpflows.VerdictAllowed, "cur", "10.244.1.7:40000", 22),
+			VerdictAllowed, "allowed by x/allow-web ingress rule 1", []string{"x/allow-web"}, 1},
+		{"allowed by a superseded ruleset", in(dpflows.VerdictAllowed, "old", "10.244.1.7:40000", 22),
+			VerdictAllowed, "allowed by x/old ingress rule 2", []string{"x/old"}, 2},
+		{"allowed by rules the agent no longer holds", in(dpflows.VerdictAllowed, "gone", "10.244.1.7:40000", 22),
+			VerdictAllowed, "allowed by ingress rules this agent no longer holds (fingerprint gone)", nil, -1},
+		{"allowed, yet no rule allows it as read", in(dpflows.VerdictAllowed, "cur", "192.0.2.1:40000", 22),
+			VerdictAllowed, "allowed, yet no ingress rule of x/allow-db, x/allow-web allows this as the agent read it", []string{"x/allow-db", "x/allow-web"}, -1},
+		{"denied, isolated by the fingerprint's policies", in(dpflows.VerdictDenied, "cur", "192.0.2.1:40000", 22),
+			VerdictDenied, "default deny: ingress isolated by x/allow-db, x/allow-web, and no rule of theirs allows this", []string{"x/allow-db", "x/allow-web"}, -1},
+		{"denied, in a prefix without a fingerprint: the rules now", in(dpflows.VerdictDenied, "", "192.0.2.1:40000", 22),
+			VerdictDenied, "default deny: ingress isolated by x/now, and no rule of theirs allows this", []string{"x/now"}, -1},
+	} {
+		g := c.got
+		if g.Verdict != c.verdict || g.Reason != c.reason || !reflect.DeepEqual(g.Policies, c.policies) || g.Rule != c.rule || g.Event != EventPolicy {
+			t.Errorf("%s: %s %s %q policies %v rule %d, want %s %s %q policies %v rule %d", c.name, g.Event, g.Verdict, g.Reason, g.Policies, g.Rule,
+				EventPolicy, c.verdict, c.reason, c.policies, c.rule)
+		}
+		if g.Dst.Kind != KindPod || g.Dst.Namespace != "x" || g.Dst.Name != "b" || g.Dst.Node != "n1" {
+			t.Errorf("%s: the local end is %+v, want x/b on n1", c.name, g.Dst)
+		}
+	}
+
+	drop := func(why string, ingress bool, iface string, src, dst string) Record {
+		r.Packet(dpflows.Packet{Verdict: dpflows.VerdictDropped, Why: why, Ingress: ingress, Iface: iface, Proto: 6,
+			Src: netip.MustParseAddrPort(src), Dst: netip.MustParseAddrPort(dst)})
+		got := s.List(Filter{Verdict: VerdictDropped})
+		return got[len(got)-1]
+	}
+	spoof := drop(dpflows.DropSpoof, false, "onc1234", "10.244.1.7:40000", "10.244.0.9:80")
+	if spoof.Event != EventDrop || spoof.Direction != "egress" || spoof.Rule != -1 || spoof.Src.Kind != KindPod || spoof.Src.Name != "b" ||
+		spoof.Src.Addr.String() != "10.244.1.7:40000" || spoof.Reason != "spoofed source: 10.244.1.7 is not the address of x/b" {
+		t.Errorf("spoofed: %+v", spoof)
+	}
+	for _, c := range []struct {
+		why     string
+		ingress bool
+		iface   string
+		reason  string
+	}{
+		{dpflows.DropInvalid, true, "onc1234", "conntrack state invalid: the packet belongs to no connection conntrack can follow"},
+		{dpflows.DropNoSYN, true, "onc1234", "a new TCP connection without a SYN, to an isolated pod"},
+		{dpflows.DropNoSYN, false, "onc1234", "a new TCP connection without a SYN, from an isolated pod"},
+	} {
+		g := drop(c.why, c.ingress, c.iface, "10.244.1.7:40000", "10.244.0.5:80")
+		local := g.Src
+		if c.ingress {
+			local = g.Dst
+		}
+		if g.Event != EventDrop || g.Verdict != VerdictDropped || g.Reason != c.reason || local.Kind != KindPod || local.Name != "b" {
+			t.Errorf("%s ingress=%v: %+v", c.why, c.ingress, g)
+		}
+	}
+	if g := drop(dpflows.DropSpoof, false, "", "10.244.1.7:40000", "10.244.0.9:80"); g.Src.Kind != KindIP ||
+		g.Reason != "spoofed source: 10.244.1.7 is not the address of a pod whose veth is gone" {
+		t.Errorf("spoofed from a veth gone: %+v", g)
 	}
 }

@@ -45,9 +45,12 @@ func (e Endpoint) String() string {
 
 // Events and verdicts of records.
 const (
-	EventPolicy   = "policy" // a policy chain's verdict on a packet
-	EventLost     = "lost"   // records this follower did not get: it fell behind
-	VerdictDenied = "denied"
+	EventPolicy    = "policy" // a pod's policy chain's verdict on a packet
+	EventDrop      = "drop"   // a drop: by a check before any pod's rules, or by an eBPF program
+	EventLost      = "lost"   // records this follower did not get: it fell behind
+	VerdictDenied  = "denied"
+	VerdictAllowed = "allowed" // a new connection
+	VerdictDropped = "dropped"
 )
 
 // Record is one flow record.
@@ -62,6 +65,7 @@ type Record struct {
 	// Reason says why, in words; Policies are the policies it names.
 	Reason   string
 	Policies []string
+	Rule     int    // the index of the rule that allowed it in its policy's list; -1: none
 	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter), or events.go's
 	// Translated is the third end of an eBPF program's record (events.go),
 	// zero for none; Suppressed how many of its class were held back.
@@ -130,6 +134,7 @@ type Store struct {
 	full      bool // the ring has wrapped
 	added     uint64
 	followers map[*follower]bool
+	taps      []func(*Record)
 }
 
 type follower struct {
@@ -152,6 +157,9 @@ func (s *Store) Add(r Record) {
 	s.added++
 	s.next = (s.next + 1) % len(s.ring)
 	s.full = s.full || s.next == 0
+	for _, tap := range s.taps {
+		tap(&r)
+	}
 	for fl := range s.followers {
 		if !fl.f.Match(&r) {
 			continue
@@ -174,7 +182,16 @@ func (s *Store) Add(r Record) {
 }
 
 func lostRecord(n int, node string) Record {
-	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+	return Record{Time: time.Now(), Node: node, Event: EventLost, Rule: -1, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+}
+
+// Tap has fn called with each record added from now on, under the
+// store's lock: fn must not block, nor keep r (the exporters copy it into
+// their queue, or count it lost).
+func (s *Store) Tap(fn func(r *Record)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.taps = append(s.taps, fn)
 }
 
 // Added is how many records were ever added.

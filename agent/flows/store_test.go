@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,8 +51,13 @@ func TestStoreKeepsTheLast(t *testing.T) {
 	if _, err := ParseFilter("nons", "", "", "", time.Time{}); err == nil {
 		t.Error("pod without a namespace accepted")
 	}
-	if _, err := ParseFilter("", "", "allowed", "", time.Time{}); err == nil {
-		t.Error("verdict allowed accepted: no record has it yet")
+	for _, v := range []string{VerdictDenied, VerdictAllowed, VerdictDropped} {
+		if f, err := ParseFilter("", "", v, "", time.Time{}); err != nil || f.Verdict != v {
+			t.Errorf("verdict %s: %+v, %v", v, f, err)
+		}
+	}
+	if _, err := ParseFilter("", "", "maybe", "", time.Time{}); err == nil || !strings.Contains(err.Error(), "denied, allowed, dropped") {
+		t.Errorf("verdict maybe: %v, want an error naming the verdicts records have", err)
 	}
 }
 

@@ -78,6 +78,7 @@ func NewCommand() *cobra.Command {
 		cacheCommand(o),
 		bypassCommand(o),
 		flowsCommand(o),
+		traceCommand(o),
 	)
 	return root
 }

@@ -166,6 +166,27 @@ func checkVerdicts(t *testing.T, what string, d *policy.Direction, vs []verdict)
 	}
 }
 
+// decision is the rule that must allow a connection (Direction.Decide):
+// the first that does, of policy's rule index; "" for none.
+type decision struct {
+	ip     netip.Addr
+	proto  policy.Proto
+	port   uint16
+	policy string
+	index  int
+}
+
+func checkDecisions(t *testing.T, what string, d *policy.Direction, ds []decision) {
+	t.Helper()
+	for _, want := range ds {
+		r, ok := d.Decide(want.ip, want.proto, want.port)
+		if got := (decision{want.ip, want.proto, want.port, r.Policy, r.Index}); ok != (want.policy != "") || ok && got != want {
+			t.Errorf("%s decides %s %s/%d: %s rule %d (allowed %v), want %s rule %d (%s)", what, want.ip, want.proto, want.port,
+				r.Policy, r.Index, ok, want.policy, want.index, d)
+		}
+	}
+}
+
 func checkRules(t *testing.T, what string, d *policy.Direction, want []policy.Rule) {
 	t.Helper()
 	if d == nil {
@@ -513,6 +534,7 @@ func TestCompile(t *testing.T) {
 				{api, tcp, 7999, false}, {api, tcp, 8000, true}, {api, tcp, 8100, true}, {api, tcp, 8101, false},
 				{api, tcp, 8999, false}, {api, tcp, 9000, false}, {api, 1, 1, false},
 			})
+			checkDecisions(t, "ingress", d, []decision{{api, tcp, 8050, "app/p", 0}, {api, udp, 9, "app/p", 0}, {api, tcp, 9000, "", 0}})
 		},
 	}, {
 		name: "named ports on ingress resolve against each local pod",
@@ -570,6 +592,12 @@ func TestCompile(t *testing.T) {
 				{db, tcp, 8081, true}, {db, tcp, 8080, false}, {client, tcp, 9000, true}, {client, tcp, 8080, false},
 				{addr("192.0.2.1"), tcp, 8080, false}, {addr("192.0.2.1"), tcp, 443, true}, {web, tcp, 443, false},
 			})
+			// Named ports as compiled: one rule per number, each with its
+			// policy's index; the first rule that allows wins.
+			checkDecisions(t, "egress", d, []decision{
+				{api, tcp, 8080, "app/p", 0}, {api, tcp, 443, "app/p", 1}, {db, tcp, 8081, "app/p", 0}, {web, udp, 53, "app/p", 3},
+				{web, sctp, 3868, "app/p", 3}, {addr("192.0.2.1"), tcp, 443, "app/p", 1}, {addr("192.0.2.1"), tcp, 8080, "", 0},
+			})
 		},
 	}, {
 		name: "named port with no to resolves against every pod",
@@ -604,6 +632,8 @@ func TestCompile(t *testing.T) {
 			})
 			checkVerdicts(t, "ingress", p.Ingress, []verdict{{client, tcp, 80, true}, {client, tcp, 81, false},
 				{db, udp, 5, true}, {api, tcp, 81, true}, {thirdX, tcp, 80, false}})
+			checkDecisions(t, "ingress", p.Ingress, []decision{{client, tcp, 80, "app/a", 0}, {api, tcp, 81, "app/b", 1},
+				{db, udp, 5, "app/b", 0}, {thirdX, tcp, 80, "", 0}})
 			checkRules(t, "egress", p.Egress, []policy.Rule{
 				{Policy: "app/a", Index: 0, Peers: prefixes("192.0.2.0/24")},
 				{Policy: "app/b", Index: 0, Peers: prefixes("10.0.2.20/32")},

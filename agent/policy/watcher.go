@@ -28,8 +28,12 @@ type Datapath interface {
 	// cached verdicts it no longer allows before it returns; checkKernel
 	// rewrites every rule, repairing drift.
 	Enforce(rs policy.Ruleset, checkKernel bool) (policy.Change, error)
-	// Counters are each local pod's allowed and denied connections.
-	Counters() (map[string]policy.Counters, error)
+	// Counters are each local pod's allowed and denied connections, and
+	// the drops of the checks before any pod's rules.
+	Counters() (policy.Counts, error)
+	// Logged is what a fingerprint in the policy table's log prefixes
+	// stands for, for flow records (datapath/policy Enforcer.Logged).
+	Logged(id string, ingress bool, fp string) (policy.Logged, bool)
 }
 
 // Sources are the Kubernetes objects NetworkPolicy is about (*Inputs:
@@ -166,7 +170,7 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 		if req.Pod != "" && pod.Key != req.Pod && !strings.HasSuffix(pod.Key, "/"+req.Pod) {
 			continue
 		}
-		c := counters[pod.Key]
+		c := counters.Pods[pod.Key]
 		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: netaddr.First(pod.IPs), Ips: netaddr.Strings(pod.IPs), HostIface: pod.Iface,
 			Ingress: direction(pod.Ingress, c.IngressAllowed, c.IngressDenied),
 			Egress:  direction(pod.Egress, c.EgressAllowed, c.EgressDenied)})

@@ -36,8 +36,12 @@ func (f *fakeDatapath) Enforce(rs policy.Ruleset, _ bool) (policy.Change, error)
 	return policy.Change{}, nil
 }
 
-func (f *fakeDatapath) Counters() (map[string]policy.Counters, error) {
-	return map[string]policy.Counters{"db/db-0": {IngressDenied: 3}}, nil
+func (f *fakeDatapath) Logged(string, bool, string) (policy.Logged, bool) {
+	return policy.Logged{}, false
+}
+
+func (f *fakeDatapath) Counters() (policy.Counts, error) {
+	return policy.Counts{Pods: map[string]policy.Counters{"db/db-0": {IngressDenied: 3}}}, nil
 }
 
 // staticSources is a snapshot that never changes.

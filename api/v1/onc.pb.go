@@ -2901,9 +2901,9 @@ type GetFlowsRequest struct {
 	Follow        bool                   `protobuf:"varint,1,opt,name=follow,proto3" json:"follow,omitempty"`
 	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`                                             // namespace/name: records with that pod at either end
 	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`                                 // records with a pod of that namespace at either end
-	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied, dropped, refused, translated, cached, evicted
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied, allowed, dropped, refused, translated, cached, evicted
 	SinceUnixNano int64                  `protobuf:"varint,5,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"` // records from then on
-	Event         string                 `protobuf:"bytes,15,opt,name=event,proto3" json:"event,omitempty"`                                        // records of that event: policy, drop, refuse, translate, open, learn, evict
+	Event         string                 `protobuf:"bytes,6,opt,name=event,proto3" json:"event,omitempty"`                                         // records of that event: policy, drop, refuse, translate, open, learn, evict
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3073,19 +3073,25 @@ type FlowRecord struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	TimeUnixNano int64                  `protobuf:"varint,1,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"` // the node that recorded it
-	// policy: a policy verdict on a packet; lost: records this reader did
-	// not get, being too slow (reason says how many). From the eBPF
-	// programs (docs/observability.md): drop, refuse, translate, open,
-	// learn; from the agent: evict.
-	Event       string        `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
-	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`     // denied, dropped, refused, translated, cached, evicted
-	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the pod whose policy decided
+	// policy: a pod's policy verdict on a packet; drop: a drop by a check
+	// before any pod's rules or in the eBPF programs (reason says which);
+	// from the eBPF programs (docs/observability.md) also refuse,
+	// translate, open, learn; from the agent: evict; lost: records this
+	// reader did not get, being too slow (reason says how many).
+	Event string `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// denied, allowed (a new connection), dropped, refused, translated,
+	// cached, evicted.
+	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the local pod
 	Protocol    string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
 	Source      *FlowEndpoint `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
 	Destination *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
 	Reason      string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
 	Policies    []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
 	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow (the kernel's stack and netfilter), fast, socket-lb, uplink-lb
+	// The index of the rule that allowed it in its policy's ingress or
+	// egress list; -1 when no rule did.
+	Rule int32 `protobuf:"varint,12,opt,name=rule,proto3" json:"rule,omitempty"`
 	// The third end: the backend chosen (translate), or the node that sent
 	// a dropped overlay frame.
 	Translated *FlowEndpoint `protobuf:"bytes,13,opt,name=translated,proto3" json:"translated,omitempty"`
@@ -3203,6 +3209,13 @@ func (x *FlowRecord) GetPath() string {
 	return ""
 }
 
+func (x *FlowRecord) GetRule() int32 {
+	if x != nil {
+		return x.Rule
+	}
+	return 0
+}
+
 func (x *FlowRecord) GetTranslated() *FlowEndpoint {
 	if x != nil {
 		return x.Translated
@@ -3215,6 +3228,422 @@ func (x *FlowRecord) GetSuppressed() uint32 {
 		return x.Suppressed
 	}
 	return 0
+}
+
+type TraceRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`           // namespace/name of a pod of this node, or its address
+	Destination string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"` // namespace/name of a pod, or an address (a pod, a Service's frontend, a host)
+	Port        uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`              // the destination port; 0 for protocols without ports
+	Protocol    string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`       // TCP (the default), UDP or SCTP
+	// Also make one real connection from the source pod and report what it
+	// met and what this node saw of it (TraceResponse.probe).
+	Probe         bool `protobuf:"varint,5,opt,name=probe,proto3" json:"probe,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceRequest) Reset() {
+	*x = TraceRequest{}
+	mi := &file_onc_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceRequest) ProtoMessage() {}
+
+func (x *TraceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceRequest.ProtoReflect.Descriptor instead.
+func (*TraceRequest) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *TraceRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TraceRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *TraceRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *TraceRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *TraceRequest) GetProbe() bool {
+	if x != nil {
+		return x.Probe
+	}
+	return false
+}
+
+// What a probe, one real connection from the source pod's network
+// namespace, met: TCP connects and sends nothing; UDP sends one datagram
+// and waits for an answer.
+type TraceProbe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Local string                 `protobuf:"bytes,1,opt,name=local,proto3" json:"local,omitempty"` // the probe's own address:port
+	// TCP: connected, refused (a reset, or ECONNREFUSED from the socket LB),
+	// timed-out; UDP: replied, refused (ICMP port unreachable), no-reply;
+	// either: unreachable (ICMP host or network unreachable).
+	Outcome string  `protobuf:"bytes,2,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Seconds float64 `protobuf:"fixed64,3,opt,name=seconds,proto3" json:"seconds,omitempty"` // until the outcome
+	// This node's flow records of the probe's packets.
+	Records []*FlowRecord `protobuf:"bytes,4,rep,name=records,proto3" json:"records,omitempty"`
+	// agrees: the outcome is the one the computed paths give; disagrees;
+	// inconclusive (a UDP datagram nobody answered, to an allowed
+	// destination: servers need not answer).
+	Agreement     string `protobuf:"bytes,5,opt,name=agreement,proto3" json:"agreement,omitempty"`
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"` // in words: what it met, what this node saw, why it agrees or not
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceProbe) Reset() {
+	*x = TraceProbe{}
+	mi := &file_onc_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceProbe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceProbe) ProtoMessage() {}
+
+func (x *TraceProbe) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceProbe.ProtoReflect.Descriptor instead.
+func (*TraceProbe) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *TraceProbe) GetLocal() string {
+	if x != nil {
+		return x.Local
+	}
+	return ""
+}
+
+func (x *TraceProbe) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *TraceProbe) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
+func (x *TraceProbe) GetRecords() []*FlowRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *TraceProbe) GetAgreement() string {
+	if x != nil {
+		return x.Agreement
+	}
+	return ""
+}
+
+func (x *TraceProbe) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// One step of a trace: who decides, what, and why.
+type TraceHop struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"` // the node whose state decides this step
+	// socket-lb, egress-policy, forwarding or ingress-policy
+	Step string `protobuf:"bytes,2,opt,name=step,proto3" json:"step,omitempty"`
+	// socket-lb: translated, refused; policies: allowed, denied, not-isolated;
+	// forwarding: same-node, fast-path, slow-path, outside, broken.
+	Verdict  string   `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	Detail   string   `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`     // in words
+	Policies []string `protobuf:"bytes,5,rep,name=policies,proto3" json:"policies,omitempty"` // the deciding policy, or the isolating ones
+	Rule     int32    `protobuf:"varint,6,opt,name=rule,proto3" json:"rule,omitempty"`        // the deciding rule's index in its policy; -1 if none
+	// here: read from this agent's own state; computed: another node's
+	// verdict, computed here from the cluster's policies.
+	Basis         string `protobuf:"bytes,7,opt,name=basis,proto3" json:"basis,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceHop) Reset() {
+	*x = TraceHop{}
+	mi := &file_onc_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceHop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceHop) ProtoMessage() {}
+
+func (x *TraceHop) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceHop.ProtoReflect.Descriptor instead.
+func (*TraceHop) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *TraceHop) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TraceHop) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *TraceHop) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *TraceHop) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *TraceHop) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *TraceHop) GetRule() int32 {
+	if x != nil {
+		return x.Rule
+	}
+	return 0
+}
+
+func (x *TraceHop) GetBasis() string {
+	if x != nil {
+		return x.Basis
+	}
+	return ""
+}
+
+// Where a packet goes once it has a destination pod or host: one per
+// backend for a Service, else one.
+type TracePath struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Destination   *FlowEndpoint          `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	Hops          []*TraceHop            `protobuf:"bytes,2,rep,name=hops,proto3" json:"hops,omitempty"`
+	Verdict       string                 `protobuf:"bytes,3,opt,name=verdict,proto3" json:"verdict,omitempty"` // allowed or denied
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TracePath) Reset() {
+	*x = TracePath{}
+	mi := &file_onc_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TracePath) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TracePath) ProtoMessage() {}
+
+func (x *TracePath) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TracePath.ProtoReflect.Descriptor instead.
+func (*TracePath) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TracePath) GetDestination() *FlowEndpoint {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
+func (x *TracePath) GetHops() []*TraceHop {
+	if x != nil {
+		return x.Hops
+	}
+	return nil
+}
+
+func (x *TracePath) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+type TraceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        *FlowEndpoint          `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Destination   *FlowEndpoint          `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"` // as asked (a Service's frontend stays one)
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Hops          []*TraceHop            `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`   // before the paths fork (the socket LB)
+	Paths         []*TracePath           `protobuf:"bytes,5,rep,name=paths,proto3" json:"paths,omitempty"` // none when the socket LB refuses the connection
+	Probe         *TraceProbe            `protobuf:"bytes,6,opt,name=probe,proto3" json:"probe,omitempty"` // with TraceRequest.probe
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceResponse) Reset() {
+	*x = TraceResponse{}
+	mi := &file_onc_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceResponse) ProtoMessage() {}
+
+func (x *TraceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceResponse.ProtoReflect.Descriptor instead.
+func (*TraceResponse) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *TraceResponse) GetSource() *FlowEndpoint {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *TraceResponse) GetDestination() *FlowEndpoint {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
+func (x *TraceResponse) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *TraceResponse) GetHops() []*TraceHop {
+	if x != nil {
+		return x.Hops
+	}
+	return nil
+}
+
+func (x *TraceResponse) GetPaths() []*TracePath {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *TraceResponse) GetProbe() *TraceProbe {
+	if x != nil {
+		return x.Probe
+	}
+	return nil
 }
 
 var File_onc_proto protoreflect.FileDescriptor
@@ -3464,14 +3893,14 @@ const file_onc_proto_rawDesc = "" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x18\n" +
 	"\averdict\x18\x04 \x01(\tR\averdict\x12&\n" +
 	"\x0fsince_unix_nano\x18\x05 \x01(\x03R\rsinceUnixNano\x12\x14\n" +
-	"\x05event\x18\x0f \x01(\tR\x05event\"\x8c\x01\n" +
+	"\x05event\x18\x06 \x01(\tR\x05event\"\x8c\x01\n" +
 	"\fFlowEndpoint\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xb4\x03\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xc8\x03\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -3485,19 +3914,53 @@ const file_onc_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
 	"\bpolicies\x18\n" +
 	" \x03(\tR\bpolicies\x12\x12\n" +
-	"\x04path\x18\v \x01(\tR\x04path\x124\n" +
+	"\x04path\x18\v \x01(\tR\x04path\x12\x12\n" +
+	"\x04rule\x18\f \x01(\x05R\x04rule\x124\n" +
 	"\n" +
 	"translated\x18\r \x01(\v2\x14.onc.v1.FlowEndpointR\n" +
 	"translated\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\x0e \x01(\rR\n" +
-	"suppressed2\xf9\x01\n" +
+	"suppressed\"\x8e\x01\n" +
+	"\fTraceRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\x12\x14\n" +
+	"\x05probe\x18\x05 \x01(\bR\x05probe\"\xba\x01\n" +
+	"\n" +
+	"TraceProbe\x12\x14\n" +
+	"\x05local\x18\x01 \x01(\tR\x05local\x12\x18\n" +
+	"\aoutcome\x18\x02 \x01(\tR\aoutcome\x12\x18\n" +
+	"\aseconds\x18\x03 \x01(\x01R\aseconds\x12,\n" +
+	"\arecords\x18\x04 \x03(\v2\x12.onc.v1.FlowRecordR\arecords\x12\x1c\n" +
+	"\tagreement\x18\x05 \x01(\tR\tagreement\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\xaa\x01\n" +
+	"\bTraceHop\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
+	"\averdict\x18\x03 \x01(\tR\averdict\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x1a\n" +
+	"\bpolicies\x18\x05 \x03(\tR\bpolicies\x12\x12\n" +
+	"\x04rule\x18\x06 \x01(\x05R\x04rule\x12\x14\n" +
+	"\x05basis\x18\a \x01(\tR\x05basis\"\x83\x01\n" +
+	"\tTracePath\x126\n" +
+	"\vdestination\x18\x01 \x01(\v2\x14.onc.v1.FlowEndpointR\vdestination\x12$\n" +
+	"\x04hops\x18\x02 \x03(\v2\x10.onc.v1.TraceHopR\x04hops\x12\x18\n" +
+	"\averdict\x18\x03 \x01(\tR\averdict\"\x8a\x02\n" +
+	"\rTraceResponse\x12,\n" +
+	"\x06source\x18\x01 \x01(\v2\x14.onc.v1.FlowEndpointR\x06source\x126\n" +
+	"\vdestination\x18\x02 \x01(\v2\x14.onc.v1.FlowEndpointR\vdestination\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12$\n" +
+	"\x04hops\x18\x04 \x03(\v2\x10.onc.v1.TraceHopR\x04hops\x12'\n" +
+	"\x05paths\x18\x05 \x03(\v2\x11.onc.v1.TracePathR\x05paths\x12(\n" +
+	"\x05probe\x18\x06 \x01(\v2\x12.onc.v1.TraceProbeR\x05probe2\xf9\x01\n" +
 	"\x03CNI\x12.\n" +
 	"\x03Add\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12.\n" +
 	"\x03Del\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x120\n" +
 	"\x05Check\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x121\n" +
 	"\x06Status\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse\x12-\n" +
-	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\x9b\x06\n" +
+	"\x02GC\x12\x12.onc.v1.CNIRequest\x1a\x13.onc.v1.CNIResponse2\xd1\x06\n" +
 	"\x05Agent\x129\n" +
 	"\tGetStatus\x12\x18.onc.v1.GetStatusRequest\x1a\x12.onc.v1.NodeStatus\x12=\n" +
 	"\bListPods\x12\x17.onc.v1.ListPodsRequest\x1a\x18.onc.v1.ListPodsResponse\x12@\n" +
@@ -3513,7 +3976,8 @@ const file_onc_proto_rawDesc = "" +
 	"\n" +
 	"ListBypass\x12\x19.onc.v1.ListBypassRequest\x1a\x1a.onc.v1.ListBypassResponse\x12A\n" +
 	"\tSetBypass\x12\x18.onc.v1.SetBypassRequest\x1a\x1a.onc.v1.ListBypassResponse\x129\n" +
-	"\bGetFlows\x12\x17.onc.v1.GetFlowsRequest\x1a\x12.onc.v1.FlowRecord0\x01B%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
+	"\bGetFlows\x12\x17.onc.v1.GetFlowsRequest\x1a\x12.onc.v1.FlowRecord0\x01\x124\n" +
+	"\x05Trace\x12\x14.onc.v1.TraceRequest\x1a\x15.onc.v1.TraceResponseB%Z#github.com/onc-net/onc/api/v1;apiv1b\x06proto3"
 
 var (
 	file_onc_proto_rawDescOnce sync.Once
@@ -3527,7 +3991,7 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),           // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),          // 1: onc.v1.CNIResponse
@@ -3571,6 +4035,11 @@ var file_onc_proto_goTypes = []any{
 	(*GetFlowsRequest)(nil),      // 39: onc.v1.GetFlowsRequest
 	(*FlowEndpoint)(nil),         // 40: onc.v1.FlowEndpoint
 	(*FlowRecord)(nil),           // 41: onc.v1.FlowRecord
+	(*TraceRequest)(nil),         // 42: onc.v1.TraceRequest
+	(*TraceProbe)(nil),           // 43: onc.v1.TraceProbe
+	(*TraceHop)(nil),             // 44: onc.v1.TraceHop
+	(*TracePath)(nil),            // 45: onc.v1.TracePath
+	(*TraceResponse)(nil),        // 46: onc.v1.TraceResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
@@ -3597,45 +4066,55 @@ var file_onc_proto_depIdxs = []int32{
 	40, // 21: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
 	40, // 22: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
 	40, // 23: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
-	0,  // 24: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 25: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 26: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 27: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 28: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 29: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 30: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 31: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 32: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 33: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 34: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 35: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 36: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 37: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	35, // 38: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
-	38, // 39: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
-	39, // 40: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
-	1,  // 41: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 42: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 43: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 44: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 45: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 46: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 47: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 48: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 49: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 50: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 51: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 52: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 53: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 54: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	37, // 55: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
-	37, // 56: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
-	41, // 57: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
-	41, // [41:58] is the sub-list for method output_type
-	24, // [24:41] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	41, // 24: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
+	40, // 25: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 26: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
+	40, // 27: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
+	40, // 28: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 29: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
+	45, // 30: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
+	43, // 31: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
+	0,  // 32: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 33: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 34: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 35: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 36: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 37: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 38: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 39: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 40: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 41: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 42: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 43: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 44: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 45: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	35, // 46: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	38, // 47: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	39, // 48: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
+	42, // 49: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
+	1,  // 50: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 51: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 52: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 53: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 54: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 55: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 56: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 57: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 58: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 59: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 60: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 61: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 62: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 63: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	37, // 64: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	37, // 65: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	41, // 66: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
+	46, // 67: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
+	50, // [50:68] is the sub-list for method output_type
+	32, // [32:50] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -3649,7 +4128,7 @@ func file_onc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -299,6 +299,7 @@ const (
 	Agent_ListBypass_FullMethodName   = "/onc.v1.Agent/ListBypass"
 	Agent_SetBypass_FullMethodName    = "/onc.v1.Agent/SetBypass"
 	Agent_GetFlows_FullMethodName     = "/onc.v1.Agent/GetFlows"
+	Agent_Trace_FullMethodName        = "/onc.v1.Agent/Trace"
 )
 
 // AgentClient is the client API for Agent service.
@@ -346,6 +347,12 @@ type AgentClient interface {
 	// filter (the message names the field); FAILED_PRECONDITION when this
 	// node records no flows (--flows-buffer 0, or no NetworkPolicy here).
 	GetFlows(ctx context.Context, in *GetFlowsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FlowRecord], error)
+	// What ONC does with a new connection from a pod of this node, hop by
+	// hop, computed from the agent's state (docs/observability.md).
+	// INVALID_ARGUMENT for a bad request (the message names the field);
+	// NOT_FOUND for a pod nobody knows; FAILED_PRECONDITION for a source on
+	// another node (the message names it) or without NetworkPolicy here.
+	Trace(ctx context.Context, in *TraceRequest, opts ...grpc.CallOption) (*TraceResponse, error)
 }
 
 type agentClient struct {
@@ -485,6 +492,16 @@ func (c *agentClient) GetFlows(ctx context.Context, in *GetFlowsRequest, opts ..
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_GetFlowsClient = grpc.ServerStreamingClient[FlowRecord]
 
+func (c *agentClient) Trace(ctx context.Context, in *TraceRequest, opts ...grpc.CallOption) (*TraceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TraceResponse)
+	err := c.cc.Invoke(ctx, Agent_Trace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -530,6 +547,12 @@ type AgentServer interface {
 	// filter (the message names the field); FAILED_PRECONDITION when this
 	// node records no flows (--flows-buffer 0, or no NetworkPolicy here).
 	GetFlows(*GetFlowsRequest, grpc.ServerStreamingServer[FlowRecord]) error
+	// What ONC does with a new connection from a pod of this node, hop by
+	// hop, computed from the agent's state (docs/observability.md).
+	// INVALID_ARGUMENT for a bad request (the message names the field);
+	// NOT_FOUND for a pod nobody knows; FAILED_PRECONDITION for a source on
+	// another node (the message names it) or without NetworkPolicy here.
+	Trace(context.Context, *TraceRequest) (*TraceResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -575,6 +598,9 @@ func (UnimplementedAgentServer) SetBypass(context.Context, *SetBypassRequest) (*
 }
 func (UnimplementedAgentServer) GetFlows(*GetFlowsRequest, grpc.ServerStreamingServer[FlowRecord]) error {
 	return status.Errorf(codes.Unimplemented, "method GetFlows not implemented")
+}
+func (UnimplementedAgentServer) Trace(context.Context, *TraceRequest) (*TraceResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Trace not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -806,6 +832,24 @@ func _Agent_GetFlows_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_GetFlowsServer = grpc.ServerStreamingServer[FlowRecord]
 
+func _Agent_Trace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TraceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Trace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Trace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Trace(ctx, req.(*TraceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -856,6 +900,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetBypass",
 			Handler:    _Agent_SetBypass_Handler,
+		},
+		{
+			MethodName: "Trace",
+			Handler:    _Agent_Trace_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -56,7 +56,8 @@ func main() {
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	fs.IntVar(&cfg.FlowsBuffer, "flows-buffer", 8192, "how many flow records the agent keeps for onctl flows (docs/observability.md); 0 records none")
 	fs.Uint32Var(&cfg.Datapath.FlowEvents, "flows-events-rate", 1000, "flow records from the eBPF programs (drops, Service translations, fast-path open and learn): at most this many a second of each kind on each CPU, twice that at once; the rest are counted, not recorded (docs/observability.md); 0 records none")
-	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs what it drops to, for the flow records; pick one no other program of the node reads")
+	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs its verdicts to, for the flow records; pick one no other program of the node reads")
+	flowsExport := exportFlags(fs)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
 	debug := fs.Bool("debug", false, "debug logging")
@@ -97,6 +98,9 @@ func main() {
 		cfg.Datapath.PolicyLogGroup = uint16(*flowsGroup)
 	default:
 		cfg.Datapath.FlowEvents = 0 // no store to record them in
+	}
+	if cfg.FlowsExport, err = flowsExport(cfg.FlowsBuffer); err != nil {
+		cmdutil.Fatal("bad flag", err)
 	}
 	if cfg.Datapath.Bypass, err = bypass.ParseConfig(*bypassMode, *bypassMinSize); err != nil {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--bypass=%s --bypass-min-size=%d: %w", *bypassMode, *bypassMinSize, err))

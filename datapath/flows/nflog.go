@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/florianl/go-nflog/v2"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,31 +21,69 @@ import (
 // tells ONC's messages (and their grammar) from anyone else's in the group.
 const PrefixVersion = "onc1"
 
-// Verdicts a policy log prefix names.
+// Verdicts a log prefix names.
 const (
-	VerdictDenied = "D" // the pod's chain dropped it: no rule of the policies isolating it allows it
+	VerdictDenied  = "D" // the pod's chain dropped it: no rule of the policies isolating it allows it
+	VerdictAllowed = "A" // the pod's chain let it start a connection: a rule allows it
+	VerdictDropped = "X" // a base chain dropped it, for Why
+)
+
+// Why a base chain dropped a packet (VerdictDropped).
+const (
+	DropSpoof   = "spoof"   // from a pod, with a source address not its own
+	DropInvalid = "invalid" // conntrack's state invalid, to or from a pod
+	DropNoSYN   = "nosyn"   // a new TCP connection without a SYN, to or from an isolated pod
 )
 
 // Packet is one packet the policy table logged.
 type Packet struct {
 	Time    time.Time // when the agent read it (the kernel does not stamp forwarded packets)
-	Verdict string    // VerdictDenied
-	Ingress bool      // the verdict is the ingress chain's (else egress)
-	PodID   string    // the chain's pod id (datapath/policy PodID)
-	Proto   uint8     // IP protocol number
-	Src     netip.AddrPort
-	Dst     netip.AddrPort
+	Verdict string    // VerdictDenied, VerdictAllowed or VerdictDropped
+	Ingress bool      // the verdict is on the pod's ingress (else egress)
+	PodID   string    // the chain's pod id (datapath/policy PodID); "" for VerdictDropped
+	// Fingerprint names the rules the chain enforced (datapath/policy
+	// Enforcer.Logged); "" for VerdictDropped, and in the prefixes of
+	// agents before it.
+	Fingerprint string
+	Why         string // VerdictDropped: DropSpoof, DropInvalid or DropNoSYN
+	// Iface is the host side of the pod's veth the packet came from
+	// (egress) or went to (ingress), for VerdictDropped; "" if gone.
+	Iface string
+	Proto uint8 // IP protocol number
+	Src   netip.AddrPort
+	Dst   netip.AddrPort
 }
 
-// PolicyPrefix is the log prefix of verdict for the chain of pod id in a
-// direction.
-func PolicyPrefix(verdict string, ingress bool, id string) string {
-	dir := "eg"
-	if ingress {
-		dir = "in"
-	}
-	return strings.Join([]string{PrefixVersion, verdict, dir, id}, " ")
+// The prefix grammar, version PrefixVersion (docs/observability.md):
+//
+//	onc1 D <dir> <id> [<fp>]   a pod chain's drop (no fp: agents before fingerprints)
+//	onc1 A <dir> <id> <fp>     a pod chain's allowed new connection
+//	onc1 X <why> <dir>         a base chain's drop
+//
+// dir is in or eg; id the pod's PodID; fp the chain's rules' fingerprint.
+
+// PolicyPrefix is the log prefix of verdict (VerdictDenied or
+// VerdictAllowed) for the chain of pod id in a direction, enforcing the
+// rules of fingerprint fp.
+func PolicyPrefix(verdict string, ingress bool, id, fp string) string {
+	return strings.Join([]string{PrefixVersion, verdict, dirName(ingress), id, fp}, " ")
 }
+
+// DropPrefix is the log prefix of a base chain's drop for why, of a
+// packet to a pod (ingress) or from one.
+func DropPrefix(why string, ingress bool) string {
+	return strings.Join([]string{PrefixVersion, VerdictDropped, why, dirName(ingress)}, " ")
+}
+
+func dirName(ingress bool) string {
+	if ingress {
+		return "in"
+	}
+	return "eg"
+}
+
+// parseDir reads a prefix's direction.
+func parseDir(s string) (ingress, ok bool) { return s == "in", s == "in" || s == "eg" }
 
 // ErrNotOurs: a log message of another writer, or of a grammar this
 // reader does not know.
@@ -53,15 +92,35 @@ var ErrNotOurs = errors.New("not a policy verdict of ONC's")
 // ParsePacket decodes a log message: its prefix and the IP packet it
 // carries (from its network header).
 func ParsePacket(prefix string, payload []byte) (Packet, error) {
-	var p Packet
-	f := strings.Fields(strings.TrimRight(prefix, "\x00"))
-	if len(f) != 4 || f[0] != PrefixVersion || f[1] != VerdictDenied || (f[2] != "in" && f[2] != "eg") || f[3] == "" {
+	p, ok := parsePrefix(strings.Fields(strings.TrimRight(prefix, "\x00")))
+	if !ok {
 		return p, fmt.Errorf("%w: prefix %q", ErrNotOurs, prefix)
 	}
-	p.Verdict, p.Ingress, p.PodID = f[1], f[2] == "in", f[3]
 	var err error
 	p.Proto, p.Src, p.Dst, err = parseIP(payload)
 	return p, err
+}
+
+// parsePrefix reads a prefix's fields.
+func parsePrefix(f []string) (p Packet, ok bool) {
+	if len(f) < 4 || f[0] != PrefixVersion {
+		return p, false
+	}
+	p.Verdict = f[1]
+	switch p.Verdict {
+	case VerdictDenied, VerdictAllowed:
+		if len(f) == 5 {
+			p.Fingerprint = f[4]
+		}
+		p.Ingress, ok = parseDir(f[2])
+		p.PodID = f[3]
+		return p, ok && (len(f) == 5 || len(f) == 4 && p.Verdict == VerdictDenied)
+	case VerdictDropped:
+		p.Why = f[2]
+		p.Ingress, ok = parseDir(f[3])
+		return p, ok && len(f) == 4 && (p.Why == DropSpoof || p.Why == DropInvalid || p.Why == DropNoSYN)
+	}
+	return p, false
 }
 
 // parseIP reads the addresses, protocol and ports of an IPv4 or IPv6
@@ -138,6 +197,7 @@ func b0(b []byte) uint8 {
 type Reader struct {
 	nf    *nflog.Nflog
 	group uint16
+	links *netlink.Handle // in the namespace of the group: interface names
 }
 
 // Open takes NFLOG group group in the calling thread's network namespace
@@ -157,7 +217,25 @@ func Open(group uint16) (*Reader, error) {
 		nf.Close()
 		return nil, fmt.Errorf("NFLOG group %d: read buffer: %w", group, err)
 	}
-	return &Reader{nf: nf, group: group}, nil
+	links, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		nf.Close()
+		return nil, fmt.Errorf("NFLOG group %d: netlink: %w", group, err)
+	}
+	return &Reader{nf: nf, group: group, links: links}, nil
+}
+
+// ifname is the name of the interface with index, or "" when there is
+// none (a pod's veth may be gone by the time its packet is read).
+func (r *Reader) ifname(index *uint32) string {
+	if index == nil {
+		return ""
+	}
+	l, err := r.links.LinkByIndex(int(*index))
+	if err != nil {
+		return ""
+	}
+	return l.Attrs().Name
 }
 
 // Run reads until ctx ends or reading fails, calling fn for each packet
@@ -166,6 +244,7 @@ func Open(group uint16) (*Reader, error) {
 // it does not say). It closes the reader.
 func (r *Reader) Run(parent context.Context, fn func(Packet), lost func(n int)) error {
 	defer r.nf.Close()
+	defer r.links.Close()
 	ctx, stop := context.WithCancelCause(parent)
 	defer stop(nil)
 	hook := func(a nflog.Attribute) int {
@@ -181,6 +260,14 @@ func (r *Reader) Run(parent context.Context, fn func(Packet), lost func(n int)) 
 			return 0
 		}
 		p.Time = time.Now()
+		if p.Verdict == VerdictDropped {
+			// The pod's veth: the packet came from it, or was going to it.
+			dev := a.InDev
+			if p.Ingress {
+				dev = a.OutDev
+			}
+			p.Iface = r.ifname(dev)
+		}
 		fn(p)
 		return 0
 	}

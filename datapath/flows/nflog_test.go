@@ -49,6 +49,20 @@ func TestParsePacket(t *testing.T) {
 		{"an IPv6 later fragment has no ports", "onc1 D eg abcdef0123", frag,
 			Packet{Verdict: VerdictDenied, PodID: "abcdef0123", Proto: 17,
 				Src: netip.MustParseAddrPort("[fd00::1]:0"), Dst: netip.MustParseAddrPort("[fd00::2]:0")}, nil},
+		{"with the rules' fingerprint", "onc1 D in 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
+			Packet{Verdict: VerdictDenied, Ingress: true, PodID: "0123456789", Fingerprint: "89abcdef", Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
+		{"allowed, egress", "onc1 A eg 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
+			Packet{Verdict: VerdictAllowed, PodID: "0123456789", Fingerprint: "89abcdef", Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
+		{"a base chain's drop", "onc1 X nosyn in", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
+			Packet{Verdict: VerdictDropped, Why: DropNoSYN, Ingress: true, Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
+		{"allowed without a fingerprint", "onc1 A in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"a field too many", "onc1 D in 0123456789 89abcdef x", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"an unknown drop", "onc1 X martian eg", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"a drop without a direction", "onc1 X spoof", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"a drop with a pod id", "onc1 X spoof eg 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"someone else's prefix", "IN=eth0 DROP", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"another grammar version", "onc2 D in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"an unknown verdict", "onc1 Q in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
@@ -73,9 +87,14 @@ var errAny = errors.New("any error")
 
 func FuzzParsePacket(f *testing.F) {
 	f.Add("onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	f.Add("onc1 D eg 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	f.Add("onc1 A in 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	f.Add("onc1 X spoof eg", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
 	f.Fuzz(func(t *testing.T, prefix string, pkt []byte) {
 		p, err := ParsePacket(prefix, pkt)
-		if err == nil && (!p.Src.Addr().IsValid() || p.Src.Addr().Is4() != p.Dst.Addr().Is4()) {
+		if err == nil && (!p.Src.Addr().IsValid() || p.Src.Addr().Is4() != p.Dst.Addr().Is4() ||
+			(p.Verdict == VerdictDropped) != (p.PodID == "" && p.Fingerprint == "" && p.Why != "") ||
+			p.Verdict == VerdictAllowed && p.Fingerprint == "") {
 			t.Fatalf("%q %x: %+v", prefix, pkt, p)
 		}
 	})

@@ -2,7 +2,10 @@
 // IP protocol numbers, as the kernel and the eBPF programs hold them.
 package l4
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Proto is an IP protocol number.
 type Proto uint8
@@ -23,4 +26,14 @@ func (p Proto) String() string {
 		return "SCTP"
 	}
 	return fmt.Sprintf("proto-%d", uint8(p))
+}
+
+// ParseProto reads a protocol's name, in any case: TCP, UDP or SCTP.
+func ParseProto(s string) (Proto, bool) {
+	for _, p := range []Proto{TCP, UDP, SCTP} {
+		if strings.EqualFold(s, p.String()) {
+			return p, true
+		}
+	}
+	return 0, false
 }

@@ -3,6 +3,8 @@
 package policy
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -104,4 +106,72 @@ func bypassed(t *testing.T, bp *bypass.Bypass, client, server netip.AddrPort) bo
 		}
 	}
 	return false
+}
+
+// TestResyncLeavesBypassRecording: a resync that changes no pod's rules
+// does not pause the bypass, so connections opened while the agent
+// resyncs are bypassed as any other (a pause there once sent a test's
+// connection to the stack for good).
+func TestResyncLeavesBypassRecording(t *testing.T) {
+	tp := newTopo(t, "a", "b")
+	bp := tp.bypass()
+	n := NewNode(func() *fastpath.Datapath { return nil }, func() *bypass.Bypass { return bp }, 0)
+	t.Cleanup(func() { n.Close() })
+	a, b := tp.pods["a"], tp.pods["b"]
+	rs := Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow([]netip.Prefix{netip.PrefixFrom(a.ip, 32)}, PortRange{TCP, 9000, 9000})), nil)}}
+	tp.in(tp.nodeNS, func() error { _, err := n.Enforce(rs, true); return err })
+	skipped := func() uint64 {
+		stats, err := bp.Stats()
+		testutil.Must(t, err)
+		for _, s := range stats {
+			if s.Name == "skip_paused" {
+				return s.Value
+			}
+		}
+		t.Fatalf("no skip_paused counter in %v", stats)
+		return 0
+	}
+	before := skipped()
+
+	stop, done := make(chan struct{}), make(chan error, 1)
+	resyncs := 0
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			var ch Change
+			var err error
+			tp.in(tp.nodeNS, func() error { ch, err = n.Enforce(rs, i%2 == 0); return nil })
+			if err == nil && len(ch.Pods) > 0 {
+				err = fmt.Errorf("resync %d changed %v", i, ch.Pods)
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+			resyncs++
+		}
+	}()
+	var conns [][2]net.Conn
+	for range 20 {
+		c, s := tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9000), b, 9000)
+		conns = append(conns, [2]net.Conn{c, s})
+	}
+	close(stop)
+	testutil.Must(t, <-done)
+	if resyncs < 10 {
+		t.Fatalf("only %d resyncs ran beside the connections: the test would prove nothing", resyncs)
+	}
+	if got := skipped(); got != before {
+		t.Errorf("skip_paused went from %d to %d over %d resyncs that changed nothing", before, got, resyncs)
+	}
+	for _, c := range conns {
+		if !bypassed(t, bp, netip.MustParseAddrPort(c[0].LocalAddr().String()), netip.MustParseAddrPort(c[1].LocalAddr().String())) {
+			t.Errorf("the connection %s -> %s, opened during resyncs, is not bypassed", c[0].LocalAddr(), c[1].LocalAddr())
+		}
+	}
 }

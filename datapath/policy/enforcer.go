@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -45,10 +46,13 @@ const nftTimeout = 30 * time.Second
 // so on (changeSets), and drop otherwise, counting both with the named
 // counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
 // also logs what it drops (NFLOG, the prefix naming the verdict, the
-// direction and the pod's id: datapath/flows), at most 20 packets a second
-// per chain and, of those, 3 at once and then 1 a second per connection
-// (sets flows-denied and flows-denied6 hold each connection's budget until
-// it has been quiet for a minute). Returning instead of accepting lets
+// direction, the pod's id and the fingerprint of its rules:
+// datapath/flows), at most 20 packets a second per chain and, of those, 3
+// at once and then 1 a second per connection (sets flows-denied and
+// flows-denied6 hold each connection's budget until it has been quiet for
+// a minute), and goes to its allow-log chain instead of returning, which
+// logs the new connections it allows (verdicts.go); the base chains' drops
+// go to chains that count, log and drop them. Returning instead of accepting lets
 // same-node traffic pass the sender's egress and then the receiver's
 // ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
 // never policed.
@@ -70,7 +74,9 @@ type Enforcer struct {
 	// (dir.key): what the sets of the pods in pods hold.
 	compiled map[string]*compiled
 	owned    ownership // whether the kernel's table is still the one last written
-	logGroup uint16    // where pods' chains log what they drop; 0: they do not
+	commits  uint64    // Commits so far: what a Prepared was compiled against
+	logGroup uint16    // where the chains log their verdicts; 0: they do not
+	logged   logHistory
 }
 
 // Log rates (docs/observability.md): per pod chain, so that a flood of
@@ -88,6 +94,17 @@ type applied struct {
 	iface  string
 	addrs  podAddrs
 	in, eg string // fingerprint of each direction's sets; "" when not isolated
+	// inLog and egLog are the fingerprints of each direction's rules its
+	// log prefixes carry (logFingerprint); "" when not isolated or not
+	// logging. Rules can change without changing the sets.
+	inLog, egLog string
+}
+
+// sameSets reports whether a and b enforce the same: only their log
+// prefixes may differ.
+func (a applied) sameSets(b applied) bool {
+	a.inLog, a.egLog = b.inLog, b.egLog
+	return a == b
 }
 
 // podAddrs are a pod's addresses by family (ipv4, ipv6); invalid where it
@@ -175,7 +192,8 @@ func (e *Enforcer) checkLog() error {
 	tx.Add(&knftables.Table{})
 	addDeniedSets(tx)
 	tx.Add(&knftables.Chain{Name: "log-check"})
-	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check"))
+	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check", "check"))
+	tx.Add(&knftables.Rule{Chain: "log-check", Rule: allowLogRule(e.logGroup, flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))})
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	return e.nft.Check(ctx, tx)
@@ -210,11 +228,20 @@ func (d dir) fingerprint(a applied) string {
 	return a.eg
 }
 
+// logFingerprint picks a's log fingerprint in direction d.
+func (d dir) logFingerprint(a applied) string {
+	if d == ingress {
+		return a.inLog
+	}
+	return a.egLog
+}
+
 // plan is the desired state of one pod.
 type plan struct {
 	applied
 	key            string
-	inSets, egSets *compiled // nil when not isolated
+	inSets, egSets *compiled  // nil when not isolated
+	inDir, egDir   *Direction // the rules they come from
 }
 
 func (p *plan) sets(d dir) *compiled {
@@ -222,6 +249,13 @@ func (p *plan) sets(d dir) *compiled {
 		return p.inSets
 	}
 	return p.egSets
+}
+
+func (p *plan) rules(d dir) *Direction {
+	if d == ingress {
+		return p.inDir
+	}
+	return p.egDir
 }
 
 // PodID is a short stable id for a pod key, in the names of its chains,
@@ -265,13 +299,16 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			return nil, nil, err
 		}
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
+		pl.inDir, pl.egDir = p.Ingress, p.Egress
 		if p.Ingress != nil {
 			pl.inSets = e.elementsOf(ingress.key(p.Key), p.Ingress, next)
 			pl.in = "in:" + pl.inSets.fingerprint
+			pl.inLog = e.logFingerprint(p.Ingress, pl.inSets)
 		}
 		if p.Egress != nil {
 			pl.egSets = e.elementsOf(egress.key(p.Key), p.Egress, next)
 			pl.eg = "eg:" + pl.egSets.fingerprint
+			pl.egLog = e.logFingerprint(p.Egress, pl.egSets)
 		}
 		out = append(out, pl)
 	}
@@ -300,6 +337,7 @@ type compiled struct {
 	el          elements
 	fingerprint string
 	second      bool
+	rulesHash   []byte // of rules, once a log fingerprint needed it (logFingerprint)
 }
 
 // elementsOf compiles d, or reuses what the last Apply compiled for key
@@ -318,35 +356,89 @@ func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compile
 
 // Apply makes the table enforce rs and returns the keys of the pods whose
 // enforcement changed (added, rules changed, removed), sorted: the caller
-// should Revoke their connections. On the first Apply and the first after
-// a failure, it rewrites the whole table, taking over one an earlier agent
-// left with no gap and keeping the counters; with checkKernel too if the
-// table may have drifted from what it last wrote (drift.go), repairing it;
-// otherwise it touches only the changed pods, and makes no transaction if
-// none changed. Either way it is at most one nft transaction.
+// should Revoke their connections. It is Prepare then Commit.
 func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
+	p, err := e.Prepare(rs)
+	if err != nil {
+		return nil, err
+	}
+	return p.Changed, e.Commit(p, checkKernel)
+}
+
+// Prepared is a ruleset compiled against what the table holds, for
+// Commit. Changed is known before anything is written, so that a caller
+// can make ready for a change (or skip that when there is none).
+type Prepared struct {
+	// Changed are the keys of the pods whose enforcement changes (added,
+	// rules changed, removed), sorted.
+	Changed  []string
+	want     []plan
+	compiled map[string]*compiled
+	commits  uint64 // e.commits when prepared
+}
+
+// Prepare compiles rs against what the table holds; nothing is written.
+func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	want, compiled, err := e.plans(rs)
 	if err != nil {
 		return nil, err
 	}
+	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
+	seen := make(map[string]bool, len(want))
+	for _, w := range want {
+		if old, ok := e.pods[w.key]; !ok || !old.sameSets(w.applied) {
+			p.Changed = append(p.Changed, w.key)
+		}
+		seen[w.key] = true
+	}
+	for key := range e.pods {
+		if !seen[key] {
+			p.Changed = append(p.Changed, key)
+		}
+	}
+	sort.Strings(p.Changed)
+	return p, nil
+}
+
+// Commit makes the table enforce what p was prepared from. On the first
+// Commit and the first after a failure, it rewrites the whole table,
+// taking over one an earlier agent left with no gap and keeping the
+// counters; with checkKernel too if the table may have drifted from what
+// it last wrote (drift.go), repairing it; otherwise it touches only
+// p.Changed, and makes no transaction if that is empty. Either way it is
+// at most one nft transaction. p must be the last one prepared since the
+// last Commit: the table's state it was compiled against must still hold.
+func (e *Enforcer) Commit(p *Prepared, checkKernel bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p.commits != e.commits {
+		return errors.New("network policy: a ruleset prepared before another was committed")
+	}
+	e.commits++
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	// A resync rewrites the table only if it may have drifted from what
 	// was last written (drift.go); the update then writes what rs changes.
 	rewrite := !e.synced || checkKernel && e.owned.drifted()
 	var tx *knftables.Transaction
+	var err error
 	if !rewrite {
-		tx = e.update(want)
-	} else if tx, err = e.rebuild(ctx, want); err != nil {
-		return nil, err
+		tx = e.update(p.want)
+	} else if tx, err = e.rebuild(ctx, p.want); err != nil {
+		return err
 	}
 	if tx.NumOperations() > 0 {
+		// Before the commit: a packet logged right after it finds its
+		// fingerprint.
+		if e.logGroup != 0 {
+			e.logged.record(p.want)
+		}
 		before, berr := RulesetGeneration()
 		if err := e.nft.Run(ctx, tx); err != nil {
 			e.synced = false
-			return nil, fmt.Errorf("nft: %w", err)
+			return fmt.Errorf("nft: %w", err)
 		}
 		if rewrite {
 			e.retireLegacy(ctx)
@@ -355,26 +447,20 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 		e.owned.wrote(before, after, berr == nil && aerr == nil, rewrite)
 	}
 	e.synced = true
-	e.compiled = compiled
+	e.compiled = p.compiled
 
-	var changed []string
-	next := make(map[string]applied, len(want))
-	for _, p := range want {
-		if old, ok := e.pods[p.key]; !ok || old != p.applied {
-			changed = append(changed, p.key)
-		}
-		next[p.key] = p.applied
-		delete(e.gone, p.key)
+	next := make(map[string]applied, len(p.want))
+	for _, w := range p.want {
+		next[w.key] = w.applied
+		delete(e.gone, w.key)
 	}
 	for key, old := range e.pods {
 		if _, ok := next[key]; !ok {
-			changed = append(changed, key)
 			e.gone[key] = old.addrs
 		}
 	}
 	e.pods = next
-	sort.Strings(changed)
-	return changed, nil
+	return nil
 }
 
 // retireLegacy deletes the table as agents before IPv6 wrote it, family
@@ -418,7 +504,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	tx.Add(&knftables.Table{}) // so that the delete finds one
 	tx.Delete(&knftables.Table{})
 	tx.Add(&knftables.Table{})
-	addBase(tx, e.logGroup)
+	addBase(tx, e.logGroup, kept)
 	for i := range want {
 		p := &want[i]
 		addPod(tx, p, kept)
@@ -427,7 +513,7 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 		}
 		for _, d := range []dir{ingress, egress} {
 			if c := p.sets(d); c != nil {
-				addDir(tx, e.logGroup, d, p.id, p.iface, c)
+				addDir(tx, e.logGroup, d, p.id, p.iface, c, d.logFingerprint(p.applied))
 			}
 		}
 	}
@@ -457,7 +543,7 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			was := d.fingerprint(old) != ""
 			switch {
 			case was && (p == nil || p.sets(d) == nil):
-				removeDir(tx, d, old.id, old.iface, e.compiled[d.key(key)])
+				removeDir(tx, e.logGroup, d, old.id, old.iface, e.compiled[d.key(key)])
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -500,10 +586,14 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			switch {
 			case c == nil:
 			case !was:
-				addDir(tx, e.logGroup, d, p.id, p.iface, c)
+				addDir(tx, e.logGroup, d, p.id, p.iface, c, d.logFingerprint(p.applied))
 			default:
-				if d.fingerprint(p.applied) != d.fingerprint(old) {
-					changeSets(tx, e.logGroup, d, p.id, e.compiled[d.key(p.key)], c)
+				fp := d.logFingerprint(p.applied)
+				switch {
+				case d.fingerprint(p.applied) != d.fingerprint(old):
+					changeSets(tx, e.logGroup, d, p.id, e.compiled[d.key(p.key)], c, fp)
+				case fp != d.logFingerprint(old):
+					rewriteRules(tx, e.logGroup, d, p.id, c, fp)
 				}
 				if p.iface != old.iface {
 					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
@@ -561,12 +651,15 @@ func addDeniedSets(tx *knftables.Transaction) {
 	}
 }
 
-// addBase adds the base chains and the maps and sets they use.
-func addBase(tx *knftables.Transaction, logGroup uint16) {
+// addBase adds the base chains and the maps, sets, chains and counters
+// they use, the counters with the values of the ones kept holds (a
+// rewrite's).
+func addBase(tx *knftables.Transaction, logGroup uint16, kept map[string]*knftables.Counter) {
 	tx.Add(&knftables.Set{Name: "pod-ifaces", Type: "ifname"})
 	if logGroup != 0 {
 		addDeniedSets(tx)
 	}
+	addDropChains(tx, logGroup, kept)
 	for f, set := range podAddrSets {
 		tx.Add(&knftables.Set{Name: set, Type: "ifname . " + families[f].addrType})
 	}
@@ -588,8 +681,8 @@ func addBase(tx *knftables.Transaction, logGroup uint16) {
 		// into that peer's connections. IPv6 link-local sources (and
 		// the unspecified one of duplicate address detection) reach
 		// no further than the pod's link, the node.
-		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs drop"})
-		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 drop"})
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces iifname . ip saddr != @pod-addrs " + dropVerdict(flows.DropSpoof, egress)})
+		tx.Add(&knftables.Rule{Chain: name, Rule: "iifname @pod-ifaces ip6 saddr != { ::, fe80::/10 } iifname . ip6 saddr != @pod-addrs6 " + dropVerdict(flows.DropSpoof, egress)})
 		// Neighbour discovery with the node, which conntrack does not
 		// track: ONC gives pods a permanent entry for their gateway, but
 		// a pod may still solicit the node (its link-local address, an
@@ -605,10 +698,10 @@ func addBase(tx *knftables.Transaction, logGroup uint16) {
 		// Revoke) from any packet, so one from the server would revive it
 		// with the roles swapped, judged as the server's: to or from an
 		// isolated pod, only a SYN may start one.
-		for _, drop := range [][2]string{{"ct state invalid", "pod-ifaces"}, {"ct state new tcp flags & (fin|syn|rst|ack) != syn", "isolated"}} {
-			tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s iifname @%s drop", drop[0], drop[1])})
+		for _, drop := range [][3]string{{"ct state invalid", "pod-ifaces", flows.DropInvalid}, {"ct state new tcp flags & (fin|syn|rst|ack) != syn", "isolated", flows.DropNoSYN}} {
+			tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s iifname @%s %s", drop[0], drop[1], dropVerdict(drop[2], egress))})
 			if hook == knftables.ForwardHook {
-				tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s oifname @%s drop", drop[0], drop[1])})
+				tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("%s oifname @%s %s", drop[0], drop[1], dropVerdict(drop[2], ingress))})
 			}
 		}
 		// A pod's egress to the node itself arrives at input.
@@ -627,11 +720,7 @@ func addPod(tx *knftables.Transaction, p *plan, kept map[string]*knftables.Count
 	addPodAddrs(tx, p.applied, applied{})
 	for _, d := range []dir{ingress, egress} {
 		for _, name := range []string{d.chain(p.id) + "-allow", d.chain(p.id) + "-deny"} {
-			c := &knftables.Counter{Name: name}
-			if old := kept[name]; old != nil && old.Packets != nil && old.Bytes != nil {
-				c.Packets, c.Bytes = old.Packets, old.Bytes
-			}
-			tx.Add(c)
+			tx.Add(keptCounter(name, kept))
 		}
 	}
 }
@@ -646,12 +735,16 @@ func removePod(tx *knftables.Transaction, a applied) {
 }
 
 // addDir adds the chain isolating a pod in direction d, its sets holding
-// c's elements, and the map element jumping to it.
-func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled) {
+// c's elements, its log prefixes carrying fp, and the map element jumping
+// to it.
+func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled, fp string) {
 	chain := d.chain(id)
 	addSets(tx, chain, c)
 	tx.Add(&knftables.Chain{Name: chain})
-	addRules(tx, logGroup, d, id, c)
+	if logGroup != 0 {
+		tx.Add(&knftables.Chain{Name: d.allowLog(id)})
+	}
+	addRules(tx, logGroup, d, id, c, fp)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
@@ -707,20 +800,37 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 }
 
 // addRules adds the rules of the chain of pod id in direction d, which
-// look the packet up in the sets of c, and log (to logGroup, unless 0)
-// and drop what they do not hold.
-func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled) {
+// look the packet up in the sets of c, and drop what they do not hold.
+// With a log group (unless 0), they log both, with fingerprint fp: what
+// they hold by going to the chain's allow-log chain, which logs it and
+// returns to the base chain, as return does without one.
+func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled, fp string) {
 	chain := d.chain(id)
+	allowed := "return"
+	if logGroup != 0 {
+		allowed = "goto " + d.allowLog(id)
+		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, fp))})
+	}
 	for _, f := range c.setFamilies() {
 		ports, all := setNames(chain, f, c.second)
 		peer := families[f].expr + " " + d.peer
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q return", peer, ports, chain+"-allow")})
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q return", peer, all, chain+"-allow")})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q %s", peer, ports, chain+"-allow", allowed)})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q %s", peer, all, chain+"-allow", allowed)})
 	}
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id))
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id, fp))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
+}
+
+// rewriteRules replaces the rules of the chains of pod id in direction d
+// (addRules), in the transaction that changes what they enforce or log.
+func rewriteRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled, fp string) {
+	tx.Flush(&knftables.Chain{Name: d.chain(id)})
+	if logGroup != 0 {
+		tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+	}
+	addRules(tx, logGroup, d, id, c, fp)
 }
 
 // addLogRules adds to chain the rules logging a packet to logGroup with
@@ -747,11 +857,15 @@ func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
 
 // removeDir undoes addDir for the sets of c (the counters stay with the
 // pod).
-func removeDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) {
+func removeDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled) {
 	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
 	tx.Flush(&knftables.Chain{Name: chain})
 	tx.Delete(&knftables.Chain{Name: chain})
+	if logGroup != 0 {
+		tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+		tx.Delete(&knftables.Chain{Name: d.allowLog(id)})
+	}
 	deleteSets(tx, chain, c)
 }
 
@@ -760,9 +874,10 @@ func removeDir(tx *knftables.Transaction, d dir, id, iface string, c *compiled) 
 // and then adding the new ones (nft rejects an element that overlaps one
 // still in the set), or, where that costs more, by filling the other pair
 // of sets, pointing the chain's rules at it and deleting the old pair
-// (always when the families of its sets change). Either way the kernel sees the whole change at once, in the Apply's
-// transaction.
-func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now *compiled) {
+// (always when the families of its sets change). Either way the kernel
+// sees the whole change at once, in the Apply's transaction, log prefixes
+// carrying the new rules' fingerprint fp included.
+func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now *compiled, fp string) {
 	chain := d.chain(id)
 	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
 	goneAll, newAll := diff(was.el.all, now.el.all)
@@ -775,8 +890,7 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6 != now.el.has6 {
 		now.second = !was.second
 		addSets(tx, chain, now)
-		tx.Flush(&knftables.Chain{Name: chain})
-		addRules(tx, logGroup, d, id, now)
+		rewriteRules(tx, logGroup, d, id, now, fp)
 		deleteSets(tx, chain, was)
 		return
 	}
@@ -791,6 +905,9 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	}
 	for _, pe := range newPorts {
 		tx.Add(portsElem(chain, now.second, pe))
+	}
+	if logGroup != 0 {
+		rewriteRules(tx, logGroup, d, id, now, fp) // new rules: a new fingerprint
 	}
 }
 
@@ -826,16 +943,24 @@ type Counters struct {
 	IngressAllowed, IngressDenied, EgressAllowed, EgressDenied uint64
 }
 
-// Counters returns the counters of every pod of the last Ruleset applied,
-// by pod key.
-func (e *Enforcer) Counters() (map[string]Counters, error) {
+// Counts are the table's counters.
+type Counts struct {
+	Pods map[string]Counters // by pod key: every pod of the last Ruleset applied
+	// Drops are the packets the base chains dropped, by why
+	// (flows.DropSpoof, DropInvalid, DropNoSYN); they survive agent
+	// restarts.
+	Drops map[string]uint64
+}
+
+// Counters returns the table's counters.
+func (e *Enforcer) Counters() (Counts, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	list, err := e.nft.ListCounters(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list counters: %w", err)
+		return Counts{}, fmt.Errorf("list counters: %w", err)
 	}
 	packets := make(map[string]uint64, len(list))
 	for _, c := range list {
@@ -843,15 +968,18 @@ func (e *Enforcer) Counters() (map[string]Counters, error) {
 			packets[c.Name] = *c.Packets
 		}
 	}
-	out := make(map[string]Counters, len(e.pods))
+	out := Counts{Pods: make(map[string]Counters, len(e.pods)), Drops: make(map[string]uint64, len(dropReasons))}
 	for key, a := range e.pods {
 		in, eg := ingress.chain(a.id), egress.chain(a.id)
-		out[key] = Counters{
+		out.Pods[key] = Counters{
 			IngressAllowed: packets[in+"-allow"],
 			IngressDenied:  packets[in+"-deny"],
 			EgressAllowed:  packets[eg+"-allow"],
 			EgressDenied:   packets[eg+"-deny"],
 		}
+	}
+	for _, why := range dropReasons {
+		out.Drops[why] = packets[dropCounter(why)]
 	}
 	return out, nil
 }

@@ -48,21 +48,21 @@ func TestEnforce(t *testing.T) {
 		probe{"b", "tcp", "a", 80, true},
 		probe{"a", "tcp", "c", 80, true},
 	)
-	if c := tp.counters(e)["ns/b"]; c.IngressDenied < 2 || c.IngressAllowed != 0 || c.EgressDenied != 0 {
+	if c := tp.counters(e).Pods["ns/b"]; c.IngressDenied < 2 || c.IngressAllowed != 0 || c.EgressDenied != 0 {
 		t.Errorf("counters of b after deny-all: %+v", c)
 	}
 
 	// b allows a on TCP 80 only.
 	bIn := isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 80, 80}))
 	tp.apply(e, Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, "ns/b")
-	before := tp.counters(e)["ns/b"]
+	before := tp.counters(e).Pods["ns/b"]
 	tp.expect(
 		probe{"a", "tcp", "b", 80, true},
 		probe{"a", "tcp", "b", 8080, false},
 		probe{"c", "tcp", "b", 80, false},
 		probe{"a", "udp", "b", 53, false},
 	)
-	if c := tp.counters(e)["ns/b"]; c.IngressAllowed != before.IngressAllowed+1 || c.IngressDenied < before.IngressDenied+3 {
+	if c := tp.counters(e).Pods["ns/b"]; c.IngressAllowed != before.IngressAllowed+1 || c.IngressDenied < before.IngressDenied+3 {
 		t.Errorf("counters of b: %+v, before %+v: want one more allowed, three more denied", c, before)
 	}
 
@@ -80,7 +80,7 @@ func TestEnforce(t *testing.T) {
 		probe{"a", "tcp", "b", 80, false}, // b's ingress allows it, a's egress does not
 		probe{"b", "tcp", "a", 80, true},  // a's ingress is not isolated
 	)
-	if c := tp.counters(e)["ns/a"]; c.EgressAllowed < 2 || c.EgressDenied < 3 || c.IngressAllowed+c.IngressDenied != 0 {
+	if c := tp.counters(e).Pods["ns/a"]; c.EgressAllowed < 2 || c.EgressDenied < 3 || c.IngressAllowed+c.IngressDenied != 0 {
 		t.Errorf("counters of a: %+v", c)
 	}
 
@@ -375,7 +375,7 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("counters after restart %+v, before %+v", c, counted)
 	}
 	// b's egress counters outlived its egress isolation.
-	if c := counted["ns/b"]; c.EgressDenied == 0 || c.IngressDenied == 0 {
+	if c := counted.Pods["ns/b"]; c.EgressDenied == 0 || c.IngressDenied == 0 {
 		t.Errorf("counters of b: %+v", c)
 	}
 	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"b", "tcp", "a", 80, true})
@@ -389,7 +389,7 @@ func TestRestart(t *testing.T) {
 	if strings.Contains(got, PodID("ns/x")) || strings.Contains(got, tp.pods["x"].iface) {
 		t.Errorf("x is still in the table:\n%s", got)
 	}
-	if c := tp.counters(e3); c["ns/b"].IngressDenied < counted["ns/b"].IngressDenied || len(c) != 2 {
+	if c := tp.counters(e3); c.Pods["ns/b"].IngressDenied < counted.Pods["ns/b"].IngressDenied || len(c.Pods) != 2 {
 		t.Errorf("counters after takeover without x: %+v, before %+v", c, counted)
 	}
 	tp.in(tp.nodeNS, e3.Remove)
@@ -452,7 +452,8 @@ func jsonString(v any) string {
 
 // TestIncremental checks that a run of Applies, each changing some pods,
 // leaves the table exactly as one Apply of the last Ruleset on a fresh
-// table would, and reports the right pods changed.
+// table would, log rules and their fingerprints included, and reports the
+// right pods changed.
 func TestIncremental(t *testing.T) {
 	privileged(t)
 	pre := testutil.Prefix()
@@ -469,11 +470,17 @@ func TestIncremental(t *testing.T) {
 	keys := []string{"ns/k0", "ns/k1", "ns/k2", "ns/k3", "ns/k4", "ns/k5"}
 	ifaces := []string{"veth0", "veth1", "veth2", "veth3", "veth4", "veth5", "veth6", "veth7"}
 	randDir := func(old *Direction) *Direction {
-		switch r.IntN(4) {
+		switch r.IntN(5) {
 		case 0:
 			return nil
 		case 1, 2:
 			return old
+		case 3:
+			// Another policy isolating it, with no rules: the same sets,
+			// other log prefixes (and nothing for Revoke).
+			if old != nil {
+				return &Direction{Policies: append(slices.Clone(old.Policies), fmt.Sprintf("ns/p%d", r.IntN(100))), Rules: old.Rules}
+			}
 		}
 		d := isolate()
 		for range r.IntN(4) {

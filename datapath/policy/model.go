@@ -94,12 +94,21 @@ type Direction struct {
 
 // Allows is the direction's verdict on a new connection with the peer ip.
 func (d *Direction) Allows(ip netip.Addr, proto Proto, port uint16) bool {
+	_, ok := d.Decide(ip, proto, port)
+	return ok
+}
+
+// Decide is the rule that allows a new connection with the peer ip: the
+// first of d's rules that does (policies in order, each policy's rules in
+// its order: the one flow records and onctl trace name), and false if
+// none does.
+func (d *Direction) Decide(ip netip.Addr, proto Proto, port uint16) (Rule, bool) {
 	for _, r := range d.Rules {
 		if r.Allows(ip, proto, port) {
-			return true
+			return r, true
 		}
 	}
-	return false
+	return Rule{}, false
 }
 
 // Pod is the policy of one local pod.

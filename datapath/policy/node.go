@@ -49,11 +49,12 @@ type Change struct {
 // (datapath/bypass) by aborting their sockets. The flow cache forgets
 // those pods' flows except the ones conntrack knows and rs still allows,
 // with learning paused in between so that no ended connection is learned
-// again; the bypass records no new socket meanwhile. It returns when all
+// again; the bypass records no new socket meanwhile (only then: a resync
+// that changes no pod leaves the bypass recording). It returns when all
 // of that is done, so the caller may report the change applied; pods
 // whose revocation failed are revoked again on the next call. With
 // checkKernel the table is checked for drift and rewritten if it drifted
-// (Enforcer.Apply).
+// (Enforcer.Commit).
 func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	n.mu.Lock()
 	if n.e == nil {
@@ -66,14 +67,17 @@ func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	}
 	e := n.e
 	n.mu.Unlock()
+	p, err := e.Prepare(rs)
+	if err != nil {
+		return Change{}, err
+	}
 	bp := n.bypass()
-	if bp == nil {
-		return n.enforce(e, nil, rs, checkKernel)
+	if bp == nil || len(p.Changed) == 0 && len(n.revokePending) == 0 {
+		return n.enforce(e, nil, rs, p, checkKernel)
 	}
 	var ch Change
-	var err error
 	perr := bp.Paused(func() error {
-		ch, err = n.enforce(e, bp, rs, checkKernel)
+		ch, err = n.enforce(e, bp, rs, p, checkKernel)
 		return nil
 	})
 	if perr != nil && err == nil {
@@ -87,7 +91,7 @@ func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
 	return ch, err
 }
 
-func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel bool) (Change, error) {
+func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, checkKernel bool) (Change, error) {
 	var ch Change
 	var err error
 	fp := n.fastPath()
@@ -99,9 +103,10 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, checkKernel b
 			return ch, fmt.Errorf("fast path: close the pods policy isolates: %w", err)
 		}
 	}
-	if ch.Pods, err = e.Apply(rs, checkKernel); err != nil {
+	if err = e.Commit(p, checkKernel); err != nil {
 		return ch, err
 	}
+	ch.Pods = p.Changed
 	for _, key := range ch.Pods {
 		n.revokePending[key] = true
 	}
@@ -202,15 +207,31 @@ func judgeFlow(rs Ruleset, open map[netip.Addr]bool, r Revoked, local, remote ne
 }
 
 // Counters are the connections each local pod's rules allowed and
-// denied, by pod key; empty before the first Enforce.
-func (n *Node) Counters() (map[string]Counters, error) {
-	n.mu.Lock()
-	e := n.e
-	n.mu.Unlock()
+// denied, by pod key, and the base chains' drops; empty before the first
+// Enforce.
+func (n *Node) Counters() (Counts, error) {
+	e := n.enforcer()
 	if e == nil {
-		return map[string]Counters{}, nil
+		return Counts{Pods: map[string]Counters{}, Drops: map[string]uint64{}}, nil
 	}
 	return e.Counters()
+}
+
+// Logged is what a fingerprint in a log prefix stands for
+// (Enforcer.Logged); nothing before the first Enforce.
+func (n *Node) Logged(id string, ingress bool, fp string) (Logged, bool) {
+	e := n.enforcer()
+	if e == nil {
+		return Logged{}, false
+	}
+	return e.Logged(id, ingress, fp)
+}
+
+// enforcer is the Enforcer, nil before the first Enforce.
+func (n *Node) enforcer() *Enforcer {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.e
 }
 
 // Close lets go of the nft connection; the table stays in force.

@@ -151,9 +151,9 @@ func (tp *topo) apply(e *Enforcer, rs Ruleset, wantChanged ...string) {
 	}
 }
 
-func (tp *topo) counters(e *Enforcer) map[string]Counters {
+func (tp *topo) counters(e *Enforcer) Counts {
 	tp.t.Helper()
-	var c map[string]Counters
+	var c Counts
 	tp.in(tp.nodeNS, func() (err error) {
 		c, err = e.Counters()
 		return err

@@ -233,3 +233,83 @@ func sorted(ss []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// With a log group, a pod chain's log prefixes carry the fingerprint of
+// its rules, rewritten in the transaction that changes the rules, sets
+// in place or not, and also when only the rules' policies change (the
+// sets the same: nothing to revoke). Logged says what the fingerprints of
+// the current ruleset and of the last few stand for.
+func TestLogPrefixesFollowTheRules(t *testing.T) {
+	e, nft := fakeEnforcer(t)
+	e.logGroup = 1707
+	id := PodID("ns/b")
+	chain := ingress.chain(id)
+	// apply applies b's ingress in, and c's if other is not nil.
+	apply := func(in, other *Direction, wantChanged ...string) (tx, fp string) {
+		t.Helper()
+		rs := Ruleset{Pods: []Pod{{Key: "ns/b", Iface: "vethb", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.2")}, Ingress: in}}}
+		if other != nil {
+			rs.Pods = append(rs.Pods, Pod{Key: "ns/c", Iface: "vethc", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.3")}, Ingress: other})
+		}
+		changed, err := e.Apply(rs, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(changed, wantChanged) {
+			t.Errorf("Apply changed %v, want %v", changed, wantChanged)
+		}
+		return nft.LastTransaction.String(), e.pods["ns/b"].inLog
+	}
+	logPrefixes := func(fp string) []string {
+		return []string{fmt.Sprintf("prefix %q", "onc1 A in "+id+" "+fp), fmt.Sprintf("prefix %q", "onc1 D in "+id+" "+fp)}
+	}
+	v1 := isolate(allow(hosts(0, 4), PortRange{TCP, 80, 80}), allow(prefixes("10.1.0.0/16")))
+	tx, fp1 := apply(v1, nil, "ns/b")
+	for _, p := range logPrefixes(fp1) {
+		if !strings.Contains(tx, p) {
+			t.Errorf("the first transaction has no %s:\n%s", p, tx)
+		}
+	}
+	if rules, err := nft.ListRules(context.Background(), "al-"+chain); err != nil || len(rules) != 1 {
+		t.Errorf("the allow-log chain: %v, %v; want its one rule", rules, err)
+	}
+
+	// In place: the elements and the prefixes change together.
+	v2 := isolate(allow(hosts(1, 4), PortRange{TCP, 80, 80}), allow(prefixes("10.1.0.0/16")))
+	tx, fp2 := apply(v2, nil, "ns/b")
+	ports, _ := setNames(chain, ipv4, false)
+	for _, want := range append(logPrefixes(fp2), "delete element inet "+Table+" "+ports, "add element inet "+Table+" "+ports) {
+		if !strings.Contains(tx, want) {
+			t.Errorf("the change's transaction has no %s:\n%s", want, tx)
+		}
+	}
+	// Another policy isolating b, with no rules: the same sets, new
+	// prefixes, and nothing changed for Revoke.
+	v3 := &Direction{Policies: []string{"ns/deny-all", "ns/p"}, Rules: slices.Clone(v2.Rules)}
+	tx, fp3 := apply(v3, nil)
+	if strings.Contains(tx, "element") || !strings.Contains(tx, logPrefixes(fp3)[0]) || !strings.Contains(tx, logPrefixes(fp3)[1]) {
+		t.Errorf("a policy more wrote:\n%s\nwant the chains' rules with fingerprint %s, no elements", tx, fp3)
+	}
+	if fp1 == fp2 || fp2 == fp3 || fp1 == fp3 {
+		t.Fatalf("fingerprints %s, %s, %s: want three", fp1, fp2, fp3)
+	}
+	for fp, want := range map[string]*Direction{fp1: v1, fp2: v2, fp3: v3} {
+		if l, ok := e.Logged(id, true, fp); !ok || l.Pod != "ns/b" || l.Direction != want {
+			t.Errorf("Logged(%s): %+v, %v; want ns/b's %s", fp, l, ok, want)
+		}
+	}
+	if _, ok := e.Logged(id, false, fp3); ok {
+		t.Errorf("Logged(%s) of the egress chain, which has no such rules", fp3)
+	}
+	// Four more rulesets (another pod changing): fp2 was superseded five
+	// rulesets ago and is forgotten; fp3 is still in force.
+	for i := range keptRulesets {
+		apply(v3, isolate(allow(hosts(10+i, 1))), "ns/c")
+	}
+	if _, ok := e.Logged(id, true, fp2); ok {
+		t.Errorf("Logged(%s) after %d more rulesets", fp2, keptRulesets+1)
+	}
+	if l, ok := e.Logged(id, true, fp3); !ok || l.Direction != v3 {
+		t.Errorf("Logged(%s), in force: %+v, %v", fp3, l, ok)
+	}
+}

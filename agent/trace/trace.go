@@ -1,0 +1,462 @@
+// Package trace answers onctl trace (docs/observability.md): what ONC
+// does with a new connection from a pod of this node, hop by hop — the
+// socket LB's translation, the egress policy with its deciding rule, how
+// this node forwards it, and the destination's ingress policy — computed
+// from the agent's own state, never by sending a packet.
+package trace
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	agentpolicy "github.com/onc-net/onc/agent/policy"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/l4"
+	"github.com/onc-net/onc/datapath/overlay"
+	"github.com/onc-net/onc/datapath/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Steps of a trace.
+const (
+	StepSocketLB   = "socket-lb"
+	StepEgress     = "egress-policy"
+	StepForwarding = "forwarding"
+	StepIngress    = "ingress-policy"
+)
+
+// Bases of a hop: this agent's own state, or another node's verdict this
+// agent computed from the cluster's policies.
+const (
+	BasisHere     = "here"
+	BasisComputed = "computed"
+)
+
+// maxBackends bounds the paths a Service's trace forks into.
+const maxBackends = 16
+
+// FastPath is what a trace reads of the flow cache (datapath.FastPath).
+type FastPath interface {
+	Enabled() bool
+	Dests() ([]fastpath.Dest, error)
+	Encaps() ([]fastpath.Encap, error)
+	Flows() ([]fastpath.Flow, error)
+}
+
+// State is what a trace reads of the agent.
+type State struct {
+	Node    string
+	Rules   func() policy.Ruleset       // this node's pods, as last enforced
+	Cluster func() agentpolicy.Snapshot // the cluster's pods, namespaces and policies
+	// Services are the socket LB's frontends; nil without it.
+	Services func() (*apiv1.ListServicesResponse, error)
+	FastPath func() FastPath // nil while not loaded
+	Bypass   func() *apiv1.BypassState
+	// Lookup is the node kernel's forwarding of a packet from src, that
+	// arrived on iif, to dst (overlay.Lookup).
+	Lookup func(iif string, src, dst netip.Addr) (overlay.Forwarding, error)
+	// Netns is the path of a local pod's network namespace, by pod key,
+	// and Records this node's flow records since a time: for probes.
+	Netns   func(podKey string) string
+	Records func(since time.Time) []*apiv1.FlowRecord
+}
+
+// request is a parsed TraceRequest.
+type request struct {
+	proto l4.Proto
+	port  uint16
+}
+
+// Trace answers req.
+func Trace(st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
+	var r request
+	var err error
+	if r.proto, r.port, err = parseL4(req.Protocol, req.Port); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if req.Probe && r.proto == l4.SCTP {
+		return nil, status.Error(codes.InvalidArgument, "probe: SCTP is not probed (kernels may have no SCTP sockets); trace it without the probe")
+	}
+	if req.Source == "" || req.Destination == "" {
+		return nil, status.Error(codes.InvalidArgument, "source and destination: both needed (namespace/name of a pod, or an address)")
+	}
+	t := &tracer{State: st, rules: st.Rules(), cluster: st.Cluster(), request: r}
+	src, err := t.source(req.Source)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := t.destination(req.Destination, src)
+	if err != nil {
+		return nil, err
+	}
+	resp := &apiv1.TraceResponse{Source: endpoint(t.srcEnd(src)), Destination: endpoint(dst), Protocol: r.proto.String()}
+	dsts := []end{dst}
+	if hop, backends, err := t.socketLB(dst); err != nil {
+		return nil, err
+	} else if hop != nil {
+		resp.Hops = append(resp.Hops, hop)
+		dsts = backends
+	}
+	for _, d := range dsts {
+		resp.Paths = append(resp.Paths, t.path(src, d))
+	}
+	if req.Probe {
+		if resp.Probe, err = t.probe(src, dst, resp); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	return resp, nil
+}
+
+// parseL4 reads the protocol (TCP by default) and port.
+func parseL4(proto string, port uint32) (l4.Proto, uint16, error) {
+	p := l4.TCP
+	if proto != "" {
+		var ok bool
+		if p, ok = l4.ParseProto(proto); !ok {
+			return 0, 0, fmt.Errorf("protocol %q: must be TCP, UDP or SCTP", proto)
+		}
+	}
+	if port < 1 || port > 65535 {
+		return 0, 0, fmt.Errorf("port %d: must be 1-65535 for %s", port, p)
+	}
+	return p, uint16(port), nil
+}
+
+type tracer struct {
+	State
+	request
+	rules   policy.Ruleset
+	cluster agentpolicy.Snapshot
+}
+
+// end is one end of the traced connection.
+type end struct {
+	ip   netip.Addr
+	port uint16
+	pod  *corev1.Pod // nil: no pod the agent knows
+}
+
+func endpoint(e end) *apiv1.FlowEndpoint {
+	fe := &apiv1.FlowEndpoint{Kind: "ip", Ip: e.ip.String(), Port: uint32(e.port)}
+	if e.pod != nil {
+		fe.Kind, fe.Namespace, fe.Name, fe.Node = "pod", e.pod.Namespace, e.pod.Name, e.pod.Spec.NodeName
+	}
+	return fe
+}
+
+// local is the source: a pod of this node.
+type local struct {
+	policy.Pod
+	ip netip.Addr // the address the trace sends from
+}
+
+func (t *tracer) srcEnd(src local) end {
+	ns, name, _ := strings.Cut(src.Key, "/")
+	pod := t.clusterPod(ns, name)
+	if pod == nil {
+		pod = &corev1.Pod{}
+		pod.Namespace, pod.Name, pod.Spec.NodeName = ns, name, t.Node
+	}
+	return end{ip: src.ip, pod: pod}
+}
+
+// source finds the local pod s names (namespace/name or an address).
+func (t *tracer) source(s string) (local, error) {
+	if ip, err := netip.ParseAddr(s); err == nil {
+		for _, p := range t.rules.Pods {
+			if p.Has(ip) && !strings.Contains(p.Key, " ") {
+				return local{Pod: p, ip: ip}, nil
+			}
+		}
+		if pod := t.podByIP(ip); pod != nil {
+			return local{}, status.Errorf(codes.FailedPrecondition, "source %s is pod %s/%s of node %s: run onctl trace on that node", s, pod.Namespace, pod.Name, pod.Spec.NodeName)
+		}
+		return local{}, status.Errorf(codes.NotFound, "source %s: no pod of this node (%s) has that address", s, t.Node)
+	}
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" {
+		return local{}, status.Errorf(codes.InvalidArgument, "source %q: namespace/name of a pod, or an address", s)
+	}
+	if p := t.rules.Pod(s); p != nil && len(p.IPs) > 0 {
+		return local{Pod: *p, ip: p.IPs[0]}, nil
+	}
+	if pod := t.clusterPod(ns, name); pod != nil && pod.Spec.NodeName != t.Node {
+		return local{}, status.Errorf(codes.FailedPrecondition, "source %s runs on node %s: run onctl trace on that node", s, pod.Spec.NodeName)
+	}
+	return local{}, status.Errorf(codes.NotFound, "source %s: no such pod on this node (%s)", s, t.Node)
+}
+
+// destination finds what d names, in the source's family where the
+// destination pod has two.
+func (t *tracer) destination(d string, src local) (end, error) {
+	if ip, err := netip.ParseAddr(d); err == nil {
+		ip = ip.Unmap()
+		if fromFor(src, ip).Is4() != ip.Is4() {
+			return end{}, status.Errorf(codes.InvalidArgument, "destination %s: the source has no address of its family", d)
+		}
+		return end{ip: ip, port: t.port, pod: t.podByIP(ip)}, nil
+	}
+	ns, name, ok := strings.Cut(d, "/")
+	if !ok || ns == "" || name == "" {
+		return end{}, status.Errorf(codes.InvalidArgument, "destination %q: namespace/name of a pod, or an address", d)
+	}
+	pod := t.clusterPod(ns, name)
+	if pod == nil {
+		return end{}, status.Errorf(codes.NotFound, "destination %s: no such pod", d)
+	}
+	ips := podIPs(pod)
+	for _, a := range ips {
+		if a.Is4() == src.ip.Is4() {
+			return end{ip: a, port: t.port, pod: pod}, nil
+		}
+	}
+	return end{}, status.Errorf(codes.FailedPrecondition, "destination %s has no address in the family of %s (%v)", d, src.ip, ips)
+}
+
+// fromFor is the source's address in dst's family.
+func fromFor(src local, dst netip.Addr) netip.Addr {
+	for _, a := range src.IPs {
+		if a.Is4() == dst.Is4() {
+			return a
+		}
+	}
+	return src.ip
+}
+
+func (t *tracer) clusterPod(ns, name string) *corev1.Pod {
+	for _, p := range t.cluster.Pods {
+		if p.Namespace == ns && p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// podByIP is the running pod with address ip, if any.
+func (t *tracer) podByIP(ip netip.Addr) *corev1.Pod {
+	for _, p := range t.cluster.Pods {
+		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if slices.Contains(podIPs(p), ip) {
+			return p
+		}
+	}
+	return nil
+}
+
+func podIPs(p *corev1.Pod) []netip.Addr {
+	var ips []netip.Addr
+	for _, a := range p.Status.PodIPs {
+		if ip, err := netip.ParseAddr(a.IP); err == nil {
+			ips = append(ips, ip.Unmap())
+		}
+	}
+	return ips
+}
+
+// socketLB is the socket LB's hop when dst is one of its frontends, and
+// the backends the connection may reach; a nil hop when it is none.
+func (t *tracer) socketLB(dst end) (*apiv1.TraceHop, []end, error) {
+	if t.Services == nil {
+		return nil, nil, nil
+	}
+	list, err := t.Services()
+	if err != nil {
+		if status.Code(err) == codes.FailedPrecondition {
+			return nil, nil, nil // no socket LB here: nothing translates
+		}
+		return nil, nil, err
+	}
+	vip := netip.AddrPortFrom(dst.ip, dst.port).String()
+	for _, s := range list.Services {
+		if s.Scope != "socket" || s.Vip != vip || !strings.EqualFold(s.Proto, t.proto.String()) {
+			continue
+		}
+		hop := &apiv1.TraceHop{Node: t.Node, Step: StepSocketLB, Rule: -1, Basis: BasisHere}
+		name, _, _ := strings.Cut(s.Name, ":")
+		if len(s.Backends) == 0 {
+			hop.Verdict = "refused"
+			hop.Detail = fmt.Sprintf("%s %s of Service %s has no backend: connect() and sendmsg() fail with ECONNREFUSED", s.Frontend, vip, name)
+			return hop, nil, nil
+		}
+		var backends []end
+		for _, b := range s.Backends {
+			ap, err := netip.ParseAddrPort(b.Addr)
+			if err != nil {
+				return nil, nil, status.Errorf(codes.Internal, "service %s: backend %q: %v", s.Name, b.Addr, err)
+			}
+			backends = append(backends, end{ip: ap.Addr(), port: ap.Port(), pod: t.podByIP(ap.Addr())})
+		}
+		hop.Verdict = "translated"
+		hop.Detail = fmt.Sprintf("%s %s of Service %s: at connect() the socket is given one of %d backends, at random per connection%s",
+			s.Frontend, vip, name, len(backends), affinity(s.AffinitySeconds))
+		if len(backends) > maxBackends {
+			hop.Detail += fmt.Sprintf(" (the first %d traced)", maxBackends)
+			backends = backends[:maxBackends]
+		}
+		return hop, backends, nil
+	}
+	return nil, nil, nil
+}
+
+func affinity(seconds uint32) string {
+	if seconds == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", the same one for %d s with ClientIP affinity", seconds)
+}
+
+// path traces the connection from src to one destination.
+func (t *tracer) path(src local, dst end) *apiv1.TracePath {
+	p := &apiv1.TracePath{Destination: endpoint(dst), Verdict: "allowed"}
+	from := fromFor(src, dst.ip)
+	eg := t.judge(StepEgress, t.Node, BasisHere, src.Egress, dst.ip, dst.port)
+	p.Hops = append(p.Hops, eg)
+	fw, dstLocal := t.forwarding(src, from, dst)
+	p.Hops = append(p.Hops, fw)
+	var in *apiv1.TraceHop
+	switch {
+	case dstLocal != nil:
+		in = t.judge(StepIngress, t.Node, BasisHere, dstLocal.Ingress, from, dst.port)
+	case dst.pod != nil:
+		in = t.remoteIngress(dst, from)
+	}
+	if in != nil {
+		p.Hops = append(p.Hops, in)
+	}
+	for _, h := range p.Hops {
+		switch h.Verdict {
+		case "denied":
+			p.Verdict = "denied"
+			return p
+		case "broken":
+			p.Verdict = "unreachable"
+		}
+	}
+	return p
+}
+
+// judge is a policy hop: dir's verdict on a new connection with peer.
+func (t *tracer) judge(step, node, basis string, dir *policy.Direction, peer netip.Addr, port uint16) *apiv1.TraceHop {
+	hop := &apiv1.TraceHop{Node: node, Step: step, Rule: -1, Basis: basis}
+	way := strings.TrimSuffix(step, "-policy")
+	switch {
+	case dir == nil:
+		hop.Verdict, hop.Detail = "not-isolated", fmt.Sprintf("no policy isolates the pod's %s: allowed", way)
+	default:
+		if r, ok := dir.Decide(peer, t.proto, port); ok {
+			hop.Verdict, hop.Policies, hop.Rule = "allowed", []string{r.Policy}, int32(r.Index)
+			hop.Detail = fmt.Sprintf("allowed by %s %s rule %d", r.Policy, way, r.Index)
+		} else {
+			hop.Verdict, hop.Policies = "denied", dir.Policies
+			hop.Detail = fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows %s %s port %d",
+				way, strings.Join(dir.Policies, ", "), peer, t.proto, port)
+		}
+	}
+	if basis == BasisComputed {
+		hop.Detail += " (computed on " + t.Node + " from the cluster's policies, as " + node + " compiles them)"
+	}
+	return hop
+}
+
+// remoteIngress is a pod of another node's ingress verdict, compiled here
+// from the same inputs its node compiles.
+func (t *tracer) remoteIngress(dst end, from netip.Addr) *apiv1.TraceHop {
+	lp := agentpolicy.LocalPod{Namespace: dst.pod.Namespace, Name: dst.pod.Name, IPs: podIPs(dst.pod)}
+	rs := agentpolicy.Compile(t.cluster, []agentpolicy.LocalPod{lp})
+	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, rs.Pods[0].Ingress, from, dst.port)
+}
+
+// forwarding is how this node sends from src to dst, and dst's rules if
+// it is a pod of this node.
+func (t *tracer) forwarding(src local, from netip.Addr, dst end) (*apiv1.TraceHop, *policy.Pod) {
+	hop := &apiv1.TraceHop{Node: t.Node, Step: StepForwarding, Rule: -1, Basis: BasisHere}
+	for i, p := range t.rules.Pods {
+		if p.Has(dst.ip) && !strings.Contains(p.Key, " ") {
+			hop.Verdict = "same-node"
+			hop.Detail = fmt.Sprintf("a pod of this node: %s's veth to %s's (%s) through the node's stack", src.Iface, p.Key, p.Iface)
+			if t.proto == l4.TCP && t.Bypass != nil {
+				if b := t.Bypass(); b.Mode == "on" || b.Mode == "size" {
+					hop.Detail += fmt.Sprintf("; once established, the intra-node bypass (%s) carries its data socket to socket", b.Mode)
+				}
+			}
+			return hop, &t.rules.Pods[i]
+		}
+	}
+	f, err := t.Lookup(src.Iface, from, dst.ip)
+	if err != nil {
+		hop.Verdict, hop.Detail = "broken", err.Error()
+		return hop, nil
+	}
+	if f.Dev != overlay.DeviceName {
+		hop.Verdict = "outside"
+		hop.Detail = fmt.Sprintf("not a pod of the cluster's overlay: leaves by %s%s", f.Dev, via(f.Via))
+		return hop, nil
+	}
+	if f.Missing != "" {
+		hop.Verdict = "broken"
+		hop.Detail = fmt.Sprintf("route%s dev %s, but the overlay has no %s: the kernel cannot send it", via(f.Via), f.Dev, f.Missing)
+		return hop, nil
+	}
+	hop.Verdict = "slow-path"
+	hop.Detail = fmt.Sprintf("route%s dev %s; VTEP %s is node %s: VXLAN to %s", via(f.Via), f.Dev, f.VTEPMAC, f.Remote, f.Remote)
+	if t.FastPath != nil {
+		if fp := t.FastPath(); fp != nil {
+			if fast := t.fastPath(fp, from, dst); fast != "" {
+				hop.Verdict = "fast-path"
+				hop.Detail += "; " + fast
+			}
+		}
+	}
+	return hop, nil
+}
+
+func via(gw netip.Addr) string {
+	if !gw.IsValid() {
+		return ""
+	}
+	return " via " + gw.String()
+}
+
+// fastPath says what the flow cache holds for from → dst, or "" when it
+// cannot carry the connection (off, or no entry for dst's node).
+func (t *tracer) fastPath(fp FastPath, from netip.Addr, dst end) string {
+	if !fp.Enabled() {
+		return ""
+	}
+	dests, err := fp.Dests()
+	if err != nil {
+		return ""
+	}
+	var node netip.Addr
+	for _, d := range dests {
+		if d.Pod == dst.ip {
+			node = d.Node
+		}
+	}
+	if !node.IsValid() {
+		return ""
+	}
+	encaps, err := fp.Encaps()
+	if err != nil || !slices.ContainsFunc(encaps, func(e fastpath.Encap) bool { return e.Node == node }) {
+		return ""
+	}
+	flows, _ := fp.Flows()
+	cached := 0
+	for _, f := range flows {
+		if strings.EqualFold(f.Proto, t.proto.String()) && f.Local.Addr() == from && f.Remote == netip.AddrPortFrom(dst.ip, dst.port) && f.Live && f.Egress && f.Ingress {
+			cached++
+		}
+	}
+	return fmt.Sprintf("the flow cache has the headers to node %s: once the connection is learned, its packets skip the VXLAN device (%d flows of %s → %s cached now)",
+		node, cached, from, netip.AddrPortFrom(dst.ip, dst.port))
+}

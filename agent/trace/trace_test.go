@@ -1,0 +1,275 @@
+package trace
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	agentpolicy "github.com/onc-net/onc/agent/policy"
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datapath/fastpath"
+	"github.com/onc-net/onc/datapath/l4"
+	"github.com/onc-net/onc/datapath/overlay"
+	"github.com/onc-net/onc/datapath/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func pod(name, node, ip string, labels map[string]string) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name, Labels: labels}}
+	p.Spec.NodeName = node
+	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	return p
+}
+
+// ingressFrom is a policy of namespace x isolating the pods labelled
+// app=to in ingress, letting in the pods labelled app=from on TCP port.
+func ingressFrom(name, to, from string, port int) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	p := intstr.FromInt(port)
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": to}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": from}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p}}}}}}
+}
+
+type fakeFastPath struct{ on bool }
+
+func (f fakeFastPath) Enabled() bool { return f.on }
+func (fakeFastPath) Dests() ([]fastpath.Dest, error) {
+	return []fastpath.Dest{{Pod: netip.MustParseAddr("10.0.2.4"), Node: netip.MustParseAddr("192.168.0.2")}}, nil
+}
+func (fakeFastPath) Encaps() ([]fastpath.Encap, error) {
+	return []fastpath.Encap{{Node: netip.MustParseAddr("192.168.0.2")}}, nil
+}
+func (fakeFastPath) Flows() ([]fastpath.Flow, error) { return nil, nil }
+
+// bed is node n1 with pods x/a (app=a) and x/b (app=b), and x/c (app=c)
+// on n2; x/allow-a lets a into b on TCP 80, x/c-from-a a into c on 80.
+func bed(t *testing.T) State {
+	t.Helper()
+	snap := agentpolicy.Snapshot{
+		Pods: []*corev1.Pod{pod("a", "n1", "10.0.1.2", map[string]string{"app": "a"}), pod("b", "n1", "10.0.1.3", map[string]string{"app": "b"}),
+			pod("c", "n2", "10.0.2.4", map[string]string{"app": "c"})},
+		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "x"}}},
+		Policies:   []*networkingv1.NetworkPolicy{ingressFrom("allow-a", "b", "a", 80), ingressFrom("c-from-a", "c", "a", 80)},
+	}
+	rules := agentpolicy.Compile(snap, []agentpolicy.LocalPod{
+		{Namespace: "x", Name: "a", Iface: "vetha", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.2")}},
+		{Namespace: "x", Name: "b", Iface: "vethb", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.3")}},
+	})
+	vtep, _ := net.ParseMAC("aa:bb:cc:dd:ee:02")
+	return State{Node: "n1", Rules: func() policy.Ruleset { return rules }, Cluster: func() agentpolicy.Snapshot { return snap },
+		Services: func() (*apiv1.ListServicesResponse, error) {
+			return &apiv1.ListServicesResponse{Services: []*apiv1.BalancedService{
+				{Name: "x/web:http", Vip: "10.96.0.10:80", Proto: "TCP", Frontend: "ClusterIP", Scope: "socket",
+					Backends: []*apiv1.ServiceBackend{{Addr: "10.0.1.3:80", Ready: true}, {Addr: "10.0.2.4:80", Ready: true}}},
+				{Name: "x/empty:http", Vip: "10.96.0.11:80", Proto: "TCP", Frontend: "ClusterIP", Scope: "socket"},
+				{Name: "x/web:http", Vip: "192.168.0.1:30080", Proto: "TCP", Frontend: "NodePort", Scope: "uplink"},
+			}}, nil
+		},
+		Bypass: func() *apiv1.BypassState { return &apiv1.BypassState{Mode: "on"} },
+		Lookup: func(iif string, src, dst netip.Addr) (overlay.Forwarding, error) {
+			if iif != "vetha" && iif != "vethb" {
+				t.Errorf("lookup from %s: not a local pod's veth", iif)
+			}
+			if netip.MustParsePrefix("10.0.0.0/16").Contains(dst) {
+				f := overlay.Forwarding{Dev: overlay.DeviceName, Via: netip.MustParseAddr("10.0.2.0"), VTEPMAC: vtep, Remote: netip.MustParseAddr("192.168.0.2")}
+				if dst == netip.MustParseAddr("10.0.3.9") {
+					f.VTEPMAC, f.Remote, f.Missing = nil, netip.Addr{}, "neighbour 10.0.3.0 on onc.vxlan"
+				}
+				return f, nil
+			}
+			return overlay.Forwarding{Dev: "eth0", Via: netip.MustParseAddr("192.168.0.254")}, nil
+		}}
+}
+
+// summary is a path's hops as "node step verdict" and its verdict.
+func summary(p *apiv1.TracePath) string {
+	var s []string
+	for _, h := range p.Hops {
+		s = append(s, h.Node+" "+h.Step+" "+h.Verdict)
+	}
+	return strings.Join(s, ", ") + " => " + p.Verdict
+}
+
+func TestTrace(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, dst, proto string
+		port                  uint32
+		hops                  []string // the hops before the paths
+		paths                 []string
+		detail                []string // in some hop's detail
+	}{
+		{name: "same node allowed", src: "x/a", dst: "x/b", port: 80,
+			paths:  []string{"n1 egress-policy not-isolated, n1 forwarding same-node, n1 ingress-policy allowed => allowed"},
+			detail: []string{"allowed by x/allow-a ingress rule 0", "intra-node bypass (on)"}},
+		{name: "same node, a port no rule allows", src: "10.0.1.2", dst: "10.0.1.3", port: 81,
+			paths:  []string{"n1 egress-policy not-isolated, n1 forwarding same-node, n1 ingress-policy denied => denied"},
+			detail: []string{"default deny: ingress isolated by x/allow-a"}},
+		{name: "UDP to the same port: the rule is TCP's", src: "x/a", dst: "x/b", port: 80, proto: "udp",
+			paths: []string{"n1 egress-policy not-isolated, n1 forwarding same-node, n1 ingress-policy denied => denied"}},
+		{name: "another node, allowed there", src: "x/a", dst: "x/c", port: 80,
+			paths:  []string{"n1 egress-policy not-isolated, n1 forwarding slow-path, n2 ingress-policy allowed => allowed"},
+			detail: []string{"VTEP aa:bb:cc:dd:ee:02 is node 192.168.0.2", "allowed by x/c-from-a ingress rule 0 (computed on n1"}},
+		{name: "another node, denied there", src: "x/b", dst: "10.0.2.4", port: 80,
+			paths: []string{"n1 egress-policy not-isolated, n1 forwarding slow-path, n2 ingress-policy denied => denied"}},
+		{name: "a Service forks into its backends", src: "x/a", dst: "10.96.0.10", port: 80,
+			hops: []string{"n1 socket-lb translated"},
+			paths: []string{"n1 egress-policy not-isolated, n1 forwarding same-node, n1 ingress-policy allowed => allowed",
+				"n1 egress-policy not-isolated, n1 forwarding slow-path, n2 ingress-policy allowed => allowed"},
+			detail: []string{"ClusterIP 10.96.0.10:80 of Service x/web: at connect() the socket is given one of 2 backends"}},
+		{name: "a Service without backends refuses", src: "x/a", dst: "10.96.0.11", port: 80,
+			hops: []string{"n1 socket-lb refused"}, detail: []string{"ECONNREFUSED"}},
+		{name: "an uplink frontend is not the socket LB's", src: "x/a", dst: "192.168.0.1", port: 30080,
+			paths: []string{"n1 egress-policy not-isolated, n1 forwarding outside => allowed"}, detail: []string{"leaves by eth0 via 192.168.0.254"}},
+		{name: "an overlay route whose neighbour is missing", src: "x/a", dst: "10.0.3.9", port: 80,
+			paths: []string{"n1 egress-policy not-isolated, n1 forwarding broken => unreachable"}, detail: []string{"no neighbour 10.0.3.0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := Trace(bed(t), &apiv1.TraceRequest{Source: tc.src, Destination: tc.dst, Port: tc.port, Protocol: tc.proto})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var hops, paths, details []string
+			for _, h := range resp.Hops {
+				hops = append(hops, h.Node+" "+h.Step+" "+h.Verdict)
+				details = append(details, h.Detail)
+			}
+			for _, p := range resp.Paths {
+				paths = append(paths, summary(p))
+				for _, h := range p.Hops {
+					details = append(details, h.Detail)
+				}
+			}
+			if strings.Join(hops, "; ") != strings.Join(tc.hops, "; ") {
+				t.Errorf("hops %q, want %q", hops, tc.hops)
+			}
+			if strings.Join(paths, "; ") != strings.Join(tc.paths, "; ") {
+				t.Errorf("paths\n%q\nwant\n%q", paths, tc.paths)
+			}
+			all := strings.Join(details, "\n")
+			for _, d := range tc.detail {
+				if !strings.Contains(all, d) {
+					t.Errorf("no hop says %q; they say:\n%s", d, all)
+				}
+			}
+		})
+	}
+}
+
+// TestTraceRule: the hop names the deciding rule by its index in its
+// policy.
+func TestTraceRule(t *testing.T) {
+	st := bed(t)
+	resp, err := Trace(st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := resp.Paths[0].Hops[2]
+	if in.Rule != 0 || len(in.Policies) != 1 || in.Policies[0] != "x/allow-a" || in.Basis != BasisHere {
+		t.Errorf("ingress hop %v: want rule 0 of x/allow-a, decided here", in)
+	}
+	if eg := resp.Paths[0].Hops[0]; eg.Rule != -1 || eg.Policies != nil {
+		t.Errorf("egress hop %v: no policy, rule -1", eg)
+	}
+}
+
+// TestTraceFastPath: with the flow cache on and its entries for the
+// destination's node, the forwarding hop says the fast path carries it.
+func TestTraceFastPath(t *testing.T) {
+	st := bed(t)
+	for _, on := range []bool{false, true} {
+		st.FastPath = func() FastPath { return fakeFastPath{on: on} }
+		resp, err := Trace(st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[bool]string{false: "slow-path", true: "fast-path"}[on]
+		if fw := resp.Paths[0].Hops[1]; fw.Verdict != want {
+			t.Errorf("fast path on=%v: forwarding %q (%s), want %s", on, fw.Verdict, fw.Detail, want)
+		}
+	}
+}
+
+func TestTraceRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		req  *apiv1.TraceRequest
+		code codes.Code
+		msg  string
+	}{
+		{&apiv1.TraceRequest{Source: "x/c", Destination: "x/a", Port: 80}, codes.FailedPrecondition, "runs on node n2"},
+		{&apiv1.TraceRequest{Source: "10.0.2.4", Destination: "x/a", Port: 80}, codes.FailedPrecondition, "of node n2"},
+		{&apiv1.TraceRequest{Source: "x/nobody", Destination: "x/a", Port: 80}, codes.NotFound, "no such pod on this node"},
+		{&apiv1.TraceRequest{Source: "10.9.9.9", Destination: "x/a", Port: 80}, codes.NotFound, "no pod of this node"},
+		{&apiv1.TraceRequest{Source: "x/a", Destination: "x/nobody", Port: 80}, codes.NotFound, "destination x/nobody"},
+		{&apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 0}, codes.InvalidArgument, "port 0"},
+		{&apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 70000}, codes.InvalidArgument, "port 70000"},
+		{&apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 80, Protocol: "ICMP"}, codes.InvalidArgument, "protocol"},
+		{&apiv1.TraceRequest{Source: "a", Destination: "x/b", Port: 80}, codes.InvalidArgument, "source"},
+		{&apiv1.TraceRequest{Source: "x/a", Destination: "fd00::1", Port: 80}, codes.InvalidArgument, "no address of its family"},
+		{&apiv1.TraceRequest{Destination: "x/b", Port: 80}, codes.InvalidArgument, "both needed"},
+	} {
+		_, err := Trace(bed(t), tc.req)
+		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%v: %v, want %s with %q", tc.req, err, tc.code, tc.msg)
+		}
+	}
+}
+
+// TestJudgeProbe: a probe agrees when it met what the computed paths
+// give: an answer where they allow, none where they deny, the socket LB's
+// refusal at once where it has no backend; a UDP datagram nobody answered
+// proves nothing unless the node recorded a denial.
+func TestJudgeProbe(t *testing.T) {
+	paths := func(verdicts ...string) *apiv1.TraceResponse {
+		r := &apiv1.TraceResponse{}
+		for _, v := range verdicts {
+			r.Paths = append(r.Paths, &apiv1.TracePath{Verdict: v})
+		}
+		return r
+	}
+	lbRefused := &apiv1.TraceResponse{Hops: []*apiv1.TraceHop{{Step: StepSocketLB, Verdict: "refused"}}}
+	denial := []*apiv1.FlowRecord{{Node: "n1", Verdict: "denied", Direction: "egress", Reason: "default deny"}}
+	for _, tc := range []struct {
+		name    string
+		resp    *apiv1.TraceResponse
+		proto   l4.Proto
+		outcome string
+		took    time.Duration
+		records []*apiv1.FlowRecord
+		want    string
+	}{
+		{"allowed, connected", paths("allowed"), l4.TCP, Connected, 0, nil, "agrees"},
+		{"allowed, reset by a closed port", paths("allowed"), l4.TCP, Refused, 0, nil, "agrees"},
+		{"allowed, timed out", paths("allowed"), l4.TCP, TimedOut, ProbeWait, nil, "disagrees"},
+		{"denied, timed out", paths("denied"), l4.TCP, TimedOut, ProbeWait, denial, "agrees"},
+		{"denied, connected", paths("denied"), l4.TCP, Connected, 0, nil, "disagrees"},
+		{"unreachable, host unreachable", paths("unreachable"), l4.TCP, Unreachable, 0, nil, "agrees"},
+		{"no backend, refused at once", lbRefused, l4.TCP, Refused, time.Millisecond, nil, "agrees"},
+		{"no backend, connected", lbRefused, l4.TCP, Connected, time.Millisecond, nil, "disagrees"},
+		{"backends differ", paths("allowed", "denied"), l4.TCP, TimedOut, ProbeWait, nil, "agrees"},
+		{"UDP allowed, replied", paths("allowed"), l4.UDP, Replied, 0, nil, "agrees"},
+		{"UDP allowed, no reply", paths("allowed"), l4.UDP, NoReply, ProbeWait, nil, "inconclusive"},
+		{"UDP allowed, no reply, denied here", paths("allowed"), l4.UDP, NoReply, ProbeWait, denial, "disagrees"},
+		{"UDP denied, no reply", paths("denied"), l4.UDP, NoReply, ProbeWait, denial, "agrees"},
+	} {
+		got, detail := judgeProbe(tc.resp, tc.proto, sent{outcome: tc.outcome, took: tc.took}, tc.records, "n1")
+		if got != tc.want {
+			t.Errorf("%s: %s (%s), want %s", tc.name, got, detail, tc.want)
+		}
+		if len(tc.records) > 0 && !strings.Contains(detail, "n1 DENIED egress (default deny)") {
+			t.Errorf("%s: the detail %q does not name the node's record", tc.name, detail)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+
+	"github.com/onc-net/onc/datapath/flows"
+	"sigs.k8s.io/knftables"
+)
+
+// This file is how the table reports its verdicts (docs/observability.md),
+// besides the denied packets addRules logs: the new connections a pod's
+// chain allows, with a fingerprint of the rules it enforced that Logged
+// turns back into those rules, and the base chains' own drops.
+
+// allowLogRate bounds the allowed-new records of one pod chain: a burst
+// of new connections (TCP_CRR) costs the agent at most this many
+// messages. The chain's -allow counter still counts every one.
+const allowLogRate = "limit rate 100/second burst 200 packets"
+
+// allowLog is the chain the allow rules of the chain of pod id in
+// direction d go to when the table logs: it logs the packet and ends,
+// returning to the base chain. The limit sits there, in a rule without a
+// verdict: over it, the packet is allowed all the same, unlogged.
+func (d dir) allowLog(id string) string { return "al-" + d.chain(id) }
+
+// allowLogRule is the one rule of an allow-log chain.
+func allowLogRule(logGroup uint16, prefix string) string {
+	return fmt.Sprintf("%s log prefix %q group %d", allowLogRate, prefix, logGroup)
+}
+
+// logFingerprint is the fingerprint the log prefixes of a pod's chain
+// enforcing d (compiled into c) carry: of its policies and rules, so it
+// changes whenever they do, even where the sets stay the same; "" when
+// the table does not log.
+func (e *Enforcer) logFingerprint(d *Direction, c *compiled) string {
+	if e.logGroup == 0 {
+		return ""
+	}
+	if c.rulesHash == nil {
+		c.rulesHash = hashRules(c.rules)
+	}
+	h := sha256.New()
+	for _, p := range d.Policies {
+		fmt.Fprintln(h, p)
+	}
+	h.Write(c.rulesHash)
+	return hex.EncodeToString(h.Sum(nil)[:4])
+}
+
+func hashRules(rules []Rule) []byte {
+	h := sha256.New()
+	var b []byte
+	for _, r := range rules {
+		fmt.Fprintf(h, "%s %d %t %v:", r.Policy, r.Index, r.Ports == nil, r.Ports)
+		for _, p := range r.Peers {
+			b = append(p.AppendTo(b[:0]), ' ')
+			h.Write(b)
+		}
+		h.Write([]byte{'\n'})
+	}
+	return h.Sum(nil)
+}
+
+// Logged is what a fingerprint in a pod chain's log prefix stands for.
+type Logged struct {
+	Pod       string     // the pod's key
+	Direction *Direction // the rules its chain enforced (read-only)
+}
+
+// keptRulesets is how many rulesets before the current one Logged still
+// knows: a packet logged just before a change may be read after it.
+const keptRulesets = 4
+
+// logHistory is what the fingerprints of the current and the last
+// keptRulesets rulesets stand for. Its own lock: the recorder asks while
+// an Apply runs.
+type logHistory struct {
+	mu  sync.Mutex
+	gen uint64 // transactions recorded
+	m   map[logKey]loggedAt
+}
+
+// logKey names a chain's rules as its log prefixes do.
+type logKey struct {
+	id      string
+	ingress bool
+	fp      string
+}
+
+type loggedAt struct {
+	Logged
+	gen uint64 // the last transaction whose ruleset had it
+}
+
+// record adds the fingerprints of want, about to be committed, and
+// forgets those of rulesets older than keptRulesets.
+func (h *logHistory) record(want []plan) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil {
+		h.m = map[logKey]loggedAt{}
+	}
+	h.gen++
+	for i := range want {
+		p := &want[i]
+		for _, d := range []dir{ingress, egress} {
+			if fp := d.logFingerprint(p.applied); fp != "" {
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{p.key, p.rules(d)}, h.gen}
+			}
+		}
+	}
+	for k, l := range h.m {
+		if l.gen+keptRulesets < h.gen {
+			delete(h.m, k)
+		}
+	}
+}
+
+// Logged is what the fingerprint fp of the chain of pod id (PodID) in a
+// direction stands for, if it is one of the current or the last few
+// rulesets'.
+func (e *Enforcer) Logged(id string, ingress bool, fp string) (Logged, bool) {
+	e.logged.mu.Lock()
+	defer e.logged.mu.Unlock()
+	l, ok := e.logged.m[logKey{id, ingress, fp}]
+	return l.Logged, ok
+}
+
+// dropReasons are the base chains' drops, each with its counter.
+var dropReasons = []string{flows.DropSpoof, flows.DropInvalid, flows.DropNoSYN}
+
+func dropCounter(why string) string { return "drop-" + why }
+
+// dropChain counts, logs and drops what a base chain drops for why, of
+// packets from a pod (egress) or to one (ingress).
+func dropChain(why string, d dir) string { return "drop-" + why + "-" + d.prefix }
+
+// dropVerdict ends a base chain's rule dropping for why.
+func dropVerdict(why string, d dir) string { return "goto " + dropChain(why, d) }
+
+// addDropChains adds the counters and the chains of the base chains'
+// drops (spoofing only egress: a pod's own), the counters with the values
+// of the ones kept holds.
+func addDropChains(tx *knftables.Transaction, logGroup uint16, kept map[string]*knftables.Counter) {
+	for _, why := range dropReasons {
+		tx.Add(keptCounter(dropCounter(why), kept))
+		for _, d := range []dir{ingress, egress} {
+			if why == flows.DropSpoof && d == ingress {
+				continue
+			}
+			chain := dropChain(why, d)
+			tx.Add(&knftables.Chain{Name: chain})
+			if logGroup != 0 {
+				addLogRules(tx, logGroup, chain, flows.DropPrefix(why, d == ingress))
+			}
+			tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", dropCounter(why))})
+		}
+	}
+}
+
+// keptCounter is the named counter name, with the values of kept's.
+func keptCounter(name string, kept map[string]*knftables.Counter) *knftables.Counter {
+	c := &knftables.Counter{Name: name}
+	if old := kept[name]; old != nil && old.Packets != nil && old.Bytes != nil {
+		c.Packets, c.Bytes = old.Packets, old.Bytes
+	}
+	return c
+}

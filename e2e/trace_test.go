@@ -1,0 +1,169 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/lab"
+)
+
+// checkTrace: for every cell of a truth-table step, onctl trace on the
+// source's node (through the agent API it calls) gives the verdict the
+// oracle gives and the probe met (got, or again for a retried one); a
+// denial names the policies that isolate the pod in the direction that
+// denied it, and an allowance by policy names one that selects the pod.
+// It returns how many cells disagree.
+func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got, again map[cell]outcome) int {
+	t.Helper()
+	clients := map[*lab.Node]apiv1.AgentClient{}
+	for _, n := range c.l.Nodes {
+		clients[n] = agent(t, n)
+	}
+	bad, remote := 0, 0
+	for _, ce := range cells {
+		out, retried := again[ce]
+		if !retried {
+			out = got[ce]
+		}
+		resp, err := clients[c.node(ce.src)].Trace(context.Background(), &apiv1.TraceRequest{Source: ce.src.addr(ce.fam).String(),
+			Destination: ce.dst.key(), Port: uint32(ce.k.port), Protocol: string(ce.k.proto)})
+		if err != nil {
+			t.Fatalf("step %q: trace %s → %s %s: %v", s.name, ce.src.key(), ce.dst.key(), ce.k, err)
+		}
+		if len(resp.Paths) != 1 {
+			t.Fatalf("step %q: trace %s → %s %s: %d paths, want 1", s.name, ce.src.key(), ce.dst.key(), ce.k, len(resp.Paths))
+		}
+		p := resp.Paths[0]
+		if c.node(ce.src) != c.node(ce.dst) {
+			remote++
+		}
+		traced, oracle, met := p.Verdict == "allowed", c.allowed(s.pols, ce), out.err == nil
+		problem := ""
+		switch {
+		case traced != oracle || traced != met:
+			problem = fmt.Sprintf("trace says %s, the oracle %v, the probe %v", p.Verdict, oracle, out.err)
+		default:
+			problem = c.traceNames(s.pols, ce, p)
+		}
+		if problem != "" {
+			bad++
+			var hops []string
+			for _, h := range p.Hops {
+				hops = append(hops, fmt.Sprintf("%s %s %s: %s", h.Node, h.Step, h.Verdict, h.Detail))
+			}
+			t.Errorf("step %q, %s %s → %s %s: %s\n  %s", s.name, ce.fam, ce.src.key(), ce.dst.key(), ce.k, problem, strings.Join(hops, "\n  "))
+		}
+	}
+	t.Logf("step %q: traced %d %s probes (%d to another node's pod), %d disagree", s.name, len(cells), cells[0].fam, remote, bad)
+	return bad
+}
+
+// traceNames checks the policies p's policy hops name against the
+// oracle's: "" when right, else what is wrong.
+func (c *policyCluster) traceNames(pols []*networkingv1.NetworkPolicy, ce cell, p *apiv1.TracePath) string {
+	for _, h := range p.Hops {
+		ingress := h.Step == "ingress-policy"
+		if !ingress && h.Step != "egress-policy" {
+			continue
+		}
+		pod := ce.src
+		if ingress {
+			pod = ce.dst
+		}
+		if h.Node != c.node(pod).Name {
+			return fmt.Sprintf("%s decided on %s, want %s's node %s", h.Step, h.Node, pod.key(), c.node(pod).Name)
+		}
+		isolating := c.isolatedBy(pols, pod, ingress)
+		switch h.Verdict {
+		case "denied":
+			if !slices.Equal(h.Policies, isolating) {
+				return fmt.Sprintf("%s denied by %v, want the isolating %v", h.Step, h.Policies, isolating)
+			}
+		case "allowed":
+			if len(h.Policies) != 1 || !slices.Contains(isolating, h.Policies[0]) || h.Rule < 0 {
+				return fmt.Sprintf("%s allowed by %v rule %d, want a rule of one of %v", h.Step, h.Policies, h.Rule, isolating)
+			}
+		case "not-isolated":
+			if len(isolating) > 0 {
+				return fmt.Sprintf("%s not isolated, but %v isolate %s", h.Step, isolating, pod.key())
+			}
+		default:
+			return fmt.Sprintf("%s: verdict %q", h.Step, h.Verdict)
+		}
+	}
+	return ""
+}
+
+// trace: the onctl binary prints a trace, in JSON and as a table, and
+// refuses a source of another node naming that node. (The verdicts are
+// checked against the oracle and the probes in every truth table.)
+func (c *policyCluster) trace(t *testing.T) {
+	a, b := c.pod("x/a"), c.pod("x/b")
+	na := c.node(a)
+	c.set(t, []*networkingv1.NetworkPolicy{netpol("x", "b-from-a-tcp-80", sel("app", "b"), ingressOnly,
+		ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")}), port("TCP", 80)), nil)})
+	var resp apiv1.TraceResponse
+	c.onctlJSON(t, na, &resp, "trace", a.key(), b.key()+":80/tcp")
+	if len(resp.Paths) != 1 || resp.Paths[0].Verdict != "allowed" || resp.Source.GetName() != "a" || resp.Destination.GetIp() != b.lp.IP.String() {
+		t.Fatalf("onctl trace %s %s:80: %v", a.key(), b.key(), &resp)
+	}
+	onctl := filepath.Join(c.l.BinDir, "onctl")
+	out, err := exec.Command(onctl, "--socket", na.AgentSocket(), "trace", a.key(), b.key()+":81").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "=> DENIED") || !strings.Contains(string(out), "default deny: ingress isolated by x/b-from-a-tcp-80") {
+		t.Errorf("onctl trace %s %s:81: %v\n%s", a.key(), b.key(), err, out)
+	}
+	out, err = exec.Command(onctl, "--socket", na.AgentSocket(), "trace", b.key(), a.key()+":80").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "FailedPrecondition") || !strings.Contains(string(out), c.node(b).Name) {
+		t.Errorf("onctl trace from %s (of %s) on %s: %v, %s; want FailedPrecondition naming its node", b.key(), c.node(b).Name, na.Name, err, out)
+	}
+	c.traceProbe(t)
+}
+
+// traceProbe: onctl trace --probe makes a real connection from the source
+// pod; what it meets agrees with the computed trace, whether the packet
+// is allowed, denied on another node or denied on this one (then this
+// node's flow record of the probe is in the answer), in TCP and UDP.
+func (c *policyCluster) traceProbe(t *testing.T) {
+	xa, xb, xc := c.pod("x/a"), c.pod("x/b"), c.pod("x/c")
+	if c.node(xa) != c.node(xc) || c.node(xa) == c.node(xb) || c.node(c.pod("y/a")) == c.node(xc) {
+		t.Fatal("the test wants x/a and x/c on one node, x/b and y/a on the other")
+	}
+	c.set(t, []*networkingv1.NetworkPolicy{
+		netpol("x", "b-from-a-tcp-80", sel("app", "b"), ingressOnly,
+			ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "a")}), port("TCP", 80)), nil),
+		netpol("x", "a-from-b", sel("app", "a"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "b")})), nil)})
+	for _, tc := range []struct {
+		src, dst, outcome string
+		deniedHere        string // the policy this node's record of the probe names
+	}{
+		{"x/a", "x/b:80/tcp", "connected", ""},
+		{"x/a", "x/b:81/tcp", "timed-out", ""}, // denied on x/b's node
+		{"x/c", "x/a:80/tcp", "timed-out", "x/a-from-b"},
+		{"x/c", "y/a:80/udp", "replied", ""},
+		{"x/a", "x/b:80/udp", "no-reply", ""}, // denied on x/b's node
+	} {
+		var resp apiv1.TraceResponse
+		c.onctlJSON(t, c.node(c.pod(tc.src)), &resp, "trace", "--probe", tc.src, tc.dst)
+		p := resp.Probe
+		if p.GetOutcome() != tc.outcome || p.GetAgreement() != "agrees" {
+			t.Errorf("trace --probe %s %s: %s, %s (%s); want %s, agrees", tc.src, tc.dst, p.GetOutcome(), p.GetAgreement(), p.GetDetail(), tc.outcome)
+			continue
+		}
+		denied := slices.ContainsFunc(p.Records, func(r *apiv1.FlowRecord) bool {
+			return r.Verdict == "denied" && slices.Equal(r.Policies, []string{tc.deniedHere}) && r.Source.GetPort() != 0
+		})
+		if tc.deniedHere != "" && !denied {
+			t.Errorf("trace --probe %s %s: no record of this node denying the probe by %s in %v", tc.src, tc.dst, tc.deniedHere, p.Records)
+		}
+	}
+}
