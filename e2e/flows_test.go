@@ -25,8 +25,15 @@ import (
 // JSON lines.
 func (c *policyCluster) onctlFlows(t *testing.T, n *lab.Node, args ...string) []*apiv1.FlowRecord {
 	t.Helper()
+	return onctlFlowRecords(t, c.l, n, args...)
+}
+
+// onctlFlowRecords runs onctl flows of lab l against n's agent with args
+// and decodes its JSON lines.
+func onctlFlowRecords(t *testing.T, l *lab.Lab, n *lab.Node, args ...string) []*apiv1.FlowRecord {
+	t.Helper()
 	args = append([]string{"--socket", n.AgentSocket(), "-o", "json", "flows"}, args...)
-	out, err := exec.Command(filepath.Join(c.l.BinDir, "onctl"), args...).CombinedOutput()
+	out, err := exec.Command(filepath.Join(l.BinDir, "onctl"), args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("onctl %s: %v: %s", strings.Join(args, " "), err, out)
 	}
