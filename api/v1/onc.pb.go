@@ -3234,7 +3234,7 @@ type TraceRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`           // namespace/name of a pod of this node, or its address
 	Destination string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"` // namespace/name of a pod, or an address (a pod, a Service's frontend, a host)
-	Port        uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`              // the destination port; 0 for protocols without ports
+	Port        uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`              // the destination port, 1-65535
 	Protocol    string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`       // TCP (the default), UDP or SCTP
 	// Also make one real connection from the source pod and report what it
 	// met and what this node saw of it (TraceResponse.probe).
