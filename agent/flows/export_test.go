@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -170,6 +171,44 @@ func TestOTLPMapping(t *testing.T) {
 	}
 	if lr.TimeUnixNano != 1700000000_000000005 || lr.Body.GetStringValue() != r.Summary() || lr.ObservedTimeUnixNano == 0 {
 		t.Errorf("time %d, body %q, observed %d; want the record's, its summary %q, now", lr.TimeUnixNano, lr.Body.GetStringValue(), lr.ObservedTimeUnixNano, r.Summary())
+	}
+}
+
+// Rule 0, the first rule of a policy, is sent in the JSON line and the
+// OTLP log record; a record without a deciding rule has no rule in either.
+func TestRuleZeroSent(t *testing.T) {
+	for _, c := range []struct {
+		rule     *int
+		otlpAttr string // "": none
+	}{
+		{ruleIndex(0), "onc.rule=0"},
+		{nil, ""},
+	} {
+		r := toAPI(Record{Time: time.Unix(1700000000, 0), Node: "n1", Event: EventPolicy, Verdict: VerdictAllowed, Direction: "ingress", Proto: 6,
+			Policies: []string{"x/p"}, Rule: c.rule, Path: "slow"})
+		b, err := r.JSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fields map[string]any // protojson's spacing varies: compare values
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
+		}
+		if got, has := fields["rule"]; has != (c.rule != nil) || has && got != float64(*c.rule) {
+			t.Errorf("rule %s: JSON %s, want rule %s", ruleString(c.rule), b, ruleString(c.rule))
+		}
+		rl := exportRequest([]*apiv1.FlowRecord{r}).ResourceLogs[0]
+		attrs := " " + attrString(rl.ScopeLogs[0].LogRecords[0].Attributes) + " "
+		if has := strings.Contains(attrs, " onc.rule="); has != (c.otlpAttr != "") || has && !strings.Contains(attrs, " "+c.otlpAttr+" ") {
+			t.Errorf("rule %s: OTLP attributes%s, want %q in them (none: no onc.rule)", ruleString(c.rule), attrs, c.otlpAttr)
+		}
+		back, err := RecordFromOTLP(rl.Resource, rl.ScopeLogs[0].LogRecords[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(back, r) {
+			t.Errorf("rule %s: read back from OTLP %v, want %v", ruleString(c.rule), back, r)
+		}
 	}
 }
 
