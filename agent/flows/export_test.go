@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -562,13 +563,37 @@ func TestExportFile(t *testing.T) {
 		}
 	}
 
-	open := t.TempDir()
+	// Refused, each with an error naming the path at fault: a directory
+	// on the way that is a symlink, or that group or others may write
+	// (even with the sticky bit, as the file's own directory), and a
+	// symlink or a FIFO as the file.
+	base := t.TempDir()
+	open, groupW, real := filepath.Join(base, "open"), filepath.Join(base, "group"), filepath.Join(base, "real")
+	for _, d := range []string{open, groupW, real} {
+		testutil.Must(t, os.Mkdir(d, 0o750))
+	}
 	testutil.Must(t, os.Chmod(open, 0o777))
+	testutil.Must(t, os.Chmod(groupW, 0o770))
+	testutil.Must(t, os.Symlink(real, filepath.Join(base, "linkdir")))
 	testutil.Must(t, os.Symlink("/etc/passwd", filepath.Join(dir, "link")))
-	for _, bad := range []string{"flows.jsonl", filepath.Join(open, "flows.jsonl"), filepath.Join(dir, "link")} {
-		if err := CheckExportFile(bad); err == nil {
-			t.Errorf("%s accepted", bad)
+	testutil.Must(t, syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	for _, c := range []struct{ path, fault, why string }{
+		{"flows.jsonl", "", "not an absolute path"},
+		{filepath.Join(open, "flows.jsonl"), open, "writable by group or others"},
+		{filepath.Join(groupW, "sub", "flows.jsonl"), groupW, "writable by group or others"},
+		{filepath.Join(base, "linkdir", "flows.jsonl"), filepath.Join(base, "linkdir"), "not a directory"},
+		{filepath.Join(base, "linkdir", "sub", "flows.jsonl"), filepath.Join(base, "linkdir"), "not a directory"},
+		{filepath.Join(dir, "link"), filepath.Join(dir, "link"), "a symlink"},
+		{filepath.Join(dir, "fifo"), filepath.Join(dir, "fifo"), "not a regular file"},
+		{"/tmp/onc-flows-test.jsonl", "/tmp", "writable by group or others"}, // root's, sticky, yet the file's own
+	} {
+		err := CheckExportFile(c.path)
+		if err == nil || !strings.Contains(err.Error(), c.fault+":") && !strings.Contains(err.Error(), c.fault+" (") || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("%s: %v, want refused naming %s: %s", c.path, err, c.fault, c.why)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(real, "sub")); err == nil {
+		t.Errorf("a directory was created through the symlink %s", filepath.Join(base, "linkdir"))
 	}
 }
 
