@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/l4"
@@ -42,7 +43,15 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
-		Reason: r.Reason, Policies: r.Policies, Rule: int32(r.Rule), Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed}
+		Reason: r.Reason, Policies: r.Policies, Rule: ruleAPI(r.Rule), Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed}
+}
+
+// ruleAPI is the rule's index as the API sends it: absent for none.
+func ruleAPI(rule *int) *int32 {
+	if rule == nil {
+		return nil
+	}
+	return proto.Int32(int32(*rule))
 }
 
 func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {

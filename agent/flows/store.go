@@ -65,7 +65,7 @@ type Record struct {
 	// Reason says why, in words; Policies are the policies it names.
 	Reason   string
 	Policies []string
-	Rule     int    // the index of the rule that allowed it in its policy's list; -1: none
+	Rule     *int   // the index of the rule that allowed it in its policy's list; nil: none
 	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter), or events.go's
 	// Translated is the third end of an eBPF program's record (events.go),
 	// zero for none; Suppressed how many of its class were held back.
@@ -182,7 +182,7 @@ func (s *Store) Add(r Record) {
 }
 
 func lostRecord(n int, node string) Record {
-	return Record{Time: time.Now(), Node: node, Event: EventLost, Rule: -1, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
 }
 
 // Tap has fn called with each record added from now on, under the

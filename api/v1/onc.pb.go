@@ -3090,8 +3090,9 @@ type FlowRecord struct {
 	Policies    []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
 	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow (the kernel's stack and netfilter), fast, socket-lb, uplink-lb
 	// The index of the rule that allowed it in its policy's ingress or
-	// egress list; -1 when no rule did.
-	Rule int32 `protobuf:"varint,12,opt,name=rule,proto3" json:"rule,omitempty"`
+	// egress list; absent when no rule did (optional, so that rule 0, the
+	// first rule, is still sent and printed).
+	Rule *int32 `protobuf:"varint,12,opt,name=rule,proto3,oneof" json:"rule,omitempty"`
 	// The third end: the backend chosen (translate), or the node that sent
 	// a dropped overlay frame.
 	Translated *FlowEndpoint `protobuf:"bytes,13,opt,name=translated,proto3" json:"translated,omitempty"`
@@ -3210,8 +3211,8 @@ func (x *FlowRecord) GetPath() string {
 }
 
 func (x *FlowRecord) GetRule() int32 {
-	if x != nil {
-		return x.Rule
+	if x != nil && x.Rule != nil {
+		return *x.Rule
 	}
 	return 0
 }
@@ -3900,7 +3901,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xc8\x03\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xd6\x03\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -3914,14 +3915,15 @@ const file_onc_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
 	"\bpolicies\x18\n" +
 	" \x03(\tR\bpolicies\x12\x12\n" +
-	"\x04path\x18\v \x01(\tR\x04path\x12\x12\n" +
-	"\x04rule\x18\f \x01(\x05R\x04rule\x124\n" +
+	"\x04path\x18\v \x01(\tR\x04path\x12\x17\n" +
+	"\x04rule\x18\f \x01(\x05H\x00R\x04rule\x88\x01\x01\x124\n" +
 	"\n" +
 	"translated\x18\r \x01(\v2\x14.onc.v1.FlowEndpointR\n" +
 	"translated\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\x0e \x01(\rR\n" +
-	"suppressed\"\x8e\x01\n" +
+	"suppressedB\a\n" +
+	"\x05_rule\"\x8e\x01\n" +
 	"\fTraceRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x12\n" +
@@ -4122,6 +4124,7 @@ func file_onc_proto_init() {
 	if File_onc_proto != nil {
 		return
 	}
+	file_onc_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
