@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onc-net/onc/agent/bypass"
@@ -70,7 +71,8 @@ type Config struct {
 	Pods PodPhases
 
 	// FlowsBuffer is how many flow records the agent keeps (agent/flows),
-	// read from Datapath.PolicyLogGroup; 0, or no Policy: none.
+	// read from Datapath.PolicyLogGroup (with Policy) and the eBPF
+	// programs' events (Datapath.FlowEvents); 0: none.
 	FlowsBuffer int
 	// FlowsExport is where the flow records are exported to, as they come.
 	FlowsExport flows.ExportConfig
@@ -97,14 +99,18 @@ type Agent struct {
 	up       datapath.Uplink
 	vtepMAC  net.HardwareAddr
 	podMTU   int
-	peers    *watch.Watcher    // the node and its peers, from the datastore
-	policy   *policy.Watcher   // nil without Config.Policy
-	flows    *flows.Store      // nil when no flows are recorded
-	recorder *flows.Recorder   // nil when no flows are recorded
-	exports  []*flows.Exporter // of the records, as they come
-	svcs     *services.Watcher // nil without Config.Services
-	health   *services.Health  // nil unless svcs and the kube-proxy replacement
-	underlay *underlay.Watcher
+	peers    *watch.Watcher       // the node and its peers, from the datastore
+	policy   *policy.Watcher      // nil without Config.Policy
+	flows    *flows.Store         // nil when no flows are recorded
+	recorder *flows.Recorder      // nil when no policy verdicts are recorded
+	events   *flows.EventRecorder // nil when no eBPF events are recorded
+	exports  []*flows.Exporter    // of the records, as they come
+	// nodeAddrs names the cluster's nodes by address, as reconcile last
+	// read them (for the flow records).
+	nodeAddrs atomic.Pointer[map[netip.Addr]string]
+	svcs      *services.Watcher // nil without Config.Services
+	health    *services.Health  // nil unless svcs and the kube-proxy replacement
+	underlay  *underlay.Watcher
 	// warnedCIDR is, by family, the pod CIDR a node without one at
 	// bring-up got later, once reconcile warned of it (reconcile's own).
 	warnedCIDR map[datastore.Family]netip.Prefix
@@ -152,21 +158,25 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
+	if cfg.FlowsBuffer > 0 {
+		a.flows = flows.NewStore(cfg.FlowsBuffer)
+		if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
+			return nil, fmt.Errorf("flow export: %w", err)
+		}
+	} else if cfg.FlowsExport.File != "" || cfg.FlowsExport.OTLP != "" {
+		slog.Warn("flow export: nothing to export: " + flows.NotRecording)
+	}
 	if cfg.Policy != nil {
 		a.policy = policy.NewWatcher(dp.Policy, cfg.Policy, a.attachments, cfg.Resync)
-		if cfg.FlowsBuffer > 0 && cfg.Datapath.PolicyLogGroup != 0 {
-			a.flows = flows.NewStore(cfg.FlowsBuffer)
+		if a.flows != nil && cfg.Datapath.PolicyLogGroup != 0 {
 			a.recorder = flows.NewRecorder(a.flows, cfg.NodeName, a.policy.Enforced, dp.Policy.Logged, func() []*corev1.Pod { return cfg.Policy.Snapshot().Pods })
 			cfg.Policy.OnChange(a.recorder.PodsChanged)
-			if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
-				return nil, fmt.Errorf("flow export: %w", err)
-			}
 		}
 	} else {
 		slog.Warn("network policy " + policy.NeedsKubernetes)
 	}
-	if a.flows == nil && (cfg.FlowsExport.File != "" || cfg.FlowsExport.OTLP != "") {
-		slog.Warn("flow export: nothing to export: " + flows.NotRecording)
+	if a.flows != nil && cfg.Datapath.FlowEvents > 0 {
+		a.events = flows.NewEventRecorder(a.flows, cfg.NodeName, a.flowResolver())
 	}
 	if cfg.Services != nil {
 		a.svcs = services.NewWatcher(dp.Services, cfg.Services, services.Self{Name: cfg.NodeName, IP: up.NodeIP,
@@ -266,6 +276,9 @@ func (a *Agent) runners() []func(context.Context) {
 	if a.recorder != nil {
 		rs = append(rs, a.recordFlows)
 	}
+	if a.events != nil {
+		rs = append(rs, a.recordEvents)
+	}
 	for _, e := range a.exports {
 		rs = append(rs, e.Run)
 	}
@@ -303,6 +316,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	if err != nil {
 		return err
 	}
+	a.noteNodes(nodes)
 	var self *datastore.Node
 	for i := range nodes {
 		if nodes[i].Name == a.cfg.NodeName {

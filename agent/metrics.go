@@ -80,7 +80,10 @@ var (
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend); and by the client's family (ipv4, ipv6).",
 		[]string{"event", "family"}, nil)
 	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
-		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, and what audited policies would deny or allow, as the policy table logged them within its rates.", nil, nil)
+		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, and what audited policies would deny or allow, as the policy table logged them within its rates, and the eBPF programs' events.", nil, nil)
+	descFlowEvents = prometheus.NewDesc("onc_flows_events_total",
+		"The eBPF programs' flow events (docs/observability.md), by outcome: emitted (sent to the agent), suppressed (held back by --flows-events-rate), deduped (a drop of a flow and reason already reported within the second), lost (the ring was full: the agent fell behind).",
+		[]string{"outcome"}, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
 	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
@@ -105,6 +108,7 @@ const (
 	sourceServices = "services"
 	sourceBypass   = "bypass"
 	sourcePolicy   = "policy"
+	sourceEvents   = "flow_events"
 )
 
 // agentMetrics is the agent's Prometheus side: its own registry, the CNI
@@ -137,7 +141,7 @@ func newAgentMetrics(a *Agent) *agentMetrics {
 			// ADD may wait up to 10 s for the pod's policy.
 			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}},
 			[]string{"verb"}),
-		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceServices, sourceBypass, sourcePolicy),
+		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceServices, sourceBypass, sourcePolicy, sourceEvents),
 	}
 	m.reg.MustRegister(m, m.cniRequests, m.cniDuration)
 	return m
@@ -214,7 +218,8 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 
 	var sources []counterSource
 	if fp := a.dp.Node.FastPath(); fp != nil {
-		sources = append(sources, counterSource{sourceFastPath, fp.Stats, fastPathSample})
+		sources = append(sources, counterSource{sourceFastPath, fp.Stats, fastPathSample},
+			counterSource{sourceEvents, fp.EventStats, flowEventsSample})
 		if n, err := fp.CacheEntries(); m.ok(sourceCache, err) {
 			for name, v := range n {
 				ch <- gauge(descCacheEntries, float64(v), name)
@@ -263,8 +268,10 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if a.recorder != nil {
+	if a.flows != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
+	}
+	if a.recorder != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
 	}
 	for _, e := range a.exports {
@@ -306,6 +313,11 @@ type counterSource struct {
 
 // The sample functions are the one place counter names become metrics: the
 // metric and label values of a counter, or a nil Desc for one not exported.
+
+// flowEventsSample maps enum flows_stat: one outcome each.
+func flowEventsSample(c bpf.Counter) (*prometheus.Desc, []string) {
+	return descFlowEvents, []string{c.Name}
+}
 
 // fastPathSample maps enum onc_stat: <program>_hit, <program>_open, <program>_error,
 // <program>_miss_<reason>, learn_<event> (each by family) and the overlay

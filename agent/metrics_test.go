@@ -36,12 +36,14 @@ import (
 type fakeFastPath struct {
 	datapath.FastPath // the rest: the metrics call nothing else
 	stats             []fastpath.Stat
+	events            []fastpath.Stat // flows_stat
 	entries           map[string]int
 	err               error
 }
 
 func (f *fakeFastPath) Stats() ([]fastpath.Stat, error)       { return f.stats, f.err }
 func (f *fakeFastPath) CacheEntries() (map[string]int, error) { return f.entries, f.err }
+func (f *fakeFastPath) EventStats() ([]fastpath.Stat, error)  { return f.events, f.err }
 
 // scrape serves the agent's metrics, as onc-agent does, and reads them
 // over HTTP, parsed and checked by promtool.
@@ -192,6 +194,7 @@ func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
 		stats: []fastpath.Stat{{Name: "egress_hit", Family: "ipv4", Value: 7}, {Name: "egress_miss_flow", Family: "ipv4", Value: 3},
 			{Name: "learn_egress", Family: "ipv4", Value: 2}, {Name: "egress_hit", Family: "ipv6", Value: 5}},
 		entries: map[string]int{"filter": 4, "egress": 1, "encap": 1, "local": 1},
+		events:  []fastpath.Stat{{Name: "emitted", Value: 9}, {Name: "suppressed", Value: 4}},
 	}
 	ta.dp.mu.Unlock()
 	bp := ta.withBypass(bypass.Config{})
@@ -208,6 +211,8 @@ func TestMetricsReadTheAgentAndTheKernelAtScrape(t *testing.T) {
 	want(t, mfs, "onc_fastpath_packets_total", 3, "program", "egress", "result", "miss", "reason", "flow", "family", "ipv4")
 	want(t, mfs, "onc_fastpath_learn_total", 2, "event", "egress", "family", "ipv4")
 	want(t, mfs, "onc_fastpath_cache_entries", 4, "map", "filter")
+	want(t, mfs, "onc_flows_events_total", 9, "outcome", "emitted")
+	want(t, mfs, "onc_flows_events_total", 4, "outcome", "suppressed")
 	want(t, mfs, "onc_bypass_redirected_messages_total", 10)
 	want(t, mfs, "onc_bypass_redirected_bytes_total", 1000)
 	want(t, mfs, "onc_bypass_fallbacks_total", 1, "reason", "small")

@@ -302,7 +302,7 @@ func (s *onctlServer) Trace(ctx context.Context, req *apiv1.TraceRequest) (*apiv
 		}
 		return flows.Records(a.flows, flows.Filter{Since: since})
 	}
-	return trace.Trace(st, req)
+	return trace.Trace(ctx, st, req)
 }
 
 // podNames names this node's pods (namespace/name) by address, from

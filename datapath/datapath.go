@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/onc-net/onc/datapath/bypass"
 	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/datapath/overlay"
@@ -56,6 +58,9 @@ type Config struct {
 	// PolicyLogGroup is the NFLOG group the policy table logs its
 	// verdicts to (agent/flows reads it); 0: it logs nothing.
 	PolicyLogGroup uint16
+	// FlowEvents is the eBPF programs' flow events' budget: of each class,
+	// on each CPU, per second on average (include/flows.h); 0: none.
+	FlowEvents uint32
 	// Cgroup is the cgroup v2 directory the services and bypass programs
 	// attach to ("" = the highest one mounted, mounting a cgroup2
 	// hierarchy where none is; bpf.ResolveCgroup).
@@ -99,6 +104,13 @@ type FastPath interface {
 	Encaps() ([]fastpath.Encap, error)
 	Locals() ([]fastpath.Local, error)
 	Flows() ([]fastpath.Flow, error)
+	// Events is the ring of flow events (include/flows.h), the fast
+	// path's and the services object's; EventStats what became of them.
+	Events() *ebpf.Map
+	EventStats() ([]fastpath.Stat, error)
+	// OnEvict has fn told of each flow a NetworkPolicy change takes off
+	// the fast path (EvictFlows).
+	OnEvict(fn func(local, remote netip.AddrPort, proto uint8))
 }
 
 func (n *Node) writeSysctl(name, val string) error { return sysctl.Write(n.cfg.ProcSys, name, val) }

@@ -230,7 +230,7 @@ func (n *Node) forwardIPv6() error {
 func (n *Node) openFastPath(s NodeSetup) (*fastpath.Datapath, error) {
 	fp, err := fastpath.Open(fastpath.Options{PinDir: n.cfg.BPFFS, VNI: n.cfg.VNI, Port: n.cfg.Port,
 		Mark: n.cfg.FastPathMark, Mode: fastpath.Mode(n.cfg.AttachMode), NodeIP: n.up.NodeIP, PodCIDR: s.PodCIDR,
-		PodCIDRv6: s.PodCIDRv6, ConnSetup: n.connSetup()})
+		PodCIDRv6: s.PodCIDRv6, ConnSetup: n.connSetup(), EventsPerSecond: n.cfg.FlowEvents})
 	if err == nil {
 		err = fp.Configure(n.cfg.FastPath)
 	}

@@ -101,6 +101,27 @@ func (c *policyCluster) export(t *testing.T) {
 	if rec.Policies == nil || rec.Source.GetName() == "" || rec.Destination.GetName() == "" {
 		t.Fatalf("the record lacks fields the check is for (both pods, the policy): %v", rec)
 	}
+	exported(t, received, file, rec)
+
+	// The allowed connection's record names rule 0, which both exports
+	// must carry (proto3 would drop a plain zero).
+	start = time.Now()
+	if local, err = lab.Probe(c.pod("x/a").lp.Netns, "tcp", dst.Addr(), int(dst.Port()), 3*probeTimeout); err != nil {
+		t.Fatalf("x/a → %s TCP/80: %v", b.key(), err)
+	}
+	testutil.WaitFor(t, "the allowed record in onctl flows", 2*time.Second, func() bool {
+		rec = findRecord(c.onctlFlows(t, nb, "--verdict", "allowed"), "allowed", start, local, dst)
+		return rec != nil
+	})
+	if rec.Rule == nil || *rec.Rule != 0 {
+		t.Fatalf("the allowed record names rule %v, want 0: %v", rec.Rule, rec)
+	}
+	exported(t, received, file, rec)
+}
+
+// exported waits until rec, as onctl flows showed it, is in the
+// collector's file received and the JSON-lines file.
+func exported(t *testing.T, received, file string, rec *apiv1.FlowRecord) {
 	for deadline := time.Now().Add(10 * time.Second); collectorRecord(t, received, rec) == nil || fileRecord(t, file, rec) == nil; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			got, _ := os.ReadFile(received)

@@ -16,6 +16,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/lab"
@@ -25,8 +26,15 @@ import (
 // JSON lines.
 func (c *policyCluster) onctlFlows(t *testing.T, n *lab.Node, args ...string) []*apiv1.FlowRecord {
 	t.Helper()
+	return onctlFlowRecords(t, c.l, n, args...)
+}
+
+// onctlFlowRecords runs onctl flows of lab l against n's agent with args
+// and decodes its JSON lines.
+func onctlFlowRecords(t *testing.T, l *lab.Lab, n *lab.Node, args ...string) []*apiv1.FlowRecord {
+	t.Helper()
 	args = append([]string{"--socket", n.AgentSocket(), "-o", "json", "flows"}, args...)
-	out, err := exec.Command(filepath.Join(c.l.BinDir, "onctl"), args...).CombinedOutput()
+	out, err := exec.Command(filepath.Join(l.BinDir, "onctl"), args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("onctl %s: %v: %s", strings.Join(args, " "), err, out)
 	}
@@ -121,7 +129,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		want := &apiv1.FlowRecord{Node: nb.Name, Event: "policy", Verdict: "denied", Direction: "ingress", Protocol: strings.ToUpper(probe.proto),
 			Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 			Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: probe.dst.Addr().String(), Port: uint32(probe.dst.Port())},
-			Policies:    []string{"x/b-from-a-tcp-80"}, Rule: -1, Path: "slow",
+			Policies:    []string{"x/b-from-a-tcp-80"}, Path: "slow",
 			Reason: "default deny: ingress isolated by x/b-from-a-tcp-80, and no rule of theirs allows this"}
 		want.TimeUnixNano = rec.TimeUnixNano
 		if got, w := protojson.Format(rec), protojson.Format(want); got != w {
@@ -144,7 +152,7 @@ func (c *policyCluster) flows(t *testing.T) {
 	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "allowed", Direction: "ingress", Protocol: "TCP",
 		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "a", Node: c.node(a).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
-		Policies:    []string{"x/b-from-a-tcp-80"}, Rule: 0, Path: "slow", Reason: "allowed by x/b-from-a-tcp-80 ingress rule 0"}
+		Policies:    []string{"x/b-from-a-tcp-80"}, Rule: proto.Int32(0), Path: "slow", Reason: "allowed by x/b-from-a-tcp-80 ingress rule 0"}
 	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
 		t.Errorf("allowed record:\n%s\nwant:\n%s", got, w)
 	}
@@ -242,7 +250,7 @@ func (c *policyCluster) flowsAudit(t *testing.T) {
 	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "would-deny", Direction: "ingress", Protocol: "TCP",
 		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
-		Policies:    []string{"x/b-audit-deny-all"}, Rule: -1, Path: "slow",
+		Policies:    []string{"x/b-audit-deny-all"}, Path: "slow",
 		Reason: "audit would deny: ingress audited by x/b-audit-deny-all, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced"}
 	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
 		t.Errorf("record:\n%s\nwant:\n%s", got, w)

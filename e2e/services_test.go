@@ -37,7 +37,8 @@ import (
 //
 // Three backend pods (one on node 0, two on node 1) serve TCP on a named
 // port and UDP, each answering with its own name; clients are a pod on
-// each node and node 0's host.
+// each node and node 0's host. FlowEvents (e2e/flow_events_test.go)
+// checks the eBPF programs' flow records.
 func TestServices(t *testing.T) {
 	c := newServiceCluster(t)
 	t.Run("SpreadTCP", c.spreadTCP)
@@ -46,6 +47,7 @@ func TestServices(t *testing.T) {
 	t.Run("ScaleDown", c.scaleDown)
 	t.Run("NoEndpointsRefused", c.noEndpoints)
 	t.Run("FastPathCarriesServiceTraffic", c.fastPath)
+	t.Run("FlowEvents", c.flowEvents)
 	t.Run("Onctl", c.onctl)
 	t.Run("Modes", c.modes)
 }
@@ -419,18 +421,7 @@ func (c *serviceCluster) fastPath(t *testing.T) {
 	vip := c.service(t, "remote", false, remote)
 	node := c.l.Nodes[0]
 	before := settled(t, node)
-	var conn net.Conn
-	if err := lab.InNetns(c.clients[0].Netns, func() (err error) {
-		conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(vip, 80).String(), 3*time.Second)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	greeting := make([]byte, len(remote.Name))
-	if _, err := io.ReadFull(conn, greeting); err != nil || string(greeting) != remote.Name {
-		t.Fatalf("greeting %q, %v", greeting, err)
-	}
+	conn := dialGreeted(t, c.clients[0], vip, remote)
 	const exchanges = 200
 	if err := rr(conn, exchanges); err != nil {
 		t.Fatal(err)
@@ -446,6 +437,25 @@ func (c *serviceCluster) fastPath(t *testing.T) {
 		t.Fatalf("egress_miss_no_peer rose from %d to %d: packets to the ClusterIP reached the egress program",
 			before["egress_miss_no_peer"], after["egress_miss_no_peer"])
 	}
+}
+
+// dialGreeted connects client to vip:80, a Service of the one backend,
+// and reads its greeting; the test's end closes the connection.
+func dialGreeted(t *testing.T, client *lab.Pod, vip netip.Addr, backend *lab.Pod) net.Conn {
+	t.Helper()
+	var conn net.Conn
+	if err := lab.InNetns(client.Netns, func() (err error) {
+		conn, err = net.DialTimeout("tcp4", netip.AddrPortFrom(vip, 80).String(), 3*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	greeting := make([]byte, len(backend.Name))
+	if _, err := io.ReadFull(conn, greeting); err != nil || string(greeting) != backend.Name {
+		t.Fatalf("greeting %q, %v", greeting, err)
+	}
+	return conn
 }
 
 // onctl services shows the table with backends (pod, node), counters and

@@ -6,13 +6,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/l4"
 )
 
 // NotRecording is why a node without a store answers no GetFlows.
-const NotRecording = "this node records no flows: it enforces no NetworkPolicy (etcd datastore), or runs with --flows-buffer 0"
+const NotRecording = "this node records no flows: it runs with --flows-buffer 0"
 
 // Serve answers GetFlows from s (nil: FAILED_PRECONDITION).
 func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServer[apiv1.FlowRecord]) error {
@@ -23,7 +24,7 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 	if req.SinceUnixNano != 0 {
 		since = time.Unix(0, req.SinceUnixNano)
 	}
-	f, err := ParseFilter(req.Pod, req.Namespace, req.Verdict, since)
+	f, err := ParseFilter(req.Pod, req.Namespace, req.Verdict, req.Event, since)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -42,14 +43,26 @@ func Serve(s *Store, req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServ
 func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
-		Reason: r.Reason, Policies: r.Policies, Rule: int32(r.Rule), Path: r.Path}
+		Reason: r.Reason, Policies: r.Policies, Rule: ruleAPI(r.Rule), Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed}
+}
+
+// ruleAPI is the rule's index as the API sends it: absent for none.
+func ruleAPI(rule *int) *int32 {
+	if rule == nil {
+		return nil
+	}
+	return proto.Int32(int32(*rule))
 }
 
 func endpointAPI(e Endpoint) *apiv1.FlowEndpoint {
 	if e.Kind == "" {
-		return nil // a lost record has no ends
+		return nil // a lost record has no ends, most records no third
 	}
-	return &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Ip: e.Addr.Addr().String(), Port: uint32(e.Addr.Port())}
+	out := &apiv1.FlowEndpoint{Kind: e.Kind, Namespace: e.Namespace, Name: e.Name, Node: e.Node, Port: uint32(e.Addr.Port())}
+	if e.Addr.IsValid() { // not for a node's host calling
+		out.Ip = e.Addr.Addr().String()
+	}
+	return out
 }
 
 // Records are the stored records f selects, as the API renders them.

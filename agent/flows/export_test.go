@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -19,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -170,6 +172,44 @@ func TestOTLPMapping(t *testing.T) {
 	}
 	if lr.TimeUnixNano != 1700000000_000000005 || lr.Body.GetStringValue() != r.Summary() || lr.ObservedTimeUnixNano == 0 {
 		t.Errorf("time %d, body %q, observed %d; want the record's, its summary %q, now", lr.TimeUnixNano, lr.Body.GetStringValue(), lr.ObservedTimeUnixNano, r.Summary())
+	}
+}
+
+// Rule 0, the first rule of a policy, is sent in the JSON line and the
+// OTLP log record; a record without a deciding rule has no rule in either.
+func TestRuleZeroSent(t *testing.T) {
+	for _, c := range []struct {
+		rule     *int
+		otlpAttr string // "": none
+	}{
+		{ruleIndex(0), "onc.rule=0"},
+		{nil, ""},
+	} {
+		r := toAPI(Record{Time: time.Unix(1700000000, 0), Node: "n1", Event: EventPolicy, Verdict: VerdictAllowed, Direction: "ingress", Proto: 6,
+			Policies: []string{"x/p"}, Rule: c.rule, Path: "slow"})
+		b, err := r.JSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fields map[string]any // protojson's spacing varies: compare values
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
+		}
+		if got, has := fields["rule"]; has != (c.rule != nil) || has && got != float64(*c.rule) {
+			t.Errorf("rule %s: JSON %s, want rule %s", ruleString(c.rule), b, ruleString(c.rule))
+		}
+		rl := exportRequest([]*apiv1.FlowRecord{r}).ResourceLogs[0]
+		attrs := " " + attrString(rl.ScopeLogs[0].LogRecords[0].Attributes) + " "
+		if has := strings.Contains(attrs, " onc.rule="); has != (c.otlpAttr != "") || has && !strings.Contains(attrs, " "+c.otlpAttr+" ") {
+			t.Errorf("rule %s: OTLP attributes%s, want %q in them (none: no onc.rule)", ruleString(c.rule), attrs, c.otlpAttr)
+		}
+		back, err := RecordFromOTLP(rl.Resource, rl.ScopeLogs[0].LogRecords[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(back, r) {
+			t.Errorf("rule %s: read back from OTLP %v, want %v", ruleString(c.rule), back, r)
+		}
 	}
 }
 
@@ -523,13 +563,37 @@ func TestExportFile(t *testing.T) {
 		}
 	}
 
-	open := t.TempDir()
+	// Refused, each with an error naming the path at fault: a directory
+	// on the way that is a symlink, or that group or others may write
+	// (even with the sticky bit, as the file's own directory), and a
+	// symlink or a FIFO as the file.
+	base := t.TempDir()
+	open, groupW, real := filepath.Join(base, "open"), filepath.Join(base, "group"), filepath.Join(base, "real")
+	for _, d := range []string{open, groupW, real} {
+		testutil.Must(t, os.Mkdir(d, 0o750))
+	}
 	testutil.Must(t, os.Chmod(open, 0o777))
+	testutil.Must(t, os.Chmod(groupW, 0o770))
+	testutil.Must(t, os.Symlink(real, filepath.Join(base, "linkdir")))
 	testutil.Must(t, os.Symlink("/etc/passwd", filepath.Join(dir, "link")))
-	for _, bad := range []string{"flows.jsonl", filepath.Join(open, "flows.jsonl"), filepath.Join(dir, "link")} {
-		if err := CheckExportFile(bad); err == nil {
-			t.Errorf("%s accepted", bad)
+	testutil.Must(t, syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	for _, c := range []struct{ path, fault, why string }{
+		{"flows.jsonl", "", "not an absolute path"},
+		{filepath.Join(open, "flows.jsonl"), open, "writable by group or others"},
+		{filepath.Join(groupW, "sub", "flows.jsonl"), groupW, "writable by group or others"},
+		{filepath.Join(base, "linkdir", "flows.jsonl"), filepath.Join(base, "linkdir"), "not a directory"},
+		{filepath.Join(base, "linkdir", "sub", "flows.jsonl"), filepath.Join(base, "linkdir"), "not a directory"},
+		{filepath.Join(dir, "link"), filepath.Join(dir, "link"), "a symlink"},
+		{filepath.Join(dir, "fifo"), filepath.Join(dir, "fifo"), "not a regular file"},
+		{"/tmp/onc-flows-test.jsonl", "/tmp", "writable by group or others"}, // root's, sticky, yet the file's own
+	} {
+		err := CheckExportFile(c.path)
+		if err == nil || !strings.Contains(err.Error(), c.fault+":") && !strings.Contains(err.Error(), c.fault+" (") || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("%s: %v, want refused naming %s: %s", c.path, err, c.fault, c.why)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(real, "sub")); err == nil {
+		t.Errorf("a directory was created through the symlink %s", filepath.Join(base, "linkdir"))
 	}
 }
 

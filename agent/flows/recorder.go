@@ -74,7 +74,7 @@ func (r *Recorder) Run(ctx context.Context, group uint16) error {
 
 // Packet records one packet the policy table logged.
 func (r *Recorder) Packet(p dpflows.Packet) {
-	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Proto: p.Proto, Path: "slow", Rule: -1,
+	rec := Record{Time: p.Time, Node: r.node, Event: EventPolicy, Proto: p.Proto, Path: "slow",
 		Direction: "egress", Src: Endpoint{Kind: KindIP, Addr: p.Src}, Dst: Endpoint{Kind: KindIP, Addr: p.Dst}}
 	local, remote := &rec.Src, &rec.Dst
 	if p.Ingress {
@@ -130,7 +130,7 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 			rec.Reason = fmt.Sprintf("allowed, yet no %s rule of %s allows this as the agent read it", rec.Direction, strings.Join(d.Policies, ", "))
 			break
 		}
-		rec.Policies, rec.Rule = []string{rule.Policy}, rule.Index
+		rec.Policies, rec.Rule = []string{rule.Policy}, &rule.Index
 		rec.Reason = fmt.Sprintf("allowed by %s %s rule %d", rule.Policy, rec.Direction, rule.Index)
 	case p.Verdict == dpflows.VerdictWouldDeny:
 		rec.Policies = d.Policies

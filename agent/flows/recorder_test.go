@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -44,8 +45,8 @@ func TestRecorderResolves(t *testing.T) {
 	want0 := Record{Time: now, Node: "n1", Event: EventPolicy, Verdict: VerdictDenied, Direction: "ingress", Proto: 6, Path: "slow",
 		Src:      Endpoint{Kind: KindPod, Namespace: "y", Name: "a", Node: "n2", Addr: netip.MustParseAddrPort("10.244.1.7:40000")},
 		Dst:      Endpoint{Kind: KindPod, Namespace: "x", Name: "b", Node: "n1", Addr: netip.MustParseAddrPort("10.244.0.5:80")},
-		Policies: []string{"x/deny-all", "x/web"}, Rule: -1,
-		Reason: "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
+		Policies: []string{"x/deny-all", "x/web"},
+		Reason:   "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
 	if g := got[0]; !reflect.DeepEqual(g, want0) {
 		t.Errorf("ingress record:\n%+v\nwant\n%+v", g, want0)
 	}
@@ -180,29 +181,29 @@ func TestRecorderVerdicts(t *testing.T) {
 		verdict  string
 		reason   string
 		policies []string
-		rule     int
+		rule     *int
 	}{
 		{"allowed, by the first rule that allows it", in(dpflows.VerdictAllowed, "cur", "10.244.1.7:40000", 80),
-			VerdictAllowed, "allowed by x/allow-web ingress rule 0", []string{"x/allow-web"}, 0},
+			VerdictAllowed, "allowed by x/allow-web ingress rule 0", []string{"x/allow-web"}, ruleIndex(0)},
 		{"allowed, in a port range", in(dpflows.VerdictAllowed, "cur", "10.244.1.8:40000", 5432),
-			VerdictAllowed, "allowed by x/allow-db ingress rule 3", []string{"x/allow-db"}, 3},
+			VerdictAllowed, "allowed by x/allow-db ingress rule 3", []string{"x/allow-db"}, ruleIndex(3)},
 		{"allowed, on every port", in(dpflows.VerdictAllowed, "cur", "10.244.1.7:40000", 22),
-			VerdictAllowed, "allowed by x/allow-web ingress rule 1", []string{"x/allow-web"}, 1},
+			VerdictAllowed, "allowed by x/allow-web ingress rule 1", []string{"x/allow-web"}, ruleIndex(1)},
 		{"allowed by a superseded ruleset", in(dpflows.VerdictAllowed, "old", "10.244.1.7:40000", 22),
-			VerdictAllowed, "allowed by x/old ingress rule 2", []string{"x/old"}, 2},
+			VerdictAllowed, "allowed by x/old ingress rule 2", []string{"x/old"}, ruleIndex(2)},
 		{"allowed by rules the agent no longer holds", in(dpflows.VerdictAllowed, "gone", "10.244.1.7:40000", 22),
-			VerdictAllowed, "allowed by ingress rules this agent no longer holds (fingerprint gone)", nil, -1},
+			VerdictAllowed, "allowed by ingress rules this agent no longer holds (fingerprint gone)", nil, nil},
 		{"allowed, yet no rule allows it as read", in(dpflows.VerdictAllowed, "cur", "192.0.2.1:40000", 22),
-			VerdictAllowed, "allowed, yet no ingress rule of x/allow-db, x/allow-web allows this as the agent read it", []string{"x/allow-db", "x/allow-web"}, -1},
+			VerdictAllowed, "allowed, yet no ingress rule of x/allow-db, x/allow-web allows this as the agent read it", []string{"x/allow-db", "x/allow-web"}, nil},
 		{"denied, isolated by the fingerprint's policies", in(dpflows.VerdictDenied, "cur", "192.0.2.1:40000", 22),
-			VerdictDenied, "default deny: ingress isolated by x/allow-db, x/allow-web, and no rule of theirs allows this", []string{"x/allow-db", "x/allow-web"}, -1},
+			VerdictDenied, "default deny: ingress isolated by x/allow-db, x/allow-web, and no rule of theirs allows this", []string{"x/allow-db", "x/allow-web"}, nil},
 		{"denied, in a prefix without a fingerprint: the rules now", in(dpflows.VerdictDenied, "", "192.0.2.1:40000", 22),
-			VerdictDenied, "default deny: ingress isolated by x/now, and no rule of theirs allows this", []string{"x/now"}, -1},
+			VerdictDenied, "default deny: ingress isolated by x/now, and no rule of theirs allows this", []string{"x/now"}, nil},
 	} {
 		g := c.got
-		if g.Verdict != c.verdict || g.Reason != c.reason || !reflect.DeepEqual(g.Policies, c.policies) || g.Rule != c.rule || g.Event != EventPolicy {
-			t.Errorf("%s: %s %s %q policies %v rule %d, want %s %s %q policies %v rule %d", c.name, g.Event, g.Verdict, g.Reason, g.Policies, g.Rule,
-				EventPolicy, c.verdict, c.reason, c.policies, c.rule)
+		if g.Verdict != c.verdict || g.Reason != c.reason || !reflect.DeepEqual(g.Policies, c.policies) || !reflect.DeepEqual(g.Rule, c.rule) || g.Event != EventPolicy {
+			t.Errorf("%s: %s %s %q policies %v rule %s, want %s %s %q policies %v rule %s", c.name, g.Event, g.Verdict, g.Reason, g.Policies, ruleString(g.Rule),
+				EventPolicy, c.verdict, c.reason, c.policies, ruleString(c.rule))
 		}
 		if g.Dst.Kind != KindPod || g.Dst.Namespace != "x" || g.Dst.Name != "b" || g.Dst.Node != "n1" {
 			t.Errorf("%s: the local end is %+v, want x/b on n1", c.name, g.Dst)
@@ -216,7 +217,7 @@ func TestRecorderVerdicts(t *testing.T) {
 		return got[len(got)-1]
 	}
 	spoof := drop(dpflows.DropSpoof, false, "onc1234", "10.244.1.7:40000", "10.244.0.9:80")
-	if spoof.Event != EventDrop || spoof.Direction != "egress" || spoof.Rule != -1 || spoof.Src.Kind != KindPod || spoof.Src.Name != "b" ||
+	if spoof.Event != EventDrop || spoof.Direction != "egress" || spoof.Rule != nil || spoof.Src.Kind != KindPod || spoof.Src.Name != "b" ||
 		spoof.Src.Addr.String() != "10.244.1.7:40000" || spoof.Reason != "spoofed source: 10.244.1.7 is not the address of x/b" {
 		t.Errorf("spoofed: %+v", spoof)
 	}
@@ -243,4 +244,13 @@ func TestRecorderVerdicts(t *testing.T) {
 		g.Reason != "spoofed source: 10.244.1.7 is not the address of a pod whose veth is gone" {
 		t.Errorf("spoofed from a veth gone: %+v", g)
 	}
+}
+
+func ruleIndex(i int) *int { return &i }
+
+func ruleString(rule *int) string {
+	if rule == nil {
+		return "none"
+	}
+	return fmt.Sprint(*rule)
 }

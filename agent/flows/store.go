@@ -29,10 +29,16 @@ type Endpoint struct {
 	Addr      netip.AddrPort
 }
 
-// String is "ns/name (ip:port)" for a pod, the address otherwise.
+// String is "ns/name (ip:port)" for a pod, "node name (ip:port)" or
+// "service ns/name (ip:port)" for those, the address otherwise.
 func (e Endpoint) String() string {
-	if e.Kind == KindPod {
+	switch e.Kind {
+	case KindPod:
 		return fmt.Sprintf("%s/%s (%s)", e.Namespace, e.Name, e.Addr)
+	case KindNode:
+		return fmt.Sprintf("node %s (%s)", e.Name, e.Addr)
+	case KindService:
+		return fmt.Sprintf("service %s/%s (%s)", e.Namespace, e.Name, e.Addr)
 	}
 	return e.Addr.String()
 }
@@ -40,7 +46,7 @@ func (e Endpoint) String() string {
 // Events and verdicts of records.
 const (
 	EventPolicy    = "policy" // a pod's policy chain's verdict on a packet
-	EventDrop      = "drop"   // a drop by a check before any pod's rules
+	EventDrop      = "drop"   // a drop: by a check before any pod's rules, or by an eBPF program
 	EventLost      = "lost"   // records this follower did not get: it fell behind
 	VerdictDenied  = "denied"
 	VerdictAllowed = "allowed" // a new connection
@@ -51,9 +57,6 @@ const (
 	VerdictWouldDeny  = "would-deny"
 	VerdictWouldAllow = "would-allow"
 )
-
-// Verdicts are the verdicts records have, which a filter may select.
-var Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, VerdictWouldDeny, VerdictWouldAllow}
 
 // Record is one flow record.
 type Record struct {
@@ -67,24 +70,31 @@ type Record struct {
 	// Reason says why, in words; Policies are the policies it names.
 	Reason   string
 	Policies []string
-	Rule     int    // the index of the rule that allowed it in its policy's list; -1: none
-	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter)
+	Rule     *int   // the index of the rule that allowed it in its policy's list; nil: none
+	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter), or events.go's
+	// Translated is the third end of an eBPF program's record (events.go),
+	// zero for none; Suppressed how many of its class were held back.
+	Translated Endpoint
+	Suppressed uint32
 }
 
 // Filter selects records; its zero value selects every one.
 type Filter struct {
-	Pod       string // namespace/name: either end
-	Namespace string // either end's
+	Pod       string // namespace/name: either end, or the backend chosen
+	Namespace string // either end's, or the backend's
 	Verdict   string
+	Event     string
 	Since     time.Time
 }
 
 // Match reports whether f selects r.
 func (f Filter) Match(r *Record) bool {
-	ends := [2]Endpoint{r.Src, r.Dst}
+	ends := [3]Endpoint{r.Src, r.Dst, r.Translated}
 	switch {
 	case f.Verdict != "" && r.Verdict != f.Verdict && (f.Verdict != VerdictDenied || r.Verdict != VerdictWouldAllow):
 		// A would-allow packet was denied too.
+		return false
+	case f.Event != "" && r.Event != f.Event:
 		return false
 	case !f.Since.IsZero() && r.Time.Before(f.Since):
 		return false
@@ -96,17 +106,24 @@ func (f Filter) Match(r *Record) bool {
 	return true
 }
 
-func matchEnds(ends [2]Endpoint, fn func(Endpoint) bool) bool { return fn(ends[0]) || fn(ends[1]) }
+// matchEnds says whether fn holds for an end: either, or the backend a
+// load balancer chose.
+func matchEnds(ends [3]Endpoint, fn func(Endpoint) bool) bool {
+	return fn(ends[0]) || fn(ends[1]) || fn(ends[2])
+}
 
 // ParseFilter checks a request's filter fields.
-func ParseFilter(pod, namespace, verdict string, since time.Time) (Filter, error) {
+func ParseFilter(pod, namespace, verdict, event string, since time.Time) (Filter, error) {
 	if pod != "" && strings.Count(pod, "/") != 1 {
 		return Filter{}, fmt.Errorf("pod %q: give namespace/name", pod)
 	}
 	if verdict != "" && !slices.Contains(Verdicts, verdict) {
 		return Filter{}, fmt.Errorf("verdict %q: the records have %s", verdict, strings.Join(Verdicts, ", "))
 	}
-	return Filter{Pod: pod, Namespace: namespace, Verdict: verdict, Since: since}, nil
+	if event != "" && !slices.Contains(Events, event) {
+		return Filter{}, fmt.Errorf("event %q: the records have %s", event, strings.Join(Events, ", "))
+	}
+	return Filter{Pod: pod, Namespace: namespace, Verdict: verdict, Event: event, Since: since}, nil
 }
 
 // followBuffer is how many records a follower may be behind before it
@@ -171,7 +188,7 @@ func (s *Store) Add(r Record) {
 }
 
 func lostRecord(n int, node string) Record {
-	return Record{Time: time.Now(), Node: node, Event: EventLost, Rule: -1, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
+	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
 }
 
 // Tap has fn called with each record added from now on, under the

@@ -48,15 +48,15 @@ func TestStoreKeepsTheLast(t *testing.T) {
 			t.Errorf("filter %+v: %s, want %s", c.f, got, c.want)
 		}
 	}
-	if _, err := ParseFilter("nons", "", "", time.Time{}); err == nil {
+	if _, err := ParseFilter("nons", "", "", "", time.Time{}); err == nil {
 		t.Error("pod without a namespace accepted")
 	}
 	for _, v := range []string{VerdictDenied, VerdictAllowed, VerdictDropped} {
-		if f, err := ParseFilter("", "", v, time.Time{}); err != nil || f.Verdict != v {
+		if f, err := ParseFilter("", "", v, "", time.Time{}); err != nil || f.Verdict != v {
 			t.Errorf("verdict %s: %+v, %v", v, f, err)
 		}
 	}
-	if _, err := ParseFilter("", "", "maybe", time.Time{}); err == nil || !strings.Contains(err.Error(), "denied, allowed, dropped") {
+	if _, err := ParseFilter("", "", "maybe", "", time.Time{}); err == nil || !strings.Contains(err.Error(), "denied, allowed, dropped") {
 		t.Errorf("verdict maybe: %v, want an error naming the verdicts records have", err)
 	}
 }
@@ -71,7 +71,7 @@ func TestFilterAuditVerdicts(t *testing.T) {
 		s.Add(r)
 	}
 	for verdict, want := range map[string]string{VerdictDenied: "[p0 p2]", VerdictWouldDeny: "[p1]", VerdictWouldAllow: "[p2]"} {
-		f, err := ParseFilter("", "", verdict, time.Time{})
+		f, err := ParseFilter("", "", verdict, "", time.Time{})
 		if err != nil {
 			t.Fatalf("verdict %s: %v", verdict, err)
 		}

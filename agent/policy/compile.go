@@ -235,29 +235,48 @@ func (rp *rulePeers) selects(ns string, pod *corev1.Pod, nsLabels labels.Set) bo
 	return false
 }
 
-// peerAddrs is the pod's addresses as /32s and /128s, nil if it cannot be
-// a peer (host network, finished, or no address). The agent's own record
-// of a local pod stands in until the API shows an address.
-func peerAddrs(pod *corev1.Pod, local []netip.Addr) []netip.Prefix {
-	if pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+// PodAddrs is a pod's own addresses, those a policy can name it by
+// (status.podIPs, else status.podIP): none for a pod on its node's
+// network or one that finished.
+func PodAddrs(pod *corev1.Pod) []netip.Addr {
+	if !policed(pod) {
 		return nil
 	}
 	ips := pod.Status.PodIPs
 	if len(ips) == 0 && pod.Status.PodIP != "" {
 		ips = []corev1.PodIP{{IP: pod.Status.PodIP}}
 	}
-	var addrs []netip.Prefix
+	var addrs []netip.Addr
 	for _, ip := range ips {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {
-			addrs = append(addrs, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
-		}
-	}
-	if len(addrs) == 0 {
-		for _, a := range local {
-			addrs = append(addrs, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			addrs = append(addrs, a.Unmap())
 		}
 	}
 	return addrs
+}
+
+// policed says whether NetworkPolicy sees the pod: not on its node's
+// network, not finished.
+func policed(pod *corev1.Pod) bool {
+	return !pod.Spec.HostNetwork && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+// peerAddrs is the pod's addresses as /32s and /128s, nil if it cannot be
+// a peer (host network, finished, or no address). The agent's own record
+// of a local pod stands in until the API shows an address.
+func peerAddrs(pod *corev1.Pod, local []netip.Addr) []netip.Prefix {
+	if !policed(pod) {
+		return nil
+	}
+	addrs := PodAddrs(pod)
+	if len(addrs) == 0 {
+		addrs = local
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out
 }
 
 // isolates is the directions a policy isolates. Without policyTypes:

@@ -1,11 +1,11 @@
 package trace
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,7 +37,7 @@ var (
 var probePayload = []byte("onc trace probe\n")
 
 // probing lets one probe run at a time on a node.
-var probing sync.Mutex
+var probing = make(chan struct{}, 1)
 
 // sent is what a probe met.
 type sent struct {
@@ -168,13 +168,18 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 
 // probe sends the probe of a trace and judges it against the computed
 // answer resp.
-func (t *tracer) probe(src local, dst end, resp *apiv1.TraceResponse) (*apiv1.TraceProbe, error) {
+func (t *tracer) probe(ctx context.Context, src local, dst end, resp *apiv1.TraceResponse) (*apiv1.TraceProbe, error) {
 	path := t.Netns(src.Key)
 	if path == "" {
 		return nil, fmt.Errorf("probe: no network namespace for %s", src.Key)
 	}
-	probing.Lock()
-	defer probing.Unlock()
+	// A caller that gave up while another probe ran sends nothing.
+	select {
+	case probing <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-probing }()
 	start := time.Now()
 	s, err := send(path, t.proto, fromFor(src, dst.ip), netip.AddrPortFrom(dst.ip, dst.port), ProbeWait)
 	if err != nil {
@@ -212,8 +217,21 @@ func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*ap
 	for _, h := range resp.Hops {
 		lbRefused = lbRefused || h.Step == StepSocketLB && h.Verdict == "refused"
 	}
+	paths, picked := resp.Paths, ""
+	if len(paths) > 1 {
+		// A record of the probe's packets names the backend the socket
+		// LB picked: judge by its path alone.
+		for _, r := range records {
+			for _, p := range resp.Paths {
+				if r.Destination.GetIp() == p.Destination.GetIp() && r.Destination.GetPort() == p.Destination.GetPort() {
+					paths, picked = []*apiv1.TracePath{p}, fmt.Sprintf(" (the socket LB picked %s, as this node's record says)", p.Destination.Summary())
+				}
+			}
+		}
+	}
+	met += picked
 	allowed, denied := 0, 0
-	for _, p := range resp.Paths {
+	for _, p := range paths {
 		if p.Verdict == "allowed" {
 			allowed++
 		} else {

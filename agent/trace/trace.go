@@ -6,6 +6,7 @@
 package trace
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -75,7 +76,7 @@ type request struct {
 }
 
 // Trace answers req.
-func Trace(st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
+func Trace(ctx context.Context, st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
 	var r request
 	var err error
 	if r.proto, r.port, err = parseL4(req.Protocol, req.Port); err != nil {
@@ -96,19 +97,23 @@ func Trace(st State, req *apiv1.TraceRequest) (*apiv1.TraceResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp := &apiv1.TraceResponse{Source: endpoint(t.srcEnd(src)), Destination: endpoint(dst), Protocol: r.proto.String()}
-	dsts := []end{dst}
-	if hop, backends, err := t.socketLB(dst); err != nil {
+	resp := &apiv1.TraceResponse{Source: endpoint(t.srcEnd(src, dst.ip)), Destination: endpoint(dst), Protocol: r.proto.String()}
+	hop, dsts, err := t.socketLB(dst)
+	if err != nil {
 		return nil, err
-	} else if hop != nil {
-		resp.Hops = append(resp.Hops, hop)
-		dsts = backends
 	}
+	if hop != nil {
+		resp.Hops = append(resp.Hops, hop)
+	}
+	t.compileRemote(dsts)
 	for _, d := range dsts {
 		resp.Paths = append(resp.Paths, t.path(src, d))
 	}
 	if req.Probe {
-		if resp.Probe, err = t.probe(src, dst, resp); err != nil {
+		if resp.Probe, err = t.probe(ctx, src, dst, resp); err != nil {
+			if ctx.Err() != nil {
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 	}
@@ -135,6 +140,8 @@ type tracer struct {
 	request
 	rules   policy.Ruleset
 	cluster agentpolicy.Snapshot
+	remote  policy.Ruleset // the destination pods of other nodes (compileRemote)
+	cache   *cacheView     // the flow cache, read once per trace
 }
 
 // end is one end of the traced connection.
@@ -158,14 +165,14 @@ type local struct {
 	ip netip.Addr // the address the trace sends from
 }
 
-func (t *tracer) srcEnd(src local) end {
+func (t *tracer) srcEnd(src local, dst netip.Addr) end {
 	ns, name, _ := strings.Cut(src.Key, "/")
 	pod := t.clusterPod(ns, name)
 	if pod == nil {
 		pod = &corev1.Pod{}
 		pod.Namespace, pod.Name, pod.Spec.NodeName = ns, name, t.Node
 	}
-	return end{ip: src.ip, pod: pod}
+	return end{ip: fromFor(src, dst), pod: pod}
 }
 
 // source finds the local pod s names (namespace/name or an address).
@@ -212,7 +219,14 @@ func (t *tracer) destination(d string, src local) (end, error) {
 	if pod == nil {
 		return end{}, status.Errorf(codes.NotFound, "destination %s: no such pod", d)
 	}
-	ips := podIPs(pod)
+	if pod.Spec.HostNetwork {
+		// Its address is its node's, which no NetworkPolicy of ONC polices.
+		if ip, err := netip.ParseAddr(pod.Status.HostIP); err == nil && fromFor(src, ip).Is4() == ip.Is4() {
+			return end{ip: ip.Unmap(), port: t.port}, nil
+		}
+		return end{}, status.Errorf(codes.FailedPrecondition, "destination %s is on its node's network, and its node's address %q is not of a family of %s", d, pod.Status.HostIP, src.Key)
+	}
+	ips := agentpolicy.PodAddrs(pod)
 	for _, a := range ips {
 		if a.Is4() == src.ip.Is4() {
 			return end{ip: a, port: t.port, pod: pod}, nil
@@ -240,41 +254,37 @@ func (t *tracer) clusterPod(ns, name string) *corev1.Pod {
 	return nil
 }
 
-// podByIP is the running pod with address ip, if any.
+// podByIP is the pod NetworkPolicy sees with address ip, if any.
 func (t *tracer) podByIP(ip netip.Addr) *corev1.Pod {
 	for _, p := range t.cluster.Pods {
-		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		if slices.Contains(podIPs(p), ip) {
+		if slices.Contains(agentpolicy.PodAddrs(p), ip) {
 			return p
 		}
 	}
 	return nil
 }
 
-func podIPs(p *corev1.Pod) []netip.Addr {
-	var ips []netip.Addr
-	for _, a := range p.Status.PodIPs {
-		if ip, err := netip.ParseAddr(a.IP); err == nil {
-			ips = append(ips, ip.Unmap())
-		}
-	}
-	return ips
-}
-
-// socketLB is the socket LB's hop when dst is one of its frontends, and
-// the backends the connection may reach; a nil hop when it is none.
+// socketLB is the translation's hop when dst is a Service's frontend of
+// this node's pods (nil when it is none), and the destinations the
+// connection may reach: dst itself, a Service's backends, or none when
+// the connection is refused.
 func (t *tracer) socketLB(dst end) (*apiv1.TraceHop, []end, error) {
-	if t.Services == nil {
-		return nil, nil, nil
-	}
-	list, err := t.Services()
-	if err != nil {
-		if status.Code(err) == codes.FailedPrecondition {
-			return nil, nil, nil // no socket LB here: nothing translates
+	var list *apiv1.ListServicesResponse
+	if t.Services != nil {
+		var err error
+		if list, err = t.Services(); err != nil && status.Code(err) != codes.FailedPrecondition {
+			return nil, nil, err
 		}
-		return nil, nil, err
+	}
+	if list == nil {
+		if dst.pod != nil {
+			return nil, []end{dst}, nil
+		}
+		// Without the socket LB the agent holds no Services: a Service's
+		// address would be translated by kube-proxy's DNAT before policy
+		// judges the packet, which this trace cannot show.
+		return &apiv1.TraceHop{Node: t.Node, Step: StepSocketLB, Verdict: "unknown", Rule: -1, Basis: BasisHere,
+			Detail: "this node's socket LB is off, so the agent knows no Service: if " + dst.ip.String() + " is a Service's address, kube-proxy translates it (DNAT) before policy judges the packet, and the paths below judge the address instead: trace a backend"}, []end{dst}, nil
 	}
 	vip := netip.AddrPortFrom(dst.ip, dst.port).String()
 	for _, s := range list.Services {
@@ -283,9 +293,16 @@ func (t *tracer) socketLB(dst end) (*apiv1.TraceHop, []end, error) {
 		}
 		hop := &apiv1.TraceHop{Node: t.Node, Step: StepSocketLB, Rule: -1, Basis: BasisHere}
 		name, _, _ := strings.Cut(s.Name, ":")
+		// With services host-only this node's socket LB balances only the
+		// host's sockets; pods' connections meet kube-proxy's DNAT, among
+		// the same endpoints.
+		by, how := "the socket LB", "at connect() the socket is given"
+		if list.Mode != "all" {
+			by, how = "kube-proxy (this node's socket LB balances only the host's sockets)", "kube-proxy's DNAT gives the connection"
+		}
 		if len(s.Backends) == 0 {
 			hop.Verdict = "refused"
-			hop.Detail = fmt.Sprintf("%s %s of Service %s has no backend: connect() and sendmsg() fail with ECONNREFUSED", s.Frontend, vip, name)
+			hop.Detail = fmt.Sprintf("%s %s of Service %s has no backend: %s refuses the connection (ECONNREFUSED)", s.Frontend, vip, name, by)
 			return hop, nil, nil
 		}
 		var backends []end
@@ -297,15 +314,15 @@ func (t *tracer) socketLB(dst end) (*apiv1.TraceHop, []end, error) {
 			backends = append(backends, end{ip: ap.Addr(), port: ap.Port(), pod: t.podByIP(ap.Addr())})
 		}
 		hop.Verdict = "translated"
-		hop.Detail = fmt.Sprintf("%s %s of Service %s: at connect() the socket is given one of %d backends, at random per connection%s",
-			s.Frontend, vip, name, len(backends), affinity(s.AffinitySeconds))
+		hop.Detail = fmt.Sprintf("%s %s of Service %s: %s one of %d backends, at random per connection%s",
+			s.Frontend, vip, name, how, len(backends), affinity(s.AffinitySeconds))
 		if len(backends) > maxBackends {
 			hop.Detail += fmt.Sprintf(" (the first %d traced)", maxBackends)
 			backends = backends[:maxBackends]
 		}
 		return hop, backends, nil
 	}
-	return nil, nil, nil
+	return nil, []end{dst}, nil
 }
 
 func affinity(seconds uint32) string {
@@ -374,9 +391,12 @@ func (t *tracer) judge(step, node, basis string, dir, audit *policy.Direction, p
 // remoteIngress is a pod of another node's ingress verdict, compiled here
 // from the same inputs its node compiles.
 func (t *tracer) remoteIngress(dst end, from netip.Addr) *apiv1.TraceHop {
-	lp := agentpolicy.LocalPod{Namespace: dst.pod.Namespace, Name: dst.pod.Name, IPs: podIPs(dst.pod)}
-	rs := agentpolicy.Compile(t.cluster, []agentpolicy.LocalPod{lp})
-	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, rs.Pods[0].Ingress, rs.Pods[0].AuditIngress, from, dst.port)
+	p := t.remote.Pod(dst.pod.Namespace + "/" + dst.pod.Name)
+	if p == nil { // compileRemote compiles every destination pod not of this node
+		return &apiv1.TraceHop{Node: dst.pod.Spec.NodeName, Step: StepIngress, Verdict: "unknown", Rule: -1, Basis: BasisComputed,
+			Detail: "the pod's rules were not compiled"}
+	}
+	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, p.Ingress, p.AuditIngress, from, dst.port)
 }
 
 // audited is what the audited policies audit of a direction would change
@@ -397,21 +417,47 @@ func (t *tracer) audited(verdict, way string, audit *policy.Direction, peer neti
 	return ""
 }
 
+// localPod is the pod of this node with address ip, by its first
+// attachment's rules; nil for none.
+func (t *tracer) localPod(ip netip.Addr) *policy.Pod {
+	for i, p := range t.rules.Pods {
+		if p.Has(ip) && !strings.Contains(p.Key, " ") {
+			return &t.rules.Pods[i]
+		}
+	}
+	return nil
+}
+
+// compileRemote compiles, in one pass over the cluster's policies, the
+// rules of the pods among dsts that are not this node's.
+func (t *tracer) compileRemote(dsts []end) {
+	var lps []agentpolicy.LocalPod
+	seen := map[string]bool{}
+	for _, d := range dsts {
+		if d.pod == nil || t.localPod(d.ip) != nil || seen[d.pod.Namespace+"/"+d.pod.Name] {
+			continue
+		}
+		seen[d.pod.Namespace+"/"+d.pod.Name] = true
+		lps = append(lps, agentpolicy.LocalPod{Namespace: d.pod.Namespace, Name: d.pod.Name, IPs: agentpolicy.PodAddrs(d.pod)})
+	}
+	if len(lps) > 0 {
+		t.remote = agentpolicy.Compile(t.cluster, lps)
+	}
+}
+
 // forwarding is how this node sends from src to dst, and dst's rules if
 // it is a pod of this node.
 func (t *tracer) forwarding(src local, from netip.Addr, dst end) (*apiv1.TraceHop, *policy.Pod) {
 	hop := &apiv1.TraceHop{Node: t.Node, Step: StepForwarding, Rule: -1, Basis: BasisHere}
-	for i, p := range t.rules.Pods {
-		if p.Has(dst.ip) && !strings.Contains(p.Key, " ") {
-			hop.Verdict = "same-node"
-			hop.Detail = fmt.Sprintf("a pod of this node: %s's veth to %s's (%s) through the node's stack", src.Iface, p.Key, p.Iface)
-			if t.proto == l4.TCP && t.Bypass != nil {
-				if b := t.Bypass(); b.Mode == "on" || b.Mode == "size" {
-					hop.Detail += fmt.Sprintf("; once established, the intra-node bypass (%s) carries its data socket to socket", b.Mode)
-				}
+	if p := t.localPod(dst.ip); p != nil {
+		hop.Verdict = "same-node"
+		hop.Detail = fmt.Sprintf("a pod of this node: %s's veth to %s's (%s) through the node's stack", src.Iface, p.Key, p.Iface)
+		if t.proto == l4.TCP && t.Bypass != nil {
+			if b := t.Bypass(); b.Mode == "on" || b.Mode == "size" {
+				hop.Detail += fmt.Sprintf("; once established, the intra-node bypass (%s) carries its data socket to socket", b.Mode)
 			}
-			return hop, &t.rules.Pods[i]
 		}
+		return hop, p
 	}
 	f, err := t.Lookup(src.Iface, from, dst.ip)
 	if err != nil {
@@ -448,32 +494,52 @@ func via(gw netip.Addr) string {
 	return " via " + gw.String()
 }
 
-// fastPath says what the flow cache holds for from → dst, or "" when it
-// cannot carry the connection (off, or no entry for dst's node).
-func (t *tracer) fastPath(fp FastPath, from netip.Addr, dst end) string {
-	if !fp.Enabled() {
-		return ""
+// cacheView is what a trace reads of the flow cache: once, however many
+// paths it traces.
+type cacheView struct {
+	nodes  map[netip.Addr]netip.Addr // pod → node (egress entries)
+	encaps map[netip.Addr]bool       // nodes whose headers are learned
+	flows  []fastpath.Flow
+}
+
+// cacheOf reads the flow cache, nil while it is off or unreadable.
+func (t *tracer) cacheOf(fp FastPath) *cacheView {
+	if t.cache != nil || !fp.Enabled() {
+		return t.cache
 	}
 	dests, err := fp.Dests()
 	if err != nil {
-		return ""
-	}
-	var node netip.Addr
-	for _, d := range dests {
-		if d.Pod == dst.ip {
-			node = d.Node
-		}
-	}
-	if !node.IsValid() {
-		return ""
+		return nil
 	}
 	encaps, err := fp.Encaps()
-	if err != nil || !slices.ContainsFunc(encaps, func(e fastpath.Encap) bool { return e.Node == node }) {
+	if err != nil {
+		return nil
+	}
+	c := &cacheView{nodes: map[netip.Addr]netip.Addr{}, encaps: map[netip.Addr]bool{}}
+	for _, d := range dests {
+		c.nodes[d.Pod] = d.Node
+	}
+	for _, e := range encaps {
+		c.encaps[e.Node] = true
+	}
+	c.flows, _ = fp.Flows()
+	t.cache = c
+	return c
+}
+
+// fastPath says what the flow cache holds for from → dst, or "" when it
+// cannot carry the connection (off, or no entry for dst's node).
+func (t *tracer) fastPath(fp FastPath, from netip.Addr, dst end) string {
+	c := t.cacheOf(fp)
+	if c == nil {
 		return ""
 	}
-	flows, _ := fp.Flows()
+	node, ok := c.nodes[dst.ip]
+	if !ok || !c.encaps[node] {
+		return ""
+	}
 	cached := 0
-	for _, f := range flows {
+	for _, f := range c.flows {
 		if strings.EqualFold(f.Proto, t.proto.String()) && f.Local.Addr() == from && f.Remote == netip.AddrPortFrom(dst.ip, dst.port) && f.Live && f.Egress && f.Ingress {
 			cached++
 		}

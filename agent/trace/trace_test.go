@@ -30,6 +30,15 @@ func pod(name, node, ip string, labels map[string]string) *corev1.Pod {
 	return p
 }
 
+// hostPod is a pod on its node's network, labelled app=c (so x/c-from-a
+// selects it, though no policy applies to such a pod).
+func hostPod(name, node, ip string) *corev1.Pod {
+	p := pod(name, node, ip, map[string]string{"app": "c"})
+	p.Spec.HostNetwork = true
+	p.Status.HostIP = ip
+	return p
+}
+
 // ingressFrom is a policy of namespace x isolating the pods labelled
 // app=to in ingress, letting in the pods labelled app=from on TCP port.
 func ingressFrom(name, to, from string, port int) *networkingv1.NetworkPolicy {
@@ -61,7 +70,7 @@ func bed(t *testing.T, more ...*networkingv1.NetworkPolicy) State {
 	t.Helper()
 	snap := agentpolicy.Snapshot{
 		Pods: []*corev1.Pod{pod("a", "n1", "10.0.1.2", map[string]string{"app": "a"}), pod("b", "n1", "10.0.1.3", map[string]string{"app": "b"}),
-			pod("c", "n2", "10.0.2.4", map[string]string{"app": "c"})},
+			pod("c", "n2", "10.0.2.4", map[string]string{"app": "c"}), hostPod("h", "n2", "192.168.0.2")},
 		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "x"}}},
 		Policies:   append([]*networkingv1.NetworkPolicy{ingressFrom("allow-a", "b", "a", 80), ingressFrom("c-from-a", "c", "a", 80)}, more...),
 	}
@@ -72,7 +81,7 @@ func bed(t *testing.T, more ...*networkingv1.NetworkPolicy) State {
 	vtep, _ := net.ParseMAC("aa:bb:cc:dd:ee:02")
 	return State{Node: "n1", Rules: func() policy.Ruleset { return rules }, Cluster: func() agentpolicy.Snapshot { return snap },
 		Services: func() (*apiv1.ListServicesResponse, error) {
-			return &apiv1.ListServicesResponse{Services: []*apiv1.BalancedService{
+			return &apiv1.ListServicesResponse{Mode: "all", Services: []*apiv1.BalancedService{
 				{Name: "x/web:http", Vip: "10.96.0.10:80", Proto: "TCP", Frontend: "ClusterIP", Scope: "socket",
 					Backends: []*apiv1.ServiceBackend{{Addr: "10.0.1.3:80", Ready: true}, {Addr: "10.0.2.4:80", Ready: true}}},
 				{Name: "x/empty:http", Vip: "10.96.0.11:80", Proto: "TCP", Frontend: "ClusterIP", Scope: "socket"},
@@ -138,7 +147,7 @@ func TestTrace(t *testing.T) {
 			paths: []string{"n1 egress-policy not-isolated, n1 forwarding broken => unreachable"}, detail: []string{"no neighbour 10.0.3.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := Trace(bed(t), &apiv1.TraceRequest{Source: tc.src, Destination: tc.dst, Port: tc.port, Protocol: tc.proto})
+			resp, err := Trace(t.Context(), bed(t), &apiv1.TraceRequest{Source: tc.src, Destination: tc.dst, Port: tc.port, Protocol: tc.proto})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +182,7 @@ func TestTrace(t *testing.T) {
 // policy.
 func TestTraceRule(t *testing.T) {
 	st := bed(t)
-	resp, err := Trace(st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 80})
+	resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: 80})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +216,7 @@ func TestTraceAudit(t *testing.T) {
 		{"x/a", "x/c", 80, 2, "allowed", ""},
 		{"x/b", "x/c", 80, 2, "denied", "; audited x/c-audit ingress rule 0 (not enforced): would allow"},
 	} {
-		resp, err := Trace(st, &apiv1.TraceRequest{Source: c.src, Destination: c.dst, Port: uint32(c.port)})
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: c.src, Destination: c.dst, Port: uint32(c.port)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -224,13 +233,65 @@ func TestTraceFastPath(t *testing.T) {
 	st := bed(t)
 	for _, on := range []bool{false, true} {
 		st.FastPath = func() FastPath { return fakeFastPath{on: on} }
-		resp, err := Trace(st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := map[bool]string{false: "slow-path", true: "fast-path"}[on]
 		if fw := resp.Paths[0].Hops[1]; fw.Verdict != want {
 			t.Errorf("fast path on=%v: forwarding %q (%s), want %s", on, fw.Verdict, fw.Detail, want)
+		}
+	}
+}
+
+// TestTraceWithoutTheSocketLB: where pods' sockets are not balanced here
+// (host-only), the Service's hop says kube-proxy translates; without the
+// socket LB at all, an address is traced with a warning that it may be a
+// Service's, and a pod without one.
+func TestTraceWithoutTheSocketLB(t *testing.T) {
+	st := bed(t)
+	all := st.Services
+	st.Services = func() (*apiv1.ListServicesResponse, error) {
+		l, err := all()
+		l.Mode = "host-only"
+		return l, err
+	}
+	resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "10.96.0.10", Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Hops) != 1 || !strings.Contains(resp.Hops[0].Detail, "kube-proxy's DNAT gives the connection one of 2 backends") || len(resp.Paths) != 2 {
+		t.Errorf("host-only: %v", resp)
+	}
+	st.Services = func() (*apiv1.ListServicesResponse, error) {
+		return nil, status.Error(codes.FailedPrecondition, "socket load balancing: off")
+	}
+	resp, err = Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "10.96.0.10", Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Hops) != 1 || resp.Hops[0].Verdict != "unknown" || !strings.Contains(resp.Hops[0].Detail, "trace a backend") || len(resp.Paths) != 1 {
+		t.Errorf("no socket LB, an address: %v", resp)
+	}
+	resp, err = Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Hops) != 0 || len(resp.Paths) != 1 || resp.Paths[0].Verdict != "allowed" {
+		t.Errorf("no socket LB, a pod: %v", resp)
+	}
+}
+
+// TestTraceHostNetworkPod: a pod on its node's network is its node's
+// address, which no NetworkPolicy of ONC polices, by name or address.
+func TestTraceHostNetworkPod(t *testing.T) {
+	for _, dst := range []string{"x/h", "192.168.0.2"} {
+		resp, err := Trace(t.Context(), bed(t), &apiv1.TraceRequest{Source: "x/b", Destination: dst, Port: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := summary(resp.Paths[0]); got != "n1 egress-policy not-isolated, n1 forwarding outside => allowed" || resp.Destination.Kind != "ip" {
+			t.Errorf("to %s: %s (%v), want its node's address with no ingress policy", dst, got, resp.Destination)
 		}
 	}
 }
@@ -253,7 +314,7 @@ func TestTraceRefusals(t *testing.T) {
 		{&apiv1.TraceRequest{Source: "x/a", Destination: "fd00::1", Port: 80}, codes.InvalidArgument, "no address of its family"},
 		{&apiv1.TraceRequest{Destination: "x/b", Port: 80}, codes.InvalidArgument, "both needed"},
 	} {
-		_, err := Trace(bed(t), tc.req)
+		_, err := Trace(t.Context(), bed(t), tc.req)
 		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
 			t.Errorf("%v: %v, want %s with %q", tc.req, err, tc.code, tc.msg)
 		}
@@ -303,6 +364,31 @@ func TestJudgeProbe(t *testing.T) {
 		}
 		if len(tc.records) > 0 && !strings.Contains(detail, "n1 DENIED egress (default deny)") {
 			t.Errorf("%s: the detail %q does not name the node's record", tc.name, detail)
+		}
+	}
+}
+
+// TestJudgeProbePickedBackend: through a Service whose backends differ,
+// a record of the probe naming the backend decides which path it is
+// judged by.
+func TestJudgeProbePickedBackend(t *testing.T) {
+	resp := &apiv1.TraceResponse{Paths: []*apiv1.TracePath{
+		{Verdict: "allowed", Destination: &apiv1.FlowEndpoint{Ip: "10.0.1.3", Port: 80}},
+		{Verdict: "denied", Destination: &apiv1.FlowEndpoint{Ip: "10.0.2.4", Port: 80}}}}
+	deniedAt := func(ip string) []*apiv1.FlowRecord {
+		return []*apiv1.FlowRecord{{Node: "n1", Verdict: "denied", Destination: &apiv1.FlowEndpoint{Ip: ip, Port: 80}}}
+	}
+	for _, tc := range []struct {
+		outcome string
+		records []*apiv1.FlowRecord
+		want    string
+	}{
+		{TimedOut, deniedAt("10.0.2.4"), "agrees"},
+		{Connected, deniedAt("10.0.2.4"), "disagrees"},
+		{TimedOut, nil, "agrees"}, // no record: either backend
+	} {
+		if got, detail := judgeProbe(resp, l4.TCP, sent{outcome: tc.outcome, took: ProbeWait}, tc.records, "n1"); got != tc.want {
+			t.Errorf("%s with %v: %s (%s), want %s", tc.outcome, tc.records, got, detail, tc.want)
 		}
 	}
 }

@@ -10,24 +10,53 @@ import (
 
 // Summary is the record on one line without its time, as onctl flows
 // prints it and the OTLP export's log body carries it: node, verdict,
-// direction, protocol, the ends, why.
+// then the direction of the policy table's records, else the event and
+// the path (the eBPF programs');
+// protocol, the ends (and a third: the backend chosen, or the node that
+// sent a dropped frame), why, and how many like it went unrecorded.
 func (x *FlowRecord) Summary() string {
 	if x.Event == "lost" {
 		return fmt.Sprintf("%s LOST %s", x.Node, x.Reason)
 	}
-	return fmt.Sprintf("%s %s %s %s %s → %s: %s", x.Node, strings.ToUpper(x.Verdict), x.Direction, x.Protocol,
-		x.Source.Summary(), x.Destination.Summary(), x.Reason)
+	how := x.Direction // the policy table's records: of the local pod
+	if how == "" {
+		how = x.Event + " " + x.Path // the eBPF programs'
+	}
+	line := fmt.Sprintf("%s %s %s %s %s → %s", x.Node, strings.ToUpper(x.Verdict), how, x.Protocol, x.Source.Summary(), x.Destination.Summary())
+	if x.Translated != nil {
+		via := " ⇒ "
+		if x.Event == "drop" {
+			via = " from " // the node that sent the frame
+		}
+		line += via + x.Translated.Summary()
+	}
+	if x.Reason != "" {
+		line += ": " + x.Reason
+	}
+	if x.Suppressed > 0 {
+		line += fmt.Sprintf(" (+%d suppressed)", x.Suppressed)
+	}
+	return line
 }
 
 // Summary is the end as onctl prints it: "namespace/pod (address:port)"
-// for a pod, the address otherwise.
+// for a pod, "service namespace/name (...)" and "node name (...)", the
+// address otherwise.
 func (x *FlowEndpoint) Summary() string {
 	addr := x.GetIp()
 	if x.GetPort() != 0 {
 		addr = net.JoinHostPort(x.Ip, fmt.Sprint(x.Port))
 	}
-	if x.GetKind() == "pod" {
+	switch x.GetKind() {
+	case "pod":
 		return fmt.Sprintf("%s/%s (%s)", x.Namespace, x.Name, addr)
+	case "service":
+		return fmt.Sprintf("service %s/%s (%s)", x.Namespace, x.Name, addr)
+	case "node":
+		if x.Ip == "" {
+			return "node " + x.Name // a socket call from the node's host
+		}
+		return fmt.Sprintf("node %s (%s)", x.Name, addr)
 	}
 	return addr
 }

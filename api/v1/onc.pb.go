@@ -2939,8 +2939,9 @@ type GetFlowsRequest struct {
 	Follow        bool                   `protobuf:"varint,1,opt,name=follow,proto3" json:"follow,omitempty"`
 	Pod           string                 `protobuf:"bytes,2,opt,name=pod,proto3" json:"pod,omitempty"`                                             // namespace/name: records with that pod at either end
 	Namespace     string                 `protobuf:"bytes,3,opt,name=namespace,proto3" json:"namespace,omitempty"`                                 // records with a pod of that namespace at either end
-	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied
+	Verdict       string                 `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`                                     // denied, allowed, dropped, refused, translated, cached, evicted
 	SinceUnixNano int64                  `protobuf:"varint,5,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"` // records from then on
+	Event         string                 `protobuf:"bytes,6,opt,name=event,proto3" json:"event,omitempty"`                                         // records of that event: policy, drop, refuse, translate, open, learn, evict
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3010,14 +3011,22 @@ func (x *GetFlowsRequest) GetSinceUnixNano() int64 {
 	return 0
 }
 
+func (x *GetFlowsRequest) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
 // One end of a flow.
 type FlowEndpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// pod: a pod the agent knows, of this node or another; ip: an address
-	// of no pod it knows (a node, a host outside, a pod not seen yet).
+	// pod: a pod the agent knows, of this node or another; node: a node's
+	// address; service: a Service's frontend; ip: an address of none of
+	// those (a host outside, a pod not seen yet).
 	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"` // pods
-	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`           // pods
+	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"` // pods and services
+	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`           // pods, nodes, and services (name:port-name)
 	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`           // the node the pod runs on
 	Ip            string `protobuf:"bytes,5,opt,name=ip,proto3" json:"ip,omitempty"`
 	Port          uint32 `protobuf:"varint,6,opt,name=port,proto3" json:"port,omitempty"` // 0 for protocols without ports
@@ -3103,10 +3112,13 @@ type FlowRecord struct {
 	TimeUnixNano int64                  `protobuf:"varint,1,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	Node         string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"` // the node that recorded it
 	// policy: a pod's policy verdict on a packet; drop: a drop by a check
-	// before any pod's rules (reason says which); lost: records this reader
-	// did not get, being too slow (reason says how many).
+	// before any pod's rules or in the eBPF programs (reason says which);
+	// from the eBPF programs (docs/observability.md) also refuse,
+	// translate, open, learn; from the agent: evict; lost: records this
+	// reader did not get, being too slow (reason says how many).
 	Event string `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
-	// denied, allowed (a new connection) or dropped.
+	// denied, allowed (a new connection), dropped, refused, translated,
+	// cached, evicted.
 	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the local pod
 	Protocol    string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
@@ -3114,10 +3126,17 @@ type FlowRecord struct {
 	Destination *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
 	Reason      string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
 	Policies    []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
-	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow: the kernel's stack and netfilter
+	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow (the kernel's stack and netfilter), fast, socket-lb, uplink-lb
 	// The index of the rule that allowed it in its policy's ingress or
-	// egress list; -1 when no rule did.
-	Rule          int32 `protobuf:"varint,12,opt,name=rule,proto3" json:"rule,omitempty"`
+	// egress list; absent when no rule did (optional, so that rule 0, the
+	// first rule, is still sent and printed).
+	Rule *int32 `protobuf:"varint,12,opt,name=rule,proto3,oneof" json:"rule,omitempty"`
+	// The third end: the backend chosen (translate), or the node that sent
+	// a dropped overlay frame.
+	Translated *FlowEndpoint `protobuf:"bytes,13,opt,name=translated,proto3" json:"translated,omitempty"`
+	// Records of this event's class the node's budget held back (on the CPU
+	// that emitted this one) since the previous one: not recorded at all.
+	Suppressed    uint32 `protobuf:"varint,14,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3230,8 +3249,22 @@ func (x *FlowRecord) GetPath() string {
 }
 
 func (x *FlowRecord) GetRule() int32 {
+	if x != nil && x.Rule != nil {
+		return *x.Rule
+	}
+	return 0
+}
+
+func (x *FlowRecord) GetTranslated() *FlowEndpoint {
 	if x != nil {
-		return x.Rule
+		return x.Translated
+	}
+	return nil
+}
+
+func (x *FlowRecord) GetSuppressed() uint32 {
+	if x != nil {
+		return x.Suppressed
 	}
 	return 0
 }
@@ -3240,7 +3273,7 @@ type TraceRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`           // namespace/name of a pod of this node, or its address
 	Destination string                 `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"` // namespace/name of a pod, or an address (a pod, a Service's frontend, a host)
-	Port        uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`              // the destination port; 0 for protocols without ports
+	Port        uint32                 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`              // the destination port, 1-65535
 	Protocol    string                 `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`       // TCP (the default), UDP or SCTP
 	// Also make one real connection from the source pod and report what it
 	// met and what this node saw of it (TraceResponse.probe).
@@ -3899,20 +3932,21 @@ const file_onc_proto_rawDesc = "" +
 	"\bcounters\x18\x03 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"A\n" +
 	"\x10SetBypassRequest\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12\x19\n" +
-	"\bmin_size\x18\x02 \x01(\rR\aminSize\"\x9b\x01\n" +
+	"\bmin_size\x18\x02 \x01(\rR\aminSize\"\xb1\x01\n" +
 	"\x0fGetFlowsRequest\x12\x16\n" +
 	"\x06follow\x18\x01 \x01(\bR\x06follow\x12\x10\n" +
 	"\x03pod\x18\x02 \x01(\tR\x03pod\x12\x1c\n" +
 	"\tnamespace\x18\x03 \x01(\tR\tnamespace\x12\x18\n" +
 	"\averdict\x18\x04 \x01(\tR\averdict\x12&\n" +
-	"\x0fsince_unix_nano\x18\x05 \x01(\x03R\rsinceUnixNano\"\x8c\x01\n" +
+	"\x0fsince_unix_nano\x18\x05 \x01(\x03R\rsinceUnixNano\x12\x14\n" +
+	"\x05event\x18\x06 \x01(\tR\x05event\"\x8c\x01\n" +
 	"\fFlowEndpoint\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xf2\x02\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xd6\x03\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -3926,8 +3960,15 @@ const file_onc_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12\x1a\n" +
 	"\bpolicies\x18\n" +
 	" \x03(\tR\bpolicies\x12\x12\n" +
-	"\x04path\x18\v \x01(\tR\x04path\x12\x12\n" +
-	"\x04rule\x18\f \x01(\x05R\x04rule\"\x8e\x01\n" +
+	"\x04path\x18\v \x01(\tR\x04path\x12\x17\n" +
+	"\x04rule\x18\f \x01(\x05H\x00R\x04rule\x88\x01\x01\x124\n" +
+	"\n" +
+	"translated\x18\r \x01(\v2\x14.onc.v1.FlowEndpointR\n" +
+	"translated\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x0e \x01(\rR\n" +
+	"suppressedB\a\n" +
+	"\x05_rule\"\x8e\x01\n" +
 	"\fTraceRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x12\n" +
@@ -4072,55 +4113,56 @@ var file_onc_proto_depIdxs = []int32{
 	22, // 21: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
 	40, // 22: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
 	40, // 23: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
-	41, // 24: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
-	40, // 25: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 26: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
-	40, // 27: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
-	40, // 28: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 29: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
-	45, // 30: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
-	43, // 31: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
-	0,  // 32: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 33: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 34: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 35: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 36: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 37: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 38: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 39: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 40: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 41: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 42: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 43: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 44: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 45: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	35, // 46: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
-	38, // 47: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
-	39, // 48: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
-	42, // 49: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
-	1,  // 50: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 51: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 52: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 53: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 54: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 55: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 56: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 57: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 58: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 59: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 60: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 61: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 62: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 63: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	37, // 64: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
-	37, // 65: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
-	41, // 66: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
-	46, // 67: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
-	50, // [50:68] is the sub-list for method output_type
-	32, // [32:50] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	40, // 24: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
+	41, // 25: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
+	40, // 26: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 27: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
+	40, // 28: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
+	40, // 29: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 30: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
+	45, // 31: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
+	43, // 32: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
+	0,  // 33: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 34: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 35: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 36: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 37: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 38: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 39: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 40: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 41: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 42: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 43: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 44: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 45: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 46: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	35, // 47: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	38, // 48: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	39, // 49: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
+	42, // 50: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
+	1,  // 51: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 52: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 53: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 54: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 55: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 56: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 57: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 58: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 59: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 60: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 61: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 62: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 63: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 64: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	37, // 65: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	37, // 66: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	41, // 67: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
+	46, // 68: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
+	51, // [51:69] is the sub-list for method output_type
+	33, // [33:51] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -4128,6 +4170,7 @@ func file_onc_proto_init() {
 	if File_onc_proto != nil {
 		return
 	}
+	file_onc_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

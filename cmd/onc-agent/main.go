@@ -55,6 +55,7 @@ func main() {
 	fs.StringVar(&cfg.Health.Healthz, "healthz-addr", "0.0.0.0:10256", `with --kube-proxy-replacement: where kube-proxy's /healthz and /livez are served, host:port; "" serves neither`)
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	fs.IntVar(&cfg.FlowsBuffer, "flows-buffer", 8192, "how many flow records the agent keeps for onctl flows (docs/observability.md); 0 records none")
+	fs.Uint32Var(&cfg.Datapath.FlowEvents, "flows-events-rate", 1000, "flow records from the eBPF programs (drops, Service translations, fast-path open and learn): at most this many a second of each kind on each CPU, twice that at once; the rest are counted, not recorded (docs/observability.md); 0 records none")
 	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs its verdicts to, for the flow records; pick one no other program of the node reads")
 	flowsExport := exportFlags(fs)
 	store := backend.AddFlags(fs)
@@ -95,6 +96,8 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-log-group %d: an NFLOG group, 1-65535", *flowsGroup))
 	case cfg.FlowsBuffer > 0:
 		cfg.Datapath.PolicyLogGroup = uint16(*flowsGroup)
+	default:
+		cfg.Datapath.FlowEvents = 0 // no store to record them in
 	}
 	if cfg.FlowsExport, err = flowsExport(cfg.FlowsBuffer); err != nil {
 		cmdutil.Fatal("bad flag", err)

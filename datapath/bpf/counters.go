@@ -43,21 +43,31 @@ func CounterNames(spec *ebpf.MapSpec) ([]string, error) {
 	if !ok {
 		return nil, fmt.Errorf("counters %s: the key is %v, not an enum", spec.Name, spec.Key)
 	}
-	names := make([]string, spec.MaxEntries)
+	names, err := enumNames(e, int(spec.MaxEntries), "STAT_")
+	if err != nil {
+		return nil, fmt.Errorf("counters %s: %w", spec.Name, err)
+	}
+	return names, nil
+}
+
+// enumNames names the first n values of e, each ..<sep><name>, in lower
+// case; every one of them must have a name.
+func enumNames(e *btf.Enum, n int, sep string) ([]string, error) {
+	names := make([]string, n)
 	for _, v := range e.Values {
-		// The last value (..._MAX) is the count, not a counter.
-		if v.Value >= uint64(spec.MaxEntries) {
+		// A value past them (..._MAX) is the count, not a name.
+		if v.Value >= uint64(n) {
 			continue
 		}
-		_, name, ok := strings.Cut(v.Name, "STAT_")
+		_, name, ok := strings.Cut(v.Name, sep)
 		if !ok {
-			return nil, fmt.Errorf("counters %s: %s is not named ..STAT_<name>", spec.Name, v.Name)
+			return nil, fmt.Errorf("%s is not named ..%s<name>", v.Name, sep)
 		}
 		names[v.Value] = strings.ToLower(name)
 	}
 	for i, n := range names {
 		if n == "" {
-			return nil, fmt.Errorf("counters %s: no name for counter %d", spec.Name, i)
+			return nil, fmt.Errorf("enum %s: no name for %d", e.Name, i)
 		}
 	}
 	return names, nil

@@ -78,6 +78,18 @@ static __always_inline void sent6(const struct flow_key6 *key, struct flow_val *
 		count(&onc_stats6, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
 	else
 		count(&onc_stats6, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
+	if (setup == SETUP_OPEN)
+		ev_conn(EV_OPEN, key, 1, out);
+}
+
+/* drop_error drops a packet whose rewrite failed (it may be half done:
+ * a failed bpf_skb_adjust_room leaves it as it was, its IP header at off),
+ * counting stat in counters. */
+static __always_inline int drop_error(struct __sk_buff *skb, void *counters, enum onc_stat stat, __u32 off)
+{
+	count(counters, stat, 1);
+	ev_drop(skb, off, 0, EV_TABLE_ONC_STAT, stat);
+	return TC_ACT_SHOT;
 }
 
 /* egress6_send_u6 is the rest of egress_fast6 on an IPv6 underlay: the
@@ -120,10 +132,8 @@ static __always_inline int egress6_send_u6(struct __sk_buff *skb, struct l4 *p, 
 		return TC_ACT_OK;
 	p->ip6->hop_limit--;
 	hash = encap_hash(skb, addr6_fold(&p->ip6->saddr), addr6_fold(&p->ip6->daddr), p->sport, p->dport);
-	if (encap_push6(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p->ip6)))) {
-		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
-		return TC_ACT_SHOT;
-	}
+	if (encap_push6(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p->ip6))))
+		return drop_error(skb, &onc_stats6, STAT_EGRESS_ERROR, sizeof(struct ethhdr));
 	sent6(key, flow, p, setup, 1);
 	return bpf_redirect(encap->ifindex, 0);
 }
@@ -193,10 +203,8 @@ static __always_inline int egress_fast6(struct __sk_buff *skb, void *data, void 
 	p.ip6->hop_limit--;
 	hash = encap_hash(skb, addr6_fold(&p.ip6->saddr), addr6_fold(&p.ip6->daddr), p.sport, p.dport);
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(ip6_tclass(p.ip6))) ||
-	    encap_inner_ipv6(skb)) {
-		count(&onc_stats6, STAT_EGRESS_ERROR, 1);
-		return TC_ACT_SHOT;
-	}
+	    encap_inner_ipv6(skb))
+		return drop_error(skb, &onc_stats6, STAT_EGRESS_ERROR, sizeof(struct ethhdr));
 	sent6(&key, flow, &p, setup, 1);
 	return bpf_redirect(encap->ifindex, 0);
 }
@@ -226,6 +234,7 @@ int onc_egress_fast(struct __sk_buff *skb)
 
 	if (from_pod_to_vxlan(skb)) {
 		count(&onc_stats, STAT_OVERLAY_DROP_FROM_POD, 1);
+		ev_drop(skb, sizeof(struct ethhdr), 0, EV_TABLE_ONC_STAT, STAT_OVERLAY_DROP_FROM_POD);
 		return TC_ACT_SHOT;
 	}
 	/* After the guard, which may have pulled data. */
@@ -300,15 +309,17 @@ int onc_egress_fast(struct __sk_buff *skb)
 	ip_dec_ttl(p.ip);
 	hash = encap_hash(skb, p.ip->saddr, p.ip->daddr, p.sport, p.dport);
 	if (encap_push(skb, encap, encap_sport(hash), encap_ecn(p.ip->tos)))
-		goto err;
+		return drop_error(skb, &onc_stats, STAT_EGRESS_ERROR, sizeof(struct ethhdr));
 
 	if (key.proto == IPPROTO_TCP)
 		flow_close_step(&key, flow, 1, &p.seg);
-	count(&onc_stats, setup == SETUP_OPEN ? STAT_EGRESS_OPEN : STAT_EGRESS_HIT, 1);
+	if (setup == SETUP_OPEN) {
+		count(&onc_stats, STAT_EGRESS_OPEN, 1);
+		ev_conn(EV_OPEN, &key, 0, 1);
+	} else {
+		count(&onc_stats, STAT_EGRESS_HIT, 1);
+	}
 	return bpf_redirect(encap->ifindex, 0);
-err:
-	count(&onc_stats, STAT_EGRESS_ERROR, 1);
-	return TC_ACT_SHOT;
 }
 
 /*
@@ -427,10 +438,8 @@ static __always_inline int ingress_fast6(struct __sk_buff *skb, __be32 outer4, c
 		return TC_ACT_OK;
 	}
 	p.ip6->hop_limit--;
-	if (decap(skb, pod, bpf_htons(ETH_P_IPV6), len)) {
-		count(&onc_stats6, STAT_INGRESS_ERROR, 1);
-		return TC_ACT_SHOT;
-	}
+	if (decap(skb, pod, bpf_htons(ETH_P_IPV6), len))
+		return drop_error(skb, &onc_stats6, STAT_INGRESS_ERROR, len + sizeof(struct ethhdr));
 	sent6(&key, flow, &p, setup, 0);
 	/* Out of an IPv4 tunnel without the flag the skb still says IPv4:
 	 * the veth's crossing reads the protocol from the Ethernet header. */
@@ -474,6 +483,7 @@ int onc_ingress_fast(struct __sk_buff *skb)
 	drop = overlay_guard(skb);
 	if (drop) {
 		count(&onc_stats, drop, 1);
+		ev_drop(skb, underlay6() ? ONC_HDR6_LEN : ONC_HDR_LEN, sizeof(struct ethhdr), EV_TABLE_ONC_STAT, drop);
 		return TC_ACT_SHOT;
 	}
 	/* After the guard, which may have pulled data. */
@@ -530,13 +540,16 @@ int onc_ingress_fast(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	ip_dec_ttl(p.ip);
-	if (decap(skb, pod, bpf_htons(ETH_P_IP), ONC_ENCAP_LEN)) {
-		count(&onc_stats, STAT_INGRESS_ERROR, 1);
-		return TC_ACT_SHOT;
-	}
+	if (decap(skb, pod, bpf_htons(ETH_P_IP), ONC_ENCAP_LEN))
+		return drop_error(skb, &onc_stats, STAT_INGRESS_ERROR, ONC_HDR_LEN);
 	if (key.proto == IPPROTO_TCP)
 		flow_close_step(&key, flow, 0, &p.seg);
-	count(&onc_stats, setup == SETUP_OPEN ? STAT_INGRESS_OPEN : STAT_INGRESS_HIT, 1);
+	if (setup == SETUP_OPEN) {
+		count(&onc_stats, STAT_INGRESS_OPEN, 1);
+		ev_conn(EV_OPEN, &key, 0, 0);
+	} else {
+		count(&onc_stats, STAT_INGRESS_HIT, 1);
+	}
 	return bpf_redirect_peer(pod->ifindex, 0);
 }
 

@@ -47,6 +47,43 @@ type FastpathEncapVal struct {
 	Ifindex uint32
 }
 
+type FastpathFlowEvKey struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Reason uint16
+		Family uint8
+		Proto  uint8
+		Table  uint8
+		Pad    [3]uint8
+	}
+	Ifindex uint32
+	Cookie  uint64
+}
+
+type FastpathFlowEvSlot struct {
+	_          structs.HostLayout
+	Tat        uint64
+	Seen       uint64
+	Suppressed uint32
+	Pad        uint32
+	Ev         struct {
+		_          structs.HostLayout
+		K          FastpathFlowEvKey
+		Xaddr      [16]uint8
+		Xport      uint16
+		Xfamily    uint8
+		Class      uint8
+		Suppressed uint32
+		TsNs       uint64
+	}
+	Tables [0]uint32
+}
+
 type FastpathFlowFin struct {
 	_     structs.HostLayout
 	End   [2]uint32
@@ -85,6 +122,16 @@ type FastpathFlowVal struct {
 	Closing uint8
 }
 
+type FastpathFlowsStat uint32
+
+const (
+	FastpathFlowsStatFLOWS_STAT_EMITTED    FastpathFlowsStat = 0
+	FastpathFlowsStatFLOWS_STAT_SUPPRESSED FastpathFlowsStat = 1
+	FastpathFlowsStatFLOWS_STAT_DEDUPED    FastpathFlowsStat = 2
+	FastpathFlowsStatFLOWS_STAT_LOST       FastpathFlowsStat = 3
+	FastpathFlowsStatFLOWS_STAT_MAX        FastpathFlowsStat = 4
+)
+
 type FastpathLocalPod struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -99,6 +146,18 @@ type FastpathOncConfig struct {
 	Learning uint8
 	Pad      [2]uint8
 }
+
+type FastpathOncEvClass uint32
+
+const (
+	FastpathOncEvClassEV_DROP      FastpathOncEvClass = 0
+	FastpathOncEvClassEV_OPEN      FastpathOncEvClass = 1
+	FastpathOncEvClassEV_LEARN     FastpathOncEvClass = 2
+	FastpathOncEvClassEV_TRANSLATE FastpathOncEvClass = 3
+	FastpathOncEvClassEV_UPLINK    FastpathOncEvClass = 4
+	FastpathOncEvClassEV_REFUSE    FastpathOncEvClass = 5
+	FastpathOncEvClassEV_CLASS_MAX FastpathOncEvClass = 6
+)
 
 type FastpathOncIn6 struct {
 	_    structs.HostLayout
@@ -188,6 +247,10 @@ const (
 	FastpathMapOncEgress6U6     = "onc_egress6_u6"
 	FastpathMapOncEncap         = "onc_encap"
 	FastpathMapOncEncapU6       = "onc_encap_u6"
+	FastpathMapOncEvSeen        = "onc_ev_seen"
+	FastpathMapOncEvSlots       = "onc_ev_slots"
+	FastpathMapOncEvStats       = "onc_ev_stats"
+	FastpathMapOncEvents        = "onc_events"
 	FastpathMapOncFilter        = "onc_filter"
 	FastpathMapOncFilter6       = "onc_filter6"
 	FastpathMapOncFin           = "onc_fin"
@@ -213,6 +276,8 @@ const (
 	FastpathProgOncLearnIngress = "onc_learn_ingress"
 	FastpathVarOncConnSetup     = "onc_conn_setup"
 	FastpathVarOncDecapIpv6     = "onc_decap_ipv6"
+	FastpathVarOncEvBurst       = "onc_ev_burst"
+	FastpathVarOncEvIntervalNs  = "onc_ev_interval_ns"
 	FastpathVarOncMark          = "onc_mark"
 	FastpathVarOncNodeIp        = "onc_node_ip"
 	FastpathVarOncNodeIp6       = "onc_node_ip6"
@@ -282,6 +347,10 @@ type FastpathMapSpecs struct {
 	OncEgress6U6  *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncEncapU6    *ebpf.MapSpec `ebpf:"onc_encap_u6"`
+	OncEvSeen     *ebpf.MapSpec `ebpf:"onc_ev_seen"`
+	OncEvSlots    *ebpf.MapSpec `ebpf:"onc_ev_slots"`
+	OncEvStats    *ebpf.MapSpec `ebpf:"onc_ev_stats"`
+	OncEvents     *ebpf.MapSpec `ebpf:"onc_events"`
 	OncFilter     *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin        *ebpf.MapSpec `ebpf:"onc_fin"`
@@ -307,17 +376,19 @@ type FastpathMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type FastpathVariableSpecs struct {
-	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
-	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
-	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
-	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
-	OncNodeIp6   *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
-	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
-	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
-	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
-	OncPodNet    *ebpf.VariableSpec `ebpf:"onc_pod_net"`
-	OncVni       *ebpf.VariableSpec `ebpf:"onc_vni"`
-	OncVxlanPort *ebpf.VariableSpec `ebpf:"onc_vxlan_port"`
+	OncConnSetup    *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
+	OncDecapIpv6    *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
+	OncEvBurst      *ebpf.VariableSpec `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.VariableSpec `ebpf:"onc_ev_interval_ns"`
+	OncMark         *ebpf.VariableSpec `ebpf:"onc_mark"`
+	OncNodeIp       *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncNodeIp6      *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
+	OncPod6Mask     *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
+	OncPod6Net      *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
+	OncPodMask      *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
+	OncPodNet       *ebpf.VariableSpec `ebpf:"onc_pod_net"`
+	OncVni          *ebpf.VariableSpec `ebpf:"onc_vni"`
+	OncVxlanPort    *ebpf.VariableSpec `ebpf:"onc_vxlan_port"`
 }
 
 // FastpathObjects contains all objects after they have been loaded into the kernel.
@@ -346,6 +417,10 @@ type FastpathMaps struct {
 	OncEgress6U6  *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.Map `ebpf:"onc_encap"`
 	OncEncapU6    *ebpf.Map `ebpf:"onc_encap_u6"`
+	OncEvSeen     *ebpf.Map `ebpf:"onc_ev_seen"`
+	OncEvSlots    *ebpf.Map `ebpf:"onc_ev_slots"`
+	OncEvStats    *ebpf.Map `ebpf:"onc_ev_stats"`
+	OncEvents     *ebpf.Map `ebpf:"onc_events"`
 	OncFilter     *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6    *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin        *ebpf.Map `ebpf:"onc_fin"`
@@ -375,6 +450,10 @@ func (m *FastpathMaps) Close() error {
 		m.OncEgress6U6,
 		m.OncEncap,
 		m.OncEncapU6,
+		m.OncEvSeen,
+		m.OncEvSlots,
+		m.OncEvStats,
+		m.OncEvents,
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
@@ -401,17 +480,19 @@ func (m *FastpathMaps) Close() error {
 //
 // It can be passed to LoadFastpathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type FastpathVariables struct {
-	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
-	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
-	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
-	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
-	OncNodeIp6   *ebpf.Variable `ebpf:"onc_node_ip6"`
-	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
-	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
-	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`
-	OncPodNet    *ebpf.Variable `ebpf:"onc_pod_net"`
-	OncVni       *ebpf.Variable `ebpf:"onc_vni"`
-	OncVxlanPort *ebpf.Variable `ebpf:"onc_vxlan_port"`
+	OncConnSetup    *ebpf.Variable `ebpf:"onc_conn_setup"`
+	OncDecapIpv6    *ebpf.Variable `ebpf:"onc_decap_ipv6"`
+	OncEvBurst      *ebpf.Variable `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.Variable `ebpf:"onc_ev_interval_ns"`
+	OncMark         *ebpf.Variable `ebpf:"onc_mark"`
+	OncNodeIp       *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncNodeIp6      *ebpf.Variable `ebpf:"onc_node_ip6"`
+	OncPod6Mask     *ebpf.Variable `ebpf:"onc_pod6_mask"`
+	OncPod6Net      *ebpf.Variable `ebpf:"onc_pod6_net"`
+	OncPodMask      *ebpf.Variable `ebpf:"onc_pod_mask"`
+	OncPodNet       *ebpf.Variable `ebpf:"onc_pod_net"`
+	OncVni          *ebpf.Variable `ebpf:"onc_vni"`
+	OncVxlanPort    *ebpf.Variable `ebpf:"onc_vxlan_port"`
 }
 
 // FastpathPrograms contains all programs after they have been loaded into the kernel.

@@ -216,8 +216,7 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 	svc = *found;
 	/* Nobody outside speaks for a pod or for this node. */
 	if (lb_internal(p.saddr)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_SPOOFED, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_SPOOFED);
 	}
 	switch (lb_flow_backend(&p, &svc, &be, &dsr)) {
 	case LB_FLOW_OK:
@@ -231,8 +230,7 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 	case LB_FLOW_EMPTY:
 		lb_count_svc(svc.id, 1);
 		if (svc.flags & LB_SVC_DROP_WHEN_EMPTY) {
-			count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NO_ENDPOINTS_DROP, 1);
-			return TC_ACT_SHOT;
+			return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_NO_ENDPOINTS_DROP);
 		}
 		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REFUSED, 1);
 		skb->mark |= LB_MARK_REJECT;
@@ -246,8 +244,7 @@ static __attribute__((noinline)) int lb_uplink_ingress4(struct __sk_buff *skb)
 		return lb_dsr_send(skb, &p, &fe, &be);
 	}
 	if (lb_rewrite(skb, &p, 1, &be)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
 	/* A backend on another node must answer through this one. */
@@ -313,8 +310,7 @@ int onc_uplink_lb_egress(struct __sk_buff *skb)
 	lb_learn_reply(skb, &p, rev);
 	fe = lb_flow_addr(rev);
 	if (lb_rewrite(skb, &p, 0, &fe)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_REVERSED, 1);
 	return LB_NEXT;
@@ -360,8 +356,7 @@ int onc_uplink_lb_reply(struct __sk_buff *skb)
 	fe = lb_flow_addr(rev);
 	ifindex = rev->ifindex;
 	if (lb_rewrite(skb, &p, 0, &fe) || lb_dec_ttl(skb, &p)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	if (p.proto == IPPROTO_TCP && flow_close_step(&cached, flow, 1, &p.seg)) {
 		be.ip = p.saddr;
@@ -421,6 +416,5 @@ int onc_uplink_lb_overlay_reply(struct __sk_buff *skb)
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_FROM_REMOTE, 1);
 	return bpf_redirect_neigh(rev->ifindex, NULL, 0, 0);
 err:
-	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-	return TC_ACT_SHOT;
+	return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 }

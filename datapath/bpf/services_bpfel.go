@@ -47,6 +47,43 @@ type ServicesEncapVal struct {
 	Ifindex uint32
 }
 
+type ServicesFlowEvKey struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Reason uint16
+		Family uint8
+		Proto  uint8
+		Table  uint8
+		Pad    [3]uint8
+	}
+	Ifindex uint32
+	Cookie  uint64
+}
+
+type ServicesFlowEvSlot struct {
+	_          structs.HostLayout
+	Tat        uint64
+	Seen       uint64
+	Suppressed uint32
+	Pad        uint32
+	Ev         struct {
+		_          structs.HostLayout
+		K          ServicesFlowEvKey
+		Xaddr      [16]uint8
+		Xport      uint16
+		Xfamily    uint8
+		Class      uint8
+		Suppressed uint32
+		TsNs       uint64
+	}
+	Tables [0]uint32
+}
+
 type ServicesFlowFin struct {
 	_     structs.HostLayout
 	End   [2]uint32
@@ -84,6 +121,16 @@ type ServicesFlowVal struct {
 	Opener  uint8
 	Closing uint8
 }
+
+type ServicesFlowsStat uint32
+
+const (
+	ServicesFlowsStatFLOWS_STAT_EMITTED    ServicesFlowsStat = 0
+	ServicesFlowsStatFLOWS_STAT_SUPPRESSED ServicesFlowsStat = 1
+	ServicesFlowsStatFLOWS_STAT_DEDUPED    ServicesFlowsStat = 2
+	ServicesFlowsStatFLOWS_STAT_LOST       ServicesFlowsStat = 3
+	ServicesFlowsStatFLOWS_STAT_MAX        ServicesFlowsStat = 4
+)
 
 type ServicesLb6Addr struct {
 	_    structs.HostLayout
@@ -407,6 +454,18 @@ type ServicesOncConfig struct {
 	Pad      [2]uint8
 }
 
+type ServicesOncEvClass uint32
+
+const (
+	ServicesOncEvClassEV_DROP      ServicesOncEvClass = 0
+	ServicesOncEvClassEV_OPEN      ServicesOncEvClass = 1
+	ServicesOncEvClassEV_LEARN     ServicesOncEvClass = 2
+	ServicesOncEvClassEV_TRANSLATE ServicesOncEvClass = 3
+	ServicesOncEvClassEV_UPLINK    ServicesOncEvClass = 4
+	ServicesOncEvClassEV_REFUSE    ServicesOncEvClass = 5
+	ServicesOncEvClassEV_CLASS_MAX ServicesOncEvClass = 6
+)
+
 type ServicesOncIn6 struct {
 	_    structs.HostLayout
 	Addr [16]uint8
@@ -495,6 +554,10 @@ const (
 	ServicesMapOncEgress6U6             = "onc_egress6_u6"
 	ServicesMapOncEncap                 = "onc_encap"
 	ServicesMapOncEncapU6               = "onc_encap_u6"
+	ServicesMapOncEvSeen                = "onc_ev_seen"
+	ServicesMapOncEvSlots               = "onc_ev_slots"
+	ServicesMapOncEvStats               = "onc_ev_stats"
+	ServicesMapOncEvents                = "onc_events"
 	ServicesMapOncFilter                = "onc_filter"
 	ServicesMapOncFilter6               = "onc_filter6"
 	ServicesMapOncFin                   = "onc_fin"
@@ -560,6 +623,8 @@ const (
 	ServicesProgOncUplinkLbReply        = "onc_uplink_lb_reply"
 	ServicesVarOncConnSetup             = "onc_conn_setup"
 	ServicesVarOncDecapIpv6             = "onc_decap_ipv6"
+	ServicesVarOncEvBurst               = "onc_ev_burst"
+	ServicesVarOncEvIntervalNs          = "onc_ev_interval_ns"
 	ServicesVarOncMark                  = "onc_mark"
 	ServicesVarOncNodeIp                = "onc_node_ip"
 	ServicesVarOncNodeIp6               = "onc_node_ip6"
@@ -639,6 +704,10 @@ type ServicesMapSpecs struct {
 	OncEgress6U6          *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncEncapU6            *ebpf.MapSpec `ebpf:"onc_encap_u6"`
+	OncEvSeen             *ebpf.MapSpec `ebpf:"onc_ev_seen"`
+	OncEvSlots            *ebpf.MapSpec `ebpf:"onc_ev_slots"`
+	OncEvStats            *ebpf.MapSpec `ebpf:"onc_ev_stats"`
+	OncEvents             *ebpf.MapSpec `ebpf:"onc_events"`
 	OncFilter             *ebpf.MapSpec `ebpf:"onc_filter"`
 	OncFilter6            *ebpf.MapSpec `ebpf:"onc_filter6"`
 	OncFin                *ebpf.MapSpec `ebpf:"onc_fin"`
@@ -694,17 +763,19 @@ type ServicesMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ServicesVariableSpecs struct {
-	OncConnSetup *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
-	OncDecapIpv6 *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
-	OncMark      *ebpf.VariableSpec `ebpf:"onc_mark"`
-	OncNodeIp    *ebpf.VariableSpec `ebpf:"onc_node_ip"`
-	OncNodeIp6   *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
-	OncPod6Mask  *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
-	OncPod6Net   *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
-	OncPodMask   *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
-	OncPodNet    *ebpf.VariableSpec `ebpf:"onc_pod_net"`
-	OncVni       *ebpf.VariableSpec `ebpf:"onc_vni"`
-	OncVxlanPort *ebpf.VariableSpec `ebpf:"onc_vxlan_port"`
+	OncConnSetup    *ebpf.VariableSpec `ebpf:"onc_conn_setup"`
+	OncDecapIpv6    *ebpf.VariableSpec `ebpf:"onc_decap_ipv6"`
+	OncEvBurst      *ebpf.VariableSpec `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.VariableSpec `ebpf:"onc_ev_interval_ns"`
+	OncMark         *ebpf.VariableSpec `ebpf:"onc_mark"`
+	OncNodeIp       *ebpf.VariableSpec `ebpf:"onc_node_ip"`
+	OncNodeIp6      *ebpf.VariableSpec `ebpf:"onc_node_ip6"`
+	OncPod6Mask     *ebpf.VariableSpec `ebpf:"onc_pod6_mask"`
+	OncPod6Net      *ebpf.VariableSpec `ebpf:"onc_pod6_net"`
+	OncPodMask      *ebpf.VariableSpec `ebpf:"onc_pod_mask"`
+	OncPodNet       *ebpf.VariableSpec `ebpf:"onc_pod_net"`
+	OncVni          *ebpf.VariableSpec `ebpf:"onc_vni"`
+	OncVxlanPort    *ebpf.VariableSpec `ebpf:"onc_vxlan_port"`
 }
 
 // ServicesObjects contains all objects after they have been loaded into the kernel.
@@ -733,6 +804,10 @@ type ServicesMaps struct {
 	OncEgress6U6          *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.Map `ebpf:"onc_encap"`
 	OncEncapU6            *ebpf.Map `ebpf:"onc_encap_u6"`
+	OncEvSeen             *ebpf.Map `ebpf:"onc_ev_seen"`
+	OncEvSlots            *ebpf.Map `ebpf:"onc_ev_slots"`
+	OncEvStats            *ebpf.Map `ebpf:"onc_ev_stats"`
+	OncEvents             *ebpf.Map `ebpf:"onc_events"`
 	OncFilter             *ebpf.Map `ebpf:"onc_filter"`
 	OncFilter6            *ebpf.Map `ebpf:"onc_filter6"`
 	OncFin                *ebpf.Map `ebpf:"onc_fin"`
@@ -792,6 +867,10 @@ func (m *ServicesMaps) Close() error {
 		m.OncEgress6U6,
 		m.OncEncap,
 		m.OncEncapU6,
+		m.OncEvSeen,
+		m.OncEvSlots,
+		m.OncEvStats,
+		m.OncEvents,
 		m.OncFilter,
 		m.OncFilter6,
 		m.OncFin,
@@ -848,17 +927,19 @@ func (m *ServicesMaps) Close() error {
 //
 // It can be passed to LoadServicesObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ServicesVariables struct {
-	OncConnSetup *ebpf.Variable `ebpf:"onc_conn_setup"`
-	OncDecapIpv6 *ebpf.Variable `ebpf:"onc_decap_ipv6"`
-	OncMark      *ebpf.Variable `ebpf:"onc_mark"`
-	OncNodeIp    *ebpf.Variable `ebpf:"onc_node_ip"`
-	OncNodeIp6   *ebpf.Variable `ebpf:"onc_node_ip6"`
-	OncPod6Mask  *ebpf.Variable `ebpf:"onc_pod6_mask"`
-	OncPod6Net   *ebpf.Variable `ebpf:"onc_pod6_net"`
-	OncPodMask   *ebpf.Variable `ebpf:"onc_pod_mask"`
-	OncPodNet    *ebpf.Variable `ebpf:"onc_pod_net"`
-	OncVni       *ebpf.Variable `ebpf:"onc_vni"`
-	OncVxlanPort *ebpf.Variable `ebpf:"onc_vxlan_port"`
+	OncConnSetup    *ebpf.Variable `ebpf:"onc_conn_setup"`
+	OncDecapIpv6    *ebpf.Variable `ebpf:"onc_decap_ipv6"`
+	OncEvBurst      *ebpf.Variable `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.Variable `ebpf:"onc_ev_interval_ns"`
+	OncMark         *ebpf.Variable `ebpf:"onc_mark"`
+	OncNodeIp       *ebpf.Variable `ebpf:"onc_node_ip"`
+	OncNodeIp6      *ebpf.Variable `ebpf:"onc_node_ip6"`
+	OncPod6Mask     *ebpf.Variable `ebpf:"onc_pod6_mask"`
+	OncPod6Net      *ebpf.Variable `ebpf:"onc_pod6_net"`
+	OncPodMask      *ebpf.Variable `ebpf:"onc_pod_mask"`
+	OncPodNet       *ebpf.Variable `ebpf:"onc_pod_net"`
+	OncVni          *ebpf.Variable `ebpf:"onc_vni"`
+	OncVxlanPort    *ebpf.Variable `ebpf:"onc_vxlan_port"`
 }
 
 // ServicesPrograms contains all programs after they have been loaded into the kernel.

@@ -69,20 +69,25 @@ type Options struct {
 	// ConnSetup says which TCP connections may open and close on the fast
 	// path (setup.go).
 	ConnSetup ConnSetup
+	// EventsPerSecond is the flow events' budget (include/flows.h): of
+	// each class, on each CPU, on average (twice that at once); 0, none.
+	// The services object, sharing the flow cache, has the same.
+	EventsPerSecond uint32
 
 	decapIPv6 bool // DecapSetsIPv6, probed by Open
 }
 
 // Datapath is the loaded flow cache.
 type Datapath struct {
-	opts      Options
-	mode      Mode
-	objs      bpf.FastpathObjects
-	maps      *bpf.FastpathMaps
-	progs     *bpf.FastpathPrograms
-	counters  *bpf.Counters // IPv4 packets', and the overlay guard's drops
-	counters6 *bpf.Counters // IPv6 packets'
-	mu        sync.Mutex    // serialises configuration writes and evictions
+	opts       Options
+	mode       Mode
+	objs       bpf.FastpathObjects
+	maps       *bpf.FastpathMaps
+	progs      *bpf.FastpathPrograms
+	counters   *bpf.Counters // IPv4 packets', and the overlay guard's drops
+	counters6  *bpf.Counters // IPv6 packets'
+	evCounters *bpf.Counters // what became of the flow events
+	mu         sync.Mutex    // serialises configuration writes and evictions
 	// peerWrites counts SyncPeers' and SetHosts' map writes.
 	peerWrites atomic.Uint64
 	peers      mirror[cidrKey, cidrVal]        // onc_peers as SyncPeers last wrote it
@@ -95,6 +100,9 @@ type Datapath struct {
 	senders6U6 mirror[sender6U6Key, senderVal] // onc_senders6_u6 as SyncSenders last wrote it
 	open       mirror[uint32, uint8]           // onc_open as SetOpen or NarrowOpen last wrote it
 	open6      mirror[addr6, uint8]            // onc_open6 as SetOpen or NarrowOpen last wrote it
+	// onEvict, if set, is told of each flow EvictFlows takes off the fast
+	// path (the flow records, agent/flows); under mu.
+	onEvict func(local, remote netip.AddrPort, proto uint8)
 }
 
 // Open loads the programs, creating or reusing the pinned maps.
@@ -141,6 +149,10 @@ func Open(o Options) (*Datapath, error) {
 		return nil, err
 	}
 	if d.counters6, err = bpf.NewCounters(d.maps.OncStats6, spec.Maps[bpf.FastpathMapOncStats6]); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if d.evCounters, err = bpf.NewCounters(d.maps.OncEvStats, spec.Maps[bpf.FastpathMapOncEvStats]); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -219,7 +231,7 @@ func (o Options) constants() map[string]any {
 	if o.NodeIP.Is4() {
 		nodeIP = bpf.NetIPv4(o.NodeIP)
 	}
-	return map[string]any{
+	c := map[string]any{
 		"onc_vni":        uint32(o.VNI),
 		"onc_vxlan_port": bpf.NetPort(uint16(o.Port)),
 		"onc_mark":       o.Mark,
@@ -231,6 +243,8 @@ func (o Options) constants() map[string]any {
 		"onc_conn_setup": uint8(o.ConnSetup),
 		"onc_decap_ipv6": b2u(o.decapIPv6),
 	}
+	maps.Copy(c, bpf.EventConstants(o.EventsPerSecond))
+	return c
 }
 
 // guardConstants are the overlay guard's own constants
@@ -273,6 +287,15 @@ func (d *Datapath) FlowCache() *bpf.FlowCache {
 	maps.Copy(c, d.opts.guardConstants())
 	return bpf.NewFlowCache(d.maps, c)
 }
+
+// Events is the ring of flow events (include/flows.h), the fast path's
+// and the services object's.
+func (d *Datapath) Events() *ebpf.Map { return d.maps.OncEvents }
+
+// EventStats are what became of the flow events: emitted, suppressed (by
+// the budget), deduped (a drop of a flow and reason within the second),
+// lost (the ring was full).
+func (d *Datapath) EventStats() ([]Stat, error) { return d.evCounters.Read() }
 
 // Mode reports how programs are attached.
 func (d *Datapath) Mode() Mode { return d.mode }
@@ -427,12 +450,28 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 			}
 			return verdicts[e]
 		}
-		evicted := func(e flowEnds, v FlowVal) bool { return verdict(e, v) == Evict }
+		evicted := func(e flowEnds, v FlowVal) bool {
+			if verdict(e, v) != Evict {
+				return false
+			}
+			if d.onEvict != nil {
+				d.onEvict(e.local, e.remote, e.proto)
+			}
+			return true
+		}
 		return errors.Join(
 			d.handOver(func(e flowEnds, v FlowVal) bool { return verdict(e, v) == HandOver }),
 			forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, evicted),
 			forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, evicted))
 	})
+}
+
+// OnEvict has fn told of each flow EvictFlows takes off the fast path, by
+// its local and remote ends, from the next eviction on.
+func (d *Datapath) OnEvict(fn func(local, remote netip.AddrPort, proto uint8)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.onEvict = fn
 }
 
 // openedConns are the connections of the flows of filter that match,

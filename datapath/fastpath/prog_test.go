@@ -8,6 +8,7 @@ package fastpath
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -86,9 +87,12 @@ var (
 	run   = bpftest.Run
 )
 
-func stat(t *testing.T, d *Datapath, name string) uint64 {
+func stat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.Stats, name) }
+
+// counterOf is counter name of those read reads.
+func counterOf(t *testing.T, read func() ([]Stat, error), name string) uint64 {
 	t.Helper()
-	st, err := d.Stats()
+	st, err := read()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,6 +486,8 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	other := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40001)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	testutil.Must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
 	kept := netip.AddrPortFrom(localPod, 40000)
+	var told []string
+	d.OnEvict(func(local, remote netip.AddrPort, proto uint8) { told = append(told, fmt.Sprint(local, remote, proto)) })
 	var learning uint8 = 1
 	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
 		c, _ := d.config()
@@ -499,6 +505,9 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	flows, _ := d.Flows()
 	if len(flows) != 1 || flows[0].Local != kept {
 		t.Fatalf("flows after eviction: %v, want only %v's", flows, kept)
+	}
+	if want := fmt.Sprint(netip.AddrPortFrom(localPod, 40001), netip.AddrPortFrom(remotePod, 80), unix.IPPROTO_TCP); len(told) != 1 || told[0] != want {
+		t.Fatalf("OnEvict told of %q, want the one evicted flow %q", told, want)
 	}
 	// Pods not named are untouched; a failing decide deletes nothing.
 	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,7 +270,23 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 		t.Errorf("the fingerprint before the change, %s: %+v (%v)", fp1, lg, ok)
 	}
 
-	// 400 new connections at once: 200, and at most 100 a second more.
+	// 400 new connections at once: 200, and at most 100 a second more
+	// logged, and all 400 reach b's socket: the log chain's limit must
+	// not drop what the pod chain allowed (the -allow counter sits before
+	// it, so only the socket tells).
+	var srv net.PacketConn
+	tp.in(b.ns, func() (err error) { srv, err = net.ListenPacket("udp", ":5353"); return err })
+	defer srv.Close()
+	var received atomic.Int64
+	go func() {
+		buf := make([]byte, 16)
+		for {
+			if _, _, err := srv.ReadFrom(buf); err != nil {
+				return // closed
+			}
+			received.Add(1)
+		}
+	}()
 	before := tp.counters(e).Pods["ns/b"].IngressAllowed
 	start := time.Now()
 	for range 400 {
@@ -287,6 +304,9 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 	}
 	if n := tp.counters(e).Pods["ns/b"].IngressAllowed - before; n != 400 {
 		t.Errorf("b's allow counter grew by %d, want 400: the log's limit must not stop the count", n)
+	}
+	if n := received.Load(); n != 400 {
+		t.Errorf("b's socket received %d of the 400 datagrams: the log's limit must not drop any", n)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -102,3 +102,24 @@ func (lb *LB) Owned() (map[uint64]netip.Addr, error) {
 	}
 	return out, it.Err()
 }
+
+// PodOfNetns is the address of the pod whose network namespace has
+// cookie, as OwnPod was given it; false for the host's or one unknown.
+func (lb *LB) PodOfNetns(cookie uint64) (netip.Addr, bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	a, ok := lb.pods[cookie]
+	return a, ok
+}
+
+// ServiceAt names (namespace/name:port-name) the Service programmed at
+// vip:port for proto, in scope.
+func (lb *LB) ServiceAt(scope Scope, vip netip.AddrPort, proto Proto) (string, bool) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	p, ok := lb.services[Key{vip.Addr(), vip.Port(), proto, scope}]
+	if !ok {
+		return "", false
+	}
+	return p.svc.Name, true
+}

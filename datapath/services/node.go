@@ -43,6 +43,8 @@ type Tables interface {
 	Services() ([]ServiceState, error)
 	Affinities() ([]Affinity, error)
 	Stats() ([]bpf.Counter, error)
+	PodOfNetns(cookie uint64) (netip.Addr, bool)
+	ServiceAt(scope Scope, vip netip.AddrPort, proto Proto) (string, bool)
 }
 
 // Node is a node's socket load balancer: off, loaded once at bring-up, or

@@ -59,7 +59,8 @@ const (
 // clientReq is one client run: Op on Addr, N times, from an AF_INET
 // socket for an IPv4 Addr and an AF_INET6 one for an IPv6 Addr.
 type clientReq struct {
-	// tcp, udp (unconnected), udpconn; hold (tcp) and udphold
+	// tcp, udp (unconnected), udp3 (three datagrams, unconnected),
+	// udpconn; hold (tcp) and udphold
 	// (connected udp): kept open until stdin closes
 	Op   string
 	Addr string
@@ -107,16 +108,23 @@ func attempt(op string, sa unix.Sockaddr) (r clientRes) {
 	}
 	defer unix.Close(fd)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 3})
-	if op == "udp" {
-		if err := unix.Sendto(fd, []byte("hi"), 0, sa); err != nil {
-			return clientRes{Err: errName(err)}
+	if op == "udp" || op == "udp3" {
+		sends := 1
+		if op == "udp3" {
+			sends = 3 // from the one socket
 		}
-		buf := make([]byte, 64)
-		n, from, err := unix.Recvfrom(fd, buf, 0)
-		if err != nil {
-			return clientRes{Err: errName(err)}
+		for range sends {
+			if err := unix.Sendto(fd, []byte("hi"), 0, sa); err != nil {
+				return clientRes{Err: errName(err)}
+			}
+			buf := make([]byte, 64)
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				return clientRes{Err: errName(err)}
+			}
+			r = clientRes{Peer: sockaddrString(from), Served: string(buf[:n])}
 		}
-		return clientRes{Peer: sockaddrString(from), Served: string(buf[:n])}
+		return r
 	}
 	if err := unix.Connect(fd, sa); err != nil {
 		return clientRes{Err: errName(err)}

@@ -1,7 +1,8 @@
 // Package bpftest holds what tests of the eBPF programs share: a
-// throwaway cgroup for the cgroup-attached ones (cgroup.go), and the
-// objects of an earlier ONC for upgrade tests, since an agent must adopt,
-// or safely replace, what they pinned.
+// throwaway cgroup for the cgroup-attached ones (cgroup.go), a reader of
+// their flow events (events.go), and the objects of an earlier ONC for
+// upgrade tests, since an agent must adopt, or safely replace, what they
+// pinned.
 package bpftest
 
 import (

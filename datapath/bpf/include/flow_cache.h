@@ -14,6 +14,7 @@
 #define __ONC_FLOW_CACHE_H
 
 #include "common.h"
+#include "flows.h"
 
 /* A flow seen in both directions. local = the pod on this node; remote = a
  * pod elsewhere, or a client outside the uplink load balancer sent here. */
@@ -180,6 +181,36 @@ static __always_inline struct onc_config *config(void)
 	return bpf_map_lookup_elem(&onc_cfg, &zero);
 }
 
+/* ev_conn emits class's event for the flow k, a flow_key6 with fam6 and a
+ * flow_key without, as a packet the local pod sent (out) or received. */
+static __always_inline void ev_conn(__u32 class, const void *k, int fam6, int out)
+{
+	struct flow_ev_slot *s = ev_start(class);
+	const struct flow_key6 *k6 = k;
+	const struct flow_key *k4 = k;
+	struct flow_tuple *t;
+
+	if (!s)
+		return;
+	t = &s->ev.k.t;
+	if (fam6) {
+		__builtin_memcpy(out ? t->saddr : t->daddr, k6->local_ip, 16);
+		__builtin_memcpy(out ? t->daddr : t->saddr, k6->remote_ip, 16);
+		t->sport = out ? k6->local_port : k6->remote_port;
+		t->dport = out ? k6->remote_port : k6->local_port;
+		t->proto = k6->proto;
+		t->family = ONC_AF_INET6;
+	} else {
+		__builtin_memcpy(out ? t->saddr : t->daddr, &k4->local_ip, 4);
+		__builtin_memcpy(out ? t->daddr : t->saddr, &k4->remote_ip, 4);
+		t->sport = out ? k4->local_port : k4->remote_port;
+		t->dport = out ? k4->remote_port : k4->local_port;
+		t->proto = k4->proto;
+		t->family = ONC_AF_INET;
+	}
+	ev_send(s);
+}
+
 /* A flow may take the fast path when the slow path saw it both ways in
  * this epoch, or the fast path opened it: its entry in filter (onc_filter
  * for k a flow_key, onc_filter6 for a flow_key6), else NULL. */
@@ -213,6 +244,8 @@ static __always_inline int filter_learn(void *filter, const void *k, __u32 epoch
 			v->egress = 1;
 		else
 			v->ingress = 1;
+		if (v->egress && v->ingress)
+			ev_conn(EV_LEARN, k, filter == &onc_filter6, 1);
 		return 1;
 	}
 	if (egress)

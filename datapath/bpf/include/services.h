@@ -22,6 +22,7 @@
 #include <linux/in.h>
 #include <linux/in6.h>
 #include "common.h"
+#include "flows.h"
 
 #define ONC_ECONNREFUSED 111
 
@@ -471,8 +472,8 @@ static __always_inline int lb_recall(int fam6, __u64 sock, const struct lb6_addr
 
 /* Records (or refreshes) what a socket's traffic to a backend was
  * addressed to; written only when it changes, as unconnected UDP comes
- * here for every datagram. */
-static __always_inline void lb_remember(int fam6, __u64 sock, const struct lb6_addr *be, __u8 proto,
+ * here for every datagram: whether it wrote. */
+static __always_inline int lb_remember(int fam6, __u64 sock, const struct lb6_addr *be, __u8 proto,
 					const struct lb6_addr *vip, __u32 svc_id)
 {
 	union lb_revnat_any_key k;
@@ -487,14 +488,15 @@ static __always_inline void lb_remember(int fam6, __u64 sock, const struct lb6_a
 		if (old && old->v6.svc_id == svc_id && old->v6.vip.port == vip->port &&
 		    !((old->v6.vip.ip[0] ^ vip->ip[0]) | (old->v6.vip.ip[1] ^ vip->ip[1]) |
 		      (old->v6.vip.ip[2] ^ vip->ip[2]) | (old->v6.vip.ip[3] ^ vip->ip[3])))
-			return;
+			return 0;
 	} else {
 		val.v4.vip = lb_to4(vip);
 		val.v4.svc_id = svc_id;
 		if (old && old->v4.svc_id == svc_id && old->v4.vip.ip == vip->ip[0] && old->v4.vip.port == vip->port)
-			return;
+			return 0;
 	}
 	bpf_map_update_elem(m, &k, &val, BPF_ANY);
+	return 1;
 }
 
 /* Deletes a socket's reverse entry for a backend; 1 if there was one. */
@@ -573,6 +575,8 @@ static __always_inline int lb_translate_to(struct bpf_sock_addr *ctx, int hook6,
 	if (!svc.count) {
 		lb_count(hook6, refused);
 		lb_count_svc(svc.id, 1);
+		ev_three(EV_REFUSE, netns, fam6, proto, NULL, 0, vip->ip, vip->port, NULL, 0,
+			 hook6 ? EV_TABLE_LB6_STAT : EV_TABLE_LB_STAT, refused);
 		bpf_set_retval(-ONC_ECONNREFUSED);
 		return SYS_REJECT;
 	}
@@ -594,7 +598,10 @@ static __always_inline int lb_translate_to(struct bpf_sock_addr *ctx, int hook6,
 			return SYS_PROCEED;
 		}
 	}
-	lb_remember(fam6, sock, &be, proto, vip, svc.id);
+	/* A connection's, or an unconnected UDP socket's first datagram to
+	 * this backend: one event, not one per datagram. */
+	if (lb_remember(fam6, sock, &be, proto, vip, svc.id))
+		ev_three(EV_TRANSLATE, netns, fam6, proto, NULL, 0, vip->ip, vip->port, be.ip, be.port, 0, 0);
 	/* A new choice, or a remembered one last refreshed over a second ago:
 	 * datagrams need not rewrite the entry each. */
 	if ((svc.flags & LB_SVC_AFFINITY) && (!sticky || now - last > LB_NSEC_PER_SEC))

@@ -65,6 +65,15 @@ enum lb_dsr_stat {
 
 ONC_COUNTERS(onc_lb_dsr_stats, lb_dsr_stat, LB_STAT_DSR_MAX);
 
+/* lb_drop_frame drops a peer's frame for a flow it sends directly,
+ * counting stat, and reports it with the inner packet and the peer. */
+static __always_inline int lb_drop_frame(struct __sk_buff *skb, __u32 stat)
+{
+	count(&onc_lb_dsr_stats, stat, 1);
+	ev_drop(skb, ONC_HDR_LEN, ETH_HLEN, EV_TABLE_LB_DSR_STAT, stat);
+	return TC_ACT_SHOT;
+}
+
 /* The frontend's address in a VXLAN header's reserved bits (host order
  * inside): its first three bytes after the flags, its last after the VNI. */
 static __always_inline struct vxlanhdr lb_dsr_vxlan(__be32 fe)
@@ -143,8 +152,7 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 	int rc;
 
 	if (p->ttl <= 1) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_TTL_EXPIRED, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_dsr_stats, EV_TABLE_LB_DSR_STAT, LB_STAT_DSR_TTL_EXPIRED);
 	}
 	peer = peer_of(be->ip);
 	if (!peer) {
@@ -152,8 +160,7 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 		 * off): forgotten, a UDP flow's next datagram picks afresh; a
 		 * TCP flow's next segment meets the stack, which resets it. */
 		bpf_map_delete_elem(&onc_lb_flows, &in);
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_dsr_stats, EV_TABLE_LB_DSR_STAT, LB_STAT_DSR_NO_ROUTE);
 	}
 	fib.ipv4_src = onc_node_ip;
 	fib.ipv4_dst = peer->node_ip;
@@ -161,18 +168,15 @@ static __always_inline int lb_dsr_send(struct __sk_buff *skb, const struct lb_pk
 	fib.tot_len = lb_segment_len(skb, p) + ONC_ENCAP_LEN;
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_TOO_BIG, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_dsr_stats, EV_TABLE_LB_DSR_STAT, LB_STAT_DSR_TOO_BIG);
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_NO_ROUTE, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_dsr_stats, EV_TABLE_LB_DSR_STAT, LB_STAT_DSR_NO_ROUTE);
 	}
 
 	lb_dsr_header(&encap, peer->node_ip, fe);
 	if (lb_rewrite(skb, p, 1, be) || lb_dec_ttl(skb, p) || encap_push(skb, &encap, fe->port, encap_ecn(p->tos))) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_TRANSLATED, 1);
 	count(&onc_lb_dsr_stats, LB_STAT_DSR_SENT, 1);
@@ -229,27 +233,22 @@ static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb
 	if (outer->l4off != ETH_HLEN + sizeof(struct iphdr) || outer->daddr != onc_node_ip ||
 	    bpf_ntohl(vx.flags) >> 24 != VXLAN_FLAG_VNI || bpf_ntohl(vx.vni) >> 8 != onc_vni ||
 	    inner_proto != bpf_htons(ETH_P_IP) || lb_parse_at(skb, ONC_HDR_LEN, &p)) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_MALFORMED, 1);
-		return TC_ACT_SHOT;
+		return lb_drop_frame(skb, LB_STAT_DSR_DROP_MALFORMED);
 	}
 	/* A peer may speak for its own address (datapath/peers.go). */
 	may = bpf_map_lookup_elem(&onc_senders, &sender);
 	if (!may || !may->may_send) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_SENDER, 1);
-		return TC_ACT_SHOT;
+		return lb_drop_frame(skb, LB_STAT_DSR_DROP_SENDER);
 	}
 	if (lb_internal(p.saddr) || is_host(p.saddr)) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_CLIENT, 1);
-		return TC_ACT_SHOT;
+		return lb_drop_frame(skb, LB_STAT_DSR_DROP_CLIENT);
 	}
 	if (!bpf_map_lookup_elem(&onc_local, &p.daddr)) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_BACKEND, 1);
-		return TC_ACT_SHOT;
+		return lb_drop_frame(skb, LB_STAT_DSR_DROP_BACKEND);
 	}
 	svc = lb_dsr_frontend(&fe, p.proto);
 	if (!svc) {
-		count(&onc_lb_dsr_stats, LB_STAT_DSR_DROP_FRONTEND, 1);
-		return TC_ACT_SHOT;
+		return lb_drop_frame(skb, LB_STAT_DSR_DROP_FRONTEND);
 	}
 	rev.ip = fe.ip;
 	rev.port = fe.port;
@@ -263,8 +262,7 @@ static __always_inline int lb_dsr_receive(struct __sk_buff *skb, const struct lb
 	/* The outer Ethernet header stays, with the inner IPv4 packet after
 	 * it: as the client's packet would have come in by the uplink. */
 	if (bpf_skb_adjust_room(skb, -ONC_ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	p.l4off -= ONC_ENCAP_LEN;
 	count(&onc_lb_dsr_stats, LB_STAT_DSR_RECEIVED, 1);

@@ -185,6 +185,15 @@ struct lb_pkt {
 	struct tcp_seg seg; /* TCP only */
 };
 
+/* lb_drop drops skb's packet, whose IP header follows the Ethernet one,
+ * counting stat in counters, and reports it (a value of table's enum). */
+static __always_inline int lb_drop(struct __sk_buff *skb, void *counters, __u8 table, __u32 stat)
+{
+	count(counters, stat, 1);
+	ev_drop(skb, ETH_HLEN, 0, table, stat);
+	return TC_ACT_SHOT;
+}
+
 static __always_inline int lb_parse_at(struct __sk_buff *skb, __u32 l3off, struct lb_pkt *p)
 {
 	struct iphdr ip;
@@ -355,8 +364,7 @@ static __always_inline int lb_to_remote_pod(struct __sk_buff *skb, const struct 
 	snat.port = reply.dport;
 	if (lb_rewrite(skb, p, 0, &snat) || lb_dec_ttl(skb, p) ||
 	    encap_push(skb, encap, encap_sport(encap_hash(skb, snat.ip, be->ip, snat.port, be->port)), encap_ecn(p->tos))) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_FAST_TO_REMOTE, 1);
 	return bpf_redirect(encap->ifindex, 0);
@@ -459,8 +467,7 @@ static __always_inline int lb_fast_path(struct __sk_buff *skb, const struct lb_p
 	}
 	if (lb_dec_ttl(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
-		count(&onc_lb_uplink_stats, LB_STAT_UPLINK_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb_uplink_stats, EV_TABLE_LB_UPLINK_STAT, LB_STAT_UPLINK_ERROR);
 	}
 	if (p->proto == IPPROTO_TCP && flow_close_step(&key, flow, 0, &p->seg))
 		lb_forget(p->saddr, p->sport, &fe, be, p->proto);
@@ -585,6 +592,7 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 	}
 	bpf_map_update_elem(&onc_lb_flows, &in, &fwd, BPF_ANY);
 	count(&onc_lb_uplink_stats, LB_STAT_UPLINK_NEW_FLOW, 1);
+	ev_three(EV_UPLINK, 0, 0, p->proto, &p->saddr, p->sport, &p->daddr, p->dport, &be->ip, be->port, 0, 0);
 	lb_count_svc(svc->id, 0);
 	*dsr = fwd.dsr;
 	return LB_FLOW_OK;

@@ -376,6 +376,7 @@ static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struc
 	}
 	bpf_map_update_elem(&onc_lb6_flows, &in, &fwd, BPF_ANY);
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NEW_FLOW, 1);
+	ev_three(EV_UPLINK, 0, 1, p->proto, p->saddr, p->sport, p->daddr, p->dport, be->ip, be->port, 0, 0);
 	lb_count_svc(svc->id, 0);
 	*dsr = fwd.dsr;
 	return LB_FLOW_OK;
@@ -513,8 +514,7 @@ static __always_inline int lb6_to_remote_pod(struct __sk_buff *skb, const struct
 	count(&onc_lb6_uplink_fast_stats, LB_STAT_UPLINK6_FAST_TO_REMOTE, 1);
 	return bpf_redirect(ifindex, 0);
 err:
-	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-	return TC_ACT_SHOT;
+	return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 }
 
 /*
@@ -601,8 +601,7 @@ __attribute__((noinline)) int lb6_uplink_fast(struct __sk_buff *skb, struct lb6_
 	}
 	if (lb6_dec_hop(skb, p) || bpf_skb_store_bytes(skb, 0, pod->pod_mac, ETH_ALEN, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, pod->host_mac, ETH_ALEN, 0)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 	}
 	if (p->proto == IPPROTO_TCP && flow6_close_step(&key, flow, 0, &p->seg)) {
 		lb6_copy(fe.ip, p->daddr);
@@ -670,8 +669,7 @@ __attribute__((noinline)) int lb6_uplink_reply(struct __sk_buff *skb)
 	fe.port = rev->port;
 	ifindex = rev->ifindex;
 	if (lb6_rewrite(skb, &p, 0, &fe) || lb6_dec_hop(skb, &p)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 	}
 	if (p.proto == IPPROTO_TCP && flow6_close_step(&cached, flow, 1, &p.seg)) {
 		lb6_copy(be.ip, p.saddr);
@@ -762,8 +760,7 @@ __attribute__((noinline)) int lb6_uplink_overlay_reply(struct __sk_buff *skb)
 	count(&onc_lb6_uplink_fast_stats, LB_STAT_UPLINK6_FAST_FROM_REMOTE, 1);
 	return bpf_redirect_neigh(ifindex, NULL, 0, 0);
 err:
-	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-	return TC_ACT_SHOT;
+	return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 }
 
 /*
@@ -799,8 +796,7 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 	svc = *found;
 	/* Nobody outside speaks for a pod or for this node. */
 	if (lb6_internal(p.saddr)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_SPOOFED, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_SPOOFED);
 	}
 	switch (lb6_flow_backend(&p, &svc, &be, &dsr)) {
 	case LB_FLOW_OK:
@@ -814,8 +810,7 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 	case LB_FLOW_EMPTY:
 		lb_count_svc(svc.id, 1);
 		if (svc.flags & LB_SVC_DROP_WHEN_EMPTY) {
-			count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_NO_ENDPOINTS_DROP, 1);
-			return TC_ACT_SHOT;
+			return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_NO_ENDPOINTS_DROP);
 		}
 		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_REFUSED, 1);
 		skb->mark |= LB_MARK_REJECT;
@@ -826,8 +821,7 @@ __attribute__((noinline)) int lb6_uplink_ingress(struct __sk_buff *skb, struct l
 	if (dsr)
 		return LB_DSR6_SEND;
 	if (lb6_rewrite(skb, &p, 1, &be)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 	}
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_TRANSLATED, 1);
 	/* A backend on another node must answer through this one. */
@@ -864,8 +858,7 @@ __attribute__((noinline)) int lb6_uplink_egress(struct __sk_buff *skb)
 	lb6_copy(fe.ip, rev->ip);
 	fe.port = rev->port;
 	if (lb6_rewrite(skb, &p, 0, &fe)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-		return TC_ACT_SHOT;
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 	}
 	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_REVERSED, 1);
 	return LB_NEXT;

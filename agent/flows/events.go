@@ -1,0 +1,196 @@
+package flows
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	dpflows "github.com/onc-net/onc/datapath/flows"
+)
+
+// More kinds of endpoint, for the eBPF programs' records.
+const (
+	KindNode    = "node"    // a node's address
+	KindService = "service" // a Service's frontend: Name is name:port-name
+)
+
+// The eBPF programs' events and verdicts (docs/observability.md).
+const (
+	EventRefuse    = "refuse"    // the socket LB refused a connect or sendmsg: no backend
+	EventTranslate = "translate" // a load balancer gave a flow a backend
+	EventOpen      = "open"      // a connection opened on the fast path
+	EventLearn     = "learn"     // a flow became usable on the fast path
+	EventEvict     = "evict"     // the agent took a flow off the fast path
+
+	VerdictRefused    = "refused"
+	VerdictTranslated = "translated"
+	VerdictCached     = "cached"
+	VerdictEvicted    = "evicted"
+
+	PathFast     = "fast"      // the fast path's programs (tc)
+	PathSocketLB = "socket-lb" // the socket LB (cgroup socket calls)
+	PathUplinkLB = "uplink-lb" // the uplink LB (tc of the uplink)
+)
+
+// Verdicts and Events are what a filter may ask for.
+var (
+	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, VerdictWouldDeny, VerdictWouldAllow, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
+	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict}
+)
+
+// Resolver names the ends of the eBPF programs' events, in this order: a
+// local pod by its network namespace (socket calls), a pod of the cluster
+// by address, a node by address, a Service by frontend; else the address.
+// A nil func knows nothing.
+type Resolver struct {
+	PodOfNetns func(cookie uint64) (netip.Addr, bool)
+	Pod        func(netip.Addr) (Endpoint, bool)
+	Node       func(netip.Addr) (name string, ok bool)
+	// Service names (namespace, name:port-name) the frontend vip of
+	// proto, of the uplink's Services or the socket LB's.
+	Service func(uplink bool, vip netip.AddrPort, proto uint8) (namespace, name string, ok bool)
+}
+
+// EventRecorder turns the eBPF programs' events (datapath/flows), and the
+// agent's evictions from the fast path, into records.
+type EventRecorder struct {
+	store *Store
+	node  string
+	res   Resolver
+	// suppressed is how many events the programs' budget held back, as the
+	// events that came after them said, and evict records held back.
+	suppressed atomic.Uint64
+
+	now func() time.Time
+	mu  sync.Mutex
+	// The evict records of the second from evictSince: evicts made,
+	// evictHeld held back since the last one made.
+	evictSince        time.Time
+	evicts, evictHeld uint32
+}
+
+// evictsPerSecond bounds the evict records: one policy change may take
+// thousands of flows off the fast path, which would push every other
+// record out of the buffer.
+const evictsPerSecond = 100
+
+// NewEventRecorder records into store for node.
+func NewEventRecorder(store *Store, node string, res Resolver) *EventRecorder {
+	return &EventRecorder{store: store, node: node, res: res, now: time.Now}
+}
+
+// Suppressed is how many events the programs held back, as far as the
+// events recorded since say.
+func (r *EventRecorder) Suppressed() uint64 { return r.suppressed.Load() }
+
+// Run records the events of rd until ctx ends.
+func (r *EventRecorder) Run(ctx context.Context, rd *dpflows.EventReader) error {
+	return rd.Run(ctx, r.Event)
+}
+
+// Event records one event of the programs.
+func (r *EventRecorder) Event(e dpflows.Event) {
+	rec := Record{Time: e.Time, Node: r.node, Proto: e.Proto, Suppressed: e.Suppressed, Reason: e.Reason}
+	r.suppressed.Add(uint64(e.Suppressed))
+	switch e.Class {
+	case "drop":
+		rec.Event, rec.Verdict, rec.Path = EventDrop, VerdictDropped, pathOfCounters(e.Counters)
+		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
+		if e.Via.IsValid() {
+			rec.Translated = r.endpoint(e.Via) // the node that sent the frame
+		}
+	case "refuse":
+		rec.Event, rec.Verdict, rec.Path = EventRefuse, VerdictRefused, PathSocketLB
+		rec.Src, rec.Dst = r.socket(e.Netns), r.frontend(false, e.Dst, e.Proto)
+	case "translate":
+		rec.Event, rec.Verdict, rec.Path = EventTranslate, VerdictTranslated, PathSocketLB
+		rec.Src, rec.Dst, rec.Translated = r.socket(e.Netns), r.frontend(false, e.Dst, e.Proto), r.endpoint(e.Via)
+	case "uplink":
+		rec.Event, rec.Verdict, rec.Path = EventTranslate, VerdictTranslated, PathUplinkLB
+		rec.Src, rec.Dst, rec.Translated = r.endpoint(e.Src), r.frontend(true, e.Dst, e.Proto), r.endpoint(e.Via)
+	case "open", "learn":
+		rec.Event, rec.Verdict, rec.Path = e.Class, VerdictCached, PathFast
+		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
+	default:
+		return // a class of a newer object than this agent: nothing to say
+	}
+	r.store.Add(rec)
+}
+
+// Evicted records a flow a NetworkPolicy change took off the fast path
+// (datapath/fastpath EvictFlows): its next packet takes the slow path,
+// where the policy judges it. Past evictsPerSecond records a second, it
+// counts instead, in the next record's Suppressed.
+func (r *EventRecorder) Evicted(local, remote netip.AddrPort, proto uint8) {
+	now := r.now()
+	r.mu.Lock()
+	if now.Sub(r.evictSince) >= time.Second {
+		r.evictSince, r.evicts = now, 0
+	}
+	if r.evicts >= evictsPerSecond {
+		r.evictHeld++
+		r.mu.Unlock()
+		r.suppressed.Add(1)
+		return
+	}
+	r.evicts++
+	held := r.evictHeld
+	r.evictHeld = 0
+	r.mu.Unlock()
+	r.store.Add(Record{Time: now, Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast, Suppressed: held,
+		Proto: proto, Src: r.endpoint(local), Dst: r.endpoint(remote), Reason: "a NetworkPolicy change revoked it"})
+}
+
+// pathOfCounters is the path whose counters a drop's reason is of.
+func pathOfCounters(counters string) string {
+	switch counters {
+	case "onc_stat":
+		return PathFast
+	case "lb_stat", "lb6_stat":
+		return PathSocketLB
+	}
+	return PathUplinkLB
+}
+
+// endpoint names a: a pod, a node, or the address.
+func (r *EventRecorder) endpoint(a netip.AddrPort) Endpoint {
+	if r.res.Pod != nil {
+		if e, ok := r.res.Pod(a.Addr()); ok {
+			e.Addr = a
+			return e
+		}
+	}
+	if r.res.Node != nil {
+		if name, ok := r.res.Node(a.Addr()); ok {
+			return Endpoint{Kind: KindNode, Name: name, Addr: a}
+		}
+	}
+	return Endpoint{Kind: KindIP, Addr: a}
+}
+
+// frontend names vip: a Service, else as endpoint.
+func (r *EventRecorder) frontend(uplink bool, vip netip.AddrPort, proto uint8) Endpoint {
+	if r.res.Service != nil {
+		if ns, name, ok := r.res.Service(uplink, vip, proto); ok {
+			return Endpoint{Kind: KindService, Namespace: ns, Name: name, Addr: vip}
+		}
+	}
+	return r.endpoint(vip)
+}
+
+// socket names the caller of a socket call by its network namespace: a
+// local pod, or this node (the host's, or one the agent does not know).
+func (r *EventRecorder) socket(netns uint64) Endpoint {
+	if r.res.PodOfNetns != nil {
+		if a, ok := r.res.PodOfNetns(netns); ok {
+			return r.endpoint(netip.AddrPortFrom(a, 0))
+		}
+	}
+	return Endpoint{Kind: KindNode, Name: r.node}
+}
+
+// ClusterPod names the pod of the cluster with address ip, as the
+// policy records do.
+func (r *Recorder) ClusterPod(ip netip.Addr) (Endpoint, bool) { return r.clusterPod(ip) }

@@ -1,0 +1,184 @@
+package flows
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	dpflows "github.com/onc-net/onc/datapath/flows"
+)
+
+var (
+	clientPod  = netip.MustParseAddr("10.244.1.5")
+	backendPod = netip.MustParseAddr("10.244.2.7")
+	nodeB      = netip.MustParseAddr("192.0.2.2")
+	clusterIP  = netip.MustParseAddrPort("10.96.0.10:80")
+	outside    = netip.MustParseAddrPort("203.0.113.9:40000")
+)
+
+// fakeResolver knows one local pod (netns 7), two cluster pods, a node,
+// and a Service at clusterIP (socket LB) and at nodeB:30080 (uplink).
+func fakeResolver() Resolver {
+	pods := map[netip.Addr]Endpoint{
+		clientPod:  {Kind: KindPod, Namespace: "app", Name: "client", Node: "a"},
+		backendPod: {Kind: KindPod, Namespace: "app", Name: "web-1", Node: "b"},
+		// A host-network pod's address is its node's: the pod wins.
+		nodeB: {Kind: KindPod, Namespace: "kube-system", Name: "hostnet", Node: "b"},
+	}
+	return Resolver{
+		PodOfNetns: func(c uint64) (netip.Addr, bool) { return clientPod, c == 7 },
+		Pod:        func(a netip.Addr) (Endpoint, bool) { e, ok := pods[a]; return e, ok },
+		Node: func(a netip.Addr) (string, bool) {
+			return "b", a == nodeB || a == netip.MustParseAddr("192.0.2.3")
+		},
+		Service: func(uplink bool, vip netip.AddrPort, proto uint8) (string, string, bool) {
+			if !uplink && vip == clusterIP && proto == 6 {
+				return "app", "web:http", true
+			}
+			if uplink && vip == netip.MustParseAddrPort("192.0.2.3:30080") {
+				return "app", "web:http", true
+			}
+			return "", "", false
+		},
+	}
+}
+
+func recordOf(t *testing.T, e dpflows.Event) Record {
+	t.Helper()
+	s := NewStore(4)
+	NewEventRecorder(s, "a", fakeResolver()).Event(e)
+	rs := s.List(Filter{})
+	if len(rs) != 1 {
+		t.Fatalf("event %+v gave %d records", e, len(rs))
+	}
+	return rs[0]
+}
+
+// A translation names the client pod by its namespace, the Service by
+// its frontend and the backend pod by its address.
+func TestTranslateRecord(t *testing.T) {
+	r := recordOf(t, dpflows.Event{Time: time.Unix(1, 0), Class: "translate", Proto: 6, Netns: 7, Dst: clusterIP,
+		Via: netip.AddrPortFrom(backendPod, 8080), Suppressed: 2})
+	if r.Event != EventTranslate || r.Verdict != VerdictTranslated || r.Path != PathSocketLB || r.Suppressed != 2 {
+		t.Errorf("record %+v", r)
+	}
+	if got := r.Src.String(); got != "app/client (10.244.1.5:0)" {
+		t.Errorf("source %s, want the client pod", got)
+	}
+	if got := r.Dst.String(); got != "service app/web:http (10.96.0.10:80)" {
+		t.Errorf("destination %s, want the Service", got)
+	}
+	if got := r.Translated.String(); got != "app/web-1 (10.244.2.7:8080)" {
+		t.Errorf("translated %s, want the backend pod", got)
+	}
+	// The host's namespace (or one the agent does not know) is the node.
+	r = recordOf(t, dpflows.Event{Class: "refuse", Reason: "connect_refused", Proto: 6, Netns: 99, Dst: clusterIP})
+	if r.Event != EventRefuse || r.Verdict != VerdictRefused || r.Reason != "connect_refused" || r.Src.Kind != KindNode || r.Src.Name != "a" {
+		t.Errorf("refusal from the host: %+v", r)
+	}
+}
+
+// Addresses resolve to a pod first, then a node, then stay addresses;
+// a drop's path follows its counters.
+func TestResolutionOrder(t *testing.T) {
+	r := recordOf(t, dpflows.Event{Class: "drop", Reason: "overlay_drop_inner_source", Counters: "onc_stat", Proto: 6,
+		Src: netip.AddrPortFrom(nodeB, 1), Dst: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.3"), 2), Via: outside})
+	if r.Src.Kind != KindPod || r.Src.Name != "hostnet" {
+		t.Errorf("source %+v: a pod's address is the pod's first", r.Src)
+	}
+	if r.Dst.Kind != KindNode || r.Dst.Name != "b" {
+		t.Errorf("destination %+v: a node's address not named", r.Dst)
+	}
+	if r.Translated.Kind != KindIP || r.Translated.Addr != outside {
+		t.Errorf("sender %+v: an unknown address is itself", r.Translated)
+	}
+	if r.Path != PathFast || r.Verdict != VerdictDropped {
+		t.Errorf("path %s verdict %s, want fast and dropped", r.Path, r.Verdict)
+	}
+	r = recordOf(t, dpflows.Event{Class: "drop", Reason: "uplink_spoofed", Counters: "lb_uplink_stat", Src: outside, Dst: clusterIP})
+	if r.Path != PathUplinkLB || r.Translated.Kind != "" {
+		t.Errorf("an uplink drop: path %s, third end %+v", r.Path, r.Translated)
+	}
+	// The uplink's translation: the frontend is the uplink's Service.
+	r = recordOf(t, dpflows.Event{Class: "uplink", Proto: 6, Src: outside, Dst: netip.MustParseAddrPort("192.0.2.3:30080"), Via: netip.AddrPortFrom(backendPod, 8080)})
+	if r.Path != PathUplinkLB || r.Event != EventTranslate || r.Dst.Kind != KindService || r.Src.Kind != KindIP || r.Translated.Name != "web-1" {
+		t.Errorf("an uplink translation: %+v", r)
+	}
+}
+
+// open and learn are the fast path's; a class this agent does not know
+// records nothing.
+func TestFastPathRecordsAndUnknownClasses(t *testing.T) {
+	r := recordOf(t, dpflows.Event{Class: "learn", Proto: 17, Src: netip.AddrPortFrom(clientPod, 5353), Dst: netip.AddrPortFrom(backendPod, 53)})
+	if r.Event != EventLearn || r.Verdict != VerdictCached || r.Path != PathFast || r.Src.Name != "client" || r.Dst.Name != "web-1" {
+		t.Errorf("learn: %+v", r)
+	}
+	s := NewStore(4)
+	NewEventRecorder(s, "a", Resolver{}).Event(dpflows.Event{Class: "class 9"})
+	if n := len(s.List(Filter{})); n != 0 {
+		t.Errorf("an unknown class gave %d records", n)
+	}
+}
+
+// The filters take the new verdicts and events, and refuse others by
+// name.
+func TestEventFilters(t *testing.T) {
+	s := NewStore(8)
+	rc := NewEventRecorder(s, "a", fakeResolver())
+	rc.Event(dpflows.Event{Class: "translate", Netns: 7, Dst: clusterIP, Via: netip.AddrPortFrom(backendPod, 80)})
+	rc.Event(dpflows.Event{Class: "open", Src: netip.AddrPortFrom(clientPod, 1), Dst: netip.AddrPortFrom(backendPod, 80)})
+	for _, c := range []struct {
+		verdict, event string
+		want           int
+	}{{"translated", "", 1}, {"", "open", 1}, {"cached", "translate", 0}, {"", "", 2}} {
+		f, err := ParseFilter("app/web-1", "", c.verdict, c.event, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(s.List(f)); n != c.want {
+			t.Errorf("verdict %q event %q: %d records, want %d", c.verdict, c.event, n, c.want)
+		}
+	}
+	if _, err := ParseFilter("", "", "", "forget", time.Time{}); err == nil {
+		t.Error("event forget accepted: no record has it")
+	}
+	if r := s.List(Filter{Event: "translate"}); r[0].Suppressed != 0 || rc.Suppressed() != 0 {
+		t.Error("suppressed counted with none held back")
+	}
+}
+
+// A flow a policy change took off the fast path is an evict record of
+// both pods.
+func TestEvictedRecord(t *testing.T) {
+	s := NewStore(4)
+	NewEventRecorder(s, "a", fakeResolver()).Evicted(netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(backendPod, 80), 6)
+	f, err := ParseFilter("app/web-1", "", "evicted", "evict", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := s.List(f)
+	if len(rs) != 1 || rs[0].Path != PathFast || rs[0].Src.Name != "client" || rs[0].Dst.Name != "web-1" || rs[0].Proto != 6 {
+		t.Fatalf("evict records %+v", rs)
+	}
+}
+
+// One policy change evicting many flows makes at most evictsPerSecond
+// records a second; the next says how many were held back.
+func TestEvictRecordsAreBounded(t *testing.T) {
+	s := NewStore(1024)
+	r := NewEventRecorder(s, "a", Resolver{})
+	now := time.Unix(100, 0)
+	r.now = func() time.Time { return now }
+	for i := range evictsPerSecond + 50 {
+		r.Evicted(netip.AddrPortFrom(clientPod, uint16(i)), netip.AddrPortFrom(backendPod, 80), 6)
+	}
+	if n := len(s.List(Filter{})); n != evictsPerSecond || r.Suppressed() != 50 {
+		t.Fatalf("%d records, %d suppressed; want %d and 50", n, r.Suppressed(), evictsPerSecond)
+	}
+	now = now.Add(time.Second)
+	r.Evicted(netip.AddrPortFrom(clientPod, 1), netip.AddrPortFrom(backendPod, 80), 6)
+	rs := s.List(Filter{})
+	if len(rs) != evictsPerSecond+1 || rs[len(rs)-1].Suppressed != 50 {
+		t.Fatalf("a second later: %d records, the last %+v; want it to carry suppressed 50", len(rs), rs[len(rs)-1])
+	}
+}

@@ -1,0 +1,63 @@
+package onctl_test
+
+import (
+	"strings"
+	"testing"
+
+	apiv1 "github.com/onc-net/onc/api/v1"
+	"google.golang.org/grpc"
+)
+
+// flowsAgent answers GetFlows with its records, keeping the request.
+type flowsAgent struct {
+	apiv1.UnimplementedAgentServer
+	records []*apiv1.FlowRecord
+	req     *apiv1.GetFlowsRequest
+}
+
+func (f *flowsAgent) GetFlows(req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServer[apiv1.FlowRecord]) error {
+	f.req = req
+	for _, r := range f.records {
+		if err := stream.Send(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// The eBPF programs' records print their event, path, the backend chosen
+// or the sending node, the reason and what was held back; --event and
+// --verdict reach the agent.
+func TestOnctlFlowsPrintsEventRecords(t *testing.T) {
+	pod := func(ns, name, ip string, port uint32) *apiv1.FlowEndpoint {
+		return &apiv1.FlowEndpoint{Kind: "pod", Namespace: ns, Name: name, Ip: ip, Port: port}
+	}
+	f := &flowsAgent{records: []*apiv1.FlowRecord{
+		{Node: "n1", Event: "translate", Verdict: "translated", Path: "socket-lb", Protocol: "TCP",
+			Source:      pod("app", "client", "10.244.1.5", 0),
+			Destination: &apiv1.FlowEndpoint{Kind: "service", Namespace: "app", Name: "web:http", Ip: "10.96.0.10", Port: 80},
+			Translated:  pod("app", "web-1", "10.244.2.7", 8080), Suppressed: 3},
+		{Node: "n1", Event: "drop", Verdict: "dropped", Path: "fast", Protocol: "TCP", Reason: "overlay_drop_inner_source",
+			Source: &apiv1.FlowEndpoint{Kind: "ip", Ip: "10.244.9.3", Port: 80}, Destination: pod("app", "client", "10.244.1.5", 40000),
+			Translated: &apiv1.FlowEndpoint{Kind: "node", Name: "n2", Ip: "192.0.2.2"}},
+		{Node: "n1", Event: "refuse", Verdict: "refused", Path: "socket-lb", Protocol: "TCP", Reason: "connect_refused",
+			Source: &apiv1.FlowEndpoint{Kind: "node", Name: "n1"}, Destination: &apiv1.FlowEndpoint{Kind: "service", Namespace: "app", Name: "none", Ip: "10.96.0.11", Port: 80}},
+	}}
+	out, err := run("-s", serve(t, f), "flows", "--event", "translate", "--verdict", "translated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.req.Event != "translate" || f.req.Verdict != "translated" {
+		t.Errorf("request %+v, want event translate and verdict translated", f.req)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i, want := range []string{
+		"n1 TRANSLATED translate socket-lb TCP app/client (10.244.1.5) → service app/web:http (10.96.0.10:80) ⇒ app/web-1 (10.244.2.7:8080) (+3 suppressed)",
+		"n1 DROPPED drop fast TCP 10.244.9.3:80 → app/client (10.244.1.5:40000) from node n2 (192.0.2.2): overlay_drop_inner_source",
+		"n1 REFUSED refuse socket-lb TCP node n1 → service app/none (10.96.0.11:80): connect_refused",
+	} {
+		if i >= len(lines) || !strings.HasSuffix(lines[i], want) {
+			t.Errorf("line %d of\n%s\nwant it to end %q", i, out, want)
+		}
+	}
+}
