@@ -52,6 +52,9 @@ var (
 	descPolicy = prometheus.NewDesc("onc_policy_connections_total",
 		"Connections this node's NetworkPolicy rules judged, by direction and verdict (each retransmitted attempt of a denied one counts).",
 		[]string{"direction", "verdict"}, nil)
+	descPolicyAudit = prometheus.NewDesc("onc_policy_audit_packets_total",
+		"Packets audited NetworkPolicies (annotation onc.io/policy-mode: audit) would have treated otherwise, by the policy's namespace and name, direction and verdict: would_deny, let through and the audited policies would deny it (no enforcing policy isolates the pod there); would_allow, denied and a rule of the audited policies would allow it. A pod's packet counts for each audited policy of its direction; a policy's series goes when it audits no pod of this node.",
+		[]string{"namespace", "policy", "direction", "verdict"}, nil)
 	descPolicyDenied = prometheus.NewDesc("onc_policy_denied_packets_total",
 		"Packets the rules of this node's pods denied (each retransmission counts), by namespace and name of each policy isolating the pod in that direction, and direction: a packet counts once for each such policy. A series goes when its policy isolates no pod of this node.",
 		[]string{"namespace", "policy", "direction"}, nil)
@@ -77,7 +80,7 @@ var (
 		"Packets of flows from outside the cluster sent by direct server return, by event: sent (to a backend's node, by the node the client chose), received (by the backend's node), too_big, no_route and ttl_expired (dropped by the sender), drop_<reason> (a peer's frame refused: malformed, sender, client, backend, frontend); and by the client's family (ipv4, ipv6).",
 		[]string{"event", "family"}, nil)
 	descFlowRecords = prometheus.NewDesc("onc_flows_records_total",
-		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, as the policy table logged them within its rates, and the eBPF programs' events.", nil, nil)
+		"Flow records the agent made (docs/observability.md): packets NetworkPolicy denied, and what audited policies would deny or allow, as the policy table logged them within its rates, and the eBPF programs' events.", nil, nil)
 	descFlowEvents = prometheus.NewDesc("onc_flows_events_total",
 		"The eBPF programs' flow events (docs/observability.md), by outcome: emitted (sent to the agent), suppressed (held back by --flows-events-rate), deduped (a drop of a flow and reason already reported within the second), lost (the ring was full: the agent fell behind).",
 		[]string{"outcome"}, nil)
@@ -117,7 +120,8 @@ type agentMetrics struct {
 	cniDuration  *prometheus.HistogramVec
 	scrapeErrors *prometheus.CounterVec
 	policy       sums[string, int] // by pod, of policySeries
-	denied       deniedByPolicy
+	denied       byPolicy
+	audit        byPolicy
 	services     sums[dpservices.Key, frontendSeries]
 	// registeredPeers is how many other nodes the peer watcher's last
 	// reconcile read from the datastore.
@@ -128,7 +132,7 @@ type agentMetrics struct {
 }
 
 func newAgentMetrics(a *Agent) *agentMetrics {
-	m := &agentMetrics{a: a, reg: metrics.NewRegistry(),
+	m := &agentMetrics{a: a, reg: metrics.NewRegistry(), denied: byPolicy{counters: deniedCounters}, audit: byPolicy{counters: auditCounters},
 		cniRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "onc_cni_requests_total",
 			Help: "CNI requests the agent answered, by verb and CNI result code (0: success; docs/cni.md lists the others)."},
 			[]string{"verb", "code"}),
@@ -192,7 +196,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descPolicyDenied, descPolicyDropped, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
+		descPolicy, descPolicyDenied, descPolicyDropped, descPolicyAudit, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -255,6 +259,9 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 			}
 			for s, v := range m.denied.add(a.policy.Enforced(), counts.Pods) {
 				ch <- prometheus.MustNewConstMetric(descPolicyDenied, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction)
+			}
+			for s, v := range m.audit.add(a.policy.Enforced(), counts.Pods) {
+				ch <- prometheus.MustNewConstMetric(descPolicyAudit, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction, s.verdict)
 			}
 			for why, v := range counts.Drops {
 				ch <- prometheus.MustNewConstMetric(descPolicyDropped, prometheus.CounterValue, float64(v), why)
@@ -388,66 +395,91 @@ var policySeries = [4]struct {
 	{"egress", "denied", func(c policy.Counters) uint64 { return c.EgressDenied }},
 }
 
-// deniedByPolicy sums the pods' denied packets into
-// onc_policy_denied_packets_total: what a pod's counter grew by since the
-// scrape before counts for each policy isolating it in that direction
-// now (at the first sight of a pod, its whole count). A series is kept
-// while its policy isolates a pod of this node; if it comes back, it
-// starts again from 0 (a counter reset).
-type deniedByPolicy struct {
-	mu     sync.Mutex
-	last   map[podDirection]uint64 // each pod's counters at the scrape before
-	totals map[deniedSeries]uint64
+// podCounter is a pod's counter that byPolicy sums by the policies it
+// counts for: its direction, verdict (of audit's series), value, and the
+// policies of the pod it counts for.
+type podCounter struct {
+	direction, verdict string
+	of                 func(policy.Counters) uint64
+	policies           func(*policy.Pod) *policy.Direction
 }
 
-type podDirection struct {
+// deniedCounters are summed into onc_policy_denied_packets_total, by the
+// policies isolating the pod.
+var deniedCounters = []podCounter{
+	{"ingress", "", func(c policy.Counters) uint64 { return c.IngressDenied }, func(p *policy.Pod) *policy.Direction { return p.Ingress }},
+	{"egress", "", func(c policy.Counters) uint64 { return c.EgressDenied }, func(p *policy.Pod) *policy.Direction { return p.Egress }},
+}
+
+// auditCounters are summed into onc_policy_audit_packets_total, by the
+// policies auditing the pod.
+var auditCounters = []podCounter{
+	{"ingress", "would_deny", func(c policy.Counters) uint64 { return c.IngressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
+	{"ingress", "would_allow", func(c policy.Counters) uint64 { return c.IngressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
+	{"egress", "would_deny", func(c policy.Counters) uint64 { return c.EgressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
+	{"egress", "would_allow", func(c policy.Counters) uint64 { return c.EgressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
+}
+
+// byPolicy sums pods' counters by policy: what a pod's counter grew by
+// since the scrape before counts for each policy of its direction now (at
+// the first sight of a pod, its whole count; a counter that went down was
+// reset, and grew by its value). A series is kept while its policy
+// applies to a pod of this node; if it comes back, it starts again from 0
+// (a counter reset).
+type byPolicy struct {
+	counters []podCounter
+	mu       sync.Mutex
+	last     map[podCounterKey]uint64 // each pod's counters at the scrape before
+	totals   map[policyTotal]uint64
+}
+
+type podCounterKey struct {
 	pod     string
-	ingress bool
+	counter int // index in byPolicy.counters
 }
 
-// deniedSeries is a series of onc_policy_denied_packets_total.
-type deniedSeries struct{ namespace, policy, direction string }
+// policyTotal is a series of byPolicy: verdict is "" in
+// onc_policy_denied_packets_total's.
+type policyTotal struct{ namespace, policy, direction, verdict string }
 
 // add sums the counters of the pods of rs, the ruleset enforced, and
 // returns the totals.
-func (d *deniedByPolicy) add(rs policy.Ruleset, pods map[string]policy.Counters) map[deniedSeries]uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.totals == nil {
-		d.totals = map[deniedSeries]uint64{}
+func (b *byPolicy) add(rs policy.Ruleset, pods map[string]policy.Counters) map[policyTotal]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.totals == nil {
+		b.totals = map[policyTotal]uint64{}
 	}
-	last := make(map[podDirection]uint64, 2*len(pods))
-	live := map[deniedSeries]bool{}
-	for _, p := range rs.Pods {
+	last := make(map[podCounterKey]uint64, len(b.counters)*len(pods))
+	live := map[policyTotal]bool{}
+	for i := range rs.Pods {
+		p := &rs.Pods[i]
 		c, ok := pods[p.Key]
 		if !ok {
 			continue
 		}
-		for _, dir := range []struct {
-			name  string
-			rules *policy.Direction
-			now   uint64
-		}{{"ingress", p.Ingress, c.IngressDenied}, {"egress", p.Egress, c.EgressDenied}} {
-			key := podDirection{p.Key, dir.name == "ingress"}
-			last[key] = dir.now
-			if dir.rules == nil {
+		for ci, pc := range b.counters {
+			key, now := podCounterKey{p.Key, ci}, pc.of(c)
+			last[key] = now
+			d := pc.policies(p)
+			if d == nil {
 				continue
 			}
-			grew := dir.now
-			if was, ok := d.last[key]; ok && was <= dir.now {
-				grew = dir.now - was
+			grew := now
+			if was, ok := b.last[key]; ok && was <= now {
+				grew = now - was
 			}
-			for _, pol := range dir.rules.Policies {
+			for _, pol := range d.Policies {
 				ns, name, _ := strings.Cut(pol, "/")
-				s := deniedSeries{ns, name, dir.name}
+				s := policyTotal{ns, name, pc.direction, pc.verdict}
 				live[s] = true
-				d.totals[s] += grew
+				b.totals[s] += grew
 			}
 		}
 	}
-	d.last = last
-	maps.DeleteFunc(d.totals, func(s deniedSeries, _ uint64) bool { return !live[s] })
-	return maps.Clone(d.totals)
+	b.last = last
+	maps.DeleteFunc(b.totals, func(s policyTotal, _ uint64) bool { return !live[s] })
+	return maps.Clone(b.totals)
 }
 
 // frontendSeries is a series of onc_services_frontend_connections_total.

@@ -268,6 +268,52 @@ func TestPolicyTotalsNeverGoDown(t *testing.T) {
 	}
 }
 
+// Audit counts go to the policies auditing the pod's direction when they
+// were counted; a policy's series goes when it audits no pod.
+func TestAuditTotalsFollowThePolicies(t *testing.T) {
+	at := byPolicy{counters: auditCounters}
+	pod := func(key string, in, eg []string) dppolicy.Pod {
+		p := dppolicy.Pod{Key: key}
+		if in != nil {
+			p.AuditIngress = &dppolicy.Direction{Policies: in}
+		}
+		if eg != nil {
+			p.AuditEgress = &dppolicy.Direction{Policies: eg}
+		}
+		return p
+	}
+	series := func(pol, dir, verdict string) policyTotal { return policyTotal{"x", pol, dir, verdict} }
+	steps := []struct {
+		pods     []dppolicy.Pod
+		counters map[string]dppolicy.Counters
+		want     map[policyTotal]uint64
+	}{{
+		pods:     []dppolicy.Pod{pod("x/a", []string{"x/p"}, nil), pod("x/b", []string{"x/p"}, []string{"x/q"})},
+		counters: map[string]dppolicy.Counters{"x/a": {IngressWouldDeny: 5}, "x/b": {IngressWouldDeny: 2, EgressWouldAllow: 1, EgressDenied: 9}},
+		want: map[policyTotal]uint64{series("p", "ingress", "would_deny"): 7, series("p", "ingress", "would_allow"): 0,
+			series("q", "egress", "would_deny"): 0, series("q", "egress", "would_allow"): 1},
+	}, {
+		// x/r joins x/p on a: only what a counts from now on is x/r's.
+		pods:     []dppolicy.Pod{pod("x/a", []string{"x/p", "x/r"}, nil), pod("x/b", []string{"x/p"}, []string{"x/q"})},
+		counters: map[string]dppolicy.Counters{"x/a": {IngressWouldDeny: 8}, "x/b": {IngressWouldDeny: 2, EgressWouldAllow: 1}},
+		want: map[policyTotal]uint64{series("p", "ingress", "would_deny"): 10, series("p", "ingress", "would_allow"): 0,
+			series("r", "ingress", "would_deny"): 3, series("r", "ingress", "would_allow"): 0,
+			series("q", "egress", "would_deny"): 0, series("q", "egress", "would_allow"): 1},
+	}, {
+		// b's egress audit goes (x/q with it), and b's counters reset
+		// (it was recreated).
+		pods:     []dppolicy.Pod{pod("x/a", []string{"x/p", "x/r"}, nil), pod("x/b", []string{"x/p"}, nil)},
+		counters: map[string]dppolicy.Counters{"x/a": {IngressWouldDeny: 8}, "x/b": {IngressWouldDeny: 1}},
+		want: map[policyTotal]uint64{series("p", "ingress", "would_deny"): 11, series("p", "ingress", "would_allow"): 0,
+			series("r", "ingress", "would_deny"): 3, series("r", "ingress", "would_allow"): 0},
+	}}
+	for i, s := range steps {
+		if got := at.add(dppolicy.Ruleset{Pods: s.pods}, s.counters); !maps.Equal(got, s.want) {
+			t.Errorf("step %d: totals %v, want %v", i, got, s.want)
+		}
+	}
+}
+
 func TestMetricsCountCNIRequests(t *testing.T) {
 	ta := newTestAgent(t)
 	call := func(method string, r *apiv1.CNIRequest, h func(context.Context, *apiv1.CNIRequest) (*apiv1.CNIResponse, error)) {
@@ -343,24 +389,24 @@ func TestMetricsCountTheExport(t *testing.T) {
 // earlier denials, and a series goes with the last pod its policy
 // isolates.
 func TestDeniedByPolicy(t *testing.T) {
-	var d deniedByPolicy
+	d := byPolicy{counters: deniedCounters}
 	in := func(policies ...string) *dppolicy.Direction { return &dppolicy.Direction{Policies: policies} }
 	steps := []struct {
 		rs   dppolicy.Ruleset
 		pods map[string]dppolicy.Counters
-		want map[deniedSeries]uint64
+		want map[policyTotal]uint64
 	}{
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q")}, {Key: "x/b", Egress: in("x/p")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 5, EgressDenied: 7}, "x/b": {EgressDenied: 2}},
-			map[deniedSeries]uint64{{"x", "p", "ingress"}: 5, {"x", "q", "ingress"}: 5, {"x", "p", "egress"}: 2}},
+			map[policyTotal]uint64{{"x", "p", "ingress", ""}: 5, {"x", "q", "ingress", ""}: 5, {"x", "p", "egress", ""}: 2}},
 		// x/r isolates a's egress now: only what came since counts for it.
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q"), Egress: in("x/r")}, {Key: "x/b", Egress: in("x/p")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 6, EgressDenied: 10}, "x/b": {EgressDenied: 2}},
-			map[deniedSeries]uint64{{"x", "p", "ingress"}: 6, {"x", "q", "ingress"}: 6, {"x", "p", "egress"}: 2, {"x", "r", "egress"}: 3}},
+			map[policyTotal]uint64{{"x", "p", "ingress", ""}: 6, {"x", "q", "ingress", ""}: 6, {"x", "p", "egress", ""}: 2, {"x", "r", "egress", ""}: 3}},
 		// b went, and a's counters reset (it left and came back).
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/q")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 1}},
-			map[deniedSeries]uint64{{"x", "q", "ingress"}: 7}},
+			map[policyTotal]uint64{{"x", "q", "ingress", ""}: 7}},
 	}
 	for i, s := range steps {
 		if got := d.add(s.rs, s.pods); !maps.Equal(got, s.want) {

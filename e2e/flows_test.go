@@ -49,6 +49,24 @@ func onctlFlowRecords(t *testing.T, l *lab.Lab, n *lab.Node, args ...string) []*
 	return recs
 }
 
+// awaitRecord waits up to 2 s for onctl flows on n to show the first
+// record with verdict, of pod, made since start of a packet from src to
+// dst, and checks that it came within 1 s of start.
+func (c *policyCluster) awaitRecord(t *testing.T, n *lab.Node, verdict, pod string, start time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
+	t.Helper()
+	var rec *apiv1.FlowRecord
+	for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		rec = findRecord(c.onctlFlows(t, n, "--verdict", verdict, "--pod", pod), verdict, start, src, dst)
+	}
+	if rec == nil {
+		t.Fatalf("onctl flows on %s: no %s record of %s → %s; it has %v", n.Name, verdict, src, dst, c.onctlFlows(t, n))
+	}
+	if took := time.Unix(0, rec.TimeUnixNano).Sub(start); took > time.Second {
+		t.Errorf("%s → %s recorded %v after the probe started, want within 1 s", src, dst, took)
+	}
+	return rec
+}
+
 // findRecord finds, among recs, the first record with verdict made since
 // since of a packet from src to dst; src's port 0: any port.
 func findRecord(recs []*apiv1.FlowRecord, verdict string, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
@@ -107,16 +125,7 @@ func (c *policyCluster) flows(t *testing.T) {
 			t.Fatalf("%s → %s %s %s got through", yb.key(), b.key(), probe.proto, probe.dst)
 		}
 		local = probeSource(yb, probe.dst.Addr(), local)
-		var rec *apiv1.FlowRecord
-		for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			rec = findRecord(c.onctlFlows(t, nb, "--verdict", "denied", "--pod", b.key()), "denied", start, local, probe.dst)
-		}
-		if rec == nil {
-			t.Fatalf("onctl flows on %s: no denied record of %s %s → %s; it has %v", nb.Name, probe.proto, local, probe.dst, c.onctlFlows(t, nb))
-		}
-		if took := time.Unix(0, rec.TimeUnixNano).Sub(start); took > time.Second {
-			t.Errorf("%s %s → %s recorded %v after the probe started, want within 1 s", probe.proto, local, probe.dst, took)
-		}
+		rec := c.awaitRecord(t, nb, "denied", b.key(), start, local, probe.dst)
 		want := &apiv1.FlowRecord{Node: nb.Name, Event: "policy", Verdict: "denied", Direction: "ingress", Protocol: strings.ToUpper(probe.proto),
 			Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 			Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: probe.dst.Addr().String(), Port: uint32(probe.dst.Port())},
@@ -139,16 +148,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		t.Fatalf("%s → %s TCP/80: %v", a.key(), b.key(), err)
 	}
 	dst := netip.AddrPortFrom(b.lp.IP, 80)
-	var rec *apiv1.FlowRecord
-	for deadline := time.Now().Add(2 * time.Second); rec == nil && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		rec = findRecord(c.onctlFlows(t, nb, "--verdict", "allowed", "--pod", b.key()), "allowed", start, local, dst)
-	}
-	if rec == nil {
-		t.Fatalf("onctl flows on %s: no allowed record of TCP %s → %s; it has %v", nb.Name, local, dst, c.onctlFlows(t, nb))
-	}
-	if took := time.Unix(0, rec.TimeUnixNano).Sub(start); took > time.Second {
-		t.Errorf("TCP %s → %s recorded %v after the probe started, want within 1 s", local, dst, took)
-	}
+	rec := c.awaitRecord(t, nb, "allowed", b.key(), start, local, dst)
 	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "allowed", Direction: "ingress", Protocol: "TCP",
 		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "a", Node: c.node(a).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
@@ -214,5 +214,66 @@ func (c *policyCluster) flows(t *testing.T) {
 	}
 	if !slices.ContainsFunc(c.onctlFlows(t, nb, "--namespace", "y"), func(r *apiv1.FlowRecord) bool { return r.Source.GetNamespace() == "y" }) {
 		t.Error("onctl flows --namespace y: no record from namespace y")
+	}
+}
+
+// flowsAudit: an audited deny-all lets a connection through, and the node
+// that would have denied it records it in onctl flows --verdict would-deny
+// within 1 s, with both pods and the policy; onctl policy counts it. With
+// the fast path on, the audited pod's new connections open on the slow
+// path, where the table sees them, and on the fast path again once the
+// audit goes.
+func (c *policyCluster) flowsAudit(t *testing.T) {
+	b, yb := c.pod("x/b"), c.pod("y/b")
+	nb := c.node(b)
+	c.setFastPath(t, true)
+	pol := netpol("x", "b-audit-deny-all", sel("app", "b"), ingressOnly, nil, nil)
+	pol.Annotations = map[string]string{auditAnnotation: "audit"}
+	c.set(t, []*networkingv1.NetworkPolicy{pol})
+	defer c.set(t, nil)
+	opened := stats(t, nb)["ingress_open"]
+
+	// The counters are the pod's since it came: compare with before.
+	ingress := func() *apiv1.PolicyDirection {
+		var resp apiv1.ListPolicyResponse
+		c.onctlJSON(t, nb, &resp, "policy", b.key())
+		return resp.Pods[0].Ingress
+	}
+	before := ingress()
+	start := time.Now()
+	dst := netip.AddrPortFrom(b.lp.IP, 80)
+	local, err := lab.Probe(yb.lp.Netns, "tcp", dst.Addr(), int(dst.Port()), 3*probeTimeout)
+	if err != nil {
+		t.Fatalf("%s → %s TCP/80 under an audited deny-all: %v", yb.key(), b.key(), err)
+	}
+	rec := c.awaitRecord(t, nb, "would-deny", b.key(), start, local, dst)
+	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "would-deny", Direction: "ingress", Protocol: "TCP",
+		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
+		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
+		Policies:    []string{"x/b-audit-deny-all"}, Path: "slow",
+		Reason: "audit would deny: ingress audited by x/b-audit-deny-all, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced"}
+	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
+		t.Errorf("record:\n%s\nwant:\n%s", got, w)
+	}
+	if r := findRecord(c.onctlFlows(t, nb, "--verdict", "denied"), "denied", start, local, dst); r != nil {
+		t.Errorf("the audited connection has a denied record: %v", r)
+	}
+
+	if in := ingress(); in.Isolated || !slices.Equal(in.AuditPolicies, []string{"x/b-audit-deny-all"}) || in.WouldDeny <= before.WouldDeny || in.Denied != before.Denied {
+		t.Errorf("onctl policy %s: ingress %v, before the probe %v; want not isolated, audited by x/b-audit-deny-all, would deny 1 more or so, no more denied",
+			b.key(), in, before)
+	}
+	if now := stats(t, nb)["ingress_open"]; now != opened {
+		t.Errorf("%s: connections to the audited %s opened on the fast path (ingress_open %d → %d)", nb.Name, b.key(), opened, now)
+	}
+
+	// The audit goes: x/b rejoins the fast path's connection setup.
+	c.set(t, nil)
+	opened = stats(t, nb)["ingress_open"]
+	if _, err := lab.Probe(yb.lp.Netns, "tcp", dst.Addr(), int(dst.Port()), 3*probeTimeout); err != nil {
+		t.Fatalf("%s → %s TCP/80 without policy: %v", yb.key(), b.key(), err)
+	}
+	if now := stats(t, nb)["ingress_open"]; now == opened {
+		t.Errorf("%s: with the audit gone, a new connection to %s did not open on the fast path (ingress_open %d)", nb.Name, b.key(), now)
 	}
 }

@@ -95,6 +95,7 @@ func TestPolicy(t *testing.T) {
 	t.Run("OverlayInjection", c.overlayInjection)
 	t.Run("Onctl", c.onctl)
 	t.Run("Flows", c.flows)
+	t.Run("Flows/Audit", c.flowsAudit)
 	t.Run("Export", c.export)
 	t.Run("Trace", c.trace)
 	t.Run("StrictRevocation", c.strictRevocation)
@@ -280,12 +281,13 @@ func (c *policyCluster) allowed(pols []*networkingv1.NetworkPolicy, ce cell) boo
 	return c.ingressAllows(pols, ce) && c.egressAllows(pols, ce)
 }
 
-// ingressAllows: a pod no policy selects for ingress is not isolated;
-// an isolated one allows the union of its policies' ingress rules.
+// ingressAllows: a pod no enforcing policy selects for ingress is not
+// isolated; an isolated one allows the union of its enforcing policies'
+// ingress rules. Audited policies enforce nothing.
 func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
 	isolated := false
 	for _, p := range pols {
-		if ing, _ := policyTypes(p); !ing || !c.selects(p, ce.dst) {
+		if ing, _ := policyTypes(p); !ing || audited(p) || !c.selects(p, ce.dst) {
 			continue
 		}
 		isolated = true
@@ -303,7 +305,7 @@ func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, ce cel
 func (c *policyCluster) egressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
 	isolated := false
 	for _, p := range pols {
-		if _, eg := policyTypes(p); !eg || !c.selects(p, ce.src) {
+		if _, eg := policyTypes(p); !eg || audited(p) || !c.selects(p, ce.src) {
 			continue
 		}
 		isolated = true
@@ -316,12 +318,24 @@ func (c *policyCluster) egressAllows(pols []*networkingv1.NetworkPolicy, ce cell
 	return !isolated
 }
 
-// isolatedBy lists (sorted) the policies that isolate pod in a direction.
+// isolatedBy lists (sorted) the enforcing policies that isolate pod in a
+// direction.
 func (c *policyCluster) isolatedBy(pols []*networkingv1.NetworkPolicy, pod *tpod, ingress bool) []string {
+	return c.selectedBy(pols, pod, ingress, false)
+}
+
+// auditAnnotation marks a policy audited (docs/policy.md).
+const auditAnnotation = "onc.io/policy-mode"
+
+func audited(p *networkingv1.NetworkPolicy) bool { return p.Annotations[auditAnnotation] == "audit" }
+
+// selectedBy lists (sorted) the policies, audited or enforcing, that
+// select pod in a direction.
+func (c *policyCluster) selectedBy(pols []*networkingv1.NetworkPolicy, pod *tpod, ingress, audit bool) []string {
 	var out []string
 	for _, p := range pols {
 		ing, eg := policyTypes(p)
-		if ((ingress && ing) || (!ingress && eg)) && c.selects(p, pod) {
+		if audited(p) == audit && ((ingress && ing) || (!ingress && eg)) && c.selects(p, pod) {
 			out = append(out, p.Namespace+"/"+p.Name)
 		}
 	}
@@ -658,10 +672,11 @@ func (c *policyCluster) apply(t *testing.T, pols []*networkingv1.NetworkPolicy) 
 		case !keep:
 			changed = true
 			err = c.kube.NetworkingV1().NetworkPolicies(h.Namespace).Delete(ctx, h.Name, metav1.DeleteOptions{})
-		case !equality.Semantic.DeepEqual(h.Spec, w.Spec):
+		case !equality.Semantic.DeepEqual(h.Spec, w.Spec) || h.Annotations[auditAnnotation] != w.Annotations[auditAnnotation]:
 			changed = true
 			u := h.DeepCopy()
 			u.Spec = *w.Spec.DeepCopy()
+			u.Annotations = w.Annotations
 			_, err = c.kube.NetworkingV1().NetworkPolicies(h.Namespace).Update(ctx, u, metav1.UpdateOptions{})
 		}
 		if err != nil {
@@ -776,8 +791,8 @@ func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClie
 			continue
 		}
 		for _, ingress := range []bool{true, false} {
-			want := c.isolatedBy(pols, p, ingress)
-			var have []string
+			want, wantAudit := c.isolatedBy(pols, p, ingress), c.selectedBy(pols, p, ingress, true)
+			var have, haveAudit []string
 			if gp := got[p.key()]; gp != nil {
 				d := gp.Egress
 				if ingress {
@@ -789,9 +804,15 @@ func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClie
 						have = []string{"(isolated by no policy)"}
 					}
 				}
+				if len(d.GetAuditPolicies()) > 0 {
+					haveAudit = slices.Sorted(slices.Values(d.AuditPolicies))
+				}
 			}
 			if !slices.Equal(want, have) {
 				diffs = append(diffs, fmt.Sprintf("%s %s isolated by %v, want %v", p.key(), dirName(ingress), have, want))
+			}
+			if !slices.Equal(wantAudit, haveAudit) {
+				diffs = append(diffs, fmt.Sprintf("%s %s audited by %v, want %v", p.key(), dirName(ingress), haveAudit, wantAudit))
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,14 +93,12 @@ func (r *Recorder) Packet(p dpflows.Packet) {
 }
 
 // judged fills in the record of a pod chain's verdict: the local pod, and
-// the rules its chain enforced, which the prefix's fingerprint names (in
-// a prefix without one, of an agent before them, the rules now).
+// the rules its chain enforced (D, A) or audited (W, U), which the
+// prefix's fingerprint names (in a D prefix without one, of an agent
+// before them, the rules now).
 func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer netip.Addr) {
-	verdict := "default deny"
-	rec.Verdict = VerdictDenied
-	if p.Verdict == dpflows.VerdictAllowed {
-		rec.Verdict, verdict = VerdictAllowed, "allowed"
-	}
+	rec.Verdict = chainVerdicts[p.Verdict]
+	verdict := verdictWords[p.Verdict]
 	var l policy.Logged
 	logged := false
 	if p.Fingerprint != "" {
@@ -133,10 +132,60 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		}
 		rec.Policies, rec.Rule = []string{rule.Policy}, &rule.Index
 		rec.Reason = fmt.Sprintf("allowed by %s %s rule %d", rule.Policy, rec.Direction, rule.Index)
-	default:
+	case p.Verdict == dpflows.VerdictWouldDeny:
 		rec.Policies = d.Policies
-		rec.Reason = fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", rec.Direction, strings.Join(d.Policies, ", "))
+		rec.Reason = fmt.Sprintf("audit would deny: %s audited by %s, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
+			rec.Direction, strings.Join(d.Policies, ", "))
+	case p.Verdict == dpflows.VerdictWouldAllow:
+		rec.Policies, rec.Reason = defaultDeny(rec.Direction, l.Enforcing)
+		allowing := allowedBy(d, peer, p.Proto, p.Dst.Port())
+		rec.Policies = append(slices.Clone(rec.Policies), allowing...)
+		if len(allowing) > 0 {
+			rec.Reason += fmt.Sprintf("; audited %s would allow it", strings.Join(allowing, ", "))
+		} else {
+			rec.Reason += fmt.Sprintf("; yet no rule of the audited %s allows it as the agent read it", strings.Join(d.Policies, ", "))
+		}
+	default:
+		rec.Policies, rec.Reason = defaultDeny(rec.Direction, d)
 	}
+}
+
+// chainVerdicts are the records' verdicts of the pod chains'.
+var chainVerdicts = map[string]string{
+	dpflows.VerdictDenied:     VerdictDenied,
+	dpflows.VerdictAllowed:    VerdictAllowed,
+	dpflows.VerdictWouldDeny:  VerdictWouldDeny,
+	dpflows.VerdictWouldAllow: VerdictWouldAllow,
+}
+
+// verdictWords start the reasons of the pod chains' verdicts.
+var verdictWords = map[string]string{
+	dpflows.VerdictDenied:     "default deny",
+	dpflows.VerdictAllowed:    "allowed",
+	dpflows.VerdictWouldDeny:  "audit would deny (not enforced)",
+	dpflows.VerdictWouldAllow: "default deny, audit would allow",
+}
+
+// defaultDeny is why the enforcing policies d of a direction dropped a
+// packet, and the policies that says; d is nil when the agent no longer
+// holds them (Logged.Enforcing).
+func defaultDeny(direction string, d *policy.Direction) ([]string, string) {
+	if d == nil {
+		return nil, fmt.Sprintf("default deny by %s rules this agent no longer holds", direction)
+	}
+	return d.Policies, fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", direction, strings.Join(d.Policies, ", "))
+}
+
+// allowedBy is the policies of the audited direction d with a rule
+// allowing peer on proto/port, each once.
+func allowedBy(d *policy.Direction, peer netip.Addr, proto uint8, port uint16) []string {
+	var out []string
+	for _, rule := range d.Rules {
+		if rule.Allows(peer, policy.Proto(proto), port) && !slices.Contains(out, rule.Policy) {
+			out = append(out, rule.Policy)
+		}
+	}
+	return out
 }
 
 // dropped fills in the record of a base chain's drop: the local pod by

@@ -51,6 +51,11 @@ const (
 	VerdictDenied  = "denied"
 	VerdictAllowed = "allowed" // a new connection
 	VerdictDropped = "dropped"
+	// Audit (policies annotated onc.io/policy-mode: audit): let through,
+	// and audited policies would deny it; dropped, and an audited policy
+	// would allow it.
+	VerdictWouldDeny  = "would-deny"
+	VerdictWouldAllow = "would-allow"
 )
 
 // Record is one flow record.
@@ -86,7 +91,8 @@ type Filter struct {
 func (f Filter) Match(r *Record) bool {
 	ends := [3]Endpoint{r.Src, r.Dst, r.Translated}
 	switch {
-	case f.Verdict != "" && r.Verdict != f.Verdict:
+	case f.Verdict != "" && r.Verdict != f.Verdict && (f.Verdict != VerdictDenied || r.Verdict != VerdictWouldAllow):
+		// A would-allow packet was denied too.
 		return false
 	case f.Event != "" && r.Event != f.Event:
 		return false

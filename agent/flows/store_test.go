@@ -61,6 +61,26 @@ func TestStoreKeepsTheLast(t *testing.T) {
 	}
 }
 
+// Audit's verdicts select their own records; a would-allow packet was
+// denied too, so denied selects it as well.
+func TestFilterAuditVerdicts(t *testing.T) {
+	s := NewStore(4)
+	for i, v := range []string{VerdictDenied, VerdictWouldDeny, VerdictWouldAllow} {
+		r := rec(i, "x")
+		r.Verdict = v
+		s.Add(r)
+	}
+	for verdict, want := range map[string]string{VerdictDenied: "[p0 p2]", VerdictWouldDeny: "[p1]", VerdictWouldAllow: "[p2]"} {
+		f, err := ParseFilter("", "", verdict, "", time.Time{})
+		if err != nil {
+			t.Fatalf("verdict %s: %v", verdict, err)
+		}
+		if got := fmt.Sprint(names(s.List(f))); got != want {
+			t.Errorf("verdict %s: %s, want %s", verdict, got, want)
+		}
+	}
+}
+
 // A follower gets the stored records and then new ones; one that stops
 // reading never holds up a writer, and learns how many it missed.
 func TestFollow(t *testing.T) {

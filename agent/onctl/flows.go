@@ -20,7 +20,9 @@ func flowsCommand(o *options) *cobra.Command {
 			"NetworkPolicy denied (at most 3 at once and then 1 a second per connection) with the policies that isolate the pod;\n" +
 			"each new connection an isolated pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
 			"direction) with the policy and rule that allowed it; each packet dropped before any pod's rules (a spoofed\n" +
-			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited; and the eBPF\n" +
+			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited; what audited\n" +
+			"policies (annotation onc.io/policy-mode: audit) would change: would-deny, a packet let through that they would\n" +
+			"deny; would-allow, a packet denied that one of them would allow (--verdict denied shows those too); and the eBPF\n" +
 			"programs' events: drops by reason, Service translations (with the backend chosen), refusals, fast-path open and\n" +
 			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows a\n" +
 			"NetworkPolicy change took off the fast path (evict).\n" +
@@ -42,7 +44,7 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, refused, translated, cached, evicted")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, would-deny, would-allow, refused, translated, cached, evicted")
 	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn, evict")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c

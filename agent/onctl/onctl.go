@@ -65,7 +65,7 @@ func NewCommand() *cobra.Command {
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return o.run(show(apiv1.AgentClient.SetFastPath, &apiv1.SetFastPathRequest{Enabled: args[0] == "on"}, printFastPath))
 			}},
-		&cobra.Command{Use: "policy [POD]", Short: "NetworkPolicy of this node's pods: isolation, rules, allowed and denied connections; POD (namespace/name) in detail",
+		&cobra.Command{Use: "policy [POD]", Short: "NetworkPolicy of this node's pods: isolation, rules, allowed and denied connections, audited policies and what they would deny or allow; POD (namespace/name) in detail",
 			Args: cobra.MaximumNArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if len(args) == 1 {
@@ -423,26 +423,54 @@ func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 		dir  *apiv1.PolicyDirection
 		peer string
 	}{{"Ingress", p.Ingress, "FROM"}, {"Egress", p.Egress, "TO"}} {
-		fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, isolation(d.dir), d.dir.Allowed, d.dir.Denied)
-		if !d.dir.Isolated {
+		fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, enforcement(d.dir), d.dir.Allowed, d.dir.Denied)
+		if d.dir.Isolated {
+			if err := printRules(o, d.dir.Rules, d.peer, "every connection is denied"); err != nil {
+				return err
+			}
+		}
+		if len(d.dir.AuditPolicies) == 0 {
 			continue
 		}
-		if len(d.dir.Rules) == 0 {
-			fmt.Fprintln(o.out, "  no rule: every connection is denied")
-			continue
+		// With enforcing policies, audited ones can only allow more.
+		none := "audit would deny every connection"
+		if d.dir.Isolated {
+			fmt.Fprintf(o.out, "  audited by %s (not enforced): would allow %d of the denied; the enforcing policies rule, so audit reports no would-deny here\n",
+				strings.Join(d.dir.AuditPolicies, ","), d.dir.WouldAllow)
+			none = "audit would allow nothing more"
+		} else {
+			fmt.Fprintf(o.out, "  audited by %s (not enforced): would deny %d\n", strings.Join(d.dir.AuditPolicies, ","), d.dir.WouldDeny)
 		}
-		var rows [][]string
-		for _, r := range d.dir.Rules {
-			rows = append(rows, []string{r.Policy, fmt.Sprint(r.Index), orNone(r.Peers), rulePorts(r)})
-		}
-		if err := o.table([]string{"  POLICY", "RULE", d.peer, "PORTS"}, indent(rows)); err != nil {
+		if err := printRules(o, d.dir.AuditRules, d.peer, none); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// printRules prints a direction's rules, indented; none says what that
+// means.
+func printRules(o *options, rules []*apiv1.PolicyRule, peer, none string) error {
+	if len(rules) == 0 {
+		_, err := fmt.Fprintln(o.out, "  no rule: "+none)
+		return err
+	}
+	var rows [][]string
+	for _, r := range rules {
+		rows = append(rows, []string{r.Policy, fmt.Sprint(r.Index), orNone(r.Peers), rulePorts(r)})
+	}
+	return o.table([]string{"  POLICY", "RULE", peer, "PORTS"}, indent(rows))
+}
+
+// isolation is a direction's enforcement and audit, in short.
 func isolation(d *apiv1.PolicyDirection) string {
+	if len(d.AuditPolicies) == 0 {
+		return enforcement(d)
+	}
+	return enforcement(d) + "; audited by " + strings.Join(d.AuditPolicies, ",")
+}
+
+func enforcement(d *apiv1.PolicyDirection) string {
 	if !d.Isolated {
 		return "open"
 	}

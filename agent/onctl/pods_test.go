@@ -45,14 +45,41 @@ func TestOnctlShowsEveryFamily(t *testing.T) {
 			{Key: "ns/a", Ip: "10.244.1.2", Ips: []string{"10.244.1.2", "fd00:10:244:1::2"}, Ingress: &apiv1.PolicyDirection{}, Egress: &apiv1.PolicyDirection{}},
 		}},
 	})
-	for _, c := range []struct {
-		args []string
-		want []string
-	}{
+	expectOutputs(t, sock, []onctlCase{
 		{[]string{"pods"}, []string{"10.244.1.2,fd00:10:244:1::2  c1", "10.244.1.3                   c2"}},
 		{[]string{"stats"}, []string{"egress   hit            ipv4    5", "egress   hit            ipv6    3", "overlay  drop_from_pod  -       1"}},
 		{[]string{"policy"}, []string{"ns/a  10.244.1.2,fd00:10:244:1::2"}},
-	} {
+	})
+}
+
+// onctl policy shows audited policies apart from enforcing ones, with
+// what they would have done: would-deny where nothing enforcing isolates
+// the direction, would-allow where something does.
+func TestOnctlPolicyShowsAudit(t *testing.T) {
+	rule := &apiv1.PolicyRule{Policy: "ns/try", Peers: []string{"10.244.2.0/24"}, Ports: []string{"TCP/80"}}
+	sock := serve(t, &podsAgent{policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{{Key: "ns/a", Ip: "10.244.1.2",
+		Ingress: &apiv1.PolicyDirection{AuditPolicies: []string{"ns/try"}, AuditRules: []*apiv1.PolicyRule{rule}, WouldDeny: 17},
+		Egress: &apiv1.PolicyDirection{Isolated: true, Policies: []string{"ns/deny"}, Denied: 5,
+			AuditPolicies: []string{"ns/try-egress"}, WouldAllow: 3}}}}})
+	expectOutputs(t, sock, []onctlCase{
+		{[]string{"policy"}, []string{"open; audited by ns/try", "isolated by ns/deny; audited by ns/try-egress"}},
+		{[]string{"policy", "ns/a"}, []string{
+			"Ingress: open; 0 connections allowed, 0 denied\n  audited by ns/try (not enforced): would deny 17\n",
+			"  ns/try  0     10.244.2.0/24  TCP/80",
+			"Egress: isolated by ns/deny; 0 connections allowed, 5 denied\n  no rule: every connection is denied\n" +
+				"  audited by ns/try-egress (not enforced): would allow 3 of the denied; the enforcing policies rule, so audit reports no would-deny here\n" +
+				"  no rule: audit would allow nothing more\n"}},
+	})
+}
+
+// onctlCase is onctl's arguments and lines its output must hold.
+type onctlCase struct{ args, want []string }
+
+// expectOutputs runs onctl against sock for each case and checks its
+// output.
+func expectOutputs(t *testing.T, sock string, cases []onctlCase) {
+	t.Helper()
+	for _, c := range cases {
 		out, err := run(append([]string{"-s", sock}, c.args...)...)
 		if err != nil {
 			t.Fatal(err)

@@ -80,6 +80,11 @@ type networkPolicy struct {
 	ingress, egress bool        // the directions it isolates
 	from, to        []rulePeers // of each ingress and egress rule
 	rules           *resolved   // nil until a local pod it selects needs them
+	// audit: the policy is audited, not enforced (ModeAnnotation);
+	// badMode is the annotation's value when it names no mode (the policy
+	// is then enforced).
+	audit   bool
+	badMode string
 }
 
 // resolved is a policy's rules with their peers resolved, for the
@@ -165,8 +170,20 @@ func (c *compiler) reusable(key string, np *networkingv1.NetworkPolicy) *network
 	return nil
 }
 
+// ModeAnnotation on a NetworkPolicy says whether it is enforced (its
+// value "enforce", or no annotation) or audited ("audit": the datapath
+// reports what it would deny or allow and enforces nothing of it). Any
+// other value is enforced: a typo must not lift a policy.
+const ModeAnnotation = "onc.io/policy-mode"
+
 func parsePolicy(key string, np *networkingv1.NetworkPolicy) *networkPolicy {
 	pol := &networkPolicy{np: np, key: key, selector: selector(&np.Spec.PodSelector)}
+	switch mode, ok := np.Annotations[ModeAnnotation]; {
+	case mode == "audit":
+		pol.audit = true
+	case ok && mode != "enforce":
+		pol.badMode = mode
+	}
 	pol.ingress, pol.egress = isolates(&np.Spec)
 	for _, r := range np.Spec.Ingress {
 		pol.from = append(pol.from, parsePeers(r.From))
@@ -313,16 +330,22 @@ func (c *compiler) compilePod(p *policy.Pod, pod *corev1.Pod) (selectedBy []stri
 			continue
 		}
 		rules := c.rulesOf(pol)
+		// Enforcing and audited policies make separate directions: the
+		// union of the enforcing ones' rules is what is enforced.
+		ingress, egress := &p.Ingress, &p.Egress
+		if pol.audit {
+			ingress, egress = &p.AuditIngress, &p.AuditEgress
+		}
 		if pol.ingress {
-			p.Ingress = isolate(p.Ingress, pol.key)
+			*ingress = isolate(*ingress, pol.key)
 			for ri, peers := range rules.ingressPeers {
-				p.Ingress.Rules = append(p.Ingress.Rules, ingressRule(pol, ri, peers, pod))
+				(*ingress).Rules = append((*ingress).Rules, ingressRule(pol, ri, peers, pod))
 			}
 		}
 		if pol.egress {
-			p.Egress = isolate(p.Egress, pol.key)
+			*egress = isolate(*egress, pol.key)
 			for _, er := range rules.egress {
-				p.Egress.Rules = append(p.Egress.Rules, er.rules...)
+				(*egress).Rules = append((*egress).Rules, er.rules...)
 			}
 		}
 	}

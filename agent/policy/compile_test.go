@@ -689,3 +689,84 @@ func reversed[T any](s []T) []T {
 	slices.Reverse(r)
 	return r
 }
+
+// annotated is np with its mode annotation set to mode.
+func annotated(np *networkingv1.NetworkPolicy, mode string) *networkingv1.NetworkPolicy {
+	np.Annotations = map[string]string{ModeAnnotation: mode}
+	return np
+}
+
+// Audited policies make the audited directions and leave the enforced
+// ones (what every verdict, revocation and cache reads) as if they were
+// not there; a mode annotation naming no mode is enforced.
+func TestCompileAudit(t *testing.T) {
+	denyIn := func(name string) *networkingv1.NetworkPolicy {
+		return netPolicy(name, networkingv1.NetworkPolicySpec{PodSelector: *labelsel("app", "web"), PolicyTypes: types(ingressT)})
+	}
+	fromAPI := func(name string) *networkingv1.NetworkPolicy {
+		return netPolicy(name, networkingv1.NetworkPolicySpec{PodSelector: *labelsel("app", "web"), PolicyTypes: types(ingressT, egressT),
+			Ingress: []networkingv1.NetworkPolicyIngressRule{ingressFrom(podPeer(labelsel("app", "api")))},
+			Egress:  []networkingv1.NetworkPolicyEgressRule{egressTo(podPeer(labelsel("app", "db")))}})
+	}
+	apiIn := []policy.Rule{{Policy: "app/allow", Index: 0, Peers: prefixes("10.0.2.20/32")}}
+	dbOut := []policy.Rule{{Policy: "app/allow", Index: 0, Peers: prefixes("10.0.1.11/32")}}
+	for _, tc := range []struct {
+		name                string
+		policies            []*networkingv1.NetworkPolicy
+		in, eg, auIn, auEg  *policy.Direction
+		clientToWebAllowed  bool // client → web TCP/80, as enforced
+		webToOutsideAllowed bool // web → outside TCP/443, as enforced
+	}{{
+		name:               "audited deny-all ingress: enforced open, audited isolated",
+		policies:           []*networkingv1.NetworkPolicy{annotated(denyIn("deny"), "audit")},
+		auIn:               &policy.Direction{Policies: []string{"app/deny"}},
+		clientToWebAllowed: true, webToOutsideAllowed: true,
+	}, {
+		name:     "audited allow in both directions beside an enforced deny-all ingress",
+		policies: []*networkingv1.NetworkPolicy{denyIn("deny"), annotated(fromAPI("allow"), "audit")},
+		in:       &policy.Direction{Policies: []string{"app/deny"}},
+		auIn:     &policy.Direction{Policies: []string{"app/allow"}, Rules: apiIn},
+		auEg:     &policy.Direction{Policies: []string{"app/allow"}, Rules: dbOut},
+		// web's egress is audited only: open as enforced.
+		webToOutsideAllowed: true,
+	}, {
+		name:     "enforced allow, audited deny-all: the enforced rules alone",
+		policies: []*networkingv1.NetworkPolicy{fromAPI("allow"), annotated(denyIn("deny"), "audit")},
+		in:       &policy.Direction{Policies: []string{"app/allow"}, Rules: apiIn},
+		eg:       &policy.Direction{Policies: []string{"app/allow"}, Rules: dbOut},
+		auIn:     &policy.Direction{Policies: []string{"app/deny"}},
+	}, {
+		name:     "mode enforce, spelled out",
+		policies: []*networkingv1.NetworkPolicy{annotated(denyIn("deny"), "enforce")},
+		in:       &policy.Direction{Policies: []string{"app/deny"}},
+		// web's egress is not isolated.
+		webToOutsideAllowed: true,
+	}, {
+		name:                "an unknown mode is enforced",
+		policies:            []*networkingv1.NetworkPolicy{annotated(denyIn("deny"), "Audit")},
+		in:                  &policy.Direction{Policies: []string{"app/deny"}},
+		webToOutsideAllowed: true,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := compile(tc.policies...)
+			p := rs.Pod(webKey)
+			for _, d := range []struct {
+				name      string
+				got, want *policy.Direction
+			}{{"ingress", p.Ingress, tc.in}, {"egress", p.Egress, tc.eg}, {"audited ingress", p.AuditIngress, tc.auIn}, {"audited egress", p.AuditEgress, tc.auEg}} {
+				if !reflect.DeepEqual(d.got, d.want) {
+					t.Errorf("web's %s: %s, want %s", d.name, d.got, d.want)
+				}
+			}
+			if got := rs.Allows(policy.Connection{Client: client, Server: web, Proto: tcp, Port: 80}); got != tc.clientToWebAllowed {
+				t.Errorf("client → web TCP/80 allowed %v, want %v", got, tc.clientToWebAllowed)
+			}
+			if got := rs.Allows(policy.Connection{Client: web, Server: outside, Proto: tcp, Port: 443}); got != tc.webToOutsideAllowed {
+				t.Errorf("web → outside TCP/443 allowed %v, want %v", got, tc.webToOutsideAllowed)
+			}
+			if db := rs.Pod(dbKey); db.Isolated() || db.Audited() {
+				t.Errorf("db is selected by no policy, but %+v", db)
+			}
+		})
+	}
+}

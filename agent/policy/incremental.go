@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
@@ -51,6 +52,7 @@ type compiledPod struct {
 // be unique, as must each list's of s (as informers' are).
 func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	next := newCompiler(s, local, inc.last)
+	warnBadModes(inc.last, next)
 	// The policies added, changed or removed, and those and the others
 	// whose rules changed.
 	var policies, stale map[string]bool
@@ -74,6 +76,23 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	dropUnselected(next, compiled)
 	inc.last, inc.local = next, compiled
 	return rs
+}
+
+// warnBadModes logs each policy of next whose mode annotation names no
+// mode, once: when it is new, or its value is not the one prev had.
+func warnBadModes(prev, next *compiler) {
+	for _, pol := range next.policies {
+		if pol.badMode == "" {
+			continue
+		}
+		if prev != nil {
+			if was := prev.policy[pol.key]; was != nil && was.badMode == pol.badMode {
+				continue
+			}
+		}
+		slog.Warn("network policy: unknown mode annotation; the policy is enforced", "policy", pol.key,
+			"annotation", ModeAnnotation, "value", pol.badMode, "modes", "enforce, audit")
+	}
 }
 
 // dropUnselected forgets the resolved rules of the policies no local pod

@@ -145,14 +145,29 @@ func (c *cluster) policy(ns, name string) *networkingv1.NetworkPolicy {
 	for range c.r.IntN(3) {
 		spec.Egress = append(spec.Egress, networkingv1.NetworkPolicyEgressRule{To: c.peers(), Ports: c.ports()})
 	}
-	return inNamespace(netPolicy(name, spec), ns)
+	np := inNamespace(netPolicy(name, spec), ns)
+	c.setMode(np)
+	return np
+}
+
+// setMode gives np a random mode annotation: none mostly, audit often,
+// enforce or a value naming no mode now and then.
+func (c *cluster) setMode(np *networkingv1.NetworkPolicy) {
+	switch c.r.IntN(6) {
+	case 0, 1:
+		np.Annotations = map[string]string{ModeAnnotation: "audit"}
+	case 2:
+		np.Annotations = map[string]string{ModeAnnotation: c.pick("enforce", "dry-run")}
+	default:
+		np.Annotations = nil
+	}
 }
 
 // change makes one random change and says what it was.
 func (c *cluster) change() string {
 	ns, name := c.pick(randNamespaces...), c.pick(randPodNames...)
 	key := ns + "/" + name
-	switch c.r.IntN(11) {
+	switch c.r.IntN(12) {
 	case 0, 1:
 		np := c.pick(randPolicies...)
 		if c.r.IntN(3) == 0 {
@@ -210,6 +225,16 @@ func (c *cluster) change() string {
 			lp.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 0, 2, byte(c.r.IntN(4))})}
 			c.local[key] = lp
 			return fmt.Sprintf("local pod %s at %s", key, lp.IPs)
+		}
+		return "none"
+	case 9:
+		// The mode annotation alone changes.
+		np := c.pick(randPolicies...)
+		if p := c.policies[ns+"/"+np]; p != nil {
+			p = p.DeepCopy()
+			c.setMode(p)
+			c.policies[ns+"/"+np] = p
+			return fmt.Sprintf("policy %s/%s annotations %v", ns, np, p.Annotations)
 		}
 		return "none"
 	case 7:
@@ -291,7 +316,8 @@ func TestIncrementalIsCompile(t *testing.T) {
 func describe(rs policy.Ruleset) string {
 	var b strings.Builder
 	for _, p := range rs.Pods {
-		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s; egress %s", p.Key, p.Iface, p.IPs, p.Ingress, p.Egress)
+		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s; egress %s; audited ingress %s; audited egress %s",
+			p.Key, p.Iface, p.IPs, p.Ingress, p.Egress, p.AuditIngress, p.AuditEgress)
 	}
 	return b.String()
 }

@@ -71,11 +71,15 @@ func trimNamespace(ns *corev1.Namespace) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.Name, Labels: ns.Labels, ResourceVersion: ns.ResourceVersion}}
 }
 
+// trimPolicy keeps the mode annotation with the spec: without it, an
+// update of the annotation alone would look like no change at all
+// (kubeinformer.SameButVersion).
 func trimPolicy(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
-	return &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: np.Name, Namespace: np.Namespace, ResourceVersion: np.ResourceVersion},
-		Spec:       np.Spec,
+	meta := metav1.ObjectMeta{Name: np.Name, Namespace: np.Namespace, ResourceVersion: np.ResourceVersion}
+	if mode, ok := np.Annotations[ModeAnnotation]; ok {
+		meta.Annotations = map[string]string{ModeAnnotation: mode}
 	}
+	return &networkingv1.NetworkPolicy{ObjectMeta: meta, Spec: np.Spec}
 }
 
 // Snapshot copies the lists of the three caches.

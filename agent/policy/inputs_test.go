@@ -39,6 +39,14 @@ func TestTrim(t *testing.T) {
 	if want := (&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7"}, Spec: spec}); !reflect.DeepEqual(np, want) {
 		t.Errorf("policy: got %+v", np)
 	}
+	// Of a policy's annotations, the mode alone.
+	audited := meta
+	audited.Annotations = map[string]string{"big": "blob", ModeAnnotation: "audit"}
+	np = trimPolicy(&networkingv1.NetworkPolicy{ObjectMeta: audited, Spec: spec})
+	if want := (&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web", ResourceVersion: "7",
+		Annotations: map[string]string{ModeAnnotation: "audit"}}, Spec: spec}); !reflect.DeepEqual(np, want) {
+		t.Errorf("audited policy: got %+v", np)
+	}
 
 	// Tombstones pass through.
 	if got, _ := kubeinformer.Trim(trimPod)("tombstone"); got != "tombstone" {
@@ -67,5 +75,17 @@ func TestSameButVersion(t *testing.T) {
 		if got := kubeinformer.SameButVersion(base, tc.cur); got != tc.same {
 			t.Errorf("%s: SameButVersion = %v, want %v", tc.name, got, tc.same)
 		}
+	}
+
+	// A policy's mode annotation changing alone is a change.
+	policy := func(rv string, annotations map[string]string) any {
+		return trimPolicy(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p", ResourceVersion: rv, Annotations: annotations}})
+	}
+	enforced := policy("1", map[string]string{"note": "x"})
+	if kubeinformer.SameButVersion(enforced, policy("2", map[string]string{"note": "x", ModeAnnotation: "audit"})) {
+		t.Error("a policy's mode set to audit: SameButVersion, want a change")
+	}
+	if !kubeinformer.SameButVersion(enforced, policy("2", map[string]string{"note": "y"})) {
+		t.Error("another annotation of a policy changed: a change, want SameButVersion")
 	}
 }

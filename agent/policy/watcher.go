@@ -171,9 +171,12 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 			continue
 		}
 		c := counters.Pods[pod.Key]
+		ingress := direction(pod.Ingress, pod.AuditIngress)
+		ingress.Allowed, ingress.Denied, ingress.WouldDeny, ingress.WouldAllow = c.IngressAllowed, c.IngressDenied, c.IngressWouldDeny, c.IngressWouldAllow
+		egress := direction(pod.Egress, pod.AuditEgress)
+		egress.Allowed, egress.Denied, egress.WouldDeny, egress.WouldAllow = c.EgressAllowed, c.EgressDenied, c.EgressWouldDeny, c.EgressWouldAllow
 		resp.Pods = append(resp.Pods, &apiv1.PolicyPod{Key: pod.Key, Ip: netaddr.First(pod.IPs), Ips: netaddr.Strings(pod.IPs), HostIface: pod.Iface,
-			Ingress: direction(pod.Ingress, c.IngressAllowed, c.IngressDenied),
-			Egress:  direction(pod.Egress, c.EgressAllowed, c.EgressDenied)})
+			Ingress: ingress, Egress: egress})
 	}
 	switch {
 	case req.Pod != "" && len(resp.Pods) == 0:
@@ -184,12 +187,21 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 	return resp, nil
 }
 
-func direction(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirection {
-	out := &apiv1.PolicyDirection{Allowed: allowed, Denied: denied}
-	if d == nil {
-		return out
+// direction is a pod's direction as the enforcing policies d and the
+// audited ones audit have it, without its counters.
+func direction(d, audit *policy.Direction) *apiv1.PolicyDirection {
+	out := &apiv1.PolicyDirection{}
+	if d != nil {
+		out.Isolated, out.Policies, out.Rules = true, d.Policies, rules(d)
 	}
-	out.Isolated, out.Policies = true, d.Policies
+	if audit != nil {
+		out.AuditPolicies, out.AuditRules = audit.Policies, rules(audit)
+	}
+	return out
+}
+
+func rules(d *policy.Direction) []*apiv1.PolicyRule {
+	var out []*apiv1.PolicyRule
 	for _, r := range d.Rules {
 		pr := &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), NoPort: r.Ports != nil && len(r.Ports) == 0}
 		for _, peer := range r.Peers {
@@ -198,7 +210,7 @@ func direction(d *policy.Direction, allowed, denied uint64) *apiv1.PolicyDirecti
 		for _, port := range r.Ports {
 			pr.Ports = append(pr.Ports, port.String())
 		}
-		out.Rules = append(out.Rules, pr)
+		out = append(out, pr)
 	}
 	return out
 }

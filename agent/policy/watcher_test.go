@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -41,7 +42,7 @@ func (f *fakeDatapath) Logged(string, bool, string) (policy.Logged, bool) {
 }
 
 func (f *fakeDatapath) Counters() (policy.Counts, error) {
-	return policy.Counts{Pods: map[string]policy.Counters{"db/db-0": {IngressDenied: 3}}}, nil
+	return policy.Counts{Pods: map[string]policy.Counters{"db/db-0": {IngressDenied: 3, IngressWouldDeny: 17, EgressWouldAllow: 2}}}, nil
 }
 
 // staticSources is a snapshot that never changes.
@@ -154,5 +155,36 @@ func TestWatcherCompilesOnlyChangedInputs(t *testing.T) {
 	}
 	if len(dp.enforced) != 3 || dp.enforced[2].Pods[0].Ingress != nil {
 		t.Errorf("after the policy went: enforced %+v; want db-0 not isolated", dp.enforced[len(dp.enforced)-1])
+	}
+}
+
+// onctl policy shows a pod's audited policies, their rules and what they
+// would have done, apart from the enforcing ones.
+func TestWatcherListsAudit(t *testing.T) {
+	audited := denyAllTo
+	np := audited.Policies[0].DeepCopy()
+	np.Annotations = map[string]string{ModeAnnotation: "audit"}
+	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
+	audited.Policies = []*networkingv1.NetworkPolicy{np}
+	dp := &fakeDatapath{}
+	atts := []ipam.Attachment{attachment("sandbox1", "eth0", "10.244.1.2")}
+	w := NewWatcher(dp, staticSources{audited}, func() []ipam.Attachment { return atts }, time.Hour)
+	if err := w.reconcile(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := w.List(&apiv1.ListPolicyRequest{Pod: "db/db-0"})
+	if err != nil || len(resp.Pods) != 1 {
+		t.Fatalf("onctl policy db/db-0: %v, %v", resp, err)
+	}
+	in, eg := resp.Pods[0].Ingress, resp.Pods[0].Egress
+	if in.Isolated || len(in.Policies) != 0 || len(in.Rules) != 0 {
+		t.Errorf("ingress: %v, want not isolated: the policy is audited", in)
+	}
+	if !slices.Equal(in.AuditPolicies, []string{"db/deny"}) || len(in.AuditRules) != 1 || in.AuditRules[0].Policy != "db/deny" ||
+		!slices.Equal(in.AuditRules[0].Peers, []string{"0.0.0.0/0", "::/0"}) {
+		t.Errorf("ingress audit: %v %v, want db/deny's rule from everyone", in.AuditPolicies, in.AuditRules)
+	}
+	if in.WouldDeny != 17 || in.WouldAllow != 0 || in.Denied != 3 || eg.WouldAllow != 2 || eg.WouldDeny != 0 || len(eg.AuditPolicies) != 0 {
+		t.Errorf("counters: ingress %v, egress %v", in, eg)
 	}
 }

@@ -336,14 +336,14 @@ func affinity(seconds uint32) string {
 func (t *tracer) path(src local, dst end) *apiv1.TracePath {
 	p := &apiv1.TracePath{Destination: endpoint(dst), Verdict: "allowed"}
 	from := fromFor(src, dst.ip)
-	eg := t.judge(StepEgress, t.Node, BasisHere, src.Egress, dst.ip, dst.port)
+	eg := t.judge(StepEgress, t.Node, BasisHere, src.Egress, src.AuditEgress, dst.ip, dst.port)
 	p.Hops = append(p.Hops, eg)
 	fw, dstLocal := t.forwarding(src, from, dst)
 	p.Hops = append(p.Hops, fw)
 	var in *apiv1.TraceHop
 	switch {
 	case dstLocal != nil:
-		in = t.judge(StepIngress, t.Node, BasisHere, dstLocal.Ingress, from, dst.port)
+		in = t.judge(StepIngress, t.Node, BasisHere, dstLocal.Ingress, dstLocal.AuditIngress, from, dst.port)
 	case dst.pod != nil:
 		in = t.remoteIngress(dst, from)
 	}
@@ -362,8 +362,10 @@ func (t *tracer) path(src local, dst end) *apiv1.TracePath {
 	return p
 }
 
-// judge is a policy hop: dir's verdict on a new connection with peer.
-func (t *tracer) judge(step, node, basis string, dir *policy.Direction, peer netip.Addr, port uint16) *apiv1.TraceHop {
+// judge is a policy hop: dir's verdict on a new connection with peer,
+// and what the audited policies of the direction would change of it
+// (audit, nil if none: never part of the verdict).
+func (t *tracer) judge(step, node, basis string, dir, audit *policy.Direction, peer netip.Addr, port uint16) *apiv1.TraceHop {
 	hop := &apiv1.TraceHop{Node: node, Step: step, Rule: -1, Basis: basis}
 	way := strings.TrimSuffix(step, "-policy")
 	switch {
@@ -379,6 +381,7 @@ func (t *tracer) judge(step, node, basis string, dir *policy.Direction, peer net
 				way, strings.Join(dir.Policies, ", "), peer, t.proto, port)
 		}
 	}
+	hop.Detail += t.audited(hop.Verdict, way, audit, peer, port)
 	if basis == BasisComputed {
 		hop.Detail += " (computed on " + t.Node + " from the cluster's policies, as " + node + " compiles them)"
 	}
@@ -393,7 +396,25 @@ func (t *tracer) remoteIngress(dst end, from netip.Addr) *apiv1.TraceHop {
 		return &apiv1.TraceHop{Node: dst.pod.Spec.NodeName, Step: StepIngress, Verdict: "unknown", Rule: -1, Basis: BasisComputed,
 			Detail: "the pod's rules were not compiled"}
 	}
-	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, p.Ingress, from, dst.port)
+	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, p.Ingress, p.AuditIngress, from, dst.port)
+}
+
+// audited is what the audited policies audit of a direction would change
+// of its verdict on a connection with peer, for a hop's detail: would
+// deny where nothing isolates it, would allow what the isolating
+// policies deny; "" otherwise.
+func (t *tracer) audited(verdict, way string, audit *policy.Direction, peer netip.Addr, port uint16) string {
+	if audit == nil {
+		return ""
+	}
+	r, allows := audit.Decide(peer, t.proto, port)
+	switch {
+	case verdict == "not-isolated" && !allows:
+		return fmt.Sprintf("; audited by %s (not enforced): would deny", strings.Join(audit.Policies, ", "))
+	case verdict == "denied" && allows:
+		return fmt.Sprintf("; audited %s %s rule %d (not enforced): would allow", r.Policy, way, r.Index)
+	}
+	return ""
 }
 
 // localPod is the pod of this node with address ip, by its first

@@ -64,14 +64,15 @@ func (fakeFastPath) Encaps() ([]fastpath.Encap, error) {
 func (fakeFastPath) Flows() ([]fastpath.Flow, error) { return nil, nil }
 
 // bed is node n1 with pods x/a (app=a) and x/b (app=b), and x/c (app=c)
-// on n2; x/allow-a lets a into b on TCP 80, x/c-from-a a into c on 80.
-func bed(t *testing.T) State {
+// on n2; x/allow-a lets a into b on TCP 80, x/c-from-a a into c on 80;
+// and the policies more.
+func bed(t *testing.T, more ...*networkingv1.NetworkPolicy) State {
 	t.Helper()
 	snap := agentpolicy.Snapshot{
 		Pods: []*corev1.Pod{pod("a", "n1", "10.0.1.2", map[string]string{"app": "a"}), pod("b", "n1", "10.0.1.3", map[string]string{"app": "b"}),
 			pod("c", "n2", "10.0.2.4", map[string]string{"app": "c"}), hostPod("h", "n2", "192.168.0.2")},
 		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "x"}}},
-		Policies:   []*networkingv1.NetworkPolicy{ingressFrom("allow-a", "b", "a", 80), ingressFrom("c-from-a", "c", "a", 80)},
+		Policies:   append([]*networkingv1.NetworkPolicy{ingressFrom("allow-a", "b", "a", 80), ingressFrom("c-from-a", "c", "a", 80)}, more...),
 	}
 	rules := agentpolicy.Compile(snap, []agentpolicy.LocalPod{
 		{Namespace: "x", Name: "a", Iface: "vetha", IPs: []netip.Addr{netip.MustParseAddr("10.0.1.2")}},
@@ -191,6 +192,38 @@ func TestTraceRule(t *testing.T) {
 	}
 	if eg := resp.Paths[0].Hops[0]; eg.Rule != -1 || eg.Policies != nil {
 		t.Errorf("egress hop %v: no policy, rule -1", eg)
+	}
+}
+
+// TestTraceAudit: audited policies never change a hop's verdict; its
+// detail says what they would change, computed for another node's pod
+// too.
+func TestTraceAudit(t *testing.T) {
+	audit := func(p *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+		p.Annotations = map[string]string{"onc.io/policy-mode": "audit"}
+		return p
+	}
+	st := bed(t, audit(ingressFrom("a-audit", "a", "b", 9999)), audit(ingressFrom("b-audit", "b", "a", 81)), audit(ingressFrom("c-audit", "c", "b", 80)))
+	for _, c := range []struct {
+		src, dst     string
+		port         int
+		hop          int
+		verdict, has string
+	}{
+		{"x/b", "x/a", 80, 2, "not-isolated", "; audited by x/a-audit (not enforced): would deny"},
+		{"x/a", "x/b", 81, 2, "denied", "; audited x/b-audit ingress rule 0 (not enforced): would allow"},
+		{"x/a", "x/b", 80, 2, "allowed", ""},
+		{"x/a", "x/c", 80, 2, "allowed", ""},
+		{"x/b", "x/c", 80, 2, "denied", "; audited x/c-audit ingress rule 0 (not enforced): would allow"},
+	} {
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: c.src, Destination: c.dst, Port: uint32(c.port)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := resp.Paths[0].Hops[c.hop]
+		if h.Verdict != c.verdict || c.has != "" && !strings.Contains(h.Detail, c.has) || c.has == "" && strings.Contains(h.Detail, "audit") {
+			t.Errorf("%s → %s:%d: %s %q, want %s saying %q", c.src, c.dst, c.port, h.Verdict, h.Detail, c.verdict, c.has)
+		}
 	}
 }
 

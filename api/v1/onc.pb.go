@@ -1909,8 +1909,18 @@ type PolicyDirection struct {
 	// the first of each new connection; every packet of a denied one (a
 	// retried SYN counts again), and of a one-way UDP flow until it has a
 	// reply.
-	Allowed       uint64 `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Denied        uint64 `protobuf:"varint,5,opt,name=denied,proto3" json:"denied,omitempty"`
+	Allowed uint64 `protobuf:"varint,4,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Denied  uint64 `protobuf:"varint,5,opt,name=denied,proto3" json:"denied,omitempty"`
+	// The audited policies selecting the pod in this direction (annotation
+	// onc.io/policy-mode: audit) and their rules: enforced never, reported
+	// in flow records. Where no enforcing policy isolates the direction,
+	// would_deny counts the packets let through that they would deny; where
+	// one does, would_allow counts the packets denied that one of their
+	// rules would allow. Counted as allowed and denied are.
+	AuditPolicies []string      `protobuf:"bytes,6,rep,name=audit_policies,json=auditPolicies,proto3" json:"audit_policies,omitempty"`
+	AuditRules    []*PolicyRule `protobuf:"bytes,7,rep,name=audit_rules,json=auditRules,proto3" json:"audit_rules,omitempty"`
+	WouldDeny     uint64        `protobuf:"varint,8,opt,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty"`
+	WouldAllow    uint64        `protobuf:"varint,9,opt,name=would_allow,json=wouldAllow,proto3" json:"would_allow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1976,6 +1986,34 @@ func (x *PolicyDirection) GetAllowed() uint64 {
 func (x *PolicyDirection) GetDenied() uint64 {
 	if x != nil {
 		return x.Denied
+	}
+	return 0
+}
+
+func (x *PolicyDirection) GetAuditPolicies() []string {
+	if x != nil {
+		return x.AuditPolicies
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetAuditRules() []*PolicyRule {
+	if x != nil {
+		return x.AuditRules
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetWouldDeny() uint64 {
+	if x != nil {
+		return x.WouldDeny
+	}
+	return 0
+}
+
+func (x *PolicyDirection) GetWouldAllow() uint64 {
+	if x != nil {
+		return x.WouldAllow
 	}
 	return 0
 }
@@ -3802,13 +3840,20 @@ const file_onc_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x14\n" +
 	"\x05peers\x18\x03 \x03(\tR\x05peers\x12\x14\n" +
 	"\x05ports\x18\x04 \x03(\tR\x05ports\x12\x17\n" +
-	"\ano_port\x18\x05 \x01(\bR\x06noPort\"\xa5\x01\n" +
+	"\ano_port\x18\x05 \x01(\bR\x06noPort\"\xc1\x02\n" +
 	"\x0fPolicyDirection\x12\x1a\n" +
 	"\bisolated\x18\x01 \x01(\bR\bisolated\x12\x1a\n" +
 	"\bpolicies\x18\x02 \x03(\tR\bpolicies\x12(\n" +
 	"\x05rules\x18\x03 \x03(\v2\x12.onc.v1.PolicyRuleR\x05rules\x12\x18\n" +
 	"\aallowed\x18\x04 \x01(\x04R\aallowed\x12\x16\n" +
-	"\x06denied\x18\x05 \x01(\x04R\x06denied\"\xc2\x01\n" +
+	"\x06denied\x18\x05 \x01(\x04R\x06denied\x12%\n" +
+	"\x0eaudit_policies\x18\x06 \x03(\tR\rauditPolicies\x123\n" +
+	"\vaudit_rules\x18\a \x03(\v2\x12.onc.v1.PolicyRuleR\n" +
+	"auditRules\x12\x1d\n" +
+	"\n" +
+	"would_deny\x18\b \x01(\x04R\twouldDeny\x12\x1f\n" +
+	"\vwould_allow\x18\t \x01(\x04R\n" +
+	"wouldAllow\"\xc2\x01\n" +
 	"\tPolicyPod\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x1d\n" +
@@ -4055,68 +4100,69 @@ var file_onc_proto_depIdxs = []int32{
 	17, // 8: onc.v1.ListCacheResponse.filter:type_name -> onc.v1.FlowEntry
 	22, // 9: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
 	25, // 10: onc.v1.PolicyDirection.rules:type_name -> onc.v1.PolicyRule
-	26, // 11: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
-	26, // 12: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
-	27, // 13: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
-	30, // 14: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
-	31, // 15: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
-	32, // 16: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
-	22, // 17: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
-	34, // 18: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
-	36, // 19: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
-	22, // 20: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
-	40, // 21: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
-	40, // 22: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
-	40, // 23: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
-	41, // 24: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
-	40, // 25: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 26: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
-	40, // 27: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
-	40, // 28: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 29: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
-	45, // 30: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
-	43, // 31: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
-	0,  // 32: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 33: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 34: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 35: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 36: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 37: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 38: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 39: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 40: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 41: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 42: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 43: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 44: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 45: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	35, // 46: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
-	38, // 47: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
-	39, // 48: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
-	42, // 49: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
-	1,  // 50: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 51: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 52: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 53: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 54: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 55: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 56: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 57: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 58: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 59: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 60: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 61: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 62: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 63: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	37, // 64: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
-	37, // 65: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
-	41, // 66: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
-	46, // 67: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
-	50, // [50:68] is the sub-list for method output_type
-	32, // [32:50] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	25, // 11: onc.v1.PolicyDirection.audit_rules:type_name -> onc.v1.PolicyRule
+	26, // 12: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
+	26, // 13: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
+	27, // 14: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
+	30, // 15: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
+	31, // 16: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
+	32, // 17: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
+	22, // 18: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
+	34, // 19: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
+	36, // 20: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
+	22, // 21: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
+	40, // 22: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
+	40, // 23: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
+	40, // 24: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
+	41, // 25: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
+	40, // 26: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 27: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
+	40, // 28: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
+	40, // 29: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
+	44, // 30: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
+	45, // 31: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
+	43, // 32: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
+	0,  // 33: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 34: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 35: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 36: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 37: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 38: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 39: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 40: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 41: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 42: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 43: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 44: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 45: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	29, // 46: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	35, // 47: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	38, // 48: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	39, // 49: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
+	42, // 50: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
+	1,  // 51: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 52: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 53: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 54: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 55: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 56: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 57: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 58: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 59: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 60: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 61: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 62: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	28, // 63: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	33, // 64: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	37, // 65: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	37, // 66: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	41, // 67: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
+	46, // 68: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
+	51, // [51:69] is the sub-list for method output_type
+	33, // [33:51] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }

@@ -26,6 +26,9 @@ const (
 	VerdictDenied  = "D" // the pod's chain dropped it: no rule of the policies isolating it allows it
 	VerdictAllowed = "A" // the pod's chain let it start a connection: a rule allows it
 	VerdictDropped = "X" // a base chain dropped it, for Why
+	// Audit (policies annotated onc.io/policy-mode: audit):
+	VerdictWouldDeny  = "W" // let through: no enforcing policy isolates the pod here, and no rule of the audited ones allows it
+	VerdictWouldAllow = "U" // dropped as D, but a rule of an audited policy allows it
 )
 
 // Why a base chain dropped a packet (VerdictDropped).
@@ -38,12 +41,12 @@ const (
 // Packet is one packet the policy table logged.
 type Packet struct {
 	Time    time.Time // when the agent read it (the kernel does not stamp forwarded packets)
-	Verdict string    // VerdictDenied, VerdictAllowed or VerdictDropped
+	Verdict string    // VerdictDenied, VerdictAllowed, VerdictDropped, VerdictWouldDeny or VerdictWouldAllow
 	Ingress bool      // the verdict is on the pod's ingress (else egress)
 	PodID   string    // the chain's pod id (datapath/policy PodID); "" for VerdictDropped
-	// Fingerprint names the rules the chain enforced (datapath/policy
-	// Enforcer.Logged); "" for VerdictDropped, and in the prefixes of
-	// agents before it.
+	// Fingerprint names the rules the chain enforced (D, A) or audited
+	// (W, U) (datapath/policy Enforcer.Logged); "" for VerdictDropped,
+	// and in the prefixes of agents before it.
 	Fingerprint string
 	Why         string // VerdictDropped: DropSpoof, DropInvalid or DropNoSYN
 	// Iface is the host side of the pod's veth the packet came from
@@ -58,13 +61,17 @@ type Packet struct {
 //
 //	onc1 D <dir> <id> [<fp>]   a pod chain's drop (no fp: agents before fingerprints)
 //	onc1 A <dir> <id> <fp>     a pod chain's allowed new connection
+//	onc1 W <dir> <id> <afp>    let through, audited policies would deny it
+//	onc1 U <dir> <id> <afp>    dropped, an audited policy would allow it
 //	onc1 X <why> <dir>         a base chain's drop
 //
-// dir is in or eg; id the pod's PodID; fp the chain's rules' fingerprint.
+// dir is in or eg; id the pod's PodID; fp the fingerprint of the rules the
+// chain enforces, afp of those it audits.
 
-// PolicyPrefix is the log prefix of verdict (VerdictDenied or
-// VerdictAllowed) for the chain of pod id in a direction, enforcing the
-// rules of fingerprint fp.
+// PolicyPrefix is the log prefix of verdict (VerdictDenied,
+// VerdictAllowed, VerdictWouldDeny or VerdictWouldAllow) for the chain of
+// pod id in a direction, of the rules (enforced, or audited for W and U)
+// of fingerprint fp.
 func PolicyPrefix(verdict string, ingress bool, id, fp string) string {
 	return strings.Join([]string{PrefixVersion, verdict, dirName(ingress), id, fp}, " ")
 }
@@ -108,7 +115,7 @@ func parsePrefix(f []string) (p Packet, ok bool) {
 	}
 	p.Verdict = f[1]
 	switch p.Verdict {
-	case VerdictDenied, VerdictAllowed:
+	case VerdictDenied, VerdictAllowed, VerdictWouldDeny, VerdictWouldAllow:
 		if len(f) == 5 {
 			p.Fingerprint = f[4]
 		}

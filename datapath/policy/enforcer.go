@@ -52,9 +52,11 @@ const nftTimeout = 30 * time.Second
 // flows-denied6 hold each connection's budget until it has been quiet for
 // a minute), and goes to its allow-log chain instead of returning, which
 // logs the new connections it allows (verdicts.go); the base chains' drops
-// go to chains that count, log and drop them. Returning instead of accepting lets
-// same-node traffic pass the sender's egress and then the receiver's
-// ingress chain. Traffic from the node to its pods leaves by OUTPUT and is
+// go to chains that count, log and drop them. Audited policies add their
+// own sets and rules, which report and count and never change a verdict
+// (audit.go). Returning instead of accepting lets same-node traffic pass
+// the sender's egress and then the receiver's ingress chain. Traffic from
+// the node to its pods leaves by OUTPUT and is
 // never policed.
 //
 // Every Apply is one nft transaction, so the kernel never sees a partial
@@ -94,17 +96,21 @@ type applied struct {
 	iface  string
 	addrs  podAddrs
 	in, eg string // fingerprint of each direction's sets; "" when not isolated
-	// inLog and egLog are the fingerprints of each direction's rules its
-	// log prefixes carry (logFingerprint); "" when not isolated or not
-	// logging. Rules can change without changing the sets.
-	inLog, egLog string
+	// auIn, auEg: the same of the audited policies' sets; "" when none
+	// audits the direction.
+	auIn, auEg string
+	// inLog and egLog are the fingerprints of each direction's enforcing
+	// rules its log prefixes carry (logFingerprint), auInLog and auEgLog
+	// those of its audited ones; "" when there are none or the table
+	// does not log. Rules can change without changing the sets.
+	inLog, egLog, auInLog, auEgLog string
 }
 
-// sameSets reports whether a and b enforce the same: only their log
-// prefixes may differ.
-func (a applied) sameSets(b applied) bool {
-	a.inLog, a.egLog = b.inLog, b.egLog
-	return a == b
+// sameEnforcement reports whether a and b enforce the same: only their
+// log prefixes and their audited policies may differ, which never change
+// a verdict (so never revoke a connection).
+func (a applied) sameEnforcement(b applied) bool {
+	return a.id == b.id && a.iface == b.iface && a.addrs == b.addrs && a.in == b.in && a.eg == b.eg
 }
 
 // podAddrs are a pod's addresses by family (ipv4, ipv6); invalid where it
@@ -157,6 +163,8 @@ func familyOf(a netip.Addr) int {
 }
 
 func (a applied) isolated() bool { return a.in != "" || a.eg != "" }
+
+func (a applied) audited() bool { return a.auIn != "" || a.auEg != "" }
 
 // NewEnforcer checks that nft works here. It does not touch the table
 // until the first Apply. The pods' chains log what they drop to NFLOG
@@ -228,7 +236,12 @@ func (d dir) fingerprint(a applied) string {
 	return a.eg
 }
 
-// logFingerprint picks a's log fingerprint in direction d.
+// hasChain reports whether a has a chain in direction d: some policy,
+// enforcing or audited, selects it there.
+func (d dir) hasChain(a applied) bool { return d.fingerprint(a) != "" || d.auditFingerprint(a) != "" }
+
+// logFingerprint picks a's log fingerprint of the enforcing rules in
+// direction d.
 func (d dir) logFingerprint(a applied) string {
 	if d == ingress {
 		return a.inLog
@@ -236,19 +249,45 @@ func (d dir) logFingerprint(a applied) string {
 	return a.egLog
 }
 
+// sameDir reports whether a and b have the same chain in direction d:
+// the same sets and the same log prefixes.
+func (d dir) sameDir(a, b applied) bool {
+	return d.fingerprint(a) == d.fingerprint(b) && d.auditFingerprint(a) == d.auditFingerprint(b) &&
+		d.logFingerprint(a) == d.logFingerprint(b) && d.auditLogFingerprint(a) == d.auditLogFingerprint(b)
+}
+
 // plan is the desired state of one pod.
 type plan struct {
 	applied
-	key            string
-	inSets, egSets *compiled  // nil when not isolated
-	inDir, egDir   *Direction // the rules they come from
+	key                string
+	inSets, egSets     *compiled  // nil when not isolated
+	auInSets, auEgSets *compiled  // nil when not audited
+	inDir, egDir       *Direction // the rules they come from
+	auInDir, auEgDir   *Direction
 }
 
-func (p *plan) sets(d dir) *compiled {
+func (p *plan) sets(d dir) dirSets {
 	if d == ingress {
-		return p.inSets
+		return dirSets{p.inSets, p.auInSets, p.inLog, p.auInLog}
 	}
-	return p.egSets
+	return dirSets{p.egSets, p.auEgSets, p.egLog, p.auEgLog}
+}
+
+// dirSets are what a pod's chain in one direction looks up: the sets of
+// the enforcing policies and of the audited ones, nil where none, and the
+// fingerprints of their rules its log prefixes carry (A and D the
+// enforcing ones', W and U the audited ones').
+type dirSets struct {
+	enforce, audit    *compiled
+	logFP, auditLogFP string
+}
+
+func (s dirSets) none() bool { return s.enforce == nil && s.audit == nil }
+
+// setsOf are the sets of the last Apply of the pod with key in direction
+// d (without fingerprints: what to delete or change).
+func (e *Enforcer) setsOf(d dir, key string) dirSets {
+	return dirSets{enforce: e.compiled[d.key(key)], audit: e.compiled[d.auditKey(key)]}
 }
 
 func (p *plan) rules(d dir) *Direction {
@@ -256,6 +295,13 @@ func (p *plan) rules(d dir) *Direction {
 		return p.inDir
 	}
 	return p.egDir
+}
+
+func (p *plan) auditRules(d dir) *Direction {
+	if d == ingress {
+		return p.auInDir
+	}
+	return p.auEgDir
 }
 
 // PodID is a short stable id for a pod key, in the names of its chains,
@@ -299,16 +345,25 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			return nil, nil, err
 		}
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
-		pl.inDir, pl.egDir = p.Ingress, p.Egress
-		if p.Ingress != nil {
-			pl.inSets = e.elementsOf(ingress.key(p.Key), p.Ingress, next)
-			pl.in = "in:" + pl.inSets.fingerprint
-			pl.inLog = e.logFingerprint(p.Ingress, pl.inSets)
-		}
-		if p.Egress != nil {
-			pl.egSets = e.elementsOf(egress.key(p.Key), p.Egress, next)
-			pl.eg = "eg:" + pl.egSets.fingerprint
-			pl.egLog = e.logFingerprint(p.Egress, pl.egSets)
+		for _, side := range []struct {
+			d              *Direction
+			key, tag       string
+			sets           **compiled
+			fingerprint    *string
+			logFingerprint *string
+			rules          **Direction
+		}{
+			{p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in, &pl.inLog, &pl.inDir},
+			{p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg, &pl.egLog, &pl.egDir},
+			{p.AuditIngress, ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn, &pl.auInLog, &pl.auInDir},
+			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg, &pl.auEgLog, &pl.auEgDir},
+		} {
+			if side.d != nil {
+				*side.sets = e.elementsOf(side.key, side.d, next)
+				*side.fingerprint = side.tag + (*side.sets).fingerprint
+				*side.logFingerprint = e.logFingerprint(side.d, *side.sets)
+				*side.rules = side.d
+			}
 		}
 		out = append(out, pl)
 	}
@@ -388,7 +443,7 @@ func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
 	seen := make(map[string]bool, len(want))
 	for _, w := range want {
-		if old, ok := e.pods[w.key]; !ok || !old.sameSets(w.applied) {
+		if old, ok := e.pods[w.key]; !ok || !old.sameEnforcement(w.applied) {
 			p.Changed = append(p.Changed, w.key)
 		}
 		seen[w.key] = true
@@ -508,12 +563,15 @@ func (e *Enforcer) rebuild(ctx context.Context, want []plan) (*knftables.Transac
 	for i := range want {
 		p := &want[i]
 		addPod(tx, p, kept)
+		if p.audited() {
+			addAuditCounters(tx, p.id, kept)
+		}
 		if p.isolated() {
 			tx.Add(isolatedElem(p.iface))
 		}
 		for _, d := range []dir{ingress, egress} {
-			if c := p.sets(d); c != nil {
-				addDir(tx, e.logGroup, d, p.id, p.iface, c, d.logFingerprint(p.applied))
+			if s := p.sets(d); !s.none() {
+				addDir(tx, e.logGroup, d, p.id, p.iface, s)
 			}
 		}
 	}
@@ -540,10 +598,10 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 			continue
 		}
 		for _, d := range []dir{ingress, egress} {
-			was := d.fingerprint(old) != ""
+			was := d.hasChain(old)
 			switch {
-			case was && (p == nil || p.sets(d) == nil):
-				removeDir(tx, e.logGroup, d, old.id, old.iface, e.compiled[d.key(key)])
+			case was && (p == nil || p.sets(d).none()):
+				removeDir(tx, e.logGroup, d, old.id, old.iface, e.setsOf(d, key))
 			case was && p.iface != old.iface:
 				tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(old.iface)}})
 			}
@@ -554,6 +612,9 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		switch {
 		case p == nil:
 			removePod(tx, old)
+			if old.audited() {
+				removeAuditCounters(tx, old.id)
+			}
 		case p.iface != old.iface:
 			tx.Delete(&knftables.Element{Set: "pod-ifaces", Key: []string{ifname(old.iface)}})
 			deletePodAddrs(tx, old, applied{})
@@ -580,25 +641,29 @@ func (e *Enforcer) update(want []plan) *knftables.Transaction {
 		if p.isolated() && (!had || !old.isolated() || p.iface != old.iface) {
 			tx.Add(isolatedElem(p.iface))
 		}
+		// The audit counters come before the rules that count in them,
+		// and go after the rules that did are rewritten.
+		if p.audited() && (!had || !old.audited()) {
+			addAuditCounters(tx, p.id, nil)
+		}
 		for _, d := range []dir{ingress, egress} {
-			c := p.sets(d)
-			was := had && d.fingerprint(old) != ""
+			now := p.sets(d)
+			was := had && d.hasChain(old)
 			switch {
-			case c == nil:
+			case now.none():
 			case !was:
-				addDir(tx, e.logGroup, d, p.id, p.iface, c, d.logFingerprint(p.applied))
+				addDir(tx, e.logGroup, d, p.id, p.iface, now)
 			default:
-				fp := d.logFingerprint(p.applied)
-				switch {
-				case d.fingerprint(p.applied) != d.fingerprint(old):
-					changeSets(tx, e.logGroup, d, p.id, e.compiled[d.key(p.key)], c, fp)
-				case fp != d.logFingerprint(old):
-					rewriteRules(tx, e.logGroup, d, p.id, c, fp)
+				if !d.sameDir(p.applied, old) {
+					changeDir(tx, e.logGroup, d, p.id, e.setsOf(d, p.key), now)
 				}
 				if p.iface != old.iface {
 					tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(p.iface)}, Value: []string{"jump " + d.chain(p.id)}})
 				}
 			}
+		}
+		if had && old.audited() && !p.audited() {
+			removeAuditCounters(tx, p.id)
 		}
 	}
 	return tx
@@ -734,17 +799,25 @@ func removePod(tx *knftables.Transaction, a applied) {
 	}
 }
 
-// addDir adds the chain isolating a pod in direction d, its sets holding
-// c's elements, its log prefixes carrying fp, and the map element jumping
-// to it.
-func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled, fp string) {
+// addDir adds the chain of a pod in direction d, its sets holding s's
+// elements, its log prefixes carrying s's fingerprints, and the map
+// element jumping to it.
+func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
-	addSets(tx, chain, c)
+	if s.enforce != nil {
+		addSets(tx, chain, s.enforce)
+	}
+	if s.audit != nil {
+		addSets(tx, auditSets(chain), s.audit)
+	}
+	if s.enforce != nil && s.audit != nil {
+		addWouldAllow(tx, logGroup, d, id, s.auditLogFP)
+	}
 	tx.Add(&knftables.Chain{Name: chain})
 	if logGroup != 0 {
 		tx.Add(&knftables.Chain{Name: d.allowLog(id)})
 	}
-	addRules(tx, logGroup, d, id, c, fp)
+	addRules(tx, logGroup, d, id, s)
 	tx.Add(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}, Value: []string{"jump " + chain}})
 }
 
@@ -800,37 +873,46 @@ func portsElem(chain string, second bool, pe portElem) *knftables.Element {
 }
 
 // addRules adds the rules of the chain of pod id in direction d, which
-// look the packet up in the sets of c, and drop what they do not hold.
-// With a log group (unless 0), they log both, with fingerprint fp: what
-// they hold by going to the chain's allow-log chain, which logs it and
-// returns to the base chain, as return does without one.
-func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled, fp string) {
+// look the packet up in the sets of s.enforce, and drop what they do not
+// hold; before the drop, in the audited policies' sets, if any
+// (audit.go). With a log group (unless 0), they log both, with s.logFP:
+// what the enforcing sets hold by going to the chain's allow-log chain,
+// which logs it and returns to the base chain, as return does without
+// one. A chain of audited policies alone drops nothing, and logs only
+// what they would deny (addWouldDenyRules): what it lets through no rule
+// in force allows (the direction is not isolated), so it has no allowed
+// record, as it would have none without the chain.
+func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	chain := d.chain(id)
+	if s.enforce == nil {
+		addWouldDenyRules(tx, logGroup, d, id, s.audit, s.auditLogFP)
+		return
+	}
 	allowed := "return"
 	if logGroup != 0 {
 		allowed = "goto " + d.allowLog(id)
-		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, fp))})
+		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))})
 	}
-	for _, f := range c.setFamilies() {
-		ports, all := setNames(chain, f, c.second)
-		peer := families[f].expr + " " + d.peer
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s counter name %q %s", peer, ports, chain+"-allow", allowed)})
-		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s counter name %q %s", peer, all, chain+"-allow", allowed)})
+	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q %s", chain+"-allow", allowed))
+	if s.audit != nil {
+		addLookups(tx, d, chain, auditSets(chain), s.audit, "goto "+wouldAllowChain(chain))
 	}
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id, fp))
+		addLogRules(tx, logGroup, chain, flows.PolicyPrefix(flows.VerdictDenied, d == ingress, id, s.logFP))
 	}
 	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
 }
 
-// rewriteRules replaces the rules of the chains of pod id in direction d
-// (addRules), in the transaction that changes what they enforce or log.
-func rewriteRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, c *compiled, fp string) {
-	tx.Flush(&knftables.Chain{Name: d.chain(id)})
-	if logGroup != 0 {
-		tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+// addLookups adds to chain the rules looking the packet's peer (and
+// protocol and port) up in c's sets, named from base, then doing what
+// then says.
+func addLookups(tx *knftables.Transaction, d dir, chain, base string, c *compiled, then string) {
+	for _, f := range c.setFamilies() {
+		ports, all := setNames(base, f, c.second)
+		peer := families[f].expr + " " + d.peer
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s %s", peer, ports, then)})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s %s", peer, all, then)})
 	}
-	addRules(tx, logGroup, d, id, c, fp)
 }
 
 // addLogRules adds to chain the rules logging a packet to logGroup with
@@ -855,9 +937,9 @@ func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
 	}
 }
 
-// removeDir undoes addDir for the sets of c (the counters stay with the
+// removeDir undoes addDir for the sets of s (the counters stay with the
 // pod).
-func removeDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, c *compiled) {
+func removeDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string, s dirSets) {
 	chain := d.chain(id)
 	tx.Delete(&knftables.Element{Map: d.vmap, Key: []string{ifname(iface)}})
 	tx.Flush(&knftables.Chain{Name: chain})
@@ -866,19 +948,79 @@ func removeDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface stri
 		tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
 		tx.Delete(&knftables.Chain{Name: d.allowLog(id)})
 	}
-	deleteSets(tx, chain, c)
+	if s.enforce != nil && s.audit != nil {
+		removeWouldAllow(tx, chain)
+	}
+	if s.enforce != nil {
+		deleteSets(tx, chain, s.enforce)
+	}
+	if s.audit != nil {
+		deleteSets(tx, auditSets(chain), s.audit)
+	}
 }
 
-// changeSets makes the sets of a pod's chain in direction d, which hold
-// was's elements, hold now's: in place, deleting the elements that left
-// and then adding the new ones (nft rejects an element that overlaps one
-// still in the set), or, where that costs more, by filling the other pair
-// of sets, pointing the chain's rules at it and deleting the old pair
-// (always when the families of its sets change). Either way the kernel
-// sees the whole change at once, in the Apply's transaction, log prefixes
-// carrying the new rules' fingerprint fp included.
-func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now *compiled, fp string) {
+// changeDir makes a pod's chain in direction d, which looks up was's
+// sets, look up now's and log with now's fingerprints: each pair of sets
+// changes (changeSets), comes or goes, and the chain's rules are
+// rewritten if that changed which sets they name, or which of the
+// enforcing and audited policies there are, and always with a log group
+// (the caller calls it only for a change of the rules, so of some
+// fingerprint the prefixes carry). The kernel sees it all at once, in the
+// Apply's transaction.
+func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was, now dirSets) {
 	chain := d.chain(id)
+	wasBoth, nowBoth := was.enforce != nil && was.audit != nil, now.enforce != nil && now.audit != nil
+	rewrite := logGroup != 0 || (was.enforce == nil) != (now.enforce == nil) || (was.audit == nil) != (now.audit == nil)
+	type sets struct {
+		base string
+		c    *compiled
+	}
+	var stale []sets // to delete once no rule names them
+	for _, pair := range []struct {
+		base     string
+		was, now *compiled
+	}{{chain, was.enforce, now.enforce}, {auditSets(chain), was.audit, now.audit}} {
+		switch {
+		case pair.was == nil && pair.now == nil:
+		case pair.was == nil:
+			addSets(tx, pair.base, pair.now)
+		case pair.now == nil:
+			stale = append(stale, sets{pair.base, pair.was})
+		case changeSets(tx, pair.base, pair.was, pair.now):
+			rewrite = true
+			stale = append(stale, sets{pair.base, pair.was})
+		}
+	}
+	switch {
+	case nowBoth && !wasBoth:
+		addWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+	case nowBoth && logGroup != 0:
+		rewriteWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+	}
+	if rewrite {
+		tx.Flush(&knftables.Chain{Name: chain})
+		if logGroup != 0 {
+			tx.Flush(&knftables.Chain{Name: d.allowLog(id)})
+		}
+		addRules(tx, logGroup, d, id, now)
+	}
+	if wasBoth && !nowBoth {
+		removeWouldAllow(tx, chain)
+	}
+	for _, s := range stale {
+		deleteSets(tx, s.base, s.c)
+	}
+}
+
+// changeSets makes the sets named from base, which hold was's elements,
+// hold now's: in place, deleting the elements that left and then adding
+// the new ones (nft rejects an element that overlaps one still in the
+// set), or, where that costs more, by filling the other pair of sets
+// (always when the families of its sets change): then it reports true,
+// and the caller points the chain's rules at the new pair and deletes the
+// old one. Either way the kernel sees the whole change at once, in the
+// Apply's transaction.
+func changeSets(tx *knftables.Transaction, chain string, was, now *compiled) (refilled bool) {
 	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
 	goneAll, newAll := diff(was.el.all, now.el.all)
 	// What nft and the kernel take, in µs, as measured on kernel 6.18 and
@@ -890,9 +1032,7 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6 != now.el.has6 {
 		now.second = !was.second
 		addSets(tx, chain, now)
-		rewriteRules(tx, logGroup, d, id, now, fp)
-		deleteSets(tx, chain, was)
-		return
+		return true
 	}
 	for _, p := range goneAll {
 		tx.Delete(allElem(chain, now.second, p))
@@ -906,9 +1046,7 @@ func changeSets(tx *knftables.Transaction, logGroup uint16, d dir, id string, wa
 	for _, pe := range newPorts {
 		tx.Add(portsElem(chain, now.second, pe))
 	}
-	if logGroup != 0 {
-		rewriteRules(tx, logGroup, d, id, now, fp) // new rules: a new fingerprint
-	}
+	return false
 }
 
 // diff returns the elements of was that now lacks and those of now that
@@ -941,6 +1079,10 @@ func diff[E comparable](was, now []E) (gone, added []E) {
 // restarts, and reset when the pod leaves the ruleset.
 type Counters struct {
 	IngressAllowed, IngressDenied, EgressAllowed, EgressDenied uint64
+	// What audited policies would have done (addAuditCounters): packets
+	// let through that they would deny, and packets dropped that one of
+	// them would allow.
+	IngressWouldDeny, IngressWouldAllow, EgressWouldDeny, EgressWouldAllow uint64
 }
 
 // Counts are the table's counters.
@@ -972,10 +1114,14 @@ func (e *Enforcer) Counters() (Counts, error) {
 	for key, a := range e.pods {
 		in, eg := ingress.chain(a.id), egress.chain(a.id)
 		out.Pods[key] = Counters{
-			IngressAllowed: packets[in+"-allow"],
-			IngressDenied:  packets[in+"-deny"],
-			EgressAllowed:  packets[eg+"-allow"],
-			EgressDenied:   packets[eg+"-deny"],
+			IngressAllowed:    packets[in+"-allow"],
+			IngressDenied:     packets[in+"-deny"],
+			EgressAllowed:     packets[eg+"-allow"],
+			EgressDenied:      packets[eg+"-deny"],
+			IngressWouldDeny:  packets[in+wouldDeny],
+			IngressWouldAllow: packets[in+wouldAllow],
+			EgressWouldDeny:   packets[eg+wouldDeny],
+			EgressWouldAllow:  packets[eg+wouldAllow],
 		}
 	}
 	for _, why := range dropReasons {

@@ -516,10 +516,12 @@ func TestIncremental(t *testing.T) {
 			}
 			used[p.Iface] = true
 			p.Ingress, p.Egress = randDir(p.Ingress), randDir(p.Egress)
+			p.AuditIngress, p.AuditEgress = randDir(p.AuditIngress), randDir(p.AuditEgress)
 			rs.Pods = append(rs.Pods, p)
 		}
-		// Pods removed, added, or differing in what the table or Revoke
-		// needs.
+		// Pods removed, added, or differing in what they enforce: a
+		// change of audited policies alone is none (audit never revokes),
+		// though the table must follow it all the same.
 		var want []string
 		for _, key := range keys {
 			o, n := prev.Pod(key), rs.Pod(key)

@@ -117,15 +117,26 @@ type Pod struct {
 	Iface string       // host-side veth
 	IPs   []netip.Addr // the pod's addresses: at most one per family
 	// Ingress and Egress are nil when no policy isolates the pod in that
-	// direction: then everything is allowed.
+	// direction: then everything is allowed. They hold the enforcing
+	// policies only: everything that judges, revokes or caches a verdict
+	// reads them alone.
 	Ingress, Egress *Direction
+	// AuditIngress and AuditEgress are the audited policies selecting the
+	// pod in that direction (annotation onc.io/policy-mode: audit), nil if
+	// none: the table reports what they would deny (no enforcing policy
+	// isolates the direction) or allow (one does), and enforces nothing
+	// of theirs.
+	AuditIngress, AuditEgress *Direction
 }
 
 // Has reports whether ip is one of the pod's addresses.
 func (p *Pod) Has(ip netip.Addr) bool { return slices.Contains(p.IPs, ip) }
 
-// Isolated reports whether any policy selects the pod.
+// Isolated reports whether any enforcing policy selects the pod.
 func (p *Pod) Isolated() bool { return p.Ingress != nil || p.Egress != nil }
+
+// Audited reports whether any audited policy selects the pod.
+func (p *Pod) Audited() bool { return p.AuditIngress != nil || p.AuditEgress != nil }
 
 // Ruleset is the whole desired policy state of one node: every local pod,
 // isolated or not, sorted by Key.

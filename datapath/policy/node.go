@@ -165,14 +165,16 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, 
 	return ch, nil
 }
 
-// openPods are the pods of rs no policy isolates, in either direction (by
-// IP: two attachments of one address are open only if both are).
+// openPods are the pods of rs no policy selects, enforcing or audited, in
+// either direction (by IP: two attachments of one address are open only if
+// both are). An audited pod's connections must open through conntrack, or
+// the table would never see them to report what audit would deny.
 func openPods(rs Ruleset) map[netip.Addr]bool {
 	open := map[netip.Addr]bool{}
 	for _, p := range rs.Pods {
 		for _, ip := range p.IPs {
 			was, seen := open[ip]
-			open[ip] = !p.Isolated() && (was || !seen)
+			open[ip] = !p.Isolated() && !p.Audited() && (was || !seen)
 		}
 	}
 	return open

@@ -97,13 +97,26 @@ func TestOpenPods(t *testing.T) {
 		// puts the IPv6 ones in onc_open6).
 		{Key: "x/dual", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.6"), netip.MustParseAddr("fd00:10:244:1::6")}},
 		{Key: "x/dual-in", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00:10:244:1::7")}, Ingress: &Direction{}},
+		// Audited only, in either direction: its new connections must meet
+		// the table, which reports what audit would deny.
+		{Key: "x/audit-in", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.8")}, AuditIngress: &Direction{}},
+		{Key: "x/audit-eg", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9")}, AuditEgress: &Direction{}},
 	}}
-	got := openPods(rs)
 	want := map[string]bool{"10.244.1.2": true, "10.244.1.3": false, "10.244.1.4": false, "10.244.1.5": false,
-		"10.244.1.6": true, "fd00:10:244:1::6": true, "10.244.1.7": false, "fd00:10:244:1::7": false}
-	for ip, o := range want {
-		if v, ok := got[netip.MustParseAddr(ip)]; v != o || !ok {
-			t.Errorf("%s: open %v, want %v", ip, got[netip.MustParseAddr(ip)], o)
+		"10.244.1.6": true, "fd00:10:244:1::6": true, "10.244.1.7": false, "fd00:10:244:1::7": false,
+		"10.244.1.8": false, "10.244.1.9": false}
+	check := func(rs Ruleset, want map[string]bool) {
+		t.Helper()
+		got := openPods(rs)
+		for ip, o := range want {
+			if v, ok := got[netip.MustParseAddr(ip)]; v != o || !ok {
+				t.Errorf("%s: open %v, want %v", ip, got[netip.MustParseAddr(ip)], o)
+			}
 		}
 	}
+	check(rs, want)
+	// The audit annotation goes: the pods rejoin.
+	rs.Pods[7].AuditIngress, rs.Pods[8].AuditEgress = nil, nil
+	want["10.244.1.8"], want["10.244.1.9"] = true, true
+	check(rs, want)
 }

@@ -32,7 +32,7 @@ func allowLogRule(logGroup uint16, prefix string) string {
 }
 
 // logFingerprint is the fingerprint the log prefixes of a pod's chain
-// enforcing d (compiled into c) carry: of its policies and rules, so it
+// enforcing (or auditing) d (compiled into c) carry: of its policies and rules, so it
 // changes whenever they do, even where the sets stay the same; "" when
 // the table does not log.
 func (e *Enforcer) logFingerprint(d *Direction, c *compiled) string {
@@ -67,7 +67,11 @@ func hashRules(rules []Rule) []byte {
 // Logged is what a fingerprint in a pod chain's log prefix stands for.
 type Logged struct {
 	Pod       string     // the pod's key
-	Direction *Direction // the rules its chain enforced (read-only)
+	Direction *Direction // the rules its chain enforced, or audited (W, U) (read-only)
+	// Enforcing is, for an audited fingerprint, the rules the chain
+	// enforced beside the audited ones when it last had them (U: what
+	// dropped the packet); nil for an enforcing one, or when none.
+	Enforcing *Direction
 }
 
 // keptRulesets is how many rulesets before the current one Logged still
@@ -108,7 +112,13 @@ func (h *logHistory) record(want []plan) {
 		p := &want[i]
 		for _, d := range []dir{ingress, egress} {
 			if fp := d.logFingerprint(p.applied); fp != "" {
-				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{p.key, p.rules(d)}, h.gen}
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.rules(d)}, h.gen}
+			}
+			// W and U carry the audited rules' fingerprint: their
+			// policies are other than the enforcing ones, so the two
+			// share a key only when they share the rules too.
+			if fp := d.auditLogFingerprint(p.applied); fp != "" {
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d), Enforcing: p.rules(d)}, h.gen}
 			}
 		}
 	}

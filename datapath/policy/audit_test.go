@@ -1,0 +1,118 @@
+//go:build privileged
+
+package policy
+
+import (
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Audit mode in the kernel: an audited deny-all drops nothing, and logs
+// and counts what it would deny; beside an enforcing policy, an audited
+// rule that would allow a dropped packet logs and counts it, and the
+// packet still drops. Switching a policy from audit to enforce ends the
+// connections it denies, as any change does; from enforce to audit ends
+// none. A rewrite keeps the audit counters.
+func TestAudit(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	tp.serve(tp.pods["b"].ns, []int{80, 8080}, nil)
+	e := tp.enforcer()
+	l := tp.readLog(testLogGroup)
+	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
+	rs := func(b Pod) Ruleset { return Ruleset{Pods: []Pod{tp.pod("a", nil, nil), b, tp.pod("c", nil, nil)}} }
+	withAudit := func(p Pod, in *Direction) Pod { p.AuditIngress = in; return p }
+	// logged waits for the log of a packet from src to b's port with
+	// verdict, and checks that it is b's ingress chain's and that its
+	// fingerprint names the rules of policy (the audited ones for W and
+	// U).
+	logged := func(what string, src netip.Addr, port uint16, verdict, policy string) {
+		t.Helper()
+		got := l.waitFor(verdict, 6, src, netip.AddrPortFrom(b.ip, port))
+		if len(got) == 0 {
+			t.Fatalf("%s: no %s logged within 1 s; the log holds %+v", what, verdict, l.of("", 0, netip.Addr{}, netip.AddrPort{}))
+		}
+		p := got[len(got)-1]
+		if !p.Ingress || p.PodID != PodID("ns/b") {
+			t.Errorf("%s: logged %+v, want b's ingress (%s)", what, p, PodID("ns/b"))
+		}
+		if r, ok := e.Logged(p.PodID, true, p.Fingerprint); !ok || !slices.Equal(r.Direction.Policies, []string{policy}) {
+			t.Errorf("%s: fingerprint %q stands for %+v, %v; want the rules of %s", what, p.Fingerprint, r, ok, policy)
+		}
+	}
+	tp.apply(e, rs(tp.pod("b", nil, nil)), "ns/a", "ns/b", "ns/c")
+
+	// b's ingress audited by a deny-all: everything passes, is logged as
+	// what audit would deny, and counted so; b is not isolated.
+	// An audit alone changes no pod's enforcement: nothing to revoke.
+	auditDenyAll := rs(withAudit(tp.pod("b", nil, nil), audited()))
+	tp.apply(e, auditDenyAll)
+	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 8080, true}, probe{"a", "tcp6", "b", 80, true})
+	logged("a → b TCP/80, audited deny-all", a.ip, 80, "W", "ns/audit")
+	if got := l.waitFor("W", 6, a.ip6, netip.AddrPortFrom(b.ip6, 80)); len(got) == 0 {
+		t.Errorf("a → b TCP/80 in IPv6, audited deny-all: logged %+v, want W", got)
+	}
+	if got := tp.counters(e).Pods["ns/b"]; got.IngressWouldDeny < 3 || got.IngressDenied != 0 || got.IngressAllowed != 0 || got.IngressWouldAllow != 0 {
+		t.Errorf("b's counters: %+v, want 3 or more would-deny, nothing else", got)
+	}
+	if out, err := tp.nft("list", "set", "inet", Table, "isolated"); err != nil || strings.Contains(out, b.iface) {
+		t.Errorf("an audited pod is in the set isolated (%v):\n%s", err, out)
+	}
+
+	// An audited policy beside an enforcing deny-all: what it would allow
+	// (a on TCP/80) is dropped, logged and counted as such; what it would
+	// not (c) is an ordinary denial.
+	before := tp.counters(e).Pods["ns/b"]
+	both := rs(withAudit(tp.pod("b", isolate(), nil), audited(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 80, 80}))))
+	tp.apply(e, both, "ns/b")
+	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"c", "tcp", "b", 80, false})
+	logged("a → b TCP/80, enforced deny-all, audited allow", a.ip, 80, "U", "ns/audit")
+	logged("c → b TCP/80, enforced deny-all, audited allow of a", c.ip, 80, "D", "ns/p")
+	got := tp.counters(e).Pods["ns/b"]
+	if got.IngressWouldAllow < 1 || got.IngressDenied < 2 || got.IngressWouldDeny != before.IngressWouldDeny {
+		t.Errorf("b's counters: %+v, before %+v: want a would-allow, both denied, no new would-deny", got, before)
+	}
+	// A new agent's rewrite keeps the audit counters.
+	e = tp.enforcer()
+	tp.apply(e, both, "ns/a", "ns/b", "ns/c")
+	if after := tp.counters(e).Pods["ns/b"]; !reflect.DeepEqual(after, got) {
+		t.Errorf("b's counters after a rewrite: %+v, before %+v", after, got)
+	}
+
+	// Audit to enforce: an ordinary change, the connection it denies ends.
+	tp.apply(e, auditDenyAll, "ns/b")
+	client, server := tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9000), b, 9000)
+	if !passes(client, server) {
+		t.Fatal("a → b TCP/9000 does not carry data under an audited deny-all")
+	}
+	enforced := rs(tp.pod("b", isolate(), nil))
+	tp.apply(e, enforced, "ns/b")
+	if r := tp.revoke(e, enforced, "ns/b"); r.Ended < 1 {
+		t.Errorf("audit to enforce ended %d connections, want it among them", r.Ended)
+	}
+	if passes(client, server) || passes(server, client) {
+		t.Error("a → b TCP/9000 still carries data after its policy went from audit to enforce")
+	}
+
+	// Enforce to audit: nothing ends.
+	allowA := rs(tp.pod("b", isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 9001, 9001})), nil))
+	tp.apply(e, allowA, "ns/b")
+	client, server = tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9001), b, 9001)
+	auditAllowA := rs(withAudit(tp.pod("b", nil, nil), audited(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 9001, 9001}))))
+	tp.apply(e, auditAllowA, "ns/b")
+	if r := tp.revoke(e, auditAllowA, "ns/b"); r.Ended != 0 {
+		t.Errorf("enforce to audit ended %d connections, want none", r.Ended)
+	}
+	if !passes(client, server) || !passes(server, client) {
+		t.Error("a → b TCP/9001 stopped when its policy went from enforce to audit")
+	}
+	tp.expect(probe{"c", "tcp", "b", 8080, true})
+
+	// The audit goes: so do its chain, sets and counters.
+	tp.apply(e, rs(tp.pod("b", nil, nil)))
+	if listing := tp.listing(); strings.Contains(listing, "would") || strings.Contains(listing, "chain "+ingress.chain(PodID("ns/b"))) {
+		t.Errorf("b's audit objects outlive its audit:\n%s", listing)
+	}
+}
