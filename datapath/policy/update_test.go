@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/knftables"
 )
@@ -301,13 +302,21 @@ func TestLogPrefixesFollowTheRules(t *testing.T) {
 	if _, ok := e.Logged(id, false, fp3); ok {
 		t.Errorf("Logged(%s) of the egress chain, which has no such rules", fp3)
 	}
-	// Four more rulesets (another pod changing): fp2 was superseded five
-	// rulesets ago and is forgotten; fp3 is still in force.
+	// Four more rulesets (another pod changing) within a minute: fp2,
+	// superseded five rulesets ago, is still known; once a minute has
+	// passed too, it is forgotten. fp3 is still in force.
+	clock := time.Now()
+	e.logged.now = func() time.Time { return clock }
 	for i := range keptRulesets {
 		apply(v3, isolate(allow(hosts(10+i, 1))), "ns/c")
 	}
+	if _, ok := e.Logged(id, true, fp2); !ok {
+		t.Errorf("Logged(%s) forgotten %d rulesets later, within a minute", fp2, keptRulesets+1)
+	}
+	clock = clock.Add(keptFor + time.Second)
+	apply(v3, isolate(allow(hosts(20, 1))), "ns/c")
 	if _, ok := e.Logged(id, true, fp2); ok {
-		t.Errorf("Logged(%s) after %d more rulesets", fp2, keptRulesets+1)
+		t.Errorf("Logged(%s) after %d more rulesets and a minute", fp2, keptRulesets+2)
 	}
 	if l, ok := e.Logged(id, true, fp3); !ok || l.Direction != v3 {
 		t.Errorf("Logged(%s), in force: %+v, %v", fp3, l, ok)

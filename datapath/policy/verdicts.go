@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/onc-net/onc/datapath/flows"
 	"sigs.k8s.io/knftables"
@@ -74,17 +75,24 @@ type Logged struct {
 	Enforcing *Direction
 }
 
-// keptRulesets is how many rulesets before the current one Logged still
-// knows: a packet logged just before a change may be read after it.
-const keptRulesets = 4
+// Logged still knows a superseded fingerprint for keptRulesets rulesets
+// and keptFor after it was last in force, whichever is later, as long as
+// it knows fewer than maxLogged: a packet logged just before a change may
+// be read after it, and changes come in bursts when pods churn.
+const (
+	keptRulesets = 4
+	keptFor      = time.Minute
+	maxLogged    = 1 << 16
+)
 
-// logHistory is what the fingerprints of the current and the last
-// keptRulesets rulesets stand for. Its own lock: the recorder asks while
-// an Apply runs.
+// logHistory is what the fingerprints of the current and the recent
+// rulesets stand for. Its own lock: the recorder asks while an Apply
+// runs.
 type logHistory struct {
 	mu  sync.Mutex
 	gen uint64 // transactions recorded
 	m   map[logKey]loggedAt
+	now func() time.Time // time.Now; a test's clock
 }
 
 // logKey names a chain's rules as its log prefixes do.
@@ -96,34 +104,40 @@ type logKey struct {
 
 type loggedAt struct {
 	Logged
-	gen uint64 // the last transaction whose ruleset had it
+	gen uint64    // the last transaction whose ruleset had it
+	at  time.Time // when that was recorded
 }
 
 // record adds the fingerprints of want, about to be committed, and
-// forgets those of rulesets older than keptRulesets.
+// forgets those superseded long enough ago (keptRulesets, keptFor).
 func (h *logHistory) record(want []plan) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.m == nil {
 		h.m = map[logKey]loggedAt{}
 	}
+	if h.now == nil {
+		h.now = time.Now
+	}
 	h.gen++
+	now := h.now()
 	for i := range want {
 		p := &want[i]
 		for _, d := range []dir{ingress, egress} {
 			if fp := d.logFingerprint(p.applied); fp != "" {
-				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.rules(d)}, h.gen}
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.rules(d)}, h.gen, now}
 			}
 			// W and U carry the audited rules' fingerprint: their
 			// policies are other than the enforcing ones, so the two
 			// share a key only when they share the rules too.
 			if fp := d.auditLogFingerprint(p.applied); fp != "" {
-				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d), Enforcing: p.rules(d)}, h.gen}
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d), Enforcing: p.rules(d)}, h.gen, now}
 			}
 		}
 	}
+	full := len(h.m) > maxLogged
 	for k, l := range h.m {
-		if l.gen+keptRulesets < h.gen {
+		if l.gen+keptRulesets < h.gen && (full || now.Sub(l.at) > keptFor) {
 			delete(h.m, k)
 		}
 	}
