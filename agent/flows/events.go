@@ -2,6 +2,7 @@ package flows
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -62,6 +63,10 @@ type EventRecorder struct {
 	// suppressed is how many events the programs' budget held back, as the
 	// events that came after them said, and evict records held back.
 	suppressed atomic.Uint64
+	// bad counts the records the reader could not decode; badLogged is
+	// when one was last logged (unix ns).
+	bad       atomic.Uint64
+	badLogged atomic.Int64
 
 	now func() time.Time
 	mu  sync.Mutex
@@ -87,8 +92,20 @@ func (r *EventRecorder) Suppressed() uint64 { return r.suppressed.Load() }
 
 // Run records the events of rd until ctx ends.
 func (r *EventRecorder) Run(ctx context.Context, rd *dpflows.EventReader) error {
-	return rd.Run(ctx, r.Event)
+	return rd.Run(ctx, r.Event, r.undecodable)
 }
+
+// undecodable counts a record the reader could not decode, and logs the
+// first of each minute.
+func (r *EventRecorder) undecodable(err error) {
+	if n := r.bad.Add(1); n == 1 || r.now().Sub(time.Unix(0, r.badLogged.Load())) >= time.Minute {
+		r.badLogged.Store(r.now().UnixNano())
+		slog.Warn("flow records: an eBPF event the agent cannot decode (skipped)", "err", err, "total", n)
+	}
+}
+
+// Lost is how many events the agent read but could not decode.
+func (r *EventRecorder) Lost() uint64 { return r.bad.Load() }
 
 // Event records one event of the programs.
 func (r *EventRecorder) Event(e dpflows.Event) {

@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -180,5 +181,18 @@ func TestEvictRecordsAreBounded(t *testing.T) {
 	rs := s.List(Filter{})
 	if len(rs) != evictsPerSecond+1 || rs[len(rs)-1].Suppressed != 50 {
 		t.Fatalf("a second later: %d records, the last %+v; want it to carry suppressed 50", len(rs), rs[len(rs)-1])
+	}
+}
+
+// An event the reader could not decode is counted (onc_flows_lost_total)
+// and records nothing.
+func TestUndecodableEventsCounted(t *testing.T) {
+	s := NewStore(8)
+	r := NewEventRecorder(s, "a", Resolver{})
+	for range 3 {
+		r.undecodable(errors.New("a record of 40 bytes, want 88"))
+	}
+	if r.Lost() != 3 || len(s.List(Filter{})) != 0 {
+		t.Fatalf("lost %d, %d records; want 3 and none", r.Lost(), len(s.List(Filter{})))
 	}
 }
