@@ -2,6 +2,7 @@ package flows
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -47,6 +48,7 @@ var (
 // A nil func knows nothing.
 type Resolver struct {
 	PodOfNetns func(cookie uint64) (netip.Addr, bool)
+	HostNetns  uint64 // the cookie of the node's own network namespace; 0: unknown
 	Pod        func(netip.Addr) (Endpoint, bool)
 	Node       func(netip.Addr) (name string, ok bool)
 	// Service names (namespace, name:port-name) the frontend vip of
@@ -198,14 +200,19 @@ func (r *EventRecorder) frontend(uplink bool, vip netip.AddrPort, proto uint8) E
 }
 
 // socket names the caller of a socket call by its network namespace: a
-// local pod, or this node (the host's, or one the agent does not know).
+// local pod, this node (the host's), or the namespace's cookie for one
+// the agent does not know (a pod not registered with the socket LB yet,
+// say, after an agent restart).
 func (r *EventRecorder) socket(netns uint64) Endpoint {
 	if r.res.PodOfNetns != nil {
 		if a, ok := r.res.PodOfNetns(netns); ok {
 			return r.endpoint(netip.AddrPortFrom(a, 0))
 		}
 	}
-	return Endpoint{Kind: KindNode, Name: r.node}
+	if netns == r.res.HostNetns || r.res.HostNetns == 0 {
+		return Endpoint{Kind: KindNode, Name: r.node}
+	}
+	return Endpoint{Kind: KindUnknown, Name: fmt.Sprintf("netns %d", netns)}
 }
 
 // ClusterPod names the pod of the cluster with address ip, as the
