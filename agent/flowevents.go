@@ -12,6 +12,7 @@ import (
 	dpflows "github.com/onc-net/onc/datapath/flows"
 	dpservices "github.com/onc-net/onc/datapath/services"
 	"github.com/onc-net/onc/datastore"
+	"github.com/onc-net/onc/internal/netns"
 )
 
 // flowResolver names the ends of the eBPF programs' flow events: local
@@ -20,7 +21,12 @@ import (
 // attachments), nodes by address (the datastore's), Services by frontend
 // (the socket LB's tables).
 func (a *Agent) flowResolver() flows.Resolver {
+	host, err := netns.Cookie("")
+	if err != nil {
+		slog.Warn("flow records: this node's network namespace cookie; socket calls of unknown namespaces will be named as the node's", "err", err)
+	}
 	res := flows.Resolver{
+		HostNetns: host,
 		PodOfNetns: func(cookie uint64) (netip.Addr, bool) {
 			if t := a.dp.Services.Tables(); t != nil {
 				return t.PodOfNetns(cookie)

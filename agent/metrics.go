@@ -85,7 +85,7 @@ var (
 		"The eBPF programs' flow events (docs/observability.md), by outcome: emitted (sent to the agent), suppressed (held back by --flows-events-rate), deduped (a drop of a flow and reason already reported within the second), lost (the ring was full: the agent fell behind).",
 		[]string{"outcome"}, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
-		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they could not be decoded. Normally 0.", nil, nil)
+		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they (or the eBPF programs' events) could not be decoded. Normally 0.", nil, nil)
 	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
 		"Flow records the export delivered, by exporter: file (JSON lines, or stdout), otlp (accepted by the OTLP receiver).",
 		[]string{"exporter"}, nil)
@@ -271,8 +271,15 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	if a.flows != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
 	}
-	if a.recorder != nil {
-		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(a.recorder.Lost()))
+	if a.recorder != nil || a.events != nil {
+		var lost uint64
+		if a.recorder != nil {
+			lost += a.recorder.Lost()
+		}
+		if a.events != nil {
+			lost += a.events.Lost()
+		}
+		ch <- prometheus.MustNewConstMetric(descFlowsLost, prometheus.CounterValue, float64(lost))
 	}
 	for _, e := range a.exports {
 		ch <- prometheus.MustNewConstMetric(descFlowsExported, prometheus.CounterValue, float64(e.Exported()), e.Name)

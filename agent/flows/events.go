@@ -2,6 +2,8 @@ package flows
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -46,6 +48,7 @@ var (
 // A nil func knows nothing.
 type Resolver struct {
 	PodOfNetns func(cookie uint64) (netip.Addr, bool)
+	HostNetns  uint64 // the cookie of the node's own network namespace; 0: unknown
 	Pod        func(netip.Addr) (Endpoint, bool)
 	Node       func(netip.Addr) (name string, ok bool)
 	// Service names (namespace, name:port-name) the frontend vip of
@@ -62,6 +65,10 @@ type EventRecorder struct {
 	// suppressed is how many events the programs' budget held back, as the
 	// events that came after them said, and evict records held back.
 	suppressed atomic.Uint64
+	// bad counts the records the reader could not decode; badLogged is
+	// when one was last logged (unix ns).
+	bad       atomic.Uint64
+	badLogged atomic.Int64
 
 	now func() time.Time
 	mu  sync.Mutex
@@ -87,8 +94,20 @@ func (r *EventRecorder) Suppressed() uint64 { return r.suppressed.Load() }
 
 // Run records the events of rd until ctx ends.
 func (r *EventRecorder) Run(ctx context.Context, rd *dpflows.EventReader) error {
-	return rd.Run(ctx, r.Event)
+	return rd.Run(ctx, r.Event, r.undecodable)
 }
+
+// undecodable counts a record the reader could not decode, and logs the
+// first of each minute.
+func (r *EventRecorder) undecodable(err error) {
+	if n := r.bad.Add(1); n == 1 || r.now().Sub(time.Unix(0, r.badLogged.Load())) >= time.Minute {
+		r.badLogged.Store(r.now().UnixNano())
+		slog.Warn("flow records: an eBPF event the agent cannot decode (skipped)", "err", err, "total", n)
+	}
+}
+
+// Lost is how many events the agent read but could not decode.
+func (r *EventRecorder) Lost() uint64 { return r.bad.Load() }
 
 // Event records one event of the programs.
 func (r *EventRecorder) Event(e dpflows.Event) {
@@ -181,14 +200,19 @@ func (r *EventRecorder) frontend(uplink bool, vip netip.AddrPort, proto uint8) E
 }
 
 // socket names the caller of a socket call by its network namespace: a
-// local pod, or this node (the host's, or one the agent does not know).
+// local pod, this node (the host's), or the namespace's cookie for one
+// the agent does not know (a pod not registered with the socket LB yet,
+// say, after an agent restart).
 func (r *EventRecorder) socket(netns uint64) Endpoint {
 	if r.res.PodOfNetns != nil {
 		if a, ok := r.res.PodOfNetns(netns); ok {
 			return r.endpoint(netip.AddrPortFrom(a, 0))
 		}
 	}
-	return Endpoint{Kind: KindNode, Name: r.node}
+	if netns == r.res.HostNetns || r.res.HostNetns == 0 {
+		return Endpoint{Kind: KindNode, Name: r.node}
+	}
+	return Endpoint{Kind: KindUnknown, Name: fmt.Sprintf("netns %d", netns)}
 }
 
 // ClusterPod names the pod of the cluster with address ip, as the

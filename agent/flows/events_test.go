@@ -1,6 +1,7 @@
 package flows
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -18,6 +19,9 @@ var (
 
 // fakeResolver knows one local pod (netns 7), two cluster pods, a node,
 // and a Service at clusterIP (socket LB) and at nodeB:30080 (uplink).
+// hostNetns is the fake node's own network namespace cookie.
+const hostNetns = 1
+
 func fakeResolver() Resolver {
 	pods := map[netip.Addr]Endpoint{
 		clientPod:  {Kind: KindPod, Namespace: "app", Name: "client", Node: "a"},
@@ -26,6 +30,7 @@ func fakeResolver() Resolver {
 		nodeB: {Kind: KindPod, Namespace: "kube-system", Name: "hostnet", Node: "b"},
 	}
 	return Resolver{
+		HostNetns:  hostNetns,
 		PodOfNetns: func(c uint64) (netip.Addr, bool) { return clientPod, c == 7 },
 		Pod:        func(a netip.Addr) (Endpoint, bool) { e, ok := pods[a]; return e, ok },
 		Node: func(a netip.Addr) (string, bool) {
@@ -71,10 +76,15 @@ func TestTranslateRecord(t *testing.T) {
 	if got := r.Translated.String(); got != "app/web-1 (10.244.2.7:8080)" {
 		t.Errorf("translated %s, want the backend pod", got)
 	}
-	// The host's namespace (or one the agent does not know) is the node.
-	r = recordOf(t, dpflows.Event{Class: "refuse", Reason: "connect_refused", Proto: 6, Netns: 99, Dst: clusterIP})
+	// The host's namespace is the node; one the agent does not know is
+	// named by its cookie, never as the node's.
+	r = recordOf(t, dpflows.Event{Class: "refuse", Reason: "connect_refused", Proto: 6, Netns: hostNetns, Dst: clusterIP})
 	if r.Event != EventRefuse || r.Verdict != VerdictRefused || r.Reason != "connect_refused" || r.Src.Kind != KindNode || r.Src.Name != "a" {
 		t.Errorf("refusal from the host: %+v", r)
+	}
+	r = recordOf(t, dpflows.Event{Class: "refuse", Reason: "connect_refused", Proto: 6, Netns: 99, Dst: clusterIP})
+	if r.Src.Kind != KindUnknown || r.Src.String() != "netns 99" {
+		t.Errorf("refusal from a namespace the agent does not know: %+v, want netns 99", r.Src)
 	}
 }
 
@@ -180,5 +190,18 @@ func TestEvictRecordsAreBounded(t *testing.T) {
 	rs := s.List(Filter{})
 	if len(rs) != evictsPerSecond+1 || rs[len(rs)-1].Suppressed != 50 {
 		t.Fatalf("a second later: %d records, the last %+v; want it to carry suppressed 50", len(rs), rs[len(rs)-1])
+	}
+}
+
+// An event the reader could not decode is counted (onc_flows_lost_total)
+// and records nothing.
+func TestUndecodableEventsCounted(t *testing.T) {
+	s := NewStore(8)
+	r := NewEventRecorder(s, "a", Resolver{})
+	for range 3 {
+		r.undecodable(errors.New("a record of 40 bytes, want 88"))
+	}
+	if r.Lost() != 3 || len(s.List(Filter{})) != 0 {
+		t.Fatalf("lost %d, %d records; want 3 and none", r.Lost(), len(s.List(Filter{})))
 	}
 }

@@ -18,6 +18,9 @@ import (
 const (
 	KindPod = "pod" // a pod the agent knows, of this node or another
 	KindIP  = "ip"  // an address of no pod the agent knows: a node, a host outside, a pod it has not seen
+	// KindUnknown is a socket call's network namespace the agent does not
+	// know; Name is "netns <cookie>".
+	KindUnknown = "unknown"
 )
 
 // Endpoint is one end of a flow.
@@ -39,6 +42,8 @@ func (e Endpoint) String() string {
 		return fmt.Sprintf("node %s (%s)", e.Name, e.Addr)
 	case KindService:
 		return fmt.Sprintf("service %s/%s (%s)", e.Namespace, e.Name, e.Addr)
+	case KindUnknown:
+		return e.Name
 	}
 	return e.Addr.String()
 }

@@ -52,6 +52,8 @@ func (x *FlowEndpoint) Summary() string {
 		return fmt.Sprintf("%s/%s (%s)", x.Namespace, x.Name, addr)
 	case "service":
 		return fmt.Sprintf("service %s/%s (%s)", x.Namespace, x.Name, addr)
+	case "unknown":
+		return x.Name // "netns <cookie>": a socket call's namespace the agent does not know
 	case "node":
 		if x.Ip == "" {
 			return "node " + x.Name // a socket call from the node's host

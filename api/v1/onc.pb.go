@@ -3022,8 +3022,10 @@ func (x *GetFlowsRequest) GetEvent() string {
 type FlowEndpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pod: a pod the agent knows, of this node or another; node: a node's
-	// address; service: a Service's frontend; ip: an address of none of
-	// those (a host outside, a pod not seen yet).
+	// address (or the node's own sockets); service: a Service's frontend;
+	// ip: an address of none of those (a host outside, a pod not seen
+	// yet); unknown: a socket call's network namespace the agent does not
+	// know (name "netns <cookie>").
 	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Namespace     string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"` // pods and services
 	Name          string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`           // pods, nodes, and services (name:port-name)

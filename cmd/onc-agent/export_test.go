@@ -31,6 +31,9 @@ func TestExportFlagErrors(t *testing.T) {
 		{[]string{"--flows-export-otlp=c:4317", "--flows-export-otlp-ca=" + junk}, "", "--flows-export-otlp-ca: " + junk + " holds no PEM certificate"},
 		{[]string{"--flows-export-otlp-ca=" + junk}, "", "--flows-export-otlp-ca without --flows-export-otlp"},
 		{[]string{"--flows-buffer=0", "--flows-export-otlp=c:4317"}, "", "--flows-buffer is 0"},
+		// Not the export's, but a flow records' flag checked the same way:
+		// past a million the budget's interval rounds to nothing.
+		{[]string{"--flows-events-rate=3000000000"}, "", "--flows-events-rate 3000000000: events a second of each kind on each CPU, 0-1000000"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		args := append([]string{"--node-name", "node-a", "--state-dir", t.TempDir(), "--run-dir", t.TempDir(), "--bpffs", t.TempDir(),

@@ -92,6 +92,8 @@ func main() {
 	switch {
 	case cfg.FlowsBuffer < 0:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-buffer %d: a number of records, 0 or more", cfg.FlowsBuffer))
+	case cfg.Datapath.FlowEvents > bpf.MaxEventsPerSecond:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-events-rate %d: events a second of each kind on each CPU, 0-%d", cfg.Datapath.FlowEvents, bpf.MaxEventsPerSecond))
 	case *flowsGroup < 1 || *flowsGroup > 65535:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-log-group %d: an NFLOG group, 1-65535", *flowsGroup))
 	case cfg.FlowsBuffer > 0:

@@ -9,6 +9,10 @@ import (
 	"github.com/cilium/ebpf/btf"
 )
 
+// MaxEventsPerSecond bounds the events' budget: past it the budget's
+// interval (ns) rounds to nothing, and twice it must fit its 32 bits.
+const MaxEventsPerSecond = 1_000_000
+
 // EventConstants are the constants of the flow events' budget
 // (include/flows.h) for perSecond events of each class on each CPU on
 // average, twice that at once; 0 switches events off.

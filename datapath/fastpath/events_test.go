@@ -111,7 +111,10 @@ func TestNoEventsWithoutABudget(t *testing.T) {
 	d := open(t)
 	established(t, d)
 	ev := bpftest.ReadEvents(t, d.Events())
-	run(t, d.progs.OncIngressFast, vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1), 0)
+	// A frame the guard drops: an event site, reached.
+	if ret, _ := run(t, d.progs.OncIngressFast, vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, 80, 40000, 0, 10), peerNode, localNode, 1), 0); ret != actShot {
+		t.Fatalf("verdict %d: the forged frame was not dropped, so no event site ran", ret)
+	}
 	if evs := ev.Collect(""); len(evs) != 0 || evStat(t, d, "emitted") != 0 {
 		t.Fatalf("events with none asked for: %+v", evs)
 	}

@@ -123,8 +123,10 @@ func OpenEvents(ring *ebpf.Map, names *bpf.EventNames) (*EventReader, error) {
 }
 
 // Run hands each event to emit until ctx ends, then closes the reader.
+// A record it cannot decode (a program of another version writing into
+// a pinned ring during an upgrade, say) goes to bad, and reading goes on.
 // Reading allocates nothing per event.
-func (r *EventReader) Run(ctx context.Context, emit func(Event)) error {
+func (r *EventReader) Run(ctx context.Context, emit func(Event), bad func(error)) error {
 	stop := context.AfterFunc(ctx, func() { r.rd.Close() })
 	defer stop()
 	defer r.rd.Close()
@@ -142,7 +144,8 @@ func (r *EventReader) Run(ctx context.Context, emit func(Event)) error {
 		}
 		e, err := DecodeEvent(rec.RawSample, r.names, r.wallTime)
 		if err != nil {
-			return err
+			bad(err)
+			continue
 		}
 		emit(e)
 	}

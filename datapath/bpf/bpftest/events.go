@@ -31,7 +31,7 @@ func ReadEvents(t testing.TB, ring *ebpf.Map) *Events {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = rd.Run(ctx, func(ev dpflows.Event) { e.ch <- ev })
+		_ = rd.Run(ctx, func(ev dpflows.Event) { e.ch <- ev }, func(err error) { t.Errorf("an event the reader cannot decode: %v", err) })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return e
