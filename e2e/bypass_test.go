@@ -261,13 +261,22 @@ func (c *policyCluster) bypassSameAsStack(t *testing.T) {
 		c.setBypass(t, "off")
 		off := sc.run(t, pair)
 		c.setBypass(t, "on")
-		before := c.bypassCounter(t, "redirected_msgs")[n]
-		on := sc.run(t, pair)
-		if c.bypassCounter(t, "redirected_msgs")[n] == before {
-			t.Errorf("%s: nothing redirected with the bypass on: the comparison proves nothing", sc.name)
+		// A connection whose first message goes before its peer's socket is
+		// recorded sends by the stack for good (fallback_miss): that run
+		// compares nothing, so it is tried again, up to three times; every
+		// run's outcome must match.
+		redirected := false
+		for try := 0; try < 3 && !redirected; try++ {
+			before := c.bypassCounter(t, "redirected_msgs")[n]
+			on := sc.run(t, pair)
+			redirected = c.bypassCounter(t, "redirected_msgs")[n] != before
+			if fmt.Sprint(off) != fmt.Sprint(on) {
+				t.Errorf("%s: outcomes differ:\n off: %v\n on:  %v", sc.name, off, on)
+			}
 		}
-		if fmt.Sprint(off) != fmt.Sprint(on) {
-			t.Errorf("%s: outcomes differ:\n off: %v\n on:  %v", sc.name, off, on)
+		if !redirected {
+			t.Errorf("%s: nothing redirected with the bypass on in 3 runs (fallback_miss %d, skip_paused %d): the comparison proves nothing",
+				sc.name, c.bypassCounter(t, "fallback_miss")[n], c.bypassCounter(t, "skip_paused")[n])
 		}
 	}
 
