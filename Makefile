@@ -57,9 +57,12 @@ lab-down: build
 # through the intra-node bypass vs the stack at 1 B-16 KiB; then, on a lab
 # of its own on the bridge underlay, TCP_RR and TCP_CRR from a host outside
 # the cluster to a NodePort through ONC's kube-proxy replacement vs
-# kube-proxy in iptables and nftables mode; writes
+# kube-proxy in iptables and nftables mode; and (on the first lab) TCP_RR
+# and TCP_CRR with flow records on vs off, without and with a policy,
+# and the agent's memory with its record store full; writes
 # bench-results/latest.{json,md,svg}. BENCH_ARGS e.g. "--reps 7",
-# "--pods=false", "--services=false", "--intranode=false", "--nodeports=false".
+# "--pods=false", "--services=false", "--intranode=false", "--nodeports=false",
+# "--flows=false".
 bench: prereqs build kube-bins flannel-bins
 	./hack/netperf.sh $(GOBIN_TOOLS)/netperf
 	$(BIN)/onc-bench --kube-bin $(KUBE_BIN) --netperf $(GOBIN_TOOLS)/netperf/usr/bin --flannel $(GOBIN_TOOLS)/flannel $(BENCH_ARGS)

@@ -52,7 +52,7 @@ func main() {
 func netperfMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench", pflag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf and redis: bare vs Flannel vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, and two pods of one node via the bypass vs the stack (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n       onc-bench services-scale [flags] Services at scale, ONC vs kube-proxy (make bench-services-scale; onc-bench services-scale --help)\n")
+		fmt.Fprintf(os.Stderr, "usage: onc-bench [flags]        netperf and redis: bare vs Flannel vs slow path vs fast path, a ClusterIP via socket LB vs kube-proxy vs the pod IP, two pods of one node via the bypass vs the stack, and flow records on vs off (make bench)\n       onc-bench scale [flags]  the scale bed (make bench-scale; onc-bench scale --help)\n       onc-bench policy [flags] NetworkPolicy (make bench-policy; onc-bench policy --help)\n       onc-bench services-scale [flags] Services at scale, ONC vs kube-proxy (make bench-services-scale; onc-bench services-scale --help)\n")
 		fs.PrintDefaults()
 	}
 	out := fs.String("out", "bench-results", "directory for latest.json, latest.md and latest.svg")
@@ -69,13 +69,15 @@ func netperfMain(ctx context.Context, args []string) error {
 	redis := fs.Int("redis-requests", 100000, "redis-benchmark -n of each of GET and SET per run; 0 leaves the redis rows out")
 	underlay := fs.String("underlay", lab.UnderlayDirect, "the 2 nodes' underlay: direct (one veth pair, as two machines on one cable) or bridge (a bridge namespace: two veth pairs and a bridge under every packet)")
 	intranode := fs.Bool("intranode", true, "measure two pods of one node at message sizes "+fmt.Sprint(bench.IntranodeSizes)+" B: "+strings.Join(bench.IntranodeConfigs, ", "))
+	flowsRows := fs.Bool("flows", true, "measure flow records on versus off, without and with a policy: "+strings.Join(bench.FlowsConfigs, ", ")+
+		" ("+strings.Join(bench.FlowsTests, ", ")+"), and the agent's memory with its record store filled")
 	nodeports := fs.Bool("nodeports", true, "measure NodePorts from a host outside the cluster, on a lab of their own on the bridge underlay: "+strings.Join(bench.NodePortConfigs, ", "))
 	family := fs.String("ip-family", bench.FamilyIPv4, "the pod-to-pod rows' address family: ipv4; ipv6 (an IPv6 lab: IPv6 pods in IPv6 tunnels); or dual (a dual-stack lab: pods' IPv6 addresses over the IPv4 tunnel). With ipv6 and dual: bare between the nodes' IPv6 underlay addresses, no Flannel row, the Service, intra-node and NodePort rows (IPv4's) left out")
 	_ = fs.Parse(args)
 	switch *family {
 	case bench.FamilyIPv4:
 	case bench.FamilyIPv6, bench.FamilyDual:
-		for name, on := range map[string]*bool{"services": services, "intranode": intranode, "nodeports": nodeports} {
+		for name, on := range map[string]*bool{"services": services, "intranode": intranode, "nodeports": nodeports, "flows": flowsRows} {
 			if fs.Changed(name) && *on {
 				return fmt.Errorf("--ip-family %s measures pod to pod only: the --%s rows are IPv4's so far", *family, name)
 			}
@@ -107,12 +109,13 @@ func netperfMain(ctx context.Context, args []string) error {
 	}
 	o := bench.Options{Netperf: np, Tests: *tests, Reps: *reps, Duration: *dur, CPUs: *cpus, RedisRequests: *redis, Family: *family, Log: os.Stdout}
 	var samples []bench.Sample
-	if *pods || *services || *intranode {
-		s, err := netperfLab(ctx, o, *kubeBin, *underlay, *flannel, *pods, *services, *intranode)
+	var flowsMem *bench.FlowsMemory
+	if rows := (labRows{*pods, *services, *intranode, *flowsRows}); rows != (labRows{}) {
+		s, mem, err := netperfLab(ctx, o, *kubeBin, *underlay, *flannel, rows)
 		if err != nil {
 			return err
 		}
-		samples = append(samples, s...)
+		samples, flowsMem = append(samples, s...), mem
 	}
 	if *nodeports {
 		// A lab of its own: the outside host joins the underlay's bridge,
@@ -135,7 +138,7 @@ func netperfMain(ctx context.Context, args []string) error {
 		samples = append(samples, s...)
 	}
 	r := bench.NewReport(samples, *reps, *dur, kernel())
-	r.CPUs, r.Family = *cpus, *family
+	r.CPUs, r.Family, r.FlowsMemory = *cpus, *family, flowsMem
 	if err := bench.WriteFiles(*out, "latest", r); err != nil {
 		return err
 	}
@@ -145,56 +148,68 @@ func netperfMain(ctx context.Context, args []string) error {
 	return nil
 }
 
+// labRows are the sections netperfLab measures.
+type labRows struct{ pods, services, intranode, flows bool }
+
 // netperfLab runs the rows of one lab on underlay: pod to pod, Services
-// (ClusterIP) and intra-node, as asked; the lab is down when it returns.
-func netperfLab(ctx context.Context, o bench.Options, kubeBin, underlay, flannel string, pods, services, intranode bool) ([]bench.Sample, error) {
+// (ClusterIP), intra-node and flow records on and off, as asked; the lab
+// is down when it returns.
+func netperfLab(ctx context.Context, o bench.Options, kubeBin, underlay, flannel string, rows labRows) ([]bench.Sample, *bench.FlowsMemory, error) {
 	labFamily := map[string]string{bench.FamilyIPv4: lab.IPFamilyIPv4, bench.FamilyIPv6: lab.IPFamilyIPv6, bench.FamilyDual: lab.IPFamilyDual}[o.Family]
 	l, err := lab.Up(ctx, lab.Options{Prefix: "oncbench", BinDir: binDir(), Nodes: 2, NodeTimeout: time.Hour,
 		Datastore: "kubernetes", KubeBin: kubeBin, Underlay: underlay, IPFamily: labFamily})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer l.Down()
 	o.Lab = l
 	if flannel != "" {
 		dir, err := filepath.Abs(flannel)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := l.StartFlannel(ctx, dir); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := bench.AddPods(ctx, l); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var samples []bench.Sample
-	if pods {
+	if rows.pods {
 		fmt.Printf("lab up; pod to pod: %d × %s%s × %s × %s\n", o.Reps, strings.Join(o.Tests, ", "),
 			map[bool]string{true: ", redis", false: ""}[o.RedisRequests > 0], strings.Join(o.Configs(), ", "), o.Duration)
 		s, err := bench.Run(ctx, o)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		samples = append(samples, s...)
 	}
-	if services {
+	if rows.services {
 		fmt.Printf("Services: %d × %s × %d configs × %s\n", o.Reps, strings.Join(bench.ServiceTests, ", "), len(bench.ServiceConfigs), o.Duration)
 		s, err := bench.RunServices(ctx, o)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		samples = append(samples, s...)
 	}
-	if intranode {
+	if rows.intranode {
 		fmt.Printf("intra-node: %d × %d sizes × %s × %d configs × %s\n", o.Reps, len(bench.IntranodeSizes), strings.Join(bench.IntranodeTests, ", "), len(bench.IntranodeConfigs), o.Duration)
 		s, err := bench.RunIntranode(ctx, o)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		samples = append(samples, s...)
 	}
-	return samples, nil
+	if !rows.flows {
+		return samples, nil, nil
+	}
+	fmt.Printf("flow records: %d × %s × %d configs × %s\n", o.Reps, strings.Join(bench.FlowsTests, ", "), len(bench.FlowsConfigs), o.Duration)
+	s, mem, err := bench.RunFlows(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(samples, s...), &mem, nil
 }
 
 func scaleMain(ctx context.Context, args []string) error {

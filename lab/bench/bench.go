@@ -364,7 +364,7 @@ func Summarize(samples []Sample) []Summary {
 		}
 		groups[k] = append(groups[k], s)
 	}
-	configs := slices.Concat(Configs, ServiceConfigs, []string{NodePortHost}, NodePortConfigs, IntranodeConfigs)
+	configs := slices.Concat(Configs, ServiceConfigs, []string{NodePortHost}, NodePortConfigs, IntranodeConfigs, FlowsConfigs)
 	allTests := slices.Concat(Tests, RedisTests)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
@@ -406,6 +406,7 @@ const (
 	serviceSection
 	nodePortSection
 	intranodeSection
+	flowsSection
 )
 
 func section(cfg string) int {
@@ -416,6 +417,8 @@ func section(cfg string) int {
 		return nodePortSection
 	case slices.Contains(IntranodeConfigs, cfg):
 		return intranodeSection
+	case slices.Contains(FlowsConfigs, cfg):
+		return flowsSection
 	}
 	return podSection
 }

@@ -42,7 +42,12 @@ type Report struct {
 	// without it).
 	IntranodeRatios []IntranodeRatio `json:"intranodeRatios,omitempty"`
 	IntranodeBar    *BarVerdict      `json:"intranodeBar,omitempty"`
-	Samples         []Sample         `json:"samples"`
+	// The flow-record rows' paired ratios, their bar and the agent's
+	// memory (absent without them).
+	FlowsRatios []FlowsRatio `json:"flowsRatios,omitempty"`
+	FlowsBar    *BarVerdict  `json:"flowsBar,omitempty"`
+	FlowsMemory *FlowsMemory `json:"flowsMemory,omitempty"`
+	Samples     []Sample     `json:"samples"`
 }
 
 // Ratio of medians for one test, and its paired ratios.
@@ -211,6 +216,15 @@ type IntranodeRatio struct {
 	Throughput Stat `json:"throughputBypassOnStack"`
 }
 
+// FlowsRatio is one test's paired ratios of the flow-record rows: records
+// on ÷ off, without and with the policy.
+type FlowsRatio struct {
+	Test             string `json:"test"`
+	OnOff            Stat   `json:"onOnOff"`
+	OnOffPolicy      Stat   `json:"onOnOffPolicy"`
+	PolicyOnNoPolicy Stat   `json:"policyOnNoPolicy"` // records on, with the policy ÷ without
+}
+
 // BarVerdict is one of the issue's bars, each check judged on the median of
 // paired ratios. Services: ClusterIP via socket LB at least 0.97 × the pod
 // IP on TCP_RR, and ahead of kube-proxy on TCP_RR and TCP_CRR. Intra-node:
@@ -263,7 +277,7 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 	r := Report{Date: time.Now().UTC().Format(time.RFC3339), Kernel: kernel, Reps: reps, Duration: d.String(),
 		Results: Summarize(samples), Samples: samples}
 	med := map[string]float64{}
-	var tests, svcTests, npTests []string
+	var tests, svcTests, npTests, flowTests []string
 	var sizes []int
 	for _, s := range r.Results {
 		switch section(s.Config) {
@@ -282,6 +296,10 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 		case intranodeSection:
 			if !slices.Contains(sizes, s.Size) {
 				sizes = append(sizes, s.Size)
+			}
+		case flowsSection:
+			if !slices.Contains(flowTests, s.Test) {
+				flowTests = append(flowTests, s.Test)
 			}
 		}
 		med[s.Test+"/"+s.Config] = s.Median
@@ -348,6 +366,16 @@ func NewReport(samples []Sample, reps int, d time.Duration, kernel string) Repor
 				Throughput: PairedRatio(at, "TCP_STREAM", IntraBypass, IntraStack)}
 			r.IntranodeRatios = append(r.IntranodeRatios, x)
 			r.IntranodeBar.add(BarCheck{Test: "TCP_RR", Size: size, Ratio: "latency " + IntraBypass + " ÷ " + IntraStack, Stat: x.Latency}, "≤", IntranodeBarLimit)
+		}
+	}
+	if len(flowTests) > 0 {
+		r.FlowsBar = &BarVerdict{Met: true}
+		for _, t := range flowTests {
+			x := FlowsRatio{Test: t, OnOff: PairedRatio(samples, t, FlowsOn, FlowsOff), OnOffPolicy: PairedRatio(samples, t, FlowsOnPolicy, FlowsOffPolicy),
+				PolicyOnNoPolicy: PairedRatio(samples, t, FlowsOnPolicy, FlowsOn)}
+			r.FlowsRatios = append(r.FlowsRatios, x)
+			r.FlowsBar.add(BarCheck{Test: t, Ratio: FlowsOn + " ÷ " + FlowsOff, Stat: x.OnOff}, "≥", FlowsBarLimit)
+			r.FlowsBar.add(BarCheck{Test: t, Ratio: FlowsOnPolicy + " ÷ " + FlowsOffPolicy, Stat: x.OnOffPolicy}, "≥", FlowsBarLimit)
 		}
 	}
 	return r
@@ -457,6 +485,9 @@ func (r Report) Markdown(w io.Writer) {
 	if r.IntranodeBar != nil {
 		r.intranodeMarkdown(w)
 	}
+	if r.FlowsBar != nil {
+		r.flowsMarkdown(w)
+	}
 	r.failedMarkdown(w)
 }
 
@@ -540,6 +571,33 @@ func (r Report) servicesMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.Test, x.SockLBOnPodIP, x.SockLBOnKubeProxy, x.KubeProxyOnPodIP)
 	}
 	r.ServiceBar.markdown(w)
+}
+
+func (r Report) flowsMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "\n## Flow records on versus off\n\n")
+	fmt.Fprintf(w, "Client pod on node 0, netserver pod on node 1, fast path on. `%s`: the agents' defaults (flow records kept, the policy table's "+
+		"NFLOG rules and the eBPF programs' events on); `%s`: both agents restarted with `--flows-buffer=0` (no store, no log rules, no events). "+
+		"`-policy`: a NetworkPolicy isolates the server's ingress and allows the client, so every new connection is judged and, records on, "+
+		"logged (at most 100 a second per pod chain). Each run is checked: records on, the run's connections were recorded (the server node's "+
+		"allowed records with the policy, the client node's fast-path records without); off, both agents refuse `onctl flows`; with the policy, "+
+		"the server's rules judged connections and denied none. Each ratio is the median of the per-repetition paired ratios "+
+		"[bootstrap 95 %% interval] (min – max, n repetitions).\n\n", FlowsOn, FlowsOff)
+	fmt.Fprintln(w, "| test | on ÷ off | on ÷ off, policy | policy ÷ no policy, records on |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: |")
+	for _, x := range r.FlowsRatios {
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.Test, x.OnOff, x.OnOffPolicy, x.PolicyOnNoPolicy)
+	}
+	if m := r.FlowsMemory; m != nil {
+		fmt.Fprintln(w)
+		if m.Error != "" {
+			fmt.Fprintf(w, "Agent memory: not measured: %s\n", oneLine(m.Error))
+		} else {
+			fmt.Fprintf(w, "Agent memory (client node, VmRSS, one reading each): records on, after %.0f s of TCP_CRR, the store holding %d records "+
+				"(of %d): %.1f MiB; records off after the same: %.1f MiB (%+.1f MiB).\n", m.BurstSeconds, m.Held, m.Buffer,
+				float64(m.RSSOnKiB)/1024, float64(m.RSSOffKiB)/1024, float64(m.RSSOnKiB-m.RSSOffKiB)/1024)
+		}
+	}
+	r.FlowsBar.markdown(w)
 }
 
 func (r Report) intranodeMarkdown(w io.Writer) {
@@ -664,8 +722,9 @@ func (r Report) relativeChart() Chart {
 		}
 	}
 	colors[NodePortHost] = "#9e9e9e"
-	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP, NodePorts to kube-proxy iptables (whiskers: min–max), " + r.Date, YMin: 1.2}
-	for _, cfg := range slices.Concat(Configs, ServiceConfigs, NodePortConfigs, []string{NodePortHost}) {
+	colors[FlowsOn], colors[FlowsOff], colors[FlowsOnPolicy], colors[FlowsOffPolicy] = "#00897b", "#b0bec5", "#26a69a", "#78909c"
+	c := Chart{Title: "ONC: median relative to bare underlay, Services to the pod IP, NodePorts to kube-proxy iptables, flow records on to off (whiskers: min–max), " + r.Date, YMin: 1.2}
+	for _, cfg := range slices.Concat(Configs, ServiceConfigs, NodePortConfigs, []string{NodePortHost}, FlowsConfigs) {
 		if slices.ContainsFunc(r.Results, func(s Summary) bool { return s.Config == cfg }) {
 			c.Series = append(c.Series, Series{Name: cfg, Color: colors[cfg]})
 		}
@@ -686,6 +745,8 @@ func (r Report) relativeChart() Chart {
 			label += " Service"
 		case nodePortSection:
 			label += " NodePort " + strings.Split(s.Config, "-")[1]
+		case flowsSection:
+			label += " flow records"
 		}
 		if len(c.Groups) == 0 || c.Groups[len(c.Groups)-1].Label != label { // Results are grouped by section and test
 			c.Groups = append(c.Groups, Group{Label: label})
@@ -709,6 +770,11 @@ func baseline(cfg string) string {
 		return PodIP
 	case nodePortSection:
 		return NodePortConfig(ProxyIPTables, strings.Split(cfg, "-")[1])
+	case flowsSection:
+		if flowsIsolated(cfg) {
+			return FlowsOffPolicy
+		}
+		return FlowsOff
 	}
 	return "bare"
 }

@@ -466,3 +466,43 @@ func TestParseRedis(t *testing.T) {
 		}
 	}
 }
+
+// The flow-record rows: records on ÷ off paired per repetition, without
+// and with the policy, judged against the bar on every test; the agent's
+// memory is reported as measured, or why not.
+func TestReportFlows(t *testing.T) {
+	var samples []Sample
+	add := func(test, cfg string, vals ...float64) {
+		for i, v := range vals {
+			samples = append(samples, Sample{Test: test, Config: cfg, Rep: i + 1, Value: v, Unit: "Trans/s"})
+		}
+	}
+	add("TCP_RR", FlowsOff, 100, 100, 100)
+	add("TCP_RR", FlowsOn, 99, 98, 101)
+	add("TCP_RR", FlowsOffPolicy, 100, 100, 100)
+	add("TCP_RR", FlowsOnPolicy, 98, 99, 100)
+	add("TCP_CRR", FlowsOff, 100, 100, 100)
+	add("TCP_CRR", FlowsOn, 99, 97, 98)
+	add("TCP_CRR", FlowsOffPolicy, 100, 100, 100)
+	add("TCP_CRR", FlowsOnPolicy, 90, 96, 95) // 0.95: below the bar
+	r := NewReport(samples, 3, 5*time.Second, "6.18")
+	r.FlowsMemory = &FlowsMemory{Held: 8192, Buffer: 8192, BurstSeconds: 10, RSSOnKiB: 61440, RSSOffKiB: 51200}
+	if len(r.FlowsRatios) != 2 || r.FlowsRatios[0].Test != "TCP_RR" || r.FlowsRatios[0].OnOff.Median != 0.99 ||
+		r.FlowsRatios[1].OnOffPolicy.Median != 0.95 || r.FlowsRatios[1].PolicyOnNoPolicy.Median != 95.0/98 {
+		t.Fatalf("flows ratios %+v", r.FlowsRatios)
+	}
+	if b := r.FlowsBar; b == nil || len(b.Checks) != 4 || b.Met || !b.Checks[0].Met || b.Checks[3].Met {
+		t.Fatalf("flows bar %+v: want 4 checks, TCP_CRR with the policy not met", b)
+	}
+	markdown(t, r, "## Flow records on versus off", "| TCP_CRR | 0.980 [", "the store holding 8192 records (of 8192): 60.0 MiB; records off after the same: 50.0 MiB (+10.0 MiB)")
+	if strings.Contains(markdown(t, r), "| TCP_RR Service") {
+		t.Fatal("flow rows taken for Service rows")
+	}
+	var svg strings.Builder
+	r.SVG(&svg)
+	if !strings.Contains(svg.String(), "TCP_CRR flow records") {
+		t.Fatalf("chart lacks the flow-record groups:\n%s", svg.String())
+	}
+	r.FlowsMemory = &FlowsMemory{Error: "pid 7: no VmRSS"}
+	markdown(t, r, "Agent memory: not measured: pid 7: no VmRSS")
+}
