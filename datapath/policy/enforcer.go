@@ -51,7 +51,8 @@ const nftTimeout = 30 * time.Second
 // at once and then 1 a second per connection (sets flows-denied and
 // flows-denied6 hold each connection's budget until it has been quiet for
 // a minute), and goes to its allow-log chain instead of returning, which
-// logs the new connections it allows (verdicts.go); the base chains' drops
+// logs the new connections it allows, each once (a conntrack label,
+// verdicts.go); the base chains' drops
 // go to chains that count, log and drop them. Audited policies add their
 // own sets and rules, which report and count and never change a verdict
 // (audit.go). Returning instead of accepting lets same-node traffic pass
@@ -194,14 +195,14 @@ func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 
 // checkLog asks the kernel (a transaction checked, never committed)
 // whether it takes the log rules: they need nft's log, limit and dynamic
-// set expressions and nfnetlink_log.
+// set expressions, conntrack labels and nfnetlink_log.
 func (e *Enforcer) checkLog() error {
 	tx := e.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	addDeniedSets(tx)
 	tx.Add(&knftables.Chain{Name: "log-check"})
 	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check", "check"))
-	tx.Add(&knftables.Rule{Chain: "log-check", Rule: allowLogRule(e.logGroup, flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))})
+	addAllowLogRules(tx, e.logGroup, ingress, "log-check", flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	return e.nft.Check(ctx, tx)
@@ -891,7 +892,7 @@ func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s di
 	allowed := "return"
 	if logGroup != 0 {
 		allowed = "goto " + d.allowLog(id)
-		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))})
+		addAllowLogRules(tx, logGroup, d, d.allowLog(id), flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))
 	}
 	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q %s", chain+"-allow", allowed))
 	if s.audit != nil {
