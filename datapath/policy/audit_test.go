@@ -47,10 +47,20 @@ func TestAudit(t *testing.T) {
 	// b's ingress audited by a deny-all: everything passes, is logged as
 	// what audit would deny, and counted so; b is not isolated.
 	// An audit alone changes no pod's enforcement: nothing to revoke.
+	// A connection conntrack knows as established before the audit (as
+	// the fast path's are once handed over, node.go) goes on, unjudged:
+	// no false would-deny either way.
+	early, earlyServer := tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9002), b, 9002)
 	auditDenyAll := rs(withAudit(tp.pod("b", nil, nil), audited()))
 	tp.apply(e, auditDenyAll)
+	if !passes(early, earlyServer) || !passes(earlyServer, early) {
+		t.Error("a → b TCP/9002, established before the audit, stopped when it began")
+	}
 	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 8080, true}, probe{"a", "tcp6", "b", 80, true})
 	logged("a → b TCP/80, audited deny-all", a.ip, 80, "W", "ns/audit")
+	if got := append(l.of("W", 6, a.ip, netip.AddrPortFrom(b.ip, 9002)), l.of("W", 6, b.ip, netip.MustParseAddrPort(early.LocalAddr().String()))...); len(got) != 0 {
+		t.Errorf("a → b TCP/9002, established before the audit: logged %+v, want no would-deny", got)
+	}
 	if got := l.waitFor("W", 6, a.ip6, netip.AddrPortFrom(b.ip6, 80)); len(got) == 0 {
 		t.Errorf("a → b TCP/80 in IPv6, audited deny-all: logged %+v, want W", got)
 	}

@@ -427,7 +427,13 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 type Prepared struct {
 	// Changed are the keys of the pods whose enforcement changes (added,
 	// rules changed, removed), sorted.
-	Changed  []string
+	Changed []string
+	// Audited are the keys of the pods an audit closes to the fast path
+	// (openPods) with their enforcement unchanged: no policy selected
+	// them, and an audited one does now. The caller hands the connections
+	// the fast path opened of theirs over to conntrack, as it does an
+	// isolated pod's, and revokes none. Sorted.
+	Audited  []string
 	want     []plan
 	compiled map[string]*compiled
 	commits  uint64 // e.commits when prepared
@@ -444,8 +450,11 @@ func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
 	seen := make(map[string]bool, len(want))
 	for _, w := range want {
-		if old, ok := e.pods[w.key]; !ok || !old.sameEnforcement(w.applied) {
+		switch old, ok := e.pods[w.key]; {
+		case !ok || !old.sameEnforcement(w.applied):
 			p.Changed = append(p.Changed, w.key)
+		case w.audited() && !old.audited() && !old.isolated():
+			p.Audited = append(p.Audited, w.key)
 		}
 		seen[w.key] = true
 	}
@@ -455,6 +464,7 @@ func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 		}
 	}
 	sort.Strings(p.Changed)
+	sort.Strings(p.Audited)
 	return p, nil
 }
 
