@@ -79,6 +79,11 @@ func TestAudit(t *testing.T) {
 	tp.apply(e, both, "ns/b")
 	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"c", "tcp", "b", 80, false})
 	logged("a → b TCP/80, enforced deny-all, audited allow", a.ip, 80, "U", "ns/audit")
+	for _, p := range l.of("U", 6, a.ip, netip.AddrPortFrom(b.ip, 80)) {
+		if r, ok := e.Logged(p.PodID, true, p.EnforcingFingerprint); !ok || !slices.Equal(r.Direction.Policies, []string{"ns/p"}) {
+			t.Errorf("a → b TCP/80, U: enforcing fingerprint %q stands for %+v, %v; want the rules of ns/p", p.EnforcingFingerprint, r, ok)
+		}
+	}
 	logged("c → b TCP/80, enforced deny-all, audited allow of a", c.ip, 80, "D", "ns/p")
 	got := tp.counters(e).Pods["ns/b"]
 	if got.IngressWouldAllow < 1 || got.IngressDenied < 2 || got.IngressWouldDeny != before.IngressWouldDeny {

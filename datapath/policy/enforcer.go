@@ -822,7 +822,7 @@ func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string,
 		addSets(tx, auditSets(chain), s.audit)
 	}
 	if s.enforce != nil && s.audit != nil {
-		addWouldAllow(tx, logGroup, d, id, s.auditLogFP)
+		addWouldAllow(tx, logGroup, d, id, s)
 	}
 	tx.Add(&knftables.Chain{Name: chain})
 	if logGroup != 0 {
@@ -1004,9 +1004,9 @@ func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was
 	}
 	switch {
 	case nowBoth && !wasBoth:
-		addWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+		addWouldAllow(tx, logGroup, d, id, now)
 	case nowBoth && logGroup != 0:
-		rewriteWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+		rewriteWouldAllow(tx, logGroup, d, id, now)
 	}
 	if rewrite {
 		tx.Flush(&knftables.Chain{Name: chain})

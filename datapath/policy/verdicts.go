@@ -90,12 +90,12 @@ func hashRules(rules []Rule) []byte {
 
 // Logged is what a fingerprint in a pod chain's log prefix stands for.
 type Logged struct {
-	Pod       string     // the pod's key
-	Direction *Direction // the rules its chain enforced, or audited (W, U) (read-only)
-	// Enforcing is, for an audited fingerprint, the rules the chain
-	// enforced beside the audited ones when it last had them (U: what
-	// dropped the packet); nil for an enforcing one, or when none.
-	Enforcing *Direction
+	Pod string // the pod's key
+	// Direction is the rules its chain enforced, or audited (W, U)
+	// (read-only). A U prefix carries the enforcing rules' fingerprint
+	// beside the audited ones' (flows.WouldAllowPrefix): what dropped the
+	// packet, as it was then.
+	Direction *Direction
 }
 
 // Logged still knows a superseded fingerprint for keptRulesets rulesets
@@ -154,7 +154,7 @@ func (h *logHistory) record(want []plan) {
 			// policies are other than the enforcing ones, so the two
 			// share a key only when they share the rules too.
 			if fp := d.auditLogFingerprint(p.applied); fp != "" {
-				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d), Enforcing: p.rules(d)}, h.gen, now}
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d)}, h.gen, now}
 			}
 		}
 	}
