@@ -97,7 +97,7 @@ func (r *Recorder) Packet(p dpflows.Packet) {
 // prefix's fingerprint names (in a D prefix without one, of an agent
 // before them, the rules now).
 func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer netip.Addr) {
-	rec.Verdict = chainVerdicts[p.Verdict]
+	rec.Verdict, rec.Audit = chainVerdicts[p.Verdict], chainAudits[p.Verdict]
 	verdict := verdictWords[p.Verdict]
 	var l policy.Logged
 	logged := false
@@ -154,12 +154,19 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 	}
 }
 
-// chainVerdicts are the records' verdicts of the pod chains'.
+// chainVerdicts are the records' verdicts of the pod chains': what
+// happened to the packet, audited or not (chainAudits).
 var chainVerdicts = map[string]string{
 	dpflows.VerdictDenied:     VerdictDenied,
 	dpflows.VerdictAllowed:    VerdictAllowed,
-	dpflows.VerdictWouldDeny:  VerdictWouldDeny,
-	dpflows.VerdictWouldAllow: VerdictWouldAllow,
+	dpflows.VerdictWouldDeny:  VerdictAllowed,
+	dpflows.VerdictWouldAllow: VerdictDenied,
+}
+
+// chainAudits are the records' audits of the pod chains' verdicts.
+var chainAudits = map[string]string{
+	dpflows.VerdictWouldDeny:  AuditWouldDeny,
+	dpflows.VerdictWouldAllow: AuditWouldAllow,
 }
 
 // verdictWords start the reasons of the pod chains' verdicts.

@@ -80,8 +80,9 @@ func TestRecorderResolves(t *testing.T) {
 }
 
 // Audit's packets become records naming the audited policies: what they
-// would deny where no enforcing policy isolates the pod, and, of a packet
-// the enforcing ones dropped, those of them with a rule allowing it.
+// would deny where no enforcing policy isolates the pod (allowed, audit
+// would-deny), and, of a packet the enforcing ones dropped (denied, audit
+// would-allow), those of them with a rule allowing it.
 func TestRecorderAudit(t *testing.T) {
 	b := policy.Pod{Key: "x/b", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5")},
 		// Room after the policies: a record that appends to them must not
@@ -124,23 +125,23 @@ func TestRecorderAudit(t *testing.T) {
 		t.Fatalf("%d records, want 6: %+v", len(got), got)
 	}
 	for i, want := range []struct {
-		verdict, reason string
-		policies        []string
+		verdict, audit, reason string
+		policies               []string
 	}{
-		{VerdictWouldDeny, "audit would deny: egress audited by x/try-egress, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
+		{VerdictAllowed, AuditWouldDeny, "audit would deny: egress audited by x/try-egress, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
 			[]string{"x/try-egress"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-a would allow it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-a would allow it",
 			[]string{"x/deny-all", "x/try-a"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; yet no rule of the audited x/try-a, x/try-c allows it as the agent read it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; yet no rule of the audited x/try-a, x/try-c allows it as the agent read it",
 			[]string{"x/deny-all"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-c would allow it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-c would allow it",
 			[]string{"x/deny-all", "x/try-c"}},
-		{VerdictWouldDeny, "audit would deny (not enforced) by egress rules this agent no longer holds (fingerprint gone)", nil},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/old-deny, and no rule of theirs allows this; audited x/try-c would allow it",
+		{VerdictAllowed, AuditWouldDeny, "audit would deny (not enforced) by egress rules this agent no longer holds (fingerprint gone)", nil},
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/old-deny, and no rule of theirs allows this; audited x/try-c would allow it",
 			[]string{"x/old-deny", "x/try-c"}},
 	} {
-		if g := got[i]; g.Verdict != want.verdict || g.Reason != want.reason || !reflect.DeepEqual(g.Policies, want.policies) || g.Event != EventPolicy {
-			t.Errorf("record %d: %s %q %v, want %s %q %v", i, g.Verdict, g.Reason, g.Policies, want.verdict, want.reason, want.policies)
+		if g := got[i]; g.Verdict != want.verdict || g.Audit != want.audit || g.Reason != want.reason || !reflect.DeepEqual(g.Policies, want.policies) || g.Event != EventPolicy {
+			t.Errorf("record %d: %s (audit %s) %q %v, want %s (audit %s) %q %v", i, g.Verdict, g.Audit, g.Reason, g.Policies, want.verdict, want.audit, want.reason, want.policies)
 		}
 	}
 }
