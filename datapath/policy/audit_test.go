@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/onc-net/onc/datapath/flows"
 )
 
 // Audit mode in the kernel: an audited deny-all drops nothing, and logs
@@ -129,5 +132,115 @@ func TestAudit(t *testing.T) {
 	tp.apply(e, rs(tp.pod("b", nil, nil)))
 	if listing := tp.listing(); strings.Contains(listing, "would") || strings.Contains(listing, "chain "+ingress.chain(PodID("ns/b"))) {
 		t.Errorf("b's audit objects outlive its audit:\n%s", listing)
+	}
+}
+
+// Audit without a log group (flow records off, or a kernel that refuses
+// the log rules): the audit chains count as they do with one and change
+// no verdict, and nothing logs: no log rule, no allow-log chain, no
+// connection sets, nothing read in the group.
+func TestAuditWithoutLog(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	tp.serve(tp.pods["b"].ns, []int{80, 8080}, nil)
+	e := tp.enforcerLogging(0)
+	l := tp.readLog(testLogGroup)
+	a := tp.pods["a"]
+	rs := func(in, au *Direction) Ruleset {
+		b := tp.pod("b", in, nil)
+		b.AuditIngress = au
+		return Ruleset{Pods: []Pod{tp.pod("a", nil, nil), b, tp.pod("c", nil, nil)}}
+	}
+	tp.apply(e, rs(nil, audited()), "ns/a", "ns/b", "ns/c")
+	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 8080, true})
+	got := tp.counters(e).Pods["ns/b"]
+	if got.IngressWouldDeny < 2 || got.IngressDenied != 0 || got.IngressAllowed != 0 || got.IngressWouldAllow != 0 {
+		t.Errorf("b's counters under an audited deny-all: %+v, want 2 or more would-deny, nothing else", got)
+	}
+	tp.apply(e, rs(isolate(), audited(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 80, 80}))), "ns/b")
+	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"c", "tcp", "b", 80, false})
+	before := got
+	got = tp.counters(e).Pods["ns/b"]
+	if got.IngressWouldAllow < 1 || got.IngressDenied < 2 || got.IngressWouldDeny != before.IngressWouldDeny {
+		t.Errorf("b's counters beside an enforcing deny-all: %+v, before %+v: want a would-allow, both denied, no new would-deny", got, before)
+	}
+	out, err := tp.nft("list", "table", "inet", Table)
+	if err != nil {
+		t.Fatalf("nft list table: %v: %s", err, out)
+	}
+	for _, logging := range []string{"log prefix", "chain al-", "flows-denied"} {
+		if strings.Contains(out, logging) {
+			t.Errorf("a table without a log group has %q:\n%s", logging, out)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // a record would have come by now
+	if got := l.of("", 0, netip.Addr{}, netip.AddrPort{}); len(got) != 0 {
+		t.Errorf("a table without a log group logged %+v", got)
+	}
+}
+
+// Audited rules that change enough are refilled into the other pair of
+// audit sets (changeSets), as enforcing ones are: the lookups of the
+// would-deny chain (audit alone) and of the chain beside an enforcing
+// policy follow to the new pair, the old one goes, and the verdicts and
+// records are the new rules'.
+func TestAuditRefill(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	tp.serve(tp.pods["b"].ns, []int{80}, nil)
+	e := tp.enforcer()
+	l := tp.readLog(testLogGroup)
+	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
+	sets := auditSets(ingress.chain(PodID("ns/b")))
+	// version audits fillers (peers off the topology) and peer on TCP/80.
+	version := func(fillers int, peer netip.Addr) *Direction {
+		return audited(allow(hosts(fillers, 40), PortRange{TCP, 80, 80}), allow(prefixes(peer.String()+"/32"), PortRange{TCP, 80, 80}))
+	}
+	v1, v2 := version(0, a.ip), version(100, c.ip)
+	rs := func(in, au *Direction) Ruleset {
+		b := tp.pod("b", in, nil)
+		b.AuditIngress = au
+		return Ruleset{Pods: []Pod{tp.pod("a", nil, nil), b, tp.pod("c", nil, nil)}}
+	}
+	to80 := netip.AddrPortFrom(b.ip, 80)
+	// records checks that the last probes gave a record with verdict
+	// from want and from no other of a and c, since n of them were read.
+	records := func(what, verdict string, n int, want *tpod) int {
+		t.Helper()
+		l.waitFor(verdict, 6, want.ip, to80)
+		time.Sleep(100 * time.Millisecond)
+		got := l.of(verdict, 6, netip.Addr{}, to80)
+		if len(got) == n || slices.ContainsFunc(got[n:], func(p flows.Packet) bool { return p.Src.Addr() != want.ip }) {
+			t.Errorf("%s: %s records %+v, want one of %s alone", what, verdict, got[n:], want.key)
+		}
+		return len(got)
+	}
+
+	// Audited alone: a passes, and is what v2 would deny.
+	tp.apply(e, rs(nil, v1), "ns/a", "ns/b", "ns/c")
+	if tp.expectSets(sets, v1) {
+		t.Error("the first audited rules are in the second pair of sets")
+	}
+	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 80, true})
+	n := records("v1 audited alone", "W", 0, c)
+	tp.apply(e, rs(nil, v2))
+	if !tp.expectSets(sets, v2) {
+		t.Error("every audited filler replaced, and the sets are not the second pair")
+	}
+	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 80, true})
+	records("v2 audited alone, refilled", "W", n, a)
+
+	// Beside an enforcing deny-all, refilled back into the first pair:
+	// both drop, and a is what v1 would allow.
+	tp.apply(e, rs(isolate(), v2), "ns/b")
+	tp.apply(e, rs(isolate(), v1))
+	if tp.expectSets(sets, v1) {
+		t.Error("every audited filler replaced again, and the sets are not the first pair")
+	}
+	tp.expectIngressSets("b", isolate())
+	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"c", "tcp", "b", 80, false})
+	records("v1 beside a deny-all, refilled", "U", 0, a)
+	for _, p := range l.of("U", 6, a.ip, to80) {
+		if r, ok := e.Logged(p.PodID, true, p.Fingerprint); !ok || r.Direction != v1 {
+			t.Errorf("U of a: fingerprint %s stands for %+v, %v; want v1", p.Fingerprint, r, ok)
+		}
 	}
 }
