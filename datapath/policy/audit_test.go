@@ -3,6 +3,7 @@
 package policy
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -181,12 +182,19 @@ func TestAuditWithoutLog(t *testing.T) {
 // Audited rules that change enough are refilled into the other pair of
 // audit sets (changeSets), as enforcing ones are: the lookups of the
 // would-deny chain (audit alone) and of the chain beside an enforcing
-// policy follow to the new pair, the old one goes, and the verdicts and
-// records are the new rules'.
+// policy follow to the new pair, the old one goes, and the verdicts,
+// counts and records are the new rules'. Without a log group too, where
+// only a refill rewrites the chain's rules.
 func TestAuditRefill(t *testing.T) {
+	for _, group := range []uint16{testLogGroup, 0} {
+		t.Run(fmt.Sprintf("log group %d", group), func(t *testing.T) { auditRefill(t, group) })
+	}
+}
+
+func auditRefill(t *testing.T, group uint16) {
 	tp := newTopo(t, "a", "b", "c")
 	tp.serve(tp.pods["b"].ns, []int{80}, nil)
-	e := tp.enforcer()
+	e := tp.enforcerLogging(group)
 	l := tp.readLog(testLogGroup)
 	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
 	sets := auditSets(ingress.chain(PodID("ns/b")))
@@ -201,32 +209,44 @@ func TestAuditRefill(t *testing.T) {
 		return Ruleset{Pods: []Pod{tp.pod("a", nil, nil), b, tp.pod("c", nil, nil)}}
 	}
 	to80 := netip.AddrPortFrom(b.ip, 80)
-	// records checks that the last probes gave a record with verdict
-	// from want and from no other of a and c, since n of them were read.
-	records := func(what, verdict string, n int, want *tpod) int {
+	// audits probes b's TCP/80 from each pod, which passes if pass, and
+	// checks that the audit counter counted only want's packets, and
+	// (with a log group) that want alone has a record with verdict.
+	audits := func(what string, pass bool, counter func(Counters) uint64, verdict, want string) {
 		t.Helper()
-		l.waitFor(verdict, 6, want.ip, to80)
-		time.Sleep(100 * time.Millisecond)
-		got := l.of(verdict, 6, netip.Addr{}, to80)
-		if len(got) == n || slices.ContainsFunc(got[n:], func(p flows.Packet) bool { return p.Src.Addr() != want.ip }) {
-			t.Errorf("%s: %s records %+v, want one of %s alone", what, verdict, got[n:], want.key)
+		logged := len(l.of(verdict, 6, netip.Addr{}, to80))
+		for _, from := range []string{"a", "c"} {
+			before := counter(tp.counters(e).Pods["ns/b"])
+			tp.expect(probe{from, "tcp", "b", 80, pass})
+			if n := counter(tp.counters(e).Pods["ns/b"]) - before; (n > 0) != (from == want) {
+				t.Errorf("%s: %s counted %d times, want it counted only for %s", what, from, n, want)
+			}
 		}
-		return len(got)
+		if group == 0 {
+			return
+		}
+		src := tp.pods[want].ip
+		l.waitFor(verdict, 6, src, to80)
+		time.Sleep(100 * time.Millisecond)
+		got := l.of(verdict, 6, netip.Addr{}, to80)[logged:]
+		if len(got) == 0 || slices.ContainsFunc(got, func(p flows.Packet) bool { return p.Src.Addr() != src }) {
+			t.Errorf("%s: %s records %+v, want %s's alone", what, verdict, got, want)
+		}
 	}
+	wouldDeny := func(c Counters) uint64 { return c.IngressWouldDeny }
+	wouldAllow := func(c Counters) uint64 { return c.IngressWouldAllow }
 
-	// Audited alone: a passes, and is what v2 would deny.
+	// Audited alone: both pass; c, then a, is what the audit would deny.
 	tp.apply(e, rs(nil, v1), "ns/a", "ns/b", "ns/c")
 	if tp.expectSets(sets, v1) {
 		t.Error("the first audited rules are in the second pair of sets")
 	}
-	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 80, true})
-	n := records("v1 audited alone", "W", 0, c)
+	audits("v1 audited alone", true, wouldDeny, "W", "c")
 	tp.apply(e, rs(nil, v2))
 	if !tp.expectSets(sets, v2) {
 		t.Error("every audited filler replaced, and the sets are not the second pair")
 	}
-	tp.expect(probe{"a", "tcp", "b", 80, true}, probe{"c", "tcp", "b", 80, true})
-	records("v2 audited alone, refilled", "W", n, a)
+	audits("v2 audited alone, refilled", true, wouldDeny, "W", "a")
 
 	// Beside an enforcing deny-all, refilled back into the first pair:
 	// both drop, and a is what v1 would allow.
@@ -236,8 +256,7 @@ func TestAuditRefill(t *testing.T) {
 		t.Error("every audited filler replaced again, and the sets are not the first pair")
 	}
 	tp.expectIngressSets("b", isolate())
-	tp.expect(probe{"a", "tcp", "b", 80, false}, probe{"c", "tcp", "b", 80, false})
-	records("v1 beside a deny-all, refilled", "U", 0, a)
+	audits("v1 beside a deny-all, refilled", false, wouldAllow, "U", "a")
 	for _, p := range l.of("U", 6, a.ip, to80) {
 		if r, ok := e.Logged(p.PodID, true, p.Fingerprint); !ok || r.Direction != v1 {
 			t.Errorf("U of a: fingerprint %s stands for %+v, %v; want v1", p.Fingerprint, r, ok)
