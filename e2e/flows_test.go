@@ -67,11 +67,12 @@ func (c *policyCluster) awaitRecord(t *testing.T, n *lab.Node, verdict, pod stri
 	return rec
 }
 
-// findRecord finds, among recs, the first record with verdict made since
-// since of a packet from src to dst; src's port 0: any port.
+// findRecord finds, among recs, the first record with verdict (or that
+// audit) made since since of a packet from src to dst; src's port 0: any
+// port.
 func findRecord(recs []*apiv1.FlowRecord, verdict string, since time.Time, src, dst netip.AddrPort) *apiv1.FlowRecord {
 	for _, r := range recs {
-		if r.Verdict == verdict && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
+		if (r.Verdict == verdict || r.Audit == verdict) && r.TimeUnixNano >= since.UnixNano() && r.Source.GetIp() == src.Addr().String() &&
 			(src.Port() == 0 || r.Source.GetPort() == uint32(src.Port())) &&
 			r.Destination.GetIp() == dst.Addr().String() && r.Destination.GetPort() == uint32(dst.Port()) {
 			return r
@@ -247,7 +248,7 @@ func (c *policyCluster) flowsAudit(t *testing.T) {
 		t.Fatalf("%s → %s TCP/80 under an audited deny-all: %v", yb.key(), b.key(), err)
 	}
 	rec := c.awaitRecord(t, nb, "would-deny", b.key(), start, local, dst)
-	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "would-deny", Direction: "ingress", Protocol: "TCP",
+	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "allowed", Audit: "would-deny", Direction: "ingress", Protocol: "TCP",
 		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
 		Policies:    []string{"x/b-audit-deny-all"}, Path: "slow",

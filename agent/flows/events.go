@@ -38,7 +38,7 @@ const (
 
 // Verdicts and Events are what a filter may ask for.
 var (
-	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, VerdictWouldDeny, VerdictWouldAllow, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
+	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, AuditWouldDeny, AuditWouldAllow, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
 	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict}
 )
 

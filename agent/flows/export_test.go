@@ -175,6 +175,25 @@ func TestOTLPMapping(t *testing.T) {
 	}
 }
 
+// A packet the enforcing policies dropped and an audited one would allow
+// is exported as denied, with the audit beside: a consumer of denials
+// sees it, in the OTLP log record, the JSON line and the summary alike.
+func TestAuditedRecordExported(t *testing.T) {
+	r := toAPI(Record{Time: time.Unix(1700000000, 5), Node: "n1", Event: EventPolicy, Verdict: VerdictDenied, Audit: AuditWouldAllow, Direction: "ingress", Proto: 6,
+		Src: Endpoint{Kind: KindIP, Addr: netip.MustParseAddrPort("10.1.2.3:40000")}, Dst: Endpoint{Kind: KindIP, Addr: netip.MustParseAddrPort("10.1.1.3:80")}})
+	lr := exportRequest([]*apiv1.FlowRecord{r}).ResourceLogs[0].ScopeLogs[0].LogRecords[0]
+	if got := attrString(lr.Attributes); !strings.Contains(got, "onc.verdict=denied ") || !strings.Contains(got, "onc.audit=would-allow") {
+		t.Errorf("attributes: %s; want verdict denied, audit would-allow", got)
+	}
+	b, err := r.JSON()
+	if err != nil || !strings.Contains(string(b), `"verdict":"denied"`) || !strings.Contains(string(b), `"audit":"would-allow"`) {
+		t.Errorf("JSON line %s, %v; want verdict denied, audit would-allow", b, err)
+	}
+	if got, want := r.Summary(), "n1 DENIED (audit: would-allow) ingress TCP 10.1.2.3:40000 → 10.1.1.3:80"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+}
+
 // Rule 0, the first rule of a policy, is sent in the JSON line and the
 // OTLP log record; a record without a deciding rule has no rule in either.
 func TestRuleZeroSent(t *testing.T) {

@@ -97,7 +97,7 @@ func (r *Recorder) Packet(p dpflows.Packet) {
 // prefix's fingerprint names (in a D prefix without one, of an agent
 // before them, the rules now).
 func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer netip.Addr) {
-	rec.Verdict = chainVerdicts[p.Verdict]
+	rec.Verdict, rec.Audit = chainVerdicts[p.Verdict], chainAudits[p.Verdict]
 	verdict := verdictWords[p.Verdict]
 	var l policy.Logged
 	logged := false
@@ -137,7 +137,11 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		rec.Reason = fmt.Sprintf("audit would deny: %s audited by %s, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
 			rec.Direction, strings.Join(d.Policies, ", "))
 	case p.Verdict == dpflows.VerdictWouldAllow:
-		rec.Policies, rec.Reason = defaultDeny(rec.Direction, l.Enforcing)
+		var enforcing *policy.Direction // nil: not held, or an agent before the prefix named it
+		if e, ok := r.logged(p.PodID, p.Ingress, p.EnforcingFingerprint); ok && p.EnforcingFingerprint != "" {
+			enforcing = e.Direction
+		}
+		rec.Policies, rec.Reason = defaultDeny(rec.Direction, enforcing)
 		allowing := allowedBy(d, peer, p.Proto, p.Dst.Port())
 		rec.Policies = append(slices.Clone(rec.Policies), allowing...)
 		if len(allowing) > 0 {
@@ -150,12 +154,19 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 	}
 }
 
-// chainVerdicts are the records' verdicts of the pod chains'.
+// chainVerdicts are the records' verdicts of the pod chains': what
+// happened to the packet, audited or not (chainAudits).
 var chainVerdicts = map[string]string{
 	dpflows.VerdictDenied:     VerdictDenied,
 	dpflows.VerdictAllowed:    VerdictAllowed,
-	dpflows.VerdictWouldDeny:  VerdictWouldDeny,
-	dpflows.VerdictWouldAllow: VerdictWouldAllow,
+	dpflows.VerdictWouldDeny:  VerdictAllowed,
+	dpflows.VerdictWouldAllow: VerdictDenied,
+}
+
+// chainAudits are the records' audits of the pod chains' verdicts.
+var chainAudits = map[string]string{
+	dpflows.VerdictWouldDeny:  AuditWouldDeny,
+	dpflows.VerdictWouldAllow: AuditWouldAllow,
 }
 
 // verdictWords start the reasons of the pod chains' verdicts.
@@ -168,7 +179,7 @@ var verdictWords = map[string]string{
 
 // defaultDeny is why the enforcing policies d of a direction dropped a
 // packet, and the policies that says; d is nil when the agent no longer
-// holds them (Logged.Enforcing).
+// holds them (Packet.EnforcingFingerprint).
 func defaultDeny(direction string, d *policy.Direction) ([]string, string) {
 	if d == nil {
 		return nil, fmt.Sprintf("default deny by %s rules this agent no longer holds", direction)

@@ -80,8 +80,9 @@ func TestRecorderResolves(t *testing.T) {
 }
 
 // Audit's packets become records naming the audited policies: what they
-// would deny where no enforcing policy isolates the pod, and, of a packet
-// the enforcing ones dropped, those of them with a rule allowing it.
+// would deny where no enforcing policy isolates the pod (allowed, audit
+// would-deny), and, of a packet the enforcing ones dropped (denied, audit
+// would-allow), those of them with a rule allowing it.
 func TestRecorderAudit(t *testing.T) {
 	b := policy.Pod{Key: "x/b", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5")},
 		// Room after the policies: a record that appends to them must not
@@ -93,47 +94,54 @@ func TestRecorderAudit(t *testing.T) {
 		AuditEgress: &policy.Direction{Policies: []string{"x/try-egress"}}}
 	rules := policy.Ruleset{Pods: []policy.Pod{b}}
 	// W and U name the audited rules by their fingerprint; U's also names
-	// the enforcing rules beside them.
-	history := map[string]policy.Logged{"ain": {Pod: "x/b", Direction: b.AuditIngress, Enforcing: b.Ingress}, "aeg": {Pod: "x/b", Direction: b.AuditEgress}}
+	// the enforcing rules that dropped the packet by theirs: "ein" now,
+	// "eold" before a change.
+	history := map[string]policy.Logged{"ain": {Pod: "x/b", Direction: b.AuditIngress}, "aeg": {Pod: "x/b", Direction: b.AuditEgress},
+		"ein": {Pod: "x/b", Direction: b.Ingress}, "eold": {Pod: "x/b", Direction: &policy.Direction{Policies: []string{"x/old-deny"}}}}
 	logged := func(id string, ingress bool, fp string) (policy.Logged, bool) {
 		l, ok := history[fp]
-		return l, ok && id == policy.PodID("x/b") && ingress == (fp == "ain")
+		return l, ok && id == policy.PodID("x/b") && ingress == (fp != "aeg")
 	}
 	s := NewStore(8)
 	r := NewRecorder(s, "n1", func() policy.Ruleset { return rules }, logged, func() []*corev1.Pod { return nil })
 	now := time.Now()
 	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldDeny, Fingerprint: "aeg", PodID: policy.PodID("x/b"), Proto: 17,
 		Src: netip.MustParseAddrPort("10.244.0.5:5000"), Dst: netip.MustParseAddrPort("192.0.2.1:53")})
-	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", PodID: policy.PodID("x/b"), Proto: 6,
+	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", EnforcingFingerprint: "ein", PodID: policy.PodID("x/b"), Proto: 6,
 		Src: netip.MustParseAddrPort("10.244.1.7:40000"), Dst: netip.MustParseAddrPort("10.244.0.5:80")})
 	// Allowed by no audited rule as the agent read it.
-	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", PodID: policy.PodID("x/b"), Proto: 6,
+	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", EnforcingFingerprint: "ein", PodID: policy.PodID("x/b"), Proto: 6,
 		Src: netip.MustParseAddrPort("10.244.1.7:40001"), Dst: netip.MustParseAddrPort("10.244.0.5:81")})
-	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", PodID: policy.PodID("x/b"), Proto: 17,
+	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", EnforcingFingerprint: "ein", PodID: policy.PodID("x/b"), Proto: 17,
 		Src: netip.MustParseAddrPort("10.244.1.8:40000"), Dst: netip.MustParseAddrPort("10.244.0.5:53")})
 	// Of audited rules the agent no longer holds.
 	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldDeny, Fingerprint: "gone", PodID: policy.PodID("x/b"), Proto: 17,
 		Src: netip.MustParseAddrPort("10.244.0.5:5001"), Dst: netip.MustParseAddrPort("192.0.2.1:53")})
+	// Dropped by enforcing rules since changed: the record names those.
+	r.Packet(dpflows.Packet{Time: now, Verdict: dpflows.VerdictWouldAllow, Ingress: true, Fingerprint: "ain", EnforcingFingerprint: "eold", PodID: policy.PodID("x/b"), Proto: 17,
+		Src: netip.MustParseAddrPort("10.244.1.8:40001"), Dst: netip.MustParseAddrPort("10.244.0.5:53")})
 	got := s.List(Filter{})
-	if len(got) != 5 {
-		t.Fatalf("%d records, want 5: %+v", len(got), got)
+	if len(got) != 6 {
+		t.Fatalf("%d records, want 6: %+v", len(got), got)
 	}
 	for i, want := range []struct {
-		verdict, reason string
-		policies        []string
+		verdict, audit, reason string
+		policies               []string
 	}{
-		{VerdictWouldDeny, "audit would deny: egress audited by x/try-egress, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
+		{VerdictAllowed, AuditWouldDeny, "audit would deny: egress audited by x/try-egress, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
 			[]string{"x/try-egress"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-a would allow it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-a would allow it",
 			[]string{"x/deny-all", "x/try-a"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; yet no rule of the audited x/try-a, x/try-c allows it as the agent read it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; yet no rule of the audited x/try-a, x/try-c allows it as the agent read it",
 			[]string{"x/deny-all"}},
-		{VerdictWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-c would allow it",
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/deny-all, and no rule of theirs allows this; audited x/try-c would allow it",
 			[]string{"x/deny-all", "x/try-c"}},
-		{VerdictWouldDeny, "audit would deny (not enforced) by egress rules this agent no longer holds (fingerprint gone)", nil},
+		{VerdictAllowed, AuditWouldDeny, "audit would deny (not enforced) by egress rules this agent no longer holds (fingerprint gone)", nil},
+		{VerdictDenied, AuditWouldAllow, "default deny: ingress isolated by x/old-deny, and no rule of theirs allows this; audited x/try-c would allow it",
+			[]string{"x/old-deny", "x/try-c"}},
 	} {
-		if g := got[i]; g.Verdict != want.verdict || g.Reason != want.reason || !reflect.DeepEqual(g.Policies, want.policies) || g.Event != EventPolicy {
-			t.Errorf("record %d: %s %q %v, want %s %q %v", i, g.Verdict, g.Reason, g.Policies, want.verdict, want.reason, want.policies)
+		if g := got[i]; g.Verdict != want.verdict || g.Audit != want.audit || g.Reason != want.reason || !reflect.DeepEqual(g.Policies, want.policies) || g.Event != EventPolicy {
+			t.Errorf("record %d: %s (audit %s) %q %v, want %s (audit %s) %q %v", i, g.Verdict, g.Audit, g.Reason, g.Policies, want.verdict, want.audit, want.reason, want.policies)
 		}
 	}
 }

@@ -56,11 +56,12 @@ const (
 	VerdictDenied  = "denied"
 	VerdictAllowed = "allowed" // a new connection
 	VerdictDropped = "dropped"
-	// Audit (policies annotated onc.io/policy-mode: audit): let through,
-	// and audited policies would deny it; dropped, and an audited policy
-	// would allow it.
-	VerdictWouldDeny  = "would-deny"
-	VerdictWouldAllow = "would-allow"
+	// Audits of policy records (Record.Audit; policies annotated
+	// onc.io/policy-mode: audit): allowed, and audited policies would
+	// deny it; denied, and an audited policy would allow it. A filter's
+	// verdict may name one: it selects the records with that audit.
+	AuditWouldDeny  = "would-deny"
+	AuditWouldAllow = "would-allow"
 )
 
 // Record is one flow record.
@@ -81,6 +82,10 @@ type Record struct {
 	// zero for none; Suppressed how many of its class were held back.
 	Translated Endpoint
 	Suppressed uint32
+	// Audit is what audited policies would have done with a policy
+	// record's packet (AuditWouldDeny, AuditWouldAllow), "" for none: a
+	// field of its own, so that the verdict is what happened.
+	Audit string
 }
 
 // Filter selects records; its zero value selects every one.
@@ -96,8 +101,7 @@ type Filter struct {
 func (f Filter) Match(r *Record) bool {
 	ends := [3]Endpoint{r.Src, r.Dst, r.Translated}
 	switch {
-	case f.Verdict != "" && r.Verdict != f.Verdict && (f.Verdict != VerdictDenied || r.Verdict != VerdictWouldAllow):
-		// A would-allow packet was denied too.
+	case f.Verdict != "" && r.Verdict != f.Verdict && r.Audit != f.Verdict:
 		return false
 	case f.Event != "" && r.Event != f.Event:
 		return false

@@ -61,16 +61,17 @@ func TestStoreKeepsTheLast(t *testing.T) {
 	}
 }
 
-// Audit's verdicts select their own records; a would-allow packet was
-// denied too, so denied selects it as well.
+// A would-allow packet was denied, a would-deny one allowed: the verdict
+// selects them with the others (a consumer of denials misses no real
+// drop), and the audit selects them alone.
 func TestFilterAuditVerdicts(t *testing.T) {
 	s := NewStore(4)
-	for i, v := range []string{VerdictDenied, VerdictWouldDeny, VerdictWouldAllow} {
+	for i, v := range [][2]string{{VerdictDenied, ""}, {VerdictAllowed, AuditWouldDeny}, {VerdictDenied, AuditWouldAllow}, {VerdictAllowed, ""}} {
 		r := rec(i, "x")
-		r.Verdict = v
+		r.Verdict, r.Audit = v[0], v[1]
 		s.Add(r)
 	}
-	for verdict, want := range map[string]string{VerdictDenied: "[p0 p2]", VerdictWouldDeny: "[p1]", VerdictWouldAllow: "[p2]"} {
+	for verdict, want := range map[string]string{VerdictDenied: "[p0 p2]", VerdictAllowed: "[p1 p3]", AuditWouldDeny: "[p1]", AuditWouldAllow: "[p2]"} {
 		f, err := ParseFilter("", "", verdict, "", time.Time{})
 		if err != nil {
 			t.Fatalf("verdict %s: %v", verdict, err)

@@ -21,8 +21,9 @@ func flowsCommand(o *options) *cobra.Command {
 			"each new connection an isolated pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
 			"direction) with the policy and rule that allowed it; each packet dropped before any pod's rules (a spoofed\n" +
 			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited; what audited\n" +
-			"policies (annotation onc.io/policy-mode: audit) would change: would-deny, a packet let through that they would\n" +
-			"deny; would-allow, a packet denied that one of them would allow (--verdict denied shows those too); and the eBPF\n" +
+			"policies (annotation onc.io/policy-mode: audit) would change, as an audit beside the verdict: allowed (audit:\n" +
+			"would-deny), a packet let through that they would deny; denied (audit: would-allow), a packet denied that one of\n" +
+			"them would allow (--verdict would-deny and would-allow select those; denied and allowed include them); and the eBPF\n" +
 			"programs' events: drops by reason, Service translations (with the backend chosen), refusals, fast-path open and\n" +
 			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows a\n" +
 			"NetworkPolicy change took off the fast path (evict).\n" +
@@ -44,7 +45,7 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, would-deny, would-allow, refused, translated, cached, evicted")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, refused, translated, cached, evicted; or this audit: would-deny, would-allow")
 	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn, evict")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c

@@ -9,8 +9,9 @@ import (
 )
 
 // Summary is the record on one line without its time, as onctl flows
-// prints it and the OTLP export's log body carries it: node, verdict,
-// then the direction of the policy table's records, else the event and
+// prints it and the OTLP export's log body carries it: node, verdict
+// (and what audited policies would have done, "DENIED (audit:
+// would-allow)"), then the direction of the policy table's records, else the event and
 // the path (the eBPF programs');
 // protocol, the ends (and a third: the backend chosen, or the node that
 // sent a dropped frame), why, and how many like it went unrecorded.
@@ -22,7 +23,11 @@ func (x *FlowRecord) Summary() string {
 	if how == "" {
 		how = x.Event + " " + x.Path // the eBPF programs'
 	}
-	line := fmt.Sprintf("%s %s %s %s %s → %s", x.Node, strings.ToUpper(x.Verdict), how, x.Protocol, x.Source.Summary(), x.Destination.Summary())
+	verdict := strings.ToUpper(x.Verdict)
+	if x.Audit != "" {
+		verdict += " (audit: " + x.Audit + ")"
+	}
+	line := fmt.Sprintf("%s %s %s %s %s → %s", x.Node, verdict, how, x.Protocol, x.Source.Summary(), x.Destination.Summary())
 	if x.Translated != nil {
 		via := " ⇒ "
 		if x.Event == "drop" {

@@ -3119,7 +3119,8 @@ type FlowRecord struct {
 	// translate, open, learn; from the agent: evict; lost: records this
 	// reader did not get, being too slow (reason says how many).
 	Event string `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
-	// denied, allowed (a new connection), dropped, refused, translated,
+	// denied, allowed (a new connection, or, with audit would-deny, a
+	// packet no enforcing policy judged), dropped, refused, translated,
 	// cached, evicted.
 	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the local pod
@@ -3138,7 +3139,14 @@ type FlowRecord struct {
 	Translated *FlowEndpoint `protobuf:"bytes,13,opt,name=translated,proto3" json:"translated,omitempty"`
 	// Records of this event's class the node's budget held back (on the CPU
 	// that emitted this one) since the previous one: not recorded at all.
-	Suppressed    uint32 `protobuf:"varint,14,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
+	Suppressed uint32 `protobuf:"varint,14,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
+	// What audited policies (annotation onc.io/policy-mode: audit) would
+	// have done with a packet of a policy record: would-allow (its verdict
+	// is denied: the enforcing policies dropped it, and an audited rule
+	// would allow it) or would-deny (its verdict is allowed: no enforcing
+	// policy isolates the pod there, and the audited ones would deny it);
+	// empty for every other record.
+	Audit         string `protobuf:"bytes,15,opt,name=audit,proto3" json:"audit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3269,6 +3277,13 @@ func (x *FlowRecord) GetSuppressed() uint32 {
 		return x.Suppressed
 	}
 	return 0
+}
+
+func (x *FlowRecord) GetAudit() string {
+	if x != nil {
+		return x.Audit
+	}
+	return ""
 }
 
 type TraceRequest struct {
@@ -3948,7 +3963,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xd6\x03\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\xec\x03\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -3969,7 +3984,8 @@ const file_onc_proto_rawDesc = "" +
 	"translated\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\x0e \x01(\rR\n" +
-	"suppressedB\a\n" +
+	"suppressed\x12\x14\n" +
+	"\x05audit\x18\x0f \x01(\tR\x05auditB\a\n" +
 	"\x05_rule\"\x8e\x01\n" +
 	"\fTraceRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +

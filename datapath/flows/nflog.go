@@ -48,7 +48,11 @@ type Packet struct {
 	// (W, U) (datapath/policy Enforcer.Logged); "" for VerdictDropped,
 	// and in the prefixes of agents before it.
 	Fingerprint string
-	Why         string // VerdictDropped: DropSpoof, DropInvalid or DropNoSYN
+	// EnforcingFingerprint names, for VerdictWouldAllow, the enforcing
+	// rules that dropped the packet, as they were when it was logged; ""
+	// for the other verdicts, and in the prefixes of agents before it.
+	EnforcingFingerprint string
+	Why                  string // VerdictDropped: DropSpoof, DropInvalid or DropNoSYN
 	// Iface is the host side of the pod's veth the packet came from
 	// (egress) or went to (ingress), for VerdictDropped; "" if gone.
 	Iface string
@@ -62,11 +66,12 @@ type Packet struct {
 //	onc1 D <dir> <id> [<fp>]   a pod chain's drop (no fp: agents before fingerprints)
 //	onc1 A <dir> <id> <fp>     a pod chain's allowed new connection
 //	onc1 W <dir> <id> <afp>    let through, audited policies would deny it
-//	onc1 U <dir> <id> <afp>    dropped, an audited policy would allow it
+//	onc1 U <dir> <id> <afp> [<fp>]  dropped, an audited policy would allow it (no fp: agents before it)
 //	onc1 X <why> <dir>         a base chain's drop
 //
 // dir is in or eg; id the pod's PodID; fp the fingerprint of the rules the
-// chain enforces, afp of those it audits.
+// chain enforces, afp of those it audits. The longest, U's, is 38
+// characters; nft takes up to 127 (NF_LOG_PREFIXLEN).
 
 // PolicyPrefix is the log prefix of verdict (VerdictDenied,
 // VerdictAllowed, VerdictWouldDeny or VerdictWouldAllow) for the chain of
@@ -74,6 +79,15 @@ type Packet struct {
 // of fingerprint fp.
 func PolicyPrefix(verdict string, ingress bool, id, fp string) string {
 	return strings.Join([]string{PrefixVersion, verdict, dirName(ingress), id, fp}, " ")
+}
+
+// WouldAllowPrefix is the log prefix of VerdictWouldAllow for the chain
+// of pod id in a direction, of the audited rules of fingerprint afp and
+// the enforcing ones of fingerprint fp: both as they are when the packet
+// is logged, so that the record names the rules that dropped it even if
+// they change before it is read.
+func WouldAllowPrefix(ingress bool, id, afp, fp string) string {
+	return PolicyPrefix(VerdictWouldAllow, ingress, id, afp) + " " + fp
 }
 
 // DropPrefix is the log prefix of a base chain's drop for why, of a
@@ -116,12 +130,15 @@ func parsePrefix(f []string) (p Packet, ok bool) {
 	p.Verdict = f[1]
 	switch p.Verdict {
 	case VerdictDenied, VerdictAllowed, VerdictWouldDeny, VerdictWouldAllow:
-		if len(f) == 5 {
+		if len(f) >= 5 {
 			p.Fingerprint = f[4]
+		}
+		if len(f) == 6 {
+			p.EnforcingFingerprint = f[5]
 		}
 		p.Ingress, ok = parseDir(f[2])
 		p.PodID = f[3]
-		return p, ok && (len(f) == 5 || len(f) == 4 && p.Verdict == VerdictDenied)
+		return p, ok && (len(f) == 5 || len(f) == 4 && p.Verdict == VerdictDenied || len(f) == 6 && p.Verdict == VerdictWouldAllow)
 	case VerdictDropped:
 		p.Why = f[2]
 		p.Ingress, ok = parseDir(f[3])

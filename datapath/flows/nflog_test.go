@@ -55,6 +55,9 @@ func TestParsePacket(t *testing.T) {
 		{"denied, audit would allow", "onc1 U eg 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
 			Packet{Verdict: VerdictWouldAllow, PodID: "0123456789", Fingerprint: "89abcdef", Proto: 6,
 				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
+		{"denied, audit would allow, with the enforcing rules' fingerprint", "onc1 U in 0123456789 89abcdef 01234567", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
+			Packet{Verdict: VerdictWouldAllow, Ingress: true, PodID: "0123456789", Fingerprint: "89abcdef", EnforcingFingerprint: "01234567", Proto: 6,
+				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
 		{"with the rules' fingerprint", "onc1 D in 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 40000, 80, 0),
 			Packet{Verdict: VerdictDenied, Ingress: true, PodID: "0123456789", Fingerprint: "89abcdef", Proto: 6,
 				Src: netip.MustParseAddrPort("10.0.0.1:40000"), Dst: netip.MustParseAddrPort("10.0.0.2:80")}, nil},
@@ -70,6 +73,9 @@ func TestParsePacket(t *testing.T) {
 		{"a drop without a direction", "onc1 X spoof", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"a drop with a pod id", "onc1 X spoof eg 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"would deny without a fingerprint", "onc1 W in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"two fingerprints but for U", "onc1 W in 0123456789 89abcdef 01234567", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"denied with two fingerprints", "onc1 D in 0123456789 89abcdef 01234567", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
+		{"U with a field too many", "onc1 U in 0123456789 89abcdef 01234567 x", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"someone else's prefix", "IN=eth0 DROP", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"another grammar version", "onc2 D in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
 		{"an unknown verdict", "onc1 Q in 0123456789", ipv4TCP([4]byte{}, [4]byte{}, 1, 2, 0), Packet{}, ErrNotOurs},
@@ -92,16 +98,30 @@ func TestParsePacket(t *testing.T) {
 
 var errAny = errors.New("any error")
 
+// The longest prefix, U's with both fingerprints, fits nft's log prefix
+// (NF_LOG_PREFIXLEN, 128 bytes with the NUL), and reads back.
+func TestWouldAllowPrefix(t *testing.T) {
+	prefix := WouldAllowPrefix(true, "0123456789", "89abcdef", "01234567")
+	if len(prefix) > 127 {
+		t.Errorf("%q: %d characters, more than nft takes", prefix, len(prefix))
+	}
+	p, err := ParsePacket(prefix, ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	if err != nil || p.Verdict != VerdictWouldAllow || !p.Ingress || p.PodID != "0123456789" || p.Fingerprint != "89abcdef" || p.EnforcingFingerprint != "01234567" {
+		t.Errorf("%q reads back as %+v, %v", prefix, p, err)
+	}
+}
+
 func FuzzParsePacket(f *testing.F) {
 	f.Add("onc1 D in 0123456789", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
 	f.Add("onc1 D eg 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
 	f.Add("onc1 A in 0123456789 89abcdef", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
+	f.Add("onc1 U in 0123456789 89abcdef 01234567", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
 	f.Add("onc1 X spoof eg", ipv4TCP([4]byte{10, 0, 0, 1}, [4]byte{10, 0, 0, 2}, 1, 2, 0))
 	f.Fuzz(func(t *testing.T, prefix string, pkt []byte) {
 		p, err := ParsePacket(prefix, pkt)
 		if err == nil && (!p.Src.Addr().IsValid() || p.Src.Addr().Is4() != p.Dst.Addr().Is4() ||
 			(p.Verdict == VerdictDropped) != (p.PodID == "" && p.Fingerprint == "" && p.Why != "") ||
-			p.Verdict == VerdictAllowed && p.Fingerprint == "") {
+			p.Verdict == VerdictAllowed && p.Fingerprint == "" || p.EnforcingFingerprint != "" && p.Verdict != VerdictWouldAllow) {
 			t.Fatalf("%q %x: %+v", prefix, pkt, p)
 		}
 	})

@@ -11,7 +11,8 @@ package policy
 //   - a direction an enforcing policy isolates looks the packet up in the
 //     audited policies' sets just before its drop: one they hold goes to
 //     the chain <chain>-would-allow, which counts it in the counter of the
-//     same name, logs it as "would allow" (U) and drops it as the chain
+//     same name, logs it as "would allow" (U, with the fingerprints of
+//     both the audited and the enforcing rules) and drops it as the chain
 //     would have.
 //
 // The audited policies' sets are a pair like the enforcing ones', named
@@ -75,26 +76,27 @@ func addWouldDenyRules(tx *knftables.Transaction, logGroup uint16, d dir, id str
 }
 
 // addWouldAllow adds the chain of pod id in direction d that counts, logs
-// (with the audited rules' fingerprint fp) and drops what the enforcing
-// policies drop and an audited one allows.
-func addWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
+// (with the fingerprints of s, the audited rules' and the enforcing
+// ones') and drops what the enforcing policies drop and an audited one
+// allows.
+func addWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	tx.Add(&knftables.Chain{Name: wouldAllowChain(d.chain(id))})
-	addWouldAllowRules(tx, logGroup, d, id, fp)
+	addWouldAllowRules(tx, logGroup, d, id, s)
 }
 
 // rewriteWouldAllow replaces the rules of the would-allow chain of pod id
-// in direction d, for a new fingerprint fp.
-func rewriteWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
+// in direction d, for new fingerprints.
+func rewriteWouldAllow(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	tx.Flush(&knftables.Chain{Name: wouldAllowChain(d.chain(id))})
-	addWouldAllowRules(tx, logGroup, d, id, fp)
+	addWouldAllowRules(tx, logGroup, d, id, s)
 }
 
-func addWouldAllowRules(tx *knftables.Transaction, logGroup uint16, d dir, id, fp string) {
+func addWouldAllowRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s dirSets) {
 	chain := d.chain(id)
 	name := wouldAllowChain(chain)
 	tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("counter name %q", chain+wouldAllow)})
 	if logGroup != 0 {
-		addLogRules(tx, logGroup, name, flows.PolicyPrefix(flows.VerdictWouldAllow, d == ingress, id, fp))
+		addLogRules(tx, logGroup, name, flows.WouldAllowPrefix(d == ingress, id, s.auditLogFP, s.logFP))
 	}
 	tx.Add(&knftables.Rule{Chain: name, Rule: fmt.Sprintf("counter name %q drop", chain+"-deny")})
 }

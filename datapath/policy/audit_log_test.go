@@ -77,11 +77,11 @@ func TestAuditLogPrefixes(t *testing.T) {
 	if !strings.Contains(chain, prefix("D", "in", fpE)) || !strings.Contains(rules("al-"+in), prefix("A", "in", fpE)) {
 		t.Errorf("D and A do not carry the enforcing rules' fingerprint %s:\n%s\n%s", fpE, chain, rules("al-"+in))
 	}
-	if got := rules(wouldAllowChain(in)); !strings.Contains(got, prefix("U", "in", fpA1)) {
-		t.Errorf("the would-allow chain does not log U with the audited rules' fingerprint %s:\n%s", fpA1, got)
+	if got := rules(wouldAllowChain(in)); !strings.Contains(got, prefix("U", "in", fpA1+" "+fpE)) {
+		t.Errorf("the would-allow chain does not log U with the audited rules' fingerprint %s and the enforcing ones' %s:\n%s", fpA1, fpE, got)
 	}
-	if l, ok := e.Logged(id, true, fpA1); !ok || l.Pod != "ns/b" || l.Direction != au1 || l.Enforcing != enforced {
-		t.Errorf("Logged(%s): %+v, %v; want ns/b's audited rules, and the enforcing ones beside", fpA1, l, ok)
+	if l, ok := e.Logged(id, true, fpA1); !ok || l.Pod != "ns/b" || l.Direction != au1 {
+		t.Errorf("Logged(%s): %+v, %v; want ns/b's audited rules", fpA1, l, ok)
 	}
 
 	// The audited rules change, and an audited deny-all comes on the
@@ -90,7 +90,7 @@ func TestAuditLogPrefixes(t *testing.T) {
 	auEg := audited()
 	apply(Pod{Ingress: enforced, AuditIngress: au2, AuditEgress: auEg})
 	fpA2, fpW := e.pods["ns/b"].auInLog, e.pods["ns/b"].auEgLog
-	if fpA2 == fpA1 || !strings.Contains(rules(wouldAllowChain(in)), prefix("U", "in", fpA2)) {
+	if fpA2 == fpA1 || !strings.Contains(rules(wouldAllowChain(in)), prefix("U", "in", fpA2+" "+fpE)) {
 		t.Errorf("U after the audited rules changed: fingerprint %s (was %s):\n%s", fpA2, fpA1, rules(wouldAllowChain(in)))
 	}
 	if got := rules(eg); !strings.Contains(got, prefix("W", "eg", fpW)) || strings.Contains(got, "al-") {
@@ -99,12 +99,21 @@ func TestAuditLogPrefixes(t *testing.T) {
 	if got := rules("al-" + eg); got != "" {
 		t.Errorf("the audited-only egress logs allowed connections:\n%s", got)
 	}
-	if l, ok := e.Logged(id, false, fpW); !ok || l.Direction != auEg || l.Enforcing != nil {
+	if l, ok := e.Logged(id, false, fpW); !ok || l.Direction != auEg {
 		t.Errorf("Logged(%s): %+v, %v; want the audited egress alone", fpW, l, ok)
 	}
-	// The enforcing rules change beside the audited ones: b changed.
-	apply(Pod{Ingress: isolate(allow(hosts(4, 2), PortRange{TCP, 80, 80})), AuditIngress: au2, AuditEgress: auEg}, "ns/b")
-	if l, ok := e.Logged(id, true, fpA2); !ok || l.Enforcing == enforced {
-		t.Errorf("Logged(%s) after the enforcing rules changed: %+v, %v; want the new enforcing rules beside", fpA2, l, ok)
+	// The enforcing rules change beside the audited ones: b changed, and
+	// U names the new enforcing rules, while a U logged before still
+	// resolves to the rules that dropped it.
+	enforced2 := isolate(allow(hosts(4, 2), PortRange{TCP, 80, 80}))
+	apply(Pod{Ingress: enforced2, AuditIngress: au2, AuditEgress: auEg}, "ns/b")
+	fpE2 := e.pods["ns/b"].inLog
+	if got := rules(wouldAllowChain(in)); fpE2 == fpE || !strings.Contains(got, prefix("U", "in", fpA2+" "+fpE2)) {
+		t.Errorf("U after the enforcing rules changed: want fingerprints %s %s (enforcing was %s):\n%s", fpA2, fpE2, fpE, got)
+	}
+	for fp, want := range map[string]*Direction{fpE: enforced, fpE2: enforced2, fpA2: au2} {
+		if l, ok := e.Logged(id, true, fp); !ok || l.Direction != want {
+			t.Errorf("Logged(%s) after the enforcing rules changed: %+v, %v; want %+v", fp, l, ok, want)
+		}
 	}
 }

@@ -51,7 +51,8 @@ const nftTimeout = 30 * time.Second
 // at once and then 1 a second per connection (sets flows-denied and
 // flows-denied6 hold each connection's budget until it has been quiet for
 // a minute), and goes to its allow-log chain instead of returning, which
-// logs the new connections it allows (verdicts.go); the base chains' drops
+// logs the new connections it allows, each once (a conntrack label,
+// verdicts.go); the base chains' drops
 // go to chains that count, log and drop them. Audited policies add their
 // own sets and rules, which report and count and never change a verdict
 // (audit.go). Returning instead of accepting lets same-node traffic pass
@@ -194,14 +195,14 @@ func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 
 // checkLog asks the kernel (a transaction checked, never committed)
 // whether it takes the log rules: they need nft's log, limit and dynamic
-// set expressions and nfnetlink_log.
+// set expressions, conntrack labels and nfnetlink_log.
 func (e *Enforcer) checkLog() error {
 	tx := e.nft.NewTransaction()
 	tx.Add(&knftables.Table{})
 	addDeniedSets(tx)
 	tx.Add(&knftables.Chain{Name: "log-check"})
 	addLogRules(tx, e.logGroup, "log-check", flows.PolicyPrefix(flows.VerdictDenied, true, "check", "check"))
-	tx.Add(&knftables.Rule{Chain: "log-check", Rule: allowLogRule(e.logGroup, flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))})
+	addAllowLogRules(tx, e.logGroup, ingress, "log-check", flows.PolicyPrefix(flows.VerdictAllowed, true, "check", "check"))
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	return e.nft.Check(ctx, tx)
@@ -426,7 +427,13 @@ func (e *Enforcer) Apply(rs Ruleset, checkKernel bool) ([]string, error) {
 type Prepared struct {
 	// Changed are the keys of the pods whose enforcement changes (added,
 	// rules changed, removed), sorted.
-	Changed  []string
+	Changed []string
+	// Audited are the keys of the pods an audit closes to the fast path
+	// (openPods) with their enforcement unchanged: no policy selected
+	// them, and an audited one does now. The caller hands the connections
+	// the fast path opened of theirs over to conntrack, as it does an
+	// isolated pod's, and revokes none. Sorted.
+	Audited  []string
 	want     []plan
 	compiled map[string]*compiled
 	commits  uint64 // e.commits when prepared
@@ -443,8 +450,11 @@ func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 	p := &Prepared{want: want, compiled: compiled, commits: e.commits}
 	seen := make(map[string]bool, len(want))
 	for _, w := range want {
-		if old, ok := e.pods[w.key]; !ok || !old.sameEnforcement(w.applied) {
+		switch old, ok := e.pods[w.key]; {
+		case !ok || !old.sameEnforcement(w.applied):
 			p.Changed = append(p.Changed, w.key)
+		case w.audited() && !old.audited() && !old.isolated():
+			p.Audited = append(p.Audited, w.key)
 		}
 		seen[w.key] = true
 	}
@@ -454,6 +464,7 @@ func (e *Enforcer) Prepare(rs Ruleset) (*Prepared, error) {
 		}
 	}
 	sort.Strings(p.Changed)
+	sort.Strings(p.Audited)
 	return p, nil
 }
 
@@ -811,7 +822,7 @@ func addDir(tx *knftables.Transaction, logGroup uint16, d dir, id, iface string,
 		addSets(tx, auditSets(chain), s.audit)
 	}
 	if s.enforce != nil && s.audit != nil {
-		addWouldAllow(tx, logGroup, d, id, s.auditLogFP)
+		addWouldAllow(tx, logGroup, d, id, s)
 	}
 	tx.Add(&knftables.Chain{Name: chain})
 	if logGroup != 0 {
@@ -891,7 +902,7 @@ func addRules(tx *knftables.Transaction, logGroup uint16, d dir, id string, s di
 	allowed := "return"
 	if logGroup != 0 {
 		allowed = "goto " + d.allowLog(id)
-		tx.Add(&knftables.Rule{Chain: d.allowLog(id), Rule: allowLogRule(logGroup, flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))})
+		addAllowLogRules(tx, logGroup, d, d.allowLog(id), flows.PolicyPrefix(flows.VerdictAllowed, d == ingress, id, s.logFP))
 	}
 	addLookups(tx, d, chain, chain, s.enforce, fmt.Sprintf("counter name %q %s", chain+"-allow", allowed))
 	if s.audit != nil {
@@ -993,9 +1004,9 @@ func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was
 	}
 	switch {
 	case nowBoth && !wasBoth:
-		addWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+		addWouldAllow(tx, logGroup, d, id, now)
 	case nowBoth && logGroup != 0:
-		rewriteWouldAllow(tx, logGroup, d, id, now.auditLogFP)
+		rewriteWouldAllow(tx, logGroup, d, id, now)
 	}
 	if rewrite {
 		tx.Flush(&knftables.Chain{Name: chain})

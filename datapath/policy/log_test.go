@@ -315,6 +315,71 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 	}
 }
 
+// An allowed connection is recorded once per chain, however many of its
+// packets are new to conntrack: a UDP flow whose peer never answers
+// gives one record, not one a datagram; two such flows give two; a TCP
+// connection one. Between two pods of the node, the sender's egress chain
+// and the receiver's ingress chain each record it.
+func TestAllowedLoggedOncePerConnection(t *testing.T) {
+	tp := newTopo(t, "a", "b")
+	tp.serve(tp.pods["b"].ns, []int{80}, nil)
+	e := tp.enforcer()
+	l := tp.readLog(testLogGroup)
+	a, b := tp.pods["a"], tp.pods["b"]
+	in := isolate(allow(prefixes(a.ip.String()+"/32"), PortRange{TCP, 80, 80}, PortRange{UDP, 5353, 5353}))
+	eg := isolate(allow(prefixes(b.ip.String() + "/32")))
+	tp.apply(e, Ruleset{Pods: []Pod{tp.pod("a", nil, eg), tp.pod("b", in, nil)}}, "ns/a", "ns/b")
+	var srv net.PacketConn // receives and never answers
+	tp.in(b.ns, func() (err error) { srv, err = net.ListenPacket("udp", ":5353"); return err })
+	defer srv.Close()
+	dst := netip.AddrPortFrom(b.ip, 5353)
+	// flow sends n datagrams from one socket, and returns its address.
+	flow := func(n int) netip.AddrPort {
+		t.Helper()
+		var c net.Conn
+		tp.in(a.ns, func() (err error) { c, err = net.Dial("udp", dst.String()); return err })
+		defer c.Close()
+		for range n {
+			if _, err := c.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return netip.MustParseAddrPort(c.LocalAddr().String())
+	}
+	// records checks that each chain recorded exactly one connection
+	// from src, between src and dst.
+	records := func(what string, src, dst netip.AddrPort, proto uint8) {
+		t.Helper()
+		l.waitFor(flows.VerdictAllowed, proto, src.Addr(), dst)
+		time.Sleep(300 * time.Millisecond) // any other would have come by now
+		for _, ingress := range []bool{true, false} {
+			got := slices.DeleteFunc(l.of(flows.VerdictAllowed, proto, src.Addr(), dst), func(p flows.Packet) bool {
+				return p.Src != src || p.Ingress != ingress
+			})
+			if len(got) != 1 {
+				t.Errorf("%s, ingress %v: %d allowed records, want 1: %+v", what, ingress, len(got), got)
+			}
+		}
+	}
+	one := flow(400)
+	records("400 datagrams of one unanswered UDP flow", one, dst, unix.IPPROTO_UDP)
+	if n := len(l.of(flows.VerdictAllowed, unix.IPPROTO_UDP, a.ip, dst)); n != 2 {
+		t.Errorf("one UDP flow: %d allowed records, want 2 (a's egress, b's ingress)", n)
+	}
+	two := flow(50)
+	records("a second flow", two, dst, unix.IPPROTO_UDP)
+	if n := len(l.of(flows.VerdictAllowed, unix.IPPROTO_UDP, a.ip, dst)); n != 4 {
+		t.Errorf("two UDP flows: %d allowed records, want 4", n)
+	}
+	c := tp.dial(a.ns, netip.AddrPortFrom(b.ip, 80))
+	for range 3 {
+		if c == nil || !echoes(c) {
+			t.Fatal("a → b TCP/80: no echo")
+		}
+	}
+	records("a TCP connection", netip.MustParseAddrPort(c.LocalAddr().String()), netip.AddrPortFrom(b.ip, 80), unix.IPPROTO_TCP)
+}
+
 // The base chains count and log what they drop before any pod's rules:
 // a pod's spoofed source (at most 3 at once and then 1 a second per
 // connection, all counted), a packet conntrack finds invalid, and a TCP

@@ -26,15 +26,17 @@ type Node struct {
 	mu sync.Mutex
 	e  *Enforcer // nil until the first Enforce
 	// revokePending are the pods whose rules changed and whose connections
-	// are not yet revoked; only Enforce (one watcher) uses it.
-	revokePending map[string]bool
+	// are not yet revoked; handOverPending the pods an audit closed to the
+	// fast path (Prepared.Audited) whose connections the fast path opened
+	// are not yet handed over. Only Enforce (one watcher) uses them.
+	revokePending, handOverPending map[string]bool
 }
 
 // NewNode is the node's policy; fastPath and bypass return those
 // features' tables, or nil while they are not loaded. Pods' chains log
 // what they drop to NFLOG group logGroup, unless it is 0.
 func NewNode(fastPath func() *fastpath.Datapath, bypass func() *bypass.Bypass, logGroup uint16) *Node {
-	return &Node{fastPath: fastPath, bypass: bypass, logGroup: logGroup, revokePending: map[string]bool{}}
+	return &Node{fastPath: fastPath, bypass: bypass, logGroup: logGroup, revokePending: map[string]bool{}, handOverPending: map[string]bool{}}
 }
 
 // Change is what one Enforce did.
@@ -50,9 +52,12 @@ type Change struct {
 // those pods' flows except the ones conntrack knows and rs still allows,
 // with learning paused in between so that no ended connection is learned
 // again; the bypass records no new socket meanwhile (only then: a resync
-// that changes no pod leaves the bypass recording). It returns when all
-// of that is done, so the caller may report the change applied; pods
-// whose revocation failed are revoked again on the next call. With
+// that changes no pod leaves the bypass recording). The pods an audit
+// closes to the flow cache have the connections it opened handed over to
+// conntrack, and none ended (audit never cuts a connection). It returns
+// when all of that is done, so the caller may report the change applied;
+// pods whose revocation (or hand-over) failed are revoked (or handed
+// over) again on the next call. With
 // checkKernel the table is checked for drift and rewritten if it drifted
 // (Enforcer.Commit).
 func (n *Node) Enforce(rs Ruleset, checkKernel bool) (Change, error) {
@@ -110,12 +115,16 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, 
 	for _, key := range ch.Pods {
 		n.revokePending[key] = true
 	}
+	for _, key := range p.Audited {
+		n.handOverPending[key] = true
+	}
 	if fp != nil {
 		if err := fp.SetOpen(open, checkKernel); err != nil {
 			return ch, fmt.Errorf("fast path: open the pods no policy isolates: %w", err)
 		}
 	}
-	if len(n.revokePending) == 0 {
+	if len(n.revokePending) == 0 && (fp == nil || len(n.handOverPending) == 0) {
+		clear(n.handOverPending)
 		return ch, nil
 	}
 	pods := slices.Sorted(maps.Keys(n.revokePending))
@@ -123,16 +132,14 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, 
 	if err != nil {
 		return ch, err
 	}
-	ips := make(map[netip.Addr]bool)
-	for _, key := range pods {
-		if p := rs.Pod(key); p != nil {
-			for _, ip := range p.IPs {
-				ips[ip] = true
-			}
-		}
-	}
+	// The flow cache judges the flows of both (judgeFlow).
+	ips, judged := podIPs(rs, n.revokePending), podIPs(rs, n.handOverPending)
+	maps.Copy(judged, ips)
 	var r Revoked
 	revoke := func(opened []fastpath.Conn) (err error) {
+		if len(pods) == 0 {
+			return nil
+		}
 		r, err = e.Revoke(rs, pods, hosts, opened)
 		ch.Ended = r.Ended
 		if err != nil || bp == nil {
@@ -145,12 +152,12 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, 
 	if fp == nil {
 		err = revoke(nil)
 	} else {
-		err = fp.EvictFlows(ips, func(opened []fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) fastpath.Verdict, error) {
+		err = fp.EvictFlows(judged, func(opened []fastpath.Conn) (func(local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) fastpath.Verdict, error) {
 			if err := revoke(opened); err != nil {
 				return nil, err
 			}
 			return func(local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) fastpath.Verdict {
-				v, ended := judgeFlow(rs, open, r, local, remote, proto, opener)
+				v, ended := judgeFlow(rs, open, r, ips, local, remote, proto, opener)
 				if ended {
 					ch.Ended++
 				}
@@ -162,7 +169,34 @@ func (n *Node) enforce(e *Enforcer, bp *bypass.Bypass, rs Ruleset, p *Prepared, 
 		return ch, err
 	}
 	clear(n.revokePending)
+	clear(n.handOverPending)
 	return ch, nil
+}
+
+// podIPs are the addresses in rs of the pods keys.
+func podIPs(rs Ruleset, keys map[string]bool) map[netip.Addr]bool {
+	ips := make(map[netip.Addr]bool)
+	for key := range keys {
+		if p := rs.Pod(key); p != nil {
+			for _, ip := range p.IPs {
+				ips[ip] = true
+			}
+		}
+	}
+	return ips
+}
+
+// handOverAudited is the verdict on a cached flow of a pod an audit
+// closed to the fast path, its enforcement unchanged: one the fast path
+// opened goes to conntrack, which then carries it past the audit's chain
+// as established (picked up mid-stream instead, perhaps the wrong way
+// round, it could give a false would-deny); one the slow path opened
+// conntrack knows already. None ends: audit never cuts a connection.
+func handOverAudited(opener fastpath.Opener) fastpath.Verdict {
+	if opener == fastpath.OpenedBySlowPath {
+		return fastpath.Keep
+	}
+	return fastpath.HandOver
 }
 
 // openPods are the pods of rs no policy selects, enforcing or audited, in
@@ -180,15 +214,20 @@ func openPods(rs Ruleset) map[netip.Addr]bool {
 	return open
 }
 
-// judgeFlow is the verdict on a cached flow of a pod whose rules changed,
-// after Revoke (r), and whether that ends its connection. A flow the slow
+// judgeFlow is the verdict on a cached flow of a pod whose rules changed
+// (at revoked) or that an audit closed to the fast path (elsewhere), after
+// Revoke (r), and whether that ends its connection. An audit's pod has its
+// flows handed over (handOverAudited). A flow the slow
 // path opened stays if conntrack still holds it allowed. One the fast path
 // opened is judged as the connection it is: denied, it goes (and its
 // connection ends, unless Revoke already ended it in conntrack); allowed,
 // it stays where its pod is still open, and is handed over to conntrack
 // where a policy isolates the pod now, so that the slow path carries it if
 // ever it must.
-func judgeFlow(rs Ruleset, open map[netip.Addr]bool, r Revoked, local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) (v fastpath.Verdict, ended bool) {
+func judgeFlow(rs Ruleset, open map[netip.Addr]bool, r Revoked, revoked map[netip.Addr]bool, local, remote netip.AddrPort, proto uint8, opener fastpath.Opener) (v fastpath.Verdict, ended bool) {
+	if !revoked[local.Addr()] {
+		return handOverAudited(opener), false
+	}
 	if opener == fastpath.OpenedBySlowPath {
 		if r.Keeps(local, remote, Proto(proto)) {
 			return fastpath.Keep, false

@@ -3,6 +3,7 @@ package policy
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -63,21 +64,29 @@ func TestJudgeFlow(t *testing.T) {
 		opener        fastpath.Opener
 		want          fastpath.Verdict
 		ended         bool
+		audit         bool // the server's enforcement is unchanged; an audit closed it (Prepared.Audited)
 	}{
-		{"opened by the slow path, still allowed in conntrack", isolated, kept, ap(server, 80), ap(client, 40000), fastpath.OpenedBySlowPath, fastpath.Keep, false},
-		{"opened by the slow path, gone from conntrack", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Evict, false},
-		{"opened by the fast path, allowed, the server now isolated", isolated, kept, ap(server, 80), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
-		{"opened by the fast path, the server still open", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Keep, false},
-		{"opened by the fast path, the server now isolated only for egress", Ruleset{Pods: []Pod{{Key: "x/server", IPs: []netip.Addr{server}, Egress: &Direction{}}}}, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false},
-		{"opened by the fast path, now denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, true},
-		{"opened by the fast path, denied, already ended in conntrack", isolated, endedInConntrack, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, false},
+		{"opened by the slow path, still allowed in conntrack", isolated, kept, ap(server, 80), ap(client, 40000), fastpath.OpenedBySlowPath, fastpath.Keep, false, false},
+		{"opened by the slow path, gone from conntrack", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Evict, false, false},
+		{"opened by the fast path, allowed, the server now isolated", isolated, kept, ap(server, 80), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false, false},
+		{"opened by the fast path, the server still open", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Keep, false, false},
+		{"opened by the fast path, the server now isolated only for egress", Ruleset{Pods: []Pod{{Key: "x/server", IPs: []netip.Addr{server}, Egress: &Direction{}}}}, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false, false},
+		{"opened by the fast path, now denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, true, false},
+		{"opened by the fast path, denied, already ended in conntrack", isolated, endedInConntrack, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.Evict, false, false},
 		// The server's own connection out to the client's port 22: its
 		// ingress rules do not judge it, but the pod is isolated now.
-		{"opened by the local pod, allowed, the pod now isolated the other way", isolated, kept, ap(server, 41000), ap(client, 22), fastpath.OpenedByLocal, fastpath.HandOver, false},
+		{"opened by the local pod, allowed, the pod now isolated the other way", isolated, kept, ap(server, 41000), ap(client, 22), fastpath.OpenedByLocal, fastpath.HandOver, false, false},
+		// An audit never ends a connection: a flow of a pod it closed is
+		// handed over (the fast path's) or kept (the slow path's), even
+		// one the rules in force would deny (they did before, unchanged).
+		{"audited, opened by the fast path", open, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false, true},
+		{"audited, opened by the fast path, denied", isolated, kept, ap(server, 22), ap(client, 41000), fastpath.OpenedByRemote, fastpath.HandOver, false, true},
+		{"audited, opened by the slow path, unknown to Revoke", isolated, kept, ap(server, 80), ap(client, 40001), fastpath.OpenedBySlowPath, fastpath.Keep, false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			v, ended := judgeFlow(c.rs, openPods(c.rs), c.r, c.local, c.remote, uint8(TCP), c.opener)
+			revoked := map[netip.Addr]bool{server: !c.audit}
+			v, ended := judgeFlow(c.rs, openPods(c.rs), c.r, revoked, c.local, c.remote, uint8(TCP), c.opener)
 			if v != c.want || ended != c.ended {
 				t.Fatalf("verdict %d, ended %v; want %d, %v", v, ended, c.want, c.ended)
 			}
@@ -119,4 +128,40 @@ func TestOpenPods(t *testing.T) {
 	rs.Pods[7].AuditIngress, rs.Pods[8].AuditEgress = nil, nil
 	want["10.244.1.8"], want["10.244.1.9"] = true, true
 	check(rs, want)
+}
+
+// A pod an audit closes to the flow cache, its enforcement unchanged, is
+// in Prepared.Audited (to have the connections the fast path opened
+// handed over), not in Changed (nothing is revoked); one already closed,
+// by an audit or by isolation, or whose enforcement changes too, is not.
+func TestPrepareReportsThePodsAnAuditCloses(t *testing.T) {
+	e, _ := fakeEnforcer(t)
+	pod := func(key, iface, ip string, in, auditIn, auditEg *Direction) Pod {
+		return Pod{Key: key, Iface: iface, IPs: []netip.Addr{netip.MustParseAddr(ip)}, Ingress: in, AuditIngress: auditIn, AuditEgress: auditEg}
+	}
+	rs := func(a, b, c Pod) Ruleset { return Ruleset{Pods: []Pod{a, b, c}} }
+	open := rs(pod("ns/a", "vetha", "10.99.0.1", nil, nil, nil), pod("ns/b", "vethb", "10.99.0.2", nil, nil, nil), pod("ns/c", "vethc", "10.99.0.3", isolate(), nil, nil))
+	step := func(what string, next Ruleset, changed, audited []string) {
+		t.Helper()
+		p, err := e.Prepare(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p.Changed, changed) || !slices.Equal(p.Audited, audited) {
+			t.Errorf("%s: changed %v, audited %v; want %v, %v", what, p.Changed, p.Audited, changed, audited)
+		}
+		if err := e.Commit(p, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step("first", open, []string{"ns/a", "ns/b", "ns/c"}, nil)
+	// a and b audited, c (isolated) too: only a and b were open.
+	step("audit starts", rs(pod("ns/a", "vetha", "10.99.0.1", nil, audited(), nil), pod("ns/b", "vethb", "10.99.0.2", nil, nil, audited()),
+		pod("ns/c", "vethc", "10.99.0.3", isolate(), audited(), nil)), nil, []string{"ns/a", "ns/b"})
+	// Audited in the other direction too, or by other rules: already closed.
+	step("audit grows", rs(pod("ns/a", "vetha", "10.99.0.1", nil, audited(), audited()), pod("ns/b", "vethb", "10.99.0.2", nil, nil,
+		audited(allow(prefixes("10.0.0.0/8")))), pod("ns/c", "vethc", "10.99.0.3", isolate(), audited(), nil)), nil, nil)
+	step("audit ends", open, nil, nil)
+	// Isolated and audited at once: a change of enforcement, revoked.
+	step("isolated and audited", rs(pod("ns/a", "vetha", "10.99.0.1", isolate(), audited(), nil), open.Pods[1], open.Pods[2]), []string{"ns/a"}, nil)
 }

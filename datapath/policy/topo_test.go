@@ -125,12 +125,17 @@ func (tp *topo) in(ns netns.Handle, fn func() error) {
 // to, so that every change they make writes the log rules too.
 const testLogGroup = 1707
 
-// enforcer starts an Enforcer in the node namespace.
-func (tp *topo) enforcer() *Enforcer {
+// enforcer starts an Enforcer in the node namespace, logging to
+// testLogGroup.
+func (tp *topo) enforcer() *Enforcer { return tp.enforcerLogging(testLogGroup) }
+
+// enforcerLogging starts an Enforcer in the node namespace, logging to
+// group (0: not at all).
+func (tp *topo) enforcerLogging(group uint16) *Enforcer {
 	tp.t.Helper()
 	var e *Enforcer
 	tp.in(tp.nodeNS, func() (err error) {
-		e, err = NewEnforcer(testLogGroup)
+		e, err = NewEnforcer(group)
 		return err
 	})
 	tp.t.Cleanup(func() { e.Close() })
@@ -206,7 +211,15 @@ var deniedElements = regexp.MustCompile(`(?s)(set flows-denied6? \{[^}]*?timeout
 // are the second pair (setNames).
 func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
 	tp.t.Helper()
-	chain := ingress.chain(PodID(tp.pods[name].key))
+	return tp.expectSets(ingress.chain(PodID(tp.pods[name].key)), in)
+}
+
+// expectSets checks that the sets named from base (setNames), read back
+// from the kernel, hold exactly in's elements, and tells whether they are
+// the second pair.
+func (tp *topo) expectSets(base string, in *Direction) (second bool) {
+	tp.t.Helper()
+	names := regexp.MustCompile(`^` + regexp.QuoteMeta(base) + `-(ports|all)6?(-b)?$`)
 	out, err := tp.nft("-j", "list", "table", "inet", Table)
 	if err != nil {
 		tp.t.Fatalf("nft list table: %v: %s", err, out)
@@ -224,7 +237,7 @@ func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
 	}
 	got := map[string][]string{}
 	for _, o := range doc.Nftables {
-		if o.Set != nil && strings.HasPrefix(o.Set.Name, chain+"-") {
+		if o.Set != nil && names.MatchString(o.Set.Name) {
 			got[o.Set.Name] = []string{}
 			for _, el := range o.Set.Elem {
 				got[o.Set.Name] = append(got[o.Set.Name], elemKey(el))
@@ -233,8 +246,8 @@ func (tp *topo) expectIngressSets(name string, in *Direction) (second bool) {
 		}
 	}
 	second = !slices.ContainsFunc(slices.Collect(maps.Keys(got)), func(s string) bool { return !strings.HasSuffix(s, "-b") })
-	if want := wantSets(chain, second, in); !reflect.DeepEqual(got, want) {
-		tp.t.Fatalf("%s's ingress sets in the kernel:\n%v\nwant:\n%v", name, got, want)
+	if want := wantSets(base, second, in); !reflect.DeepEqual(got, want) {
+		tp.t.Fatalf("the sets of %s in the kernel:\n%v\nwant:\n%v", base, got, want)
 	}
 	return second
 }

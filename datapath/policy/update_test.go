@@ -271,8 +271,8 @@ func TestLogPrefixesFollowTheRules(t *testing.T) {
 			t.Errorf("the first transaction has no %s:\n%s", p, tx)
 		}
 	}
-	if rules, err := nft.ListRules(context.Background(), "al-"+chain); err != nil || len(rules) != 1 {
-		t.Errorf("the allow-log chain: %v, %v; want its one rule", rules, err)
+	if rules, err := nft.ListRules(context.Background(), "al-"+chain); err != nil || len(rules) != 2 {
+		t.Errorf("the allow-log chain: %v, %v; want its two rules (skip a connection logged, log and mark one)", rules, err)
 	}
 
 	// In place: the elements and the prefixes change together.

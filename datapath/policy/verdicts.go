@@ -27,9 +27,32 @@ const allowLogRate = "limit rate 100/second burst 200 packets"
 // verdict: over it, the packet is allowed all the same, unlogged.
 func (d dir) allowLog(id string) string { return "al-" + d.chain(id) }
 
-// allowLogRule is the one rule of an allow-log chain.
-func allowLogRule(logGroup uint16, prefix string) string {
-	return fmt.Sprintf("%s log prefix %q group %d", allowLogRate, prefix, logGroup)
+// loggedLabel is the conntrack label bit an allow-log chain of direction
+// d sets on the connection it logs, so that it logs each connection once:
+// a UDP flow whose peer never answers stays new to conntrack, and each of
+// its datagrams would otherwise be a record (up to the chain's rate,
+// crowding denials out of the agent's ring). The bit lives on the
+// connection's own conntrack entry, which the packet already carries: no
+// set to look up, size or expire (as flows-denied must), and it goes with
+// the connection (a revoked one is logged anew when it starts again). A
+// label, not the mark: ONC's and others' skb->mark bits are copied to and
+// from the mark. One bit per direction: a connection between two pods of
+// the node passes the sender's egress chain and the receiver's ingress
+// chain, and each logs it.
+func (d dir) loggedLabel() int {
+	if d == ingress {
+		return 127
+	}
+	return 126
+}
+
+// addAllowLogRules adds the rules of the allow-log chain of pod id in
+// direction d: end if the connection was logged, else log it with
+// prefix, within the chain's rate, and mark it logged. Over the rate it
+// is not marked, so a later packet of it may still be logged.
+func addAllowLogRules(tx *knftables.Transaction, logGroup uint16, d dir, chain, prefix string) {
+	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("ct label %d return", d.loggedLabel())})
+	tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s ct label set %d log prefix %q group %d", allowLogRate, d.loggedLabel(), prefix, logGroup)})
 }
 
 // logFingerprint is the fingerprint the log prefixes of a pod's chain
@@ -67,12 +90,12 @@ func hashRules(rules []Rule) []byte {
 
 // Logged is what a fingerprint in a pod chain's log prefix stands for.
 type Logged struct {
-	Pod       string     // the pod's key
-	Direction *Direction // the rules its chain enforced, or audited (W, U) (read-only)
-	// Enforcing is, for an audited fingerprint, the rules the chain
-	// enforced beside the audited ones when it last had them (U: what
-	// dropped the packet); nil for an enforcing one, or when none.
-	Enforcing *Direction
+	Pod string // the pod's key
+	// Direction is the rules its chain enforced, or audited (W, U)
+	// (read-only). A U prefix carries the enforcing rules' fingerprint
+	// beside the audited ones' (flows.WouldAllowPrefix): what dropped the
+	// packet, as it was then.
+	Direction *Direction
 }
 
 // Logged still knows a superseded fingerprint for keptRulesets rulesets
@@ -131,7 +154,7 @@ func (h *logHistory) record(want []plan) {
 			// policies are other than the enforcing ones, so the two
 			// share a key only when they share the rules too.
 			if fp := d.auditLogFingerprint(p.applied); fp != "" {
-				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d), Enforcing: p.rules(d)}, h.gen, now}
+				h.m[logKey{p.id, d == ingress, fp}] = loggedAt{Logged{Pod: p.key, Direction: p.auditRules(d)}, h.gen, now}
 			}
 		}
 	}
