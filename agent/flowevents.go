@@ -94,6 +94,7 @@ func (a *Agent) recordEvents(ctx context.Context) {
 		slog.Error("flow records: the eBPF events' names", "err", err)
 		return
 	}
+	go a.events.RecordEvictions(ctx)
 	for ctx.Err() == nil {
 		if fp := a.dp.Node.FastPath(); fp != nil {
 			fp.OnEvict(a.events.Evicted)
