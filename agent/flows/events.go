@@ -126,7 +126,7 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 	r.suppressed.Add(uint64(e.Suppressed))
 	switch e.Class {
 	case "drop":
-		rec.Event, rec.Verdict, rec.Path = EventDrop, VerdictDropped, pathOfCounters(e.Counters)
+		rec.Event, rec.Verdict, rec.Path, rec.Cause = EventDrop, VerdictDropped, pathOfCounters(e.Counters), e.Reason
 		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
 		if e.Via.IsValid() {
 			rec.Translated = r.endpoint(e.Via) // the node that sent the frame

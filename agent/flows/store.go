@@ -81,6 +81,10 @@ type Record struct {
 	// zero for none; Suppressed how many of its class were held back.
 	Translated Endpoint
 	Suppressed uint32
+	// Cause names a drop's cause in a word, for the metrics (PodDrops):
+	// the policy table's (spoof, invalid, nosyn) or an eBPF program's
+	// counter; not sent.
+	Cause string
 }
 
 // Filter selects records; its zero value selects every one.
