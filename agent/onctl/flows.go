@@ -24,8 +24,9 @@ func flowsCommand(o *options) *cobra.Command {
 			"policies (annotation onc.io/policy-mode: audit) would change: would-deny, a packet let through that they would\n" +
 			"deny; would-allow, a packet denied that one of them would allow (--verdict denied shows those too); and the eBPF\n" +
 			"programs' events: drops by reason, Service translations (with the backend chosen), refusals, fast-path open and\n" +
-			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows a\n" +
-			"NetworkPolicy change took off the fast path (evict).\n" +
+			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows the\n" +
+			"agent took off the fast path, saying why: a NetworkPolicy change, a flush, a changed underlay, a peer or pod\n" +
+			"that went (evict).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
