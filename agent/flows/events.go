@@ -196,6 +196,7 @@ func (r *EventRecorder) RecordEvictions(ctx context.Context) {
 	}
 }
 
+// recordEviction names the ends of a queued eviction and records it.
 func (r *EventRecorder) recordEviction(e eviction) {
 	r.store.Add(Record{Time: e.time, Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast, Suppressed: e.held,
 		Proto: e.Proto, Src: r.endpoint(e.Local), Dst: r.endpoint(e.Remote), Reason: evictReasons[e.Why]})

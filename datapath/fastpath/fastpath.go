@@ -407,7 +407,7 @@ func (d *Datapath) SetLocalPod(ip netip.Addr, ifindex int, podMAC, hostMAC net.H
 // longer open, and every flow it had goes, with learning paused so no
 // packet in flight can re-insert one.
 func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
-	mine := d.telling(EvictPod, func(e flowEnds, _ FlowVal) bool { return e.local.Addr() == ip })
+	mine := func(e flowEnds, _ FlowVal) bool { return e.local.Addr() == ip }
 	if ip.Is6() {
 		a := addr6{Addr: ip.As16()}
 		if err := d.open6.delete(d.maps.OncOpen6, a); err != nil {
@@ -417,7 +417,7 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 			if err := d.maps.OncLocal6.Delete(a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
-			return forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, mine)
+			return forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, d.telling(EvictPod, mine))
 		})
 	}
 	if err := d.open.delete(d.maps.OncOpen, bpf.NetIPv4(ip)); err != nil {
@@ -427,7 +427,7 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 		if err := d.maps.OncLocal.Delete(bpf.NetIPv4(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
-		return forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, mine)
+		return forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, d.telling(EvictPod, mine))
 	})
 }
 
