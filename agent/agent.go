@@ -74,6 +74,9 @@ type Config struct {
 	// read from Datapath.PolicyLogGroup (with Policy) and the eBPF
 	// programs' events (Datapath.FlowEvents); 0: none.
 	FlowsBuffer int
+	// FlowsTopPods is how many of this node's pods onc_pod_drops_total
+	// names: those with the most drops recorded; 0: none.
+	FlowsTopPods int
 	// FlowsExport is where the flow records are exported to, as they come.
 	FlowsExport flows.ExportConfig
 }
@@ -104,6 +107,7 @@ type Agent struct {
 	flows    *flows.Store         // nil when no flows are recorded
 	recorder *flows.Recorder      // nil when no policy verdicts are recorded
 	events   *flows.EventRecorder // nil when no eBPF events are recorded
+	drops    *flows.PodDrops      // nil when no flows are recorded, or no pods' drops served
 	exports  []*flows.Exporter    // of the records, as they come
 	// nodeAddrs names the cluster's nodes by address, as reconcile last
 	// read them (for the flow records).
@@ -162,6 +166,9 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		a.flows = flows.NewStore(cfg.FlowsBuffer)
 		if a.exports, err = flows.NewExporters(a.flows, cfg.FlowsExport); err != nil {
 			return nil, fmt.Errorf("flow export: %w", err)
+		}
+		if cfg.FlowsTopPods > 0 {
+			a.drops = flows.NewPodDrops(a.flows, cfg.NodeName)
 		}
 	} else if cfg.FlowsExport.File != "" || cfg.FlowsExport.OTLP != "" {
 		slog.Warn("flow export: nothing to export: " + flows.NotRecording)

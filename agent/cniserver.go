@@ -417,6 +417,7 @@ func (s *cniServer) release(pool *ipam.Pool, key ipam.Key) error {
 	}
 	if had {
 		slog.Info("pod deleted", "pod", key, "ips", att.IPs)
+		s.a.keepDrops()
 		if s.a.policy != nil {
 			s.a.policy.Signal() // its rules go
 		}

@@ -16,10 +16,10 @@ import (
 )
 
 // flowResolver names the ends of the eBPF programs' flow events: local
-// pods by network namespace (the socket LB's), pods by address (the
-// policy informers' cluster pods; without them, this node's
-// attachments), nodes by address (the datastore's), Services by frontend
-// (the socket LB's tables).
+// pods by network namespace (the socket LB's), pods by address (this
+// node's attachments, then the policy informers' cluster pods), nodes by
+// address (the datastore's), Services by frontend (the socket LB's
+// tables). None of them waits for a change of what it reads.
 func (a *Agent) flowResolver() flows.Resolver {
 	host, err := netns.Cookie("")
 	if err != nil {
@@ -57,10 +57,12 @@ func (a *Agent) flowResolver() flows.Resolver {
 	}
 	if r := a.recorder; r != nil {
 		res.Pod = func(ip netip.Addr) (flows.Endpoint, bool) {
-			if e, ok := r.ClusterPod(ip); ok {
+			// This node's pod first: the API may still show another
+			// node's terminating pod at an address it gave again.
+			if e, ok := a.localPod(ip); ok {
 				return e, true
 			}
-			return a.localPod(ip) // a pod the informers have not seen yet
+			return r.ClusterPod(ip)
 		}
 	}
 	return res
@@ -68,12 +70,27 @@ func (a *Agent) flowResolver() flows.Resolver {
 
 // localPod names a pod of this node by address, from its attachment.
 func (a *Agent) localPod(ip netip.Addr) (flows.Endpoint, bool) {
-	name, ok := a.podNames()[ip]
-	if !ok {
+	pool, _ := a.readyPool()
+	if pool == nil {
 		return flows.Endpoint{}, false
 	}
-	ns, name, _ := strings.Cut(name, "/")
-	return flows.Endpoint{Kind: flows.KindPod, Namespace: ns, Name: name, Node: a.cfg.NodeName}, true
+	att, ok := pool.At(ip)
+	if !ok || att.K8sName == "" {
+		return flows.Endpoint{}, false
+	}
+	return flows.Endpoint{Kind: flows.KindPod, Namespace: att.K8sNamespace, Name: att.K8sName, Node: a.cfg.NodeName}, true
+}
+
+// keepDrops forgets the drops of pods no longer attached here.
+func (a *Agent) keepDrops() {
+	if a.drops == nil {
+		return
+	}
+	attached := map[string]bool{}
+	for _, att := range a.attachments() {
+		attached[att.K8sNamespace+"/"+att.K8sName] = true
+	}
+	a.drops.Keep(func(ns, name string) bool { return attached[ns+"/"+name] })
 }
 
 // noteNodes keeps the nodes' addresses for the flow records.
@@ -94,6 +111,7 @@ func (a *Agent) recordEvents(ctx context.Context) {
 		slog.Error("flow records: the eBPF events' names", "err", err)
 		return
 	}
+	go a.events.RecordEvictions(ctx)
 	for ctx.Err() == nil {
 		if fp := a.dp.Node.FastPath(); fp != nil {
 			fp.OnEvict(a.events.Evicted)

@@ -84,6 +84,9 @@ var (
 	descFlowEvents = prometheus.NewDesc("onc_flows_events_total",
 		"The eBPF programs' flow events (docs/observability.md), by outcome: emitted (sent to the agent), suppressed (held back by --flows-events-rate), deduped (a drop of a flow and reason already reported within the second), lost (the ring was full: the agent fell behind).",
 		[]string{"outcome"}, nil)
+	descPodDrops = prometheus.NewDesc("onc_pod_drops_total",
+		"Dropped packets of this node's pods as the flow records count them (docs/observability.md), for the --flows-top-pods pods with the most (the others left out until they are among them), by reason: policy (denied by NetworkPolicy), spoof, invalid, nosyn (the policy table's drops before any pod's rules), or the drop reason of an eBPF program, as its flow records name it.",
+		[]string{"namespace", "pod", "reason"}, nil)
 	descFlowsLost = prometheus.NewDesc("onc_flows_lost_total",
 		"Times logged packets were lost before they became flow records: the kernel could not queue them to the agent (it fell behind; how many each time it does not say), or they (or the eBPF programs' events) could not be decoded. Normally 0.", nil, nil)
 	descFlowsExported = prometheus.NewDesc("onc_flows_exported_total",
@@ -196,7 +199,7 @@ func cniCode(resp any, err error) string {
 
 func (m *agentMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReady, descPods, descPeers, descFastPathPackets, descOverlayDrops, descFastPathLearn, descCacheEntries,
-		descPolicy, descPolicyDenied, descPolicyDropped, descPolicyAudit, descFlowRecords, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
+		descPolicy, descPolicyDenied, descPolicyDropped, descPolicyAudit, descFlowRecords, descPodDrops, descFlowsLost, descServicesTranslations, descServicesRefusals, descFrontends, descFrontendConnections, descUplinkFast, descDSRPackets, descBypassMessages, descBypassBytes, descBypassFallbacks, descFlowsExported, descFlowsExportLost} {
 		ch <- d
 	}
 	m.scrapeErrors.Describe(ch)
@@ -270,6 +273,14 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	if a.flows != nil {
 		ch <- prometheus.MustNewConstMetric(descFlowRecords, prometheus.CounterValue, float64(a.flows.Added()))
+	}
+	if a.drops != nil {
+		a.keepDrops()
+		for _, p := range a.drops.Top(a.cfg.FlowsTopPods) {
+			for cause, v := range p.Causes {
+				ch <- prometheus.MustNewConstMetric(descPodDrops, prometheus.CounterValue, float64(v), p.Namespace, p.Name, cause)
+			}
+		}
 	}
 	if a.recorder != nil || a.events != nil {
 		var lost uint64

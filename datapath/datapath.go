@@ -108,9 +108,9 @@ type FastPath interface {
 	// path's and the services object's; EventStats what became of them.
 	Events() *ebpf.Map
 	EventStats() ([]fastpath.Stat, error)
-	// OnEvict has fn told of each flow a NetworkPolicy change takes off
-	// the fast path (EvictFlows).
-	OnEvict(fn func(local, remote netip.AddrPort, proto uint8))
+	// OnEvict has fn told of each flow an eviction takes off the fast
+	// path, and why (fastpath.Datapath.OnEvict).
+	OnEvict(fn func(fastpath.Eviction))
 }
 
 func (n *Node) writeSysctl(name, val string) error { return sysctl.Write(n.cfg.ProcSys, name, val) }

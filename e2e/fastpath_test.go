@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -728,5 +729,13 @@ func TestUnderlayMACChange(t *testing.T) {
 	}
 	if hits := stats(t, n1)["egress_hit"] - before["egress_hit"]; hits == 0 {
 		t.Error("the flow did not return to the fast path after the change")
+	}
+	// n1's agent recorded that the flow left the fast path, and why.
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	evicts := onctlFlowRecords(t, l, n1, "--event", "evict")
+	if !slices.ContainsFunc(evicts, func(r *apiv1.FlowRecord) bool {
+		return r.Source.GetPort() == uint32(local.Port()) && strings.HasPrefix(r.Reason, "the underlay changed")
+	}) {
+		t.Errorf("%s's evict records %v: none of the flow from port %d saying the underlay changed", n1.Name, evicts, local.Port())
 	}
 }

@@ -5,6 +5,8 @@ package e2e
 import (
 	"net"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,10 +21,14 @@ import (
 // record naming the client pod, the Service and the backend pod chosen; a
 // connection to a pod of the other node, learned by the fast path, a
 // learn record of both pods; a pod sending to a node's VXLAN port, a drop
-// record with the guard's reason. Each within a second or so (the reader
-// polls the ring every 100 ms).
+// record with the guard's reason; onctl cache flush, an evict record of
+// that flow saying so. Each within a second or so (the reader polls the
+// ring every 100 ms).
 func (c *serviceCluster) flowEvents(t *testing.T) {
 	remote, client, node := c.backends[1], c.clients[0], c.l.Nodes[0] // remote on node 1
+	// The earlier tests' flows go first, and their evict records (at most
+	// 100 a second) with them: the flush below then evicts this test's.
+	flushed := c.flush(t, node)
 	vip := c.service(t, "events", false, remote)
 	conn := dialGreeted(t, client, vip, remote)
 	if err := rr(conn, 20); err != nil { // the flow is learned both ways
@@ -51,6 +57,13 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 	sameRecord(t, cached, &apiv1.FlowRecord{Event: cached.Event, Verdict: "cached", Path: "fast", Protocol: "TCP",
 		Source: pod(client, client.IP, uint32(local.Port())), Destination: pod(remote, remote.IP, 8080)})
 
+	time.Sleep(time.Until(flushed.Add(time.Second)))
+	c.flush(t, node)
+	evict := c.waitRecord(t, node, "evict", func(r *apiv1.FlowRecord) bool { return r.Source.GetPort() == uint32(local.Port()) })
+	sameRecord(t, evict, &apiv1.FlowRecord{Event: "evict", Verdict: "evicted", Path: "fast", Protocol: "TCP",
+		Reason: "the fast path's cache was flushed (onctl cache flush, or the fast path switched on)",
+		Source: pod(client, client.IP, uint32(local.Port())), Destination: pod(remote, remote.IP, 8080)})
+
 	// A pod sending to node 1's VXLAN port: the guard drops it at the pod.
 	other := c.l.Nodes[1]
 	if err := lab.InNetns(client.Netns, func() error {
@@ -69,6 +82,15 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 		drop.Destination.GetKind() != "node" || drop.Destination.GetName() != other.Name || drop.Destination.GetPort() != vxlanPort {
 		t.Errorf("drop record %v, want overlay_drop_from_pod on the fast path, to node %s:%d", drop, other.Name, vxlanPort)
 	}
+}
+
+// flush runs onctl cache flush on n, and says when.
+func (c *serviceCluster) flush(t *testing.T, n *lab.Node) time.Time {
+	t.Helper()
+	if out, err := exec.Command(filepath.Join(c.l.BinDir, "onctl"), "--socket", n.AgentSocket(), "cache", "flush").CombinedOutput(); err != nil {
+		t.Fatalf("onctl cache flush on %s: %v: %s", n.Name, err, out)
+	}
+	return time.Now()
 }
 
 // waitRecord waits up to 2 s for a record of event on n that match

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onc-net/onc/datapath/fastpath"
 	dpflows "github.com/onc-net/onc/datapath/flows"
 )
 
@@ -72,20 +73,30 @@ type EventRecorder struct {
 
 	now func() time.Time
 	mu  sync.Mutex
-	// The evict records of the second from evictSince: evicts made,
-	// evictHeld held back since the last one made.
+	// The evict records of the second from evictSince: evicts queued,
+	// evictHeld held back since the last one queued.
 	evictSince        time.Time
 	evicts, evictHeld uint32
+	// evicted are the evictions queued for RecordEvictions to name.
+	evicted chan eviction
 }
 
-// evictsPerSecond bounds the evict records: one policy change may take
-// thousands of flows off the fast path, which would push every other
-// record out of the buffer.
+// eviction is a flow the fast path let go, as queued: when, and how many
+// were held back before it.
+type eviction struct {
+	fastpath.Eviction
+	time time.Time
+	held uint32
+}
+
+// evictsPerSecond bounds the evict records: one policy change or flush
+// may take thousands of flows off the fast path, which would push the
+// other informational records out of the buffer.
 const evictsPerSecond = 100
 
 // NewEventRecorder records into store for node.
 func NewEventRecorder(store *Store, node string, res Resolver) *EventRecorder {
-	return &EventRecorder{store: store, node: node, res: res, now: time.Now}
+	return &EventRecorder{store: store, node: node, res: res, now: time.Now, evicted: make(chan eviction, evictsPerSecond)}
 }
 
 // Suppressed is how many events the programs held back, as far as the
@@ -115,7 +126,7 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 	r.suppressed.Add(uint64(e.Suppressed))
 	switch e.Class {
 	case "drop":
-		rec.Event, rec.Verdict, rec.Path = EventDrop, VerdictDropped, pathOfCounters(e.Counters)
+		rec.Event, rec.Verdict, rec.Path, rec.Cause = EventDrop, VerdictDropped, pathOfCounters(e.Counters), e.Reason
 		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
 		if e.Via.IsValid() {
 			rec.Translated = r.endpoint(e.Via) // the node that sent the frame
@@ -138,28 +149,57 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 	r.store.Add(rec)
 }
 
-// Evicted records a flow a NetworkPolicy change took off the fast path
-// (datapath/fastpath EvictFlows): its next packet takes the slow path,
-// where the policy judges it. Past evictsPerSecond records a second, it
-// counts instead, in the next record's Suppressed.
-func (r *EventRecorder) Evicted(local, remote netip.AddrPort, proto uint8) {
+// Evicted queues a flow the fast path let go (datapath/fastpath
+// OnEvict), for RecordEvictions to name and record: it runs under the
+// fast path's lock, so it names nothing and never waits. Past
+// evictsPerSecond a second, or with the queue full, it counts instead,
+// in the next record's Suppressed.
+func (r *EventRecorder) Evicted(e fastpath.Eviction) {
 	now := r.now()
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if now.Sub(r.evictSince) >= time.Second {
 		r.evictSince, r.evicts = now, 0
 	}
-	if r.evicts >= evictsPerSecond {
-		r.evictHeld++
-		r.mu.Unlock()
-		r.suppressed.Add(1)
-		return
+	if r.evicts < evictsPerSecond {
+		select {
+		case r.evicted <- eviction{Eviction: e, time: now, held: r.evictHeld}:
+			r.evicts++
+			r.evictHeld = 0
+			return
+		default:
+		}
 	}
-	r.evicts++
-	held := r.evictHeld
-	r.evictHeld = 0
-	r.mu.Unlock()
-	r.store.Add(Record{Time: now, Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast, Suppressed: held,
-		Proto: proto, Src: r.endpoint(local), Dst: r.endpoint(remote), Reason: "a NetworkPolicy change revoked it"})
+	r.evictHeld++
+	r.suppressed.Add(1)
+}
+
+// evictReasons say why a flow left the fast path.
+var evictReasons = map[fastpath.EvictReason]string{
+	fastpath.EvictPolicy:   "a NetworkPolicy change revoked it",
+	fastpath.EvictFlush:    "the fast path's cache was flushed (onctl cache flush, or the fast path switched on)",
+	fastpath.EvictUnderlay: "the underlay changed: its node's learned header went, until the slow path learns it again",
+	fastpath.EvictPeer:     "its peer node left the fast path, or changed",
+	fastpath.EvictPod:      "its local pod went",
+}
+
+// RecordEvictions names and records the evictions Evicted queued, until
+// ctx ends.
+func (r *EventRecorder) RecordEvictions(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-r.evicted:
+			r.recordEviction(e)
+		}
+	}
+}
+
+// recordEviction names the ends of a queued eviction and records it.
+func (r *EventRecorder) recordEviction(e eviction) {
+	r.store.Add(Record{Time: e.time, Node: r.node, Event: EventEvict, Verdict: VerdictEvicted, Path: PathFast, Suppressed: e.held,
+		Proto: e.Proto, Src: r.endpoint(e.Local), Dst: r.endpoint(e.Remote), Reason: evictReasons[e.Why]})
 }
 
 // pathOfCounters is the path whose counters a drop's reason is of.

@@ -3,9 +3,12 @@ package flows
 import (
 	"errors"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/datapath/fastpath"
 	dpflows "github.com/onc-net/onc/datapath/flows"
 )
 
@@ -157,18 +160,57 @@ func TestEventFilters(t *testing.T) {
 	}
 }
 
-// A flow a policy change took off the fast path is an evict record of
-// both pods.
-func TestEvictedRecord(t *testing.T) {
-	s := NewStore(4)
-	NewEventRecorder(s, "a", fakeResolver()).Evicted(netip.AddrPortFrom(clientPod, 40000), netip.AddrPortFrom(backendPod, 80), 6)
+// evicted is the eviction of the client's flow to the backend, for why.
+func evicted(port uint16, why fastpath.EvictReason) fastpath.Eviction {
+	return fastpath.Eviction{Local: netip.AddrPortFrom(clientPod, port), Remote: netip.AddrPortFrom(backendPod, 80), Proto: 6, Why: why}
+}
+
+// drain records what Evicted queued, as RecordEvictions does.
+func drain(r *EventRecorder) {
+	for len(r.evicted) > 0 {
+		r.recordEviction(<-r.evicted)
+	}
+}
+
+// Every eviction is an evict record of both pods, saying why: a policy
+// change, a flush, a changed underlay, a peer or a pod that went. Evicted,
+// under the fast path's lock, names nothing: the names come after.
+func TestEvictedRecords(t *testing.T) {
+	s := NewStore(16)
+	res := fakeResolver()
+	pod := res.Pod
+	naming := false
+	res.Pod = func(a netip.Addr) (Endpoint, bool) {
+		if !naming {
+			t.Fatal("an eviction named under the fast path's lock")
+		}
+		return pod(a)
+	}
+	r := NewEventRecorder(s, "a", res)
+	for why := range evictReasons {
+		r.Evicted(evicted(40000+uint16(why), why))
+	}
+	if n := len(s.List(Filter{})); n != 0 {
+		t.Fatalf("%d records before the queue was read", n)
+	}
+	naming = true
+	drain(r)
 	f, err := ParseFilter("app/web-1", "", "evicted", "evict", time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rs := s.List(f)
-	if len(rs) != 1 || rs[0].Path != PathFast || rs[0].Src.Name != "client" || rs[0].Dst.Name != "web-1" || rs[0].Proto != 6 {
-		t.Fatalf("evict records %+v", rs)
+	for why, reason := range map[fastpath.EvictReason]string{
+		fastpath.EvictPolicy: "NetworkPolicy change", fastpath.EvictFlush: "flushed", fastpath.EvictUnderlay: "underlay changed",
+		fastpath.EvictPeer: "peer node left", fastpath.EvictPod: "local pod went",
+	} {
+		i := slices.IndexFunc(rs, func(r Record) bool { return r.Src.Addr.Port() == 40000+uint16(why) })
+		if i < 0 || !strings.Contains(rs[i].Reason, reason) || rs[i].Path != PathFast || rs[i].Src.Name != "client" || rs[i].Dst.Name != "web-1" || rs[i].Proto != 6 {
+			t.Errorf("eviction %d: records %+v, want one of client and web-1 saying %q", why, rs, reason)
+		}
+	}
+	if len(rs) != len(evictReasons) {
+		t.Errorf("%d records, want %d", len(rs), len(evictReasons))
 	}
 }
 
@@ -180,16 +222,31 @@ func TestEvictRecordsAreBounded(t *testing.T) {
 	now := time.Unix(100, 0)
 	r.now = func() time.Time { return now }
 	for i := range evictsPerSecond + 50 {
-		r.Evicted(netip.AddrPortFrom(clientPod, uint16(i)), netip.AddrPortFrom(backendPod, 80), 6)
+		r.Evicted(evicted(uint16(i), fastpath.EvictPolicy))
 	}
+	drain(r)
 	if n := len(s.List(Filter{})); n != evictsPerSecond || r.Suppressed() != 50 {
 		t.Fatalf("%d records, %d suppressed; want %d and 50", n, r.Suppressed(), evictsPerSecond)
 	}
 	now = now.Add(time.Second)
-	r.Evicted(netip.AddrPortFrom(clientPod, 1), netip.AddrPortFrom(backendPod, 80), 6)
+	r.Evicted(evicted(1, fastpath.EvictPolicy))
+	drain(r)
 	rs := s.List(Filter{})
 	if len(rs) != evictsPerSecond+1 || rs[len(rs)-1].Suppressed != 50 {
 		t.Fatalf("a second later: %d records, the last %+v; want it to carry suppressed 50", len(rs), rs[len(rs)-1])
+	}
+}
+
+// With the queue full (its reader behind), evictions are counted, not
+// waited for.
+func TestEvictQueueFullCounts(t *testing.T) {
+	r := NewEventRecorder(NewStore(8), "a", Resolver{})
+	r.evicted = make(chan eviction, 1)
+	for i := range 3 {
+		r.Evicted(evicted(uint16(i), fastpath.EvictFlush))
+	}
+	if r.Suppressed() != 2 || len(r.evicted) != 1 {
+		t.Fatalf("%d suppressed, %d queued; want 2 and 1", r.Suppressed(), len(r.evicted))
 	}
 }
 

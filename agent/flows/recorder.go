@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	agentpolicy "github.com/onc-net/onc/agent/policy"
 	dpflows "github.com/onc-net/onc/datapath/flows"
 	"github.com/onc-net/onc/datapath/policy"
 )
@@ -28,19 +29,28 @@ type Recorder struct {
 	logged Logged
 	pods   func() []*corev1.Pod // the cluster's, as the policy informers hold them
 
+	// cluster is the cluster's pods by address, read again, at most once
+	// a second (reindex), once they changed (stale): by one reader at a
+	// time (indexing), while the others use the last index.
+	cluster  atomic.Pointer[clusterIndex]
+	stale    atomic.Bool
+	indexing sync.Mutex
+	reindex  time.Duration
+
 	mu sync.Mutex
-	// index is the cluster's pods by address, built at indexed and read
-	// again, at most once a second, once they changed (stale).
-	index   map[netip.Addr]Endpoint
-	indexed time.Time
-	stale   bool
-	reindex time.Duration // at most this often
-	// local and byIface are the local pods by chain id and by interface,
-	// for the rules whose pod list localOf is.
+	// local, byIface and byAddr are the local pods by chain id, by
+	// interface and by address, for the rules whose pod list localOf is.
 	local   map[string]localPodOf
 	byIface map[string]localPodOf
+	byAddr  map[netip.Addr]localPodOf
 	localOf *policy.Pod
 	lost    atomic.Uint64
+}
+
+// clusterIndex is the cluster's pods by address, as read at built.
+type clusterIndex struct {
+	pods  map[netip.Addr]Endpoint
+	built time.Time
 }
 
 // Logged is what a fingerprint in a pod chain's log prefix stands for
@@ -49,16 +59,14 @@ type Logged func(id string, ingress bool, fp string) (policy.Logged, bool)
 
 // NewRecorder records into store for node.
 func NewRecorder(store *Store, node string, rules func() policy.Ruleset, logged Logged, pods func() []*corev1.Pod) *Recorder {
-	return &Recorder{store: store, node: node, rules: rules, logged: logged, pods: pods, stale: true, reindex: time.Second}
+	r := &Recorder{store: store, node: node, rules: rules, logged: logged, pods: pods, reindex: time.Second}
+	r.stale.Store(true)
+	return r
 }
 
 // PodsChanged says the cluster's pods may have changed: a record a second
 // after the last reading of them or later reads them again.
-func (r *Recorder) PodsChanged() {
-	r.mu.Lock()
-	r.stale = true
-	r.mu.Unlock()
-}
+func (r *Recorder) PodsChanged() { r.stale.Store(true) }
 
 // Lost is how many logged packets were lost before they became records.
 func (r *Recorder) Lost() uint64 { return r.lost.Load() }
@@ -202,7 +210,7 @@ func allowedBy(d *policy.Direction, peer netip.Addr, proto uint8, port uint16) [
 // dropped fills in the record of a base chain's drop: the local pod by
 // its veth.
 func (r *Recorder) dropped(rec *Record, p dpflows.Packet, local *Endpoint) {
-	rec.Event, rec.Verdict = EventDrop, VerdictDropped
+	rec.Event, rec.Verdict, rec.Cause = EventDrop, VerdictDropped, p.Why
 	pod := "the pod behind " + p.Iface
 	if p.Iface == "" {
 		pod = "a pod whose veth is gone"
@@ -269,31 +277,66 @@ func (r *Recorder) indexLocal() {
 	if first := unsafe.SliceData(pods); r.local != nil && first == r.localOf && len(pods) == len(r.local) {
 		return
 	}
-	r.local, r.byIface, r.localOf = make(map[string]localPodOf, len(pods)), make(map[string]localPodOf, len(pods)), unsafe.SliceData(pods)
+	r.local, r.byIface, r.byAddr = make(map[string]localPodOf, len(pods)), make(map[string]localPodOf, len(pods)), make(map[netip.Addr]localPodOf, len(pods))
+	r.localOf = unsafe.SliceData(pods)
 	for _, p := range pods {
 		ns, name := splitKey(p.Key)
 		lp := localPodOf{Pod: p, ns: ns, name: name}
 		r.local[policy.PodID(p.Key)], r.byIface[p.Iface] = lp, lp
+		for _, ip := range p.IPs {
+			r.byAddr[ip] = lp
+		}
 	}
 }
 
-// clusterPod finds the pod of the cluster with address ip.
+// clusterPod finds the pod with address ip: this node's, among the rules
+// as last enforced, before the cluster's (an address a pod of this node
+// took may still be another node's terminating pod's, as the API has it).
 func (r *Recorder) clusterPod(ip netip.Addr) (Endpoint, bool) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stale && time.Since(r.indexed) >= r.reindex {
-		r.index, r.indexed, r.stale = map[netip.Addr]Endpoint{}, time.Now(), false
-		for _, p := range r.pods() {
-			if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-				continue // a host-network pod's address is its node's
+	r.indexLocal()
+	lp, ok := r.byAddr[ip]
+	r.mu.Unlock()
+	if ok {
+		return Endpoint{Kind: KindPod, Namespace: lp.ns, Name: lp.name, Node: r.node}, true
+	}
+	idx := r.cluster.Load()
+	if r.stale.Load() && (idx == nil || time.Since(idx.built) >= r.reindex) && r.indexing.TryLock() {
+		r.stale.Store(false) // before the read: a change during it reads again
+		idx = indexPods(r.pods())
+		r.cluster.Store(idx)
+		r.indexing.Unlock()
+	}
+	if idx == nil {
+		return Endpoint{}, false
+	}
+	e, ok := idx.pods[ip]
+	return e, ok
+}
+
+// indexPods indexes pods by the addresses NetworkPolicy sees them at
+// (agentpolicy.PodAddrs). Of two pods at one address (a terminating pod's,
+// taken again), the one not terminating wins, else the newer.
+func indexPods(pods []*corev1.Pod) *clusterIndex {
+	idx := &clusterIndex{pods: map[netip.Addr]Endpoint{}, built: time.Now()}
+	holder := map[netip.Addr]*corev1.Pod{}
+	for _, p := range pods {
+		for _, ip := range agentpolicy.PodAddrs(p) {
+			if cur := holder[ip]; cur != nil && !rather(p, cur) {
+				continue
 			}
-			for _, a := range p.Status.PodIPs {
-				if ip, err := netip.ParseAddr(a.IP); err == nil {
-					r.index[ip] = Endpoint{Kind: KindPod, Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName}
-				}
-			}
+			holder[ip] = p
+			idx.pods[ip] = Endpoint{Kind: KindPod, Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName}
 		}
 	}
-	e, ok := r.index[ip]
-	return e, ok
+	return idx
+}
+
+// rather says whether p holds an address it shares with cur rather than
+// cur: it is not terminating and cur is, or, both alike, it is newer.
+func rather(p, cur *corev1.Pod) bool {
+	if (p.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) {
+		return p.DeletionTimestamp == nil
+	}
+	return cur.CreationTimestamp.Before(&p.CreationTimestamp)
 }

@@ -262,3 +262,73 @@ func ruleString(rule *int) string {
 	}
 	return fmt.Sprint(*rule)
 }
+
+// An address taken again: this node's pod (by the rules) wins over the
+// cluster's, a running pod over a terminating one whatever their order,
+// and a finished or host-network pod holds no address.
+func TestRecorderIPReuse(t *testing.T) {
+	ip := "10.244.1.7"
+	old := clusterPod("x", "old", "n2", ip)
+	old.DeletionTimestamp = &metav1.Time{Time: time.Unix(100, 0)}
+	old.CreationTimestamp = metav1.Time{Time: time.Unix(50, 0)} // newer, yet terminating
+	repl := clusterPod("x", "new", "n2", ip)
+	done := clusterPod("x", "done", "n2", "10.244.1.8")
+	done.Status.Phase = corev1.PodSucceeded
+	host := clusterPod("kube-system", "hostnet", "n2", "10.244.1.9")
+	host.Spec.HostNetwork = true
+	legacy := clusterPod("x", "legacy", "n2", "")
+	legacy.Status.PodIPs, legacy.Status.PodIP = nil, "10.244.1.10"
+	for order, pods := range [][]*corev1.Pod{{old, repl, done, host, legacy}, {repl, old, done, host, legacy}} {
+		r := NewRecorder(NewStore(1), "n1", func() policy.Ruleset { return policy.Ruleset{} }, noneLogged, func() []*corev1.Pod { return pods })
+		if e, ok := r.ClusterPod(netip.MustParseAddr(ip)); !ok || e.Name != "new" {
+			t.Errorf("order %d: %s is %+v, want the running x/new", order, ip, e)
+		}
+		for _, a := range []string{"10.244.1.8", "10.244.1.9"} {
+			if e, ok := r.ClusterPod(netip.MustParseAddr(a)); ok {
+				t.Errorf("%s is %+v, want none: its pod finished or is on the host network", a, e)
+			}
+		}
+		if e, ok := r.ClusterPod(netip.MustParseAddr("10.244.1.10")); !ok || e.Name != "legacy" {
+			t.Errorf("a pod with podIP alone: %+v", e)
+		}
+	}
+	// This node's pod, as the rules hold it, took the address.
+	local := policy.Ruleset{Pods: []policy.Pod{{Key: "y/mine", IPs: []netip.Addr{netip.MustParseAddr(ip)}}}}
+	r := NewRecorder(NewStore(1), "n1", func() policy.Ruleset { return local }, noneLogged, func() []*corev1.Pod { return []*corev1.Pod{repl} })
+	if e, ok := r.ClusterPod(netip.MustParseAddr(ip)); !ok || e.Name != "mine" || e.Node != "n1" {
+		t.Errorf("a local pod's address: %+v, want y/mine of n1", e)
+	}
+}
+
+// While one reader reads the cluster's pods again, the others go on with
+// the last index: none waits for the copy.
+func TestClusterPodNeverWaits(t *testing.T) {
+	reading, release := make(chan struct{}), make(chan struct{})
+	calls := 0
+	r := NewRecorder(NewStore(1), "n1", func() policy.Ruleset { return policy.Ruleset{} }, noneLogged, func() []*corev1.Pod {
+		if calls++; calls == 2 {
+			close(reading)
+			<-release
+		}
+		return []*corev1.Pod{clusterPod("x", "a", "n2", "10.244.1.7")}
+	})
+	a := netip.MustParseAddr("10.244.1.7")
+	if _, ok := r.ClusterPod(a); !ok {
+		t.Fatal("first reading")
+	}
+	r.PodsChanged()
+	r.reindex = 0
+	go r.ClusterPod(a) // reads again, and is held
+	<-reading
+	done := make(chan bool)
+	go func() { _, ok := r.ClusterPod(a); done <- ok }()
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Error("the last index not used while another reads the pods")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("ClusterPod waited for another's reading of the pods")
+	}
+	close(release)
+}

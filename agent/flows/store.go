@@ -86,6 +86,10 @@ type Record struct {
 	// record's packet (AuditWouldDeny, AuditWouldAllow), "" for none: a
 	// field of its own, so that the verdict is what happened.
 	Audit string
+	// Cause names a drop's cause in a word, for the metrics (PodDrops):
+	// the policy table's (spoof, invalid, nosyn) or an eBPF program's
+	// counter; not sent.
+	Cause string
 }
 
 // Filter selects records; its zero value selects every one.
@@ -139,14 +143,61 @@ func ParseFilter(pod, namespace, verdict, event string, since time.Time) (Filter
 // loses some.
 const followBuffer = 1024
 
-// Store holds the last records in a ring of fixed size: appending never
-// allocates beyond a record's own strings, and memory is bounded by the
-// size. No writer ever waits for a reader.
+// A family of records shares the store with the others (Store): policy
+// verdicts, datapath drops and refusals, and the high-rate informational
+// records of the eBPF programs and the agent's evictions.
+type family uint8
+
+const (
+	famInfo   family = iota // translate, open, learn, evict: up to thousands a second
+	famDrop                 // drop, refuse
+	famPolicy               // the pod chains' verdicts
+	families
+)
+
+// familyOf is the family of an event; events this store does not know
+// are informational.
+func familyOf(event string) family {
+	switch event {
+	case EventPolicy:
+		return famPolicy
+	case EventDrop, EventRefuse:
+		return famDrop
+	}
+	return famInfo
+}
+
+// shares are each family's part of the store, in eighths: a family at or
+// under its part never loses a record to another's.
+var shares = [families]int{famInfo: 2, famDrop: 2, famPolicy: 4}
+
+// slot is one place of the store: a record, when it was added (seq), and
+// the next slot of its family (-1: none).
+type slot struct {
+	r    Record
+	seq  uint64
+	next int32
+}
+
+// queue is a family's records: the slots from head (the oldest) to tail.
+type queue struct {
+	head, tail int32
+	n          int
+	share      int
+}
+
+// Store holds the last records in a fixed array of slots shared by the
+// families of records: appending never allocates beyond a record's own
+// strings, and memory is bounded by the size. A family may fill the
+// space the others leave; once the store is full, a new record takes
+// the slot of the oldest record of the family most over its share (the
+// informational ones first on a tie), so that a flood of open records
+// never pushes a denial out. No writer ever waits for a reader.
 type Store struct {
 	mu        sync.Mutex
-	ring      []Record
-	next      int  // where the next record goes
-	full      bool // the ring has wrapped
+	slots     []slot
+	used      int // slots handed out so far: the rest are free
+	queues    [families]queue
 	added     uint64
 	followers map[*follower]bool
 	taps      []func(*Record)
@@ -160,18 +211,26 @@ type follower struct {
 
 // NewStore keeps the last size records.
 func NewStore(size int) *Store {
-	return &Store{ring: make([]Record, size), followers: map[*follower]bool{}}
+	s := &Store{slots: make([]slot, size), followers: map[*follower]bool{}}
+	left := size
+	for f := families - 1; f > 0; f-- {
+		s.queues[f].share = size * shares[f] / 8
+		left -= s.queues[f].share
+	}
+	s.queues[famInfo].share = left
+	for f := range s.queues {
+		s.queues[f].head, s.queues[f].tail = -1, -1
+	}
+	return s
 }
 
-// Add stores r, dropping the oldest record when full, and hands it to
-// the followers it matches.
+// Add stores r, dropping the oldest record of the family most over its
+// share when full, and hands it to the followers it matches.
 func (s *Store) Add(r Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ring[s.next] = r
+	s.put(r)
 	s.added++
-	s.next = (s.next + 1) % len(s.ring)
-	s.full = s.full || s.next == 0
 	for _, tap := range s.taps {
 		tap(&r)
 	}
@@ -196,6 +255,44 @@ func (s *Store) Add(r Record) {
 	}
 }
 
+// put stores r in a free slot, or in the oldest of the family most over
+// its share counting r (s.mu held).
+func (s *Store) put(r Record) {
+	if len(s.slots) == 0 {
+		return
+	}
+	f := familyOf(r.Event)
+	i := int32(s.used)
+	if s.used < len(s.slots) {
+		s.used++
+	} else {
+		victim, over := famInfo, -len(s.slots)
+		for g := range families {
+			o := s.queues[g].n - s.queues[g].share
+			if g == f {
+				o++
+			}
+			if s.queues[g].n > 0 && o > over {
+				victim, over = g, o
+			}
+		}
+		q := &s.queues[victim]
+		i = q.head
+		q.head, q.n = s.slots[i].next, q.n-1
+		if q.head < 0 {
+			q.tail = -1
+		}
+	}
+	s.slots[i] = slot{r: r, seq: s.added, next: -1}
+	q := &s.queues[f]
+	if q.tail >= 0 {
+		s.slots[q.tail].next = i
+	} else {
+		q.head = i
+	}
+	q.tail, q.n = i, q.n+1
+}
+
 func lostRecord(n int, node string) Record {
 	return Record{Time: time.Now(), Node: node, Event: EventLost, Reason: fmt.Sprintf("%d records not sent: this reader fell behind", n)}
 }
@@ -216,21 +313,30 @@ func (s *Store) Added() uint64 {
 	return s.added
 }
 
-// list is the stored records f selects, oldest first (s.mu held).
+// list is the stored records f selects, oldest first: the families'
+// queues merged in the order their records were added (s.mu held).
 func (s *Store) list(f Filter) []Record {
 	var out []Record
-	add := func(rs []Record) {
-		for i := range rs {
-			if f.Match(&rs[i]) {
-				out = append(out, rs[i])
+	var at [families]int32
+	for g := range at {
+		at[g] = s.queues[g].head
+	}
+	for {
+		next := -1
+		for g, i := range at {
+			if i >= 0 && (next < 0 || s.slots[i].seq < s.slots[at[next]].seq) {
+				next = g
 			}
 		}
+		if next < 0 {
+			return out
+		}
+		sl := &s.slots[at[next]]
+		if f.Match(&sl.r) {
+			out = append(out, sl.r)
+		}
+		at[next] = sl.next
 	}
-	if s.full {
-		add(s.ring[s.next:])
-	}
-	add(s.ring[:s.next])
-	return out
 }
 
 // List is the stored records f selects, oldest first.

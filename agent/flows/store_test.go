@@ -140,3 +140,43 @@ func TestFollow(t *testing.T) {
 		t.Fatalf("Follow with a failing send: %v", err)
 	}
 }
+
+// A flood of the fast path's open records never pushes a denial out: the
+// informational records give up their slots first, the store keeps its
+// size, and the records still come oldest first across the families.
+func TestStoreSharesSurviveAFlood(t *testing.T) {
+	s := NewStore(8192)
+	for i := range 10 {
+		s.Add(rec(i, "x"))
+	}
+	drop := rec(10, "x")
+	drop.Event, drop.Verdict = EventDrop, VerdictDropped
+	s.Add(drop)
+	open := Record{Event: EventOpen, Verdict: VerdictCached, Src: Endpoint{Kind: KindIP}}
+	for i := range 100_000 {
+		open.Time = time.Unix(int64(100+i), 0)
+		s.Add(open)
+	}
+	if got := names(s.List(Filter{Verdict: VerdictDenied})); len(got) != 10 || got[0] != "p0" || got[9] != "p9" {
+		t.Fatalf("denials after 100000 open records: %v, want p0..p9", got)
+	}
+	if got := s.List(Filter{Verdict: VerdictDropped}); len(got) != 1 {
+		t.Fatalf("drops after the flood: %d, want 1", len(got))
+	}
+	all := s.List(Filter{})
+	if len(all) != 8192 || all[0].Src.Name != "p0" || all[11].Event != EventOpen || all[len(all)-1].Time != open.Time {
+		t.Fatalf("%d records, first %+v: want 8192, the denials first and the last open last", len(all), all[0])
+	}
+	// The other way round: a flood of denials keeps at least the open
+	// records' share, and the drop, under its share, stays.
+	for i := range 8192 {
+		s.Add(rec(1000+i, "x"))
+	}
+	opens, denials := len(s.List(Filter{Event: EventOpen})), len(s.List(Filter{Verdict: VerdictDenied}))
+	if opens < 8192*shares[famInfo]/8 || denials < 8192*shares[famPolicy]/8 || opens+denials != 8191 {
+		t.Fatalf("after a flood of denials: %d open, %d denied; want each at least its share, 8191 together", opens, denials)
+	}
+	if got := s.List(Filter{Verdict: VerdictDropped}); len(got) != 1 {
+		t.Fatalf("drops after the denials: %d, want 1", len(got))
+	}
+}

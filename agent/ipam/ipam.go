@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/onc-net/onc/internal/atomicfile"
@@ -110,6 +111,9 @@ type Pool struct {
 	last     []netip.Addr // per CIDR: allocation continues after it, so a freed address is reused last
 	byKey    map[Key]*Attachment
 	byIP     map[netip.Addr]*Attachment
+	// at is byIP as the last change left it, for readers that must not
+	// wait for a change's write of the file (At).
+	at atomic.Pointer[map[netip.Addr]Attachment]
 }
 
 // Open loads the pool stored at path (a missing file is an empty pool).
@@ -173,6 +177,7 @@ func Open(path string, cidrs []netip.Prefix, reserved ...netip.Addr) (*Pool, []A
 			return nil, nil, err
 		}
 	}
+	p.publish()
 	return p, dropped, nil
 }
 
@@ -239,6 +244,7 @@ func (p *Pool) Allocate(a Attachment) (Attachment, error) {
 		p.last = prevLast
 		return Attachment{}, err
 	}
+	p.publish()
 	return a, nil
 }
 
@@ -282,6 +288,7 @@ func (p *Pool) Update(a Attachment) error {
 		*old = prev
 		return err
 	}
+	p.publish()
 	return nil
 }
 
@@ -305,7 +312,24 @@ func (p *Pool) Release(k Key) (Attachment, bool, error) {
 		}
 		return Attachment{}, false, err
 	}
+	p.publish()
 	return *a, true, nil
+}
+
+// publish renews what At reads (p.mu held, or p not yet shared).
+func (p *Pool) publish() {
+	at := make(map[netip.Addr]Attachment, len(p.byIP))
+	for ip, a := range p.byIP {
+		at[ip] = *a
+	}
+	p.at.Store(&at)
+}
+
+// At is the attachment with address ip, as the last change left it: it
+// never waits for a change under way.
+func (p *Pool) At(ip netip.Addr) (Attachment, bool) {
+	a, ok := (*p.at.Load())[ip]
+	return a, ok
 }
 
 // Get returns one attachment.

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 var (
@@ -295,5 +296,48 @@ func TestIPv6Exhaustion(t *testing.T) {
 	}
 	if _, err := p.Allocate(Attachment{Key: key(999)}); !errors.Is(err, ErrExhausted) {
 		t.Fatalf("allocation past the end: err = %v, want ErrExhausted", err)
+	}
+}
+
+// At follows every change (allocation, update, release, a reopened
+// pool), and a reader never waits for a change's write of the file.
+func TestAtFollowsChanges(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "at.json")
+	p := open(t, path)
+	a, err := p.Allocate(Attachment{Key: key(1), K8sNamespace: "app", K8sName: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := a.IPs[0]
+	if got, ok := p.At(ip); !ok || got.K8sName != "web" {
+		t.Fatalf("after the allocation: %+v, %v", got, ok)
+	}
+	a.MAC = "02:00:00:00:00:01"
+	if err := p.Update(a); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := p.At(ip); got.MAC != a.MAC {
+		t.Fatalf("after the update: %+v", got)
+	}
+	if got, ok := open(t, path).At(ip); !ok || got.K8sName != "web" {
+		t.Fatalf("reopened: %+v, %v", got, ok)
+	}
+	p.mu.Lock() // a change under way
+	done := make(chan bool)
+	go func() { _, ok := p.At(ip); done <- ok }()
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Error("the attachment not found during a change")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("At waited for a change")
+	}
+	p.mu.Unlock()
+	if _, _, err := p.Release(key(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := p.At(ip); ok {
+		t.Fatalf("after the release: %+v", got)
 	}
 }

@@ -25,8 +25,9 @@ func flowsCommand(o *options) *cobra.Command {
 			"would-deny), a packet let through that they would deny; denied (audit: would-allow), a packet denied that one of\n" +
 			"them would allow (--verdict would-deny and would-allow select those; denied and allowed include them); and the eBPF\n" +
 			"programs' events: drops by reason, Service translations (with the backend chosen), refusals, fast-path open and\n" +
-			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows a\n" +
-			"NetworkPolicy change took off the fast path (evict).\n" +
+			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows the\n" +
+			"agent took off the fast path, saying why: a NetworkPolicy change, a flush, a changed underlay, a peer or pod\n" +
+			"that went (evict).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {

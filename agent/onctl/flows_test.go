@@ -1,11 +1,16 @@
 package onctl_test
 
 import (
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
-	apiv1 "github.com/onc-net/onc/api/v1"
 	"google.golang.org/grpc"
+
+	"github.com/onc-net/onc/agent/flows"
+	apiv1 "github.com/onc-net/onc/api/v1"
 )
 
 // flowsAgent answers GetFlows with its records, keeping the request.
@@ -59,5 +64,37 @@ func TestOnctlFlowsPrintsEventRecords(t *testing.T) {
 		if i >= len(lines) || !strings.HasSuffix(lines[i], want) {
 			t.Errorf("line %d of\n%s\nwant it to end %q", i, out, want)
 		}
+	}
+}
+
+// storeAgent answers GetFlows from a store, as the agent does.
+type storeAgent struct {
+	apiv1.UnimplementedAgentServer
+	store *flows.Store
+}
+
+func (s storeAgent) GetFlows(req *apiv1.GetFlowsRequest, stream grpc.ServerStreamingServer[apiv1.FlowRecord]) error {
+	return flows.Serve(s.store, req, stream)
+}
+
+// The denials an agent recorded before a flood of the fast path's open
+// records are still what onctl flows --verdict denied shows.
+func TestOnctlFlowsDenialsOutliveAFlood(t *testing.T) {
+	store := flows.NewStore(8192)
+	dst := flows.Endpoint{Kind: flows.KindIP, Addr: netip.MustParseAddrPort("10.244.2.7:80")}
+	for i := range 10 {
+		store.Add(flows.Record{Time: time.Unix(int64(i), 0), Node: "n1", Event: flows.EventPolicy, Verdict: flows.VerdictDenied, Proto: 6,
+			Src: flows.Endpoint{Kind: flows.KindPod, Namespace: "app", Name: fmt.Sprint("client-", i), Addr: netip.MustParseAddrPort("10.244.1.5:40000")}, Dst: dst})
+	}
+	for i := range 100_000 {
+		store.Add(flows.Record{Time: time.Unix(int64(100+i), 0), Node: "n1", Event: flows.EventOpen, Verdict: flows.VerdictCached, Path: flows.PathFast, Src: dst, Dst: dst})
+	}
+	out, err := run("-s", serve(t, storeAgent{store: store}), "flows", "--verdict", "denied")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 10 || !strings.Contains(lines[0], "app/client-0 ") || !strings.Contains(lines[9], "app/client-9 ") {
+		t.Fatalf("onctl flows --verdict denied after 100000 open records:\n%s\nwant the 10 denials", out)
 	}
 }

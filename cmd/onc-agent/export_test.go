@@ -34,6 +34,7 @@ func TestExportFlagErrors(t *testing.T) {
 		// Not the export's, but a flow records' flag checked the same way:
 		// past a million the budget's interval rounds to nothing.
 		{[]string{"--flows-events-rate=3000000000"}, "", "--flows-events-rate 3000000000: events a second of each kind on each CPU, 0-1000000"},
+		{[]string{"--flows-top-pods=-1"}, "", "--flows-top-pods -1: a number of pods, 0 or more"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		args := append([]string{"--node-name", "node-a", "--state-dir", t.TempDir(), "--run-dir", t.TempDir(), "--bpffs", t.TempDir(),

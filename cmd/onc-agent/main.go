@@ -56,6 +56,7 @@ func main() {
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	fs.IntVar(&cfg.FlowsBuffer, "flows-buffer", 8192, "how many flow records the agent keeps for onctl flows (docs/observability.md); 0 records none")
 	fs.Uint32Var(&cfg.Datapath.FlowEvents, "flows-events-rate", 1000, "flow records from the eBPF programs (drops, Service translations, fast-path open and learn): at most this many a second of each kind on each CPU, twice that at once; the rest are counted, not recorded (docs/observability.md); 0 records none")
+	fs.IntVar(&cfg.FlowsTopPods, "flows-top-pods", 10, "how many of this node's pods onc_pod_drops_total names: those with the most drops in the flow records (docs/metrics.md); 0 names none")
 	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs its verdicts to, for the flow records; pick one no other program of the node reads")
 	flowsExport := exportFlags(fs)
 	store := backend.AddFlags(fs)
@@ -92,6 +93,8 @@ func main() {
 	switch {
 	case cfg.FlowsBuffer < 0:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-buffer %d: a number of records, 0 or more", cfg.FlowsBuffer))
+	case cfg.FlowsTopPods < 0:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-top-pods %d: a number of pods, 0 or more", cfg.FlowsTopPods))
 	case cfg.Datapath.FlowEvents > bpf.MaxEventsPerSecond:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-events-rate %d: events a second of each kind on each CPU, 0-%d", cfg.Datapath.FlowEvents, bpf.MaxEventsPerSecond))
 	case *flowsGroup < 1 || *flowsGroup > 65535:

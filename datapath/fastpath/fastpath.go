@@ -100,10 +100,29 @@ type Datapath struct {
 	senders6U6 mirror[sender6U6Key, senderVal] // onc_senders6_u6 as SyncSenders last wrote it
 	open       mirror[uint32, uint8]           // onc_open as SetOpen or NarrowOpen last wrote it
 	open6      mirror[addr6, uint8]            // onc_open6 as SetOpen or NarrowOpen last wrote it
-	// onEvict, if set, is told of each flow EvictFlows takes off the fast
-	// path (the flow records, agent/flows); under mu.
-	onEvict func(local, remote netip.AddrPort, proto uint8)
+	// onEvict, if set, is told of each flow an eviction takes off the
+	// fast path (the flow records, agent/flows); under mu.
+	onEvict func(Eviction)
 }
+
+// Eviction is a flow an eviction took off the fast path, and why.
+type Eviction struct {
+	Local, Remote netip.AddrPort
+	Proto         uint8
+	Why           EvictReason
+}
+
+// EvictReason is why a flow left the fast path.
+type EvictReason uint8
+
+// The reasons of evictions.
+const (
+	EvictPolicy   EvictReason = iota // a NetworkPolicy change revoked it (EvictFlows)
+	EvictFlush                       // the cache was flushed (Flush)
+	EvictUnderlay                    // its node's learned header went: the underlay changed (EvictEncaps)
+	EvictPeer                        // its peer node left, or changed (SyncPeers)
+	EvictPod                         // its local pod went (DeleteLocalPod)
+)
 
 // Open loads the programs, creating or reusing the pinned maps.
 func Open(o Options) (*Datapath, error) {
@@ -398,7 +417,7 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 			if err := d.maps.OncLocal6.Delete(a); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return err
 			}
-			return forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, mine)
+			return forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, d.telling(EvictPod, mine))
 		})
 	}
 	if err := d.open.delete(d.maps.OncOpen, bpf.NetIPv4(ip)); err != nil {
@@ -408,7 +427,7 @@ func (d *Datapath) DeleteLocalPod(ip netip.Addr) error {
 		if err := d.maps.OncLocal.Delete(bpf.NetIPv4(ip)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}
-		return forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, mine)
+		return forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, d.telling(EvictPod, mine))
 	})
 }
 
@@ -450,15 +469,7 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 			}
 			return verdicts[e]
 		}
-		evicted := func(e flowEnds, v FlowVal) bool {
-			if verdict(e, v) != Evict {
-				return false
-			}
-			if d.onEvict != nil {
-				d.onEvict(e.local, e.remote, e.proto)
-			}
-			return true
-		}
+		evicted := d.telling(EvictPolicy, func(e flowEnds, v FlowVal) bool { return verdict(e, v) == Evict })
 		return errors.Join(
 			d.handOver(func(e flowEnds, v FlowVal) bool { return verdict(e, v) == HandOver }),
 			forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, evicted),
@@ -466,12 +477,51 @@ func (d *Datapath) EvictFlows(ips map[netip.Addr]bool, decide func(opened []Conn
 	})
 }
 
-// OnEvict has fn told of each flow EvictFlows takes off the fast path, by
-// its local and remote ends, from the next eviction on.
-func (d *Datapath) OnEvict(fn func(local, remote netip.AddrPort, proto uint8)) {
+// OnEvict has fn told of each flow an eviction takes off the fast path,
+// from the next eviction on: a policy's (EvictFlows), a flush, a changed
+// underlay's (EvictEncaps), a peer's (SyncPeers), a pod's
+// (DeleteLocalPod). fn runs under the lock that serialises evictions,
+// with learning paused: it must only queue or count.
+func (d *Datapath) OnEvict(fn func(Eviction)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.onEvict = fn
+}
+
+// telling is match that tells onEvict of each flow it matches, for why
+// (d.mu held).
+func (d *Datapath) telling(why EvictReason, match func(flowEnds, FlowVal) bool) func(flowEnds, FlowVal) bool {
+	if d.onEvict == nil {
+		return match
+	}
+	return func(e flowEnds, v FlowVal) bool {
+		if !match(e, v) {
+			return false
+		}
+		d.onEvict(Eviction{Local: e.local, Remote: e.remote, Proto: e.proto, Why: why})
+		return true
+	}
+}
+
+// tellFlows tells onEvict of the flows of either family that match, for
+// why, leaving them in place (d.mu held).
+func (d *Datapath) tellFlows(why EvictReason, match func(flowEnds, FlowVal) bool) error {
+	if d.onEvict == nil {
+		return nil
+	}
+	tell := d.telling(why, match)
+	return errors.Join(eachFlow[FlowKey](d.maps.OncFilter, tell), eachFlow[FlowKey6](d.maps.OncFilter6, tell))
+}
+
+// eachFlow runs fn on each flow of filter.
+func eachFlow[K flowKey](filter *ebpf.Map, fn func(flowEnds, FlowVal) bool) error {
+	var k K
+	var v FlowVal
+	it := filter.Iterate()
+	for it.Next(&k, &v) {
+		fn(endsOf(k), v)
+	}
+	return it.Err()
 }
 
 // openedConns are the connections of the flows of filter that match,
@@ -607,8 +657,8 @@ func (d *Datapath) forgetPeers(peers []Peer, staying map[netip.Addr]bool) error 
 		deleteWhere(d.maps.OncEgress6U6, func(ip addr6, v addr6) bool {
 			return nodes[netip.AddrFrom16(v.Addr)] || inAny(peers, netip.AddrFrom16(ip.Addr))
 		}),
-		forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, toAny(peers)),
-		forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, toAny(peers)))
+		forgetFlows[FlowKey](d.maps.OncFilter, d.maps.OncFin, d.telling(EvictPeer, toAny(peers))),
+		forgetFlows[FlowKey6](d.maps.OncFilter6, d.maps.OncFin6, d.telling(EvictPeer, toAny(peers))))
 }
 
 // inAny reports whether a is in one of the peers' pod CIDRs.
@@ -773,6 +823,9 @@ func (d *Datapath) Flush() error {
 		if err := d.maps.OncCfg.Put(uint32(0), c); err != nil {
 			return err
 		}
+		if err := d.tellFlows(EvictFlush, everyFlow); err != nil {
+			return err
+		}
 		all := func([]byte, []byte) bool { return true }
 		for _, m := range []*ebpf.Map{d.maps.OncEgress, d.maps.OncEgress6, d.maps.OncEgress6U6, d.maps.OncEncap, d.maps.OncEncapU6, d.maps.OncFilter, d.maps.OncFilter6, d.maps.OncFin, d.maps.OncFin6} {
 			if err := deleteWhere(m, all); err != nil {
@@ -811,8 +864,13 @@ func (d *Datapath) EvictEncaps(stale func(Encap) bool) (int, error) {
 			return err
 		}
 		// The connections the fast path opened to pods behind those nodes
-		// take the slow path until it learns the new headers.
-		if err := d.handOver(d.behind(nodes, nodes6)); err != nil {
+		// take the slow path until it learns the new headers, as every
+		// flow to them does.
+		behind := d.behind(nodes, nodes6)
+		if err := d.handOver(behind); err != nil {
+			return err
+		}
+		if err := d.tellFlows(EvictUnderlay, behind); err != nil {
 			return err
 		}
 		n, err := deleteKeys(d.maps.OncEncap, nodes)

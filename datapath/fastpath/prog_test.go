@@ -106,6 +106,27 @@ func counterOf(t *testing.T, read func() ([]Stat, error), name string) uint64 {
 }
 
 // established fills the maps as learning would for localPod:40000 <-> remotePod:80.
+// told is what OnEvict told, each eviction printed.
+type told []string
+
+// telling has d tell its evictions from now on.
+func telling(d *Datapath) *told {
+	var evictions told
+	d.OnEvict(func(e Eviction) { evictions = append(evictions, fmt.Sprint(e)) })
+	return &evictions
+}
+
+// is checks that OnEvict told of the one flow established has, for why,
+// and forgets it.
+func (told *told) is(t *testing.T, why EvictReason) {
+	t.Helper()
+	want := fmt.Sprint(Eviction{netip.AddrPortFrom(localPod, 40000), netip.AddrPortFrom(remotePod, 80), unix.IPPROTO_TCP, why})
+	if len(*told) != 1 || (*told)[0] != want {
+		t.Fatalf("OnEvict told of %q, want %q", *told, want)
+	}
+	*told = nil
+}
+
 func established(t *testing.T, d *Datapath) {
 	t.Helper()
 	testutil.Must(t, d.SyncPeers([]Peer{{PodCIDR: peerCIDR, NodeIP: peerNode}}, false))
@@ -315,9 +336,14 @@ func TestLearningNeedsTheEstablishedMark(t *testing.T) {
 		t.Fatalf("learned flow not fast-pathed: %d", ret)
 	}
 
-	// A flush is one epoch step: the flow is void at once.
+	// A flush is one epoch step: the flow is void at once, and the flow
+	// records hear of it.
 	before, _ := d.config()
+	told := telling(d)
 	testutil.Must(t, d.Flush())
+	if want := fmt.Sprint(Eviction{netip.AddrPortFrom(localPod, 40000), netip.AddrPortFrom(remotePod, 53), unix.IPPROTO_UDP, EvictFlush}); len(*told) != 1 || (*told)[0] != want {
+		t.Fatalf("a flush told of %q, want %q", *told, want)
+	}
 	if after, _ := d.config(); after.Epoch != before.Epoch+1 || after.Learning != 1 {
 		t.Fatalf("after a flush: epoch %d → %d, learning %d; want one epoch step and learning on", before.Epoch, after.Epoch, after.Learning)
 	}
@@ -451,7 +477,9 @@ func TestSYNACKTeachesTheReplyDirection(t *testing.T) {
 func TestCoherency(t *testing.T) {
 	d := open(t)
 	established(t, d)
-	// The peer leaves: its CIDR, destinations, header and flows go.
+	told := telling(d)
+	// The peer leaves: its CIDR, destinations, header and flows go, and
+	// the flow records hear of each flow.
 	testutil.Must(t, d.SyncPeers(nil, false))
 	flows, _ := d.Flows()
 	dests, _ := d.Dests()
@@ -459,12 +487,14 @@ func TestCoherency(t *testing.T) {
 	if len(flows)+len(dests)+len(encaps) != 0 {
 		t.Fatalf("after the peer left: flows %v dests %v encaps %v", flows, dests, encaps)
 	}
+	told.is(t, EvictPeer)
 	// A local pod deleted: its flows go with it.
 	established(t, d)
 	testutil.Must(t, d.DeleteLocalPod(localPod))
 	if flows, _ := d.Flows(); len(flows) != 0 {
 		t.Fatalf("flows of a deleted pod remain: %v", flows)
 	}
+	told.is(t, EvictPod)
 	if l, _ := d.Locals(); len(l) != 0 {
 		t.Fatal("deleted pod still local")
 	}
@@ -486,8 +516,7 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	other := FlowKey{LocalIp: bpf.NetIPv4(localPod), RemoteIp: bpf.NetIPv4(remotePod), LocalPort: bpf.NetPort(uint16(40001)), RemotePort: bpf.NetPort(uint16(80)), Proto: unix.IPPROTO_TCP}
 	testutil.Must(t, d.maps.OncFilter.Put(other, FlowVal{Egress: 1, Ingress: 1}))
 	kept := netip.AddrPortFrom(localPod, 40000)
-	var told []string
-	d.OnEvict(func(local, remote netip.AddrPort, proto uint8) { told = append(told, fmt.Sprint(local, remote, proto)) })
+	told := telling(d)
 	var learning uint8 = 1
 	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{localPod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
 		c, _ := d.config()
@@ -506,8 +535,8 @@ func TestEvictFlowsKeepsOnlyWhatDecideKeeps(t *testing.T) {
 	if len(flows) != 1 || flows[0].Local != kept {
 		t.Fatalf("flows after eviction: %v, want only %v's", flows, kept)
 	}
-	if want := fmt.Sprint(netip.AddrPortFrom(localPod, 40001), netip.AddrPortFrom(remotePod, 80), unix.IPPROTO_TCP); len(told) != 1 || told[0] != want {
-		t.Fatalf("OnEvict told of %q, want the one evicted flow %q", told, want)
+	if want := fmt.Sprint(Eviction{netip.AddrPortFrom(localPod, 40001), netip.AddrPortFrom(remotePod, 80), unix.IPPROTO_TCP, EvictPolicy}); len(*told) != 1 || (*told)[0] != want {
+		t.Fatalf("OnEvict told of %q, want the one evicted flow %q", *told, want)
 	}
 	// Pods not named are untouched; a failing decide deletes nothing.
 	testutil.Must(t, d.EvictFlows(map[netip.Addr]bool{remotePod: true}, func([]Conn) (func(local, remote netip.AddrPort, proto uint8, _ Opener) Verdict, error) {
@@ -564,10 +593,12 @@ func TestEvictEncapsRemovesOnlyStale(t *testing.T) {
 	var e EncapVal
 	e.Ifindex = 7
 	testutil.Must(t, d.maps.OncEncap.Put(bpf.NetIPv4(otherNode), e))
+	told := telling(d)
 	n, err := d.EvictEncaps(func(e Encap) bool { return e.Node == peerNode })
 	if err != nil || n != 1 {
 		t.Fatalf("EvictEncaps = %d, %v; want 1 evicted", n, err)
 	}
+	told.is(t, EvictUnderlay)
 	if encaps, _ := d.Encaps(); len(encaps) != 1 || encaps[0].Node != otherNode {
 		t.Fatalf("headers left: %+v; want only %s's", encaps, otherNode)
 	}

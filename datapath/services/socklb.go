@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/onc-net/onc/datapath/bpf"
@@ -52,6 +53,7 @@ type LB struct {
 	ids      idPool
 	netns    map[uint64]string     // owned namespaces: cookie → path, "" for the agent's own
 	pods     map[uint64]netip.Addr // the pods' of them OwnPod was given: cookie → address
+	names    atomic.Pointer[names] // pods and services, as the last change left them
 	udp      udpEnder
 	warned6  bool // of an IPv6 Service on a node without IPv6 (warnSmall6)
 	// nodePort6 is what onc_lb6_dsr_nodeport holds as Sync last wrote
@@ -120,6 +122,7 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		err = lb.adopt()
+		lb.publish()
 	}
 	if err == nil {
 		err = lb.openUDPEnder(spec.Maps[bpf.ServicesMapOncLbDestroyStats])
