@@ -216,15 +216,7 @@ func (b *bed) pair(from, to string) (*net.TCPConn, *net.TCPConn) {
 
 func (b *bed) stat(name string) uint64 {
 	b.t.Helper()
-	stats, err := b.bp.Stats()
-	testutil.Must(b.t, err)
-	for _, s := range stats {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	b.t.Fatalf("no counter %s in %v", name, stats)
-	return 0
+	return bpftest.Counter(b.t, b.bp.Stats, name)
 }
 
 // conn is the map's entry for the connection with client end c, if any.

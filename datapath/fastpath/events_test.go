@@ -21,7 +21,9 @@ import (
 	"github.com/onc-net/onc/internal/testutil"
 )
 
-func evStat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.EventStats, name) }
+func evStat(t *testing.T, d *Datapath, name string) uint64 {
+	return bpftest.Counter(t, d.EventStats, name)
+}
 
 // onOneCPU keeps the test's thread on one CPU: the budget is per CPU.
 func onOneCPU(t *testing.T) {
