@@ -204,7 +204,7 @@ func (n *Node) BringUp(s NodeSetup) (err error) {
 	if n.uplinkAttached {
 		n.attachServicesUplinkLocked()
 	}
-	n.bypass.Load()
+	n.bypass.Load(fp.FlowCache())
 	n.ovl = ovl
 	slog.Info("node datapath up", "podCIDR", s.PodCIDR, "gateway", gw, "podCIDRv6", s.PodCIDRv6, "vxlan", overlay.DeviceName)
 	return nil

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,8 +150,9 @@ func (c *policyCluster) strictRevocationBypassed(t *testing.T) {
 }
 
 // bypassed: a bypassed connection shows in onctl bypass with both pods
-// named, lives through an agent restart without losing an echo, and is
-// gone from the map once closed.
+// named, and in onctl flows as paired (one record) and, once the bypass is
+// switched off, as sent by the stack; it lives through an agent restart
+// without losing an echo, and is gone from the map once closed.
 func (c *policyCluster) bypassed(t *testing.T) {
 	ctx := context.Background()
 	a, b := c.pod("x/a"), c.pod("y/b") // both on node 1
@@ -173,6 +175,19 @@ func (c *policyCluster) bypassed(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("onctl bypass lacks %q:\n%s", want, out)
 		}
+	}
+	client := netip.MustParseAddrPort(bc.Client)
+	end := func(p *tpod, at netip.AddrPort) *apiv1.FlowEndpoint {
+		return &apiv1.FlowEndpoint{Kind: "pod", Namespace: p.ns, Name: p.name, Node: n.Name, Ip: at.Addr().String(), Port: uint32(at.Port())}
+	}
+	ofConn := func(r *apiv1.FlowRecord) bool { // its client to server direction
+		return r.Source.GetPort() == uint32(client.Port()) && r.Destination.GetPort() == 93
+	}
+	paired := waitRecord(t, c.l, n, "pair", ofConn)
+	sameRecord(t, paired, &apiv1.FlowRecord{Event: "pair", Verdict: "bypassed", Path: "bypass", Protocol: "TCP",
+		Source: end(a, client), Destination: end(b, netip.AddrPortFrom(b.lp.IP, 93))})
+	if recs := onctlFlowRecords(t, c.l, n, "--event", "pair"); len(slices.DeleteFunc(recs, func(r *apiv1.FlowRecord) bool { return !ofConn(r) })) != 1 {
+		t.Errorf("pair records of the connection: %v, want one", recs)
 	}
 
 	// A large transfer arrives intact, and through the bypass.
@@ -219,6 +234,9 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	if c.bypassCounter(t, "redirected_msgs")[n] != redirected || c.bypassCounter(t, "stack_msgs")[n] < stack+100 {
 		t.Error("after onctl bypass off the connection's messages are still redirected, or not sent by the stack")
 	}
+	back := waitRecord(t, c.l, n, "fallback", ofConn)
+	sameRecord(t, back, &apiv1.FlowRecord{Event: "fallback", Verdict: "to-stack", Path: "bypass", Protocol: "TCP", Reason: "fallback_off",
+		Source: end(a, client), Destination: end(b, netip.AddrPortFrom(b.lp.IP, 93))})
 
 	p.stop()
 	deadline := time.Now().Add(5 * time.Second)

@@ -38,7 +38,7 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 	pod := func(p *lab.Pod, ip netip.Addr, port uint32) *apiv1.FlowEndpoint {
 		return &apiv1.FlowEndpoint{Kind: "pod", Namespace: svcNS, Name: p.Name, Node: p.Node, Ip: ip.String(), Port: port}
 	}
-	tr := c.waitRecord(t, node, "translate", func(r *apiv1.FlowRecord) bool {
+	tr := waitRecord(t, c.l, node, "translate", func(r *apiv1.FlowRecord) bool {
 		return r.Source.GetName() == client.Name && r.Destination.GetIp() == vip.String()
 	})
 	want := &apiv1.FlowRecord{Event: "translate", Verdict: "translated", Path: "socket-lb", Protocol: "TCP",
@@ -51,7 +51,7 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 	// connection setup on the fast path (no policy isolates either pod),
 	// opened on it at its SYN, which learns nothing later.
 	local := netip.MustParseAddrPort(conn.LocalAddr().String())
-	cached := c.waitRecord(t, node, "", func(r *apiv1.FlowRecord) bool {
+	cached := waitRecord(t, c.l, node, "", func(r *apiv1.FlowRecord) bool {
 		return (r.Event == "learn" || r.Event == "open") && r.Source.GetPort() == uint32(local.Port())
 	})
 	sameRecord(t, cached, &apiv1.FlowRecord{Event: cached.Event, Verdict: "cached", Path: "fast", Protocol: "TCP",
@@ -59,7 +59,7 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 
 	time.Sleep(time.Until(flushed.Add(time.Second)))
 	c.flush(t, node)
-	evict := c.waitRecord(t, node, "evict", func(r *apiv1.FlowRecord) bool { return r.Source.GetPort() == uint32(local.Port()) })
+	evict := waitRecord(t, c.l, node, "evict", func(r *apiv1.FlowRecord) bool { return r.Source.GetPort() == uint32(local.Port()) })
 	sameRecord(t, evict, &apiv1.FlowRecord{Event: "evict", Verdict: "evicted", Path: "fast", Protocol: "TCP",
 		Reason: "the fast path's cache was flushed (onctl cache flush, or the fast path switched on)",
 		Source: pod(client, client.IP, uint32(local.Port())), Destination: pod(remote, remote.IP, 8080)})
@@ -77,7 +77,7 @@ func (c *serviceCluster) flowEvents(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	drop := c.waitRecord(t, node, "drop", func(r *apiv1.FlowRecord) bool { return r.Source.GetName() == client.Name })
+	drop := waitRecord(t, c.l, node, "drop", func(r *apiv1.FlowRecord) bool { return r.Source.GetName() == client.Name })
 	if drop.Reason != "overlay_drop_from_pod" || drop.Path != "fast" || drop.Verdict != "dropped" ||
 		drop.Destination.GetKind() != "node" || drop.Destination.GetName() != other.Name || drop.Destination.GetPort() != vxlanPort {
 		t.Errorf("drop record %v, want overlay_drop_from_pod on the fast path, to node %s:%d", drop, other.Name, vxlanPort)
@@ -93,18 +93,18 @@ func (c *serviceCluster) flush(t *testing.T, n *lab.Node) time.Time {
 	return time.Now()
 }
 
-// waitRecord waits up to 2 s for a record of event on n that match
-// selects, made by this test's connections.
-func (c *serviceCluster) waitRecord(t *testing.T, n *lab.Node, event string, match func(*apiv1.FlowRecord) bool) *apiv1.FlowRecord {
+// waitRecord waits up to 2 s for a record of event on node n of lab l
+// that match selects, made by this test's connections.
+func waitRecord(t *testing.T, l *lab.Lab, n *lab.Node, event string, match func(*apiv1.FlowRecord) bool) *apiv1.FlowRecord {
 	t.Helper()
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		for _, r := range onctlFlowRecords(t, c.l, n, "--event", event) {
+		for _, r := range onctlFlowRecords(t, l, n, "--event", event) {
 			if match(r) {
 				return r
 			}
 		}
 	}
-	t.Fatalf("onctl flows --event %s on %s: no such record; it has %v", event, n.Name, onctlFlowRecords(t, c.l, n))
+	t.Fatalf("onctl flows --event %s on %s: no such record; it has %v", event, n.Name, onctlFlowRecords(t, l, n))
 	return nil
 }
 

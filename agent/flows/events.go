@@ -26,21 +26,27 @@ const (
 	EventOpen      = "open"      // a connection opened on the fast path
 	EventLearn     = "learn"     // a flow became usable on the fast path
 	EventEvict     = "evict"     // the agent took a flow off the fast path
+	EventPair      = "pair"      // the bypass paired a connection between two pods of the node
+	EventFallback  = "fallback"  // a bypassed direction went to the stack for good
 
 	VerdictRefused    = "refused"
 	VerdictTranslated = "translated"
 	VerdictCached     = "cached"
 	VerdictEvicted    = "evicted"
+	VerdictBypassed   = "bypassed"
+	VerdictToStack    = "to-stack"
 
 	PathFast     = "fast"      // the fast path's programs (tc)
 	PathSocketLB = "socket-lb" // the socket LB (cgroup socket calls)
 	PathUplinkLB = "uplink-lb" // the uplink LB (tc of the uplink)
+	PathBypass   = "bypass"    // the intra-node bypass (sockops, sk_msg)
 )
 
 // Verdicts and Events are what a filter may ask for.
 var (
-	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, AuditWouldDeny, AuditWouldAllow, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted}
-	Events   = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict}
+	Verdicts = []string{VerdictDenied, VerdictAllowed, VerdictDropped, AuditWouldDeny, AuditWouldAllow, VerdictRefused, VerdictTranslated, VerdictCached, VerdictEvicted,
+		VerdictBypassed, VerdictToStack}
+	Events = []string{EventPolicy, EventDrop, EventRefuse, EventTranslate, EventOpen, EventLearn, EventEvict, EventPair, EventFallback}
 )
 
 // Resolver names the ends of the eBPF programs' events, in this order: a
@@ -142,6 +148,12 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 		rec.Src, rec.Dst, rec.Translated = r.endpoint(e.Src), r.frontend(true, e.Dst, e.Proto), r.endpoint(e.Via)
 	case "open", "learn":
 		rec.Event, rec.Verdict, rec.Path = e.Class, VerdictCached, PathFast
+		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
+	case "pair": // client to server
+		rec.Event, rec.Verdict, rec.Path = EventPair, VerdictBypassed, PathBypass
+		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
+	case "fallback": // the direction that fell back, its sender first
+		rec.Event, rec.Verdict, rec.Path = EventFallback, VerdictToStack, PathBypass
 		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
 	default:
 		return // a class of a newer object than this agent: nothing to say

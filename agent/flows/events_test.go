@@ -133,6 +133,22 @@ func TestFastPathRecordsAndUnknownClasses(t *testing.T) {
 	}
 }
 
+// The bypass's pairing names both pods, client first; a fallback the
+// direction that fell back and why.
+func TestBypassRecords(t *testing.T) {
+	client, server := netip.AddrPortFrom(clientPod, 41000), netip.AddrPortFrom(backendPod, 8080)
+	r := recordOf(t, dpflows.Event{Class: "pair", Proto: 6, Src: client, Dst: server})
+	if r.Event != EventPair || r.Verdict != VerdictBypassed || r.Path != PathBypass || r.Src.Name != "client" || r.Src.Addr != client ||
+		r.Dst.Name != "web-1" || r.Dst.Addr != server || r.Reason != "" {
+		t.Errorf("pair: %+v", r)
+	}
+	r = recordOf(t, dpflows.Event{Class: "fallback", Reason: "fallback_peer_full", Counters: "bp_stat", Proto: 6, Src: server, Dst: client})
+	if r.Event != EventFallback || r.Verdict != VerdictToStack || r.Path != PathBypass || r.Src.Name != "web-1" || r.Dst.Name != "client" ||
+		r.Reason != "fallback_peer_full" {
+		t.Errorf("fallback: %+v", r)
+	}
+}
+
 // The filters take the new verdicts and events, and refuse others by
 // name.
 func TestEventFilters(t *testing.T) {

@@ -25,9 +25,9 @@ func flowsCommand(o *options) *cobra.Command {
 			"would-deny), a packet let through that they would deny; denied (audit: would-allow), a packet denied that one of\n" +
 			"them would allow (--verdict would-deny and would-allow select those; denied and allowed include them); and the eBPF\n" +
 			"programs' events: drops by reason, Service translations (with the backend chosen), refusals, fast-path open and\n" +
-			"learn, within --flows-events-rate (\"+N suppressed\": that many before were not recorded), and the flows the\n" +
-			"agent took off the fast path, saying why: a NetworkPolicy change, a flush, a changed underlay, a peer or pod\n" +
-			"that went (evict).\n" +
+			"learn, the bypass's pairings and fallbacks to the stack, within --flows-events-rate (\"+N suppressed\": that many\n" +
+			"before were not recorded), and the flows the agent took off the fast path, saying why: a NetworkPolicy change, a\n" +
+			"flush, a changed underlay, a peer or pod that went (evict).\n" +
 			"--follow then prints each new record as it comes, until interrupted. -o json prints one JSON object per line.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -46,8 +46,8 @@ func flowsCommand(o *options) *cobra.Command {
 	c.Flags().BoolVarP(&req.Follow, "follow", "f", false, "then print each new record as it comes")
 	c.Flags().StringVar(&req.Pod, "pod", "", "records with this pod (namespace/name) at either end")
 	c.Flags().StringVarP(&req.Namespace, "namespace", "n", "", "records with a pod of this namespace at either end")
-	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, refused, translated, cached, evicted; or this audit: would-deny, would-allow")
-	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn, evict")
+	c.Flags().StringVar(&req.Verdict, "verdict", "", "records with this verdict: denied, allowed, dropped, refused, translated, cached, evicted, bypassed, to-stack; or this audit: would-deny, would-allow")
+	c.Flags().StringVar(&req.Event, "event", "", "records of this event: policy, drop, refuse, translate, open, learn, evict, pair, fallback")
 	c.Flags().DurationVar(&since, "since", 0, "records of the last DURATION only (e.g. 5m)")
 	return c
 }

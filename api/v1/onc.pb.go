@@ -3116,12 +3116,13 @@ type FlowRecord struct {
 	// policy: a pod's policy verdict on a packet; drop: a drop by a check
 	// before any pod's rules or in the eBPF programs (reason says which);
 	// from the eBPF programs (docs/observability.md) also refuse,
-	// translate, open, learn; from the agent: evict; lost: records this
-	// reader did not get, being too slow (reason says how many).
+	// translate, open, learn, pair, fallback; from the agent: evict; lost:
+	// records this reader did not get, being too slow (reason says how
+	// many).
 	Event string `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
 	// denied, allowed (a new connection, or, with audit would-deny, a
 	// packet no enforcing policy judged), dropped, refused, translated,
-	// cached, evicted.
+	// cached, evicted, bypassed, to-stack.
 	Verdict     string        `protobuf:"bytes,4,opt,name=verdict,proto3" json:"verdict,omitempty"`
 	Direction   string        `protobuf:"bytes,5,opt,name=direction,proto3" json:"direction,omitempty"` // ingress or egress of the local pod
 	Protocol    string        `protobuf:"bytes,6,opt,name=protocol,proto3" json:"protocol,omitempty"`   // TCP, UDP, SCTP, or proto-N
@@ -3129,7 +3130,7 @@ type FlowRecord struct {
 	Destination *FlowEndpoint `protobuf:"bytes,8,opt,name=destination,proto3" json:"destination,omitempty"`
 	Reason      string        `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`      // in words
 	Policies    []string      `protobuf:"bytes,10,rep,name=policies,proto3" json:"policies,omitempty"` // namespace/name of each policy the reason names
-	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow (the kernel's stack and netfilter), fast, socket-lb, uplink-lb
+	Path        string        `protobuf:"bytes,11,opt,name=path,proto3" json:"path,omitempty"`         // slow (the kernel's stack and netfilter), fast, socket-lb, uplink-lb, bypass
 	// The index of the rule that allowed it in its policy's ingress or
 	// egress list; absent when no rule did (optional, so that rule 0, the
 	// first rule, is still sent and printed).

@@ -5,6 +5,9 @@
  * The intra-node bypass: a sockops program records each ESTABLISHED TCP
  * socket whose two ends are pods of this node, and an sk_msg program on
  * that map queues each of its sends onto the peer socket (include/bypass.h).
+ * Both tell the agent, through the fast path's flow events ring
+ * (include/flows.h), of a connection paired and of a direction that went
+ * to the stack for good: once each, never per message.
  */
 #include "include/bypass.h"
 
@@ -18,11 +21,11 @@ char __license[] SEC("license") = "Dual BSD/GPL";
  * never gets here.
  *
  * bp_record_in records one socket of either family: key is its key in
- * socks and conns, local and remote its addresses (n 32-bit words each,
- * keys of pods), all of its family.
+ * socks and conns, peer its peer's, local and remote its addresses (n
+ * 32-bit words each, keys of pods), all of its family.
  */
 static __always_inline void bp_record_in(struct bpf_sock_ops *skops, __u8 role, void *pods, void *conns, void *socks,
-					 void *key, const __u32 *local, const __u32 *remote, int n)
+					 void *key, const void *peer, const __u32 *local, const __u32 *remote, int n)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct bp_conn conn = { .role = role };
@@ -79,21 +82,31 @@ static __always_inline void bp_record_in(struct bpf_sock_ops *skops, __u8 role, 
 	}
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	count(&onc_bp_stats, BP_STAT_RECORDED, 1);
+	/* The socket recorded second pairs the connection: one event, client
+	 * to server. The handshake orders the two (the client is ESTABLISHED
+	 * before it sends the ACK that makes the server so), so the server
+	 * finds the client here, never the other way. */
+	if (bpf_map_lookup_elem(conns, peer))
+		bp_ev(EV_PAIR, key, n, role == BP_ROLE_SERVER, 0);
 }
 
 /* IPv4 sockets (and dual-stack ones talking IPv4) go to the IPv4 maps,
  * IPv6 ones to the IPv6 maps. */
 static __always_inline void bp_record(struct bpf_sock_ops *skops, __u8 role)
 {
-	struct bp_key key = {};
-	struct bp_key6 key6 = {};
+	struct bp_key key = {}, peer = {};
+	struct bp_key6 key6 = {}, peer6 = {};
 
 	switch (bp_key_of(skops, &key, &key6)) {
 	case BP_KEY4:
-		bp_record_in(skops, role, &onc_bp_pods, &onc_bp_conn, &onc_bp_sock, &key, &key.local_ip, &key.remote_ip, 1);
+		bp_peer_of(&key, &peer);
+		bp_record_in(skops, role, &onc_bp_pods, &onc_bp_conn, &onc_bp_sock, &key, &peer, &key.local_ip,
+			     &key.remote_ip, 1);
 		break;
 	case BP_KEY6:
-		bp_record_in(skops, role, &onc_bp_pods6, &onc_bp_conn6, &onc_bp_sock6, &key6, key6.local_ip, key6.remote_ip, 4);
+		bp_peer_of(&key6, &peer6);
+		bp_record_in(skops, role, &onc_bp_pods6, &onc_bp_conn6, &onc_bp_sock6, &key6, &peer6, key6.local_ip,
+			     key6.remote_ip, 4);
 		break;
 	}
 }
@@ -181,16 +194,20 @@ static __always_inline int bp_stack(struct sk_msg_md *msg)
 	return SK_PASS;
 }
 
-static __always_inline int bp_decide_stack(struct sk_msg_md *msg, struct bp_sock *st, enum bp_stat why)
+/* bp_fall_back sends the socket key names (of n-word addresses) by the
+ * stack from now on, for reason why: counted and reported. */
+static __always_inline void bp_fall_back(struct bp_sock *st, const void *key, int n, enum bp_stat why)
 {
 	st->dir = BP_DIR_STACK;
 	count(&onc_bp_stats, why, 1);
-	return bp_stack(msg);
+	bp_ev(EV_FALLBACK, key, n, 0, why);
 }
 
-/* One send of a socket of either family: peer is the key of the other
- * end in socks, its family's SOCKHASH. */
-static __always_inline int bp_send(struct sk_msg_md *msg, struct bpf_sock *sk, void *socks, void *peer)
+/* One send of a socket of either family: key is its key (n-word
+ * addresses), peer the key of the other end in socks, its family's
+ * SOCKHASH. */
+static __always_inline int bp_send(struct sk_msg_md *msg, struct bpf_sock *sk, void *socks, const void *key,
+				   void *peer, int n)
 {
 	struct bp_cfg *cfg;
 	struct bp_sock *st;
@@ -208,20 +225,25 @@ static __always_inline int bp_send(struct sk_msg_md *msg, struct bpf_sock *sk, v
 		return bp_stack(msg);
 	}
 	cfg = bp_config();
-	if (!cfg || cfg->mode == BP_MODE_OFF)
-		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_OFF);
-	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size)
-		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_SMALL);
+	if (!cfg || cfg->mode == BP_MODE_OFF) {
+		bp_fall_back(st, key, n, BP_STAT_FALLBACK_OFF);
+		return bp_stack(msg);
+	}
+	if (st->dir == BP_DIR_UNDECIDED && cfg->mode == BP_MODE_SIZE && msg->size < cfg->min_size) {
+		bp_fall_back(st, key, n, BP_STAT_FALLBACK_SMALL);
+		return bp_stack(msg);
+	}
 	/* On a miss the helper sets no target, and SK_PASS means the stack. */
-	if (bpf_msg_redirect_hash(msg, socks, peer, BPF_F_INGRESS) != SK_PASS)
-		return bp_decide_stack(msg, st, BP_STAT_FALLBACK_MISS);
+	if (bpf_msg_redirect_hash(msg, socks, peer, BPF_F_INGRESS) != SK_PASS) {
+		bp_fall_back(st, key, n, BP_STAT_FALLBACK_MISS);
+		return bp_stack(msg);
+	}
 	count(&onc_bp_stats, BP_STAT_REDIRECTED_MSGS, 1);
 	count(&onc_bp_stats, BP_STAT_REDIRECTED_BYTES, msg->size);
 	/* This message still goes; the next ones take the stack (bypass to
 	 * stack keeps the order), where flow control bounds the queue. */
 	if (cfg->max_queued && bp_peer_queued(msg) + msg->size > cfg->max_queued) {
-		st->dir = BP_DIR_STACK;
-		count(&onc_bp_stats, BP_STAT_FALLBACK_PEER_FULL, 1);
+		bp_fall_back(st, key, n, BP_STAT_FALLBACK_PEER_FULL);
 		return SK_PASS;
 	}
 	st->dir = BP_DIR_BYPASS;
@@ -241,10 +263,10 @@ int onc_sk_msg(struct sk_msg_md *msg)
 	switch (bp_key_of(msg, &key, &key6)) {
 	case BP_KEY4:
 		bp_peer_of(&key, &peer);
-		return bp_send(msg, sk, &onc_bp_sock, &peer);
+		return bp_send(msg, sk, &onc_bp_sock, &key, &peer, 1);
 	case BP_KEY6:
 		bp_peer_of(&key6, &peer6);
-		return bp_send(msg, sk, &onc_bp_sock6, &peer6);
+		return bp_send(msg, sk, &onc_bp_sock6, &key6, &peer6, 4);
 	}
 	return SK_PASS;
 }

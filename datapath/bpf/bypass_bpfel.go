@@ -77,21 +77,89 @@ const (
 	BypassBpStatBP_STAT_MAX                BypassBpStat = 15
 )
 
+type BypassFlowEvBudget struct {
+	_          structs.HostLayout
+	Tat        uint64
+	Suppressed uint32
+	Pad        uint32
+	K          BypassFlowEvKey
+	Now        uint64
+	Tables     [0]uint32
+	Events     [0]struct {
+		_          structs.HostLayout
+		K          BypassFlowEvKey
+		Xaddr      [16]uint8
+		Xport      uint16
+		Xfamily    uint8
+		Class      uint8
+		Suppressed uint32
+		TsNs       uint64
+	}
+}
+
+type BypassFlowEvKey struct {
+	_ structs.HostLayout
+	T struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Reason uint16
+		Family uint8
+		Proto  uint8
+		Table  uint8
+		Pad    [3]uint8
+	}
+	Ifindex uint32
+	Cookie  uint64
+}
+
+type BypassFlowsStat uint32
+
+const (
+	BypassFlowsStatFLOWS_STAT_EMITTED    BypassFlowsStat = 0
+	BypassFlowsStatFLOWS_STAT_SUPPRESSED BypassFlowsStat = 1
+	BypassFlowsStatFLOWS_STAT_DEDUPED    BypassFlowsStat = 2
+	BypassFlowsStatFLOWS_STAT_LOST       BypassFlowsStat = 3
+	BypassFlowsStatFLOWS_STAT_MAX        BypassFlowsStat = 4
+)
+
+type BypassOncEvClass uint32
+
+const (
+	BypassOncEvClassEV_DROP      BypassOncEvClass = 0
+	BypassOncEvClassEV_OPEN      BypassOncEvClass = 1
+	BypassOncEvClassEV_LEARN     BypassOncEvClass = 2
+	BypassOncEvClassEV_TRANSLATE BypassOncEvClass = 3
+	BypassOncEvClassEV_UPLINK    BypassOncEvClass = 4
+	BypassOncEvClassEV_REFUSE    BypassOncEvClass = 5
+	BypassOncEvClassEV_PAIR      BypassOncEvClass = 6
+	BypassOncEvClassEV_FALLBACK  BypassOncEvClass = 7
+	BypassOncEvClassEV_CLASS_MAX BypassOncEvClass = 8
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	BypassMapOncBpCfg    = "onc_bp_cfg"
-	BypassMapOncBpConn   = "onc_bp_conn"
-	BypassMapOncBpConn6  = "onc_bp_conn6"
-	BypassMapOncBpDir    = "onc_bp_dir"
-	BypassMapOncBpPods   = "onc_bp_pods"
-	BypassMapOncBpPods6  = "onc_bp_pods6"
-	BypassMapOncBpSock   = "onc_bp_sock"
-	BypassMapOncBpSock6  = "onc_bp_sock6"
-	BypassMapOncBpStats  = "onc_bp_stats"
-	BypassProgOncSkMsg   = "onc_sk_msg"
-	BypassProgOncSockOps = "onc_sock_ops"
+	BypassMapOncBpCfg        = "onc_bp_cfg"
+	BypassMapOncBpConn       = "onc_bp_conn"
+	BypassMapOncBpConn6      = "onc_bp_conn6"
+	BypassMapOncBpDir        = "onc_bp_dir"
+	BypassMapOncBpPods       = "onc_bp_pods"
+	BypassMapOncBpPods6      = "onc_bp_pods6"
+	BypassMapOncBpSock       = "onc_bp_sock"
+	BypassMapOncBpSock6      = "onc_bp_sock6"
+	BypassMapOncBpStats      = "onc_bp_stats"
+	BypassMapOncEvBudget     = "onc_ev_budget"
+	BypassMapOncEvSeen       = "onc_ev_seen"
+	BypassMapOncEvStats      = "onc_ev_stats"
+	BypassMapOncEvents       = "onc_events"
+	BypassProgOncSkMsg       = "onc_sk_msg"
+	BypassProgOncSockOps     = "onc_sock_ops"
+	BypassVarOncEvBurst      = "onc_ev_burst"
+	BypassVarOncEvIntervalNs = "onc_ev_interval_ns"
 )
 
 // LoadBypass returns the embedded CollectionSpec for Bypass.
@@ -144,21 +212,27 @@ type BypassProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BypassMapSpecs struct {
-	OncBpCfg   *ebpf.MapSpec `ebpf:"onc_bp_cfg"`
-	OncBpConn  *ebpf.MapSpec `ebpf:"onc_bp_conn"`
-	OncBpConn6 *ebpf.MapSpec `ebpf:"onc_bp_conn6"`
-	OncBpDir   *ebpf.MapSpec `ebpf:"onc_bp_dir"`
-	OncBpPods  *ebpf.MapSpec `ebpf:"onc_bp_pods"`
-	OncBpPods6 *ebpf.MapSpec `ebpf:"onc_bp_pods6"`
-	OncBpSock  *ebpf.MapSpec `ebpf:"onc_bp_sock"`
-	OncBpSock6 *ebpf.MapSpec `ebpf:"onc_bp_sock6"`
-	OncBpStats *ebpf.MapSpec `ebpf:"onc_bp_stats"`
+	OncBpCfg    *ebpf.MapSpec `ebpf:"onc_bp_cfg"`
+	OncBpConn   *ebpf.MapSpec `ebpf:"onc_bp_conn"`
+	OncBpConn6  *ebpf.MapSpec `ebpf:"onc_bp_conn6"`
+	OncBpDir    *ebpf.MapSpec `ebpf:"onc_bp_dir"`
+	OncBpPods   *ebpf.MapSpec `ebpf:"onc_bp_pods"`
+	OncBpPods6  *ebpf.MapSpec `ebpf:"onc_bp_pods6"`
+	OncBpSock   *ebpf.MapSpec `ebpf:"onc_bp_sock"`
+	OncBpSock6  *ebpf.MapSpec `ebpf:"onc_bp_sock6"`
+	OncBpStats  *ebpf.MapSpec `ebpf:"onc_bp_stats"`
+	OncEvBudget *ebpf.MapSpec `ebpf:"onc_ev_budget"`
+	OncEvSeen   *ebpf.MapSpec `ebpf:"onc_ev_seen"`
+	OncEvStats  *ebpf.MapSpec `ebpf:"onc_ev_stats"`
+	OncEvents   *ebpf.MapSpec `ebpf:"onc_events"`
 }
 
 // BypassVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BypassVariableSpecs struct {
+	OncEvBurst      *ebpf.VariableSpec `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.VariableSpec `ebpf:"onc_ev_interval_ns"`
 }
 
 // BypassObjects contains all objects after they have been loaded into the kernel.
@@ -181,15 +255,19 @@ func (o *BypassObjects) Close() error {
 //
 // It can be passed to LoadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BypassMaps struct {
-	OncBpCfg   *ebpf.Map `ebpf:"onc_bp_cfg"`
-	OncBpConn  *ebpf.Map `ebpf:"onc_bp_conn"`
-	OncBpConn6 *ebpf.Map `ebpf:"onc_bp_conn6"`
-	OncBpDir   *ebpf.Map `ebpf:"onc_bp_dir"`
-	OncBpPods  *ebpf.Map `ebpf:"onc_bp_pods"`
-	OncBpPods6 *ebpf.Map `ebpf:"onc_bp_pods6"`
-	OncBpSock  *ebpf.Map `ebpf:"onc_bp_sock"`
-	OncBpSock6 *ebpf.Map `ebpf:"onc_bp_sock6"`
-	OncBpStats *ebpf.Map `ebpf:"onc_bp_stats"`
+	OncBpCfg    *ebpf.Map `ebpf:"onc_bp_cfg"`
+	OncBpConn   *ebpf.Map `ebpf:"onc_bp_conn"`
+	OncBpConn6  *ebpf.Map `ebpf:"onc_bp_conn6"`
+	OncBpDir    *ebpf.Map `ebpf:"onc_bp_dir"`
+	OncBpPods   *ebpf.Map `ebpf:"onc_bp_pods"`
+	OncBpPods6  *ebpf.Map `ebpf:"onc_bp_pods6"`
+	OncBpSock   *ebpf.Map `ebpf:"onc_bp_sock"`
+	OncBpSock6  *ebpf.Map `ebpf:"onc_bp_sock6"`
+	OncBpStats  *ebpf.Map `ebpf:"onc_bp_stats"`
+	OncEvBudget *ebpf.Map `ebpf:"onc_ev_budget"`
+	OncEvSeen   *ebpf.Map `ebpf:"onc_ev_seen"`
+	OncEvStats  *ebpf.Map `ebpf:"onc_ev_stats"`
+	OncEvents   *ebpf.Map `ebpf:"onc_events"`
 }
 
 func (m *BypassMaps) Close() error {
@@ -203,6 +281,10 @@ func (m *BypassMaps) Close() error {
 		m.OncBpSock,
 		m.OncBpSock6,
 		m.OncBpStats,
+		m.OncEvBudget,
+		m.OncEvSeen,
+		m.OncEvStats,
+		m.OncEvents,
 	)
 }
 
@@ -210,6 +292,8 @@ func (m *BypassMaps) Close() error {
 //
 // It can be passed to LoadBypassObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BypassVariables struct {
+	OncEvBurst      *ebpf.Variable `ebpf:"onc_ev_burst"`
+	OncEvIntervalNs *ebpf.Variable `ebpf:"onc_ev_interval_ns"`
 }
 
 // BypassPrograms contains all programs after they have been loaded into the kernel.

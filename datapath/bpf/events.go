@@ -24,6 +24,23 @@ func EventConstants(perSecond uint32) map[string]any {
 	return map[string]any{"onc_ev_interval_ns": interval, "onc_ev_burst": 2 * perSecond}
 }
 
+// ShareEvents makes spec, an object that includes only the flow events'
+// part of the fast path's headers (include/flows.h), emit into c's ring
+// with c's budget, as Share does for the whole flow cache, and gives it
+// the events' constants. With c nil its events go nowhere: the rate stays
+// 0, and the verifier prunes them.
+func (c *FlowCache) ShareEvents(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, error) {
+	shared := c.Share(spec)
+	if c == nil {
+		return shared, nil
+	}
+	constants := map[string]any{}
+	for name := range EventConstants(0) {
+		constants[name] = c.Constants[name]
+	}
+	return shared, SetConstants(spec, constants)
+}
+
 // EventNames name what flow events carry (include/flows.h), read from
 // the objects' BTF so they never drift from the C.
 type EventNames struct {
@@ -37,11 +54,11 @@ type EventNames struct {
 }
 
 // LoadEventNames reads the event names from the objects that emit events:
-// the fast path's, which declares the enums, and the services', whose
-// counters enums are some of the tables.
+// the fast path's, which declares the enums, and the services' and the
+// bypass's, whose counters enums are some of the tables.
 func LoadEventNames() (*EventNames, error) {
 	var types []*btf.Spec
-	for _, load := range []func() (*ebpf.CollectionSpec, error){LoadFastpath, LoadServices} {
+	for _, load := range []func() (*ebpf.CollectionSpec, error){LoadFastpath, LoadServices, LoadBypass} {
 		spec, err := load()
 		if err != nil {
 			return nil, err

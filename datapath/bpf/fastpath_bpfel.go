@@ -47,6 +47,26 @@ type FastpathEncapVal struct {
 	Ifindex uint32
 }
 
+type FastpathFlowEvBudget struct {
+	_          structs.HostLayout
+	Tat        uint64
+	Suppressed uint32
+	Pad        uint32
+	K          FastpathFlowEvKey
+	Now        uint64
+	Tables     [0]uint32
+	Events     [0]struct {
+		_          structs.HostLayout
+		K          FastpathFlowEvKey
+		Xaddr      [16]uint8
+		Xport      uint16
+		Xfamily    uint8
+		Class      uint8
+		Suppressed uint32
+		TsNs       uint64
+	}
+}
+
 type FastpathFlowEvKey struct {
 	_ structs.HostLayout
 	T struct {
@@ -63,25 +83,6 @@ type FastpathFlowEvKey struct {
 	}
 	Ifindex uint32
 	Cookie  uint64
-}
-
-type FastpathFlowEvSlot struct {
-	_          structs.HostLayout
-	Tat        uint64
-	Seen       uint64
-	Suppressed uint32
-	Pad        uint32
-	Ev         struct {
-		_          structs.HostLayout
-		K          FastpathFlowEvKey
-		Xaddr      [16]uint8
-		Xport      uint16
-		Xfamily    uint8
-		Class      uint8
-		Suppressed uint32
-		TsNs       uint64
-	}
-	Tables [0]uint32
 }
 
 type FastpathFlowFin struct {
@@ -156,7 +157,9 @@ const (
 	FastpathOncEvClassEV_TRANSLATE FastpathOncEvClass = 3
 	FastpathOncEvClassEV_UPLINK    FastpathOncEvClass = 4
 	FastpathOncEvClassEV_REFUSE    FastpathOncEvClass = 5
-	FastpathOncEvClassEV_CLASS_MAX FastpathOncEvClass = 6
+	FastpathOncEvClassEV_PAIR      FastpathOncEvClass = 6
+	FastpathOncEvClassEV_FALLBACK  FastpathOncEvClass = 7
+	FastpathOncEvClassEV_CLASS_MAX FastpathOncEvClass = 8
 )
 
 type FastpathOncIn6 struct {
@@ -247,8 +250,8 @@ const (
 	FastpathMapOncEgress6U6     = "onc_egress6_u6"
 	FastpathMapOncEncap         = "onc_encap"
 	FastpathMapOncEncapU6       = "onc_encap_u6"
+	FastpathMapOncEvBudget      = "onc_ev_budget"
 	FastpathMapOncEvSeen        = "onc_ev_seen"
-	FastpathMapOncEvSlots       = "onc_ev_slots"
 	FastpathMapOncEvStats       = "onc_ev_stats"
 	FastpathMapOncEvents        = "onc_events"
 	FastpathMapOncFilter        = "onc_filter"
@@ -347,8 +350,8 @@ type FastpathMapSpecs struct {
 	OncEgress6U6  *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncEncapU6    *ebpf.MapSpec `ebpf:"onc_encap_u6"`
+	OncEvBudget   *ebpf.MapSpec `ebpf:"onc_ev_budget"`
 	OncEvSeen     *ebpf.MapSpec `ebpf:"onc_ev_seen"`
-	OncEvSlots    *ebpf.MapSpec `ebpf:"onc_ev_slots"`
 	OncEvStats    *ebpf.MapSpec `ebpf:"onc_ev_stats"`
 	OncEvents     *ebpf.MapSpec `ebpf:"onc_events"`
 	OncFilter     *ebpf.MapSpec `ebpf:"onc_filter"`
@@ -417,8 +420,8 @@ type FastpathMaps struct {
 	OncEgress6U6  *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap      *ebpf.Map `ebpf:"onc_encap"`
 	OncEncapU6    *ebpf.Map `ebpf:"onc_encap_u6"`
+	OncEvBudget   *ebpf.Map `ebpf:"onc_ev_budget"`
 	OncEvSeen     *ebpf.Map `ebpf:"onc_ev_seen"`
-	OncEvSlots    *ebpf.Map `ebpf:"onc_ev_slots"`
 	OncEvStats    *ebpf.Map `ebpf:"onc_ev_stats"`
 	OncEvents     *ebpf.Map `ebpf:"onc_events"`
 	OncFilter     *ebpf.Map `ebpf:"onc_filter"`
@@ -450,8 +453,8 @@ func (m *FastpathMaps) Close() error {
 		m.OncEgress6U6,
 		m.OncEncap,
 		m.OncEncapU6,
+		m.OncEvBudget,
 		m.OncEvSeen,
-		m.OncEvSlots,
 		m.OncEvStats,
 		m.OncEvents,
 		m.OncFilter,

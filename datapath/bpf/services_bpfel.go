@@ -47,6 +47,26 @@ type ServicesEncapVal struct {
 	Ifindex uint32
 }
 
+type ServicesFlowEvBudget struct {
+	_          structs.HostLayout
+	Tat        uint64
+	Suppressed uint32
+	Pad        uint32
+	K          ServicesFlowEvKey
+	Now        uint64
+	Tables     [0]uint32
+	Events     [0]struct {
+		_          structs.HostLayout
+		K          ServicesFlowEvKey
+		Xaddr      [16]uint8
+		Xport      uint16
+		Xfamily    uint8
+		Class      uint8
+		Suppressed uint32
+		TsNs       uint64
+	}
+}
+
 type ServicesFlowEvKey struct {
 	_ structs.HostLayout
 	T struct {
@@ -63,25 +83,6 @@ type ServicesFlowEvKey struct {
 	}
 	Ifindex uint32
 	Cookie  uint64
-}
-
-type ServicesFlowEvSlot struct {
-	_          structs.HostLayout
-	Tat        uint64
-	Seen       uint64
-	Suppressed uint32
-	Pad        uint32
-	Ev         struct {
-		_          structs.HostLayout
-		K          ServicesFlowEvKey
-		Xaddr      [16]uint8
-		Xport      uint16
-		Xfamily    uint8
-		Class      uint8
-		Suppressed uint32
-		TsNs       uint64
-	}
-	Tables [0]uint32
 }
 
 type ServicesFlowFin struct {
@@ -463,7 +464,9 @@ const (
 	ServicesOncEvClassEV_TRANSLATE ServicesOncEvClass = 3
 	ServicesOncEvClassEV_UPLINK    ServicesOncEvClass = 4
 	ServicesOncEvClassEV_REFUSE    ServicesOncEvClass = 5
-	ServicesOncEvClassEV_CLASS_MAX ServicesOncEvClass = 6
+	ServicesOncEvClassEV_PAIR      ServicesOncEvClass = 6
+	ServicesOncEvClassEV_FALLBACK  ServicesOncEvClass = 7
+	ServicesOncEvClassEV_CLASS_MAX ServicesOncEvClass = 8
 )
 
 type ServicesOncIn6 struct {
@@ -554,8 +557,8 @@ const (
 	ServicesMapOncEgress6U6             = "onc_egress6_u6"
 	ServicesMapOncEncap                 = "onc_encap"
 	ServicesMapOncEncapU6               = "onc_encap_u6"
+	ServicesMapOncEvBudget              = "onc_ev_budget"
 	ServicesMapOncEvSeen                = "onc_ev_seen"
-	ServicesMapOncEvSlots               = "onc_ev_slots"
 	ServicesMapOncEvStats               = "onc_ev_stats"
 	ServicesMapOncEvents                = "onc_events"
 	ServicesMapOncFilter                = "onc_filter"
@@ -704,8 +707,8 @@ type ServicesMapSpecs struct {
 	OncEgress6U6          *ebpf.MapSpec `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.MapSpec `ebpf:"onc_encap"`
 	OncEncapU6            *ebpf.MapSpec `ebpf:"onc_encap_u6"`
+	OncEvBudget           *ebpf.MapSpec `ebpf:"onc_ev_budget"`
 	OncEvSeen             *ebpf.MapSpec `ebpf:"onc_ev_seen"`
-	OncEvSlots            *ebpf.MapSpec `ebpf:"onc_ev_slots"`
 	OncEvStats            *ebpf.MapSpec `ebpf:"onc_ev_stats"`
 	OncEvents             *ebpf.MapSpec `ebpf:"onc_events"`
 	OncFilter             *ebpf.MapSpec `ebpf:"onc_filter"`
@@ -804,8 +807,8 @@ type ServicesMaps struct {
 	OncEgress6U6          *ebpf.Map `ebpf:"onc_egress6_u6"`
 	OncEncap              *ebpf.Map `ebpf:"onc_encap"`
 	OncEncapU6            *ebpf.Map `ebpf:"onc_encap_u6"`
+	OncEvBudget           *ebpf.Map `ebpf:"onc_ev_budget"`
 	OncEvSeen             *ebpf.Map `ebpf:"onc_ev_seen"`
-	OncEvSlots            *ebpf.Map `ebpf:"onc_ev_slots"`
 	OncEvStats            *ebpf.Map `ebpf:"onc_ev_stats"`
 	OncEvents             *ebpf.Map `ebpf:"onc_events"`
 	OncFilter             *ebpf.Map `ebpf:"onc_filter"`
@@ -867,8 +870,8 @@ func (m *ServicesMaps) Close() error {
 		m.OncEgress6U6,
 		m.OncEncap,
 		m.OncEncapU6,
+		m.OncEvBudget,
 		m.OncEvSeen,
-		m.OncEvSlots,
 		m.OncEvStats,
 		m.OncEvents,
 		m.OncFilter,

@@ -74,6 +74,10 @@ type Options struct {
 	// Cgroup is the cgroup v2 directory the sockops program attaches to
 	// (the socket LB's, see bpf.ResolveCgroup).
 	Cgroup string
+	// Events is the fast path's flow cache, whose flow events' ring and
+	// budget the programs share (bpf.FlowCache.ShareEvents) to report a
+	// connection paired and a direction that fell back; nil: none.
+	Events *bpf.FlowCache
 }
 
 // Bypass is the loaded bypass.
@@ -99,7 +103,7 @@ func Open(o Options) (*Bypass, error) {
 		return nil, err
 	}
 	b := &Bypass{opts: o, netns: map[netip.Addr]string{}}
-	spec, err := bpf.LoadBypass()
+	spec, shared, err := loadSpec(o.Events)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +111,7 @@ func Open(o Options) (*Bypass, error) {
 	// already bypassed keep the old maps through their programs; the old
 	// setting goes to off first, so they send by the stack from their next
 	// message rather than by a setting nobody controls.
-	if err := bpf.LoadPinned("bypass", spec, o.PinDir, &b.objs, nil, func() error { return switchOffPinned(o.PinDir) }); err != nil {
+	if err := bpf.LoadPinned("bypass", spec, o.PinDir, &b.objs, shared, func() error { return switchOffPinned(o.PinDir) }); err != nil {
 		return nil, err
 	}
 	b.maps = &b.objs.BypassMaps
@@ -264,11 +268,26 @@ func Remove(pinDir string) error {
 	if err := os.Remove(sockopsPin(pinDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	spec, err := bpf.LoadBypass()
+	spec, _, err := loadSpec(nil)
 	if err != nil {
 		return err
 	}
 	return bpf.RemoveMapPins(pinDir, spec)
+}
+
+// loadSpec is the bypass object's spec with the flow events' maps
+// unpinned (the fast path's, never ours to pin or remove) and the
+// replacements that share events's.
+func loadSpec(events *bpf.FlowCache) (*ebpf.CollectionSpec, map[string]*ebpf.Map, error) {
+	spec, err := bpf.LoadBypass()
+	if err != nil {
+		return nil, nil, err
+	}
+	shared, err := events.ShareEvents(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	return spec, shared, nil
 }
 
 // switchOffPinned zeroes the pinned config, whatever its layout: the mode

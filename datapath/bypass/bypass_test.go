@@ -27,6 +27,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/onc-net/onc/datapath/bpf"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -47,6 +48,7 @@ type bed struct {
 	pinDir string
 	cgroup string
 	bp     *Bypass
+	events *bpf.FlowCache // the fast path's, whose flow events the bypass shares; nil: none
 }
 
 var (
@@ -150,6 +152,13 @@ func (b *bed) network() string {
 	return "tcp4"
 }
 
+// hostAddr gives the node namespace the gateway address as the node's
+// own, for connections between the host and a pod.
+func (b *bed) hostAddr() {
+	b.t.Helper()
+	run(b.t, "ip", "-n", b.prefix+"-node", "addr", "add", netip.PrefixFrom(b.gw(), b.gw().BitLen()).String(), "dev", "lo")
+}
+
 // iptables runs iptables, or ip6tables in an IPv6 bed, in the node.
 func (b *bed) iptables(args ...string) {
 	b.t.Helper()
@@ -163,11 +172,26 @@ func (b *bed) iptables(args ...string) {
 // open loads and attaches a bypass on the bed's pins, as an agent does.
 func (b *bed) open() *Bypass {
 	b.t.Helper()
-	bp, err := Open(Options{PinDir: b.pinDir, Cgroup: b.cgroup})
+	bp, err := Open(Options{PinDir: b.pinDir, Cgroup: b.cgroup, Events: b.events})
 	testutil.Must(b.t, err)
 	b.t.Cleanup(func() { bp.Close() })
 	testutil.Must(b.t, bp.Attach())
 	return bp
+}
+
+// readEvents loads the fast path on the bed's pins with flow events on and
+// opens the bypass again sharing their ring, as a restarted agent does,
+// and reads the events.
+func (b *bed) readEvents() *bpftest.Events {
+	b.t.Helper()
+	fp, err := fastpath.Open(fastpath.Options{PinDir: b.pinDir, VNI: 1, Port: 4789, Mark: 0x4000, NodeIP: netip.MustParseAddr("192.0.2.1"),
+		PodCIDR: netip.MustParsePrefix("10.77.0.0/24"), EventsPerSecond: 1000})
+	testutil.Must(b.t, err)
+	b.t.Cleanup(func() { fp.Close() })
+	testutil.Must(b.t, b.bp.Close())
+	b.events = fp.FlowCache()
+	b.bp = b.open()
+	return bpftest.ReadEvents(b.t, fp.Events())
 }
 
 func (b *bed) inNetns(path string, fn func() error) {
@@ -216,15 +240,7 @@ func (b *bed) pair(from, to string) (*net.TCPConn, *net.TCPConn) {
 
 func (b *bed) stat(name string) uint64 {
 	b.t.Helper()
-	stats, err := b.bp.Stats()
-	testutil.Must(b.t, err)
-	for _, s := range stats {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	b.t.Fatalf("no counter %s in %v", name, stats)
-	return 0
+	return bpftest.Counter(b.t, b.bp.Stats, name)
 }
 
 // conn is the map's entry for the connection with client end c, if any.
@@ -525,9 +541,8 @@ func TestOnlyPodsOfThisNode(t *testing.T) {
 		c, s = b.pair("c", "b")
 		check("another node's pod to a pod", c, s)
 
-		// The host (the node namespace, with the gateway address as the
-		// node's own) to a pod and back.
-		run(t, "ip", "-n", b.prefix+"-node", "addr", "add", netip.PrefixFrom(b.gw(), b.gw().BitLen()).String(), "dev", "lo")
+		// The host to a pod and back.
+		b.hostAddr()
 		l := b.listen("a", 0)
 		hc := b.dial(b.node, l.Addr())
 		hs, err := l.AcceptTCP()
@@ -846,6 +861,53 @@ func TestReusedTuple(t *testing.T) {
 	echo(t, c2, s2, []byte("second"))
 	if conn, ok := b.conn(c2); !ok || !conn.Paired() {
 		t.Fatalf("the new connection is not bypassed: %+v", conn)
+	}
+}
+
+// TestPairEvent: a connection between two pods gives one pair event,
+// client to server, however many messages it carries, in each family; a
+// connection from the node to a pod, never recorded, gives none.
+func TestPairEvent(t *testing.T) {
+	families(t, func(t *testing.T, newBed func(*testing.T, ...string) *bed) {
+		b := newBed(t, "a", "b")
+		ev := b.readEvents()
+		c, s := b.pair("a", "b")
+		for range 3 {
+			echo(t, c, s, []byte("hello"))
+		}
+		client, server := c.LocalAddr().(*net.TCPAddr).AddrPort(), s.LocalAddr().(*net.TCPAddr).AddrPort()
+		evs := ev.Collect("")
+		if len(evs) != 1 || evs[0].Class != "pair" || evs[0].Src != client || evs[0].Dst != server || evs[0].Proto != unix.IPPROTO_TCP {
+			t.Fatalf("events %+v, want one pair event from %s to %s", evs, client, server)
+		}
+
+		b.hostAddr()
+		l := b.listen("b", 0)
+		host := b.dial(b.node, l.Addr())
+		hs, err := l.AcceptTCP()
+		testutil.Must(t, err)
+		t.Cleanup(func() { hs.Close() })
+		echo(t, host, hs, []byte("hello"))
+		if evs := ev.Collect(""); len(evs) != 0 {
+			t.Fatalf("a connection from the node gave events %+v, want none", evs)
+		}
+	})
+}
+
+// TestFallbackEvent: a direction sent by the stack for good gives one
+// fallback event naming it and why; the bypassed one gives none.
+func TestFallbackEvent(t *testing.T) {
+	b := newBed(t, "a", "b")
+	ev := b.readEvents()
+	testutil.Must(t, b.bp.SetConfig(Config{Mode: Size, MinSize: 1024}))
+	c, s := b.pair("a", "b")
+	small, large := []byte("ping"), make([]byte, 4096)
+	echoSizes(t, c, s, small, large)
+	echoSizes(t, c, s, small, large)
+	client, server := c.LocalAddr().(*net.TCPAddr).AddrPort(), s.LocalAddr().(*net.TCPAddr).AddrPort()
+	evs := ev.Collect("fallback")
+	if len(evs) != 1 || evs[0].Src != client || evs[0].Dst != server || evs[0].Reason != "fallback_small" || evs[0].Counters != "bp_stat" {
+		t.Fatalf("fallback events %+v, want one from %s to %s, fallback_small", evs, client, server)
 	}
 }
 

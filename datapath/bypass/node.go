@@ -27,20 +27,23 @@ func NewNode(cfg Config, pinDir string, cgroup func() (string, error)) *Node {
 }
 
 // Load loads the bypass programs and attaches them to the cgroup,
-// adopting an earlier agent's pins, and applies the setting. They are
-// loaded even when the setting is off, so that `onctl bypass on` needs no
-// restart; off, they record nothing. It runs once: a node without the
-// bypass still comes up, every connection taking the TCP/IP stack.
-func (n *Node) Load() {
-	n.bp.Load("intra-node bypass unavailable; every connection takes the TCP/IP stack", n.load)
+// adopting an earlier agent's pins, and applies the setting; their flow
+// events go to events' ring (nil: none). They are loaded even when the
+// setting is off, so that `onctl bypass on` needs no restart; off, they
+// record nothing. It runs once: a node without the bypass still comes up,
+// every connection taking the TCP/IP stack.
+func (n *Node) Load(events *bpf.FlowCache) {
+	n.bp.Load("intra-node bypass unavailable; every connection takes the TCP/IP stack", func() (*Bypass, bool, error) {
+		return n.load(events)
+	})
 }
 
-func (n *Node) load() (*Bypass, bool, error) {
+func (n *Node) load(events *bpf.FlowCache) (*Bypass, bool, error) {
 	cgroup, err := n.cgroup()
 	if err != nil {
 		return nil, false, err
 	}
-	bp, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup})
+	bp, err := Open(Options{PinDir: n.pinDir, Cgroup: cgroup, Events: events})
 	if err == nil {
 		err = bp.Attach()
 		if err == nil {

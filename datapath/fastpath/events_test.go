@@ -21,7 +21,9 @@ import (
 	"github.com/onc-net/onc/internal/testutil"
 )
 
-func evStat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.EventStats, name) }
+func evStat(t *testing.T, d *Datapath, name string) uint64 {
+	return bpftest.Counter(t, d.EventStats, name)
+}
 
 // onOneCPU keeps the test's thread on one CPU: the budget is per CPU.
 func onOneCPU(t *testing.T) {
@@ -79,7 +81,9 @@ func TestGuardDropEmitsOneEventPerFlow(t *testing.T) {
 }
 
 // The budget lets a burst of twice the rate through, holds back the rest
-// and counts them in the next event it lets through.
+// and counts them in the next event it lets through. What it holds back
+// costs no dedupe: nothing is written to onc_ev_seen for them, so a flood
+// past the budget never touches the shared LRU.
 func TestEventBudgetSuppressesAndCounts(t *testing.T) {
 	onOneCPU(t)
 	const rate, burst, extra = 1, 2, 5 // EventConstants: the burst is twice the rate
@@ -98,11 +102,43 @@ func TestEventBudgetSuppressesAndCounts(t *testing.T) {
 	if n := evStat(t, d, "suppressed"); n != extra {
 		t.Fatalf("suppressed %d, want %d", n, extra)
 	}
+	if n := bpftest.Entries(t, d.maps.OncEvSeen); n != burst {
+		t.Fatalf("%d dedupe entries after %d drops of which %d emitted, want only the emitted ones", n, burst+extra, burst)
+	}
+	// A flow the budget held back, again: still held back, not deduped.
+	run(t, d.progs.OncIngressFast, forged(1000+burst), 0)
+	if n := evStat(t, d, "deduped"); n != 0 || bpftest.Entries(t, d.maps.OncEvSeen) != burst {
+		t.Fatalf("a held-back flow again: deduped %d, %d dedupe entries; want none looked up, none written", n, bpftest.Entries(t, d.maps.OncEvSeen))
+	}
 	time.Sleep(time.Second / rate * 3 / 2) // a token back
 	run(t, d.progs.OncIngressFast, forged(2000), 0)
 	evs := ev.Collect("")
-	if len(evs) != 1 || evs[0].Suppressed != extra {
-		t.Fatalf("after a pause: %+v, want one event carrying suppressed %d", evs, extra)
+	if len(evs) != 1 || evs[0].Suppressed != extra+1 {
+		t.Fatalf("after a pause: %+v, want one event carrying suppressed %d", evs, extra+1)
+	}
+}
+
+// A drop the dedupe stops spends none of the budget: a flow dropped again
+// and again within its second leaves the burst to other flows.
+func TestDedupedDropsSpendNoBudget(t *testing.T) {
+	onOneCPU(t)
+	const rate, burst = 1, 2
+	d := openWith(t, Options{EventsPerSecond: rate})
+	established(t, d)
+	ev := bpftest.ReadEvents(t, d.Events())
+	forged := func(sport uint16) []byte {
+		return vxlan(frame(vtepLocal, vtepPeer, otherPod, localPod, unix.IPPROTO_TCP, sport, 40000, 0, 10), peerNode, localNode, 1)
+	}
+	for range 10 {
+		run(t, d.progs.OncIngressFast, forged(1000), 0)
+	}
+	run(t, d.progs.OncIngressFast, forged(1001), 0)
+	evs := ev.Collect("")
+	if len(evs) != burst || evs[0].Src.Port() != 1000 || evs[1].Src.Port() != 1001 {
+		t.Fatalf("events %+v, want one for each of the two flows", evs)
+	}
+	if n, s := evStat(t, d, "deduped"), evStat(t, d, "suppressed"); n != 9 || s != 0 {
+		t.Fatalf("deduped %d, suppressed %d; want 9 and none", n, s)
 	}
 }
 
@@ -156,7 +192,7 @@ func TestUpgradeAddsTheFlowEventMaps(t *testing.T) {
 	old := open(t)
 	established(t, old)
 	testutil.Must(t, old.Close())
-	events := []string{bpf.FastpathMapOncEvents, bpf.FastpathMapOncEvSlots, bpf.FastpathMapOncEvSeen, bpf.FastpathMapOncEvStats}
+	events := []string{bpf.FastpathMapOncEvents, bpf.FastpathMapOncEvBudget, bpf.FastpathMapOncEvSeen, bpf.FastpathMapOncEvStats}
 	for _, m := range events {
 		testutil.Must(t, os.Remove(filepath.Join(old.opts.PinDir, m)))
 	}

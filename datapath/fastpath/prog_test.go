@@ -87,23 +87,7 @@ var (
 	run   = bpftest.Run
 )
 
-func stat(t *testing.T, d *Datapath, name string) uint64 { return counterOf(t, d.Stats, name) }
-
-// counterOf is counter name of those read reads.
-func counterOf(t *testing.T, read func() ([]Stat, error), name string) uint64 {
-	t.Helper()
-	st, err := read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range st {
-		if s.Name == name {
-			return s.Value
-		}
-	}
-	t.Fatalf("no counter %s", name)
-	return 0
-}
+func stat(t *testing.T, d *Datapath, name string) uint64 { return bpftest.Counter(t, d.Stats, name) }
 
 // established fills the maps as learning would for localPod:40000 <-> remotePod:80.
 // told is what OnEvict told, each eviction printed.

@@ -18,14 +18,18 @@ import (
 
 // Event is one flow event of the eBPF programs (include/flows.h).
 type Event struct {
-	Time  time.Time
-	Class string // drop, open, learn, translate, uplink, refuse (enum onc_ev_class)
-	// Reason is, for a drop or a refusal, the counter it counted in
-	// (overlay_drop_inner_source, connect_refused, ...).
+	Time time.Time
+	// drop, open, learn, translate, uplink, refuse, pair, fallback (enum
+	// onc_ev_class)
+	Class string
+	// Reason is, for a drop, a refusal or a fallback, the counter it
+	// counted in (overlay_drop_inner_source, connect_refused,
+	// fallback_peer_full, ...).
 	Reason string
-	// Counters is the counters enum of a drop's reason: onc_stat (the
-	// fast path), lb_stat or lb6_stat (the socket LB), lb_uplink_stat,
-	// lb6_uplink_stat or lb_dsr_stat (the uplink LB).
+	// Counters is the counters enum of the reason: onc_stat (the fast
+	// path), lb_stat or lb6_stat (the socket LB), lb_uplink_stat,
+	// lb6_uplink_stat, lb_dsr_stat or lb6_dsr_stat (the uplink LB),
+	// bp_stat (the bypass).
 	Counters string
 	Proto    uint8
 	Src, Dst netip.AddrPort
@@ -73,7 +77,7 @@ func DecodeEvent(raw []byte, names *bpf.EventNames, ts func(mono uint64) time.Ti
 		Netns:      le.Uint64(raw[evCookie:]),
 		Suppressed: le.Uint32(raw[evSuppressed:]),
 	}
-	if e.Class == "drop" || e.Class == "refuse" {
+	if e.Class == "drop" || e.Class == "refuse" || e.Class == "fallback" {
 		e.Reason = names.Reason(raw[evTable], le.Uint16(raw[evReason:]))
 		e.Counters = names.Table(raw[evTable])
 	}

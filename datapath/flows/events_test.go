@@ -87,6 +87,12 @@ func TestDecodeEvent(t *testing.T) {
 	if e, _ := DecodeEvent(raw, names, func(uint64) time.Time { return time.Time{} }); e.Class != "translate" || e.Reason != "" {
 		t.Errorf("class %q reason %q, want translate and none", e.Class, e.Reason)
 	}
+	// A fallback names its reason from the bypass's counters.
+	raw[evClass], raw[evTable] = 7, 7
+	le.PutUint16(raw[evReason:], 14) // BP_STAT_FALLBACK_PEER_FULL
+	if e, _ := DecodeEvent(raw, names, func(uint64) time.Time { return time.Time{} }); e.Class != "fallback" || e.Reason != "fallback_peer_full" || e.Counters != "bp_stat" {
+		t.Errorf("class %q reason %q of %q, want fallback, fallback_peer_full of bp_stat", e.Class, e.Reason, e.Counters)
+	}
 }
 
 // Every class and table is named from BTF, a reason as its counter.
@@ -95,11 +101,14 @@ func TestEventNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"drop", "open", "learn", "translate", "uplink", "refuse"}; !slices.Equal(n.Classes, want) {
+	if want := []string{"drop", "open", "learn", "translate", "uplink", "refuse", "pair", "fallback"}; !slices.Equal(n.Classes, want) {
 		t.Fatalf("classes %q, want %q", n.Classes, want)
 	}
 	if got := n.Reason(0, 30); got != "overlay_drop_from_pod" {
 		t.Errorf("onc_stat 30 is %q, want overlay_drop_from_pod", got)
+	}
+	if got := n.Reason(6, 1); got != "dsr6_too_big" {
+		t.Errorf("lb6_dsr_stat 1 is %q, want dsr6_too_big", got)
 	}
 	if got := n.Reason(99, 0); got != "reason 0 of table 99" {
 		t.Errorf("an unknown table names %q", got)

@@ -120,17 +120,7 @@ func TestResyncLeavesBypassRecording(t *testing.T) {
 	a, b := tp.pods["a"], tp.pods["b"]
 	rs := Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", isolate(allow([]netip.Prefix{netip.PrefixFrom(a.ip, 32)}, PortRange{TCP, 9000, 9000})), nil)}}
 	tp.in(tp.nodeNS, func() error { _, err := n.Enforce(rs, true); return err })
-	skipped := func() uint64 {
-		stats, err := bp.Stats()
-		testutil.Must(t, err)
-		for _, s := range stats {
-			if s.Name == "skip_paused" {
-				return s.Value
-			}
-		}
-		t.Fatalf("no skip_paused counter in %v", stats)
-		return 0
-	}
+	skipped := func() uint64 { return bpftest.Counter(t, bp.Stats, "skip_paused") }
 	before := skipped()
 
 	stop, done := make(chan struct{}), make(chan error, 1)

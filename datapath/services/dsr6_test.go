@@ -11,9 +11,11 @@ package services
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"testing"
 
 	"github.com/onc-net/onc/datapath/bpf/bpftest"
@@ -50,7 +52,8 @@ var (
 func (u dsr6Underlay) ipv6() bool { return u.node0.Is6() }
 
 // node loads the fast path and the services programs of node 0 or 1 of a
-// two-node cluster with IPv6 pods, as the agent fills their maps.
+// two-node cluster with IPv6 pods, as the agent fills their maps, flow
+// events on.
 func (u dsr6Underlay) node(t *testing.T, one bool) (*LB, *fastpath.Datapath) {
 	t.Helper()
 	self, peer, pods, peerPods := u.node0, u.node1, dsr6Pods0, dsr6Pods1
@@ -59,7 +62,7 @@ func (u dsr6Underlay) node(t *testing.T, one bool) (*LB, *fastpath.Datapath) {
 		self, peer, pods, peerPods = u.node1, u.node0, dsr6Pods1, dsr6Pods0
 		pods4, peerPods4 = dsrPods1, dsrPods0
 	}
-	opts := fastpath.Options{VNI: 1, Port: vxlanPort, Mark: fastPathMark, NodeIP: self, PodCIDRv6: pods}
+	opts := fastpath.Options{VNI: 1, Port: vxlanPort, Mark: fastPathMark, NodeIP: self, PodCIDRv6: pods, EventsPerSecond: 1000}
 	peers := []fastpath.Peer{{PodCIDR: peerPods, NodeIP: peer}}
 	sender := fastpath.Sender{NodeIP: peer, Sources: []netip.Prefix{peerPods, netip.PrefixFrom(peer, peer.BitLen())}}
 	internal := []netip.Prefix{dsr6Cluster, netip.PrefixFrom(self, self.BitLen())}
@@ -208,6 +211,7 @@ func TestDSR6SendsTheFrontendToTheBackendsNode(t *testing.T) {
 					return err
 				}
 				lb, fp := u.node(t, false)
+				ev := bpftest.ReadEvents(t, fp.Events())
 				low := uplinkService(netip.MustParseAddr("::5:1"), TCP, dsr6Backend) // in ::/32
 				low.Frontend, low.Port, low.DSR = ExternalIP, 80, true
 				testutil.Must(t, lb.Sync(append(dsr6Services(u.np0), low), false))
@@ -312,6 +316,18 @@ func TestDSR6SendsTheFrontendToTheBackendsNode(t *testing.T) {
 				if be, _, ok := flow6(lb, dsr6Client, front, tcp6, 0); ok {
 					t.Errorf("the flow is still remembered (to %s): its next packet would meet the gone node again", be)
 				}
+				// Each drop is reported as IPv4's are, by the counter it
+				// counted in, with the client's packet.
+				var got []string
+				for _, e := range ev.Collect("drop") {
+					got = append(got, e.Reason)
+					if e.Counters != "lb6_dsr_stat" || e.Src.Addr() != dsr6Client.Addr() || e.Dst != front {
+						t.Errorf("drop event %+v, want of lb6_dsr_stat, from %s to %s", e, dsr6Client.Addr(), front)
+					}
+				}
+				if want := []string{"dsr6_too_big", "dsr6_ttl_expired", "dsr6_no_route"}; !slices.Equal(got, want) {
+					t.Errorf("drop events %q, want %q", got, want)
+				}
 				return nil
 			}))
 		})
@@ -329,7 +345,8 @@ var dsr6Names = []string{"dsr6_received", "dsr6_drop_malformed", "dsr6_drop_send
 func TestDSR6ReceiveTakesOnlyWhatAPeerMaySend(t *testing.T) {
 	for _, u := range dsr6Underlays {
 		t.Run(u.name, func(t *testing.T) {
-			lb, _ := u.node(t, true)
+			lb, fp := u.node(t, true)
+			ev := bpftest.ReadEvents(t, fp.Events())
 			testutil.Must(t, lb.Sync(dsr6Services(u.np1), false))
 			np0 := netip.AddrPortFrom(u.np0, nodePort)
 			// Any address outside the cluster may front a NodePort this
@@ -430,6 +447,23 @@ func TestDSR6ReceiveTakesOnlyWhatAPeerMaySend(t *testing.T) {
 						t.Errorf("%s: %s grew by %d", c.name, n, d)
 					}
 				}
+			}
+			// Each refusal is reported, by its counter (one a second per
+			// flow and reason: the cases share flows), with the peer.
+			drops, reported := map[string]bool{}, map[string]bool{}
+			for _, c := range cases {
+				if c.drop != "" {
+					drops[c.drop] = true
+				}
+			}
+			for _, e := range ev.Collect("drop") {
+				reported[e.Reason] = true
+				if e.Counters != "lb6_dsr_stat" || !e.Via.IsValid() {
+					t.Errorf("drop event %+v, want of lb6_dsr_stat, from the frame's sender", e)
+				}
+			}
+			if !maps.Equal(drops, reported) {
+				t.Errorf("drop events of %v, want of %v", slices.Sorted(maps.Keys(reported)), slices.Sorted(maps.Keys(drops)))
 			}
 			// No frontend in it: the guard's and the VXLAN device's, untouched.
 			inner := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, peerPod, dsr6Backend.Addr(), tcp, 40000, 8080, 0, 10)

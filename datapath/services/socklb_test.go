@@ -439,15 +439,7 @@ func isBackendOf(backends []netip.Addr, served string, port uint16) bool {
 
 func counter(t *testing.T, lb *LB, name string) uint64 {
 	t.Helper()
-	st, err := lb.Stats()
-	testutil.Must(t, err)
-	for _, c := range st {
-		if c.Name == name {
-			return c.Value
-		}
-	}
-	t.Fatalf("no counter %s", name)
-	return 0
+	return bpftest.Counter(t, lb.Stats, name)
 }
 
 // TCP to a ClusterIP reaches every backend, getpeername() shows the

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/onc-net/onc/datapath/bpf"
 )
 
 // v0 holds objects of the version with one object per attach point (up to
@@ -67,4 +69,22 @@ func Entries(t testing.TB, m *ebpf.Map) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Counter is the value of the counter name among those read returns (a
+// feature's Stats): the first of that name, whatever its family. A
+// counter that is not there fails t.
+func Counter(t testing.TB, read func() ([]bpf.Counter, error), name string) uint64 {
+	t.Helper()
+	counters, err := read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range counters {
+		if c.Name == name {
+			return c.Value
+		}
+	}
+	t.Fatalf("no counter %s in %v", name, counters)
+	return 0
 }

@@ -19,6 +19,7 @@
 
 #include <bpf/bpf_core_read.h>
 #include "common.h"
+#include "flows.h"
 
 /* One end of a connection as that end sees it; ports in network order.
  * A dual-stack (AF_INET6) socket talking IPv4 has the same key as an
@@ -278,6 +279,29 @@ static __always_inline int bp_v4mapped(__u32 w0, __u32 w1, __u32 w2)
 		(peer)->local_port = (key)->remote_port;                                        \
 		(peer)->remote_port = (key)->local_port;                                        \
 	} while (0)
+
+/* Both keys are the two addresses then the two ports: bp_ev finds the
+ * ports after the addresses, whatever their length. */
+_Static_assert(__builtin_offsetof(struct bp_key, local_port) == 2 * sizeof(__u32), "bp_key: ports after the addresses");
+_Static_assert(__builtin_offsetof(struct bp_key6, local_port) == 8 * sizeof(__u32), "bp_key6: ports after the addresses");
+
+/*
+ * bp_ev emits class's event of the connection key names, a key of n-word
+ * addresses (bp_key: 1, bp_key6: 4), from its local end to its remote one,
+ * or the other way (from_remote); reason is a bp_stat, for a fallback.
+ */
+static __always_inline void bp_ev(__u32 class, const void *key, int n, int from_remote, __u16 reason)
+{
+	const __u32 *local = key, *remote = local + n;
+	const __be16 *ports = (const __be16 *)(remote + n); /* local, remote */
+
+	if (from_remote)
+		ev_three(class, 0, n == 4, IPPROTO_TCP, remote, ports[1], local, ports[0], NULL, 0, EV_TABLE_BP_STAT,
+			 reason);
+	else
+		ev_three(class, 0, n == 4, IPPROTO_TCP, local, ports[0], remote, ports[1], NULL, 0, EV_TABLE_BP_STAT,
+			 reason);
+}
 
 /* Whether two addresses of n 32-bit words are equal. */
 static __always_inline int bp_same_addr(const __u32 *a, const __u32 *b, int n)

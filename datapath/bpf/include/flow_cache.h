@@ -185,14 +185,20 @@ static __always_inline struct onc_config *config(void)
  * flow_key without, as a packet the local pod sent (out) or received. */
 static __always_inline void ev_conn(__u32 class, const void *k, int fam6, int out)
 {
-	struct flow_ev_slot *s = ev_start(class);
 	const struct flow_key6 *k6 = k;
 	const struct flow_key *k4 = k;
+	struct flow_ev_budget *b;
+	struct flow_event *e;
 	struct flow_tuple *t;
+	__u64 now;
 
-	if (!s)
+	b = ev_budget(class, &now);
+	if (!b)
 		return;
-	t = &s->ev.k.t;
+	e = ev_reserve(class);
+	if (!e)
+		return;
+	t = &e->k.t;
 	if (fam6) {
 		__builtin_memcpy(out ? t->saddr : t->daddr, k6->local_ip, 16);
 		__builtin_memcpy(out ? t->daddr : t->saddr, k6->remote_ip, 16);
@@ -208,7 +214,7 @@ static __always_inline void ev_conn(__u32 class, const void *k, int fam6, int ou
 		t->proto = k4->proto;
 		t->family = ONC_AF_INET;
 	}
-	ev_send(s);
+	ev_submit(e, b);
 }
 
 /* A flow may take the fast path when the slow path saw it both ways in

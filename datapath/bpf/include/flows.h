@@ -4,18 +4,29 @@
  * records (agent/flows, docs/observability.md). Only drop sites and
  * once-per-connection sites emit; a fast-path hit never reaches this file.
  *
- * An event is built in a per-CPU scratch slot of its class (no stack: the
- * uplink programs sit close to the 512-byte limit), passes the per-flow
- * dedupe (drops: one per flow and reason a second) and the class's
- * per-CPU budget (a token bucket: onc_ev_interval_ns apart on average,
- * onc_ev_burst at once), and is copied to onc_events, a ring buffer the
- * agent reads. An event the budget holds back is counted in the next one
- * emitted (suppressed). onc_ev_stats counts what became of them all.
+ * An event first asks its class's per-CPU budget (a token bucket:
+ * onc_ev_interval_ns apart on average, onc_ev_burst at once); only then
+ * does it read headers, pass the drops' per-flow dedupe (one per flow and
+ * reason a second) and reserve its record in onc_events, a ring buffer the
+ * agent reads, where it is filled in place and submitted. An event the
+ * budget holds back is counted in the next one emitted (suppressed).
+ * onc_ev_stats counts what became of them all.
+ *
+ * That order is the cheapest under a flood that still keeps the dedupe's
+ * meaning. Many flows (a spoofer varying its ports) spend the budget, and
+ * every drop after costs a per-CPU lookup and a counter: no clock beyond
+ * it, no header read, no shared LRU. One flow again and again finds its
+ * entry with a lookup (no write, no ring) and spends nothing, so it
+ * leaves the budget to the others; a drop is remembered only when its
+ * event is sent, so the LRU is written at the budget's rate at most.
+ * Under a flood past the budget, the suppressed count is of drops not
+ * looked at, repeats of a flow included.
  *
  * The fast path's object owns these maps (pinned by name); the services
- * object shares them as it shares the flow cache (bpf.FlowCache), so one
- * ring carries both objects' events. An upgrade from a version without
- * them adopts the other pins and creates these beside them.
+ * and bypass objects share them as the services object shares the flow
+ * cache (bpf.FlowCache), so one ring carries every object's events. An
+ * upgrade from a version without them adopts the other pins and creates
+ * these beside them.
  */
 #ifndef __ONC_FLOWS_H
 #define __ONC_FLOWS_H
@@ -31,6 +42,8 @@ enum onc_ev_class {
 	EV_TRANSLATE, /* the socket LB gave a connection a backend */
 	EV_UPLINK,    /* the uplink LB gave a client outside a backend */
 	EV_REFUSE,    /* the socket LB refused a call: the Service has no backend */
+	EV_PAIR,      /* the bypass paired a connection's two sockets */
+	EV_FALLBACK,  /* a bypassed direction went to the stack for good, by reason */
 	EV_CLASS_MAX,
 };
 
@@ -43,6 +56,8 @@ enum onc_ev_table {
 	EV_TABLE_LB_UPLINK_STAT,
 	EV_TABLE_LB6_UPLINK_STAT,
 	EV_TABLE_LB_DSR_STAT,
+	EV_TABLE_LB6_DSR_STAT,
+	EV_TABLE_BP_STAT,
 };
 
 /* A flow as an event names it: IPv4 addresses in the first 4 bytes of
@@ -79,16 +94,31 @@ struct flow_event {
 	__u64 ts_ns;      /* bpf_ktime_get_ns */
 };
 
-/* A class's budget on one CPU, and its scratch event. */
-struct flow_ev_slot {
-	__u64 tat;  /* the budget's theoretical arrival time (GCRA), in ktime ns */
-	__u64 seen; /* scratch for the dedupe's value */
+/*
+ * A class's state on one CPU: its budget and, for the tc programs' drops,
+ * the dedupe key being built. The budget is unlocked: a socket call
+ * preempted between reading and writing it (cgroup programs run
+ * preemptible) can at worst let one more event through or misplace a
+ * suppressed count; no event is shared, each is its own ring record.
+ *
+ * The key is here, not on the stack, because the tc programs have none to
+ * spare (the IPv6 uplink's deepest calls use the verifier's 512 bytes to
+ * the last). It is safe there: tc programs run with bottom halves off, so no
+ * other runs on this CPU until the one filling it is done with it (nothing
+ * in between sends a packet), and only they use EV_DROP's. The socket
+ * calls, preemptible, build their refusals' keys on the stack.
+ */
+struct flow_ev_budget {
+	__u64 tat; /* the budget's theoretical arrival time (GCRA), in ktime ns */
 	__u32 suppressed;
 	__u32 pad;
-	struct flow_event ev;
-	/* No room: only so the enum reaches BTF, where the agent reads the
-	 * tables' names (bpf.LoadEventNames). */
+	struct flow_ev_key k; /* EV_DROP's, by ev_drop */
+	__u64 now;            /* EV_DROP's: the time of k's drop */
+	/* No room: only so these reach BTF, where the agent reads the
+	 * tables' names (bpf.LoadEventNames) and its tests the event's
+	 * layout. */
 	enum onc_ev_table tables[0];
+	struct flow_event events[0];
 };
 
 /* What became of the events, per CPU; the agent reads them by name. */
@@ -120,12 +150,18 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, EV_CLASS_MAX);
 	__type(key, enum onc_ev_class);
-	__type(value, struct flow_ev_slot);
+	__type(value, struct flow_ev_budget);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} onc_ev_slots SEC(".maps");
+} onc_ev_budget SEC(".maps");
 
-/* The drops' dedupe: flow, reason, interface or netns -> when its last
- * event went. */
+/*
+ * The drops' dedupe: flow, reason, interface or netns -> when its last
+ * event went. Written only for an event emitted, so at most at the
+ * budget's rate per CPU: the common LRU's lock is rarely taken. Per-CPU
+ * LRU lists (BPF_F_NO_COMMON_LRU) would split the entries between the
+ * CPUs, 128 each on a 128-CPU node, fewer than one second of one CPU's
+ * budget: the dedupe would forget flows within its second.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -136,62 +172,101 @@ struct {
 
 ONC_COUNTERS(onc_ev_stats, flows_stat, FLOWS_STAT_MAX);
 
-/* ev_start is class's scratch event, zeroed, with its class and time; NULL
- * when events are off. */
-static __always_inline struct flow_ev_slot *ev_start(__u32 class)
+/* ev_state is class's state on this CPU; NULL when events are off. */
+static __always_inline struct flow_ev_budget *ev_state(__u32 class)
 {
-	struct flow_ev_slot *s;
-
 	if (!onc_ev_interval_ns)
 		return NULL;
-	s = bpf_map_lookup_elem(&onc_ev_slots, &class);
-	if (!s)
-		return NULL;
-	__builtin_memset(&s->ev, 0, sizeof(s->ev));
-	s->ev.class = class;
-	s->ev.ts_ns = bpf_ktime_get_ns();
-	return s;
+	return bpf_map_lookup_elem(&onc_ev_budget, &class);
 }
 
-/* ev_send emits s's event if the budget allows: a generic cell rate
- * algorithm, which keeps one timestamp and needs no division. */
-static __always_inline void ev_send(struct flow_ev_slot *s)
+/* ev_room says whether b has room for an event at now; if not, the event
+ * is counted as suppressed. A generic cell rate algorithm, which keeps one
+ * timestamp and needs no division: each event takes one interval, and a
+ * burst fits within burst - 1 of them ahead of now. */
+static __always_inline int ev_room(struct flow_ev_budget *b, __u64 now)
 {
-	__u64 now = s->ev.ts_ns, tat = s->tat > now ? s->tat : now;
-	__u64 flags = BPF_RB_NO_WAKEUP;
-
-	/* Each event takes one interval: a burst fits within burst - 1 of them
-	 * ahead of now. */
-	if (tat - now > (onc_ev_burst - 1) * onc_ev_interval_ns) {
-		s->suppressed++;
+	if (b->tat > now && b->tat - now > (onc_ev_burst - 1) * onc_ev_interval_ns) {
+		b->suppressed++;
 		count(&onc_ev_stats, FLOWS_STAT_SUPPRESSED, 1);
-		return;
+		return 0;
 	}
-	s->tat = tat + onc_ev_interval_ns;
-	s->ev.suppressed = s->suppressed;
+	return 1;
+}
+
+/* ev_budget is class's budget on this CPU if it has room for one more
+ * event now (the clock read into *now), else NULL, the event counted as
+ * suppressed. It spends nothing: ev_submit does, so that a drop the dedupe
+ * stops costs none of it. */
+static __always_inline struct flow_ev_budget *ev_budget(__u32 class, __u64 *now)
+{
+	struct flow_ev_budget *b = ev_state(class);
+
+	if (!b)
+		return NULL;
+	*now = bpf_ktime_get_ns();
+	return ev_room(b, *now) ? b : NULL;
+}
+
+/* ev_reserve is a zeroed event of class, reserved in the ring, or NULL
+ * when the ring is full (lost; the budget is not spent). It reads the
+ * clock again rather than keep the budget's reading: the uplink has no
+ * stack to spare across the call. */
+static __always_inline struct flow_event *ev_reserve(__u32 class)
+{
+	struct flow_event *e = bpf_ringbuf_reserve(&onc_events, sizeof(*e), 0);
+
+	if (!e) {
+		count(&onc_ev_stats, FLOWS_STAT_LOST, 1);
+		return NULL;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->class = class;
+	e->ts_ns = bpf_ktime_get_ns();
+	return e;
+}
+
+/* ev_submit spends one of b's tokens on e, filled, and hands it to the
+ * reader with the count of those b held back before it. */
+static __always_inline void ev_submit(struct flow_event *e, struct flow_ev_budget *b)
+{
+	__u64 now = e->ts_ns, flags = BPF_RB_NO_WAKEUP;
+
+	b->tat = (b->tat > now ? b->tat : now) + onc_ev_interval_ns;
+	e->suppressed = b->suppressed;
+	b->suppressed = 0;
 	if (bpf_ringbuf_query(&onc_events, BPF_RB_AVAIL_DATA) > EV_WAKEUP_BYTES)
 		flags = BPF_RB_FORCE_WAKEUP;
-	if (bpf_ringbuf_output(&onc_events, &s->ev, sizeof(s->ev), flags)) {
-		count(&onc_ev_stats, FLOWS_STAT_LOST, 1);
-		return; /* the suppressed count waits for the next one */
-	}
-	s->suppressed = 0;
+	bpf_ringbuf_submit(e, flags);
 	count(&onc_ev_stats, FLOWS_STAT_EMITTED, 1);
 }
 
-/* ev_send_drop emits a drop unless the same flow and reason sent one
- * within the second. */
-static __always_inline void ev_send_drop(struct flow_ev_slot *s)
+/*
+ * ev_reserve_drop reserves, as ev_reserve, the event of the drop k names
+ * (class: EV_DROP or EV_REFUSE), unless the same flow and reason sent one
+ * within the second: deduped, with the budget unspent and no record
+ * reserved. An event reserved is remembered. k and now are on the stack
+ * or in EV_DROP's budget: a kernel before 6.0 takes no map key from the
+ * ring.
+ */
+static __always_inline struct flow_event *ev_reserve_drop(__u32 class, const struct flow_ev_key *k, const __u64 *now)
 {
-	__u64 *last = bpf_map_lookup_elem(&onc_ev_seen, &s->ev.k);
+	__u64 *last = bpf_map_lookup_elem(&onc_ev_seen, k);
+	struct flow_event *e;
 
-	if (last && s->ev.ts_ns - *last < EV_DEDUPE_NS) {
+	if (last && *now - *last < EV_DEDUPE_NS) {
 		count(&onc_ev_stats, FLOWS_STAT_DEDUPED, 1);
-		return;
+		return NULL;
 	}
-	s->seen = s->ev.ts_ns;
-	bpf_map_update_elem(&onc_ev_seen, &s->ev.k, &s->seen, BPF_ANY);
-	ev_send(s);
+	e = ev_reserve(class);
+	if (!e)
+		return NULL;
+	__builtin_memcpy(&e->k, k, sizeof(*k));
+	if (last)
+		*last = *now;
+	else
+		bpf_map_update_elem(&onc_ev_seen, k, now, BPF_ANY);
+	return e;
 }
 
 /* ev_load_ip fills t's addresses, protocol and ports from the IP header at
@@ -229,50 +304,57 @@ static __always_inline void ev_load_ip(struct __sk_buff *skb, __u32 off, struct 
  */
 static __always_inline void ev_drop(struct __sk_buff *skb, __u32 off, __u32 outer, __u8 table, __u16 reason)
 {
-	struct flow_ev_slot *s = ev_start(EV_DROP);
-	__u8 b;
+	struct flow_ev_budget *b = ev_state(EV_DROP);
+	struct flow_event *e;
+	__u8 v;
 
-	if (!s)
+	if (!b)
 		return;
-	s->ev.k.ifindex = skb->ifindex;
-	s->ev.k.t.table = table;
-	s->ev.k.t.reason = reason;
-	ev_load_ip(skb, off, &s->ev.k.t);
-	if (outer && !bpf_skb_load_bytes(skb, outer, &b, 1)) {
-		if (b >> 4 == 4 && !bpf_skb_load_bytes(skb, outer + 12, s->ev.xaddr, 4))
-			s->ev.xfamily = ONC_AF_INET;
-		else if (b >> 4 == 6 && !bpf_skb_load_bytes(skb, outer + 8, s->ev.xaddr, 16))
-			s->ev.xfamily = ONC_AF_INET6;
+	/* The clock goes to the state: the uplink has no stack to spare. */
+	b->now = bpf_ktime_get_ns();
+	if (!ev_room(b, b->now))
+		return;
+	__builtin_memset(&b->k, 0, sizeof(b->k));
+	b->k.ifindex = skb->ifindex;
+	b->k.t.table = table;
+	b->k.t.reason = reason;
+	ev_load_ip(skb, off, &b->k.t);
+	e = ev_reserve_drop(EV_DROP, &b->k, &b->now);
+	if (!e)
+		return;
+	if (outer && !bpf_skb_load_bytes(skb, outer, &v, 1)) {
+		if (v >> 4 == 4 && !bpf_skb_load_bytes(skb, outer + 12, e->xaddr, 4))
+			e->xfamily = ONC_AF_INET;
+		else if (v >> 4 == 6 && !bpf_skb_load_bytes(skb, outer + 8, e->xaddr, 16))
+			e->xfamily = ONC_AF_INET6;
 	}
-	ev_send_drop(s);
+	ev_submit(e, b);
 }
 
-/* ev_addr copies an address of fam6's family into an event's slot. */
+/* ev_addr copies an address of fam6's family into an event's slot, a
+ * 32-bit word at a time (both are so aligned): byte by byte, the copies
+ * would take the uplink's registers and then its stack. */
 static __always_inline void ev_addr(__u8 *slot, const void *a, int fam6)
 {
-	if (fam6)
-		__builtin_memcpy(slot, a, 16);
-	else
-		__builtin_memcpy(slot, a, 4);
+	const __u32 *from = a;
+	__u32 *to = (__u32 *)slot;
+
+	to[0] = from[0];
+	if (fam6) {
+		to[1] = from[1];
+		to[2] = from[2];
+		to[3] = from[3];
+	}
 }
 
-/*
- * ev_three emits class's event of a flow from saddr:sport to daddr:dport
- * (proto; a socket call's has no source) with a third end, x:xport (NULL:
- * none), all of fam6's family. A refusal (EV_REFUSE) is a drop: reason,
- * a value of table, and the dedupe.
- */
-static __always_inline void ev_three(__u32 class, __u64 netns, int fam6, __u8 proto, const void *saddr,
-				     __be16 sport, const void *daddr, __be16 dport, const void *x, __be16 xport,
-				     __u8 table, __u16 reason)
+/* ev_ends fills k's flow: from saddr:sport (NULL: none) to daddr:dport,
+ * of proto, addresses of fam6's family, and the caller's netns. */
+static __always_inline void ev_ends(struct flow_ev_key *k, __u64 netns, int fam6, __u8 proto, const void *saddr,
+				    __be16 sport, const void *daddr, __be16 dport)
 {
-	struct flow_ev_slot *s = ev_start(class);
-	struct flow_tuple *t;
+	struct flow_tuple *t = &k->t;
 
-	if (!s)
-		return;
-	t = &s->ev.k.t;
-	s->ev.k.cookie = netns;
+	k->cookie = netns;
 	t->family = fam6 ? ONC_AF_INET6 : ONC_AF_INET;
 	t->proto = proto;
 	if (saddr)
@@ -280,18 +362,50 @@ static __always_inline void ev_three(__u32 class, __u64 netns, int fam6, __u8 pr
 	t->sport = sport;
 	ev_addr(t->daddr, daddr, fam6);
 	t->dport = dport;
-	if (x) {
-		ev_addr(s->ev.xaddr, x, fam6);
-		s->ev.xport = xport;
-		s->ev.xfamily = t->family;
-	}
-	if (class != EV_REFUSE) {
-		ev_send(s);
+}
+
+/*
+ * ev_three emits class's event of a flow from saddr:sport to daddr:dport
+ * (proto; a socket call's has no source) with a third end, x:xport (NULL:
+ * none), all of fam6's family; reason is a value of table, for a class
+ * that has one (a fallback's, a refusal's). A refusal (EV_REFUSE) is a
+ * drop: it passes the dedupe. class is a constant at every call: the
+ * compiler keeps one of the two ways.
+ */
+static __always_inline void ev_three(__u32 class, __u64 netns, int fam6, __u8 proto, const void *saddr,
+				     __be16 sport, const void *daddr, __be16 dport, const void *x, __be16 xport,
+				     __u8 table, __u16 reason)
+{
+	struct flow_ev_budget *b;
+	struct flow_event *e;
+	__u64 now;
+
+	b = ev_budget(class, &now);
+	if (!b)
 		return;
+	if (class == EV_REFUSE) {
+		struct flow_ev_key k = {};
+
+		ev_ends(&k, netns, fam6, proto, saddr, sport, daddr, dport);
+		k.t.table = table;
+		k.t.reason = reason;
+		e = ev_reserve_drop(class, &k, &now);
+	} else {
+		e = ev_reserve(class);
+		if (e) {
+			ev_ends(&e->k, netns, fam6, proto, saddr, sport, daddr, dport);
+			e->k.t.table = table;
+			e->k.t.reason = reason;
+		}
 	}
-	t->table = table;
-	t->reason = reason;
-	ev_send_drop(s);
+	if (!e)
+		return;
+	if (x) {
+		ev_addr(e->xaddr, x, fam6);
+		e->xport = xport;
+		e->xfamily = e->k.t.family;
+	}
+	ev_submit(e, b);
 }
 
 #endif /* __ONC_FLOWS_H */

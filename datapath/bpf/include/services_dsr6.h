@@ -63,6 +63,16 @@ enum lb6_dsr_stat {
 
 ONC_COUNTERS(onc_lb6_dsr_stats, lb6_dsr_stat, LB_STAT_DSR6_MAX);
 
+/* lb_dsr6_drop drops skb's packet, whose IP header is at off, counting
+ * stat, and reports it; outer, if not 0, is the offset of the IP header of
+ * the peer's frame that carried it (lb_drop_frame's, for IPv6). */
+static __always_inline int lb_dsr6_drop(struct __sk_buff *skb, __u32 off, __u32 outer, __u32 stat)
+{
+	count(&onc_lb6_dsr_stats, stat, 1);
+	ev_drop(skb, off, outer, EV_TABLE_LB6_DSR_STAT, stat);
+	return TC_ACT_SHOT;
+}
+
 /* An IPv6 address this node serves its NodePorts on (all zeros: none),
  * where a peer's NodePort frontend is looked up by its port: no node
  * knows another's IPv6 addresses. The agent writes it (datapath/services). */
@@ -177,27 +187,22 @@ static __always_inline void lb_dsr6_header6(struct encap6_val *encap, const stru
  * fast path went off), and forgets its flow: a UDP flow's next datagram
  * picks afresh; a TCP flow's next segment meets the stack, which resets
  * it. */
-static __always_inline int lb_dsr6_no_route(const struct lb6_pkt *p)
+static __always_inline int lb_dsr6_no_route(struct __sk_buff *skb, const struct lb6_pkt *p)
 {
 	struct lb6_flow_key in = lb6_flow_key(p->saddr, p->daddr, p->sport, p->dport, p->proto, LB_FLOW_IN);
 
 	bpf_map_delete_elem(&onc_lb6_flows, &in);
-	count(&onc_lb6_dsr_stats, LB_STAT_DSR6_NO_ROUTE, 1);
-	return TC_ACT_SHOT;
+	return lb_dsr6_drop(skb, ETH_HLEN, 0, LB_STAT_DSR6_NO_ROUTE);
 }
 
 /* lb_dsr6_fib judges the FIB's answer to a DSR frame's route: 0 to send
  * it, else the verdict (dropped, counted). */
-static __always_inline int lb_dsr6_fib(int rc, const struct lb6_pkt *p)
+static __always_inline int lb_dsr6_fib(struct __sk_buff *skb, int rc)
 {
-	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_TOO_BIG, 1);
-		return TC_ACT_SHOT;
-	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_NO_ROUTE, 1);
-		return TC_ACT_SHOT;
-	}
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return lb_dsr6_drop(skb, ETH_HLEN, 0, LB_STAT_DSR6_TOO_BIG);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return lb_dsr6_drop(skb, ETH_HLEN, 0, LB_STAT_DSR6_NO_ROUTE);
 	return 0;
 }
 
@@ -232,16 +237,14 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 	be.port = fwd->port;
 	lb6_copy(fe.ip, p->daddr);
 	fe.port = p->dport;
-	if (p->hop_limit <= 1) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_TTL_EXPIRED, 1);
-		return TC_ACT_SHOT;
-	}
+	if (p->hop_limit <= 1)
+		return lb_dsr6_drop(skb, ETH_HLEN, 0, LB_STAT_DSR6_TTL_EXPIRED);
 	if (u6)
 		peer6 = peer6_u6_of((const struct in6_addr *)be.ip);
 	else
 		peer = peer6_of((const struct in6_addr *)be.ip);
 	if (!peer && !peer6)
-		return lb_dsr6_no_route(p);
+		return lb_dsr6_no_route(skb, p);
 	fib.tot_len = lb6_segment_len(skb, p);
 	if (peer6) {
 		fib.family = ONC_AF_INET6;
@@ -254,7 +257,7 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 		fib.ipv4_dst = peer->node_ip;
 		fib.tot_len += ONC_ENCAP_LEN;
 	}
-	rc = lb_dsr6_fib(bpf_fib_lookup(skb, &fib, sizeof(fib), 0), p);
+	rc = lb_dsr6_fib(skb, bpf_fib_lookup(skb, &fib, sizeof(fib), 0));
 	if (rc)
 		return rc;
 
@@ -282,8 +285,7 @@ __attribute__((noinline)) int lb_dsr6_send(struct __sk_buff *skb)
 	/* The next hop: the peer, or the gateway to it. */
 	return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
 err:
-	count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-	return TC_ACT_SHOT;
+	return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 }
 
 /* The service whose frontend a peer's frame names, if this node serves
@@ -368,6 +370,7 @@ static __always_inline int lb_dsr6_peer(int outer6, const __be32 *from)
 __attribute__((noinline)) int lb_dsr6_receive(struct __sk_buff *skb, __u32 outer6)
 {
 	__u32 l4off = ETH_HLEN + (outer6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr));
+	__u32 inner = l4off + LB_DSR6_TUNNEL_LEN;
 	__s32 len = outer6 ? ONC_ENCAP6_LEN : ONC_ENCAP_LEN;
 	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
 	__be16 proto = bpf_htons(ETH_P_IPV6);
@@ -390,27 +393,17 @@ __attribute__((noinline)) int lb_dsr6_receive(struct __sk_buff *skb, __u32 outer
 	 * packet in it: as ONC's peers send. */
 	if (!lb_dsr6_outer(skb, outer6, from) || bpf_ntohl(t.vx.flags) >> 24 != VXLAN_FLAG_VNI ||
 	    bpf_ntohl(t.vx.vni) >> 8 != onc_vni || t.proto != proto ||
-	    lb6_parse_at(skb, l4off + LB_DSR6_TUNNEL_LEN, &p)) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_MALFORMED, 1);
-		return TC_ACT_SHOT;
-	}
-	if (!lb_dsr6_peer(outer6, from)) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_SENDER, 1);
-		return TC_ACT_SHOT;
-	}
-	if (lb6_internal(p.saddr) || (lb6_underlay6() && lb6_peer_node_u6(p.saddr))) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_CLIENT, 1);
-		return TC_ACT_SHOT;
-	}
-	if (!bpf_map_lookup_elem(&onc_local6, p.daddr)) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_BACKEND, 1);
-		return TC_ACT_SHOT;
-	}
+	    lb6_parse_at(skb, inner, &p))
+		return lb_dsr6_drop(skb, inner, ETH_HLEN, LB_STAT_DSR6_DROP_MALFORMED);
+	if (!lb_dsr6_peer(outer6, from))
+		return lb_dsr6_drop(skb, inner, ETH_HLEN, LB_STAT_DSR6_DROP_SENDER);
+	if (lb6_internal(p.saddr) || (lb6_underlay6() && lb6_peer_node_u6(p.saddr)))
+		return lb_dsr6_drop(skb, inner, ETH_HLEN, LB_STAT_DSR6_DROP_CLIENT);
+	if (!bpf_map_lookup_elem(&onc_local6, p.daddr))
+		return lb_dsr6_drop(skb, inner, ETH_HLEN, LB_STAT_DSR6_DROP_BACKEND);
 	svc = lb_dsr6_frontend(&fe, p.proto);
-	if (!svc) {
-		count(&onc_lb6_dsr_stats, LB_STAT_DSR6_DROP_FRONTEND, 1);
-		return TC_ACT_SHOT;
-	}
+	if (!svc)
+		return lb_dsr6_drop(skb, inner, ETH_HLEN, LB_STAT_DSR6_DROP_FRONTEND);
 	lb6_copy(rev.ip, fe.ip);
 	rev.port = fe.port;
 	rev.svc_id = svc->id;
@@ -426,10 +419,8 @@ __attribute__((noinline)) int lb_dsr6_receive(struct __sk_buff *skb, __u32 outer
 	if (!outer6 && onc_decap_ipv6)
 		flags |= ONC_ADJ_ROOM_DECAP_L3_IPV6;
 	if (bpf_skb_adjust_room(skb, -len, BPF_ADJ_ROOM_MAC, flags) ||
-	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto), 0)) {
-		count(&onc_lb6_uplink_stats, LB_STAT_UPLINK6_ERROR, 1);
-		return TC_ACT_SHOT;
-	}
+	    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto), 0))
+		return lb_drop(skb, &onc_lb6_uplink_stats, EV_TABLE_LB6_UPLINK_STAT, LB_STAT_UPLINK6_ERROR);
 	count(&onc_lb6_dsr_stats, LB_STAT_DSR6_RECEIVED, 1);
 	/* A kernel without the flag leaves the skb saying IPv4: the uplink
 	 * takes the packet in again, which reads the type from the Ethernet
