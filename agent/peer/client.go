@@ -20,11 +20,19 @@ type Client struct {
 	id    Identity
 	nodes *Nodes
 	port  int // every node's peer port
+	dial  func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // NewClient is a client of the peer API on port of the nodes in nodes.
 func NewClient(id Identity, nodes *Nodes, port int) *Client {
 	return &Client{id: id, nodes: nodes, port: port}
+}
+
+// WithDialer makes c connect by dial (the lab's tests dial from a node's
+// network namespace).
+func (c *Client) WithDialer(dial func(ctx context.Context, addr string) (net.Conn, error)) *Client {
+	c.dial = dial
+	return c
 }
 
 // TraceIngress asks node's agent about a packet to one of its pods. The
@@ -58,7 +66,11 @@ func (c *Client) TraceIngress(ctx context.Context, node string, req *apiv1.Trace
 			return nil
 		},
 	}
-	conn, err := grpc.NewClient(net.JoinHostPort(n.IP.String(), strconv.Itoa(c.port)), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
+	if c.dial != nil {
+		opts = append(opts, grpc.WithContextDialer(c.dial))
+	}
+	conn, err := grpc.NewClient(net.JoinHostPort(n.IP.String(), strconv.Itoa(c.port)), opts...)
 	if err != nil {
 		return nil, err
 	}
