@@ -256,11 +256,13 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 		defer srv.Stop()
 	}
 	if a.cfg.PeerPort != 0 {
-		srv, err := a.servePeers()
-		if err != nil {
-			return err
+		// Traces are not worth a node's networking: without the peer
+		// API, the other nodes' traces say they got no answer.
+		if srv, err := a.servePeers(); err != nil {
+			slog.Error("peer API not served", "port", a.cfg.PeerPort, "err", err)
+		} else {
+			defer srv.Stop()
 		}
-		defer srv.Stop()
 	}
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 

@@ -33,6 +33,10 @@ var (
 	recordWait = 300 * time.Millisecond
 )
 
+// clockSkew is how far behind this node's clock another node's records
+// of a probe may be stamped: the probe's own source port tells them apart.
+const clockSkew = 2 * time.Second
+
 // probePayload is the one datagram a UDP probe sends.
 var probePayload = []byte("onc trace probe\n")
 
@@ -212,7 +216,7 @@ func (t *tracer) remoteRecords(ctx context.Context, p *apiv1.TraceProbe, resp *a
 		}
 		asked[d.Node] = true
 		ans, why := t.ask(ctx, d.Node, &apiv1.TraceIngressRequest{Source: local.Addr().String(), SourcePort: uint32(local.Port()),
-			Destination: d.Ip, Port: d.Port, Protocol: t.proto.String(), RecordsSinceUnixNano: start.UnixNano()})
+			Destination: d.Ip, Port: d.Port, Protocol: t.proto.String(), RecordsSinceUnixNano: start.Add(-clockSkew).UnixNano()})
 		if ans == nil {
 			unread = append(unread, d.Node+"'s records unread: "+why)
 			continue
