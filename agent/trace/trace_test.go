@@ -515,3 +515,37 @@ func TestIngress(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteRecords: a probe's records include those of each destination
+// pod's node, asked once per node with the probe's source address and
+// port; a node that cannot answer is named with why.
+func TestRemoteRecords(t *testing.T) {
+	denial := &apiv1.FlowRecord{Node: "n2", Verdict: "denied", Direction: "ingress", Protocol: "TCP", Policies: []string{"x/c-from-a"},
+		Source: &apiv1.FlowEndpoint{Ip: "10.0.1.2", Port: 40000}, Reason: "default deny: ingress isolated by x/c-from-a"}
+	var asked []*apiv1.TraceIngressRequest
+	tr := &tracer{State: bed(t), request: request{proto: l4.TCP, port: 80}, unanswered: map[string]string{}}
+	tr.Peer = func(_ context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+		asked = append(asked, req)
+		if node == "n3" {
+			return nil, status.Error(codes.Unavailable, "connection refused")
+		}
+		return Ingress(n2(t, []*apiv1.FlowRecord{denial}), req)
+	}
+	pod := func(ip, node string) *apiv1.TracePath {
+		return &apiv1.TracePath{Verdict: "denied", Destination: &apiv1.FlowEndpoint{Kind: "pod", Ip: ip, Port: 80, Node: node}}
+	}
+	resp := &apiv1.TraceResponse{Paths: []*apiv1.TracePath{pod("10.0.2.4", "n2"), pod("10.0.2.4", "n2"), pod("10.0.1.3", "n1"), pod("10.0.3.9", "n3")}}
+	p := &apiv1.TraceProbe{}
+	start := time.Now()
+	read, unread := tr.remoteRecords(t.Context(), p, resp, netip.MustParseAddrPort("10.0.1.2:40000"), start)
+	if len(asked) != 2 || asked[0].SourcePort != 40000 || asked[0].Source != "10.0.1.2" || asked[0].RecordsSinceUnixNano > start.UnixNano() {
+		t.Errorf("asked %v; want n2 and n3 once each, with the probe's address and port", asked)
+	}
+	if len(p.Records) != 1 || p.Records[0] != denial || strings.Join(read, ",") != "n2" || len(unread) != 1 || !strings.Contains(unread[0], "n3's records unread: unreachable") {
+		t.Errorf("records %v, read %v, unread %v", p.Records, read, unread)
+	}
+	agreement, detail := judgeProbe(resp, l4.TCP, sent{outcome: TimedOut, took: ProbeWait}, p.Records, append([]string{"n1"}, read...))
+	if agreement != "agrees" || !strings.Contains(detail, "n2 DENIED ingress (default deny: ingress isolated by x/c-from-a)") {
+		t.Errorf("judged %s: %s", agreement, detail)
+	}
+}
