@@ -44,7 +44,7 @@ func (c *Client) TraceIngress(ctx context.Context, node string, req *apiv1.Trace
 	case !ok:
 		return nil, fmt.Errorf("no record of node %s", node)
 	case n.PeerPin == "":
-		return nil, fmt.Errorf("node %s's record pins no peer key (its agent predates the peer API)", node)
+		return nil, fmt.Errorf("node %s's record pins no peer key (its agent predates the peer API, or serves none: peer-port 0)", node)
 	}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
