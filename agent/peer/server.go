@@ -27,10 +27,11 @@ import (
 const DefaultPort = 9969
 
 // A node may ask this many questions a second, and Burst at once: a
-// trace asks one per destination pod of another node.
+// trace asks one per destination pod of another node, and an operator's
+// loop of traces (or the e2e truth tables') some 60 a second.
 const (
-	Rate  = 20
-	Burst = 40
+	Rate  = 100
+	Burst = 200
 )
 
 // Answer answers a question a peer is allowed to ask.

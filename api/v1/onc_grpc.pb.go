@@ -935,8 +935,8 @@ type PeerAgentClient interface {
 	// this node enforces it, and this node's flow records of the packet.
 	// PERMISSION_DENIED when the source is not the asker's (none of its pod
 	// CIDRs, nor its address); FAILED_PRECONDITION when the destination is
-	// no pod of this node; RESOURCE_EXHAUSTED past the asker's rate (20 a
-	// second, 40 at once); INVALID_ARGUMENT for a bad request.
+	// no pod of this node; RESOURCE_EXHAUSTED past the asker's rate (100 a
+	// second, 200 at once); INVALID_ARGUMENT for a bad request.
 	TraceIngress(ctx context.Context, in *TraceIngressRequest, opts ...grpc.CallOption) (*TraceIngressResponse, error)
 }
 
@@ -971,8 +971,8 @@ type PeerAgentServer interface {
 	// this node enforces it, and this node's flow records of the packet.
 	// PERMISSION_DENIED when the source is not the asker's (none of its pod
 	// CIDRs, nor its address); FAILED_PRECONDITION when the destination is
-	// no pod of this node; RESOURCE_EXHAUSTED past the asker's rate (20 a
-	// second, 40 at once); INVALID_ARGUMENT for a bad request.
+	// no pod of this node; RESOURCE_EXHAUSTED past the asker's rate (100 a
+	// second, 200 at once); INVALID_ARGUMENT for a bad request.
 	TraceIngress(context.Context, *TraceIngressRequest) (*TraceIngressResponse, error)
 	mustEmbedUnimplementedPeerAgentServer()
 }
