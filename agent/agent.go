@@ -24,6 +24,7 @@ import (
 	"github.com/onc-net/onc/agent/bypass"
 	"github.com/onc-net/onc/agent/flows"
 	"github.com/onc-net/onc/agent/ipam"
+	"github.com/onc-net/onc/agent/peer"
 	"github.com/onc-net/onc/agent/policy"
 	"github.com/onc-net/onc/agent/services"
 	"github.com/onc-net/onc/agent/underlay"
@@ -79,6 +80,10 @@ type Config struct {
 	FlowsTopPods int
 	// FlowsExport is where the flow records are exported to, as they come.
 	FlowsExport flows.ExportConfig
+
+	// PeerPort is the TCP port of every node's peer API (agent/peer) on
+	// its node address; 0: none served, none asked, no key published.
+	PeerPort int
 }
 
 // PodPhases looks up a pod of this node in the Kubernetes API: its phase,
@@ -89,7 +94,7 @@ type PodPhases interface {
 
 // DefaultConfig has the production defaults.
 func DefaultConfig() Config {
-	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 40 * time.Second, Resync: time.Minute,
+	return Config{StateDir: "/var/lib/onc", RunDir: "/var/run/onc", LeaseTTL: 40 * time.Second, Resync: time.Minute, PeerPort: peer.DefaultPort,
 		Datapath: datapath.Config{VNI: 1, Port: 4789, FastPath: true, FastPathConnSetup: true, BPFFS: "/sys/fs/bpf/onc", FastPathMark: 0x40000, AttachMode: "auto"}}
 }
 
@@ -115,6 +120,10 @@ type Agent struct {
 	svcs      *services.Watcher // nil without Config.Services
 	health    *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay  *underlay.Watcher
+	// The peer API (agent/peer): this agent's key, and the node records
+	// its pins are read from; peerID.Pin is empty when it is off.
+	peerID    peer.Identity
+	peerNodes peer.Nodes
 	// warnedCIDR is, by family, the pod CIDR a node without one at
 	// bring-up got later, once reconcile warned of it (reconcile's own).
 	warnedCIDR map[datastore.Family]netip.Prefix
@@ -159,6 +168,12 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 		// is up (bringUp): peers send it zero-checksum frames, which only
 		// the rebuilt onc.vxlan takes.
 		spec: datastore.NodeSpec{Name: cfg.NodeName, IP: up.NodeIP, VTEPMAC: mac, FastPath: cfg.Datapath.FastPath && !up.NodeIP.Is6()}}
+	if cfg.PeerPort != 0 {
+		if a.peerID, err = peer.LoadIdentity(cfg.StateDir); err != nil {
+			return nil, err
+		}
+		a.spec.PeerPin = a.peerID.Pin
+	}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
 	a.underlay = underlay.NewWatcher(dp.Underlay, cfg.Resync)
@@ -247,6 +262,15 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 		go func() { _ = srv.Serve(l) }()
 		defer srv.Stop()
 	}
+	if a.cfg.PeerPort != 0 {
+		// Traces are not worth a node's networking: without the peer
+		// API, the other nodes' traces say they got no answer.
+		if srv, err := a.servePeers(); err != nil {
+			slog.Error("peer API not served", "port", a.cfg.PeerPort, "err", err)
+		} else {
+			defer srv.Stop()
+		}
+	}
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 
 	spec := a.published()
@@ -324,6 +348,7 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 		return err
 	}
 	a.noteNodes(nodes)
+	a.peerNodes.Set(nodes)
 	var self *datastore.Node
 	for i := range nodes {
 		if nodes[i].Name == a.cfg.NodeName {
@@ -379,8 +404,8 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	}
 	// A registration that differs from what this agent publishes (an
 	// older agent's, say) is corrected in this pass.
-	if spec := a.published(); self.FastPath != spec.FastPath {
-		slog.Warn("this node's registration is outdated; registering again", "fastPath", spec.FastPath)
+	if spec := a.published(); self.FastPath != spec.FastPath || self.PeerPin != spec.PeerPin {
+		slog.Warn("this node's registration is outdated; registering again", "fastPath", spec.FastPath, "peerPin", spec.PeerPin)
 		if err := a.store.RegisterNode(ctx, spec); err != nil {
 			return err
 		}

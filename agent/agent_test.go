@@ -17,6 +17,7 @@ import (
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/onc-net/onc/agent/peer"
 	"github.com/onc-net/onc/datapath"
 	"github.com/onc-net/onc/datastore"
 	"github.com/onc-net/onc/internal/testutil"
@@ -398,5 +399,18 @@ func TestStopRemovesOnlyItsOwnSockets(t *testing.T) {
 	}
 	if _, err := os.Stat(cniSock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the stopped agent left its cni.sock behind (%v)", err)
+	}
+}
+
+// TestPeerPinPublished: the agent publishes the pin of its peer key, the
+// same key after a restart; none with the peer API off.
+func TestPeerPinPublished(t *testing.T) {
+	dir := t.TempDir()
+	pin := func(port int) string {
+		return newTestAgent(t, func(c *Config) { c.StateDir, c.PeerPort = dir, port }).published().PeerPin
+	}
+	first := pin(peer.DefaultPort)
+	if len(first) != 44 || pin(peer.DefaultPort) != first || pin(0) != "" {
+		t.Errorf("pins %q, then %q, off %q; want one, the same, none", first, pin(peer.DefaultPort), pin(0))
 	}
 }

@@ -270,6 +270,7 @@ func newAgentWith(tb testing.TB, store datastore.Store, dp *fakeDatapath, edit .
 	cfg := DefaultConfig()
 	cfg.NodeName, cfg.StateDir, cfg.RunDir = self, tb.TempDir(), tb.TempDir()
 	cfg.Datapath.FastPath = false
+	cfg.PeerPort = 0 // the fake node address is none of this host's
 	for _, e := range edit {
 		e(&cfg)
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/onc-net/onc/agent/bypass"
 	"github.com/onc-net/onc/agent/flows"
@@ -16,7 +15,6 @@ import (
 	"github.com/onc-net/onc/agent/trace"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath"
-	"github.com/onc-net/onc/datapath/overlay"
 	"github.com/onc-net/onc/internal/netaddr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -277,32 +275,7 @@ func (s *onctlServer) Trace(ctx context.Context, req *apiv1.TraceRequest) (*apiv
 	if a.policy == nil {
 		return nil, status.Error(codes.FailedPrecondition, "trace names pods and judges NetworkPolicy: it needs the Kubernetes datastore (--datastore=kubernetes)")
 	}
-	st := trace.State{Node: a.cfg.NodeName, Rules: a.policy.Enforced, Cluster: a.cfg.Policy.Snapshot,
-		Bypass: func() *apiv1.BypassState { return bypass.State(a.dp.Bypass) }, Lookup: overlay.Lookup,
-		FastPath: func() trace.FastPath {
-			if fp := a.dp.Node.FastPath(); fp != nil {
-				return fp
-			}
-			return nil
-		}}
-	if a.svcs != nil {
-		st.Services = a.svcs.List
-	}
-	st.Netns = func(key string) string {
-		for _, att := range a.attachments() {
-			if att.K8sNamespace+"/"+att.K8sName == key {
-				return att.Netns
-			}
-		}
-		return ""
-	}
-	st.Records = func(since time.Time) []*apiv1.FlowRecord {
-		if a.flows == nil {
-			return nil
-		}
-		return flows.Records(a.flows, flows.Filter{Since: since})
-	}
-	return trace.Trace(ctx, st, req)
+	return trace.Trace(ctx, a.traceState(), req)
 }
 
 // podNames names this node's pods (namespace/name) by address, from

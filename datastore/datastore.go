@@ -155,6 +155,11 @@ type NodeSpec struct {
 	IP       netip.Addr       `json:"ip"`
 	VTEPMAC  net.HardwareAddr `json:"-"`
 	FastPath bool             `json:"fastPath"`
+	// PeerPin is the SHA-256 of the agent's peer key (its
+	// SubjectPublicKeyInfo), base64: other agents accept that key, and
+	// only it, as this node's on the peer API (agent/peer). Empty for an
+	// agent without it.
+	PeerPin string `json:"peerPin,omitempty"`
 }
 
 // Node is a node's full tunnel-endpoint record: its spec and the pod

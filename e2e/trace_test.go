@@ -5,15 +5,21 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/onc-net/onc/agent/peer"
 	apiv1 "github.com/onc-net/onc/api/v1"
+	"github.com/onc-net/onc/datastore/k8sstore"
 	"github.com/onc-net/onc/lab"
 )
 
@@ -49,9 +55,13 @@ func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got
 		}
 		traced, oracle, met := p.Verdict == "allowed", c.allowed(s.pols, ce), out.err == nil
 		problem := ""
-		switch {
+		switch in := ingressHop(p); {
 		case traced != oracle || traced != met:
 			problem = fmt.Sprintf("trace says %s, the oracle %v, the probe %v", p.Verdict, oracle, out.err)
+		case c.node(ce.src) != c.node(ce.dst) && in.GetBasis() != "enforced":
+			problem = fmt.Sprintf("the ingress hop on %s is %q, not that node's own answer", c.node(ce.dst).Name, in.GetBasis())
+		case strings.Contains(in.GetDetail(), "computes otherwise"):
+			problem = "the two nodes' answers differ"
 		default:
 			problem = c.traceNames(s.pols, ce, p)
 		}
@@ -66,6 +76,16 @@ func (c *policyCluster) checkTrace(t *testing.T, s policyStep, cells []cell, got
 	}
 	t.Logf("step %q: traced %d %s probes (%d to another node's pod), %d disagree", s.name, len(cells), cells[0].fam, remote, bad)
 	return bad
+}
+
+// ingressHop is p's ingress-policy hop, nil if none.
+func ingressHop(p *apiv1.TracePath) *apiv1.TraceHop {
+	for _, h := range p.Hops {
+		if h.Step == "ingress-policy" {
+			return h
+		}
+	}
+	return nil
 }
 
 // traceNames checks the policies p's policy hops name against the
@@ -127,12 +147,14 @@ func (c *policyCluster) trace(t *testing.T) {
 		t.Errorf("onctl trace from %s (of %s) on %s: %v, %s; want FailedPrecondition naming its node", b.key(), c.node(b).Name, na.Name, err, out)
 	}
 	c.traceProbe(t)
+	c.tracePeers(t)
 }
 
 // traceProbe: onctl trace --probe makes a real connection from the source
-// pod; what it meets agrees with the computed trace, whether the packet
-// is allowed, denied on another node or denied on this one (then this
-// node's flow record of the probe is in the answer), in TCP and UDP.
+// pod; what it meets agrees with the trace, whether the packet is allowed,
+// denied on another node (then that node's flow record of the probe, from
+// its agent, is in the answer) or denied on this one (then this node's
+// is), in TCP and UDP.
 func (c *policyCluster) traceProbe(t *testing.T) {
 	xa, xb, xc := c.pod("x/a"), c.pod("x/b"), c.pod("x/c")
 	if c.node(xa) != c.node(xc) || c.node(xa) == c.node(xb) || c.node(c.pod("y/a")) == c.node(xc) {
@@ -144,13 +166,14 @@ func (c *policyCluster) traceProbe(t *testing.T) {
 		netpol("x", "a-from-b", sel("app", "a"), ingressOnly, ingressRule(from(networkingv1.NetworkPolicyPeer{PodSelector: selp("app", "b")})), nil)})
 	for _, tc := range []struct {
 		src, dst, outcome string
-		deniedHere        string // the policy this node's record of the probe names
+		deniedBy          string // the policy a record of the probe names
+		deniedOn          string // the pod whose node recorded it
 	}{
-		{"x/a", "x/b:80/tcp", "connected", ""},
-		{"x/a", "x/b:81/tcp", "timed-out", ""}, // denied on x/b's node
-		{"x/c", "x/a:80/tcp", "timed-out", "x/a-from-b"},
-		{"x/c", "y/a:80/udp", "replied", ""},
-		{"x/a", "x/b:80/udp", "no-reply", ""}, // denied on x/b's node
+		{"x/a", "x/b:80/tcp", "connected", "", ""},
+		{"x/a", "x/b:81/tcp", "timed-out", "x/b-from-a-tcp-80", "x/b"},
+		{"x/c", "x/a:80/tcp", "timed-out", "x/a-from-b", "x/a"},
+		{"x/c", "y/a:80/udp", "replied", "", ""},
+		{"x/a", "x/b:80/udp", "no-reply", "x/b-from-a-tcp-80", "x/b"},
 	} {
 		var resp apiv1.TraceResponse
 		c.onctlJSON(t, c.node(c.pod(tc.src)), &resp, "trace", "--probe", tc.src, tc.dst)
@@ -159,11 +182,70 @@ func (c *policyCluster) traceProbe(t *testing.T) {
 			t.Errorf("trace --probe %s %s: %s, %s (%s); want %s, agrees", tc.src, tc.dst, p.GetOutcome(), p.GetAgreement(), p.GetDetail(), tc.outcome)
 			continue
 		}
-		denied := slices.ContainsFunc(p.Records, func(r *apiv1.FlowRecord) bool {
-			return r.Verdict == "denied" && slices.Equal(r.Policies, []string{tc.deniedHere}) && r.Source.GetPort() != 0
-		})
-		if tc.deniedHere != "" && !denied {
-			t.Errorf("trace --probe %s %s: no record of this node denying the probe by %s in %v", tc.src, tc.dst, tc.deniedHere, p.Records)
+		if tc.deniedBy == "" {
+			continue
 		}
+		on := c.node(c.pod(tc.deniedOn)).Name
+		denied := slices.ContainsFunc(p.Records, func(r *apiv1.FlowRecord) bool {
+			return r.Node == on && r.Verdict == "denied" && slices.Equal(r.Policies, []string{tc.deniedBy}) && r.Source.GetPort() != 0
+		})
+		if !denied || !strings.Contains(p.Detail, on+" DENIED ingress") {
+			t.Errorf("trace --probe %s %s: no record of %s denying the probe by %s in %v (%s)", tc.src, tc.dst, on, tc.deniedBy, p.Records, p.Detail)
+		}
+	}
+}
+
+// tracePeers: a node's agent answers another's questions (the peer API)
+// only about that one's own pods: asked from x/a's node, with its own key,
+// x/b's node answers about x/a's packet, refuses one from x/b
+// (PERMISSION_DENIED), and refuses a key no node record pins at the
+// handshake.
+func (c *policyCluster) tracePeers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := k8sstore.New(ctx, k8sstore.Options{Config: c.l.APIServer.RESTConfig(), Agent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	records, err := store.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes peer.Nodes
+	nodes.Set(records)
+	xa, xb := c.pod("x/a"), c.pod("x/b")
+	na, nb := c.node(xa), c.node(xb)
+	id, err := peer.LoadIdentity(filepath.Join(na.Dir, "state")) // the agent's own key
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := nodes.Node(na.Name); rec.PeerPin != id.Pin {
+		t.Fatalf("%s's record pins %q, its agent's key is %q", na.Name, rec.PeerPin, id.Pin)
+	}
+	from := func(id peer.Identity) *peer.Client {
+		return peer.NewClient(id, &nodes, peer.DefaultPort).WithDialer(func(ctx context.Context, addr string) (conn net.Conn, err error) {
+			err = lab.InNetns(na.Netns, func() (err error) {
+				conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+				return err
+			})
+			return conn, err
+		})
+	}
+	ask := func(cl *peer.Client, src *tpod) (*apiv1.TraceIngressResponse, error) {
+		return cl.TraceIngress(ctx, nb.Name, &apiv1.TraceIngressRequest{Source: src.lp.IP.String(), Destination: xb.lp.IP.String(), Port: 80, Protocol: "TCP"})
+	}
+	if resp, err := ask(from(id), xa); err != nil || resp.Node != nb.Name || resp.Ingress.GetBasis() != "enforced" || resp.Forwarding.GetVerdict() != "delivered" {
+		t.Errorf("%s asking %s about %s: %v, %v", na.Name, nb.Name, xa.key(), resp, err)
+	}
+	if _, err := ask(from(id), xb); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("%s asking %s about %s, not its pod: %v; want PermissionDenied", na.Name, nb.Name, xb.key(), err)
+	}
+	stranger, err := peer.LoadIdentity(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ask(from(stranger), xa); status.Code(err) != codes.Unavailable {
+		t.Errorf("a key no record pins: %v; want Unavailable (refused at the handshake)", err)
 	}
 }

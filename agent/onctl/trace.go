@@ -18,11 +18,12 @@ func traceCommand(o *options) *cobra.Command {
 		Short: "What ONC does with a new connection from a pod of this node, hop by hop (docs/observability.md)",
 		Long: "SRC is a pod of this node (namespace/name, or its address); DST a pod (namespace/name), or an address: a pod's,\n" +
 			"a Service's frontend, or a host's. PORT is needed; PROTO is TCP (the default), UDP or SCTP. The answer is\n" +
-			"computed from the agent's state: the socket LB's translation (one path per backend), the egress policy\n" +
-			"with the rule that decides, how this node forwards the packet, and the destination's ingress policy\n" +
-			"(another node's computed here from the cluster's policies). Nothing is sent, unless --probe: then the agent\n" +
-			"also makes one real connection from SRC's network namespace (TCP: connect, no data; UDP: one datagram) and\n" +
-			"says what it met, what this node recorded of it, and whether that agrees with the computed trace.",
+			"the agent's state: the socket LB's translation (one path per backend), the egress policy with the rule\n" +
+			"that decides, how this node forwards the packet, and the destination's ingress policy (another node's as\n" +
+			"that node's agent answers it, or computed here from the cluster's policies when it cannot). Nothing is sent,\n" +
+			"unless --probe: then the agent also makes one real connection from SRC's network namespace (TCP: connect,\n" +
+			"no data; UDP: one datagram) and says what it met, what this node and the destination's recorded of it, and\n" +
+			"whether that agrees with the trace.",
 		Example: "  onctl trace x/client y/web:80\n  onctl trace 10.244.1.5 10.96.0.10:53/UDP\n  onctl trace --probe x/client y/web:80",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(_ *cobra.Command, args []string) error {

@@ -33,6 +33,10 @@ var (
 	recordWait = 300 * time.Millisecond
 )
 
+// clockSkew is how far behind this node's clock another node's records
+// of a probe may be stamped: the probe's own source port tells them apart.
+const clockSkew = 2 * time.Second
+
 // probePayload is the one datagram a UDP probe sends.
 var probePayload = []byte("onc trace probe\n")
 
@@ -166,8 +170,9 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// probe sends the probe of a trace and judges it against the computed
-// answer resp.
+// probe sends the probe of a trace, gathers this node's and the
+// destination pods' nodes' records of it, and judges it against the
+// traced answer resp.
 func (t *tracer) probe(ctx context.Context, src local, dst end, resp *apiv1.TraceResponse) (*apiv1.TraceProbe, error) {
 	path := t.Netns(src.Key)
 	if path == "" {
@@ -188,25 +193,50 @@ func (t *tracer) probe(ctx context.Context, src local, dst end, resp *apiv1.Trac
 	p := &apiv1.TraceProbe{Local: s.local.String(), Outcome: s.outcome, Seconds: s.took.Seconds()}
 	// The policy table's log reaches the agent a little after the drop.
 	time.Sleep(recordWait)
-	for _, r := range t.Records(start) {
-		if r.Source.GetIp() == s.local.Addr().String() && r.Source.GetPort() == uint32(s.local.Port()) && strings.EqualFold(r.Protocol, t.proto.String()) {
-			p.Records = append(p.Records, r)
-		}
+	p.Records = t.recordsOf(start, s.local)
+	read, unread := t.remoteRecords(ctx, p, resp, s.local, start)
+	p.Agreement, p.Detail = judgeProbe(resp, t.proto, s, p.Records, append([]string{t.Node}, read...))
+	for _, n := range unread {
+		p.Detail += "; " + n
 	}
-	p.Agreement, p.Detail = judgeProbe(resp, t.proto, s, p.Records, t.Node)
 	return p, nil
 }
 
-// judgeProbe says whether what the probe met is what the computed trace
-// gives, and why, in words.
-func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*apiv1.FlowRecord, node string) (agreement, detail string) {
+// remoteRecords adds to p the records of the probe from local that the
+// nodes of the paths' destination pods made since start, asking each node
+// once; it returns the nodes read, and for the others why not.
+func (t *tracer) remoteRecords(ctx context.Context, p *apiv1.TraceProbe, resp *apiv1.TraceResponse, local netip.AddrPort, start time.Time) (read, unread []string) {
+	ctx, cancel := context.WithTimeout(ctx, PeerWait)
+	defer cancel()
+	asked := map[string]bool{t.Node: true}
+	for _, path := range resp.Paths {
+		d := path.Destination
+		if d.GetKind() != "pod" || asked[d.Node] {
+			continue
+		}
+		asked[d.Node] = true
+		ans, why := t.ask(ctx, d.Node, &apiv1.TraceIngressRequest{Source: local.Addr().String(), SourcePort: uint32(local.Port()),
+			Destination: d.Ip, Port: d.Port, Protocol: t.proto.String(), RecordsSinceUnixNano: start.Add(-clockSkew).UnixNano()})
+		if ans == nil {
+			unread = append(unread, d.Node+"'s records unread: "+why)
+			continue
+		}
+		read = append(read, d.Node)
+		p.Records = append(p.Records, ans.Records...)
+	}
+	return read, unread
+}
+
+// judgeProbe says whether what the probe met is what the trace gives,
+// and why, in words, by the records of the nodes whose records were read.
+func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*apiv1.FlowRecord, nodes []string) (agreement, detail string) {
 	var seen []string
 	for _, r := range records {
 		seen = append(seen, fmt.Sprintf("%s %s %s (%s)", r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Reason))
 	}
-	saw := "this node recorded nothing of it"
+	saw := strings.Join(nodes, " and ") + " recorded nothing of it"
 	if len(seen) > 0 {
-		saw = "this node recorded: " + strings.Join(seen, "; ")
+		saw = "recorded: " + strings.Join(seen, "; ")
 	}
 	met := s.outcome
 	if s.err != nil {
@@ -224,7 +254,7 @@ func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*ap
 		for _, r := range records {
 			for _, p := range resp.Paths {
 				if r.Destination.GetIp() == p.Destination.GetIp() && r.Destination.GetPort() == p.Destination.GetPort() {
-					paths, picked = []*apiv1.TracePath{p}, fmt.Sprintf(" (the socket LB picked %s, as this node's record says)", p.Destination.Summary())
+					paths, picked = []*apiv1.TracePath{p}, fmt.Sprintf(" (the socket LB picked %s, as %s's record says)", p.Destination.Summary(), r.Node)
 				}
 			}
 		}
@@ -253,7 +283,7 @@ func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*ap
 			return "agrees", fmt.Sprintf("%s: %s; %s", met, want, saw)
 		}
 		if proto == l4.UDP && s.outcome == NoReply && !hasDenial(records) {
-			return "inconclusive", fmt.Sprintf("%s: allowed, but a UDP server need not answer, and %s recorded no denial; %s", met, node, saw)
+			return "inconclusive", fmt.Sprintf("%s: allowed, but a UDP server need not answer, and %s recorded no denial; %s", met, strings.Join(nodes, " and "), saw)
 		}
 	default:
 		want = "denied or unreachable: no answer"
@@ -261,7 +291,7 @@ func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*ap
 			return "agrees", fmt.Sprintf("%s: %s; %s", met, want, saw)
 		}
 	}
-	return "disagrees", fmt.Sprintf("%s, but the computed trace says %s; %s", met, want, saw)
+	return "disagrees", fmt.Sprintf("%s, but the trace says %s; %s", met, want, saw)
 }
 
 func hasDenial(records []*apiv1.FlowRecord) bool {

@@ -1,8 +1,9 @@
 // Package trace answers onctl trace (docs/observability.md): what ONC
 // does with a new connection from a pod of this node, hop by hop — the
 // socket LB's translation, the egress policy with its deciding rule, how
-// this node forwards it, and the destination's ingress policy — computed
-// from the agent's own state, never by sending a packet.
+// this node forwards it, and the destination's ingress policy — from the
+// agent's own state and, for a pod of another node, that node's agent's
+// own answer (Ingress, through agent/peer), never by sending a packet.
 package trace
 
 import (
@@ -33,12 +34,17 @@ const (
 	StepIngress    = "ingress-policy"
 )
 
-// Bases of a hop: this agent's own state, or another node's verdict this
-// agent computed from the cluster's policies.
+// Bases of a hop: this agent's own state, another node's own answer from
+// what it enforces, or another node's verdict this agent computed from the
+// cluster's policies (when that node could not answer).
 const (
 	BasisHere     = "here"
+	BasisEnforced = "enforced"
 	BasisComputed = "computed"
 )
+
+// PeerWait bounds how long a trace waits for other nodes' answers.
+var PeerWait = 2 * time.Second
 
 // maxBackends bounds the paths a Service's trace forks into.
 const maxBackends = 16
@@ -67,6 +73,9 @@ type State struct {
 	// and Records this node's flow records since a time: for probes.
 	Netns   func(podKey string) string
 	Records func(since time.Time) []*apiv1.FlowRecord
+	// Peer asks another node's agent about a packet to one of its pods
+	// (agent/peer); nil when this node's peer API is off.
+	Peer func(ctx context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error)
 }
 
 // request is a parsed TraceRequest.
@@ -88,7 +97,7 @@ func Trace(ctx context.Context, st State, req *apiv1.TraceRequest) (*apiv1.Trace
 	if req.Source == "" || req.Destination == "" {
 		return nil, status.Error(codes.InvalidArgument, "source and destination: both needed (namespace/name of a pod, or an address)")
 	}
-	t := &tracer{State: st, rules: st.Rules(), cluster: st.Cluster(), request: r}
+	t := &tracer{State: st, rules: st.Rules(), cluster: st.Cluster(), request: r, unanswered: map[string]string{}}
 	src, err := t.source(req.Source)
 	if err != nil {
 		return nil, err
@@ -106,9 +115,11 @@ func Trace(ctx context.Context, st State, req *apiv1.TraceRequest) (*apiv1.Trace
 		resp.Hops = append(resp.Hops, hop)
 	}
 	t.compileRemote(dsts)
+	peers, cancel := context.WithTimeout(ctx, PeerWait)
 	for _, d := range dsts {
-		resp.Paths = append(resp.Paths, t.path(src, d))
+		resp.Paths = append(resp.Paths, t.path(peers, src, d))
 	}
+	cancel()
 	if req.Probe {
 		if resp.Probe, err = t.probe(ctx, src, dst, resp); err != nil {
 			if ctx.Err() != nil {
@@ -140,8 +151,12 @@ type tracer struct {
 	request
 	rules   policy.Ruleset
 	cluster agentpolicy.Snapshot
-	remote  policy.Ruleset // the destination pods of other nodes (compileRemote)
-	cache   *cacheView     // the flow cache, read once per trace
+	remote  policy.Ruleset             // the destination pods of other nodes (compileRemote)
+	cache   *cacheView                 // the flow cache, read once per trace
+	byIP    map[netip.Addr]*corev1.Pod // the cluster's pods by address, made once per trace
+	// unanswered says, by node, why its agent gave no answer: it is not
+	// waited for twice in one trace.
+	unanswered map[string]string
 }
 
 // end is one end of the traced connection.
@@ -254,14 +269,20 @@ func (t *tracer) clusterPod(ns, name string) *corev1.Pod {
 	return nil
 }
 
-// podByIP is the pod NetworkPolicy sees with address ip, if any.
+// podByIP is the pod NetworkPolicy sees with address ip, if any (the
+// first of the cluster's pods with it).
 func (t *tracer) podByIP(ip netip.Addr) *corev1.Pod {
-	for _, p := range t.cluster.Pods {
-		if slices.Contains(agentpolicy.PodAddrs(p), ip) {
-			return p
+	if t.byIP == nil {
+		t.byIP = map[netip.Addr]*corev1.Pod{}
+		for _, p := range t.cluster.Pods {
+			for _, a := range agentpolicy.PodAddrs(p) {
+				if t.byIP[a] == nil {
+					t.byIP[a] = p
+				}
+			}
 		}
 	}
-	return nil
+	return t.byIP[ip]
 }
 
 // socketLB is the translation's hop when dst is a Service's frontend of
@@ -332,23 +353,26 @@ func affinity(seconds uint32) string {
 	return fmt.Sprintf(", the same one for %d s with ClientIP affinity", seconds)
 }
 
-// path traces the connection from src to one destination.
-func (t *tracer) path(src local, dst end) *apiv1.TracePath {
+// path traces the connection from src to one destination, asking another
+// node's agent within ctx.
+func (t *tracer) path(ctx context.Context, src local, dst end) *apiv1.TracePath {
 	p := &apiv1.TracePath{Destination: endpoint(dst), Verdict: "allowed"}
 	from := fromFor(src, dst.ip)
 	eg := t.judge(StepEgress, t.Node, BasisHere, src.Egress, src.AuditEgress, dst.ip, dst.port)
 	p.Hops = append(p.Hops, eg)
 	fw, dstLocal := t.forwarding(src, from, dst)
 	p.Hops = append(p.Hops, fw)
-	var in *apiv1.TraceHop
+	var in, deliver *apiv1.TraceHop
 	switch {
 	case dstLocal != nil:
 		in = t.judge(StepIngress, t.Node, BasisHere, dstLocal.Ingress, dstLocal.AuditIngress, from, dst.port)
 	case dst.pod != nil:
-		in = t.remoteIngress(dst, from)
+		in, deliver = t.remoteIngress(ctx, dst, from)
 	}
-	if in != nil {
-		p.Hops = append(p.Hops, in)
+	for _, h := range []*apiv1.TraceHop{in, deliver} {
+		if h != nil {
+			p.Hops = append(p.Hops, h)
+		}
 	}
 	for _, h := range p.Hops {
 		switch h.Verdict {
@@ -388,15 +412,61 @@ func (t *tracer) judge(step, node, basis string, dir, audit *policy.Direction, p
 	return hop
 }
 
-// remoteIngress is a pod of another node's ingress verdict, compiled here
-// from the same inputs its node compiles.
-func (t *tracer) remoteIngress(dst end, from netip.Addr) *apiv1.TraceHop {
-	p := t.remote.Pod(dst.pod.Namespace + "/" + dst.pod.Name)
-	if p == nil { // compileRemote compiles every destination pod not of this node
-		return &apiv1.TraceHop{Node: dst.pod.Spec.NodeName, Step: StepIngress, Verdict: "unknown", Rule: -1, Basis: BasisComputed,
-			Detail: "the pod's rules were not compiled"}
+// remoteIngress is a pod of another node's ingress verdict and delivery
+// as that node's agent answers them, saying where this node, compiling
+// the same inputs, computes otherwise; or, when it cannot answer, the
+// verdict computed here, saying why (and no delivery hop).
+func (t *tracer) remoteIngress(ctx context.Context, dst end, from netip.Addr) (in, deliver *apiv1.TraceHop) {
+	node := dst.pod.Spec.NodeName
+	computed := &apiv1.TraceHop{Node: node, Step: StepIngress, Verdict: "unknown", Rule: -1, Basis: BasisComputed,
+		Detail: "the pod's rules were not compiled"}
+	if p := t.remote.Pod(dst.pod.Namespace + "/" + dst.pod.Name); p != nil { // compileRemote compiles every destination pod not of this node
+		computed = t.judge(StepIngress, node, BasisComputed, p.Ingress, p.AuditIngress, from, dst.port)
 	}
-	return t.judge(StepIngress, dst.pod.Spec.NodeName, BasisComputed, p.Ingress, p.AuditIngress, from, dst.port)
+	ans, why := t.ask(ctx, node, &apiv1.TraceIngressRequest{Source: from.String(), Destination: dst.ip.String(), Port: uint32(dst.port), Protocol: t.proto.String()})
+	if ans == nil {
+		computed.Detail += "; " + node + "'s own answer: none (" + why + ")"
+		return computed, nil
+	}
+	in = ans.Ingress
+	if in.Verdict != computed.Verdict || !slices.Equal(in.Policies, computed.Policies) || in.Rule != computed.Rule {
+		in.Detail += fmt.Sprintf("; %s computes otherwise from its own view of the cluster: %s, %s: one of the two nodes has not seen the latest change of pods, namespaces or policies yet",
+			t.Node, computed.Verdict, computed.Detail)
+	}
+	return in, ans.Forwarding
+}
+
+// ask asks node's agent about a packet to one of its pods, within ctx;
+// nil and why when it does not answer.
+func (t *tracer) ask(ctx context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, string) {
+	if t.Peer == nil {
+		return nil, "this node's peer API is off (--peer-port 0)"
+	}
+	if why, ok := t.unanswered[node]; ok {
+		return nil, why
+	}
+	ans, err := t.Peer(ctx, node, req)
+	if err == nil && (ans.GetIngress() == nil || ans.Ingress.Node != node) {
+		err = fmt.Errorf("an answer without %s's ingress hop", node)
+	}
+	if err == nil {
+		return ans, ""
+	}
+	why := err.Error()
+	if s, ok := status.FromError(err); ok {
+		switch s.Code() {
+		case codes.Unimplemented:
+			why = "its agent predates the peer API"
+		case codes.DeadlineExceeded, codes.Canceled:
+			why = fmt.Sprintf("no answer within %v", PeerWait)
+		case codes.Unavailable:
+			why = "unreachable, or the keys were refused: " + s.Message()
+		default:
+			why = s.Code().String() + ": " + s.Message()
+		}
+	}
+	t.unanswered[node] = why
+	return nil, why
 }
 
 // audited is what the audited policies audit of a direction would change

@@ -1,6 +1,8 @@
 package trace
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -358,7 +360,7 @@ func TestJudgeProbe(t *testing.T) {
 		{"UDP allowed, no reply, denied here", paths("allowed"), l4.UDP, NoReply, ProbeWait, denial, "disagrees"},
 		{"UDP denied, no reply", paths("denied"), l4.UDP, NoReply, ProbeWait, denial, "agrees"},
 	} {
-		got, detail := judgeProbe(tc.resp, tc.proto, sent{outcome: tc.outcome, took: tc.took}, tc.records, "n1")
+		got, detail := judgeProbe(tc.resp, tc.proto, sent{outcome: tc.outcome, took: tc.took}, tc.records, []string{"n1"})
 		if got != tc.want {
 			t.Errorf("%s: %s (%s), want %s", tc.name, got, detail, tc.want)
 		}
@@ -387,8 +389,163 @@ func TestJudgeProbePickedBackend(t *testing.T) {
 		{Connected, deniedAt("10.0.2.4"), "disagrees"},
 		{TimedOut, nil, "agrees"}, // no record: either backend
 	} {
-		if got, detail := judgeProbe(resp, l4.TCP, sent{outcome: tc.outcome, took: ProbeWait}, tc.records, "n1"); got != tc.want {
+		if got, detail := judgeProbe(resp, l4.TCP, sent{outcome: tc.outcome, took: ProbeWait}, tc.records, []string{"n1"}); got != tc.want {
 			t.Errorf("%s with %v: %s (%s), want %s", tc.outcome, tc.records, got, detail, tc.want)
 		}
+	}
+}
+
+// n2 is node n2 of bed, with its pod x/c (veth vethc), as its agent
+// compiled the policies it has seen (all of bed's, or those given).
+func n2(t *testing.T, records []*apiv1.FlowRecord, pols ...*networkingv1.NetworkPolicy) State {
+	t.Helper()
+	st := bed(t)
+	snap := st.Cluster()
+	if pols != nil {
+		snap.Policies = pols
+	}
+	rules := agentpolicy.Compile(snap, []agentpolicy.LocalPod{{Namespace: "x", Name: "c", Iface: "vethc", IPs: []netip.Addr{netip.MustParseAddr("10.0.2.4")}}})
+	return State{Node: "n2", Rules: func() policy.Ruleset { return rules }, Cluster: func() agentpolicy.Snapshot { return snap },
+		Lookup: func(iif string, src, dst netip.Addr) (overlay.Forwarding, error) {
+			if iif != overlay.DeviceName {
+				t.Errorf("n2's lookup from %s: not the overlay", iif)
+			}
+			return overlay.Forwarding{Dev: "vethc"}, nil
+		},
+		Records: func(since time.Time) []*apiv1.FlowRecord { return records }}
+}
+
+// TestTraceAsksTheDestination: a pod of another node's ingress hop is that
+// node's own answer (Ingress), basis enforced, with its delivery to the
+// pod; where it differs from what this node computes, the detail says
+// so; where the node cannot answer, the hop is computed here and says
+// why.
+func TestTraceAsksTheDestination(t *testing.T) {
+	trace := func(st State) *apiv1.TracePath {
+		t.Helper()
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Paths[0]
+	}
+	asking := func(n2 State, asked *int) State {
+		st := bed(t)
+		st.Peer = func(_ context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+			*asked++
+			if node != "n2" || req.Source != "10.0.1.2" || req.Destination != "10.0.2.4" || req.Port != 80 || req.Protocol != "TCP" {
+				t.Errorf("asked %s %v", node, req)
+			}
+			return Ingress(n2, req)
+		}
+		return st
+	}
+	var asked int
+	p := trace(asking(n2(t, nil), &asked))
+	in := p.Hops[2]
+	if summary(p) != "n1 egress-policy not-isolated, n1 forwarding slow-path, n2 ingress-policy allowed, n2 forwarding delivered => allowed" ||
+		in.Basis != BasisEnforced || in.Rule != 0 || in.Policies[0] != "x/c-from-a" || strings.Contains(in.Detail, "otherwise") || asked != 1 {
+		t.Errorf("agreeing: %s; %v (asked %d)", summary(p), in, asked)
+	}
+	if d := p.Hops[3]; d.Basis != BasisEnforced || !strings.Contains(d.Detail, "x/c's veth vethc") {
+		t.Errorf("delivery hop %v", d)
+	}
+
+	// n2 has not seen x/c-from-a yet: its answer stands, and says n1
+	// computes otherwise.
+	p = trace(asking(n2(t, nil, ingressFrom("allow-a", "b", "a", 80)), &asked))
+	if in := p.Hops[2]; in.Verdict != "not-isolated" || in.Basis != BasisEnforced || !strings.Contains(in.Detail, "n1 computes otherwise from its own view of the cluster: allowed, allowed by x/c-from-a") {
+		t.Errorf("disagreeing: %v", in)
+	}
+
+	// No answer: computed here, saying why, asked once per trace.
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{status.Error(codes.Unavailable, "connection refused"), "n2's own answer: none (unreachable, or the keys were refused: connection refused)"},
+		{status.Error(codes.Unimplemented, "unknown service"), "its agent predates the peer API"},
+		{status.Error(codes.PermissionDenied, "node n1 asks"), "PermissionDenied: node n1 asks"},
+		{errors.New("node n2's record pins no peer key"), "pins no peer key"},
+	} {
+		st, calls := bed(t), 0
+		st.Peer = func(context.Context, string, *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+			calls++
+			return nil, tc.err
+		}
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "10.96.0.10", Port: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := resp.Paths[1]
+		if in := p.Hops[2]; summary(p) != "n1 egress-policy not-isolated, n1 forwarding slow-path, n2 ingress-policy allowed => allowed" || in.Basis != BasisComputed || !strings.Contains(in.Detail, tc.want) {
+			t.Errorf("%v: %s; %v", tc.err, summary(p), in)
+		}
+	}
+	if in := trace(bed(t)).Hops[2]; in.Basis != BasisComputed || !strings.Contains(in.Detail, "peer API is off") {
+		t.Errorf("without the peer API: %v", in)
+	}
+}
+
+// TestIngress: a node answers only about its own pods, and gives its
+// records of the packet from the source's address and port.
+func TestIngress(t *testing.T) {
+	rec := func(ip string, port uint32) *apiv1.FlowRecord {
+		return &apiv1.FlowRecord{Node: "n2", Verdict: "denied", Protocol: "TCP", Source: &apiv1.FlowEndpoint{Ip: ip, Port: port}}
+	}
+	st := n2(t, []*apiv1.FlowRecord{rec("10.0.1.2", 40000), rec("10.0.1.2", 40001), rec("10.0.1.3", 40000)})
+	resp, err := Ingress(st, &apiv1.TraceIngressRequest{Source: "10.0.1.3", SourcePort: 40000, Destination: "10.0.2.4", Port: 80, RecordsSinceUnixNano: 1})
+	if err != nil || resp.Node != "n2" || resp.Ingress.Verdict != "denied" || len(resp.Records) != 1 || resp.Records[0].Source.Ip != "10.0.1.3" {
+		t.Fatalf("Ingress: %v, %v", resp, err)
+	}
+	if resp, err := Ingress(st, &apiv1.TraceIngressRequest{Source: "10.0.1.3", Destination: "10.0.2.4", Port: 80, RecordsSinceUnixNano: 1}); err != nil || len(resp.Records) != 0 {
+		t.Errorf("without a source port: %v, %v; want no records", resp, err)
+	}
+	for _, tc := range []struct {
+		req  *apiv1.TraceIngressRequest
+		code codes.Code
+	}{
+		{&apiv1.TraceIngressRequest{Source: "10.0.1.2", Destination: "10.0.1.3", Port: 80}, codes.FailedPrecondition}, // n1's pod
+		{&apiv1.TraceIngressRequest{Source: "10.0.1.2", Destination: "10.0.2.4"}, codes.InvalidArgument},
+		{&apiv1.TraceIngressRequest{Source: "x", Destination: "10.0.2.4", Port: 80}, codes.InvalidArgument},
+		{&apiv1.TraceIngressRequest{Source: "10.0.1.2", SourcePort: 70000, Destination: "10.0.2.4", Port: 80}, codes.InvalidArgument},
+	} {
+		if _, err := Ingress(st, tc.req); status.Code(err) != tc.code {
+			t.Errorf("Ingress(%v): %v, want %s", tc.req, err, tc.code)
+		}
+	}
+}
+
+// TestRemoteRecords: a probe's records include those of each destination
+// pod's node, asked once per node with the probe's source address and
+// port; a node that cannot answer is named with why.
+func TestRemoteRecords(t *testing.T) {
+	denial := &apiv1.FlowRecord{Node: "n2", Verdict: "denied", Direction: "ingress", Protocol: "TCP", Policies: []string{"x/c-from-a"},
+		Source: &apiv1.FlowEndpoint{Ip: "10.0.1.2", Port: 40000}, Reason: "default deny: ingress isolated by x/c-from-a"}
+	var asked []*apiv1.TraceIngressRequest
+	tr := &tracer{State: bed(t), request: request{proto: l4.TCP, port: 80}, unanswered: map[string]string{}}
+	tr.Peer = func(_ context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+		asked = append(asked, req)
+		if node == "n3" {
+			return nil, status.Error(codes.Unavailable, "connection refused")
+		}
+		return Ingress(n2(t, []*apiv1.FlowRecord{denial}), req)
+	}
+	pod := func(ip, node string) *apiv1.TracePath {
+		return &apiv1.TracePath{Verdict: "denied", Destination: &apiv1.FlowEndpoint{Kind: "pod", Ip: ip, Port: 80, Node: node}}
+	}
+	resp := &apiv1.TraceResponse{Paths: []*apiv1.TracePath{pod("10.0.2.4", "n2"), pod("10.0.2.4", "n2"), pod("10.0.1.3", "n1"), pod("10.0.3.9", "n3")}}
+	p := &apiv1.TraceProbe{}
+	start := time.Now()
+	read, unread := tr.remoteRecords(t.Context(), p, resp, netip.MustParseAddrPort("10.0.1.2:40000"), start)
+	if len(asked) != 2 || asked[0].SourcePort != 40000 || asked[0].Source != "10.0.1.2" || asked[0].RecordsSinceUnixNano > start.UnixNano() {
+		t.Errorf("asked %v; want n2 and n3 once each, with the probe's address and port", asked)
+	}
+	if len(p.Records) != 1 || p.Records[0] != denial || strings.Join(read, ",") != "n2" || len(unread) != 1 || !strings.Contains(unread[0], "n3's records unread: unreachable") {
+		t.Errorf("records %v, read %v, unread %v", p.Records, read, unread)
+	}
+	agreement, detail := judgeProbe(resp, l4.TCP, sent{outcome: TimedOut, took: ProbeWait}, p.Records, append([]string{"n1"}, read...))
+	if agreement != "agrees" || !strings.Contains(detail, "n2 DENIED ingress (default deny: ingress isolated by x/c-from-a)") {
+		t.Errorf("judged %s: %s", agreement, detail)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 
 	"github.com/onc-net/onc/agent"
 	"github.com/onc-net/onc/agent/k8spods"
@@ -58,6 +59,14 @@ func main() {
 	fs.Uint32Var(&cfg.Datapath.FlowEvents, "flows-events-rate", 1000, "flow records from the eBPF programs (drops, Service translations, fast-path open and learn): at most this many a second of each kind on each CPU, twice that at once; the rest are counted, not recorded (docs/observability.md); 0 records none")
 	fs.IntVar(&cfg.FlowsTopPods, "flows-top-pods", 10, "how many of this node's pods onc_pod_drops_total names: those with the most drops in the flow records (docs/metrics.md); 0 names none")
 	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs its verdicts to, for the flow records; pick one no other program of the node reads")
+	if env := os.Getenv("PEER_PORT"); env != "" {
+		port, err := strconv.Atoi(env)
+		if err != nil {
+			cmdutil.Fatal("bad environment", fmt.Errorf("PEER_PORT %q: %w", env, err))
+		}
+		cfg.PeerPort = port
+	}
+	fs.IntVar(&cfg.PeerPort, "peer-port", cfg.PeerPort, "TCP port of the peer API on every node's address, where the other nodes' agents ask this one for its side of their traces (mutual TLS with the keys pinned in the node records: docs/security.md); the same on every node; 0 serves none and asks none (env PEER_PORT)")
 	flowsExport := exportFlags(fs)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
@@ -97,6 +106,8 @@ func main() {
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-top-pods %d: a number of pods, 0 or more", cfg.FlowsTopPods))
 	case cfg.Datapath.FlowEvents > bpf.MaxEventsPerSecond:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-events-rate %d: events a second of each kind on each CPU, 0-%d", cfg.Datapath.FlowEvents, bpf.MaxEventsPerSecond))
+	case cfg.PeerPort < 0 || cfg.PeerPort > 65535:
+		cmdutil.Fatal("bad flag", fmt.Errorf("--peer-port %d: a TCP port, 1-65535, or 0 for none", cfg.PeerPort))
 	case *flowsGroup < 1 || *flowsGroup > 65535:
 		cmdutil.Fatal("bad flag", fmt.Errorf("--flows-log-group %d: an NFLOG group, 1-65535", *flowsGroup))
 	case cfg.FlowsBuffer > 0:

@@ -215,8 +215,15 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 		t.Fatalf("liveness after the agent stopped: %v, %v", l, err)
 	}
 
-	other := spec
-	other.Name = "n2"
+	// n2's record pins n2's peer key; n1 may not pin its own key there,
+	// which would let it speak as n2 on the peer API (agent/peer).
+	n2 := spec
+	n2.Name, n2.PeerPin = "n2", "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
+	if err := ctl.RegisterNode(ctx, n2); err != nil {
+		t.Fatal(err)
+	}
+	other := n2
+	other.PeerPin = "LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ="
 	dualStack := datastore.ClusterConfig{Pools: append(cluster.Pools, datastore.Pool{CIDR: netip.MustParsePrefix("fd00:10:244::/56"), NodePrefixLen: 64})}
 	for name, err := range map[string]error{
 		"RegisterNode(n2)":  agent.RegisterNode(ctx, other),
@@ -232,6 +239,9 @@ func TestAgentStoreWithNodeCredentials(t *testing.T) {
 		if !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Errorf("%s with a node's credentials: %v, want permission denied", name, err)
 		}
+	}
+	if n, err := ctl.Node(ctx, "n2"); err != nil || n.PeerPin != n2.PeerPin {
+		t.Errorf("n2 after n1's refused write: %+v, %v; want its own pin", n, err)
 	}
 }
 

@@ -163,6 +163,7 @@ type nodeRecord struct {
 	IP       string `json:"ip"`
 	VTEPMAC  string `json:"vtepMAC"`
 	FastPath bool   `json:"fastPath"`
+	PeerPin  string `json:"peerPin,omitempty"`
 }
 
 // PutClusterConfig writes what ClusterConfig.Extend makes of the
@@ -212,7 +213,7 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 	if err := ValidNodeName(spec.Name); err != nil {
 		return err
 	}
-	val, err := json.Marshal(nodeRecord{IP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath})
+	val, err := json.Marshal(nodeRecord{IP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath, PeerPin: spec.PeerPin})
 	if err != nil {
 		return err
 	}
@@ -533,7 +534,7 @@ func decodeNode(name string, val []byte) (datastore.NodeSpec, error) {
 	if err != nil {
 		return datastore.NodeSpec{}, fmt.Errorf("vtepMAC: %w", err)
 	}
-	return datastore.NodeSpec{Name: name, IP: ip, VTEPMAC: mac, FastPath: rec.FastPath}, nil
+	return datastore.NodeSpec{Name: name, IP: ip, VTEPMAC: mac, FastPath: rec.FastPath, PeerPin: rec.PeerPin}, nil
 }
 
 // onlyLiveness: every event is of an alive/ key. The creation notice has

@@ -80,6 +80,11 @@ func agentWritesOnlyItsOwnONCNodeAndLease(t *testing.T, api *kubeapiserver.Serve
 	// node that is not its own (a create).
 	forbidden("the agent on vap-a patching vap-b", a.RegisterNode(ctx, spec("vap-b", 1)), "may write only ONCNode vap-a, not vap-b")
 	forbidden("the agent on vap-a creating vap-c", a.RegisterNode(ctx, spec("vap-c", 3)), "not vap-c")
+	// Nor pin its own peer key in vap-b's record: the peer API would take
+	// vap-a for vap-b (agent/peer).
+	pinned := spec("vap-b", 2)
+	pinned.PeerPin = "LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ="
+	forbidden("the agent on vap-a pinning its key in vap-b's record", a.RegisterNode(ctx, pinned), "may write only ONCNode vap-a, not vap-b")
 	// A token without a node claim (not a pod's) writes nothing.
 	forbidden("a token naming no node", agentOn(api.ServiceAccountConfig(agentSA)).RegisterNode(ctx, spec("vap-a", 1)), "names no node")
 
@@ -115,7 +120,7 @@ func agentWritesOnlyItsOwnONCNodeAndLease(t *testing.T, api *kubeapiserver.Serve
 		"metadata": map[string]any{"name": "vap-d"}, "spec": map[string]any{"nodeIP": "192.0.2.104", "podCIDRs": []any{"fd00:10:244:79::/64"}}}}
 	_, err = dynamic.NewForConfigOrDie(d).Resource(k8sstore.ONCNodes).Create(ctx, u, metav1.CreateOptions{})
 	forbidden("the agent on vap-d creating its record with pod CIDRs", err, "may not set")
-	if n, err := b.Node(ctx, "vap-b"); err != nil || n.IP != spec("vap-b", 2).IP {
+	if n, err := b.Node(ctx, "vap-b"); err != nil || n.IP != spec("vap-b", 2).IP || n.PeerPin != "" {
 		t.Fatalf("vap-b after the refused writes: %+v, %v; want its own endpoint", n, err)
 	}
 

@@ -33,8 +33,8 @@ const (
 // named after it, holding its tunnel endpoint.
 var ONCNodes = schema.GroupVersionResource{Group: Group, Version: Version, Resource: "oncnodes"}
 
-// oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC and
-// fastPath; the controller writes podCIDRs, one per family in the
+// oncNode mirrors the CRD's schema. The agent writes nodeIP, vtepMAC,
+// fastPath and peerPin; the controller writes podCIDRs, one per family in the
 // cluster's family order, and podCIDR, the first of them, which is all an
 // agent before IPv6 reads. Liveness is in a Lease.
 type oncNode struct {
@@ -49,6 +49,7 @@ type oncNodeSpec struct {
 	PodCIDR  string   `json:"podCIDR,omitempty"`
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
 	FastPath bool     `json:"fastPath"`
+	PeerPin  string   `json:"peerPin,omitempty"`
 }
 
 // podCIDRsOf reads a record's blocks: spec.podCIDRs while its first is
@@ -125,7 +126,10 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 	if err := validName(spec.Name); err != nil {
 		return err
 	}
-	fields := map[string]any{"nodeIP": spec.IP.String(), "vtepMAC": spec.VTEPMAC.String(), "fastPath": spec.FastPath}
+	fields := map[string]any{"nodeIP": spec.IP.String(), "vtepMAC": spec.VTEPMAC.String(), "fastPath": spec.FastPath, "peerPin": spec.PeerPin}
+	if spec.PeerPin == "" {
+		fields["peerPin"] = nil // a merge patch's null removes it
+	}
 	// The cache says which write registers: a patch of the node's record,
 	// or, on a node's first start, its creation (a cluster's start makes
 	// thousands at once: no request spent on a patch that finds nothing).
@@ -157,7 +161,7 @@ func (s *Store) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error
 // into it, also ones it had before.
 func (s *Store) createONCNode(ctx context.Context, spec datastore.NodeSpec) (string, error) {
 	n := &oncNode{ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Labels: map[string]string{"app.kubernetes.io/part-of": "onc"}},
-		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath}}
+		Spec: oncNodeSpec{NodeIP: spec.IP.String(), VTEPMAC: spec.VTEPMAC.String(), FastPath: spec.FastPath, PeerPin: spec.PeerPin}}
 	u, err := toUnstructured(n)
 	if err != nil {
 		return "", err
@@ -284,7 +288,7 @@ func toNode(n *oncNode) (*datastore.Node, error) {
 		return nil, fmt.Errorf("spec.vtepMAC: %w", err)
 	}
 	return &datastore.Node{
-		NodeSpec: datastore.NodeSpec{Name: n.Name, IP: ip, VTEPMAC: mac, FastPath: n.Spec.FastPath},
+		NodeSpec: datastore.NodeSpec{Name: n.Name, IP: ip, VTEPMAC: mac, FastPath: n.Spec.FastPath, PeerPin: n.Spec.PeerPin},
 		PodCIDRs: cidrs,
 	}, nil
 }

@@ -147,7 +147,7 @@ func registerNodes(t *testing.T, s datastore.Store) {
 		t.Fatal("node name with '/' accepted")
 	}
 	upd := spec("a", "192.0.2.9")
-	upd.FastPath = true
+	upd.FastPath, upd.PeerPin = true, "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
 	if err := s.RegisterNode(c, upd); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func registerNodes(t *testing.T, s datastore.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.IP != upd.IP || !n.FastPath || n.VTEPMAC.String() != mac1.String() || len(n.PodCIDRs) > 0 {
+	if n.IP != upd.IP || !n.FastPath || n.PeerPin != upd.PeerPin || n.VTEPMAC.String() != mac1.String() || len(n.PodCIDRs) > 0 {
 		t.Fatalf("Node(a) = %+v, want the updated spec, no CIDR", n)
 	}
 	if alive(t, s, "a") {
