@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,11 +57,11 @@ func (a *Agent) traceState() trace.State {
 		}
 		return ""
 	}
-	st.Records = func(since time.Time) []*apiv1.FlowRecord {
+	st.Records = func(since time.Time, from netip.AddrPort) []*apiv1.FlowRecord {
 		if a.flows == nil {
 			return nil
 		}
-		return flows.Records(a.flows, flows.Filter{Since: since})
+		return flows.Records(a.flows, flows.Filter{Since: since, Source: from})
 	}
 	if a.cfg.PeerPort != 0 {
 		st.Peer = peer.NewClient(a.peerID, &a.peerNodes, a.cfg.PeerPort).TraceIngress

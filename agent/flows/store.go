@@ -99,6 +99,9 @@ type Filter struct {
 	Verdict   string
 	Event     string
 	Since     time.Time
+	// Source: records whose source is this address and port (invalid:
+	// any), checked before a record is copied out.
+	Source netip.AddrPort
 }
 
 // Match reports whether f selects r.
@@ -110,6 +113,8 @@ func (f Filter) Match(r *Record) bool {
 	case f.Event != "" && r.Event != f.Event:
 		return false
 	case !f.Since.IsZero() && r.Time.Before(f.Since):
+		return false
+	case f.Source.IsValid() && r.Src.Addr != f.Source:
 		return false
 	case f.Pod != "" && !matchEnds(ends, func(e Endpoint) bool { return e.Kind == KindPod && e.Namespace+"/"+e.Name == f.Pod }):
 		return false

@@ -82,6 +82,23 @@ func TestFilterAuditVerdicts(t *testing.T) {
 	}
 }
 
+// A peer's question about a probe selects the records of its source
+// address and port alone, in the store (before any is copied out).
+func TestFilterSource(t *testing.T) {
+	s := NewStore(8)
+	for i, src := range []string{"10.0.1.5:40000", "10.0.1.5:40001", "10.0.1.6:40000", "10.0.1.5:40000"} {
+		r := rec(i, "x")
+		r.Src.Addr = netip.MustParseAddrPort(src)
+		s.Add(r)
+	}
+	if got := fmt.Sprint(names(s.List(Filter{Source: netip.MustParseAddrPort("10.0.1.5:40000")}))); got != "[p0 p3]" {
+		t.Errorf("source 10.0.1.5:40000: %s, want [p0 p3]", got)
+	}
+	if got := len(s.List(Filter{})); got != 4 {
+		t.Errorf("no source: %d records, want 4", got)
+	}
+}
+
 // A follower gets the stored records and then new ones; one that stops
 // reading never holds up a writer, and learns how many it missed.
 func TestFollow(t *testing.T) {

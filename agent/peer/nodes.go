@@ -51,10 +51,29 @@ func (d *Nodes) Pinning(pin string) (datastore.Node, bool) {
 	return d.byName[names[0]], true
 }
 
-// SpeaksFor reports whether node n may ask about packets from src: its
-// own address, or one in its pod CIDRs. A node speaks only for its own
-// pods.
-func SpeaksFor(n datastore.Node, src netip.Addr) bool {
+// SpeaksFor reports whether node n may ask about packets from src: one
+// in its pod CIDRs (the controller's to give), or its own address. A
+// node writes its address into its record itself, so that counts only
+// when no other record claims it and it lies in no node's pod CIDR: a
+// node naming another's address, or a pod's, speaks for neither. A node
+// speaks only for its own pods.
+func (d *Nodes) SpeaksFor(n datastore.Node, src netip.Addr) bool {
 	src = src.Unmap()
-	return src == n.IP || slices.ContainsFunc(n.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(src) })
+	inCIDRs := func(n datastore.Node) bool {
+		return slices.ContainsFunc(n.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(src) })
+	}
+	if inCIDRs(n) {
+		return true
+	}
+	if src != n.IP {
+		return false
+	}
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, o := range d.byName {
+		if o.Name != n.Name && (o.IP == src || inCIDRs(o)) {
+			return false
+		}
+	}
+	return true
 }

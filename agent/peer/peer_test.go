@@ -65,9 +65,26 @@ func TestPinningAndSpeaksFor(t *testing.T) {
 	}
 	for src, want := range map[string]bool{"10.244.1.7": true, "::ffff:10.244.1.7": true, "fd00:10:244:1::9": true, "192.0.2.1": true,
 		"10.244.2.7": false, "192.0.2.2": false, "fd00:10:244:2::9": false} {
-		if got := SpeaksFor(a, netip.MustParseAddr(src)); got != want {
+		if got := d.SpeaksFor(a, netip.MustParseAddr(src)); got != want {
 			t.Errorf("SpeaksFor(a, %s) = %v, want %v", src, got, want)
 		}
+	}
+	// A record names b's address, or one of a's pods', as its node's: it
+	// speaks for neither (nor does b for its own while another claims it).
+	for i, e := range []datastore.Node{
+		{NodeSpec: datastore.NodeSpec{Name: "e", IP: netip.MustParseAddr("192.0.2.2")}},
+		{NodeSpec: datastore.NodeSpec{Name: "e", IP: netip.MustParseAddr("10.244.1.7")}},
+	} {
+		d.Set([]datastore.Node{a, b, e})
+		if d.SpeaksFor(e, e.IP) {
+			t.Errorf("%s claiming %s speaks for it", e.Name, e.IP)
+		}
+		if i == 0 && d.SpeaksFor(b, b.IP) {
+			t.Error("b speaks for its address while e's record claims it too")
+		}
+	}
+	if !d.SpeaksFor(a, netip.MustParseAddr("10.244.1.7")) {
+		t.Error("a no longer speaks for its pod when another record names the pod's address")
 	}
 }
 
@@ -80,8 +97,9 @@ type agentOf struct {
 }
 
 // twoNodes serves the peer API of nodes a (127.0.0.1) and b (127.0.0.2)
-// on one port, each knowing both records, and returns the port.
-func twoNodes(t *testing.T, nodes *Nodes) (a, b *agentOf, port int) {
+// on one port, each knowing both records and taking burst questions of
+// each node at once and then one a second, and returns the port.
+func twoNodes(t *testing.T, nodes *Nodes, burst int) (a, b *agentOf, port int) {
 	a, b = &agentOf{}, &agentOf{}
 	var err error
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -101,11 +119,11 @@ func twoNodes(t *testing.T, nodes *Nodes) (a, b *agentOf, port int) {
 				t.Fatal(err)
 			}
 		}
-		srv := NewServer(ag.id, nodes, func(_ context.Context, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+		srv := newServer(ag.id, nodes, func(_ context.Context, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
 			ag.answered.Add(1)
 			return &apiv1.TraceIngressResponse{Node: name}, nil
-		})
-		go func() { _ = srv.Serve(l) }()
+		}, 1, burst)
+		go func(l net.Listener) { _ = srv.Serve(l) }(l) // this node's listener, not the variable's next value
 		t.Cleanup(srv.Stop)
 	}
 	nodes.Set([]datastore.Node{a.rec, b.rec})
@@ -121,7 +139,7 @@ func ask(t *testing.T, c *Client, node, src string) (*apiv1.TraceIngressResponse
 
 func TestPeerOverLoopback(t *testing.T) {
 	var nodes Nodes
-	a, b, port := twoNodes(t, &nodes)
+	a, b, port := twoNodes(t, &nodes, Burst)
 	fromA, fromB := NewClient(a.id, &nodes, port), NewClient(b.id, &nodes, port)
 
 	// Each answers the other about the asker's own pods and address.
@@ -178,14 +196,15 @@ func TestPeerOverLoopback(t *testing.T) {
 
 func TestPeerRateLimit(t *testing.T) {
 	var nodes Nodes
-	a, b, port := twoNodes(t, &nodes)
+	const burst = 5
+	a, b, port := twoNodes(t, &nodes, burst)
 	fromA, fromB := NewClient(a.id, &nodes, port), NewClient(b.id, &nodes, port)
 	// Faster than the rate refills, from a few goroutines, until refused.
 	var ok, exhausted atomic.Int32
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			for exhausted.Load() == 0 && ok.Load() < 10*Burst {
+			for exhausted.Load() == 0 && ok.Load() < 10*burst {
 				_, err := ask(t, fromA, "b", "10.244.1.5")
 				switch status.Code(err) {
 				case codes.OK:
@@ -200,8 +219,8 @@ func TestPeerRateLimit(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if ok.Load() < Burst || exhausted.Load() == 0 {
-		t.Errorf("%d answered, %d RESOURCE_EXHAUSTED; want at least %d answered, then refusals", ok.Load(), exhausted.Load(), Burst)
+	if ok.Load() < burst || exhausted.Load() == 0 {
+		t.Errorf("%d answered, %d RESOURCE_EXHAUSTED; want at least %d answered, then refusals", ok.Load(), exhausted.Load(), burst)
 	}
 	// Per asker: b's own budget is untouched.
 	if _, err := ask(t, fromB, "a", "10.244.2.5"); err != nil {

@@ -12,10 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/netutil"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -41,6 +43,8 @@ type server struct {
 	apiv1.UnimplementedPeerAgentServer
 	nodes  *Nodes
 	answer Answer
+	rate   rate.Limit
+	burst  int
 
 	mu     sync.Mutex
 	limits map[string]*rate.Limiter // by asking node
@@ -48,28 +52,44 @@ type server struct {
 
 // NewServer is the peer API's gRPC server for an agent of identity id:
 // it accepts a client whose key a record of nodes pins, and answers it
-// with answer what that node may ask.
+// with answer what that node may ask, at most Rate questions a second.
 func NewServer(id Identity, nodes *Nodes, answer Answer) *grpc.Server {
-	s := &server{nodes: nodes, answer: answer, limits: map[string]*rate.Limiter{}}
+	return newServer(id, nodes, answer, Rate, Burst)
+}
+
+func newServer(id Identity, nodes *Nodes, answer Answer, r rate.Limit, burst int) *grpc.Server {
+	s := &server{nodes: nodes, answer: answer, rate: r, burst: burst, limits: map[string]*rate.Limiter{}}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{id.Cert},
-		// No CA: the pin in a node record is the trust.
-		ClientAuth: tls.RequireAnyClientCert,
+		// No CA: the pin in a node record is the trust, checked at every
+		// handshake (no resumed sessions) and again at every question.
+		ClientAuth:             tls.RequireAnyClientCert,
+		SessionTicketsDisabled: true,
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
 			_, err := s.asker(raw)
 			return err
 		},
 	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)), grpc.MaxRecvMsgSize(4<<10), grpc.MaxConcurrentStreams(16),
-		grpc.ConnectionTimeout(5*time.Second))
+		grpc.ConnectionTimeout(2*time.Second),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 30 * time.Second, MaxConnectionAge: 5 * time.Minute}))
 	apiv1.RegisterPeerAgentServer(srv, s)
 	return srv
 }
 
+// MaxConns bounds the peer API's connections at once: the node's address
+// is reachable from its pods, whose handshakes fail but cost until they
+// do (at most 2 s each).
+const MaxConns = 64
+
 // Listen is the peer API's listener on the node's address.
 func Listen(ip netip.Addr, port int) (net.Listener, error) {
-	return net.Listen("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)))
+	l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)))
+	if err != nil {
+		return nil, err
+	}
+	return netutil.LimitListener(l, MaxConns), nil
 }
 
 // asker is the node whose record pins the key of the certificate chain
@@ -112,7 +132,7 @@ func (s *server) allow(node string) bool {
 	defer s.mu.Unlock()
 	l := s.limits[node]
 	if l == nil {
-		l = rate.NewLimiter(Rate, Burst)
+		l = rate.NewLimiter(s.rate, s.burst)
 		s.limits[node] = l
 	}
 	return l.Allow()
@@ -130,7 +150,7 @@ func (s *server) TraceIngress(ctx context.Context, req *apiv1.TraceIngressReques
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "source %q: %v", req.Source, err)
 	}
-	if !SpeaksFor(asker, src) {
+	if !s.nodes.SpeaksFor(asker, src) {
 		return nil, status.Errorf(codes.PermissionDenied, "node %s asks about a packet from %s, which is neither its address (%s) nor in its pod CIDRs %v: a node asks only about its own pods' packets",
 			asker.Name, src, asker.IP, asker.PodCIDRs)
 	}

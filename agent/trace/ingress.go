@@ -47,10 +47,19 @@ func Ingress(st State, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressRespo
 		Ingress:    t.judge(StepIngress, st.Node, BasisEnforced, p.Ingress, p.AuditIngress, src, r.port),
 		Forwarding: t.delivery(src, dst, p)}
 	if req.SourcePort != 0 && req.RecordsSinceUnixNano > 0 {
-		resp.Records = t.recordsOf(time.Unix(0, req.RecordsSinceUnixNano), netip.AddrPortFrom(src, uint16(req.SourcePort)))
+		// A probe lasts a second: a peer gets no older records.
+		since := time.Unix(0, req.RecordsSinceUnixNano)
+		if oldest := time.Now().Add(-maxRecordsAge); since.Before(oldest) {
+			since = oldest
+		}
+		resp.Records = t.recordsOf(since, netip.AddrPortFrom(src, uint16(req.SourcePort)))
 	}
 	return resp, nil
 }
+
+// maxRecordsAge bounds how far back a peer's question about a probe
+// looks: a probe's records are a few seconds old at most.
+const maxRecordsAge = time.Minute
 
 // delivery is how this node's kernel forwards a packet from src, out of
 // the overlay, to its pod p at dst.
@@ -74,8 +83,8 @@ func (t *tracer) delivery(src, dst netip.Addr, p *policy.Pod) *apiv1.TraceHop {
 // traced protocol from the address and port from.
 func (t *tracer) recordsOf(since time.Time, from netip.AddrPort) []*apiv1.FlowRecord {
 	var out []*apiv1.FlowRecord
-	for _, r := range t.Records(since) {
-		if r.Source.GetIp() == from.Addr().String() && r.Source.GetPort() == uint32(from.Port()) && strings.EqualFold(r.Protocol, t.proto.String()) {
+	for _, r := range t.Records(since, from) {
+		if strings.EqualFold(r.Protocol, t.proto.String()) {
 			out = append(out, r)
 		}
 	}

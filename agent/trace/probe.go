@@ -206,8 +206,6 @@ func (t *tracer) probe(ctx context.Context, src local, dst end, resp *apiv1.Trac
 // nodes of the paths' destination pods made since start, asking each node
 // once; it returns the nodes read, and for the others why not.
 func (t *tracer) remoteRecords(ctx context.Context, p *apiv1.TraceProbe, resp *apiv1.TraceResponse, local netip.AddrPort, start time.Time) (read, unread []string) {
-	ctx, cancel := context.WithTimeout(ctx, PeerWait)
-	defer cancel()
 	asked := map[string]bool{t.Node: true}
 	for _, path := range resp.Paths {
 		d := path.Destination

@@ -43,7 +43,8 @@ const (
 	BasisComputed = "computed"
 )
 
-// PeerWait bounds how long a trace waits for other nodes' answers.
+// PeerWait bounds how long a trace waits for one node's answer (each node
+// is asked once: a node that gave none is not asked again in the trace).
 var PeerWait = 2 * time.Second
 
 // maxBackends bounds the paths a Service's trace forks into.
@@ -70,9 +71,10 @@ type State struct {
 	// arrived on iif, to dst (overlay.Lookup).
 	Lookup func(iif string, src, dst netip.Addr) (overlay.Forwarding, error)
 	// Netns is the path of a local pod's network namespace, by pod key,
-	// and Records this node's flow records since a time: for probes.
+	// and Records this node's flow records since a time of packets from
+	// an address and port: for probes.
 	Netns   func(podKey string) string
-	Records func(since time.Time) []*apiv1.FlowRecord
+	Records func(since time.Time, from netip.AddrPort) []*apiv1.FlowRecord
 	// Peer asks another node's agent about a packet to one of its pods
 	// (agent/peer); nil when this node's peer API is off.
 	Peer func(ctx context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error)
@@ -115,11 +117,9 @@ func Trace(ctx context.Context, st State, req *apiv1.TraceRequest) (*apiv1.Trace
 		resp.Hops = append(resp.Hops, hop)
 	}
 	t.compileRemote(dsts)
-	peers, cancel := context.WithTimeout(ctx, PeerWait)
 	for _, d := range dsts {
-		resp.Paths = append(resp.Paths, t.path(peers, src, d))
+		resp.Paths = append(resp.Paths, t.path(ctx, src, d))
 	}
-	cancel()
 	if req.Probe {
 		if resp.Probe, err = t.probe(ctx, src, dst, resp); err != nil {
 			if ctx.Err() != nil {
@@ -436,8 +436,8 @@ func (t *tracer) remoteIngress(ctx context.Context, dst end, from netip.Addr) (i
 	return in, ans.Forwarding
 }
 
-// ask asks node's agent about a packet to one of its pods, within ctx;
-// nil and why when it does not answer.
+// ask asks node's agent about a packet to one of its pods, within ctx
+// and PeerWait; nil and why when it does not answer.
 func (t *tracer) ask(ctx context.Context, node string, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, string) {
 	if t.Peer == nil {
 		return nil, "this node's peer API is off (--peer-port 0)"
@@ -445,6 +445,8 @@ func (t *tracer) ask(ctx context.Context, node string, req *apiv1.TraceIngressRe
 	if why, ok := t.unanswered[node]; ok {
 		return nil, why
 	}
+	ctx, cancel := context.WithTimeout(ctx, PeerWait)
+	defer cancel()
 	ans, err := t.Peer(ctx, node, req)
 	if err == nil && (ans.GetIngress() == nil || ans.Ingress.Node != node) {
 		err = fmt.Errorf("an answer without %s's ingress hop", node)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -412,7 +413,12 @@ func n2(t *testing.T, records []*apiv1.FlowRecord, pols ...*networkingv1.Network
 			}
 			return overlay.Forwarding{Dev: "vethc"}, nil
 		},
-		Records: func(since time.Time) []*apiv1.FlowRecord { return records }}
+		Records: func(_ time.Time, from netip.AddrPort) []*apiv1.FlowRecord {
+			// The store selects by source (agent/flows Filter.Source).
+			return slices.DeleteFunc(slices.Clone(records), func(r *apiv1.FlowRecord) bool {
+				return r.Source.GetIp() != from.Addr().String() || r.Source.GetPort() != uint32(from.Port())
+			})
+		}}
 }
 
 // TestTraceAsksTheDestination: a pod of another node's ingress hop is that

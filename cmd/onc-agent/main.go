@@ -57,16 +57,9 @@ func main() {
 	fs.StringVar(&cfg.Health.ProxyMode, "proxy-mode-addr", "127.0.0.1:10249", `with --kube-proxy-replacement: where /proxyMode answers "onc", host:port (kube-proxy's metrics address, which answers its mode there); "" serves none`)
 	fs.IntVar(&cfg.FlowsBuffer, "flows-buffer", 8192, "how many flow records the agent keeps for onctl flows (docs/observability.md); 0 records none")
 	fs.Uint32Var(&cfg.Datapath.FlowEvents, "flows-events-rate", 1000, "flow records from the eBPF programs (drops, Service translations, fast-path open and learn): at most this many a second of each kind on each CPU, twice that at once; the rest are counted, not recorded (docs/observability.md); 0 records none")
-	fs.IntVar(&cfg.FlowsTopPods, "flows-top-pods", 10, "how many of this node's pods onc_pod_drops_total names: those with the most drops in the flow records (docs/metrics.md); 0 names none")
+	fs.IntVar(&cfg.FlowsTopPods, "flows-top-pods", envInt("FLOWS_TOP_PODS", 10), "how many of this node's pods onc_pod_drops_total names: those with the most drops in the flow records (docs/metrics.md); 0 names none (env FLOWS_TOP_PODS)")
 	flowsGroup := fs.Uint("flows-log-group", 1707, "NFLOG group (1-65535) the policy table logs its verdicts to, for the flow records; pick one no other program of the node reads")
-	if env := os.Getenv("PEER_PORT"); env != "" {
-		port, err := strconv.Atoi(env)
-		if err != nil {
-			cmdutil.Fatal("bad environment", fmt.Errorf("PEER_PORT %q: %w", env, err))
-		}
-		cfg.PeerPort = port
-	}
-	fs.IntVar(&cfg.PeerPort, "peer-port", cfg.PeerPort, "TCP port of the peer API on every node's address, where the other nodes' agents ask this one for its side of their traces (mutual TLS with the keys pinned in the node records: docs/security.md); the same on every node; 0 serves none and asks none (env PEER_PORT)")
+	fs.IntVar(&cfg.PeerPort, "peer-port", envInt("PEER_PORT", cfg.PeerPort), "TCP port of the peer API on every node's address, where the other nodes' agents ask this one for its side of their traces (mutual TLS with the keys pinned in the node records: docs/security.md); the same on every node; 0 serves none and asks none (env PEER_PORT)")
 	flowsExport := exportFlags(fs)
 	store := backend.AddFlags(fs)
 	metricsAddr := fs.String("metrics-addr", agent.DefaultMetricsAddr, `where to serve Prometheus metrics (/metrics), host:port; "" serves none`)
@@ -193,4 +186,19 @@ func main() {
 	if err := a.Run(ctx, lock); err != nil {
 		cmdutil.Fatal("agent failed", err)
 	}
+}
+
+// envInt is the integer in the environment variable name, else def: the
+// DaemonSet passes optional ConfigMap keys so (an unset one stays unset,
+// where $(NAME) in an argument would be passed on literally).
+func envInt(name string, def int) int {
+	env := os.Getenv(name)
+	if env == "" {
+		return def
+	}
+	v, err := strconv.Atoi(env)
+	if err != nil {
+		cmdutil.Fatal("bad environment", fmt.Errorf("%s %q: %w", name, env, err))
+	}
+	return v
 }
