@@ -926,7 +926,7 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool, f probeF
 		}
 		var before map[*lab.Node]map[string]bool
 		if fastPath {
-			before = c.usableFlows(t)
+			before = c.cachedFlows(t)
 		}
 		got := c.probe(cells, probeTimeout)
 		// A probe the oracle allows must get through at once. One that did
@@ -1035,10 +1035,13 @@ func (c *policyCluster) matrix(pols []*networkingv1.NetworkPolicy, f probeFamily
 //     conntrack still holds an earlier, allowed exchange on the same ports
 //     marks the client's packets ESTABLISHED and learns their direction,
 //     while the server's node, whose policy denies, never answers. A flow
-//     that was usable before the probes (before) is not the probe's: the
-//     kernel may give a probe the source port of an earlier step's allowed
-//     exchange, whose flow the client's node keeps while its own pod's
-//     rules allow it; the next check judges such a flow;
+//     the cache held before the probes (before: either direction, or
+//     both) is not the probe's: the kernel may give a probe the source
+//     port of an earlier step's allowed exchange, whose flow (its reply
+//     learned) the client's node keeps while its own pod's rules allow
+//     it, and the probe's ESTABLISHED packet then learns the other
+//     direction there; the server's node revoked its side when its pod's
+//     rules changed, which the next check judges;
 //   - no cached verdict may be one that the current policies deny to its
 //     local pod (its egress as the client, its ingress as the server):
 //     a change revokes cached verdicts before it is reported applied.
@@ -1081,7 +1084,7 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 				if c.allowed(s.pols, ce) {
 					ts.learnedAllowed++
 				} else if usable(f) && before[n][flowID(f)] {
-					t.Logf("step %q: %s's flow cache held %s %s → %s %s (entry %v) before the probes: an earlier exchange on the same ports",
+					t.Logf("step %q: %s's flow cache held %s %s → %s %s (now %v) before the probes: an earlier exchange on the same ports",
 						s.name, n.Name, ce.k, ce.src.key(), ce.dst.key(), tu.server, f)
 				} else if usable(f) {
 					t.Errorf("step %q: %s's flow cache holds %s %s → %s %s (entry %v), a flow the oracle denies: the fast path would carry it",
@@ -1114,9 +1117,9 @@ func (c *policyCluster) checkCache(t *testing.T, s policyStep, got map[cell]outc
 	}
 }
 
-// usableFlows are, by node, the flows (flowID) its fast path would carry
-// now (see usable).
-func (c *policyCluster) usableFlows(t *testing.T) map[*lab.Node]map[string]bool {
+// cachedFlows are, by node, the flows (flowID) its cache holds now, in
+// either direction or both.
+func (c *policyCluster) cachedFlows(t *testing.T) map[*lab.Node]map[string]bool {
 	t.Helper()
 	out := map[*lab.Node]map[string]bool{}
 	for _, n := range c.l.Nodes {
@@ -1126,9 +1129,7 @@ func (c *policyCluster) usableFlows(t *testing.T) map[*lab.Node]map[string]bool 
 		}
 		out[n] = map[string]bool{}
 		for _, f := range resp.Filter {
-			if usable(f) {
-				out[n][flowID(f)] = true
-			}
+			out[n][flowID(f)] = true
 		}
 	}
 	return out
