@@ -12,6 +12,24 @@ import (
 	apiv1 "github.com/onc-net/onc/api/v1"
 )
 
+// Policy reads onctl policy of one pod of the node, by key: the response
+// holds that pod, with both directions.
+func (n *Node) Policy(ctx context.Context, key string) (*apiv1.ListPolicyResponse, error) {
+	c, conn, err := n.AgentAPI()
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: key})
+	if err != nil {
+		return nil, fmt.Errorf("%s: onctl policy %s: %w", n.Name, key, err)
+	}
+	if len(resp.Pods) != 1 || resp.Pods[0].Ingress == nil || resp.Pods[0].Egress == nil {
+		return nil, fmt.Errorf("%s: onctl policy %s: no such pod", n.Name, key)
+	}
+	return resp, nil
+}
+
 // Stats reads a node's fast-path counters, as onctl stats shows them, by
 // "program_name": egress_hit, ingress_miss_flow, learn_egress, ... (see
 // CounterKey for IPv6's).

@@ -350,17 +350,9 @@ func countFlows(ctx context.Context, n *lab.Node, req *apiv1.GetFlowsRequest) (i
 
 // ingressOf is a pod's ingress as its node's agent enforces it.
 func ingressOf(ctx context.Context, n *lab.Node, key string) (*apiv1.PolicyDirection, error) {
-	c, conn, err := n.AgentAPI()
+	resp, err := n.Policy(ctx, key)
 	if err != nil {
 		return nil, err
-	}
-	defer conn.Close()
-	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: key})
-	if err != nil {
-		return nil, fmt.Errorf("%s: onctl policy %s: %w", n.Name, key, err)
-	}
-	if len(resp.Pods) != 1 || resp.Pods[0].Ingress == nil {
-		return nil, fmt.Errorf("%s: onctl policy %s: no such pod", n.Name, key)
 	}
 	return resp.Pods[0].Ingress, nil
 }

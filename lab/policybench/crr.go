@@ -395,7 +395,7 @@ func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
 			node *lab.Node
 			key  string
 		}{{w.server, w.serverKey}, {w.client, w.clientKey}} {
-			resp, err := listPolicy(ctx, side.node, side.key)
+			resp, err := side.node.Policy(ctx, side.key)
 			if err != nil {
 				ok, last = false, err.Error()
 				break
@@ -443,25 +443,9 @@ func (w waiter) counters(ctx context.Context) (*apiv1.PolicyDirection, map[strin
 }
 
 func (w waiter) serverCounters(ctx context.Context) (*apiv1.PolicyDirection, error) {
-	resp, err := listPolicy(ctx, w.server, w.serverKey)
+	resp, err := w.server.Policy(ctx, w.serverKey)
 	if err != nil {
 		return nil, err
 	}
 	return resp.Pods[0].Ingress, nil
-}
-
-func listPolicy(ctx context.Context, n *lab.Node, key string) (*apiv1.ListPolicyResponse, error) {
-	c, conn, err := n.AgentAPI()
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	resp, err := c.ListPolicy(ctx, &apiv1.ListPolicyRequest{Pod: key})
-	if err != nil {
-		return nil, fmt.Errorf("%s: onctl policy %s: %w", n.Name, key, err)
-	}
-	if len(resp.Pods) != 1 || resp.Pods[0].Ingress == nil || resp.Pods[0].Egress == nil {
-		return nil, fmt.Errorf("%s: onctl policy %s: no such pod", n.Name, key)
-	}
-	return resp, nil
 }
