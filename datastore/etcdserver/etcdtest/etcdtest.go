@@ -7,12 +7,14 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,12 +33,9 @@ func Embedded(t testing.TB, dir string) *etcdserver.Server {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	e, err := etcdserver.Start(dir, fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
+	return onFreePort(t, func(port int) (*etcdserver.Server, error) {
+		return etcdserver.Start(dir, fmt.Sprintf("http://127.0.0.1:%d", port))
+	})
 }
 
 // Secure starts an in-process etcd as the controller runs it (mutual TLS,
@@ -44,12 +43,28 @@ func Embedded(t testing.TB, dir string) *etcdserver.Server {
 // stopped when the test ends.
 func Secure(t testing.TB) *etcdserver.Server {
 	t.Helper()
-	e, err := etcdserver.StartTLS(t.TempDir(), fmt.Sprintf("https://127.0.0.1:%d", testutil.FreePort(t)))
-	if err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	return onFreePort(t, func(port int) (*etcdserver.Server, error) {
+		return etcdserver.StartTLS(dir, fmt.Sprintf("https://127.0.0.1:%d", port))
+	})
+}
+
+// onFreePort starts a server with start on a port FreePort found free,
+// and again on another while a process that ran at the same time (the
+// unit tier runs four packages at once) took the port in between; it is
+// stopped when the test ends.
+func onFreePort(t testing.TB, start func(port int) (*etcdserver.Server, error)) *etcdserver.Server {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		e, err := start(testutil.FreePort(t))
+		if err == nil {
+			t.Cleanup(e.Close)
+			return e
+		}
+		if attempt == 5 || !(errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")) {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(e.Close)
-	return e
 }
 
 // Store opens ONC's store on e with files' credentials; it is closed when
