@@ -303,6 +303,7 @@ test_() {
   admission_probe || rc=1
   fastpath_probe || true
   service_probe || true
+  trace_probe || rc=1
   overlay_probe || rc=1
   collect
   summarize
@@ -389,6 +390,29 @@ fastpath_probe() {
   } > "$OUT/fastpath-probe.txt" 2>&1
   kc delete namespace onc-probe --wait=false >/dev/null
   cat "$OUT/fastpath-probe.txt"
+}
+
+# trace_probe traces a connection from a pod on the worker to a pod on the
+# control plane with onctl trace --probe on the worker: the control plane's
+# agent answers for its pod over the peer API (docs/observability.md), so
+# the ingress hop is that node's, basis enforced, and the probe agrees.
+trace_probe() {
+  local cp wk ip out
+  cp=$(control_plane)
+  wk=$(worker)
+  ip=$(serve onc-traceprobe "$cp" "while true; do nc $NC_FAMILY -l 8080 > /dev/null; done" 2>/dev/null)
+  run_on onc-traceprobe src "$wk" "sleep 300" 2>/dev/null
+  kc -n onc-traceprobe wait --for=condition=Ready pod/src --timeout=2m >/dev/null
+  {
+    echo "# onctl trace --probe onc-traceprobe/src (on $wk) onc-traceprobe/sink:8080 ($ip on $cp)"
+    kc -n onc-system exec "$(agent_pod "$wk")" -c onc-agent -- onctl trace --probe onc-traceprobe/src onc-traceprobe/sink:8080
+    kc -n onc-system exec "$(agent_pod "$wk")" -c onc-agent -- onctl trace --probe -o json onc-traceprobe/src onc-traceprobe/sink:8080
+  } > "$OUT/trace-probe.txt" 2>&1
+  kc delete namespace onc-traceprobe --wait=false >/dev/null
+  out=$(cat "$OUT/trace-probe.txt")
+  echo "$out" | head -12
+  # The destination's own answer, and agreement.
+  grep -q '"basis": *"enforced"' <<<"$out" && grep -q "$cp  *ingress-policy" <<<"$out" && grep -q AGREES <<<"$out"
 }
 
 # service_probe is fastpath_probe through a ClusterIP: the socket LB sends
@@ -533,8 +557,10 @@ collect() {
     for what in status stats peers services; do
       kc -n onc-system exec "$pod" -c onc-agent -- onctl "$what" > "$OUT/onctl-$what-$node.txt" 2>&1 || true
     done
-    # The packets policy denied during the run, as the node's flow records hold them.
+    # The packets policy denied during the run, as the node's flow records hold them;
+    # and every record the node holds (each family within its share of the buffer).
     kc -n onc-system exec "$pod" -c onc-agent -- onctl flows --verdict denied -o json > "$OUT/onctl-flows-denied-$node.json" 2>&1 || true
+    kc -n onc-system exec "$pod" -c onc-agent -- onctl flows -o json > "$OUT/onctl-flows-$node.json" 2>&1 || true
     # kube-proxy's health endpoint, the agent's when it replaces kube-proxy.
     in_ns docker exec "$node" curl -sS -i http://127.0.0.1:10256/healthz > "$OUT/healthz-$node.txt" 2>&1 || true
   done
@@ -560,7 +586,7 @@ case ${1:-all} in
   all) up; test_ ;;
   up) up ;;
   test) test_ ;;
-  probe) mkdir -p "$OUT"; admission_probe; fastpath_probe; service_probe; overlay_probe ;;
+  probe) mkdir -p "$OUT"; admission_probe; fastpath_probe; service_probe; trace_probe; overlay_probe ;;
   summary) summarize ;;
   down) down ;;
   *) echo "usage: $0 [all|up|test|probe|summary|down]" >&2; exit 2 ;;
