@@ -17,7 +17,8 @@ func TestNamesDoNotWaitForSync(t *testing.T) {
 		t.Fatal("a pod named before anything was published")
 	}
 	lb.services[Key{vip.Addr(), vip.Port(), TCP, Socket}] = &programmed{svc: Service{Name: "app/web:http"}}
-	lb.publish()
+	lb.publishPods()
+	lb.publishServices()
 	lb.mu.Lock() // a Sync under way
 	defer lb.mu.Unlock()
 	lb.pods[8] = netip.MustParseAddr("10.244.1.6") // not published yet

@@ -30,7 +30,7 @@ func (lb *LB) OwnPod(cookie uint64, pod netip.Addr, path string) error {
 		return err
 	}
 	lb.netns[cookie], lb.pods[cookie] = path, pod
-	lb.publish()
+	lb.publishPods()
 	return nil
 }
 
@@ -83,7 +83,7 @@ func (lb *LB) forget(gone func(name uint32) bool) error {
 		delete(lb.netns, cookie)
 		delete(lb.pods, cookie)
 	}
-	lb.publish()
+	lb.publishPods()
 	return err
 }
 
@@ -106,41 +106,44 @@ func (lb *LB) Owned() (map[uint64]netip.Addr, error) {
 	return out, it.Err()
 }
 
-// names are the pods' namespaces and the Services' names as the last
-// change of them left them, for the flow records (PodOfNetns, ServiceAt):
-// their readers never wait for a Sync, which holds lb.mu throughout.
-type names struct {
-	pods     map[uint64]netip.Addr
-	services map[Key]string
+// The pods' namespaces and the Services' names as the last change of
+// each left them, for the flow records (PodOfNetns, ServiceAt): their
+// readers never wait for a Sync, which holds lb.mu throughout. Apart, so
+// that a pod's start copies no Service and a Sync no pod.
+
+// publishPods renews the pods' (lb.mu held).
+func (lb *LB) publishPods() {
+	pods := maps.Clone(lb.pods)
+	lb.podNames.Store(&pods)
 }
 
-// publish renews the names (lb.mu held).
-func (lb *LB) publish() {
-	n := &names{pods: maps.Clone(lb.pods), services: make(map[Key]string, len(lb.services))}
+// publishServices renews the Services' (lb.mu held).
+func (lb *LB) publishServices() {
+	svcs := make(map[Key]string, len(lb.services))
 	for k, p := range lb.services {
-		n.services[k] = p.svc.Name
+		svcs[k] = p.svc.Name
 	}
-	lb.names.Store(n)
+	lb.svcNames.Store(&svcs)
 }
 
 // PodOfNetns is the address of the pod whose network namespace has
 // cookie, as OwnPod was given it; false for the host's or one unknown.
 func (lb *LB) PodOfNetns(cookie uint64) (netip.Addr, bool) {
-	a, ok := lb.named().pods[cookie]
+	pods := lb.podNames.Load()
+	if pods == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := (*pods)[cookie]
 	return a, ok
 }
 
 // ServiceAt names (namespace/name:port-name) the Service programmed at
 // vip:port for proto, in scope.
 func (lb *LB) ServiceAt(scope Scope, vip netip.AddrPort, proto Proto) (string, bool) {
-	name, ok := lb.named().services[Key{vip.Addr(), vip.Port(), proto, scope}]
-	return name, ok
-}
-
-// named is the names as last published; none before the first.
-func (lb *LB) named() *names {
-	if n := lb.names.Load(); n != nil {
-		return n
+	svcs := lb.svcNames.Load()
+	if svcs == nil {
+		return "", false
 	}
-	return &names{}
+	name, ok := (*svcs)[Key{vip.Addr(), vip.Port(), proto, scope}]
+	return name, ok
 }

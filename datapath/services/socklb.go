@@ -51,9 +51,10 @@ type LB struct {
 	mu       sync.Mutex // serialises Sync and the netns writes
 	services map[Key]*programmed
 	ids      idPool
-	netns    map[uint64]string     // owned namespaces: cookie → path, "" for the agent's own
-	pods     map[uint64]netip.Addr // the pods' of them OwnPod was given: cookie → address
-	names    atomic.Pointer[names] // pods and services, as the last change left them
+	netns    map[uint64]string                     // owned namespaces: cookie → path, "" for the agent's own
+	pods     map[uint64]netip.Addr                 // the pods' of them OwnPod was given: cookie → address
+	podNames atomic.Pointer[map[uint64]netip.Addr] // lb.pods as the last change left it (publishPods)
+	svcNames atomic.Pointer[map[Key]string]        // the Services' names (publishServices)
 	udp      udpEnder
 	warned6  bool // of an IPv6 Service on a node without IPv6 (warnSmall6)
 	// nodePort6 is what onc_lb6_dsr_nodeport holds as Sync last wrote
@@ -122,7 +123,8 @@ func Open(o Options) (*LB, error) {
 	}
 	if err == nil {
 		err = lb.adopt()
-		lb.publish()
+		lb.publishPods()
+		lb.publishServices()
 	}
 	if err == nil {
 		err = lb.openUDPEnder(spec.Maps[bpf.ServicesMapOncLbDestroyStats])

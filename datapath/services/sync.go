@@ -122,7 +122,7 @@ func isNotExist(err error) bool { return errors.Is(err, ebpf.ErrKeyNotExist) }
 func (lb *LB) Sync(svcs []Service, verify bool) error {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	defer lb.publish()
+	defer lb.publishServices()
 	if verify {
 		lb.markDrifted()
 		lb.nodePort6Set = false
