@@ -266,8 +266,8 @@ func TestUplink6TranslatesNewFlows(t *testing.T) {
 }
 
 // Flows spread over the backends, and each keeps the backend its first
-// packet got; a SYN picks afresh. A UDP flow whose backend leaves is
-// forgotten both ways, to pick again.
+// packet got. A UDP flow whose backend leaves is forgotten both ways, to
+// pick again.
 func TestUplink6FlowsKeepTheirBackend(t *testing.T) {
 	lb := uplink6LB(t)
 	svc := uplinkService(nodeIP6, UDP, localBE6, remoteBE6)
@@ -301,15 +301,58 @@ func TestUplink6FlowsKeepTheirBackend(t *testing.T) {
 			t.Errorf("flow %s still goes to %s, which left", client, remoteBE6)
 		}
 	}
-	// A SYN picks afresh, even of a 5-tuple that had a backend.
-	client := netip.AddrPortFrom(clientIP6, 42000)
-	for range 10 {
-		_, out, _ := ingress6(t, lb, frame6(client, nodePort6, tcp6, syn))
-		be := netip.AddrPortFrom(netip.AddrFrom16([16]byte(out[off6Dst:off6Dst+16])), binary.BigEndian.Uint16(out[off6Dport:]))
-		seen[be]++
-	}
-	if got := counter(t, lb, "uplink6_new_flow"); got != 30 {
-		t.Errorf("uplink6_new_flow %d, want 30: every SYN a new flow", got)
+}
+
+// A SYN picks afresh, even of a 5-tuple that had a backend; the same SYN
+// sent again (its sequence number repeated: the SYN-ACK was lost) keeps
+// the backend it got, so that one connection never meets two backends.
+// Both families.
+func TestUplinkSYNSentAgainKeepsItsBackend(t *testing.T) {
+	for _, fam := range []struct {
+		name                  string
+		client, node          netip.Addr
+		local, remote         netip.AddrPort
+		newFlow               string
+		offDst, offDport, len int
+	}{
+		{"IPv4", clientIP, nodeIP, localBE, remoteBE, "uplink_new_flow", 30, 36, 4},
+		{"IPv6", clientIP6, nodeIP6, localBE6, remoteBE6, "uplink6_new_flow", off6Dst, off6Dport, 16},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			lb := uplink6LB(t)
+			proto := TCP
+			testutil.Must(t, lb.Sync([]Service{uplinkService(fam.node, proto, fam.local, fam.remote)}, false))
+			client := netip.AddrPortFrom(fam.client, 42000)
+			front := netip.AddrPortFrom(fam.node, nodePort)
+			synWith := func(seq uint32) netip.AddrPort {
+				t.Helper()
+				f := bpftest.Frame(bpftest.NICLocal, bpftest.NICPeer, client.Addr(), front.Addr(), tcp6, client.Port(), front.Port(), syn, 0)
+				binary.BigEndian.PutUint32(f[fam.offDport+2:], seq)
+				if fam.client.Is6() {
+					bpftest.SetL4Checksum6(f)
+				}
+				_, out, _ := ingress6(t, lb, f)
+				dst, _ := netip.AddrFromSlice(out[fam.offDst : fam.offDst+fam.len])
+				return netip.AddrPortFrom(dst, binary.BigEndian.Uint16(out[fam.offDport:]))
+			}
+			seen := map[netip.AddrPort]int{}
+			var be netip.AddrPort
+			for i := range 20 {
+				be = synWith(uint32(1000 + i))
+				seen[be]++
+				for range 3 {
+					if again := synWith(uint32(1000 + i)); again != be {
+						t.Fatalf("SYN %d sent again went to %s, first to %s", 1000+i, again, be)
+					}
+				}
+			}
+			if len(seen) != 2 {
+				t.Errorf("20 SYNs of one 5-tuple reached %v, want both backends", seen)
+			}
+			if got := counter(t, lb, fam.newFlow); got != 20 {
+				t.Errorf("%s %d, want 20: every SYN a new flow, none sent again", fam.newFlow, got)
+			}
+		})
 	}
 }
 

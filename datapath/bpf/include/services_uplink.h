@@ -151,7 +151,10 @@ struct lb_flow {
 	__u8 dsr;      /* IN: sent to the backend's node directly (services_dsr.h) */
 	__u8 pad;
 	__u32 svc_id;  /* IN: a flow of a service since replaced picks again */
-	__u32 ifindex; /* OUT: the uplink the slow path sent replies by */
+	union {
+		__u32 ifindex; /* OUT: the uplink the slow path sent replies by */
+		__u32 isn;     /* IN: the sequence number of a TCP flow's SYN */
+	};
 };
 
 static __always_inline struct lb_addr lb_flow_addr(const struct lb_flow *f)
@@ -545,11 +548,14 @@ static __always_inline int lb_pick(const struct lb_svc *svc, __be32 client, stru
  * The flow's backend: the one it has (an existing flow keeps it, as a
  * conntrack entry does under kube-proxy), else a new pick, recorded both
  * ways (one way for a DSR flow, whose replies never come back here). A
- * TCP flow starts only at a SYN, which always picks afresh (a reused
- * 5-tuple meets a backend that is still there), so that a reply to a
- * connection of this node, whose port may equal a frontend's, is never
- * taken for a new flow. loadBalancerSourceRanges judge new flows, as
- * kube-proxy's rules judge new connections. *dsr says whether the flow
+ * TCP flow starts only at a SYN, which picks afresh (a reused 5-tuple
+ * meets a backend that is still there), so that a reply to a connection
+ * of this node, whose port may equal a frontend's, is never taken for a
+ * new flow. A SYN sent again (its sequence number the flow's first
+ * SYN's: the SYN-ACK was lost or late) keeps the backend, as conntrack
+ * keeps a connection's translation, so that one connection never meets
+ * two. loadBalancerSourceRanges judge new flows, as kube-proxy's rules
+ * judge new connections. *dsr says whether the flow
  * goes to its backend's node directly: decided at its first packet, so a
  * flow keeps its way while the service's changes.
  */
@@ -557,11 +563,11 @@ static __always_inline int lb_flow_backend(const struct lb_pkt *p, const struct 
 					   struct lb_addr *be, __u8 *dsr)
 {
 	struct lb_flow_key in = lb_in_key(p), out;
-	struct lb_flow fwd = { .svc_id = svc->id };
+	struct lb_flow fwd = { .svc_id = svc->id, .isn = p->seg.seq };
 	struct lb_flow rev = { .ip = p->daddr, .port = p->dport, .svc_id = svc->id };
 	struct lb_flow *cur = bpf_map_lookup_elem(&onc_lb_flows, &in);
 
-	if (cur && cur->svc_id == svc->id && !p->syn) {
+	if (cur && cur->svc_id == svc->id && (!p->syn || cur->isn == p->seg.seq)) {
 		*be = lb_flow_addr(cur);
 		*dsr = cur->dsr;
 		return LB_FLOW_OK;

@@ -127,7 +127,10 @@ struct lb6_flow {
 	__u8 dsr;     /* IN: sent to the backend's node directly (services_dsr6.h) */
 	__u8 pad;
 	__u32 svc_id; /* IN: a flow of a service since replaced picks again */
-	__u32 ifindex; /* OUT: the uplink replies leave by (the fast path's) */
+	union {
+		__u32 ifindex; /* OUT: the uplink replies leave by (the fast path's) */
+		__u32 isn;     /* IN: the sequence number of a TCP flow's SYN */
+	};
 };
 
 struct {
@@ -337,18 +340,19 @@ picked:
 
 /*
  * The flow's backend, as lb_flow_backend: the one it has, else (a TCP
- * flow only at a SYN) a new pick within the source ranges, recorded both
- * ways (one way for a DSR flow). *dsr says whether the flow goes to its
- * backend's node directly, decided at its first packet.
+ * flow only at a SYN not sent again, as there) a new pick within the
+ * source ranges, recorded both ways (one way for a DSR flow). *dsr says
+ * whether the flow goes to its backend's node directly, decided at its
+ * first packet.
  */
 static __always_inline int lb6_flow_backend(const struct lb6_pkt *p, const struct lb_svc *svc, struct lb6_addr *be,
 					    __u8 *dsr)
 {
 	struct lb6_flow_key in = lb6_flow_key(p->saddr, p->daddr, p->sport, p->dport, p->proto, LB_FLOW_IN), out;
-	struct lb6_flow fwd = { .svc_id = svc->id }, rev = { .port = p->dport, .svc_id = svc->id };
+	struct lb6_flow fwd = { .svc_id = svc->id, .isn = p->seg.seq }, rev = { .port = p->dport, .svc_id = svc->id };
 	struct lb6_flow *cur = bpf_map_lookup_elem(&onc_lb6_flows, &in);
 
-	if (cur && cur->svc_id == svc->id && !p->syn) {
+	if (cur && cur->svc_id == svc->id && (!p->syn || cur->isn == p->seg.seq)) {
 		lb6_copy(be->ip, cur->ip);
 		be->port = cur->port;
 		*dsr = cur->dsr;
