@@ -86,16 +86,26 @@ func containsAddr(prefixes []netip.Prefix, ip netip.Addr) bool {
 }
 
 // Direction is what a pod may do in one direction once isolated in it: the
-// union of Rules. A pod isolated with no rules allows nothing.
+// union of Rules. A pod isolated with no rules allows nothing. Around
+// them, the ClusterNetworkPolicy rules that apply to the pod here judge
+// first (Admin) and, if no NetworkPolicy isolates it (ClusterOnly), last
+// (Baseline): Judge, tiers.go.
 type Direction struct {
 	Policies []string // namespace/name of every policy isolating the pod here, sorted
 	Rules    []Rule
+	// ClusterOnly: no NetworkPolicy isolates the pod here (Policies and
+	// Rules are empty); the direction is there for its Admin and Baseline
+	// rules.
+	ClusterOnly bool
+	// Admin and Baseline are the ClusterNetworkPolicy rules of each tier
+	// that apply here, in the order they judge: by priority, then policy
+	// name, then each policy's rules in its order.
+	Admin, Baseline []TierRule
 }
 
 // Allows is the direction's verdict on a new connection with the peer ip.
 func (d *Direction) Allows(ip netip.Addr, proto Proto, port uint16) bool {
-	_, ok := d.Decide(ip, proto, port)
-	return ok
+	return d.Judge(ip, proto, port).Allowed
 }
 
 // Decide is the rule that allows a new connection with the peer ip: the
