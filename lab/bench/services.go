@@ -279,13 +279,12 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 		return err
 	}
 	if socketLBOf(st) != mode {
-		if err := l.RestartAgent(ctx, n, "--services="+mode); err != nil {
+		if err := restartAgent(ctx, l, n, "--services="+mode); err != nil {
 			return err
 		}
 		if err := SetFastPath(ctx, l, true); err != nil {
 			return err
 		}
-		time.Sleep(2 * time.Second) // let the restarted agent's reconciles settle
 	}
 	if st, err = n.Status(ctx); err != nil {
 		return err
