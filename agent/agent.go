@@ -120,13 +120,19 @@ type Agent struct {
 	svcs      *services.Watcher // nil without Config.Services
 	health    *services.Health  // nil unless svcs and the kube-proxy replacement
 	underlay  *underlay.Watcher
-	// The peer API (agent/peer): this agent's key, and the node records
-	// its pins are read from; peerID.Pin is empty when it is off.
-	peerID    peer.Identity
-	peerNodes peer.Nodes
+	// The peer API (agent/peer): this agent's key, the node records its
+	// pins are read from, its client (nil when it is off: peerID.Pin is
+	// empty then) and the questions of both sides.
+	peerID     peer.Identity
+	peerNodes  peer.Nodes
+	peerClient *peer.Client
+	peerCounts *peer.Counts
 	// warnedCIDR is, by family, the pod CIDR a node without one at
 	// bring-up got later, once reconcile warned of it (reconcile's own).
 	warnedCIDR map[datastore.Family]netip.Prefix
+	// registeredPin is the peer pin reconcile last registered again, and
+	// droppedPin one the datastore dropped after that (reconcile's own).
+	registeredPin, droppedPin string
 
 	mu       sync.Mutex
 	notReady string // why not ready; "" when ready
@@ -173,6 +179,8 @@ func New(cfg Config, store datastore.Store, dp Datapath) (*Agent, error) {
 			return nil, err
 		}
 		a.spec.PeerPin = a.peerID.Pin
+		a.peerCounts = peer.NewCounts()
+		a.peerClient = peer.NewClient(a.peerID, &a.peerNodes, cfg.PeerPort, a.peerCounts)
 	}
 	a.peers = watch.New("peers", cfg.Resync, a.reconcile)
 	a.metrics = newAgentMetrics(a)
@@ -270,6 +278,7 @@ func (a *Agent) Run(ctx context.Context, lock *NodeLock) error {
 		} else {
 			defer srv.Stop()
 		}
+		defer a.peerClient.Close()
 	}
 	slog.Info("agent serving", "node", a.cfg.NodeName, "nodeIP", a.up.NodeIP, "uplink", a.up.Name, "run", a.cfg.RunDir)
 
@@ -404,11 +413,21 @@ func (a *Agent) reconcile(ctx context.Context, resync bool) error {
 	}
 	// A registration that differs from what this agent publishes (an
 	// older agent's, say) is corrected in this pass.
-	if spec := a.published(); self.FastPath != spec.FastPath || self.PeerPin != spec.PeerPin {
+	spec := a.published()
+	pinMissing := self.PeerPin != spec.PeerPin && spec.PeerPin != a.droppedPin
+	if pinMissing && spec.PeerPin == a.registeredPin {
+		// Registered again in an earlier pass, whose write the node
+		// cache held when it returned, and gone again: the datastore
+		// drops it. Writing it on every pass would not help.
+		slog.Warn("the datastore drops this node's peer pin: an ONCNode CRD older than this agent prunes spec.peerPin; apply the current manifest (until then, no node can ask this one about its pods)")
+		a.droppedPin, pinMissing = spec.PeerPin, false
+	}
+	if self.FastPath != spec.FastPath || pinMissing {
 		slog.Warn("this node's registration is outdated; registering again", "fastPath", spec.FastPath, "peerPin", spec.PeerPin)
 		if err := a.store.RegisterNode(ctx, spec); err != nil {
 			return err
 		}
+		a.registeredPin = spec.PeerPin
 	}
 	if !up {
 		return nil

@@ -414,3 +414,37 @@ func TestPeerPinPublished(t *testing.T) {
 		t.Errorf("pins %q, then %q, off %q; want one, the same, none", first, pin(peer.DefaultPort), pin(0))
 	}
 }
+
+// pinDropper is a datastore that drops the node's peer pin, as the
+// ONCNode CRD of an agent before the peer API prunes spec.peerPin.
+type pinDropper struct {
+	datastore.Store
+	registered int
+}
+
+func (s *pinDropper) RegisterNode(ctx context.Context, spec datastore.NodeSpec) error {
+	s.registered++
+	spec.PeerPin = ""
+	return s.Store.RegisterNode(ctx, spec)
+}
+
+// TestPeerPinDroppedByTheDatastore: a pin the datastore drops is
+// registered again once, not on every reconcile.
+func TestPeerPinDroppedByTheDatastore(t *testing.T) {
+	store := &pinDropper{Store: testStore(t)}
+	ta := newAgentOn(t, store, func(c *Config) { c.PeerPort = peer.DefaultPort })
+	if ta.published().PeerPin == "" {
+		t.Fatal("no peer pin published")
+	}
+	if err := store.RegisterNode(ctx(t), ta.published()); err != nil { // as Run does
+		t.Fatal(err)
+	}
+	for range 4 {
+		if err := ta.reconcile(ctx(t), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if store.registered != 2 {
+		t.Errorf("registered %d times, want 2: at the start and once again", store.registered)
+	}
+}
