@@ -147,6 +147,9 @@ func newAgentMetrics(a *Agent) *agentMetrics {
 		scrapeErrors: metrics.NewScrapeErrors(sourceFastPath, sourceCache, sourceServices, sourceBypass, sourcePolicy, sourceEvents),
 	}
 	m.reg.MustRegister(m, m.cniRequests, m.cniDuration)
+	if a.peerCounts != nil {
+		m.reg.MustRegister(a.peerCounts)
+	}
 	return m
 }
 

@@ -30,7 +30,7 @@ func (a *Agent) servePeers() (*grpc.Server, error) {
 			return nil, status.Error(codes.FailedPrecondition, "this node enforces no NetworkPolicy (no Kubernetes datastore)")
 		}
 		return trace.Ingress(a.traceState(), req)
-	})
+	}, a.peerCounts)
 	go func() { _ = srv.Serve(l) }()
 	slog.Info("peer API serving", "addr", l.Addr(), "pin", a.peerID.Pin)
 	return srv, nil
@@ -63,8 +63,8 @@ func (a *Agent) traceState() trace.State {
 		}
 		return flows.Records(a.flows, flows.Filter{Since: since, Source: from})
 	}
-	if a.cfg.PeerPort != 0 {
-		st.Peer = peer.NewClient(a.peerID, &a.peerNodes, a.cfg.PeerPort).TraceIngress
+	if a.peerClient != nil {
+		st.Peer = a.peerClient.TraceIngress
 	}
 	return st
 }

@@ -224,13 +224,15 @@ func (c *policyCluster) tracePeers(t *testing.T) {
 		t.Fatalf("%s's record pins %q, its agent's key is %q", na.Name, rec.PeerPin, id.Pin)
 	}
 	from := func(id peer.Identity) *peer.Client {
-		return peer.NewClient(id, &nodes, peer.DefaultPort).WithDialer(func(ctx context.Context, addr string) (conn net.Conn, err error) {
+		cl := peer.NewClient(id, &nodes, peer.DefaultPort, nil).WithDialer(func(ctx context.Context, addr string) (conn net.Conn, err error) {
 			err = lab.InNetns(na.Netns, func() (err error) {
 				conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 				return err
 			})
 			return conn, err
 		})
+		t.Cleanup(func() { _ = cl.Close() })
+		return cl
 	}
 	ask := func(cl *peer.Client, src *tpod) (*apiv1.TraceIngressResponse, error) {
 		return cl.TraceIngress(ctx, nb.Name, &apiv1.TraceIngressRequest{Source: src.lp.IP.String(), Destination: xb.lp.IP.String(), Port: 80, Protocol: "TCP"})

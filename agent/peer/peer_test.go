@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	dto "github.com/prometheus/client_model/go"
+
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datastore"
 )
@@ -94,6 +96,7 @@ type agentOf struct {
 	id       Identity
 	rec      datastore.Node
 	answered atomic.Int32
+	counts   *Counts // its server's and its client's questions
 }
 
 // twoNodes serves the peer API of nodes a (127.0.0.1) and b (127.0.0.2)
@@ -109,6 +112,7 @@ func twoNodes(t *testing.T, nodes *Nodes, burst int) (a, b *agentOf, port int) {
 	port = l.Addr().(*net.TCPAddr).Port
 	for i, ag := range []*agentOf{a, b} {
 		name := string(rune('a' + i))
+		ag.counts = NewCounts()
 		if ag.id, err = LoadIdentity(t.TempDir()); err != nil {
 			t.Fatal(err)
 		}
@@ -122,7 +126,7 @@ func twoNodes(t *testing.T, nodes *Nodes, burst int) (a, b *agentOf, port int) {
 		srv := newServer(ag.id, nodes, func(_ context.Context, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
 			ag.answered.Add(1)
 			return &apiv1.TraceIngressResponse{Node: name}, nil
-		}, 1, burst)
+		}, ag.counts, 1, burst)
 		go func(l net.Listener) { _ = srv.Serve(l) }(l) // this node's listener, not the variable's next value
 		t.Cleanup(srv.Stop)
 	}
@@ -137,10 +141,32 @@ func ask(t *testing.T, c *Client, node, src string) (*apiv1.TraceIngressResponse
 	return c.TraceIngress(ctx, node, &apiv1.TraceIngressRequest{Source: src, Destination: "10.244.2.9", Port: 80})
 }
 
+// dialCounter counts a client's connections.
+func dialCounter(n *atomic.Int32) func(ctx context.Context, addr string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		n.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+}
+
+// count is side's questions with code in c.
+func count(t *testing.T, c *Counts, side string, code codes.Code) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.questions.WithLabelValues(side, code.String()).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
 func TestPeerOverLoopback(t *testing.T) {
 	var nodes Nodes
 	a, b, port := twoNodes(t, &nodes, Burst)
-	fromA, fromB := NewClient(a.id, &nodes, port), NewClient(b.id, &nodes, port)
+	var dialsA atomic.Int32
+	fromA := NewClient(a.id, &nodes, port, a.counts).WithDialer(dialCounter(&dialsA))
+	fromB := NewClient(b.id, &nodes, port, b.counts)
+	t.Cleanup(func() { _ = fromA.Close(); _ = fromB.Close() })
 
 	// Each answers the other about the asker's own pods and address.
 	if resp, err := ask(t, fromA, "b", "10.244.1.5"); err != nil || resp.Node != "b" {
@@ -151,6 +177,10 @@ func TestPeerOverLoopback(t *testing.T) {
 	}
 	if resp, err := ask(t, fromB, "a", "10.244.2.5"); err != nil || resp.Node != "a" {
 		t.Fatalf("b asking a about its pod: %v, %v", resp, err)
+	}
+	// One connection for a's two questions to b.
+	if n := dialsA.Load(); n != 1 {
+		t.Errorf("a connected to b %d times for two questions, want once", n)
 	}
 
 	// A source a does not speak for: refused before any answer.
@@ -170,20 +200,54 @@ func TestPeerOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ask(t, NewClient(stranger, &nodes, port), "b", "10.244.1.5"); status.Code(err) != codes.Unavailable {
+	fromStranger := NewClient(stranger, &nodes, port, nil)
+	if _, err := ask(t, fromStranger, "b", "10.244.1.5"); status.Code(err) != codes.Unavailable {
 		t.Errorf("an unpinned key: %v; want Unavailable (refused at the handshake)", err)
 	}
-	// So is a's key once another record pins it too.
+	_ = fromStranger.Close() // before it tries again
+	// So is a's key once another record pins it too: at the question on
+	// a's open connection, at the handshake on a new one.
 	nodes.Set([]datastore.Node{a.rec, b.rec, {NodeSpec: datastore.NodeSpec{Name: "c", IP: netip.MustParseAddr("127.0.0.3"), PeerPin: a.id.Pin}}})
-	if _, err := ask(t, fromA, "b", "10.244.1.5"); status.Code(err) != codes.Unavailable {
-		t.Errorf("a's key pinned twice: %v; want Unavailable", err)
+	if _, err := ask(t, fromA, "b", "10.244.1.5"); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a's key pinned twice, on its open connection: %v; want Unauthenticated", err)
 	}
+	fresh := NewClient(a.id, &nodes, port, nil)
+	if _, err := ask(t, fresh, "b", "10.244.1.5"); status.Code(err) != codes.Unavailable {
+		t.Errorf("a's key pinned twice, on a new connection: %v; want Unavailable", err)
+	}
+	_ = fresh.Close()
 	if n := b.answered.Load(); n != before {
 		t.Errorf("b answered %d refused questions", n-before)
+	}
+	// b counted what it answered and refused (three keys refused, at two
+	// handshakes and one question; a handshake may be tried again before
+	// its client closes), a what it asked.
+	if got := count(t, b.counts, sideAnswered, codes.Unauthenticated); got < 3 {
+		t.Errorf("answered Unauthenticated: %v, want at least 3", got)
+	}
+	for _, c := range []struct {
+		counts *Counts
+		side   string
+		code   codes.Code
+		want   float64
+	}{
+		{b.counts, sideAnswered, codes.OK, 2}, {b.counts, sideAnswered, codes.PermissionDenied, 3},
+		{b.counts, sideAnswered, codes.InvalidArgument, 1},
+		{a.counts, sideAsked, codes.OK, 2}, {a.counts, sideAsked, codes.PermissionDenied, 3}, {a.counts, sideAsked, codes.Unauthenticated, 1},
+	} {
+		if got := count(t, c.counts, c.side, c.code); got != c.want {
+			t.Errorf("%s %s: %v, want %v", c.side, c.code, got, c.want)
+		}
 	}
 
 	// The client takes an answer only from the key the record pins: b's
 	// record pinning another key, b is not believed.
+	// b's record pinning another key, b is not believed, though a had a
+	// connection to it.
+	nodes.Set([]datastore.Node{a.rec, b.rec})
+	if _, err := ask(t, fromA, "b", "10.244.1.5"); err != nil {
+		t.Fatalf("a asking b again: %v", err)
+	}
 	nodes.Set([]datastore.Node{a.rec, {NodeSpec: datastore.NodeSpec{Name: "b", IP: b.rec.IP, PeerPin: stranger.Pin}, PodCIDRs: b.rec.PodCIDRs}})
 	if _, err := ask(t, fromA, "b", "10.244.1.5"); err == nil || !strings.Contains(err.Error(), "its record pins") {
 		t.Errorf("b's key where its record pins another: %v; want refused", err)
@@ -198,7 +262,9 @@ func TestPeerRateLimit(t *testing.T) {
 	var nodes Nodes
 	const burst = 5
 	a, b, port := twoNodes(t, &nodes, burst)
-	fromA, fromB := NewClient(a.id, &nodes, port), NewClient(b.id, &nodes, port)
+	fromA, fromB := NewClient(a.id, &nodes, port, nil), NewClient(b.id, &nodes, port, nil)
+	defer fromA.Close()
+	defer fromB.Close()
 	// Faster than the rate refills, from a few goroutines, until refused.
 	var ok, exhausted atomic.Int32
 	var wg sync.WaitGroup

@@ -43,6 +43,7 @@ type server struct {
 	apiv1.UnimplementedPeerAgentServer
 	nodes  *Nodes
 	answer Answer
+	counts *Counts
 	rate   rate.Limit
 	burst  int
 
@@ -52,13 +53,14 @@ type server struct {
 
 // NewServer is the peer API's gRPC server for an agent of identity id:
 // it accepts a client whose key a record of nodes pins, and answers it
-// with answer what that node may ask, at most Rate questions a second.
-func NewServer(id Identity, nodes *Nodes, answer Answer) *grpc.Server {
-	return newServer(id, nodes, answer, Rate, Burst)
+// with answer what that node may ask, at most Rate questions a second,
+// counting each question in counts.
+func NewServer(id Identity, nodes *Nodes, answer Answer, counts *Counts) *grpc.Server {
+	return newServer(id, nodes, answer, counts, Rate, Burst)
 }
 
-func newServer(id Identity, nodes *Nodes, answer Answer, r rate.Limit, burst int) *grpc.Server {
-	s := &server{nodes: nodes, answer: answer, rate: r, burst: burst, limits: map[string]*rate.Limiter{}}
+func newServer(id Identity, nodes *Nodes, answer Answer, counts *Counts, r rate.Limit, burst int) *grpc.Server {
+	s := &server{nodes: nodes, answer: answer, counts: counts, rate: r, burst: burst, limits: map[string]*rate.Limiter{}}
 	cfg := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{id.Cert},
@@ -68,6 +70,9 @@ func newServer(id Identity, nodes *Nodes, answer Answer, r rate.Limit, burst int
 		SessionTicketsDisabled: true,
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
 			_, err := s.asker(raw)
+			if err != nil {
+				s.counts.note(sideAnswered, status.Error(codes.Unauthenticated, err.Error()))
+			}
 			return err
 		},
 	}
@@ -138,7 +143,8 @@ func (s *server) allow(node string) bool {
 	return l.Allow()
 }
 
-func (s *server) TraceIngress(ctx context.Context, req *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+func (s *server) TraceIngress(ctx context.Context, req *apiv1.TraceIngressRequest) (resp *apiv1.TraceIngressResponse, err error) {
+	defer func() { s.counts.note(sideAnswered, err) }()
 	asker, err := s.caller(ctx)
 	if err != nil {
 		return nil, err
