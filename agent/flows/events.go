@@ -146,19 +146,25 @@ func (r *EventRecorder) Event(e dpflows.Event) {
 	case "uplink":
 		rec.Event, rec.Verdict, rec.Path = EventTranslate, VerdictTranslated, PathUplinkLB
 		rec.Src, rec.Dst, rec.Translated = r.endpoint(e.Src), r.frontend(true, e.Dst, e.Proto), r.endpoint(e.Via)
-	case "open", "learn":
-		rec.Event, rec.Verdict, rec.Path = e.Class, VerdictCached, PathFast
-		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
-	case "pair": // client to server
-		rec.Event, rec.Verdict, rec.Path = EventPair, VerdictBypassed, PathBypass
-		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
-	case "fallback": // the direction that fell back, its sender first
-		rec.Event, rec.Verdict, rec.Path = EventFallback, VerdictToStack, PathBypass
-		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
 	default:
-		return // a class of a newer object than this agent: nothing to say
+		c, ok := endToEnd[e.Class]
+		if !ok {
+			return // a class of a newer object than this agent: nothing to say
+		}
+		rec.Event, rec.Verdict, rec.Path = c.event, c.verdict, c.path
+		rec.Src, rec.Dst = r.endpoint(e.Src), r.endpoint(e.Dst)
 	}
 	r.store.Add(rec)
+}
+
+// endToEnd are the event classes whose records are the event, verdict
+// and path of the class between the two ends the event names: a pair's
+// client and server, a fallback's sender and receiver.
+var endToEnd = map[string]struct{ event, verdict, path string }{
+	"open":     {EventOpen, VerdictCached, PathFast},
+	"learn":    {EventLearn, VerdictCached, PathFast},
+	"pair":     {EventPair, VerdictBypassed, PathBypass},
+	"fallback": {EventFallback, VerdictToStack, PathBypass},
 }
 
 // Evicted queues a flow the fast path let go (datapath/fastpath
