@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,11 @@ import (
 	xipv4 "golang.org/x/net/ipv4"
 	xipv6 "golang.org/x/net/ipv6"
 )
+
+// pingIDs count the echo requests sent: each has an id of its own, so
+// that conntrack takes each for a new connection (an earlier answered one
+// with the same id would still be established).
+var pingIDs atomic.Uint32
 
 // pings reports whether an ICMP (ICMPv6) echo request from ns to dst is
 // answered within dropWait.
@@ -38,7 +44,7 @@ func (tp *topo) pings(ns netns.Handle, dst netip.Addr) bool {
 			return err
 		}
 		defer c.Close()
-		id := os.Getpid() & 0xffff
+		id := (os.Getpid() + int(pingIDs.Add(1))) & 0xffff
 		msg := icmp.Message{Type: request, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("onc")}}
 		b, _ := msg.Marshal(nil)
 		if _, err := c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
