@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onc-net/onc/datapath/bypass"
+	"github.com/onc-net/onc/datapath/fastpath"
 	"github.com/onc-net/onc/internal/netns"
 	"github.com/onc-net/onc/internal/testutil"
 	"golang.org/x/net/icmp"
@@ -248,5 +250,52 @@ func TestIncrementalTiers(t *testing.T) {
 	}
 	if others < 10 {
 		t.Errorf("only %d directions with other sets in 40 steps: the test proves little", others)
+	}
+}
+
+// With the intra-node bypass on, an Admin deny arriving ends the bypassed
+// connection it denies (aborting its sockets: its bytes never pass
+// netfilter) and leaves the one still allowed.
+func TestAdminDenyEndsBypassed(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	bp := tp.bypass()
+	n := NewNode(func() *fastpath.Datapath { return nil }, func() *bypass.Bypass { return bp }, 0)
+	t.Cleanup(func() { n.Close() })
+	a, b, c := tp.pods["a"], tp.pods["b"], tp.pods["c"]
+	aNet := prefixes(a.ip.String() + "/32")
+	bIn := &Direction{Policies: []string{"ns/np"}, Rules: []Rule{allow(slices.Concat(aNet, prefixes(c.ip.String()+"/32")), PortRange{TCP, 9000, 9000})}}
+	enforce := func(bIn *Direction) Change {
+		t.Helper()
+		var ch Change
+		tp.in(tp.nodeNS, func() (err error) {
+			ch, err = n.Enforce(Ruleset{Pods: []Pod{tp.pod("a", nil, nil), tp.pod("b", bIn, nil), tp.pod("c", nil, nil)}}, false)
+			return err
+		})
+		return ch
+	}
+	enforce(bIn)
+	denied, deniedServer := tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9000), b, 9000)
+	kept, keptServer := tp.pair(c.ns, netip.AddrPortFrom(b.ip, 9000), b, 9000)
+	ends := func(client, server net.Conn) [2]netip.AddrPort {
+		return [2]netip.AddrPort{netip.MustParseAddrPort(client.LocalAddr().String()), netip.MustParseAddrPort(server.LocalAddr().String())}
+	}
+	for _, e := range [][2]netip.AddrPort{ends(denied, deniedServer), ends(kept, keptServer)} {
+		if !bypassed(t, bp, e[0], e[1]) {
+			t.Fatalf("the connection %s -> %s is not bypassed: the test would prove nothing", e[0], e[1])
+		}
+	}
+
+	quarantined := &Direction{Policies: bIn.Policies, Rules: bIn.Rules, Admin: []TierRule{tierRule("quarantine-a", Deny, aNet)}}
+	if ch := enforce(quarantined); ch.Ended < 1 || !slices.Equal(ch.Pods, []string{"ns/b"}) {
+		t.Errorf("Enforce: %+v; want b changed and the bypassed connection ended", ch)
+	}
+	if passes(denied, deniedServer) || passes(deniedServer, denied) {
+		t.Fatal("the bypassed connection the Admin deny denies still carries data")
+	}
+	if e := ends(denied, deniedServer); bypassed(t, bp, e[0], e[1]) {
+		t.Error("the ended connection is still listed as bypassed")
+	}
+	if !passes(kept, keptServer) || !passes(keptServer, kept) {
+		t.Error("the bypassed connection still allowed was ended")
 	}
 }
