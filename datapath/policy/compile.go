@@ -11,14 +11,16 @@ import (
 )
 
 // elements are a Direction's rules as the contents of its nft sets: per
-// family, one of peers and one of peer, protocol and port. nft rejects
-// overlapping elements (pipapo and the interval sets alike), so both lists
-// are disjoint: no address (or address, protocol and port) is in two
-// elements. Both hold either family; the Enforcer puts each element in its
-// family's set.
+// family, one of peers, one of peer, protocol and port, and, for a
+// direction with tiers (tiercompile.go), one of peers allowed on the
+// protocols without ports. nft rejects overlapping elements (pipapo and
+// the interval sets alike), so each list is disjoint: no address (or
+// address, protocol and port) is in two elements. Each holds either
+// family; the Enforcer puts each element in its family's set.
 type elements struct {
 	all   []netip.Prefix // peers allowed on every protocol and port
 	ports []portElem     // peer . protocol . port range
+	other []netip.Prefix // peers allowed on every protocol but TCP, UDP and SCTP, beyond all
 	has6  bool           // whether any is an IPv6 peer (the direction then has IPv6 sets)
 }
 
@@ -163,6 +165,14 @@ func (el elements) fingerprint() string {
 	fmt.Fprintln(h, "ports")
 	for _, e := range el.ports {
 		fmt.Fprintln(h, e.key())
+	}
+	// Only where there is any, so a direction without tiers keeps its
+	// fingerprint.
+	if len(el.other) > 0 {
+		fmt.Fprintln(h, "other")
+		for _, p := range el.other {
+			fmt.Fprintln(h, p)
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

@@ -42,10 +42,13 @@ const nftTimeout = 30 * time.Second
 // reaches. Those chains, in-<id> and eg-<id>, return when the set
 // <chain>-ports (peer . proto . port) or <chain>-all (peer) holds the
 // packet (IPv4; <chain>-ports6 and <chain>-all6 for IPv6, made only when
-// the rules allow an IPv6 peer), or their second pair, <chain>-ports-b and
-// so on (changeSets), and drop otherwise, counting both with the named
-// counters <chain>-allow and <chain>-deny. With a log group, a pod's chain
-// also logs what it drops (NFLOG, the prefix naming the verdict, the
+// the rules allow an IPv6 peer) or, in a direction with
+// ClusterNetworkPolicy tiers, <chain>-other (peer, for a packet of any
+// protocol but TCP, UDP and SCTP; made only when it allows such a peer
+// that -all does not: tiercompile.go), or their second pair,
+// <chain>-ports-b and so on (changeSets), and drop otherwise, counting
+// both with the named counters <chain>-allow and <chain>-deny. With a
+// log group, a pod's chain also logs what it drops (NFLOG, the prefix naming the verdict, the
 // direction, the pod's id and the fingerprint of its rules:
 // datapath/flows), at most 20 packets a second per chain and, of those, 3
 // at once and then 1 a second per connection (sets flows-denied and
@@ -307,7 +310,8 @@ func (p *plan) auditRules(d dir) *Direction {
 
 // PodID is a short stable id for a pod key, in the names of its chains,
 // sets and counters and in its chains' log prefixes: nft names are at most
-// 31 characters ("in-<id>-ports" is 19).
+// 31 characters ("in-<id>-ports" is 19, the longest, "in-<id>-would-allow",
+// 25).
 func PodID(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:5])
@@ -371,6 +375,19 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 	return out, next, nil
 }
 
+// from reports whether c was compiled from d's very rules.
+func (c *compiled) from(d *Direction) bool {
+	return (identical(c.rules, d.Rules) || slices.EqualFunc(c.rules, d.Rules, sameRule)) &&
+		c.clusterOnly == d.ClusterOnly && sameTierRules(c.admin, d.Admin) && sameTierRules(c.baseline, d.Baseline)
+}
+
+func sameTierRules(a, b []TierRule) bool {
+	return identical(a, b) || slices.EqualFunc(a, b, func(a, b TierRule) bool {
+		return a.Policy == b.Policy && a.Priority == b.Priority && a.Index == b.Index && a.Name == b.Name && a.Action == b.Action &&
+			sameRule(Rule{Peers: a.Peers, Ports: a.Ports}, Rule{Peers: b.Peers, Ports: b.Ports})
+	})
+}
+
 // sameRule compares two rules field by field (reflect.DeepEqual would take
 // most of an Apply on rules with thousands of peers).
 func sameRule(a, b Rule) bool {
@@ -389,11 +406,13 @@ func identical[E any](a, b []E) bool {
 // compiled is a direction's rules, the set elements they make, and which
 // of the direction's two pairs of sets holds them (setNames).
 type compiled struct {
-	rules       []Rule
-	el          elements
-	fingerprint string
-	second      bool
-	rulesHash   []byte // of rules, once a log fingerprint needed it (logFingerprint)
+	rules           []Rule
+	admin, baseline []TierRule
+	clusterOnly     bool
+	el              elements
+	fingerprint     string
+	second          bool
+	rulesHash       []byte // of the rules and tiers, once a log fingerprint needed it (logFingerprint)
 }
 
 // elementsOf compiles d, or reuses what the last Apply compiled for key
@@ -402,9 +421,10 @@ type compiled struct {
 // fills the other pair.
 func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
 	c := e.compiled[key]
-	if c == nil || !identical(c.rules, d.Rules) && !slices.EqualFunc(c.rules, d.Rules, sameRule) {
-		el := compile(d)
-		c = &compiled{rules: d.Rules, el: el, fingerprint: el.fingerprint(), second: c != nil && c.second}
+	if c == nil || !c.from(d) {
+		el := compileDirection(d)
+		c = &compiled{rules: d.Rules, admin: d.Admin, baseline: d.Baseline, clusterOnly: d.ClusterOnly,
+			el: el, fingerprint: el.fingerprint(), second: c != nil && c.second}
 	}
 	next[key] = c
 	return c
@@ -843,6 +863,18 @@ func setNames(chain string, f int, second bool) (ports, all string) {
 	return ports, all
 }
 
+// otherSet is the name of chain's third set of family f, of the peers
+// allowed on every protocol but TCP, UDP and SCTP: <chain>-other (-other6;
+// "-b" in the second pair). Only a direction with tiers can need it
+// (elements.other), and it has it only then.
+func otherSet(chain string, f int, second bool) string {
+	name := chain + "-other" + families[f].suffix
+	if second {
+		return name + "-b"
+	}
+	return name
+}
+
 // setFamilies are the families c has sets for: IPv4 always (its sets
 // exist, empty, even for a pod without IPv4, as they did before IPv6),
 // IPv6 when it allows an IPv6 peer.
@@ -861,6 +893,9 @@ func addSets(tx *knftables.Transaction, chain string, c *compiled) {
 		addr := families[f].addrType
 		tx.Add(&knftables.Set{Name: ports, Type: addr + " . inet_proto . inet_service", Flags: []knftables.SetFlag{knftables.IntervalFlag}})
 		tx.Add(&knftables.Set{Name: all, Type: addr, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+		if c.hasOther() {
+			tx.Add(&knftables.Set{Name: otherSet(chain, f, c.second), Type: addr, Flags: []knftables.SetFlag{knftables.IntervalFlag}})
+		}
 	}
 	for _, p := range c.el.all {
 		tx.Add(allElem(chain, c.second, p))
@@ -868,6 +903,19 @@ func addSets(tx *knftables.Transaction, chain string, c *compiled) {
 	for _, pe := range c.el.ports {
 		tx.Add(portsElem(chain, c.second, pe))
 	}
+	for _, p := range c.el.other {
+		tx.Add(otherElem(chain, c.second, p))
+	}
+}
+
+// hasOther reports whether c has sets of peers allowed on the protocols
+// without ports.
+func (c *compiled) hasOther() bool { return len(c.el.other) > 0 }
+
+// otherElem is peer p in chain's set of peers allowed on the protocols
+// without ports, of its family.
+func otherElem(chain string, second bool, p netip.Prefix) *knftables.Element {
+	return &knftables.Element{Set: otherSet(chain, familyOf(p.Addr()), second), Key: []string{p.String()}}
 }
 
 // allElem is peer p in chain's set of peers of its family.
@@ -923,6 +971,9 @@ func addLookups(tx *knftables.Transaction, d dir, chain, base string, c *compile
 		peer := families[f].expr + " " + d.peer
 		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s . meta l4proto . th dport @%s %s", peer, ports, then)})
 		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("%s @%s %s", peer, all, then)})
+		if c.hasOther() {
+			tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("meta l4proto != { tcp, udp, sctp } %s @%s %s", peer, otherSet(base, f, c.second), then)})
+		}
 	}
 }
 
@@ -945,6 +996,9 @@ func deleteSets(tx *knftables.Transaction, chain string, c *compiled) {
 		ports, all := setNames(chain, f, c.second)
 		tx.Delete(&knftables.Set{Name: ports})
 		tx.Delete(&knftables.Set{Name: all})
+		if c.hasOther() {
+			tx.Delete(&knftables.Set{Name: otherSet(chain, f, c.second)})
+		}
 	}
 }
 
@@ -1034,13 +1088,17 @@ func changeDir(tx *knftables.Transaction, logGroup uint16, d dir, id string, was
 func changeSets(tx *knftables.Transaction, chain string, was, now *compiled) (refilled bool) {
 	gonePorts, newPorts := diff(was.el.ports, now.el.ports)
 	goneAll, newAll := diff(was.el.all, now.el.all)
+	goneOther, newOther := diff(was.el.other, now.el.other)
 	// What nft and the kernel take, in µs, as measured on kernel 6.18 and
 	// nft 1.0.6 (docs/performance.md): a delete costs 6 per element of a
 	// -ports set (the kernel's set for concatenated intervals, pipapo,
 	// cuts the element out of every lookup bitmap) and 0.5 per element of
-	// an -all set (nft's own interval handling); an add, about 15.
-	inPlace := 6*len(gonePorts)*len(was.el.ports) + len(goneAll)*len(was.el.all)/2 + 15*(len(newPorts)+len(newAll))
-	if inPlace > 15*(len(now.el.ports)+len(now.el.all)) || was.el.has6 != now.el.has6 {
+	// an -all (or -other) set (nft's own interval handling); an add, about
+	// 15. A change of the families, or of whether there are -other sets,
+	// changes the chain's rules: refilled.
+	inPlace := 6*len(gonePorts)*len(was.el.ports) + len(goneAll)*len(was.el.all)/2 + len(goneOther)*len(was.el.other)/2 +
+		15*(len(newPorts)+len(newAll)+len(newOther))
+	if inPlace > 15*(len(now.el.ports)+len(now.el.all)+len(now.el.other)) || was.el.has6 != now.el.has6 || was.hasOther() != now.hasOther() {
 		now.second = !was.second
 		addSets(tx, chain, now)
 		return true
@@ -1051,11 +1109,17 @@ func changeSets(tx *knftables.Transaction, chain string, was, now *compiled) (re
 	for _, pe := range gonePorts {
 		tx.Delete(portsElem(chain, now.second, pe))
 	}
+	for _, p := range goneOther {
+		tx.Delete(otherElem(chain, now.second, p))
+	}
 	for _, p := range newAll {
 		tx.Add(allElem(chain, now.second, p))
 	}
 	for _, pe := range newPorts {
 		tx.Add(portsElem(chain, now.second, pe))
+	}
+	for _, p := range newOther {
+		tx.Add(otherElem(chain, now.second, p))
 	}
 	return false
 }

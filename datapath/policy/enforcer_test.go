@@ -400,7 +400,7 @@ func TestRestart(t *testing.T) {
 }
 
 // secondPair matches the names of a direction's second pair of sets.
-var secondPair = regexp.MustCompile(`-(ports6?|all6?)-b\b`)
+var secondPair = regexp.MustCompile(`-(ports6?|all6?|other6?)-b\b`)
 
 // normalized is the table as nft -j lists it, minus handles and counter
 // values, with the second pair of sets named as the first (a fresh table

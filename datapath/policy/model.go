@@ -198,9 +198,22 @@ func (d *Direction) String() string {
 		return "not isolated"
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "isolated by %s:", strings.Join(d.Policies, ","))
+	if d.ClusterOnly {
+		b.WriteString("no NetworkPolicy isolates it:")
+	} else {
+		fmt.Fprintf(&b, "isolated by %s:", strings.Join(d.Policies, ","))
+	}
 	for _, r := range d.Rules {
 		fmt.Fprintf(&b, " [%s#%d peers=%v ports=%v]", r.Policy, r.Index, r.Peers, r.Ports)
+	}
+	for _, tier := range tierLists(d.Admin, d.Baseline) {
+		for _, r := range tier.rules {
+			fmt.Fprintf(&b, " [%s %s#%d", tier.tier, r.Policy, r.Index)
+			if r.Name != "" {
+				fmt.Fprintf(&b, " %q", r.Name)
+			}
+			fmt.Fprintf(&b, " priority=%d %s peers=%v ports=%v]", r.Priority, r.Action, r.Peers, r.Ports)
+		}
 	}
 	return b.String()
 }

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -56,15 +58,16 @@ func addAllowLogRules(tx *knftables.Transaction, logGroup uint16, d dir, chain, 
 }
 
 // logFingerprint is the fingerprint the log prefixes of a pod's chain
-// enforcing (or auditing) d (compiled into c) carry: of its policies and rules, so it
-// changes whenever they do, even where the sets stay the same; "" when
-// the table does not log.
+// enforcing (or auditing) d (compiled into c) carry: of its policies and
+// rules, its tiers' included, so it changes whenever they do, even where
+// the sets stay the same (the flow recorder names the deciding rule from
+// the Direction it stands for); "" when the table does not log.
 func (e *Enforcer) logFingerprint(d *Direction, c *compiled) string {
 	if e.logGroup == 0 {
 		return ""
 	}
 	if c.rulesHash == nil {
-		c.rulesHash = hashRules(c.rules)
+		c.rulesHash = c.hash()
 	}
 	h := sha256.New()
 	for _, p := range d.Policies {
@@ -74,18 +77,35 @@ func (e *Enforcer) logFingerprint(d *Direction, c *compiled) string {
 	return hex.EncodeToString(h.Sum(nil)[:4])
 }
 
-func hashRules(rules []Rule) []byte {
+// hash is of c's rules, of a direction without tiers as it always was
+// (an upgrade keeps its fingerprints).
+func (c *compiled) hash() []byte {
 	h := sha256.New()
-	var b []byte
-	for _, r := range rules {
+	for _, r := range c.rules {
 		fmt.Fprintf(h, "%s %d %t %v:", r.Policy, r.Index, r.Ports == nil, r.Ports)
-		for _, p := range r.Peers {
-			b = append(p.AppendTo(b[:0]), ' ')
-			h.Write(b)
+		hashPeers(h, r.Peers)
+	}
+	if !c.clusterOnly && len(c.admin)+len(c.baseline) == 0 {
+		return h.Sum(nil)
+	}
+	fmt.Fprintf(h, "cluster-only %t\n", c.clusterOnly)
+	for _, tier := range tierLists(c.admin, c.baseline) {
+		for _, r := range tier.rules {
+			fmt.Fprintf(h, "%s %q %d %d %q %s %t %v:", tier.tier, r.Policy, r.Priority, r.Index, r.Name, r.Action, r.Ports == nil, r.Ports)
+			hashPeers(h, r.Peers)
 		}
-		h.Write([]byte{'\n'})
 	}
 	return h.Sum(nil)
+}
+
+// hashPeers writes peers to h, and ends the line.
+func hashPeers(h io.Writer, peers []netip.Prefix) {
+	var b []byte
+	for _, p := range peers {
+		b = append(p.AppendTo(b[:0]), ' ')
+		h.Write(b)
+	}
+	h.Write([]byte{'\n'})
 }
 
 // Logged is what a fingerprint in a pod chain's log prefix stands for.
