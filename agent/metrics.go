@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,8 +57,8 @@ var (
 		"Packets audited NetworkPolicies (annotation onc.io/policy-mode: audit) would have treated otherwise, by the policy's namespace and name, direction and verdict: would_deny, let through and the audited policies would deny it (no enforcing policy isolates the pod there); would_allow, denied and a rule of the audited policies would allow it. A pod's packet counts for each audited policy of its direction; a policy's series goes when it audits no pod of this node.",
 		[]string{"namespace", "policy", "direction", "verdict"}, nil)
 	descPolicyDenied = prometheus.NewDesc("onc_policy_denied_packets_total",
-		"Packets the rules of this node's pods denied (each retransmission counts), by namespace and name of each policy isolating the pod in that direction, and direction: a packet counts once for each such policy. A series goes when its policy isolates no pod of this node.",
-		[]string{"namespace", "policy", "direction"}, nil)
+		"Packets the rules of this node's pods denied (each retransmission counts), by each policy that can deny the pod's packets in that direction: its namespace (empty for a ClusterNetworkPolicy) and name, its tier (NetworkPolicy: one isolating the pod; Admin, Baseline: a ClusterNetworkPolicy with a Deny rule for the pod, Baseline's only where no NetworkPolicy isolates it), and direction: a packet counts once for each such policy. A series goes when its policy can deny no pod of this node.",
+		[]string{"namespace", "policy", "tier", "direction"}, nil)
 	descPolicyDropped = prometheus.NewDesc("onc_policy_dropped_packets_total",
 		"Packets the policy table dropped before any pod's rules, by reason: spoof (from a pod, with a source address not its own), invalid (conntrack state invalid, to or from a pod), nosyn (a new TCP connection without a SYN, to or from an isolated pod).",
 		[]string{"reason"}, nil)
@@ -264,7 +265,7 @@ func (m *agentMetrics) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descPolicy, prometheus.CounterValue, float64(totals[i]), s.direction, s.verdict)
 			}
 			for s, v := range m.denied.add(a.policy.Enforced(), counts.Pods) {
-				ch <- prometheus.MustNewConstMetric(descPolicyDenied, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction)
+				ch <- prometheus.MustNewConstMetric(descPolicyDenied, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.tier, s.direction)
 			}
 			for s, v := range m.audit.add(a.policy.Enforced(), counts.Pods) {
 				ch <- prometheus.MustNewConstMetric(descPolicyAudit, prometheus.CounterValue, float64(v), s.namespace, s.policy, s.direction, s.verdict)
@@ -422,23 +423,73 @@ var policySeries = [4]struct {
 type podCounter struct {
 	direction, verdict string
 	of                 func(policy.Counters) uint64
-	policies           func(*policy.Pod) *policy.Direction
+	policies           func(*policy.Pod) []policyOf
 }
 
+// policyOf is a policy a pod's counter counts for: namespace "" and a
+// tier for a ClusterNetworkPolicy; tier "" in audit's series.
+type policyOf struct{ namespace, name, tier string }
+
 // deniedCounters are summed into onc_policy_denied_packets_total, by the
-// policies isolating the pod.
+// policies that can deny the pod's packets.
 var deniedCounters = []podCounter{
-	{"ingress", "", func(c policy.Counters) uint64 { return c.IngressDenied }, func(p *policy.Pod) *policy.Direction { return p.Ingress }},
-	{"egress", "", func(c policy.Counters) uint64 { return c.EgressDenied }, func(p *policy.Pod) *policy.Direction { return p.Egress }},
+	{"ingress", "", func(c policy.Counters) uint64 { return c.IngressDenied }, func(p *policy.Pod) []policyOf { return denying(p.Ingress) }},
+	{"egress", "", func(c policy.Counters) uint64 { return c.EgressDenied }, func(p *policy.Pod) []policyOf { return denying(p.Egress) }},
 }
 
 // auditCounters are summed into onc_policy_audit_packets_total, by the
 // policies auditing the pod.
 var auditCounters = []podCounter{
-	{"ingress", "would_deny", func(c policy.Counters) uint64 { return c.IngressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
-	{"ingress", "would_allow", func(c policy.Counters) uint64 { return c.IngressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditIngress }},
-	{"egress", "would_deny", func(c policy.Counters) uint64 { return c.EgressWouldDeny }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
-	{"egress", "would_allow", func(c policy.Counters) uint64 { return c.EgressWouldAllow }, func(p *policy.Pod) *policy.Direction { return p.AuditEgress }},
+	{"ingress", "would_deny", func(c policy.Counters) uint64 { return c.IngressWouldDeny }, func(p *policy.Pod) []policyOf { return auditing(p.AuditIngress) }},
+	{"ingress", "would_allow", func(c policy.Counters) uint64 { return c.IngressWouldAllow }, func(p *policy.Pod) []policyOf { return auditing(p.AuditIngress) }},
+	{"egress", "would_deny", func(c policy.Counters) uint64 { return c.EgressWouldDeny }, func(p *policy.Pod) []policyOf { return auditing(p.AuditEgress) }},
+	{"egress", "would_allow", func(c policy.Counters) uint64 { return c.EgressWouldAllow }, func(p *policy.Pod) []policyOf { return auditing(p.AuditEgress) }},
+}
+
+// denying are the policies that can deny a packet in direction d (nil:
+// none): the NetworkPolicies isolating it, and each ClusterNetworkPolicy
+// with a Deny rule in it, Baseline's only where no NetworkPolicy isolates
+// it (Direction.Judge reaches Baseline only then).
+func denying(d *policy.Direction) []policyOf {
+	if d == nil {
+		return nil
+	}
+	var out []policyOf
+	add := func(p policyOf) {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	for _, r := range d.Admin {
+		if r.Action == policy.Deny {
+			add(policyOf{name: r.Policy, tier: policy.TierAdmin.String()})
+		}
+	}
+	for _, pol := range d.Policies {
+		ns, name, _ := strings.Cut(pol, "/")
+		add(policyOf{ns, name, policy.TierNetworkPolicy.String()})
+	}
+	if d.ClusterOnly {
+		for _, r := range d.Baseline {
+			if r.Action == policy.Deny {
+				add(policyOf{name: r.Policy, tier: policy.TierBaseline.String()})
+			}
+		}
+	}
+	return out
+}
+
+// auditing are the audited NetworkPolicies of direction d (nil: none).
+func auditing(d *policy.Direction) []policyOf {
+	if d == nil {
+		return nil
+	}
+	out := make([]policyOf, 0, len(d.Policies))
+	for _, pol := range d.Policies {
+		ns, name, _ := strings.Cut(pol, "/")
+		out = append(out, policyOf{namespace: ns, name: name})
+	}
+	return out
 }
 
 // byPolicy sums pods' counters by policy: what a pod's counter grew by
@@ -460,8 +511,9 @@ type podCounterKey struct {
 }
 
 // policyTotal is a series of byPolicy: verdict is "" in
-// onc_policy_denied_packets_total's.
-type policyTotal struct{ namespace, policy, direction, verdict string }
+// onc_policy_denied_packets_total's, tier "" in
+// onc_policy_audit_packets_total's.
+type policyTotal struct{ namespace, policy, tier, direction, verdict string }
 
 // add sums the counters of the pods of rs, the ruleset enforced, and
 // returns the totals.
@@ -482,17 +534,12 @@ func (b *byPolicy) add(rs policy.Ruleset, pods map[string]policy.Counters) map[p
 		for ci, pc := range b.counters {
 			key, now := podCounterKey{p.Key, ci}, pc.of(c)
 			last[key] = now
-			d := pc.policies(p)
-			if d == nil {
-				continue
-			}
 			grew := now
 			if was, ok := b.last[key]; ok && was <= now {
 				grew = now - was
 			}
-			for _, pol := range d.Policies {
-				ns, name, _ := strings.Cut(pol, "/")
-				s := policyTotal{ns, name, pc.direction, pc.verdict}
+			for _, pol := range pc.policies(p) {
+				s := policyTotal{pol.namespace, pol.name, pol.tier, pc.direction, pc.verdict}
 				live[s] = true
 				b.totals[s] += grew
 			}

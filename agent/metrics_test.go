@@ -282,7 +282,7 @@ func TestAuditTotalsFollowThePolicies(t *testing.T) {
 		}
 		return p
 	}
-	series := func(pol, dir, verdict string) policyTotal { return policyTotal{"x", pol, dir, verdict} }
+	series := func(pol, dir, verdict string) policyTotal { return policyTotal{"x", pol, "", dir, verdict} }
 	steps := []struct {
 		pods     []dppolicy.Pod
 		counters map[string]dppolicy.Counters
@@ -398,15 +398,15 @@ func TestDeniedByPolicy(t *testing.T) {
 	}{
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q")}, {Key: "x/b", Egress: in("x/p")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 5, EgressDenied: 7}, "x/b": {EgressDenied: 2}},
-			map[policyTotal]uint64{{"x", "p", "ingress", ""}: 5, {"x", "q", "ingress", ""}: 5, {"x", "p", "egress", ""}: 2}},
+			map[policyTotal]uint64{{"x", "p", "NetworkPolicy", "ingress", ""}: 5, {"x", "q", "NetworkPolicy", "ingress", ""}: 5, {"x", "p", "NetworkPolicy", "egress", ""}: 2}},
 		// x/r isolates a's egress now: only what came since counts for it.
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/p", "x/q"), Egress: in("x/r")}, {Key: "x/b", Egress: in("x/p")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 6, EgressDenied: 10}, "x/b": {EgressDenied: 2}},
-			map[policyTotal]uint64{{"x", "p", "ingress", ""}: 6, {"x", "q", "ingress", ""}: 6, {"x", "p", "egress", ""}: 2, {"x", "r", "egress", ""}: 3}},
+			map[policyTotal]uint64{{"x", "p", "NetworkPolicy", "ingress", ""}: 6, {"x", "q", "NetworkPolicy", "ingress", ""}: 6, {"x", "p", "NetworkPolicy", "egress", ""}: 2, {"x", "r", "NetworkPolicy", "egress", ""}: 3}},
 		// b went, and a's counters reset (it left and came back).
 		{dppolicy.Ruleset{Pods: []dppolicy.Pod{{Key: "x/a", Ingress: in("x/q")}}},
 			map[string]dppolicy.Counters{"x/a": {IngressDenied: 1}},
-			map[policyTotal]uint64{{"x", "q", "ingress", ""}: 7}},
+			map[policyTotal]uint64{{"x", "q", "NetworkPolicy", "ingress", ""}: 7}},
 	}
 	for i, s := range steps {
 		if got := d.add(s.rs, s.pods); !maps.Equal(got, s.want) {
@@ -425,4 +425,30 @@ func TestPolicyDropsServed(t *testing.T) {
 	want(t, mfs, "onc_policy_dropped_packets_total", 3, "reason", "spoof")
 	want(t, mfs, "onc_policy_dropped_packets_total", 0, "reason", "invalid")
 	want(t, mfs, "onc_policy_dropped_packets_total", 1, "reason", "nosyn")
+}
+
+// A ClusterNetworkPolicy counts a pod's denied packets, named without a
+// namespace and with its tier, where it has a Deny rule for the pod:
+// Admin's always, Baseline's only where no NetworkPolicy isolates the pod
+// (Judge never reaches them otherwise); Accept and Pass rules deny
+// nothing, and a policy counts once however many rules it has.
+func TestDeniedByClusterPolicy(t *testing.T) {
+	d := byPolicy{counters: deniedCounters}
+	rule := func(pol string, a dppolicy.Action) dppolicy.TierRule {
+		return dppolicy.TierRule{Policy: pol, Action: a}
+	}
+	admin := []dppolicy.TierRule{rule("deny-all", dppolicy.Deny), rule("deny-all", dppolicy.Deny), rule("let", dppolicy.Accept), rule("pass", dppolicy.Pass)}
+	baseline := []dppolicy.TierRule{rule("base-deny", dppolicy.Deny), rule("base-ok", dppolicy.Accept)}
+	rs := dppolicy.Ruleset{Pods: []dppolicy.Pod{
+		{Key: "x/a", Ingress: &dppolicy.Direction{ClusterOnly: true, Admin: admin, Baseline: baseline}},
+		{Key: "x/b", Egress: &dppolicy.Direction{Policies: []string{"x/np"}, Admin: admin, Baseline: baseline}},
+	}}
+	got := d.add(rs, map[string]dppolicy.Counters{"x/a": {IngressDenied: 4}, "x/b": {EgressDenied: 3}})
+	want := map[policyTotal]uint64{
+		{"", "deny-all", "Admin", "ingress", ""}: 4, {"", "base-deny", "Baseline", "ingress", ""}: 4,
+		{"", "deny-all", "Admin", "egress", ""}: 3, {"x", "np", "NetworkPolicy", "egress", ""}: 3,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("%v, want %v", got, want)
+	}
 }

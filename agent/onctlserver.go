@@ -245,7 +245,23 @@ func (s *onctlServer) ListPolicy(ctx context.Context, req *apiv1.ListPolicyReque
 	if s.a.policy == nil {
 		return nil, status.Error(codes.FailedPrecondition, "network policy "+policy.NeedsKubernetes)
 	}
-	return s.a.policy.List(req)
+	q, err := flows.ParsePeerQuery(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	resp, err := s.a.policy.List(req)
+	if err != nil || q == nil {
+		return resp, err
+	}
+	// Judged by the rules enforced now, which List has just shown unless
+	// a change came in between.
+	rs := s.a.policy.Enforced()
+	for _, pp := range resp.Pods {
+		if p := rs.Pod(pp.Key); p != nil {
+			q.Decide(p, pp)
+		}
+	}
+	return resp, nil
 }
 
 func (s *onctlServer) ListServices(ctx context.Context, _ *apiv1.ListServicesRequest) (*apiv1.ListServicesResponse, error) {

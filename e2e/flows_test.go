@@ -130,7 +130,7 @@ func (c *policyCluster) flows(t *testing.T) {
 		want := &apiv1.FlowRecord{Node: nb.Name, Event: "policy", Verdict: "denied", Direction: "ingress", Protocol: strings.ToUpper(probe.proto),
 			Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "y", Name: "b", Node: c.node(yb).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 			Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: probe.dst.Addr().String(), Port: uint32(probe.dst.Port())},
-			Policies:    []string{"x/b-from-a-tcp-80"}, Path: "slow",
+			Policies:    []string{"x/b-from-a-tcp-80"}, Path: "slow", Tier: "NetworkPolicy",
 			Reason: "default deny: ingress isolated by x/b-from-a-tcp-80, and no rule of theirs allows this"}
 		want.TimeUnixNano = rec.TimeUnixNano
 		if got, w := protojson.Format(rec), protojson.Format(want); got != w {
@@ -153,7 +153,8 @@ func (c *policyCluster) flows(t *testing.T) {
 	want := &apiv1.FlowRecord{TimeUnixNano: rec.TimeUnixNano, Node: nb.Name, Event: "policy", Verdict: "allowed", Direction: "ingress", Protocol: "TCP",
 		Source:      &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "a", Node: c.node(a).Name, Ip: local.Addr().String(), Port: uint32(local.Port())},
 		Destination: &apiv1.FlowEndpoint{Kind: "pod", Namespace: "x", Name: "b", Node: nb.Name, Ip: dst.Addr().String(), Port: uint32(dst.Port())},
-		Policies:    []string{"x/b-from-a-tcp-80"}, Rule: proto.Int32(0), Path: "slow", Reason: "allowed by x/b-from-a-tcp-80 ingress rule 0"}
+		Policies:    []string{"x/b-from-a-tcp-80"}, Rule: proto.Int32(0), Path: "slow", Tier: "NetworkPolicy",
+		Reason: "allowed by x/b-from-a-tcp-80 ingress rule 0"}
 	if got, w := protojson.Format(rec), protojson.Format(want); got != w {
 		t.Errorf("allowed record:\n%s\nwant:\n%s", got, w)
 	}

@@ -44,7 +44,7 @@ func toAPI(r Record) *apiv1.FlowRecord {
 	return &apiv1.FlowRecord{TimeUnixNano: r.Time.UnixNano(), Node: r.Node, Event: r.Event, Verdict: r.Verdict, Direction: r.Direction,
 		Protocol: l4.Proto(r.Proto).String(), Source: endpointAPI(r.Src), Destination: endpointAPI(r.Dst),
 		Reason: r.Reason, Policies: r.Policies, Rule: ruleAPI(r.Rule), Path: r.Path, Translated: endpointAPI(r.Translated), Suppressed: r.Suppressed,
-		Audit: r.Audit}
+		Audit: r.Audit, Tier: r.Tier, RuleName: r.RuleName}
 }
 
 // ruleAPI is the rule's index as the API sends it: absent for none.

@@ -131,15 +131,14 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		rec.Reason = fmt.Sprintf("%s by %s rules this agent no longer holds (fingerprint %s)", verdict, rec.Direction, p.Fingerprint)
 	case d == nil:
 		rec.Reason = fmt.Sprintf("%s: %s was %s isolated then, and is not now", verdict, *local, rec.Direction)
-	case p.Verdict == dpflows.VerdictAllowed:
-		rule, ok := d.Decide(peer, policy.Proto(p.Proto), p.Dst.Port())
-		if !ok {
-			rec.Policies = d.Policies
-			rec.Reason = fmt.Sprintf("allowed, yet no %s rule of %s allows this as the agent read it", rec.Direction, strings.Join(d.Policies, ", "))
+	case p.Verdict == dpflows.VerdictAllowed, p.Verdict == dpflows.VerdictDenied:
+		dec := Judge(d, rec.Direction, peer, policy.Proto(p.Proto), p.Dst.Port(), "this")
+		rec.Policies = dec.Policies
+		if dec.Allowed != (p.Verdict == dpflows.VerdictAllowed) {
+			rec.Reason = fmt.Sprintf("%s, yet as the agent read the %s rules: %s", rec.Verdict, rec.Direction, dec.Reason)
 			break
 		}
-		rec.Policies, rec.Rule = []string{rule.Policy}, &rule.Index
-		rec.Reason = fmt.Sprintf("allowed by %s %s rule %d", rule.Policy, rec.Direction, rule.Index)
+		rec.Tier, rec.Rule, rec.RuleName, rec.Reason = dec.Tier, dec.Rule, dec.Name, dec.Reason
 	case p.Verdict == dpflows.VerdictWouldDeny:
 		rec.Policies = d.Policies
 		rec.Reason = fmt.Sprintf("audit would deny: %s audited by %s, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
@@ -150,6 +149,9 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 			enforcing = e.Direction
 		}
 		rec.Policies, rec.Reason = defaultDeny(rec.Direction, enforcing)
+		if enforcing != nil {
+			rec.Tier = policy.TierNetworkPolicy.String() // the U prefix's chain drops by NetworkPolicy's default
+		}
 		allowing := allowedBy(d, peer, p.Proto, p.Dst.Port())
 		rec.Policies = append(slices.Clone(rec.Policies), allowing...)
 		if len(allowing) > 0 {
@@ -157,8 +159,6 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		} else {
 			rec.Reason += fmt.Sprintf("; yet no rule of the audited %s allows it as the agent read it", strings.Join(d.Policies, ", "))
 		}
-	default:
-		rec.Policies, rec.Reason = defaultDeny(rec.Direction, d)
 	}
 }
 

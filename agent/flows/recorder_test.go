@@ -45,8 +45,8 @@ func TestRecorderResolves(t *testing.T) {
 	want0 := Record{Time: now, Node: "n1", Event: EventPolicy, Verdict: VerdictDenied, Direction: "ingress", Proto: 6, Path: "slow",
 		Src:      Endpoint{Kind: KindPod, Namespace: "y", Name: "a", Node: "n2", Addr: netip.MustParseAddrPort("10.244.1.7:40000")},
 		Dst:      Endpoint{Kind: KindPod, Namespace: "x", Name: "b", Node: "n1", Addr: netip.MustParseAddrPort("10.244.0.5:80")},
-		Policies: []string{"x/deny-all", "x/web"},
-		Reason:   "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
+		Policies: []string{"x/deny-all", "x/web"}, Tier: "NetworkPolicy",
+		Reason: "default deny: ingress isolated by x/deny-all, x/web, and no rule of theirs allows this"}
 	if g := got[0]; !reflect.DeepEqual(g, want0) {
 		t.Errorf("ingress record:\n%+v\nwant\n%+v", g, want0)
 	}
@@ -202,7 +202,8 @@ func TestRecorderVerdicts(t *testing.T) {
 		{"allowed by rules the agent no longer holds", in(dpflows.VerdictAllowed, "gone", "10.244.1.7:40000", 22),
 			VerdictAllowed, "allowed by ingress rules this agent no longer holds (fingerprint gone)", nil, nil},
 		{"allowed, yet no rule allows it as read", in(dpflows.VerdictAllowed, "cur", "192.0.2.1:40000", 22),
-			VerdictAllowed, "allowed, yet no ingress rule of x/allow-db, x/allow-web allows this as the agent read it", []string{"x/allow-db", "x/allow-web"}, nil},
+			VerdictAllowed, "allowed, yet as the agent read the ingress rules: default deny: ingress isolated by x/allow-db, x/allow-web, and no rule of theirs allows this",
+			[]string{"x/allow-db", "x/allow-web"}, nil},
 		{"denied, isolated by the fingerprint's policies", in(dpflows.VerdictDenied, "cur", "192.0.2.1:40000", 22),
 			VerdictDenied, "default deny: ingress isolated by x/allow-db, x/allow-web, and no rule of theirs allows this", []string{"x/allow-db", "x/allow-web"}, nil},
 		{"denied, in a prefix without a fingerprint: the rules now", in(dpflows.VerdictDenied, "", "192.0.2.1:40000", 22),
@@ -255,6 +256,73 @@ func TestRecorderVerdicts(t *testing.T) {
 }
 
 func ruleIndex(i int) *int { return &i }
+
+// Records of pods ClusterNetworkPolicy rules judge name the deciding rule
+// by its tier, policy, priority, index and name: an Admin deny; an Admin
+// pass, then a NetworkPolicy allow or default deny, naming the pass; where
+// no NetworkPolicy isolates the pod, a Baseline deny (not "isolated by"
+// anything) and accept, and no rule matching at all.
+func TestRecorderTiers(t *testing.T) {
+	ip, pfx := netip.MustParseAddr, netip.MustParsePrefix
+	deny := policy.TierRule{Policy: "deny-all", Priority: 10, Index: 0, Name: "no-ingress", Action: policy.Deny, Peers: []netip.Prefix{pfx("192.0.2.0/24")}}
+	pass := policy.TierRule{Policy: "default-pass", Priority: 20, Index: 2, Name: "pass-pods", Action: policy.Pass, Peers: []netip.Prefix{pfx("10.244.0.0/16")}}
+	isolated := &policy.Direction{Policies: []string{"x/np"}, Admin: []policy.TierRule{deny, pass}, Rules: []policy.Rule{
+		{Policy: "x/np", Index: 1, Peers: []netip.Prefix{pfx("10.244.1.0/24")}, Ports: []policy.PortRange{{Proto: policy.TCP, First: 80, Last: 80}}}}}
+	clusterOnly := &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{deny}, Baseline: []policy.TierRule{
+		{Policy: "base", Priority: 5, Index: 0, Action: policy.Deny, Peers: []netip.Prefix{pfx("10.244.2.0/24")}},
+		{Policy: "base", Priority: 5, Index: 1, Name: "dns", Action: policy.Accept, Peers: []netip.Prefix{pfx("10.244.3.0/24")},
+			Ports: []policy.PortRange{{Proto: policy.UDP, First: 53, Last: 53}}}}}
+	id := policy.PodID("x/b")
+	history := map[string]policy.Logged{"iso": {Pod: "x/b", Direction: isolated}, "only": {Pod: "x/b", Direction: clusterOnly}}
+	logged := func(gotID string, ingress bool, fp string) (policy.Logged, bool) {
+		l, ok := history[fp]
+		return l, ok && gotID == id && ingress
+	}
+	rules := policy.Ruleset{Pods: []policy.Pod{{Key: "x/b", IPs: []netip.Addr{ip("10.244.0.5")}, Ingress: clusterOnly}}}
+	s := NewStore(16)
+	r := NewRecorder(s, "n1", func() policy.Ruleset { return rules }, logged, func() []*corev1.Pod { return nil })
+	in := func(verdict, fp string, proto uint8, src string, dport uint16) Record {
+		r.Packet(dpflows.Packet{Verdict: verdict, Ingress: true, PodID: id, Fingerprint: fp, Proto: proto,
+			Src: netip.MustParseAddrPort(src), Dst: netip.AddrPortFrom(ip("10.244.0.5"), dport)})
+		got := s.List(Filter{})
+		return got[len(got)-1]
+	}
+	const passed = ` (ClusterNetworkPolicy default-pass (Admin, priority 20) ingress rule 2 "pass-pods" passed it on)`
+	for _, c := range []struct {
+		name                        string
+		got                         Record
+		verdict, tier, reason, rule string
+		policies                    []string
+		index                       *int
+	}{
+		{"Admin deny over a NetworkPolicy", in(dpflows.VerdictDenied, "iso", 6, "192.0.2.1:40000", 80),
+			VerdictDenied, "Admin", `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) ingress rule 0 "no-ingress"`, "no-ingress", []string{"deny-all"}, ruleIndex(0)},
+		{"Admin pass, NetworkPolicy allows", in(dpflows.VerdictAllowed, "iso", 6, "10.244.1.7:40000", 80),
+			VerdictAllowed, "NetworkPolicy", "allowed by NetworkPolicy x/np ingress rule 1" + passed, "", []string{"x/np"}, ruleIndex(1)},
+		{"Admin pass, NetworkPolicy's default deny", in(dpflows.VerdictDenied, "iso", 6, "10.244.2.9:40000", 80),
+			VerdictDenied, "NetworkPolicy", "default deny: ingress isolated by x/np, and no rule of theirs allows this" + passed, "", []string{"x/np"}, nil},
+		{"Baseline deny, no NetworkPolicy", in(dpflows.VerdictDenied, "only", 6, "10.244.2.9:40000", 80),
+			VerdictDenied, "Baseline", "denied by ClusterNetworkPolicy base (Baseline, priority 5) ingress rule 0", "", []string{"base"}, ruleIndex(0)},
+		{"Baseline accept", in(dpflows.VerdictAllowed, "only", 17, "10.244.3.4:40000", 53),
+			VerdictAllowed, "Baseline", `allowed by ClusterNetworkPolicy base (Baseline, priority 5) ingress rule 1 "dns"`, "dns", []string{"base"}, ruleIndex(1)},
+		{"no rule of any tier matches", in(dpflows.VerdictAllowed, "only", 6, "10.244.4.4:40000", 80),
+			VerdictAllowed, "", "allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches", "", nil, nil},
+		{"denied, yet no rule matches as read", in(dpflows.VerdictDenied, "only", 6, "10.244.4.4:40000", 80),
+			VerdictDenied, "", "denied, yet as the agent read the ingress rules: allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches", "", nil, nil},
+		{"a prefix without a fingerprint: the rules now", in(dpflows.VerdictDenied, "", 6, "192.0.2.1:40000", 80),
+			VerdictDenied, "Admin", `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) ingress rule 0 "no-ingress"`, "no-ingress", []string{"deny-all"}, ruleIndex(0)},
+	} {
+		g := c.got
+		if g.Verdict != c.verdict || g.Tier != c.tier || g.Reason != c.reason || g.RuleName != c.rule || !reflect.DeepEqual(g.Policies, c.policies) || !reflect.DeepEqual(g.Rule, c.index) {
+			t.Errorf("%s: %s tier %q %q rule %s %q policies %v, want %s tier %q %q rule %s %q policies %v", c.name, g.Verdict, g.Tier, g.Reason, ruleString(g.Rule), g.RuleName, g.Policies,
+				c.verdict, c.tier, c.reason, ruleString(c.index), c.rule, c.policies)
+		}
+	}
+	// The API and its exports carry the tier and the rule's name.
+	if a := toAPI(s.List(Filter{})[0]); a.Tier != "Admin" || a.RuleName != "no-ingress" || a.GetRule() != 0 || a.Rule == nil {
+		t.Errorf("API record %v, want tier Admin, rule 0 \"no-ingress\"", a)
+	}
+}
 
 func ruleString(rule *int) string {
 	if rule == nil {

@@ -76,8 +76,11 @@ type Record struct {
 	// Reason says why, in words; Policies are the policies it names.
 	Reason   string
 	Policies []string
-	Rule     *int   // the index of the rule that allowed it in its policy's list; nil: none
+	Rule     *int   // the index of the deciding rule in its policy's list; nil: none
 	Path     string // the datapath that saw it: slow (the kernel's stack and netfilter), or events.go's
+	// Tier decided a policy record's verdict (Decision.Tier); RuleName is
+	// the deciding ClusterNetworkPolicy rule's name.
+	Tier, RuleName string
 	// Translated is the third end of an eBPF program's record (events.go),
 	// zero for none; Suppressed how many of its class were held back.
 	Translated Endpoint

@@ -17,8 +17,9 @@ func flowsCommand(o *options) *cobra.Command {
 	var since time.Duration
 	c := &cobra.Command{Use: "flows", Short: "Flow records: policy verdicts, drops, Service translations and fast-path events on this node (docs/observability.md)",
 		Long: "Flow records of this node, oldest first, with both ends as namespace/pod where known: each packet a pod's\n" +
-			"NetworkPolicy denied (at most 3 at once and then 1 a second per connection) with the policies that isolate the pod;\n" +
-			"each new connection an isolated pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
+			"policy denied (at most 3 at once and then 1 a second per connection) with the deciding rule: a ClusterNetworkPolicy's\n" +
+			"(its tier, Admin or Baseline, priority, rule index and name) or the default deny of the NetworkPolicies isolating\n" +
+			"the pod; each new connection a pod's policy allowed (at most 200 at once and then 100 a second per pod and\n" +
 			"direction) with the policy and rule that allowed it; each packet dropped before any pod's rules (a spoofed\n" +
 			"source, conntrack state invalid, a new TCP connection without a SYN), as denied ones are limited; what audited\n" +
 			"policies (annotation onc.io/policy-mode: audit) would change, as an audit beside the verdict: allowed (audit:\n" +

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -65,14 +66,7 @@ func NewCommand() *cobra.Command {
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return o.run(show(apiv1.AgentClient.SetFastPath, &apiv1.SetFastPathRequest{Enabled: args[0] == "on"}, printFastPath))
 			}},
-		&cobra.Command{Use: "policy [POD]", Short: "NetworkPolicy of this node's pods: isolation, rules, allowed and denied connections, audited policies and what they would deny or allow; POD (namespace/name) in detail",
-			Args: cobra.MaximumNArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				if len(args) == 1 {
-					return o.run(show(apiv1.AgentClient.ListPolicy, &apiv1.ListPolicyRequest{Pod: args[0]}, printPodPolicy))
-				}
-				return o.run(show(apiv1.AgentClient.ListPolicy, &apiv1.ListPolicyRequest{}, printPolicy))
-			}},
+		policyCommand(o),
 		&cobra.Command{Use: "services", Short: "Services balanced at the socket: ClusterIP:port → backends, translation counters, ClientIP affinity", Args: cobra.NoArgs,
 			RunE: o.runE(show(apiv1.AgentClient.ListServices, &apiv1.ListServicesRequest{}, printServices))},
 		cacheCommand(o),
@@ -424,10 +418,15 @@ func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 		peer string
 	}{{"Ingress", p.Ingress, "FROM"}, {"Egress", p.Egress, "TO"}} {
 		fmt.Fprintf(o.out, "\n%s: %s; %d connections allowed, %d denied\n", d.name, enforcement(d.dir), d.dir.Allowed, d.dir.Denied)
-		if d.dir.Isolated {
-			if err := printRules(o, d.dir.Rules, d.peer, "every connection is denied"); err != nil {
-				return err
+		if err := printTiers(o, d.dir, d.peer); err != nil {
+			return err
+		}
+		if dec := d.dir.Decision; dec != nil {
+			verdict := "DENIED"
+			if dec.Allowed {
+				verdict = "ALLOWED"
 			}
+			fmt.Fprintf(o.out, "  => %s: %s\n", verdict, dec.Detail)
 		}
 		if len(d.dir.AuditPolicies) == 0 {
 			continue
@@ -446,6 +445,47 @@ func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 		}
 	}
 	return nil
+}
+
+// printTiers prints a direction's rules in the order they judge: the
+// Admin tier's, the NetworkPolicies' if they isolate it, the Baseline
+// tier's. Without ClusterNetworkPolicy rules, the NetworkPolicies' alone,
+// untitled.
+func printTiers(o *options, d *apiv1.PolicyDirection, peer string) error {
+	if len(d.Admin) == 0 && len(d.Baseline) == 0 {
+		if !d.Isolated {
+			return nil
+		}
+		return printRules(o, d.Rules, peer, "every connection is denied")
+	}
+	fmt.Fprintln(o.out, "  Admin (ClusterNetworkPolicy, judged first):")
+	if err := printTierRules(o, d.Admin, peer); err != nil {
+		return err
+	}
+	if d.Isolated {
+		fmt.Fprintln(o.out, "  NetworkPolicy (what Admin passes on or leaves):")
+		if err := printRules(o, d.Rules, peer, "every connection is denied"); err != nil {
+			return err
+		}
+		fmt.Fprintln(o.out, "  Baseline (ClusterNetworkPolicy): not reached, NetworkPolicy isolates the pod here")
+		return printTierRules(o, d.Baseline, peer)
+	}
+	fmt.Fprintln(o.out, "  NetworkPolicy: none isolates the pod here")
+	fmt.Fprintln(o.out, "  Baseline (ClusterNetworkPolicy, judges what Admin passes on or leaves; what it leaves is allowed):")
+	return printTierRules(o, d.Baseline, peer)
+}
+
+// printTierRules prints a tier's ClusterNetworkPolicy rules, indented.
+func printTierRules(o *options, rules []*apiv1.PolicyRule, peer string) error {
+	if len(rules) == 0 {
+		_, err := fmt.Fprintln(o.out, "    no rule")
+		return err
+	}
+	var rows [][]string
+	for _, r := range rules {
+		rows = append(rows, []string{r.Policy, fmt.Sprint(r.Priority), fmt.Sprint(r.Index), orDash(r.Name), r.Action, orNone(r.Peers), rulePorts(r)})
+	}
+	return o.table([]string{"    POLICY", "PRIORITY", "RULE", "NAME", "ACTION", peer, "PORTS"}, indent(indent(rows)))
 }
 
 // printRules prints a direction's rules, indented; none says what that
@@ -470,11 +510,31 @@ func isolation(d *apiv1.PolicyDirection) string {
 	return enforcement(d) + "; audited by " + strings.Join(d.AuditPolicies, ",")
 }
 
+// enforcement says whether NetworkPolicy isolates a direction, and by
+// which policies, then which ClusterNetworkPolicies judge it in each tier.
 func enforcement(d *apiv1.PolicyDirection) string {
-	if !d.Isolated {
-		return "open"
+	s := "open"
+	switch {
+	case d.Isolated:
+		s = "isolated by " + strings.Join(d.Policies, ",")
+	case len(d.Admin) > 0 || len(d.Baseline) > 0:
+		s = "no NetworkPolicy"
 	}
-	return "isolated by " + strings.Join(d.Policies, ",")
+	for _, tier := range []struct {
+		name  string
+		rules []*apiv1.PolicyRule
+	}{{"admin", d.Admin}, {"baseline", d.Baseline}} {
+		var names []string
+		for _, r := range tier.rules {
+			if !slices.Contains(names, r.Policy) {
+				names = append(names, r.Policy)
+			}
+		}
+		if len(names) > 0 {
+			s += "; " + tier.name + " " + strings.Join(names, ",")
+		}
+	}
+	return s
 }
 
 func policyGeneration(r *apiv1.ListPolicyResponse) string {

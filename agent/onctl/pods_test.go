@@ -14,6 +14,7 @@ type podsAgent struct {
 	pods   *apiv1.ListPodsResponse
 	stats  *apiv1.GetStatsResponse
 	policy *apiv1.ListPolicyResponse
+	asked  *apiv1.ListPolicyRequest // the last ListPolicy request
 }
 
 func (a *podsAgent) ListPods(context.Context, *apiv1.ListPodsRequest) (*apiv1.ListPodsResponse, error) {
@@ -24,7 +25,8 @@ func (a *podsAgent) GetStats(context.Context, *apiv1.GetStatsRequest) (*apiv1.Ge
 	return a.stats, nil
 }
 
-func (a *podsAgent) ListPolicy(context.Context, *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
+func (a *podsAgent) ListPolicy(_ context.Context, req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse, error) {
+	a.asked = req
 	return a.policy, nil
 }
 
@@ -88,6 +90,61 @@ func expectOutputs(t *testing.T, sock string, cases []onctlCase) {
 			if !strings.Contains(out, w) {
 				t.Errorf("onctl %v lacks %q:\n%s", c.args, w, out)
 			}
+		}
+	}
+}
+
+// onctl policy shows each direction's tiers in the order they judge:
+// Admin's ClusterNetworkPolicy rules, the NetworkPolicies where they
+// isolate the pod, Baseline's (not reached where they do), and with
+// --peer and --port the decision the agent names; the summary names the
+// ClusterNetworkPolicies of each tier.
+func TestOnctlPolicyShowsTiers(t *testing.T) {
+	deny := &apiv1.PolicyRule{Policy: "deny-all", Priority: 10, Name: "no-egress", Action: "Deny", Peers: []string{"0.0.0.0/0"}, Ports: []string{"TCP/25"}}
+	base := &apiv1.PolicyRule{Policy: "base", Priority: 5, Index: 1, Action: "Accept", Peers: []string{"10.244.0.0/16"}}
+	np := &apiv1.PolicyRule{Policy: "ns/web", Peers: []string{"10.244.2.0/24"}, Ports: []string{"TCP/80"}}
+	agent := &podsAgent{policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{{Key: "ns/a", Ip: "10.244.1.2",
+		Ingress: &apiv1.PolicyDirection{Isolated: true, Policies: []string{"ns/web"}, Rules: []*apiv1.PolicyRule{np}, Admin: []*apiv1.PolicyRule{deny}, Baseline: []*apiv1.PolicyRule{base},
+			Decision: &apiv1.PolicyDecision{Allowed: true, Tier: "NetworkPolicy", Policies: []string{"ns/web"}, Detail: "allowed by NetworkPolicy ns/web ingress rule 0"}},
+		Egress: &apiv1.PolicyDirection{Admin: []*apiv1.PolicyRule{deny}, Baseline: []*apiv1.PolicyRule{base},
+			Decision: &apiv1.PolicyDecision{Tier: "Admin", Policies: []string{"deny-all"}, Detail: `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) egress rule 0 "no-egress"`}},
+	}}}}
+	sock := serve(t, agent)
+	expectOutputs(t, sock, []onctlCase{
+		{[]string{"policy"}, []string{"isolated by ns/web; admin deny-all; baseline base  no NetworkPolicy; admin deny-all; baseline base"}},
+		{[]string{"policy", "ns/a", "--peer", "10.244.2.7", "--port", "tcp/80"}, []string{
+			"Ingress: isolated by ns/web; admin deny-all; baseline base; 0 connections allowed, 0 denied\n" +
+				"  Admin (ClusterNetworkPolicy, judged first):\n" +
+				"    POLICY    PRIORITY  RULE  NAME       ACTION  FROM       PORTS\n" +
+				"    deny-all  10        0     no-egress  Deny    0.0.0.0/0  TCP/25\n" +
+				"  NetworkPolicy (what Admin passes on or leaves):\n" +
+				"  POLICY  RULE  FROM           PORTS\n" +
+				"  ns/web  0     10.244.2.0/24  TCP/80\n" +
+				"  Baseline (ClusterNetworkPolicy): not reached, NetworkPolicy isolates the pod here\n" +
+				"    POLICY  PRIORITY  RULE  NAME  ACTION  FROM           PORTS\n" +
+				"    base    5         1     -     Accept  10.244.0.0/16  all\n" +
+				"  => ALLOWED: allowed by NetworkPolicy ns/web ingress rule 0\n",
+			"Egress: no NetworkPolicy; admin deny-all; baseline base; 0 connections allowed, 0 denied\n" +
+				"  Admin (ClusterNetworkPolicy, judged first):\n",
+			"  NetworkPolicy: none isolates the pod here\n" +
+				"  Baseline (ClusterNetworkPolicy, judges what Admin passes on or leaves; what it leaves is allowed):\n" +
+				"    POLICY  PRIORITY  RULE  NAME  ACTION  TO             PORTS\n" +
+				"    base    5         1     -     Accept  10.244.0.0/16  all\n" +
+				`  => DENIED: denied by ClusterNetworkPolicy deny-all (Admin, priority 10) egress rule 0 "no-egress"` + "\n"}},
+	})
+	if q := agent.asked; q.Pod != "ns/a" || q.Peer != "10.244.2.7" || q.Port != 80 || q.Protocol != "TCP" {
+		t.Errorf("asked %v, want ns/a's decision on 10.244.2.7 TCP/80", q)
+	}
+	for _, args := range [][]string{
+		{"policy", "--peer", "10.244.2.7", "--port", "80"}, // no pod
+		{"policy", "ns/a", "--peer", "10.244.2.7"},         // no port
+		{"policy", "ns/a", "--port", "80"},                 // no peer
+		{"policy", "ns/a", "--peer", "10.244.2.7", "--port", "TCP/0"},
+		{"policy", "ns/a", "--peer", "10.244.2.7", "--port", "http"},
+	} {
+		agent.asked = nil
+		if _, err := run(append([]string{"-s", sock}, args...)...); err == nil || agent.asked != nil {
+			t.Errorf("onctl %v: %v (asked %v), want refused before asking", args, err, agent.asked)
 		}
 	}
 }

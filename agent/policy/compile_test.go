@@ -166,7 +166,7 @@ func checkVerdicts(t *testing.T, what string, d *policy.Direction, vs []verdict)
 	}
 }
 
-// decision is the rule that must allow a connection (Direction.Decide):
+// decision is the rule that must allow a connection (Direction.Judge):
 // the first that does, of policy's rule index; "" for none.
 type decision struct {
 	ip     netip.Addr
@@ -179,7 +179,8 @@ type decision struct {
 func checkDecisions(t *testing.T, what string, d *policy.Direction, ds []decision) {
 	t.Helper()
 	for _, want := range ds {
-		r, ok := d.Decide(want.ip, want.proto, want.port)
+		r := d.Judge(want.ip, want.proto, want.port)
+		ok := r.Allowed
 		if got := (decision{want.ip, want.proto, want.port, r.Policy, r.Index}); ok != (want.policy != "") || ok && got != want {
 			t.Errorf("%s decides %s %s/%d: %s rule %d (allowed %v), want %s rule %d (%s)", what, want.ip, want.proto, want.port,
 				r.Policy, r.Index, ok, want.policy, want.index, d)

@@ -188,11 +188,26 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 }
 
 // direction is a pod's direction as the enforcing policies d and the
-// audited ones audit have it, without its counters.
+// audited ones audit have it, without its counters: the
+// ClusterNetworkPolicy rules of each tier, and the NetworkPolicies if
+// they isolate it.
 func direction(d, audit *policy.Direction) *apiv1.PolicyDirection {
 	out := &apiv1.PolicyDirection{}
 	if d != nil {
-		out.Isolated, out.Policies, out.Rules = true, d.Policies, rules(d)
+		if !d.ClusterOnly {
+			out.Isolated, out.Policies, out.Rules = true, d.Policies, rules(d)
+		}
+		for _, tier := range []struct {
+			rules []policy.TierRule
+			out   *[]*apiv1.PolicyRule
+		}{{d.Admin, &out.Admin}, {d.Baseline, &out.Baseline}} {
+			for _, r := range tier.rules {
+				// Peers and ports as a NetworkPolicy rule's, then the tier's fields.
+				pr := rules(&policy.Direction{Rules: []policy.Rule{{Policy: r.Policy, Index: r.Index, Peers: r.Peers, Ports: r.Ports}}})[0]
+				pr.Priority, pr.Name, pr.Action = r.Priority, r.Name, r.Action.String()
+				*tier.out = append(*tier.out, pr)
+			}
+		}
 	}
 	if audit != nil {
 		out.AuditPolicies, out.AuditRules = audit.Policies, rules(audit)

@@ -15,6 +15,7 @@ import (
 	"github.com/onc-net/onc/datapath/policy"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -186,5 +187,29 @@ func TestWatcherListsAudit(t *testing.T) {
 	}
 	if in.WouldDeny != 17 || in.WouldAllow != 0 || in.Denied != 3 || eg.WouldAllow != 2 || eg.WouldDeny != 0 || len(eg.AuditPolicies) != 0 {
 		t.Errorf("counters: ingress %v, egress %v", in, eg)
+	}
+}
+
+// onctl policy shows the ClusterNetworkPolicy rules of both tiers with
+// their priority, name and action, and a direction no NetworkPolicy
+// isolates as not isolated, its tiers' rules shown all the same.
+func TestDirectionListsTiers(t *testing.T) {
+	admin := policy.TierRule{Policy: "deny-all", Priority: 10, Index: 1, Name: "no-egress", Action: policy.Deny,
+		Peers: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}, Ports: []policy.PortRange{{Proto: policy.TCP, First: 80, Last: 80}}}
+	baseline := policy.TierRule{Policy: "default", Priority: 3, Action: policy.Pass, Peers: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}
+	np := policy.Rule{Policy: "ns/web", Peers: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}
+	want := func(r policy.TierRule, ports []string) *apiv1.PolicyRule {
+		return &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), Peers: []string{r.Peers[0].String()}, Ports: ports,
+			Priority: r.Priority, Name: r.Name, Action: r.Action.String()}
+	}
+	isolated := direction(&policy.Direction{Policies: []string{"ns/web"}, Rules: []policy.Rule{np}, Admin: []policy.TierRule{admin}}, nil)
+	if !isolated.Isolated || len(isolated.Rules) != 1 || len(isolated.Admin) != 1 || len(isolated.Baseline) != 0 ||
+		!proto.Equal(isolated.Admin[0], want(admin, []string{"TCP/80"})) {
+		t.Errorf("isolated by ns/web with an admin rule: %v", isolated)
+	}
+	only := direction(&policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{admin}, Baseline: []policy.TierRule{baseline}}, nil)
+	if only.Isolated || len(only.Policies) != 0 || len(only.Rules) != 0 || len(only.Admin) != 1 || len(only.Baseline) != 1 ||
+		!proto.Equal(only.Baseline[0], want(baseline, nil)) {
+		t.Errorf("cluster policies only: %v", only)
 	}
 }

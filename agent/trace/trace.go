@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/onc-net/onc/agent/flows"
 	agentpolicy "github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -387,25 +388,26 @@ func (t *tracer) path(ctx context.Context, src local, dst end) *apiv1.TracePath 
 }
 
 // judge is a policy hop: dir's verdict on a new connection with peer,
-// and what the audited policies of the direction would change of it
-// (audit, nil if none: never part of the verdict).
+// tier by tier (flows.Judge: the words of the flow records), and what the
+// audited policies of the direction would change of it (audit, nil if
+// none: never part of the verdict).
 func (t *tracer) judge(step, node, basis string, dir, audit *policy.Direction, peer netip.Addr, port uint16) *apiv1.TraceHop {
 	hop := &apiv1.TraceHop{Node: node, Step: step, Rule: -1, Basis: basis}
 	way := strings.TrimSuffix(step, "-policy")
+	dec := flows.Judge(dir, way, peer, t.proto, port, fmt.Sprintf("%s %s port %d", peer, t.proto, port))
+	hop.Detail, hop.Policies, hop.Tier, hop.RuleName = dec.Reason, dec.Policies, dec.Tier, dec.Name
 	switch {
 	case dir == nil:
-		hop.Verdict, hop.Detail = "not-isolated", fmt.Sprintf("no policy isolates the pod's %s: allowed", way)
+		hop.Verdict = "not-isolated"
+	case dec.Allowed:
+		hop.Verdict = "allowed"
 	default:
-		if r, ok := dir.Decide(peer, t.proto, port); ok {
-			hop.Verdict, hop.Policies, hop.Rule = "allowed", []string{r.Policy}, int32(r.Index)
-			hop.Detail = fmt.Sprintf("allowed by %s %s rule %d", r.Policy, way, r.Index)
-		} else {
-			hop.Verdict, hop.Policies = "denied", dir.Policies
-			hop.Detail = fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows %s %s port %d",
-				way, strings.Join(dir.Policies, ", "), peer, t.proto, port)
-		}
+		hop.Verdict = "denied"
 	}
-	hop.Detail += t.audited(hop.Verdict, way, audit, peer, port)
+	if dec.Rule != nil {
+		hop.Rule = int32(*dec.Rule)
+	}
+	hop.Detail += t.audited(dir, dec, way, audit, peer, port)
 	if basis == BasisComputed {
 		hop.Detail += " (computed on " + t.Node + " from the cluster's policies, as " + node + " compiles them)"
 	}
@@ -429,7 +431,11 @@ func (t *tracer) remoteIngress(ctx context.Context, dst end, from netip.Addr) (i
 		return computed, nil
 	}
 	in = ans.Ingress
-	if in.Verdict != computed.Verdict || !slices.Equal(in.Policies, computed.Policies) || in.Rule != computed.Rule {
+	// An agent before tiers sends none: the tier is compared only when
+	// the answer has one (a decision of no tier names no policy, so the
+	// policies tell it apart).
+	otherTier := in.Tier != "" && in.Tier != computed.Tier
+	if in.Verdict != computed.Verdict || otherTier || !slices.Equal(in.Policies, computed.Policies) || in.Rule != computed.Rule {
 		in.Detail += fmt.Sprintf("; %s computes otherwise from its own view of the cluster: %s, %s: one of the two nodes has not seen the latest change of pods, namespaces or policies yet",
 			t.Node, computed.Verdict, computed.Detail)
 	}
@@ -471,20 +477,23 @@ func (t *tracer) ask(ctx context.Context, node string, req *apiv1.TraceIngressRe
 	return nil, why
 }
 
-// audited is what the audited policies audit of a direction would change
-// of its verdict on a connection with peer, for a hop's detail: would
-// deny where nothing isolates it, would allow what the isolating
-// policies deny; "" otherwise.
-func (t *tracer) audited(verdict, way string, audit *policy.Direction, peer netip.Addr, port uint16) string {
-	if audit == nil {
+// audited is what the audited policies audit of a direction would
+// change of its decision dec on a connection with peer, for a hop's
+// detail; "" otherwise. Audit is NetworkPolicy's: what Admin decides
+// stands; otherwise, enforced beside the enforcing NetworkPolicies of
+// dir, the audited ones would isolate the direction, which then allows
+// only what a rule of either allows.
+func (t *tracer) audited(dir *policy.Direction, dec flows.Decision, way string, audit *policy.Direction, peer netip.Addr, port uint16) string {
+	if audit == nil || dec.Tier == policy.TierAdmin.String() {
 		return ""
 	}
-	r, allows := audit.Decide(peer, t.proto, port)
+	a := audit.Judge(peer, t.proto, port)
+	enforcingAllows := dir != nil && !dir.ClusterOnly && dec.Allowed
 	switch {
-	case verdict == "not-isolated" && !allows:
+	case dec.Allowed && !enforcingAllows && !a.Allowed:
 		return fmt.Sprintf("; audited by %s (not enforced): would deny", strings.Join(audit.Policies, ", "))
-	case verdict == "denied" && allows:
-		return fmt.Sprintf("; audited %s %s rule %d (not enforced): would allow", r.Policy, way, r.Index)
+	case !dec.Allowed && a.Allowed:
+		return fmt.Sprintf("; audited %s %s rule %d (not enforced): would allow", a.Policy, way, a.Index)
 	}
 	return ""
 }

@@ -555,3 +555,109 @@ func TestRemoteRecords(t *testing.T) {
 		t.Errorf("judged %s: %s", agreement, detail)
 	}
 }
+
+// TestTraceTiers: a policy hop is decided tier by tier, naming the
+// deciding ClusterNetworkPolicy rule (tier, policy, priority, index,
+// name) or the Admin rule that passed the decision on to the
+// NetworkPolicies; a direction no NetworkPolicy isolates is never said to
+// be isolated by one; audit never overrides Admin.
+func TestTraceTiers(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	tcp := func(port uint16) []policy.PortRange {
+		return []policy.PortRange{{Proto: policy.TCP, First: port, Last: port}}
+	}
+	noEgress := policy.TierRule{Policy: "deny-all", Priority: 10, Name: "no-egress", Action: policy.Deny, Peers: []netip.Prefix{pfx("10.0.1.3/32")}, Ports: tcp(80)}
+	pass := policy.TierRule{Policy: "default-pass", Priority: 20, Index: 2, Name: "pods", Action: policy.Pass, Peers: []netip.Prefix{pfx("10.0.0.0/16")}}
+	baseDeny := policy.TierRule{Policy: "base", Priority: 5, Index: 1, Action: policy.Deny, Peers: []netip.Prefix{pfx("10.0.0.0/16")}, Ports: tcp(81)}
+	noIngress := policy.TierRule{Policy: "quarantine", Priority: 1, Index: 3, Name: "from-a", Action: policy.Deny, Peers: []netip.Prefix{pfx("10.0.1.2/32")}}
+	auditAllow := &policy.Direction{Policies: []string{"x/try"}, Rules: []policy.Rule{{Policy: "x/try", Peers: []netip.Prefix{pfx("10.0.1.2/32")}}}}
+	for _, c := range []struct {
+		name                   string
+		egress, ingress, audit func(*policy.Direction) *policy.Direction // of x/a, x/b's as compiled, x/b's audit
+		port                   uint32
+		hop                    int
+		verdict, tier, detail  string
+		policies               []string
+		rule                   int32
+		ruleName               string
+	}{
+		{name: "Admin deny of egress", port: 80, hop: 0, verdict: "denied", tier: "Admin",
+			egress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{noEgress}}
+			},
+			detail:   `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) egress rule 0 "no-egress"`,
+			policies: []string{"deny-all"}, rule: 0, ruleName: "no-egress"},
+		{name: "Admin pass, then the NetworkPolicy allows", port: 80, hop: 2, verdict: "allowed", tier: "NetworkPolicy",
+			ingress: func(d *policy.Direction) *policy.Direction {
+				d.Admin = []policy.TierRule{pass}
+				return d
+			},
+			detail:   `allowed by NetworkPolicy x/allow-a ingress rule 0 (ClusterNetworkPolicy default-pass (Admin, priority 20) ingress rule 2 "pods" passed it on)`,
+			policies: []string{"x/allow-a"}, rule: 0},
+		{name: "Baseline deny, no NetworkPolicy", port: 81, hop: 2, verdict: "denied", tier: "Baseline",
+			ingress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Baseline: []policy.TierRule{baseDeny}}
+			},
+			detail: "denied by ClusterNetworkPolicy base (Baseline, priority 5) ingress rule 1", policies: []string{"base"}, rule: 1},
+		{name: "Baseline deny, an audited policy would allow", port: 81, hop: 2, verdict: "denied", tier: "Baseline",
+			ingress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Baseline: []policy.TierRule{baseDeny}}
+			},
+			audit:    func(*policy.Direction) *policy.Direction { return auditAllow },
+			detail:   "denied by ClusterNetworkPolicy base (Baseline, priority 5) ingress rule 1; audited x/try ingress rule 0 (not enforced): would allow",
+			policies: []string{"base"}, rule: 1},
+		{name: "Admin deny stands whatever audit says", port: 80, hop: 2, verdict: "denied", tier: "Admin",
+			ingress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{noIngress}}
+			},
+			audit:  func(*policy.Direction) *policy.Direction { return auditAllow },
+			detail: `denied by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"`, policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
+		{name: "no rule of any tier matches", port: 82, hop: 2, verdict: "allowed",
+			ingress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Baseline: []policy.TierRule{baseDeny}}
+			},
+			detail: "allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches", rule: -1},
+	} {
+		st := bed(t)
+		rules := st.Rules()
+		rules.Pods = slices.Clone(rules.Pods)
+		a, b := &rules.Pods[0], &rules.Pods[1]
+		if c.egress != nil {
+			a.Egress = c.egress(a.Egress)
+		}
+		if c.ingress != nil {
+			in := *b.Ingress
+			b.Ingress = c.ingress(&in)
+		}
+		if c.audit != nil {
+			b.AuditIngress = c.audit(b.AuditIngress)
+		}
+		st.Rules = func() policy.Ruleset { return rules }
+		resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/b", Port: c.port})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := resp.Paths[0].Hops[c.hop]
+		if h.Verdict != c.verdict || h.Tier != c.tier || h.Detail != c.detail || !slices.Equal(h.Policies, c.policies) || h.Rule != c.rule || h.RuleName != c.ruleName {
+			t.Errorf("%s: %s tier %q %q %v rule %d %q\nwant %s tier %q %q %v rule %d %q", c.name, h.Verdict, h.Tier, h.Detail, h.Policies, h.Rule, h.RuleName,
+				c.verdict, c.tier, c.detail, c.policies, c.rule, c.ruleName)
+		}
+	}
+}
+
+// TestTraceTierDisagreement: another node's answer that names the same
+// rule in another tier is a disagreement, and the detail says so.
+func TestTraceTierDisagreement(t *testing.T) {
+	st := bed(t)
+	st.Peer = func(context.Context, string, *apiv1.TraceIngressRequest) (*apiv1.TraceIngressResponse, error) {
+		return &apiv1.TraceIngressResponse{Node: "n2", Ingress: &apiv1.TraceHop{Node: "n2", Step: StepIngress, Verdict: "allowed", Basis: BasisEnforced,
+			Policies: []string{"x/c-from-a"}, Rule: 0, Tier: "Admin", Detail: "allowed by ClusterNetworkPolicy x/c-from-a"}}, nil
+	}
+	resp, err := Trace(t.Context(), st, &apiv1.TraceRequest{Source: "x/a", Destination: "x/c", Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := resp.Paths[0].Hops[2]; in.Tier != "Admin" || !strings.Contains(in.Detail, "n1 computes otherwise from its own view of the cluster: allowed, allowed by x/c-from-a ingress rule 0") {
+		t.Errorf("n2 names the rule in another tier: %v", in)
+	}
+}

@@ -1777,7 +1777,14 @@ func (x *GetStatsResponse) GetCounters() []*Counter {
 type ListPolicyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One pod, "namespace/name" (or "name" when unique); empty for all.
-	Pod           string `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	Pod string `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// With pod: a connection with this peer address on protocol/port (the
+	// pod's port for ingress, the peer's for egress), whose deciding rule
+	// each direction's decision names. protocol: TCP (the default), UDP or
+	// SCTP.
+	Peer          string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	Port          uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	Protocol      string `protobuf:"bytes,4,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1819,6 +1826,27 @@ func (x *ListPolicyRequest) GetPod() string {
 	return ""
 }
 
+func (x *ListPolicyRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ListPolicyRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ListPolicyRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 type PolicyRule struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// namespace/name of the NetworkPolicy, and the rule's index in its
@@ -1831,7 +1859,14 @@ type PolicyRule struct {
 	// and port.
 	Ports []string `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
 	// The rule names ports but none applies (an unresolved named port).
-	NoPort        bool `protobuf:"varint,5,opt,name=no_port,json=noPort,proto3" json:"no_port,omitempty"`
+	NoPort bool `protobuf:"varint,5,opt,name=no_port,json=noPort,proto3" json:"no_port,omitempty"`
+	// A ClusterNetworkPolicy's rule (PolicyDirection.admin, baseline):
+	// policy is the ClusterNetworkPolicy's name (cluster-scoped), priority
+	// its priority in its tier, name the rule's name, action Accept, Deny or
+	// Pass.
+	Priority      int32  `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
+	Name          string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	Action        string `protobuf:"bytes,8,opt,name=action,proto3" json:"action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1901,6 +1936,118 @@ func (x *PolicyRule) GetNoPort() bool {
 	return false
 }
 
+func (x *PolicyRule) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *PolicyRule) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PolicyRule) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+// The rule that decides a connection in one direction, by the tiers:
+// Admin, then NetworkPolicy, then Baseline (docs/policy.md).
+type PolicyDecision struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Admin, NetworkPolicy or Baseline: the tier that decided; empty when
+	// nothing did (no NetworkPolicy isolates the direction and no
+	// ClusterNetworkPolicy rule matches: allowed).
+	Tier string `protobuf:"bytes,2,opt,name=tier,proto3" json:"tier,omitempty"`
+	// The deciding policy (a NetworkPolicy's namespace/name or a
+	// ClusterNetworkPolicy's name), or the isolating ones of a default deny.
+	Policies      []string `protobuf:"bytes,3,rep,name=policies,proto3" json:"policies,omitempty"`
+	Rule          int32    `protobuf:"varint,4,opt,name=rule,proto3" json:"rule,omitempty"`                        // the deciding rule's index in its policy; -1 if none
+	RuleName      string   `protobuf:"bytes,5,opt,name=rule_name,json=ruleName,proto3" json:"rule_name,omitempty"` // a ClusterNetworkPolicy rule's name
+	Detail        string   `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`                     // in words
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyDecision) Reset() {
+	*x = PolicyDecision{}
+	mi := &file_onc_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyDecision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyDecision) ProtoMessage() {}
+
+func (x *PolicyDecision) ProtoReflect() protoreflect.Message {
+	mi := &file_onc_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyDecision.ProtoReflect.Descriptor instead.
+func (*PolicyDecision) Descriptor() ([]byte, []int) {
+	return file_onc_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PolicyDecision) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *PolicyDecision) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *PolicyDecision) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+func (x *PolicyDecision) GetRule() int32 {
+	if x != nil {
+		return x.Rule
+	}
+	return 0
+}
+
+func (x *PolicyDecision) GetRuleName() string {
+	if x != nil {
+		return x.RuleName
+	}
+	return ""
+}
+
+func (x *PolicyDecision) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type PolicyDirection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Some policy selects the pod in this direction; if not, all is allowed.
@@ -1923,13 +2070,21 @@ type PolicyDirection struct {
 	AuditRules    []*PolicyRule `protobuf:"bytes,7,rep,name=audit_rules,json=auditRules,proto3" json:"audit_rules,omitempty"`
 	WouldDeny     uint64        `protobuf:"varint,8,opt,name=would_deny,json=wouldDeny,proto3" json:"would_deny,omitempty"`
 	WouldAllow    uint64        `protobuf:"varint,9,opt,name=would_allow,json=wouldAllow,proto3" json:"would_allow,omitempty"`
+	// The ClusterNetworkPolicy rules that apply to the pod here, in the
+	// order they judge: admin before the NetworkPolicies, baseline after
+	// them, and only where no NetworkPolicy isolates the direction
+	// (isolated false).
+	Admin    []*PolicyRule `protobuf:"bytes,10,rep,name=admin,proto3" json:"admin,omitempty"`
+	Baseline []*PolicyRule `protobuf:"bytes,11,rep,name=baseline,proto3" json:"baseline,omitempty"`
+	// With ListPolicyRequest.peer: the rule that decides that connection.
+	Decision      *PolicyDecision `protobuf:"bytes,12,opt,name=decision,proto3" json:"decision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PolicyDirection) Reset() {
 	*x = PolicyDirection{}
-	mi := &file_onc_proto_msgTypes[26]
+	mi := &file_onc_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2096,7 @@ func (x *PolicyDirection) String() string {
 func (*PolicyDirection) ProtoMessage() {}
 
 func (x *PolicyDirection) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[26]
+	mi := &file_onc_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2109,7 @@ func (x *PolicyDirection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyDirection.ProtoReflect.Descriptor instead.
 func (*PolicyDirection) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{26}
+	return file_onc_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PolicyDirection) GetIsolated() bool {
@@ -2020,6 +2175,27 @@ func (x *PolicyDirection) GetWouldAllow() uint64 {
 	return 0
 }
 
+func (x *PolicyDirection) GetAdmin() []*PolicyRule {
+	if x != nil {
+		return x.Admin
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetBaseline() []*PolicyRule {
+	if x != nil {
+		return x.Baseline
+	}
+	return nil
+}
+
+func (x *PolicyDirection) GetDecision() *PolicyDecision {
+	if x != nil {
+		return x.Decision
+	}
+	return nil
+}
+
 type PolicyPod struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -2035,7 +2211,7 @@ type PolicyPod struct {
 
 func (x *PolicyPod) Reset() {
 	*x = PolicyPod{}
-	mi := &file_onc_proto_msgTypes[27]
+	mi := &file_onc_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2223,7 @@ func (x *PolicyPod) String() string {
 func (*PolicyPod) ProtoMessage() {}
 
 func (x *PolicyPod) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[27]
+	mi := &file_onc_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2236,7 @@ func (x *PolicyPod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyPod.ProtoReflect.Descriptor instead.
 func (*PolicyPod) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{27}
+	return file_onc_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PolicyPod) GetKey() string {
@@ -2118,7 +2294,7 @@ type ListPolicyResponse struct {
 
 func (x *ListPolicyResponse) Reset() {
 	*x = ListPolicyResponse{}
-	mi := &file_onc_proto_msgTypes[28]
+	mi := &file_onc_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2306,7 @@ func (x *ListPolicyResponse) String() string {
 func (*ListPolicyResponse) ProtoMessage() {}
 
 func (x *ListPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[28]
+	mi := &file_onc_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2319,7 @@ func (x *ListPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPolicyResponse.ProtoReflect.Descriptor instead.
 func (*ListPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{28}
+	return file_onc_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListPolicyResponse) GetSeen() uint64 {
@@ -2182,7 +2358,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_onc_proto_msgTypes[29]
+	mi := &file_onc_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2370,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[29]
+	mi := &file_onc_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2383,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{29}
+	return file_onc_proto_rawDescGZIP(), []int{30}
 }
 
 type ServiceBackend struct {
@@ -2223,7 +2399,7 @@ type ServiceBackend struct {
 
 func (x *ServiceBackend) Reset() {
 	*x = ServiceBackend{}
-	mi := &file_onc_proto_msgTypes[30]
+	mi := &file_onc_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2411,7 @@ func (x *ServiceBackend) String() string {
 func (*ServiceBackend) ProtoMessage() {}
 
 func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[30]
+	mi := &file_onc_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2424,7 @@ func (x *ServiceBackend) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceBackend.ProtoReflect.Descriptor instead.
 func (*ServiceBackend) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{30}
+	return file_onc_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ServiceBackend) GetAddr() string {
@@ -2293,7 +2469,7 @@ type ServiceAffinity struct {
 
 func (x *ServiceAffinity) Reset() {
 	*x = ServiceAffinity{}
-	mi := &file_onc_proto_msgTypes[31]
+	mi := &file_onc_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2481,7 @@ func (x *ServiceAffinity) String() string {
 func (*ServiceAffinity) ProtoMessage() {}
 
 func (x *ServiceAffinity) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[31]
+	mi := &file_onc_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2494,7 @@ func (x *ServiceAffinity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceAffinity.ProtoReflect.Descriptor instead.
 func (*ServiceAffinity) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{31}
+	return file_onc_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ServiceAffinity) GetClient() string {
@@ -2377,7 +2553,7 @@ type BalancedService struct {
 
 func (x *BalancedService) Reset() {
 	*x = BalancedService{}
-	mi := &file_onc_proto_msgTypes[32]
+	mi := &file_onc_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2565,7 @@ func (x *BalancedService) String() string {
 func (*BalancedService) ProtoMessage() {}
 
 func (x *BalancedService) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[32]
+	mi := &file_onc_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2578,7 @@ func (x *BalancedService) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BalancedService.ProtoReflect.Descriptor instead.
 func (*BalancedService) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{32}
+	return file_onc_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BalancedService) GetName() string {
@@ -2526,7 +2702,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_onc_proto_msgTypes[33]
+	mi := &file_onc_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2538,7 +2714,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[33]
+	mi := &file_onc_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2727,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{33}
+	return file_onc_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListServicesResponse) GetSeen() uint64 {
@@ -2636,7 +2812,7 @@ type BypassState struct {
 
 func (x *BypassState) Reset() {
 	*x = BypassState{}
-	mi := &file_onc_proto_msgTypes[34]
+	mi := &file_onc_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2824,7 @@ func (x *BypassState) String() string {
 func (*BypassState) ProtoMessage() {}
 
 func (x *BypassState) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[34]
+	mi := &file_onc_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2837,7 @@ func (x *BypassState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BypassState.ProtoReflect.Descriptor instead.
 func (*BypassState) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{34}
+	return file_onc_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BypassState) GetMode() string {
@@ -2700,7 +2876,7 @@ type ListBypassRequest struct {
 
 func (x *ListBypassRequest) Reset() {
 	*x = ListBypassRequest{}
-	mi := &file_onc_proto_msgTypes[35]
+	mi := &file_onc_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2888,7 @@ func (x *ListBypassRequest) String() string {
 func (*ListBypassRequest) ProtoMessage() {}
 
 func (x *ListBypassRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[35]
+	mi := &file_onc_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2901,7 @@ func (x *ListBypassRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBypassRequest.ProtoReflect.Descriptor instead.
 func (*ListBypassRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{35}
+	return file_onc_proto_rawDescGZIP(), []int{36}
 }
 
 // A TCP connection between two pods of this node in the bypass's map.
@@ -2749,7 +2925,7 @@ type BypassConn struct {
 
 func (x *BypassConn) Reset() {
 	*x = BypassConn{}
-	mi := &file_onc_proto_msgTypes[36]
+	mi := &file_onc_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2937,7 @@ func (x *BypassConn) String() string {
 func (*BypassConn) ProtoMessage() {}
 
 func (x *BypassConn) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[36]
+	mi := &file_onc_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2950,7 @@ func (x *BypassConn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BypassConn.ProtoReflect.Descriptor instead.
 func (*BypassConn) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{36}
+	return file_onc_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BypassConn) GetClient() string {
@@ -2833,7 +3009,7 @@ type ListBypassResponse struct {
 
 func (x *ListBypassResponse) Reset() {
 	*x = ListBypassResponse{}
-	mi := &file_onc_proto_msgTypes[37]
+	mi := &file_onc_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2845,7 +3021,7 @@ func (x *ListBypassResponse) String() string {
 func (*ListBypassResponse) ProtoMessage() {}
 
 func (x *ListBypassResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[37]
+	mi := &file_onc_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2858,7 +3034,7 @@ func (x *ListBypassResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBypassResponse.ProtoReflect.Descriptor instead.
 func (*ListBypassResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{37}
+	return file_onc_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListBypassResponse) GetState() *BypassState {
@@ -2893,7 +3069,7 @@ type SetBypassRequest struct {
 
 func (x *SetBypassRequest) Reset() {
 	*x = SetBypassRequest{}
-	mi := &file_onc_proto_msgTypes[38]
+	mi := &file_onc_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2905,7 +3081,7 @@ func (x *SetBypassRequest) String() string {
 func (*SetBypassRequest) ProtoMessage() {}
 
 func (x *SetBypassRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[38]
+	mi := &file_onc_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2918,7 +3094,7 @@ func (x *SetBypassRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBypassRequest.ProtoReflect.Descriptor instead.
 func (*SetBypassRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{38}
+	return file_onc_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetBypassRequest) GetMode() string {
@@ -2950,7 +3126,7 @@ type GetFlowsRequest struct {
 
 func (x *GetFlowsRequest) Reset() {
 	*x = GetFlowsRequest{}
-	mi := &file_onc_proto_msgTypes[39]
+	mi := &file_onc_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2962,7 +3138,7 @@ func (x *GetFlowsRequest) String() string {
 func (*GetFlowsRequest) ProtoMessage() {}
 
 func (x *GetFlowsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[39]
+	mi := &file_onc_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2975,7 +3151,7 @@ func (x *GetFlowsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFlowsRequest.ProtoReflect.Descriptor instead.
 func (*GetFlowsRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{39}
+	return file_onc_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetFlowsRequest) GetFollow() bool {
@@ -3040,7 +3216,7 @@ type FlowEndpoint struct {
 
 func (x *FlowEndpoint) Reset() {
 	*x = FlowEndpoint{}
-	mi := &file_onc_proto_msgTypes[40]
+	mi := &file_onc_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3228,7 @@ func (x *FlowEndpoint) String() string {
 func (*FlowEndpoint) ProtoMessage() {}
 
 func (x *FlowEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[40]
+	mi := &file_onc_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3241,7 @@ func (x *FlowEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowEndpoint.ProtoReflect.Descriptor instead.
 func (*FlowEndpoint) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{40}
+	return file_onc_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FlowEndpoint) GetKind() string {
@@ -3149,14 +3325,21 @@ type FlowRecord struct {
 	// would allow it) or would-deny (its verdict is allowed: no enforcing
 	// policy isolates the pod there, and the audited ones would deny it);
 	// empty for every other record.
-	Audit         string `protobuf:"bytes,15,opt,name=audit,proto3" json:"audit,omitempty"`
+	Audit string `protobuf:"bytes,15,opt,name=audit,proto3" json:"audit,omitempty"`
+	// The tier that decided a policy record's verdict: Admin or Baseline
+	// (a ClusterNetworkPolicy's rule: policies names it, rule and
+	// rule_name are its), NetworkPolicy (a NetworkPolicy's rule, or the
+	// default deny of its isolation); empty when no rule decided, or the
+	// agent no longer holds the rules.
+	Tier          string `protobuf:"bytes,16,opt,name=tier,proto3" json:"tier,omitempty"`
+	RuleName      string `protobuf:"bytes,17,opt,name=rule_name,json=ruleName,proto3" json:"rule_name,omitempty"` // the deciding ClusterNetworkPolicy rule's name
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FlowRecord) Reset() {
 	*x = FlowRecord{}
-	mi := &file_onc_proto_msgTypes[41]
+	mi := &file_onc_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3168,7 +3351,7 @@ func (x *FlowRecord) String() string {
 func (*FlowRecord) ProtoMessage() {}
 
 func (x *FlowRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[41]
+	mi := &file_onc_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3181,7 +3364,7 @@ func (x *FlowRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowRecord.ProtoReflect.Descriptor instead.
 func (*FlowRecord) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{41}
+	return file_onc_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FlowRecord) GetTimeUnixNano() int64 {
@@ -3289,6 +3472,20 @@ func (x *FlowRecord) GetAudit() string {
 	return ""
 }
 
+func (x *FlowRecord) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *FlowRecord) GetRuleName() string {
+	if x != nil {
+		return x.RuleName
+	}
+	return ""
+}
+
 type TraceRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Source      string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`           // namespace/name of a pod of this node, or its address
@@ -3304,7 +3501,7 @@ type TraceRequest struct {
 
 func (x *TraceRequest) Reset() {
 	*x = TraceRequest{}
-	mi := &file_onc_proto_msgTypes[42]
+	mi := &file_onc_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3316,7 +3513,7 @@ func (x *TraceRequest) String() string {
 func (*TraceRequest) ProtoMessage() {}
 
 func (x *TraceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[42]
+	mi := &file_onc_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3329,7 +3526,7 @@ func (x *TraceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceRequest.ProtoReflect.Descriptor instead.
 func (*TraceRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{42}
+	return file_onc_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TraceRequest) GetSource() string {
@@ -3393,7 +3590,7 @@ type TraceProbe struct {
 
 func (x *TraceProbe) Reset() {
 	*x = TraceProbe{}
-	mi := &file_onc_proto_msgTypes[43]
+	mi := &file_onc_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3602,7 @@ func (x *TraceProbe) String() string {
 func (*TraceProbe) ProtoMessage() {}
 
 func (x *TraceProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[43]
+	mi := &file_onc_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3615,7 @@ func (x *TraceProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceProbe.ProtoReflect.Descriptor instead.
 func (*TraceProbe) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{43}
+	return file_onc_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TraceProbe) GetLocal() string {
@@ -3482,14 +3679,18 @@ type TraceHop struct {
 	// computed: another node's verdict, computed here from the cluster's
 	// policies, when that node's agent could not answer (the detail says
 	// why).
-	Basis         string `protobuf:"bytes,7,opt,name=basis,proto3" json:"basis,omitempty"`
+	Basis string `protobuf:"bytes,7,opt,name=basis,proto3" json:"basis,omitempty"`
+	// A policy hop's deciding tier, as FlowRecord.tier; rule_name the
+	// deciding ClusterNetworkPolicy rule's name.
+	Tier          string `protobuf:"bytes,8,opt,name=tier,proto3" json:"tier,omitempty"`
+	RuleName      string `protobuf:"bytes,9,opt,name=rule_name,json=ruleName,proto3" json:"rule_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TraceHop) Reset() {
 	*x = TraceHop{}
-	mi := &file_onc_proto_msgTypes[44]
+	mi := &file_onc_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3702,7 @@ func (x *TraceHop) String() string {
 func (*TraceHop) ProtoMessage() {}
 
 func (x *TraceHop) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[44]
+	mi := &file_onc_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3715,7 @@ func (x *TraceHop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceHop.ProtoReflect.Descriptor instead.
 func (*TraceHop) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{44}
+	return file_onc_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TraceHop) GetNode() string {
@@ -3566,6 +3767,20 @@ func (x *TraceHop) GetBasis() string {
 	return ""
 }
 
+func (x *TraceHop) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TraceHop) GetRuleName() string {
+	if x != nil {
+		return x.RuleName
+	}
+	return ""
+}
+
 // Where a packet goes once it has a destination pod or host: one per
 // backend for a Service, else one.
 type TracePath struct {
@@ -3579,7 +3794,7 @@ type TracePath struct {
 
 func (x *TracePath) Reset() {
 	*x = TracePath{}
-	mi := &file_onc_proto_msgTypes[45]
+	mi := &file_onc_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +3806,7 @@ func (x *TracePath) String() string {
 func (*TracePath) ProtoMessage() {}
 
 func (x *TracePath) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[45]
+	mi := &file_onc_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +3819,7 @@ func (x *TracePath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePath.ProtoReflect.Descriptor instead.
 func (*TracePath) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{45}
+	return file_onc_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TracePath) GetDestination() *FlowEndpoint {
@@ -3644,7 +3859,7 @@ type TraceIngressRequest struct {
 
 func (x *TraceIngressRequest) Reset() {
 	*x = TraceIngressRequest{}
-	mi := &file_onc_proto_msgTypes[46]
+	mi := &file_onc_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3656,7 +3871,7 @@ func (x *TraceIngressRequest) String() string {
 func (*TraceIngressRequest) ProtoMessage() {}
 
 func (x *TraceIngressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[46]
+	mi := &file_onc_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3669,7 +3884,7 @@ func (x *TraceIngressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceIngressRequest.ProtoReflect.Descriptor instead.
 func (*TraceIngressRequest) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{46}
+	return file_onc_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TraceIngressRequest) GetSource() string {
@@ -3730,7 +3945,7 @@ type TraceIngressResponse struct {
 
 func (x *TraceIngressResponse) Reset() {
 	*x = TraceIngressResponse{}
-	mi := &file_onc_proto_msgTypes[47]
+	mi := &file_onc_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3957,7 @@ func (x *TraceIngressResponse) String() string {
 func (*TraceIngressResponse) ProtoMessage() {}
 
 func (x *TraceIngressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[47]
+	mi := &file_onc_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3970,7 @@ func (x *TraceIngressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceIngressResponse.ProtoReflect.Descriptor instead.
 func (*TraceIngressResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{47}
+	return file_onc_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TraceIngressResponse) GetNode() string {
@@ -3800,7 +4015,7 @@ type TraceResponse struct {
 
 func (x *TraceResponse) Reset() {
 	*x = TraceResponse{}
-	mi := &file_onc_proto_msgTypes[48]
+	mi := &file_onc_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3812,7 +4027,7 @@ func (x *TraceResponse) String() string {
 func (*TraceResponse) ProtoMessage() {}
 
 func (x *TraceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onc_proto_msgTypes[48]
+	mi := &file_onc_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3825,7 +4040,7 @@ func (x *TraceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceResponse.ProtoReflect.Descriptor instead.
 func (*TraceResponse) Descriptor() ([]byte, []int) {
-	return file_onc_proto_rawDescGZIP(), []int{48}
+	return file_onc_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TraceResponse) GetSource() *FlowEndpoint {
@@ -4016,16 +4231,29 @@ const file_onc_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\x04R\x05value\x12\x16\n" +
 	"\x06family\x18\x04 \x01(\tR\x06family\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
-	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"%\n" +
+	"\bcounters\x18\x01 \x03(\v2\x0f.onc.v1.CounterR\bcounters\"i\n" +
 	"\x11ListPolicyRequest\x12\x10\n" +
-	"\x03pod\x18\x01 \x01(\tR\x03pod\"\x7f\n" +
+	"\x03pod\x18\x01 \x01(\tR\x03pod\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x04 \x01(\tR\bprotocol\"\xc7\x01\n" +
 	"\n" +
 	"PolicyRule\x12\x16\n" +
 	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x14\n" +
 	"\x05peers\x18\x03 \x03(\tR\x05peers\x12\x14\n" +
 	"\x05ports\x18\x04 \x03(\tR\x05ports\x12\x17\n" +
-	"\ano_port\x18\x05 \x01(\bR\x06noPort\"\xc1\x02\n" +
+	"\ano_port\x18\x05 \x01(\bR\x06noPort\x12\x1a\n" +
+	"\bpriority\x18\x06 \x01(\x05R\bpriority\x12\x12\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x12\x16\n" +
+	"\x06action\x18\b \x01(\tR\x06action\"\xa3\x01\n" +
+	"\x0ePolicyDecision\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x12\n" +
+	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x1a\n" +
+	"\bpolicies\x18\x03 \x03(\tR\bpolicies\x12\x12\n" +
+	"\x04rule\x18\x04 \x01(\x05R\x04rule\x12\x1b\n" +
+	"\trule_name\x18\x05 \x01(\tR\bruleName\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\xcf\x03\n" +
 	"\x0fPolicyDirection\x12\x1a\n" +
 	"\bisolated\x18\x01 \x01(\bR\bisolated\x12\x1a\n" +
 	"\bpolicies\x18\x02 \x03(\tR\bpolicies\x12(\n" +
@@ -4038,7 +4266,11 @@ const file_onc_proto_rawDesc = "" +
 	"\n" +
 	"would_deny\x18\b \x01(\x04R\twouldDeny\x12\x1f\n" +
 	"\vwould_allow\x18\t \x01(\x04R\n" +
-	"wouldAllow\"\xc2\x01\n" +
+	"wouldAllow\x12(\n" +
+	"\x05admin\x18\n" +
+	" \x03(\v2\x12.onc.v1.PolicyRuleR\x05admin\x12.\n" +
+	"\bbaseline\x18\v \x03(\v2\x12.onc.v1.PolicyRuleR\bbaseline\x122\n" +
+	"\bdecision\x18\f \x01(\v2\x16.onc.v1.PolicyDecisionR\bdecision\"\xc2\x01\n" +
 	"\tPolicyPod\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x0e\n" +
 	"\x02ip\x18\x02 \x01(\tR\x02ip\x12\x1d\n" +
@@ -4131,7 +4363,7 @@ const file_onc_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04port\x18\x06 \x01(\rR\x04port\"\xec\x03\n" +
+	"\x04port\x18\x06 \x01(\rR\x04port\"\x9d\x04\n" +
 	"\n" +
 	"FlowRecord\x12$\n" +
 	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x12\n" +
@@ -4153,7 +4385,9 @@ const file_onc_proto_rawDesc = "" +
 	"\n" +
 	"suppressed\x18\x0e \x01(\rR\n" +
 	"suppressed\x12\x14\n" +
-	"\x05audit\x18\x0f \x01(\tR\x05auditB\a\n" +
+	"\x05audit\x18\x0f \x01(\tR\x05audit\x12\x12\n" +
+	"\x04tier\x18\x10 \x01(\tR\x04tier\x12\x1b\n" +
+	"\trule_name\x18\x11 \x01(\tR\bruleNameB\a\n" +
 	"\x05_rule\"\x8e\x01\n" +
 	"\fTraceRequest\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12 \n" +
@@ -4168,7 +4402,7 @@ const file_onc_proto_rawDesc = "" +
 	"\aseconds\x18\x03 \x01(\x01R\aseconds\x12,\n" +
 	"\arecords\x18\x04 \x03(\v2\x12.onc.v1.FlowRecordR\arecords\x12\x1c\n" +
 	"\tagreement\x18\x05 \x01(\tR\tagreement\x12\x16\n" +
-	"\x06detail\x18\x06 \x01(\tR\x06detail\"\xaa\x01\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\xdb\x01\n" +
 	"\bTraceHop\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\tR\x04step\x12\x18\n" +
@@ -4176,7 +4410,9 @@ const file_onc_proto_rawDesc = "" +
 	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x1a\n" +
 	"\bpolicies\x18\x05 \x03(\tR\bpolicies\x12\x12\n" +
 	"\x04rule\x18\x06 \x01(\x05R\x04rule\x12\x14\n" +
-	"\x05basis\x18\a \x01(\tR\x05basis\"\x83\x01\n" +
+	"\x05basis\x18\a \x01(\tR\x05basis\x12\x12\n" +
+	"\x04tier\x18\b \x01(\tR\x04tier\x12\x1b\n" +
+	"\trule_name\x18\t \x01(\tR\bruleName\"\x83\x01\n" +
 	"\tTracePath\x126\n" +
 	"\vdestination\x18\x01 \x01(\v2\x14.onc.v1.FlowEndpointR\vdestination\x12$\n" +
 	"\x04hops\x18\x02 \x03(\v2\x10.onc.v1.TraceHopR\x04hops\x12\x18\n" +
@@ -4241,7 +4477,7 @@ func file_onc_proto_rawDescGZIP() []byte {
 	return file_onc_proto_rawDescData
 }
 
-var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_onc_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_onc_proto_goTypes = []any{
 	(*CNIRequest)(nil),           // 0: onc.v1.CNIRequest
 	(*CNIResponse)(nil),          // 1: onc.v1.CNIResponse
@@ -4269,34 +4505,35 @@ var file_onc_proto_goTypes = []any{
 	(*GetStatsResponse)(nil),     // 23: onc.v1.GetStatsResponse
 	(*ListPolicyRequest)(nil),    // 24: onc.v1.ListPolicyRequest
 	(*PolicyRule)(nil),           // 25: onc.v1.PolicyRule
-	(*PolicyDirection)(nil),      // 26: onc.v1.PolicyDirection
-	(*PolicyPod)(nil),            // 27: onc.v1.PolicyPod
-	(*ListPolicyResponse)(nil),   // 28: onc.v1.ListPolicyResponse
-	(*ListServicesRequest)(nil),  // 29: onc.v1.ListServicesRequest
-	(*ServiceBackend)(nil),       // 30: onc.v1.ServiceBackend
-	(*ServiceAffinity)(nil),      // 31: onc.v1.ServiceAffinity
-	(*BalancedService)(nil),      // 32: onc.v1.BalancedService
-	(*ListServicesResponse)(nil), // 33: onc.v1.ListServicesResponse
-	(*BypassState)(nil),          // 34: onc.v1.BypassState
-	(*ListBypassRequest)(nil),    // 35: onc.v1.ListBypassRequest
-	(*BypassConn)(nil),           // 36: onc.v1.BypassConn
-	(*ListBypassResponse)(nil),   // 37: onc.v1.ListBypassResponse
-	(*SetBypassRequest)(nil),     // 38: onc.v1.SetBypassRequest
-	(*GetFlowsRequest)(nil),      // 39: onc.v1.GetFlowsRequest
-	(*FlowEndpoint)(nil),         // 40: onc.v1.FlowEndpoint
-	(*FlowRecord)(nil),           // 41: onc.v1.FlowRecord
-	(*TraceRequest)(nil),         // 42: onc.v1.TraceRequest
-	(*TraceProbe)(nil),           // 43: onc.v1.TraceProbe
-	(*TraceHop)(nil),             // 44: onc.v1.TraceHop
-	(*TracePath)(nil),            // 45: onc.v1.TracePath
-	(*TraceIngressRequest)(nil),  // 46: onc.v1.TraceIngressRequest
-	(*TraceIngressResponse)(nil), // 47: onc.v1.TraceIngressResponse
-	(*TraceResponse)(nil),        // 48: onc.v1.TraceResponse
+	(*PolicyDecision)(nil),       // 26: onc.v1.PolicyDecision
+	(*PolicyDirection)(nil),      // 27: onc.v1.PolicyDirection
+	(*PolicyPod)(nil),            // 28: onc.v1.PolicyPod
+	(*ListPolicyResponse)(nil),   // 29: onc.v1.ListPolicyResponse
+	(*ListServicesRequest)(nil),  // 30: onc.v1.ListServicesRequest
+	(*ServiceBackend)(nil),       // 31: onc.v1.ServiceBackend
+	(*ServiceAffinity)(nil),      // 32: onc.v1.ServiceAffinity
+	(*BalancedService)(nil),      // 33: onc.v1.BalancedService
+	(*ListServicesResponse)(nil), // 34: onc.v1.ListServicesResponse
+	(*BypassState)(nil),          // 35: onc.v1.BypassState
+	(*ListBypassRequest)(nil),    // 36: onc.v1.ListBypassRequest
+	(*BypassConn)(nil),           // 37: onc.v1.BypassConn
+	(*ListBypassResponse)(nil),   // 38: onc.v1.ListBypassResponse
+	(*SetBypassRequest)(nil),     // 39: onc.v1.SetBypassRequest
+	(*GetFlowsRequest)(nil),      // 40: onc.v1.GetFlowsRequest
+	(*FlowEndpoint)(nil),         // 41: onc.v1.FlowEndpoint
+	(*FlowRecord)(nil),           // 42: onc.v1.FlowRecord
+	(*TraceRequest)(nil),         // 43: onc.v1.TraceRequest
+	(*TraceProbe)(nil),           // 44: onc.v1.TraceProbe
+	(*TraceHop)(nil),             // 45: onc.v1.TraceHop
+	(*TracePath)(nil),            // 46: onc.v1.TracePath
+	(*TraceIngressRequest)(nil),  // 47: onc.v1.TraceIngressRequest
+	(*TraceIngressResponse)(nil), // 48: onc.v1.TraceIngressResponse
+	(*TraceResponse)(nil),        // 49: onc.v1.TraceResponse
 }
 var file_onc_proto_depIdxs = []int32{
 	2,  // 0: onc.v1.CNIResponse.error:type_name -> onc.v1.CNIError
 	5,  // 1: onc.v1.NodeStatus.watchers:type_name -> onc.v1.Watcher
-	34, // 2: onc.v1.NodeStatus.bypass:type_name -> onc.v1.BypassState
+	35, // 2: onc.v1.NodeStatus.bypass:type_name -> onc.v1.BypassState
 	7,  // 3: onc.v1.ListPodsResponse.pods:type_name -> onc.v1.Pod
 	10, // 4: onc.v1.ListPeersResponse.peers:type_name -> onc.v1.Peer
 	14, // 5: onc.v1.ListCacheResponse.egress:type_name -> onc.v1.EgressEntry
@@ -4306,73 +4543,76 @@ var file_onc_proto_depIdxs = []int32{
 	22, // 9: onc.v1.GetStatsResponse.counters:type_name -> onc.v1.Counter
 	25, // 10: onc.v1.PolicyDirection.rules:type_name -> onc.v1.PolicyRule
 	25, // 11: onc.v1.PolicyDirection.audit_rules:type_name -> onc.v1.PolicyRule
-	26, // 12: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
-	26, // 13: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
-	27, // 14: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
-	30, // 15: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
-	31, // 16: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
-	32, // 17: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
-	22, // 18: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
-	34, // 19: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
-	36, // 20: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
-	22, // 21: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
-	40, // 22: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
-	40, // 23: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
-	40, // 24: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
-	41, // 25: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
-	40, // 26: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 27: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
-	44, // 28: onc.v1.TraceIngressResponse.ingress:type_name -> onc.v1.TraceHop
-	44, // 29: onc.v1.TraceIngressResponse.forwarding:type_name -> onc.v1.TraceHop
-	41, // 30: onc.v1.TraceIngressResponse.records:type_name -> onc.v1.FlowRecord
-	40, // 31: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
-	40, // 32: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
-	44, // 33: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
-	45, // 34: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
-	43, // 35: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
-	0,  // 36: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
-	0,  // 37: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
-	0,  // 38: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
-	0,  // 39: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
-	0,  // 40: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
-	3,  // 41: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
-	6,  // 42: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
-	9,  // 43: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
-	12, // 44: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
-	13, // 45: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
-	19, // 46: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
-	21, // 47: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
-	24, // 48: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
-	29, // 49: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
-	35, // 50: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
-	38, // 51: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
-	39, // 52: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
-	42, // 53: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
-	46, // 54: onc.v1.PeerAgent.TraceIngress:input_type -> onc.v1.TraceIngressRequest
-	1,  // 55: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
-	1,  // 56: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
-	1,  // 57: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
-	1,  // 58: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
-	1,  // 59: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
-	4,  // 60: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
-	8,  // 61: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
-	11, // 62: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
-	4,  // 63: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
-	18, // 64: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
-	20, // 65: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
-	23, // 66: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
-	28, // 67: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
-	33, // 68: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
-	37, // 69: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
-	37, // 70: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
-	41, // 71: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
-	48, // 72: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
-	47, // 73: onc.v1.PeerAgent.TraceIngress:output_type -> onc.v1.TraceIngressResponse
-	55, // [55:74] is the sub-list for method output_type
-	36, // [36:55] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	25, // 12: onc.v1.PolicyDirection.admin:type_name -> onc.v1.PolicyRule
+	25, // 13: onc.v1.PolicyDirection.baseline:type_name -> onc.v1.PolicyRule
+	26, // 14: onc.v1.PolicyDirection.decision:type_name -> onc.v1.PolicyDecision
+	27, // 15: onc.v1.PolicyPod.ingress:type_name -> onc.v1.PolicyDirection
+	27, // 16: onc.v1.PolicyPod.egress:type_name -> onc.v1.PolicyDirection
+	28, // 17: onc.v1.ListPolicyResponse.pods:type_name -> onc.v1.PolicyPod
+	31, // 18: onc.v1.BalancedService.backends:type_name -> onc.v1.ServiceBackend
+	32, // 19: onc.v1.BalancedService.affinity:type_name -> onc.v1.ServiceAffinity
+	33, // 20: onc.v1.ListServicesResponse.services:type_name -> onc.v1.BalancedService
+	22, // 21: onc.v1.ListServicesResponse.counters:type_name -> onc.v1.Counter
+	35, // 22: onc.v1.ListBypassResponse.state:type_name -> onc.v1.BypassState
+	37, // 23: onc.v1.ListBypassResponse.conns:type_name -> onc.v1.BypassConn
+	22, // 24: onc.v1.ListBypassResponse.counters:type_name -> onc.v1.Counter
+	41, // 25: onc.v1.FlowRecord.source:type_name -> onc.v1.FlowEndpoint
+	41, // 26: onc.v1.FlowRecord.destination:type_name -> onc.v1.FlowEndpoint
+	41, // 27: onc.v1.FlowRecord.translated:type_name -> onc.v1.FlowEndpoint
+	42, // 28: onc.v1.TraceProbe.records:type_name -> onc.v1.FlowRecord
+	41, // 29: onc.v1.TracePath.destination:type_name -> onc.v1.FlowEndpoint
+	45, // 30: onc.v1.TracePath.hops:type_name -> onc.v1.TraceHop
+	45, // 31: onc.v1.TraceIngressResponse.ingress:type_name -> onc.v1.TraceHop
+	45, // 32: onc.v1.TraceIngressResponse.forwarding:type_name -> onc.v1.TraceHop
+	42, // 33: onc.v1.TraceIngressResponse.records:type_name -> onc.v1.FlowRecord
+	41, // 34: onc.v1.TraceResponse.source:type_name -> onc.v1.FlowEndpoint
+	41, // 35: onc.v1.TraceResponse.destination:type_name -> onc.v1.FlowEndpoint
+	45, // 36: onc.v1.TraceResponse.hops:type_name -> onc.v1.TraceHop
+	46, // 37: onc.v1.TraceResponse.paths:type_name -> onc.v1.TracePath
+	44, // 38: onc.v1.TraceResponse.probe:type_name -> onc.v1.TraceProbe
+	0,  // 39: onc.v1.CNI.Add:input_type -> onc.v1.CNIRequest
+	0,  // 40: onc.v1.CNI.Del:input_type -> onc.v1.CNIRequest
+	0,  // 41: onc.v1.CNI.Check:input_type -> onc.v1.CNIRequest
+	0,  // 42: onc.v1.CNI.Status:input_type -> onc.v1.CNIRequest
+	0,  // 43: onc.v1.CNI.GC:input_type -> onc.v1.CNIRequest
+	3,  // 44: onc.v1.Agent.GetStatus:input_type -> onc.v1.GetStatusRequest
+	6,  // 45: onc.v1.Agent.ListPods:input_type -> onc.v1.ListPodsRequest
+	9,  // 46: onc.v1.Agent.ListPeers:input_type -> onc.v1.ListPeersRequest
+	12, // 47: onc.v1.Agent.SetFastPath:input_type -> onc.v1.SetFastPathRequest
+	13, // 48: onc.v1.Agent.ListCache:input_type -> onc.v1.ListCacheRequest
+	19, // 49: onc.v1.Agent.FlushCache:input_type -> onc.v1.FlushCacheRequest
+	21, // 50: onc.v1.Agent.GetStats:input_type -> onc.v1.GetStatsRequest
+	24, // 51: onc.v1.Agent.ListPolicy:input_type -> onc.v1.ListPolicyRequest
+	30, // 52: onc.v1.Agent.ListServices:input_type -> onc.v1.ListServicesRequest
+	36, // 53: onc.v1.Agent.ListBypass:input_type -> onc.v1.ListBypassRequest
+	39, // 54: onc.v1.Agent.SetBypass:input_type -> onc.v1.SetBypassRequest
+	40, // 55: onc.v1.Agent.GetFlows:input_type -> onc.v1.GetFlowsRequest
+	43, // 56: onc.v1.Agent.Trace:input_type -> onc.v1.TraceRequest
+	47, // 57: onc.v1.PeerAgent.TraceIngress:input_type -> onc.v1.TraceIngressRequest
+	1,  // 58: onc.v1.CNI.Add:output_type -> onc.v1.CNIResponse
+	1,  // 59: onc.v1.CNI.Del:output_type -> onc.v1.CNIResponse
+	1,  // 60: onc.v1.CNI.Check:output_type -> onc.v1.CNIResponse
+	1,  // 61: onc.v1.CNI.Status:output_type -> onc.v1.CNIResponse
+	1,  // 62: onc.v1.CNI.GC:output_type -> onc.v1.CNIResponse
+	4,  // 63: onc.v1.Agent.GetStatus:output_type -> onc.v1.NodeStatus
+	8,  // 64: onc.v1.Agent.ListPods:output_type -> onc.v1.ListPodsResponse
+	11, // 65: onc.v1.Agent.ListPeers:output_type -> onc.v1.ListPeersResponse
+	4,  // 66: onc.v1.Agent.SetFastPath:output_type -> onc.v1.NodeStatus
+	18, // 67: onc.v1.Agent.ListCache:output_type -> onc.v1.ListCacheResponse
+	20, // 68: onc.v1.Agent.FlushCache:output_type -> onc.v1.FlushCacheResponse
+	23, // 69: onc.v1.Agent.GetStats:output_type -> onc.v1.GetStatsResponse
+	29, // 70: onc.v1.Agent.ListPolicy:output_type -> onc.v1.ListPolicyResponse
+	34, // 71: onc.v1.Agent.ListServices:output_type -> onc.v1.ListServicesResponse
+	38, // 72: onc.v1.Agent.ListBypass:output_type -> onc.v1.ListBypassResponse
+	38, // 73: onc.v1.Agent.SetBypass:output_type -> onc.v1.ListBypassResponse
+	42, // 74: onc.v1.Agent.GetFlows:output_type -> onc.v1.FlowRecord
+	49, // 75: onc.v1.Agent.Trace:output_type -> onc.v1.TraceResponse
+	48, // 76: onc.v1.PeerAgent.TraceIngress:output_type -> onc.v1.TraceIngressResponse
+	58, // [58:77] is the sub-list for method output_type
+	39, // [39:58] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_onc_proto_init() }
@@ -4380,14 +4620,14 @@ func file_onc_proto_init() {
 	if File_onc_proto != nil {
 		return
 	}
-	file_onc_proto_msgTypes[41].OneofWrappers = []any{}
+	file_onc_proto_msgTypes[42].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onc_proto_rawDesc), len(file_onc_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

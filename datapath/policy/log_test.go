@@ -192,7 +192,7 @@ func TestDeniedPacketsLogged(t *testing.T) {
 
 // A pod's chain logs each new connection it allows, once (the rest of the
 // connection is established), with the fingerprint of the rules in force,
-// whose first allowing rule Decide names. A change of the rules changes
+// whose first allowing rule Judge names. A change of the rules changes
 // the fingerprint the next connection is logged with, and the last one
 // still says what it stood for. A burst of new connections is logged 200
 // at once and then 100 a second, however fast they come.
@@ -226,7 +226,7 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 	}
 	// allowedBy checks the one record of the connection from src to b's
 	// port: allowed by b's ingress with the rules of fingerprint fp (if
-	// not "") which Decide says policy's rule index allowed; it returns
+	// not "") which Judge says policy's rule index allowed; it returns
 	// the fingerprint.
 	allowedBy := func(src netip.AddrPort, port uint16, fp, policy string, index int) string {
 		t.Helper()
@@ -245,8 +245,8 @@ func TestAllowedConnectionsLogged(t *testing.T) {
 		if !ok || lg.Pod != "ns/b" {
 			t.Fatalf("%s → %s: fingerprint %s stands for %+v (%v)", src, dst, p.Fingerprint, lg, ok)
 		}
-		if r, ok := lg.Direction.Decide(src.Addr(), Proto(p.Proto), dst.Port()); !ok || r.Policy != policy || r.Index != index {
-			t.Errorf("%s → %s: decided by %s rule %d (%v), want %s rule %d", src, dst, r.Policy, r.Index, ok, policy, index)
+		if r := lg.Direction.Judge(src.Addr(), Proto(p.Proto), dst.Port()); !r.Allowed || r.Policy != policy || r.Index != index {
+			t.Errorf("%s → %s: decided by %s rule %d (%v), want %s rule %d", src, dst, r.Policy, r.Index, r.Allowed, policy, index)
 		}
 		return p.Fingerprint
 	}

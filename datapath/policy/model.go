@@ -108,19 +108,6 @@ func (d *Direction) Allows(ip netip.Addr, proto Proto, port uint16) bool {
 	return d.Judge(ip, proto, port).Allowed
 }
 
-// Decide is the rule that allows a new connection with the peer ip: the
-// first of d's rules that does (policies in order, each policy's rules in
-// its order: the one flow records and onctl trace name), and false if
-// none does.
-func (d *Direction) Decide(ip netip.Addr, proto Proto, port uint16) (Rule, bool) {
-	for _, r := range d.Rules {
-		if r.Allows(ip, proto, port) {
-			return r, true
-		}
-	}
-	return Rule{}, false
-}
-
 // Pod is the policy of one local pod.
 type Pod struct {
 	Key   string       // namespace/name
