@@ -24,6 +24,12 @@ OTELCOL_VERSION := $(shell awk '$$1=="go.opentelemetry.io/collector/otelcol" {pr
 OTELCOL_KEY := $(shell cat e2e/otelcol/go.mod e2e/otelcol/go.sum e2e/otelcol/main.go | sha256sum | cut -c1-12)
 OTELCOL_BIN ?= /var/cache/onc/otelcol/$(OTELCOL_VERSION)-$(OTELCOL_KEY)
 export ONC_OTELCOL_BIN := $(OTELCOL_BIN)/otelcol
+# The kind bed's ClusterNetworkPolicy conformance runner (CNP=1), built
+# from e2e/kind/npa (its go.mod pins the network-policy-api release) into a
+# cache keyed the same way.
+NPA_VERSION := $(shell awk '$$1=="sigs.k8s.io/network-policy-api" {print $$2}' e2e/kind/npa/go.mod)
+NPA_KEY := $(shell cat e2e/kind/npa/go.mod e2e/kind/npa/go.sum e2e/kind/npa/*.go | sha256sum | cut -c1-12)
+NPA_BIN ?= /var/cache/onc/npa/$(NPA_VERSION)-$(NPA_KEY)
 
 all: build
 
@@ -151,7 +157,8 @@ image: build
 # every image is built locally and cached (first run ≈40 min).
 e2e-kind: prereqs build
 	./hack/kube-build.sh $(KUBE_BIN) kubectl kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy e2e.test agnhost regression-issue-74839 ginkgo
-	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh $(E2E_KIND_ARGS)
+	$(if $(filter 1,$(CNP)),./hack/npa-build.sh $(NPA_BIN))
+	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) NPA_TEST=$(NPA_BIN)/npa-conformance.test ./e2e/kind/run.sh $(E2E_KIND_ARGS)
 
 e2e-kind-down:
 	KUBE_BIN=$(KUBE_BIN) KUBE_VERSION=$(KUBE_VERSION) ./e2e/kind/run.sh down

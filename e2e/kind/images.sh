@@ -97,6 +97,12 @@ if [ "$(docker image inspect -f '{{index .Config.Labels "onc.stamp"}}' registry.
   (cd "$ctx" && tar -c .) | docker build -q -t registry.k8s.io/e2e-test-images/agnhost:2.59 - >/dev/null
   rm -rf "$ctx"
 fi
+# The ClusterNetworkPolicy conformance suite (run.sh, CNP=1) asks for
+# agnhost 2.45; what it runs (serve-hostname, netexec, connect, porter,
+# bash) is in 2.59: the same image under that tag, moved when 2.59 is rebuilt.
+agnhost=$(docker image inspect -f '{{.Id}}' registry.k8s.io/e2e-test-images/agnhost:2.59)
+[ "$(docker image inspect -f '{{.Id}}' registry.k8s.io/e2e-test-images/agnhost:2.45 2>/dev/null)" = "$agnhost" ] ||
+  docker tag registry.k8s.io/e2e-test-images/agnhost:2.59 registry.k8s.io/e2e-test-images/agnhost:2.45
 # busybox, nginx, jessie-dnsutils and distroless-iptables: the Debian base
 # already has what the tests run in them (sh, wget, nc, nslookup, dig,
 # nginx, sleep, conntrack).
@@ -114,7 +120,8 @@ done
 PRELOAD=(registry.k8s.io/kube-apiserver:$KUBE_VERSION registry.k8s.io/kube-controller-manager:$KUBE_VERSION
   registry.k8s.io/kube-scheduler:$KUBE_VERSION registry.k8s.io/kube-proxy:$KUBE_VERSION
   registry.k8s.io/etcd:$ETCD_VERSION-0 registry.k8s.io/coredns/coredns:v$COREDNS_VERSION registry.k8s.io/pause:$PAUSE_VERSION
-  registry.k8s.io/e2e-test-images/agnhost:2.59 registry.k8s.io/e2e-test-images/busybox:1.36.1-1
+  registry.k8s.io/e2e-test-images/agnhost:2.59 registry.k8s.io/e2e-test-images/agnhost:2.45
+  registry.k8s.io/e2e-test-images/busybox:1.36.1-1
   registry.k8s.io/e2e-test-images/busybox:1.37.0-1 registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7
   registry.k8s.io/e2e-test-images/nginx:1.14-4 registry.k8s.io/e2e-test-images/nginx:1.15-4
   registry.k8s.io/build-image/distroless-iptables:v0.8.9 registry.k8s.io/e2e-test-images/regression-issue-74839:1.4)

@@ -25,6 +25,14 @@
 # IPv6-only one (pods fd00:10:244::/56, Services fd00:10:96::/112, the
 # nodes' IPv6 addresses the overlay's tunnel endpoints); ipv4 (the
 # default) an IPv4 one.
+#
+# CNP=1 runs the upstream ClusterNetworkPolicy conformance suite
+# (sigs.k8s.io/network-policy-api, through e2e/kind/npa; make builds it as
+# NPA_TEST) instead of e2e.test, and saves its ConformanceReport
+# (conformance-report.yaml) and log (cnp-conformance.log) in $OUT. The
+# restarts and probes run as with e2e.test: the suite's policies select
+# only its own pods (by namespace or its conformance-house label), not the
+# probes'. FOCUS and SKIP do not apply.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -36,6 +44,8 @@ CACHE=${CACHE:-/var/cache/onc/kind}
 OUT=${OUT:-$root/e2e-kind-results/$(date -u +%Y%m%dT%H%M%SZ)}
 FOCUS=${FOCUS:-'\[sig-network\].*\[Conformance\]'}
 SKIP=${SKIP:-} # a ginkgo skip regex beside FOCUS, e.g. SCTPConnectivity
+CNP=${CNP:-0}
+NPA_TEST=${NPA_TEST:-}
 # Specs run at once: 1 runs e2e.test itself, more run it under the ginkgo
 # CLI in that many processes (for the long [sig-network] runs; Serial specs
 # still run alone, last).
@@ -280,9 +290,36 @@ admission_probe() {
   [ "$ok" = 1 ]
 }
 
+# cnp_conformance runs the ClusterNetworkPolicy conformance suite as
+# e2e.test runs: in the bed's network namespace, on the bed's kubeconfig.
+# Profile ClusterNetworkPolicy; of its experimental features only named
+# ports are claimed: the node peers tests probe SCTP and are skipped, and a
+# feature is claimed only where its tests ran. The runner skips every test
+# that probes SCTP (e2e/kind/npa/npa.go says which and why).
+cnp_conformance() {
+  [ -x "$NPA_TEST" ] || { echo "NPA_TEST=$NPA_TEST: no runner (CNP=1 make e2e-kind builds it)" >&2; return 1; }
+  # The manifest carries the CRDs; the suite refuses a cluster without them.
+  kc wait --for=condition=Established crd/clusternetworkpolicies.policy.networking.k8s.io --timeout=1m || return 1
+  # Its host-network StatefulSet (2 replicas on the same ports) wants two nodes.
+  local schedulable
+  schedulable=$(kc get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].effect}{"\n"}{end}' | grep -vc NoSchedule || true)
+  [ "$schedulable" -ge 2 ] || { echo "the suite needs 2 schedulable nodes; the cluster has $schedulable" >&2; return 1; }
+  in_ns "$NPA_TEST" -test.v -test.timeout=90m -test.run '^TestClusterNetworkPolicyConformance$' \
+    --kubeconfig="$KUBECONFIG" --conformance-profiles=ClusterNetworkPolicy \
+    --supported-features=ClusterNetworkPolicyNamedPorts \
+    --organization=onc-net --project=onc --url=https://github.com/onc-net/onc \
+    --version="$(cat "$CACHE/$CLUSTER.image-commit")" --contact=https://github.com/onc-net/onc/issues \
+    --additional-info="kind bed (e2e/kind/run.sh, CNP=1), Kubernetes $KUBE_VERSION, kube-proxy $KUBE_PROXY, $IP_FAMILY; upstream tests through e2e/kind/npa: no SCTP in the kernel, so the base pods lack their SCTP servers and the tests probing SCTP are skipped" \
+    --report-output="$OUT/conformance-report.yaml" > "$OUT/cnp-conformance.log" 2>&1
+}
+
 test_() {
   mkdir -p "$OUT"
-  log "running e2e.test --ginkgo.focus=$FOCUS --ginkgo.skip=$SKIP (results in $OUT)"
+  if [ "$CNP" = 1 ]; then
+    log "running the ClusterNetworkPolicy conformance suite (results in $OUT)"
+  else
+    log "running e2e.test --ginkgo.focus=$FOCUS --ginkgo.skip=$SKIP (results in $OUT)"
+  fi
   rolling_restart &
   local restarts=$!
   local rc=0
@@ -291,7 +328,9 @@ test_() {
   # themselves without it.
   local nodes
   nodes=$(kc get nodes --no-headers | wc -l)
-  if [ "$PROCS" -gt 1 ]; then
+  if [ "$CNP" = 1 ]; then
+    cnp_conformance || rc=$?
+  elif [ "$PROCS" -gt 1 ]; then
     in_ns ginkgo --procs="$PROCS" --focus="$FOCUS" ${SKIP:+--skip="$SKIP"} --no-color --timeout=3h "$KUBE_BIN/e2e.test" -- \
       --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes="$nodes" --report-dir="$OUT" > "$OUT/e2e.log" 2>&1 || rc=$?
   else
@@ -317,21 +356,29 @@ summarize() {
   {
     echo "# e2e on kind with ONC — $(date -u +%F)"
     echo
-    echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
+    if [ "$CNP" = 1 ]; then
+      echo "ClusterNetworkPolicy conformance (upstream suite, profile ClusterNetworkPolicy, e2e/kind/npa)."
+    else
+      echo "Focus \`$FOCUS\`, skip \`${SKIP:-none}\`."
+    fi
     echo
     echo "Kubernetes $KUBE_VERSION (built from source), kind $KIND_VERSION, ONC $(cat "$CACHE/$CLUSTER.image-commit" 2>/dev/null || echo unknown) (the image's tree),"
     echo "kube-proxy: $KUBE_PROXY$([ "$KUBE_PROXY" != none ] || echo " (ONC replaces it, load-balancer-mode $LB_MODE)"), IP family $IP_FAMILY,"
     echo "$NODES nodes$([ "$ZONES" = 0 ] || echo " in $ZONES zones"),"
     echo "containerd $(kc get nodes -o jsonpath='{.items[0].status.nodeInfo.containerRuntimeVersion}'), kernel $(uname -r)."
     echo
-    echo '```'
-    grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$OUT/e2e.log" || true
-    echo '```'
-    echo
-    echo "| result | spec |"
-    echo "| --- | --- |"
-    grep -o '<testcase name="[^"]*" classname="[^"]*" status="\(passed\|failed\|timedout\|panicked\)"' "$junit" 2>/dev/null |
-      sed -E 's/<testcase name="([^"]*)" classname="[^"]*" status="([a-z]*)"/| \2 | \1 |/' | sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&amp;/\&/g' | sort
+    if [ "$CNP" = 1 ]; then
+      cnp_summary
+    else
+      echo '```'
+      grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$OUT/e2e.log" || true
+      echo '```'
+      echo
+      echo "| result | spec |"
+      echo "| --- | --- |"
+      grep -o '<testcase name="[^"]*" classname="[^"]*" status="\(passed\|failed\|timedout\|panicked\)"' "$junit" 2>/dev/null |
+        sed -E 's/<testcase name="([^"]*)" classname="[^"]*" status="([a-z]*)"/| \2 | \1 |/' | sed 's/&#39;/'"'"'/g; s/&#34;/"/g; s/&amp;/\&/g' | sort
+    fi
     echo
     echo "## Rolling restarts of the agent DaemonSet and the controller Deployment mid-run"
     echo '```'
@@ -358,10 +405,32 @@ summarize() {
     cat "$OUT/overlay-probe.txt" 2>/dev/null
     echo '```'
   } > "$OUT/summary.md"
+  echo "summary: $OUT/summary.md"
+  if [ "$CNP" = 1 ]; then
+    sed -n '/^profiles:/,$p' "$OUT/conformance-report.yaml" 2>/dev/null || tail -5 "$OUT/cnp-conformance.log"
+    return
+  fi
   # The JUnit report less its thousands of skipped specs, small enough to keep.
   awk '/<testcase .*status="skipped"/ {skip = 1} !skip {print} skip && /<\/testcase>/ {skip = 0}' "$junit" > "$OUT/junit-ran.xml"
-  echo "summary: $OUT/summary.md"
   grep -E '^(Ran [0-9]+ of|SUCCESS!|FAIL!)' "$OUT/e2e.log" || tail -5 "$OUT/e2e.log"
+}
+
+# cnp_summary prints the ConformanceReport's results and each test's: the
+# report counts a test skipped through SkipTests as skipped, where go test
+# says PASS (it returned early), so those take the runner's word.
+cnp_summary() {
+  echo '```yaml'
+  sed -n '/^profiles:/,$p' "$OUT/conformance-report.yaml" 2>/dev/null || echo "no report: see cnp-conformance.log"
+  echo '```'
+  echo
+  echo "| result | test |"
+  echo "| --- | --- |"
+  awk '/: skipping [A-Za-z]+ \(no SCTP/ { for (i = 1; i < NF; i++) if ($i == "skipping") sctp[$(i + 1)] = 1 }
+    /^    --- (PASS|FAIL|SKIP): TestClusterNetworkPolicyConformance\/[A-Za-z]+ / {
+      split($3, a, "/"); r = tolower($2); sub(":", "", r)
+      if (r == "skip") r = "not run (feature not claimed)"; else if (a[2] in sctp) r = "skipped (SCTP)"
+      print "| " r " | " a[2] " |"
+    }' "$OUT/cnp-conformance.log" 2>/dev/null | sort
 }
 
 # hits prints the fast path's egress and ingress hit counters of the agent
