@@ -191,7 +191,7 @@ func (w *Watcher) List(req *apiv1.ListPolicyRequest) (*apiv1.ListPolicyResponse,
 // audited ones audit have it, without its counters.
 func direction(d, audit *policy.Direction) *apiv1.PolicyDirection {
 	out := &apiv1.PolicyDirection{}
-	if d != nil {
+	if d != nil && !d.ClusterOnly { // only ClusterNetworkPolicy rules judge it
 		out.Isolated, out.Policies, out.Rules = true, d.Policies, rules(d)
 	}
 	if audit != nil {
