@@ -380,3 +380,44 @@ func TestIncrementalTiers(t *testing.T) {
 		last = rs
 	}
 }
+
+// Tier rules are recompiled for what they read, not for every new object:
+// a pod's or node's new object with the same content (a readiness or
+// heartbeat update) is no change, a label is; nothing is one while no
+// ClusterNetworkPolicy exists.
+func TestTiersChanged(t *testing.T) {
+	cnps := []*ClusterNetworkPolicy{cnpObj("c", "Admin", 0, nsSubject(&all), nil, nil)}
+	base := Snapshot{Namespaces: namespaces, Pods: slices.Clone(pods), Nodes: slices.Clone(nodes), ClusterPolicies: cnps}
+	for _, tc := range []struct {
+		what     string
+		change   func(*Snapshot)
+		want     bool
+		noPolicy bool // none before the change either
+	}{
+		{"nothing", func(*Snapshot) {}, false, false},
+		{"a pod copied", func(s *Snapshot) { s.Pods[0] = s.Pods[0].DeepCopy() }, false, false},
+		{"a node copied", func(s *Snapshot) { s.Nodes[0] = s.Nodes[0].DeepCopy() }, false, false},
+		{"a pod's labels", func(s *Snapshot) {
+			s.Pods[0] = with(s.Pods[0].DeepCopy(), func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} })
+		}, true, false},
+		{"a node's address", func(s *Snapshot) { s.Nodes[1] = node("n2", nodes[1].Labels) }, true, false},
+		{"a policy", func(s *Snapshot) {
+			s.ClusterPolicies = []*ClusterNetworkPolicy{cnpObj("c", "Admin", 1, nsSubject(&all), nil, nil)}
+		}, true, false},
+		{"a pod's labels, no policy", func(s *Snapshot) {
+			s.Pods[0] = with(s.Pods[0].DeepCopy(), func(p *corev1.Pod) { p.Labels = nil })
+		}, false, true},
+	} {
+		prev := base
+		if tc.noPolicy {
+			prev.ClusterPolicies = nil
+		}
+		next := prev
+		next.Pods, next.Nodes = slices.Clone(prev.Pods), slices.Clone(prev.Nodes)
+		tc.change(&next)
+		before := newCompiler(prev, local, nil)
+		if got := tiersChanged(before, newCompiler(next, local, before)); got != tc.want {
+			t.Errorf("%s: tiersChanged %v, want %v", tc.what, got, tc.want)
+		}
+	}
+}
