@@ -81,6 +81,7 @@ func Watch(ctx context.Context, cfg *rest.Config) (*Inputs, error) {
 	cnpCtx, cancel := context.WithCancel(ctx)
 	in.cancel = cancel
 	if in.cnps, err = startCNPs(cnpCtx, cfg, kube.Discovery()); err == nil {
+		logWatchingCNPs()
 		close(in.done)
 	} else {
 		go in.watchCNPs(cnpCtx, cfg, kube.Discovery(), err)
@@ -107,7 +108,7 @@ func (in *Inputs) watchCNPs(ctx context.Context, cfg *rest.Config, disc discover
 		}
 		var set *kubeinformer.Set
 		if set, err = startCNPs(ctx, cfg, disc); err == nil {
-			slog.Info("network policy: watching ClusterNetworkPolicies", "api", CNPGroupVersion.String())
+			logWatchingCNPs()
 			in.mu.Lock()
 			in.cnps = set
 			for _, fn := range in.callbacks {
@@ -116,6 +117,10 @@ func (in *Inputs) watchCNPs(ctx context.Context, cfg *rest.Config, disc discover
 			in.mu.Unlock()
 		}
 	}
+}
+
+func logWatchingCNPs() {
+	slog.Info("network policy: watching ClusterNetworkPolicies", "api", CNPGroupVersion.String())
 }
 
 // errCNPNotServed: discovery does not list the resource (no CRD).
