@@ -1,7 +1,12 @@
 package manifests
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 )
@@ -186,3 +192,83 @@ func TestConflistFollowsTheReplacement(t *testing.T) {
 		}
 	}
 }
+
+// The ClusterNetworkPolicy CRD ends onc.yaml as network-policy-api v0.3.0
+// ships it, experimental channel: byte for byte (its SHA-256, and the
+// upstream file itself where the Go module cache holds it), serving
+// v1alpha2 (what the agent watches) and storing v1beta1, with the
+// experimental fields (a standard-channel CRD would prune them).
+func TestClusterNetworkPolicyCRD(t *testing.T) {
+	const (
+		marker   = "# (manifests_test.go checks it): " + upstreamCRD + "\n"
+		checksum = "04ad106ac16421e04e3852ee142b116fe18a40b8045178e397d98d2e8a81aefd" // sha256sum of upstreamCRD at v0.3.0
+	)
+	_, crd, ok := bytes.Cut(oncYAML, []byte(marker))
+	if !ok {
+		t.Fatalf("onc.yaml has no line %q", marker)
+	}
+	if sum := sha256.Sum256(crd); hex.EncodeToString(sum[:]) != checksum {
+		t.Errorf("the CRD after %q has SHA-256 %x, want %s (network-policy-api v0.3.0's)", marker, sum, checksum)
+	}
+	if out, err := exec.Command("go", "env", "GOMODCACHE").Output(); err == nil {
+		upstream, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "sigs.k8s.io/network-policy-api@v0.3.0", upstreamCRD))
+		switch {
+		case err == nil && !bytes.Equal(crd, upstream):
+			t.Error("the CRD differs from the module cache's network-policy-api@v0.3.0 file")
+		case err != nil && !errors.Is(err, fs.ErrNotExist):
+			t.Error(err)
+		}
+	}
+
+	objs, err := Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(objs, func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "CustomResourceDefinition" && o.GetName() == "clusternetworkpolicies.policy.networking.k8s.io"
+	})
+	if i < 0 {
+		t.Fatal("onc.yaml has no ClusterNetworkPolicy CRD")
+	}
+	u := objs[i].Object
+	str := func(fields ...string) string {
+		s, _, _ := unstructured.NestedString(u, fields...)
+		return s
+	}
+	annotations, _, _ := unstructured.NestedStringMap(u, "metadata", "annotations")
+	if g, k, scope := str("spec", "group"), str("spec", "names", "kind"), str("spec", "scope"); g != "policy.networking.k8s.io" ||
+		k != "ClusterNetworkPolicy" || scope != "Cluster" || str("spec", "names", "plural") != "clusternetworkpolicies" {
+		t.Errorf("group %s, kind %s, scope %s", g, k, scope)
+	}
+	if v, c := annotations["policy.networking.k8s.io/bundle-version"], annotations["policy.networking.k8s.io/channel"]; v != "v0.3.0" || c != "experimental" {
+		t.Errorf("bundle %s, channel %s, want v0.3.0 experimental", v, c)
+	}
+	versions, _, _ := unstructured.NestedSlice(u, "spec", "versions")
+	got := map[string][2]bool{}
+	for _, v := range versions {
+		m := v.(map[string]any)
+		name, _ := m["name"].(string)
+		served, _ := m["served"].(bool)
+		storage, _ := m["storage"].(bool)
+		got[name] = [2]bool{served, storage}
+		if name != "v1alpha2" {
+			continue
+		}
+		spec := []string{"schema", "openAPIV3Schema", "properties", "spec", "properties"}
+		for _, field := range [][]string{
+			{"egress", "items", "properties", "to", "items", "properties", "nodes"},
+			{"egress", "items", "properties", "to", "items", "properties", "domainNames"},
+			{"egress", "items", "properties", "protocols", "items", "properties", "destinationNamedPort"},
+			{"ingress", "items", "properties", "protocols", "items", "properties", "destinationNamedPort"},
+		} {
+			if _, ok, _ := unstructured.NestedMap(m, slices.Concat(spec, field)...); !ok {
+				t.Errorf("v1alpha2 has no %s: not the experimental schema", strings.Join(field, "."))
+			}
+		}
+	}
+	if want := map[string][2]bool{"v1alpha2": {true, false}, "v1beta1": {true, true}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("versions (served, storage) %v, want %v", got, want)
+	}
+}
+
+const upstreamCRD = "config/crd/experimental/policy.networking.k8s.io_clusternetworkpolicies.yaml"

@@ -26,10 +26,10 @@ func (lp LocalPod) key() string { return lp.Namespace + "/" + lp.Name }
 // everywhere is what a rule with no peers allows: every address.
 var everywhere = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
 
-// Compile resolves the NetworkPolicies of s into the rules of the local
-// pods. It is deterministic, so callers can compare two rulesets with
-// reflect.DeepEqual. Rules of different pods may share slices: the result
-// is read-only.
+// Compile resolves the NetworkPolicies and ClusterNetworkPolicies of s
+// into the rules of the local pods. It is deterministic, so callers can
+// compare two rulesets with reflect.DeepEqual. Rules of different pods may
+// share slices: the result is read-only.
 //
 // A local pod the snapshot does not hold yet has no labels to select it
 // by, so it is not isolated until the informer sees it (and a recompile
@@ -41,7 +41,7 @@ func Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	rs := policy.Ruleset{Pods: make([]policy.Pod, 0, len(local))}
 	for _, lp := range local {
 		p, _ := c.compileLocal(lp)
-		rs.Pods = append(rs.Pods, p)
+		rs.Pods = append(rs.Pods, withTiers(p, c.compileTiers(lp)))
 	}
 	sortPods(rs.Pods)
 	return rs
@@ -59,6 +59,11 @@ type compiler struct {
 	peers      []peerPod               // the pods a rule can select
 	policies   []*networkPolicy        // sorted by key
 	policy     map[string]*networkPolicy
+	cnps       []*clusterPolicy // in judging order (compareCNPs)
+	cnp        map[string]*clusterPolicy
+	cnpRules   map[*clusterPolicy]*resolvedCNP // those resolved in this compile
+	nodes      []*corev1.Node
+	node       map[string]*corev1.Node
 }
 
 // peerPod is a pod that can be a rule's peer: it has an IPv4 address and
@@ -128,7 +133,22 @@ func newCompiler(s Snapshot, local []LocalPod, prev *compiler) *compiler {
 		pods:       make(map[string]*corev1.Pod, len(s.Pods)),
 		localIP:    make(map[string][]netip.Addr, len(local)),
 		policy:     make(map[string]*networkPolicy, len(s.Policies)),
+		cnp:        make(map[string]*clusterPolicy, len(s.ClusterPolicies)),
+		cnpRules:   map[*clusterPolicy]*resolvedCNP{},
+		nodes:      s.Nodes,
+		node:       make(map[string]*corev1.Node, len(s.Nodes)),
 	}
+	for _, n := range s.Nodes {
+		c.node[n.Name] = n
+	}
+	for _, obj := range s.ClusterPolicies {
+		if prev != nil && prev.cnp[obj.Name] != nil && prev.cnp[obj.Name].obj == obj {
+			c.cnp[obj.Name] = prev.cnp[obj.Name]
+		} else {
+			c.cnp[obj.Name] = parseCNP(obj)
+		}
+	}
+	c.cnps = slices.SortedFunc(maps.Values(c.cnp), compareCNPs)
 	for _, ns := range s.Namespaces {
 		c.namespaces[ns.Name] = ns.Labels
 	}

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +34,14 @@ import (
 //   - for a namespace whose labels changed, does the same for every pod
 //     of the namespace.
 //
+// ClusterNetworkPolicy is coarser (tiersChanged): while any exists, a
+// change of one, of a node, of a pod (of what the cache keeps of it), of
+// a local pod's address or of a namespace's labels recompiles the tier
+// rules of every local pod, resolving each policy that selects one of
+// them against every pod once. A pod whose tier rules and NetworkPolicy
+// rules come out as before keeps its last directions. Without any, this
+// costs nothing.
+//
 // Its result is what Compile returns for the same inputs, which the tests
 // check after random sequences of changes. The zero value is ready; the
 // first compile is a full one. It is not safe for concurrent use.
@@ -44,8 +53,10 @@ type Incremental struct {
 // compiledPod is a local pod as last compiled.
 type compiledPod struct {
 	lp         LocalPod
-	rules      policy.Pod
-	selectedBy []string // the policies selecting it, by key
+	np         policy.Pod // its NetworkPolicy rules alone
+	selectedBy []string   // the NetworkPolicies selecting it, by key
+	tiers      podTiers
+	rules      policy.Pod // np with its tiers
 }
 
 // Compile returns what Compile(s, local) would. The local pods' keys must
@@ -53,6 +64,8 @@ type compiledPod struct {
 func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	next := newCompiler(s, local, inc.last)
 	warnBadModes(inc.last, next)
+	warnCNPs(inc.last, next)
+	tiersStale := inc.last == nil || tiersChanged(inc.last, next)
 	// The policies added, changed or removed, and those and the others
 	// whose rules changed.
 	var policies, stale map[string]bool
@@ -65,9 +78,17 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	for _, lp := range local {
 		key := lp.key()
 		cp, ok := inc.local[key]
-		if !ok || inc.recompiles(cp, lp, next, policies, stale) {
-			cp = compiledPod{lp: lp}
-			cp.rules, cp.selectedBy = next.compileLocal(lp)
+		npStale := !ok || inc.recompiles(cp, lp, next, policies, stale)
+		if npStale {
+			cp.lp = lp
+			cp.np, cp.selectedBy = next.compileLocal(lp)
+		}
+		tiers := cp.tiers
+		if !ok || tiersStale {
+			tiers = next.compileTiers(lp)
+		}
+		if npStale || !reflect.DeepEqual(tiers, cp.tiers) {
+			cp.tiers, cp.rules = tiers, withTiers(cp.np, tiers)
 		}
 		compiled[key] = cp
 		rs.Pods = append(rs.Pods, cp.rules)

@@ -23,6 +23,8 @@ type cluster struct {
 	namespaces map[string]*corev1.Namespace
 	pods       map[string]*corev1.Pod
 	policies   map[string]*networkingv1.NetworkPolicy
+	cnps       map[string]*ClusterNetworkPolicy
+	nodes      map[string]*corev1.Node
 	local      map[string]LocalPod
 }
 
@@ -32,6 +34,8 @@ var (
 	randNamespaces = []string{"a", "b", "c"}
 	randPodNames   = []string{"p0", "p1", "p2", "p3", "p4"}
 	randPolicies   = []string{"np0", "np1", "np2", "np3"}
+	randCNPs       = []string{"cnp0", "cnp1", "cnp2"}
+	randNodes      = []string{"n0", "n1"}
 )
 
 func (c *cluster) pick(vs ...string) string { return vs[c.r.IntN(len(vs))] }
@@ -163,11 +167,101 @@ func (c *cluster) setMode(np *networkingv1.NetworkPolicy) {
 	}
 }
 
+// cnp is a random ClusterNetworkPolicy: either tier, clashing
+// priorities, peers and ports of every kind, now and then one it cannot
+// honour.
+func (c *cluster) cnp(name string) *ClusterNetworkPolicy {
+	spec := CNPSpec{Tier: c.pick("Admin", "Baseline"), Priority: int32(c.r.IntN(2))}
+	if c.r.IntN(2) == 0 {
+		spec.Subject.Namespaces = c.selector("team", "env")
+	} else {
+		spec.Subject.Pods = &CNPNamespacedPod{NamespaceSelector: *c.selector("team", "env"), PodSelector: *c.selector("app", "tier")}
+	}
+	for range c.r.IntN(3) {
+		var from []CNPIngressPeer
+		for _, p := range c.cnpPeers(2) {
+			from = append(from, CNPIngressPeer{Namespaces: p.Namespaces, Pods: p.Pods})
+		}
+		spec.Ingress = append(spec.Ingress, CNPIngressRule{Name: c.pick("", "r"), Action: c.pick("Accept", "Deny", "Pass"),
+			From: from, Protocols: c.cnpProtocols()})
+	}
+	for range c.r.IntN(3) {
+		spec.Egress = append(spec.Egress, CNPEgressRule{Action: c.pick("Accept", "Deny", "Pass"), To: c.cnpPeers(6), Protocols: c.cnpProtocols()})
+	}
+	return &ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
+}
+
+// cnpPeers is 1-2 random peers of the first kinds: namespaces, pods,
+// networks, nodes, domainNames, none known.
+func (c *cluster) cnpPeers(kinds int) []CNPEgressPeer {
+	var peers []CNPEgressPeer
+	for range 1 + c.r.IntN(2) {
+		switch c.r.IntN(kinds) {
+		case 0:
+			peers = append(peers, CNPEgressPeer{Namespaces: c.selector("team", "env")})
+		case 1:
+			peers = append(peers, CNPEgressPeer{Pods: &CNPNamespacedPod{NamespaceSelector: *c.selector("team", "env"), PodSelector: *c.selector("app", "tier")}})
+		case 2:
+			peers = append(peers, CNPEgressPeer{Networks: []string{fmt.Sprintf("10.0.%d.0/24", c.r.IntN(2)), "fd00::/64"}})
+		case 3:
+			peers = append(peers, CNPEgressPeer{Nodes: c.selector("role")})
+		case 4:
+			peers = append(peers, CNPEgressPeer{DomainNames: []string{"example.com"}})
+		default:
+			peers = append(peers, CNPEgressPeer{})
+		}
+	}
+	return peers
+}
+
+// cnpProtocols is none sometimes, else numbers, ranges and named ports.
+func (c *cluster) cnpProtocols() []CNPProtocol {
+	var protos []CNPProtocol
+	for range c.r.IntN(3) {
+		port := &CNPProtocolPort{DestinationPort: &CNPPort{Number: int32(80 + c.r.IntN(3))}}
+		switch c.r.IntN(4) {
+		case 0:
+			protos = append(protos, CNPProtocol{DestinationNamedPort: c.pick("http", "dns")})
+		case 1:
+			protos = append(protos, CNPProtocol{UDP: &CNPProtocolPort{DestinationPort: &CNPPort{Range: &CNPPortRange{Start: 80, End: 90}}}})
+		case 2:
+			protos = append(protos, CNPProtocol{UDP: port})
+		default:
+			protos = append(protos, CNPProtocol{TCP: port})
+		}
+	}
+	return protos
+}
+
+func (c *cluster) node(name string) *corev1.Node {
+	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.0.%d.%d", c.r.IntN(2), c.r.IntN(4))}}
+	if c.r.IntN(2) == 0 {
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "fd00::" + c.pick("1", "2")})
+	}
+	return node(name, c.labels("role"), addrs...)
+}
+
 // change makes one random change and says what it was.
 func (c *cluster) change() string {
 	ns, name := c.pick(randNamespaces...), c.pick(randPodNames...)
 	key := ns + "/" + name
-	switch c.r.IntN(12) {
+	switch c.r.IntN(14) {
+	case 10, 11:
+		cnp := c.pick(randCNPs...)
+		if c.r.IntN(3) == 0 {
+			delete(c.cnps, cnp)
+			return "cluster policy deleted " + cnp
+		}
+		c.cnps[cnp] = c.cnp(cnp)
+		return "cluster policy set " + cnp
+	case 12:
+		n := c.pick(randNodes...)
+		if c.r.IntN(3) == 0 {
+			delete(c.nodes, n)
+			return "node deleted " + n
+		}
+		c.nodes[n] = c.node(n)
+		return fmt.Sprintf("node %s labels %v addresses %v", n, c.nodes[n].Labels, c.nodes[n].Status.Addresses)
 	case 0, 1:
 		np := c.pick(randPolicies...)
 		if c.r.IntN(3) == 0 {
@@ -259,6 +353,12 @@ func (c *cluster) snapshot() (Snapshot, []LocalPod) {
 	for _, key := range slices.Sorted(maps.Keys(c.policies)) {
 		s.Policies = append(s.Policies, c.policies[key])
 	}
+	for _, key := range slices.Sorted(maps.Keys(c.cnps)) {
+		s.ClusterPolicies = append(s.ClusterPolicies, c.cnps[key])
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.nodes)) {
+		s.Nodes = append(s.Nodes, c.nodes[key])
+	}
 	var local []LocalPod
 	for _, key := range slices.Sorted(maps.Keys(c.local)) {
 		local = append(local, c.local[key])
@@ -276,7 +376,8 @@ func TestIncrementalIsCompile(t *testing.T) {
 	const sequences, steps = 300, 60
 	for seed := range uint64(sequences) {
 		c := &cluster{r: rand.New(rand.NewPCG(seed, 31)), namespaces: map[string]*corev1.Namespace{},
-			pods: map[string]*corev1.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, local: map[string]LocalPod{}}
+			pods: map[string]*corev1.Pod{}, policies: map[string]*networkingv1.NetworkPolicy{}, local: map[string]LocalPod{},
+			cnps: map[string]*ClusterNetworkPolicy{}, nodes: map[string]*corev1.Node{}}
 		for _, ns := range randNamespaces {
 			c.namespaces[ns] = c.namespace(ns)
 			for _, name := range randPodNames[:3] {
@@ -315,9 +416,15 @@ func TestIncrementalIsCompile(t *testing.T) {
 // DeepEqual tells them apart).
 func describe(rs policy.Ruleset) string {
 	var b strings.Builder
+	tiers := func(d *policy.Direction) string {
+		if d == nil {
+			return ""
+		}
+		return fmt.Sprintf(" (cluster only %v, Admin %+v, Baseline %+v)", d.ClusterOnly, d.Admin, d.Baseline)
+	}
 	for _, p := range rs.Pods {
-		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s; egress %s; audited ingress %s; audited egress %s",
-			p.Key, p.Iface, p.IPs, p.Ingress, p.Egress, p.AuditIngress, p.AuditEgress)
+		fmt.Fprintf(&b, "\n    %s %s %s: ingress %s%s; egress %s%s; audited ingress %s; audited egress %s",
+			p.Key, p.Iface, p.IPs, p.Ingress, tiers(p.Ingress), p.Egress, tiers(p.Egress), p.AuditIngress, p.AuditEgress)
 	}
 	return b.String()
 }

@@ -48,6 +48,26 @@ func TestTrim(t *testing.T) {
 		t.Errorf("audited policy: got %+v", np)
 	}
 
+	// Of a node, its labels and its internal and external addresses.
+	n := trimNode(&corev1.Node{ObjectMeta: meta, Spec: corev1.NodeSpec{PodCIDR: "10.0.0.0/24"}, Status: corev1.NodeStatus{
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "n1"}, {Type: corev1.NodeInternalIP, Address: "192.168.0.1"},
+			{Type: corev1.NodeExternalIP, Address: "2001:db8::1"}, {Type: corev1.NodeInternalDNS, Address: "n1.local"}},
+		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	if want := (&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "web", ResourceVersion: "7", Labels: meta.Labels},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.1"},
+			{Type: corev1.NodeExternalIP, Address: "2001:db8::1"}}}}); !reflect.DeepEqual(n, want) {
+		t.Errorf("node: got %+v", n)
+	}
+
+	// Of a ClusterNetworkPolicy, its spec and generation.
+	cnpSpec := CNPSpec{Tier: "Admin", Priority: 1, Subject: CNPSubject{Namespaces: &metav1.LabelSelector{}}}
+	withGen := meta
+	withGen.Generation = 3
+	if got, want := trimCNP(&ClusterNetworkPolicy{ObjectMeta: withGen, Spec: cnpSpec}),
+		(&ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "web", ResourceVersion: "7", Generation: 3}, Spec: cnpSpec}); !reflect.DeepEqual(got, want) {
+		t.Errorf("cluster policy: got %+v", got)
+	}
+
 	// Tombstones pass through.
 	if got, _ := kubeinformer.Trim(trimPod)("tombstone"); got != "tombstone" {
 		t.Errorf("tombstone: got %v", got)
@@ -87,5 +107,21 @@ func TestSameButVersion(t *testing.T) {
 	}
 	if !kubeinformer.SameButVersion(enforced, policy("2", map[string]string{"note": "y"})) {
 		t.Error("another annotation of a policy changed: a change, want SameButVersion")
+	}
+
+	// A ClusterNetworkPolicy's status update is none; a spec update is one.
+	cnp := func(rv string, priority int32, status string) any {
+		p := &ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "c", ResourceVersion: rv, Generation: int64(priority),
+			Annotations: map[string]string{"status": status}},
+			Spec: CNPSpec{Tier: "Admin", Priority: priority, Subject: CNPSubject{Pods: &CNPNamespacedPod{}},
+				Egress: []CNPEgressRule{{Action: "Deny", To: []CNPEgressPeer{{Networks: []string{"10.0.0.0/8"}}},
+					Protocols: []CNPProtocol{{TCP: &CNPProtocolPort{DestinationPort: &CNPPort{Range: &CNPPortRange{Start: 1, End: 2}}}}}}}}}
+		return trimCNP(p)
+	}
+	if !kubeinformer.SameButVersion(cnp("1", 1, "a"), cnp("2", 1, "b")) {
+		t.Error("a cluster policy's status changed: a change, want SameButVersion")
+	}
+	if kubeinformer.SameButVersion(cnp("1", 1, "a"), cnp("2", 2, "a")) {
+		t.Error("a cluster policy's priority changed: SameButVersion, want a change")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -202,8 +203,7 @@ func direction(d, audit *policy.Direction) *apiv1.PolicyDirection {
 			out   *[]*apiv1.PolicyRule
 		}{{d.Admin, &out.Admin}, {d.Baseline, &out.Baseline}} {
 			for _, r := range tier.rules {
-				// Peers and ports as a NetworkPolicy rule's, then the tier's fields.
-				pr := rules(&policy.Direction{Rules: []policy.Rule{{Policy: r.Policy, Index: r.Index, Peers: r.Peers, Ports: r.Ports}}})[0]
+				pr := rule(r.Policy, r.Index, r.Peers, r.Ports)
 				pr.Priority, pr.Name, pr.Action = r.Priority, r.Name, r.Action.String()
 				*tier.out = append(*tier.out, pr)
 			}
@@ -218,14 +218,19 @@ func direction(d, audit *policy.Direction) *apiv1.PolicyDirection {
 func rules(d *policy.Direction) []*apiv1.PolicyRule {
 	var out []*apiv1.PolicyRule
 	for _, r := range d.Rules {
-		pr := &apiv1.PolicyRule{Policy: r.Policy, Index: int32(r.Index), NoPort: r.Ports != nil && len(r.Ports) == 0}
-		for _, peer := range r.Peers {
-			pr.Peers = append(pr.Peers, peer.String())
-		}
-		for _, port := range r.Ports {
-			pr.Ports = append(pr.Ports, port.String())
-		}
-		out = append(out, pr)
+		out = append(out, rule(r.Policy, r.Index, r.Peers, r.Ports))
 	}
 	return out
+}
+
+// rule is a rule's peers and ports, of a NetworkPolicy or a tier.
+func rule(name string, index int, peers []netip.Prefix, ports []policy.PortRange) *apiv1.PolicyRule {
+	pr := &apiv1.PolicyRule{Policy: name, Index: int32(index), NoPort: ports != nil && len(ports) == 0}
+	for _, peer := range peers {
+		pr.Peers = append(pr.Peers, peer.String())
+	}
+	for _, port := range ports {
+		pr.Ports = append(pr.Ports, port.String())
+	}
+	return pr
 }

@@ -1,0 +1,421 @@
+package policy
+
+// ClusterNetworkPolicy: each local pod's Admin and Baseline rules, in the
+// order they judge (datapath/policy tiers.go), resolved to prefixes and
+// port numbers like NetworkPolicy's rules.
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/onc-net/onc/datapath/policy"
+)
+
+// clusterPolicy is a ClusterNetworkPolicy parsed. It depends on its
+// object only, so Incremental carries it over while the object stays.
+type clusterPolicy struct {
+	obj             *ClusterNetworkPolicy
+	tier            policy.Tier // TierNetworkPolicy (the zero Tier): an unknown tier, the policy is ignored
+	subject         *podSelector
+	ingress, egress []tierRule
+	// problems is what this agent cannot honour as written, and how it
+	// fails closed instead: logged once per version of the policy.
+	problems []string
+}
+
+// podSelector selects pods by their namespace's labels and, if pods is
+// not nil, their own.
+type podSelector struct {
+	namespaces, pods labels.Selector
+}
+
+func (s *podSelector) matches(pod *corev1.Pod, nsLabels labels.Set) bool {
+	return s.namespaces.Matches(nsLabels) && (s.pods == nil || s.pods.Matches(labels.Set(pod.Labels)))
+}
+
+func namespacedPod(np *CNPNamespacedPod) podSelector {
+	return podSelector{namespaces: selector(&np.NamespaceSelector), pods: selector(&np.PodSelector)}
+}
+
+// tierRule is one ingress or egress rule of a ClusterNetworkPolicy, parsed.
+type tierRule struct {
+	name     string
+	action   policy.Action
+	pods     []podSelector     // its namespaces and pods peers
+	nodes    []labels.Selector // its nodes peers (egress)
+	networks []netip.Prefix    // its networks peers (egress)
+	// everything: the rule matches every address (a Deny or Pass rule
+	// with something this agent cannot honour: it denies everything).
+	everything bool
+	ports      []policy.PortRange // its numeric ports; nil: no protocols, every protocol and port
+	named      []string           // its destinationNamedPorts
+}
+
+// parseCNP parses a ClusterNetworkPolicy.
+func parseCNP(obj *ClusterNetworkPolicy) *clusterPolicy {
+	cp := &clusterPolicy{obj: obj}
+	switch obj.Spec.Tier {
+	case "Admin":
+		cp.tier = policy.TierAdmin
+	case "Baseline":
+		cp.tier = policy.TierBaseline
+	default:
+		cp.problems = append(cp.problems, fmt.Sprintf("unknown tier %q: the policy is ignored", obj.Spec.Tier))
+		return cp
+	}
+	switch s := obj.Spec.Subject; {
+	case s.Namespaces != nil:
+		cp.subject = &podSelector{namespaces: selector(s.Namespaces)}
+	case s.Pods != nil:
+		sel := namespacedPod(s.Pods)
+		cp.subject = &sel
+	default:
+		cp.problems = append(cp.problems, "a subject of no known kind: the policy selects no pod")
+	}
+	for ri, r := range obj.Spec.Ingress {
+		peers := make([]CNPEgressPeer, len(r.From))
+		for i, p := range r.From {
+			peers[i] = CNPEgressPeer{Namespaces: p.Namespaces, Pods: p.Pods}
+		}
+		cp.ingress = append(cp.ingress, cp.parseRule(fmt.Sprintf("ingress rule %d", ri), r.Name, r.Action, peers, r.Protocols))
+	}
+	for ri, r := range obj.Spec.Egress {
+		cp.egress = append(cp.egress, cp.parseRule(fmt.Sprintf("egress rule %d", ri), r.Name, r.Action, r.To, r.Protocols))
+	}
+	return cp
+}
+
+// parseRule parses a rule, where names it for problems. Whatever it cannot
+// honour (a peer or protocol of no known kind, domainNames, a network that
+// does not parse) fails closed as the API defines it: in an Accept rule it
+// matches nothing; a Deny or Pass rule with one is a rule that denies
+// everything.
+func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgressPeer, protocols []CNPProtocol) tierRule {
+	tr := tierRule{name: name}
+	switch action {
+	case "Accept":
+		tr.action = policy.Accept
+	case "Deny":
+		tr.action = policy.Deny
+	case "Pass":
+		tr.action = policy.Pass
+	default:
+		tr.action = policy.Deny
+		cp.problems = append(cp.problems, fmt.Sprintf("%s: unknown action %q, taken as Deny", where, action))
+	}
+	var unknown []string
+	for _, peer := range peers {
+		switch {
+		case peer.Namespaces != nil:
+			tr.pods = append(tr.pods, podSelector{namespaces: selector(peer.Namespaces)})
+		case peer.Pods != nil:
+			tr.pods = append(tr.pods, namespacedPod(peer.Pods))
+		case peer.Nodes != nil:
+			tr.nodes = append(tr.nodes, selector(peer.Nodes))
+		case len(peer.Networks) > 0:
+			for _, n := range peer.Networks {
+				if p, err := netip.ParsePrefix(n); err == nil {
+					tr.networks = append(tr.networks, p.Masked())
+				} else {
+					unknown = append(unknown, fmt.Sprintf("the network %q", n))
+				}
+			}
+		case len(peer.DomainNames) > 0:
+			unknown = append(unknown, "a domainNames peer (not supported)")
+		default:
+			unknown = append(unknown, "a peer of no known kind")
+		}
+	}
+	if len(protocols) > 0 {
+		tr.ports = []policy.PortRange{} // not nil: the rule matches these ports only
+	}
+	for _, p := range protocols {
+		var ranges []policy.PortRange
+		ok := true
+		switch {
+		case p.TCP != nil:
+			ranges, ok = portRanges(policy.TCP, p.TCP.DestinationPort)
+		case p.UDP != nil:
+			ranges, ok = portRanges(policy.UDP, p.UDP.DestinationPort)
+		case p.SCTP != nil:
+			ranges, ok = portRanges(policy.SCTP, p.SCTP.DestinationPort)
+		case p.DestinationNamedPort != "":
+			tr.named = append(tr.named, p.DestinationNamedPort)
+		default:
+			ok = false
+		}
+		if ok {
+			tr.ports = append(tr.ports, ranges...)
+		} else {
+			unknown = append(unknown, "a protocol of no known kind")
+		}
+	}
+	switch {
+	case len(unknown) == 0:
+	case tr.action == policy.Accept:
+		cp.problems = append(cp.problems, fmt.Sprintf("%s: %s: matches nothing", where, strings.Join(unknown, ", ")))
+	default:
+		cp.problems = append(cp.problems, fmt.Sprintf("%s: %s: the rule denies everything", where, strings.Join(unknown, ", ")))
+		tr = tierRule{name: name, action: policy.Deny, everything: true}
+	}
+	return tr
+}
+
+// portRanges is a protocol's destination port as a range: every port
+// without one; false if it is neither a valid number nor a valid range.
+func portRanges(proto policy.Proto, p *CNPPort) ([]policy.PortRange, bool) {
+	switch {
+	case p == nil:
+		return []policy.PortRange{{Proto: proto, First: 1, Last: 65535}}, true
+	case p.Range != nil && p.Range.Start >= 1 && p.Range.Start <= p.Range.End && p.Range.End <= 65535:
+		return []policy.PortRange{{Proto: proto, First: uint16(p.Range.Start), Last: uint16(p.Range.End)}}, true
+	case p.Range == nil && p.Number >= 1 && p.Number <= 65535:
+		return []policy.PortRange{{Proto: proto, First: uint16(p.Number), Last: uint16(p.Number)}}, true
+	}
+	return nil, false
+}
+
+// compareCNPs orders policies as they judge: by tier, priority, then name
+// (the API leaves equal priorities unordered; kube-network-policies breaks
+// ties by name too).
+func compareCNPs(a, b *clusterPolicy) int {
+	return cmp.Or(cmp.Compare(a.tier, b.tier), cmp.Compare(a.obj.Spec.Priority, b.obj.Spec.Priority), cmp.Compare(a.obj.Name, b.obj.Name))
+}
+
+// resolvedCNP is a policy's rules resolved against one snapshot: what does
+// not depend on the subject pod (ingress named ports do).
+type resolvedCNP struct {
+	ingressPeers [][]netip.Prefix    // of each ingress rule
+	egress       [][]policy.TierRule // of each egress rule: one per number its named ports resolve to, as egressRule
+}
+
+// podTiers is a local pod's Admin ([0]) and Baseline ([1]) rules in each
+// direction.
+type podTiers struct {
+	ingress, egress [2][]policy.TierRule
+}
+
+// compileTiers is lp's tier rules: those of the ClusterNetworkPolicies
+// whose subject selects it, in judging order. A pod on its node's network
+// (or finished) is no policy's subject.
+func (c *compiler) compileTiers(lp LocalPod) podTiers {
+	var t podTiers
+	pod := c.pods[lp.key()]
+	if pod == nil || !policed(pod) {
+		return t
+	}
+	nsLabels := c.namespaces[pod.Namespace]
+	for _, cp := range c.cnps {
+		if cp.tier == policy.TierNetworkPolicy || cp.subject == nil || !cp.subject.matches(pod, nsLabels) {
+			continue
+		}
+		res, slot := c.resolveCNP(cp), 0
+		if cp.tier == policy.TierBaseline {
+			slot = 1
+		}
+		for ri := range cp.ingress {
+			t.ingress[slot] = append(t.ingress[slot], cp.ingressRule(ri, res.ingressPeers[ri], pod))
+		}
+		for _, rules := range res.egress {
+			t.egress[slot] = append(t.egress[slot], rules...)
+		}
+	}
+	return t
+}
+
+// withTiers is p with its tier rules: a direction that has some keeps its
+// NetworkPolicy isolation, or is ClusterOnly without one. p's own
+// directions are left as they are (the last ruleset may hold them).
+func withTiers(p policy.Pod, t podTiers) policy.Pod {
+	p.Ingress, p.Egress = withTier(p.Ingress, t.ingress), withTier(p.Egress, t.egress)
+	return p
+}
+
+func withTier(d *policy.Direction, rules [2][]policy.TierRule) *policy.Direction {
+	if len(rules[0]) == 0 && len(rules[1]) == 0 {
+		return d
+	}
+	nd := policy.Direction{ClusterOnly: true}
+	if d != nil {
+		nd = *d
+	}
+	nd.Admin, nd.Baseline = rules[0], rules[1]
+	return &nd
+}
+
+// rule is the TierRule of cp's rule ri before its peers and ports.
+func (cp *clusterPolicy) rule(ri int, tr *tierRule) policy.TierRule {
+	return policy.TierRule{Policy: cp.obj.Name, Priority: cp.obj.Spec.Priority, Index: ri, Name: tr.name, Action: tr.action}
+}
+
+// ingressRule is ingress rule ri of cp for the subject pod: its named
+// ports are the pod's own container ports of those names, of any
+// protocol.
+func (cp *clusterPolicy) ingressRule(ri int, peers []netip.Prefix, pod *corev1.Pod) policy.TierRule {
+	tr := &cp.ingress[ri]
+	r := cp.rule(ri, tr)
+	r.Peers, r.Ports = peers, tr.ports
+	if len(tr.named) > 0 {
+		r.Ports = append(slices.Clone(tr.ports), resolveNames(tr.named, pod)...)
+	}
+	return r
+}
+
+// resolveCNP is cp's rules resolved, once per compile.
+func (c *compiler) resolveCNP(cp *clusterPolicy) *resolvedCNP {
+	if res := c.cnpRules[cp]; res != nil {
+		return res
+	}
+	res := &resolvedCNP{}
+	for ri := range cp.ingress {
+		res.ingressPeers = append(res.ingressPeers, c.tierPeers(&cp.ingress[ri]).prefixes)
+	}
+	for ri := range cp.egress {
+		res.egress = append(res.egress, c.egressTierRules(cp, ri))
+	}
+	c.cnpRules[cp] = res
+	return res
+}
+
+// egressTierRules is egress rule ri of cp: its named ports are each peer
+// pod's, so it compiles as a NetworkPolicy egress rule does (egressRule):
+// one rule for its numeric ports and every peer, left out when only named
+// ports resolved, and one per number its named ports resolve to, for the
+// pods that resolve them to it.
+func (c *compiler) egressTierRules(cp *clusterPolicy, ri int) []policy.TierRule {
+	tr := &cp.egress[ri]
+	peers := c.tierPeers(tr)
+	base := cp.rule(ri, tr)
+	base.Peers, base.Ports = peers.prefixes, tr.ports
+	if len(tr.named) == 0 {
+		return []policy.TierRule{base}
+	}
+	named := map[policy.PortRange][]netip.Prefix{}
+	for _, pp := range peers.pods {
+		for _, pr := range resolveNames(tr.named, pp.pod) {
+			named[pr] = append(named[pr], pp.addrs...)
+		}
+	}
+	var rules []policy.TierRule
+	if len(tr.ports) > 0 || len(named) == 0 {
+		rules = append(rules, base)
+	}
+	for _, pr := range slices.SortedFunc(maps.Keys(named), comparePorts) {
+		r := base
+		r.Peers, r.Ports = sortPrefixes(named[pr]), []policy.PortRange{pr}
+		rules = append(rules, r)
+	}
+	return rules
+}
+
+// tierPeers resolves a rule's peers: the pods it selects (never one on its
+// node's network: see peerAddrs), its nodes' addresses and its networks.
+func (c *compiler) tierPeers(tr *tierRule) peerSet {
+	if tr.everything {
+		return peerSet{prefixes: slices.Clone(everywhere)}
+	}
+	ps := peerSet{prefixes: slices.Clone(tr.networks)}
+	for _, n := range c.nodes {
+		if slices.ContainsFunc(tr.nodes, func(s labels.Selector) bool { return s.Matches(labels.Set(n.Labels)) }) {
+			ps.prefixes = append(ps.prefixes, nodeAddrs(n)...)
+		}
+	}
+	if len(tr.pods) > 0 {
+		for i := range c.peers {
+			pp := &c.peers[i]
+			nsLabels := c.namespaces[pp.pod.Namespace]
+			if slices.ContainsFunc(tr.pods, func(s podSelector) bool { return s.matches(pp.pod, nsLabels) }) {
+				ps.prefixes = append(ps.prefixes, pp.addrs...)
+				ps.pods = append(ps.pods, pp)
+			}
+		}
+	}
+	ps.prefixes = sortPrefixes(ps.prefixes)
+	return ps
+}
+
+// nodeAddrs is a node's internal and external addresses, as /32s and
+// /128s: what a nodes peer reaches.
+func nodeAddrs(n *corev1.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			ip = ip.Unmap()
+			out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	return out
+}
+
+// resolveNames is the numbers of pod's container ports with these names,
+// each with its own protocol.
+func resolveNames(names []string, pod *corev1.Pod) []policy.PortRange {
+	var out []policy.PortRange
+	for _, name := range names {
+		for _, ctr := range pod.Spec.Containers {
+			for _, cp := range ctr.Ports {
+				proto, ok := protocol(&cp.Protocol)
+				if ok && cp.Name == name && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
+					out = append(out, policy.PortRange{Proto: proto, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// tiersChanged reports whether any local pod's tier rules may differ
+// between prev and next. It is coarse: with any ClusterNetworkPolicy in
+// either, a change of a policy, a node, a pod, a local pod's address or a
+// namespace's labels recompiles the tier rules of every local pod. Updates
+// of what the caches trim away (a pod's readiness) change nothing.
+func tiersChanged(prev, next *compiler) bool {
+	if len(prev.cnps) == 0 && len(next.cnps) == 0 {
+		return false
+	}
+	return len(changedKeys(prev.cnp, next.cnp, func(a, b *clusterPolicy) bool { return a == b })) > 0 ||
+		len(changedKeys(prev.node, next.node, sameButVersion[*corev1.Node])) > 0 ||
+		len(changedKeys(prev.pods, next.pods, sameButVersion[*corev1.Pod])) > 0 ||
+		len(changedKeys(prev.localIP, next.localIP, slices.Equal[[]netip.Addr])) > 0 ||
+		len(changedKeys(prev.namespaces, next.namespaces, maps.Equal)) > 0
+}
+
+// sameButVersion reports whether two versions of a trimmed object differ
+// at most in their resourceVersion.
+func sameButVersion[T interface {
+	runtime.Object
+	metav1.Object
+}](a, b T) bool {
+	if any(a) == any(b) {
+		return true
+	}
+	ac := a.DeepCopyObject().(T)
+	ac.SetResourceVersion(b.GetResourceVersion())
+	return equality.Semantic.DeepEqual(ac, b)
+}
+
+// warnCNPs logs what each policy of next new or changed since prev asks
+// that this agent cannot honour, once per version of the policy.
+func warnCNPs(prev, next *compiler) {
+	for _, cp := range next.cnps {
+		if len(cp.problems) == 0 || prev != nil && prev.cnp[cp.obj.Name] == cp {
+			continue
+		}
+		slog.Warn("cluster network policy: enforced failing closed", "policy", cp.obj.Name,
+			"problems", strings.Join(cp.problems, "; "))
+	}
+}
