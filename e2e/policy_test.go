@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	agentpolicy "github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/bypass/bypasstest"
 	"github.com/onc-net/onc/lab"
@@ -163,6 +164,10 @@ type policyCluster struct {
 	nsLabels map[string]map[string]string // as the oracle sees them
 	cidr     netip.Prefix                 // the cluster CIDR: every pod IP
 	cidr6    netip.Prefix                 // the IPv6 one: every pod IPv6
+	// cnps are the ClusterNetworkPolicies in force (apply puts them in
+	// the API), as the oracle judges them: the truth table's steps set
+	// them, everything else leaves them none.
+	cnps []*agentpolicy.ClusterNetworkPolicy
 }
 
 func newPolicyCluster(t *testing.T) *policyCluster {
@@ -276,46 +281,46 @@ func (c *policyCluster) setFastPath(t *testing.T, on bool) {
 
 // allowed is the verdict on a new connection of ce, from its source to
 // its destination's port in its family: the destination's ingress and the
-// source's egress must both allow it.
+// source's egress must both allow it, each judged tier by tier with the
+// ClusterNetworkPolicies in force (decide, policy_tiers_test.go).
 func (c *policyCluster) allowed(pols []*networkingv1.NetworkPolicy, ce cell) bool {
 	return c.ingressAllows(pols, ce) && c.egressAllows(pols, ce)
 }
 
-// ingressAllows: a pod no enforcing policy selects for ingress is not
-// isolated; an isolated one allows the union of its enforcing policies'
-// ingress rules. Audited policies enforce nothing.
 func (c *policyCluster) ingressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
-	isolated := false
-	for _, p := range pols {
-		if ing, _ := policyTypes(p); !ing || audited(p) || !c.selects(p, ce.dst) {
-			continue
-		}
-		isolated = true
-		for _, r := range p.Spec.Ingress {
-			if c.peersMatch(p.Namespace, r.From, ce.src, ce.fam) && portsMatch(r.Ports, ce.dst, ce.k) {
-				return true
-			}
-		}
-	}
-	return !isolated
+	return c.decide(pols, ce, true).allowed
 }
 
-// egressAllows is the same for the source's egress; named ports resolve
-// on the destination pod.
 func (c *policyCluster) egressAllows(pols []*networkingv1.NetworkPolicy, ce cell) bool {
-	isolated := false
+	return c.decide(pols, ce, false).allowed
+}
+
+// npVerdict is NetworkPolicy's on ce in one direction: a pod no enforcing
+// policy selects in it is not isolated; an isolated one allows the union
+// of its enforcing policies' rules there (egress named ports resolve on
+// the destination pod). Audited policies enforce nothing.
+func (c *policyCluster) npVerdict(pols []*networkingv1.NetworkPolicy, ce cell, ingress bool) (isolated, allowed bool) {
 	for _, p := range pols {
-		if _, eg := policyTypes(p); !eg || audited(p) || !c.selects(p, ce.src) {
+		ing, eg := policyTypes(p)
+		if audited(p) || (ingress && (!ing || !c.selects(p, ce.dst))) || (!ingress && (!eg || !c.selects(p, ce.src))) {
 			continue
 		}
 		isolated = true
+		if ingress {
+			for _, r := range p.Spec.Ingress {
+				if c.peersMatch(p.Namespace, r.From, ce.src, ce.fam) && portsMatch(r.Ports, ce.dst, ce.k) {
+					return true, true
+				}
+			}
+			continue
+		}
 		for _, r := range p.Spec.Egress {
 			if c.peersMatch(p.Namespace, r.To, ce.dst, ce.fam) && portsMatch(r.Ports, ce.dst, ce.k) {
-				return true
+				return true, true
 			}
 		}
 	}
-	return !isolated
+	return isolated, !isolated
 }
 
 // isolatedBy lists (sorted) the enforcing policies that isolate pod in a
@@ -548,11 +553,12 @@ func egressRule(peers []networkingv1.NetworkPolicyPeer, ports ...networkingv1.Ne
 }
 
 // policyStep is one row of the truth table: the complete set of policies
-// in force, and optionally a label change made after they are applied
+// (NetworkPolicies and ClusterNetworkPolicies) in force, and optionally a label change made after they are applied
 // (undone by revert once the table is done).
 type policyStep struct {
 	name   string
 	pols   []*networkingv1.NetworkPolicy
+	cnps   []*agentpolicy.ClusterNetworkPolicy
 	change func(t *testing.T)
 	revert func(t *testing.T)
 }
@@ -576,7 +582,7 @@ func (c *policyCluster) steps() []policyStep {
 	block := func(cidr string, except ...string) networkingv1.NetworkPolicyPeer {
 		return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}
 	}
-	return []policyStep{
+	return append([]policyStep{
 		{name: "none", pols: nil},
 		{name: "default-deny ingress in x", pols: []*networkingv1.NetworkPolicy{denyX}},
 		{name: "allow by pod selector", pols: []*networkingv1.NetworkPolicy{denyX, allowPod}},
@@ -629,7 +635,7 @@ func (c *policyCluster) steps() []policyStep {
 		{name: "pod label change (x/c becomes app=b)", pols: []*networkingv1.NetworkPolicy{denyX, allowPod},
 			change: func(t *testing.T) { c.setPodLabels(t, ctx, c.pod("x/c"), map[string]string{"app": "b"}) },
 			revert: func(t *testing.T) { c.setPodLabels(t, ctx, c.pod("x/c"), map[string]string{"app": "c"}) }},
-	}
+	}, c.tierSteps(denyX, allowNS)...)
 }
 
 func (c *policyCluster) setNamespaceLabels(t *testing.T, ctx context.Context, ns string, labels map[string]string) {
@@ -651,9 +657,9 @@ func (c *policyCluster) setPodLabels(t *testing.T, ctx context.Context, p *tpod,
 // ---------------------------------------------------------------------
 // Applying policies and waiting for the agents.
 
-// apply makes pols the complete set of NetworkPolicies in the API:
-// others are deleted, changed ones updated, new ones created. It reports
-// whether it changed anything.
+// apply makes pols the complete set of NetworkPolicies in the API, and
+// c.cnps that of ClusterNetworkPolicies: others are deleted, changed ones
+// updated, new ones created. It reports whether it changed anything.
 func (c *policyCluster) apply(t *testing.T, pols []*networkingv1.NetworkPolicy) (changed bool) {
 	t.Helper()
 	ctx := context.Background()
@@ -693,7 +699,7 @@ func (c *policyCluster) apply(t *testing.T, pols []*networkingv1.NetworkPolicy) 
 			t.Fatalf("create policy %s/%s: %v", p.Namespace, p.Name, err)
 		}
 	}
-	return changed
+	return c.applyTiers(t) || changed
 }
 
 // set makes pols the policies in force and, if that changed anything,
@@ -775,7 +781,8 @@ func (c *policyCluster) waitApplied(t *testing.T, before map[string]uint64, pols
 }
 
 // enforcedDiff compares the isolation the agent on n reports for its
-// local test pods with the oracle's; "" when they agree.
+// local test pods with the oracle's, and the ClusterNetworkPolicies whose
+// rules it holds for them; "" when they agree.
 func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClient, n *lab.Node, pols []*networkingv1.NetworkPolicy) string {
 	resp, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
 	if err != nil {
@@ -792,11 +799,17 @@ func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClie
 		}
 		for _, ingress := range []bool{true, false} {
 			want, wantAudit := c.isolatedBy(pols, p, ingress), c.selectedBy(pols, p, ingress, true)
-			var have, haveAudit []string
+			wantTiers := c.tiersOf(p, ingress)
+			var have, haveAudit, haveTiers []string
 			if gp := got[p.key()]; gp != nil {
 				d := gp.Egress
 				if ingress {
 					d = gp.Ingress
+				}
+				for _, r := range append(slices.Clone(d.GetAdmin()), d.GetBaseline()...) {
+					if !slices.Contains(haveTiers, r.Policy) {
+						haveTiers = append(haveTiers, r.Policy)
+					}
 				}
 				if d.GetIsolated() {
 					have = slices.Sorted(slices.Values(d.Policies))
@@ -813,6 +826,9 @@ func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClie
 			}
 			if !slices.Equal(wantAudit, haveAudit) {
 				diffs = append(diffs, fmt.Sprintf("%s %s audited by %v, want %v", p.key(), dirName(ingress), haveAudit, wantAudit))
+			}
+			if sort.Strings(haveTiers); !slices.Equal(wantTiers, haveTiers) {
+				diffs = append(diffs, fmt.Sprintf("%s %s has ClusterNetworkPolicy rules of %v, want %v", p.key(), dirName(ingress), haveTiers, wantTiers))
 			}
 		}
 	}
@@ -903,15 +919,19 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool, f probeF
 	start := time.Now()
 	steps := c.steps()
 	defer func() {
-		// Undo label changes, so the next table starts from the same world.
+		// Undo label changes and take the ClusterNetworkPolicies away, so
+		// the next table (or subtest) starts from the same world.
 		for _, s := range steps {
 			if s.revert != nil {
 				s.revert(t)
 			}
 		}
+		c.cnps = nil
+		c.set(t, nil)
 	}()
 	for i, s := range steps {
 		stepStart := time.Now()
+		c.cnps = s.cnps
 		c.set(t, s.pols)
 		if s.change != nil {
 			before := c.seenGenerations(t)
@@ -950,6 +970,9 @@ func (c *policyCluster) truthTable(t *testing.T, fastPath, bypass bool, f probeF
 			applied.Round(time.Millisecond), len(cells), f, denied, (time.Since(stepStart) - applied).Round(time.Millisecond), bad)
 		if bad > 0 {
 			t.Errorf("step %d %q (fast path %v, %s): %d of %d probes differ from the oracle\n%s", i, s.name, fastPath, f, bad, len(cells), report)
+		}
+		if len(s.cnps) > 0 && denied == 0 {
+			t.Errorf("step %d %q: the oracle denies nothing: its ClusterNetworkPolicies select no pod, and the step proves nothing", i, s.name)
 		}
 		c.checkTrace(t, s, cells, got, again)
 		if fastPath {

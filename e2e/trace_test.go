@@ -89,7 +89,8 @@ func ingressHop(p *apiv1.TracePath) *apiv1.TraceHop {
 }
 
 // traceNames checks the policies p's policy hops name against the
-// oracle's: "" when right, else what is wrong.
+// oracle's, the ClusterNetworkPolicy that decided or the NetworkPolicies
+// that isolate: "" when right, else what is wrong.
 func (c *policyCluster) traceNames(pols []*networkingv1.NetworkPolicy, ce cell, p *apiv1.TracePath) string {
 	for _, h := range p.Hops {
 		ingress := h.Step == "ingress-policy"
@@ -103,6 +104,12 @@ func (c *policyCluster) traceNames(pols []*networkingv1.NetworkPolicy, ce cell, 
 		if h.Node != c.node(pod).Name {
 			return fmt.Sprintf("%s decided on %s, want %s's node %s", h.Step, h.Node, pod.key(), c.node(pod).Name)
 		}
+		if d := c.decide(pols, ce, ingress); d.tier == "Admin" || d.tier == "Baseline" {
+			if h.Tier != d.tier || !slices.Equal(h.Policies, []string{d.policy}) || h.Rule < 0 {
+				return fmt.Sprintf("%s decided by %s %v rule %d, want a rule of %s %s", h.Step, h.Tier, h.Policies, h.Rule, d.tier, d.policy)
+			}
+			continue
+		}
 		isolating := c.isolatedBy(pols, pod, ingress)
 		switch h.Verdict {
 		case "denied":
@@ -110,6 +117,9 @@ func (c *policyCluster) traceNames(pols []*networkingv1.NetworkPolicy, ce cell, 
 				return fmt.Sprintf("%s denied by %v, want the isolating %v", h.Step, h.Policies, isolating)
 			}
 		case "allowed":
+			if len(isolating) == 0 && len(h.Policies) == 0 {
+				continue // only ClusterNetworkPolicy rules judge it, and none matched
+			}
 			if len(h.Policies) != 1 || !slices.Contains(isolating, h.Policies[0]) || h.Rule < 0 {
 				return fmt.Sprintf("%s allowed by %v rule %d, want a rule of one of %v", h.Step, h.Policies, h.Rule, isolating)
 			}
