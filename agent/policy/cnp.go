@@ -7,6 +7,7 @@ package policy
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -82,7 +83,7 @@ func peerPods(p CNPEgressPeer) (podSelector, error) {
 	case p.Pods != nil:
 		return namespacedPod(p.Pods)
 	}
-	return podSelector{}, fmt.Errorf("of no known kind")
+	return podSelector{}, errors.New("of no known kind")
 }
 
 // tierRule is one ingress or egress rule of a ClusterNetworkPolicy, parsed.
@@ -135,8 +136,8 @@ func parseCNP(obj *ClusterNetworkPolicy) *clusterPolicy {
 	return cp
 }
 
-// denyAll fails closed a policy that cannot be honoured at all, for
-// why: which pods it was meant for is unknown, or where it judges, so it
+// denyAll makes cp, which cannot be honoured at all (why), fail closed:
+// which pods it was meant for is unknown, or where it judges, so it
 // selects every pod (but those on their node's network, as any subject)
 // and each of its rules denies everything in its direction. Its priority
 // and rule indexes stay, so that verdicts name it.
@@ -159,9 +160,9 @@ func denyEverything(name string) tierRule {
 
 // parseRule parses a rule, where names it for problems. Whatever it cannot
 // honour (a peer or protocol of no known kind, domainNames, a network that
-// does not parse, an invalid label selector) fails closed as the API defines it: in an Accept rule it
-// matches nothing; a Deny or Pass rule with one is a rule that denies
-// everything.
+// does not parse, an invalid label selector) fails closed as the API
+// defines it: in an Accept rule it matches nothing; a Deny or Pass rule
+// with one is a rule that denies everything.
 func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgressPeer, protocols []CNPProtocol) tierRule {
 	tr := tierRule{name: name}
 	switch action {
