@@ -113,12 +113,7 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		l, logged = r.logged(p.PodID, p.Ingress, p.Fingerprint)
 	}
 	if !logged {
-		if pod, ok := r.localPod(p.PodID); ok {
-			l.Pod, l.Direction = pod.Key, pod.Egress
-			if p.Ingress {
-				l.Direction = pod.Ingress
-			}
-		}
+		l.Pod, l.Direction, _ = r.enforcedNow(p.PodID, p.Ingress)
 	}
 	if l.Pod != "" {
 		r.setPod(local, l.Pod)
@@ -143,22 +138,47 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 		rec.Policies = d.Policies
 		rec.Reason = fmt.Sprintf("audit would deny: %s audited by %s, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced",
 			rec.Direction, strings.Join(d.Policies, ", "))
+		// The table logs W only where no rule of any tier judges the
+		// direction: one that is tiered now was logged before.
+		if _, now, ok := r.enforcedNow(p.PodID, p.Ingress); ok && now != nil && now.Tiered() {
+			dec := Judge(now, rec.Direction, peer, policy.Proto(p.Proto), p.Dst.Port(), "this")
+			rec.Reason += fmt.Sprintf(" (logged before ClusterNetworkPolicy rules applied to the %s, where audit reports no would-deny; as they judge it now: %s)", rec.Direction, dec.Reason)
+		}
 	case p.Verdict == dpflows.VerdictWouldAllow:
 		var enforcing *policy.Direction // nil: not held, or an agent before the prefix named it
 		if e, ok := r.logged(p.PodID, p.Ingress, p.EnforcingFingerprint); ok && p.EnforcingFingerprint != "" {
 			enforcing = e.Direction
 		}
-		rec.Policies, rec.Reason = defaultDeny(rec.Direction, enforcing)
-		if enforcing != nil {
-			rec.Tier = policy.TierNetworkPolicy.String() // the U prefix's chain drops by NetworkPolicy's default
-		}
-		allowing := allowedBy(d, peer, p.Proto, p.Dst.Port())
-		rec.Policies = append(slices.Clone(rec.Policies), allowing...)
-		if len(allowing) > 0 {
-			rec.Reason += fmt.Sprintf("; audited %s would allow it", strings.Join(allowing, ", "))
+		r.wouldAllow(rec, enforcing, d, peer, p)
+	}
+}
+
+// wouldAllow fills in the reason of a U record: the enforcing rules'
+// decision, and the audited policies that would allow the packet. The
+// table looks the audited sets up before any drop of the direction, an
+// Admin Deny's too: such a packet is counted and logged as would-allow,
+// yet audit is NetworkPolicy's, which Admin judges before.
+func (r *Recorder) wouldAllow(rec *Record, enforcing, audited *policy.Direction, peer netip.Addr, p dpflows.Packet) {
+	if enforcing == nil {
+		rec.Reason = fmt.Sprintf("default deny by %s rules this agent no longer holds", rec.Direction)
+	} else {
+		dec := Judge(enforcing, rec.Direction, peer, policy.Proto(p.Proto), p.Dst.Port(), "this")
+		rec.Policies, rec.Reason = dec.Policies, dec.Reason
+		if dec.Allowed {
+			rec.Reason = fmt.Sprintf("%s, yet as the agent read the %s rules: %s", rec.Verdict, rec.Direction, dec.Reason)
 		} else {
-			rec.Reason += fmt.Sprintf("; yet no rule of the audited %s allows it as the agent read it", strings.Join(d.Policies, ", "))
+			rec.Tier, rec.Rule, rec.RuleName = dec.Tier, dec.Rule, dec.Name
 		}
+	}
+	allowing := allowedBy(audited, peer, p.Proto, p.Dst.Port())
+	rec.Policies = append(slices.Clone(rec.Policies), allowing...)
+	switch {
+	case len(allowing) == 0:
+		rec.Reason += fmt.Sprintf("; yet no rule of the audited %s allows it as the agent read it", strings.Join(audited.Policies, ", "))
+	case rec.Tier == policy.TierAdmin.String():
+		rec.Reason += fmt.Sprintf("; audited %s would allow it (%s)", strings.Join(allowing, ", "), AdminFirst)
+	default:
+		rec.Reason += fmt.Sprintf("; audited %s would allow it", strings.Join(allowing, ", "))
 	}
 }
 
@@ -183,16 +203,6 @@ var verdictWords = map[string]string{
 	dpflows.VerdictAllowed:    "allowed",
 	dpflows.VerdictWouldDeny:  "audit would deny (not enforced)",
 	dpflows.VerdictWouldAllow: "default deny, audit would allow",
-}
-
-// defaultDeny is why the enforcing policies d of a direction dropped a
-// packet, and the policies that says; d is nil when the agent no longer
-// holds them (Packet.EnforcingFingerprint).
-func defaultDeny(direction string, d *policy.Direction) ([]string, string) {
-	if d == nil {
-		return nil, fmt.Sprintf("default deny by %s rules this agent no longer holds", direction)
-	}
-	return d.Policies, fmt.Sprintf("default deny: %s isolated by %s, and no rule of theirs allows this", direction, strings.Join(d.Policies, ", "))
 }
 
 // allowedBy is the policies of the audited direction d with a rule
@@ -249,6 +259,19 @@ func splitKey(key string) (ns, name string) {
 type localPodOf struct {
 	policy.Pod
 	ns, name string
+}
+
+// enforcedNow is the pod of chain id and its enforcing direction (ingress
+// or egress) among the rules as last enforced.
+func (r *Recorder) enforcedNow(id string, ingress bool) (pod string, d *policy.Direction, ok bool) {
+	lp, ok := r.localPod(id)
+	if !ok {
+		return "", nil, false
+	}
+	if ingress {
+		return lp.Key, lp.Ingress, true
+	}
+	return lp.Key, lp.Egress, true
 }
 
 // localPod finds the pod of chain id among the rules as last enforced.

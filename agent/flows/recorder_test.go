@@ -261,7 +261,11 @@ func ruleIndex(i int) *int { return &i }
 // by its tier, policy, priority, index and name: an Admin deny; an Admin
 // pass, then a NetworkPolicy allow or default deny, naming the pass; where
 // no NetworkPolicy isolates the pod, a Baseline deny (not "isolated by"
-// anything) and accept, and no rule matching at all.
+// anything) and accept, and no rule matching at all. Audit's records of
+// such a direction name the deciding rule too: a would-allow under an
+// Admin Deny says enforcing the audited policy would change nothing; a
+// would-deny (logged only where no rule of any tier judges) of a
+// direction tiered since says so.
 func TestRecorderTiers(t *testing.T) {
 	ip, pfx := netip.MustParseAddr, netip.MustParsePrefix
 	deny := policy.TierRule{Policy: "deny-all", Priority: 10, Index: 0, Name: "no-ingress", Action: policy.Deny, Peers: []netip.Prefix{pfx("192.0.2.0/24")}}
@@ -273,7 +277,8 @@ func TestRecorderTiers(t *testing.T) {
 		{Policy: "base", Priority: 5, Index: 1, Name: "dns", Action: policy.Accept, Peers: []netip.Prefix{pfx("10.244.3.0/24")},
 			Ports: []policy.PortRange{{Proto: policy.UDP, First: 53, Last: 53}}}}}
 	id := policy.PodID("x/b")
-	history := map[string]policy.Logged{"iso": {Pod: "x/b", Direction: isolated}, "only": {Pod: "x/b", Direction: clusterOnly}}
+	audited := &policy.Direction{Policies: []string{"x/try"}, Rules: []policy.Rule{{Policy: "x/try", Peers: []netip.Prefix{pfx("192.0.2.0/24"), pfx("10.244.2.0/24")}}}}
+	history := map[string]policy.Logged{"iso": {Pod: "x/b", Direction: isolated}, "only": {Pod: "x/b", Direction: clusterOnly}, "aud": {Pod: "x/b", Direction: audited}}
 	logged := func(gotID string, ingress bool, fp string) (policy.Logged, bool) {
 		l, ok := history[fp]
 		return l, ok && gotID == id && ingress
@@ -284,6 +289,12 @@ func TestRecorderTiers(t *testing.T) {
 	in := func(verdict, fp string, proto uint8, src string, dport uint16) Record {
 		r.Packet(dpflows.Packet{Verdict: verdict, Ingress: true, PodID: id, Fingerprint: fp, Proto: proto,
 			Src: netip.MustParseAddrPort(src), Dst: netip.AddrPortFrom(ip("10.244.0.5"), dport)})
+		got := s.List(Filter{})
+		return got[len(got)-1]
+	}
+	audit := func(verdict, enforcing, src string) Record {
+		r.Packet(dpflows.Packet{Verdict: verdict, Ingress: true, PodID: id, Fingerprint: "aud", EnforcingFingerprint: enforcing, Proto: 6,
+			Src: netip.MustParseAddrPort(src), Dst: netip.AddrPortFrom(ip("10.244.0.5"), 80)})
 		got := s.List(Filter{})
 		return got[len(got)-1]
 	}
@@ -311,6 +322,18 @@ func TestRecorderTiers(t *testing.T) {
 			VerdictDenied, "", "denied, yet as the agent read the ingress rules: allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches", "", nil, nil},
 		{"a prefix without a fingerprint: the rules now", in(dpflows.VerdictDenied, "", 6, "192.0.2.1:40000", 80),
 			VerdictDenied, "Admin", `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) ingress rule 0 "no-ingress"`, "no-ingress", []string{"deny-all"}, ruleIndex(0)},
+		{"would allow under an Admin deny", audit(dpflows.VerdictWouldAllow, "iso", "192.0.2.1:40000"),
+			VerdictDenied, "Admin", `denied by ClusterNetworkPolicy deny-all (Admin, priority 10) ingress rule 0 "no-ingress"; audited x/try would allow it (` + AdminFirst + ")",
+			"no-ingress", []string{"deny-all", "x/try"}, ruleIndex(0)},
+		{"would allow after an Admin pass", audit(dpflows.VerdictWouldAllow, "iso", "10.244.2.9:40000"),
+			VerdictDenied, "NetworkPolicy", "default deny: ingress isolated by x/np, and no rule of theirs allows this" + passed + "; audited x/try would allow it",
+			"", []string{"x/np", "x/try"}, nil},
+		{"would allow under a Baseline deny", audit(dpflows.VerdictWouldAllow, "only", "10.244.2.9:40000"),
+			VerdictDenied, "Baseline", "denied by ClusterNetworkPolicy base (Baseline, priority 5) ingress rule 0; audited x/try would allow it", "", []string{"base", "x/try"}, ruleIndex(0)},
+		{"would deny, ClusterNetworkPolicy rules since", audit(dpflows.VerdictWouldDeny, "", "10.244.4.4:40000"),
+			VerdictAllowed, "", "audit would deny: ingress audited by x/try, no enforcing policy isolates it, and no rule of the audited ones allows this; not enforced " +
+				"(logged before ClusterNetworkPolicy rules applied to the ingress, where audit reports no would-deny; as they judge it now: " +
+				"allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches)", "", []string{"x/try"}, nil},
 	} {
 		g := c.got
 		if g.Verdict != c.verdict || g.Tier != c.tier || g.Reason != c.reason || g.RuleName != c.rule || !reflect.DeepEqual(g.Policies, c.policies) || !reflect.DeepEqual(g.Rule, c.index) {

@@ -6,6 +6,8 @@ package policy
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -26,12 +28,14 @@ import (
 // object only, so Incremental carries it over while the object stays.
 type clusterPolicy struct {
 	obj             *ClusterNetworkPolicy
-	tier            policy.Tier // TierNetworkPolicy (the zero Tier): an unknown tier, the policy is ignored
+	tier            policy.Tier
 	subject         *podSelector
 	ingress, egress []tierRule
 	// problems is what this agent cannot honour as written, and how it
 	// fails closed instead: logged once per version of the policy.
 	problems []string
+	// closed: the policy as a whole could not be honoured (denyAll).
+	closed bool
 }
 
 // podSelector selects pods by their namespace's labels and, if pods is
@@ -44,8 +48,42 @@ func (s *podSelector) matches(pod *corev1.Pod, nsLabels labels.Set) bool {
 	return s.namespaces.Matches(nsLabels) && (s.pods == nil || s.pods.Matches(labels.Set(pod.Labels)))
 }
 
-func namespacedPod(np *CNPNamespacedPod) podSelector {
-	return podSelector{namespaces: selector(&np.NamespaceSelector), pods: selector(&np.PodSelector)}
+// namespacesOnly selects every pod of the namespaces ls selects. The CRD
+// does not validate label selectors (an operator "in", or In without
+// values, is accepted): an invalid one is an error, never a selector of
+// nothing, which would fail open in a subject or a Deny peer.
+func namespacesOnly(ls *metav1.LabelSelector) (podSelector, error) {
+	ns, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return podSelector{}, fmt.Errorf("namespaces: %w", err)
+	}
+	return podSelector{namespaces: ns}, nil
+}
+
+// namespacedPod selects pods by both of np's selectors; an error as
+// namespacesOnly.
+func namespacedPod(np *CNPNamespacedPod) (podSelector, error) {
+	ns, err := metav1.LabelSelectorAsSelector(&np.NamespaceSelector)
+	if err != nil {
+		return podSelector{}, fmt.Errorf("pods: namespaceSelector: %w", err)
+	}
+	pods, err := metav1.LabelSelectorAsSelector(&np.PodSelector)
+	if err != nil {
+		return podSelector{}, fmt.Errorf("pods: podSelector: %w", err)
+	}
+	return podSelector{namespaces: ns, pods: pods}, nil
+}
+
+// peerPods is the pods a namespaces or pods peer, or subject, selects; an
+// error for an invalid selector or a peer of neither kind.
+func peerPods(p CNPEgressPeer) (podSelector, error) {
+	switch {
+	case p.Namespaces != nil:
+		return namespacesOnly(p.Namespaces)
+	case p.Pods != nil:
+		return namespacedPod(p.Pods)
+	}
+	return podSelector{}, errors.New("of no known kind")
 }
 
 // tierRule is one ingress or egress rule of a ClusterNetworkPolicy, parsed.
@@ -62,27 +100,29 @@ type tierRule struct {
 	named      []string           // its destinationNamedPorts
 }
 
-// parseCNP parses a ClusterNetworkPolicy.
+// parseCNP parses a ClusterNetworkPolicy. One whose tier or subject it
+// cannot read fails closed as a whole (denyAll).
 func parseCNP(obj *ClusterNetworkPolicy) *clusterPolicy {
 	cp := &clusterPolicy{obj: obj}
+	var whole []string // why the policy cannot be honoured at all
 	switch obj.Spec.Tier {
 	case "Admin":
 		cp.tier = policy.TierAdmin
 	case "Baseline":
 		cp.tier = policy.TierBaseline
 	default:
-		cp.problems = append(cp.problems, fmt.Sprintf("unknown tier %q: the policy is ignored", obj.Spec.Tier))
+		cp.tier = policy.TierAdmin
+		whole = append(whole, fmt.Sprintf("unknown tier %q, taken as Admin", obj.Spec.Tier))
+	}
+	subject, err := peerPods(CNPEgressPeer{Namespaces: obj.Spec.Subject.Namespaces, Pods: obj.Spec.Subject.Pods})
+	if err != nil {
+		whole = append(whole, "subject "+err.Error())
+	}
+	if len(whole) > 0 {
+		cp.denyAll(whole)
 		return cp
 	}
-	switch s := obj.Spec.Subject; {
-	case s.Namespaces != nil:
-		cp.subject = &podSelector{namespaces: selector(s.Namespaces)}
-	case s.Pods != nil:
-		sel := namespacedPod(s.Pods)
-		cp.subject = &sel
-	default:
-		cp.problems = append(cp.problems, "a subject of no known kind: the policy selects no pod")
-	}
+	cp.subject = &subject
 	for ri, r := range obj.Spec.Ingress {
 		peers := make([]CNPEgressPeer, len(r.From))
 		for i, p := range r.From {
@@ -96,11 +136,33 @@ func parseCNP(obj *ClusterNetworkPolicy) *clusterPolicy {
 	return cp
 }
 
+// denyAll makes cp, which cannot be honoured at all (why), fail closed:
+// which pods it was meant for is unknown, or where it judges, so it
+// selects every pod (but those on their node's network, as any subject)
+// and each of its rules denies everything in its direction. Its priority
+// and rule indexes stay, so that verdicts name it.
+func (cp *clusterPolicy) denyAll(why []string) {
+	cp.closed = true
+	cp.subject = &podSelector{namespaces: labels.Everything()}
+	for _, r := range cp.obj.Spec.Ingress {
+		cp.ingress = append(cp.ingress, denyEverything(r.Name))
+	}
+	for _, r := range cp.obj.Spec.Egress {
+		cp.egress = append(cp.egress, denyEverything(r.Name))
+	}
+	cp.problems = append(cp.problems, strings.Join(why, "; ")+": the policy selects every pod, and each of its rules denies everything")
+}
+
+// denyEverything is a rule that denies every address, protocol and port.
+func denyEverything(name string) tierRule {
+	return tierRule{name: name, action: policy.Deny, everything: true}
+}
+
 // parseRule parses a rule, where names it for problems. Whatever it cannot
 // honour (a peer or protocol of no known kind, domainNames, a network that
-// does not parse) fails closed as the API defines it: in an Accept rule it
-// matches nothing; a Deny or Pass rule with one is a rule that denies
-// everything.
+// does not parse, an invalid label selector) fails closed as the API
+// defines it: in an Accept rule it matches nothing; a Deny or Pass rule
+// with one is a rule that denies everything.
 func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgressPeer, protocols []CNPProtocol) tierRule {
 	tr := tierRule{name: name}
 	switch action {
@@ -117,12 +179,18 @@ func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgress
 	var unknown []string
 	for _, peer := range peers {
 		switch {
-		case peer.Namespaces != nil:
-			tr.pods = append(tr.pods, podSelector{namespaces: selector(peer.Namespaces)})
-		case peer.Pods != nil:
-			tr.pods = append(tr.pods, namespacedPod(peer.Pods))
+		case peer.Namespaces != nil, peer.Pods != nil:
+			if sel, err := peerPods(peer); err != nil {
+				unknown = append(unknown, "a peer's invalid selector: "+err.Error())
+			} else {
+				tr.pods = append(tr.pods, sel)
+			}
 		case peer.Nodes != nil:
-			tr.nodes = append(tr.nodes, selector(peer.Nodes))
+			if sel, err := metav1.LabelSelectorAsSelector(peer.Nodes); err != nil {
+				unknown = append(unknown, "a peer's invalid selector: nodes: "+err.Error())
+			} else {
+				tr.nodes = append(tr.nodes, sel)
+			}
 		case len(peer.Networks) > 0:
 			for _, n := range peer.Networks {
 				if p, err := netip.ParsePrefix(n); err == nil {
@@ -167,7 +235,7 @@ func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgress
 		cp.problems = append(cp.problems, fmt.Sprintf("%s: %s: matches nothing", where, strings.Join(unknown, ", ")))
 	default:
 		cp.problems = append(cp.problems, fmt.Sprintf("%s: %s: the rule denies everything", where, strings.Join(unknown, ", ")))
-		tr = tierRule{name: name, action: policy.Deny, everything: true}
+		tr = denyEverything(name)
 	}
 	return tr
 }
@@ -217,7 +285,7 @@ func (c *compiler) compileTiers(lp LocalPod) podTiers {
 	}
 	nsLabels := c.namespaces[pod.Namespace]
 	for _, cp := range c.cnps {
-		if cp.tier == policy.TierNetworkPolicy || cp.subject == nil || !cp.subject.matches(pod, nsLabels) {
+		if !cp.subject.matches(pod, nsLabels) {
 			continue
 		}
 		res, slot := c.resolveCNP(cp), 0
@@ -415,7 +483,11 @@ func warnCNPs(prev, next *compiler) {
 		if len(cp.problems) == 0 || prev != nil && prev.cnp[cp.obj.Name] == cp {
 			continue
 		}
-		slog.Warn("cluster network policy: enforced failing closed", "policy", cp.obj.Name,
+		level := slog.LevelWarn
+		if cp.closed { // it denies the whole cluster's pods: louder
+			level = slog.LevelError
+		}
+		slog.Log(context.Background(), level, "cluster network policy: enforced failing closed", "policy", cp.obj.Name,
 			"problems", strings.Join(cp.problems, "; "))
 	}
 }

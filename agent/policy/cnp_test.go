@@ -290,8 +290,7 @@ func TestCNPOrder(t *testing.T) {
 // What the agent cannot honour fails closed, as the API defines it: an
 // Accept rule's unknown or domainNames peer, bad network or unknown
 // protocol matches nothing; a Deny or Pass rule with one denies
-// everything. A policy of an unknown tier is ignored. Each is a problem
-// the agent logs.
+// everything. Each is a problem the agent logs.
 func TestCNPFailClosed(t *testing.T) {
 	toAPI := []CNPEgressPeer{toPods(&all, labelsel("app", "api"))}
 	domains := CNPEgressPeer{DomainNames: []string{"example.com"}}
@@ -306,8 +305,7 @@ func TestCNPFailClosed(t *testing.T) {
 		{Action: "Accept", To: toAPI, Protocols: []CNPProtocol{{}, tcpPort(80)}},
 		{Action: "Drop", To: toAPI},
 	})
-	bogus := cnpObj("bogus", "Middle", 0, nsSubject(&all), []CNPIngressRule{{Action: "Deny", From: []CNPIngressPeer{fromNamespaces(&all)}}}, nil)
-	rs := compileCNPs([]*ClusterNetworkPolicy{fc, bogus})
+	rs := compileCNPs([]*ClusterNetworkPolicy{fc})
 	p := rs.Pod(webKey)
 	rule := func(i int, action policy.Action, peers []netip.Prefix, ports []policy.PortRange) policy.TierRule {
 		return policy.TierRule{Policy: "fc", Index: i, Action: action, Peers: peers, Ports: ports}
@@ -330,8 +328,76 @@ func TestCNPFailClosed(t *testing.T) {
 	if got := len(parseCNP(fc).problems); got != 8 {
 		t.Errorf("fc: %d problems %q, want 8", got, parseCNP(fc).problems)
 	}
-	if b := parseCNP(bogus); b.tier != policy.TierNetworkPolicy || len(b.problems) != 1 {
-		t.Errorf("a policy of tier Middle: tier %s, problems %q; want ignored, said once", b.tier, b.problems)
+}
+
+// Invalid label selectors, which the CRD accepts (In without values, an
+// operator "in"), fail closed like any peer the agent cannot resolve: an
+// Accept rule's peer matches nothing, a Deny or Pass rule with one denies
+// everything. They never select nothing quietly.
+func TestCNPInvalidPeerSelectors(t *testing.T) {
+	noValues := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpIn}}}
+	lower := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: "in", Values: []string{"api"}}}}
+	cnp := cnpObj("sel", "Admin", 2, nsSubject(labelsel("team", "a")), []CNPIngressRule{
+		{Action: "Accept", From: []CNPIngressPeer{fromNamespaces(noValues), fromNamespaces(labelsel("team", "b"))}},
+		{Action: "Deny", From: []CNPIngressPeer{fromPods(&all, lower)}},
+		{Action: "Pass", From: []CNPIngressPeer{fromPods(lower, &all)}},
+	}, []CNPEgressRule{
+		{Action: "Deny", To: []CNPEgressPeer{{Nodes: noValues}}},
+		{Action: "Accept", To: []CNPEgressPeer{{Nodes: lower}}},
+	})
+	rs := compileCNPs([]*ClusterNetworkPolicy{cnp})
+	p := rs.Pod(webKey)
+	rule := func(i int, action policy.Action, peers []netip.Prefix) policy.TierRule {
+		return policy.TierRule{Policy: "sel", Priority: 2, Index: i, Action: action, Peers: peers}
+	}
+	everywhere := prefixes("0.0.0.0/0", "::/0")
+	checkTierRules(t, "ingress", p.Ingress.Admin, []policy.TierRule{
+		rule(0, policy.Accept, prefixes("10.0.3.30/32", "10.0.3.31/32")),
+		rule(1, policy.Deny, everywhere),
+		rule(2, policy.Deny, everywhere), // a Pass
+	})
+	checkTierRules(t, "egress", p.Egress.Admin, []policy.TierRule{rule(0, policy.Deny, everywhere), rule(1, policy.Accept, nil)})
+	checkJudged(t, "ingress", p.Ingress, []judged{{api, tcp, 80, false, policy.TierAdmin, "sel", 1}})
+	checkJudged(t, "egress", p.Egress, []judged{{addr("192.168.1.1"), tcp, 22, false, policy.TierAdmin, "sel", 0}})
+	if got := parseCNP(cnp).problems; len(got) != 5 || !strings.Contains(strings.Join(got, ";"), "is not a valid label selector operator") {
+		t.Errorf("problems %q: want 5, naming the invalid operator", got)
+	}
+}
+
+// A policy the agent cannot honour at all (an unknown tier, a subject
+// with an invalid selector or of no known kind) fails closed as a whole:
+// it selects every pod, and each of its rules denies everything, at its
+// priority in its tier (Admin for an unknown tier). It is never ignored.
+func TestCNPFailClosedWhole(t *testing.T) {
+	noValues := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn}}}
+	everyone := []CNPIngressPeer{fromNamespaces(&all)}
+	cnps := []*ClusterNetworkPolicy{
+		cnpObj("typo", "Middle", 4, nsSubject(labelsel("team", "b")), []CNPIngressRule{{Name: "open", Action: "Accept", From: everyone}}, nil),
+		cnpObj("badsubject", "Baseline", 7, podSubject(&all, noValues), []CNPIngressRule{{Action: "Accept", From: everyone}},
+			[]CNPEgressRule{{Action: "Pass", To: []CNPEgressPeer{toNamespaces(&all)}}, {Action: "Accept", To: []CNPEgressPeer{toNamespaces(&all)}}}),
+		cnpObj("nokind", "Admin", 9, CNPSubject{}, nil, []CNPEgressRule{{Action: "Accept", To: []CNPEgressPeer{toNamespaces(&all)}}}),
+	}
+	rs := compileCNPs(cnps)
+	everywhere := prefixes("0.0.0.0/0", "::/0")
+	deny := func(name string, priority int32, i int, rule string) policy.TierRule {
+		return policy.TierRule{Policy: name, Priority: priority, Index: i, Name: rule, Action: policy.Deny, Peers: everywhere}
+	}
+	for _, key := range []string{webKey, dbKey} {
+		p := rs.Pod(key)
+		if p.Ingress == nil || p.Egress == nil {
+			t.Fatalf("%s: ingress %+v, egress %+v; want both judged by the failed policies", key, p.Ingress, p.Egress)
+		}
+		checkTierRules(t, key+" ingress Admin", p.Ingress.Admin, []policy.TierRule{deny("typo", 4, 0, "open")})
+		checkTierRules(t, key+" ingress Baseline", p.Ingress.Baseline, []policy.TierRule{deny("badsubject", 7, 0, "")})
+		checkTierRules(t, key+" egress Admin", p.Egress.Admin, []policy.TierRule{deny("nokind", 9, 0, "")})
+		checkTierRules(t, key+" egress Baseline", p.Egress.Baseline, []policy.TierRule{deny("badsubject", 7, 0, ""), deny("badsubject", 7, 1, "")})
+		checkJudged(t, key+" ingress", p.Ingress, []judged{{client, tcp, 80, false, policy.TierAdmin, "typo", 0}})
+		checkJudged(t, key+" egress", p.Egress, []judged{{outside, udp, 53, false, policy.TierAdmin, "nokind", 0}})
+	}
+	for _, cnp := range cnps {
+		if cp := parseCNP(cnp); !cp.closed || len(cp.problems) != 1 || !strings.Contains(cp.problems[0], "every pod") {
+			t.Errorf("%s: closed %v, problems %q; want failed closed as a whole, said once", cnp.Name, cp.closed, cp.problems)
+		}
 	}
 }
 

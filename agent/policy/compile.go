@@ -317,7 +317,9 @@ func isolates(spec *networkingv1.NetworkPolicySpec) (ingress, egress bool) {
 	return ingress, egress
 }
 
-// selector converts a label selector; an invalid one selects nothing.
+// selector converts a NetworkPolicy's label selector, which the API server
+// validates; an invalid one selects nothing. ClusterNetworkPolicy's, which
+// its CRD does not validate, fail closed instead (cnp.go).
 func selector(ls *metav1.LabelSelector) labels.Selector {
 	sel, err := metav1.LabelSelectorAsSelector(ls)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/onc-net/onc/agent/flows"
 	agentpolicy "github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -560,7 +561,10 @@ func TestRemoteRecords(t *testing.T) {
 // deciding ClusterNetworkPolicy rule (tier, policy, priority, index,
 // name) or the Admin rule that passed the decision on to the
 // NetworkPolicies; a direction no NetworkPolicy isolates is never said to
-// be isolated by one; audit never overrides Admin.
+// be isolated by one; audit never overrides Admin, and its note agrees
+// with audit's records: an Admin Deny's would-allow is counted, yet
+// enforcing the audited policy would change nothing; a tiered
+// direction's would-deny is neither logged nor counted.
 func TestTraceTiers(t *testing.T) {
 	pfx := netip.MustParsePrefix
 	tcp := func(port uint16) []policy.PortRange {
@@ -571,6 +575,7 @@ func TestTraceTiers(t *testing.T) {
 	baseDeny := policy.TierRule{Policy: "base", Priority: 5, Index: 1, Action: policy.Deny, Peers: []netip.Prefix{pfx("10.0.0.0/16")}, Ports: tcp(81)}
 	noIngress := policy.TierRule{Policy: "quarantine", Priority: 1, Index: 3, Name: "from-a", Action: policy.Deny, Peers: []netip.Prefix{pfx("10.0.1.2/32")}}
 	auditAllow := &policy.Direction{Policies: []string{"x/try"}, Rules: []policy.Rule{{Policy: "x/try", Peers: []netip.Prefix{pfx("10.0.1.2/32")}}}}
+	auditDeny := &policy.Direction{Policies: []string{"x/try"}}
 	for _, c := range []struct {
 		name                   string
 		egress, ingress, audit func(*policy.Direction) *policy.Direction // of x/a, x/b's as compiled, x/b's audit
@@ -610,8 +615,24 @@ func TestTraceTiers(t *testing.T) {
 			ingress: func(*policy.Direction) *policy.Direction {
 				return &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{noIngress}}
 			},
-			audit:  func(*policy.Direction) *policy.Direction { return auditAllow },
-			detail: `denied by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"`, policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
+			audit: func(*policy.Direction) *policy.Direction { return auditAllow },
+			detail: `denied by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"; audited x/try ingress rule 0 (not enforced): would allow (` +
+				flows.AdminFirst + ")", policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
+		{name: "Admin accept is not audited", port: 80, hop: 2, verdict: "allowed", tier: "Admin",
+			ingress: func(*policy.Direction) *policy.Direction {
+				accept := noIngress
+				accept.Action = policy.Accept
+				return &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{accept}}
+			},
+			audit:  func(*policy.Direction) *policy.Direction { return auditDeny },
+			detail: `allowed by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"`, policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
+		{name: "no tier rule matches, an audited policy would deny", port: 82, hop: 2, verdict: "allowed",
+			ingress: func(*policy.Direction) *policy.Direction {
+				return &policy.Direction{ClusterOnly: true, Baseline: []policy.TierRule{baseDeny}}
+			},
+			audit: func(*policy.Direction) *policy.Direction { return auditDeny },
+			detail: "allowed: no NetworkPolicy isolates the pod's ingress, and no ClusterNetworkPolicy rule matches; " +
+				"audited by x/try (not enforced): would deny, but ClusterNetworkPolicy rules judge the ingress, where audit logs and counts no would-deny", rule: -1},
 		{name: "no rule of any tier matches", port: 82, hop: 2, verdict: "allowed",
 			ingress: func(*policy.Direction) *policy.Direction {
 				return &policy.Direction{ClusterOnly: true, Baseline: []policy.TierRule{baseDeny}}
