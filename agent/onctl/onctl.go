@@ -431,10 +431,11 @@ func printPodPolicy(o *options, resp *apiv1.ListPolicyResponse) error {
 		if len(d.dir.AuditPolicies) == 0 {
 			continue
 		}
-		// With enforcing policies, audited ones can only allow more.
+		// Where enforcing rules of any tier judge the direction, audited
+		// policies can only allow more (docs/policy.md, Audit mode).
 		none := "audit would deny every connection"
-		if d.dir.Isolated {
-			fmt.Fprintf(o.out, "  audited by %s (not enforced): would allow %d of the denied; the enforcing policies rule, so audit reports no would-deny here\n",
+		if d.dir.Isolated || len(d.dir.Admin) > 0 || len(d.dir.Baseline) > 0 {
+			fmt.Fprintf(o.out, "  audited by %s (not enforced): would allow %d of the denied; the enforcing rules decide, so audit reports no would-deny here\n",
 				strings.Join(d.dir.AuditPolicies, ","), d.dir.WouldAllow)
 			none = "audit would allow nothing more"
 		} else {

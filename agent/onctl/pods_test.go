@@ -55,8 +55,9 @@ func TestOnctlShowsEveryFamily(t *testing.T) {
 }
 
 // onctl policy shows audited policies apart from enforcing ones, with
-// what they would have done: would-deny where nothing enforcing isolates
-// the direction, would-allow where something does.
+// what they would have done: would-deny where nothing enforcing judges
+// the direction, would-allow where something does (a NetworkPolicy that
+// isolates it, or ClusterNetworkPolicy rules alone).
 func TestOnctlPolicyShowsAudit(t *testing.T) {
 	rule := &apiv1.PolicyRule{Policy: "ns/try", Peers: []string{"10.244.2.0/24"}, Ports: []string{"TCP/80"}}
 	sock := serve(t, &podsAgent{policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{{Key: "ns/a", Ip: "10.244.1.2",
@@ -69,8 +70,14 @@ func TestOnctlPolicyShowsAudit(t *testing.T) {
 			"Ingress: open; 0 connections allowed, 0 denied\n  audited by ns/try (not enforced): would deny 17\n",
 			"  ns/try  0     10.244.2.0/24  TCP/80",
 			"Egress: isolated by ns/deny; 0 connections allowed, 5 denied\n  no rule: every connection is denied\n" +
-				"  audited by ns/try-egress (not enforced): would allow 3 of the denied; the enforcing policies rule, so audit reports no would-deny here\n" +
+				"  audited by ns/try-egress (not enforced): would allow 3 of the denied; the enforcing rules decide, so audit reports no would-deny here\n" +
 				"  no rule: audit would allow nothing more\n"}},
+	})
+	tiered := serve(t, &podsAgent{policy: &apiv1.ListPolicyResponse{Pods: []*apiv1.PolicyPod{{Key: "ns/b", Ip: "10.244.1.3",
+		Ingress: &apiv1.PolicyDirection{Denied: 4, WouldAllow: 2, AuditPolicies: []string{"ns/try"},
+			Admin: []*apiv1.PolicyRule{{Policy: "deny-all", Action: "Deny", Peers: []string{"0.0.0.0/0"}}}}, Egress: &apiv1.PolicyDirection{}}}}})
+	expectOutputs(t, tiered, []onctlCase{
+		{[]string{"policy", "ns/b"}, []string{"audited by ns/try (not enforced): would allow 2 of the denied"}},
 	})
 }
 
