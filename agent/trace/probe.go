@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/onc-net/onc/agent/flows"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/l4"
 	"github.com/onc-net/onc/internal/netns"
@@ -225,12 +226,30 @@ func (t *tracer) remoteRecords(ctx context.Context, p *apiv1.TraceProbe, resp *a
 	return read, unread
 }
 
+// recordWords is a record in a probe's detail: its node, event (a policy
+// verdict's is its verdict), verdict, direction and reason, those it has.
+func recordWords(r *apiv1.FlowRecord) string {
+	words := []string{r.Node}
+	if r.Event != "" && r.Event != flows.EventPolicy {
+		words = append(words, r.Event)
+	}
+	words = append(words, strings.ToUpper(r.Verdict))
+	if r.Direction != "" {
+		words = append(words, r.Direction)
+	}
+	s := strings.Join(words, " ")
+	if r.Reason != "" {
+		s += " (" + r.Reason + ")"
+	}
+	return s
+}
+
 // judgeProbe says whether what the probe met is what the trace gives,
 // and why, in words, by the records of the nodes whose records were read.
 func judgeProbe(resp *apiv1.TraceResponse, proto l4.Proto, s sent, records []*apiv1.FlowRecord, nodes []string) (agreement, detail string) {
 	var seen []string
 	for _, r := range records {
-		seen = append(seen, fmt.Sprintf("%s %s %s (%s)", r.Node, strings.ToUpper(r.Verdict), r.Direction, r.Reason))
+		seen = append(seen, recordWords(r))
 	}
 	saw := strings.Join(nodes, " and ") + " recorded nothing of it"
 	if len(seen) > 0 {

@@ -551,8 +551,9 @@ func TestRemoteRecords(t *testing.T) {
 	if len(p.Records) != 1 || p.Records[0] != denial || strings.Join(read, ",") != "n2" || len(unread) != 1 || !strings.Contains(unread[0], "n3's records unread: unreachable") {
 		t.Errorf("records %v, read %v, unread %v", p.Records, read, unread)
 	}
-	agreement, detail := judgeProbe(resp, l4.TCP, sent{outcome: TimedOut, took: ProbeWait}, p.Records, append([]string{"n1"}, read...))
-	if agreement != "agrees" || !strings.Contains(detail, "n2 DENIED ingress (default deny: ingress isolated by x/c-from-a)") {
+	opened := &apiv1.FlowRecord{Node: "n1", Event: "open", Verdict: "cached"} // no direction, no reason
+	agreement, detail := judgeProbe(resp, l4.TCP, sent{outcome: TimedOut, took: ProbeWait}, append([]*apiv1.FlowRecord{opened}, p.Records...), append([]string{"n1"}, read...))
+	if agreement != "agrees" || !strings.Contains(detail, "recorded: n1 open CACHED; n2 DENIED ingress (default deny: ingress isolated by x/c-from-a)") {
 		t.Errorf("judged %s: %s", agreement, detail)
 	}
 }
