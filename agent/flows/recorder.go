@@ -342,24 +342,8 @@ func (r *Recorder) clusterPod(ip netip.Addr) (Endpoint, bool) {
 // taken again), the one not terminating wins, else the newer.
 func indexPods(pods []*corev1.Pod) *clusterIndex {
 	idx := &clusterIndex{pods: map[netip.Addr]Endpoint{}, built: time.Now()}
-	holder := map[netip.Addr]*corev1.Pod{}
-	for _, p := range pods {
-		for _, ip := range agentpolicy.PodAddrs(p) {
-			if cur := holder[ip]; cur != nil && !rather(p, cur) {
-				continue
-			}
-			holder[ip] = p
-			idx.pods[ip] = Endpoint{Kind: KindPod, Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName}
-		}
+	for ip, p := range agentpolicy.PodsByAddr(pods) {
+		idx.pods[ip] = Endpoint{Kind: KindPod, Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName}
 	}
 	return idx
-}
-
-// rather says whether p holds an address it shares with cur rather than
-// cur: it is not terminating and cur is, or, both alike, it is newer.
-func rather(p, cur *corev1.Pod) bool {
-	if (p.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) {
-		return p.DeletionTimestamp == nil
-	}
-	return cur.CreationTimestamp.Before(&p.CreationTimestamp)
 }

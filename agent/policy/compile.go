@@ -275,6 +275,31 @@ func PodAddrs(pod *corev1.Pod) []netip.Addr {
 	return addrs
 }
 
+// PodsByAddr indexes pods by every address PodAddrs gives them. Where two
+// share one (an address reused while the old pod terminates, or an
+// informer not caught up yet), the one not terminating holds it, else
+// the newer.
+func PodsByAddr(pods []*corev1.Pod) map[netip.Addr]*corev1.Pod {
+	out := map[netip.Addr]*corev1.Pod{}
+	for _, p := range pods {
+		for _, ip := range PodAddrs(p) {
+			if cur := out[ip]; cur == nil || rather(p, cur) {
+				out[ip] = p
+			}
+		}
+	}
+	return out
+}
+
+// rather says whether p holds an address it shares with cur rather than
+// cur: it is not terminating and cur is, or, both alike, it is newer.
+func rather(p, cur *corev1.Pod) bool {
+	if (p.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil) {
+		return p.DeletionTimestamp == nil
+	}
+	return cur.CreationTimestamp.Before(&p.CreationTimestamp)
+}
+
 // policed says whether NetworkPolicy sees the pod: not on its node's
 // network, not finished.
 func policed(pod *corev1.Pod) bool {

@@ -270,18 +270,11 @@ func (t *tracer) clusterPod(ns, name string) *corev1.Pod {
 	return nil
 }
 
-// podByIP is the pod NetworkPolicy sees with address ip, if any (the
-// first of the cluster's pods with it).
+// podByIP is the pod NetworkPolicy sees with address ip, if any (of two
+// with it, as flow records choose: agentpolicy.PodsByAddr).
 func (t *tracer) podByIP(ip netip.Addr) *corev1.Pod {
 	if t.byIP == nil {
-		t.byIP = map[netip.Addr]*corev1.Pod{}
-		for _, p := range t.cluster.Pods {
-			for _, a := range agentpolicy.PodAddrs(p) {
-				if t.byIP[a] == nil {
-					t.byIP[a] = p
-				}
-			}
-		}
+		t.byIP = agentpolicy.PodsByAddr(t.cluster.Pods)
 	}
 	return t.byIP[ip]
 }
