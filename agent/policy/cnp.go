@@ -434,14 +434,7 @@ func nodeAddrs(n *corev1.Node) []netip.Prefix {
 func resolveNames(names []string, pod *corev1.Pod) []policy.PortRange {
 	var out []policy.PortRange
 	for _, name := range names {
-		for _, ctr := range pod.Spec.Containers {
-			for _, cp := range ctr.Ports {
-				proto, ok := protocol(&cp.Protocol)
-				if ok && cp.Name == name && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
-					out = append(out, policy.PortRange{Proto: proto, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
-				}
-			}
-		}
+		out = append(out, portsNamed(pod, name, func(policy.Proto) bool { return true })...)
 	}
 	return out
 }

@@ -605,12 +605,20 @@ func protocol(p *corev1.Protocol) (policy.Proto, bool) {
 func resolve(named []namedPort, pod *corev1.Pod) []policy.PortRange {
 	var out []policy.PortRange
 	for _, np := range named {
-		for _, ctr := range pod.Spec.Containers {
-			for _, cp := range ctr.Ports {
-				proto, ok := protocol(&cp.Protocol)
-				if ok && cp.Name == np.name && proto == np.proto && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
-					out = append(out, policy.PortRange{Proto: proto, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
-				}
+		out = append(out, portsNamed(pod, np.name, func(p policy.Proto) bool { return p == np.proto })...)
+	}
+	return out
+}
+
+// portsNamed is the numbers of pod's container ports named name whose
+// protocol proto accepts.
+func portsNamed(pod *corev1.Pod, name string, proto func(policy.Proto) bool) []policy.PortRange {
+	var out []policy.PortRange
+	for _, ctr := range pod.Spec.Containers {
+		for _, cp := range ctr.Ports {
+			p, ok := protocol(&cp.Protocol)
+			if ok && cp.Name == name && proto(p) && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
+				out = append(out, policy.PortRange{Proto: p, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
 			}
 		}
 	}
