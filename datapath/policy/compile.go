@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+
+	"github.com/onc-net/onc/internal/netaddr"
 )
 
 // elements are a Direction's rules as the contents of its nft sets: per
@@ -18,17 +20,67 @@ import (
 // address, protocol and port) is in two elements. Each holds either
 // family; the Enforcer puts each element in its family's set.
 type elements struct {
-	all   []netip.Prefix // peers allowed on every protocol and port
-	ports []portElem     // peer . protocol . port range
-	other []netip.Prefix // peers allowed on every protocol but TCP, UDP and SCTP, beyond all
-	has6  bool           // whether any is an IPv6 peer (the direction then has IPv6 sets)
+	all   []addrRange // peers allowed on every protocol and port
+	ports []portElem  // peer . protocol . port range
+	other []addrRange // peers allowed on every protocol but TCP, UDP and SCTP, beyond all
+	has6  bool        // whether any is an IPv6 peer (the direction then has IPv6 sets)
 }
 
 type portElem struct {
-	peer        netip.Prefix
+	peer        addrRange
 	proto       Proto
 	first, last uint16
 }
+
+// addrRange is the addresses first to last, of one family: an element of
+// an interval set. compile's are each a prefix, as the rules name them;
+// compileTiers' are the fewest ranges, as a complement ("all but these
+// pods") takes one range per address left out, but as prefixes up to one
+// per bit of it.
+type addrRange struct{ first, last netip.Addr }
+
+func rangeOf(p netip.Prefix) addrRange { return addrRange{p.Addr(), netaddr.Last(p)} }
+
+// prefixRanges are ps, masked, one range each.
+func prefixRanges(ps []netip.Prefix) []addrRange {
+	out := make([]addrRange, len(ps))
+	for i, p := range ps {
+		out[i] = rangeOf(p)
+	}
+	return out
+}
+
+// String renders r as nft reads it in an interval set (concatenated or
+// not): a prefix when r is exactly one, so compile's elements read as
+// they always did, else first-last.
+func (r addrRange) String() string {
+	for bits := r.first.BitLen(); bits >= 0; bits-- {
+		p := netip.PrefixFrom(r.first, bits)
+		if p.Masked().Addr() != r.first {
+			break
+		}
+		if c := netaddr.Last(p).Compare(r.last); c >= 0 {
+			if c == 0 {
+				return p.String()
+			}
+			break
+		}
+	}
+	return r.first.String() + "-" + r.last.String()
+}
+
+// Contains reports whether ip is in r.
+func (r addrRange) Contains(ip netip.Addr) bool {
+	return r.first.Compare(ip) <= 0 && ip.Compare(r.last) <= 0
+}
+
+// Overlaps reports whether r and o share an address.
+func (r addrRange) Overlaps(o addrRange) bool {
+	return r.first.Compare(o.last) <= 0 && o.first.Compare(r.last) <= 0
+}
+
+// is6 reports whether r is of IPv6.
+func (r addrRange) is6() bool { return r.first.Is6() }
 
 // key renders e as an element of a set of type
 // ipv4_addr (or ipv6_addr) . inet_proto . inet_service.
@@ -63,7 +115,7 @@ func compile(d *Direction) elements {
 			}
 		}
 	}
-	el := elements{all: disjoint(all)}
+	el := elements{all: prefixRanges(disjoint(all))}
 	protos := make([]Proto, 0, len(spans))
 	for p := range spans {
 		protos = append(protos, p)
@@ -84,7 +136,7 @@ func compile(d *Direction) elements {
 		var runFirst, runLast uint16
 		flush := func() {
 			for _, p := range run {
-				el.ports = append(el.ports, portElem{p, proto, runFirst, runLast})
+				el.ports = append(el.ports, portElem{rangeOf(p), proto, runFirst, runLast})
 			}
 		}
 		for i := 0; i+1 < len(cuts); i++ {
@@ -106,8 +158,7 @@ func compile(d *Direction) elements {
 		}
 		flush()
 	}
-	el.has6 = slices.ContainsFunc(el.all, func(p netip.Prefix) bool { return p.Addr().Is6() }) ||
-		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.Addr().Is6() })
+	el.has6 = slices.ContainsFunc(el.all, addrRange.is6) || slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
 	return el
 }
 

@@ -29,23 +29,23 @@ func (el elements) allows(ip netip.Addr, proto Proto, port uint16) bool {
 // checkDisjoint fails when two elements of a set overlap, as nft would.
 func checkDisjoint(t *testing.T, name string, el elements) {
 	t.Helper()
-	overlap := func(a, b netip.Prefix) bool { return a.Contains(b.Addr()) || b.Contains(a.Addr()) }
+	bad := func(r addrRange) bool { return r.first.Is4() != r.last.Is4() || r.last.Less(r.first) }
 	for i, a := range el.all {
-		if a != a.Masked() {
-			t.Errorf("%s: element %v is not a masked prefix", name, a)
+		if bad(a) {
+			t.Errorf("%s: element %v is no range", name, a)
 		}
 		for _, b := range el.all[i+1:] {
-			if overlap(a, b) {
+			if a.Overlaps(b) {
 				t.Errorf("%s: all-set elements %v and %v overlap", name, a, b)
 			}
 		}
 	}
 	for i, a := range el.ports {
-		if a.first > a.last || a.peer != a.peer.Masked() {
+		if a.first > a.last || bad(a.peer) {
 			t.Errorf("%s: bad element %v", name, a.key())
 		}
 		for _, b := range el.ports[i+1:] {
-			if a.proto == b.proto && a.first <= b.last && b.first <= a.last && overlap(a.peer, b.peer) {
+			if a.proto == b.proto && a.first <= b.last && b.first <= a.last && a.peer.Overlaps(b.peer) {
 				t.Errorf("%s: ports-set elements %v and %v overlap", name, a.key(), b.key())
 			}
 		}

@@ -914,20 +914,20 @@ func (c *compiled) hasOther() bool { return len(c.el.other) > 0 }
 
 // otherElem is peer p in chain's set of peers allowed on the protocols
 // without ports, of its family.
-func otherElem(chain string, second bool, p netip.Prefix) *knftables.Element {
-	return &knftables.Element{Set: otherSet(chain, familyOf(p.Addr()), second), Key: []string{p.String()}}
+func otherElem(chain string, second bool, p addrRange) *knftables.Element {
+	return &knftables.Element{Set: otherSet(chain, familyOf(p.first), second), Key: []string{p.String()}}
 }
 
 // allElem is peer p in chain's set of peers of its family.
-func allElem(chain string, second bool, p netip.Prefix) *knftables.Element {
-	_, all := setNames(chain, familyOf(p.Addr()), second)
+func allElem(chain string, second bool, p addrRange) *knftables.Element {
+	_, all := setNames(chain, familyOf(p.first), second)
 	return &knftables.Element{Set: all, Key: []string{p.String()}}
 }
 
 // portsElem is pe in chain's set of peers, protocols and ports of its
 // family.
 func portsElem(chain string, second bool, pe portElem) *knftables.Element {
-	ports, _ := setNames(chain, familyOf(pe.peer.Addr()), second)
+	ports, _ := setNames(chain, familyOf(pe.peer.first), second)
 	return &knftables.Element{Set: ports, Key: pe.key()}
 }
 

@@ -3,17 +3,15 @@ package policy
 import (
 	"net/netip"
 	"slices"
-
-	"github.com/onc-net/onc/internal/netaddr"
 )
 
 // This file compiles a direction with ClusterNetworkPolicy rules (tiers.go)
 // into the same allow sets as a NetworkPolicy-only one: the chain still
 // only returns what its sets hold and drops the rest, so the sets must
 // hold exactly the points (peer, protocol, port) where Judge allows. The
-// tiers are resolved here, by set algebra on prefixes, rather than in the
-// kernel: one lookup per set whatever the tiers, and revocation, the flow
-// cache and the bypass already judge by Judge.
+// tiers are resolved here, by set algebra on address ranges, rather than
+// in the kernel: one lookup per set whatever the tiers, and revocation,
+// the flow cache and the bypass already judge by Judge.
 
 // portProtos are the protocols ports can name. Every other protocol
 // (ICMP, ICMPv6, ...) is matched only by rules without ports, so they all
@@ -21,7 +19,7 @@ import (
 var portProtos = []Proto{TCP, UDP, SCTP}
 
 // universe is every address of both families.
-var universe = []netip.Prefix{netip.PrefixFrom(netip.IPv4Unspecified(), 0), netip.PrefixFrom(netip.IPv6Unspecified(), 0)}
+var universe = toRanges([]netip.Prefix{netip.PrefixFrom(netip.IPv4Unspecified(), 0), netip.PrefixFrom(netip.IPv6Unspecified(), 0)})
 
 // tierList is one tier's rules, in the order they judge.
 type tierList struct {
@@ -34,9 +32,9 @@ func tierLists(admin, baseline []TierRule) []tierList {
 	return []tierList{{TierAdmin, admin}, {TierBaseline, baseline}}
 }
 
-// region is a rule as the algebra reads it (a tier rule's peers disjoint).
+// region is a rule as the algebra reads it.
 type region struct {
-	peers  []netip.Prefix
+	peers  []addrRange // toRanges'
 	ports  []PortRange // nil: every protocol and port
 	action Action      // of a TierRule; 0 for a NetworkPolicy rule
 }
@@ -77,22 +75,22 @@ func compileTiers(d *Direction) elements {
 	regions := func(rules []TierRule) []region {
 		out := make([]region, len(rules))
 		for i, r := range rules {
-			out[i] = region{disjoint(masked(r.Peers)), r.Ports, r.Action}
+			out[i] = region{toRanges(r.Peers), judgedPorts(r.Ports), r.Action}
 		}
 		return out
 	}
 	admin, baseline := regions(d.Admin), regions(d.Baseline)
 	np := make([]region, len(d.Rules))
 	for i, r := range d.Rules {
-		np[i] = region{peers: masked(r.Peers), ports: r.Ports}
+		np[i] = region{peers: toRanges(r.Peers), ports: judgedPorts(r.Ports)}
 	}
-	allowed := func(c class) []netip.Prefix {
+	allowed := func(c class) []addrRange {
 		return judgeRegion(admin, np, baseline, d.ClusterOnly, c)
 	}
 
 	type segment struct {
 		class
-		allowed []netip.Prefix
+		allowed []addrRange
 	}
 	other := allowed(class{})
 	all := other
@@ -120,11 +118,11 @@ func compileTiers(d *Direction) elements {
 	el := elements{all: all, other: subtract(other, all)}
 	for _, proto := range portProtos {
 		// Neighbouring segments with the same peers become one range.
-		var run []netip.Prefix
+		var run []addrRange
 		var runFirst, runLast uint16
 		flush := func() {
-			for _, p := range run {
-				el.ports = append(el.ports, portElem{p, proto, runFirst, runLast})
+			for _, r := range run {
+				el.ports = append(el.ports, portElem{r, proto, runFirst, runLast})
 			}
 		}
 		for i, s := range segments[proto] {
@@ -138,10 +136,31 @@ func compileTiers(d *Direction) elements {
 		}
 		flush()
 	}
-	is6 := func(p netip.Prefix) bool { return p.Addr().Is6() }
-	el.has6 = slices.ContainsFunc(el.all, is6) || slices.ContainsFunc(el.other, is6) ||
-		slices.ContainsFunc(el.ports, func(e portElem) bool { return is6(e.peer) })
+	el.has6 = slices.ContainsFunc(el.all, addrRange.is6) || slices.ContainsFunc(el.other, addrRange.is6) ||
+		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
 	return el
+}
+
+// judgedPorts are ports as Judge reads them where tiers apply, port 0
+// judged as port 1 (tiers.go): a range holding 1 holds 0 too, and one of
+// port 0 alone holds nothing. So no boundary falls between 0 and 1, and
+// port 0 makes no segment of its own, with its own elements, beside the
+// 1-65535 of every rule naming a protocol alone.
+func judgedPorts(ports []PortRange) []PortRange {
+	if ports == nil {
+		return nil
+	}
+	out := make([]PortRange, len(ports))
+	for i, pr := range ports {
+		switch {
+		case pr.First <= 1 && 1 <= pr.Last:
+			pr.First = 0
+		case pr.First == 0:
+			pr.First, pr.Last = 1, 0 // empty
+		}
+		out[i] = pr
+	}
+	return out
 }
 
 // judgeRegion is the region of peers Judge allows in class c, walking the
@@ -149,9 +168,9 @@ func compileTiers(d *Direction) elements {
 // is left of its peers (Pass hands them to NetworkPolicy); then the
 // NetworkPolicy rules' union if they isolate, else the Baseline rules
 // likewise, and what no rule took is allowed.
-func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []netip.Prefix {
+func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []addrRange {
 	remaining := universe
-	var allowed, passed []netip.Prefix
+	var allowed, passed []addrRange
 	for _, r := range admin {
 		if !c.matches(r.ports) {
 			continue
@@ -166,15 +185,15 @@ func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []neti
 		}
 		remaining = subtract(remaining, m)
 	}
-	remaining = disjoint(slices.Concat(remaining, passed))
+	remaining = union(remaining, passed)
 	if !clusterOnly {
-		var peers []netip.Prefix
+		var peers []addrRange
 		for _, r := range np {
 			if c.matches(r.ports) {
 				peers = append(peers, r.peers...)
 			}
 		}
-		return disjoint(append(allowed, intersect(remaining, disjoint(peers))...))
+		return union(allowed, intersect(remaining, union(peers)))
 	}
 	for _, r := range baseline {
 		if !c.matches(r.ports) {
@@ -186,74 +205,92 @@ func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []neti
 		}
 		remaining = subtract(remaining, m)
 	}
-	return disjoint(append(allowed, remaining...))
+	return union(allowed, remaining)
 }
 
-// intersect is the addresses both a and b hold, both sorted lists of
-// disjoint prefixes (disjoint's), as one.
-func intersect(a, b []netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
+// The algebra's sets of addresses are sorted lists of disjoint ranges,
+// none next to another: the fewest ranges (of both families: an IPv4
+// range never runs into IPv6, Next keeps the family).
+
+// toRanges is the addresses of ps (the valid ones, masked).
+func toRanges(ps []netip.Prefix) []addrRange {
+	return union(prefixRanges(masked(ps)))
+}
+
+// union is the addresses any of the lists of ranges holds.
+func union(lists ...[]addrRange) []addrRange {
+	all := slices.Concat(lists...)
+	slices.SortFunc(all, func(a, b addrRange) int { return a.first.Compare(b.first) })
+	var out []addrRange
+	for _, r := range all {
+		n := len(out)
+		if n == 0 || out[n-1].last.Less(r.first) && out[n-1].last.Next() != r.first {
+			out = append(out, r)
+			continue
+		}
+		if out[n-1].last.Less(r.last) {
+			out[n-1].last = r.last
+		}
+	}
+	return out
+}
+
+// intersect is the addresses both a and b hold.
+func intersect(a, b []addrRange) []addrRange {
+	var out []addrRange
 	for i, j := 0, 0; i < len(a) && j < len(b); {
 		p, q := a[i], b[j]
-		switch {
-		case p.Overlaps(q):
-			// One contains the other: the smaller is in both.
-			if p.Bits() >= q.Bits() {
-				out = append(out, p)
-				i++
-			} else {
-				out = append(out, q)
-				j++
-			}
-		case p.Addr().Less(q.Addr()):
+		if p.Overlaps(q) {
+			out = append(out, addrRange{maxAddr(p.first, q.first), minAddr(p.last, q.last)})
+		}
+		// The one ending first overlaps nothing further on.
+		if p.last.Less(q.last) {
 			i++
-		default:
+		} else {
 			j++
 		}
 	}
 	return out
 }
 
-// subtract is the addresses of a that b does not hold, both sorted lists
-// of disjoint prefixes, as one.
-func subtract(a, b []netip.Prefix) []netip.Prefix {
-	var out []netip.Prefix
+// subtract is the addresses of a that b does not hold.
+func subtract(a, b []addrRange) []addrRange {
+	var out []addrRange
 	j := 0
 	for _, p := range a {
-		// b's prefixes before p are before every later one too.
-		for j < len(b) && !b[j].Overlaps(p) && b[j].Addr().Less(p.Addr()) {
+		// b's ranges before p are before every later one too.
+		for j < len(b) && b[j].last.Less(p.first) {
 			j++
 		}
-		var inside []netip.Prefix
+		next := p.first // the first address of p b may not hold
 		covered := false
-		for k := j; k < len(b) && b[k].Overlaps(p); k++ {
-			if b[k].Bits() <= p.Bits() {
-				covered = true
+		for k := j; k < len(b) && !p.last.Less(b[k].first); k++ {
+			if next.Less(b[k].first) {
+				out = append(out, addrRange{next, b[k].first.Prev()})
+			}
+			if !b[k].last.Less(p.last) {
+				covered = true // also when b[k] ends at the family's last address
 				break
 			}
-			inside = append(inside, b[k])
+			next = b[k].last.Next()
 		}
 		if !covered {
-			out = cut(p, inside, out)
+			out = append(out, addrRange{next, p.last})
 		}
 	}
 	return out
 }
 
-// cut appends to out p without inside, sorted disjoint prefixes within p:
-// the halves of p, each without what it holds of inside.
-func cut(p netip.Prefix, inside []netip.Prefix, out []netip.Prefix) []netip.Prefix {
-	switch {
-	case len(inside) == 0:
-		return append(out, p)
-	case inside[0] == p:
-		return out
+func maxAddr(a, b netip.Addr) netip.Addr {
+	if a.Less(b) {
+		return b
 	}
-	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
-	hi := netip.PrefixFrom(netaddr.Last(lo).Next(), p.Bits()+1)
-	n := 0
-	for n < len(inside) && lo.Contains(inside[n].Addr()) {
-		n++
+	return a
+}
+
+func minAddr(a, b netip.Addr) netip.Addr {
+	if a.Less(b) {
+		return a
 	}
-	return cut(hi, inside[n:], cut(lo, inside[:n], out))
+	return b
 }

@@ -101,6 +101,13 @@ func (d *Direction) Tiered() bool { return len(d.Admin) > 0 || len(d.Baseline) >
 // Judge is d's verdict on a new connection with the peer ip on proto/port,
 // tier by tier (see the top of this file).
 func (d *Direction) Judge(ip netip.Addr, proto Proto, port uint16) Verdict {
+	if d.Tiered() {
+		// Port 0, which no rule can name (the API's ports are 1-65535),
+		// judges as port 1: so the compiled sets need no segment for it
+		// (judgedPorts). Without tiers, the sets are compile's, as
+		// ever, and port 0 is judged as itself.
+		port = max(port, 1)
+	}
 	var passed *TierRule
 	for i := range d.Admin {
 		r := &d.Admin[i]

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -165,6 +166,25 @@ func TestTiers(t *testing.T) {
 		}
 		if err != nil || !strings.Contains(out, want) {
 			t.Errorf("the other set of family %d: %v\n%s\nwant %s in it", f, err, out, want)
+		}
+	}
+	// The all sets hold every address but a's and c's as ranges, which
+	// nft takes and lists back as written.
+	all := compileDirection(base).all
+	if !slices.ContainsFunc(all, func(r addrRange) bool { return strings.Contains(r.String(), "-") }) {
+		t.Errorf("all %v: want ranges that are no prefix", all)
+	}
+	for _, r := range all {
+		out, err := tp.nft("list", "set", "inet", Table, allElem(chain, false, r).Set)
+		if err != nil {
+			out, err = tp.nft("list", "set", "inet", Table, allElem(chain, true, r).Set)
+		}
+		listed := r.String() // nft lists one address without its /32 or /128
+		if r.first == r.last {
+			listed = r.first.String()
+		}
+		if err != nil || !regexp.MustCompile(`[{ ]`+regexp.QuoteMeta(listed)+`[,\s]`).MatchString(out) {
+			t.Errorf("the all set: %v\n%s\nwant %s in it", err, out, listed)
 		}
 	}
 	// b's own egress is not isolated: its pings go out.
