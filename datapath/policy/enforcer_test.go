@@ -549,20 +549,7 @@ func TestIncremental(t *testing.T) {
 		if fmt.Sprint(changed) != fmt.Sprint(want) {
 			t.Fatalf("step %d: Apply changed %v, want %v", step, changed, want)
 		}
-		tp.in(refNS, func() error {
-			fresh, err := NewEnforcer(testLogGroup)
-			if err != nil {
-				return err
-			}
-			if err := fresh.Remove(); err != nil {
-				return err
-			}
-			_, err = fresh.Apply(rs, false)
-			return err
-		})
-		if got, want := normalized(t, inc), normalized(t, ref); got != want {
-			t.Fatalf("step %d: incremental table\n%s\ndiffers from fresh\n%s", step, got, want)
-		}
+		tp.sameAsFresh(step, rs, inc, ref, refNS)
 		prev = rs
 	}
 

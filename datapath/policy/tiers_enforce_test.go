@@ -252,20 +252,7 @@ func TestIncrementalTiers(t *testing.T) {
 			rs.Pods = append(rs.Pods, p)
 		}
 		tp.in(incNS, func() error { _, err := e.Apply(rs, false); return err })
-		tp.in(refNS, func() error {
-			fresh, err := NewEnforcer(testLogGroup)
-			if err != nil {
-				return err
-			}
-			if err := fresh.Remove(); err != nil {
-				return err
-			}
-			_, err = fresh.Apply(rs, false)
-			return err
-		})
-		if got, want := normalized(t, inc), normalized(t, ref); got != want {
-			t.Fatalf("step %d: incremental table\n%s\ndiffers from fresh\n%s", step, got, want)
-		}
+		tp.sameAsFresh(step, rs, inc, ref, refNS)
 		prev = rs
 	}
 	if others < 10 {

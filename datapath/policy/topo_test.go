@@ -484,3 +484,23 @@ func (tp *topo) expect(probes ...probe) {
 		tp.t.Fatalf("table:\n%s", out)
 	}
 }
+
+// sameAsFresh fails the test unless the table in namespace inc, after
+// step, is the one a fresh Enforcer writes for rs in ref (refNS).
+func (tp *topo) sameAsFresh(step int, rs Ruleset, inc, ref string, refNS netns.Handle) {
+	tp.t.Helper()
+	tp.in(refNS, func() error {
+		fresh, err := NewEnforcer(testLogGroup)
+		if err != nil {
+			return err
+		}
+		if err := fresh.Remove(); err != nil {
+			return err
+		}
+		_, err = fresh.Apply(rs, false)
+		return err
+	})
+	if got, want := normalized(tp.t, inc), normalized(tp.t, ref); got != want {
+		tp.t.Fatalf("step %d: incremental table\n%s\ndiffers from fresh\n%s", step, got, want)
+	}
+}
