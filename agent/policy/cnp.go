@@ -357,10 +357,8 @@ func (c *compiler) resolveCNP(cp *clusterPolicy) *resolvedCNP {
 }
 
 // egressTierRules is egress rule ri of cp: its named ports are each peer
-// pod's, so it compiles as a NetworkPolicy egress rule does (egressRule):
-// one rule for its numeric ports and every peer, left out when only named
-// ports resolved, and one per number its named ports resolve to, for the
-// pods that resolve them to it.
+// pod's, so it splits as a NetworkPolicy egress rule does
+// (splitByNamedPort).
 func (c *compiler) egressTierRules(cp *clusterPolicy, ri int) []policy.TierRule {
 	tr := &cp.egress[ri]
 	peers := c.tierPeers(tr)
@@ -369,21 +367,13 @@ func (c *compiler) egressTierRules(cp *clusterPolicy, ri int) []policy.TierRule 
 	if len(tr.named) == 0 {
 		return []policy.TierRule{base}
 	}
-	named := map[policy.PortRange][]netip.Prefix{}
-	for _, pp := range peers.pods {
-		for _, pr := range resolveNames(tr.named, pp.pod) {
-			named[pr] = append(named[pr], pp.addrs...)
-		}
-	}
+	named := peersByNamedPort(peers.pods, func(pod *corev1.Pod) []policy.PortRange { return resolveNames(tr.named, pod) })
 	var rules []policy.TierRule
-	if len(tr.ports) > 0 || len(named) == 0 {
-		rules = append(rules, base)
-	}
-	for _, pr := range slices.SortedFunc(maps.Keys(named), comparePorts) {
+	splitByNamedPort(base.Peers, base.Ports, named, func(peers []netip.Prefix, ports []policy.PortRange) {
 		r := base
-		r.Peers, r.Ports = sortPrefixes(named[pr]), []policy.PortRange{pr}
+		r.Peers, r.Ports = peers, ports
 		rules = append(rules, r)
-	}
+	})
 	return rules
 }
 

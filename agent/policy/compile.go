@@ -445,18 +445,40 @@ func (c *compiler) egressRule(pol *networkPolicy, ri int) egressRule {
 	peers := c.selectPeers(pol.np.Namespace, &pol.to[ri])
 	er := egressRule{peers: peers.prefixes}
 	if _, named := splitPorts(pol.np.Spec.Egress[ri].Ports); len(named) > 0 {
-		er.named = map[policy.PortRange][]netip.Prefix{}
-		for _, pp := range peers.pods {
-			for _, pr := range resolve(named, pp.pod) {
-				er.named[pr] = append(er.named[pr], pp.addrs...)
-			}
-		}
-		for pr, addrs := range er.named {
-			er.named[pr] = sortPrefixes(addrs)
-		}
+		er.named = peersByNamedPort(peers.pods, func(pod *corev1.Pod) []policy.PortRange { return resolve(named, pod) })
 	}
 	er.rules = er.compile(pol, ri)
 	return er
+}
+
+// peersByNamedPort is, for an egress rule with named ports, the addresses
+// of the peer pods by each number resolve gives their named ports, sorted.
+func peersByNamedPort(pods []*peerPod, resolve func(*corev1.Pod) []policy.PortRange) map[policy.PortRange][]netip.Prefix {
+	named := map[policy.PortRange][]netip.Prefix{}
+	for _, pp := range pods {
+		for _, pr := range resolve(pp.pod) {
+			named[pr] = append(named[pr], pp.addrs...)
+		}
+	}
+	for pr, addrs := range named {
+		named[pr] = sortPrefixes(addrs)
+	}
+	return named
+}
+
+// splitByNamedPort is how an egress rule with named ports compiles, for
+// NetworkPolicy and ClusterNetworkPolicy alike: emit is called for its
+// numeric ports with every peer (left out when only named ports resolved),
+// then for each number its named ports resolve to, in port order, with the
+// peers that resolve them to it.
+func splitByNamedPort(peers []netip.Prefix, numeric []policy.PortRange, named map[policy.PortRange][]netip.Prefix,
+	emit func(peers []netip.Prefix, ports []policy.PortRange)) {
+	if len(numeric) > 0 || len(named) == 0 {
+		emit(peers, numeric)
+	}
+	for _, pr := range slices.SortedFunc(maps.Keys(named), comparePorts) {
+		emit(named[pr], []policy.PortRange{pr})
+	}
 }
 
 // compile is er's rules; pol's egress rule ri is er.
@@ -467,13 +489,9 @@ func (er *egressRule) compile(pol *networkPolicy, ri int) []policy.Rule {
 	}
 	var rules []policy.Rule
 	ranges, _ := splitPorts(ports)
-	if len(ranges) > 0 || len(er.named) == 0 {
-		rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: er.peers, Ports: ranges})
-	}
-	resolved := slices.SortedFunc(maps.Keys(er.named), comparePorts)
-	for _, pr := range resolved {
-		rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: er.named[pr], Ports: []policy.PortRange{pr}})
-	}
+	splitByNamedPort(er.peers, ranges, er.named, func(peers []netip.Prefix, ports []policy.PortRange) {
+		rules = append(rules, policy.Rule{Policy: pol.key, Index: ri, Peers: peers, Ports: ports})
+	})
 	return rules
 }
 
