@@ -164,27 +164,12 @@ func judgedPorts(ports []PortRange) []PortRange {
 }
 
 // judgeRegion is the region of peers Judge allows in class c, walking the
-// tiers as Judge does, over every peer at once: each Admin rule takes what
-// is left of its peers (Pass hands them to NetworkPolicy); then the
-// NetworkPolicy rules' union if they isolate, else the Baseline rules
-// likewise, and what no rule took is allowed.
+// tiers as Judge does, over every peer at once: the Admin rules take what
+// they match (Pass hands it to NetworkPolicy); then the NetworkPolicy
+// rules' union if they isolate, else the Baseline rules likewise, and
+// what no rule took is allowed.
 func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []addrRange {
-	remaining := universe
-	var allowed, passed []addrRange
-	for _, r := range admin {
-		if !c.matches(r.ports) {
-			continue
-		}
-		m := intersect(remaining, r.peers)
-		switch r.action {
-		case Pass:
-			passed = append(passed, m...)
-		case Deny:
-		default:
-			allowed = append(allowed, m...)
-		}
-		remaining = subtract(remaining, m)
-	}
+	allowed, passed, remaining := firstMatches(admin, c, universe)
 	remaining = union(remaining, passed)
 	if !clusterOnly {
 		var peers []addrRange
@@ -195,17 +180,30 @@ func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []addr
 		}
 		return union(allowed, intersect(remaining, union(peers)))
 	}
-	for _, r := range baseline {
+	accepted, passed, remaining := firstMatches(baseline, c, remaining)
+	return union(allowed, accepted, passed, remaining)
+}
+
+// firstMatches walks one tier's rules in order over the peers from: each
+// rule of class c takes what is left of its peers, Accept's into
+// accepted, Pass's into passed, Deny's nowhere; left is what none took.
+func firstMatches(rules []region, c class, from []addrRange) (accepted, passed, left []addrRange) {
+	left = from
+	for _, r := range rules {
 		if !c.matches(r.ports) {
 			continue
 		}
-		m := intersect(remaining, r.peers)
-		if r.action != Deny {
-			allowed = append(allowed, m...)
+		m := intersect(left, r.peers)
+		switch r.action {
+		case Pass:
+			passed = append(passed, m...)
+		case Deny:
+		default:
+			accepted = append(accepted, m...)
 		}
-		remaining = subtract(remaining, m)
+		left = subtract(left, m)
 	}
-	return union(allowed, remaining)
+	return accepted, passed, left
 }
 
 // The algebra's sets of addresses are sorted lists of disjoint ranges,
