@@ -83,11 +83,11 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 			cp.lp = lp
 			cp.np, cp.selectedBy = next.compileLocal(lp)
 		}
-		tiers := cp.tiers
-		if !ok || tiersStale {
+		tiers, tiersNew := cp.tiers, !ok || tiersStale
+		if tiersNew {
 			tiers = next.compileTiers(lp)
 		}
-		if npStale || !reflect.DeepEqual(tiers, cp.tiers) {
+		if npStale || tiersNew && !reflect.DeepEqual(tiers, cp.tiers) {
 			cp.tiers, cp.rules = tiers, withTiers(cp.np, tiers)
 		}
 		compiled[key] = cp

@@ -80,11 +80,12 @@ func Watch(ctx context.Context, cfg *rest.Config) (*Inputs, error) {
 	// first pod is compiled: none starts without its tier rules.
 	cnpCtx, cancel := context.WithCancel(ctx)
 	in.cancel = cancel
-	if in.cnps, err = startCNPs(cnpCtx, cfg, kube.Discovery()); err == nil {
+	disc := kube.Discovery()
+	if in.cnps, err = startCNPs(cnpCtx, cfg, disc); err == nil {
 		logWatchingCNPs()
 		close(in.done)
 	} else {
-		go in.watchCNPs(cnpCtx, cfg, kube.Discovery(), err)
+		go in.watchCNPs(cnpCtx, cfg, disc, err)
 	}
 	return in, nil
 }
