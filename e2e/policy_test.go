@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -167,7 +168,8 @@ type policyCluster struct {
 	// cnps are the ClusterNetworkPolicies in force (apply puts them in
 	// the API), as the oracle judges them: the truth table's steps set
 	// them, everything else leaves them none.
-	cnps []*agentpolicy.ClusterNetworkPolicy
+	cnps   []*agentpolicy.ClusterNetworkPolicy
+	cnpAPI dynamic.ResourceInterface // where apply puts them
 }
 
 func newPolicyCluster(t *testing.T) *policyCluster {
@@ -177,7 +179,11 @@ func newPolicyCluster(t *testing.T) *policyCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &policyCluster{l: l, kube: kube, byKey: map[string]*tpod{}, nsLabels: map[string]map[string]string{}}
+	dyn, err := dynamic.NewForConfig(l.APIServer.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &policyCluster{l: l, kube: kube, byKey: map[string]*tpod{}, nsLabels: map[string]map[string]string{}, cnpAPI: dyn.Resource(cnpResource)}
 	for _, ns := range []string{"x", "y", "z"} {
 		c.nsLabels[ns] = map[string]string{"ns": ns}
 		if err := l.SetNamespace(ctx, ns, c.nsLabels[ns]); err != nil {

@@ -17,8 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 )
 
 // ClusterNetworkPolicy (policy.networking.k8s.io) in the truth table: the
@@ -32,7 +30,7 @@ import (
 //   - else Baseline, the same way (a Pass allows);
 //   - else allowed.
 
-var cnpResource = schema.GroupVersionResource{Group: "policy.networking.k8s.io", Version: "v1alpha2", Resource: "clusternetworkpolicies"}
+var cnpResource = agentpolicy.CNPGroupVersion.WithResource(agentpolicy.CNPResource)
 
 // tierDecision is one direction's verdict and what made it: tier
 // "Admin" or "Baseline" and the deciding policy; "NetworkPolicy" when a
@@ -196,11 +194,7 @@ func (c *policyCluster) tiersOf(pod *tpod, ingress bool) []string {
 func (c *policyCluster) applyTiers(t *testing.T) (changed bool) {
 	t.Helper()
 	ctx := context.Background()
-	dyn, err := dynamic.NewForConfig(c.l.APIServer.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := dyn.Resource(cnpResource)
+	api := c.cnpAPI
 	have, err := api.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

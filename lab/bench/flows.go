@@ -305,22 +305,17 @@ func rssKiB(pid int) (int64, error) {
 // lab's).
 func restartAgents(ctx context.Context, l *lab.Lab, extra ...string) error {
 	for _, n := range l.Nodes {
-		if err := restartAgent(ctx, l, n, extra...); err != nil {
-			return err
+		if err := l.RestartAgent(ctx, n, extra...); err != nil {
+			return fmt.Errorf("%s: restart the agent: %w", n.Name, err)
 		}
 	}
+	settle()
 	return nil
 }
 
-// restartAgent restarts n's agent with extra flags and lets its first
-// reconciles settle before a run measures it.
-func restartAgent(ctx context.Context, l *lab.Lab, n *lab.Node, extra ...string) error {
-	if err := l.RestartAgent(ctx, n, extra...); err != nil {
-		return fmt.Errorf("%s: restart the agent: %w", n.Name, err)
-	}
-	time.Sleep(2 * time.Second)
-	return nil
-}
+// settle lets restarted agents' first reconciles settle before a run
+// measures them.
+func settle() { time.Sleep(2 * time.Second) }
 
 // checkRecording checks every node answers onctl flows (on) or refuses
 // with FAILED_PRECONDITION (off).

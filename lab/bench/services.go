@@ -279,9 +279,10 @@ func setSocketLB(ctx context.Context, l *lab.Lab, n *lab.Node, mode string, vip 
 		return err
 	}
 	if socketLBOf(st) != mode {
-		if err := restartAgent(ctx, l, n, "--services="+mode); err != nil {
+		if err := l.RestartAgent(ctx, n, "--services="+mode); err != nil {
 			return err
 		}
+		settle()
 		if err := SetFastPath(ctx, l, true); err != nil {
 			return err
 		}
