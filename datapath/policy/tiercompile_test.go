@@ -456,3 +456,9 @@ func TestTierSetsAndLogPrefixes(t *testing.T) {
 		t.Errorf("sets %v: want the first pair, with the other sets", got)
 	}
 }
+
+// Contains reports whether ip is in r: how the tests look an address up
+// in the compiled sets, as nft does.
+func (r addrRange) Contains(ip netip.Addr) bool {
+	return r.first.Compare(ip) <= 0 && ip.Compare(r.last) <= 0
+}
