@@ -154,7 +154,6 @@ func (c *policyCluster) strictRevocationBypassed(t *testing.T) {
 // switched off, as sent by the stack; it lives through an agent restart
 // without losing an echo, and is gone from the map once closed.
 func (c *policyCluster) bypassed(t *testing.T) {
-	ctx := context.Background()
 	a, b := c.pod("x/a"), c.pod("y/b") // both on node 1
 	n := c.node(a)
 	c.set(t, nil)
@@ -202,9 +201,7 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	}
 
 	// The agent restarts (keeping the bypass on) while the pinger runs.
-	if err := c.l.RestartAgent(ctx, n, "--bypass=on"); err != nil {
-		t.Fatal(err)
-	}
+	c.restartAgent(t, n, nil, "--bypass=on")
 	p.waitEchoes(t, 100, 10*time.Second)
 	if err := p.failed(); err != nil {
 		t.Fatalf("the connection broke across the agent restart: %v", err)
@@ -248,9 +245,7 @@ func (c *policyCluster) bypassed(t *testing.T) {
 	}
 	// The restarted agent runs with --bypass=on; the others were switched
 	// at runtime: make every node's setting what the other subtests expect.
-	if err := c.l.RestartAgent(ctx, n); err != nil {
-		t.Fatal(err)
-	}
+	c.restartAgent(t, n, nil)
 }
 
 // bypassSameAsStack: through real agents, half-close and a peer dying

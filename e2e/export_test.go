@@ -5,7 +5,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -73,18 +72,10 @@ func (c *policyCluster) export(t *testing.T) {
 		b, _ := os.ReadFile(log)
 		return bytes.Contains(b, []byte("Everything is ready"))
 	})
-	ctx := context.Background()
-	if err := c.l.RestartAgent(ctx, nb, "--flows-export-file", file, "--flows-export-otlp", "127.0.0.1:4317"); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := c.l.RestartAgent(ctx, nb); err != nil {
-			t.Error(err)
-		}
-	}()
 	// Until the restarted agent has enforced the policy, its records
-	// cannot name the pod's policies.
-	c.waitApplied(t, map[string]uint64{}, pols)
+	// cannot name the pod's policies: restartAgent waits for it.
+	c.restartAgent(t, nb, pols, "--flows-export-file", file, "--flows-export-otlp", "127.0.0.1:4317")
+	defer c.restartAgent(t, nb, pols)
 
 	start := time.Now()
 	dst := netip.AddrPortFrom(b.lp.IP, 80)

@@ -786,6 +786,19 @@ func (c *policyCluster) waitApplied(t *testing.T, before map[string]uint64, pols
 	return time.Now()
 }
 
+// restartAgent restarts n's agent with extra flags and waits until it has
+// enforced pols (the policies in force). A new agent's first enforcement
+// counts every local pod as changed, so it revokes with the bypass paused
+// and the fast path narrowed: a subtest starting before it ends measures
+// that, not the state it set.
+func (c *policyCluster) restartAgent(t *testing.T, n *lab.Node, pols []*networkingv1.NetworkPolicy, extra ...string) {
+	t.Helper()
+	if err := c.l.RestartAgent(context.Background(), n, extra...); err != nil {
+		t.Fatal(err)
+	}
+	c.waitApplied(t, map[string]uint64{}, pols)
+}
+
 // enforcedDiff compares the isolation the agent on n reports for its
 // local test pods with the oracle's, and the ClusterNetworkPolicies whose
 // rules it holds for them; "" when they agree.
