@@ -7,6 +7,7 @@ package policy
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,6 +99,10 @@ type tierRule struct {
 	everything bool
 	ports      []policy.PortRange // its numeric ports; nil: no protocols, every protocol and port
 	named      []string           // its destinationNamedPorts
+	// peersKey is its peers as written: the rules with the same ones
+	// share one resolved list (tierPeers), which the datapath then
+	// compiles once for them all.
+	peersKey string
 }
 
 // parseCNP parses a ClusterNetworkPolicy. One whose tier or subject it
@@ -155,7 +160,7 @@ func (cp *clusterPolicy) denyAll(why []string) {
 
 // denyEverything is a rule that denies every address, protocol and port.
 func denyEverything(name string) tierRule {
-	return tierRule{name: name, action: policy.Deny, everything: true}
+	return tierRule{name: name, action: policy.Deny, everything: true, peersKey: "everything"}
 }
 
 // parseRule parses a rule, where names it for problems. Whatever it cannot
@@ -165,6 +170,9 @@ func denyEverything(name string) tierRule {
 // with one is a rule that denies everything.
 func (cp *clusterPolicy) parseRule(where, name, action string, peers []CNPEgressPeer, protocols []CNPProtocol) tierRule {
 	tr := tierRule{name: name}
+	if b, err := json.Marshal(peers); err == nil {
+		tr.peersKey = string(b)
+	}
 	switch action {
 	case "Accept":
 		tr.action = policy.Accept
@@ -380,6 +388,17 @@ func (c *compiler) egressTierRules(cp *clusterPolicy, ri int) []policy.TierRule 
 // tierPeers resolves a rule's peers: the pods it selects (never one on its
 // node's network: see peerAddrs), its nodes' addresses and its networks.
 func (c *compiler) tierPeers(tr *tierRule) peerSet {
+	if ps, ok := c.tierPeerSets[tr.peersKey]; ok {
+		return ps
+	}
+	ps := c.resolveTierPeers(tr)
+	if tr.peersKey != "" {
+		c.tierPeerSets[tr.peersKey] = ps
+	}
+	return ps
+}
+
+func (c *compiler) resolveTierPeers(tr *tierRule) peerSet {
 	if tr.everything {
 		return peerSet{prefixes: slices.Clone(everywhere)}
 	}
@@ -433,16 +452,35 @@ func resolveNames(names []string, pod *corev1.Pod) []policy.PortRange {
 // between prev and next. It is coarse: with any ClusterNetworkPolicy in
 // either, a change of a policy, a node, a pod, a local pod's address or a
 // namespace's labels recompiles the tier rules of every local pod. Updates
-// of what the caches trim away (a pod's readiness) change nothing.
+// of what the caches trim away (a pod's readiness) change nothing. Where
+// only policies changed, next keeps the peers prev resolved for the
+// others (each resolves against every pod of the cluster).
 func tiersChanged(prev, next *compiler) bool {
 	if len(prev.cnps) == 0 && len(next.cnps) == 0 {
 		return false
 	}
-	return len(changedKeys(prev.cnp, next.cnp, func(a, b *clusterPolicy) bool { return a == b })) > 0 ||
-		len(changedKeys(prev.node, next.node, sameButVersion[*corev1.Node])) > 0 ||
+	peersChanged := len(changedKeys(prev.node, next.node, sameButVersion[*corev1.Node])) > 0 ||
 		len(changedKeys(prev.pods, next.pods, sameButVersion[*corev1.Pod])) > 0 ||
 		len(changedKeys(prev.localIP, next.localIP, slices.Equal[[]netip.Addr])) > 0 ||
 		len(changedKeys(prev.namespaces, next.namespaces, maps.Equal)) > 0
+	if !peersChanged {
+		for cp, res := range prev.cnpRules {
+			if next.cnp[cp.obj.Name] == cp {
+				next.cnpRules[cp] = res
+			}
+		}
+	}
+	return peersChanged || len(changedKeys(prev.cnp, next.cnp, func(a, b *clusterPolicy) bool { return a == b })) > 0
+}
+
+// equal reports whether t and o are the same rules (EqualTierRules).
+func (t podTiers) equal(o podTiers) bool {
+	for i := range t.ingress {
+		if !policy.EqualTierRules(t.ingress[i], o.ingress[i]) || !policy.EqualTierRules(t.egress[i], o.egress[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // sameButVersion reports whether two versions of a trimmed object differ

@@ -487,3 +487,42 @@ func TestTiersChanged(t *testing.T) {
 		}
 	}
 }
+
+// Rules with the same peers share one resolved list, which the datapath
+// then cuts once for them all; a change of policies alone keeps the
+// others' lists, and after any other the result is still Compile's.
+func TestTierPeersResolvedOnce(t *testing.T) {
+	fromB := func(port int32) []CNPIngressRule {
+		return []CNPIngressRule{{Action: "Deny", From: []CNPIngressPeer{fromNamespaces(labelsel("team", "b"))}, Protocols: []CNPProtocol{tcpPort(port)}}}
+	}
+	web := podSubject(&all, labelsel("app", "web"))
+	s := Snapshot{Namespaces: slices.Clone(namespaces), Pods: slices.Clone(pods), Nodes: slices.Clone(nodes), ClusterPolicies: []*ClusterNetworkPolicy{
+		cnpObj("c", "Admin", 0, web, fromB(80), nil),
+		cnpObj("d", "Baseline", 0, web, fromB(5432), nil),
+		cnpObj("e", "Admin", 1, web, fromB(81), nil),
+	}}
+	peersOf := func(rs policy.Ruleset) [][]netip.Prefix {
+		for _, p := range rs.Pods {
+			if p.Key == webKey {
+				return [][]netip.Prefix{p.Ingress.Admin[0].Peers, p.Ingress.Admin[1].Peers, p.Ingress.Baseline[0].Peers}
+			}
+		}
+		t.Fatalf("no pod %s in %s", webKey, describe(rs))
+		return nil
+	}
+	same := func(a, b []netip.Prefix) bool { return len(a) > 0 && len(a) == len(b) && &a[0] == &b[0] }
+	var inc Incremental
+	first := peersOf(inc.Compile(s, local))
+	if !same(first[0], first[1]) || !same(first[0], first[2]) {
+		t.Fatalf("the rules' equal peers are separate lists: %v", first)
+	}
+	s.ClusterPolicies[0] = cnpObj("c", "Admin", 0, web, fromB(82), nil)
+	if again := peersOf(inc.Compile(s, local)); !same(again[1], first[1]) || !same(again[2], first[2]) {
+		t.Error("a change of one policy resolved the others' peers again")
+	}
+	s.Pods[3] = with(s.Pods[3].DeepCopy(), func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} })
+	rs := inc.Compile(s, local)
+	if want := Compile(s, local); !reflect.DeepEqual(rs, want) {
+		t.Fatalf("after a pod's labels changed: got %s\nwant %s", describe(rs), describe(want))
+	}
+}

@@ -61,9 +61,11 @@ type compiler struct {
 	policy     map[string]*networkPolicy
 	cnps       []*clusterPolicy // in judging order (compareCNPs)
 	cnp        map[string]*clusterPolicy
-	cnpRules   map[*clusterPolicy]*resolvedCNP // those resolved in this compile
-	nodes      []*corev1.Node
-	node       map[string]*corev1.Node
+	cnpRules   map[*clusterPolicy]*resolvedCNP // resolved in this compile, or kept (tiersChanged)
+	// tierPeerSets are the peers resolved in this compile, by peersKey.
+	tierPeerSets map[string]peerSet
+	nodes        []*corev1.Node
+	node         map[string]*corev1.Node
 }
 
 // peerPod is a pod that can be a rule's peer: it has an IPv4 address and
@@ -129,14 +131,15 @@ type peerSelector struct {
 
 func newCompiler(s Snapshot, local []LocalPod, prev *compiler) *compiler {
 	c := &compiler{
-		namespaces: make(map[string]labels.Set, len(s.Namespaces)),
-		pods:       make(map[string]*corev1.Pod, len(s.Pods)),
-		localIP:    make(map[string][]netip.Addr, len(local)),
-		policy:     make(map[string]*networkPolicy, len(s.Policies)),
-		cnp:        make(map[string]*clusterPolicy, len(s.ClusterPolicies)),
-		cnpRules:   map[*clusterPolicy]*resolvedCNP{},
-		nodes:      s.Nodes,
-		node:       make(map[string]*corev1.Node, len(s.Nodes)),
+		namespaces:   make(map[string]labels.Set, len(s.Namespaces)),
+		pods:         make(map[string]*corev1.Pod, len(s.Pods)),
+		localIP:      make(map[string][]netip.Addr, len(local)),
+		policy:       make(map[string]*networkPolicy, len(s.Policies)),
+		cnp:          make(map[string]*clusterPolicy, len(s.ClusterPolicies)),
+		cnpRules:     map[*clusterPolicy]*resolvedCNP{},
+		tierPeerSets: map[string]peerSet{},
+		nodes:        s.Nodes,
+		node:         make(map[string]*corev1.Node, len(s.Nodes)),
 	}
 	for _, n := range s.Nodes {
 		c.node[n.Name] = n

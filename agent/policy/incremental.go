@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"reflect"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,10 +36,11 @@ import (
 // ClusterNetworkPolicy is coarser (tiersChanged): while any exists, a
 // change of one, of a node, of a pod (of what the cache keeps of it), of
 // a local pod's address or of a namespace's labels recompiles the tier
-// rules of every local pod, resolving each policy that selects one of
-// them against every pod once. A pod whose tier rules and NetworkPolicy
-// rules come out as before keeps its last directions. Without any, this
-// costs nothing.
+// rules of every local pod. A change of policies alone resolves only the
+// policies added or changed; any other resolves each policy that selects
+// a local pod against every pod once. A pod whose tier rules and
+// NetworkPolicy rules come out as before keeps its last directions.
+// Without any, this costs nothing.
 //
 // Its result is what Compile returns for the same inputs, which the tests
 // check after random sequences of changes. The zero value is ready; the
@@ -87,7 +87,7 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 		if tiersNew {
 			tiers = next.compileTiers(lp)
 		}
-		if npStale || tiersNew && !reflect.DeepEqual(tiers, cp.tiers) {
+		if npStale || tiersNew && !tiers.equal(cp.tiers) {
 			cp.tiers, cp.rules = tiers, withTiers(cp.np, tiers)
 		}
 		compiled[key] = cp

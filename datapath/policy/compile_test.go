@@ -246,13 +246,13 @@ func TestElementsAreReusedOnlyForTheSameRules(t *testing.T) {
 	peers := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}
 	e := &Enforcer{}
 	next := map[string]*compiled{}
-	all := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers}}}, next)
+	all := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers}}}, next, nil)
 	e.compiled, next = next, map[string]*compiled{}
-	if again := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: slices.Clone(peers)}}}, next); again != all {
+	if again := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: slices.Clone(peers)}}}, next, nil); again != all {
 		t.Error("the same rules were compiled again")
 	}
 	e.compiled, next = next, map[string]*compiled{}
-	none := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers, Ports: []PortRange{}}}}, next)
+	none := e.elementsOf("ns/a in", &Direction{Rules: []Rule{{Policy: "ns/p", Peers: peers, Ports: []PortRange{}}}}, next, nil)
 	if none == all || none.fingerprint == all.fingerprint {
 		t.Fatal("a rule allowing no port reused the elements of one allowing every port")
 	}
@@ -288,7 +288,7 @@ func BenchmarkUnchangedRules(b *testing.B) {
 			for b.Loop() {
 				next := make(map[string]*compiled, 110)
 				for k := range 110 {
-					e.elementsOf(strconv.Itoa(k), &Direction{Rules: tc.rules}, next)
+					e.elementsOf(strconv.Itoa(k), &Direction{Rules: tc.rules}, next, nil)
 				}
 			}
 		})

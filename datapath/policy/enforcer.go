@@ -328,6 +328,7 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 	keys := map[string]bool{}
 	ids := map[string]string{}
 	ifaces := map[string]string{}
+	memo := rangeMemo{}
 	for _, p := range rs.Pods {
 		if keys[p.Key] {
 			return nil, nil, fmt.Errorf("pod %s twice in the ruleset", p.Key)
@@ -364,7 +365,7 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg, &pl.auEgLog, &pl.auEgDir},
 		} {
 			if side.d != nil {
-				*side.sets = e.elementsOf(side.key, side.d, next)
+				*side.sets = e.elementsOf(side.key, side.d, next, memo)
 				*side.fingerprint = side.tag + (*side.sets).fingerprint
 				*side.logFingerprint = e.logFingerprint(side.d, *side.sets)
 				*side.rules = side.d
@@ -378,14 +379,7 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 // from reports whether c was compiled from d's very rules.
 func (c *compiled) from(d *Direction) bool {
 	return (identical(c.rules, d.Rules) || slices.EqualFunc(c.rules, d.Rules, sameRule)) &&
-		c.clusterOnly == d.ClusterOnly && sameTierRules(c.admin, d.Admin) && sameTierRules(c.baseline, d.Baseline)
-}
-
-func sameTierRules(a, b []TierRule) bool {
-	return identical(a, b) || slices.EqualFunc(a, b, func(a, b TierRule) bool {
-		return a.Policy == b.Policy && a.Priority == b.Priority && a.Index == b.Index && a.Name == b.Name && a.Action == b.Action &&
-			sameRule(Rule{Peers: a.Peers, Ports: a.Ports}, Rule{Peers: b.Peers, Ports: b.Ports})
-	})
+		c.clusterOnly == d.ClusterOnly && EqualTierRules(c.admin, d.Admin) && EqualTierRules(c.baseline, d.Baseline)
 }
 
 // sameRule compares two rules field by field (reflect.DeepEqual would take
@@ -419,10 +413,10 @@ type compiled struct {
 // from the same rules, and records it in next. New elements start in the
 // pair of sets that holds the last ones: update changes those in place, or
 // fills the other pair.
-func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled) *compiled {
+func (e *Enforcer) elementsOf(key string, d *Direction, next map[string]*compiled, memo rangeMemo) *compiled {
 	c := e.compiled[key]
 	if c == nil || !c.from(d) {
-		el := compileDirection(d)
+		el := compileDirection(d, memo)
 		c = &compiled{rules: d.Rules, admin: d.Admin, baseline: d.Baseline, clusterOnly: d.ClusterOnly,
 			el: el, fingerprint: el.fingerprint(), second: c != nil && c.second}
 	}

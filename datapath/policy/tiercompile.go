@@ -9,17 +9,14 @@ import (
 // into the same allow sets as a NetworkPolicy-only one: the chain still
 // only returns what its sets hold and drops the rest, so the sets must
 // hold exactly the points (peer, protocol, port) where Judge allows. The
-// tiers are resolved here, by set algebra on address ranges, rather than
-// in the kernel: one lookup per set whatever the tiers, and revocation,
+// tiers are resolved here, over address ranges cut into atoms, rather
+// than in the kernel: one lookup per set whatever the tiers, and revocation,
 // the flow cache and the bypass already judge by Judge.
 
 // portProtos are the protocols ports can name. Every other protocol
 // (ICMP, ICMPv6, ...) is matched only by rules without ports, so they all
 // judge alike: the other-protocols class, the set <chain>-other.
 var portProtos = []Proto{TCP, UDP, SCTP}
-
-// universe is every address of both families.
-var universe = toRanges([]netip.Prefix{netip.PrefixFrom(netip.IPv4Unspecified(), 0), netip.PrefixFrom(netip.IPv6Unspecified(), 0)})
 
 // tierList is one tier's rules, in the order they judge.
 type tierList struct {
@@ -32,11 +29,12 @@ func tierLists(admin, baseline []TierRule) []tierList {
 	return []tierList{{TierAdmin, admin}, {TierBaseline, baseline}}
 }
 
-// region is a rule as the algebra reads it.
+// region is a rule as the compiler reads it.
 type region struct {
 	peers  []addrRange // toRanges'
 	ports  []PortRange // nil: every protocol and port
-	action Action      // of a TierRule; 0 for a NetworkPolicy rule
+	tier   Tier
+	action Action // of a TierRule; 0 for a NetworkPolicy rule
 }
 
 // class is a protocol's port segment, inside or outside every rule's
@@ -59,63 +57,136 @@ func (c class) matches(ports []PortRange) bool {
 	return false
 }
 
-// compileDirection is d's set elements.
-func compileDirection(d *Direction) elements {
+// compileDirection is d's set elements; memo, if not nil, keeps the
+// ranges of peer lists across the directions of one Apply.
+func compileDirection(d *Direction, memo rangeMemo) elements {
 	if d.Tiered() || d.ClusterOnly {
-		return compileTiers(d)
+		return compileTiers(d, memo)
 	}
 	return compile(d)
 }
 
+// rangeMemo is the ranges of peer lists by identity: the agent hands
+// every pod a policy selects the same resolved peers, thousands of
+// prefixes each, so one Apply sorts each list once.
+type rangeMemo map[peersID][]addrRange
+
+type peersID struct {
+	first *netip.Prefix
+	n     int
+}
+
+func (m rangeMemo) of(ps []netip.Prefix) []addrRange {
+	if m == nil || len(ps) == 0 {
+		return toRanges(ps)
+	}
+	id := peersID{&ps[0], len(ps)}
+	r, ok := m[id]
+	if !ok {
+		r = toRanges(ps)
+		m[id] = r
+	}
+	return r
+}
+
 // compileTiers compiles d, with tiers, into disjoint set elements
-// equivalent to d.Judge: per class, the region Judge allows; the peers
-// every class allows go to all, the rest to ports (per protocol, merged
-// over neighbouring segments) and other.
-func compileTiers(d *Direction) elements {
-	regions := func(rules []TierRule) []region {
-		out := make([]region, len(rules))
-		for i, r := range rules {
-			out[i] = region{toRanges(r.Peers), judgedPorts(r.Ports), r.Action}
+// equivalent to d.Judge. It cuts the addresses into atoms, ranges inside
+// which no rule's peers begin or end, and judges each distinct sequence
+// of rules an atom lies in once, for every port class at once (a bit
+// per class): the cost follows how many rules each peer meets, not
+// classes × rules × addresses. The peers every class allows go to all,
+// the rest to ports (per protocol, merged over neighbouring segments)
+// and other.
+func compileTiers(d *Direction, memo rangeMemo) elements {
+	// The rules Judge can reach, in the order it walks them.
+	var rules []region
+	add := func(tier Tier, action Action, peers []netip.Prefix, ports []PortRange) {
+		rules = append(rules, region{memo.of(peers), judgedPorts(ports), tier, action})
+	}
+	for _, r := range d.Admin {
+		add(TierAdmin, r.Action, r.Peers, r.Ports)
+	}
+	if d.ClusterOnly {
+		for _, r := range d.Baseline {
+			add(TierBaseline, r.Action, r.Peers, r.Ports)
+		}
+	} else {
+		for _, r := range d.Rules {
+			add(TierNetworkPolicy, 0, r.Peers, r.Ports)
+		}
+	}
+
+	classes := portClasses(rules)
+	cover := make([]classSet, len(rules))
+	for i, r := range rules {
+		cover[i] = newClassSet(len(classes))
+		for k, c := range classes {
+			if c.matches(r.ports) {
+				cover[i].add(k)
+			}
+		}
+	}
+	// Rules often share their peers (the same list, from one memo): each
+	// list is cut, and found among the atoms, once.
+	lists := map[peersKey][][2]int{}
+	for _, r := range rules {
+		if len(r.peers) > 0 {
+			lists[keyOf(r.peers)] = nil
+		}
+	}
+	atoms := cutAtoms(rules, lists)
+	met := make([][]int32, len(atoms)) // the rules each atom lies in, in order
+	for i, r := range rules {
+		if len(r.peers) == 0 {
+			continue
+		}
+		for _, span := range lists[keyOf(r.peers)] {
+			for a := span[0]; a <= span[1]; a++ {
+				met[a] = append(met[a], int32(i))
+			}
+		}
+	}
+	// Each distinct sequence is judged once.
+	verdicts := map[string]classSet{}
+	allowed := make([]classSet, len(atoms))
+	var key []byte
+	for a, seq := range met {
+		key = key[:0]
+		for _, i := range seq {
+			key = append(key, byte(i), byte(i>>8), byte(i>>16), byte(i>>24))
+		}
+		v, ok := verdicts[string(key)]
+		if !ok {
+			v = judgeClasses(rules, cover, seq, len(classes), d.ClusterOnly)
+			verdicts[string(key)] = v
+		}
+		allowed[a] = v
+	}
+
+	everywhere := make([]bool, len(atoms))
+	for a, v := range allowed {
+		everywhere[a] = v.full(len(classes))
+	}
+	// The atoms where pick holds, as the fewest ranges.
+	ranges := func(pick func(a int) bool) []addrRange {
+		var out []addrRange
+		for a := range atoms {
+			if !pick(a) {
+				continue
+			}
+			r := addrRange{atoms[a], atoms.last(a)}
+			if n := len(out); n > 0 && out[n-1].last.Next() == r.first {
+				out[n-1].last = r.last
+				continue
+			}
+			out = append(out, r)
 		}
 		return out
 	}
-	admin, baseline := regions(d.Admin), regions(d.Baseline)
-	np := make([]region, len(d.Rules))
-	for i, r := range d.Rules {
-		np[i] = region{peers: toRanges(r.Peers), ports: judgedPorts(r.Ports)}
+	el := elements{
+		all:   ranges(func(a int) bool { return everywhere[a] }),
+		other: ranges(func(a int) bool { return allowed[a].has(0) && !everywhere[a] }),
 	}
-	allowed := func(c class) []addrRange {
-		return judgeRegion(admin, np, baseline, d.ClusterOnly, c)
-	}
-
-	type segment struct {
-		class
-		allowed []addrRange
-	}
-	other := allowed(class{})
-	all := other
-	segments := map[Proto][]segment{}
-	for _, proto := range portProtos {
-		cuts := []uint32{0, 65536}
-		for _, rules := range [][]region{admin, np, baseline} {
-			for _, r := range rules {
-				for _, pr := range r.ports {
-					if pr.Proto == proto && pr.First <= pr.Last {
-						cuts = append(cuts, uint32(pr.First), uint32(pr.Last)+1)
-					}
-				}
-			}
-		}
-		slices.Sort(cuts)
-		cuts = slices.Compact(cuts)
-		for i := 0; i+1 < len(cuts); i++ {
-			c := class{proto, uint16(cuts[i]), uint16(cuts[i+1] - 1)}
-			segments[proto] = append(segments[proto], segment{c, allowed(c)})
-			all = intersect(all, segments[proto][i].allowed)
-		}
-	}
-
-	el := elements{all: all, other: subtract(other, all)}
 	for _, proto := range portProtos {
 		// Neighbouring segments with the same peers become one range.
 		var run []addrRange
@@ -125,14 +196,18 @@ func compileTiers(d *Direction) elements {
 				el.ports = append(el.ports, portElem{r, proto, runFirst, runLast})
 			}
 		}
-		for i, s := range segments[proto] {
-			peers := subtract(s.allowed, all)
-			if i > 0 && slices.Equal(run, peers) {
-				runLast = s.last
+		started := false
+		for k, c := range classes {
+			if c.proto != proto {
+				continue
+			}
+			peers := ranges(func(a int) bool { return allowed[a].has(k) && !everywhere[a] })
+			if started && slices.Equal(run, peers) {
+				runLast = c.last
 				continue
 			}
 			flush()
-			run, runFirst, runLast = peers, s.first, s.last
+			run, runFirst, runLast, started = peers, c.first, c.last, true
 		}
 		flush()
 	}
@@ -140,6 +215,181 @@ func compileTiers(d *Direction) elements {
 		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
 	return el
 }
+
+// portClasses are the other protocols (class 0) and, per protocol ports
+// can name, the segments of 0-65535 the rules' port ranges cut.
+func portClasses(rules []region) []class {
+	classes := []class{{}}
+	for _, proto := range portProtos {
+		cuts := []uint32{0, 65536}
+		for _, r := range rules {
+			for _, pr := range r.ports {
+				if pr.Proto == proto && pr.First <= pr.Last {
+					cuts = append(cuts, uint32(pr.First), uint32(pr.Last)+1)
+				}
+			}
+		}
+		slices.Sort(cuts)
+		cuts = slices.Compact(cuts)
+		for i := 0; i+1 < len(cuts); i++ {
+			classes = append(classes, class{proto, uint16(cuts[i]), uint16(cuts[i+1] - 1)})
+		}
+	}
+	return classes
+}
+
+// judgeClasses is, per class, whether Judge allows a peer that lies in
+// the rules seq (indices into rules, in order) and in no other, walking
+// the tiers as Judge does: the Admin rules take the classes they match
+// (Pass hands them to NetworkPolicy); then the NetworkPolicy rules'
+// classes if they isolate, else the Baseline rules likewise, and what no
+// rule took is allowed.
+func judgeClasses(rules []region, cover []classSet, seq []int32, n int, clusterOnly bool) classSet {
+	allowed, passed, undecided := newClassSet(n), newClassSet(n), newClassSet(n)
+	for k := 0; k < n; k++ {
+		undecided.add(k)
+	}
+	i := 0
+	for ; i < len(seq) && rules[seq[i]].tier == TierAdmin; i++ {
+		m := undecided.and(cover[seq[i]])
+		switch rules[seq[i]].action {
+		case Pass:
+			passed.or(m)
+		case Deny:
+		default:
+			allowed.or(m)
+		}
+		undecided.andNot(m)
+	}
+	undecided.or(passed)
+	if !clusterOnly {
+		np := newClassSet(n)
+		for ; i < len(seq); i++ {
+			np.or(cover[seq[i]])
+		}
+		allowed.or(undecided.and(np))
+		return allowed
+	}
+	for ; i < len(seq); i++ {
+		m := undecided.and(cover[seq[i]])
+		if rules[seq[i]].action != Deny {
+			allowed.or(m)
+		}
+		undecided.andNot(m)
+	}
+	allowed.or(undecided)
+	return allowed
+}
+
+// classSet is a set of classes, by index.
+type classSet []uint64
+
+func newClassSet(n int) classSet  { return make(classSet, (n+63)/64) }
+func (s classSet) add(k int)      { s[k/64] |= 1 << (k % 64) }
+func (s classSet) has(k int) bool { return s[k/64]&(1<<(k%64)) != 0 }
+
+// full reports whether s holds all n classes.
+func (s classSet) full(n int) bool {
+	for k := 0; k < n; k++ {
+		if !s.has(k) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s classSet) and(o classSet) classSet {
+	out := make(classSet, len(s))
+	for i := range s {
+		out[i] = s[i] & o[i]
+	}
+	return out
+}
+
+func (s classSet) or(o classSet) {
+	for i := range s {
+		s[i] |= o[i]
+	}
+}
+
+func (s classSet) andNot(o classSet) {
+	for i := range s {
+		s[i] &^= o[i]
+	}
+}
+
+// atoms are the first addresses of ranges that tile both families, cut
+// wherever a rule's peers begin or end: a peer range is a run of whole
+// atoms.
+type atoms []netip.Addr
+
+func cutAtoms(rules []region, lists map[peersKey][][2]int) atoms {
+	cuts := []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()}
+	seen := map[peersKey]bool{}
+	for _, r := range rules {
+		if len(r.peers) == 0 || seen[keyOf(r.peers)] {
+			continue
+		}
+		seen[keyOf(r.peers)] = true
+		for _, pr := range r.peers {
+			cuts = append(cuts, pr.first)
+			if next := pr.last.Next(); next.IsValid() {
+				cuts = append(cuts, next)
+			}
+		}
+	}
+	slices.SortFunc(cuts, netip.Addr.Compare)
+	as := atoms(slices.Compact(cuts))
+	// Each list's ranges as spans of atoms, first to last.
+	for _, r := range rules {
+		if len(r.peers) == 0 || lists[keyOf(r.peers)] != nil {
+			continue
+		}
+		spans := make([][2]int, 0, len(r.peers))
+		a := 0
+		for _, pr := range r.peers {
+			a += as[a:].index(pr.first)
+			first := a
+			for a+1 < len(as) && !pr.last.Less(as[a+1]) {
+				a++
+			}
+			spans = append(spans, [2]int{first, a})
+		}
+		lists[keyOf(r.peers)] = spans
+	}
+	return as
+}
+
+// peersKey is a list of ranges by identity.
+type peersKey struct {
+	first *addrRange
+	n     int
+}
+
+func keyOf(rs []addrRange) peersKey { return peersKey{&rs[0], len(rs)} }
+
+// index is the atom that begins at first, a cut.
+func (as atoms) index(first netip.Addr) int {
+	i, _ := slices.BinarySearchFunc(as, first, netip.Addr.Compare)
+	return i
+}
+
+// last is atom a's last address: before the next atom's first, or its
+// family's last.
+func (as atoms) last(a int) netip.Addr {
+	if a+1 < len(as) && as[a+1].Is4() == as[a].Is4() {
+		return as[a+1].Prev()
+	}
+	if as[a].Is4() {
+		return lastIPv4
+	}
+	return lastIPv6
+}
+
+var (
+	lastIPv4 = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+	lastIPv6 = netip.AddrFrom16([16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+)
 
 // judgedPorts are ports as Judge reads them where tiers apply, port 0
 // judged as port 1 (tiers.go): a range holding 1 holds 0 too, and one of
@@ -163,51 +413,8 @@ func judgedPorts(ports []PortRange) []PortRange {
 	return out
 }
 
-// judgeRegion is the region of peers Judge allows in class c, walking the
-// tiers as Judge does, over every peer at once: the Admin rules take what
-// they match (Pass hands it to NetworkPolicy); then the NetworkPolicy
-// rules' union if they isolate, else the Baseline rules likewise, and
-// what no rule took is allowed.
-func judgeRegion(admin, np, baseline []region, clusterOnly bool, c class) []addrRange {
-	allowed, passed, remaining := firstMatches(admin, c, universe)
-	remaining = union(remaining, passed)
-	if !clusterOnly {
-		var peers []addrRange
-		for _, r := range np {
-			if c.matches(r.ports) {
-				peers = append(peers, r.peers...)
-			}
-		}
-		return union(allowed, intersect(remaining, union(peers)))
-	}
-	accepted, passed, remaining := firstMatches(baseline, c, remaining)
-	return union(allowed, accepted, passed, remaining)
-}
-
-// firstMatches walks one tier's rules in order over the peers from: each
-// rule of class c takes what is left of its peers, Accept's into
-// accepted, Pass's into passed, Deny's nowhere; left is what none took.
-func firstMatches(rules []region, c class, from []addrRange) (accepted, passed, left []addrRange) {
-	left = from
-	for _, r := range rules {
-		if !c.matches(r.ports) {
-			continue
-		}
-		m := intersect(left, r.peers)
-		switch r.action {
-		case Pass:
-			passed = append(passed, m...)
-		case Deny:
-		default:
-			accepted = append(accepted, m...)
-		}
-		left = subtract(left, m)
-	}
-	return accepted, passed, left
-}
-
-// The algebra's sets of addresses are sorted lists of disjoint ranges,
-// none next to another: the fewest ranges (of both families: an IPv4
+// Sets of addresses here are sorted lists of disjoint ranges, none next
+// to another: the fewest ranges (of both families: an IPv4
 // range never runs into IPv6, Next keeps the family).
 
 // toRanges is the addresses of ps (the valid ones, masked).
@@ -231,64 +438,4 @@ func union(lists ...[]addrRange) []addrRange {
 		}
 	}
 	return out
-}
-
-// intersect is the addresses both a and b hold.
-func intersect(a, b []addrRange) []addrRange {
-	var out []addrRange
-	for i, j := 0, 0; i < len(a) && j < len(b); {
-		p, q := a[i], b[j]
-		if p.Overlaps(q) {
-			out = append(out, addrRange{maxAddr(p.first, q.first), minAddr(p.last, q.last)})
-		}
-		// The one ending first overlaps nothing further on.
-		if p.last.Less(q.last) {
-			i++
-		} else {
-			j++
-		}
-	}
-	return out
-}
-
-// subtract is the addresses of a that b does not hold.
-func subtract(a, b []addrRange) []addrRange {
-	var out []addrRange
-	j := 0
-	for _, p := range a {
-		// b's ranges before p are before every later one too.
-		for j < len(b) && b[j].last.Less(p.first) {
-			j++
-		}
-		next := p.first // the first address of p b may not hold
-		covered := false
-		for k := j; k < len(b) && !p.last.Less(b[k].first); k++ {
-			if next.Less(b[k].first) {
-				out = append(out, addrRange{next, b[k].first.Prev()})
-			}
-			if !b[k].last.Less(p.last) {
-				covered = true // also when b[k] ends at the family's last address
-				break
-			}
-			next = b[k].last.Next()
-		}
-		if !covered {
-			out = append(out, addrRange{next, p.last})
-		}
-	}
-	return out
-}
-
-func maxAddr(a, b netip.Addr) netip.Addr {
-	if a.Less(b) {
-		return b
-	}
-	return a
-}
-
-func minAddr(a, b netip.Addr) netip.Addr {
-	if a.Less(b) {
-		return a
-	}
-	return b
 }

@@ -99,7 +99,7 @@ func flat(d *Direction) *Direction {
 
 func checkTiersEquivalent(t *testing.T, name string, r *rand.Rand, d *Direction) elements {
 	t.Helper()
-	el := compileDirection(d)
+	el := compileDirection(d, nil)
 	checkTierElements(t, name, el, d.Tiered() || d.ClusterOnly)
 	ports := samplePorts(r, flat(d))
 	for _, ip := range slices.Concat(sampleAddrs(r, flat(d)), rangeEdges(el)) {
@@ -246,7 +246,7 @@ func TestCompileTiersComplementSize(t *testing.T) {
 		{"TCP alone", []PortRange{{TCP, 1, 65535}}, 2 * n, n},
 	} {
 		d := &Direction{ClusterOnly: true, Baseline: []TierRule{tierRule("deny-pods", Deny, pods, c.ports...)}}
-		el := compileDirection(d)
+		el := compileDirection(d, nil)
 		checkTierElements(t, c.name, el, true)
 		if v4, v6 := perFamily(el.all); v4 > n+1 || v6 > n+1 {
 			t.Errorf("%s: %d IPv4 and %d IPv6 elements in all, want at most %d each", c.name, v4, v6, n+1)
@@ -286,7 +286,7 @@ func TestCompileWithoutTiersUnchanged(t *testing.T) {
 	h := sha256.New()
 	for range 200 {
 		d := isolate(randRule(r), randRule(r))
-		got, want := compileDirection(d), compile(d)
+		got, want := compileDirection(d, nil), compile(d)
 		if got.fingerprint() != want.fingerprint() || len(got.other) > 0 {
 			t.Fatalf("%s compiled to %+v, want %+v", d, got, want)
 		}
@@ -313,35 +313,24 @@ func addrRanges(ss ...string) []addrRange {
 
 func TestSetAlgebra(t *testing.T) {
 	for _, c := range []struct {
-		a, b, or, and, minus []string
+		a, b, or []string
 	}{
-		{[]string{"0.0.0.0/0", "::/0"}, []string{"10.0.0.0/8", "fd00::/8"}, []string{"0.0.0.0/0", "::/0"}, []string{"10.0.0.0/8", "fd00::/8"},
-			[]string{"0.0.0.0-9.255.255.255", "11.0.0.0-255.255.255.255", "::-fcff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fe00::/7"}},
-		{[]string{"10.0.0.0/24", "10.0.2.0/24"}, []string{"10.0.0.128/25", "10.0.1.0/24", "10.0.2.0/23"}, []string{"10.0.0.0-10.0.3.255"},
-			[]string{"10.0.0.128/25", "10.0.2.0/24"}, []string{"10.0.0.0/25"}},
-		{[]string{"10.0.0.0/30"}, []string{"10.0.0.0/32", "10.0.0.3/32"}, []string{"10.0.0.0/30"}, []string{"10.0.0.0/32", "10.0.0.3/32"}, []string{"10.0.0.1-10.0.0.2"}},
+		{[]string{"0.0.0.0/0", "::/0"}, []string{"10.0.0.0/8", "fd00::/8"}, []string{"0.0.0.0/0", "::/0"}},
+		{[]string{"10.0.0.0/24", "10.0.2.0/24"}, []string{"10.0.0.128/25", "10.0.1.0/24", "10.0.2.0/23"}, []string{"10.0.0.0-10.0.3.255"}},
+		{[]string{"10.0.0.0/30"}, []string{"10.0.0.0/32", "10.0.0.3/32"}, []string{"10.0.0.0/30"}},
 		// At the ends of the families: nothing after the last address.
 		{[]string{"0.0.0.0/0", "::/0"}, []string{"0.0.0.0/32", "255.255.255.255/32", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"},
-			[]string{"0.0.0.0/0", "::/0"}, []string{"0.0.0.0/32", "255.255.255.255/32", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"},
-			[]string{"0.0.0.1-255.255.255.254", "::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"}},
+			[]string{"0.0.0.0/0", "::/0"}},
 		// The last IPv4 address does not run into the first IPv6 one.
-		{[]string{"255.255.255.255/32"}, []string{"::/128"}, []string{"255.255.255.255/32", "::/128"}, nil, []string{"255.255.255.255/32"}},
-		// One range of b across several of a, one of a across several of b.
+		{[]string{"255.255.255.255/32"}, []string{"::/128"}, []string{"255.255.255.255/32", "::/128"}},
 		{[]string{"10.0.0.1-10.0.0.3", "10.0.0.7-10.0.0.9", "10.0.1.0/24"}, []string{"10.0.0.2-10.0.0.8", "10.0.1.3/32", "10.0.1.9/32"},
-			[]string{"10.0.0.1-10.0.0.9", "10.0.1.0/24"}, []string{"10.0.0.2-10.0.0.3", "10.0.0.7-10.0.0.8", "10.0.1.3/32", "10.0.1.9/32"},
-			[]string{"10.0.0.1/32", "10.0.0.9/32", "10.0.1.0-10.0.1.2", "10.0.1.4-10.0.1.8", "10.0.1.10-10.0.1.255"}},
-		{[]string{"10.0.0.0/8"}, nil, []string{"10.0.0.0/8"}, nil, []string{"10.0.0.0/8"}},
-		{nil, []string{"10.0.0.0/8"}, []string{"10.0.0.0/8"}, nil, nil},
+			[]string{"10.0.0.1-10.0.0.9", "10.0.1.0/24"}},
+		{[]string{"10.0.0.0/8"}, nil, []string{"10.0.0.0/8"}},
+		{nil, []string{"10.0.0.0/8"}, []string{"10.0.0.0/8"}},
 	} {
 		a, b := addrRanges(c.a...), addrRanges(c.b...)
 		if got, want := union(a, b), addrRanges(c.or...); !slices.Equal(got, want) {
 			t.Errorf("%v ∪ %v = %v, want %v", a, b, got, want)
-		}
-		if got, want := intersect(a, b), addrRanges(c.and...); !slices.Equal(got, want) {
-			t.Errorf("%v ∩ %v = %v, want %v", a, b, got, want)
-		}
-		if got, want := subtract(a, b), addrRanges(c.minus...); !slices.Equal(got, want) {
-			t.Errorf("%v − %v = %v, want %v", a, b, got, want)
 		}
 	}
 	// Prefixes, overlapping, contained and neighbouring, become the

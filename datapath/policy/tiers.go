@@ -1,6 +1,9 @@
 package policy
 
-import "net/netip"
+import (
+	"net/netip"
+	"slices"
+)
 
 // This file is the model of ClusterNetworkPolicy (policy.networking.k8s.io):
 // rules in two tiers around NetworkPolicy. A direction's verdict on a new
@@ -65,6 +68,16 @@ type TierRule struct {
 	Action   Action
 	Peers    []netip.Prefix // nil: no peer (the rule matches nothing)
 	Ports    []PortRange    // nil: every protocol and port
+}
+
+// EqualTierRules reports whether a and b are the same rules, cheaply
+// where their peers are the very same lists (as a compiler that reuses a
+// policy's resolved peers hands them).
+func EqualTierRules(a, b []TierRule) bool {
+	return identical(a, b) || slices.EqualFunc(a, b, func(a, b TierRule) bool {
+		return a.Policy == b.Policy && a.Priority == b.Priority && a.Index == b.Index && a.Name == b.Name && a.Action == b.Action &&
+			sameRule(Rule{Peers: a.Peers, Ports: a.Ports}, Rule{Peers: b.Peers, Ports: b.Ports})
+	})
 }
 
 // Matches reports whether the rule is about a connection with the peer ip

@@ -170,7 +170,7 @@ func TestTiers(t *testing.T) {
 	}
 	// The all sets hold every address but a's and c's as ranges, which
 	// nft takes and lists back as written.
-	all := compileDirection(base).all
+	all := compileDirection(base, nil).all
 	if !slices.ContainsFunc(all, func(r addrRange) bool { return strings.Contains(r.String(), "-") }) {
 		t.Errorf("all %v: want ranges that are no prefix", all)
 	}
@@ -245,7 +245,7 @@ func TestIncrementalTiers(t *testing.T) {
 			}
 			p.Ingress, p.Egress = randDir(p.Ingress), randDir(p.Egress)
 			for _, d := range []*Direction{p.Ingress, p.Egress} {
-				if d != nil && len(compileDirection(d).other) > 0 {
+				if d != nil && len(compileDirection(d, nil).other) > 0 {
 					others++
 				}
 			}
