@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/onc-net/onc/agent/policy"
 	dppolicy "github.com/onc-net/onc/datapath/policy"
@@ -113,4 +116,35 @@ func BenchmarkCompile(b *testing.B) {
 func reportCPU(b *testing.B) func() {
 	start := cpuTime()
 	return func() { b.ReportMetric(float64((cpuTime()-start).Microseconds())/1000/float64(b.N), "cpu-ms/op") }
+}
+
+// The ClusterNetworkPolicies give every local pod tier rules, and the
+// change of cnp-0 rewrites the rules of its subjects (a third of the
+// pods) and no others.
+func TestClusterPolicies(t *testing.T) {
+	c := NewCluster(1000, 100)
+	c.AddClusterPolicies(100)
+	rs := policy.Compile(c.Snapshot, c.Local)
+	for _, p := range rs.Pods {
+		if p.Ingress == nil || !p.Ingress.Tiered() {
+			t.Fatalf("%s: no tier rules in ingress", p.Key)
+		}
+	}
+	i := slices.IndexFunc(c.Snapshot.ClusterPolicies, func(p *policy.ClusterNetworkPolicy) bool { return p.Name == "cnp-0" })
+	c.Snapshot.ClusterPolicies[i] = ChangedClusterPolicy(c)
+	rs2 := policy.Compile(c.Snapshot, c.Local)
+	changed := 0
+	for k := range rs.Pods {
+		pod := c.Snapshot.Pods[slices.IndexFunc(c.Snapshot.Pods, func(p *corev1.Pod) bool { return p.Namespace+"/"+p.Name == rs.Pods[k].Key })]
+		subject := slices.Contains([]string{"ns-0", "ns-3", "ns-6", "ns-9"}, pod.Namespace) // team t0
+		if differ := !reflect.DeepEqual(rs.Pods[k], rs2.Pods[k]); differ != subject {
+			t.Errorf("%s (subject of cnp-0: %v): rules changed %v", pod.Namespace+"/"+pod.Name, subject, differ)
+		}
+		if subject {
+			changed++
+		}
+	}
+	if changed == 0 || changed == len(rs.Pods) {
+		t.Errorf("the change rewrote %d of %d pods' rules", changed, len(rs.Pods))
+	}
 }
