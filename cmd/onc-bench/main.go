@@ -274,11 +274,13 @@ func policyMain(ctx context.Context, args []string) error {
 	fs := pflag.NewFlagSet("onc-bench policy", pflag.ExitOnError)
 	out := fs.String("out", "bench-results", "directory for policy.json and policy.md")
 	pods := fs.IntSlice("pods", []int{100, 1000, 5000}, "cluster sizes (pods) for rule programming")
-	policies := fs.IntSlice("policies", []int{10, 100, 1000}, "policy counts for rule programming; every size × count is measured")
-	changes := fs.Int("changes", 9, "changes of one policy timed per size and count")
+	policies := fs.IntSlice("policies", []int{10, 100, 1000}, "NetworkPolicy counts for rule programming")
+	clusterPolicies := fs.IntSlice("cluster-policies", []int{0, 1000}, "ClusterNetworkPolicy counts for rule programming; every size × policies × cluster policies is measured")
+	changes := fs.Int("changes", 9, "changes of one policy (and of one cluster policy) timed per point")
 	program := fs.Bool("program", true, "measure rule programming time and memory (root: throwaway network namespaces)")
-	crr := fs.Bool("crr", true, "measure TCP_CRR through the slow path, no policy vs --crr-policies (a 2-node lab in Kubernetes mode)")
-	crrPolicies := fs.Int("crr-policies", 1000, "policies in the TCP_CRR measurement's policy configuration")
+	crr := fs.Bool("crr", true, "measure TCP_CRR, no policy vs --crr-policies and --crr-cluster-policies (a 2-node lab in Kubernetes mode)")
+	crrPolicies := fs.Int("crr-policies", 1000, "NetworkPolicies in the TCP_CRR measurement's policy configuration")
+	crrClusterPolicies := fs.Int("crr-cluster-policies", 1000, "ClusterNetworkPolicies in the TCP_CRR measurement's policy configuration")
 	netperf := fs.String("netperf", ".tools/netperf/usr/bin", "directory holding netperf and netserver (./hack/netperf.sh .tools/netperf)")
 	kubeBin := fs.String("kube-bin", os.Getenv("ONC_KUBE_BIN"), "directory holding kube-apiserver (make kube-bins; env ONC_KUBE_BIN)")
 	reps := fs.Int("reps", 5, "TCP_CRR repetitions, each one run per configuration")
@@ -308,17 +310,18 @@ func policyMain(ctx context.Context, args []string) error {
 	r.Date, r.Kernel, r.CPUs, r.Note, r.Changes = time.Now().UTC().Format(time.RFC3339), kernel(), runtime.NumCPU(), policybench.MachineNote, *changes
 	var failed []string
 	if *program {
-		rows := policybench.Program(ctx, policybench.ProgramOptions{Pods: *pods, Policies: *policies, Changes: *changes, Log: os.Stdout})
+		rows := policybench.Program(ctx, policybench.ProgramOptions{Pods: *pods, Policies: *policies, ClusterPolicies: *clusterPolicies,
+			Changes: *changes, Log: os.Stdout})
 		r.Merge(rows)
 		for _, row := range rows {
 			if row.Error != "" {
-				failed = append(failed, fmt.Sprintf("programming %d pods × %d policies", row.Pods, row.Policies))
+				failed = append(failed, fmt.Sprintf("programming %d pods × %d policies × %d cluster policies", row.Pods, row.Policies, row.ClusterPolicies))
 			}
 		}
 	}
 	if *crr && ctx.Err() == nil {
 		res, err := policybench.CRR(ctx, policybench.CRROptions{BinDir: binDir(), KubeBin: *kubeBin, Netperf: np, Prefix: "oncpolb",
-			Policies: *crrPolicies, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout})
+			Policies: *crrPolicies, ClusterPolicies: *crrClusterPolicies, Reps: *reps, Duration: *dur, CPUs: *cpus, Log: os.Stdout})
 		if err != nil {
 			res.Error = err.Error()
 			failed = append(failed, "TCP_CRR: "+err.Error())

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/onc-net/onc/agent/policy"
 	dppolicy "github.com/onc-net/onc/datapath/policy"
@@ -147,4 +148,73 @@ func TestClusterPolicies(t *testing.T) {
 	if changed == 0 || changed == len(rs.Pods) {
 		t.Errorf("the change rewrote %d of %d pods' rules", changed, len(rs.Pods))
 	}
+}
+
+// The CRR benchmark's cluster policies select the client and the server
+// and judge every connection through both tiers: the client's to the
+// server on netperf's ports passes (bench-0000) to the NetworkPolicies,
+// which allow it; a peer on a port of another's rule is denied at Admin.
+func TestBenchClusterPolicy(t *testing.T) {
+	ns := func(name string, labels map[string]string) *corev1.Namespace {
+		labels["kubernetes.io/metadata.name"] = name
+		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	pod := func(ns, name, ip string, labels map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec:   corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Ports: ports}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}}
+	}
+	s := policy.Snapshot{
+		Namespaces: []*corev1.Namespace{ns(benchNS, map[string]string{"purpose": "bench"}), ns(peersNS, map[string]string{"team": "peers"})},
+		Pods: []*corev1.Pod{
+			pod(benchNS, "client", "10.244.0.2", map[string]string{"app": "client"}),
+			pod(benchNS, "server", "10.244.0.3", map[string]string{"app": "server"},
+				corev1.ContainerPort{Name: "np-ctl", ContainerPort: ctlPort, Protocol: corev1.ProtocolTCP},
+				corev1.ContainerPort{Name: "np-data", ContainerPort: dataPort, Protocol: corev1.ProtocolTCP}),
+			pod(peersNS, "peer-1", "10.244.0.4", map[string]string{"role": "peer-1"}),
+		},
+	}
+	const n = 10
+	for i := 0; i < n; i++ {
+		s.Policies = append(s.Policies, BenchPolicy(i))
+		s.ClusterPolicies = append(s.ClusterPolicies, BenchClusterPolicy(i))
+	}
+	local := []policy.LocalPod{
+		{Namespace: benchNS, Name: "client", Iface: "c", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.2")}},
+		{Namespace: benchNS, Name: "server", Iface: "s", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.3")}},
+	}
+	rs := policy.Compile(s, local)
+	client, server := rs.Pods[0], rs.Pods[1]
+	for _, d := range []*dppolicy.Direction{client.Egress, server.Ingress} {
+		if names := tierPolicies(d.Admin); len(names) != n {
+			t.Fatalf("admin rules of %d cluster policies, want %d", len(names), n)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		d    *dppolicy.Direction
+		peer string
+		port uint16
+		want dppolicy.Verdict
+	}{
+		{"server ingress from the client", server.Ingress, "10.244.0.2", ctlPort, dppolicy.Verdict{Allowed: true, Policy: "bench/bench-0000", Index: 2}},
+		{"client egress to the server", client.Egress, "10.244.0.3", dataPort, dppolicy.Verdict{Allowed: true, Policy: "bench/bench-0000", Index: 1}},
+		{"server ingress from a peer", server.Ingress, "10.244.0.4", 3001,
+			dppolicy.Verdict{Tier: dppolicy.TierAdmin, Policy: "bench-0001", Action: dppolicy.Deny}},
+	} {
+		v := c.d.Judge(netip.MustParseAddr(c.peer), dppolicy.TCP, c.port)
+		passed := v.Passed != nil && v.Passed.Policy == "bench-0000"
+		v.Passed = nil
+		if v != c.want || passed != (c.want.Tier == dppolicy.TierNetworkPolicy) {
+			t.Errorf("%s: %+v (passed by bench-0000: %v), want %+v", c.what, v, passed, c.want)
+		}
+	}
+}
+
+func tierPolicies(rules []dppolicy.TierRule) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range rules {
+		out[r.Policy] = true
+	}
+	return out
 }

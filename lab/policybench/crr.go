@@ -8,13 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/lab"
 	"github.com/onc-net/onc/lab/bench"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -24,11 +28,14 @@ type CRROptions struct {
 	KubeBin  string // kube-apiserver
 	Netperf  string // directory holding netperf and netserver
 	Prefix   string // the lab's name prefix
-	Policies int    // in the "policy" configuration
-	Reps     int
-	Duration time.Duration
-	CPUs     string // netperf -T
-	Log      io.Writer
+	Policies int    // NetworkPolicies in the "policy" configuration
+	// ClusterPolicies are ClusterNetworkPolicies in the "policy"
+	// configuration, beside the NetworkPolicies.
+	ClusterPolicies int
+	Reps            int
+	Duration        time.Duration
+	CPUs            string // netperf -T
+	Log             io.Writer
 }
 
 // The configurations, and the names of the bench's objects: no policy or
@@ -69,11 +76,12 @@ type CRRSample struct {
 
 // CRRResult is the measurement.
 type CRRResult struct {
-	Date     string `json:"date"` // when it ended
-	Policies int    `json:"policies"`
-	Reps     int    `json:"reps"`
-	Duration string `json:"duration"`
-	CPUs     string `json:"cpus"`
+	Date            string `json:"date"` // when it ended
+	Policies        int    `json:"policies"`
+	ClusterPolicies int    `json:"clusterPolicies,omitempty"`
+	Reps            int    `json:"reps"`
+	Duration        string `json:"duration"`
+	CPUs            string `json:"cpus"`
 	// Per configuration: median and range of transactions/s.
 	NoPolicy       Stat `json:"noPolicy"`
 	WithPolicy     Stat `json:"policy"`
@@ -93,10 +101,13 @@ type CRRResult struct {
 	// of them, each time (API writes included).
 	ProgramSeconds []float64 `json:"programSeconds"`
 	// The server's ingress and the client's egress rules with the policies
-	// in place, as the agents report them.
-	ServerRules int    `json:"serverRules"`
-	ClientRules int    `json:"clientRules"`
-	Error       string `json:"error,omitempty"`
+	// in place, as the agents report them: NetworkPolicy rules, and
+	// ClusterNetworkPolicy rules of the Admin tier.
+	ServerRules      int    `json:"serverRules"`
+	ClientRules      int    `json:"clientRules"`
+	ServerAdminRules int    `json:"serverAdminRules,omitempty"`
+	ClientAdminRules int    `json:"clientAdminRules,omitempty"`
+	Error            string `json:"error,omitempty"`
 }
 
 // CRR brings up a 2-node lab in Kubernetes mode, a client pod on one node
@@ -107,7 +118,7 @@ type CRRResult struct {
 // A fast-path run is checked to have taken it (the client node's fast path
 // carried, opened or learned its connections), a slow one not (crrRun).
 func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
-	res = CRRResult{Policies: o.Policies, Reps: o.Reps, Duration: o.Duration.String(), CPUs: o.CPUs}
+	res = CRRResult{Policies: o.Policies, ClusterPolicies: o.ClusterPolicies, Reps: o.Reps, Duration: o.Duration.String(), CPUs: o.CPUs}
 	l, err := lab.Up(ctx, lab.Options{Prefix: o.Prefix, BinDir: o.BinDir, Nodes: 2, NodeTimeout: time.Hour,
 		Datastore: "kubernetes", KubeBin: o.KubeBin})
 	if err != nil {
@@ -122,6 +133,11 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 	if err != nil {
 		return res, err
 	}
+	dyn, err := dynamic.NewForConfig(l.APIServer.RESTConfig())
+	if err != nil {
+		return res, err
+	}
+	cnps := dyn.Resource(policy.CNPGroupVersion.WithResource(policy.CNPResource))
 	for ns, labels := range map[string]map[string]string{benchNS: {"purpose": "bench"}, peersNS: {"team": "peers"}} {
 		if err := l.SetNamespace(ctx, ns, labels); err != nil {
 			return res, err
@@ -148,7 +164,7 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 		}
 	}
 	w := waiter{client: clientNode, server: serverNode, clientKey: client.Key(), serverKey: server.Key()}
-	if _, _, err := w.wait(ctx, 0); err != nil {
+	if _, err := w.wait(ctx, 0, 0); err != nil {
 		return res, err
 	}
 	stop, err := bench.Netservers(o.Netperf, server.Netns)
@@ -164,25 +180,29 @@ func CRR(ctx context.Context, o CRROptions) (res CRRResult, err error) {
 		}
 		if cfg == WithPolicy {
 			start := time.Now()
-			if err := createPolicies(ctx, kube, o.Policies); err != nil {
+			if err := createPolicies(ctx, kube, cnps, o.Policies, o.ClusterPolicies); err != nil {
 				return err
 			}
-			rules, done, err := w.wait(ctx, o.Policies)
+			rules, err := w.wait(ctx, o.Policies, o.ClusterPolicies)
 			if err != nil {
 				return err
 			}
-			secs := done.Sub(start).Seconds()
+			secs := rules.since.Sub(start).Seconds()
 			res.ProgramSeconds = append(res.ProgramSeconds, secs)
-			res.ServerRules, res.ClientRules = rules[0], rules[1]
-			fmt.Fprintf(o.Log, "  %d policies created and enforced on both nodes in %.1fs (server ingress %d rules, client egress %d rules)\n",
-				o.Policies, secs, rules[0], rules[1])
+			res.ServerRules, res.ClientRules, res.ServerAdminRules, res.ClientAdminRules = rules.server, rules.client, rules.serverAdmin, rules.clientAdmin
+			fmt.Fprintf(o.Log, "  %d policies and %d cluster policies created and enforced on both nodes in %.1fs "+
+				"(server ingress %d rules, %d admin; client egress %d rules, %d admin)\n",
+				o.Policies, o.ClusterPolicies, secs, rules.server, rules.serverAdmin, rules.client, rules.clientAdmin)
 		} else {
 			err := kube.NetworkingV1().NetworkPolicies(benchNS).DeleteCollection(ctx, metav1.DeleteOptions{},
 				metav1.ListOptions{LabelSelector: policyLabel + "=policy"})
 			if err != nil {
 				return fmt.Errorf("delete the policies: %w", err)
 			}
-			if _, _, err := w.wait(ctx, 0); err != nil {
+			if err := cnps.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: policyLabel + "=policy"}); err != nil {
+				return fmt.Errorf("delete the cluster policies: %w", err)
+			}
+			if _, err := w.wait(ctx, 0, 0); err != nil {
 				return err
 			}
 		}
@@ -290,21 +310,21 @@ func crrRun(ctx context.Context, o CRROptions, l *lab.Lab, w waiter, client, ser
 	return s, nil
 }
 
-// createPolicies creates n policies in the bench namespace, with a few
-// API clients at once.
-func createPolicies(ctx context.Context, kube kubernetes.Interface, n int) error {
+// createPolicies creates n NetworkPolicies in the bench namespace and m
+// ClusterNetworkPolicies, with a few API clients at once.
+func createPolicies(ctx context.Context, kube kubernetes.Interface, cnps dynamic.ResourceInterface, n, m int) error {
 	nps := kube.NetworkingV1().NetworkPolicies(benchNS)
-	jobs := make(chan int)
+	jobs := make(chan func() error)
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
 	for w := 0; w < 8; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range jobs {
-				if _, err := nps.Create(ctx, BenchPolicy(i), metav1.CreateOptions{}); err != nil {
+			for job := range jobs {
+				if err := job(); err != nil {
 					select {
-					case errs <- fmt.Errorf("create policy %d: %w", i, err):
+					case errs <- err:
 					default:
 					}
 				}
@@ -312,7 +332,24 @@ func createPolicies(ctx context.Context, kube kubernetes.Interface, n int) error
 		}()
 	}
 	for i := 0; i < n; i++ {
-		jobs <- i
+		jobs <- func() error {
+			if _, err := nps.Create(ctx, BenchPolicy(i), metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("create policy %d: %w", i, err)
+			}
+			return nil
+		}
+	}
+	for i := 0; i < m; i++ {
+		jobs <- func() error {
+			u, err := unstructuredCNP(BenchClusterPolicy(i))
+			if err == nil {
+				_, err = cnps.Create(ctx, u, metav1.CreateOptions{})
+			}
+			if err != nil {
+				return fmt.Errorf("create cluster policy %d: %w", i, err)
+			}
+			return nil
+		}
 	}
 	close(jobs)
 	wg.Wait()
@@ -322,6 +359,57 @@ func createPolicies(ctx context.Context, kube kubernetes.Interface, n int) error
 	default:
 		return nil
 	}
+}
+
+func unstructuredCNP(p *policy.ClusterNetworkPolicy) (*unstructured.Unstructured, error) {
+	p.APIVersion, p.Kind = policy.CNPGroupVersion.String(), "ClusterNetworkPolicy"
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	return &unstructured.Unstructured{Object: m}, err
+}
+
+// BenchClusterPolicy is cluster policy i of the CRR benchmark's, of the
+// Admin tier at priority i: its subjects are the client and the server
+// (the bench namespace's pods of app client or server), and it has one
+// rule each way of its own. Policy 0 passes the client's connections to
+// the server on netperf's ports to the NetworkPolicies (which allow
+// them), both ways; the others, before or after it, match other traffic:
+// in ingress, a Deny of the peers namespace on TCP 3000+i (odd i) or an
+// Accept of one role's peers on TCP 4000+i (even i); in egress, an Accept
+// (even i) or a Deny (odd i) of a /24 of its own in 100.128.0.0/10 on
+// TCP 443.
+func BenchClusterPolicy(i int) *policy.ClusterNetworkPolicy {
+	port := func(n int) []policy.CNPProtocol {
+		return []policy.CNPProtocol{{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{Number: int32(n)}}}}
+	}
+	netperfPorts := []policy.CNPProtocol{{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{
+		Range: &policy.CNPPortRange{Start: ctlPort, End: dataPort}}}}}
+	inBench := func(app string) *policy.CNPNamespacedPod {
+		return &policy.CNPNamespacedPod{NamespaceSelector: *labels("kubernetes.io/metadata.name", benchNS), PodSelector: *labels("app", app)}
+	}
+	cnp := &policy.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%04d", i), Labels: map[string]string{policyLabel: "policy"}},
+		Spec: policy.CNPSpec{Tier: "Admin", Priority: int32(i % 1000), Subject: policy.CNPSubject{Pods: &policy.CNPNamespacedPod{
+			NamespaceSelector: *labels("kubernetes.io/metadata.name", benchNS),
+			PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+				{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"client", "server"}}}},
+		}}},
+	}
+	s := &cnp.Spec
+	switch {
+	case i == 0:
+		s.Ingress = []policy.CNPIngressRule{{Action: "Pass", From: []policy.CNPIngressPeer{{Pods: inBench("client")}}, Protocols: netperfPorts}}
+		s.Egress = []policy.CNPEgressRule{{Action: "Pass", To: []policy.CNPEgressPeer{{Pods: inBench("server")}}, Protocols: netperfPorts}}
+		return cnp
+	case i%2 == 1:
+		s.Ingress = []policy.CNPIngressRule{{Action: "Deny", From: []policy.CNPIngressPeer{{Namespaces: labels("team", "peers")}}, Protocols: port(3000 + i%30000)}}
+	default:
+		s.Ingress = []policy.CNPIngressRule{{Action: "Accept", From: []policy.CNPIngressPeer{{Pods: &policy.CNPNamespacedPod{
+			NamespaceSelector: *labels("team", "peers"), PodSelector: *labels("role", fmt.Sprintf("peer-%d", i/2%2))}}}, Protocols: port(4000 + i%30000)}}
+	}
+	action := map[bool]string{true: "Deny", false: "Accept"}[i%2 == 1]
+	s.Egress = []policy.CNPEgressRule{{Action: action, To: []policy.CNPEgressPeer{{Networks: []string{fmt.Sprintf("100.%d.%d.0/24", 128+(i/256)%64, i%256)}}},
+		Protocols: port(443)}}
+	return cnp
 }
 
 // BenchPolicy is policy i of the CRR benchmark's. Every one selects both
@@ -378,18 +466,25 @@ type waiter struct {
 	clientKey, serverKey string
 }
 
+// enforced is what both agents enforce: the server's ingress and the
+// client's egress rules, NetworkPolicy and Admin-tier ones, and since when
+// that held.
+type enforced struct {
+	server, client, serverAdmin, clientAdmin int
+	since                                    time.Time
+}
+
 // wait returns when the server's agent isolates the server's ingress by
-// exactly n policies and the client's agent the client's egress (n = 0: not
-// isolated), both watchers have applied all they have seen without error,
-// and that holds for a second; it returns the two directions' rule counts
-// and when that began to hold.
-func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
+// exactly n NetworkPolicies and the client's agent the client's egress
+// (n = 0: not isolated), each direction holds Admin rules of exactly m
+// ClusterNetworkPolicies, both watchers have applied all they have seen
+// without error, and that holds for a second.
+func (w waiter) wait(ctx context.Context, n, m int) (enforced, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	var stable time.Time
+	var got enforced
 	last := "no answer yet"
 	for {
-		var rules [2]int
 		ok := true
 		for i, side := range []struct {
 			node *lab.Node
@@ -404,6 +499,10 @@ func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
 			if i == 1 {
 				d = resp.Pods[0].Egress
 			}
+			cnps := map[string]bool{}
+			for _, r := range d.Admin {
+				cnps[r.Policy] = true
+			}
 			switch {
 			case resp.LastError != "":
 				ok, last = false, fmt.Sprintf("%s: policy watcher: %s", side.node.Name, resp.LastError)
@@ -411,20 +510,26 @@ func (w waiter) wait(ctx context.Context, n int) ([2]int, time.Time, error) {
 				ok, last = false, fmt.Sprintf("%s: policy watcher applied %d of %d", side.node.Name, resp.Applied, resp.Seen)
 			case len(d.Policies) != n || d.Isolated != (n > 0):
 				ok, last = false, fmt.Sprintf("%s: %s isolated by %d policies, want %d", side.node.Name, side.key, len(d.Policies), n)
+			case len(cnps) != m:
+				ok, last = false, fmt.Sprintf("%s: %s has admin rules of %d cluster policies, want %d", side.node.Name, side.key, len(cnps), m)
 			}
-			rules[i] = len(d.Rules)
+			if i == 0 {
+				got.server, got.serverAdmin = len(d.Rules), len(d.Admin)
+			} else {
+				got.client, got.clientAdmin = len(d.Rules), len(d.Admin)
+			}
 		}
 		switch {
 		case !ok:
-			stable = time.Time{}
-		case stable.IsZero():
-			stable = time.Now()
-		case time.Since(stable) >= time.Second:
-			return rules, stable, nil
+			got.since = time.Time{}
+		case got.since.IsZero():
+			got.since = time.Now()
+		case time.Since(got.since) >= time.Second:
+			return got, nil
 		}
 		select {
 		case <-ctx.Done():
-			return rules, stable, fmt.Errorf("agents did not enforce %d policies: %s", n, last)
+			return got, fmt.Errorf("agents did not enforce %d policies and %d cluster policies: %s", n, m, last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

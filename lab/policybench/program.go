@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,9 +26,12 @@ import (
 // ProgramOptions are the programming measurements to make.
 type ProgramOptions struct {
 	Pods     []int // cluster sizes
-	Policies []int // policy counts; every pair is measured
-	Changes  int   // changes of one policy timed per pair
-	Log      io.Writer
+	Policies []int // NetworkPolicy counts
+	// ClusterPolicies are ClusterNetworkPolicy counts; every pods ×
+	// policies × cluster policies is measured.
+	ClusterPolicies []int
+	Changes         int // changes of one policy timed per point
+	Log             io.Writer
 }
 
 // Stat is the median and range of some timings, in milliseconds.
@@ -97,16 +101,19 @@ type Resync struct {
 
 // ProgramRow is one cluster size and policy count.
 type ProgramRow struct {
-	Pods      int `json:"pods"`
-	Policies  int `json:"policies"`
-	LocalPods int `json:"localPods"`
+	Pods            int `json:"pods"`
+	Policies        int `json:"policies"`
+	ClusterPolicies int `json:"clusterPolicies,omitempty"`
+	LocalPods       int `json:"localPods"`
 	// Local pods isolated in each direction, and the compiled rules of all
 	// local pods (dppolicy.Rule, peers resolved).
 	IsolatedIngress int          `json:"isolatedIngress"`
 	IsolatedEgress  int          `json:"isolatedEgress"`
 	CompiledRules   int          `json:"compiledRules"`
 	Initial         Timing       `json:"initial"`
-	Change          ChangeTiming `json:"change"`
+	Change          ChangeTiming `json:"change"` // of np-0
+	// ClusterChange is the changes of cnp-0, with ClusterPolicies.
+	ClusterChange *ChangeTiming `json:"clusterChange,omitempty"`
 	// Resync with nothing committed to nftables since the last change
 	// (Quiet), and after another program committed (Foreign: a rewrite).
 	Quiet   Resync `json:"resyncQuiet"`
@@ -115,31 +122,42 @@ type ProgramRow struct {
 	Error   string `json:"error,omitempty"`
 }
 
-// Program measures every pair of o.Pods × o.Policies, each in a fresh
-// network namespace removed afterwards. A pair that fails is reported in
-// its row; Program carries on with the next.
+// Program measures every point of o.Pods × o.Policies ×
+// o.ClusterPolicies, each in a fresh network namespace removed
+// afterwards. A point that fails is reported in its row; Program carries
+// on with the next.
 func Program(ctx context.Context, o ProgramOptions) []ProgramRow {
 	prefix := netnsPrefix()
 	var rows []ProgramRow
 	for _, n := range o.Pods {
 		for _, p := range o.Policies {
-			if ctx.Err() != nil {
-				return rows
+			for _, cp := range o.ClusterPolicies {
+				if ctx.Err() != nil {
+					return rows
+				}
+				start := time.Now()
+				point := fmt.Sprintf("%5d pods × %4d policies × %4d cluster policies", n, p, cp)
+				row, err := programPoint(ctx, fmt.Sprintf("%s-%dx%dx%d", prefix, n, p, cp), n, p, cp, o.Changes)
+				if err != nil {
+					row.Error = err.Error()
+					fmt.Fprintf(o.Log, "program %s: FAILED: %v\n", point, err)
+				} else {
+					fmt.Fprintf(o.Log, "program %s: initial %.0f ms (compile %.0f, apply %.0f), change median %.1f ms (%.1f–%.1f)%s, %d set elements; %.1fs\n",
+						point, row.Initial.Total, row.Initial.Compile, row.Initial.Apply, row.Change.Total.Median, row.Change.Total.Min, row.Change.Total.Max,
+						clusterChangeLog(row.ClusterChange), row.Memory.SetElements, time.Since(start).Seconds())
+				}
+				rows = append(rows, row)
 			}
-			start := time.Now()
-			row, err := programPoint(ctx, fmt.Sprintf("%s-%dx%d", prefix, n, p), n, p, o.Changes)
-			if err != nil {
-				row.Error = err.Error()
-				fmt.Fprintf(o.Log, "program %5d pods × %4d policies: FAILED: %v\n", n, p, err)
-			} else {
-				fmt.Fprintf(o.Log, "program %5d pods × %4d policies: initial %.0f ms (compile %.0f, apply %.0f), change median %.1f ms (%.1f–%.1f), %d set elements; %.1fs\n",
-					n, p, row.Initial.Total, row.Initial.Compile, row.Initial.Apply, row.Change.Total.Median, row.Change.Total.Min, row.Change.Total.Max,
-					row.Memory.SetElements, time.Since(start).Seconds())
-			}
-			rows = append(rows, row)
 		}
 	}
 	return rows
+}
+
+func clusterChangeLog(c *ChangeTiming) string {
+	if c == nil {
+		return ""
+	}
+	return fmt.Sprintf(", cluster policy change median %.1f ms (%.1f–%.1f)", c.Total.Median, c.Total.Min, c.Total.Max)
 }
 
 // netnsPrefix names this run's namespaces: "oncpb-" and 6 hex digits.
@@ -166,8 +184,8 @@ func sub(a, b uint64) uint64 {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func programPoint(ctx context.Context, nsName string, pods, policies, changes int) (row ProgramRow, err error) {
-	row = ProgramRow{Pods: pods, Policies: policies}
+func programPoint(ctx context.Context, nsName string, pods, policies, clusterPolicies, changes int) (row ProgramRow, err error) {
+	row = ProgramRow{Pods: pods, Policies: policies, ClusterPolicies: clusterPolicies}
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", nsName).CombinedOutput(); err != nil {
 		return row, fmt.Errorf("ip netns add %s: %w: %s", nsName, err, strings.TrimSpace(string(out)))
 	}
@@ -185,6 +203,7 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 
 	m0 := heap()
 	c := NewCluster(pods, policies)
+	c.AddClusterPolicies(clusterPolicies)
 	m1 := heap()
 	row.LocalPods = len(c.Local)
 	row.Memory.SnapshotBytes = sub(m1.HeapAlloc, m0.HeapAlloc)
@@ -269,28 +288,52 @@ func programPoint(ctx context.Context, nsName string, pods, policies, changes in
 		return row, err
 	}
 
-	// Changes: np-0 alternates between its changed and its original form.
-	if policies > 0 {
-		orig, changedNP := c.Snapshot.Policies[0], Changed(c)
+	// Changes: np-0, then cnp-0, alternates between its changed and its
+	// original form.
+	changeOf := func(set func(changed bool)) (ct ChangeTiming, err error) {
 		var total, compile, apply, revoke, noop []float64
 		for k := 1; k <= changes && ctx.Err() == nil; k++ {
-			c.Snapshot.Policies[0] = changedNP
-			if k%2 == 0 {
-				c.Snapshot.Policies[0] = orig
-			}
+			set(k%2 == 1)
 			t, changed, err := pass(false)
 			if err != nil {
-				return row, fmt.Errorf("change %d: %w", k, err)
+				return ct, fmt.Errorf("change %d: %w", k, err)
 			}
 			if len(changed) == 0 {
-				return row, fmt.Errorf("change %d rewrote no pod's rules", k)
+				return ct, fmt.Errorf("change %d rewrote no pod's rules", k)
 			}
-			row.Change.PodsChanged = len(changed)
+			ct.PodsChanged = len(changed)
 			total, compile, apply, revoke = append(total, t.Total), append(compile, t.Compile), append(apply, t.Apply), append(revoke, t.Revoke)
 			noop = append(noop, t.ApplyNoop)
 		}
-		row.Change.Total, row.Change.Compile, row.Change.Apply, row.Change.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
-		row.Change.ApplyNoop = bench.StatOf(noop)
+		ct.Total, ct.Compile, ct.Apply, ct.Revoke = bench.StatOf(total), bench.StatOf(compile), bench.StatOf(apply), bench.StatOf(revoke)
+		ct.ApplyNoop = bench.StatOf(noop)
+		return ct, nil
+	}
+	if policies > 0 {
+		orig, changedNP := c.Snapshot.Policies[0], Changed(c)
+		row.Change, err = changeOf(func(changed bool) {
+			c.Snapshot.Policies[0] = orig
+			if changed {
+				c.Snapshot.Policies[0] = changedNP
+			}
+		})
+		if err != nil {
+			return row, fmt.Errorf("policy %w", err)
+		}
+	}
+	if clusterPolicies > 0 {
+		i := slices.IndexFunc(c.Snapshot.ClusterPolicies, func(p *policy.ClusterNetworkPolicy) bool { return p.Name == "cnp-0" })
+		orig, changedCNP := c.Snapshot.ClusterPolicies[i], ChangedClusterPolicy(c)
+		ct, err := changeOf(func(changed bool) {
+			c.Snapshot.ClusterPolicies[i] = orig
+			if changed {
+				c.Snapshot.ClusterPolicies[i] = changedCNP
+			}
+		})
+		if err != nil {
+			return row, fmt.Errorf("cluster policy %w", err)
+		}
+		row.ClusterChange = &ct
 	}
 	rs = inc.Compile(c.Snapshot, c.Local) // the ruleset last applied
 	if err := netns.Do(ns, func() error { return resyncs(e, rs, &row) }); err != nil {

@@ -42,16 +42,24 @@ func LoadReport(path string) (Report, error) {
 	return r, json.Unmarshal(b, &r)
 }
 
-// Merge replaces the rows of the same size and policy count by rows, and
+// Merge replaces the rows of the same size and policy counts by rows, and
 // keeps the others, sorted.
 func (r *Report) Merge(rows []ProgramRow) {
 	for _, row := range rows {
-		r.Program = slices.DeleteFunc(r.Program, func(x ProgramRow) bool { return x.Pods == row.Pods && x.Policies == row.Policies })
+		r.Program = slices.DeleteFunc(r.Program, func(x ProgramRow) bool { return x.point() == row.point() })
 		r.Program = append(r.Program, row)
 	}
 	slices.SortFunc(r.Program, func(a, b ProgramRow) int {
-		return cmp.Or(cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Policies, b.Policies))
+		return cmp.Or(cmp.Compare(a.Pods, b.Pods), cmp.Compare(a.Policies, b.Policies), cmp.Compare(a.ClusterPolicies, b.ClusterPolicies))
 	})
+}
+
+// point is what a row measured: pods, policies and cluster policies.
+func (x ProgramRow) point() [3]int { return [3]int{x.Pods, x.Policies, x.ClusterPolicies} }
+
+// is reports whether the row measured that point and did not fail.
+func (x ProgramRow) is(pods, policies, clusterPolicies int) bool {
+	return x.point() == [3]int{pods, policies, clusterPolicies} && x.Error == ""
 }
 
 // WriteFiles writes r as dir/policy.json and dir/policy.md.
@@ -89,7 +97,8 @@ func (r Report) Markdown(w io.Writer) {
 	if len(r.Program) > 0 {
 		fmt.Fprintf(w, "## Rule programming\n\n")
 		fmt.Fprintf(w, "A synthetic cluster (lab/policybench: 10 namespaces, 20 apps, 3 tiers, named container ports; policies of 8 shapes: "+
-			"podSelector, namespaceSelector, both, ipBlock with except, numeric, named and endPort ports, ingress and egress). "+
+			"podSelector, namespaceSelector, both, ipBlock with except, numeric, named and endPort ports, ingress and egress; "+
+			"ClusterNetworkPolicies, where a row has them, of 4 shapes: Admin Deny, Accept and Pass, Baseline Deny, by namespace and by pod, a third to a twentieth of the pods each). "+
 			"The node under test holds min(pods, %d) local pods, a full node at kubelet's default max-pods. "+
 			"Each row runs in a fresh network namespace: the initial programming is the agent's compile of the whole node (agent/policy.Incremental's first, a full Compile), "+
 			"then policy.Enforcer.Apply rebuilding the nft table (one transaction) and Revoke; a change is one policy (np-0) "+
@@ -97,35 +106,36 @@ func (r Report) Markdown(w io.Writer) {
 			"Times in ms; change: median (min – max). Revoke acts on an empty conntrack table here, so it is its floor. "+
 			"Apply is netpol's own work (every local pod's set elements and fingerprints, the diff) plus nft's run of the transaction; "+
 			"\"no-op apply\" is Apply of the same ruleset again, netpol's work alone with no nft run, so apply − no-op apply is about what nft and the kernel take.\n\n", MaxLocalPods, r.Changes)
-		fmt.Fprintln(w, "| pods | policies | local | isolated in / eg | compiled rules | initial total | initial compile | initial apply | change total | change compile | change apply | change no-op apply | change revoke | pods changed |")
-		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+		fmt.Fprintln(w, "| pods | policies | cluster policies | local | isolated in / eg | compiled rules | initial total | initial compile | initial apply | change total | change compile | change apply | change no-op apply | change revoke | pods changed |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for _, x := range r.Program {
 			if x.Error != "" {
-				fmt.Fprintf(w, "| %d | %d | %d | failed: %s ||||||||||||\n", x.Pods, x.Policies, x.LocalPods, x.Error)
+				fmt.Fprintf(w, "| %d | %d | %d | %d | failed: %s ||||||||||||\n", x.Pods, x.Policies, x.ClusterPolicies, x.LocalPods, x.Error)
 				continue
 			}
-			fmt.Fprintf(w, "| %d | %d | %d | %d / %d | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n",
-				x.Pods, x.Policies, x.LocalPods, x.IsolatedIngress, x.IsolatedEgress, x.CompiledRules,
+			fmt.Fprintf(w, "| %d | %d | %d | %d | %d / %d | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n",
+				x.Pods, x.Policies, x.ClusterPolicies, x.LocalPods, x.IsolatedIngress, x.IsolatedEgress, x.CompiledRules,
 				x.Initial.Total, x.Initial.Compile, x.Initial.Apply,
 				rangeMs(x.Change.Total), rangeMs(x.Change.Compile), rangeMs(x.Change.Apply), rangeMs(x.Change.ApplyNoop),
 				rangeMs(x.Change.Revoke), x.Change.PodsChanged)
 		}
+		clusterChanges(w, r.Program)
 		fmt.Fprintf(w, "\n### Resync\n\n"+
 			"A resync of the ruleset last applied, unchanged (Enforcer.Apply with checkKernel; the agent's incremental compile of unchanged inputs recompiles nothing): "+
 			"quiet, with nothing committed to nftables since the last change (one netlink request for nftables' generation), and after another program's commit "+
 			"(the table may have drifted: rewritten whole, as every resync did before). Wall time and CPU in ms (this process and its nft commands), "+
 			"and whether it committed an nft transaction.\n\n")
-		fmt.Fprintln(w, "| pods | policies | quiet ms | quiet CPU ms | quiet committed | after another commit ms | CPU ms | committed |")
-		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |")
+		fmt.Fprintln(w, "| pods | policies | cluster policies | quiet ms | quiet CPU ms | quiet committed | after another commit ms | CPU ms | committed |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |")
 		for _, x := range r.Program {
 			if x.Error != "" {
 				continue
 			}
-			fmt.Fprintf(w, "| %d | %d | %.1f | %.1f | %v | %.1f | %.1f | %v |\n", x.Pods, x.Policies,
+			fmt.Fprintf(w, "| %d | %d | %d | %.1f | %.1f | %v | %.1f | %.1f | %v |\n", x.Pods, x.Policies, x.ClusterPolicies,
 				x.Quiet.Ms, x.Quiet.CPUMs, x.Quiet.Committed, x.Foreign.Ms, x.Foreign.CPUMs, x.Foreign.Committed)
 		}
 		for _, x := range r.Program {
-			if x.Pods == 5000 && x.Policies == 1000 && x.Error == "" {
+			if x.is(5000, 1000, 0) {
 				verdict := "met"
 				if x.Quiet.CPUMs > 100 || x.Quiet.Committed {
 					verdict = "not met"
@@ -141,19 +151,19 @@ func (r Report) Markdown(w io.Writer) {
 			"which grows by doubling to the largest transaction's text: hence the powers of two); \"compile allocs\" is all one full Compile allocates, garbage included. "+
 			"Kernel: objects counted in `nft -j list table inet onc-policy` (set elements: the pods' peer sets and the interface sets; "+
 			"map elements: interface → pod chain). The kernel's own bytes for them are not measured.\n\n")
-		fmt.Fprintln(w, "| pods | policies | snapshot MiB | ruleset MiB | compiler MiB | enforcer MiB | compile allocs MiB | nft chains | nft rules | nft sets | nft set elements | nft map elements | nft counters |")
-		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+		fmt.Fprintln(w, "| pods | policies | cluster policies | snapshot MiB | ruleset MiB | compiler MiB | enforcer MiB | compile allocs MiB | nft chains | nft rules | nft sets | nft set elements | nft map elements | nft counters |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for _, x := range r.Program {
 			if x.Error != "" {
 				continue
 			}
 			m := x.Memory
-			fmt.Fprintf(w, "| %d | %d | %s | %s | %s | %s | %s | %d | %d | %d | %d | %d | %d |\n", x.Pods, x.Policies,
+			fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %d | %d | %d | %d | %d | %d |\n", x.Pods, x.Policies, x.ClusterPolicies,
 				mib(m.SnapshotBytes), mib(m.RulesetBytes), mib(m.CompilerBytes), mib(m.EnforcerBytes), mib(m.CompileAllocBytes),
 				m.Chains, m.Rules, m.Sets, m.SetElements, m.MapElements, m.Counters)
 		}
 		for _, x := range r.Program {
-			if x.Pods == 1000 && x.Policies == 1000 && x.Error == "" {
+			if x.is(1000, 1000, 0) {
 				verdict := "met"
 				if x.Change.Total.Median >= 1000 {
 					verdict = "not met"
@@ -163,7 +173,7 @@ func (r Report) Markdown(w io.Writer) {
 			}
 		}
 		for _, x := range r.Program {
-			if x.Pods == 5000 && x.Policies == 1000 && x.Error == "" {
+			if x.is(5000, 1000, 0) {
 				verdict := "met"
 				if x.Change.Total.Median > 200 {
 					verdict = "not met"
@@ -175,7 +185,7 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w)
 	}
 	if c := r.CRR; c != nil {
-		fmt.Fprintf(w, "## TCP_CRR: no policy vs %d policies, slow path and fast path\n\n", c.Policies)
+		fmt.Fprintf(w, "## TCP_CRR: no policy vs %s, slow path and fast path\n\n", c.policies())
 		if c.Date != "" {
 			fmt.Fprintf(w, "Run %s.\n\n", c.Date)
 		}
@@ -187,10 +197,16 @@ func (r Report) Markdown(w io.Writer) {
 			"\"policy\": %d NetworkPolicies in the pods' namespace, each selecting both the client and the server in both directions "+
 			"with peers of their own (ipBlocks, namespace and pod selectors, ports), one also allowing client → server on netperf's control and data ports "+
 			"(named ports on the ingress side), so every connection passes the client's egress and the server's ingress chain "+
-			"(server ingress: %d compiled rules, client egress: %d). "+
-			"\"no policy\": the same agents with policy on and no NetworkPolicy (the nft table is there, no pod is isolated). "+
-			"The policies are created and deleted through the API between runs.\n\n",
+			"(server ingress: %d compiled rules, client egress: %d). ",
 			c.Reps, c.Duration, c.CPUs, c.Policies, c.ServerRules, c.ClientRules)
+		if c.ClusterPolicies > 0 {
+			fmt.Fprintf(w, "Beside them, %d ClusterNetworkPolicies of the Admin tier (BenchClusterPolicy), each with the client and the server as subjects and one rule each way "+
+				"(Deny or Accept of the peers' pods on a TCP port of its own, Accept or Deny of a /24 of its own on TCP 443), before and after the first, "+
+				"which passes client → server on netperf's ports to the NetworkPolicies: every connection is judged through both tiers "+
+				"(server ingress: %d Admin rules, client egress: %d). ", c.ClusterPolicies, c.ServerAdminRules, c.ClientAdminRules)
+		}
+		fmt.Fprintf(w, "\"no policy\": the same agents with policy on and no policy of either kind (the nft table is there, no pod is isolated). "+
+			"The policies are created and deleted through the API between runs.\n\n")
 		if c.Error != "" {
 			fmt.Fprintf(w, "**Failed:** %s\n\n", c.Error)
 		}
@@ -198,11 +214,11 @@ func (r Report) Markdown(w io.Writer) {
 			fmt.Fprintln(w, "| config | median Trans/s | min – max |")
 			fmt.Fprintln(w, "| --- | ---: | ---: |")
 			fmt.Fprintf(w, "| no policy | %.1f | %.1f – %.1f |\n", c.NoPolicy.Median, c.NoPolicy.Min, c.NoPolicy.Max)
-			fmt.Fprintf(w, "| %d policies | %.1f | %.1f – %.1f |\n", c.Policies, c.WithPolicy.Median, c.WithPolicy.Min, c.WithPolicy.Max)
+			fmt.Fprintf(w, "| %s | %.1f | %.1f – %.1f |\n", c.policies(), c.WithPolicy.Median, c.WithPolicy.Min, c.WithPolicy.Max)
 			fmt.Fprintf(w, "| no policy, fast path | %.1f | %.1f – %.1f |\n", c.NoPolicyFast.Median, c.NoPolicyFast.Min, c.NoPolicyFast.Max)
-			fmt.Fprintf(w, "| %d policies, fast path | %.1f | %.1f – %.1f |\n\n", c.Policies, c.WithPolicyFast.Median, c.WithPolicyFast.Min, c.WithPolicyFast.Max)
-			fmt.Fprintf(w, "Fast path ÷ slow path, median of the per-repetition ratios [95 %% interval] (min – max): no policy %s; %d policies %s.\n\n",
-				c.FastRatioNoPolicy, c.Policies, c.FastRatioPolicy)
+			fmt.Fprintf(w, "| %s, fast path | %.1f | %.1f – %.1f |\n\n", c.policies(), c.WithPolicyFast.Median, c.WithPolicyFast.Min, c.WithPolicyFast.Max)
+			fmt.Fprintf(w, "Fast path ÷ slow path, median of the per-repetition ratios [95 %% interval] (min – max): no policy %s; %s %s.\n\n",
+				c.FastRatioNoPolicy, c.policies(), c.FastRatioPolicy)
 			fmt.Fprintln(w, "| ratio policy ÷ no policy | median of per-rep ratios | min – max | ratio of medians | cost |")
 			fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
 			fmt.Fprintf(w, "| TCP_CRR | %.3f | %.3f – %.3f | %.3f | %.1f %% |\n\n", c.Ratio.Median, c.Ratio.Min, c.Ratio.Max, c.RatioOfMeds, c.CostPercent)
@@ -222,10 +238,54 @@ func (r Report) Markdown(w io.Writer) {
 				fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %d | %d, %d, %d |\n", s.Rep, s.Config, s.Value, s.CPU, s.Allowed, s.FastHits, s.FastOpens, s.FastLearned)
 			}
 			if len(c.ProgramSeconds) > 0 {
-				fmt.Fprintf(w, "\nCreating the %d policies through the API until both agents enforced them took %s s (each time).\n", c.Policies, secs(c.ProgramSeconds))
+				fmt.Fprintf(w, "\nCreating the %s through the API until both agents enforced them took %s s (each time).\n", c.policies(), secs(c.ProgramSeconds))
 			}
 		}
 	}
+}
+
+// clusterChanges is the table of the rows with ClusterNetworkPolicies:
+// a change of cnp-0 (and of np-0 beside it), and issue 30's bar.
+func clusterChanges(w io.Writer, rows []ProgramRow) {
+	var tiered []ProgramRow
+	for _, x := range rows {
+		if x.ClusterChange != nil && x.Error == "" {
+			tiered = append(tiered, x)
+		}
+	}
+	if len(tiered) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n### A ClusterNetworkPolicy's change\n\n"+
+		"In the rows with ClusterNetworkPolicies, cnp-0 (Admin, its subjects the namespaces of one team: a third of the pods) alternates between "+
+		"denying the env=dev namespaces its port and accepting them there and on TCP 2000, over the NetworkPolicies that isolate its subjects; "+
+		"timed as np-0's change is (the table above, with the ClusterNetworkPolicies in place). Times in ms: median (min – max).\n\n")
+	fmt.Fprintln(w, "| pods | policies | cluster policies | change total | change compile | change apply | change no-op apply | change revoke | pods changed |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, x := range tiered {
+		c := x.ClusterChange
+		fmt.Fprintf(w, "| %d | %d | %d | %s | %s | %s | %s | %s | %d |\n", x.Pods, x.Policies, x.ClusterPolicies,
+			rangeMs(c.Total), rangeMs(c.Compile), rangeMs(c.Apply), rangeMs(c.ApplyNoop), rangeMs(c.Revoke), c.PodsChanged)
+	}
+	for _, x := range tiered {
+		if x.is(1000, 1000, 1000) {
+			verdict := "met"
+			if x.Change.Total.Median > 200 || x.ClusterChange.Total.Median > 200 {
+				verdict = "not met"
+			}
+			fmt.Fprintf(w, "\n**Bar: a change in ≤ 200 ms at 1,000 pods × 1,000 NetworkPolicies × 1,000 ClusterNetworkPolicies: %s** "+
+				"(a NetworkPolicy's: median %.1f ms, max %.1f; a ClusterNetworkPolicy's: median %.1f ms, max %.1f, %d pods rewritten).\n",
+				verdict, x.Change.Total.Median, x.Change.Total.Max, x.ClusterChange.Total.Median, x.ClusterChange.Total.Max, x.ClusterChange.PodsChanged)
+		}
+	}
+}
+
+// policies names the policy configuration.
+func (c *CRRResult) policies() string {
+	if c.ClusterPolicies == 0 {
+		return fmt.Sprintf("%d policies", c.Policies)
+	}
+	return fmt.Sprintf("%d policies + %d cluster policies", c.Policies, c.ClusterPolicies)
 }
 
 func secs(v []float64) string {
