@@ -801,7 +801,8 @@ func (c *policyCluster) restartAgent(t *testing.T, n *lab.Node, pols []*networki
 
 // enforcedDiff compares the isolation the agent on n reports for its
 // local test pods with the oracle's, and the ClusterNetworkPolicies whose
-// rules it holds for them; "" when they agree.
+// rules it holds for them; "" when they agree (so not before the agent
+// enforces anything for each of them).
 func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClient, n *lab.Node, pols []*networkingv1.NetworkPolicy) string {
 	resp, err := client.ListPolicy(ctx, &apiv1.ListPolicyRequest{})
 	if err != nil {
@@ -816,29 +817,32 @@ func (c *policyCluster) enforcedDiff(ctx context.Context, client apiv1.AgentClie
 		if c.node(p) != n {
 			continue
 		}
+		if got[p.key()] == nil {
+			// Not enforced yet: an agent just started lists none.
+			diffs = append(diffs, p.key()+" not among the pods the agent enforces policy for")
+			continue
+		}
 		for _, ingress := range []bool{true, false} {
 			want, wantAudit := c.isolatedBy(pols, p, ingress), c.selectedBy(pols, p, ingress, true)
 			wantTiers := c.tiersOf(p, ingress)
 			var have, haveAudit, haveTiers []string
-			if gp := got[p.key()]; gp != nil {
-				d := gp.Egress
-				if ingress {
-					d = gp.Ingress
+			d := got[p.key()].Egress
+			if ingress {
+				d = got[p.key()].Ingress
+			}
+			for _, r := range append(slices.Clone(d.GetAdmin()), d.GetBaseline()...) {
+				if !slices.Contains(haveTiers, r.Policy) {
+					haveTiers = append(haveTiers, r.Policy)
 				}
-				for _, r := range append(slices.Clone(d.GetAdmin()), d.GetBaseline()...) {
-					if !slices.Contains(haveTiers, r.Policy) {
-						haveTiers = append(haveTiers, r.Policy)
-					}
+			}
+			if d.GetIsolated() {
+				have = slices.Sorted(slices.Values(d.Policies))
+				if len(have) == 0 {
+					have = []string{"(isolated by no policy)"}
 				}
-				if d.GetIsolated() {
-					have = slices.Sorted(slices.Values(d.Policies))
-					if len(have) == 0 {
-						have = []string{"(isolated by no policy)"}
-					}
-				}
-				if len(d.GetAuditPolicies()) > 0 {
-					haveAudit = slices.Sorted(slices.Values(d.AuditPolicies))
-				}
+			}
+			if len(d.GetAuditPolicies()) > 0 {
+				haveAudit = slices.Sorted(slices.Values(d.AuditPolicies))
 			}
 			if !slices.Equal(want, have) {
 				diffs = append(diffs, fmt.Sprintf("%s %s isolated by %v, want %v", p.key(), dirName(ingress), have, want))

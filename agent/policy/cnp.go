@@ -448,29 +448,36 @@ func resolveNames(names []string, pod *corev1.Pod) []policy.PortRange {
 	return out
 }
 
-// tiersChanged reports whether any local pod's tier rules may differ
-// between prev and next. It is coarse: with any ClusterNetworkPolicy in
-// either, a change of a policy, a node, a pod, a local pod's address or a
-// namespace's labels recompiles the tier rules of every local pod. Updates
-// of what the caches trim away (a pod's readiness) change nothing. Where
-// only policies changed, next keeps the peers prev resolved for the
-// others (each resolves against every pod of the cluster).
-func tiersChanged(prev, next *compiler) bool {
+// tierChanges reports what may make a local pod's tier rules differ
+// between prev and next: the policies (one added, changed or removed),
+// or what their peers resolve against (a node, a pod, a local pod's
+// address, a namespace's labels). It is coarse: either recompiles the
+// tier rules of every local pod. Updates of what the caches trim away (a
+// pod's readiness) change nothing; nothing does while no
+// ClusterNetworkPolicy exists.
+func tierChanges(prev, next *compiler) (policies, peers bool) {
 	if len(prev.cnps) == 0 && len(next.cnps) == 0 {
-		return false
+		return false, false
 	}
-	peersChanged := len(changedKeys(prev.node, next.node, sameButVersion[*corev1.Node])) > 0 ||
+	peers = len(changedKeys(prev.node, next.node, sameButVersion[*corev1.Node])) > 0 ||
 		len(changedKeys(prev.pods, next.pods, sameButVersion[*corev1.Pod])) > 0 ||
 		len(changedKeys(prev.localIP, next.localIP, slices.Equal[[]netip.Addr])) > 0 ||
 		len(changedKeys(prev.namespaces, next.namespaces, maps.Equal)) > 0
-	if !peersChanged {
-		for cp, res := range prev.cnpRules {
-			if next.cnp[cp.obj.Name] == cp {
-				next.cnpRules[cp] = res
-			}
+	policies = len(changedKeys(prev.cnp, next.cnp, func(a, b *clusterPolicy) bool { return a == b })) > 0
+	return policies, peers
+}
+
+// keepResolved gives c what prev resolved of the policies it keeps, and
+// prev's resolved peer lists: while nothing they resolve against changed
+// (tierChanges), each would resolve against every pod of the cluster to
+// the same.
+func (c *compiler) keepResolved(prev *compiler) {
+	for cp, res := range prev.cnpRules {
+		if c.cnp[cp.obj.Name] == cp {
+			c.cnpRules[cp] = res
 		}
 	}
-	return peersChanged || len(changedKeys(prev.cnp, next.cnp, func(a, b *clusterPolicy) bool { return a == b })) > 0
+	maps.Copy(c.tierPeerSets, prev.tierPeerSets)
 }
 
 // equal reports whether t and o are the same rules (EqualTierRules).

@@ -451,7 +451,7 @@ func TestIncrementalTiers(t *testing.T) {
 // a pod's or node's new object with the same content (a readiness or
 // heartbeat update) is no change, a label is; nothing is one while no
 // ClusterNetworkPolicy exists.
-func TestTiersChanged(t *testing.T) {
+func TestTierChanges(t *testing.T) {
 	cnps := []*ClusterNetworkPolicy{cnpObj("c", "Admin", 0, nsSubject(&all), nil, nil)}
 	base := Snapshot{Namespaces: namespaces, Pods: slices.Clone(pods), Nodes: slices.Clone(nodes), ClusterPolicies: cnps}
 	for _, tc := range []struct {
@@ -482,8 +482,8 @@ func TestTiersChanged(t *testing.T) {
 		next.Pods, next.Nodes = slices.Clone(prev.Pods), slices.Clone(prev.Nodes)
 		tc.change(&next)
 		before := newCompiler(prev, local, nil)
-		if got := tiersChanged(before, newCompiler(next, local, before)); got != tc.want {
-			t.Errorf("%s: tiersChanged %v, want %v", tc.what, got, tc.want)
+		if policies, peers := tierChanges(before, newCompiler(next, local, before)); (policies || peers) != tc.want {
+			t.Errorf("%s: tierChanges %v, %v; want a change: %v", tc.what, policies, peers, tc.want)
 		}
 	}
 }
@@ -517,8 +517,8 @@ func TestTierPeersResolvedOnce(t *testing.T) {
 		t.Fatalf("the rules' equal peers are separate lists: %v", first)
 	}
 	s.ClusterPolicies[0] = cnpObj("c", "Admin", 0, web, fromB(82), nil)
-	if again := peersOf(inc.Compile(s, local)); !same(again[1], first[1]) || !same(again[2], first[2]) {
-		t.Error("a change of one policy resolved the others' peers again")
+	if again := peersOf(inc.Compile(s, local)); !same(again[0], first[0]) || !same(again[1], first[1]) || !same(again[2], first[2]) {
+		t.Error("a change of one policy resolved peers again: its own, written as the others', or the others'")
 	}
 	s.Pods[3] = with(s.Pods[3].DeepCopy(), func(p *corev1.Pod) { p.Labels = map[string]string{"app": "x"} })
 	rs := inc.Compile(s, local)

@@ -61,7 +61,7 @@ type compiler struct {
 	policy     map[string]*networkPolicy
 	cnps       []*clusterPolicy // in judging order (compareCNPs)
 	cnp        map[string]*clusterPolicy
-	cnpRules   map[*clusterPolicy]*resolvedCNP // resolved in this compile, or kept (tiersChanged)
+	cnpRules   map[*clusterPolicy]*resolvedCNP // resolved in this compile, or kept (keepResolved)
 	// tierPeerSets are the peers resolved in this compile, by peersKey.
 	tierPeerSets map[string]peerSet
 	nodes        []*corev1.Node

@@ -33,7 +33,7 @@ import (
 //   - for a namespace whose labels changed, does the same for every pod
 //     of the namespace.
 //
-// ClusterNetworkPolicy is coarser (tiersChanged): while any exists, a
+// ClusterNetworkPolicy is coarser (tierChanges): while any exists, a
 // change of one, of a node, of a pod (of what the cache keeps of it), of
 // a local pod's address or of a namespace's labels recompiles the tier
 // rules of every local pod. A change of policies alone resolves only the
@@ -65,7 +65,14 @@ func (inc *Incremental) Compile(s Snapshot, local []LocalPod) policy.Ruleset {
 	next := newCompiler(s, local, inc.last)
 	warnBadModes(inc.last, next)
 	warnCNPs(inc.last, next)
-	tiersStale := inc.last == nil || tiersChanged(inc.last, next)
+	tiersStale := inc.last == nil
+	if !tiersStale {
+		policies, peers := tierChanges(inc.last, next)
+		if !peers {
+			next.keepResolved(inc.last)
+		}
+		tiersStale = policies || peers
+	}
 	// The policies added, changed or removed, and those and the others
 	// whose rules changed.
 	var policies, stale map[string]bool

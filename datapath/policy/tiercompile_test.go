@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -71,13 +72,25 @@ func randTierRule(r *rand.Rand, i int) TierRule {
 // both families, ports and ranges of the three protocols or none, every
 // action, and either NetworkPolicy rules or none isolating (ClusterOnly).
 // Baseline rules come with NetworkPolicy ones too: they must not count.
+// Some tier rules have the very peers (the same list) of an earlier one,
+// as the agent hands the rules of policies with the same peers.
 func randTiered(r *rand.Rand) *Direction {
 	d := &Direction{ClusterOnly: r.IntN(2) == 0}
-	for i := range r.IntN(5) {
-		d.Admin = append(d.Admin, randTierRule(r, i))
+	var shared [][]netip.Prefix
+	tierRule := func(i int) TierRule {
+		tr := randTierRule(r, i)
+		if len(shared) > 0 && r.IntN(3) == 0 {
+			tr.Peers = shared[r.IntN(len(shared))]
+		} else if len(tr.Peers) > 0 {
+			shared = append(shared, tr.Peers)
+		}
+		return tr
 	}
 	for i := range r.IntN(5) {
-		d.Baseline = append(d.Baseline, randTierRule(r, i))
+		d.Admin = append(d.Admin, tierRule(i))
+	}
+	for i := range r.IntN(5) {
+		d.Baseline = append(d.Baseline, tierRule(i))
 	}
 	if !d.ClusterOnly {
 		d.Policies = []string{"ns/p"}
@@ -99,7 +112,11 @@ func flat(d *Direction) *Direction {
 
 func checkTiersEquivalent(t *testing.T, name string, r *rand.Rand, d *Direction) elements {
 	t.Helper()
-	el := compileDirection(d, nil)
+	// As an Apply compiles: peer lists once each (rangeMemo).
+	el := compileDirection(d, rangeMemo{})
+	if alone := compileDirection(d, nil); !reflect.DeepEqual(el, alone) {
+		t.Fatalf("%s: compiled with a memo to %+v, without one to %+v", name, el, alone)
+	}
 	checkTierElements(t, name, el, d.Tiered() || d.ClusterOnly)
 	ports := samplePorts(r, flat(d))
 	for _, ip := range slices.Concat(sampleAddrs(r, flat(d)), rangeEdges(el)) {

@@ -231,19 +231,19 @@ func Changed(c Cluster) *networkingv1.NetworkPolicy {
 
 // AddClusterPolicies adds n ClusterNetworkPolicies. Policy j is cnp-j, of
 // priority j mod 1000 (the API's range; names order the equal ones); its
-// shape is j mod 4:
+// shape is j mod 4, and k = j / 4 its place among its shape's:
 //
-//	0 Admin, subject the namespaces of team t(j mod 3): Deny ingress from
+//	0 Admin, subject the namespaces of team t(k mod 3): Deny ingress from
 //	  the env=dev namespaces on TCP port 1000+j (a port of its own)
-//	1 Admin, subject app=a(j mod 20) in every namespace: Accept egress to
-//	  the network 10.(j mod 256).0.0/16 on TCP 443 and 8000-8999
-//	2 Baseline, subject namespace ns-(j mod 10): Deny ingress from app
-//	  a(j mod 20) in every namespace
-//	3 Admin, subject the namespaces of team t(j mod 3): Pass ingress from
+//	1 Admin, subject app=a(k mod 20) in every namespace: Accept egress to
+//	  the network 10.(k mod 256).0.0/16 on TCP 443 and 8000-8999
+//	2 Baseline, subject namespace ns-(k mod 10): Deny ingress from app
+//	  a(k mod 20) in every namespace
+//	3 Admin, subject the namespaces of team t(k mod 3): Pass ingress from
 //	  the namespaces of the next team on TCP 8080, to NetworkPolicy
 //
-// So a pod is the subject of about half of them: a third of shapes 0 and
-// 3, a twentieth of 1, a tenth of 2.
+// So a pod is the subject of about a fifth of them: a third of shapes 0
+// and 3, a twentieth of 1, a tenth of 2.
 func (c *Cluster) AddClusterPolicies(n int) {
 	for j := 0; j < n; j++ {
 		c.Snapshot.ClusterPolicies = append(c.Snapshot.ClusterPolicies, synthClusterPolicy(j))
@@ -266,22 +266,23 @@ func synthClusterPolicy(j int) *policy.ClusterNetworkPolicy {
 	cnp := &policy.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cnp-%d", j)}}
 	s := &cnp.Spec
 	s.Tier, s.Priority = "Admin", int32(j%1000)
+	k := j / 4
 	switch j % 4 {
 	case 0:
-		s.Subject.Namespaces = team(j)
+		s.Subject.Namespaces = team(k)
 		s.Ingress = []policy.CNPIngressRule{{Action: "Deny", From: []policy.CNPIngressPeer{{Namespaces: labels("env", "dev")}},
 			Protocols: tcpPorts(policy.CNPPort{Number: int32(1000 + j)})}}
 	case 1:
-		s.Subject.Pods = anyPodOf(fmt.Sprintf("a%d", j%ClusterApps))
-		s.Egress = []policy.CNPEgressRule{{Action: "Accept", To: []policy.CNPEgressPeer{{Networks: []string{fmt.Sprintf("10.%d.0.0/16", j%256)}}},
+		s.Subject.Pods = anyPodOf(fmt.Sprintf("a%d", k%ClusterApps))
+		s.Egress = []policy.CNPEgressRule{{Action: "Accept", To: []policy.CNPEgressPeer{{Networks: []string{fmt.Sprintf("10.%d.0.0/16", k%256)}}},
 			Protocols: tcpPorts(policy.CNPPort{Number: 443}, policy.CNPPort{Range: &policy.CNPPortRange{Start: 8000, End: 8999}})}}
 	case 2:
 		s.Tier = "Baseline"
-		s.Subject.Namespaces = labels("kubernetes.io/metadata.name", fmt.Sprintf("ns-%d", j%ClusterNamespaces))
-		s.Ingress = []policy.CNPIngressRule{{Action: "Deny", From: []policy.CNPIngressPeer{{Pods: anyPodOf(fmt.Sprintf("a%d", j%ClusterApps))}}}}
+		s.Subject.Namespaces = labels("kubernetes.io/metadata.name", fmt.Sprintf("ns-%d", k%ClusterNamespaces))
+		s.Ingress = []policy.CNPIngressRule{{Action: "Deny", From: []policy.CNPIngressPeer{{Pods: anyPodOf(fmt.Sprintf("a%d", k%ClusterApps))}}}}
 	case 3:
-		s.Subject.Namespaces = team(j)
-		s.Ingress = []policy.CNPIngressRule{{Action: "Pass", From: []policy.CNPIngressPeer{{Namespaces: team(j + 1)}},
+		s.Subject.Namespaces = team(k)
+		s.Ingress = []policy.CNPIngressRule{{Action: "Pass", From: []policy.CNPIngressPeer{{Namespaces: team(k + 1)}},
 			Protocols: tcpPorts(policy.CNPPort{Number: 8080})}}
 	}
 	return cnp
@@ -290,7 +291,7 @@ func synthClusterPolicy(j int) *policy.ClusterNetworkPolicy {
 // ChangedClusterPolicy returns cnp-0 (shape 0) changed as the benchmark
 // times it: it accepts what it denied, the env=dev namespaces on its
 // port, and TCP 2000 besides, over the NetworkPolicies that isolate its
-// subjects. Those are a third of the pods.
+// subjects: the pods of team t0's four namespaces, two fifths of them.
 func ChangedClusterPolicy(c Cluster) *policy.ClusterNetworkPolicy {
 	i := slices.IndexFunc(c.Snapshot.ClusterPolicies, func(p *policy.ClusterNetworkPolicy) bool { return p.Name == "cnp-0" })
 	cnp := *c.Snapshot.ClusterPolicies[i]

@@ -120,8 +120,8 @@ func reportCPU(b *testing.B) func() {
 }
 
 // The ClusterNetworkPolicies give every local pod tier rules, and the
-// change of cnp-0 rewrites the rules of its subjects (a third of the
-// pods) and no others.
+// change of cnp-0 rewrites the rules of its subjects (team t0's pods)
+// and no others.
 func TestClusterPolicies(t *testing.T) {
 	c := NewCluster(1000, 100)
 	c.AddClusterPolicies(100)

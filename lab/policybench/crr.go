@@ -368,15 +368,15 @@ func unstructuredCNP(p *policy.ClusterNetworkPolicy) (*unstructured.Unstructured
 }
 
 // BenchClusterPolicy is cluster policy i of the CRR benchmark's, of the
-// Admin tier at priority i: its subjects are the client and the server
-// (the bench namespace's pods of app client or server), and it has one
-// rule each way of its own. Policy 0 passes the client's connections to
-// the server on netperf's ports to the NetworkPolicies (which allow
-// them), both ways; the others, before or after it, match other traffic:
-// in ingress, a Deny of the peers namespace on TCP 3000+i (odd i) or an
-// Accept of one role's peers on TCP 4000+i (even i); in egress, an Accept
-// (even i) or a Deny (odd i) of a /24 of its own in 100.128.0.0/10 on
-// TCP 443.
+// Admin tier at priority i mod 1000: its subjects are the client and the
+// server (the bench namespace's pods of app client or server), and it has
+// one rule each way of its own. Policy 0, which judges first, passes the
+// client's connections to the server on netperf's ports to the
+// NetworkPolicies (which allow them), both ways; every other matches other
+// traffic: in ingress, a Deny of the peers namespace on TCP 3000+i (odd i)
+// or an Accept of one role's peers on TCP 4000+i (even i); in egress, an
+// Accept (even i) or a Deny (odd i) of a /24 of its own in 100.128.0.0/10
+// on TCP 443.
 func BenchClusterPolicy(i int) *policy.ClusterNetworkPolicy {
 	port := func(n int) []policy.CNPProtocol {
 		return []policy.CNPProtocol{{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{Number: int32(n)}}}}

@@ -27,8 +27,8 @@ import (
 type ProgramOptions struct {
 	Pods     []int // cluster sizes
 	Policies []int // NetworkPolicy counts
-	// ClusterPolicies are ClusterNetworkPolicy counts; every pods ×
-	// policies × cluster policies is measured.
+	// ClusterPolicies are ClusterNetworkPolicy counts (none: 0); every
+	// pods × policies × cluster policies is measured.
 	ClusterPolicies []int
 	Changes         int // changes of one policy timed per point
 	Log             io.Writer
@@ -128,10 +128,14 @@ type ProgramRow struct {
 // on with the next.
 func Program(ctx context.Context, o ProgramOptions) []ProgramRow {
 	prefix := netnsPrefix()
+	clusterPolicies := o.ClusterPolicies
+	if len(clusterPolicies) == 0 {
+		clusterPolicies = []int{0}
+	}
 	var rows []ProgramRow
 	for _, n := range o.Pods {
 		for _, p := range o.Policies {
-			for _, cp := range o.ClusterPolicies {
+			for _, cp := range clusterPolicies {
 				if ctx.Err() != nil {
 					return rows
 				}

@@ -98,7 +98,7 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "## Rule programming\n\n")
 		fmt.Fprintf(w, "A synthetic cluster (lab/policybench: 10 namespaces, 20 apps, 3 tiers, named container ports; policies of 8 shapes: "+
 			"podSelector, namespaceSelector, both, ipBlock with except, numeric, named and endPort ports, ingress and egress; "+
-			"ClusterNetworkPolicies, where a row has them, of 4 shapes: Admin Deny, Accept and Pass, Baseline Deny, by namespace and by pod, a third to a twentieth of the pods each). "+
+			"ClusterNetworkPolicies, where a row has them, of 4 shapes: Admin Deny, Accept and Pass, Baseline Deny, by namespace and by pod, each selecting a third to a twentieth of the pods). "+
 			"The node under test holds min(pods, %d) local pods, a full node at kubelet's default max-pods. "+
 			"Each row runs in a fresh network namespace: the initial programming is the agent's compile of the whole node (agent/policy.Incremental's first, a full Compile), "+
 			"then policy.Enforcer.Apply rebuilding the nft table (one transaction) and Revoke; a change is one policy (np-0) "+
@@ -110,7 +110,7 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for _, x := range r.Program {
 			if x.Error != "" {
-				fmt.Fprintf(w, "| %d | %d | %d | %d | failed: %s ||||||||||||\n", x.Pods, x.Policies, x.ClusterPolicies, x.LocalPods, x.Error)
+				fmt.Fprintf(w, "| %d | %d | %d | %d | failed: %s |||||||||||\n", x.Pods, x.Policies, x.ClusterPolicies, x.LocalPods, x.Error)
 				continue
 			}
 			fmt.Fprintf(w, "| %d | %d | %d | %d | %d / %d | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %d |\n",
@@ -257,7 +257,7 @@ func clusterChanges(w io.Writer, rows []ProgramRow) {
 		return
 	}
 	fmt.Fprintf(w, "\n### A ClusterNetworkPolicy's change\n\n"+
-		"In the rows with ClusterNetworkPolicies, cnp-0 (Admin, its subjects the namespaces of one team: a third of the pods) alternates between "+
+		"In the rows with ClusterNetworkPolicies, cnp-0 (Admin, its subjects the namespaces of one team: two fifths of the pods) alternates between "+
 		"denying the env=dev namespaces its port and accepting them there and on TCP 2000, over the NetworkPolicies that isolate its subjects; "+
 		"timed as np-0's change is (the table above, with the ClusterNetworkPolicies in place). Times in ms: median (min – max).\n\n")
 	fmt.Fprintln(w, "| pods | policies | cluster policies | change total | change compile | change apply | change no-op apply | change revoke | pods changed |")
