@@ -125,15 +125,7 @@ func compile(d *Direction) elements {
 		}
 		slices.Sort(cuts)
 		cuts = slices.Compact(cuts)
-		// Segments are contiguous: run holds the peers of the last ones,
-		// merged.
-		var run []netip.Prefix
-		var runFirst, runLast uint16
-		flush := func() {
-			for _, p := range run {
-				el.ports = append(el.ports, portElem{rangeOf(p), proto, runFirst, runLast})
-			}
-		}
+		var segments []portSegment
 		for i := 0; i+1 < len(cuts); i++ {
 			lo, hi := uint16(cuts[i]), uint16(cuts[i+1]-1)
 			var peers []netip.Prefix
@@ -142,19 +134,41 @@ func compile(d *Direction) elements {
 					peers = append(peers, s.peers...)
 				}
 			}
-			peers = disjoint(peers)
-			// Neighbouring segments with the same peers become one range.
-			if len(run) > 0 && slices.Equal(run, peers) {
-				runLast = hi
-				continue
-			}
-			flush()
-			run, runFirst, runLast = peers, lo, hi
+			segments = append(segments, portSegment{lo, hi, prefixRanges(disjoint(peers))})
 		}
-		flush()
+		el.ports = appendRuns(el.ports, proto, segments)
 	}
-	el.has6 = slices.ContainsFunc(el.all, addrRange.is6) || slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
+	el.has6 = el.anyIPv6()
 	return el
+}
+
+// portSegment is the peers allowed on one segment of a protocol's ports.
+type portSegment struct {
+	first, last uint16
+	peers       []addrRange
+}
+
+// appendRuns appends to ports the elements of proto's segments, in
+// order and contiguous: neighbouring segments with the same peers become
+// one port range.
+func appendRuns(ports []portElem, proto Proto, segments []portSegment) []portElem {
+	for i := 0; i < len(segments); {
+		s := segments[i]
+		last := s.last
+		for i++; i < len(segments) && slices.Equal(segments[i].peers, s.peers); i++ {
+			last = segments[i].last
+		}
+		for _, p := range s.peers {
+			ports = append(ports, portElem{p, proto, s.first, last})
+		}
+	}
+	return ports
+}
+
+// anyIPv6 reports whether any of el's peers is an IPv6 one.
+func (el elements) anyIPv6() bool {
+	return slices.ContainsFunc(el.all, addrRange.is6) || slices.ContainsFunc(el.other, addrRange.is6) ||
+		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
 }
 
 // masked returns the valid prefixes of ps, masked.

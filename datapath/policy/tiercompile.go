@@ -188,31 +188,15 @@ func compileTiers(d *Direction, memo rangeMemo) elements {
 		other: ranges(func(a int) bool { return allowed[a].has(0) && !everywhere[a] }),
 	}
 	for _, proto := range portProtos {
-		// Neighbouring segments with the same peers become one range.
-		var run []addrRange
-		var runFirst, runLast uint16
-		flush := func() {
-			for _, r := range run {
-				el.ports = append(el.ports, portElem{r, proto, runFirst, runLast})
-			}
-		}
-		started := false
+		var segments []portSegment
 		for k, c := range classes {
-			if c.proto != proto {
-				continue
+			if c.proto == proto {
+				segments = append(segments, portSegment{c.first, c.last, ranges(func(a int) bool { return allowed[a].has(k) && !everywhere[a] })})
 			}
-			peers := ranges(func(a int) bool { return allowed[a].has(k) && !everywhere[a] })
-			if started && slices.Equal(run, peers) {
-				runLast = c.last
-				continue
-			}
-			flush()
-			run, runFirst, runLast, started = peers, c.first, c.last, true
 		}
-		flush()
+		el.ports = appendRuns(el.ports, proto, segments)
 	}
-	el.has6 = slices.ContainsFunc(el.all, addrRange.is6) || slices.ContainsFunc(el.other, addrRange.is6) ||
-		slices.ContainsFunc(el.ports, func(e portElem) bool { return e.peer.is6() })
+	el.has6 = el.anyIPv6()
 	return el
 }
 
