@@ -68,11 +68,14 @@ const nftTimeout = 30 * time.Second
 // the network namespace of the calling thread: a caller in another
 // namespace must lock its goroutine to a thread there.
 type Enforcer struct {
-	mu     sync.Mutex
-	nft    knftables.Interface
-	synced bool                // the table holds exactly pods: false until the first Apply, and after a failed one
-	pods   map[string]applied  // by pod key: what the table holds
-	gone   map[string]podAddrs // removed pods' last IPs, until Revoke has seen them
+	mu  sync.Mutex
+	nft knftables.Interface
+	// nftPath is the nft command Commit runs its transactions through
+	// (runBatched); none for knftables' fake, in tests.
+	nftPath string
+	synced  bool                // the table holds exactly pods: false until the first Apply, and after a failed one
+	pods    map[string]applied  // by pod key: what the table holds
+	gone    map[string]podAddrs // removed pods' last IPs, until Revoke has seen them
 	// legacy is the table as agents before IPv6 wrote it (family ip),
 	// deleted after the first rewrite of this one; nil once done.
 	legacy knftables.Interface
@@ -175,7 +178,8 @@ func (a applied) audited() bool { return a.auIn != "" || a.auEg != "" }
 // group logGroup, unless it is 0 or the kernel cannot (then they log
 // nothing, and a warning says why): logging must never stop policy.
 func NewEnforcer(logGroup uint16) (*Enforcer, error) {
-	if _, err := exec.LookPath("nft"); err != nil {
+	path, err := exec.LookPath("nft")
+	if err != nil {
 		return nil, fmt.Errorf("NetworkPolicy needs the nft command (install the nftables package): %w", err)
 	}
 	nft, err := knftables.New(knftables.InetFamily, Table)
@@ -186,7 +190,7 @@ func NewEnforcer(logGroup uint16) (*Enforcer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
-	e := &Enforcer{nft: nft, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}, logGroup: logGroup}
+	e := &Enforcer{nft: nft, nftPath: path, legacy: legacy, pods: map[string]applied{}, gone: map[string]podAddrs{}, logGroup: logGroup}
 	if logGroup != 0 {
 		if err := e.checkLog(); err != nil {
 			slog.Warn("network policy: denied packets are not logged (no flow records): the kernel refuses the log rules", "err", err)
@@ -209,6 +213,15 @@ func (e *Enforcer) checkLog() error {
 	ctx, cancel := context.WithTimeout(context.Background(), nftTimeout)
 	defer cancel()
 	return e.nft.Check(ctx, tx)
+}
+
+// run runs a transaction of Commit's: through nft with its element
+// commands batched (runBatched), or through a fake.
+func (e *Enforcer) run(ctx context.Context, tx *knftables.Transaction) error {
+	if e.nftPath == "" {
+		return e.nft.Run(ctx, tx)
+	}
+	return runBatched(ctx, e.nftPath, tx)
 }
 
 // Close releases the Enforcer. The table stays, enforcing the last Ruleset
@@ -516,7 +529,7 @@ func (e *Enforcer) Commit(p *Prepared, checkKernel bool) error {
 			e.logged.record(p.want)
 		}
 		before, berr := RulesetGeneration()
-		if err := e.nft.Run(ctx, tx); err != nil {
+		if err := e.run(ctx, tx); err != nil {
 			e.synced = false
 			return fmt.Errorf("nft: %w", err)
 		}
