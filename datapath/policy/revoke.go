@@ -46,7 +46,9 @@ func (r Revoked) Keeps(local, remote netip.AddrPort, proto Proto) bool {
 // as new, and dropped (kube-network-policies' "strict mode"). pods are the
 // keys Apply returned; a pod no longer in rs is looked up by the IP it last
 // had. Connections from hostAddrs (the node's own addresses, always
-// allowed) and of protocols other than TCP, UDP and SCTP are left alone.
+// allowed) are left alone. Those of protocols without ports (ICMP, ...:
+// conntrack keeps an echo's for 30 s, and its id's next request rides
+// it) are judged as the chains judge them, by the rules without ports.
 // The connections of pods it leaves in place are in the result's Keeps.
 // opened are connections the fast path opened: conntrack knows those only
 // if the slow path picked one up mid-way, perhaps from its server, so each
@@ -129,7 +131,7 @@ func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if !f.pods[c.Client] && !f.pods[c.Server] {
 		return false
 	}
-	if f.host[c.Client] || (c.Proto != TCP && c.Proto != UDP && c.Proto != SCTP) || f.rs.Allows(c) {
+	if f.host[c.Client] || f.rs.Allows(c) {
 		f.kept[id] = true
 		return false
 	}

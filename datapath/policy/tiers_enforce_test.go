@@ -34,6 +34,13 @@ var pingIDs atomic.Uint32
 // answered within dropWait.
 func (tp *topo) pings(ns netns.Handle, dst netip.Addr) bool {
 	tp.t.Helper()
+	return tp.pingsWithID(ns, dst, (os.Getpid()+int(pingIDs.Add(1)))&0xffff)
+}
+
+// pingsWithID is pings with the echo's id: conntrack takes a request with
+// the id of an earlier answered one for that connection, established.
+func (tp *topo) pingsWithID(ns netns.Handle, dst netip.Addr, id int) bool {
+	tp.t.Helper()
 	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
 	var request, reply icmp.Type = xipv4.ICMPTypeEcho, xipv4.ICMPTypeEchoReply
 	if dst.Is6() {
@@ -47,7 +54,6 @@ func (tp *topo) pings(ns netns.Handle, dst netip.Addr) bool {
 			return err
 		}
 		defer c.Close()
-		id := (os.Getpid() + int(pingIDs.Add(1))) & 0xffff
 		msg := icmp.Message{Type: request, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("onc")}}
 		b, _ := msg.Marshal(nil)
 		if _, err := c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
@@ -191,13 +197,19 @@ func TestTiers(t *testing.T) {
 	tp.expectPings("b", "c", true)
 
 	// An Admin deny arrives while a and c are connected: a's connection
-	// ends, c's stays.
-	allowed := &Direction{Policies: []string{"ns/np"}, Rules: []Rule{allow(slices.Concat(aNet, cNet), PortRange{TCP, 9000, 9000})}}
+	// ends, and its pings (ICMP too is judged again), c's stays.
+	allowed := &Direction{Policies: []string{"ns/np"}, Rules: []Rule{allow(slices.Concat(aNet, cNet), PortRange{TCP, 9000, 9000}), allow(aNet)}}
 	tp.apply(e, rs(allowed), "ns/b")
 	aClient, aServer := tp.pair(a.ns, netip.AddrPortFrom(b.ip, 9000), b, 9000)
 	cClient, cServer := tp.pair(c.ns, netip.AddrPortFrom(b.ip6, 9000), b, 9000)
 	if !passes(aClient, aServer) || !passes(cClient, cServer) {
 		t.Fatal("the allowed connections do not carry data")
+	}
+	pingID := (os.Getpid() + int(pingIDs.Add(1))) & 0xffff
+	for _, dst := range []netip.Addr{b.ip, b.ip6} {
+		if !tp.pingsWithID(a.ns, dst, pingID) {
+			t.Fatalf("a's ping to %s is not answered before the Admin deny", dst)
+		}
 	}
 	quarantined := &Direction{Policies: allowed.Policies, Rules: allowed.Rules, Admin: []TierRule{tierRule("quarantine-a", Deny, aNet)}}
 	tp.apply(e, rs(quarantined), "ns/b")
@@ -206,6 +218,11 @@ func TestTiers(t *testing.T) {
 	}
 	if passes(aClient, aServer) || passes(aServer, aClient) {
 		t.Error("the connection the Admin deny denies still carries data")
+	}
+	for _, dst := range []netip.Addr{b.ip, b.ip6} {
+		if tp.pingsWithID(a.ns, dst, pingID) {
+			t.Errorf("a's ping to %s, established before the Admin deny, is still answered", dst)
+		}
 	}
 	if !passes(cClient, cServer) || !passes(cServer, cClient) {
 		t.Error("the connection still allowed was ended")
