@@ -154,10 +154,7 @@ func (r *Recorder) judged(rec *Record, p dpflows.Packet, local *Endpoint, peer n
 }
 
 // wouldAllow fills in the reason of a U record: the enforcing rules'
-// decision, and the audited policies that would allow the packet. The
-// table looks the audited sets up before any drop of the direction, an
-// Admin Deny's too: such a packet is counted and logged as would-allow,
-// yet audit is NetworkPolicy's, which Admin judges before.
+// decision, and the audited policies that would allow the packet.
 func (r *Recorder) wouldAllow(rec *Record, enforcing, audited *policy.Direction, peer netip.Addr, p dpflows.Packet) {
 	if enforcing == nil {
 		rec.Reason = fmt.Sprintf("default deny by %s rules this agent no longer holds", rec.Direction)
@@ -172,12 +169,9 @@ func (r *Recorder) wouldAllow(rec *Record, enforcing, audited *policy.Direction,
 	}
 	allowing := allowedBy(audited, peer, p.Proto, p.Dst.Port())
 	rec.Policies = append(slices.Clone(rec.Policies), allowing...)
-	switch {
-	case len(allowing) == 0:
+	if len(allowing) == 0 {
 		rec.Reason += fmt.Sprintf("; yet no rule of the audited %s allows it as the agent read it", strings.Join(audited.Policies, ", "))
-	case rec.Tier == policy.TierAdmin.String():
-		rec.Reason += fmt.Sprintf("; audited %s would allow it (%s)", strings.Join(allowing, ", "), AdminFirst)
-	default:
+	} else {
 		rec.Reason += fmt.Sprintf("; audited %s would allow it", strings.Join(allowing, ", "))
 	}
 }

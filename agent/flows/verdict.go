@@ -28,12 +28,6 @@ type Decision struct {
 	Reason   string
 }
 
-// AdminFirst is what a would-allow of audit says where an Admin Deny
-// decided: the table counts and logs it as would-allow (it looks the
-// audited sets up before any drop), yet audit is NetworkPolicy's, and
-// Admin judges before NetworkPolicy.
-const AdminFirst = "an Admin Deny decides before NetworkPolicy: enforcing it would change nothing"
-
 // Judge is d's decision on a new connection with peer on proto/port, in
 // direction way (ingress, egress); what is the connection in the words of
 // a default deny ("this", or the peer and port). A nil d (no policy of any

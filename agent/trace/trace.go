@@ -476,20 +476,18 @@ func (t *tracer) ask(ctx context.Context, node string, req *apiv1.TraceIngressRe
 // otherwise. Audit is NetworkPolicy's: enforced beside the enforcing
 // NetworkPolicies of dir, the audited ones would isolate the direction,
 // which then allows only what a rule of either allows, after Admin and
-// without Baseline. What Admin accepts stands and is not audited; what an
-// Admin Deny denies stands too, but the table counts and logs it as
-// would-allow where an audited rule allows it (flows.AdminFirst). A
+// without Baseline. What Admin decides stands and is not audited (the
+// table's audited sets hold where the direction would allow with the
+// audited policies enforced, after the same Admin rules). A
 // direction ClusterNetworkPolicy rules judge is never audited for
 // would-deny: the table logs and counts would-deny only where no rule of
 // any tier judges.
 func (t *tracer) audited(dir *policy.Direction, dec flows.Decision, way string, audit *policy.Direction, peer netip.Addr, port uint16) string {
-	if audit == nil || dec.Allowed && dec.Tier == policy.TierAdmin.String() {
+	if audit == nil || dec.Tier == policy.TierAdmin.String() {
 		return ""
 	}
 	a := audit.Judge(peer, t.proto, port)
 	switch {
-	case !dec.Allowed && a.Allowed && dec.Tier == policy.TierAdmin.String():
-		return fmt.Sprintf("; audited %s %s rule %d (not enforced): would allow (%s)", a.Policy, way, a.Index, flows.AdminFirst)
 	case !dec.Allowed && a.Allowed:
 		return fmt.Sprintf("; audited %s %s rule %d (not enforced): would allow", a.Policy, way, a.Index)
 	case !dec.Allowed || a.Allowed || dir != nil && !dir.ClusterOnly:

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/onc-net/onc/agent/flows"
 	agentpolicy "github.com/onc-net/onc/agent/policy"
 	apiv1 "github.com/onc-net/onc/api/v1"
 	"github.com/onc-net/onc/datapath/fastpath"
@@ -616,9 +615,8 @@ func TestTraceTiers(t *testing.T) {
 			ingress: func(*policy.Direction) *policy.Direction {
 				return &policy.Direction{ClusterOnly: true, Admin: []policy.TierRule{noIngress}}
 			},
-			audit: func(*policy.Direction) *policy.Direction { return auditAllow },
-			detail: `denied by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"; audited x/try ingress rule 0 (not enforced): would allow (` +
-				flows.AdminFirst + ")", policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
+			audit:  func(*policy.Direction) *policy.Direction { return auditAllow },
+			detail: `denied by ClusterNetworkPolicy quarantine (Admin, priority 1) ingress rule 3 "from-a"`, policies: []string{"quarantine"}, rule: 3, ruleName: "from-a"},
 		{name: "Admin accept is not audited", port: 80, hop: 2, verdict: "allowed", tier: "Admin",
 			ingress: func(*policy.Direction) *policy.Direction {
 				accept := noIngress

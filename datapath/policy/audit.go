@@ -21,6 +21,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/onc-net/onc/datapath/flows"
 	"sigs.k8s.io/knftables"
@@ -52,6 +53,20 @@ func (d dir) auditLogFingerprint(a applied) string {
 		return a.auInLog
 	}
 	return a.auEgLog
+}
+
+// auditedSets is what the audited policies' sets of a direction hold,
+// audited by a and enforced as e: a's rules, which the chain looks up
+// only where e's rules deny; where ClusterNetworkPolicy rules apply,
+// where the direction would allow with a enforced too (isolated, e's
+// NetworkPolicy rules and a's, after the same Admin rules), so that
+// what an Admin Deny denies, which enforcing a would not change, is no
+// would-allow.
+func auditedSets(e, a *Direction) *Direction {
+	if a == nil || e == nil || !e.Tiered() && !e.ClusterOnly {
+		return a
+	}
+	return &Direction{Policies: slices.Concat(e.Policies, a.Policies), Rules: slices.Concat(e.Rules, a.Rules), Admin: e.Admin}
 }
 
 // auditSets is the base of the names of the audited policies' sets of

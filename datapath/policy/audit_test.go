@@ -263,3 +263,28 @@ func auditRefill(t *testing.T, group uint16) {
 		}
 	}
 }
+
+// Audit beside ClusterNetworkPolicy rules: what an Admin Deny denies is
+// no would-allow, even where an audited rule allows it (enforcing that
+// rule would change nothing: Admin judges first); what NetworkPolicy's
+// default deny denies, and an audited rule allows, is.
+func TestAuditBesideAnAdminDeny(t *testing.T) {
+	tp := newTopo(t, "a", "b", "c")
+	tp.serve(tp.pods["b"].ns, []int{80}, nil)
+	e := tp.enforcer()
+	a, c := tp.pods["a"], tp.pods["c"]
+	in := isolate()
+	in.Admin = []TierRule{tierRule("quarantine-a", Deny, prefixes(a.ip.String()+"/32", a.ip6.String()+"/128"))}
+	b := tp.pod("b", in, nil)
+	b.AuditIngress = audited(allow(prefixes(a.ip.String()+"/32", c.ip.String()+"/32"), PortRange{TCP, 80, 80}))
+	tp.apply(e, Ruleset{Pods: []Pod{tp.pod("a", nil, nil), b, tp.pod("c", nil, nil)}}, "ns/a", "ns/b", "ns/c")
+
+	tp.expect(probe{"a", "tcp", "b", 80, false})
+	if got := tp.counters(e).Pods["ns/b"]; got.IngressDenied == 0 || got.IngressWouldAllow != 0 {
+		t.Errorf("after a → b TCP/80, which the Admin deny denies: counters %+v, want denied and no would-allow", got)
+	}
+	tp.expect(probe{"c", "tcp", "b", 80, false})
+	if got := tp.counters(e).Pods["ns/b"]; got.IngressWouldAllow == 0 {
+		t.Errorf("after c → b TCP/80, which the default deny denies and the audited rule allows: counters %+v, want a would-allow", got)
+	}
+}

@@ -365,20 +365,21 @@ func (e *Enforcer) plans(rs Ruleset) ([]plan, map[string]*compiled, error) {
 		}
 		pl := plan{key: p.Key, applied: applied{id: id, iface: p.Iface, addrs: addrs}}
 		for _, side := range []struct {
-			d              *Direction
+			d              *Direction // the rules
+			setsOf         *Direction // what the sets hold
 			key, tag       string
 			sets           **compiled
 			fingerprint    *string
 			logFingerprint *string
 			rules          **Direction
 		}{
-			{p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in, &pl.inLog, &pl.inDir},
-			{p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg, &pl.egLog, &pl.egDir},
-			{p.AuditIngress, ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn, &pl.auInLog, &pl.auInDir},
-			{p.AuditEgress, egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg, &pl.auEgLog, &pl.auEgDir},
+			{p.Ingress, p.Ingress, ingress.key(p.Key), "in:", &pl.inSets, &pl.in, &pl.inLog, &pl.inDir},
+			{p.Egress, p.Egress, egress.key(p.Key), "eg:", &pl.egSets, &pl.eg, &pl.egLog, &pl.egDir},
+			{p.AuditIngress, auditedSets(p.Ingress, p.AuditIngress), ingress.auditKey(p.Key), "ai:", &pl.auInSets, &pl.auIn, &pl.auInLog, &pl.auInDir},
+			{p.AuditEgress, auditedSets(p.Egress, p.AuditEgress), egress.auditKey(p.Key), "ae:", &pl.auEgSets, &pl.auEg, &pl.auEgLog, &pl.auEgDir},
 		} {
 			if side.d != nil {
-				*side.sets = e.elementsOf(side.key, side.d, next, memo)
+				*side.sets = e.elementsOf(side.key, side.setsOf, next, memo)
 				*side.fingerprint = side.tag + (*side.sets).fingerprint
 				*side.logFingerprint = e.logFingerprint(side.d, *side.sets)
 				*side.rules = side.d
