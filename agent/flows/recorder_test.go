@@ -262,10 +262,8 @@ func ruleIndex(i int) *int { return &i }
 // pass, then a NetworkPolicy allow or default deny, naming the pass; where
 // no NetworkPolicy isolates the pod, a Baseline deny (not "isolated by"
 // anything) and accept, and no rule matching at all. Audit's records of
-// such a direction name the deciding rule too: a would-allow under an
-// Admin Deny says enforcing the audited policy would change nothing; a
-// would-deny (logged only where no rule of any tier judges) of a
-// direction tiered since says so.
+// such a direction name the deciding rule too; a would-deny (logged only
+// where no rule of any tier judges) of a direction tiered since says so.
 func TestRecorderTiers(t *testing.T) {
 	ip, pfx := netip.MustParseAddr, netip.MustParsePrefix
 	deny := policy.TierRule{Policy: "deny-all", Priority: 10, Index: 0, Name: "no-ingress", Action: policy.Deny, Peers: []netip.Prefix{pfx("192.0.2.0/24")}}

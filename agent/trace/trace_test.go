@@ -562,8 +562,7 @@ func TestRemoteRecords(t *testing.T) {
 // name) or the Admin rule that passed the decision on to the
 // NetworkPolicies; a direction no NetworkPolicy isolates is never said to
 // be isolated by one; audit never overrides Admin, and its note agrees
-// with audit's records: an Admin Deny's would-allow is counted, yet
-// enforcing the audited policy would change nothing; a tiered
+// with audit's records: what Admin decides is never audited; a tiered
 // direction's would-deny is neither logged nor counted.
 func TestTraceTiers(t *testing.T) {
 	pfx := netip.MustParsePrefix

@@ -21,7 +21,6 @@ package policy
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/onc-net/onc/datapath/flows"
 	"sigs.k8s.io/knftables"
@@ -56,17 +55,15 @@ func (d dir) auditLogFingerprint(a applied) string {
 }
 
 // auditedSets is what the audited policies' sets of a direction hold,
-// audited by a and enforced as e: a's rules, which the chain looks up
-// only where e's rules deny; where ClusterNetworkPolicy rules apply,
-// where the direction would allow with a enforced too (isolated, e's
-// NetworkPolicy rules and a's, after the same Admin rules), so that
+// audited by a and enforced as e: the chain looks them up only where e
+// denies, so a's rules, but after e's Admin rules where it has some:
 // what an Admin Deny denies, which enforcing a would not change, is no
-// would-allow.
+// would-allow (and what an Admin Accept allows never gets there).
 func auditedSets(e, a *Direction) *Direction {
-	if a == nil || e == nil || !e.Tiered() && !e.ClusterOnly {
+	if a == nil || e == nil || len(e.Admin) == 0 {
 		return a
 	}
-	return &Direction{Policies: slices.Concat(e.Policies, a.Policies), Rules: slices.Concat(e.Rules, a.Rules), Admin: e.Admin}
+	return &Direction{Policies: a.Policies, Rules: a.Rules, Admin: e.Admin}
 }
 
 // auditSets is the base of the names of the audited policies' sets of

@@ -22,18 +22,34 @@ import (
 func runBatched(ctx context.Context, nft string, tx *knftables.Transaction) error {
 	text := tx.String()
 	// knftables ends a transaction it refused an operation of with the
-	// error, as a comment nft would skip: that transaction must not run.
-	if i := strings.LastIndex(text, "# ERROR: "); i >= 0 {
-		return errors.New(strings.TrimPrefix(text[i:], "# ERROR: "))
+	// error, as a comment nft would skip, after the last command's
+	// newline: that transaction must not run.
+	if last := text[strings.LastIndexByte(text, '\n')+1:]; strings.HasPrefix(last, "# ERROR: ") {
+		return errors.New(strings.TrimPrefix(last, "# ERROR: "))
 	}
 	cmd := exec.CommandContext(ctx, nft, "-f", "-")
 	cmd.Stdin = strings.NewReader(batchElements(text, maxBatch))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("%w: %s", err, shortLines(stderr.String(), 300))
 	}
 	return nil
+}
+
+// shortLines is s, trimmed, with each line cut to max bytes: nft quotes
+// the command it fails on, and a batched one holds up to maxBatch
+// elements; its message and the element it names come first.
+func shortLines(s string, max int) string {
+	var out []string
+	for line := range strings.Lines(strings.TrimSpace(s)) {
+		line = strings.TrimSuffix(line, "\n")
+		if len(line) > max {
+			line = line[:max] + " …"
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
 }
 
 // maxBatch bounds the elements of one command: nft reads a command as one

@@ -46,9 +46,11 @@ func (r Revoked) Keeps(local, remote netip.AddrPort, proto Proto) bool {
 // as new, and dropped (kube-network-policies' "strict mode"). pods are the
 // keys Apply returned; a pod no longer in rs is looked up by the IP it last
 // had. Connections from hostAddrs (the node's own addresses, always
-// allowed) are left alone. Those of protocols without ports (ICMP, ...:
-// conntrack keeps an echo's for 30 s, and its id's next request rides
-// it) are judged as the chains judge them, by the rules without ports.
+// allowed) are left alone, and so are SCTP's: netlink reads no SCTP
+// ports, and judged on port 0 an association a port allows would end.
+// Those of protocols without ports (ICMP, ...: conntrack keeps an echo's
+// for 30 s, and its id's next request rides it) are judged as the chains
+// judge them, by the rules without ports.
 // The connections of pods it leaves in place are in the result's Keeps.
 // opened are connections the fast path opened: conntrack knows those only
 // if the slow path picked one up mid-way, perhaps from its server, so each
@@ -131,7 +133,7 @@ func (f *revokeFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if !f.pods[c.Client] && !f.pods[c.Server] {
 		return false
 	}
-	if f.host[c.Client] || f.rs.Allows(c) {
+	if f.host[c.Client] || c.Proto == SCTP || f.rs.Allows(c) {
 		f.kept[id] = true
 		return false
 	}

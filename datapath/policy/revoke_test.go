@@ -53,6 +53,39 @@ func TestRevokeJudgesAPickedUpConnectionAsTheFastPathOpenedIt(t *testing.T) {
 	}
 }
 
+// Conntrack entries of a pod whose rules changed: a TCP connection its
+// rules deny ends, one they allow stays; an ICMP echo's ends where only
+// rules with ports allow the peer (the chains judge ICMP by the rules
+// without ports); an SCTP association stays, as netlink reads no SCTP
+// ports to judge it by.
+func TestRevokeFilter(t *testing.T) {
+	entry := func(proto uint8, port uint16) *netlink.ConntrackFlow {
+		f := &netlink.ConntrackFlow{}
+		f.Forward = netlink.IPTuple{SrcIP: client.AsSlice(), DstIP: server.AsSlice(), Protocol: proto, SrcPort: 40000, DstPort: port}
+		f.Reverse = netlink.IPTuple{SrcIP: server.AsSlice(), DstIP: client.AsSlice(), Protocol: proto, SrcPort: port, DstPort: 40000}
+		if proto != uint8(TCP) && proto != uint8(UDP) {
+			f.Forward.SrcPort, f.Forward.DstPort, f.Reverse.SrcPort, f.Reverse.DstPort = 0, 0, 0, 0
+		}
+		return f
+	}
+	for _, c := range []struct {
+		name string
+		flow *netlink.ConntrackFlow
+		ends bool
+	}{
+		{"TCP to the port its rules allow", entry(uint8(TCP), 80), false},
+		{"TCP to another port", entry(uint8(TCP), 22), true},
+		{"an ICMP echo", entry(1, 0), true},
+		{"an SCTP association", entry(uint8(SCTP), 80), false},
+	} {
+		f := &revokeFilter{rs: &isolated, pods: map[netip.Addr]bool{server: true}, host: map[netip.Addr]bool{},
+			kept: map[flowID]bool{}, opened: map[flowID]Connection{}, ended: map[flowID]bool{}}
+		if got := f.MatchConntrackFlow(c.flow); got != c.ends {
+			t.Errorf("%s: ended %v, want %v", c.name, got, c.ends)
+		}
+	}
+}
+
 func TestJudgeFlow(t *testing.T) {
 	kept := Revoked{kept: map[flowID]bool{newFlowID(ap(server, 80), ap(client, 40000), TCP): true}, ended: map[flowID]bool{}}
 	endedInConntrack := Revoked{ended: map[flowID]bool{newFlowID(ap(server, 22), ap(client, 41000), TCP): true}}

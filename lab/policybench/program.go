@@ -70,10 +70,9 @@ type ChangeTiming struct {
 // informers would hold it (trimmed objects), the compiled ruleset, what
 // the incremental compiler keeps between changes (its parsed policies,
 // resolved peers and each local pod's rules: the ruleset and more), and
-// what the enforcer keeps (its record of the table, and knftables' command
-// buffer, which it reuses and which grows by doubling to the largest
-// transaction's text); CompileAlloc is what one full Compile allocates in
-// all (garbage included). Kernel figures are counted in the nft table.
+// what the enforcer keeps (its record of the table: each direction's
+// compiled set elements); CompileAlloc is what one full Compile allocates
+// in all (garbage included). Kernel figures are counted in the nft table.
 type Memory struct {
 	SnapshotBytes     uint64 `json:"snapshotBytes"`
 	RulesetBytes      uint64 `json:"rulesetBytes"`
@@ -282,9 +281,8 @@ func programPoint(ctx context.Context, nsName string, pods, policies, clusterPol
 			row.CompiledRules += len(p.Egress.Rules)
 		}
 	}
-	// The enforcer's record and knftables' buffer: what the heap holds
-	// besides the snapshot and the compiler's state (the ruleset's rules
-	// are the compiler's).
+	// The enforcer's record: what the heap holds besides the snapshot and
+	// the compiler's state (the ruleset's rules are the compiler's).
 	rs = dppolicy.Ruleset{}
 	row.Memory.EnforcerBytes = sub(heap().HeapAlloc, m1.HeapAlloc+row.Memory.CompilerBytes)
 

@@ -147,8 +147,8 @@ func (r Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintf(w, "\n### Memory\n\n"+
 			"Go heap: live bytes after a GC (HeapAlloc deltas) of the snapshot (the objects as the agent's informers hold them, trimmed), "+
-			"the compiled ruleset of the local pods, what the incremental compiler keeps between changes (parsed policies, resolved peers, each local pod's rules: the ruleset included), and what the enforcer keeps (its record of the table and knftables' reused command buffer, "+
-			"which grows by doubling to the largest transaction's text: hence the powers of two); \"compile allocs\" is all one full Compile allocates, garbage included. "+
+			"the compiled ruleset of the local pods, what the incremental compiler keeps between changes (parsed policies, resolved peers, each local pod's rules: the ruleset included), and what the enforcer keeps (its record of the table: each direction's compiled set elements); "+
+			"\"compile allocs\" is all one full Compile allocates, garbage included. "+
 			"Kernel: objects counted in `nft -j list table inet onc-policy` (set elements: the pods' peer sets and the interface sets; "+
 			"map elements: interface → pod chain). The kernel's own bytes for them are not measured.\n\n")
 		fmt.Fprintln(w, "| pods | policies | cluster policies | snapshot MiB | ruleset MiB | compiler MiB | enforcer MiB | compile allocs MiB | nft chains | nft rules | nft sets | nft set elements | nft map elements | nft counters |")
