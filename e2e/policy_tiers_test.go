@@ -252,13 +252,11 @@ func (c *policyCluster) applyTiers(t *testing.T) (changed bool) {
 
 func unstructuredCNP(t *testing.T, p *agentpolicy.ClusterNetworkPolicy) *unstructured.Unstructured {
 	t.Helper()
-	obj := p.DeepCopyObject().(*agentpolicy.ClusterNetworkPolicy)
-	obj.APIVersion, obj.Kind = cnpResource.GroupVersion().String(), "ClusterNetworkPolicy"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	u, err := p.Unstructured()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &unstructured.Unstructured{Object: m}
+	return u
 }
 
 // ---------------------------------------------------------------------

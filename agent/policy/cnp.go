@@ -443,7 +443,7 @@ func nodeAddrs(n *corev1.Node) []netip.Prefix {
 func resolveNames(names []string, pod *corev1.Pod) []policy.PortRange {
 	var out []policy.PortRange
 	for _, name := range names {
-		out = append(out, portsNamed(pod, name, func(policy.Proto) bool { return true })...)
+		out = append(out, portsNamed(pod, name)...)
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -139,6 +140,15 @@ func jsonCopy[T runtime.Object](in, out T) runtime.Object {
 		panic(err) // the types are plain data: they always round-trip
 	}
 	return out
+}
+
+// Unstructured is p as a dynamic client writes it, with its API version
+// and kind.
+func (p *ClusterNetworkPolicy) Unstructured() (*unstructured.Unstructured, error) {
+	obj := p.DeepCopyObject().(*ClusterNetworkPolicy)
+	obj.APIVersion, obj.Kind = CNPGroupVersion.String(), "ClusterNetworkPolicy"
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	return &unstructured.Unstructured{Object: m}, err
 }
 
 // cnpClient is a REST client of CNPGroupVersion that decodes into the

@@ -626,19 +626,23 @@ func protocol(p *corev1.Protocol) (policy.Proto, bool) {
 func resolve(named []namedPort, pod *corev1.Pod) []policy.PortRange {
 	var out []policy.PortRange
 	for _, np := range named {
-		out = append(out, portsNamed(pod, np.name, func(p policy.Proto) bool { return p == np.proto })...)
+		for _, pr := range portsNamed(pod, np.name) {
+			if pr.Proto == np.proto {
+				out = append(out, pr)
+			}
+		}
 	}
 	return out
 }
 
-// portsNamed is the numbers of pod's container ports named name whose
-// protocol proto accepts.
-func portsNamed(pod *corev1.Pod, name string, proto func(policy.Proto) bool) []policy.PortRange {
+// portsNamed is the numbers of pod's container ports named name, each
+// with its protocol.
+func portsNamed(pod *corev1.Pod, name string) []policy.PortRange {
 	var out []policy.PortRange
 	for _, ctr := range pod.Spec.Containers {
 		for _, cp := range ctr.Ports {
 			p, ok := protocol(&cp.Protocol)
-			if ok && cp.Name == name && proto(p) && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
+			if ok && cp.Name == name && cp.ContainerPort >= 1 && cp.ContainerPort <= 65535 {
 				out = append(out, policy.PortRange{Proto: p, First: uint16(cp.ContainerPort), Last: uint16(cp.ContainerPort)})
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -54,24 +55,23 @@ func prefixRanges(ps []netip.Prefix) []addrRange {
 // not): a prefix when r is exactly one, so compile's elements read as
 // they always did, else first-last.
 func (r addrRange) String() string {
-	for bits := r.first.BitLen(); bits >= 0; bits-- {
-		p := netip.PrefixFrom(r.first, bits)
-		if p.Masked().Addr() != r.first {
+	// The only prefix r can be is first and last's common one.
+	a, b := r.first.As16(), r.last.As16()
+	common := 0
+	for i := range a {
+		if x := a[i] ^ b[i]; x != 0 {
+			common += bits.LeadingZeros8(x)
 			break
 		}
-		if c := netaddr.Last(p).Compare(r.last); c >= 0 {
-			if c == 0 {
-				return p.String()
-			}
-			break
-		}
+		common += 8
+	}
+	if r.first.Is4() {
+		common -= 96 // As16 maps IPv4 into ::ffff:0:0/96
+	}
+	if p := netip.PrefixFrom(r.first, common); p.Masked().Addr() == r.first && netaddr.Last(p) == r.last {
+		return p.String()
 	}
 	return r.first.String() + "-" + r.last.String()
-}
-
-// Overlaps reports whether r and o share an address.
-func (r addrRange) Overlaps(o addrRange) bool {
-	return r.first.Compare(o.last) <= 0 && o.first.Compare(r.last) <= 0
 }
 
 // is6 reports whether r is of IPv6.

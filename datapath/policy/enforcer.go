@@ -403,13 +403,24 @@ func sameRule(a, b Rule) bool {
 		slices.Equal(a.Ports, b.Ports) && (a.Ports == nil) == (b.Ports == nil)
 }
 
-// identical reports whether a and b are the very same slice, so equal
-// without reading them: rules are read-only, and a caller that recompiles
-// only what changed (agent/policy.Incremental) hands back the last
-// Ruleset's rules and peers for the rest.
-func identical[E any](a, b []E) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+// listID is a list by identity: rules are read-only, and a caller that
+// recompiles only what changed (agent/policy.Incremental) hands back the
+// last Ruleset's rules and peers for the rest, so the same array and
+// length are the same list, equal without reading it.
+type listID[E any] struct {
+	first *E
+	n     int
 }
+
+func idOf[E any](s []E) listID[E] {
+	if len(s) == 0 {
+		return listID[E]{}
+	}
+	return listID[E]{&s[0], len(s)}
+}
+
+// identical reports whether a and b are the very same list.
+func identical[E any](a, b []E) bool { return idOf(a) == idOf(b) }
 
 // compiled is a direction's rules, the set elements they make, and which
 // of the direction's two pairs of sets holds them (setNames).

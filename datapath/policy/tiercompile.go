@@ -69,18 +69,13 @@ func compileDirection(d *Direction, memo rangeMemo) elements {
 // rangeMemo is the ranges of peer lists by identity: the agent hands
 // every pod a policy selects the same resolved peers, thousands of
 // prefixes each, so one Apply sorts each list once.
-type rangeMemo map[peersID][]addrRange
-
-type peersID struct {
-	first *netip.Prefix
-	n     int
-}
+type rangeMemo map[listID[netip.Prefix]][]addrRange
 
 func (m rangeMemo) of(ps []netip.Prefix) []addrRange {
 	if m == nil || len(ps) == 0 {
 		return toRanges(ps)
 	}
-	id := peersID{&ps[0], len(ps)}
+	id := idOf(ps)
 	r, ok := m[id]
 	if !ok {
 		r = toRanges(ps)
@@ -127,20 +122,30 @@ func compileTiers(d *Direction, memo rangeMemo) elements {
 		}
 	}
 	// Rules often share their peers (the same list, from one memo): each
-	// list is cut, and found among the atoms, once.
-	lists := map[peersKey][][2]int{}
-	for _, r := range rules {
-		if len(r.peers) > 0 {
-			lists[keyOf(r.peers)] = nil
-		}
-	}
-	atoms := cutAtoms(rules, lists)
-	met := make([][]int32, len(atoms)) // the rules each atom lies in, in order
+	// distinct list is cut, and found among the atoms, once.
+	var lists [][]addrRange
+	listOf := make([]int, len(rules)) // index into lists; -1: no peers
+	index := map[listID[addrRange]]int{}
 	for i, r := range rules {
+		listOf[i] = -1
 		if len(r.peers) == 0 {
 			continue
 		}
-		for _, span := range lists[keyOf(r.peers)] {
+		k, ok := index[idOf(r.peers)]
+		if !ok {
+			k = len(lists)
+			index[idOf(r.peers)] = k
+			lists = append(lists, r.peers)
+		}
+		listOf[i] = k
+	}
+	atoms, spans := cutAtoms(lists)
+	met := make([][]int32, len(atoms)) // the rules each atom lies in, in order
+	for i, k := range listOf {
+		if k < 0 {
+			continue
+		}
+		for _, span := range spans[k] {
 			for a := span[0]; a <= span[1]; a++ {
 				met[a] = append(met[a], int32(i))
 			}
@@ -307,15 +312,12 @@ func (s classSet) andNot(o classSet) {
 // atoms.
 type atoms []netip.Addr
 
-func cutAtoms(rules []region, lists map[peersKey][][2]int) atoms {
+// cutAtoms cuts both families wherever a range of lists begins or ends,
+// and gives each list's ranges as spans of atoms, first to last.
+func cutAtoms(lists [][]addrRange) (atoms, [][][2]int) {
 	cuts := []netip.Addr{netip.IPv4Unspecified(), netip.IPv6Unspecified()}
-	seen := map[peersKey]bool{}
-	for _, r := range rules {
-		if len(r.peers) == 0 || seen[keyOf(r.peers)] {
-			continue
-		}
-		seen[keyOf(r.peers)] = true
-		for _, pr := range r.peers {
+	for _, list := range lists {
+		for _, pr := range list {
 			cuts = append(cuts, pr.first)
 			if next := pr.last.Next(); next.IsValid() {
 				cuts = append(cuts, next)
@@ -324,33 +326,21 @@ func cutAtoms(rules []region, lists map[peersKey][][2]int) atoms {
 	}
 	slices.SortFunc(cuts, netip.Addr.Compare)
 	as := atoms(slices.Compact(cuts))
-	// Each list's ranges as spans of atoms, first to last.
-	for _, r := range rules {
-		if len(r.peers) == 0 || lists[keyOf(r.peers)] != nil {
-			continue
-		}
-		spans := make([][2]int, 0, len(r.peers))
+	spans := make([][][2]int, len(lists))
+	for k, list := range lists {
+		spans[k] = make([][2]int, 0, len(list))
 		a := 0
-		for _, pr := range r.peers {
+		for _, pr := range list {
 			a += as[a:].index(pr.first)
 			first := a
 			for a+1 < len(as) && !pr.last.Less(as[a+1]) {
 				a++
 			}
-			spans = append(spans, [2]int{first, a})
+			spans[k] = append(spans[k], [2]int{first, a})
 		}
-		lists[keyOf(r.peers)] = spans
 	}
-	return as
+	return as, spans
 }
-
-// peersKey is a list of ranges by identity.
-type peersKey struct {
-	first *addrRange
-	n     int
-}
-
-func keyOf(rs []addrRange) peersKey { return peersKey{&rs[0], len(rs)} }
 
 // index is the atom that begins at first, a cut.
 func (as atoms) index(first netip.Addr) int {

@@ -468,3 +468,8 @@ func TestTierSetsAndLogPrefixes(t *testing.T) {
 func (r addrRange) Contains(ip netip.Addr) bool {
 	return r.first.Compare(ip) <= 0 && ip.Compare(r.last) <= 0
 }
+
+// Overlaps reports whether r and o share an address.
+func (r addrRange) Overlaps(o addrRange) bool {
+	return r.first.Compare(o.last) <= 0 && o.first.Compare(r.last) <= 0
+}

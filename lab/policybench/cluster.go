@@ -256,13 +256,6 @@ func synthClusterPolicy(j int) *policy.ClusterNetworkPolicy {
 	anyPodOf := func(app string) *policy.CNPNamespacedPod {
 		return &policy.CNPNamespacedPod{PodSelector: *labels("app", app)}
 	}
-	tcpPorts := func(ports ...policy.CNPPort) []policy.CNPProtocol {
-		var out []policy.CNPProtocol
-		for _, p := range ports {
-			out = append(out, policy.CNPProtocol{TCP: &policy.CNPProtocolPort{DestinationPort: &p}})
-		}
-		return out
-	}
 	cnp := &policy.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cnp-%d", j)}}
 	s := &cnp.Spec
 	s.Tier, s.Priority = "Admin", int32(j%1000)
@@ -297,7 +290,16 @@ func ChangedClusterPolicy(c Cluster) *policy.ClusterNetworkPolicy {
 	cnp := *c.Snapshot.ClusterPolicies[i]
 	rule := cnp.Spec.Ingress[0]
 	rule.Action = "Accept"
-	rule.Protocols = append(slices.Clone(rule.Protocols), policy.CNPProtocol{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{Number: 2000}}})
+	rule.Protocols = append(slices.Clone(rule.Protocols), tcpPorts(policy.CNPPort{Number: 2000})...)
 	cnp.Spec.Ingress = []policy.CNPIngressRule{rule}
 	return &cnp
+}
+
+// tcpPorts is a ClusterNetworkPolicy rule's protocols: TCP on each port.
+func tcpPorts(ports ...policy.CNPPort) []policy.CNPProtocol {
+	var out []policy.CNPProtocol
+	for _, p := range ports {
+		out = append(out, policy.CNPProtocol{TCP: &policy.CNPProtocolPort{DestinationPort: &p}})
+	}
+	return out
 }

@@ -15,8 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -341,7 +339,7 @@ func createPolicies(ctx context.Context, kube kubernetes.Interface, cnps dynamic
 	}
 	for i := 0; i < m; i++ {
 		jobs <- func() error {
-			u, err := unstructuredCNP(BenchClusterPolicy(i))
+			u, err := BenchClusterPolicy(i).Unstructured()
 			if err == nil {
 				_, err = cnps.Create(ctx, u, metav1.CreateOptions{})
 			}
@@ -361,12 +359,6 @@ func createPolicies(ctx context.Context, kube kubernetes.Interface, cnps dynamic
 	}
 }
 
-func unstructuredCNP(p *policy.ClusterNetworkPolicy) (*unstructured.Unstructured, error) {
-	p.APIVersion, p.Kind = policy.CNPGroupVersion.String(), "ClusterNetworkPolicy"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
-	return &unstructured.Unstructured{Object: m}, err
-}
-
 // BenchClusterPolicy is cluster policy i of the CRR benchmark's, of the
 // Admin tier at priority i mod 1000: its subjects are the client and the
 // server (the bench namespace's pods of app client or server), and it has
@@ -378,11 +370,8 @@ func unstructuredCNP(p *policy.ClusterNetworkPolicy) (*unstructured.Unstructured
 // Accept (even i) or a Deny (odd i) of a /24 of its own in 100.128.0.0/10
 // on TCP 443.
 func BenchClusterPolicy(i int) *policy.ClusterNetworkPolicy {
-	port := func(n int) []policy.CNPProtocol {
-		return []policy.CNPProtocol{{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{Number: int32(n)}}}}
-	}
-	netperfPorts := []policy.CNPProtocol{{TCP: &policy.CNPProtocolPort{DestinationPort: &policy.CNPPort{
-		Range: &policy.CNPPortRange{Start: ctlPort, End: dataPort}}}}}
+	port := func(n int) []policy.CNPProtocol { return tcpPorts(policy.CNPPort{Number: int32(n)}) }
+	netperfPorts := tcpPorts(policy.CNPPort{Range: &policy.CNPPortRange{Start: ctlPort, End: dataPort}})
 	inBench := func(app string) *policy.CNPNamespacedPod {
 		return &policy.CNPNamespacedPod{NamespaceSelector: *labels("kubernetes.io/metadata.name", benchNS), PodSelector: *labels("app", app)}
 	}
